@@ -1,0 +1,64 @@
+"""Configs are strict pydantic models over YAML: a typo is an error that names the field.
+
+Each job has one YAML file in configs/ and one model; `load_config` reads a file into a model
+and turns validation errors into one message naming the file and the fields.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+CONFIG_DIR = PROJECT_DIR / "configs"
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: unknown fields are errors, values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConfigError(ValueError):
+    """A config file that does not validate; the message names the file and the fields."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration ({err.error_count()} problem(s)):"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  - {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(model: type[M], path: str | Path) -> M:
+    """Read YAML at `path` into `model`; a missing file or bad field raises ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path))) from None
+
+
+def default_root() -> str:
+    """The data root (an fsspec URL): $HEAPCAST_ROOT, else ./data in the project."""
+    return os.environ.get("HEAPCAST_ROOT", str(PROJECT_DIR / "data"))

@@ -1,0 +1,34 @@
+"""The events dataset's schema, written once (DESIGN.md: data contracts).
+
+One row per heap call (THREAD_START markers of the raw trace are not rows), in call order per
+process. Stored as Parquet under `<root>/events/workload=<w>/run=<r>/part-*.parquet`; the
+partition columns `workload` and `run` come from the path.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("pid", pa.uint32(), nullable=False),
+        pa.field("ppid", pa.uint32(), nullable=False),
+        pa.field("thread", pa.uint16(), nullable=False),  # per-process thread number
+        pa.field("tid", pa.uint32(), nullable=False),  # OS thread id
+        pa.field("seq", pa.uint64(), nullable=False),  # call number within (pid, thread)
+        pa.field("time_ns", pa.int64(), nullable=False),  # CLOCK_MONOTONIC
+        pa.field("op", pa.uint8(), nullable=False),  # tasks.trace_reader.Op
+        pa.field("size", pa.uint64(), nullable=False),  # requested bytes; 0 for free
+        pa.field("alignment", pa.uint64(), nullable=True),  # aligned forms only
+        pa.field("addr", pa.uint64(), nullable=False),  # returned address (free: freed address)
+        pa.field("freed_addr", pa.uint64(), nullable=True),  # free, realloc's old block
+        pa.field("freed_size", pa.uint64(), nullable=True),  # size of the block freed, if paired
+        pa.field("caller", pa.uint64(), nullable=True),  # where HEAPCAST_CALLER was set
+        pa.field("lifetime_ns", pa.int64(), nullable=True),  # allocations: until freed
+        pa.field("lifetime_calls", pa.int64(), nullable=True),  # calls in the process until freed
+        pa.field("token", pa.uint8(), nullable=False),  # tasks.tokens
+    ],
+    metadata={"heapcast.events.version": "1"},
+)
+
+PARTITION_COLUMNS = ("workload", "run")

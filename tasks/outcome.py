@@ -1,0 +1,79 @@
+"""What training hands to registration: the contract between tasks/train.py and tasks/register.py.
+
+Kept free of TensorFlow and MLflow imports so either side (and the flows) can import it cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Stable predictor names: MLflow metric keys are built from them, so the UI's compare view lines
+# runs and baselines up under the same names from one run to the next.
+MODEL = "model"
+BASELINES = ("majority", "repeat_last", "ngram")
+OVERALL = "all"
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """Which data a model was trained and evaluated on."""
+
+    root: str
+    train_runs: tuple[tuple[str, str], ...]  # (workload, run)
+    eval_runs: tuple[tuple[str, str], ...]  # runs of the same workloads, never seen in training
+    heldout_runs: tuple[tuple[str, str], ...]  # workloads held out entirely (second table)
+    train_tokens: int
+    eval_tokens: int
+    content_hash: str  # hash of the token data actually used (train + eval)
+    token_histogram: np.ndarray  # counts per token (64) over the training data
+
+
+@dataclass(frozen=True)
+class PredictorScores:
+    """One predictor's scores on one evaluation slice (a workload, or all)."""
+
+    predictor: str  # MODEL, or one of BASELINES
+    slice: str  # workload name, OVERALL
+    table: str  # "unseen_runs" or "heldout_workloads"
+    positions: int
+    top1: float
+    top5: float
+    log_loss: float
+    per_class_accuracy: np.ndarray  # 64 entries, NaN where the class does not occur
+    detail: dict[str, Any] = field(default_factory=dict)  # e.g. {"order": 7} for the n-gram
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Every predictor's scores on exactly the same evaluation positions."""
+
+    scores: tuple[PredictorScores, ...]
+    confusion: np.ndarray  # 64x64 counts for the model, overall unseen-runs table (true x pred)
+
+    def get(self, predictor: str, slice: str = OVERALL, table: str = "unseen_runs") -> PredictorScores:
+        for s in self.scores:
+            if (s.predictor, s.slice, s.table) == (predictor, slice, table):
+                return s
+        raise KeyError(f"no scores for predictor={predictor} slice={slice} table={table}")
+
+    def margin_over_best_baseline(self, slice: str = OVERALL, table: str = "unseen_runs") -> float:
+        model = self.get(MODEL, slice, table).top1
+        best = max(self.get(b, slice, table).top1 for b in BASELINES)
+        return model - best
+
+
+@dataclass
+class TrainOutcome:
+    """A trained model with everything registration logs next to it."""
+
+    model: Any  # keras.Model
+    config: dict[str, Any]  # the whole training config, model_dump()'ed
+    dataset: DatasetRef
+    history: dict[str, list[float]]  # per-epoch curves (loss, val_loss, accuracy, ...)
+    evaluation: Evaluation
+    predictions_per_second: float  # training throughput
+    seconds: float
+    input_example: np.ndarray  # int32 [batch, context] token example for the signature

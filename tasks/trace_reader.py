@@ -1,0 +1,198 @@
+"""The one reader of heapcast raw traces (spec: native/FORMAT.md).
+
+A trace file is a header followed by fixed-size little-endian records. The records are viewed
+with one structured numpy dtype (`numpy.frombuffer` over the file bytes): nothing is parsed per
+record; the derived columns (op, size, thread, time in ns) are vectorised bit operations.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import warnings
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"HEAPCAST"
+FORMAT_VERSION = 1
+FLAG_CALLER = 1
+CLOCK_MONOTONIC = 1
+CLOCK_TSC = 2
+TRACE_SUFFIX = ".hct"
+
+# Fixed part of the header, offsets as in FORMAT.md; the command line follows at byte 80.
+_HEADER = struct.Struct("<8sIIIIIIQQQdIIQ")
+assert _HEADER.size == 80
+
+# packed field: bits 0-39 size, 40-47 op, 48-63 thread number
+SIZE_BITS = 40
+SIZE_MASK = (1 << SIZE_BITS) - 1
+OP_SHIFT = 40
+THREAD_SHIFT = 48
+
+RECORD_DTYPE = np.dtype(
+    [("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8")]
+)
+RECORD_DTYPE_CALLER = np.dtype(
+    [("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8"), ("caller", "<u8")]
+)
+
+
+class Op(enum.IntEnum):
+    """Operation codes of the raw format."""
+
+    MALLOC = 1
+    CALLOC = 2
+    REALLOC = 3
+    REALLOCARRAY = 4
+    FREE = 5
+    POSIX_MEMALIGN = 6
+    ALIGNED_ALLOC = 7
+    MEMALIGN = 8
+    VALLOC = 9
+    PVALLOC = 10
+    THREAD_START = 64
+
+
+ALLOCATING_OPS = (
+    Op.MALLOC, Op.CALLOC, Op.POSIX_MEMALIGN, Op.ALIGNED_ALLOC, Op.MEMALIGN, Op.VALLOC, Op.PVALLOC,
+)
+REALLOCATING_OPS = (Op.REALLOC, Op.REALLOCARRAY)
+ALIGNED_OPS = (Op.POSIX_MEMALIGN, Op.ALIGNED_ALLOC, Op.MEMALIGN, Op.VALLOC, Op.PVALLOC)
+
+
+class TraceFormatError(ValueError):
+    """A file that cannot be read as a heapcast trace; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    path: str
+    version: int
+    header_size: int
+    record_size: int
+    flags: int
+    pid: int
+    ppid: int
+    start_realtime_ns: int
+    start_monotonic_ns: int
+    start_ticks: int
+    ns_per_tick: float
+    clock: int
+    cmdline: tuple[str, ...]
+
+    @property
+    def has_caller(self) -> bool:
+        return bool(self.flags & FLAG_CALLER)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One process image's trace: its header and its records, in file order."""
+
+    header: TraceHeader
+    records: np.ndarray
+    dropped_bytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @cached_property
+    def op(self) -> np.ndarray:
+        return ((self.records["packed"] >> np.uint64(OP_SHIFT)) & np.uint64(0xFF)).astype(np.uint8)
+
+    @cached_property
+    def size(self) -> np.ndarray:
+        return self.records["packed"] & np.uint64(SIZE_MASK)
+
+    @cached_property
+    def thread(self) -> np.ndarray:
+        return (self.records["packed"] >> np.uint64(THREAD_SHIFT)).astype(np.uint16)
+
+    @property
+    def addr(self) -> np.ndarray:
+        return self.records["addr"]
+
+    @property
+    def arg(self) -> np.ndarray:
+        return self.records["arg"]
+
+    @property
+    def caller(self) -> np.ndarray | None:
+        return self.records["caller"] if self.header.has_caller else None
+
+    @cached_property
+    def time_ns(self) -> np.ndarray:
+        """Monotonic time of each record in ns (int64), from the header's clock calibration."""
+        h = self.header
+        ticks = self.records["time"]
+        if h.clock == CLOCK_MONOTONIC and h.ns_per_tick == 1.0:
+            return ticks.astype(np.int64)
+        # float64 holds tick differences exactly up to 2^53 (weeks of TSC at 3 GHz)
+        delta = (ticks.astype(np.int64) - np.int64(h.start_ticks)).astype(np.float64)
+        return np.int64(h.start_monotonic_ns) + np.rint(delta * h.ns_per_tick).astype(np.int64)
+
+    def counts_by_op(self) -> dict[str, int]:
+        codes, counts = np.unique(self.op, return_counts=True)
+        names = {int(o): o.name.lower() for o in Op}
+        return {names.get(int(c), f"op{int(c)}"): int(n) for c, n in zip(codes, counts)}
+
+
+def parse_header(data: bytes | memoryview, path: str) -> TraceHeader:
+    """Parse and validate the header at the start of `data`; errors name `path`."""
+    if len(data) == 0:
+        raise TraceFormatError(f"{path}: empty file, not a heapcast trace (the traced process "
+                               "may have been killed before it wrote its header)")
+    if len(data) < _HEADER.size or bytes(data[:8]) != MAGIC:
+        raise TraceFormatError(f"{path}: does not look like a heapcast trace (no {MAGIC.decode()} "
+                               "magic at its start); pass the .hct files the tracer wrote")
+    (magic, version, header_size, record_size, flags, pid, ppid, rt, mono, ticks, npt, clock,
+     cmdline_len, _reserved) = _HEADER.unpack_from(data, 0)
+    if version != FORMAT_VERSION:
+        raise TraceFormatError(
+            f"{path}: trace format version {version}, this heapcast reads version "
+            f"{FORMAT_VERSION}; re-record it with the matching tracer or upgrade heapcast")
+    expected_record = RECORD_DTYPE_CALLER.itemsize if flags & FLAG_CALLER else RECORD_DTYPE.itemsize
+    if record_size != expected_record:
+        raise TraceFormatError(f"{path}: header says record_size {record_size}, expected "
+                               f"{expected_record} for flags {flags}; the file is corrupt")
+    if header_size < _HEADER.size + cmdline_len or header_size % 8 or header_size > len(data):
+        raise TraceFormatError(f"{path}: header_size {header_size} is inconsistent with a file of "
+                               f"{len(data)} bytes; the file is corrupt or truncated in its header")
+    raw_cmd = bytes(data[_HEADER.size:_HEADER.size + cmdline_len])
+    cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.rstrip(b"\0").split(b"\0") if a)
+    return TraceHeader(path=path, version=version, header_size=header_size,
+                       record_size=record_size, flags=flags, pid=pid, ppid=ppid,
+                       start_realtime_ns=rt, start_monotonic_ns=mono, start_ticks=ticks,
+                       ns_per_tick=npt, clock=clock, cmdline=cmdline)
+
+
+def parse_trace(data: bytes | memoryview, path: str) -> Trace:
+    """View `data` (a whole trace file's bytes) as a Trace without copying the records."""
+    header = parse_header(data, path)
+    dtype = RECORD_DTYPE_CALLER if header.has_caller else RECORD_DTYPE
+    body = len(data) - header.header_size
+    count, dropped = divmod(body, header.record_size)
+    if dropped:
+        warnings.warn(f"{path}: dropped a truncated last record ({dropped} bytes); the process "
+                      "was probably killed or its disk filled while writing", stacklevel=2)
+    records = np.frombuffer(data, dtype=dtype, count=count, offset=header.header_size)
+    return Trace(header=header, records=records, dropped_bytes=dropped)
+
+
+def read_trace(path: str | Path, *, fs: Any = None) -> Trace:
+    """Read one trace file, local or through an fsspec filesystem `fs`."""
+    path_s = str(path)
+    try:
+        if fs is None:
+            data = Path(path_s).read_bytes()
+        else:
+            with fs.open(path_s, "rb") as f:
+                data = f.read()
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path_s}: no such trace file") from None
+    return parse_trace(data, path_s)
