@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install everything heapcast needs on a fresh Debian 12 machine, idempotently:
+#   - Debian packages: a C toolchain for the tracer, the traced programs, the container engine,
+#     bubblewrap for the local runner, debootstrap for the base image, heaptrack for benchmarks;
+#   - a virtual environment in .venv with the project and its locked dependency set.
+# Re-running it is cheap: each step checks what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  gcc make libc6-dev                 # build the tracer and the test programs
+  sqlite3 python3.11 redis-server redis-tools git freeciv-server   # programs traced on the host
+  docker.io bubblewrap debootstrap   # the container engine, the local sandbox, the base image
+  heaptrack                          # the benchmark's reference tracer
+  curl ca-certificates
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "heapcast setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "heapcast setup: creating .venv with $($PY --version)"
+  $PY -m venv .venv
+fi
+# Reinstall only when the declared or locked dependencies change.
+stamp=.venv/.heapcast-installed
+want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "heapcast setup: installing Python dependencies (a few minutes on a cold machine)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  extras="test"
+  # Same code on a GPU machine: the CUDA wheels come with the gpu extra.
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then extras="test,gpu"; fi
+  .venv/bin/python -m pip install -q -c requirements.lock -e ".[$extras]"
+  echo "$want" > "$stamp"
+fi
+make -s -C native >/dev/null
+echo "heapcast setup: ready (.venv/bin/heapcast)"
