@@ -1,0 +1,123 @@
+"""The one reader: exact decoding of spec-built files, and clear refusals of bad input."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from tasks.trace_reader import Op, TraceFormatError, read_trace
+
+
+def spec_header(*, version=1, flags=0, cmdline=b"prog\0arg\0", pid=42, ppid=7, clock=2,
+                start_ticks=1000, ns_per_tick=0.5, mono=10**12) -> bytes:
+    """A header built from native/FORMAT.md's offsets, independently of the reader's code."""
+    record_size = 40 if flags & 1 else 32
+    header_size = (80 + len(cmdline) + 7) // 8 * 8
+    h = bytearray(header_size)
+    h[0:8] = b"HEAPCAST"
+    struct.pack_into("<IIII", h, 8, version, header_size, record_size, flags)
+    struct.pack_into("<II", h, 24, pid, ppid)
+    struct.pack_into("<QQQd", h, 32, 1_700_000_000 * 10**9, mono, start_ticks, ns_per_tick)
+    struct.pack_into("<II", h, 64, clock, len(cmdline))
+    h[80:80 + len(cmdline)] = cmdline
+    return bytes(h)
+
+
+def record(time, addr, arg, size, op, thread, caller=None) -> bytes:
+    packed = size | (op << 40) | (thread << 48)
+    out = struct.pack("<QQQQ", time, addr, arg, packed)
+    return out + (struct.pack("<Q", caller) if caller is not None else b"")
+
+
+def test_reader_decodes_every_field_of_spec_built_records(tmp_path):
+    # GIVEN a trace with a thread start, a malloc, an aligned alloc, a realloc and a free
+    body = (record(1000, 0, 4321, 0, Op.THREAD_START, 0)
+            + record(1002, 0x1000, 0, 24, Op.MALLOC, 0)
+            + record(1004, 0x2000, 64, 256, Op.POSIX_MEMALIGN, 0)
+            + record(1006, 0x3000, 0x1000, (1 << 40) - 1, Op.REALLOC, 3)
+            + record(1010, 0x2000, 0, 0, Op.FREE, 3))
+    path = tmp_path / "42-1.hct"
+    path.write_bytes(spec_header() + body)
+    # WHEN it is read
+    t = read_trace(path)
+    # THEN header and records come back exactly
+    assert (t.header.pid, t.header.ppid, t.header.cmdline) == (42, 7, ("prog", "arg"))
+    assert list(t.op) == [Op.THREAD_START, Op.MALLOC, Op.POSIX_MEMALIGN, Op.REALLOC, Op.FREE]
+    assert list(t.size) == [0, 24, 256, (1 << 40) - 1, 0]
+    assert list(t.thread) == [0, 0, 0, 3, 3]
+    assert list(t.addr) == [0, 0x1000, 0x2000, 0x3000, 0x2000]
+    assert list(t.arg) == [4321, 0, 64, 0x1000, 0]
+    # time: start_monotonic + (ticks - start_ticks) * ns_per_tick
+    assert list(t.time_ns) == [10**12, 10**12 + 1, 10**12 + 2, 10**12 + 3, 10**12 + 5]
+    assert t.caller is None
+    assert t.counts_by_op()["malloc"] == 1
+
+
+def test_reader_reads_caller_records(tmp_path):
+    path = tmp_path / "c.hct"
+    path.write_bytes(spec_header(flags=1) + record(1000, 0x10, 0, 8, Op.MALLOC, 0, caller=0xdeadbeef))
+    t = read_trace(path)
+    assert t.header.record_size == 40
+    assert list(t.caller) == [0xdeadbeef]
+
+
+def test_reader_has_no_per_record_parsing_cost_on_a_large_file(tmp_path):
+    # A million records are viewed, not parsed: the records array shares the file's buffer.
+    n = 1_000_000
+    rec = np.zeros(n, dtype=[("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8")])
+    rec["time"] = np.arange(n) + 1000
+    rec["packed"] = 16 | (Op.MALLOC << 40)
+    path = tmp_path / "big.hct"
+    path.write_bytes(spec_header() + rec.tobytes())
+    t = read_trace(path)
+    assert len(t) == n and not t.records.flags.owndata
+    assert int(t.size.sum()) == 16 * n
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "empty file"),
+        (b"\x7fELF" + b"\0" * 200, "does not look like a heapcast trace"),
+        (b"HEAPCA", "does not look like a heapcast trace"),
+    ],
+)
+def test_reader_refuses_files_that_are_not_traces(tmp_path, content, message):
+    path = tmp_path / "bad.hct"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=message) as err:
+        read_trace(path)
+    assert str(path) in str(err.value)
+
+
+def test_reader_refuses_an_unknown_version_naming_the_file(tmp_path):
+    path = tmp_path / "v9.hct"
+    path.write_bytes(spec_header(version=9) + record(1000, 1, 0, 1, Op.MALLOC, 0))
+    with pytest.raises(TraceFormatError, match=r"version 9.*reads version 1") as err:
+        read_trace(path)
+    assert str(path) in str(err.value)
+
+
+def test_reader_refuses_a_header_cut_short(tmp_path):
+    path = tmp_path / "cut.hct"
+    path.write_bytes(spec_header()[:85])
+    with pytest.raises(TraceFormatError, match="header_size"):
+        read_trace(path)
+
+
+def test_reader_drops_a_truncated_last_record_with_a_warning(tmp_path):
+    # GIVEN two whole records and 13 bytes of a third (a process killed mid-write)
+    body = record(1000, 1, 0, 8, Op.MALLOC, 0) + record(1001, 1, 0, 0, Op.FREE, 0)
+    path = tmp_path / "trunc.hct"
+    path.write_bytes(spec_header() + body + b"\x01" * 13)
+    # WHEN read, THEN the whole records are kept and the warning names the bytes dropped
+    with pytest.warns(UserWarning, match=r"dropped a truncated last record \(13 bytes\)"):
+        t = read_trace(path)
+    assert len(t) == 2 and t.dropped_bytes == 13
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(TraceFormatError, match="no such trace file"):
+        read_trace(tmp_path / "nope.hct")
