@@ -1,0 +1,211 @@
+"""Promotion: the alias `champion` moves to a new model version only when it wins on the same data.
+
+The rule, in one place:
+
+- Every registered version carries, as model-version tags, the evaluation it was scored on
+  (`heapcast.eval.content_hash`, the DatasetRef's content hash) and its scores there
+  (`heapcast.eval.top1`, `.top5`, `.log_loss`: the model over all workloads, unseen-runs table).
+- A candidate is compared with the current champion on the candidate's evaluation. When the
+  champion was scored on another content hash, it is loaded and re-evaluated on today's set
+  (`evaluate_model(model) -> Evaluation`, the same evaluation the candidate got), and its tags are
+  updated to that evaluation. Without an evaluator it cannot be compared: the candidate is kept out
+  (registered, not promoted) and the reason says so.
+- The candidate wins when it is better by more than `min_improvement` on the chosen score (top1
+  and top5 higher, log_loss lower). A tie keeps the champion. No champion yet: the candidate wins.
+- The decision, the metric and both scores are logged on the candidate's run (params, metrics
+  under `promotion/`, the tag `heapcast.promotion`).
+
+MLflow is imported lazily (flows import this at start-up); the Keras model only when a champion
+has to be re-evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.outcome import MODEL, OVERALL, Evaluation
+
+UNSEEN = "unseen_runs"
+HIGHER_IS_BETTER = {"top1": True, "top5": True, "log_loss": False}
+TAG_HASH = "heapcast.eval.content_hash"
+TAG_SCORE = "heapcast.eval.{metric}"
+TAG_RUN = "heapcast.run_id"
+
+EvaluateModel = Callable[[Any], Evaluation]
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    """What was compared, and what came of it."""
+
+    promoted: bool
+    decision: str  # "first" | "promoted" | "kept" | "not_comparable"
+    reason: str
+    metric: str
+    candidate_version: str
+    candidate_score: float
+    previous_champion_version: str | None
+    champion_score: float | None  # the champion's score on the candidate's evaluation
+    champion_reevaluated: bool
+    champion_evaluation: Evaluation | None = None  # set when the champion was re-evaluated
+
+    @property
+    def champion_version(self) -> str | None:
+        """The version holding the alias after the decision."""
+        return self.candidate_version if self.promoted else self.previous_champion_version
+
+
+def score_of(evaluation: Evaluation, metric: str) -> float:
+    """The model's score over all workloads on the unseen-runs table."""
+    if metric not in HIGHER_IS_BETTER:
+        raise ValueError(f"promotion metric {metric!r}: expected one of {sorted(HIGHER_IS_BETTER)}")
+    return float(getattr(evaluation.get(MODEL, OVERALL, UNSEEN), metric))
+
+
+def beats(candidate: float, champion: float, metric: str, min_improvement: float = 0.0) -> bool:
+    """True when `candidate` is better than `champion` by more than `min_improvement`."""
+    if math.isnan(candidate):
+        return False
+    if math.isnan(champion):
+        return True
+    gain = candidate - champion if HIGHER_IS_BETTER[metric] else champion - candidate
+    return gain > min_improvement
+
+
+def version_tags(evaluation: Evaluation, content_hash: str) -> dict[str, str]:
+    """The model-version tags that say on what data a version was scored, and how well."""
+    tags = {TAG_HASH: content_hash}
+    for m in HIGHER_IS_BETTER:
+        tags[TAG_SCORE.format(metric=m)] = repr(score_of(evaluation, m))
+    return tags
+
+
+def record_evaluation(client, name: str, version: str, evaluation: Evaluation, content_hash: str) -> None:
+    for k, v in version_tags(evaluation, content_hash).items():
+        client.set_model_version_tag(name, version, k, v)
+
+
+def current_champion(client, name: str, alias: str):
+    """The ModelVersion holding `alias`, or None (no alias yet, or no such model)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException as err:
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
+def load_version(name: str, version: str):
+    """A registered version as a Keras model."""
+    import mlflow.keras
+
+    return mlflow.keras.load_model(f"models:/{name}/{version}")
+
+
+def decide(
+    client,
+    name: str,
+    candidate_version: str,
+    candidate_evaluation: Evaluation,
+    content_hash: str,
+    *,
+    metric: str = "top1",
+    min_improvement: float = 0.0,
+    alias: str = "champion",
+    evaluate_model: EvaluateModel | None = None,
+    load_model: Callable[[str, str], Any] = load_version,
+) -> PromotionDecision:
+    """Compare the candidate with the current champion on the candidate's evaluation."""
+    cand = score_of(candidate_evaluation, metric)
+    base = dict(metric=metric, candidate_version=str(candidate_version), candidate_score=cand)
+    champ = current_champion(client, name, alias)
+    if champ is None or str(champ.version) == str(candidate_version):
+        return PromotionDecision(True, "first", f"no {alias} yet: the first version takes the alias",
+                                 previous_champion_version=None, champion_score=None,
+                                 champion_reevaluated=False, **base)
+    champ_version = str(champ.version)
+    champ_hash = champ.tags.get(TAG_HASH)
+    champ_eval: Evaluation | None = None
+    reevaluated = False
+    stored = champ.tags.get(TAG_SCORE.format(metric=metric))
+    if champ_hash == content_hash and stored is not None:
+        champ_score = float(stored)
+    elif evaluate_model is None:
+        return PromotionDecision(
+            False, "not_comparable",
+            f"{alias} v{champ_version} was scored on data {champ_hash or '(unknown)'}, the candidate on "
+            f"{content_hash}, and no evaluator was given to re-score it: candidate not promoted",
+            previous_champion_version=champ_version, champion_score=None,
+            champion_reevaluated=False, **base)
+    else:
+        champ_eval = evaluate_model(load_model(name, champ_version))
+        champ_score = score_of(champ_eval, metric)
+        reevaluated = True
+        record_evaluation(client, name, champ_version, champ_eval, content_hash)
+    won = beats(cand, champ_score, metric, min_improvement)
+    sign = ">" if won else "<="
+    better = "higher" if HIGHER_IS_BETTER[metric] else "lower"
+    reason = (f"candidate v{candidate_version} {metric}={cand:.6f}; {alias} v{champ_version} "
+              f"{metric}={champ_score:.6f}{' (re-evaluated)' if reevaluated else ''}; "
+              f"gain {sign} min_improvement={min_improvement} ({better} is better)")
+    return PromotionDecision(won, "promoted" if won else "kept", reason,
+                             previous_champion_version=champ_version, champion_score=champ_score,
+                             champion_reevaluated=reevaluated, champion_evaluation=champ_eval, **base)
+
+
+def apply(client, name: str, decision: PromotionDecision, alias: str = "champion") -> None:
+    """Move the alias when the decision says so."""
+    if decision.promoted:
+        client.set_registered_model_alias(name, alias, decision.candidate_version)
+
+
+def decision_params(decision: PromotionDecision) -> dict[str, str]:
+    return {
+        "promotion.decision": decision.decision,
+        "promotion.metric": decision.metric,
+        "promotion.candidate_version": decision.candidate_version,
+        "promotion.previous_champion_version": str(decision.previous_champion_version),
+        "promotion.champion_reevaluated": str(decision.champion_reevaluated).lower(),
+        "promotion.reason": decision.reason[:6000],
+    }
+
+
+def decision_metrics(decision: PromotionDecision) -> dict[str, float]:
+    m = {
+        f"promotion/candidate.{decision.metric}": decision.candidate_score,
+        "promotion/promoted": 1.0 if decision.promoted else 0.0,
+    }
+    if decision.champion_score is not None:
+        m[f"promotion/champion.{decision.metric}"] = decision.champion_score
+    return m
+
+
+def log_decision(client, run_id: str, decision: PromotionDecision) -> None:
+    """Params, metrics and tags of the decision on the candidate's run."""
+    import time
+
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    tags = {
+        "heapcast.promotion": decision.decision,
+        "heapcast.promoted": str(decision.promoted).lower(),
+        "heapcast.champion_version": str(decision.champion_version),
+        "heapcast.promotion_summary": json.dumps(
+            {"decision": decision.decision, "metric": decision.metric,
+             "candidate": decision.candidate_score, "champion": decision.champion_score,
+             "champion_version": decision.previous_champion_version,
+             "reevaluated": decision.champion_reevaluated}),
+    }
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in decision_metrics(decision).items()],
+        params=[Param(k, v) for k, v in decision_params(decision).items()],
+        tags=[RunTag(k, v) for k, v in tags.items()],
+    )

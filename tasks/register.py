@@ -1,0 +1,431 @@
+"""Register a trained model in MLflow: params, metrics, plots, the model, and the champion alias.
+
+Metric names (stable from run to run, so the MLflow UI's compare view lines runs up):
+
+    <table>.<metric>/<slice>.<predictor>
+        table     unseen_runs | heldout_workloads
+        metric    top1 | top5 | log_loss
+        slice     a workload name, or `all` (sanitised: only [A-Za-z0-9_-])
+        predictor model | majority | repeat_last | ngram
+      e.g. unseen_runs.top1/all.model, unseen_runs.top1/all.ngram, heldout_workloads.log_loss/redis.model
+    <table>.positions/<slice>          evaluated positions (the same for every predictor)
+    <table>.margin_top1/<slice>        model top-1 minus the best baseline's top-1
+    train/<curve>                      per-epoch curves from the Keras history, step = epoch (0-based)
+    train/predictions_per_second, train/seconds
+    data/train_tokens, data/eval_tokens
+    promotion/candidate.<m>, promotion/champion.<m>, promotion/promoted   (tasks/champion.py)
+
+The MLflow UI draws one chart section per prefix before the first "/", so every
+(table, metric) pair is one section (e.g. "unseen_runs.top1") whose bar charts put the model and
+its three baselines, per workload, next to each other for every run compared; `train` holds the
+line charts of the curves.
+
+Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
+`lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json; the plots are
+also logged as images (`mlflow.log_image(key=...)`) so the chart view shows them per run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import re
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import champion as champion_rules
+from tasks.config import PROJECT_DIR
+from tasks.outcome import BASELINES, MODEL, OVERALL, Evaluation, TrainOutcome
+from tasks.tracking import CHAMPION_ALIAS, TrackingConfig, configure
+
+TABLES = ("unseen_runs", "heldout_workloads")
+SCORE_METRICS = ("top1", "top5", "log_loss")
+PREDICTORS = (MODEL, *BASELINES)
+DATASET_NAME = "heapcast-events"
+
+
+# ----------------------------------------------------------------------------- metric names
+
+
+def metric_slice(name: str) -> str:
+    """A workload name as a metric-key part: '.', '/' and anything odd become '_'."""
+    s = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    return s or "_"
+
+
+def metric_key(predictor: str, slice: str, metric: str, table: str = "unseen_runs") -> str:
+    """The stable MLflow metric key of one score: `<table>.<metric>/<slice>.<predictor>`."""
+    if predictor not in PREDICTORS:
+        raise ValueError(f"predictor {predictor!r}: expected one of {PREDICTORS}")
+    if table not in TABLES:
+        raise ValueError(f"table {table!r}: expected one of {TABLES}")
+    return f"{table}.{metric}/{metric_slice(slice)}.{predictor}"
+
+
+def evaluation_metrics(evaluation: Evaluation) -> dict[str, float]:
+    """Every score of every predictor, per slice and table, plus positions and margins."""
+    out: dict[str, float] = {}
+    for s in evaluation.scores:
+        for m in SCORE_METRICS:
+            out[metric_key(s.predictor, s.slice, m, s.table)] = float(getattr(s, m))
+        out[f"{s.table}.positions/{metric_slice(s.slice)}"] = float(s.positions)
+    for table, slice_ in sorted({(s.table, s.slice) for s in evaluation.scores}):
+        try:
+            margin = evaluation.margin_over_best_baseline(slice_, table)
+        except KeyError:
+            continue
+        out[f"{table}.margin_top1/{metric_slice(slice_)}"] = float(margin)
+    return out
+
+
+def curve_key(name: str) -> str:
+    return "train/" + re.sub(r"[^A-Za-z0-9_./ -]", "_", name)
+
+
+# ----------------------------------------------------------------------------- params
+
+
+def flatten_params(obj: Any, prefix: str) -> dict[str, str]:
+    """A nested config as dotted MLflow params; lists and scalars as JSON, strings as they are."""
+    out: dict[str, str] = {}
+    if isinstance(obj, dict) and obj:
+        for k, v in obj.items():
+            out.update(flatten_params(v, f"{prefix}.{k}"))
+        return out
+    value = obj if isinstance(obj, str) else json.dumps(obj, default=str, sort_keys=True)
+    out[prefix[:250]] = value[:6000]
+    return out
+
+
+def git_commit(project_dir: Path = PROJECT_DIR) -> tuple[str, bool]:
+    """(commit, dirty) of the code being run; ("unknown", False) outside a git checkout."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_dir, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=project_dir, capture_output=True, text=True, check=True).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", False
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of what shapes a model's numbers (read from metadata, nothing imported)."""
+    out = {"python": platform.python_version()}
+    for dist in ("tensorflow", "tensorflow-cpu", "keras", "jax", "torch", "numpy", "pyarrow",
+                 "pandas", "dask", "mlflow", "prefect"):
+        v = _version(dist)
+        if v:
+            out[dist] = v
+    return out
+
+
+def model_pip_requirements() -> list[str]:
+    """Explicit requirements of a logged model (inferring them costs ~15 s per log_model)."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        dists = ["tensorflow" if _version("tensorflow") else "tensorflow-cpu"]
+    else:
+        dists = {"jax": ["jax", "jaxlib"], "torch": ["torch"]}.get(backend, [])
+    dists += ["keras", "numpy", "mlflow"]
+    return [f"{d}=={_version(d)}" for d in dists if _version(d)]
+
+
+def dataset_params(outcome: TrainOutcome) -> dict[str, str]:
+    d = outcome.dataset
+    workloads = sorted({w for w, _ in (*d.train_runs, *d.eval_runs)})
+    heldout = sorted({w for w, _ in d.heldout_runs})
+    runs = lambda rs: ",".join(f"{w}/{r}" for w, r in rs)  # noqa: E731
+    return {
+        "dataset.root": d.root,
+        "dataset.content_hash": d.content_hash,
+        "dataset.workloads": ",".join(workloads),
+        "dataset.heldout_workloads": ",".join(heldout),
+        "dataset.train_runs": runs(d.train_runs)[:6000],
+        "dataset.eval_runs": runs(d.eval_runs)[:6000],
+        "dataset.heldout_runs": runs(d.heldout_runs)[:6000],
+        "dataset.train_events": str(d.train_tokens),
+        "dataset.eval_events": str(d.eval_tokens),
+    }
+
+
+def run_params(outcome: TrainOutcome) -> dict[str, str]:
+    params = flatten_params(outcome.config, "config")
+    params.update(dataset_params(outcome))
+    commit, dirty = git_commit()
+    params["code.git_commit"] = commit
+    params["code.git_dirty"] = str(dirty).lower()
+    params.update({f"lib.{k}": v for k, v in library_versions().items()})
+    for s in outcome.evaluation.scores:
+        if s.slice == OVERALL and s.table == "unseen_runs":
+            for k, v in s.detail.items():
+                params[f"predictor.{s.predictor}.{k}"[:250]] = str(v)[:6000]
+    return params
+
+
+# ----------------------------------------------------------------------------- tables, plots
+
+
+def evaluation_rows(evaluation: Evaluation) -> list[dict[str, Any]]:
+    """One row per (table, slice, predictor): the evaluation table."""
+    order = {p: i for i, p in enumerate(PREDICTORS)}
+    rows = []
+    for s in sorted(evaluation.scores, key=lambda s: (TABLES.index(s.table) if s.table in TABLES else 9,
+                                                      s.slice != OVERALL, s.slice,
+                                                      order.get(s.predictor, 9))):
+        rows.append({"table": s.table, "slice": s.slice, "predictor": s.predictor,
+                     "positions": int(s.positions), "top1": float(s.top1), "top5": float(s.top5),
+                     "log_loss": float(s.log_loss),
+                     "detail": json.dumps(s.detail, default=str, sort_keys=True)})
+    return rows
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4f}"
+    return str(v)
+
+
+def write_evaluation_tables(evaluation: Evaluation, folder: Path) -> list[Path]:
+    """evaluation.csv, evaluation.json, evaluation.md and per_class_accuracy.csv in `folder`."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = evaluation_rows(evaluation)
+    cols = ["table", "slice", "predictor", "positions", "top1", "top5", "log_loss", "detail"]
+    with open(folder / "evaluation.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    (folder / "evaluation.json").write_text(json.dumps(rows, indent=1, allow_nan=True))
+    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
+    (folder / "evaluation.md").write_text("\n".join(md) + "\n")
+    with open(folder / "per_class_accuracy.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["table", "slice", "predictor", *[f"t{t}" for t in range(64)]])
+        for s in evaluation.scores:
+            acc = np.asarray(s.per_class_accuracy, dtype=np.float64)
+            w.writerow([s.table, s.slice, s.predictor, *("" if np.isnan(a) else f"{a:.6f}" for a in acc)])
+    np.savetxt(folder / "confusion.csv", np.asarray(evaluation.confusion, dtype=np.int64),
+               fmt="%d", delimiter=",")
+    return sorted(folder.iterdir())
+
+
+def write_plots(outcome: TrainOutcome, folder: Path) -> dict[str, Path]:
+    """The four PNGs, keyed by their image key."""
+    from tasks import plots
+
+    ev = outcome.evaluation
+    per_class = {}
+    for p in PREDICTORS:
+        try:
+            per_class[p] = ev.get(p, OVERALL, "unseen_runs").per_class_accuracy
+        except KeyError:
+            pass
+    support = np.asarray(ev.confusion).sum(axis=1)
+    return {
+        "confusion_matrix": plots.confusion_matrix_png(ev.confusion, folder / "confusion_matrix.png"),
+        "per_class_accuracy": plots.per_class_accuracy_png(per_class, support,
+                                                           folder / "per_class_accuracy.png"),
+        "learning_curves": plots.learning_curves_png(outcome.history, folder / "learning_curves.png"),
+        "token_histogram": plots.token_histogram_png(outcome.dataset.token_histogram,
+                                                     folder / "token_histogram.png"),
+    }
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+@dataclass(frozen=True)
+class RegistrationResult:
+    """What registration did: where the run is, which version, and whether it took the alias."""
+
+    run_id: str
+    experiment_id: str
+    model_name: str
+    model_version: str
+    model_uri: str  # models:/<name>/<version>
+    promoted: bool
+    champion_version: str | None  # holder of the alias after this registration
+    decision: str
+    reason: str
+    metric: str
+    candidate_score: float
+    champion_score: float | None
+    scores: dict[str, float] = field(default_factory=dict)  # every evaluation metric logged
+
+
+def _dataset_input(outcome: TrainOutcome):
+    """The data as an MLflow dataset: one row per (workload, run, split), digest = content hash."""
+    import mlflow.data
+    import pandas as pd
+
+    d = outcome.dataset
+    rows = ([(w, r, "train") for w, r in d.train_runs] + [(w, r, "eval") for w, r in d.eval_runs]
+            + [(w, r, "heldout") for w, r in d.heldout_runs])
+    df = pd.DataFrame(rows, columns=["workload", "run", "split"])
+    try:
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local files
+            warnings.simplefilter("ignore", UserWarning)
+            return mlflow.data.from_pandas(df, source=d.root, name=DATASET_NAME,
+                                           digest=d.content_hash[:36])
+    except Exception:  # a root URL MLflow has no dataset source for: keep the URL in params only
+        return mlflow.data.from_pandas(df, name=DATASET_NAME, digest=d.content_hash[:36])
+
+
+def _png_as_array(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def log_keras_model(model, **kwargs):
+    """`mlflow.keras.log_model`, with the model folder made before the input example is written.
+
+    MLflow's Keras flavor writes input_example.json into a folder it has not created yet
+    (mlflow/mlflow#16183, open in 3.17): logging with an input example fails with
+    FileNotFoundError. The same `Model.log` call mlflow.keras.log_model makes, through a flavor
+    whose save_model creates the folder first, keeps the flavor, the signature and the example.
+    """
+    import os
+
+    import mlflow.keras
+    from mlflow.models import Model
+
+    class _KerasFlavor:
+        __name__ = "mlflow.keras"
+
+        @staticmethod
+        def save_model(path, **kw):
+            os.makedirs(path, exist_ok=True)
+            return mlflow.keras.save_model(path=path, **kw)
+
+    return Model.log(artifact_path=None, name="model", flavor=_KerasFlavor,
+                     flavor_name="mlflow.keras", model=model,
+                     **kwargs)
+
+
+def register_outcome(
+    outcome: TrainOutcome,
+    tracking: TrackingConfig,
+    evaluate_model: Callable[[Any], Evaluation] | None = None,
+    run_name: str | None = None,
+) -> RegistrationResult:
+    """Log one training run, register its model, and move `champion` if it wins (see module doc)."""
+    experiment_id = configure(tracking)
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+    from mlflow.models import infer_signature
+
+    client = MlflowClient()
+    dataset = _dataset_input(outcome)
+    run_name = run_name or time.strftime("train-%Y%m%d-%H%M%S")
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
+        run_id = run.info.run_id
+        commit, _ = git_commit()
+        mlflow.set_tags({"mlflow.source.git.commit": commit,
+                         "heapcast.content_hash": outcome.dataset.content_hash,
+                         "heapcast.model_name": tracking.model_name})
+        mlflow.log_params(run_params(outcome))
+        mlflow.log_input(dataset, context="training")
+
+        # Artifacts: plots (also as images for the chart view), tables, the config.
+        with tempfile.TemporaryDirectory(prefix="heapcast-register-") as tmp:
+            tmp_path = Path(tmp)
+            pngs = write_plots(outcome, tmp_path / "plots")
+            write_evaluation_tables(outcome.evaluation, tmp_path / "evaluation")
+            mlflow.log_artifacts(str(tmp_path / "plots"), "plots")
+            mlflow.log_artifacts(str(tmp_path / "evaluation"), "evaluation")
+            for key, png in pngs.items():
+                mlflow.log_image(_png_as_array(png), key=key, step=0, synchronous=True)
+        mlflow.log_dict(outcome.config, "config.json")
+
+        # The model: signature from a real prediction, explicit requirements.
+        example = np.asarray(outcome.input_example, dtype=np.int32)
+        prediction = np.asarray(outcome.model.predict(example, verbose=0))
+        info = log_keras_model(
+            outcome.model,
+            registered_model_name=tracking.model_name,
+            signature=infer_signature(example, prediction),
+            input_example=example,
+            pip_requirements=model_pip_requirements(),
+        )
+        version = str(info.registered_model_version)
+
+        # Metrics: the evaluation (linked to the logged model and the dataset), curves, throughput.
+        now = int(time.time() * 1000)
+        scores = evaluation_metrics(outcome.evaluation)
+        metrics = [Metric(k, v, now, 0, dataset_name=dataset.name, dataset_digest=dataset.digest,
+                          model_id=info.model_id, run_id=run_id) for k, v in scores.items()]
+        for name, values in outcome.history.items():
+            metrics += [Metric(curve_key(name), float(v), now, epoch, run_id=run_id)
+                        for epoch, v in enumerate(values)]
+        extra = {"train/predictions_per_second": float(outcome.predictions_per_second),
+                 "train/seconds": float(outcome.seconds),
+                 "data/train_tokens": float(outcome.dataset.train_tokens),
+                 "data/eval_tokens": float(outcome.dataset.eval_tokens)}
+        metrics += [Metric(k, v, now, 0, run_id=run_id) for k, v in extra.items()]
+        client.log_batch(run_id, metrics=metrics)
+
+        # The version's evaluation, then the promotion decision on that same evaluation.
+        champion_rules.record_evaluation(client, tracking.model_name, version, outcome.evaluation,
+                                         outcome.dataset.content_hash)
+        client.set_model_version_tag(tracking.model_name, version, champion_rules.TAG_RUN, run_id)
+        decision = champion_rules.decide(
+            client, tracking.model_name, version, outcome.evaluation, outcome.dataset.content_hash,
+            metric=tracking.promote_on, min_improvement=tracking.min_improvement,
+            alias=CHAMPION_ALIAS, evaluate_model=evaluate_model,
+        )
+        champion_rules.apply(client, tracking.model_name, decision, alias=CHAMPION_ALIAS)
+        champion_rules.log_decision(client, run_id, decision)
+        if decision.champion_evaluation is not None:
+            mlflow.log_dict(
+                {"champion_version": decision.previous_champion_version,
+                 "content_hash": outcome.dataset.content_hash,
+                 "rows": evaluation_rows(decision.champion_evaluation)},
+                "promotion/champion_evaluation.json",
+            )
+        mlflow.set_tag("heapcast.model_version", version)
+
+    return RegistrationResult(
+        run_id=run_id, experiment_id=experiment_id, model_name=tracking.model_name,
+        model_version=version, model_uri=f"models:/{tracking.model_name}/{version}",
+        promoted=decision.promoted, champion_version=decision.champion_version,
+        decision=decision.decision, reason=decision.reason, metric=decision.metric,
+        candidate_score=decision.candidate_score, champion_score=decision.champion_score,
+        scores=scores,
+    )
+
+
+@task(retries=2, retry_delay_seconds=[10, 30], cache_policy=NO_CACHE)
+def register(
+    outcome: TrainOutcome,
+    tracking: TrackingConfig,
+    evaluate_model: Callable[[Any], Evaluation] | None = None,
+) -> RegistrationResult:
+    """Log the run and its model in MLflow; promote it to `champion` when it wins."""
+    return register_outcome(outcome, tracking, evaluate_model=evaluate_model)

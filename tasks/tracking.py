@@ -1,0 +1,180 @@
+"""Where models and their metrics are kept: MLflow, embedded or behind a tracking server.
+
+Two access modes, one per store (NOTES: experiments created through a server get
+`mlflow-artifacts:/` locations, ones created on the SQLite file get `file://`; do not mix them):
+
+- embedded (default, `tracking_uri: null`): a SQLite store and an artifact folder inside the data
+  root, `<root>/mlflow/mlflow.db` and `<root>/mlflow/artifacts`. No service to start. For an
+  `s3://` root the SQLite file cannot live in object storage (SQLite needs a POSIX file with
+  locks), so it goes to `<project>/data/mlflow-s3/<bucket>/<prefix>/mlflow.db` on this machine and
+  the artifacts go under the root, `s3://bucket/prefix/mlflow/artifacts` (MLflow's S3 artifact
+  repository, boto3; `MLFLOW_S3_ENDPOINT_URL` for an S3-compatible store). That store then belongs
+  to this one machine: where several machines train, run a tracking server instead.
+- server (`tracking_uri: http://host:port`): everything through the server's REST API, artifacts
+  proxied by the server (`mlflow server --artifacts-destination`), as scripts/mlflow-server.sh
+  starts it.
+
+MLflow itself is imported lazily: flows import this module at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import field_validator
+
+from tasks.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
+from tasks.storage import Root
+
+DEFAULT_EXPERIMENT = "heapcast"
+DEFAULT_MODEL_NAME = "heapcast-next-call"
+CHAMPION_ALIAS = "champion"
+
+# No internet here: MLflow's telemetry would only produce errors and delays; a logged model must
+# never try to build a virtualenv/conda env.
+_QUIET_ENV = {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_ENV_CREATION": "true",
+}
+
+
+class TrackingConfig(StrictModel):
+    """Where runs and models go, and how a champion is chosen."""
+
+    # None: the embedded SQLite store inside the data root; else a tracking server URL.
+    tracking_uri: str | None = None
+    # The data root whose mlflow/ folder holds the embedded store; None: $HEAPCAST_ROOT or ./data.
+    root: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT
+    model_name: str = DEFAULT_MODEL_NAME
+    # The score a candidate must beat the champion on: the model's, over all workloads, on the
+    # unseen-runs table. top1/top5: higher is better; log_loss: lower is better.
+    promote_on: Literal["top1", "top5", "log_loss"] = "top1"
+    # A candidate must beat the champion by more than this (0: any strict improvement).
+    min_improvement: float = 0.0
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _server_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(r"^(https?|sqlite|postgresql|mysql|file|databricks)(\+\w+)?:", v):
+            raise ValueError(
+                f"tracking_uri {v!r}: expected an http(s):// tracking server URL (or a database "
+                "URI such as sqlite:////abs/mlflow.db); leave it null for the embedded store"
+            )
+        return v.rstrip("/")
+
+    @field_validator("min_improvement")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError("min_improvement must be >= 0")
+        return v
+
+
+def load_tracking_config(path: str | Path | None = None) -> TrackingConfig:
+    """configs/tracking.yaml (or `path`) as a TrackingConfig."""
+    return load_config(TrackingConfig, path or CONFIG_DIR / "tracking.yaml")
+
+
+@dataclass(frozen=True)
+class TrackingTarget:
+    """The resolved URIs of one configuration."""
+
+    tracking_uri: str
+    registry_uri: str
+    # Where the experiment's artifacts go when this process creates it; None: the server decides.
+    artifact_location: str | None
+
+    @property
+    def is_server(self) -> bool:
+        return self.tracking_uri.startswith(("http://", "https://"))
+
+
+def _s3_local_store_dir(root: Root) -> Path:
+    bucket_prefix = root.url.split("://", 1)[1]
+    safe = re.sub(r"[^A-Za-z0-9._/-]", "_", bucket_prefix).strip("/")
+    return PROJECT_DIR / "data" / "mlflow-s3" / safe
+
+
+def resolve_target(tracking: TrackingConfig) -> TrackingTarget:
+    """The tracking/registry URIs and artifact location a config stands for."""
+    if tracking.tracking_uri is not None:
+        return TrackingTarget(tracking.tracking_uri, tracking.tracking_uri, None)
+    root = Root.from_url(tracking.root or default_root())
+    if root.is_local:
+        base = Path(root.path) / "mlflow"
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "artifacts").mkdir(exist_ok=True)
+        uri = f"sqlite:///{base.resolve() / 'mlflow.db'}"
+        return TrackingTarget(uri, uri, (base.resolve() / "artifacts").as_uri())
+    if root.url.startswith("s3://"):
+        store = _s3_local_store_dir(root)
+        store.mkdir(parents=True, exist_ok=True)
+        uri = f"sqlite:///{store.resolve() / 'mlflow.db'}"
+        return TrackingTarget(uri, uri, root.url_of("mlflow", "artifacts"))
+    raise ValueError(
+        f"data root {root.url}: no embedded MLflow store for this kind of URL; set tracking_uri "
+        "in configs/tracking.yaml to a tracking server (scripts/mlflow-server.sh start)"
+    )
+
+
+def quiet_mlflow_env() -> None:
+    """Turn off MLflow's telemetry and env creation (no internet); keeps values already set."""
+    for k, v in _QUIET_ENV.items():
+        if k == "DO_NOT_TRACK":
+            # conftest and users may set DO_NOT_TRACK=1; MLflow only honours "true".
+            if os.environ.get(k, "").lower() in ("1", "yes", ""):
+                os.environ[k] = v
+            continue
+        os.environ.setdefault(k, v)
+    if os.environ.get("AWS_ENDPOINT_URL") and not os.environ.get("MLFLOW_S3_ENDPOINT_URL"):
+        os.environ["MLFLOW_S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"]
+
+
+def configure(tracking: TrackingConfig) -> str:
+    """Point MLflow (tracking and registry) at the configured store; return the experiment id.
+
+    Idempotent and cheap after the first call; the experiment is created with the artifact
+    location of the access mode. An existing experiment whose artifacts live elsewhere (made by
+    another access mode, or for another root) is an error that says what to do.
+    """
+    quiet_mlflow_env()
+    import mlflow
+    from mlflow import MlflowClient
+
+    target = resolve_target(tracking)
+    mlflow.set_tracking_uri(target.tracking_uri)
+    mlflow.set_registry_uri(target.registry_uri)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    exp = client.get_experiment_by_name(tracking.experiment)
+    if exp is None:
+        try:
+            exp_id = client.create_experiment(
+                tracking.experiment, artifact_location=target.artifact_location
+            )
+        except Exception:
+            # Created concurrently by another process: use theirs.
+            exp = client.get_experiment_by_name(tracking.experiment)
+            if exp is None:
+                raise
+            exp_id = exp.experiment_id
+    else:
+        exp_id = exp.experiment_id
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp_id)
+        if target.artifact_location and exp.artifact_location.rstrip("/") != target.artifact_location:
+            raise ValueError(
+                f"MLflow experiment {tracking.experiment!r} in {target.tracking_uri} keeps its "
+                f"artifacts at {exp.artifact_location}, not {target.artifact_location}: it was "
+                "created by another access mode or for another data root. Set another "
+                "`experiment` in configs/tracking.yaml, or use the store it was made for."
+            )
+    mlflow.set_experiment(experiment_id=exp_id)
+    return exp_id
