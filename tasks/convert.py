@@ -1,0 +1,317 @@
+"""One raw trace file -> one Arrow table of events (EVENTS_SCHEMA), vectorised.
+
+The whole conversion of a file is numpy/Arrow work over arrays; nothing loops over events in
+Python. Steps (the invariants each relies on are at the code that relies on them):
+
+1. Order. The tracer appends whole per-thread buffers, so a file is ordered per thread, not
+   globally (FORMAT.md, Durability). Rows are sorted by time, then by file position (a stable
+   sort; a file that is already in time order is detected and not sorted at all).
+2. Threads. THREAD_START records are not rows; each gives its thread number's OS tid, carried
+   forward to the rows of that thread number (thread 65535 is shared by late threads: each row
+   gets the tid of the latest THREAD_START of its number before it). `seq` numbers the rows of
+   each thread number in call order.
+3. Pairing (`pair_frees`). Each row may free a block (free; realloc's old block) and/or define
+   one (allocations; realloc's new block). Addresses are reused, so a free pairs with the latest
+   earlier definition at its address, and only if no free came in between (a double free or a
+   free of an address never allocated is unpaired: counted, never fatal).
+4. Derived columns: freed_size from the paired definition, lifetime (ns and calls) of each
+   defined block up to the row that frees it, token (tasks.tokens).
+
+Row semantics (decisions recorded in DESIGN/issue):
+- realloc is one row: `addr` = new block, `freed_addr`/`freed_size` = its free half, token =
+  size class of the new size. realloc(p, 0) recorded with addr 0 frees p only: token = free
+  token. A failed realloc(p, n > 0) (addr 0) frees nothing: the old block stays live.
+- A failed allocation (addr 0) is a row with no lifetime.
+- An unpaired free: freed_size null, token 32.
+- lifetime_calls = (row number of the freeing call) - (row number of the allocation) within the
+  process: 1 when the very next call of the process frees the block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.events_schema import EVENTS_SCHEMA
+from tasks.tokens import FREE_OFFSET, N_TOKENS, free_token, size_class
+from tasks.trace_reader import ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace
+
+# Kind of each op code, as a lookup table indexed by the op byte.
+_KIND_NONE, _KIND_ALLOC, _KIND_REALLOC, _KIND_FREE = 0, 1, 2, 3
+_KIND = np.zeros(256, dtype=np.uint8)
+_KIND[list(ALLOCATING_OPS)] = _KIND_ALLOC
+_KIND[list(REALLOCATING_OPS)] = _KIND_REALLOC
+_KIND[Op.FREE] = _KIND_FREE
+_ALIGNED = np.zeros(256, dtype=bool)
+_ALIGNED[list(ALIGNED_OPS)] = True
+_OP_NAMES = {int(o): o.name.lower() for o in Op}
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Result of `pair_frees`, indexed by row (call order in the process).
+
+    alloc_of_free[i]: the row whose block row i frees, or -1 (row i frees nothing, or its free is
+    unpaired). free_of_alloc[i]: the row that frees the block row i defines, or -1 (row i defines
+    no block, or the block is never freed in the trace).
+    """
+
+    alloc_of_free: np.ndarray
+    free_of_alloc: np.ndarray
+
+
+def _sorted_entry_keys(addr: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sort entries by (addr, order); return (order keys, address-group ids) in that order.
+
+    `order` values are unique. np.argsort of 64-bit keys is several times slower than np.sort
+    (which is SIMD-vectorised), so where the bits fit, the address (compacted) and the order key
+    are packed into one uint64 and sorted by value; the order key comes back from the low bits.
+    Compaction: the high 32 address bits take few distinct values in a process (heap, mmap
+    regions), mapped to small ids; the low 32 bits lose the trailing zeros every address shares
+    (malloc alignment). Otherwise a lexsort (slower, same result).
+    """
+    m = len(addr)
+    if m == 0:
+        return order[:0], order[:0]
+    pos_bits = max(int(order.max()).bit_length(), 1)
+    common = int(np.bitwise_or.reduce(addr))
+    shift = min((common & -common).bit_length() - 1, 32) if common else 0
+    hi = (addr >> np.uint64(32)).astype(np.uint32)
+    hs = np.sort(hi)
+    uniq_hi = hs[np.concatenate(([True], hs[1:] != hs[:-1]))]
+    hid_bits = max(len(uniq_hi) - 1, 0).bit_length()
+    lo_bits = 32 - shift
+    if hid_bits + lo_bits + pos_bits <= 64:
+        hid = np.searchsorted(uniq_hi, hi).astype(np.uint64)
+        lo = (addr & np.uint64(0xFFFF_FFFF)) >> np.uint64(shift)
+        key = (hid << np.uint64(lo_bits + pos_bits)) | (lo << np.uint64(pos_bits)) \
+            | order.astype(np.uint64)
+        key.sort()
+        return (key & np.uint64((1 << pos_bits) - 1)).astype(np.int64), key >> np.uint64(pos_bits)
+    perm = np.lexsort((order, addr))
+    return order[perm].astype(np.int64), addr[perm]
+
+
+def pair_frees(def_addr: np.ndarray, free_addr: np.ndarray) -> Pairing:
+    """Pair each freed block with the definition that made it, per process, vectorised.
+
+    def_addr[i]: the address of the block row i defines (0: none); free_addr[i]: the address row
+    i frees (0: none). A row may do both (realloc): its free half comes first.
+
+    Every free half and every definition becomes an entry keyed (address, 2*row + half), half 0
+    for the free, 1 for the definition. Sorted by that key, the entries of one address are its
+    history in call order. A free pairs with the entry just before it when that entry is a
+    definition of the same address: the latest earlier allocation, not yet freed. If the entry
+    before is a free, the block was already freed (double free), and if there is none, the
+    address was never allocated in the trace: both are unpaired. Symmetrically a definition is
+    freed by the entry just after it when that is a free of the same address; a definition
+    followed by another definition (a free the trace missed) or by nothing is never freed.
+    """
+    n = len(def_addr)
+    fi = np.flatnonzero(free_addr)
+    di = np.flatnonzero(def_addr)
+    addr = np.concatenate([free_addr[fi], def_addr[di]])
+    order = np.concatenate([fi * 2, di * 2 + 1])
+    okey, group = _sorted_entry_keys(addr, order)
+    row = okey >> 1
+    is_def = (okey & 1).astype(bool)
+    same_as_prev = np.zeros(len(okey), dtype=bool)
+    same_as_prev[1:] = group[1:] == group[:-1]
+    # entry j is a free paired with entry j-1 (a definition of the same address)
+    paired = same_as_prev.copy()
+    paired[1:] &= ~is_def[1:] & is_def[:-1]
+    j = np.flatnonzero(paired)
+    alloc_of_free = np.full(n, -1, dtype=np.int64)
+    free_of_alloc = np.full(n, -1, dtype=np.int64)
+    alloc_of_free[row[j]] = row[j - 1]
+    free_of_alloc[row[j - 1]] = row[j]
+    return Pairing(alloc_of_free, free_of_alloc)
+
+
+def _time_order(time_ns: np.ndarray) -> np.ndarray | None:
+    """Row order by time then file position; None when the file is already in that order."""
+    if len(time_ns) < 2 or bool(np.all(time_ns[1:] >= time_ns[:-1])):
+        return None
+    return np.argsort(time_ns, kind="stable")
+
+
+def _group_starts(sorted_keys: np.ndarray) -> np.ndarray:
+    start = np.ones(len(sorted_keys), dtype=bool)
+    start[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    return start
+
+
+def _tid_per_record(thread: np.ndarray, is_ts: np.ndarray, arg: np.ndarray) -> np.ndarray:
+    """OS tid of each record: the arg of its thread number's latest THREAD_START (file order).
+
+    Within one thread number the file is in call order (each thread appends its own buffers in
+    order), so "latest before" is taken in file order. 0 where none precedes (a file whose
+    THREAD_START was lost).
+    """
+    n = len(thread)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint32)
+    single = bool(np.all(thread == thread[0]))
+    perm = None if single else np.argsort(thread, kind="stable")
+    ts = is_ts if perm is None else is_ts[perm]
+    a = arg if perm is None else arg[perm]
+    idx = np.arange(n)
+    start = np.zeros(n, dtype=bool) if perm is None else _group_starts(thread[perm])
+    start[0] = True
+    last = np.maximum.accumulate(np.where(ts | start, idx, 0))
+    tid_sorted = np.where(ts[last], a[last], 0).astype(np.uint32)
+    if perm is None:
+        return tid_sorted
+    tid = np.empty(n, dtype=np.uint32)
+    tid[perm] = tid_sorted
+    return tid
+
+
+def _seq_per_row(thread: np.ndarray) -> np.ndarray:
+    """Call number of each row within its thread number (rows in call order)."""
+    n = len(thread)
+    if n == 0 or bool(np.all(thread == thread[0])):
+        return np.arange(n, dtype=np.uint64)
+    perm = np.argsort(thread, kind="stable")
+    start = _group_starts(thread[perm])
+    idx = np.arange(n)
+    first = np.maximum.accumulate(np.where(start, idx, 0))
+    seq = np.empty(n, dtype=np.uint64)
+    seq[perm] = (idx - first).astype(np.uint64)
+    return seq
+
+
+def _nullable(values: np.ndarray, valid: np.ndarray | None, type_: pa.DataType) -> pa.Array:
+    """An Arrow array over `values` with a validity bitmap built from `valid`, without copies."""
+    values = np.ascontiguousarray(values, dtype=type_.to_pandas_dtype())
+    if valid is None or bool(valid.all()):
+        return pa.array(values, type=type_)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    null_count = int(len(valid) - np.count_nonzero(valid))
+    return pa.Array.from_buffers(type_, len(values), [bitmap, pa.py_buffer(values)],
+                                 null_count=null_count)
+
+
+@dataclass
+class FileStats:
+    """Small per-file facts for the run summary (all computed vectorised)."""
+
+    rows: int = 0
+    ops: dict[str, int] = field(default_factory=dict)
+    threads: int = 0
+    token_hist: list[int] = field(default_factory=lambda: [0] * N_TOKENS)
+    unpaired_frees: int = 0
+    never_freed: int = 0
+    failed_allocations: int = 0
+    peak_live_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
+    """The events table of one trace (EVENTS_SCHEMA) and its summary facts."""
+    h = trace.header
+    op_all = trace.op
+    is_ts_all = op_all == Op.THREAD_START
+    tid_all = _tid_per_record(trace.thread, is_ts_all, trace.arg)
+    time_all = trace.time_ns
+
+    order = _time_order(time_all)
+    if order is None:
+        rows = np.flatnonzero(~is_ts_all) if is_ts_all.any() else None
+    else:
+        rows = order[~is_ts_all[order]]
+
+    def take(a: np.ndarray) -> np.ndarray:
+        return a if rows is None else a[rows]
+
+    op = take(op_all)
+    size = take(trace.size)
+    addr = take(trace.addr)
+    arg = take(trace.arg)
+    time_ns = take(time_all)
+    thread = take(trace.thread)
+    tid = take(tid_all)
+    n = len(op)
+
+    kind = _KIND[op]
+    is_free = kind == _KIND_FREE
+    is_realloc = kind == _KIND_REALLOC
+    defines = (kind == _KIND_ALLOC) | is_realloc
+    def_addr = np.where(defines, addr, np.uint64(0))
+    # realloc frees its old block when it returned a new one, or when realloc(p, 0) freed p
+    # (recorded with addr 0); a failed realloc(p, n > 0) leaves p live.
+    realloc_frees = is_realloc & ((addr != 0) | (size == 0))
+    free_addr = np.where(is_free, addr, np.where(realloc_frees, arg, np.uint64(0)))
+    pairing = pair_frees(def_addr, free_addr)
+
+    has_free_half = free_addr != 0
+    paired = pairing.alloc_of_free >= 0
+    freed_size = np.where(paired, size[np.maximum(pairing.alloc_of_free, 0)], np.uint64(0))
+    freed = pairing.free_of_alloc >= 0
+    fo = np.maximum(pairing.free_of_alloc, 0)
+    lifetime_ns = np.where(freed, time_ns[fo] - time_ns, 0)
+    lifetime_calls = np.where(freed, fo - np.arange(n), 0)
+
+    # realloc(p, 0) that only frees, and free itself, carry the free token
+    free_only = is_free | (is_realloc & (addr == 0) & (size == 0) & has_free_half)
+    token = np.where(free_only, free_token(freed_size), size_class(size)).astype(np.uint8)
+
+    aligned = _ALIGNED[op]
+    caller = trace.caller
+    cols = {
+        "pid": pa.array(np.full(n, h.pid, dtype=np.uint32)),
+        "ppid": pa.array(np.full(n, h.ppid, dtype=np.uint32)),
+        "thread": pa.array(thread),
+        "tid": pa.array(tid),
+        "seq": pa.array(_seq_per_row(thread)),
+        "time_ns": pa.array(time_ns),
+        "op": pa.array(op),
+        "size": pa.array(size),
+        "alignment": _nullable(np.where(aligned, arg, np.uint64(0)), aligned, pa.uint64()),
+        "addr": pa.array(addr),
+        "freed_addr": _nullable(free_addr, has_free_half, pa.uint64()),
+        "freed_size": _nullable(freed_size, paired, pa.uint64()),
+        "caller": (pa.array(take(caller)) if caller is not None
+                   else pa.nulls(n, pa.uint64())),
+        "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
+        "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
+        "token": pa.array(token),
+    }
+    table = pa.Table.from_arrays([cols[f.name] for f in EVENTS_SCHEMA], schema=EVENTS_SCHEMA)
+
+    # Live bytes in call order: + the size of each block defined, - the size of each paired free.
+    live_delta = np.where(def_addr != 0, size, np.uint64(0)).astype(np.int64) \
+        - freed_size.astype(np.int64)
+    live = np.cumsum(live_delta)
+    codes, counts = _op_counts(op)
+    stats = FileStats(
+        rows=n,
+        ops={_OP_NAMES.get(int(c), f"op{int(c)}"): int(k) for c, k in zip(codes, counts) if k},
+        threads=int(np.count_nonzero(np.bincount(thread, minlength=1))) if n else 0,
+        token_hist=np.bincount(token, minlength=N_TOKENS).astype(int).tolist(),
+        unpaired_frees=int(np.count_nonzero(has_free_half & ~paired)),
+        never_freed=int(np.count_nonzero((def_addr != 0) & ~freed)),
+        failed_allocations=int(np.count_nonzero((kind == _KIND_ALLOC) & (addr == 0))
+                               + np.count_nonzero(is_realloc & (addr == 0) & (size != 0))),
+        peak_live_bytes=int(max(live.max(), 0)) if n else 0,
+    )
+    return table, stats
+
+
+def _op_counts(op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.bincount(op, minlength=256)
+    codes = np.flatnonzero(counts)
+    return codes, counts[codes]
+
+
+def events_from_trace(trace: Trace) -> pa.Table:
+    """The events table (EVENTS_SCHEMA) of one trace file: one row per heap call."""
+    return convert_trace(trace)[0]
+
+
+assert FREE_OFFSET == 32  # the unpaired-free token (32) relies on it

@@ -1,0 +1,57 @@
+"""Where conversion runs: a Dask `distributed` local cluster by default, a scheduler to scale out.
+
+`dask_client(None)` starts one LocalCluster per process the first time it is asked for and keeps
+it (starting one costs seconds: a flow converting many runs pays it once); `dask_client(address)`
+connects to a running scheduler (`dask scheduler` + workers, Kubernetes, SSH, cloud). Workers
+need heapcast importable (the same image or `pip install -e .`), since tasks call its functions.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from distributed import Client, LocalCluster
+
+_lock = threading.Lock()
+_local: LocalCluster | None = None
+
+
+def _local_cluster() -> LocalCluster:
+    global _local
+    with _lock:
+        if _local is None or _local.status.name in ("closed", "closing", "failed"):
+            n_workers = int(os.environ.get("HEAPCAST_DASK_WORKERS", os.cpu_count() or 1))
+            # One thread per worker process: the per-file work is numpy/Arrow that mostly
+            # holds the GIL in between calls, so processes, not threads, use the cores.
+            processes = os.environ.get("HEAPCAST_DASK_PROCESSES", "1") != "0"
+            _local = LocalCluster(n_workers=n_workers, threads_per_worker=1,
+                                  processes=processes, dashboard_address=None,
+                                  silence_logs=40)
+            atexit.register(close_local_cluster)
+        return _local
+
+
+def close_local_cluster() -> None:
+    """Stop the process's local cluster, if one was started."""
+    global _local
+    with _lock:
+        if _local is not None:
+            _local.close()
+            _local = None
+
+
+@contextmanager
+def dask_client(address: str | None = None) -> Iterator[Client]:
+    """A Dask client: to the scheduler at `address`, else to this process's local cluster."""
+    if address:
+        client = Client(address, set_as_default=False)
+    else:
+        client = Client(_local_cluster(), set_as_default=False)
+    try:
+        yield client
+    finally:
+        client.close()

@@ -1,0 +1,371 @@
+"""The events dataset: every raw run converted to Parquet with Dask, one task per raw file.
+
+Layout under the root (DESIGN.md), all through the root's fsspec URL (a folder or s3://...):
+
+  raw/<workload>/<run>/<pid>-<ns>.hct, manifest.json         input (replay writes it)
+  events/workload=<w>/run=<r>/part-<raw file stem>.parquet     one part per raw file
+  events/workload=<w>/run=<r>/_summary.json                    the run's summary + fingerprint
+  events/_staging/...                                          conversions in progress
+
+Readers (`read_events`, `pyarrow.dataset`, `dd.read_parquet(<root>/events)`) ignore every path
+component that starts with `_` or `.`, so neither the summary nor staging data is ever read as
+events.
+
+Atomic, idempotent replace of a run's partition (converting a run again never duplicates rows):
+- Each raw file maps to exactly one part name, `part-<stem>.parquet`, derived from the raw file
+  name alone. Two conversions of the same run therefore write the same set of names; a reader can
+  never find two parts holding the same raw file's rows.
+- Every task writes its part into a fresh staging folder `events/_staging/<w>/<r>/<uuid>/`
+  (ignored by readers); nothing visible changes until every file of the run is done.
+- Commit, local folder: rename the old partition folder into staging, rename the staged folder
+  to the partition, delete the old one. Each rename is atomic; between the two, the run is
+  briefly absent, never doubled.
+- Commit, object store (no atomic rename): copy each staged part onto its final key (each
+  object write is atomic, and replaces the old part of the same raw file), then delete final
+  parts that the new conversion did not produce (raw files gone or now skipped), then write
+  `_summary.json` last. During a commit a reader may see some parts old and some new, but each
+  raw file's rows exactly once.
+- The summary, with the raw run's fingerprint, is the commit record: a crash before it is
+  written leaves the old fingerprint (or none), so the run counts as out of date and the next
+  `dataset` flow converts it again, which converges to the same parts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import posixpath
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from tasks.convert import FileStats, convert_trace
+from tasks.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
+from tasks.storage import Root
+from tasks.tokens import N_TOKENS
+from tasks.trace_reader import TraceFormatError, read_trace
+
+EVENTS_DIR = "events"
+STAGING_DIR = "_staging"
+SUMMARY_NAME = "_summary.json"
+MANIFEST_NAME = "manifest.json"
+PART_PREFIX = "part-"
+# Bump when the conversion's output changes for the same input: it is part of the fingerprint,
+# so every run converted by an older converter is out of date.
+CONVERTER_VERSION = "1"
+
+# Parquet settings, chosen by benchmarks/bench_convert.py on real traces: monotone or
+# slowly-varying integers (time, seq) delta-encode to a few bits; columns with few distinct values
+# (ids, op, sizes, tokens) or many repeats (addresses are reused) dictionary-encode; lifetimes
+# are long-tailed and unrelated from row to row, so they are stored as byte-stream-split planes
+# for zstd. Times stay in ns.
+DELTA_COLUMNS = ("seq", "time_ns")
+SPLIT_COLUMNS = ("lifetime_ns", "lifetime_calls")
+PARQUET_OPTIONS: dict[str, Any] = dict(
+    compression="zstd",
+    compression_level=1,
+    use_dictionary=[f.name for f in EVENTS_SCHEMA if f.name not in DELTA_COLUMNS + SPLIT_COLUMNS],
+    column_encoding={**{c: "DELTA_BINARY_PACKED" for c in DELTA_COLUMNS},
+                     **{c: "BYTE_STREAM_SPLIT" for c in SPLIT_COLUMNS}},
+    row_group_size=1 << 22,
+    write_statistics=["time_ns", "pid", "thread", "op", "token"],
+)
+
+
+@dataclass(frozen=True, order=True)
+class RunRef:
+    """One run of one workload: the folder raw/<workload>/<run>/."""
+
+    workload: str
+    run: str
+
+    def __str__(self) -> str:
+        return f"{self.workload}/{self.run}"
+
+
+class DatasetError(RuntimeError):
+    """A run that cannot be converted at all; the message names it."""
+
+
+# ----------------------------------------------------------------------------------- listing
+
+
+def _basename(path: str) -> str:
+    return posixpath.basename(path.rstrip("/"))
+
+
+def _ls(fs: Any, path: str) -> list[dict[str, Any]]:
+    try:
+        return fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+
+
+def list_raw_runs(root: Root, workloads: Iterable[str] | None = None,
+                  runs: Iterable[str] | None = None) -> list[RunRef]:
+    """Runs that have raw files, optionally only of `workloads` / named `runs`.
+
+    A name in `runs` matches a run folder name or `workload/run`.
+    """
+    fs = root.fs
+    fs.invalidate_cache()
+    wanted_w = set(workloads) if workloads else None
+    wanted_r = set(runs) if runs else None
+    found = []
+    for w_entry in _ls(fs, root.join("raw")):
+        if w_entry["type"] != "directory":
+            continue
+        w = _basename(w_entry["name"])
+        if w.startswith((".", "_")) or (wanted_w is not None and w not in wanted_w):
+            continue
+        for r_entry in _ls(fs, w_entry["name"]):
+            r = _basename(r_entry["name"])
+            if r_entry["type"] != "directory" or r.startswith((".", "_")):
+                continue
+            if wanted_r is not None and r not in wanted_r and f"{w}/{r}" not in wanted_r:
+                continue
+            if raw_files(root, RunRef(w, r)):
+                found.append(RunRef(w, r))
+    return sorted(found)
+
+
+def raw_files(root: Root, run: RunRef) -> list[dict[str, Any]]:
+    """The files of a raw run to convert (everything but the manifest and hidden files)."""
+    out = []
+    for e in _ls(root.fs, root.raw_run(run.workload, run.run)):
+        name = _basename(e["name"])
+        if e["type"] == "file" and name != MANIFEST_NAME and not name.startswith((".", "_")):
+            out.append(e)
+    return sorted(out, key=lambda e: e["name"])
+
+
+def raw_fingerprint(root: Root, run: RunRef) -> str:
+    """A hash of what the run's conversion depends on: the manifest's bytes, each raw file's
+    name, size and modification time, and the converter version."""
+    fs = root.fs
+    h = hashlib.sha256(f"converter {CONVERTER_VERSION} schema "
+                      f"{EVENTS_SCHEMA.metadata[b'heapcast.events.version'].decode()}\n".encode())
+    manifest = posixpath.join(root.raw_run(run.workload, run.run), MANIFEST_NAME)
+    if fs.exists(manifest):
+        h.update(b"manifest\n" + fs.cat_file(manifest) + b"\n")
+    for e in raw_files(root, run):
+        mtime = e.get("mtime") or e.get("LastModified") or e.get("ETag") or ""
+        h.update(f"{_basename(e['name'])}\t{e['size']}\t{mtime}\n".encode())
+    return h.hexdigest()
+
+
+def read_summary(root: Root, run: RunRef) -> dict[str, Any] | None:
+    """The run's stored summary, or None when the run has not been converted."""
+    path = posixpath.join(root.events_run(run.workload, run.run), SUMMARY_NAME)
+    try:
+        return json.loads(root.fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+
+
+def runs_to_convert(root: Root, workloads: Iterable[str] | None = None,
+                    runs: Iterable[str] | None = None, force: bool = False) -> list[RunRef]:
+    """Runs with raw traces and no up-to-date events (all of them with `force`)."""
+    todo = []
+    for run in list_raw_runs(root, workloads, runs):
+        if force:
+            todo.append(run)
+            continue
+        summary = read_summary(root, run)
+        if summary is None or summary.get("fingerprint") != raw_fingerprint(root, run):
+            todo.append(run)
+    return todo
+
+
+# -------------------------------------------------------------------------------- conversion
+
+
+def write_events(table: pa.Table, where: Any) -> None:
+    """Write one events table as Parquet (a path or an open binary file)."""
+    pq.write_table(table, where, **PARQUET_OPTIONS)
+
+
+def part_name(raw_name: str) -> str:
+    stem = raw_name[:-4] if raw_name.endswith(".hct") else raw_name
+    return f"{PART_PREFIX}{stem}.parquet"
+
+
+def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
+    """Dask task: convert one raw file into `out_dir`/part-<stem>.parquet; small facts back.
+
+    A file that is not a readable trace is not fatal: the result says why it was skipped.
+    """
+    fs = root.fs
+    name = _basename(raw_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trace = read_trace(raw_path, fs=fs)
+        except TraceFormatError as err:
+            return {"file": name, "skipped": str(err)}
+    table, stats = convert_trace(trace)
+    part = part_name(name)
+    with fs.open(posixpath.join(out_dir, part), "wb") as f:
+        write_events(table, f)
+    h = trace.header
+    return {"file": name, "part": part, "pid": h.pid, "ppid": h.ppid, "cmdline": list(h.cmdline),
+            "dropped_bytes": trace.dropped_bytes,
+            "warnings": [str(w.message) for w in caught], **stats.to_dict()}
+
+
+def _merge_stats(results: list[dict[str, Any]]) -> dict[str, Any]:
+    total = FileStats()
+    ops: dict[str, int] = {}
+    hist = [0] * N_TOKENS
+    for r in results:
+        total.rows += r["rows"]
+        total.threads += r["threads"]
+        total.unpaired_frees += r["unpaired_frees"]
+        total.never_freed += r["never_freed"]
+        total.failed_allocations += r["failed_allocations"]
+        total.peak_live_bytes = max(total.peak_live_bytes, r["peak_live_bytes"])
+        for k, v in r["ops"].items():
+            ops[k] = ops.get(k, 0) + v
+        hist = [a + b for a, b in zip(hist, r["token_hist"])]
+    total.ops = dict(sorted(ops.items()))
+    total.token_hist = hist
+    return total.to_dict()
+
+
+def convert_run(root: Root, run: RunRef, client: Any = None,
+                scheduler: str | None = None) -> dict[str, Any]:
+    """Convert one raw run into its events partition (atomically replaced); its summary.
+
+    `client`: a dask.distributed Client to use; else one is opened on `scheduler` (an address)
+    or on the local cluster (tasks.dask_cluster).
+    """
+    if client is None:
+        from tasks.dask_cluster import dask_client
+
+        with dask_client(scheduler) as c:
+            return convert_run(root, run, client=c)
+
+    fs = root.fs
+    files = raw_files(root, run)
+    if not files:
+        raise DatasetError(f"{root.url_of('raw', run.workload, run.run)}: no raw trace files to "
+                           "convert; replay the workload first")
+    fingerprint = raw_fingerprint(root, run)
+    staging_base = root.join(EVENTS_DIR, STAGING_DIR, run.workload, run.run)
+    staging = posixpath.join(staging_base, uuid.uuid4().hex)
+    fs.makedirs(staging, exist_ok=True)
+    # Largest files first, so a big file does not start last and hold the run up.
+    files = sorted(files, key=lambda e: -int(e["size"]))
+    futures = client.map(convert_file, [e["name"] for e in files], root=root, out_dir=staging,
+                         pure=False)
+    results = client.gather(futures)
+    done = sorted((r for r in results if "skipped" not in r), key=lambda r: r["file"])
+    skipped = sorted(({"file": r["file"], "reason": r["skipped"]}
+                      for r in results if "skipped" in r), key=lambda r: r["file"])
+    summary = {
+        "workload": run.workload,
+        "run": run.run,
+        "fingerprint": fingerprint,
+        "converted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "converter_version": CONVERTER_VERSION,
+        **_merge_stats(done),
+        "processes": len(done),
+        "skipped": skipped,
+        "files": done,
+    }
+    _commit(root, run, staging, staging_base, summary)
+    return summary
+
+
+def _commit(root: Root, run: RunRef, staging: str, staging_base: str,
+            summary: dict[str, Any]) -> None:
+    """Make the staged parts the run's partition (see the module docstring for why it is safe)."""
+    fs = root.fs
+    final = root.events_run(run.workload, run.run)
+    summary_bytes = json.dumps(summary, indent=1).encode()
+    if root.is_local:
+        fs.pipe_file(posixpath.join(staging, SUMMARY_NAME), summary_bytes)
+        fs.makedirs(posixpath.dirname(final), exist_ok=True)
+        old = staging + ".old"
+        if fs.exists(final):
+            fs.mv(final, old, recursive=True)
+        fs.mv(staging, final, recursive=True)
+        fs.rm(staging_base, recursive=True)
+        return
+    new_parts = {f["part"] for f in summary["files"]}
+    for part in sorted(new_parts):
+        fs.copy(posixpath.join(staging, part), posixpath.join(final, part))
+    fs.invalidate_cache(final)
+    for e in _ls(fs, final):
+        name = _basename(e["name"])
+        if name.startswith(PART_PREFIX) and name not in new_parts:
+            fs.rm_file(e["name"])
+    fs.pipe_file(posixpath.join(final, SUMMARY_NAME), summary_bytes)
+    fs.rm(staging_base, recursive=True)
+    fs.invalidate_cache()
+
+
+# ----------------------------------------------------------------------------------- reading
+
+PARTITIONING = pads.partitioning(
+    pa.schema([(c, pa.string()) for c in PARTITION_COLUMNS]), flavor="hive")
+
+
+def events_dataset(root: Root) -> pads.Dataset:
+    """The whole events dataset as a pyarrow dataset (lazy; partition columns workload, run)."""
+    return pads.dataset(root.join(EVENTS_DIR), filesystem=root.fs, format="parquet",
+                        partitioning=PARTITIONING, schema=events_dataset_schema(),
+                        ignore_prefixes=[".", "_"])
+
+
+def events_dataset_schema() -> pa.Schema:
+    return EVENTS_SCHEMA.append(pa.field("workload", pa.string())).append(
+        pa.field("run", pa.string()))
+
+
+def read_events(root: Root | str, workloads: Iterable[str] | None = None,
+                runs: Iterable[str] | None = None,
+                columns: list[str] | None = None) -> pa.Table:
+    """Events of the named workloads/runs (all by default) as one Arrow table.
+
+    Rows of each process stay in call order (parts are read in name order, row order kept).
+    """
+    if isinstance(root, str):
+        root = Root.from_url(root)
+    fs = root.fs
+    if not fs.exists(root.join(EVENTS_DIR)):
+        return events_dataset_schema().empty_table().select(columns or
+                                                             events_dataset_schema().names)
+    flt = None
+    if workloads:
+        flt = pads.field("workload").isin(list(workloads))
+    if runs:
+        rf = pads.field("run").isin(list(runs))
+        flt = rf if flt is None else flt & rf
+    return events_dataset(root).to_table(columns=columns, filter=flt)
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """The run's summary as Markdown (the flow publishes it as a Prefect artifact)."""
+    lines = [f"# Events of {summary['workload']}/{summary['run']}", "",
+             f"- rows: {summary['rows']:,} from {summary['processes']} process(es), "
+             f"{summary['threads']} thread(s)",
+             f"- unpaired frees: {summary['unpaired_frees']:,}; blocks never freed: "
+             f"{summary['never_freed']:,}; failed allocations: {summary['failed_allocations']:,}",
+             f"- peak live bytes (largest process): {summary['peak_live_bytes']:,}",
+             f"- fingerprint: `{summary['fingerprint'][:16]}`", "",
+             "| operation | events |", "|---|---:|"]
+    lines += [f"| {k} | {v:,} |" for k, v in summary["ops"].items()]
+    hist = summary["token_hist"]
+    lines += ["", "| token | events |", "|---:|---:|"]
+    lines += [f"| {t} | {c:,} |" for t, c in enumerate(hist) if c]
+    if summary["skipped"]:
+        lines += ["", "## Skipped files", ""]
+        lines += [f"- `{s['file']}`: {s['reason']}" for s in summary["skipped"]]
+    return "\n".join(lines) + "\n"

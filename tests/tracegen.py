@@ -1,0 +1,153 @@
+"""Write valid heapcast trace files (native/FORMAT.md, version 1) from given records.
+
+For tests that need exact control over what a trace holds (reused addresses, double frees,
+unpaired frees, realloc chains, several threads), without running the tracer. Other test
+modules may use it too:
+
+    from tests.tracegen import Rec, write_trace, malloc, free, realloc, thread_start
+    write_trace(path, [thread_start(0, tid=100), malloc(10, 24, 0x1000), free(20, 0x1000)])
+
+Times are record clock ticks; with the default clock (CLOCK_MONOTONIC, 1 ns per tick) they are
+the events' `time_ns`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from tasks.trace_reader import (
+    CLOCK_MONOTONIC,
+    FLAG_CALLER,
+    FORMAT_VERSION,
+    MAGIC,
+    OP_SHIFT,
+    RECORD_DTYPE,
+    RECORD_DTYPE_CALLER,
+    SIZE_MASK,
+    THREAD_SHIFT,
+    Op,
+)
+
+_HEADER = struct.Struct("<8sIIIIIIQQQdIIQ")
+
+
+@dataclass(frozen=True)
+class Rec:
+    """One raw record, in the tracer's terms (size already nmemb*size for calloc)."""
+
+    time: int
+    op: int
+    size: int = 0
+    addr: int = 0
+    arg: int = 0
+    thread: int = 0
+    caller: int = 0
+
+
+def thread_start(time: int, tid: int, thread: int = 0) -> Rec:
+    return Rec(time, Op.THREAD_START, 0, 0, tid, thread)
+
+
+def malloc(time: int, size: int, addr: int, thread: int = 0, caller: int = 0) -> Rec:
+    return Rec(time, Op.MALLOC, size, addr, 0, thread, caller)
+
+
+def calloc(time: int, size: int, addr: int, thread: int = 0) -> Rec:
+    return Rec(time, Op.CALLOC, size, addr, 0, thread)
+
+
+def free(time: int, addr: int, thread: int = 0, caller: int = 0) -> Rec:
+    return Rec(time, Op.FREE, 0, addr, 0, thread, caller)
+
+
+def realloc(time: int, old: int, size: int, new: int, thread: int = 0) -> Rec:
+    return Rec(time, Op.REALLOC, size, new, old, thread)
+
+
+def memalign(time: int, alignment: int, size: int, addr: int, op: int = Op.POSIX_MEMALIGN,
+             thread: int = 0) -> Rec:
+    return Rec(time, op, size, addr, alignment, thread)
+
+
+def records_array(recs: Sequence[Rec], caller: bool = False) -> np.ndarray:
+    """The structured record array (RECORD_DTYPE or RECORD_DTYPE_CALLER) for `recs`."""
+    dtype = RECORD_DTYPE_CALLER if caller else RECORD_DTYPE
+    out = np.zeros(len(recs), dtype=dtype)
+    if not len(recs):
+        return out
+    cols = np.array([(r.time, r.addr, r.arg, r.size, r.op, r.thread, r.caller) for r in recs],
+                    dtype=np.uint64)
+    out["time"], out["addr"], out["arg"] = cols[:, 0], cols[:, 1], cols[:, 2]
+    out["packed"] = ((cols[:, 3] & np.uint64(SIZE_MASK)) | (cols[:, 4] << np.uint64(OP_SHIFT))
+                     | (cols[:, 5] << np.uint64(THREAD_SHIFT)))
+    if caller:
+        out["caller"] = cols[:, 6]
+    return out
+
+
+def header_bytes(*, pid: int = 4242, ppid: int = 1, caller: bool = False,
+                 cmdline: Iterable[str] = ("prog", "arg"), version: int = FORMAT_VERSION,
+                 start_realtime_ns: int = 1_700_000_000_000_000_000,
+                 start_monotonic_ns: int = 0, start_ticks: int = 0, ns_per_tick: float = 1.0,
+                 clock: int = CLOCK_MONOTONIC) -> bytes:
+    cmd = b"".join(a.encode() + b"\0" for a in cmdline)
+    header_size = (80 + len(cmd) + 7) // 8 * 8
+    record_size = (RECORD_DTYPE_CALLER if caller else RECORD_DTYPE).itemsize
+    fixed = _HEADER.pack(MAGIC, version, header_size, record_size, FLAG_CALLER if caller else 0,
+                         pid, ppid, start_realtime_ns, start_monotonic_ns, start_ticks,
+                         ns_per_tick, clock, len(cmd), 0)
+    return (fixed + cmd).ljust(header_size, b"\0")
+
+
+def trace_bytes(recs: Sequence[Rec] | np.ndarray, *, caller: bool = False, **header) -> bytes:
+    arr = recs if isinstance(recs, np.ndarray) else records_array(recs, caller=caller)
+    return header_bytes(caller=caller, **header) + arr.tobytes()
+
+
+def write_trace(path: str | Path, recs: Sequence[Rec] | np.ndarray, *, caller: bool = False,
+                **header) -> Path:
+    """Write a trace file at `path` (header keywords as in `header_bytes`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(trace_bytes(recs, caller=caller, **header))
+    return path
+
+
+def synthetic_records(n: int, *, seed: int = 0, threads: int = 1, live: int = 4096,
+                      caller: bool = False) -> np.ndarray:
+    """About `n` records of a plausible malloc/free mix, built vectorised (for larger tests).
+
+    Each thread starts with THREAD_START; then allocations at addresses drawn from `live` slots
+    per thread (so addresses are reused) and a free of a slot's block when it is reused.
+    """
+    rng = np.random.default_rng(seed)
+    per = max(n // threads, 2)
+    parts = []
+    for t in range(threads):
+        # Alternate: allocate into slot s, later free slot s: pairs (malloc, free) shuffled in
+        # time by interleaving the frees one "generation" later.
+        k = per // 2
+        slots = rng.integers(0, live, k)
+        addr = np.uint64(0x5555_0000_0000 + t * 0x1_0000_0000) + slots.astype(np.uint64) * np.uint64(64)
+        size = rng.choice(np.array([8, 16, 24, 32, 48, 64, 100, 256, 1000, 4096], np.uint64), k)
+        recs = np.zeros(2 * k + 1, dtype=RECORD_DTYPE_CALLER if caller else RECORD_DTYPE)
+        recs["arg"][0] = 1000 + t
+        recs["packed"][0] = (np.uint64(Op.THREAD_START) << np.uint64(OP_SHIFT)) | (np.uint64(t) << np.uint64(THREAD_SHIFT))
+        body = recs[1:]
+        body["addr"][0::2] = addr
+        body["addr"][1::2] = addr
+        ops = np.empty(2 * k, np.uint64)
+        ops[0::2] = Op.MALLOC
+        ops[1::2] = Op.FREE
+        sizes = np.zeros(2 * k, np.uint64)
+        sizes[0::2] = size
+        body["packed"] = sizes | (ops << np.uint64(OP_SHIFT)) | (np.uint64(t) << np.uint64(THREAD_SHIFT))
+        recs["time"] = np.cumsum(rng.integers(20, 400, 2 * k + 1)).astype(np.uint64)
+        parts.append(recs)
+    out = np.concatenate(parts)
+    return out[np.argsort(out["time"], kind="stable")] if threads > 1 else out
