@@ -29,6 +29,10 @@ class DatasetRef:
     eval_tokens: int
     content_hash: str  # hash of the token data actually used (train + eval)
     token_histogram: np.ndarray  # counts per token (64) over the training data
+    # Added by training (defaulted, so older constructors still work): runs used for early
+    # stopping and the n-gram's order; a run name may repeat a train run when validation is the
+    # tail of its threads (see TrainOutcome.notes).
+    validation_runs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,3 +81,6 @@ class TrainOutcome:
     predictions_per_second: float  # training throughput
     seconds: float
     input_example: np.ndarray  # int32 [batch, context] token example for the signature
+    # Added by training: sentences a reader of the run must see (a validation cut from a train
+    # run's thread tails, a resumed training), worth logging as tags or in the description.
+    notes: list[str] = field(default_factory=list)

@@ -1,0 +1,338 @@
+"""Per-thread token sequences from the events dataset, and the positions that get scored.
+
+A run's tokens are held as the trace itself: one flat uint8 array, the threads one after the
+other (each ordered by `seq`), and `offsets` marking where each thread starts (n_threads + 1
+entries). Training chunks and evaluation positions are index arrays into that flat array, so no
+window is ever materialised here (the tf.data side is tasks/token_data.py).
+
+No TensorFlow in this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from tasks.storage import Root
+from tasks.tokens import N_TOKENS
+from tasks.train_config import DataConfig
+
+COLUMNS = ["pid", "thread", "seq", "token"]
+PARTITIONING = ds.partitioning(
+    pa.schema([("workload", pa.string()), ("run", pa.string())]), flavor="hive"
+)
+
+
+@dataclass(frozen=True)
+class TokenRun:
+    """The token sequences of one run (or a part of one): flat tokens + thread offsets."""
+
+    workload: str
+    run: str
+    tokens: np.ndarray  # uint8 [n]
+    offsets: np.ndarray  # int64 [n_threads + 1], offsets[0] == 0, offsets[-1] == n
+    part: str = "all"  # "all", or "head"/"tail" when a run was cut for validation
+
+    def __post_init__(self) -> None:
+        if self.offsets[0] != 0 or self.offsets[-1] != len(self.tokens):
+            raise ValueError(f"{self.name}: offsets do not span the tokens")
+
+    @property
+    def name(self) -> str:
+        suffix = "" if self.part == "all" else f"[{self.part}]"
+        return f"{self.workload}/{self.run}{suffix}"
+
+    @property
+    def n_tokens(self) -> int:
+        return int(len(self.tokens))
+
+    @property
+    def n_threads(self) -> int:
+        return int(len(self.offsets) - 1)
+
+    def thread_lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def position_in_thread(self) -> np.ndarray:
+        """For every token, its index within its thread (int64 [n])."""
+        lengths = self.thread_lengths()
+        return np.arange(self.n_tokens, dtype=np.int64) - np.repeat(self.offsets[:-1], lengths)
+
+    def head(self, max_tokens: int) -> "TokenRun":
+        """The first `max_tokens` tokens (whole threads in order, the last one cut)."""
+        if max_tokens >= self.n_tokens:
+            return self
+        offsets = np.concatenate([self.offsets[self.offsets < max_tokens], [max_tokens]])
+        return TokenRun(self.workload, self.run, self.tokens[:max_tokens], offsets, self.part)
+
+    def split_tail(self, fraction: float) -> tuple["TokenRun", "TokenRun"]:
+        """(head, tail): the time-ordered last `fraction` of every thread goes to the tail."""
+        lengths = self.thread_lengths()
+        tail_len = np.floor(lengths * fraction).astype(np.int64)
+        head_len = lengths - tail_len
+        pos = self.position_in_thread()
+        in_head = pos < np.repeat(head_len, lengths)
+        head_off = np.concatenate([[0], np.cumsum(head_len)])
+        tail_off = np.concatenate([[0], np.cumsum(tail_len)])
+        return (
+            TokenRun(self.workload, self.run, self.tokens[in_head], head_off, "head"),
+            TokenRun(self.workload, self.run, self.tokens[~in_head], tail_off, "tail"),
+        )
+
+
+def concat_runs(runs: list[TokenRun], workload: str = "*", run: str = "*") -> TokenRun:
+    """Several runs as one (threads never join: boundaries are kept)."""
+    if not runs:
+        return TokenRun(workload, run, np.zeros(0, np.uint8), np.zeros(1, np.int64))
+    tokens = np.concatenate([r.tokens for r in runs])
+    starts = np.cumsum([0] + [r.n_tokens for r in runs[:-1]])
+    offsets = np.concatenate([r.offsets[:-1] + s for r, s in zip(runs, starts)] + [[len(tokens)]])
+    return TokenRun(workload, run, tokens, offsets.astype(np.int64))
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def events_dataset(root: Root) -> ds.Dataset:
+    return ds.dataset(
+        root.join("events"),
+        filesystem=root.fs,
+        format="parquet",
+        partitioning=PARTITIONING,
+        exclude_invalid_files=True,
+    )
+
+
+def list_runs(root: Root) -> dict[str, list[str]]:
+    """{workload: sorted runs} found under <root>/events."""
+    fs = root.fs
+    base = root.join("events")
+    if not fs.exists(base):
+        raise FileNotFoundError(
+            f"{root.url_of('events')}: no events dataset; run the dataset flow first"
+        )
+    found: dict[str, list[str]] = {}
+    for path in fs.glob(root.join("events", "workload=*", "run=*")):
+        parts = path.rstrip("/").split("/")
+        workload = parts[-2].split("=", 1)[1]
+        found.setdefault(workload, []).append(parts[-1].split("=", 1)[1])
+    return {w: sorted(rs) for w, rs in sorted(found.items())}
+
+
+def read_run(root: Root, workload: str, run: str, dataset: ds.Dataset | None = None) -> TokenRun:
+    """One run's tokens, per thread (per (pid, thread)), each thread ordered by seq."""
+    dataset = dataset if dataset is not None else events_dataset(root)
+    flt = (pc.field("workload") == workload) & (pc.field("run") == run)
+    table = dataset.to_table(columns=COLUMNS, filter=flt)
+    if table.num_rows == 0:
+        raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
+    pid = table.column("pid").to_numpy().astype(np.uint64)
+    thread = table.column("thread").to_numpy().astype(np.uint64)
+    seq = table.column("seq").to_numpy()
+    token = table.column("token").to_numpy().astype(np.uint8)
+    key = (pid << np.uint64(16)) | thread
+    # Fragments arrive in file order; sort only when needed (a stable lexsort otherwise).
+    if len(key) > 1 and not (
+        np.all(key[1:] >= key[:-1]) and np.all((key[1:] != key[:-1]) | (seq[1:] > seq[:-1]))
+    ):
+        order = np.lexsort((seq, key))
+        key, token = key[order], token[order]
+    if int(token.max(initial=0)) >= N_TOKENS:
+        raise ValueError(f"run {workload}/{run}: token {int(token.max())} outside 0..63")
+    starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    offsets = np.concatenate([starts, [len(token)]]).astype(np.int64)
+    return TokenRun(workload, run, token, offsets)
+
+
+# --- the split ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """The runs of a training job, by role (see tasks/train_config.py for the rule)."""
+
+    train: list[TokenRun]
+    validation: list[TokenRun]
+    evaluation: list[TokenRun]  # unseen runs of trained workloads
+    heldout: list[TokenRun]  # runs of workloads never trained on
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.train)
+
+    @property
+    def eval_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.evaluation + self.heldout)
+
+    def content_hash(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for role, runs in (("train", self.train), ("validation", self.validation),
+                           ("evaluation", self.evaluation), ("heldout", self.heldout)):
+            for r in runs:
+                h.update(f"{role}:{r.name}:".encode())
+                h.update(r.offsets.tobytes())
+                h.update(r.tokens.tobytes())
+        return h.hexdigest()
+
+    def token_histogram(self) -> np.ndarray:
+        hist = np.zeros(N_TOKENS, np.int64)
+        for r in self.train:
+            hist += np.bincount(r.tokens, minlength=N_TOKENS)
+        return hist
+
+
+def plan_split(available: dict[str, list[str]], cfg: DataConfig) -> dict[str, dict[str, list[str]]]:
+    """{workload: {"train"|"validation"|"evaluation"|"heldout": runs}} without reading tokens.
+
+    Default per trained workload, runs sorted: 3+ runs -> last is evaluation, second to last
+    validation, the rest train; 2 runs -> first train, last evaluation, validation cut from the
+    train run's thread tails. One run cannot be evaluated honestly: an error says what to do.
+    """
+    missing = [w for w in (cfg.workloads or []) + cfg.heldout_workloads if w not in available]
+    if missing:
+        raise ValueError(
+            f"workloads {missing} are not in the events dataset (found: {sorted(available)})"
+        )
+    workloads = cfg.workloads if cfg.workloads is not None else [
+        w for w in available if w not in cfg.heldout_workloads
+    ]
+    if not workloads:
+        raise ValueError("no workload left to train on; check data.workloads / heldout_workloads")
+    plan: dict[str, dict[str, list[str]]] = {}
+    for w in workloads:
+        runs = available[w]
+        explicit = cfg.runs.get(w)
+        if explicit and explicit.train and explicit.evaluation:
+            tr, va, ev = list(explicit.train), list(explicit.validation), list(explicit.evaluation)
+            unknown = [r for r in tr + va + ev if r not in runs]
+            if unknown:
+                raise ValueError(f"workload {w}: runs {unknown} not found (found: {runs})")
+        elif len(runs) >= 3:
+            tr, va, ev = runs[:-2], [runs[-2]], [runs[-1]]
+        elif len(runs) == 2:
+            tr, va, ev = [runs[0]], [], [runs[1]]
+        else:
+            raise ValueError(
+                f"workload {w} has only run {runs}: an honest evaluation needs another run "
+                f"(another input); replay it again or list it under data.heldout_workloads"
+            )
+        plan[w] = {"train": tr, "validation": va, "evaluation": ev, "heldout": []}
+    for w in cfg.heldout_workloads:
+        plan[w] = {"train": [], "validation": [], "evaluation": [], "heldout": list(available[w])}
+    return plan
+
+
+def load_split(root: Root, cfg: DataConfig) -> Split:
+    """Read every run the plan names and apply the validation cut and the token caps."""
+    plan = plan_split(list_runs(root), cfg)
+    dataset = events_dataset(root)
+    train: list[TokenRun] = []
+    validation: list[TokenRun] = []
+    evaluation: list[TokenRun] = []
+    heldout: list[TokenRun] = []
+    notes: list[str] = []
+    per_run_cap = None
+    n_train_runs = sum(len(p["train"]) for p in plan.values())
+    if cfg.max_train_tokens is not None and n_train_runs:
+        per_run_cap = max(1, cfg.max_train_tokens // n_train_runs)
+    for w, roles in plan.items():
+        for r in roles["train"]:
+            run = read_run(root, w, r, dataset)
+            if not roles["validation"]:
+                head, tail = run.split_tail(cfg.validation_fraction)
+                notes.append(
+                    f"{w}: only two runs; validation (early stopping, n-gram order) is the last "
+                    f"{cfg.validation_fraction:.0%} of each thread of train run {r}"
+                )
+                run = head
+                validation.append(_cap(tail, cfg.max_validation_tokens))
+            train.append(_cap(run, per_run_cap))
+        for r in roles["validation"]:
+            validation.append(_cap(read_run(root, w, r, dataset), cfg.max_validation_tokens))
+        for r in roles["evaluation"]:
+            evaluation.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
+        for r in roles["heldout"]:
+            heldout.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
+    return Split(train, validation, evaluation, heldout, notes)
+
+
+def _cap(run: TokenRun, cap: int | None) -> TokenRun:
+    return run if cap is None else run.head(cap)
+
+
+# --- chunks and scored positions -------------------------------------------------------------
+
+
+def train_chunks(run: TokenRun, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training chunks of `context + 1` tokens inside threads, stride `context`.
+
+    Returns (starts, first_scored): chunk i covers tokens[starts[i] : starts[i] + context + 1]
+    (inputs = the first `context`, targets = the last `context`). A thread's last chunk is
+    aligned to its end so its tail is not lost; the targets it shares with the chunk before are
+    weighted 0 (`first_scored` is the first target index that counts). Threads shorter than
+    `context + 1` tokens give no chunk.
+    """
+    lengths = run.thread_lengths()
+    ok = lengths >= context + 1
+    starts_t, lengths = run.offsets[:-1][ok], lengths[ok]
+    if not len(lengths):
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    n_full = (lengths - 1) // context  # chunks of stride `context` that fit entirely
+    rem = (lengths - 1) - n_full * context  # targets left after them
+    n_chunks = n_full + (rem > 0)
+    thread_of = np.repeat(np.arange(len(lengths)), n_chunks)
+    k = np.arange(n_chunks.sum()) - np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
+    starts = starts_t[thread_of] + k * context
+    first = np.zeros(len(starts), np.int32)
+    last = k == n_full[thread_of]  # the extra, end-aligned chunk
+    end = starts_t[thread_of] + lengths[thread_of]
+    starts = np.where(last, end - context - 1, starts)
+    first[last] = (context - rem[thread_of][last]).astype(np.int32)
+    return starts.astype(np.int64), first
+
+
+def window_starts(run: TokenRun, context: int) -> np.ndarray:
+    """The article's windows: every start whose `context` tokens and next token lie in one thread."""
+    pos = run.position_in_thread()
+    lengths = np.repeat(run.thread_lengths(), run.thread_lengths())
+    ok = pos + context < lengths
+    return np.flatnonzero(ok).astype(np.int64)
+
+
+def eval_positions(run: TokenRun) -> np.ndarray:
+    """Scored positions, defined once for every predictor: every token but a thread's first.
+
+    Position p's label is tokens[p]; a predictor may look at tokens[p - k : p] of the same
+    thread only.
+    """
+    pos = run.position_in_thread()
+    return np.flatnonzero(pos >= 1).astype(np.int64)
+
+
+def eval_chunks(run: TokenRun, context: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stateless evaluation chunks of `2 * context` input tokens with a warm-up prefix.
+
+    Chunk k of a thread starts at thread_start + k * context. Output i of a chunk predicts token
+    start + i + 1. Chunk 0 scores outputs 0 .. 2c-1 (all the context the thread has); chunk
+    k >= 1 scores outputs c .. 2c-1, so every scored position beyond the thread's first 2c tokens
+    has at least `context` previous tokens in view. Together they score exactly
+    `eval_positions(run)`, in that order.
+
+    Returns (starts, lo, hi): chunk i scores outputs lo[i] <= o < hi[i].
+    """
+    lengths = run.thread_lengths()
+    n_targets = lengths - 1
+    # chunk 0 covers targets 1..2c; chunk k covers (k+1)c+1 .. (k+2)c
+    n_chunks = np.where(n_targets <= 0, 0, np.maximum(1, -(-(n_targets - context) // context)))
+    thread_of = np.repeat(np.arange(len(lengths)), n_chunks)
+    k = np.arange(n_chunks.sum()) - np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
+    starts = run.offsets[:-1][thread_of] + k * context
+    lo = np.where(k == 0, 0, context)
+    hi = np.minimum(2 * context, n_targets[thread_of] - k * context)
+    return starts.astype(np.int64), lo.astype(np.int32), hi.astype(np.int32)

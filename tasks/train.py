@@ -1,0 +1,316 @@
+"""Prefect tasks `train` and `evaluate`: the next-call model, trained and honestly scored.
+
+`train` reads the split (tasks.sequences.load_split), fits the Keras model with early stopping
+on the validation runs and checkpoints that let a killed training resume, and measures its
+throughput in predictions per second. `evaluate` fits the baselines on the same training runs,
+scores every predictor on the same positions of runs the model never saw, and returns the
+`TrainOutcome` that registration logs (tasks/outcome.py).
+
+TensorFlow is imported inside the functions that need it, so importing this module (the flows
+do) stays cheap.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE as NO_CACHE
+
+from tasks.baselines import Baselines
+from tasks.config import PROJECT_DIR
+from tasks.evaluate import HELDOUT_WORKLOADS, UNSEEN_RUNS, EvaluationBuilder, evaluation_markdown
+from tasks.outcome import MODEL, DatasetRef, Evaluation, TrainOutcome
+from tasks.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
+from tasks.storage import Root
+from tasks.train_config import TrainConfig
+
+
+@dataclass
+class TrainedModel:
+    """What `train` hands to `evaluate`."""
+
+    model: Any  # keras.Model
+    config: TrainConfig
+    root: str
+    split: Split
+    history: dict[str, list[float]]
+    predictions_per_second: float
+    seconds: float
+    checkpoint_dir: str
+    initial_epoch: int  # > 0 when this training resumed a killed one
+    notes: list[str] = field(default_factory=list)
+
+
+def checkpoint_dir(root: Root, cfg: TrainConfig, split: Split) -> Path:
+    """<checkpoint_dir>/<hash of the config and of the data>/ (a local folder: Keras needs one)."""
+    if cfg.checkpoint_dir is not None:
+        base = Path(cfg.checkpoint_dir)
+    elif root.is_local:
+        base = Path(root.path) / "checkpoints"
+    else:
+        base = PROJECT_DIR / ".checkpoints"
+    return base / f"{cfg.fingerprint()}-{split.content_hash()[:8]}"
+
+
+def _read_history(path: Path) -> dict[str, list[float]]:
+    if not path.exists():
+        return {}
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    keys = [k for k in (rows[0] if rows else {}) if k != "epoch"]
+    return {k: [float(r[k]) for r in rows] for k in keys}
+
+
+def fit_model(
+    cfg: TrainConfig,
+    split: Split,
+    ckpt: Path,
+    callbacks: list[Any] | tuple = (),
+    verbose: int = 2,
+) -> tuple[Any, dict[str, Any]]:
+    """Train cfg's model on split.train, early stopping on split.validation; resume from `ckpt`.
+
+    Returns (model, facts): facts holds history, predictions_per_second, seconds, initial_epoch.
+    """
+    import keras
+
+    from tasks.model import build_model
+    from tasks.token_data import sequence_dataset, windows_dataset
+
+    keras.utils.set_random_seed(cfg.seed)
+    train_run = concat_runs(split.train)
+    val_run = concat_runs(split.validation)
+    c, b = cfg.context, cfg.batch_size
+    if cfg.mode == "sequence":
+        train_ds, n = sequence_dataset(train_run, c, b, seed=cfg.seed)
+        val_ds, n_val = sequence_dataset(val_run, c, b, shuffle=False, repeat=False)
+        per_batch = b * c
+    else:
+        train_ds, n = windows_dataset(train_run, c, b, seed=cfg.seed)
+        val_ds, n_val = windows_dataset(
+            val_run, c, b, shuffle=False, repeat=False, max_windows=cfg.validation_windows
+        )
+        per_batch = b
+    if n < b:
+        raise ValueError(
+            f"{n} training {'chunks' if cfg.mode == 'sequence' else 'windows'} of context {c} "
+            f"in {[r.name for r in split.train]}: fewer than one batch of {b}; "
+            f"lower batch_size or context, or add runs"
+        )
+    steps = cfg.steps_per_epoch or max(1, n // b)
+    monitor = "val_loss" if n_val else "loss"
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    backup = ckpt / "backup"
+    history_csv = ckpt / "history.csv"
+    resuming = backup.exists() and any(backup.iterdir())
+    if not resuming and history_csv.exists():
+        history_csv.unlink()  # a finished or abandoned earlier training: start the curves anew
+
+    meter = _throughput_meter(per_batch)
+    start_epoch = _epoch_recorder()
+    model = build_model(cfg)
+    model.fit(
+        train_ds,
+        epochs=cfg.epochs,
+        steps_per_epoch=steps,
+        validation_data=val_ds if n_val else None,
+        shuffle=False,
+        verbose=verbose,
+        callbacks=[
+            # order matters: the backup is written before any later callback can fail
+            keras.callbacks.BackupAndRestore(str(backup)),
+            keras.callbacks.ModelCheckpoint(
+                str(ckpt / "best.weights.h5"), monitor=monitor, save_best_only=True,
+                save_weights_only=True,
+            ),
+            keras.callbacks.EarlyStopping(
+                monitor=monitor, patience=cfg.patience, restore_best_weights=True
+            ),
+            keras.callbacks.CSVLogger(str(history_csv), append=True),
+            meter,
+            start_epoch,
+            *callbacks,
+        ],
+    )
+    facts = {
+        "history": _read_history(history_csv),
+        "predictions_per_second": meter.rate(),
+        "seconds": meter.seconds,
+        "predictions": meter.predictions,
+        "initial_epoch": start_epoch.first if start_epoch.first is not None else 0,
+        "steps_per_epoch": steps,
+        "train_units": n,
+    }
+    return model, facts
+
+
+def _throughput_meter(per_batch: int):
+    """A callback timing training steps (data, forward, backward, update), not validation."""
+    import keras
+
+    class ThroughputMeter(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seconds = 0.0
+            self.batches = 0
+            self._t0 = 0.0
+            self._seen = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._seen += 1
+            if self._seen <= 2:  # the first steps trace and compile the graph
+                return
+            self.seconds += time.perf_counter() - self._t0
+            self.batches += 1
+
+        @property
+        def predictions(self) -> int:
+            return self.batches * per_batch
+
+        def rate(self) -> float:
+            return self.predictions / self.seconds if self.seconds > 0 else float("nan")
+
+    return ThroughputMeter()
+
+
+def _epoch_recorder():
+    import keras
+
+    class EpochRecorder(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first: int | None = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.first is None:
+                self.first = int(epoch)
+
+    return EpochRecorder()
+
+
+def evaluate_model(model: Any, cfg: TrainConfig, split: Split) -> tuple[Evaluation, Baselines]:
+    """Baselines fitted on split.train (n-gram order on split.validation); every predictor scored
+    at eval_positions of each evaluation and held-out run."""
+    from tasks.model import as_sequence_model, predict_positions
+
+    baselines = Baselines.fit(split.train, split.validation, cfg.ngram.max_order, cfg.ngram.smoothing)
+    seq_model = as_sequence_model(model, cfg)
+    builder = EvaluationBuilder(
+        details={
+            "ngram": {
+                "order": baselines.ngram.order,
+                "max_order": cfg.ngram.max_order,
+                "smoothing": cfg.ngram.smoothing,
+            },
+            MODEL: {"mode": cfg.mode, "kind": cfg.model.kind, "context": cfg.context},
+        }
+    )
+    for table, runs in ((UNSEEN_RUNS, split.evaluation), (HELDOUT_WORKLOADS, split.heldout)):
+        for run in runs:
+            pos = eval_positions(run)
+            if not len(pos):
+                continue
+            answers = baselines.predict(run, pos)
+            answers[MODEL] = predict_positions(seq_model, run, cfg.context, cfg.eval_batch_size)
+            builder.add(table, run.workload, run.tokens[pos], answers)
+    return builder.build(), baselines
+
+
+def input_example(run: TokenRun, context: int) -> np.ndarray:
+    """int32 [1, context]: the first tokens of a run's longest thread (zero-padded)."""
+    longest = int(np.argmax(run.thread_lengths())) if run.n_threads else 0
+    start = int(run.offsets[longest]) if run.n_threads else 0
+    tokens = run.tokens[start : start + min(context, int(run.thread_lengths()[longest]))] if run.n_threads else []
+    out = np.zeros((1, context), np.int32)
+    out[0, : len(tokens)] = tokens
+    return out
+
+
+@task(name="train", cache_policy=NO_CACHE)
+def train(root: str, config: TrainConfig, callbacks: list[Any] | None = None) -> TrainedModel:
+    """Train the next-call model on the configured runs (resumes a killed training)."""
+    r = Root.from_url(root)
+    split = load_split(r, config.data)
+    if not split.train:
+        raise ValueError(f"{r.url}: the split has no training run")
+    ckpt = checkpoint_dir(r, config, split)
+    t0 = time.perf_counter()
+    model, facts = fit_model(config, split, ckpt, callbacks or [])
+    notes = list(split.notes)
+    if facts["initial_epoch"]:
+        notes.append(f"resumed a killed training at epoch {facts['initial_epoch'] + 1} from {ckpt}")
+    return TrainedModel(
+        model=model,
+        config=config,
+        root=r.url,
+        split=split,
+        history=facts["history"],
+        predictions_per_second=facts["predictions_per_second"],
+        seconds=time.perf_counter() - t0,
+        checkpoint_dir=str(ckpt),
+        initial_epoch=facts["initial_epoch"],
+        notes=notes,
+    )
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(trained: TrainedModel) -> TrainOutcome:
+    """Score the model and the baselines on unseen runs and held-out workloads."""
+    split, cfg = trained.split, trained.config
+    evaluation, _ = evaluate_model(trained.model, cfg, split)
+    dataset = DatasetRef(
+        root=trained.root,
+        train_runs=tuple((r.workload, r.run) for r in split.train),
+        eval_runs=tuple((r.workload, r.run) for r in split.evaluation),
+        heldout_runs=tuple((r.workload, r.run) for r in split.heldout),
+        train_tokens=split.train_tokens,
+        eval_tokens=split.eval_tokens,
+        content_hash=split.content_hash(),
+        token_histogram=split.token_histogram(),
+        validation_runs=tuple((r.workload, r.run) for r in split.validation),
+    )
+    return TrainOutcome(
+        model=trained.model,
+        config=cfg.model_dump(mode="json"),
+        dataset=dataset,
+        history=trained.history,
+        evaluation=evaluation,
+        predictions_per_second=trained.predictions_per_second,
+        seconds=trained.seconds,
+        input_example=input_example(split.train[0], cfg.context),
+        notes=list(trained.notes),
+    )
+
+
+@task(name="publish-evaluation", cache_policy=NO_CACHE)
+def publish_evaluation(outcome: TrainOutcome) -> str:
+    """A Prefect markdown artifact with the evaluation tables; returns the markdown."""
+    from prefect.artifacts import create_markdown_artifact
+
+    cfg = outcome.config
+    head = (
+        f"## Next-call model: {cfg['model']['kind']} {cfg['model']['units']}, mode {cfg['mode']}, "
+        f"context {cfg['context']}\n\n"
+        f"Trained on {outcome.dataset.train_tokens:,} tokens of "
+        f"{', '.join(f'{w}/{r}' for w, r in outcome.dataset.train_runs)}; "
+        f"{outcome.predictions_per_second:,.0f} training predictions/s; {outcome.seconds:.0f} s.\n\n"
+    )
+    markdown = head + evaluation_markdown(outcome.evaluation, outcome.notes)
+    create_markdown_artifact(key="train-evaluation", markdown=markdown,
+                             description="model vs baselines on runs never seen in training")
+    return markdown
+
+
+def clear_checkpoints(path: str | Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,132 @@
+"""The training job's settings (configs/train.yaml), as strict pydantic models.
+
+No TensorFlow here: the flow, the tests and the benchmark read the config cheaply.
+
+The split is where honesty is decided, so its rule is written down once, here:
+
+- `train` runs of a workload feed the model and the baselines' tables.
+- `evaluation` runs are other runs (another input) of the same workloads: the "unseen_runs"
+  table. Nothing from them is ever seen in training, early stopping or order selection.
+- `validation` is what early stopping and the n-gram's order choice look at. By default it is a
+  run of its own (a third run). A workload with only two runs has none to spare: then its
+  validation is the time-ordered last `validation_fraction` of each thread of its train run
+  (those tokens are cut from training). Neighbouring tokens of one trace leak into such a
+  validation, so it may stop training a little late or pick a longer n-gram order; it never
+  touches the reported numbers, which come from the evaluation runs alone.
+- `heldout_workloads` are never trained on at all: every run of theirs goes to the second table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tasks.config import CONFIG_DIR, ConfigError, StrictModel, load_config
+
+DEFAULT_CONFIG = CONFIG_DIR / "train.yaml"
+QUICK_CONFIG = CONFIG_DIR / "train-quick.yaml"
+
+
+class RunSplit(StrictModel):
+    """Explicit runs of one workload; any list left empty follows the default rule."""
+
+    train: list[str] = Field(default_factory=list)
+    validation: list[str] = Field(default_factory=list)
+    evaluation: list[str] = Field(default_factory=list)
+
+
+class DataConfig(StrictModel):
+    """Which workloads and runs go where."""
+
+    workloads: list[str] | None = None  # None: every workload of the dataset but the held-out ones
+    heldout_workloads: list[str] = Field(default_factory=list)
+    runs: dict[str, RunSplit] = Field(default_factory=dict)  # per-workload explicit split
+    validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5)
+    max_train_tokens: int | None = Field(default=None, gt=0)  # cap over all train runs
+    max_validation_tokens: int | None = Field(default=None, gt=0)  # cap per validation run
+    max_eval_tokens: int | None = Field(default=None, gt=0)  # cap per evaluation/held-out run
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> "DataConfig":
+        if self.workloads is not None:
+            both = set(self.workloads) & set(self.heldout_workloads)
+            if both:
+                raise ValueError(f"workloads {sorted(both)} are both trained on and held out")
+        for w, split in self.runs.items():
+            seen: dict[str, str] = {}
+            for part in ("train", "validation", "evaluation"):
+                for r in getattr(split, part):
+                    if r in seen:
+                        raise ValueError(f"run {w}/{r} is in both {seen[r]} and {part}")
+                    seen[r] = part
+        return self
+
+
+class ModelConfig(StrictModel):
+    """The network. The article's: kind lstm, units [128, 64], one-hot embedding of 64."""
+
+    kind: Literal["lstm", "gru"] = "lstm"
+    units: list[int] = Field(default_factory=lambda: [128, 64], min_length=1)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)  # input dropout of each recurrent layer
+    embedding: Literal["onehot"] = "onehot"  # frozen identity embedding, as in the article
+
+
+class NgramConfig(StrictModel):
+    max_order: int = Field(default=16, ge=1, le=32)  # orders 1..max_order are tried on validation
+    smoothing: float = Field(default=0.1, gt=0.0)  # add-epsilon on counts, for a finite log-loss
+
+
+class TrainConfig(StrictModel):
+    """configs/train.yaml."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    ngram: NgramConfig = Field(default_factory=NgramConfig)
+    mode: Literal["sequence", "windows"] = "sequence"
+    context: int = Field(default=100, ge=2)
+    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
+    learning_rate: float = Field(default=1e-3, gt=0.0)
+    batch_size: int = Field(default=64, ge=1)
+    epochs: int = Field(default=20, ge=1)
+    steps_per_epoch: int | None = Field(default=None, ge=1)  # None: one pass over the chunks
+    validation_windows: int = Field(default=20000, ge=1)  # windows mode: validation sample size
+    eval_batch_size: int = Field(default=64, ge=1)
+    patience: int = Field(default=3, ge=1)
+    checkpoint_dir: str | None = None  # None: <root>/checkpoints (local roots) else .checkpoints
+    seed: int = 0
+
+    def fingerprint(self) -> str:
+        """Hash of every setting that shapes the trained weights (not where checkpoints go)."""
+        payload = self.model_dump(mode="json", exclude={"checkpoint_dir"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_train_config(
+    path: str | Path = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None
+) -> TrainConfig:
+    """configs/train.yaml (or `path`), with nested `overrides` merged on top, validated."""
+    cfg = load_config(TrainConfig, path)
+    if not overrides:
+        return cfg
+    from pydantic import ValidationError
+
+    from tasks.config import format_validation_error
+
+    try:
+        return TrainConfig.model_validate(_merge(cfg.model_dump(), overrides))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, f"{path} with overrides")) from None
