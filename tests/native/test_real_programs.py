@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_traces, tracer_env  # noqa: E402 (tests/native is on sys.path)
 from tasks.trace_reader import Op
+from tracer_harness import read_traces, tracer_env
 
 PYTHON = Path("/usr/bin/python3.11")  # the real binary, not a shim that forks
 

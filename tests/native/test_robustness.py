@@ -11,8 +11,8 @@ import warnings
 
 import numpy as np
 
-from conftest import tracer_env  # noqa: E402 (tests/native is on sys.path for its conftest)
 from tasks.trace_reader import Op, read_trace
+from tracer_harness import tracer_env
 
 
 def test_missing_output_directory_leaves_the_program_unchanged(program, libheapcast, tmp_path):
