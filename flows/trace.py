@@ -1,0 +1,70 @@
+"""Flow `trace`: build the tracer and the images, replay the catalog (or a subset), summarize.
+
+    python -m flows.trace                    # the whole catalog, runner auto
+    python -m flows.trace --quick --runner local
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import deque
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tasks.build import build_tracer
+from tasks.images import build_images
+from tasks.replay import TraceSummary, outcome_of, replay
+from tasks.runners.select import resolve_runner_kind
+from tasks.storage import Root
+from tasks.workloads import TraceParams, load_catalog
+
+
+@flow(name="trace", task_runner=ThreadPoolTaskRunner(max_workers=16))
+def trace(params: TraceParams = TraceParams()) -> TraceSummary:
+    """Replay the selected workloads with the tracer preloaded; one failure fails only its run."""
+    log = get_run_logger()
+    catalog = load_catalog(params.catalog)
+    pairs = catalog.select(params.workloads, quick=params.quick)
+    kind, why = resolve_runner_kind(params.runner)
+    log.info(why)
+    tracer = str(build_tracer())
+    if kind == "docker":
+        build_images(catalog.images(params.workloads, quick=params.quick))
+    futures, in_flight = [], deque()
+    for workload, inp in pairs:
+        while len(in_flight) >= params.max_parallel:
+            in_flight.popleft().wait()
+        f = replay.submit(workload, inp, tracer=tracer, root=params.root, runner=kind,
+                          caller=params.caller)
+        futures.append(f)
+        in_flight.append(f)
+    for f in futures:
+        f.wait()
+    summary = TraceSummary(
+        runner=kind, runner_reason=why, tracer=tracer, root=Root.from_url(params.root).url,
+        runs=[outcome_of(w.name, i.name, f.state) for (w, i), f in zip(pairs, futures)])
+    create_markdown_artifact(summary.markdown(), key="trace-summary",
+                             description="replays: ok or failed, why, events")
+    for r in summary.failed:
+        log.error(f"{r.workload}/{r.input} failed: {r.error}")
+    log.info(f"{len(summary.runs) - len(summary.failed)} of {len(summary.runs)} replays ok")
+    return summary
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="replay workloads with the heapcast tracer")
+    ap.add_argument("workloads", nargs="*", help="workload names (default: all)")
+    ap.add_argument("--quick", action="store_true", help="only the quick inputs")
+    ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
+    ap.add_argument("--root", default=None, help="data root (fsspec URL)")
+    ap.add_argument("--max-parallel", type=int, default=2)
+    a = ap.parse_args()
+    p = dict(workloads=a.workloads or None, quick=a.quick, runner=a.runner,
+             max_parallel=a.max_parallel)
+    if a.root:
+        p["root"] = a.root
+    s = trace(TraceParams(**p))
+    print(s.markdown())
+    raise SystemExit(1 if s.failed else 0)

@@ -1,0 +1,175 @@
+"""The `docker` runner: each replay in a fresh container of the workload's image.
+
+Through the Docker SDK at DOCKER_HOST (else the socket `scripts/engine.sh up` starts, else the
+default one). The container runs as nobody, with no network but its own loopback, memory and
+pid limits, no capabilities, the tracer mounted read-only and the trace folder mounted
+read-write. At the time limit it is killed; what the tracer had written stays on the host.
+
+Containers are created, started, waited for and removed explicitly (never `run --rm`): through
+Podman's Docker-compatible socket `--rm` reports exit code 0 for a failing command.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tasks.runners.base import (
+    RUN_GID, RUN_UID, SANDBOX_BIN, SANDBOX_INPUT, SANDBOX_PATHS, SANDBOX_TRACE, SANDBOX_TRACER,
+    SANDBOX_WORK, EngineError, RunRequest, RunResult, Runner, RunnerUnavailable, program_argv,
+    program_env, tail_lines,
+)
+
+# The socket scripts/engine.sh starts when no engine runs.
+HEAPCAST_ENGINE_HOST = "unix:///run/heapcast-docker/docker.sock"
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+START_HINT = ("start one with `scripts/engine.sh up` and export the DOCKER_HOST it prints "
+              "(or replay with runner='local')")
+
+
+def engine_host() -> str:
+    """DOCKER_HOST, else the heapcast engine's socket when it exists, else Docker's default."""
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        return host
+    if Path(HEAPCAST_ENGINE_HOST.removeprefix("unix://")).exists():
+        return HEAPCAST_ENGINE_HOST
+    return DEFAULT_HOST
+
+
+def connect(host: str | None = None, timeout: int = 60):
+    """A docker client that answered a ping; RunnerUnavailable with the way out otherwise."""
+    import docker
+    from docker.errors import DockerException
+
+    host = host or engine_host()
+    try:
+        client = docker.DockerClient(base_url=host, timeout=timeout)
+        client.ping()
+    except DockerException as err:
+        raise RunnerUnavailable(f"no container engine answers at DOCKER_HOST={host} ({err}); "
+                                f"{START_HINT}") from None
+    except Exception as err:  # requests' connection errors and the like
+        raise RunnerUnavailable(f"no container engine answers at DOCKER_HOST={host} "
+                                f"({type(err).__name__}: {err}); {START_HINT}") from None
+    return client
+
+
+def engine_answers(host: str | None = None) -> bool:
+    try:
+        connect(host, timeout=5).close()
+        return True
+    except RunnerUnavailable:
+        return False
+
+
+class DockerRunner(Runner):
+    kind = "docker"
+
+    def __init__(self, host: str | None = None):
+        self.host = host or engine_host()
+
+    def describe(self) -> str:
+        return f"docker engine at {self.host}"
+
+    def check(self) -> None:
+        connect(self.host, timeout=10).close()
+
+    def run(self, request: RunRequest) -> RunResult:
+        from docker.errors import APIError, DockerException, ImageNotFound
+
+        w, inp = request.workload, request.input
+        argv = program_argv(w, inp, SANDBOX_PATHS)
+        env = program_env(w, inp, SANDBOX_PATHS, request.caller)
+        for d in (request.trace_dir, request.work_dir):
+            _give_to_run_user(d)
+        client = connect(self.host)
+        try:
+            try:
+                image = client.images.get(w.image_tag)
+            except ImageNotFound:
+                raise RunnerUnavailable(
+                    f"workload {w.name!r}: image {w.image_tag} is not built; build it with "
+                    "tasks.images.build_images (the trace flow does) or "
+                    "`python -m tasks.images`") from None
+            mounts = {
+                str(request.tracer.resolve()): {"bind": str(SANDBOX_TRACER), "mode": "ro"},
+                str(request.input_dir.resolve()): {"bind": str(SANDBOX_INPUT), "mode": "ro"},
+                str(request.trace_dir.resolve()): {"bind": str(SANDBOX_TRACE), "mode": "rw"},
+                str(request.work_dir.resolve()): {"bind": str(SANDBOX_WORK), "mode": "rw"},
+            }
+            try:
+                container = client.containers.create(
+                    image.id, command=argv, environment=env, user=f"{RUN_UID}:{RUN_GID}",
+                    working_dir=str(SANDBOX_WORK), hostname="heapcast",
+                    network_mode=w.network, mem_limit=w.memory, memswap_limit=w.memory,
+                    pids_limit=w.pids_limit, cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"], volumes=mounts, detach=True,
+                    labels={"heapcast.workload": w.name, "heapcast.input": inp.name})
+            except (APIError, DockerException) as err:
+                raise EngineError(f"workload {w.name!r}: the engine could not create its "
+                                  f"container: {err}") from err
+            return self._start_and_wait(container, request, argv, env, image)
+        finally:
+            client.close()
+
+    def _start_and_wait(self, container, request: RunRequest, argv, env, image) -> RunResult:
+        import requests
+        from docker.errors import APIError, DockerException
+
+        w = request.workload
+        limit = request.time_limit_s
+        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        t0 = time.monotonic()
+        timed_out = False
+        exit_code: int | None = None
+        error = None
+        try:
+            try:
+                container.start()
+            except (APIError, DockerException) as err:
+                raise EngineError(f"workload {w.name!r}: the engine could not start its "
+                                  f"container: {err}") from err
+            try:
+                status = container.wait(timeout=limit)
+                exit_code = int(status.get("StatusCode", -1))
+                if status.get("Error"):
+                    error = f"engine: {status['Error']}"
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                if time.monotonic() - t0 < limit * 0.99:
+                    raise EngineError(f"workload {w.name!r}: lost the engine while waiting "
+                                      "for its container") from None
+                timed_out = True
+                container.kill()
+                container.wait(timeout=60)
+            duration = time.monotonic() - t0
+            if not timed_out:
+                container.reload()
+                if container.attrs.get("State", {}).get("OOMKilled"):
+                    error = (f"killed by the memory limit ({w.memory}); raise `memory` in the "
+                             "catalog")
+            try:
+                logs = container.logs(stdout=True, stderr=True, tail=200).decode("utf-8",
+                                                                                 "replace")
+            except (APIError, DockerException):
+                logs = ""
+        finally:
+            try:
+                container.remove(force=True)
+            except Exception:  # the container is gone already, or the engine is: nothing to keep
+                pass
+        return RunResult(runner=self.kind, sandbox="docker", command=argv, env=env,
+                         started_at=started_at, duration_s=round(duration, 3),
+                         exit_code=None if timed_out else exit_code, timed_out=timed_out,
+                         image=w.image_tag, image_id=image.id, log_tail=tail_lines(logs),
+                         error=error)
+
+
+def _give_to_run_user(path: Path) -> None:
+    """Let the container's user write into a host folder."""
+    if os.geteuid() == 0:
+        os.chown(path, RUN_UID, RUN_GID)
+    else:
+        path.chmod(0o777)
