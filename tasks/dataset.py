@@ -37,7 +37,6 @@ import hashlib
 import json
 import posixpath
 import uuid
-import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -203,12 +202,10 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
     """
     fs = root.fs
     name = _basename(raw_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            trace = read_trace(raw_path, fs=fs)
-        except TraceFormatError as err:
-            return {"file": name, "skipped": str(err)}
+    try:
+        trace = read_trace(raw_path, fs=fs)
+    except TraceFormatError as err:
+        return {"file": name, "skipped": str(err)}
     table, stats = convert_trace(trace)
     part = part_name(name)
     with fs.open(posixpath.join(out_dir, part), "wb") as f:
@@ -216,7 +213,16 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
     h = trace.header
     return {"file": name, "part": part, "pid": h.pid, "ppid": h.ppid, "cmdline": list(h.cmdline),
             "dropped_bytes": trace.dropped_bytes,
-            "warnings": [str(w.message) for w in caught], **stats.to_dict()}
+            "warnings": _file_warnings(raw_path, trace.dropped_bytes), **stats.to_dict()}
+
+
+def _file_warnings(raw_path: str, dropped_bytes: int) -> list[str]:
+    # Said here rather than caught from the reader's warning: warnings.catch_warnings is not
+    # thread-safe, and Dask workers may run several files in threads.
+    if not dropped_bytes:
+        return []
+    return [f"{raw_path}: dropped a truncated last record ({dropped_bytes} bytes); the process "
+            "was probably killed or its disk filled while writing"]
 
 
 def _merge_stats(results: list[dict[str, Any]]) -> dict[str, Any]:
