@@ -417,49 +417,49 @@ static int hc_open_trace(void) {
 }
 
 /* The descriptor still names our file? A program may close all descriptors or dup2() onto ours;
- * then we reopen by path instead of writing into the program's file. One fstat per flush. */
+ * then we reopen by path instead of writing into the program's file. One fstat per flush.
+ * Called with hc_file_lock held. */
 static int hc_checked_fd(void) {
-    int fd = __atomic_load_n(&hc_fd, __ATOMIC_ACQUIRE);
+    int fd = hc_fd;
     struct stat st;
     if (HC_LIKELY(fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == hc_fd_dev && st.st_ino == hc_fd_ino))
         return fd;
-    pthread_mutex_lock(&hc_file_lock);
-    fd = hc_fd;
-    if (!(fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == hc_fd_dev && st.st_ino == hc_fd_ino)) {
-        /* Not ours any more: do not close it (the number belongs to the program now). */
-        fd = open(hc_path, O_WRONLY | O_APPEND | O_CLOEXEC);
-        if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != hc_fd_dev || st.st_ino != hc_fd_ino)) {
-            close(fd);
-            fd = -1;
-            errno = ESTALE;
-        }
-        if (fd < 0) hc_say("the trace file ", hc_path, " was closed or removed", errno);
-        __atomic_store_n(&hc_fd, fd, __ATOMIC_RELEASE);
+    /* Not ours any more: do not close it (the number belongs to the program now). */
+    fd = open(hc_path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != hc_fd_dev || st.st_ino != hc_fd_ino)) {
+        close(fd);
+        fd = -1;
+        errno = ESTALE;
     }
-    pthread_mutex_unlock(&hc_file_lock);
+    if (fd < 0) hc_say("the trace file ", hc_path, " was closed or removed", errno);
+    hc_fd = fd;
     return fd;
 }
 
 /* Appends bytes with write() on the O_APPEND descriptor, looping on partial writes and EINTR.
- * A failure (ENOSPC, EIO, ...) stops tracing for the process with one stderr line. */
+ * A failure (ENOSPC, EIO, ...) stops tracing for the process with one stderr line.
+ * Writers are serialised by hc_file_lock (one lock per flush of 8192 records, never per record):
+ *   - the rest of a partial write lands right after its first part, not after another thread's
+ *     block, so records stay whole;
+ *   - waiting threads sleep in a futex instead of spinning on the inode lock in the kernel,
+ *     which with more threads than cores cost more CPU than the writes themselves. */
 static void hc_write(const unsigned char *p, size_t n) {
     if (!__atomic_load_n(&hc_tracing, __ATOMIC_RELAXED)) return;
+    pthread_mutex_lock(&hc_file_lock);
     int fd = hc_checked_fd();
-    if (fd < 0) {
-        __atomic_store_n(&hc_tracing, 0, __ATOMIC_RELAXED);
-        return;
-    }
-    while (n) {
+    if (fd < 0) __atomic_store_n(&hc_tracing, 0, __ATOMIC_RELAXED);
+    while (fd >= 0 && n) {
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
             hc_say("cannot write the trace file ", hc_path, "", w < 0 ? errno : ENOSPC);
             __atomic_store_n(&hc_tracing, 0, __ATOMIC_RELAXED);
-            return;
+            break;
         }
         p += w;
         n -= (size_t)w;
     }
+    pthread_mutex_unlock(&hc_file_lock);
 }
 
 /* Rewrites ns_per_tick in the header with the rate measured over the whole run (TSC only; runs
