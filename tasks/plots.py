@@ -95,9 +95,10 @@ def per_class_accuracy_png(
     x = np.arange(n)
     for i, (name, a) in enumerate(arrays.items()):
         ax.bar(x + (i - (k - 1) / 2) * width, np.nan_to_num(a[classes]), width, label=name)
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(0, 1.18)
+    ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_ylabel("top-1 accuracy")
-    ax.legend(fontsize=8, ncol=k)
+    ax.legend(fontsize=8, ncol=k, loc="upper center")
     ax.set_title(title or "Accuracy per true token (unseen runs, all workloads)")
     if support is not None:
         s = np.asarray(support, dtype=np.float64)[classes]

@@ -15,14 +15,15 @@ Metric names (stable from run to run, so the MLflow UI's compare view lines runs
     data/train_tokens, data/eval_tokens
     promotion/candidate.<m>, promotion/champion.<m>, promotion/promoted   (tasks/champion.py)
 
-The MLflow UI draws one chart section per prefix before the first "/", so every
-(table, metric) pair is one section (e.g. "unseen_runs.top1") whose bar charts put the model and
-its three baselines, per workload, next to each other for every run compared; `train` holds the
-line charts of the curves.
+The MLflow UI's chart view makes one section per prefix before the last "/" and one chart per
+key (a bar chart for a single value, a line chart for a series): every (table, metric) pair is a
+section (e.g. "unseen_runs.top1") whose charts "all.model", "all.ngram", "sqlite3.model"... put
+the runs compared side by side, the model next to its three baselines; `train` holds the line
+charts of the curves, `plots` the four images (logged with mlflow.log_image, key plots/<name>).
 
 Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
 `lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json; the plots are
-also logged as images (`mlflow.log_image(key=...)`) so the chart view shows them per run.
+also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view shows them per run.
 """
 
 from __future__ import annotations
@@ -361,7 +362,7 @@ def register_outcome(
             mlflow.log_artifacts(str(tmp_path / "plots"), "plots")
             mlflow.log_artifacts(str(tmp_path / "evaluation"), "evaluation")
             for key, png in pngs.items():
-                mlflow.log_image(_png_as_array(png), key=key, step=0, synchronous=True)
+                mlflow.log_image(_png_as_array(png), key=f"plots/{key}", step=0, synchronous=True)
         mlflow.log_dict(outcome.config, "config.json")
 
         # The model: signature from a real prediction, explicit requirements.

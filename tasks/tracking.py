@@ -178,3 +178,29 @@ def configure(tracking: TrackingConfig) -> str:
             )
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+def server_store(root_url: str | None = None) -> dict[str, str]:
+    """The embedded store of a data root, as `mlflow server` options (scripts/mlflow-server.sh).
+
+    The server serves the same SQLite file the embedded mode writes, so the UI shows every run
+    logged without a server. Runs logged through the server into that store keep the
+    experiment's own artifact location (file:// or s3://, written by the client directly).
+    """
+    target = resolve_target(TrackingConfig(root=root_url))
+    db = target.tracking_uri.removeprefix("sqlite:///")
+    loc = target.artifact_location or ""
+    artifacts = Path(loc.removeprefix("file://")).as_posix() if loc.startswith("file://") else loc
+    return {"backend_store_uri": target.tracking_uri, "artifacts_destination": artifacts,
+            "state_dir": str(Path(db).parent)}
+
+
+if __name__ == "__main__":
+    # `python -m tasks.tracking server-store [ROOT]`: shell-friendly KEY=VALUE lines.
+    import shlex
+    import sys
+
+    if len(sys.argv) < 2 or sys.argv[1] != "server-store":
+        sys.exit("usage: python -m tasks.tracking server-store [ROOT]")
+    for k, v in server_store(sys.argv[2] if len(sys.argv) > 2 else None).items():
+        print(f"{k.upper()}={shlex.quote(v)}")
