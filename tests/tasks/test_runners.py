@@ -1,0 +1,128 @@
+"""Runners on real programs: the local runner end to end, time limits, a missing engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.manifest import MANIFEST_NAME, RunManifest
+from tasks.replay import FAILED_DIR, ReplayFailed, replay_input
+from tasks.runners import RunnerUnavailable, resolve_runner_kind
+from tasks.runners.docker_runner import DockerRunner
+from tasks.runners.local_runner import LocalRunner, bwrap_works
+from tasks.trace_reader import read_trace
+from tasks.workloads import load_catalog
+
+from replay_checks import tracer_path, unpaired_frees
+
+LIMITS = Path(__file__).parent / "catalogs" / "limits.yaml"
+NO_ENGINE = "unix:///nonexistent/heapcast-test/docker.sock"
+
+
+@pytest.fixture(scope="module")
+def tracer() -> Path:
+    return tracer_path()
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(LIMITS)
+
+
+def _manifest(run_dir: Path) -> RunManifest:
+    return RunManifest.from_json((run_dir / MANIFEST_NAME).read_bytes())
+
+
+def test_local_replay_of_sqlite3_writes_traces_and_manifest(tracer, catalog, tmp_path):
+    # GIVEN a deterministic real workload WHEN it is replayed through the local runner
+    w = catalog.get("sqlite3")
+    m = replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+    # THEN its run folder holds the traces and a manifest that counts them
+    run_dir = tmp_path / "raw" / "sqlite3" / "small"
+    assert _manifest(run_dir) == m
+    assert m.ok and m.exit_code == 0 and m.error is None and not m.timed_out
+    assert m.runner == "local" and m.sandbox == ("bwrap" if bwrap_works() else "none")
+    assert m.processes == 1 and m.threads == 1 and m.events > 10_000
+    assert sorted(p.name for p in run_dir.glob("*.hct")) == m.files
+    trace = read_trace(run_dir / m.files[0])
+    assert trace.header.cmdline[0] == "/usr/bin/sqlite3"
+    assert unpaired_frees(trace) == 0
+    assert m.events_by_op["free"] > 0 and m.env["LD_PRELOAD"].endswith("libheapcast.so")
+    # nothing but the run folder is left behind (scratch removed)
+    assert sorted(p.name for p in (tmp_path / "raw" / "sqlite3").iterdir()) == ["small"]
+
+
+def test_time_limit_kills_marks_failed_and_keeps_partial_trace(tracer, catalog, tmp_path):
+    # GIVEN a program that never ends and a 3 s limit
+    w = catalog.get("forever")
+    # WHEN it is replayed THEN the replay fails, naming the limit
+    with pytest.raises(ReplayFailed, match="time limit") as err:
+        replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+    m = err.value.manifest
+    assert m.timed_out and not m.ok and m.exit_code is None
+    # AND the partial trace is kept, with the manifest that says so
+    run_dir = tmp_path / "raw" / "forever" / "small"
+    assert _manifest(run_dir) == m
+    assert m.files and m.events > 0
+    assert 3 <= m.duration_s
+
+
+def test_failed_replay_keeps_the_previous_good_run(tracer, catalog, tmp_path):
+    w = catalog.get("sqlite3")
+    good = replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+    # WHEN the same run is replayed and fails (the catalog now expects another exit code)
+    bad_w = w.model_copy(update={"expected_exit_code": 3})
+    with pytest.raises(ReplayFailed, match="exit code 0, expected 3"):
+        replay_input(bad_w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+    # THEN the good run stays in place and the failed one is kept beside it
+    raw = tmp_path / "raw" / "sqlite3"
+    assert _manifest(raw / "small") == good
+    failed = _manifest(raw / FAILED_DIR / "small")
+    assert not failed.ok and failed.exit_code == 0 and failed.events == good.events
+
+
+def test_docker_runner_with_engine_down_says_how_to_start_it(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
+    with pytest.raises(RunnerUnavailable) as err:
+        DockerRunner().check()
+    msg = str(err.value)
+    assert NO_ENGINE in msg and "scripts/engine.sh up" in msg
+
+
+def test_auto_picks_local_and_says_why_when_no_engine(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
+    kind, why = resolve_runner_kind("auto")
+    assert kind == "local" and "no engine answers" in why and "scripts/engine.sh up" in why
+
+
+def test_replay_through_docker_with_engine_down_fails_before_running(tracer, catalog, tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
+    w = catalog.get("sqlite3")
+    with pytest.raises(RunnerUnavailable, match="scripts/engine.sh up"):
+        replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="docker")
+    assert not (tmp_path / "raw" / "sqlite3" / "small").exists()
+
+
+def test_local_runner_without_sandbox_runs_with_host_paths(tracer, catalog, tmp_path):
+    from tasks.runners.base import RunRequest
+    from tasks.inputs import generate_input
+
+    w = catalog.get("sqlite3")
+    inp = w.input("small")
+    # without a sandbox a root caller runs the program as nobody, who must reach the folders
+    for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
+        p.chmod(0o755)
+    dirs = {d: tmp_path / d for d in ("input", "trace", "work")}
+    for d in dirs.values():
+        d.mkdir()
+    generate_input(w.generator, inp.seed, inp.size, dirs["input"])
+    res = LocalRunner(sandbox="none").run(RunRequest(
+        workload=w, input=inp, tracer=tracer, input_dir=dirs["input"],
+        trace_dir=dirs["trace"], work_dir=dirs["work"]))
+    assert res.exit_code == 0 and not res.timed_out and res.sandbox == "none"
+    assert res.command[-1] == f".read {dirs['input']}/input.sql"
+    assert list(dirs["trace"].glob("*.hct"))
+    json.dumps(res.env)
