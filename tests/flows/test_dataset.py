@@ -1,0 +1,37 @@
+"""Flow `dataset`: converts runs without up-to-date events, publishes a summary per run."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.dataset import DatasetParams, dataset
+from tasks.dask_cluster import close_local_cluster
+from tasks.dataset import read_events
+from tasks.storage import Root
+from tests.tasks.test_dataset import make_run
+
+
+def test_flow_converts_new_runs_once_and_on_force(tmp_path, prefect_harness, monkeypatch):
+    monkeypatch.setenv("HEAPCAST_DASK_PROCESSES", "0")
+    monkeypatch.setenv("HEAPCAST_DASK_WORKERS", "1")
+    make_run(tmp_path, "w", "r1")
+    make_run(tmp_path, "v", "r2", bad=False)
+    params = DatasetParams(root=str(tmp_path))
+
+    first = dataset(params)
+    assert sorted((s["workload"], s["run"]) for s in first) == [("v", "r2"), ("w", "r1")]
+    assert read_events(Root.from_url(str(tmp_path))).num_rows == sum(s["rows"] for s in first)
+    assert dataset(params) == []  # up to date: nothing to do
+    forced = dataset(DatasetParams(root=str(tmp_path), runs=["w/r1"], force=True))
+    assert [(s["workload"], s["run"]) for s in forced] == [("w", "r1")]
+
+    from prefect.artifacts import Artifact
+
+    artifact = Artifact.get("events-w-r1")
+    assert artifact is not None and "Skipped files" in artifact.data
+    close_local_cluster()  # before pytest closes the streams its workers log to
+
+
+def test_params_are_strict():
+    with pytest.raises(Exception):
+        DatasetParams(root="x", sheduler="tcp://x:8786")
