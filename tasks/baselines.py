@@ -144,7 +144,21 @@ def iter_context_hashes(run_tokens: np.ndarray, pos_in_thread: np.ndarray,
         for k in range(1, max_order + 1):
             h = h + t1[np.maximum(positions - k, 0)] * mult
             mult = mult * _HASH_BASE
-            yield k, h, pos_in >= k
+            yield k, _mix(h), pos_in >= k
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection that spreads every input bit over the high bits.
+
+    The tables key on the top 58 bits (the low 6 hold the next token), so a short context's
+    small polynomial value must not live in the low bits alone.
+    """
+    with np.errstate(over="ignore"):
+        x = h ^ (h >> np.uint64(30))
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x ^ (x >> np.uint64(27))
+        x = x * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
 
 
 @dataclass(frozen=True)

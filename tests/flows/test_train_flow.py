@@ -1,0 +1,43 @@
+"""The `train` flow under a Prefect test API, on a small synthetic events dataset."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("keras")
+
+from flows.train import TrainParams, train_flow  # noqa: E402
+from tasks.storage import Root  # noqa: E402
+from tasks.synthetic_events import write_synthetic_events  # noqa: E402
+from tasks.train_config import QUICK_CONFIG  # noqa: E402
+
+
+def test_train_flow_trains_evaluates_and_publishes(prefect_harness, tmp_path):
+    root = Root.from_url(str(tmp_path / "data"))
+    write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=2000)
+    params = TrainParams(
+        root=root.url,
+        config=str(QUICK_CONFIG),
+        overrides={
+            "context": 8, "model": {"units": [4]}, "batch_size": 8, "epochs": 1,
+            "steps_per_epoch": 2, "ngram": {"max_order": 3},
+            "data": {"heldout_workloads": ["beta"]},
+        },
+    )
+    outcome = train_flow(params)
+    assert outcome.evaluation.get("model").positions > 0
+    assert outcome.evaluation.get("model", "beta", "heldout_workloads").positions > 0
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def latest():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["train-evaluation"]))
+            )
+
+    import asyncio
+
+    artifacts = asyncio.run(latest())
+    assert artifacts and "ngram top-1" in artifacts[0].data

@@ -1,0 +1,125 @@
+"""Token sequences from an events dataset; chunks and scored positions; the split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.config import ConfigError, load_config
+from tasks.sequences import (
+    TokenRun,
+    eval_chunks,
+    eval_positions,
+    list_runs,
+    load_split,
+    plan_split,
+    read_run,
+    train_chunks,
+    window_starts,
+)
+from tasks.storage import Root
+from tasks.synthetic_events import events_table, write_synthetic_events
+from tasks.train_config import DEFAULT_CONFIG, QUICK_CONFIG, DataConfig, TrainConfig
+
+
+@pytest.fixture(scope="module")
+def events_root(tmp_path_factory) -> Root:
+    root = Root.from_url(str(tmp_path_factory.mktemp("events")))
+    write_synthetic_events(root, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=2000)
+    return root
+
+
+def test_read_run_orders_threads_by_seq(tmp_path):
+    # GIVEN a process whose rows are written shuffled
+    import pyarrow.parquet as pq
+
+    threads = [np.array([1, 2, 3, 4], np.uint8), np.array([40, 41], np.uint8)]
+    table = events_table(threads, pid=7)
+    table = table.take(np.array([5, 0, 3, 4, 1, 2]))
+    root = Root.from_url(str(tmp_path))
+    path = root.events_run("w", "r0")
+    root.fs.makedirs(path)
+    pq.write_table(table, f"{path}/part-0.parquet")
+    # WHEN read
+    run = read_run(root, "w", "r0")
+    # THEN threads come back whole and in call order
+    assert run.tokens.tolist() == [1, 2, 3, 4, 40, 41]
+    assert run.offsets.tolist() == [0, 4, 6]
+    assert list_runs(root) == {"w": ["r0"]}
+
+
+def test_train_chunks_cover_every_target_once():
+    run = TokenRun("w", "r", np.arange(37, dtype=np.uint8), np.array([0, 5, 25, 37]))
+    starts, first = train_chunks(run, 4)
+    covered = np.zeros(37, int)
+    for s, f in zip(starts, first):  # a handful of chunks in a test
+        covered[s + 1 + f : s + 5] += 1
+    # every token but each thread's first is a target exactly once
+    expect = np.ones(37, int)
+    expect[[0, 5, 25]] = 0
+    assert covered.tolist() == expect.tolist()
+    assert np.all(starts + 5 <= np.repeat(run.offsets[1:], [1, 5, 3]))
+
+
+def test_short_threads_give_no_training_chunk():
+    run = TokenRun("w", "r", np.zeros(8, np.uint8), np.array([0, 3, 8]))
+    starts, _ = train_chunks(run, 4)
+    assert starts.tolist() == [3]
+    assert window_starts(run, 4).tolist() == [3]
+
+
+def test_eval_chunks_score_exactly_the_eval_positions_with_full_context():
+    run = TokenRun("w", "r", np.zeros(250, np.uint8), np.array([0, 1, 30, 250]))
+    c = 10
+    starts, lo, hi = eval_chunks(run, c)
+    scored = np.concatenate([s + 1 + np.arange(a, b) for s, a, b in zip(starts, lo, hi)])
+    assert scored.tolist() == eval_positions(run).tolist()
+    pos_in = run.position_in_thread()
+    in_view = np.concatenate([1 + np.arange(a, b) for a, b in zip(lo, hi)])
+    assert np.all(in_view >= np.minimum(pos_in[scored], c))
+    assert np.all(in_view <= 2 * c)
+
+
+def test_split_default_rule(events_root):
+    plan = plan_split(list_runs(events_root), DataConfig(heldout_workloads=["gamma"]))
+    assert plan["alpha"] == {"train": ["r0"], "validation": ["r1"], "evaluation": ["r2"], "heldout": []}
+    assert plan["beta"]["train"] == ["r0"] and plan["beta"]["validation"] == []
+    assert plan["gamma"]["heldout"] == ["r0", "r1"]
+
+
+def test_split_refuses_a_single_run_and_unknown_workloads():
+    with pytest.raises(ValueError, match="only run"):
+        plan_split({"solo": ["a"]}, DataConfig())
+    with pytest.raises(ValueError, match="not in the events dataset"):
+        plan_split({"solo": ["a", "b"]}, DataConfig(heldout_workloads=["nope"]))
+
+
+def test_load_split_cuts_validation_from_thread_tails_and_caps(events_root):
+    cfg = DataConfig(heldout_workloads=["gamma"], max_train_tokens=1500, max_eval_tokens=500)
+    split = load_split(events_root, cfg)
+    names = {r.name for r in split.validation}
+    assert names == {"alpha/r1", "beta/r0[tail]"}
+    assert split.train_tokens <= 1500
+    assert all(r.n_tokens <= 500 for r in split.evaluation + split.heldout)
+    assert any("only two runs" in n for n in split.notes)
+    assert split.token_histogram().sum() == split.train_tokens
+    assert len(split.content_hash()) == 32
+
+
+def test_split_tail_keeps_time_order():
+    run = TokenRun("w", "r", np.arange(30, dtype=np.uint8), np.array([0, 10, 30]))
+    head, tail = run.split_tail(0.1)
+    assert tail.tokens.tolist() == [9, 28, 29]
+    assert head.offsets.tolist() == [0, 9, 27]
+
+
+def test_train_configs_validate_and_typos_name_the_field(tmp_path):
+    assert load_config(TrainConfig, DEFAULT_CONFIG).context == 100
+    assert load_config(TrainConfig, QUICK_CONFIG).data.max_train_tokens
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  unit: [3]\n")
+    with pytest.raises(ConfigError, match="model.unit"):
+        load_config(TrainConfig, bad)
+    bad.write_text("data:\n  workloads: [a]\n  heldout_workloads: [a]\n")
+    with pytest.raises(ConfigError, match="both trained on and held out"):
+        load_config(TrainConfig, bad)

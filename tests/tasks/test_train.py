@@ -1,0 +1,96 @@
+"""Training and evaluation end to end on a small synthetic events dataset (tiny model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("keras")
+
+from tasks.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
+from tasks.sequences import load_split  # noqa: E402
+from tasks.storage import Root  # noqa: E402
+from tasks.synthetic_events import write_synthetic_events  # noqa: E402
+from tasks.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
+from tasks.train_config import TrainConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def events_root(tmp_path_factory) -> str:
+    root = Root.from_url(str(tmp_path_factory.mktemp("train-events")))
+    write_synthetic_events(root, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=3000)
+    return root.url
+
+
+def tiny(tmp_path, **kw) -> TrainConfig:
+    base = {
+        "data": {"heldout_workloads": ["gamma"]},
+        "context": 10,
+        "model": {"units": [8]},
+        "batch_size": 8,
+        "epochs": 2,
+        "steps_per_epoch": 3,
+        "eval_batch_size": 32,
+        "ngram": {"max_order": 4},
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+    }
+    base.update(kw)
+    return TrainConfig.model_validate(base)
+
+
+def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
+    cfg = tiny(tmp_path)
+    trained = train.fn(events_root, cfg)
+    outcome = evaluate.fn(trained)
+    assert isinstance(outcome, TrainOutcome)
+    ev = outcome.evaluation
+    for table, slices in (("unseen_runs", ["alpha", "beta", OVERALL]), ("heldout_workloads", ["gamma", OVERALL])):
+        for s in slices:
+            n = {ev.get(p, s, table).positions for p in (MODEL, *BASELINES)}
+            assert len(n) == 1 and n.pop() > 0  # the same positions for every predictor
+    assert 1 <= ev.get("ngram").detail["order"] <= 4
+    assert np.isfinite(ev.margin_over_best_baseline())
+    assert outcome.dataset.eval_runs == (("alpha", "r2"), ("beta", "r1"))
+    assert ("beta", "r0") in outcome.dataset.validation_runs  # the thread tails of its train run
+    assert outcome.dataset.token_histogram.sum() == outcome.dataset.train_tokens
+    assert len(outcome.history["loss"]) == 2 and "val_loss" in outcome.history
+    assert outcome.predictions_per_second > 0
+    assert outcome.input_example.shape == (1, 10) and outcome.input_example.dtype == np.int32
+    assert any("only two runs" in n for n in outcome.notes)
+
+
+def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
+    import keras
+
+    cfg = tiny(tmp_path, epochs=3)
+    split = load_split(Root.from_url(events_root), cfg.data)
+    ckpt = checkpoint_dir(Root.from_url(events_root), cfg, split)
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("killed")
+
+    class Epochs(keras.callbacks.Callback):
+        seen: list[int] = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.seen.append(epoch)
+
+    # WHEN the first training dies after its first epoch
+    with pytest.raises(RuntimeError, match="killed"):
+        fit_model(cfg, split, ckpt, [Kill()], verbose=0)
+    # THEN the same config resumes at epoch 2 (index 1) and the curves hold all three epochs
+    epochs = Epochs()
+    _, facts = fit_model(cfg, split, ckpt, [epochs], verbose=0)
+    assert epochs.seen == [1, 2]
+    assert facts["initial_epoch"] == 1
+    assert len(facts["history"]["loss"]) == 3
+
+
+def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tmp_path):
+    cfg = tiny(tmp_path, mode="windows", epochs=1, validation_windows=50,
+               data={"workloads": ["alpha"]})
+    outcome = evaluate.fn(train.fn(events_root, cfg))
+    ev = outcome.evaluation
+    assert ev.get(MODEL).positions == ev.get("ngram").positions > 0
+    assert outcome.model.output_shape == (None, 64)
