@@ -1,0 +1,67 @@
+"""`heapcast trace` and `heapcast inspect`, run as a user runs them: the installed command."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.trace_reader import Op, read_trace
+
+HEAPCAST = Path(sys.executable).with_name("heapcast")
+
+
+def heapcast(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HEAPCAST), *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="sqlite3 is installed by scripts/setup.sh")
+def test_trace_keeps_output_and_prints_a_summary(tmp_path):
+    # GIVEN a real program; WHEN traced through the CLI
+    plain = subprocess.run(["sqlite3", ":memory:", "select 6*7"], capture_output=True, text=True)
+    r = heapcast("trace", "-o", "out", "--", "sqlite3", ":memory:", "select 6*7", cwd=tmp_path)
+    # THEN its output and exit code are unchanged, and one summary line names the trace
+    assert (r.returncode, r.stdout) == (plain.returncode, plain.stdout) == (0, "42\n")
+    m = re.search(r"heapcast: (\d+) process\(es\), (\d+) thread\(s\), (\d+) events -> (\S+)", r.stderr)
+    assert m, r.stderr
+    processes, threads, events, where = int(m[1]), int(m[2]), int(m[3]), Path(m[4])
+    t = read_trace(where)
+    assert (processes, threads) == (1, 1)
+    assert events == int((t.op != Op.THREAD_START).sum()) > 100
+    assert t.header.cmdline == ("sqlite3", ":memory:", "select 6*7")
+
+
+def test_trace_passes_the_exit_code_through_and_counts_every_process(tmp_path):
+    # sh forks a child (the subshell) that execs `true`: three process images in all
+    r = heapcast("trace", "-o", "out", "--", "sh", "-c", "(true; /bin/true); echo done; exit 3",
+                 cwd=tmp_path)
+    assert r.returncode == 3 and r.stdout == "done\n"
+    m = re.search(r"(\d+) process\(es\)", r.stderr)
+    files = list((tmp_path / "out").glob("*/*.hct"))
+    assert int(m[1]) == len(files) >= 2
+
+
+def test_trace_without_a_program_says_how(tmp_path):
+    r = heapcast("trace", cwd=tmp_path)
+    assert r.returncode == 2 and "heapcast trace [-o DIR] -- PROGRAM" in r.stderr
+
+
+def test_inspect_prints_header_and_counts(tmp_path):
+    heapcast("trace", "-o", "out", "--", "sh", "-c", "true", cwd=tmp_path)
+    (f,) = (tmp_path / "out").glob("*/*.hct")
+    r = heapcast("inspect", str(f), cwd=tmp_path)
+    assert r.returncode == 0
+    assert "format version 1" in r.stdout and "command sh -c true" in r.stdout
+    assert re.search(r"malloc\s+\d+", r.stdout)
+
+
+def test_inspect_names_a_bad_file_and_fails(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello")
+    r = heapcast("inspect", str(bad), cwd=tmp_path)
+    assert r.returncode == 1
+    assert str(bad) in r.stderr and "does not look like a heapcast trace" in r.stderr
