@@ -104,7 +104,6 @@ def events_dataset(root: Root) -> ds.Dataset:
         filesystem=root.fs,
         format="parquet",
         partitioning=PARTITIONING,
-        exclude_invalid_files=True,
     )
 
 

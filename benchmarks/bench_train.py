@@ -1,0 +1,187 @@
+"""Training throughput (the article's windows vs heapcast's sequence chunks) and accuracy.
+
+Part 1, side by side in one process, on the same training tokens, the same network (the
+config's kind and units) and the same batch size: predictions per second while training.
+  windows:  one window of `context` tokens -> one label per sample (the article's formulation)
+  sequence: one chunk of `context` tokens -> `context` labels (a loss at every position)
+Each mode runs a few warm-up steps (graph tracing) and then `--steps` timed training steps
+(data, forward, backward, update). Target: sequence >= 50x windows on the CPU.
+
+Part 2: the configured training (train + evaluate tasks) on the root's events, and the
+accuracy of the model against the baselines per workload, on runs never seen in training.
+
+    .venv/bin/python benchmarks/bench_train.py --root data --config configs/train-quick.yaml
+
+Without an events dataset under the root, a synthetic one is written to a temporary folder
+(and the result says so). Writes benchmarks/results/train.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import numpy as np  # noqa: E402
+
+from tasks.config import default_root  # noqa: E402
+from tasks.sequences import concat_runs, load_split  # noqa: E402
+from tasks.storage import Root  # noqa: E402
+from tasks.train_config import QUICK_CONFIG, load_train_config  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
+
+
+def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
+    import keras
+
+    from tasks.model import build_model
+    from tasks.token_data import sequence_dataset, windows_dataset
+    from tasks.train import _throughput_meter
+
+    keras.utils.set_random_seed(cfg.seed)
+    c, b = cfg.context, cfg.batch_size
+    if mode == "sequence":
+        ds, n = sequence_dataset(run, c, b, seed=cfg.seed)
+        per_batch = b * c
+    else:
+        ds, n = windows_dataset(run, c, b, seed=cfg.seed)
+        per_batch = b
+    model = build_model(cfg, mode=mode)
+    model.fit(ds, steps_per_epoch=warmup, epochs=1, verbose=0, shuffle=False)  # trace + compile
+    meter = _throughput_meter(per_batch)
+    t0 = time.perf_counter()
+    model.fit(ds, steps_per_epoch=steps + 2, epochs=1, verbose=0, shuffle=False, callbacks=[meter])
+    wall = time.perf_counter() - t0
+    return {
+        "mode": mode,
+        "batch_size": b,
+        "context": c,
+        "predictions_per_step": per_batch,
+        "timed_steps": meter.batches,
+        "seconds": meter.seconds,
+        "seconds_per_step": meter.seconds / max(meter.batches, 1),
+        "predictions_per_second": meter.rate(),
+        "samples_available": int(n),
+        "wall_seconds": wall,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=default_root(), help="data root holding events/")
+    ap.add_argument("--config", default=str(QUICK_CONFIG))
+    ap.add_argument("--override", default="{}", help="JSON merged over the config")
+    ap.add_argument("--steps", type=int, default=30, help="timed training steps per mode")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS))
+    a = ap.parse_args()
+
+    cfg = load_train_config(a.config, json.loads(a.override))
+    root = Root.from_url(a.root)
+    synthetic = not root.fs.exists(root.join("events"))
+    if synthetic:
+        from tasks.synthetic_events import write_synthetic_events
+
+        root = Root.from_url(tempfile.mkdtemp(prefix="heapcast-bench-"))
+        write_synthetic_events(root, {"alpha": 3, "beta": 3, "gamma": 2}, tokens_per_run=400_000)
+        cfg = load_train_config(a.config, {**json.loads(a.override),
+                                           "data": {"heldout_workloads": ["gamma"]}})
+        print(f"no events under {a.root}: synthetic dataset in {root.url}", file=sys.stderr)
+
+    import tensorflow as tf
+
+    split = load_split(root, cfg.data)
+    run = concat_runs(split.train)
+    result: dict = {
+        "benchmark": "train",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+            "tensorflow": tf.__version__,
+        },
+        "root": root.url,
+        "synthetic_data": synthetic,
+        "config": cfg.model_dump(mode="json"),
+        "train_runs": [r.name for r in split.train],
+        "train_tokens": split.train_tokens,
+    }
+
+    # Part 1: throughput, windows then sequence, same data/network/batch.
+    rows = [measure(m, cfg, run, a.steps, a.warmup) for m in ("windows", "sequence")]
+    ratio = rows[1]["predictions_per_second"] / rows[0]["predictions_per_second"]
+    result["throughput"] = {"windows": rows[0], "sequence": rows[1],
+                            "sequence_over_windows": ratio, "target_ratio": 50.0}
+    for r in rows:
+        print(f"{r['mode']:>8}: {r['predictions_per_second']:>12,.0f} predictions/s "
+              f"({r['seconds_per_step'] * 1000:.1f} ms/step, {r['predictions_per_step']} per step)")
+    print(f"sequence / windows: {ratio:.1f}x (target >= 50x)")
+    _write(a.out, result)
+
+    # Part 2: the configured training and its honest evaluation.
+    if not a.skip_accuracy:
+        from tasks.evaluate import evaluation_markdown
+        from tasks.outcome import BASELINES, MODEL
+        from tasks.train import evaluate, train
+
+        t0 = time.perf_counter()
+        trained = train.fn(root.url, cfg)
+        outcome = evaluate.fn(trained)
+        ev = outcome.evaluation
+        table = []
+        for s in ev.scores:
+            if s.predictor == MODEL:
+                best = max(BASELINES, key=lambda b: ev.get(b, s.slice, s.table).top1)
+                table.append({
+                    "table": s.table, "slice": s.slice, "positions": s.positions,
+                    **{f"{p}_{m}": getattr(ev.get(p, s.slice, s.table), m)
+                       for p in (MODEL, *BASELINES) for m in ("top1", "top5", "log_loss")},
+                    "best_baseline": best,
+                    "margin_top1": ev.margin_over_best_baseline(s.slice, s.table),
+                })
+        md = evaluation_markdown(ev, outcome.notes)
+        result["accuracy"] = {
+            "seconds": time.perf_counter() - t0,
+            "train_seconds": outcome.seconds,
+            "train_predictions_per_second": outcome.predictions_per_second,
+            "epochs": len(outcome.history.get("loss", [])),
+            "history": outcome.history,
+            "ngram_order": ev.get("ngram").detail.get("order"),
+            "eval_runs": [f"{w}/{r}" for w, r in outcome.dataset.eval_runs],
+            "heldout_runs": [f"{w}/{r}" for w, r in outcome.dataset.heldout_runs],
+            "table": table,
+            "markdown": md,
+            "notes": outcome.notes,
+        }
+        print(md)
+        _write(a.out, result)
+    return 0
+
+
+def _write(path: str, result: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
