@@ -164,7 +164,10 @@ def parse_header(data: bytes | memoryview, path: str) -> TraceHeader:
         raise TraceFormatError(f"{path}: header_size {header_size} is inconsistent with a file of "
                                f"{len(data)} bytes; the file is corrupt or truncated in its header")
     raw_cmd = bytes(data[_HEADER.size:_HEADER.size + cmdline_len])
-    cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.rstrip(b"\0").split(b"\0") if a)
+    # Each argument ends with one NUL; empty arguments (redis's --save "") are kept.
+    if raw_cmd.endswith(b"\0"):
+        raw_cmd = raw_cmd[:-1]
+    cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0")) if raw_cmd else ()
     return TraceHeader(path=path, version=version, header_size=header_size,
                        record_size=record_size, flags=flags, pid=pid, ppid=ppid,
                        start_realtime_ns=rt, start_monotonic_ns=mono, start_ticks=ticks,

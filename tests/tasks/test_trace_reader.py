@@ -55,6 +55,12 @@ def test_reader_decodes_every_field_of_spec_built_records(tmp_path):
     assert t.counts_by_op()["malloc"] == 1
 
 
+def test_reader_keeps_empty_arguments_of_the_command_line(tmp_path):
+    path = tmp_path / "redis.hct"
+    path.write_bytes(spec_header(cmdline=b"redis-server\0--save\0\0--port\0007\0"))
+    assert read_trace(path).header.cmdline == ("redis-server", "--save", "", "--port", "7")
+
+
 def test_reader_reads_caller_records(tmp_path):
     path = tmp_path / "c.hct"
     path.write_bytes(spec_header(flags=1) + record(1000, 0x10, 0, 8, Op.MALLOC, 0, caller=0xdeadbeef))
