@@ -1,0 +1,263 @@
+"""Registration against a real SQLite MLflow store in a temporary folder.
+
+GIVEN a tiny real Keras model and hand-made evaluations (model top-1 0.80, then 0.85, then 0.70)
+WHEN each is registered in turn
+THEN every run carries the whole config, dataset, code and library versions, stable metric names
+for the model and every baseline per workload, per-epoch curves, the plots and tables, a
+registry version, and the alias `champion` moves only on improvement.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from outcome_factory import CONTEXT, HELDOUT, WORKLOADS, make_outcome, tiny_model
+from tasks.config import PROJECT_DIR, ConfigError, load_config
+from tasks.outcome import BASELINES, MODEL, OVERALL
+from tasks.register import (
+    evaluation_metrics,
+    flatten_params,
+    metric_key,
+    metric_slice,
+    register,
+    register_outcome,
+)
+from tasks.tracking import TrackingConfig, configure, load_tracking_config, resolve_target
+
+NAME = "heapcast-next-call"
+
+
+# ----------------------------------------------------------------------------- pure units
+
+
+def test_metric_key_scheme_is_stable_and_groups_by_table_and_metric():
+    assert metric_key("model", "all", "top1") == "unseen_runs.top1/all.model"
+    assert metric_key("ngram", "sqlite3", "log_loss", "heldout_workloads") == (
+        "heldout_workloads.log_loss/sqlite3.ngram")
+    assert metric_slice("gcc-12.cc1/x y") == "gcc-12_cc1_x_y"
+    with pytest.raises(ValueError, match="predictor"):
+        metric_key("lstm", "all", "top1")
+    with pytest.raises(ValueError, match="table"):
+        metric_key("model", "all", "top1", "validation")
+
+
+def test_evaluation_metrics_cover_every_predictor_slice_and_table():
+    ev = make_outcome(None, 0.8).evaluation
+    m = evaluation_metrics(ev)
+    for table, slices in (("unseen_runs", (OVERALL, *WORKLOADS)), ("heldout_workloads", (OVERALL, *HELDOUT))):
+        for s in slices:
+            for p in (MODEL, *BASELINES):
+                for metric in ("top1", "top5", "log_loss"):
+                    assert metric_key(p, s, metric, table) in m
+            assert f"{table}.positions/{s}" in m
+            assert m[f"{table}.margin_top1/{s}"] == pytest.approx(ev.margin_over_best_baseline(s, table))
+
+
+def test_flatten_params_dots_nested_config():
+    p = flatten_params({"model": {"units": [8, 4], "kind": "gru"}, "x": None, "runs": {}}, "config")
+    assert p == {"config.model.units": "[8, 4]", "config.model.kind": "gru", "config.x": "null",
+                 "config.runs": "{}"}
+
+
+def test_tracking_config_resolves_embedded_server_and_s3(tmp_path, monkeypatch):
+    local = resolve_target(TrackingConfig(root=str(tmp_path / "root")))
+    assert local.tracking_uri == f"sqlite:///{tmp_path}/root/mlflow/mlflow.db"
+    assert local.registry_uri == local.tracking_uri
+    assert local.artifact_location == (tmp_path / "root/mlflow/artifacts").as_uri()
+
+    server = resolve_target(TrackingConfig(tracking_uri="http://127.0.0.1:5000/"))
+    assert (server.tracking_uri, server.artifact_location, server.is_server) == (
+        "http://127.0.0.1:5000", None, True)
+
+    monkeypatch.setattr("tasks.tracking.PROJECT_DIR", tmp_path / "proj")
+    s3 = resolve_target(TrackingConfig(root="s3://bucket/prefix"))
+    assert s3.tracking_uri == f"sqlite:///{tmp_path}/proj/data/mlflow-s3/bucket/prefix/mlflow.db"
+    assert s3.artifact_location == "s3://bucket/prefix/mlflow/artifacts"
+
+
+def test_tracking_yaml_loads_and_typos_fail(tmp_path):
+    cfg = load_tracking_config()
+    assert (cfg.tracking_uri, cfg.experiment, cfg.model_name) == (None, "heapcast", NAME)
+    bad = tmp_path / "t.yaml"
+    bad.write_text("tracking_url: http://x\n")
+    with pytest.raises(ConfigError, match="tracking_url"):
+        load_config(TrackingConfig, bad)
+    bad.write_text("tracking_uri: localhost:5000\n")
+    with pytest.raises(ConfigError, match="tracking_uri"):
+        load_config(TrackingConfig, bad)
+
+
+def test_register_is_a_prefect_task_with_retries():
+    assert register.retries == 2
+    assert register.fn.__name__ == "register"
+
+
+# ----------------------------------------------------------------------------- a real store
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, model):
+    """Three registrations in one SQLite store: 0.80 (first), 0.85 (better), 0.70 (worse)."""
+    root = tmp_path_factory.mktemp("root")
+    tracking = TrackingConfig(root=str(root))
+    outcomes = [make_outcome(model, top1, seed=i) for i, top1 in enumerate((0.80, 0.85, 0.70))]
+    results = [register_outcome(o, tracking) for o in outcomes]
+    from mlflow import MlflowClient
+
+    return {"tracking": tracking, "outcomes": outcomes, "results": results, "root": root,
+            "client": MlflowClient()}
+
+
+def test_store_lives_inside_the_data_root(store):
+    assert (store["root"] / "mlflow" / "mlflow.db").is_file()
+    run_dir = store["root"] / "mlflow" / "artifacts" / store["results"][0].run_id
+    assert (run_dir / "artifacts" / "plots" / "confusion_matrix.png").is_file()
+
+
+def test_params_hold_config_dataset_code_and_libraries(store):
+    run = store["client"].get_run(store["results"][0].run_id)
+    p = run.data.params
+    assert p["config.model.kind"] == "gru"
+    assert p["config.model.units"] == "[8]"
+    assert p["config.context"] == str(CONTEXT)
+    assert p["config.data.runs.sqlite3.train"] == '["r1"]'
+    assert p["dataset.root"] == "/tmp/heapcast-test-root"
+    assert p["dataset.content_hash"] == store["outcomes"][0].dataset.content_hash
+    assert p["dataset.workloads"] == "redis,sqlite3"
+    assert p["dataset.train_runs"] == "sqlite3/r1,redis/r1"
+    assert p["dataset.heldout_runs"] == "git/r1"
+    assert int(p["dataset.train_events"]) == store["outcomes"][0].dataset.train_tokens
+    # Colleagues commit concurrently: HEAD may have moved since; the commit must exist in the repo.
+    commit = p["code.git_commit"]
+    assert len(commit) == 40 and run.data.tags["mlflow.source.git.commit"] == commit
+    assert subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=PROJECT_DIR).returncode == 0
+    assert p["code.git_dirty"] in ("true", "false")
+    import keras
+    import mlflow
+    import tensorflow as tf
+
+    assert (p["lib.tensorflow"], p["lib.keras"], p["lib.mlflow"]) == (
+        tf.__version__, keras.__version__, mlflow.__version__)
+    assert p["predictor.ngram.order"] == "7"
+    config_json = Path(store["client"].download_artifacts(run.info.run_id, "config.json"))
+    assert json.loads(config_json.read_text()) == store["outcomes"][0].config
+
+
+def test_dataset_logged_as_mlflow_input(store):
+    run = store["client"].get_run(store["results"][0].run_id)
+    (inp,) = run.inputs.dataset_inputs
+    assert inp.dataset.name == "heapcast-events"
+    assert inp.dataset.digest == store["outcomes"][0].dataset.content_hash[:36]
+    assert "/tmp/heapcast-test-root" in inp.dataset.source
+    assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "training"
+
+
+def test_metrics_have_stable_names_for_model_and_baselines(store):
+    for res, outcome in zip(store["results"], store["outcomes"]):
+        m = store["client"].get_run(res.run_id).data.metrics
+        for s in outcome.evaluation.scores:
+            for metric in ("top1", "top5", "log_loss"):
+                assert m[metric_key(s.predictor, s.slice, metric, s.table)] == pytest.approx(
+                    getattr(s, metric))
+        assert m["train/predictions_per_second"] == 12345.0
+    # The same keys in every run: the compare view lines them up.
+    keys = [{k for k in store["client"].get_run(r.run_id).data.metrics if not k.startswith("promotion/")}
+            for r in store["results"]]
+    assert keys[0] == keys[1] == keys[2]
+
+
+def test_curves_are_logged_per_epoch(store):
+    hist = store["client"].get_metric_history(store["results"][0].run_id, "train/val_loss")
+    assert [(h.step, h.value) for h in sorted(hist, key=lambda h: h.step)] == [
+        (0, 2.0), (1, 1.6), (2, 1.4)]
+
+
+def test_artifacts_hold_plots_and_tables(store):
+    client, run_id = store["client"], store["results"][0].run_id
+    plots = {Path(a.path).name for a in client.list_artifacts(run_id, "plots")}
+    assert plots == {"confusion_matrix.png", "per_class_accuracy.png", "learning_curves.png",
+                     "token_histogram.png"}
+    for name in plots:
+        assert Path(client.download_artifacts(run_id, f"plots/{name}")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tables = {Path(a.path).name for a in client.list_artifacts(run_id, "evaluation")}
+    assert {"evaluation.csv", "evaluation.json", "evaluation.md", "per_class_accuracy.csv",
+            "confusion.csv"} <= tables
+    rows = json.loads(Path(client.download_artifacts(run_id, "evaluation/evaluation.json")).read_text())
+    assert len(rows) == len(store["outcomes"][0].evaluation.scores)
+    assert rows[0]["table"] == "unseen_runs" and rows[0]["slice"] == "all" and rows[0]["predictor"] == "model"
+    images = [a.path for a in client.list_artifacts(run_id, "images")]
+    assert any(p.startswith("images/plots~confusion_matrix+step+0") for p in images)
+
+
+def test_model_is_registered_with_signature_and_explicit_requirements(store):
+    client = store["client"]
+    assert [r.model_version for r in store["results"]] == ["1", "2", "3"]
+    mv = client.get_model_version(NAME, "1")
+    assert mv.run_id == store["results"][0].run_id
+    assert mv.tags["heapcast.eval.content_hash"] == store["outcomes"][0].dataset.content_hash
+    assert float(mv.tags["heapcast.eval.top1"]) == pytest.approx(0.80)
+    from mlflow.models import get_model_info
+
+    info = get_model_info(f"models:/{NAME}/1")
+    assert info.signature.inputs.inputs[0].type == np.dtype("int32")
+    assert info.signature.inputs.inputs[0].shape == (-1, CONTEXT)
+    assert info.signature.outputs.inputs[0].shape == (-1, CONTEXT, 64)
+    assert info.saved_input_example_info is not None
+    import mlflow.artifacts
+
+    reqs = Path(mlflow.artifacts.download_artifacts(f"models:/{NAME}/1/requirements.txt")).read_text()
+    import tensorflow as tf
+
+    assert f"tensorflow=={tf.__version__}" in reqs and "keras==" in reqs and "mlflow==" in reqs
+
+
+def test_alias_moves_only_on_improvement_and_decision_is_logged(store):
+    first, better, worse = store["results"]
+    assert (first.promoted, first.decision, first.champion_version) == (True, "first", "1")
+    assert (better.promoted, better.decision, better.champion_version) == (True, "promoted", "2")
+    assert (worse.promoted, worse.decision, worse.champion_version) == (False, "kept", "2")
+    assert (worse.candidate_score, worse.champion_score) == (pytest.approx(0.70), pytest.approx(0.85))
+    client = store["client"]
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
+    # The worse model is registered all the same.
+    assert client.get_model_version(NAME, "3").run_id == worse.run_id
+    run = client.get_run(worse.run_id)
+    assert run.data.params["promotion.decision"] == "kept"
+    assert run.data.params["promotion.previous_champion_version"] == "2"
+    assert run.data.metrics["promotion/candidate.top1"] == pytest.approx(0.70)
+    assert run.data.metrics["promotion/champion.top1"] == pytest.approx(0.85)
+    assert run.data.metrics["promotion/promoted"] == 0.0
+    assert run.data.tags["heapcast.promoted"] == "false"
+    promoted_run = client.get_run(better.run_id)
+    assert promoted_run.data.metrics["promotion/promoted"] == 1.0
+    assert promoted_run.data.params["promotion.decision"] == "promoted"
+
+
+def test_champion_loads_and_predicts_through_keras_and_pyfunc(store):
+    import mlflow.keras
+    import mlflow.pyfunc
+
+    configure(store["tracking"])
+    x = np.random.default_rng(1).integers(0, 64, size=(3, CONTEXT)).astype(np.int32)
+    expected = store["outcomes"][1].model.predict(x, verbose=0)
+
+    keras_model = mlflow.keras.load_model(f"models:/{NAME}@champion")
+    k = keras_model.predict(x, verbose=0)
+    assert k.shape == (3, CONTEXT, 64)
+    np.testing.assert_allclose(k.sum(axis=-1), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(k, expected, rtol=1e-5, atol=1e-6)
+
+    pyfunc_model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+    p = np.asarray(pyfunc_model.predict(x))
+    assert p.shape == (3, CONTEXT, 64)
+    np.testing.assert_allclose(p, expected, rtol=1e-5, atol=1e-6)
