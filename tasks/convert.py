@@ -170,6 +170,18 @@ def _tid_per_record(thread: np.ndarray, is_ts: np.ndarray, arg: np.ndarray) -> n
     return tid
 
 
+def _tids(trace: Trace, is_ts: np.ndarray, thread_rows: np.ndarray, take) -> np.ndarray:
+    """OS tid of each row. Usually each thread number has one THREAD_START: a lookup table by
+    thread number. Otherwise (thread 65535 shared by late threads) `_tid_per_record`."""
+    ts_idx = np.flatnonzero(is_ts)
+    ts_threads = trace.thread[ts_idx]
+    if len(np.unique(ts_threads)) == len(ts_threads):
+        lut = np.zeros(1 << 16, dtype=np.uint32)
+        lut[ts_threads] = trace.arg[ts_idx]
+        return lut[thread_rows]
+    return take(_tid_per_record(trace.thread, is_ts, trace.arg))
+
+
 def _seq_per_row(thread: np.ndarray) -> np.ndarray:
     """Call number of each row within its thread number (rows in call order)."""
     n = len(thread)
@@ -217,12 +229,19 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     h = trace.header
     op_all = trace.op
     is_ts_all = op_all == Op.THREAD_START
-    tid_all = _tid_per_record(trace.thread, is_ts_all, trace.arg)
     time_all = trace.time_ns
 
     order = _time_order(time_all)
+    ts_idx = np.flatnonzero(is_ts_all)
     if order is None:
-        rows = np.flatnonzero(~is_ts_all) if is_ts_all.any() else None
+        # Usual case (one thread, or threads that never interleave out of time order): when
+        # the THREAD_START markers are a prefix, the rows are a view, not a copy.
+        if len(ts_idx) == 0:
+            rows = None
+        elif ts_idx[-1] == len(ts_idx) - 1:
+            rows = slice(len(ts_idx), None)
+        else:
+            rows = np.flatnonzero(~is_ts_all)
     else:
         rows = order[~is_ts_all[order]]
 
@@ -235,7 +254,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     arg = take(trace.arg)
     time_ns = take(time_all)
     thread = take(trace.thread)
-    tid = take(tid_all)
+    tid = _tids(trace, is_ts_all, thread, take)
     n = len(op)
 
     kind = _KIND[op]

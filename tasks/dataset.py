@@ -61,17 +61,20 @@ CONVERTER_VERSION = "1"
 
 # Parquet settings, chosen by benchmarks/bench_convert.py on real traces: monotone or
 # slowly-varying integers (time, seq) delta-encode to a few bits; columns with few distinct values
-# (ids, op, sizes, tokens) or many repeats (addresses are reused) dictionary-encode; lifetimes
-# are long-tailed and unrelated from row to row, so they are stored as byte-stream-split planes
-# for zstd. Times stay in ns.
+# (op, sizes) or many repeats (addresses are reused) dictionary-encode; lifetimes, freed sizes
+# and tokens compress best as byte-stream-split planes under zstd; constant ids (pid, tid) are
+# plain (zstd takes them to nothing, without a dictionary's hashing). Times stay in ns.
 DELTA_COLUMNS = ("seq", "time_ns")
-SPLIT_COLUMNS = ("lifetime_ns", "lifetime_calls")
+SPLIT_COLUMNS = ("lifetime_ns", "lifetime_calls", "freed_size", "token")
+PLAIN_COLUMNS = ("pid", "ppid", "thread", "tid", "alignment", "caller")
 PARQUET_OPTIONS: dict[str, Any] = dict(
     compression="zstd",
     compression_level=1,
-    use_dictionary=[f.name for f in EVENTS_SCHEMA if f.name not in DELTA_COLUMNS + SPLIT_COLUMNS],
+    use_dictionary=[f.name for f in EVENTS_SCHEMA
+                    if f.name not in DELTA_COLUMNS + SPLIT_COLUMNS + PLAIN_COLUMNS],
     column_encoding={**{c: "DELTA_BINARY_PACKED" for c in DELTA_COLUMNS},
-                     **{c: "BYTE_STREAM_SPLIT" for c in SPLIT_COLUMNS}},
+                     **{c: "BYTE_STREAM_SPLIT" for c in SPLIT_COLUMNS},
+                     **{c: "PLAIN" for c in PLAIN_COLUMNS}},
     row_group_size=1 << 22,
     write_statistics=["time_ns", "pid", "thread", "op", "token"],
 )
