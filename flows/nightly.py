@@ -1,0 +1,63 @@
+"""Flow `nightly`: trace, dataset, train (and register), then a summary. Scheduled in prefect.yaml.
+
+Composition only. Each stage is a subflow whose final state is kept, so a failing stage does not
+stop the night: `dataset` and `train` go on with whatever data there is, and the night fails at
+the end only when no model could be trained. The summary (tasks/summary.py) is published as the
+`nightly-summary` markdown artifact.
+
+    python -m flows.nightly --quick          # the quick subset, embedded services
+    python -m flows.nightly --root s3://bucket/heapcast
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from prefect import flow
+
+from flows.dataset import dataset
+from flows.trace import trace
+from flows.train import train_flow
+from tasks.nightly import NightlyParams
+from tasks.summary import (NightlySummary, champion_version, finish, mlflow_ui_command,
+                           publish_summary, stage_outcome, summarize)
+
+
+@flow(name="nightly")
+def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
+    """Replay the workloads, convert them, train, evaluate and register; publish the summary."""
+    stages = params.stages()
+    before = champion_version(stages.tracking)
+    traced = stage_outcome("trace", trace(stages.trace, return_state=True))
+    converted = stage_outcome("dataset", dataset(stages.dataset, return_state=True))
+    trained = stage_outcome("train", train_flow(stages.train, return_state=True))
+    after = champion_version(stages.tracking)
+    summary = summarize(stages.train.root, [traced, converted, trained], before, after)
+    publish_summary(summary)
+    return finish(summary)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="heapcast's whole pipeline, once")
+    ap.add_argument("--quick", action="store_true",
+                    help="quick workload inputs and configs/train-quick.yaml")
+    ap.add_argument("--root", default=None, help="data root: a folder or an s3:// URL")
+    ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
+    a = ap.parse_args()
+    params = NightlyParams(root=a.root, quick=a.quick, trace={"runner": a.runner})
+    t0 = time.monotonic()
+    summary = nightly(params)
+    print(summary.markdown())
+    print(f"nightly finished in {time.monotonic() - t0:.0f} s")
+    print(f"data: {summary.root}")
+    if summary.champion_after is None:
+        print("champion: none registered")
+    else:
+        print(f"champion: version {summary.champion_after} "
+              f"({'changed tonight' if summary.champion_changed else 'unchanged'})")
+    print(f"MLflow UI: {mlflow_ui_command(params.stages().tracking)}")
+
+
+if __name__ == "__main__":
+    main()

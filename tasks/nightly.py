@@ -1,0 +1,75 @@
+"""The `nightly` flow's parameters: the three stages' parameter models, and what they share.
+
+One form in the Prefect UI: the stages' own parameters (each with its defaults from configs/),
+plus two settings that apply to every stage at once:
+
+- `root`: one data root for the whole night (each stage's own `root` is replaced by it);
+- `quick`: the quick workload subset and configs/train-quick.yaml (the demo, the tests).
+
+Where the stages run is configuration, not code: the Dask scheduler comes from the dataset
+parameters, else from $HEAPCAST_DASK_SCHEDULER, else a local cluster; the MLflow store from
+configs/tracking.yaml, else $MLFLOW_TRACKING_URI, else the embedded store under the root.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from flows.dataset import DatasetParams
+from flows.train import TrainParams
+from tasks.config import StrictModel
+from tasks.tracking import TrackingConfig, load_tracking_config
+from tasks.train_config import QUICK_CONFIG
+from tasks.workloads import TraceParams
+
+
+class NightlyParams(StrictModel):
+    """Parameters of the `nightly` flow: trace, dataset, train (and register), then a summary."""
+
+    root: str | None = Field(
+        default=None,
+        description="one data root (folder or s3:// URL) for every stage; each stage's own when empty")
+    quick: bool = Field(
+        default=False,
+        description="the quick subset: quick workload inputs and configs/train-quick.yaml")
+    trace: TraceParams = Field(default_factory=TraceParams, description="flow `trace`")
+    dataset: DatasetParams = Field(default_factory=DatasetParams, description="flow `dataset`")
+    train: TrainParams = Field(default_factory=TrainParams, description="flow `train`")
+
+    def stages(self) -> "NightlyStages":
+        """Each stage's parameters with the shared settings applied."""
+        trace, dataset, train = self.trace, self.dataset, self.train
+        if self.root:
+            trace = trace.model_copy(update={"root": self.root})
+            dataset = dataset.model_copy(update={"root": self.root})
+            train = train.model_copy(update={"root": self.root})
+        if self.quick:
+            trace = trace.model_copy(update={"quick": True})
+            train = train.model_copy(update={"config": str(QUICK_CONFIG)})
+        if dataset.scheduler is None and os.environ.get("HEAPCAST_DASK_SCHEDULER"):
+            dataset = dataset.model_copy(
+                update={"scheduler": os.environ["HEAPCAST_DASK_SCHEDULER"]})
+        return NightlyStages(trace=trace, dataset=dataset, train=train,
+                             tracking=tracking_for(train.root))
+
+
+@dataclass(frozen=True)
+class NightlyStages:
+    trace: TraceParams
+    dataset: DatasetParams
+    train: TrainParams
+    tracking: TrackingConfig
+
+
+def tracking_for(root: str) -> TrackingConfig:
+    """configs/tracking.yaml, with the night's root and $MLFLOW_TRACKING_URI where it says null."""
+    tracking = load_tracking_config()
+    update: dict[str, str] = {}
+    if tracking.root is None:
+        update["root"] = root
+    if tracking.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        update["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
+    return TrackingConfig.model_validate({**tracking.model_dump(), **update}) if update else tracking

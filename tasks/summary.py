@@ -1,0 +1,249 @@
+"""What a night did: each stage's outcome, what failed and why, the evaluation, the champion.
+
+The `nightly` flow runs its stages as subflows and keeps their final states instead of letting a
+failure stop the night; `stage_outcome` turns a state into a `StageOutcome`, `summarize` turns
+the outcomes into a `NightlySummary`, whose `markdown()` is published as a Prefect artifact.
+The night fails (after publishing) only when nothing could be trained: `finish` says so.
+
+Whether the champion changed is read from the registry before and after the night
+(`champion_version`), so the answer holds whatever registration returned.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE as NO_CACHE
+from pydantic import BaseModel, Field
+
+from tasks.tracking import TrackingConfig
+
+STAGES = ("trace", "dataset", "train")
+ARTIFACT_KEY = "nightly-summary"
+
+
+class NothingTrained(RuntimeError):
+    """The night produced no model: the `train` stage failed (the summary says why)."""
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """One stage's end: its Prefect state type, the failure message, and its return value."""
+
+    name: str
+    state: str  # COMPLETED, FAILED, CRASHED, CANCELLED, ...
+    message: str | None
+    value: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED"
+
+
+def stage_outcome(name: str, state: Any) -> StageOutcome:
+    """A subflow's final state (from `flow(..., return_state=True)`) as a StageOutcome."""
+    kind = state.type.value if hasattr(state.type, "value") else str(state.type)
+    if state.is_completed():
+        return StageOutcome(name, kind, None, state.result(raise_on_failure=False))
+    why = state.message or ""
+    err = state.result(raise_on_failure=False)
+    if isinstance(err, BaseException):
+        why = f"{type(err).__name__}: {err}"
+    return StageOutcome(name, kind, why or f"ended {kind}")
+
+
+class StageReport(BaseModel):
+    name: str
+    state: str
+    ok: bool
+    detail: str = ""
+    error: str | None = None
+
+
+class NightlySummary(BaseModel):
+    """The night in one object (the flow's return value) and one Markdown page."""
+
+    root: str
+    finished_at: str
+    stages: list[StageReport]
+    replays_ok: list[str] = Field(default_factory=list)  # workload/input
+    replays_failed: dict[str, str] = Field(default_factory=dict)  # workload/input -> why
+    converted: list[str] = Field(default_factory=list)  # workload/run (rows)
+    trained: bool = False
+    model_top1: float | None = None
+    best_baseline: str | None = None
+    best_baseline_top1: float | None = None
+    evaluation_markdown: str = ""
+    champion_before: str | None = None
+    champion_after: str | None = None
+    registration: str | None = None  # the registry's decision and its reason, when returned
+
+    @property
+    def champion_changed(self) -> bool:
+        return self.champion_after is not None and self.champion_after != self.champion_before
+
+    def markdown(self) -> str:
+        ok = sum(s.ok for s in self.stages)
+        lines = [f"# heapcast nightly: {ok} of {len(self.stages)} stages completed"
+                 + ("" if self.trained else " (no model trained)"), "",
+                 f"Finished {self.finished_at}. Data root: `{self.root}`.", "",
+                 "| stage | state | what ran | why it failed |", "|---|---|---|---|"]
+        for s in self.stages:
+            lines.append(f"| {s.name} | {'ok' if s.ok else '**' + s.state.lower() + '**'} | "
+                         f"{_cell(s.detail)} | {_cell(s.error or '')} |")
+        lines += ["", "## Champion", ""]
+        if self.champion_changed:
+            lines.append(f"**The champion changed**: version {self.champion_before or '(none)'} "
+                         f"→ version {self.champion_after}.")
+        elif self.champion_after is not None:
+            lines.append(f"The champion did not change: version {self.champion_after}.")
+        else:
+            lines.append("No champion in the registry.")
+        if self.registration:
+            lines.append(f"Registration: {self.registration}")
+        if self.replays_failed:
+            lines += ["", "## Failed replays", "", "| run | why |", "|---|---|"]
+            lines += [f"| {k} | {_cell(v)} |" for k, v in self.replays_failed.items()]
+        if self.evaluation_markdown:
+            lines += ["", "## Evaluation (runs never seen in training)", "",
+                      self.evaluation_markdown.strip()]
+        return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")[:400]
+
+
+def _registration_of(value: Any) -> Any:
+    """A RegistrationResult returned by the train flow, alone or next to the outcome."""
+    candidates = [value, getattr(value, "registration", None)]
+    if isinstance(value, (tuple, list)):
+        candidates += list(value)
+    if isinstance(value, dict):
+        candidates += list(value.values())
+    return next((c for c in candidates if hasattr(c, "promoted") and hasattr(c, "decision")), None)
+
+
+def _evaluation_of(value: Any) -> tuple[Any, list[str]]:
+    """The Evaluation (and its notes) of a train flow's return value, if any."""
+    candidates = [value, getattr(value, "outcome", None)]
+    if isinstance(value, (tuple, list)):
+        candidates += list(value)
+    if isinstance(value, dict):
+        candidates += list(value.values())
+    for c in candidates:
+        ev = getattr(c, "evaluation", None)
+        if ev is not None and hasattr(ev, "scores"):
+            return ev, list(getattr(c, "notes", []) or [])
+    return None, []
+
+
+@task(name="summarize-night", cache_policy=NO_CACHE)
+def summarize(root: str, outcomes: list[StageOutcome], champion_before: str | None,
+              champion_after: str | None) -> NightlySummary:
+    """The night's summary from its stages' outcomes and the champion before and after."""
+    from tasks.evaluate import evaluation_markdown
+    from tasks.outcome import BASELINES, MODEL
+
+    by_name = {o.name: o for o in outcomes}
+    reports: list[StageReport] = []
+    summary: dict[str, Any] = {}
+
+    trace = by_name.get("trace")
+    if trace is not None:
+        runs = getattr(trace.value, "runs", None) or []
+        summary["replays_ok"] = [f"{r.workload}/{r.input}" for r in runs if r.ok]
+        summary["replays_failed"] = {f"{r.workload}/{r.input}": r.error or "failed"
+                                     for r in runs if not r.ok}
+        detail = (f"{len(summary['replays_ok'])} of {len(runs)} replays ok "
+                  f"(runner {getattr(trace.value, 'runner', '?')})") if trace.ok else ""
+        if trace.ok and summary["replays_failed"]:
+            detail += "; failed: " + ", ".join(summary["replays_failed"])
+        reports.append(StageReport(name="trace", state=trace.state, ok=trace.ok, detail=detail,
+                                   error=trace.message))
+
+    dataset = by_name.get("dataset")
+    if dataset is not None:
+        converted = [f"{s['workload']}/{s['run']} ({s.get('rows', 0):,} rows)"
+                     for s in (dataset.value or [])]
+        summary["converted"] = converted
+        detail = (f"{len(converted)} run(s) converted" + (": " + ", ".join(converted)
+                                                           if converted else " (all up to date)")
+                  ) if dataset.ok else ""
+        reports.append(StageReport(name="dataset", state=dataset.state, ok=dataset.ok,
+                                   detail=detail, error=dataset.message))
+
+    train = by_name.get("train")
+    if train is not None:
+        evaluation, notes = _evaluation_of(train.value) if train.ok else (None, [])
+        detail = ""
+        if evaluation is not None:
+            model = evaluation.get(MODEL)
+            best = max((evaluation.get(b) for b in BASELINES), key=lambda s: s.top1)
+            summary.update(model_top1=model.top1, best_baseline=best.predictor,
+                           best_baseline_top1=best.top1,
+                           evaluation_markdown=evaluation_markdown(evaluation, notes))
+            detail = (f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "
+                      f"{best.top1:.4f} on {model.positions:,} unseen positions")
+        reg = _registration_of(train.value) if train.ok else None
+        if reg is not None:
+            summary["registration"] = (f"version {reg.model_version} of {reg.model_name}: "
+                                       f"{reg.decision} ({reg.reason})")
+        summary["trained"] = train.ok
+        reports.append(StageReport(name="train", state=train.state, ok=train.ok, detail=detail,
+                                   error=train.message))
+
+    return NightlySummary(
+        root=root, stages=reports, champion_before=champion_before,
+        champion_after=champion_after,
+        finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **summary)
+
+
+@task(name="champion-version", retries=3, retry_delay_seconds=[5, 15, 30], cache_policy=NO_CACHE)
+def champion_version(tracking: TrackingConfig) -> str | None:
+    """The registered version holding the `champion` alias, or None (tracking server may fail)."""
+    from mlflow import MlflowClient
+
+    from tasks.champion import current_champion
+    from tasks.tracking import CHAMPION_ALIAS, quiet_mlflow_env, resolve_target
+
+    quiet_mlflow_env()
+    target = resolve_target(tracking)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    version = current_champion(client, tracking.model_name, CHAMPION_ALIAS)
+    return None if version is None else str(version.version)
+
+
+@task(name="publish-nightly-summary", cache_policy=NO_CACHE)
+def publish_summary(summary: NightlySummary) -> str:
+    """The night's summary as a Prefect markdown artifact; returns the markdown."""
+    from prefect.artifacts import create_markdown_artifact
+
+    markdown = summary.markdown()
+    create_markdown_artifact(markdown=markdown, key=ARTIFACT_KEY,
+                             description="heapcast nightly: stages, failures, evaluation, champion")
+    return markdown
+
+
+def mlflow_ui_command(tracking: TrackingConfig) -> str:
+    """The command that opens the MLflow UI over the store this night wrote to."""
+    from tasks.tracking import resolve_target
+
+    target = resolve_target(tracking)
+    if target.is_server:
+        return f"open {target.tracking_uri}"
+    return (f".venv/bin/mlflow ui --backend-store-uri {target.tracking_uri} "
+            "--host 127.0.0.1 --port 5000   # then open http://127.0.0.1:5000")
+
+
+def finish(summary: NightlySummary) -> NightlySummary:
+    """The summary, or NothingTrained when the night produced no model."""
+    if not summary.trained:
+        train = next((s for s in summary.stages if s.name == "train"), None)
+        why = train.error if train is not None else "the train stage did not run"
+        raise NothingTrained(f"nightly: no model was trained ({why}); see the "
+                             f"'{ARTIFACT_KEY}' artifact for every stage")
+    return summary

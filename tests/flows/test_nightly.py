@@ -1,0 +1,91 @@
+"""The `nightly` flow under a Prefect test API: the real stages on tiny inputs, and the failures.
+
+GIVEN a tiny night (one quick workload replayed with the local runner, a one-worker local Dask
+      cluster, a training of a few steps on a tiny network)
+WHEN  `nightly` runs
+THEN  every stage completes, the summary names the replays, the converted runs and the
+      evaluation, and it is published as the `nightly-summary` artifact;
+AND   a stage that fails does not stop the night; a night that trains nothing fails at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("keras")
+
+from flows.nightly import nightly  # noqa: E402
+from tasks.nightly import NightlyParams  # noqa: E402
+from tasks.storage import Root  # noqa: E402
+from tasks.summary import ARTIFACT_KEY, NothingTrained  # noqa: E402
+from tasks.synthetic_events import write_synthetic_events  # noqa: E402
+
+TINY_TRAINING = {
+    "context": 8, "model": {"units": [4]}, "batch_size": 8, "epochs": 1, "steps_per_epoch": 2,
+    "ngram": {"max_order": 3},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_dask_worker(monkeypatch):
+    monkeypatch.setenv("HEAPCAST_DASK_WORKERS", "1")
+    monkeypatch.delenv("HEAPCAST_DASK_SCHEDULER", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def latest_summary_artifact() -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
+                sort=ArtifactSort.CREATED_DESC, limit=1)
+
+    return asyncio.run(read())[0].data
+
+
+def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
+    params = NightlyParams(
+        root=str(tmp_path / "data"), quick=True,
+        trace={"workloads": ["sqlite3"], "runner": "local"},
+        train={"overrides": TINY_TRAINING},
+    )
+    summary = nightly(params)
+
+    assert [(s.name, s.ok) for s in summary.stages] == [
+        ("trace", True), ("dataset", True), ("train", True)]
+    assert summary.replays_ok == ["sqlite3/small", "sqlite3/medium"]
+    assert len(summary.converted) == 2
+    assert summary.trained and summary.model_top1 is not None
+    assert "ngram top-1" in summary.evaluation_markdown
+    page = latest_summary_artifact()
+    assert "3 of 3 stages completed" in page and "## Champion" in page
+
+
+def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):
+    # GIVEN events already in the root (an earlier night), and a trace stage that fails
+    root = Root.from_url(str(tmp_path / "data"))
+    write_synthetic_events(root, {"alpha": 2}, tokens_per_run=2000)
+    params = NightlyParams(root=root.url, trace={"workloads": ["no-such-workload"]},
+                           train={"overrides": TINY_TRAINING})
+    summary = nightly(params)
+
+    trace = summary.stages[0]
+    assert (trace.name, trace.ok) == ("trace", False)
+    assert "no-such-workload" in trace.error
+    assert summary.trained  # dataset and train went on with the data there was
+    assert "**failed**" in summary.markdown()
+
+
+def test_night_without_a_model_fails_at_the_end(prefect_harness, tmp_path):
+    params = NightlyParams(root=str(tmp_path / "empty"), trace={"workloads": ["no-such-workload"]},
+                           train={"overrides": TINY_TRAINING})
+    with pytest.raises(NothingTrained, match="no model was trained"):
+        nightly(params)
+    page = latest_summary_artifact()  # published before failing
+    assert "(no model trained)" in page
