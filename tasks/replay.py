@@ -92,12 +92,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def judge(workload: Workload, result: RunResult, counts: TraceCounts) -> str | None:
+def judge(workload: Workload, result: RunResult, counts: TraceCounts,
+          time_limit_s: float) -> str | None:
     """Why a run is not good, or None when it is."""
     if result.error and result.exit_code is None and not result.timed_out:
         return result.error
     if result.timed_out:
-        return (f"exceeded its time limit of {workload.time_limit_s:g} s and was killed "
+        return (f"exceeded its time limit of {time_limit_s:g} s and was killed "
                 f"(log: {result.log_tail.splitlines()[-1] if result.log_tail else 'empty'})")
     if result.error:
         return result.error
@@ -205,7 +206,7 @@ def replay_input(workload: Workload, inp: WorkloadInput, tracer: str | Path,
         result = run_runner.run(request)
         _own(trace_dir)
         counts = count_traces(trace_dir)
-        error = judge(workload, result, counts)
+        error = judge(workload, result, counts, request.time_limit_s)
         manifest = RunManifest(
             workload=workload.name, input=inp.name, run=inp.name, seed=inp.seed, size=inp.size,
             runner=result.runner, sandbox=result.sandbox, image=result.image,

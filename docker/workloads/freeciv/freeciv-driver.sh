@@ -6,8 +6,9 @@
 set -euo pipefail
 in=$1
 work=$2
-mkdir -p "$work/saves"
-mkfifo "$work/stdin.fifo"
+untraced() { LD_PRELOAD= "$@"; }  # an empty LD_PRELOAD loads nothing
+untraced mkdir -p "$work/saves"
+untraced mkfifo "$work/stdin.fifo"
 exec 3<>"$work/stdin.fifo"
 exec /usr/games/freeciv-server --exit-on-end --read "$in/script.serv" --saves "$work/saves" \
     --bind 127.0.0.1 --port 5556 --Announce none --debug 1 --log "$work/server.log" <&3

@@ -5,7 +5,7 @@
 set -euo pipefail
 in=$1
 repo=$2/repo
-untraced() { env -u LD_PRELOAD "$@"; }
+untraced() { LD_PRELOAD= "$@"; }  # an empty LD_PRELOAD loads nothing
 untraced git init -q -b main "$repo"
 untraced git -C "$repo" fast-import --quiet < "$in/repo.fi"
 untraced git -C "$repo" checkout -q main

@@ -7,13 +7,13 @@ set -euo pipefail
 requests=$1
 work=$2
 port=6379
-untraced() { env -u LD_PRELOAD "$@"; }
+untraced() { LD_PRELOAD= "$@"; }  # an empty LD_PRELOAD loads nothing
 /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
     --dir "$work" --daemonize no --logfile "$work/redis.log" &
 server=$!
-for _ in $(seq 200); do
+for _ in $(untraced seq 200); do
     untraced redis-cli -p "$port" ping >/dev/null 2>&1 && break
-    sleep 0.05
+    untraced sleep 0.05
 done
 /usr/bin/redis-benchmark -p "$port" -n "$requests" -r 100000 -c 10 -q \
     -t ping_inline,set,get,incr,lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,lrange_100,mset
