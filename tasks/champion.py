@@ -7,8 +7,9 @@ The rule, in one place:
   (`heapcast.eval.top1`, `.top5`, `.log_loss`: the model over all workloads, unseen-runs table).
 - A candidate is compared with the current champion on the candidate's evaluation. When the
   champion was scored on another content hash, it is loaded and re-evaluated on today's set
-  (`evaluate_model(model) -> Evaluation`, the same evaluation the candidate got), and its tags are
-  updated to that evaluation. Without an evaluator it cannot be compared: the candidate is kept out
+  (`evaluate_model(model, champion_config) -> Evaluation`, the same evaluation the candidate got;
+  champion_config is the champion's own training config), and its tags are updated to that
+  evaluation. Without an evaluator it cannot be compared: the candidate is kept out
   (registered, not promoted) and the reason says so.
 - The candidate wins when it is better by more than `min_improvement` on the chosen score (top1
   and top5 higher, log_loss lower). A tie keeps the champion. No champion yet: the candidate wins.
@@ -35,7 +36,11 @@ TAG_HASH = "heapcast.eval.content_hash"
 TAG_SCORE = "heapcast.eval.{metric}"
 TAG_RUN = "heapcast.run_id"
 
-EvaluateModel = Callable[[Any], Evaluation]
+# evaluate_model(model, champion_config) -> Evaluation: today's evaluation of a loaded model.
+# champion_config is the champion's own training config (config.json of its run; None when
+# absent), so a model trained with another mode/context is scored the way it was built. A callable
+# taking only the model is accepted too.
+EvaluateModel = Callable[..., Evaluation]
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,36 @@ def load_version(name: str, version: str):
     return mlflow.keras.load_model(f"models:/{name}/{version}")
 
 
+def champion_config(client, version) -> dict | None:
+    """The training config logged (config.json) on the run that produced a model version."""
+    import tempfile
+
+    run_id = getattr(version, "run_id", None)
+    if not run_id:
+        return None
+    try:
+        with tempfile.TemporaryDirectory(prefix="heapcast-champion-") as tmp:
+            path = client.download_artifacts(run_id, "config.json", tmp)
+            with open(path) as f:
+                return json.load(f)
+    except Exception:  # a version registered by hand, or its run's artifacts gone
+        return None
+
+
+def call_evaluator(evaluate_model: EvaluateModel, model, config: dict | None) -> Evaluation:
+    """evaluate_model(model, config), or evaluate_model(model) for a one-argument callable."""
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(evaluate_model).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        params = []
+    if len(params) == 1 and params[0].kind != params[0].VAR_POSITIONAL:
+        return evaluate_model(model)
+    return evaluate_model(model, config)
+
+
 def decide(
     client,
     name: str,
@@ -144,7 +179,8 @@ def decide(
             previous_champion_version=champ_version, champion_score=None,
             champion_reevaluated=False, **base)
     else:
-        champ_eval = evaluate_model(load_model(name, champ_version))
+        champ_eval = call_evaluator(evaluate_model, load_model(name, champ_version),
+                                    champion_config(client, champ))
         champ_score = score_of(champ_eval, metric)
         reevaluated = True
         record_evaluation(client, name, champ_version, champ_eval, content_hash)

@@ -166,6 +166,7 @@ def dataset_params(outcome: TrainOutcome) -> dict[str, str]:
         "dataset.train_runs": runs(d.train_runs)[:6000],
         "dataset.eval_runs": runs(d.eval_runs)[:6000],
         "dataset.heldout_runs": runs(d.heldout_runs)[:6000],
+        "dataset.validation_runs": runs(getattr(d, "validation_runs", ()))[:6000],
         "dataset.train_events": str(d.train_tokens),
         "dataset.eval_events": str(d.eval_tokens),
     }
@@ -285,7 +286,8 @@ def _dataset_input(outcome: TrainOutcome):
 
     d = outcome.dataset
     rows = ([(w, r, "train") for w, r in d.train_runs] + [(w, r, "eval") for w, r in d.eval_runs]
-            + [(w, r, "heldout") for w, r in d.heldout_runs])
+            + [(w, r, "heldout") for w, r in d.heldout_runs]
+            + [(w, r, "validation") for w, r in getattr(d, "validation_runs", ())])
     df = pd.DataFrame(rows, columns=["workload", "run", "split"])
     try:
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local files
@@ -351,6 +353,10 @@ def register_outcome(
         mlflow.set_tags({"mlflow.source.git.commit": commit,
                          "heapcast.content_hash": outcome.dataset.content_hash,
                          "heapcast.model_name": tracking.model_name})
+        notes = list(getattr(outcome, "notes", []) or [])
+        if notes:  # the run's description in the UI, and a tag
+            mlflow.set_tags({"mlflow.note.content": "\n".join(f"- {n}" for n in notes),
+                             "heapcast.notes": " | ".join(notes)[:5000]})
         mlflow.log_params(run_params(outcome))
         mlflow.log_input(dataset, context="training")
 
@@ -422,11 +428,41 @@ def register_outcome(
     )
 
 
+def rescore_config(today, champion_config: dict | None):
+    """The config to score a champion with today: today's data split, n-gram and batch settings,
+    the champion's own model shape (mode, context, network) where its config was logged."""
+    from tasks.train_config import TrainConfig
+
+    if not champion_config:
+        return today
+    try:
+        champ = TrainConfig.model_validate(champion_config)
+    except Exception:  # a config from an older schema: score with today's settings
+        return today
+    return today.model_copy(update={"mode": champ.mode, "context": champ.context, "model": champ.model})
+
+
+def champion_rescorer(config, split) -> Callable[[Any, dict | None], Evaluation]:
+    """evaluate_model for promotion: a champion scored on today's split, exactly as the candidate
+    was (tasks.train.evaluate_model), with the champion's own model shape."""
+
+    def rescore(model, champion_config: dict | None = None) -> Evaluation:
+        from tasks.train import evaluate_model
+
+        return evaluate_model(model, rescore_config(config, champion_config), split)[0]
+
+    return rescore
+
+
 @task(retries=2, retry_delay_seconds=[10, 30], cache_policy=NO_CACHE)
 def register(
     outcome: TrainOutcome,
     tracking: TrackingConfig,
     evaluate_model: Callable[[Any], Evaluation] | None = None,
 ) -> RegistrationResult:
-    """Log the run and its model in MLflow; promote it to `champion` when it wins."""
+    """Log the run and its model in MLflow; promote it to `champion` when it wins.
+
+    evaluate_model(model, champion_config) -> Evaluation re-scores the champion on today's
+    evaluation when it was scored on other data (champion_rescorer(config, split) in the flow).
+    """
     return register_outcome(outcome, tracking, evaluate_model=evaluate_model)

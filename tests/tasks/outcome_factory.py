@@ -65,6 +65,7 @@ def make_outcome(model, model_top1: float, content_hash: str = "c0ffee" * 6, see
         train_runs=(("sqlite3", "r1"), ("redis", "r1")),
         eval_runs=(("sqlite3", "r2"), ("redis", "r2")),
         heldout_runs=(("git", "r1"),),
+        validation_runs=(("sqlite3", "r3"),),
         train_tokens=int(hist.sum()), eval_tokens=4000, content_hash=content_hash,
         token_histogram=hist,
     )
@@ -80,5 +81,5 @@ def make_outcome(model, model_top1: float, content_hash: str = "c0ffee" * 6, see
     return TrainOutcome(
         model=model, config=config, dataset=dataset, history=history,
         evaluation=make_evaluation(model_top1, seed), predictions_per_second=12345.0, seconds=3.5,
-        input_example=example,
+        input_example=example, notes=[f"validation of redis/r1 is the last 10% of its threads (seed {seed})"],
     )

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from outcome_factory import CONTEXT, make_evaluation, make_outcome, tiny_model
-from tasks.champion import TAG_HASH, beats, score_of
-from tasks.register import register_outcome
+from tasks.champion import TAG_HASH, beats, call_evaluator, score_of
+from tasks.register import register_outcome, rescore_config
 from tasks.tracking import TrackingConfig
 
 NAME = "heapcast-next-call"
@@ -35,6 +35,26 @@ def test_score_of_reads_the_model_overall_unseen_runs():
         score_of(make_evaluation(0.77), "accuracy")
 
 
+def test_evaluator_may_take_the_model_alone_or_with_the_champion_config():
+    assert call_evaluator(lambda m: ("one", m), "M", {"c": 1}) == ("one", "M")
+    assert call_evaluator(lambda m, c: ("two", m, c), "M", {"c": 1}) == ("two", "M", {"c": 1})
+    assert call_evaluator(lambda m, c=None: ("two", m, c), "M", None) == ("two", "M", None)
+
+
+def test_rescore_config_keeps_today_data_and_the_champion_model_shape():
+    from tasks.train_config import TrainConfig
+
+    today = TrainConfig.model_validate({"mode": "sequence", "context": 100, "epochs": 5,
+                                        "data": {"heldout_workloads": ["git"]}})
+    champ = TrainConfig.model_validate({"mode": "windows", "context": 50,
+                                        "model": {"kind": "gru", "units": [16]}}).model_dump(mode="json")
+    cfg = rescore_config(today, champ)
+    assert (cfg.mode, cfg.context, cfg.model.kind, cfg.model.units) == ("windows", 50, "gru", [16])
+    assert cfg.data == today.data and cfg.ngram == today.ngram
+    assert rescore_config(today, None) is today
+    assert rescore_config(today, {"unknown": 1}) is today
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_model()
@@ -47,8 +67,10 @@ class Evaluator:
         self.top1 = top1
         self.models = []
 
-    def __call__(self, model):
-        # It gets a real, loaded Keras model that predicts on today's tokens.
+    def __call__(self, model, champion_config):
+        # It gets a real, loaded Keras model that predicts on today's tokens, and the champion's
+        # own training config (logged with it) to score it the way it was built.
+        assert champion_config["model"] == {"kind": "gru", "units": [8], "dropout": 0.0}
         x = np.zeros((1, CONTEXT), dtype=np.int32)
         assert model.predict(x, verbose=0).shape == (1, CONTEXT, 64)
         self.models.append(model)

@@ -136,6 +136,8 @@ def test_params_hold_config_dataset_code_and_libraries(store):
     assert p["dataset.workloads"] == "redis,sqlite3"
     assert p["dataset.train_runs"] == "sqlite3/r1,redis/r1"
     assert p["dataset.heldout_runs"] == "git/r1"
+    assert p["dataset.validation_runs"] == "sqlite3/r3"
+    assert run.data.tags["mlflow.note.content"].startswith("- validation of redis/r1")
     assert int(p["dataset.train_events"]) == store["outcomes"][0].dataset.train_tokens
     # Colleagues commit concurrently: HEAD may have moved since; the commit must exist in the repo.
     commit = p["code.git_commit"]
