@@ -142,11 +142,23 @@ def publish_run(root: Root, local_dir: Path, workload: str, run: str, ok: bool) 
         for p in sorted(local_dir.iterdir()):
             fs.put_file(str(p), posixpath.join(staging, p.name))
     if fs.exists(final):
-        fs.mv(final, old, recursive=True)
-    fs.mv(staging, final, recursive=True)
+        _move_tree(root, final, old)
+    _move_tree(root, staging, final)
     if fs.exists(old):
         fs.rm(old, recursive=True)
     return final
+
+
+def _move_tree(root: Root, src: str, dst: str) -> None:
+    """A rename on a local root; on object storage (no folders, no rename) a copy of every
+    object under `src`, then its removal."""
+    fs = root.fs
+    if root.is_local:
+        fs.mv(src, dst, recursive=True)
+        return
+    for path in fs.find(src):
+        fs.copy(path, dst + path[len(src):])
+    fs.rm(src, recursive=True)
 
 
 def _scratch_parent(root: Root) -> str:
