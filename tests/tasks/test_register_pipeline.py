@@ -1,0 +1,70 @@
+"""Registration of real training outcomes, and a champion re-scored by the real evaluation.
+
+GIVEN a windows-mode model trained on data A and registered (the champion)
+WHEN a sequence-mode model trained on data B is registered with champion_rescorer
+THEN the champion is re-evaluated on B's split by tasks.train.evaluate_model, with its own model
+shape (windows mode, from its logged config), and the decision compares the two on B.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("keras")
+
+from tasks.register import champion_rescorer, register_outcome  # noqa: E402
+from tasks.storage import Root  # noqa: E402
+from tasks.synthetic_events import write_synthetic_events  # noqa: E402
+from tasks.tracking import TrackingConfig  # noqa: E402
+from tasks.train import evaluate, train  # noqa: E402
+from tasks.train_config import TrainConfig  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def tiny(mode: str, ckpt) -> TrainConfig:
+    return TrainConfig.model_validate({
+        "data": {"heldout_workloads": ["gamma"]}, "mode": mode, "context": 10,
+        "model": {"units": [8]}, "batch_size": 8, "epochs": 1, "steps_per_epoch": 2,
+        "eval_batch_size": 32, "ngram": {"max_order": 3}, "checkpoint_dir": str(ckpt),
+    })
+
+
+def trained_on(root: Root, cfg: TrainConfig):
+    t = train.fn(root.url, cfg)
+    return t, evaluate.fn(t)
+
+
+def test_real_outcomes_register_and_the_champion_is_rescored_on_new_data(tmp_path):
+    tracking = TrackingConfig(root=str(tmp_path / "store"))
+    root_a = Root.from_url(str(tmp_path / "a"))
+    write_synthetic_events(root_a, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=2000)
+    cfg_a = tiny("windows", tmp_path / "ck-a")
+    t_a, out_a = trained_on(root_a, cfg_a)
+    first = register_outcome(out_a, tracking, evaluate_model=champion_rescorer(cfg_a, t_a.split))
+    assert (first.decision, first.champion_version) == ("first", "1")
+
+    root_b = Root.from_url(str(tmp_path / "b"))
+    write_synthetic_events(root_b, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=1500)
+    cfg_b = tiny("sequence", tmp_path / "ck-b")
+    t_b, out_b = trained_on(root_b, cfg_b)
+    assert out_b.dataset.content_hash != out_a.dataset.content_hash
+    calls = []
+    rescore = champion_rescorer(cfg_b, t_b.split)
+
+    def counted(model, champion_config):
+        calls.append(champion_config["mode"])
+        return rescore(model, champion_config)
+
+    second = register_outcome(out_b, tracking, evaluate_model=counted)
+    assert calls == ["windows"]  # re-scored once, with the champion's own mode
+    assert second.decision in ("promoted", "kept") and second.champion_score is not None
+    assert "(re-evaluated)" in second.reason
+    assert second.promoted == (second.candidate_score > second.champion_score)
+
+    from mlflow import MlflowClient
+
+    run = MlflowClient().get_run(second.run_id)
+    assert run.data.params["promotion.champion_reevaluated"] == "true"
+    assert run.data.metrics["unseen_runs.top1/all.model"] == pytest.approx(second.candidate_score)
+    assert len(MlflowClient().get_metric_history(second.run_id, "train/loss")) == len(out_b.history["loss"])
