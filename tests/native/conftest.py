@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 
 from tasks.trace_reader import Trace
-from tracer_harness import NATIVE, PROGRAMS, TracedRun, read_traces, tracer_env, unpaired_frees
+from tests.native.tracer_harness import NATIVE, PROGRAMS, TracedRun, read_traces, tracer_env, unpaired_frees
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasks.trace_reader import Op
-from tracer_harness import read_traces, tracer_env
+from tests.native.tracer_harness import read_traces, tracer_env
 
 PYTHON = Path("/usr/bin/python3.11")  # the real binary, not a shim that forks
 

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from tasks.trace_reader import Op, read_trace
-from tracer_harness import tracer_env
+from tests.native.tracer_harness import tracer_env
 
 
 def test_missing_output_directory_leaves_the_program_unchanged(program, libheapcast, tmp_path):

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from outcome_factory import CONTEXT, make_evaluation, make_outcome, tiny_model
+from tests.tasks.outcome_factory import CONTEXT, make_evaluation, make_outcome, tiny_model
 from tasks.champion import TAG_HASH, beats, call_evaluator, score_of
 from tasks.register import register_outcome, rescore_config
 from tasks.tracking import TrackingConfig

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from outcome_factory import CONTEXT, make_outcome, tiny_model
+from tests.tasks.outcome_factory import CONTEXT, make_outcome, tiny_model
 from tasks.config import PROJECT_DIR
 from tasks.register import metric_key, register_outcome
 from tasks.tracking import TrackingConfig

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from outcome_factory import CONTEXT, HELDOUT, WORKLOADS, make_outcome, tiny_model
+from tests.tasks.outcome_factory import CONTEXT, HELDOUT, WORKLOADS, make_outcome, tiny_model
 from tasks.config import PROJECT_DIR, ConfigError, load_config
 from tasks.outcome import BASELINES, MODEL, OVERALL
 from tasks.register import (

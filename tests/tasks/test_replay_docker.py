@@ -20,7 +20,7 @@ from tasks.runners.docker_runner import engine_answers, engine_host
 from tasks.trace_reader import read_trace
 from tasks.workloads import load_catalog
 
-from replay_checks import op_counts, tracer_path, unpaired_frees
+from tests.tasks.replay_checks import op_counts, tracer_path, unpaired_frees
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from tasks.runners.local_runner import LocalRunner, bwrap_works
 from tasks.trace_reader import read_trace
 from tasks.workloads import load_catalog
 
-from replay_checks import tracer_path, unpaired_frees
+from tests.tasks.replay_checks import tracer_path, unpaired_frees
 
 LIMITS = Path(__file__).parent / "catalogs" / "limits.yaml"
 NO_ENGINE = "unix:///nonexistent/heapcast-test/docker.sock"
