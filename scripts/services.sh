@@ -23,7 +23,10 @@
 #   HEAPCAST_PREFECT_PORT [4200]  HEAPCAST_MLFLOW_PORT [5000]
 #   HEAPCAST_DASK_PORT [8786]     HEAPCAST_DASK_DASHBOARD_PORT [8787]
 #   HEAPCAST_DASK_WORKERS [2]     HEAPCAST_DASK_THREADS [1]
-#   HEAPCAST_POOL [heapcast]      HEAPCAST_MLFLOW_DIR [<project>/data/mlflow]
+#   HEAPCAST_POOL [heapcast]
+#   HEAPCAST_ROOT [<project>/data] the data root; MLflow serves the store under it
+#                                 (<root>/mlflow, through scripts/mlflow-server.sh)
+#   HEAPCAST_MLFLOW_DIR           serve this folder's mlflow.db + artifacts/ instead (direct)
 #   PREFECT_HOME [<project>/.prefect]
 #   HEAPCAST_NIGHTLY_CRON         a cron string that replaces prefect.yaml's nightly schedule
 #   HEAPCAST_NIGHTLY_TZ [UTC]     its timezone
@@ -45,7 +48,7 @@ DASK_DASHBOARD_PORT=${HEAPCAST_DASK_DASHBOARD_PORT:-8787}
 DASK_WORKERS=${HEAPCAST_DASK_WORKERS:-2}
 DASK_THREADS=${HEAPCAST_DASK_THREADS:-1}
 POOL=${HEAPCAST_POOL:-heapcast}
-MLFLOW_DIR=${HEAPCAST_MLFLOW_DIR:-$PROJECT_DIR/data/mlflow}
+MLFLOW_DIR=${HEAPCAST_MLFLOW_DIR:-$PROJECT_DIR/data/mlflow}  # only without scripts/mlflow-server.sh
 SERVICES=${HEAPCAST_SERVICES:-engine prefect mlflow dask}
 WAIT_S=${HEAPCAST_WAIT_S:-180}
 
@@ -209,9 +212,23 @@ up_prefect() {
 up_mlflow() {
     if pid_of mlflow >/dev/null; then
         say "mlflow already running (pid $(pid_of mlflow))"
+    elif [ -z "${HEAPCAST_MLFLOW_DIR:-}" ] && [ -x "$PROJECT_DIR/scripts/mlflow-server.sh" ]; then
+        # The store the embedded mode writes (<root>/mlflow), through its own script; its pid
+        # is recorded here too, so status and down treat it like the others.
+        port_free "$MLFLOW_PORT" || die "port $MLFLOW_PORT is taken by another process; set HEAPCAST_MLFLOW_PORT"
+        HEAPCAST_MLFLOW_PORT=$MLFLOW_PORT HEAPCAST_MLFLOW_WAIT_S=$WAIT_S \
+            "$PROJECT_DIR/scripts/mlflow-server.sh" start >/dev/null 2>>"$(logfile mlflow)" \
+            || { tail -n 20 "$(logfile mlflow)" >&2; die "scripts/mlflow-server.sh start failed"; }
+        local state
+        state=$(cd "$PROJECT_DIR" && "$PY" -m tasks.tracking server-store ${HEAPCAST_ROOT:+"$HEAPCAST_ROOT"} \
+                | sed -n 's/^STATE_DIR=//p')
+        cp "$state/server.pid" "$(pidfile mlflow)"
+        touch "$SVC_DIR/mlflow.script"
+        say "started mlflow with scripts/mlflow-server.sh (pid $(cat "$(pidfile mlflow)"), log $state/server.log)"
     else
         port_free "$MLFLOW_PORT" || die "port $MLFLOW_PORT is taken by another process; set HEAPCAST_MLFLOW_PORT"
         mkdir -p "$MLFLOW_DIR/artifacts"
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false} \
         launch mlflow "$BIN/mlflow" server \
             --backend-store-uri "sqlite:///$MLFLOW_DIR/mlflow.db" \
             --artifacts-destination "$MLFLOW_DIR/artifacts" \
@@ -275,6 +292,11 @@ down() {
     stop prefect-server
     stop dask-worker
     stop dask-scheduler
+    if [ -f "$SVC_DIR/mlflow.script" ] && pid_of mlflow >/dev/null; then
+        say "stopping mlflow (scripts/mlflow-server.sh stop)"
+        "$PROJECT_DIR/scripts/mlflow-server.sh" stop 2>>"$(logfile mlflow)" || true
+    fi
+    rm -f "$SVC_DIR/mlflow.script"
     stop mlflow
     if [ -f "$SVC_DIR/engine.started" ]; then
         "$PROJECT_DIR/scripts/engine.sh" down || true

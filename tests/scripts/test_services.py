@@ -70,7 +70,7 @@ def test_up_status_down(tmp_path):
         "HEAPCAST_DASK_PORT": str(dask_port),
         "HEAPCAST_DASK_DASHBOARD_PORT": str(dash_port),
         "HEAPCAST_DASK_WORKERS": "1",
-        "HEAPCAST_MLFLOW_DIR": str(tmp_path / "mlflow"),
+        "HEAPCAST_ROOT": str(tmp_path / "data"),  # MLflow serves <root>/mlflow
         "PREFECT_HOME": str(tmp_path / "prefect-home"),
     }
     try:
