@@ -1,4 +1,4 @@
-"""Flow `train`: train the next-call model, evaluate it honestly, (register it), report.
+"""Flow `train`: train the next-call model, evaluate it honestly, register it, report.
 
 Composition only: the work lives in tasks/train.py.
 """
@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 
 from tasks.config import default_root
 from tasks.outcome import TrainOutcome
+from tasks.register import champion_rescorer, register
+from tasks.tracking import tracking_for
 from tasks.train import evaluate, publish_evaluation, train
 from tasks.train_config import DEFAULT_CONFIG, load_train_config
 
@@ -31,7 +33,9 @@ def train_flow(params: TrainParams = TrainParams()) -> TrainOutcome:
     config = load_train_config(params.config, params.overrides)
     trained = train(params.root, config)
     outcome = evaluate(trained)
-    # Registration (MLflow) goes here: `register(outcome)` from tasks/register.py.
+    # The champion is re-scored on today's evaluation when its data differs (tasks/champion.py).
+    register(outcome, tracking_for(params.root),
+             evaluate_model=champion_rescorer(config, trained.split))
     publish_evaluation(outcome)
     return outcome
 

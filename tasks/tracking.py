@@ -83,6 +83,17 @@ def load_tracking_config(path: str | Path | None = None) -> TrackingConfig:
     return load_config(TrackingConfig, path or CONFIG_DIR / "tracking.yaml")
 
 
+def tracking_for(root: str) -> TrackingConfig:
+    """configs/tracking.yaml, with the data root and $MLFLOW_TRACKING_URI where it says null."""
+    tracking = load_tracking_config()
+    update: dict[str, str] = {}
+    if tracking.root is None:
+        update["root"] = root
+    if tracking.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        update["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
+    return TrackingConfig.model_validate({**tracking.model_dump(), **update}) if update else tracking
+
+
 @dataclass(frozen=True)
 class TrackingTarget:
     """The resolved URIs of one configuration."""

@@ -14,8 +14,8 @@ os.environ.setdefault("PREFECT_HOME", _HOME)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("keras")
-
-from flows.train import TrainParams, train_flow  # noqa: E402
-from tasks.storage import Root  # noqa: E402
-from tasks.synthetic_events import write_synthetic_events  # noqa: E402
-from tasks.train_config import QUICK_CONFIG  # noqa: E402
+from flows.train import TrainParams, train_flow
+from tasks.storage import Root
+from tasks.synthetic_events import write_synthetic_events
+from tasks.tracking import configure, tracking_for
+from tasks.train_config import QUICK_CONFIG
 
 
-def test_train_flow_trains_evaluates_and_publishes(prefect_harness, tmp_path):
+def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tmp_path):
     root = Root.from_url(str(tmp_path / "data"))
     write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=2000)
     params = TrainParams(
@@ -27,6 +24,15 @@ def test_train_flow_trains_evaluates_and_publishes(prefect_harness, tmp_path):
     outcome = train_flow(params)
     assert outcome.evaluation.get("model").positions > 0
     assert outcome.evaluation.get("model", "beta", "heldout_workloads").positions > 0
+
+    # the first model of an empty registry becomes the champion, in the embedded store under the root
+    from mlflow import MlflowClient
+
+    tracking = tracking_for(root.url)
+    configure(tracking)
+    champion = MlflowClient().get_model_version_by_alias(tracking.model_name, "champion")
+    assert int(champion.version) == 1
+    assert (tmp_path / "data" / "mlflow" / "mlflow.db").exists()
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
