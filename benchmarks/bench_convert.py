@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -72,64 +73,111 @@ def trace_sqlite(rows: int, work: Path) -> Path:
     return max(out.glob("*.hct"), key=lambda p: p.stat().st_size)
 
 
+# pthread_self() of thread number k: glibc's thread descriptor address, as the article logs it
+# (a decimal long such as 140132355127680); threads' descriptors sit one 8 MiB stack apart.
+PTHREAD_BASE = 0x7F72_A6B0_C740
+PTHREAD_STEP = 0x801000
+
+
+def _p(v: int) -> str:
+    """C's %p: 0x... in lower-case hex, (nil) for NULL (glibc)."""
+    return f"0x{v:x}" if v else "(nil)"
+
+
 def write_text_log(trace_path: Path, out: Path) -> int:
-    """The article's log of the same calls, gzip'ed (its writing is not what is measured)."""
+    """The article's log of the same calls, gzip'ed at level 6 as gzip.open does; its writing is
+    not what is measured.
+
+    One line per call, exactly the article's sprintf formats (/work/shared/seeds, libtracemalloc):
+      allocation  "%ld.%06ld\t%ld\t%zu\t%p\n"   sec.usec (CLOCK_REALTIME), pthread_self(), size, ptr
+      free        "%ld.%06ld\t%ld\t-1\t%p\n"
+    The article hooks malloc and free only; every allocating op is logged as its malloc line.
+    realloc/reallocarray (choice made here, documented in the results): the malloc line of the
+    new size and new pointer, plus the old pointer as a fifth field ("%p\t%p\n"): one line per
+    call, as in heapcast. Lines are in time order, as the article's mutex'd writes are.
+    """
     tr = read_trace(trace_path)
-    keep = tr.op != Op.THREAD_START
-    t_us = (tr.time_ns[keep] // 1000).tolist()
+    h = tr.header
+    keep = np.flatnonzero(tr.op != Op.THREAD_START)
+    t_ns = tr.time_ns[keep]
+    order = np.argsort(t_ns, kind="stable")
+    keep, t_ns = keep[order], t_ns[order]
+    real_us = (t_ns - np.int64(h.start_monotonic_ns) + np.int64(h.start_realtime_ns)) // 1000
+    sec, usec = (real_us // 1_000_000).tolist(), (real_us % 1_000_000).tolist()
     op, size = tr.op[keep].tolist(), tr.size[keep].tolist()
     addr, arg = tr.addr[keep].tolist(), tr.arg[keep].tolist()
-    names = [OP_NAMES.get(o, str(o)) for o in range(256)]
+    thread = (np.int64(PTHREAD_BASE) + tr.thread[keep].astype(np.int64)
+              * np.int64(PTHREAD_STEP)).tolist()
+    free_op, realloc_ops = int(Op.FREE), (int(Op.REALLOC), int(Op.REALLOCARRAY))
     with gzip.open(out, "wt", compresslevel=6) as f:
         step = 1 << 20
         for s in range(0, len(op), step):
             lines = []
-            for t, o, n, a, g in zip(t_us[s:s + step], op[s:s + step], size[s:s + step],
-                                     addr[s:s + step], arg[s:s + step]):
-                if o == Op.FREE:
-                    lines.append(f"{t} free {a:x}\n")
-                elif o == Op.REALLOC or o == Op.REALLOCARRAY:
-                    lines.append(f"{t} {names[o]} {n} {a:x} {g:x}\n")
+            for sc, us, th, o, n, a, g in zip(sec[s:s + step], usec[s:s + step],
+                                              thread[s:s + step], op[s:s + step],
+                                              size[s:s + step], addr[s:s + step],
+                                              arg[s:s + step]):
+                if o == free_op:
+                    lines.append(f"{sc}.{us:06d}\t{th}\t-1\t{_p(a)}\n")
+                elif o in realloc_ops:
+                    lines.append(f"{sc}.{us:06d}\t{th}\t{n}\t{_p(a)}\t{_p(g)}\n")
                 else:
-                    lines.append(f"{t} {names[o]} {n} {a:x}\n")
+                    lines.append(f"{sc}.{us:06d}\t{th}\t{n}\t{_p(a)}\n")
             f.write("".join(lines))
-    return int(np.count_nonzero(keep))
+    return len(op)
 
 
 def reference_line_loop(log: Path, limit: int | None) -> dict:
-    """The article's conversion: line by line, a dict of live pointers; writes nothing."""
-    live: dict[str, tuple[int, int, int]] = {}
-    tokens = lifetimes = unpaired = 0
+    """The article's conversion of its log (seed article, "The following code parses the log"):
+    `line[:-1].split(b"\t")`, a dict of live pointers, the tokens appended per thread. Extended
+    to compute what heapcast computes per row: the free's size (token 32 + class, 32 unpaired),
+    realloc's two halves, each block's lifetime in time (us: the log's resolution) and in calls.
+    It writes nothing; the token histogram is compared with heapcast's afterwards.
+    """
+    threads: dict[int, list[int]] = defaultdict(list)
+    ptrs: dict[bytes, tuple[int, int, int]] = {}
+    lifetime_us = lifetime_calls = unpaired = 0
     i = 0
     c0, w0 = time.process_time(), time.perf_counter()
-    with gzip.open(log, "rt") as f:
-        for line in f:
-            parts = line.split()
-            t = int(parts[0])
-            op = parts[1]
-            if op == "free":
-                blk = live.pop(parts[2], None)
+    with gzip.open(log) as fin:
+        for line in fin:
+            parts = line[:-1].split(b"\t")
+            t = int(parts[0].replace(b".", b""))
+            thread = int(parts[1])
+            size = int(parts[2])
+            ptr = parts[3]
+            if size > -1:
+                tok = min(size.bit_length(), 31)
+                if len(parts) > 4:  # realloc: frees the old block unless it failed (n > 0)
+                    if ptr != b"(nil)" or size == 0:
+                        blk = ptrs.pop(parts[4], None)
+                        if blk is not None:
+                            lifetime_us += t - blk[1]
+                            lifetime_calls += i - blk[2]
+                            if ptr == b"(nil)":  # realloc(p, 0): a free
+                                tok = 32 + min(blk[0].bit_length(), 31)
+                if ptr != b"(nil)":
+                    ptrs[ptr] = (size, t, i)
+            else:
+                blk = ptrs.pop(ptr, None)
                 if blk is None:
                     unpaired += 1
                     tok = 32
                 else:
                     tok = 32 + min(blk[0].bit_length(), 31)
-                    lifetimes += (t - blk[1]) + (i - blk[2])
-            else:
-                size = int(parts[2])
-                if op in ("realloc", "reallocarray"):
-                    blk = live.pop(parts[4], None)
-                    if blk is not None:
-                        lifetimes += (t - blk[1]) + (i - blk[2])
-                if parts[3] != "0":
-                    live[parts[3]] = (size, t, i)
-                tok = min(size.bit_length(), 31)
-            tokens += tok
+                    lifetime_us += t - blk[1]
+                    lifetime_calls += i - blk[2]
+            threads[thread].append(tok)
             i += 1
             if limit and i >= limit:
                 break
-    return {"lines": i, "wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
-            "checksum": [tokens, lifetimes, unpaired]}
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    hist = np.bincount(np.concatenate([np.asarray(v, dtype=np.uint8) for v in threads.values()]),
+                       minlength=64)
+    return {"lines": i, "wall_s": wall, "cpu_s": cpu,
+            "checksum": {"lifetime_us": lifetime_us, "lifetime_calls": lifetime_calls,
+                         "unpaired_frees": unpaired},
+            "token_hist": hist.astype(int).tolist()}
 
 
 def heapcast_convert(trace_path: Path, work: Path) -> dict:
@@ -167,6 +215,8 @@ def main() -> None:
                     help="stop the reference loop after N lines (0: all)")
     ap.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results" /
                     "convert.json")
+    ap.add_argument("--log", type=Path, help="the article-format .log.gz of --trace: reused "
+                    "when it exists, else written there (default: in the work folder)")
     ap.add_argument("--keep", type=Path, help="work folder to keep (default: a temp folder)")
     args = ap.parse_args()
 
@@ -175,9 +225,14 @@ def main() -> None:
     try:
         trace = args.trace or trace_sqlite(args.rows, work)
         raw_bytes = trace.stat().st_size
-        log = work / "trace.log.gz"
-        events = write_text_log(trace, log)
-        print(f"trace {trace.name}: {events:,} events; text log written", flush=True)
+        log = args.log or work / "trace.log.gz"
+        if args.log and args.log.exists():
+            events = len(read_trace(trace)) - int(np.count_nonzero(
+                read_trace(trace).op == Op.THREAD_START))
+            print(f"trace {trace.name}: {events:,} events; text log {log} reused", flush=True)
+        else:
+            events = write_text_log(trace, log)
+            print(f"trace {trace.name}: {events:,} events; text log written", flush=True)
 
         hc = heapcast_convert(trace, work)
         print(f"heapcast: {hc['rows']:,} rows in {hc['wall_s']:.1f} s wall, "

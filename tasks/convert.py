@@ -36,8 +36,10 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.events_schema import EVENTS_SCHEMA
-from tasks.tokens import FREE_OFFSET, N_TOKENS, free_token, size_class
-from tasks.trace_reader import ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace
+from tasks.tokens import FREE_OFFSET, N_TOKENS, size_class
+from tasks.trace_reader import (
+    ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, SIZE_MASK, Op, Trace,
+)
 
 # Kind of each op code, as a lookup table indexed by the op byte.
 _KIND_NONE, _KIND_ALLOC, _KIND_REALLOC, _KIND_FREE = 0, 1, 2, 3
@@ -63,36 +65,88 @@ class Pairing:
     free_of_alloc: np.ndarray
 
 
-def _sorted_entry_keys(addr: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sort entries by (addr, order); return (order keys, address-group ids) in that order.
+def _entry_keys(addr: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Entries sorted by (addr, order) as packed uint64 keys, with the order key's bit count;
+    None when (address, order) does not fit 64 bits.
 
-    `order` values are unique. np.argsort of 64-bit keys is several times slower than np.sort
-    (which is SIMD-vectorised), so where the bits fit, the address (compacted) and the order key
-    are packed into one uint64 and sorted by value; the order key comes back from the low bits.
+    `order` values are unique. np.sort of one uint64 array is SIMD-vectorised and several times
+    faster than an argsort or a lexsort, so the address (compacted) and the order key are packed
+    into one uint64 and sorted by value; the order key comes back from the low bits.
     Compaction: the high 32 address bits take few distinct values in a process (heap, mmap
-    regions), mapped to small ids; the low 32 bits lose the trailing zeros every address shares
-    (malloc alignment). Otherwise a lexsort (slower, same result).
+    regions), mapped to small ids through a table over their range; the low 32 bits lose the
+    trailing zeros every address shares (malloc alignment).
     """
-    m = len(addr)
-    if m == 0:
-        return order[:0], order[:0]
     pos_bits = max(int(order.max()).bit_length(), 1)
     common = int(np.bitwise_or.reduce(addr))
     shift = min((common & -common).bit_length() - 1, 32) if common else 0
     hi = (addr >> np.uint64(32)).astype(np.uint32)
-    hs = np.sort(hi)
-    uniq_hi = hs[np.concatenate(([True], hs[1:] != hs[:-1]))]
-    hid_bits = max(len(uniq_hi) - 1, 0).bit_length()
+    h0, h1 = int(hi.min()), int(hi.max())
+    if h1 - h0 < (1 << 22):
+        rel = hi - np.uint32(h0)
+        present = np.zeros(h1 - h0 + 1, dtype=np.uint32)
+        present[rel] = 1
+        n_hi = int(present.sum())
+        ids = np.cumsum(present, dtype=np.uint32) - np.uint32(1)
+    else:
+        uniq = np.unique(hi)
+        n_hi, ids, rel, h0 = len(uniq), None, None, 0
+    hid_bits = max(n_hi - 1, 0).bit_length()
     lo_bits = 32 - shift
-    if hid_bits + lo_bits + pos_bits <= 64:
-        hid = np.searchsorted(uniq_hi, hi).astype(np.uint64)
-        lo = (addr & np.uint64(0xFFFF_FFFF)) >> np.uint64(shift)
-        key = (hid << np.uint64(lo_bits + pos_bits)) | (lo << np.uint64(pos_bits)) \
-            | order.astype(np.uint64)
-        key.sort()
-        return (key & np.uint64((1 << pos_bits) - 1)).astype(np.int64), key >> np.uint64(pos_bits)
-    perm = np.lexsort((order, addr))
-    return order[perm].astype(np.int64), addr[perm]
+    if hid_bits + lo_bits + pos_bits > 64:
+        return None
+    hid = (ids[rel] if ids is not None else np.searchsorted(uniq, hi)).astype(np.uint64)
+    key = hid << np.uint64(lo_bits + pos_bits)
+    key |= ((addr & np.uint64(0xFFFF_FFFF)) >> np.uint64(shift)) << np.uint64(pos_bits)
+    key |= order
+    key.sort()
+    return key, pos_bits
+
+
+def _pairs(def_addr: np.ndarray, free_addr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (defining row, freeing row) of every paired block, in defining-row order.
+
+    See `pair_frees` for the rule. Returned in defining-row order so that what is derived from
+    the pairs (sizes, lifetimes) reads and writes the row arrays nearly sequentially: blocks
+    mostly die young, so the freeing row is close to the defining row.
+    """
+    n = len(def_addr)
+    fi = np.flatnonzero(free_addr)
+    di = np.flatnonzero(def_addr)
+    empty = np.zeros(0, dtype=np.int64)
+    if len(fi) == 0 or len(di) == 0:
+        return empty, empty
+    addr = np.concatenate([free_addr[fi], def_addr[di]])
+    order = np.empty(len(addr), dtype=np.uint64)
+    np.multiply(fi, 2, out=order[:len(fi)], casting="unsafe")
+    np.multiply(di, 2, out=order[len(fi):], casting="unsafe")
+    order[len(fi):] += np.uint64(1)
+    packed = _entry_keys(addr, order)
+    if packed is not None:
+        key, pos_bits = packed
+        # entry j+1 is a free paired with entry j: same address, j a definition, j+1 a free
+        same = (key[1:] ^ key[:-1]) < np.uint64(1 << pos_bits)
+        okey = key & np.uint64((1 << pos_bits) - 1)
+    else:  # addresses that do not pack (unaligned, spread over the 64-bit range): lexsort
+        perm = np.lexsort((order, addr))
+        okey, sorted_addr = order[perm], addr[perm]
+        same = sorted_addr[1:] == sorted_addr[:-1]
+    is_def = (okey & np.uint64(1)).astype(bool)
+    same &= is_def[:-1]
+    same &= ~is_def[1:]
+    j = np.flatnonzero(same)
+    a = (okey[j] >> np.uint64(1)).astype(np.int64)
+    f = (okey[j + 1] >> np.uint64(1)).astype(np.int64)
+    # definitions are unique per row and a free comes after its definition (f > a)
+    bits = max(n - 1, 1).bit_length()
+    if 2 * bits <= 64:
+        k2 = (a.astype(np.uint64) << np.uint64(bits)) | (f - a).astype(np.uint64)
+        k2.sort()
+        a = (k2 >> np.uint64(bits)).astype(np.int64)
+        f = a + (k2 & np.uint64((1 << bits) - 1)).astype(np.int64)
+    else:
+        p = np.argsort(a)
+        a, f = a[p], f[p]
+    return a, f
 
 
 def pair_frees(def_addr: np.ndarray, free_addr: np.ndarray) -> Pairing:
@@ -111,23 +165,11 @@ def pair_frees(def_addr: np.ndarray, free_addr: np.ndarray) -> Pairing:
     followed by another definition (a free the trace missed) or by nothing is never freed.
     """
     n = len(def_addr)
-    fi = np.flatnonzero(free_addr)
-    di = np.flatnonzero(def_addr)
-    addr = np.concatenate([free_addr[fi], def_addr[di]])
-    order = np.concatenate([fi * 2, di * 2 + 1])
-    okey, group = _sorted_entry_keys(addr, order)
-    row = okey >> 1
-    is_def = (okey & 1).astype(bool)
-    same_as_prev = np.zeros(len(okey), dtype=bool)
-    same_as_prev[1:] = group[1:] == group[:-1]
-    # entry j is a free paired with entry j-1 (a definition of the same address)
-    paired = same_as_prev.copy()
-    paired[1:] &= ~is_def[1:] & is_def[:-1]
-    j = np.flatnonzero(paired)
+    a, f = _pairs(def_addr, free_addr)
     alloc_of_free = np.full(n, -1, dtype=np.int64)
     free_of_alloc = np.full(n, -1, dtype=np.int64)
-    alloc_of_free[row[j]] = row[j - 1]
-    free_of_alloc[row[j - 1]] = row[j]
+    alloc_of_free[f] = a
+    free_of_alloc[a] = f
     return Pairing(alloc_of_free, free_of_alloc)
 
 
@@ -170,16 +212,19 @@ def _tid_per_record(thread: np.ndarray, is_ts: np.ndarray, arg: np.ndarray) -> n
     return tid
 
 
-def _tids(trace: Trace, is_ts: np.ndarray, thread_rows: np.ndarray, take) -> np.ndarray:
+def _tids(trace: Trace, thread_all: np.ndarray, is_ts: np.ndarray, ts_idx: np.ndarray,
+          thread_rows: np.ndarray, take) -> np.ndarray:
     """OS tid of each row. Usually each thread number has one THREAD_START: a lookup table by
     thread number. Otherwise (thread 65535 shared by late threads) `_tid_per_record`."""
-    ts_idx = np.flatnonzero(is_ts)
-    ts_threads = trace.thread[ts_idx]
+    ts_threads = np.asarray(thread_all[ts_idx])
     if len(np.unique(ts_threads)) == len(ts_threads):
         lut = np.zeros(1 << 16, dtype=np.uint32)
         lut[ts_threads] = trace.arg[ts_idx]
+        if len(ts_threads) == 1 and len(thread_rows) and \
+                not bool(np.any(thread_rows != ts_threads[0])):
+            return np.full(len(thread_rows), lut[ts_threads[0]], dtype=np.uint32)
         return lut[thread_rows]
-    return take(_tid_per_record(trace.thread, is_ts, trace.arg))
+    return take(_tid_per_record(np.ascontiguousarray(thread_all), is_ts, trace.arg))
 
 
 def _seq_per_row(thread: np.ndarray) -> np.ndarray:
@@ -224,10 +269,34 @@ class FileStats:
         return dict(self.__dict__)
 
 
+def _counts(values: np.ndarray, minlength: int) -> np.ndarray:
+    """np.bincount of small unsigned ints, in chunks: bincount widens its input to intp, and a
+    chunk's widened copy stays in cache instead of making a full-size temporary."""
+    counts = np.zeros(minlength, dtype=np.int64)
+    step = 1 << 20
+    for s in range(0, len(values), step):
+        c = np.bincount(values[s:s + step], minlength=minlength)
+        if len(c) > len(counts):
+            c[:len(counts)] += counts
+            counts = c
+        else:
+            counts += c
+    return counts
+
+
+def _packed_fields(records: np.ndarray) -> np.ndarray:
+    """A view of the op byte and the thread number inside each record's packed field
+    (FORMAT.md: bits 40-47 and 48-63 of the little-endian u64 at offset 24): no shifts."""
+    dt = np.dtype({"names": ["op", "thread"], "formats": ["u1", "<u2"], "offsets": [29, 30],
+                   "itemsize": records.dtype.itemsize})
+    return records.view(dt)
+
+
 def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     """The events table of one trace (EVENTS_SCHEMA) and its summary facts."""
     h = trace.header
-    op_all = trace.op
+    fields = _packed_fields(trace.records)
+    op_all = np.ascontiguousarray(fields["op"])
     is_ts_all = op_all == Op.THREAD_START
     time_all = trace.time_ns
 
@@ -249,53 +318,83 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         return a if rows is None else a[rows]
 
     op = take(op_all)
-    size = take(trace.size)
-    addr = take(trace.addr)
+    packed = take(trace.records["packed"])
+    size = packed & np.uint64(SIZE_MASK)
+    addr = np.ascontiguousarray(take(trace.addr))
     arg = take(trace.arg)
-    time_ns = take(time_all)
-    thread = take(trace.thread)
-    tid = _tids(trace, is_ts_all, thread, take)
+    time_ns = np.ascontiguousarray(take(time_all))
+    thread = np.ascontiguousarray(take(fields["thread"]))
+    thread_all = fields["thread"]
+    tid = _tids(trace, thread_all, is_ts_all, ts_idx, thread, take)
     n = len(op)
 
     kind = _KIND[op]
     is_free = kind == _KIND_FREE
     is_realloc = kind == _KIND_REALLOC
-    defines = (kind == _KIND_ALLOC) | is_realloc
+    any_realloc = bool(is_realloc.any())
+    addr_nz = addr != 0
+    defines = kind == _KIND_ALLOC
+    if any_realloc:
+        defines |= is_realloc
+    defines &= addr_nz
     def_addr = np.where(defines, addr, np.uint64(0))
-    # realloc frees its old block when it returned a new one, or when realloc(p, 0) freed p
-    # (recorded with addr 0); a failed realloc(p, n > 0) leaves p live.
-    realloc_frees = is_realloc & ((addr != 0) | (size == 0))
-    free_addr = np.where(is_free, addr, np.where(realloc_frees, arg, np.uint64(0)))
-    pairing = pair_frees(def_addr, free_addr)
+    free_addr = np.where(is_free, addr, np.uint64(0))
+    free_only = is_free
+    realloc_frees = None
+    if any_realloc:
+        # realloc frees its old block when it returned a new one, or when realloc(p, 0) freed p
+        # (recorded with addr 0); a failed realloc(p, n > 0) leaves p live.
+        realloc_frees = is_realloc & (addr_nz | (size == 0)) & (arg != 0)
+        np.copyto(free_addr, arg, where=realloc_frees)
+        # realloc(p, 0) that only frees, and free itself, carry the free token
+        free_only = is_free | (realloc_frees & ~addr_nz)
+    a, f = _pairs(def_addr, free_addr)
 
-    has_free_half = free_addr != 0
-    paired = pairing.alloc_of_free >= 0
-    freed_size = np.where(paired, size[np.maximum(pairing.alloc_of_free, 0)], np.uint64(0))
-    freed = pairing.free_of_alloc >= 0
-    fo = np.maximum(pairing.free_of_alloc, 0)
-    lifetime_ns = np.where(freed, time_ns[fo] - time_ns, 0)
-    lifetime_calls = np.where(freed, fo - np.arange(n), 0)
+    # Derived columns from the pairs (in defining-row order: near-sequential reads and writes)
+    freed = np.zeros(n, dtype=bool)
+    freed[a] = True
+    paired = np.zeros(n, dtype=bool)
+    paired[f] = True
+    freed_size = np.zeros(n, dtype=np.uint64)
+    freed_size[f] = size[a]
+    lifetime_ns = np.zeros(n, dtype=np.int64)
+    lifetime_ns[a] = time_ns[f] - time_ns[a]
+    lifetime_calls = np.zeros(n, dtype=np.int64)
+    lifetime_calls[a] = f - a
 
-    # realloc(p, 0) that only frees, and free itself, carry the free token
-    free_only = is_free | (is_realloc & (addr == 0) & (size == 0) & has_free_half)
-    token = np.where(free_only, free_token(freed_size), size_class(size)).astype(np.uint8)
+    token = size_class(np.where(free_only, freed_size, size))
+    token += free_only.view(np.uint8) * np.uint8(FREE_OFFSET)
 
     aligned = _ALIGNED[op]
+    n_aligned = int(np.count_nonzero(aligned))
+    if n_aligned:
+        alignment = _nullable(np.where(aligned, arg, np.uint64(0)), aligned, pa.uint64())
+    else:
+        alignment = pa.nulls(n, pa.uint64())
+    # freed_addr: realloc's old block only; a plain free's freed block is its `addr`
+    if realloc_frees is not None and realloc_frees.any():
+        freed_addr = _nullable(np.where(realloc_frees, arg, np.uint64(0)), realloc_frees,
+                               pa.uint64())
+    else:
+        freed_addr = pa.nulls(n, pa.uint64())
     caller = trace.caller
+    single_thread = bool(n) and len(ts_idx) <= 1 and bool(thread[0] == thread[-1]) \
+        and not bool(np.any(thread != thread[0]))
     cols = {
         "pid": pa.array(np.full(n, h.pid, dtype=np.uint32)),
         "ppid": pa.array(np.full(n, h.ppid, dtype=np.uint32)),
         "thread": pa.array(thread),
         "tid": pa.array(tid),
-        "seq": pa.array(_seq_per_row(thread)),
+        "seq": pa.array(np.arange(n, dtype=np.uint64) if single_thread
+                        else _seq_per_row(thread)),
         "time_ns": pa.array(time_ns),
         "op": pa.array(op),
         "size": pa.array(size),
-        "alignment": _nullable(np.where(aligned, arg, np.uint64(0)), aligned, pa.uint64()),
+        "alignment": alignment,
         "addr": pa.array(addr),
-        "freed_addr": _nullable(free_addr, has_free_half, pa.uint64()),
+        "freed_addr": freed_addr,
         "freed_size": _nullable(freed_size, paired, pa.uint64()),
-        "caller": (pa.array(take(caller)) if caller is not None
+        "caller": (pa.array(np.ascontiguousarray(take(caller))) if caller is not None
                    else pa.nulls(n, pa.uint64())),
         "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
         "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
@@ -304,28 +403,25 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     table = pa.Table.from_arrays([cols[f.name] for f in EVENTS_SCHEMA], schema=EVENTS_SCHEMA)
 
     # Live bytes in call order: + the size of each block defined, - the size of each paired free.
-    live_delta = np.where(def_addr != 0, size, np.uint64(0)).astype(np.int64) \
-        - freed_size.astype(np.int64)
+    live_delta = np.where(defines, size, np.uint64(0)).view(np.int64)
+    live_delta -= freed_size.view(np.int64)
     live = np.cumsum(live_delta)
-    codes, counts = _op_counts(op)
+    op_counts = _counts(op, 256)
+    codes = np.flatnonzero(op_counts)
+    n_paired, n_freed = len(f), len(a)
     stats = FileStats(
         rows=n,
-        ops={_OP_NAMES.get(int(c), f"op{int(c)}"): int(k) for c, k in zip(codes, counts) if k},
-        threads=int(np.count_nonzero(np.bincount(thread, minlength=1))) if n else 0,
-        token_hist=np.bincount(token, minlength=N_TOKENS).astype(int).tolist(),
-        unpaired_frees=int(np.count_nonzero(has_free_half & ~paired)),
-        never_freed=int(np.count_nonzero((def_addr != 0) & ~freed)),
-        failed_allocations=int(np.count_nonzero((kind == _KIND_ALLOC) & (addr == 0))
-                               + np.count_nonzero(is_realloc & (addr == 0) & (size != 0))),
+        ops={_OP_NAMES.get(int(c), f"op{int(c)}"): int(op_counts[c]) for c in codes},
+        threads=int(np.count_nonzero(_counts(thread, 1))) if n else 0,
+        token_hist=_counts(token, N_TOKENS)[:N_TOKENS].astype(int).tolist(),
+        unpaired_frees=int(np.count_nonzero(free_addr)) - n_paired,
+        never_freed=int(np.count_nonzero(defines)) - n_freed,
+        failed_allocations=int(np.count_nonzero((kind == _KIND_ALLOC) & ~addr_nz)
+                               + (np.count_nonzero(is_realloc & ~addr_nz & (size != 0))
+                                  if any_realloc else 0)),
         peak_live_bytes=int(max(live.max(), 0)) if n else 0,
     )
     return table, stats
-
-
-def _op_counts(op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    counts = np.bincount(op, minlength=256)
-    codes = np.flatnonzero(counts)
-    return codes, counts[codes]
 
 
 def events_from_trace(trace: Trace) -> pa.Table:

@@ -57,7 +57,7 @@ MANIFEST_NAME = "manifest.json"
 PART_PREFIX = "part-"
 # Bump when the conversion's output changes for the same input: it is part of the fingerprint,
 # so every run converted by an older converter is out of date.
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 
 # Parquet settings, chosen by benchmarks/bench_convert.py on real traces: monotone or
 # slowly-varying integers (time, seq) delta-encode to a few bits; columns with few distinct values

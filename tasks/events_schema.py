@@ -21,7 +21,8 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("size", pa.uint64(), nullable=False),  # requested bytes; 0 for free
         pa.field("alignment", pa.uint64(), nullable=True),  # aligned forms only
         pa.field("addr", pa.uint64(), nullable=False),  # returned address (free: freed address)
-        pa.field("freed_addr", pa.uint64(), nullable=True),  # free, realloc's old block
+        pa.field("freed_addr", pa.uint64(), nullable=True),  # realloc's old block; null on
+        # a plain free, whose freed block is its addr (stored once: the column costs nothing)
         pa.field("freed_size", pa.uint64(), nullable=True),  # size of the block freed, if paired
         pa.field("caller", pa.uint64(), nullable=True),  # where HEAPCAST_CALLER was set
         pa.field("lifetime_ns", pa.int64(), nullable=True),  # allocations: until freed

@@ -44,7 +44,9 @@ def test_reused_address_pairs_with_latest_allocation():
     # THEN each free gets the size of the block it frees, and each block its lifetime
     assert col(table, "op") == [Op.MALLOC, Op.MALLOC, Op.FREE, Op.MALLOC, Op.FREE, Op.FREE]
     assert col(table, "freed_size") == [None, None, 24, None, 1000, 8]
-    assert col(table, "freed_addr") == [None, None, 0x100, None, 0x100, 0x200]
+    # a plain free's freed block is its addr: freed_addr is left null there
+    assert col(table, "freed_addr") == [None] * 6
+    assert col(table, "addr") == [0x100, 0x200, 0x100, 0x100, 0x100, 0x200]
     assert col(table, "lifetime_ns") == [10, 35, None, 15, None, None]
     assert col(table, "lifetime_calls") == [2, 4, None, 1, None, None]
     assert col(table, "token") == [5, 4, 32 + 5, 10, 32 + 10, 32 + 4]
@@ -73,7 +75,8 @@ def test_realloc_chain_in_place_and_moving():
         realloc(60, 0xC0, 1 << 20, 0),  # failed realloc: frees nothing, C0 stays live
         free(70, 0xC0),
     ]), "t.hct"))
-    assert col(table, "freed_addr") == [None, 0xA0, 0xB0, None, 0xB0, None, 0xC0]
+    # realloc's old block (null for realloc(NULL, n), a failed realloc, and a plain free)
+    assert col(table, "freed_addr") == [None, 0xA0, 0xB0, None, 0xB0, None, None]
     assert col(table, "freed_size") == [None, 100, 200, None, 300, None, 16]
     assert col(table, "lifetime_ns") == [10, 10, 20, 30, None, None, None]
     assert col(table, "lifetime_calls") == [1, 1, 2, 3, None, None, None]
