@@ -3,15 +3,15 @@
     .venv/bin/python benchmarks/bench_convert.py                 # traces sqlite3 (450k rows)
     .venv/bin/python benchmarks/bench_convert.py --trace X.hct   # any trace of >= 20 M events
 
-Reference (the article's approach, written here): the tracer's output kept as a gzip'ed text log,
-one line per call (`<time_us> <op> <size> <addr> [<old addr>]`), parsed line by line in Python
-with a dict of live pointers that gives each free its size, each block its lifetime and each
+Reference (the article's approach, written here): the same calls as the article's tracer logs
+them, a gzip'ed text log, one line per call in its exact sprintf format (sec.usec,
+pthread_self(), size or -1, %p), parsed line by line in Python with a dict of live pointers that gives each free its size, each block its lifetime and each
 row its token. It writes nothing. heapcast: `tasks.dataset.convert_run` on a Dask local cluster
 of one single-threaded worker (one core), from the raw file to Parquet on disk.
 
 Reported: events per second (wall, and per CPU-second of the process doing the work: the
 machine may be shared), bytes per event on disk for the raw trace, the Parquet events, and the
-gzip'ed text log. Results go to benchmarks/results/convert.json.
+gzip'ed text log (and each Parquet column). Results go to benchmarks/results/convert.json.
 """
 
 from __future__ import annotations
@@ -180,8 +180,25 @@ def reference_line_loop(log: Path, limit: int | None) -> dict:
             "token_hist": hist.astype(int).tolist()}
 
 
+def _parquet_columns(paths: list[Path], rows: int) -> dict[str, float]:
+    """Bytes per event of each column on disk (compressed column chunks, all row groups)."""
+    import pyarrow.parquet as pq
+
+    out: dict[str, float] = {}
+    for p in paths:
+        md = pq.ParquetFile(p).metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for i in range(rg.num_columns):
+                c = rg.column(i)
+                out[c.path_in_schema] = out.get(c.path_in_schema, 0) + c.total_compressed_size
+    return {k: v / rows for k, v in out.items()}
+
+
 def heapcast_convert(trace_path: Path, work: Path) -> dict:
-    """tasks.dataset.convert_run on a one-worker, one-thread Dask local cluster."""
+    """tasks.dataset.convert_run on a one-worker, one-thread Dask local cluster: the first
+    conversion in a fresh worker ("cold": its memory is faulted in for the first time), then
+    the same run again in the same worker ("warm", as in a long-lived cluster)."""
     from distributed import Client, LocalCluster
 
     from tasks.dataset import RunRef, convert_run
@@ -192,19 +209,25 @@ def heapcast_convert(trace_path: Path, work: Path) -> dict:
     os.link(trace_path, raw / trace_path.name) if trace_path.stat().st_dev == raw.stat().st_dev \
         else shutil.copy(trace_path, raw / trace_path.name)
     root = Root.from_url(str(work / "root"))
+    runs = []
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None, silence_logs=40) as cluster, Client(cluster) as c:
         c.run(lambda: __import__("tasks.dataset"))  # imports are not conversion work
-        cpu0 = sum(c.run(time.process_time).values())
-        w0 = time.perf_counter()
-        summary = convert_run(root, RunRef("sqlite", "bench"), client=c)
-        wall = time.perf_counter() - w0
-        cpu = sum(c.run(time.process_time).values()) - cpu0
+        for _ in range(2):
+            cpu0 = sum(c.run(time.process_time).values())
+            w0 = time.perf_counter()
+            summary = convert_run(root, RunRef("sqlite", "bench"), client=c)
+            wall = time.perf_counter() - w0
+            cpu = sum(c.run(time.process_time).values()) - cpu0
+            runs.append({"wall_s": wall, "worker_cpu_s": cpu})
     part_dir = work / "root" / "events" / "workload=sqlite" / "run=bench"
-    parquet = sum(p.stat().st_size for p in part_dir.glob("part-*.parquet"))
-    return {"rows": summary["rows"], "wall_s": wall, "worker_cpu_s": cpu,
-            "parquet_bytes": parquet, "summary": {k: summary[k] for k in (
-                "ops", "unpaired_frees", "never_freed", "peak_live_bytes", "threads")}}
+    parts = sorted(part_dir.glob("part-*.parquet"))
+    parquet = sum(p.stat().st_size for p in parts)
+    return {"rows": summary["rows"], **runs[0], "warm": runs[1],
+            "parquet_bytes": parquet, "parquet_columns": _parquet_columns(parts, summary["rows"]),
+            "summary": {k: summary[k] for k in (
+                "ops", "unpaired_frees", "never_freed", "peak_live_bytes", "threads",
+                "token_hist")}}
 
 
 def main() -> None:
@@ -256,18 +279,26 @@ def main() -> None:
             "events_per_s": {
                 "heapcast_per_cpu_s": hc_rate,
                 "heapcast_wall_one_worker": hc["rows"] / hc["wall_s"],
+                "heapcast_per_cpu_s_warm": hc["rows"] / hc["warm"]["worker_cpu_s"],
+                "heapcast_wall_one_worker_warm": hc["rows"] / hc["warm"]["wall_s"],
                 "line_loop_per_cpu_s": ref_rate,
                 "line_loop_wall": ref["lines"] / ref["wall_s"],
             },
             "ratios": {
                 "heapcast_vs_line_loop_per_core": hc_rate / ref_rate,
+                "heapcast_warm_vs_line_loop_per_core":
+                    hc["rows"] / hc["warm"]["worker_cpu_s"] / ref_rate,
                 "parquet_vs_gzip_text_bytes": hc["parquet_bytes"] / hc["rows"]
                 / (log.stat().st_size / events),
             },
+            # targets are judged on the cold (first, fresh-worker) conversion
             "targets": {"events_per_s_per_core": 5e6, "vs_line_loop": 20,
                         "parquet_over_gzip_text_at_most": 0.5},
             "heapcast": hc,
             "line_loop": ref,
+            "same_tokens": ref["token_hist"] == hc["summary"]["token_hist"],
+            "reference_log": "the article's sprintf formats (see write_text_log); realloc: the "
+                             "malloc line plus the old pointer as a fifth field",
         }
         result["targets_met"] = {
             "events_per_s_per_core": hc_rate >= 5e6,

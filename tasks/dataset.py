@@ -32,11 +32,16 @@ Atomic, idempotent replace of a run's partition (converting a run again never du
 
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import hashlib
 import json
+import mmap
+import os
 import posixpath
+import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -48,7 +53,7 @@ from tasks.convert import FileStats, convert_trace
 from tasks.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
 from tasks.storage import Root
 from tasks.tokens import N_TOKENS
-from tasks.trace_reader import TraceFormatError, read_trace
+from tasks.trace_reader import Trace, TraceFormatError, parse_trace, read_trace
 
 EVENTS_DIR = "events"
 STAGING_DIR = "_staging"
@@ -61,11 +66,13 @@ CONVERTER_VERSION = "2"
 
 # Parquet settings, chosen by benchmarks/bench_convert.py on real traces: monotone or
 # slowly-varying integers (time, seq) delta-encode to a few bits; columns with few distinct values
-# (op, sizes) or many repeats (addresses are reused) dictionary-encode; lifetimes, freed sizes
-# and tokens compress best as byte-stream-split planes under zstd; constant ids (pid, tid) are
-# plain (zstd takes them to nothing, without a dictionary's hashing). Times stay in ns.
+# (sizes) or many repeats (addresses are reused) dictionary-encode; lifetimes, freed sizes,
+# tokens and op compress best as byte-stream-split planes under zstd (op: half the CPU of a
+# dictionary for +0.01 B/event); constant ids (pid, tid) are plain (zstd takes them to nothing,
+# without a dictionary's hashing). Times stay in ns. Large write batches: the writer's cost per
+# batch, not per value, dominates on constant columns.
 DELTA_COLUMNS = ("seq", "time_ns")
-SPLIT_COLUMNS = ("lifetime_ns", "lifetime_calls", "freed_size", "token")
+SPLIT_COLUMNS = ("lifetime_ns", "lifetime_calls", "freed_size", "token", "op")
 PLAIN_COLUMNS = ("pid", "ppid", "thread", "tid", "alignment", "caller")
 PARQUET_OPTIONS: dict[str, Any] = dict(
     compression="zstd",
@@ -76,6 +83,7 @@ PARQUET_OPTIONS: dict[str, Any] = dict(
                      **{c: "BYTE_STREAM_SPLIT" for c in SPLIT_COLUMNS},
                      **{c: "PLAIN" for c in PLAIN_COLUMNS}},
     row_group_size=1 << 22,
+    write_batch_size=1 << 16,
     write_statistics=["time_ns", "pid", "thread", "op", "token"],
 )
 
@@ -189,13 +197,68 @@ def runs_to_convert(root: Root, workloads: Iterable[str] | None = None,
 
 
 def write_events(table: pa.Table, where: Any) -> None:
-    """Write one events table as Parquet (a path or an open binary file)."""
+    """Write one events table as Parquet (a local path, or an open binary file)."""
     pq.write_table(table, where, **PARQUET_OPTIONS)
 
 
 def part_name(raw_name: str) -> str:
     stem = raw_name[:-4] if raw_name.endswith(".hct") else raw_name
     return f"{PART_PREFIX}{stem}.parquet"
+
+
+def _read_raw(raw_path: str, root: Root) -> Trace:
+    """A raw trace; a local file is memory-mapped (its records are viewed in the page cache, not
+    copied into Python bytes), anything else is read through the root's filesystem."""
+    if not root.is_local:
+        return read_trace(raw_path, fs=root.fs)
+    try:
+        with open(raw_path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return read_trace(raw_path)  # its error names the empty file
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            data = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{raw_path}: no such trace file") from None
+    return parse_trace(data, raw_path)
+
+
+# glibc's malloc hands each large block (> 32 MiB at most) straight to mmap and unmaps it on free,
+# so every full-size numpy temporary of a conversion is fresh memory that the kernel (and, in a
+# VM, the hypervisor) must fault in and zero again: measured on a 22.5 M-event trace, a large
+# share of the conversion's CPU time. During a conversion, large blocks come from the heap and
+# freed memory stays there for the next temporary; afterwards the settings are restored and
+# malloc_trim gives the memory back. No effect where mallopt is missing (not glibc).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_MMAP_MAX_DEFAULT, _TRIM_DEFAULT = 65536, 128 * 1024
+try:
+    _LIBC: Any = ctypes.CDLL(None)
+    _LIBC.mallopt, _LIBC.malloc_trim  # noqa: B018 (both needed)
+except (OSError, AttributeError):
+    _LIBC = None
+_heap_lock = threading.Lock()
+_heap_users = 0
+
+
+@contextmanager
+def _heap_kept():
+    global _heap_users
+    if _LIBC is None:
+        yield
+        return
+    with _heap_lock:
+        _heap_users += 1
+        if _heap_users == 1:
+            _LIBC.mallopt(_M_MMAP_MAX, 0)
+            _LIBC.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    try:
+        yield
+    finally:
+        with _heap_lock:
+            _heap_users -= 1
+            if _heap_users == 0:
+                _LIBC.mallopt(_M_MMAP_MAX, _MMAP_MAX_DEFAULT)
+                _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_DEFAULT)
+                _LIBC.malloc_trim(0)
 
 
 def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
@@ -205,14 +268,20 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
     """
     fs = root.fs
     name = _basename(raw_path)
-    try:
-        trace = read_trace(raw_path, fs=fs)
-    except TraceFormatError as err:
-        return {"file": name, "skipped": str(err)}
-    table, stats = convert_trace(trace)
-    part = part_name(name)
-    with fs.open(posixpath.join(out_dir, part), "wb") as f:
-        write_events(table, f)
+    with _heap_kept():
+        try:
+            trace = _read_raw(raw_path, root)
+        except TraceFormatError as err:
+            return {"file": name, "skipped": str(err)}
+        table, stats = convert_trace(trace)
+        part = part_name(name)
+        out = posixpath.join(out_dir, part)
+        if root.is_local:
+            write_events(table, out)  # Arrow's own file, not a Python file object
+        else:
+            with fs.open(out, "wb") as f:
+                write_events(table, f)
+        del table
     h = trace.header
     return {"file": name, "part": part, "pid": h.pid, "ppid": h.ppid, "cmdline": list(h.cmdline),
             "dropped_bytes": trace.dropped_bytes,

@@ -217,3 +217,15 @@ def test_real_trace_of_a_c_program_exactly(pairs_trace):
     freeing = table.loc[worker.index[0] + int(w["lifetime_calls"])]
     assert freeing["op"] == Op.FREE and freeing["freed_size"] == 40 and freeing["token"] == 38
     assert w["tid"] != table.loc[start, "tid"]
+
+
+def test_pairing_with_far_apart_address_regions_takes_the_unique_path():
+    # aligned addresses whose high 32 bits span more than the id table covers (> 2^22 apart)
+    rng = np.random.default_rng(4)
+    pool = np.array([0x0000_0100_0000_1000 + 16 * k for k in range(10)]
+                    + [0x7F00_0000_0000_2000 + 16 * k for k in range(10)], dtype=np.uint64)
+    def_addr = np.where(rng.random(800) < 0.5, rng.choice(pool, 800), 0).astype(np.uint64)
+    free_addr = np.where(rng.random(800) < 0.5, rng.choice(pool, 800), 0).astype(np.uint64)
+    p = pair_frees(def_addr, free_addr)
+    a, f = reference_pairing(def_addr, free_addr)
+    assert p.alloc_of_free.tolist() == a and p.free_of_alloc.tolist() == f
