@@ -36,6 +36,7 @@ import ctypes
 import datetime as _dt
 import hashlib
 import json
+import logging
 import mmap
 import os
 import posixpath
@@ -54,6 +55,8 @@ from tasks.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
 from tasks.storage import Root
 from tasks.tokens import N_TOKENS
 from tasks.trace_reader import Trace, TraceFormatError, parse_trace, read_trace
+
+log = logging.getLogger(__name__)
 
 EVENTS_DIR = "events"
 STAGING_DIR = "_staging"
@@ -140,9 +143,28 @@ def list_raw_runs(root: Root, workloads: Iterable[str] | None = None,
                 continue
             if wanted_r is not None and r not in wanted_r and f"{w}/{r}" not in wanted_r:
                 continue
-            if raw_files(root, RunRef(w, r)):
-                found.append(RunRef(w, r))
+            ref = RunRef(w, r)
+            named = wanted_r is not None
+            # A failed replay keeps its partial trace for inspection, but is not training
+            # data unless asked for by name (tasks/manifest.py).
+            if raw_files(root, ref) and (named or replay_ok(root, ref)):
+                found.append(ref)
     return sorted(found)
+
+
+def replay_ok(root: Root, run: RunRef) -> bool:
+    """False when the run's manifest says its replay failed; True without a manifest
+    (traces made by hand with `heapcast trace`)."""
+    path = posixpath.join(root.raw_run(run.workload, run.run), MANIFEST_NAME)
+    try:
+        manifest = json.loads(root.fs.cat_file(path))
+    except FileNotFoundError:
+        return True
+    if not manifest.get("ok", True):
+        log.warning("skipping %s/%s: its replay failed (%s); name the run to convert it anyway",
+                    run.workload, run.run, manifest.get("error"))
+        return False
+    return True
 
 
 def raw_files(root: Root, run: RunRef) -> list[dict[str, Any]]:

@@ -132,3 +132,15 @@ def test_only_runs_without_up_to_date_events_are_listed(tmp_path, client):
     assert runs_to_convert(root, workloads=["a"]) == [RunRef("a", "r1")]
     assert read_events(root, workloads=["a"], runs=["r1"], columns=["pid"]).num_rows == 5 + 5000
     assert read_events(root, workloads=["b"]).num_rows == 0
+
+
+def test_a_failed_replay_is_not_listed_for_conversion_unless_named(tmp_path):
+    # GIVEN a good run and a run whose replay failed (time limit): its partial trace is kept
+    root = make_run(tmp_path, run="good", bad=False)
+    failed = tmp_path / "raw" / "w" / "late"
+    failed.mkdir()
+    (failed / "manifest.json").write_text(json.dumps({"ok": False, "error": "time limit 5 s"}))
+    (failed / "100-1.hct").write_bytes(good_trace(100))
+    # WHEN runs are listed, THEN only the good one is training data; naming the failed one works
+    assert list_raw_runs(root) == [RunRef("w", "good")]
+    assert list_raw_runs(root, runs=["w/late"]) == [RunRef("w", "late")]
