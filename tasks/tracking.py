@@ -161,8 +161,18 @@ def configure(tracking: TrackingConfig) -> str:
     from mlflow import MlflowClient
 
     target = resolve_target(tracking)
+    # set_tracking_uri also exports MLFLOW_TRACKING_URI (and the registry's) into os.environ.
+    # tracking_for reads that variable as the user's choice of server, so in a long-lived
+    # process (a worker, a test session) the first root configured would capture every later
+    # flow's models. Keep the environment as the user set it.
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     mlflow.set_tracking_uri(target.tracking_uri)
     mlflow.set_registry_uri(target.registry_uri)
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     client = MlflowClient(target.tracking_uri, target.registry_uri)
     exp = client.get_experiment_by_name(tracking.experiment)
     if exp is None:

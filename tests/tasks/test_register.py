@@ -9,6 +9,7 @@ registry version, and the alias `champion` moves only on improvement.
 
 from __future__ import annotations
 
+import os
 import json
 import subprocess
 from pathlib import Path
@@ -263,3 +264,16 @@ def test_champion_loads_and_predicts_through_keras_and_pyfunc(store):
     p = np.asarray(pyfunc_model.predict(x))
     assert p.shape == (3, CONTEXT, 64)
     np.testing.assert_allclose(p, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_configuring_one_root_does_not_capture_the_next(tmp_path, monkeypatch):
+    # GIVEN no tracking server chosen by the user
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    from tasks.tracking import configure, resolve_target, tracking_for
+
+    # WHEN one root is configured (MLflow exports its URI) and then another is resolved
+    configure(tracking_for(str(tmp_path / "a")))
+    second = resolve_target(tracking_for(str(tmp_path / "b")))
+    # THEN the second root gets its own embedded store
+    assert str(tmp_path / "b" / "mlflow" / "mlflow.db") in second.tracking_uri
+    assert "MLFLOW_TRACKING_URI" not in os.environ
