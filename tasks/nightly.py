@@ -21,7 +21,7 @@ from pydantic import Field
 from flows.dataset import DatasetParams
 from flows.train import TrainParams
 from tasks.config import StrictModel
-from tasks.tracking import TrackingConfig, load_tracking_config
+from tasks.tracking import TrackingConfig, tracking_for
 from tasks.train_config import QUICK_CONFIG
 from tasks.workloads import TraceParams
 
@@ -63,13 +63,3 @@ class NightlyStages:
     train: TrainParams
     tracking: TrackingConfig
 
-
-def tracking_for(root: str) -> TrackingConfig:
-    """configs/tracking.yaml, with the night's root and $MLFLOW_TRACKING_URI where it says null."""
-    tracking = load_tracking_config()
-    update: dict[str, str] = {}
-    if tracking.root is None:
-        update["root"] = root
-    if tracking.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
-        update["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
-    return TrackingConfig.model_validate({**tracking.model_dump(), **update}) if update else tracking

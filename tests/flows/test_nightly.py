@@ -63,6 +63,9 @@ def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
     assert len(summary.converted) == 2
     assert summary.trained and summary.model_top1 is not None
     assert "ngram top-1" in summary.evaluation_markdown
+    # the first model in a fresh registry takes the alias
+    assert (summary.champion_before, summary.champion_after) == (None, "1")
+    assert summary.champion_changed
     page = latest_summary_artifact()
     assert "3 of 3 stages completed" in page and "## Champion" in page
 
