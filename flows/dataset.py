@@ -6,21 +6,9 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
-from pydantic import Field
-
-from tasks.config import StrictModel, default_root
-from tasks.dataset import RunRef, convert_run, runs_to_convert, summary_markdown
+from tasks.dataset import (DatasetParams, RunRef, conversion_outcomes, convert_run, fail_if_any,
+                           runs_to_convert, summary_markdown)
 from tasks.storage import Root
-
-
-class DatasetParams(StrictModel):
-    """What to convert, where, and on which Dask cluster."""
-
-    root: str = Field(default_factory=default_root, description="data root: folder or s3:// URL")
-    workloads: list[str] | None = Field(None, description="only these workloads (default: all)")
-    runs: list[str] | None = Field(None, description="only these runs: `run` or `workload/run`")
-    scheduler: str | None = Field(None, description="Dask scheduler address; local cluster if unset")
-    force: bool = Field(False, description="convert even runs whose events are up to date")
 
 
 @task(retries=2, retry_delay_seconds=5)
@@ -47,11 +35,14 @@ def publish_summary(summary: dict[str, Any]) -> None:
 
 @flow(name="dataset")
 def dataset(params: DatasetParams = DatasetParams()) -> list[dict[str, Any]]:
-    """Convert runs to the events dataset; one summary per converted run."""
+    """Convert runs to the events dataset; one summary per converted run. A run that fails
+    does not stop the others: the flow fails at the end, naming each failed run."""
     runs = find_runs(params)
-    summaries = [convert(run, params.root, params.scheduler) for run in runs]
+    states = [convert(run, params.root, params.scheduler, return_state=True) for run in runs]
+    summaries, failures = conversion_outcomes(runs, states)
     for s in summaries:
         publish_summary(s)
+    fail_if_any(failures)
     return summaries
 
 

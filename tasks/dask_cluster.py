@@ -31,8 +31,20 @@ def _local_cluster() -> LocalCluster:
             _local = LocalCluster(n_workers=n_workers, threads_per_worker=1,
                                   processes=processes, dashboard_address=None,
                                   silence_logs=40)
-            atexit.register(close_local_cluster)
+            atexit.register(_close_at_exit)
         return _local
+
+
+def _close_at_exit() -> None:
+    """At interpreter exit, logging handlers (Prefect's, pytest's) may already be closed, and
+    the scheduler's shutdown messages would print tracebacks: close without logging."""
+    import logging
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in ("distributed", "dask", "tornado", "asyncio"):
+            logging.getLogger(name).disabled = True
+    logging.raiseExceptions = False  # a handler closed at exit says nothing rather than a traceback
+    close_local_cluster()
 
 
 def close_local_cluster() -> None:

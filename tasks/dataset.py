@@ -50,6 +50,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from pydantic import Field
+
+from tasks.config import StrictModel, default_root
 from tasks.convert import FileStats, convert_trace
 from tasks.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
 from tasks.storage import Root
@@ -469,3 +472,46 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines += ["", "## Skipped files", ""]
         lines += [f"- `{s['file']}`: {s['reason']}" for s in summary["skipped"]]
     return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------------------- the flow's
+
+
+class DatasetParams(StrictModel):
+    """What the `dataset` flow converts, where, and on which Dask cluster."""
+
+    root: str = Field(default_factory=default_root, description="data root: folder or s3:// URL")
+    workloads: list[str] | None = Field(None, description="only these workloads (default: all)")
+    runs: list[str] | None = Field(None, description="only these runs: `run` or `workload/run`")
+    scheduler: str | None = Field(
+        default_factory=lambda: os.environ.get("HEAPCAST_DASK_SCHEDULER") or None,
+        description="Dask scheduler address ($HEAPCAST_DASK_SCHEDULER); a local cluster if unset")
+    force: bool = Field(False, description="convert even runs whose events are up to date")
+
+
+class ConversionFailed(RuntimeError):
+    """Some runs could not be converted; the others were. The message names each and why."""
+
+
+def conversion_outcomes(runs: list[RunRef], states: list[Any]) -> tuple[list[dict[str, Any]],
+                                                                         list[str]]:
+    """Split the final states of the runs' conversions into summaries and failure lines."""
+    summaries, failures = [], []
+    for run, state in zip(runs, states):
+        if state.is_completed():
+            summaries.append(state.result())
+        else:
+            try:
+                state.result()
+                why = state.message or state.name
+            except Exception as err:  # the conversion's own error, after its retries
+                why = f"{type(err).__name__}: {err}"
+            failures.append(f"{run}: {why}")
+    return summaries, failures
+
+
+def fail_if_any(failures: list[str]) -> None:
+    """Raise once every run was attempted, so one bad run never stops the others."""
+    if failures:
+        raise ConversionFailed(f"{len(failures)} run(s) could not be converted:\n  "
+                               + "\n  ".join(failures))

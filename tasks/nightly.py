@@ -7,18 +7,17 @@ plus two settings that apply to every stage at once:
 - `quick`: the quick workload subset and configs/train-quick.yaml (the demo, the tests).
 
 Where the stages run is configuration, not code: the Dask scheduler comes from the dataset
-parameters, else from $HEAPCAST_DASK_SCHEDULER, else a local cluster; the MLflow store from
+parameters, whose default is $HEAPCAST_DASK_SCHEDULER, else a local cluster; the MLflow store from
 configs/tracking.yaml, else $MLFLOW_TRACKING_URI, else the embedded store under the root.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from pydantic import Field
 
-from flows.dataset import DatasetParams
+from tasks.dataset import DatasetParams
 from flows.train import TrainParams
 from tasks.config import StrictModel
 from tasks.tracking import TrackingConfig, tracking_for
@@ -49,9 +48,6 @@ class NightlyParams(StrictModel):
         if self.quick:
             trace = trace.model_copy(update={"quick": True})
             train = train.model_copy(update={"config": str(QUICK_CONFIG)})
-        if dataset.scheduler is None and os.environ.get("HEAPCAST_DASK_SCHEDULER"):
-            dataset = dataset.model_copy(
-                update={"scheduler": os.environ["HEAPCAST_DASK_SCHEDULER"]})
         return NightlyStages(trace=trace, dataset=dataset, train=train,
                              tracking=tracking_for(train.root))
 

@@ -6,7 +6,7 @@ import pytest
 
 from flows.dataset import DatasetParams, dataset
 from tasks.dask_cluster import close_local_cluster
-from tasks.dataset import read_events
+from tasks.dataset import RunRef, read_events, read_summary
 from tasks.storage import Root
 from tests.tasks.test_dataset import make_run
 
@@ -35,3 +35,35 @@ def test_flow_converts_new_runs_once_and_on_force(tmp_path, prefect_harness, mon
 def test_params_are_strict():
     with pytest.raises(Exception):
         DatasetParams(root="x", sheduler="tcp://x:8786")
+
+
+def test_one_run_that_fails_does_not_stop_the_others(tmp_path, prefect_harness, monkeypatch):
+    # GIVEN two runs, and a fault injected into the conversion of one (as a full disk would)
+    monkeypatch.setenv("HEAPCAST_DASK_PROCESSES", "0")
+    monkeypatch.setenv("HEAPCAST_DASK_WORKERS", "1")
+    root = make_run(tmp_path, workload="w", run="good", bad=False)
+    make_run(tmp_path, workload="w", run="broken", bad=False)
+    import tasks.dataset as ds
+
+    real = ds.convert_run
+
+    def convert_run(root_, run, *a, **k):
+        if run.run == "broken":
+            raise OSError("disk full while writing the partition")
+        return real(root_, run, *a, **k)
+
+    monkeypatch.setattr("flows.dataset.convert_run", convert_run)
+    # WHEN the flow runs, THEN it fails naming the broken run, and the good one is converted
+    from tasks.dataset import ConversionFailed
+
+    with pytest.raises(ConversionFailed, match=r"w/broken: OSError: disk full"):
+        dataset(DatasetParams(root=root.url))
+    assert read_summary(root, RunRef("w", "good"))["rows"] > 0
+    assert read_summary(root, RunRef("w", "broken")) is None
+
+
+def test_scheduler_defaults_to_the_environment(monkeypatch):
+    monkeypatch.setenv("HEAPCAST_DASK_SCHEDULER", "tcp://10.0.0.5:8786")
+    assert DatasetParams().scheduler == "tcp://10.0.0.5:8786"
+    monkeypatch.delenv("HEAPCAST_DASK_SCHEDULER")
+    assert DatasetParams().scheduler is None
