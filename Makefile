@@ -3,7 +3,7 @@
 .PHONY: run test setup tracer bench clean
 
 run: setup
-	.venv/bin/heapcast run
+	.venv/bin/heapcast run --quick
 
 test: setup
 	scripts/engine.sh up

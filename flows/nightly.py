@@ -12,6 +12,7 @@ the end only when no model could be trained. The summary (tasks/summary.py) is p
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from prefect import flow
@@ -20,7 +21,7 @@ from flows.dataset import dataset
 from flows.trace import trace
 from flows.train import train_flow
 from tasks.nightly import NightlyParams
-from tasks.summary import (NightlySummary, champion_version, finish, mlflow_ui_command,
+from tasks.summary import (NightlySummary, NothingTrained, champion_version, finish, mlflow_ui_command,
                            publish_summary, stage_outcome, summarize)
 
 
@@ -38,16 +39,20 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
     return finish(summary)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="heapcast's whole pipeline, once")
     ap.add_argument("--quick", action="store_true",
                     help="quick workload inputs and configs/train-quick.yaml")
     ap.add_argument("--root", default=None, help="data root: a folder or an s3:// URL")
     ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     params = NightlyParams(root=a.root, quick=a.quick, trace={"runner": a.runner})
     t0 = time.monotonic()
-    summary = nightly(params)
+    try:
+        summary = nightly(params)
+    except NothingTrained as err:
+        print(f"heapcast: the night trained no model: {err}", file=sys.stderr)
+        return 1
     print(summary.markdown())
     print(f"nightly finished in {time.monotonic() - t0:.0f} s")
     print(f"data: {summary.root}")
@@ -57,7 +62,8 @@ def main() -> None:
         print(f"champion: version {summary.champion_after} "
               f"({'changed tonight' if summary.champion_changed else 'unchanged'})")
     print(f"MLflow UI: {mlflow_ui_command(params.stages().tracking)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -101,10 +101,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return status
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(argv: list[str]) -> int:
     from flows.nightly import main as nightly_main
 
-    return nightly_main(args.rest)
+    return nightly_main(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,13 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="print a trace's header and counts per operation")
     i.add_argument("files", nargs="+")
     i.set_defaults(func=cmd_inspect)
-    r = sub.add_parser("run", help="run the whole pipeline once (the nightly flow) on the embedded defaults")
-    r.add_argument("rest", nargs=argparse.REMAINDER)
-    r.set_defaults(func=cmd_run)
+    # `run` hands its arguments to the nightly flow's own parser (see main).
+    sub.add_parser("run", add_help=False,
+                   help="run the whole pipeline once (the nightly flow): heapcast run [--quick] "
+                        "[--root URL] [--runner auto|docker|local]")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        return cmd_run(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

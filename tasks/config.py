@@ -62,3 +62,17 @@ def load_config(model: type[M], path: str | Path) -> M:
 def default_root() -> str:
     """The data root (an fsspec URL): $HEAPCAST_ROOT, else ./data in the project."""
     return os.environ.get("HEAPCAST_ROOT", str(PROJECT_DIR / "data"))
+
+
+def apply_embedded_defaults() -> None:
+    """Environment defaults for the embedded mode, set before Prefect or MLflow are imported.
+
+    Prefect keeps its state in the project (not ~/.prefect), sends no telemetry (there is no
+    internet on these machines: it would only log errors), and gives its ephemeral API time to
+    start on a loaded machine. A user's own settings win: only unset variables are filled.
+    """
+    os.environ.setdefault("PREFECT_HOME", str(PROJECT_DIR / ".prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
