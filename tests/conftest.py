@@ -26,3 +26,21 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=90):
         yield
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def need_tool(tool: str, package: str | None = None) -> str:
+    """The path of `tool`; skip without it on a developer's machine, fail in CI, where
+    scripts/setup.sh must have installed it (a skip there would hide a missing install step)."""
+    import shutil
+
+    path = shutil.which(tool)
+    if path is None:
+        msg = f"{tool} is not installed (scripts/setup.sh installs it: apt-get install {package or tool})"
+        if in_ci():
+            pytest.fail(msg + "; CI=true requires it")
+        pytest.skip(msg)
+    return path

@@ -14,13 +14,11 @@ import asyncio
 
 import pytest
 
-pytest.importorskip("keras")
-
-from flows.nightly import nightly  # noqa: E402
-from tasks.nightly import NightlyParams  # noqa: E402
-from tasks.storage import Root  # noqa: E402
-from tasks.summary import ARTIFACT_KEY, NothingTrained  # noqa: E402
-from tasks.synthetic_events import write_synthetic_events  # noqa: E402
+from flows.nightly import nightly
+from tasks.nightly import NightlyParams
+from tasks.storage import Root
+from tasks.summary import ARTIFACT_KEY, NothingTrained
+from tasks.synthetic_events import write_synthetic_events
 
 TINY_TRAINING = {
     "context": 8, "model": {"units": [4]}, "batch_size": 8, "epochs": 1, "steps_per_epoch": 2,

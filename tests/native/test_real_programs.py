@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 
 from tasks.trace_reader import Op
+from tests.conftest import need_tool
 from tests.native.tracer_harness import read_traces, tracer_env
 
 PYTHON = Path("/usr/bin/python3.11")  # the real binary, not a shim that forks
 
 
 def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.skip(f"{tool} is not installed (apt-get install the Debian package)")
-    return path
+    return need_tool(tool)
 
 
 def sqlite_script(rows: int) -> str:

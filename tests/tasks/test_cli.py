@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import need_tool
+
 from tasks.trace_reader import Op, read_trace
 
 HEAPCAST = Path(sys.executable).with_name("heapcast")
@@ -19,8 +21,8 @@ def heapcast(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(HEAPCAST), *args], cwd=cwd, capture_output=True, text=True)
 
 
-@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="sqlite3 is installed by scripts/setup.sh")
 def test_trace_keeps_output_and_prints_a_summary(tmp_path):
+    need_tool("sqlite3")
     # GIVEN a real program; WHEN traced through the CLI
     plain = subprocess.run(["sqlite3", ":memory:", "select 6*7"], capture_output=True, text=True)
     r = heapcast("trace", "-o", "out", "--", "sqlite3", ":memory:", "select 6*7", cwd=tmp_path)

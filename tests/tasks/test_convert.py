@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import need_tool
+
 from tasks.convert import convert_trace, events_from_trace, pair_frees
 from tasks.events_schema import EVENTS_SCHEMA
 from tasks.trace_reader import Op, parse_trace, read_trace
@@ -179,8 +181,7 @@ def test_synthetic_multithreaded_trace_has_every_free_paired():
 
 @pytest.fixture(scope="module")
 def pairs_trace(tmp_path_factory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build tests/tasks/programs/pairs.c")
+    need_tool("gcc")
     if not LIB.exists():
         subprocess.run(["make", "-C", str(PROJECT / "native")], check=True, capture_output=True)
     tmp = tmp_path_factory.mktemp("pairs")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import need_tool
+
 from tasks.inputs import GENERATORS, generate_input
 
 REAL = [g for g in GENERATORS if g != "none"]
@@ -40,8 +42,7 @@ def test_unknown_generator(tmp_path):
 
 
 def test_sql_runs_in_sqlite3(tmp_path):
-    if not shutil.which("sqlite3"):
-        pytest.skip("sqlite3 is not installed (apt-get install sqlite3)")
+    need_tool("sqlite3")
     generate_input("sql", 3, 300, tmp_path)
     out = subprocess.run(["sqlite3", "-bail", ":memory:", f".read {tmp_path}/input.sql"],
                          capture_output=True, text=True)
@@ -51,8 +52,7 @@ def test_sql_runs_in_sqlite3(tmp_path):
 def test_python_script_compiles_and_c_file_parses(tmp_path):
     generate_input("python_script", 3, 50, tmp_path)
     compile((tmp_path / "workload.py").read_text(), "workload.py", "exec")
-    if not shutil.which("gcc"):
-        pytest.skip("gcc is not installed")
+    need_tool("gcc")
     generate_input("c_file", 3, 30, tmp_path)
     out = subprocess.run(["gcc", "-fsyntax-only", "-Wno-unused", str(tmp_path / "gen.c")],
                          capture_output=True, text=True)
@@ -60,8 +60,7 @@ def test_python_script_compiles_and_c_file_parses(tmp_path):
 
 
 def test_git_stream_imports(tmp_path):
-    if not shutil.which("git"):
-        pytest.skip("git is not installed")
+    need_tool("git")
     generate_input("git_repo", 3, 30, tmp_path / "in")
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)

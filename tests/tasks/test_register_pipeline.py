@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("keras")
 
 from tasks.register import champion_rescorer, register_outcome  # noqa: E402
 from tasks.storage import Root  # noqa: E402
