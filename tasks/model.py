@@ -41,8 +41,19 @@ def set_precision_policy() -> str:
     return name
 
 
-def build_model(cfg: TrainConfig, mode: str | None = None) -> keras.Model:
-    """The network of `cfg.model` for `mode` (default cfg.mode), compiled with cfg's optimizer."""
+def learning_rate(cfg: TrainConfig, total_steps: int | None = None):
+    """cfg.learning_rate, or a cosine decay over `total_steps` (lr_schedule: cosine)."""
+    if cfg.lr_schedule == "constant" or not total_steps:
+        return cfg.learning_rate
+    return keras.optimizers.schedules.CosineDecay(
+        cfg.learning_rate, decay_steps=int(total_steps), alpha=cfg.lr_floor
+    )
+
+
+def build_model(cfg: TrainConfig, mode: str | None = None, total_steps: int | None = None) -> keras.Model:
+    """The network of `cfg.model` for `mode` (default cfg.mode), compiled with cfg's optimizer.
+
+    `total_steps` (the planned training steps) shapes a cosine learning-rate schedule."""
     mode = mode or cfg.mode
     set_precision_policy()
     layer_cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[cfg.model.kind]
@@ -69,7 +80,9 @@ def build_model(cfg: TrainConfig, mode: str | None = None) -> keras.Model:
     outputs = keras.layers.Dense(N_TOKENS, activation="softmax", dtype="float32", name="next")(x)
     model = keras.Model(inputs, outputs, name=f"heapcast_{cfg.model.kind}_{mode}")
     model.compile(
-        optimizer=OPTIMIZERS[cfg.optimizer](learning_rate=cfg.learning_rate),
+        optimizer=OPTIMIZERS[cfg.optimizer](
+            learning_rate=learning_rate(cfg, total_steps), clipnorm=cfg.clipnorm
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(),
         weighted_metrics=[
             keras.metrics.SparseCategoricalAccuracy(name="accuracy"),

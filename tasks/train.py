@@ -89,9 +89,10 @@ def fit_model(
     val_run = concat_runs(split.validation)
     c, b = cfg.context, cfg.batch_size
     if cfg.mode == "sequence":
-        train_ds, n = sequence_dataset(train_run, c, b, seed=cfg.seed)
-        val_ds, n_val = sequence_dataset(val_run, c, b, shuffle=False, repeat=False)
-        per_batch = b * c
+        chunk = c * cfg.train_chunk_contexts
+        train_ds, n = sequence_dataset(train_run, chunk, b, seed=cfg.seed)
+        val_ds, n_val = sequence_dataset(val_run, chunk, b, shuffle=False, repeat=False)
+        per_batch = b * chunk
     else:
         train_ds, n = windows_dataset(train_run, c, b, seed=cfg.seed)
         val_ds, n_val = windows_dataset(
@@ -116,7 +117,7 @@ def fit_model(
 
     meter = _throughput_meter(per_batch)
     start_epoch = _epoch_recorder()
-    model = build_model(cfg)
+    model = build_model(cfg, total_steps=cfg.epochs * steps)
     model.fit(
         train_ds,
         epochs=cfg.epochs,

@@ -90,6 +90,15 @@ class TrainConfig(StrictModel):
     context: int = Field(default=100, ge=2)
     optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
     learning_rate: float = Field(default=1e-3, gt=0.0)
+    # constant, or cosine decay from learning_rate to lr_floor * learning_rate over all the
+    # planned steps (epochs x steps per epoch); early stopping may end it sooner
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_floor: float = Field(default=0.05, ge=0.0, le=1.0)
+    clipnorm: float | None = Field(default=None, gt=0.0)  # per-step gradient norm clip
+    # sequence mode: a training chunk is this many contexts long (1: `context` tokens). A chunk
+    # starts with an empty state, so longer chunks give more of the positions a long history;
+    # evaluation chunks are unchanged (tasks.sequences.eval_chunks).
+    train_chunk_contexts: int = Field(default=1, ge=1)
     batch_size: int = Field(default=64, ge=1)
     epochs: int = Field(default=20, ge=1)
     steps_per_epoch: int | None = Field(default=None, ge=1)  # None: one pass over the chunks

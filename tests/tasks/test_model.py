@@ -7,7 +7,13 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from tasks.model import as_sequence_model, build_model, predict_positions, set_precision_policy  # noqa: E402
+from tasks.model import (  # noqa: E402
+    as_sequence_model,
+    build_model,
+    learning_rate,
+    predict_positions,
+    set_precision_policy,
+)
 from tasks.sequences import TokenRun, eval_positions  # noqa: E402
 from tasks.token_data import eval_dataset, sequence_dataset, windows_dataset  # noqa: E402
 from tasks.train_config import TrainConfig  # noqa: E402
@@ -82,3 +88,15 @@ def test_windows_weights_run_as_a_sequence_model():
     x = RUN.tokens[None, :6].astype(np.int32)
     # the last step of the sequence twin is the windows model's answer
     assert np.allclose(twin.predict(x, verbose=0)[0, -1], model.predict(x, verbose=0)[0], atol=1e-5)
+
+
+def test_cosine_schedule_decays_to_its_floor_and_constant_stays():
+    cfg = tiny(learning_rate=0.01, lr_schedule="cosine", lr_floor=0.1, clipnorm=1.0)
+    schedule = learning_rate(cfg, total_steps=100)
+    assert float(schedule(0)) == pytest.approx(0.01)
+    assert float(schedule(50)) < 0.01
+    assert float(schedule(100)) == pytest.approx(0.001)
+    assert learning_rate(tiny(learning_rate=0.01), total_steps=100) == 0.01
+    model = build_model(cfg, total_steps=100)
+    assert model.optimizer.clipnorm == 1.0
+    model.fit(np.ones((4, 6), np.int32), np.ones((4, 6), np.int32), epochs=1, verbose=0)

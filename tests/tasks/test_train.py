@@ -94,3 +94,13 @@ def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tm
     ev = outcome.evaluation
     assert ev.get(MODEL).positions == ev.get("ngram").positions > 0
     assert outcome.model.output_shape == (None, 64)
+
+
+def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_root, tmp_path):
+    from tasks.sequences import concat_runs, train_chunks
+
+    cfg = tiny(tmp_path, train_chunk_contexts=3, lr_schedule="cosine", clipnorm=1.0, epochs=1)
+    split = load_split(Root.from_url(events_root), cfg.data)
+    _, facts = fit_model(cfg, split, tmp_path / "chunk-ckpt", verbose=0)
+    assert facts["train_units"] == len(train_chunks(concat_runs(split.train), 30)[0])
+    assert facts["predictions"] == (facts["steps_per_epoch"] - 2) * 8 * 30  # 2 untimed steps
