@@ -38,17 +38,23 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(model: type[M], path: str | Path) -> M:
-    """Read YAML at `path` into `model`; a missing file or bad field raises ConfigError."""
+def read_yaml(path: str | Path, what: str = "config file") -> object:
+    """The YAML document at `path`; a missing file or bad YAML raises ConfigError naming it."""
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
+        raise ConfigError(f"{path}: {what} not found") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+
+
+def load_config(model: type[M], path: str | Path) -> M:
+    """Read YAML at `path` into `model`; a missing file or bad field raises ConfigError."""
+    path = Path(path)
+    data = read_yaml(path)
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -23,11 +23,11 @@ import string
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.inputs import GENERATORS
-from tasks.config import CONFIG_DIR, PROJECT_DIR, ConfigError, StrictModel, default_root
+from tasks.config import (CONFIG_DIR, PROJECT_DIR, ConfigError, StrictModel, default_root,
+                          read_yaml)
 
 CATALOG_PATH = CONFIG_DIR / "workloads.yaml"
 IMAGES_DIR = PROJECT_DIR / "docker" / "workloads"
@@ -212,15 +212,7 @@ def parse_catalog(data: object, source: str) -> Catalog:
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """Read and validate the catalog (configs/workloads.yaml by default)."""
     path = Path(path) if path is not None else CATALOG_PATH
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: workload catalog not found") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return parse_catalog(data, str(path))
+    return parse_catalog(read_yaml(path, "workload catalog"), str(path))
 
 
 class TraceParams(StrictModel):
