@@ -5,27 +5,13 @@ Composition only: the work lives in tasks/train.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
-from pydantic import BaseModel, Field
 
-from tasks.config import default_root
 from tasks.outcome import TrainOutcome
 from tasks.register import champion_rescorer, register
 from tasks.tracking import tracking_for
 from tasks.train import evaluate, publish_evaluation, train
-from tasks.train_config import DEFAULT_CONFIG, load_train_config
-
-
-class TrainParams(BaseModel):
-    """What a run of the flow is given; the training settings come from the config file."""
-
-    root: str = Field(default_factory=default_root, description="data root (folder or s3:// URL)")
-    config: str = Field(default=str(DEFAULT_CONFIG), description="training YAML (configs/train.yaml)")
-    overrides: dict[str, Any] = Field(
-        default_factory=dict, description="nested settings merged over the YAML, e.g. {'epochs': 2}"
-    )
+from tasks.train_config import TrainParams, load_train_config
 
 
 @flow(name="train")

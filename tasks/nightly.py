@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from tasks.dataset import DatasetParams
-from flows.train import TrainParams
 from tasks.config import StrictModel
 from tasks.tracking import TrackingConfig, tracking_for
-from tasks.train_config import QUICK_CONFIG
+from tasks.train_config import QUICK_CONFIG, TrainParams
 from tasks.workloads import TraceParams
 
 

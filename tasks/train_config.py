@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config import CONFIG_DIR, ConfigError, StrictModel, load_config
+from tasks.config import CONFIG_DIR, ConfigError, StrictModel, default_root, load_config
 
 DEFAULT_CONFIG = CONFIG_DIR / "train.yaml"
 QUICK_CONFIG = CONFIG_DIR / "train-quick.yaml"
@@ -139,3 +139,13 @@ def load_train_config(
         return TrainConfig.model_validate(_merge(cfg.model_dump(), overrides))
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, f"{path} with overrides")) from None
+
+
+class TrainParams(StrictModel):
+    """What a run of the flow is given; the training settings come from the config file."""
+
+    root: str = Field(default_factory=default_root, description="data root (folder or s3:// URL)")
+    config: str = Field(default=str(DEFAULT_CONFIG), description="training YAML (configs/train.yaml)")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="nested settings merged over the YAML, e.g. {'epochs': 2}"
+    )
