@@ -198,9 +198,15 @@ def plan_split(available: dict[str, list[str]], cfg: DataConfig) -> dict[str, di
         raise ValueError(
             f"workloads {missing} are not in the events dataset (found: {sorted(available)})"
         )
-    workloads = cfg.workloads if cfg.workloads is not None else [
-        w for w in available if w not in cfg.heldout_workloads
-    ]
+    heldout = list(cfg.heldout_workloads)
+    if cfg.workloads is not None:
+        workloads = list(cfg.workloads)
+    else:
+        # Chosen automatically: a workload with a single run (an ad-hoc `heapcast trace`, a
+        # new catalog entry) cannot be evaluated on an unseen run of itself, so it joins the
+        # held-out table instead of stopping the training. Named workloads still must have two.
+        workloads = [w for w in available if w not in heldout and len(available[w]) >= 2]
+        heldout += [w for w in available if w not in heldout and len(available[w]) < 2]
     if not workloads:
         raise ValueError("no workload left to train on; check data.workloads / heldout_workloads")
     plan: dict[str, dict[str, list[str]]] = {}
@@ -222,7 +228,7 @@ def plan_split(available: dict[str, list[str]], cfg: DataConfig) -> dict[str, di
                 f"(another input); replay it again or list it under data.heldout_workloads"
             )
         plan[w] = {"train": tr, "validation": va, "evaluation": ev, "heldout": []}
-    for w in cfg.heldout_workloads:
+    for w in heldout:
         plan[w] = {"train": [], "validation": [], "evaluation": [], "heldout": list(available[w])}
     return plan
 

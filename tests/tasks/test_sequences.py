@@ -87,11 +87,22 @@ def test_split_default_rule(events_root):
     assert plan["gamma"]["heldout"] == ["r0", "r1"]
 
 
-def test_split_refuses_a_single_run_and_unknown_workloads():
+def test_split_refuses_a_named_single_run_workload_and_unknown_workloads():
     with pytest.raises(ValueError, match="only run"):
-        plan_split({"solo": ["a"]}, DataConfig())
+        plan_split({"solo": ["a"]}, DataConfig(workloads=["solo"]))
     with pytest.raises(ValueError, match="not in the events dataset"):
         plan_split({"solo": ["a", "b"]}, DataConfig(heldout_workloads=["nope"]))
+
+
+def test_a_single_run_workload_chosen_automatically_is_held_out():
+    # GIVEN an ad-hoc trace (one run) next to a workload with two runs
+    plan = plan_split({"adhoc": ["20261122T0400"], "sqlite3": ["medium", "small"]}, DataConfig())
+    # THEN the training goes on, and the single run is scored as an unseen program
+    assert plan["sqlite3"]["train"] == ["medium"] and plan["sqlite3"]["evaluation"] == ["small"]
+    assert plan["adhoc"] == {"train": [], "validation": [], "evaluation": [],
+                             "heldout": ["20261122T0400"]}
+    with pytest.raises(ValueError, match="no workload left to train on"):
+        plan_split({"adhoc": ["x"]}, DataConfig())
 
 
 def test_load_split_cuts_validation_from_thread_tails_and_caps(events_root):
