@@ -65,68 +65,101 @@ class Pairing:
     free_of_alloc: np.ndarray
 
 
-def _entry_keys(addr: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, int] | None:
+_CHUNK = 1 << 20  # entries per step when building keys: a step's temporaries stay in cache
+
+
+def _entry_keys(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
+                ) -> tuple[np.ndarray, int] | None:
     """Entries sorted by (addr, order) as packed uint64 keys, with the order key's bit count;
     None when (address, order) does not fit 64 bits.
 
-    `order` values are unique. np.sort of one uint64 array is SIMD-vectorised and several times
-    faster than an argsort or a lexsort, so the address (compacted) and the order key are packed
-    into one uint64 and sorted by value; the order key comes back from the low bits.
-    Compaction: the high 32 address bits take few distinct values in a process (heap, mmap
-    regions), mapped to small ids through a table over their range; the low 32 bits lose the
-    trailing zeros every address shares (malloc alignment).
+    Each group is (rows, source, half): the entries of rows `rows` (ascending) with addresses
+    `source[rows]` and order keys 2*row + half, unique. np.sort of one uint64 array is
+    SIMD-vectorised and several times faster than an argsort or a lexsort, so the address
+    (compacted) and the order key are packed into one uint64 and sorted by value; the order key
+    comes back from the low bits. Compaction: the high 32 address bits take few distinct values
+    in a process (heap, mmap regions), mapped to small ids; the low 32 bits lose the trailing
+    zeros every address shares (malloc alignment). The keys are built in place, a chunk at a
+    time, in the one output array: no full-size temporaries.
     """
-    pos_bits = max(int(order.max()).bit_length(), 1)
-    common = int(np.bitwise_or.reduce(addr))
+    pos_bits = max(2 * n - 1, 1).bit_length()
+    m = sum(len(rows) for rows, _, _ in groups)
+    key = np.empty(m, dtype=np.uint64)
+    spans = []  # (key slice, rows chunk, half)
+    common, a_min, a_max, o = 0, None, None, 0
+    for rows, source, half in groups:
+        for s in range(0, len(rows), _CHUNK):
+            r = rows[s:s + _CHUNK]
+            out = key[o:o + len(r)]
+            np.take(source, r, out=out)
+            common |= int(np.bitwise_or.reduce(out))
+            lo, hi = int(out.min()), int(out.max())
+            a_min = lo if a_min is None else min(a_min, lo)
+            a_max = hi if a_max is None else max(a_max, hi)
+            spans.append((out, r, half))
+            o += len(r)
+    if m == 0:
+        return key, pos_bits
     shift = min((common & -common).bit_length() - 1, 32) if common else 0
-    hi = (addr >> np.uint64(32)).astype(np.uint32)
-    h0, h1 = int(hi.min()), int(hi.max())
+    h0, h1 = a_min >> 32, a_max >> 32
     if h1 - h0 < (1 << 22):
-        rel = hi - np.uint32(h0)
-        present = np.zeros(h1 - h0 + 1, dtype=np.uint32)
-        present[rel] = 1
+        present = np.zeros(h1 - h0 + 1, dtype=np.uint64)
+        for out, _, _ in spans:
+            present[(out >> np.uint64(32)) - np.uint64(h0)] = 1
         n_hi = int(present.sum())
-        ids = np.cumsum(present, dtype=np.uint32) - np.uint32(1)
+        ids, uniq = np.cumsum(present, dtype=np.uint64) - np.uint64(1), None
     else:
-        uniq = np.unique(hi)
-        n_hi, ids, rel, h0 = len(uniq), None, None, 0
+        uniq = np.unique(np.concatenate([np.unique(out >> np.uint64(32)) for out, _, _ in spans]))
+        n_hi, ids = len(uniq), None
     hid_bits = max(n_hi - 1, 0).bit_length()
     lo_bits = 32 - shift
     if hid_bits + lo_bits + pos_bits > 64:
         return None
-    hid = (ids[rel] if ids is not None else np.searchsorted(uniq, hi)).astype(np.uint64)
-    key = hid << np.uint64(lo_bits + pos_bits)
-    key |= ((addr & np.uint64(0xFFFF_FFFF)) >> np.uint64(shift)) << np.uint64(pos_bits)
-    key |= order
+    hid_shift, lo_mask = np.uint64(lo_bits + pos_bits), np.uint64(0xFFFF_FFFF)
+    for out, r, half in spans:
+        hi = out >> np.uint64(32)
+        if ids is not None:
+            hi -= np.uint64(h0)
+            hid = ids[hi]
+        else:
+            hid = np.searchsorted(uniq, hi).astype(np.uint64)
+        hid <<= hid_shift
+        out &= lo_mask
+        out >>= np.uint64(shift)
+        out <<= np.uint64(pos_bits)
+        out |= hid
+        pos = r.astype(np.uint64)
+        pos <<= np.uint64(1)
+        if half:
+            pos |= np.uint64(1)
+        out |= pos
     key.sort()
     return key, pos_bits
 
 
-def _pairs(def_addr: np.ndarray, free_addr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
+           ) -> tuple[np.ndarray, np.ndarray]:
     """The (defining row, freeing row) of every paired block, in defining-row order.
 
+    `groups`: the entries as in `_entry_keys` (half 0: frees, 1: definitions), n: the row count.
     See `pair_frees` for the rule. Returned in defining-row order so that what is derived from
     the pairs (sizes, lifetimes) reads and writes the row arrays nearly sequentially: blocks
     mostly die young, so the freeing row is close to the defining row.
     """
-    n = len(def_addr)
-    fi = np.flatnonzero(free_addr)
-    di = np.flatnonzero(def_addr)
     empty = np.zeros(0, dtype=np.int64)
-    if len(fi) == 0 or len(di) == 0:
+    if not any(len(r) for r, _, h in groups if h == 0) or \
+            not any(len(r) for r, _, h in groups if h == 1):
         return empty, empty
-    addr = np.concatenate([free_addr[fi], def_addr[di]])
-    order = np.empty(len(addr), dtype=np.uint64)
-    np.multiply(fi, 2, out=order[:len(fi)], casting="unsafe")
-    np.multiply(di, 2, out=order[len(fi):], casting="unsafe")
-    order[len(fi):] += np.uint64(1)
-    packed = _entry_keys(addr, order)
+    packed = _entry_keys(groups, n)
     if packed is not None:
         key, pos_bits = packed
         # entry j+1 is a free paired with entry j: same address, j a definition, j+1 a free
         same = (key[1:] ^ key[:-1]) < np.uint64(1 << pos_bits)
         okey = key & np.uint64((1 << pos_bits) - 1)
     else:  # addresses that do not pack (unaligned, spread over the 64-bit range): lexsort
+        addr = np.concatenate([src[r] for r, src, _ in groups])
+        order = np.concatenate([r.astype(np.uint64) * np.uint64(2) + np.uint64(h)
+                                for r, _, h in groups])
         perm = np.lexsort((order, addr))
         okey, sorted_addr = order[perm], addr[perm]
         same = sorted_addr[1:] == sorted_addr[:-1]
@@ -165,7 +198,8 @@ def pair_frees(def_addr: np.ndarray, free_addr: np.ndarray) -> Pairing:
     followed by another definition (a free the trace missed) or by nothing is never freed.
     """
     n = len(def_addr)
-    a, f = _pairs(def_addr, free_addr)
+    a, f = _pairs([(np.flatnonzero(free_addr), free_addr, 0),
+                   (np.flatnonzero(def_addr), def_addr, 1)], n)
     alloc_of_free = np.full(n, -1, dtype=np.int64)
     free_of_alloc = np.full(n, -1, dtype=np.int64)
     alloc_of_free[f] = a
@@ -337,18 +371,18 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     if any_realloc:
         defines |= is_realloc
     defines &= addr_nz
-    def_addr = np.where(defines, addr, np.uint64(0))
-    free_addr = np.where(is_free, addr, np.uint64(0))
+    def_rows = np.flatnonzero(defines)
+    frees = [(np.flatnonzero(is_free & addr_nz), addr, 0)]
     free_only = is_free
     realloc_frees = None
     if any_realloc:
         # realloc frees its old block when it returned a new one, or when realloc(p, 0) freed p
         # (recorded with addr 0); a failed realloc(p, n > 0) leaves p live.
         realloc_frees = is_realloc & (addr_nz | (size == 0)) & (arg != 0)
-        np.copyto(free_addr, arg, where=realloc_frees)
+        frees.append((np.flatnonzero(realloc_frees), arg, 0))
         # realloc(p, 0) that only frees, and free itself, carry the free token
         free_only = is_free | (realloc_frees & ~addr_nz)
-    a, f = _pairs(def_addr, free_addr)
+    a, f = _pairs(frees + [(def_rows, addr, 1)], n)
 
     # Derived columns from the pairs (in defining-row order: near-sequential reads and writes)
     freed = np.zeros(n, dtype=bool)
@@ -414,8 +448,8 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         ops={_OP_NAMES.get(int(c), f"op{int(c)}"): int(op_counts[c]) for c in codes},
         threads=int(np.count_nonzero(_counts(thread, 1))) if n else 0,
         token_hist=_counts(token, N_TOKENS)[:N_TOKENS].astype(int).tolist(),
-        unpaired_frees=int(np.count_nonzero(free_addr)) - n_paired,
-        never_freed=int(np.count_nonzero(defines)) - n_freed,
+        unpaired_frees=sum(len(rows) for rows, _, _ in frees) - n_paired,
+        never_freed=len(def_rows) - n_freed,
         failed_allocations=int(np.count_nonzero((kind == _KIND_ALLOC) & ~addr_nz)
                                + (np.count_nonzero(is_realloc & ~addr_nz & (size != 0))
                                   if any_realloc else 0)),
