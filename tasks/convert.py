@@ -396,8 +396,22 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     lifetime_calls = np.zeros(n, dtype=np.int64)
     lifetime_calls[a] = f - a
 
-    token = size_class(np.where(free_only, freed_size, size))
-    token += free_only.view(np.uint8) * np.uint8(FREE_OFFSET)
+    token = np.empty(n, dtype=np.uint8)
+    peak_live = 0
+    live_base = np.int64(0)
+    for s in range(0, n, _CHUNK):  # a chunk's temporaries stay in cache
+        e = min(s + _CHUNK, n)
+        fo = free_only[s:e]
+        tk = size_class(np.where(fo, freed_size[s:e], size[s:e]))
+        tk += fo.view(np.uint8) * np.uint8(FREE_OFFSET)
+        token[s:e] = tk
+        # live bytes in call order: + the size of each block defined, - each paired free's size
+        delta = np.where(defines[s:e], size[s:e], np.uint64(0)).view(np.int64)
+        delta -= freed_size[s:e].view(np.int64)
+        live = np.cumsum(delta)
+        live += live_base
+        peak_live = max(peak_live, int(live.max()))
+        live_base = live[-1]
 
     aligned = _ALIGNED[op]
     n_aligned = int(np.count_nonzero(aligned))
@@ -436,10 +450,6 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     }
     table = pa.Table.from_arrays([cols[f.name] for f in EVENTS_SCHEMA], schema=EVENTS_SCHEMA)
 
-    # Live bytes in call order: + the size of each block defined, - the size of each paired free.
-    live_delta = np.where(defines, size, np.uint64(0)).view(np.int64)
-    live_delta -= freed_size.view(np.int64)
-    live = np.cumsum(live_delta)
     op_counts = _counts(op, 256)
     codes = np.flatnonzero(op_counts)
     n_paired, n_freed = len(f), len(a)
@@ -453,7 +463,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         failed_allocations=int(np.count_nonzero((kind == _KIND_ALLOC) & ~addr_nz)
                                + (np.count_nonzero(is_realloc & ~addr_nz & (size != 0))
                                   if any_realloc else 0)),
-        peak_live_bytes=int(max(live.max(), 0)) if n else 0,
+        peak_live_bytes=peak_live,
     )
     return table, stats
 
