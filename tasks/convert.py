@@ -286,6 +286,17 @@ def _nullable(values: np.ndarray, valid: np.ndarray | None, type_: pa.DataType) 
                                  null_count=null_count)
 
 
+def _constant(value: int | None, type_: pa.DataType, n: int) -> pa.ChunkedArray:
+    """A column of n copies of one value (None: all null) that holds one chunk of memory: a
+    chunk of up to _CHUNK rows, referenced as often as needed. Full-size constant arrays cost
+    their allocation, page faults and fill, and the Parquet writer reads them all."""
+    m = min(n, _CHUNK)
+    chunk = pa.nulls(m, type_) if value is None else \
+        pa.array(np.full(m, value, dtype=type_.to_pandas_dtype()), type=type_)
+    k, rem = divmod(n, _CHUNK)
+    return pa.chunked_array([chunk] * k + ([chunk.slice(0, rem)] if rem else []), type=type_)
+
+
 @dataclass
 class FileStats:
     """Small per-file facts for the run summary (all computed vectorised)."""
@@ -359,7 +370,11 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     time_ns = np.ascontiguousarray(take(time_all))
     thread = np.ascontiguousarray(take(fields["thread"]))
     thread_all = fields["thread"]
-    tid = _tids(trace, thread_all, is_ts_all, ts_idx, thread, take)
+    single_thread = len(thread) > 0 and len(ts_idx) <= 1 \
+        and bool(thread[0] == thread[-1]) and not bool(np.any(thread != thread[0]))
+    # one thread: thread and tid are constant columns (the tid from a one-row lookup)
+    tid = _tids(trace, thread_all, is_ts_all, ts_idx, thread[:1] if single_thread else thread,
+                take)
     n = len(op)
 
     kind = _KIND[op]
@@ -418,21 +433,20 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     if n_aligned:
         alignment = _nullable(np.where(aligned, arg, np.uint64(0)), aligned, pa.uint64())
     else:
-        alignment = pa.nulls(n, pa.uint64())
+        alignment = _constant(None, pa.uint64(), n)
     # freed_addr: realloc's old block only; a plain free's freed block is its `addr`
     if realloc_frees is not None and realloc_frees.any():
         freed_addr = _nullable(np.where(realloc_frees, arg, np.uint64(0)), realloc_frees,
                                pa.uint64())
     else:
-        freed_addr = pa.nulls(n, pa.uint64())
+        freed_addr = _constant(None, pa.uint64(), n)
     caller = trace.caller
-    single_thread = bool(n) and len(ts_idx) <= 1 and bool(thread[0] == thread[-1]) \
-        and not bool(np.any(thread != thread[0]))
     cols = {
-        "pid": pa.array(np.full(n, h.pid, dtype=np.uint32)),
-        "ppid": pa.array(np.full(n, h.ppid, dtype=np.uint32)),
-        "thread": pa.array(thread),
-        "tid": pa.array(tid),
+        "pid": _constant(h.pid, pa.uint32(), n),
+        "ppid": _constant(h.ppid, pa.uint32(), n),
+        "thread": _constant(int(thread[0]), pa.uint16(), n) if single_thread
+        else pa.array(thread),
+        "tid": _constant(int(tid[0]), pa.uint32(), n) if single_thread else pa.array(tid),
         "seq": pa.array(np.arange(n, dtype=np.uint64) if single_thread
                         else _seq_per_row(thread)),
         "time_ns": pa.array(time_ns),
@@ -443,7 +457,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         "freed_addr": freed_addr,
         "freed_size": _nullable(freed_size, paired, pa.uint64()),
         "caller": (pa.array(np.ascontiguousarray(take(caller))) if caller is not None
-                   else pa.nulls(n, pa.uint64())),
+                   else _constant(None, pa.uint64(), n)),
         "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
         "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
         "token": pa.array(token),
