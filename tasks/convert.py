@@ -151,32 +151,48 @@ def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
             not any(len(r) for r, _, h in groups if h == 1):
         return empty, empty
     packed = _entry_keys(groups, n)
+    spans = []  # (okey, same) of consecutive stretches of the sorted entries
     if packed is not None:
         key, pos_bits = packed
-        # entry j+1 is a free paired with entry j: same address, j a definition, j+1 a free
-        same = (key[1:] ^ key[:-1]) < np.uint64(1 << pos_bits)
-        okey = key & np.uint64((1 << pos_bits) - 1)
+        low = np.uint64((1 << pos_bits) - 1)
+        for s in range(0, max(len(key) - 1, 0), _CHUNK):  # overlapping by one entry
+            x = key[s:s + _CHUNK + 1]
+            # the same address: the keys differ only in the order bits
+            spans.append((x & low, (x[1:] ^ x[:-1]) <= low))
     else:  # addresses that do not pack (unaligned, spread over the 64-bit range): lexsort
         addr = np.concatenate([src[r] for r, src, _ in groups])
         order = np.concatenate([r.astype(np.uint64) * np.uint64(2) + np.uint64(h)
                                 for r, _, h in groups])
         perm = np.lexsort((order, addr))
-        okey, sorted_addr = order[perm], addr[perm]
-        same = sorted_addr[1:] == sorted_addr[:-1]
-    is_def = (okey & np.uint64(1)).astype(bool)
-    same &= is_def[:-1]
-    same &= ~is_def[1:]
-    j = np.flatnonzero(same)
-    a = (okey[j] >> np.uint64(1)).astype(np.int64)
-    f = (okey[j + 1] >> np.uint64(1)).astype(np.int64)
-    # definitions are unique per row and a free comes after its definition (f > a)
+        sorted_addr = addr[perm]
+        spans.append((order[perm], sorted_addr[1:] == sorted_addr[:-1]))
+    # definitions are unique per row and a free comes after its definition (f > a): the pairs
+    # sort by (a, f - a) packed in one uint64 when both fit
     bits = max(n - 1, 1).bit_length()
-    if 2 * bits <= 64:
-        k2 = (a.astype(np.uint64) << np.uint64(bits)) | (f - a).astype(np.uint64)
+    packs = 2 * bits <= 64
+    parts_a, parts_f = [], []
+    for okey, same in spans:
+        # entry j+1 is a free paired with entry j: same address, j a definition, j+1 a free
+        is_def = (okey & np.uint64(1)).astype(bool)
+        same &= is_def[:-1]
+        same &= ~is_def[1:]
+        j = np.flatnonzero(same)
+        a = okey[j] >> np.uint64(1)
+        f = okey[j + 1] >> np.uint64(1)
+        if packs:
+            f -= a
+            a <<= np.uint64(bits)
+            a |= f
+        parts_a.append(a)
+        parts_f.append(f)
+    if packs:
+        k2 = np.concatenate(parts_a)
         k2.sort()
         a = (k2 >> np.uint64(bits)).astype(np.int64)
         f = a + (k2 & np.uint64((1 << bits) - 1)).astype(np.int64)
     else:
+        a = np.concatenate(parts_a).astype(np.int64)
+        f = np.concatenate(parts_f).astype(np.int64)
         p = np.argsort(a)
         a, f = a[p], f[p]
     return a, f

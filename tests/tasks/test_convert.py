@@ -176,6 +176,27 @@ def test_synthetic_multithreaded_trace_has_every_free_paired():
     assert sum(stats.token_hist) == table.num_rows
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_results_do_not_depend_on_the_chunk_size(monkeypatch, threads):
+    # GIVEN a trace converted with the usual chunk size (one chunk for this small trace)
+    trace = parse_trace(trace_bytes(synthetic_records(20_000, threads=threads)), "s.hct")
+    table, stats = convert_trace(trace)
+    # WHEN it is converted again in chunks of 7 rows/entries (keys, pairs, tokens, live bytes,
+    # constant columns all cross chunk boundaries)
+    import tasks.convert as convert_module
+    monkeypatch.setattr(convert_module, "_CHUNK", 7)
+    table7, stats7 = convert_trace(trace)
+    # THEN rows and facts are the same
+    assert table7.equals(table) and stats7 == stats
+    rng = np.random.default_rng(9)
+    pool = np.array([0x5555_0000_1000 + 16 * k for k in range(20)], dtype=np.uint64)
+    def_addr = np.where(rng.random(500) < 0.5, rng.choice(pool, 500), 0).astype(np.uint64)
+    free_addr = np.where(rng.random(500) < 0.5, rng.choice(pool, 500), 0).astype(np.uint64)
+    p = pair_frees(def_addr, free_addr)
+    assert (p.alloc_of_free.tolist(), p.free_of_alloc.tolist()) == \
+        reference_pairing(def_addr, free_addr)
+
+
 # ------------------------------------------------------------------ a real trace from a C program
 
 
