@@ -188,6 +188,18 @@ def test_results_do_not_depend_on_the_chunk_size(monkeypatch, threads):
     table7, stats7 = convert_trace(trace)
     # THEN rows and facts are the same
     assert table7.equals(table) and stats7 == stats
+    # reallocs, failed and aligned allocations across chunk boundaries too
+    recs = [thread_start(0, 5)]
+    for k in range(40):
+        t, b = 100 * k, 0x1000 * (k % 7 + 1)
+        recs += [malloc(t + 1, 100 + k, b), realloc(t + 2, b, 200, b + 0x10),
+                 realloc(t + 3, b + 0x10, 0, 0), realloc(t + 4, 0, 16, b + 0x20),
+                 realloc(t + 5, b + 0x20, 1 << 20, 0), memalign(t + 6, 64, 1024, b + 0x40),
+                 free(t + 7, b + 0x20), free(t + 8, b + 0x40), free(t + 9, 0xDEAD0)]
+    trace = parse_trace(trace_bytes(recs), "r.hct")
+    table7, stats7 = convert_trace(trace)
+    monkeypatch.setattr(convert_module, "_CHUNK", 1 << 20)
+    assert table7.equals(convert_trace(trace)[0]) and stats7 == convert_trace(trace)[1]
     rng = np.random.default_rng(9)
     pool = np.array([0x5555_0000_1000 + 16 * k for k in range(20)], dtype=np.uint64)
     def_addr = np.where(rng.random(500) < 0.5, rng.choice(pool, 500), 0).astype(np.uint64)
