@@ -139,12 +139,10 @@ def _entry_keys(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
 
 def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
            ) -> tuple[np.ndarray, np.ndarray]:
-    """The (defining row, freeing row) of every paired block, in defining-row order.
+    """The (defining row, freeing row) of every paired block, in address order.
 
     `groups`: the entries as in `_entry_keys` (half 0: frees, 1: definitions), n: the row count.
-    See `pair_frees` for the rule. Returned in defining-row order so that what is derived from
-    the pairs (sizes, lifetimes) reads and writes the row arrays nearly sequentially: blocks
-    mostly die young, so the freeing row is close to the defining row.
+    See `pair_frees` for the rule.
     """
     empty = np.zeros(0, dtype=np.int64)
     if not any(len(r) for r, _, h in groups if h == 0) or \
@@ -166,10 +164,6 @@ def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
         perm = np.lexsort((order, addr))
         sorted_addr = addr[perm]
         spans.append((order[perm], sorted_addr[1:] == sorted_addr[:-1]))
-    # definitions are unique per row and a free comes after its definition (f > a): the pairs
-    # sort by (a, f - a) packed in one uint64 when both fit
-    bits = max(n - 1, 1).bit_length()
-    packs = 2 * bits <= 64
     parts_a, parts_f = [], []
     for okey, same in spans:
         # entry j+1 is a free paired with entry j: same address, j a definition, j+1 a free
@@ -177,24 +171,9 @@ def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
         same &= is_def[:-1]
         same &= ~is_def[1:]
         j = np.flatnonzero(same)
-        a = okey[j] >> np.uint64(1)
-        f = okey[j + 1] >> np.uint64(1)
-        if packs:
-            f -= a
-            a <<= np.uint64(bits)
-            a |= f
-        parts_a.append(a)
-        parts_f.append(f)
-    if packs:
-        k2 = np.concatenate(parts_a)
-        k2.sort()
-        a = (k2 >> np.uint64(bits)).astype(np.int64)
-        f = a + (k2 & np.uint64((1 << bits) - 1)).astype(np.int64)
-    else:
-        a = np.concatenate(parts_a).astype(np.int64)
-        f = np.concatenate(parts_f).astype(np.int64)
-        p = np.argsort(a)
-        a, f = a[p], f[p]
+        parts_a.append((okey[j] >> np.uint64(1)).view(np.int64))
+        parts_f.append((okey[j + 1] >> np.uint64(1)).view(np.int64))
+    a, f = np.concatenate(parts_a), np.concatenate(parts_f)
     return a, f
 
 
@@ -415,17 +394,23 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         free_only = is_free | (realloc_frees & ~addr_nz)
     a, f = _pairs(frees + [(def_rows, addr, 1)], n)
 
-    # Derived columns from the pairs (in defining-row order: near-sequential reads and writes)
+    # The pairs come in address order (random rows): two scatters put them in defining-row order
+    # (a free comes after its definition, f > a), so that what is derived from them reads and
+    # writes the row arrays nearly sequentially: blocks mostly die young, so the freeing row is
+    # close to the defining row.
     freed = np.zeros(n, dtype=bool)
     freed[a] = True
+    lifetime_calls = np.zeros(n, dtype=np.int64)
+    lifetime_calls[a] = f - a
+    a = np.flatnonzero(freed)
+    f = lifetime_calls[a]
+    f += a
     paired = np.zeros(n, dtype=bool)
     paired[f] = True
     freed_size = np.zeros(n, dtype=np.uint64)
     freed_size[f] = size[a]
     lifetime_ns = np.zeros(n, dtype=np.int64)
     lifetime_ns[a] = time_ns[f] - time_ns[a]
-    lifetime_calls = np.zeros(n, dtype=np.int64)
-    lifetime_calls[a] = f - a
 
     token = np.empty(n, dtype=np.uint8)
     peak_live = 0
