@@ -149,23 +149,9 @@ def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
             not any(len(r) for r, _, h in groups if h == 1):
         return empty, empty
     packed = _entry_keys(groups, n)
-    spans = []  # (okey, same) of consecutive stretches of the sorted entries
-    if packed is not None:
-        key, pos_bits = packed
-        low = np.uint64((1 << pos_bits) - 1)
-        for s in range(0, max(len(key) - 1, 0), _CHUNK):  # overlapping by one entry
-            x = key[s:s + _CHUNK + 1]
-            # the same address: the keys differ only in the order bits
-            spans.append((x & low, (x[1:] ^ x[:-1]) <= low))
-    else:  # addresses that do not pack (unaligned, spread over the 64-bit range): lexsort
-        addr = np.concatenate([src[r] for r, src, _ in groups])
-        order = np.concatenate([r.astype(np.uint64) * np.uint64(2) + np.uint64(h)
-                                for r, _, h in groups])
-        perm = np.lexsort((order, addr))
-        sorted_addr = addr[perm]
-        spans.append((order[perm], sorted_addr[1:] == sorted_addr[:-1]))
     parts_a, parts_f = [], []
-    for okey, same in spans:
+
+    def match(okey: np.ndarray, same: np.ndarray) -> None:
         # entry j+1 is a free paired with entry j: same address, j a definition, j+1 a free
         is_def = (okey & np.uint64(1)).astype(bool)
         same &= is_def[:-1]
@@ -173,6 +159,21 @@ def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
         j = np.flatnonzero(same)
         parts_a.append((okey[j] >> np.uint64(1)).view(np.int64))
         parts_f.append((okey[j + 1] >> np.uint64(1)).view(np.int64))
+
+    if packed is not None:
+        key, pos_bits = packed
+        low = np.uint64((1 << pos_bits) - 1)
+        for s in range(0, max(len(key) - 1, 0), _CHUNK):  # overlapping by one entry
+            x = key[s:s + _CHUNK + 1]
+            # the same address: the keys differ only in the order bits
+            match(x & low, (x[1:] ^ x[:-1]) <= low)
+    else:  # addresses that do not pack (unaligned, spread over the 64-bit range): lexsort
+        addr = np.concatenate([src[r] for r, src, _ in groups])
+        order = np.concatenate([r.astype(np.uint64) * np.uint64(2) + np.uint64(h)
+                                for r, _, h in groups])
+        perm = np.lexsort((order, addr))
+        sorted_addr = addr[perm]
+        match(order[perm], sorted_addr[1:] == sorted_addr[:-1])
     a, f = np.concatenate(parts_a), np.concatenate(parts_f)
     return a, f
 
