@@ -282,6 +282,21 @@ def _nullable(values: np.ndarray, valid: np.ndarray | None, type_: pa.DataType) 
                                  null_count=null_count)
 
 
+_SMALL = 1 << 16
+_SMALL_CLASS = size_class(np.arange(_SMALL, dtype=np.uint64))  # the token rule, tabulated
+
+
+def _size_classes(size: np.ndarray, out: np.ndarray) -> None:
+    """size_class of each size into `out`: a lookup in the rule's table for sizes below 64 KiB
+    (nearly all), the rule itself for the others."""
+    # sizes are below 2^40 (FORMAT.md), so an int64 view is the same values; mode="clip" maps
+    # larger ones to the table's end (fixed below) without a temporary
+    np.take(_SMALL_CLASS, size.view(np.int64), out=out, mode="clip")
+    big = np.flatnonzero(size >= np.uint64(_SMALL))
+    if len(big):
+        out[big] = size_class(size[big])
+
+
 def _constant(value: int | None, type_: pa.DataType, n: int) -> pa.ChunkedArray:
     """A column of n copies of one value (None: all null) that holds one chunk of memory: a
     chunk of up to _CHUNK rows, referenced as often as needed. Full-size constant arrays cost
@@ -419,9 +434,9 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     for s in range(0, n, _CHUNK):  # a chunk's temporaries stay in cache
         e = min(s + _CHUNK, n)
         fo = free_only[s:e]
-        tk = size_class(np.where(fo, freed_size[s:e], size[s:e]))
+        tk = token[s:e]
+        _size_classes(np.where(fo, freed_size[s:e], size[s:e]), out=tk)
         tk += fo.view(np.uint8) * np.uint8(FREE_OFFSET)
-        token[s:e] = tk
         # live bytes in call order: + the size of each block defined, - each paired free's size
         delta = np.where(defines[s:e], size[s:e], np.uint64(0)).view(np.int64)
         delta -= freed_size[s:e].view(np.int64)
@@ -472,7 +487,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     stats = FileStats(
         rows=n,
         ops={_OP_NAMES.get(int(c), f"op{int(c)}"): int(op_counts[c]) for c in codes},
-        threads=int(np.count_nonzero(_counts(thread, 1))) if n else 0,
+        threads=1 if single_thread else int(np.count_nonzero(_counts(thread, 1))) if n else 0,
         token_hist=_counts(token, N_TOKENS)[:N_TOKENS].astype(int).tolist(),
         unpaired_frees=sum(len(rows) for rows, _, _ in frees) - n_paired,
         never_freed=len(def_rows) - n_freed,
