@@ -104,8 +104,10 @@ def _entry_keys(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
     h0, h1 = a_min >> 32, a_max >> 32
     if h1 - h0 < (1 << 22):
         present = np.zeros(h1 - h0 + 1, dtype=np.uint64)
-        for out, _, _ in spans:
-            present[(out >> np.uint64(32)) - np.uint64(h0)] = 1
+        for out, _, _ in spans:  # (int64 indices: numpy's fast path; the values are < 2^32)
+            hi = out >> np.uint64(32)
+            hi -= np.uint64(h0)
+            present[hi.view(np.int64)] = 1
         n_hi = int(present.sum())
         ids, uniq = np.cumsum(present, dtype=np.uint64) - np.uint64(1), None
     else:
@@ -120,7 +122,7 @@ def _entry_keys(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
         hi = out >> np.uint64(32)
         if ids is not None:
             hi -= np.uint64(h0)
-            hid = ids[hi]
+            hid = np.take(ids, hi.view(np.int64))
         else:
             hid = np.searchsorted(uniq, hi).astype(np.uint64)
         hid <<= hid_shift
