@@ -38,7 +38,7 @@ import pyarrow as pa
 from tasks.events_schema import EVENTS_SCHEMA
 from tasks.tokens import FREE_OFFSET, N_TOKENS, size_class
 from tasks.trace_reader import (
-    ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, SIZE_MASK, Op, Trace,
+    ALIGNED_OPS, ALLOCATING_OPS, CLOCK_MONOTONIC, REALLOCATING_OPS, SIZE_MASK, Op, Trace,
 )
 
 # Kind of each op code, as a lookup table indexed by the op byte.
@@ -350,13 +350,46 @@ def _packed_fields(records: np.ndarray) -> np.ndarray:
     return records.view(dt)
 
 
+_UNPACK_STEP = 1 << 15  # records per step: a step's records stay in cache for all fields
+
+
+def _unpack(trace: Trace) -> dict[str, np.ndarray]:
+    """Each field of every record as its own contiguous array: time (ns, int64), op, thread,
+    size, addr, arg (and caller). The records are interleaved in memory, so extracting one field
+    over the whole file reads every byte of it; here each cache-sized step of records is read
+    once for all fields."""
+    records = trace.records
+    n = len(records)
+    fields = _packed_fields(records)
+    h = trace.header
+    raw_ns = h.clock == CLOCK_MONOTONIC and h.ns_per_tick == 1.0  # else: the reader's time_ns
+    out = {"time": np.empty(n, dtype=np.int64) if raw_ns else trace.time_ns,
+           "op": np.empty(n, dtype=np.uint8), "thread": np.empty(n, dtype=np.uint16),
+           "size": np.empty(n, dtype=np.uint64), "addr": np.empty(n, dtype=np.uint64),
+           "arg": np.empty(n, dtype=np.uint64)}
+    if trace.caller is not None:
+        out["caller"] = np.empty(n, dtype=np.uint64)
+    for s in range(0, n, _UNPACK_STEP):
+        e = min(s + _UNPACK_STEP, n)
+        r, fr = records[s:e], fields[s:e]
+        if raw_ns:
+            out["time"][s:e] = r["time"]
+        out["op"][s:e] = fr["op"]
+        out["thread"][s:e] = fr["thread"]
+        np.bitwise_and(r["packed"], np.uint64(SIZE_MASK), out=out["size"][s:e])
+        out["addr"][s:e] = r["addr"]
+        out["arg"][s:e] = r["arg"]
+        if "caller" in out:
+            out["caller"][s:e] = r["caller"]
+    return out
+
+
 def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     """The events table of one trace (EVENTS_SCHEMA) and its summary facts."""
     h = trace.header
-    fields = _packed_fields(trace.records)
-    op_all = np.ascontiguousarray(fields["op"])
+    cols_all = _unpack(trace)
+    op_all, time_all, thread_all = cols_all["op"], cols_all["time"], cols_all["thread"]
     is_ts_all = op_all == Op.THREAD_START
-    time_all = trace.time_ns
 
     order = _time_order(time_all)
     ts_idx = np.flatnonzero(is_ts_all)
@@ -376,13 +409,11 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         return a if rows is None else a[rows]
 
     op = take(op_all)
-    packed = take(trace.records["packed"])
-    size = packed & np.uint64(SIZE_MASK)
-    addr = np.ascontiguousarray(take(trace.addr))
-    arg = take(trace.arg)
-    time_ns = np.ascontiguousarray(take(time_all))
-    thread = np.ascontiguousarray(take(fields["thread"]))
-    thread_all = fields["thread"]
+    size = take(cols_all["size"])
+    addr = take(cols_all["addr"])
+    arg = take(cols_all["arg"])
+    time_ns = take(time_all)
+    thread = take(thread_all)
     single_thread = len(thread) > 0 and len(ts_idx) <= 1 \
         and bool(thread[0] == thread[-1]) and not bool(np.any(thread != thread[0]))
     # one thread: thread and tid are constant columns (the tid from a one-row lookup)
@@ -475,7 +506,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         "addr": pa.array(addr),
         "freed_addr": freed_addr,
         "freed_size": _nullable(freed_size, paired, pa.uint64()),
-        "caller": (pa.array(np.ascontiguousarray(take(caller))) if caller is not None
+        "caller": (pa.array(take(cols_all["caller"])) if caller is not None
                    else _constant(None, pa.uint64(), n)),
         "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
         "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
