@@ -10,9 +10,15 @@ GPU: the recurrent layers keep cuDNN's conditions (tanh/sigmoid, recurrent_dropo
 unroll False, use_bias True), so Keras picks the cuDNN kernel when a GPU is present, and the
 float16 mixed policy is set only then; the softmax stays float32 either way. The same code
 runs on the CPU.
+
+Hybrid (`model.ngram_features`, sequence mode): the network also gets, per position, the
+back-off n-gram's answer from a table of the training runs held inside the model (see the
+section "hybrid" below: NGramTable, NGramFeatures, build_hybrid).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import keras
 import numpy as np
@@ -50,35 +56,13 @@ def learning_rate(cfg: TrainConfig, total_steps: int | None = None):
     )
 
 
-def build_model(cfg: TrainConfig, mode: str | None = None, total_steps: int | None = None) -> keras.Model:
-    """The network of `cfg.model` for `mode` (default cfg.mode), compiled with cfg's optimizer.
+def _onehot(n: int, name: str):
+    return keras.layers.Embedding(
+        n, n, embeddings_initializer=keras.initializers.Identity(), trainable=False, name=name
+    )
 
-    `total_steps` (the planned training steps) shapes a cosine learning-rate schedule."""
-    mode = mode or cfg.mode
-    set_precision_policy()
-    layer_cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[cfg.model.kind]
-    length = None if mode == "sequence" else cfg.context  # a sequence model takes any length
-    inputs = keras.Input(shape=(length,), dtype="int32", name="tokens")
-    x = keras.layers.Embedding(
-        N_TOKENS,
-        N_TOKENS,
-        embeddings_initializer=keras.initializers.Identity(),
-        trainable=False,
-        name="onehot",
-    )(inputs)
-    units = cfg.model.units
-    for i, n in enumerate(units):
-        last = i == len(units) - 1
-        x = layer_cls(
-            n,
-            return_sequences=(mode == "sequence") or not last,
-            dropout=cfg.model.dropout,
-            recurrent_dropout=0.0,  # cuDNN condition
-            unroll=False,  # cuDNN condition
-            name=f"{cfg.model.kind}_{i}",
-        )(x)
-    outputs = keras.layers.Dense(N_TOKENS, activation="softmax", dtype="float32", name="next")(x)
-    model = keras.Model(inputs, outputs, name=f"heapcast_{cfg.model.kind}_{mode}")
+
+def _compile(model: keras.Model, cfg: TrainConfig, total_steps: int | None) -> keras.Model:
     model.compile(
         optimizer=OPTIMIZERS[cfg.optimizer](
             learning_rate=learning_rate(cfg, total_steps), clipnorm=cfg.clipnorm
@@ -90,6 +74,69 @@ def build_model(cfg: TrainConfig, mode: str | None = None, total_steps: int | No
         ],
     )
     return model
+
+
+def _network(cfg: TrainConfig, mode: str, x):
+    """The recurrent layers and the softmax over an embedded input x [B, T, d]."""
+    layer_cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[cfg.model.kind]
+    units = cfg.model.units
+    for i, n in enumerate(units):
+        last = i == len(units) - 1
+        x = layer_cls(
+            n,
+            return_sequences=(mode == "sequence") or not last,
+            dropout=cfg.model.dropout,
+            recurrent_dropout=0.0,  # cuDNN condition
+            unroll=False,  # cuDNN condition
+            name=f"{cfg.model.kind}_{i}",
+        )(x)
+    return keras.layers.Dense(N_TOKENS, activation="softmax", dtype="float32", name="next")(x)
+
+
+def build_model(cfg: TrainConfig, mode: str | None = None, total_steps: int | None = None) -> keras.Model:
+    """The network of `cfg.model` for `mode` (default cfg.mode), compiled with cfg's optimizer.
+
+    `total_steps` (the planned training steps) shapes a cosine learning-rate schedule. With
+    `model.ngram_features` use build_hybrid (the n-gram table comes from the training data)."""
+    mode = mode or cfg.mode
+    if cfg.model.ngram_features:
+        raise ValueError("model.ngram_features: build the model with build_hybrid(cfg, table)")
+    set_precision_policy()
+    length = None if mode == "sequence" else cfg.context  # a sequence model takes any length
+    inputs = keras.Input(shape=(length,), dtype="int32", name="tokens")
+    outputs = _network(cfg, mode, _onehot(N_TOKENS, "onehot")(inputs))
+    model = keras.Model(inputs, outputs, name=f"heapcast_{cfg.model.kind}_{mode}")
+    return _compile(model, cfg, total_steps)
+
+
+def build_hybrid(cfg: TrainConfig, table: "NGramTable", total_steps: int | None = None):
+    """(core, full), sequence mode: core maps (tokens, n-gram features) -> probabilities and is
+    what trains (on leave-one-out features); full maps tokens alone -> probabilities, computing
+    the features in-graph from `table` (NGramFeatures), sharing core's weights. `full` is the
+    model that is evaluated and registered."""
+    if cfg.mode != "sequence":
+        raise ValueError("model.ngram_features needs mode: sequence")
+    set_precision_policy()
+    k = table.max_order
+    tok = keras.Input(shape=(None,), dtype="int32", name="tokens")
+    feat = keras.Input(shape=(None, NGRAM_FEATURES), dtype="int32", name="ngram")
+    parts = [
+        _onehot(N_TOKENS, "onehot")(tok),
+        _onehot(N_TOKENS + 1, "ngram_top1")(feat[:, :, 0]),
+        _onehot(k + 1, "ngram_order")(feat[:, :, 1]),
+        _onehot(_COUNT_BUCKETS, "ngram_count")(feat[:, :, 2]),
+        _onehot(_SHARE_BUCKETS, "ngram_share")(feat[:, :, 3]),
+    ]
+    x = keras.layers.Concatenate(name="inputs")(parts)
+    core = keras.Model([tok, feat], _network(cfg, "sequence", x), name=f"heapcast_{cfg.model.kind}_core")
+    _compile(core, cfg, total_steps)
+    tokens = keras.Input(shape=(None,), dtype="int32", name="tokens")
+    lookup = NGramFeatures(len(table.keys), k, name="ngram_lookup")
+    feats = lookup(tokens)
+    lookup.set_table(table)
+    full = keras.Model(tokens, core([tokens, feats]), name=f"heapcast_{cfg.model.kind}_ngram_hybrid")
+    _compile(full, cfg, total_steps)
+    return core, full
 
 
 def as_sequence_model(model: keras.Model, cfg: TrainConfig) -> keras.Model:
@@ -139,3 +186,224 @@ def predict_positions(seq_model: keras.Model, run: TokenRun, context: int, batch
     if len(p) != expected:
         raise AssertionError(f"{run.name}: scored {len(p)} positions, expected {expected}")
     return Predictions(top, p)
+
+
+# --- hybrid: the back-off n-gram's answer as an input feature ------------------------------------
+#
+# Per position t of a chunk, the network is given besides token t what a back-off n-gram over
+# exact contexts says about token t+1: its top-1 token, the order it backed off to, a bucket of
+# how often that context was seen and a bucket of the top-1's share. The table is built from the
+# TRAINING runs only and lives inside the Keras model as non-trainable weights (NGramFeatures),
+# so the registered model still maps int32 tokens [batch, context] to probabilities.
+#
+# Honesty: on its own training data the table would be overconfident (every context was seen,
+# including this very occurrence). The training features are therefore leave-one-out: the
+# position's own (context, next) count is subtracted before taking the argmax, the total and
+# the share; a context seen only there counts as unseen and the answer backs off to a shorter
+# order. Validation and evaluation runs are not in the table and get the plain lookup, which is
+# what the in-graph layer computes. Everything here is numpy / TensorFlow array code.
+
+NGRAM_FEATURES = 4  # top-1 (64 = none), order (0 = none), count bucket (0..7), share bucket (0..3)
+NGRAM_EXACT_ORDER = 9  # orders up to 9: the exact context, 6 bits a token + a sentinel bit
+NGRAM_MAX_ORDER = 16  # longer orders: a 61-bit double polynomial hash (see context_keys)
+_COUNT_BUCKETS = 8
+_SHARE_BUCKETS = 4
+# orders > NGRAM_EXACT_ORDER: key = 2^62 | (h1 * P2 + h2), h_j = (k * C_j + sum_i (tok_i + 1) *
+# B_j^i) mod P_j over the k tokens, most recent first; every product stays below 2^63, so numpy
+# and TensorFlow int64 give the same keys, and bit 62 keeps them apart from the exact keys.
+_P1, _B1, _C1 = 2147483647, 1103515245, 40503
+_P2, _B2, _C2 = 1000000007, 911382323, 69069
+
+
+def context_keys(tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int):
+    """Yield (k, key, valid) for k = 1..max_order: the key of the context of length k ending at
+    each index i (tokens[i-k+1..i]) and whether those k tokens lie in i's thread.
+
+    k <= NGRAM_EXACT_ORDER: the tokens themselves (the most recent in the low 6 bits) with a
+    sentinel bit 1 << 6k, so orders never share a key; longer k: the double hash above."""
+    t = tokens.astype(np.int64)
+    n = len(t)
+    key = np.zeros(n, np.int64)
+    h1 = np.zeros(n, np.int64)
+    h2 = np.zeros(n, np.int64)
+    for k in range(1, max_order + 1):
+        prev = np.zeros(n, np.int64)
+        if n >= k:
+            prev[k - 1 :] = t[: n - k + 1]
+        h1 = (h1 + (prev + 1) * pow(_B1, k - 1, _P1)) % _P1
+        h2 = (h2 + (prev + 1) * pow(_B2, k - 1, _P2)) % _P2
+        if k <= NGRAM_EXACT_ORDER:
+            key = key | (prev << (6 * (k - 1)))
+            out = key | (np.int64(1) << (6 * k))
+        else:
+            out = (np.int64(1) << 62) | (((h1 + k * _C1) % _P1) * _P2 + (h2 + k * _C2) % _P2)
+        yield k, out, pos_in_thread >= k - 1
+
+
+@dataclass(frozen=True)
+class NGramTable:
+    """Exact-context counts of every order 1..max_order, one sorted key array for all orders."""
+
+    keys: np.ndarray  # int64 [m], sorted; the sentinel bit makes every order's keys distinct
+    top1: np.ndarray  # int32 [m], most frequent next token (ties: the lower token)
+    count1: np.ndarray  # int32 [m]
+    total: np.ndarray  # int32 [m]
+    top2: np.ndarray  # int32 [m], runner-up (for leave-one-out), 64 if none
+    count2: np.ndarray  # int32 [m]
+    max_order: int
+
+    @classmethod
+    def fit(cls, tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int) -> "NGramTable":
+        if not 1 <= max_order <= NGRAM_MAX_ORDER:
+            raise ValueError(f"n-gram feature order {max_order}: expected 1..{NGRAM_MAX_ORDER}")
+        parts = []
+        nxt = np.zeros(len(tokens), np.int64)
+        nxt[:-1] = tokens[1:]
+        has_next = np.zeros(len(tokens), bool)
+        has_next[:-1] = pos_in_thread[1:] >= 1
+        for k, key, valid in context_keys(tokens, pos_in_thread, max_order):
+            ok = valid & has_next
+            kk, nn = key[ok], nxt[ok]
+            o = np.lexsort((nn, kk))
+            kk, nn = kk[o], nn[o]
+            new = np.ones(len(kk), bool)
+            new[1:] = (kk[1:] != kk[:-1]) | (nn[1:] != nn[:-1])
+            starts = np.flatnonzero(new)
+            counts = np.diff(np.append(starts, len(kk)))
+            ctx, tok = kk[starts], nn[starts].astype(np.int32)
+            keys, first, n_per = np.unique(ctx, return_index=True, return_counts=True)
+            group = np.repeat(np.arange(len(keys)), n_per)
+            order = np.lexsort((tok, -counts, group))  # by context, count desc, token asc
+            rank = np.arange(len(order)) - first[group[order]]
+            top1 = np.full(len(keys), N_TOKENS, np.int32)
+            top2 = np.full(len(keys), N_TOKENS, np.int32)
+            c1 = np.zeros(len(keys), np.int32)
+            c2 = np.zeros(len(keys), np.int32)
+            g, r = group[order], rank
+            top1[g[r == 0]], c1[g[r == 0]] = tok[order][r == 0], counts[order][r == 0]
+            top2[g[r == 1]], c2[g[r == 1]] = tok[order][r == 1], counts[order][r == 1]
+            total = np.add.reduceat(counts, first).astype(np.int32) if len(first) else c1
+            parts.append((keys, top1, c1, total, top2, c2))
+        cat = [np.concatenate(p) for p in zip(*parts)]
+        o = np.argsort(cat[0], kind="stable")
+        return cls(*(a[o] for a in cat), max_order=max_order)
+
+    def features(self, tokens: np.ndarray, pos_in_thread: np.ndarray, leave_one_out: bool) -> np.ndarray:
+        """uint8 [n, NGRAM_FEATURES] for each index i: the back-off answer about token i+1.
+
+        leave_one_out: `tokens` are the table's own training tokens; subtract each position's
+        own (context, next) occurrence first (see the section's comment)."""
+        n = len(tokens)
+        top = np.full(n, N_TOKENS, np.int64)
+        order = np.zeros(n, np.int64)
+        c1 = np.zeros(n, np.int64)
+        tot = np.ones(n, np.int64)
+        nxt = np.zeros(n, np.int64)
+        nxt[:-1] = tokens[1:]
+        counted = np.zeros(n, bool)
+        counted[:-1] = pos_in_thread[1:] >= 1
+        m = len(self.keys)
+        for k, key, valid in context_keys(tokens, pos_in_thread, self.max_order):
+            i = np.minimum(np.searchsorted(self.keys, key), max(m - 1, 0))
+            if not m:
+                break
+            found = valid & (self.keys[i] == key)
+            t1, k1, tt = self.top1[i].astype(np.int64), self.count1[i].astype(np.int64), self.total[i].astype(np.int64)
+            if leave_one_out:
+                own = found & counted
+                tt = tt - own
+                hit = own & (nxt == t1)
+                k1 = k1 - hit
+                t2, k2 = self.top2[i].astype(np.int64), self.count2[i].astype(np.int64)
+                swap = hit & ((k2 > k1) | ((k2 == k1) & (t2 < t1)))
+                t1, k1 = np.where(swap, t2, t1), np.where(swap, k2, k1)
+                found = found & (tt > 0)
+            top = np.where(found, t1, top)
+            order = np.where(found, k, order)
+            c1 = np.where(found, k1, c1)
+            tot = np.where(found, tt, tot)
+        cb = sum((tot >= (1 << j)).astype(np.int64) for j in range(1, _COUNT_BUCKETS))
+        sb = sum((_SHARE_BUCKETS * c1 >= j * tot).astype(np.int64) for j in range(1, _SHARE_BUCKETS))
+        cb, sb = np.where(order > 0, cb, 0), np.where(order > 0, sb, 0)
+        return np.stack([top, order, cb, sb], axis=1).astype(np.uint8)
+
+
+@keras.saving.register_keras_serializable(package="heapcast")
+class NGramFeatures(keras.layers.Layer):
+    """int32 tokens [B, T] -> int32 [B, T, 4]: the back-off n-gram's answer after each position.
+
+    The table (NGramTable without the leave-one-out columns) is held as non-trainable weights:
+    sorted int64 context keys and int32 top-1 / count / total; lookup is tf.searchsorted, one
+    per order, the longest order found wins. Position t sees tokens 0..t of its chunk only.
+    """
+
+    def __init__(self, n_keys: int, max_order: int, **kwargs):
+        kwargs["trainable"] = False
+        super().__init__(**kwargs)
+        self.n_keys = int(n_keys)
+        self.max_order = int(max_order)
+        m = max(self.n_keys, 1)
+        self.keys = self.add_weight(shape=(m,), dtype="int64", initializer="zeros",
+                                    trainable=False, name="keys")
+        self.top1 = self.add_weight(shape=(m,), dtype="int32", initializer="zeros",
+                                    trainable=False, name="top1")
+        self.count1 = self.add_weight(shape=(m,), dtype="int32", initializer="zeros",
+                                      trainable=False, name="count1")
+        self.total = self.add_weight(shape=(m,), dtype="int32", initializer="zeros",
+                                     trainable=False, name="total")
+
+    def set_table(self, table: NGramTable) -> None:
+        if len(table.keys) != self.n_keys or table.max_order != self.max_order:
+            raise ValueError("table does not match the layer's n_keys / max_order")
+        if self.n_keys:
+            self.keys.assign(table.keys)
+            self.top1.assign(table.top1)
+            self.count1.assign(table.count1)
+            self.total.assign(table.total)
+
+    def call(self, tokens):
+        t = tf.cast(tokens, tf.int64)
+        shape = tf.shape(t)
+        n_pos = shape[1]
+        flat_keys = tf.convert_to_tensor(self.keys)
+        m = self.n_keys
+        key = tf.zeros_like(t)
+        top = tf.fill(shape, tf.constant(N_TOKENS, tf.int64))
+        order = tf.zeros_like(t)
+        c1 = tf.zeros_like(t)
+        tot = tf.ones_like(t)
+        idx = tf.range(n_pos)[None, :]
+        h1 = tf.zeros_like(t)
+        h2 = tf.zeros_like(t)
+        for k in range(1, self.max_order + 1):
+            prev = tf.pad(t, [[0, 0], [k - 1, 0]])[:, :n_pos]  # token at t-k+1 (0 before start)
+            h1 = tf.math.floormod(h1 + (prev + 1) * pow(_B1, k - 1, _P1), _P1)
+            h2 = tf.math.floormod(h2 + (prev + 1) * pow(_B2, k - 1, _P2), _P2)
+            if k <= NGRAM_EXACT_ORDER:
+                key = tf.bitwise.bitwise_or(
+                    key, tf.bitwise.left_shift(prev, tf.constant(6 * (k - 1), tf.int64)))
+                full = tf.bitwise.bitwise_or(key, tf.constant(1 << (6 * k), tf.int64))
+            else:
+                mixed = (tf.math.floormod(h1 + k * _C1, _P1) * _P2
+                         + tf.math.floormod(h2 + k * _C2, _P2))
+                full = tf.bitwise.bitwise_or(mixed, tf.constant(1 << 62, tf.int64))
+            if not m:
+                continue
+            i = tf.searchsorted(flat_keys, tf.reshape(full, [-1]), side="left")
+            i = tf.reshape(tf.minimum(i, m - 1), shape)
+            found = (tf.gather(flat_keys, i) == full) & (idx >= k - 1)
+            top = tf.where(found, tf.cast(tf.gather(self.top1, i), tf.int64), top)
+            order = tf.where(found, tf.constant(k, tf.int64), order)
+            c1 = tf.where(found, tf.cast(tf.gather(self.count1, i), tf.int64), c1)
+            tot = tf.where(found, tf.cast(tf.gather(self.total, i), tf.int64), tot)
+        cb = tf.add_n([tf.cast(tot >= (1 << j), tf.int64) for j in range(1, _COUNT_BUCKETS)])
+        sb = tf.add_n([tf.cast(_SHARE_BUCKETS * c1 >= j * tot, tf.int64) for j in range(1, _SHARE_BUCKETS)])
+        cb = tf.where(order > 0, cb, tf.zeros_like(cb))
+        sb = tf.where(order > 0, sb, tf.zeros_like(sb))
+        return tf.cast(tf.stack([top, order, cb, sb], axis=-1), tf.int32)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, NGRAM_FEATURES)
+
+    def get_config(self):
+        return {**super().get_config(), "n_keys": self.n_keys, "max_order": self.max_order}

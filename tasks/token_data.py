@@ -27,8 +27,12 @@ def sequence_dataset(
     shuffle: bool = True,
     repeat: bool = True,
     seed: int = 0,
+    features: np.ndarray | None = None,
 ) -> tuple[tf.data.Dataset, int]:
     """(dataset of (x [B, c] int32, y [B, c] int32, weight [B, c] float32), number of chunks).
+
+    `features` (uint8 [n_tokens, F], aligned with run.tokens: row i describes token i+1, e.g.
+    the n-gram features of tasks.model.NGramTable): x becomes (tokens, features [B, c, F]).
 
     Chunks come from tasks.sequences.train_chunks: a loss at every position of every chunk,
     weight 0 only where an end-aligned chunk repeats targets of the chunk before it. With
@@ -39,6 +43,12 @@ def sequence_dataset(
     tokens = _padded(run.tokens, context + 1)
     offsets = tf.range(context + 1, dtype=tf.int64)
     positions = tf.range(context, dtype=tf.int32)
+    feats = None
+    if features is not None:
+        if len(features) != len(run.tokens):
+            raise ValueError(f"{len(features)} feature rows for {len(run.tokens)} tokens")
+        pad = np.zeros((context + 1, features.shape[1]), np.uint8)
+        feats = tf.constant(np.concatenate([features, pad]), dtype=tf.uint8)
     ds = tf.data.Dataset.from_tensor_slices((starts, first))
     if shuffle and len(starts):
         ds = ds.shuffle(len(starts), seed=seed, reshuffle_each_iteration=True)
@@ -46,9 +56,13 @@ def sequence_dataset(
         ds = ds.repeat()
 
     def cut(s, f):
-        chunk = tf.cast(tf.gather(tokens, s[:, None] + offsets[None, :]), tf.int32)
+        idx = s[:, None] + offsets[None, :]
+        chunk = tf.cast(tf.gather(tokens, idx), tf.int32)
         weight = tf.cast(positions[None, :] >= f[:, None], tf.float32)
-        return chunk[:, :-1], chunk[:, 1:], weight
+        if feats is None:
+            return chunk[:, :-1], chunk[:, 1:], weight
+        x_feat = tf.cast(tf.gather(feats, idx[:, :-1]), tf.int32)
+        return (chunk[:, :-1], x_feat), chunk[:, 1:], weight
 
     ds = ds.batch(batch_size, drop_remainder=repeat).map(cut, num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE), len(starts)

@@ -81,17 +81,26 @@ def fit_model(
     """
     import keras
 
-    from tasks.model import build_model
+    from tasks.model import NGramTable, build_hybrid, build_model
     from tasks.token_data import sequence_dataset, windows_dataset
 
     keras.utils.set_random_seed(cfg.seed)
     train_run = concat_runs(split.train)
     val_run = concat_runs(split.validation)
     c, b = cfg.context, cfg.batch_size
+    table = train_feats = val_feats = None
+    if cfg.model.ngram_features:
+        # the table from the training runs only; leave-one-out features on those runs,
+        # plain lookups on validation (not in the table), as the in-graph layer computes
+        pos_train = train_run.position_in_thread()
+        table = NGramTable.fit(train_run.tokens, pos_train, cfg.model.ngram_order)
+        train_feats = table.features(train_run.tokens, pos_train, leave_one_out=True)
+        val_feats = table.features(val_run.tokens, val_run.position_in_thread(), leave_one_out=False)
     if cfg.mode == "sequence":
         chunk = c * cfg.train_chunk_contexts
-        train_ds, n = sequence_dataset(train_run, chunk, b, seed=cfg.seed)
-        val_ds, n_val = sequence_dataset(val_run, chunk, b, shuffle=False, repeat=False)
+        train_ds, n = sequence_dataset(train_run, chunk, b, seed=cfg.seed, features=train_feats)
+        val_ds, n_val = sequence_dataset(val_run, chunk, b, shuffle=False, repeat=False,
+                                         features=val_feats)
         per_batch = b * chunk
     else:
         train_ds, n = windows_dataset(train_run, c, b, seed=cfg.seed)
@@ -117,7 +126,10 @@ def fit_model(
 
     meter = _throughput_meter(per_batch)
     start_epoch = _epoch_recorder()
-    model = build_model(cfg, total_steps=cfg.epochs * steps)
+    if table is not None:
+        model, full = build_hybrid(cfg, table, total_steps=cfg.epochs * steps)
+    else:
+        model = full = build_model(cfg, total_steps=cfg.epochs * steps)
     model.fit(
         train_ds,
         epochs=cfg.epochs,
@@ -150,7 +162,9 @@ def fit_model(
         "steps_per_epoch": steps,
         "train_units": n,
     }
-    return model, facts
+    if table is not None:
+        facts["ngram_table_keys"] = int(len(table.keys))
+    return full, facts
 
 
 def _throughput_meter(per_batch: int):

@@ -73,6 +73,11 @@ class ModelConfig(StrictModel):
     units: list[int] = Field(default_factory=lambda: [128, 64], min_length=1)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)  # input dropout of each recurrent layer
     embedding: Literal["onehot"] = "onehot"  # frozen identity embedding, as in the article
+    # hybrid (sequence mode): besides each token the network gets the back-off n-gram's answer
+    # over exact contexts of orders 1..ngram_order from the training runs (leave-one-out on
+    # the training positions; tasks/model.py, NGramFeatures); the table is inside the model
+    ngram_features: bool = False
+    ngram_order: int = Field(default=16, ge=1, le=16)  # orders > 9 use a 61-bit hash of the context
 
 
 class NgramConfig(StrictModel):

@@ -100,3 +100,127 @@ def test_cosine_schedule_decays_to_its_floor_and_constant_stays():
     model = build_model(cfg, total_steps=100)
     assert model.optimizer.clipnorm == 1.0
     model.fit(np.ones((4, 6), np.int32), np.ones((4, 6), np.int32), epochs=1, verbose=0)
+
+
+# --- hybrid: n-gram features ----------------------------------------------------------------------
+
+from tasks.model import NGramFeatures, NGramTable, build_hybrid  # noqa: E402
+
+
+def _reference_features(train_threads, threads, max_order, leave_one_out):
+    """Dict-and-loop reference of NGramTable.features (tests only)."""
+    from collections import Counter, defaultdict
+
+    counts = defaultdict(Counter)
+    for th in train_threads:
+        for i in range(len(th) - 1):
+            for k in range(1, min(max_order, i + 1) + 1):
+                counts[tuple(th[i - k + 1 : i + 1])][int(th[i + 1])] += 1
+    out = []
+    for th in threads:
+        for i in range(len(th)):
+            ans = (64, 0, 0, 0)
+            for k in range(1, min(max_order, i + 1) + 1):
+                c = Counter(counts.get(tuple(th[i - k + 1 : i + 1]), {}))
+                if leave_one_out and i + 1 < len(th):
+                    c[int(th[i + 1])] -= 1
+                c = {t: n for t, n in c.items() if n > 0}
+                if not c:
+                    continue
+                tot = sum(c.values())
+                top = min(c, key=lambda t: (-c[t], t))
+                cb = sum(tot >= 2**j for j in range(1, 8))
+                sb = sum(4 * c[top] >= j * tot for j in range(1, 4))
+                ans = (top, k, cb, sb)
+            out.append(ans)
+    return np.array(out, np.uint8)
+
+
+def _threads(rng, n, length, vocab):
+    base = rng.integers(0, vocab, 13)
+    return [np.where(rng.random(length) < 0.2, rng.integers(0, vocab, length),
+                     np.tile(base, length // 13 + 1)[:length]).astype(np.uint8) for _ in range(n)]
+
+
+def _flat(threads):
+    return np.concatenate(threads), np.concatenate([np.arange(len(t)) for t in threads])
+
+
+@pytest.mark.parametrize("order", [4, 12])  # 12: orders 10..12 are hashed keys
+def test_ngram_table_features_match_a_reference_with_and_without_leave_one_out(order):
+    rng = np.random.default_rng(1)
+    train, other = _threads(rng, 3, 120, 3), _threads(rng, 2, 60, 4)
+    table = NGramTable.fit(*_flat(train), order)
+    assert np.all(np.diff(table.keys) > 0)
+    assert np.array_equal(table.features(*_flat(train), leave_one_out=True),
+                          _reference_features(train, train, order, True))
+    assert np.array_equal(table.features(*_flat(other), leave_one_out=False),
+                          _reference_features(train, other, order, False))
+
+
+def test_ngram_lookup_layer_matches_numpy_with_hashed_orders():
+    rng = np.random.default_rng(4)
+    threads = _threads(rng, 3, 150, 3)
+    table = NGramTable.fit(*_flat(threads), 14)
+    x = np.stack([threads[0][:40], threads[2][50:90]])
+    layer = NGramFeatures(len(table.keys), 14)
+    layer.build((None, None))
+    layer.set_table(table)
+    out = np.asarray(layer(x.astype(np.int32)))
+    assert (out[..., 1] > 9).any()  # some answers come from hashed orders
+    for row, th in zip(out, x):
+        assert np.array_equal(row, table.features(th, np.arange(len(th)), leave_one_out=False))
+
+
+def test_ngram_lookup_layer_backs_off_on_a_hand_made_table():
+    # thread "1 2 3 1 2 4 1 2 3": after (1, 2) -> 3 (2 of 3); after 3 -> 1; after 2 alone -> 3
+    tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.uint8)
+    table = NGramTable.fit(tokens, np.arange(9), 3)
+    layer = NGramFeatures(len(table.keys), 3)
+    layer.build((None, None))
+    layer.set_table(table)
+    query = np.array([[5, 2, 1, 2, 4]], np.int32)
+    out = np.asarray(layer(query))[0]
+    assert out[0].tolist() == [64, 0, 0, 0]  # 5 never seen
+    assert out[1].tolist() == [3, 1, 1, 2]  # (5, 2) unseen -> order 1: after 2, 3 in 2 of 3
+    assert out[2].tolist() == [2, 1, 1, 3]  # (2, 1) unseen -> after 1: 2, 3 of 3 (share >= .75)
+    assert out[3].tolist() == [3, 2, 1, 2]  # (2, 1, 2) unseen -> (1, 2): 3 in 2 of 3
+    assert out[4].tolist() == [1, 3, 0, 3]  # (1, 2, 4) seen once -> 1
+    assert np.array_equal(out, table.features(query[0].astype(np.uint8), np.arange(5), False))
+
+
+def test_hybrid_saves_loads_and_predicts_from_tokens_alone(tmp_path):
+    rng = np.random.default_rng(2)
+    table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
+    core, full = build_hybrid(tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table)
+    x = np.asarray(_threads(rng, 2, 12, 6), np.int32)
+    before = full.predict(x, verbose=0)
+    assert before.shape == (2, 12, 64) and np.allclose(before.sum(-1), 1.0, atol=1e-4)
+    assert not any(w.trainable for w in full.get_layer("ngram_lookup").weights)
+    path = tmp_path / "hybrid.keras"
+    full.save(path)
+    loaded = keras.models.load_model(path)
+    assert np.allclose(loaded.predict(x, verbose=0), before, atol=1e-6)
+    assert np.array_equal(loaded.get_layer("ngram_lookup").keys.numpy(), table.keys)
+
+
+def test_build_model_refuses_ngram_features_without_a_table():
+    with pytest.raises(ValueError, match="build_hybrid"):
+        build_model(tiny(model={"units": [8], "ngram_features": True}))
+
+
+def test_hybrid_round_trips_through_mlflow_keras_and_pyfunc(tmp_path):
+    mlflow_keras = pytest.importorskip("mlflow.keras")
+    import mlflow.pyfunc
+
+    rng = np.random.default_rng(3)
+    table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
+    _, full = build_hybrid(tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table)
+    x = np.asarray(_threads(rng, 3, 10, 6), np.int32)
+    expected = full.predict(x, verbose=0)
+    path = str(tmp_path / "model")
+    mlflow_keras.save_model(full, path)
+    np.testing.assert_allclose(mlflow_keras.load_model(path).predict(x, verbose=0), expected,
+                               rtol=1e-5, atol=1e-6)
+    p = np.asarray(mlflow.pyfunc.load_model(path).predict(x))
+    np.testing.assert_allclose(p, expected, rtol=1e-5, atol=1e-6)

@@ -104,3 +104,14 @@ def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_roo
     _, facts = fit_model(cfg, split, tmp_path / "chunk-ckpt", verbose=0)
     assert facts["train_units"] == len(train_chunks(concat_runs(split.train), 30)[0])
     assert facts["predictions"] == (facts["steps_per_epoch"] - 2) * 8 * 30  # 2 untimed steps
+
+
+def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_path):
+    cfg = tiny(tmp_path, model={"units": [8], "ngram_features": True, "ngram_order": 3})
+    trained = train.fn(events_root, cfg)
+    assert trained.model.input_shape == (None, None)  # tokens only; the table is inside
+    outcome = evaluate.fn(trained)
+    ev = outcome.evaluation
+    n = {ev.get(p, OVERALL, "unseen_runs").positions for p in (MODEL, *BASELINES)}
+    assert len(n) == 1 and n.pop() > 0
+    assert np.isfinite(ev.get(MODEL).log_loss)
