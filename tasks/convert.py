@@ -421,7 +421,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
                 take)
     n = len(op)
 
-    kind = _KIND[op]
+    kind = np.take(_KIND, op)
     is_free = kind == _KIND_FREE
     is_realloc = kind == _KIND_REALLOC
     any_realloc = bool(is_realloc.any())
@@ -478,7 +478,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         peak_live = max(peak_live, int(live.max()))
         live_base = live[-1]
 
-    aligned = _ALIGNED[op]
+    aligned = np.take(_ALIGNED, op)
     n_aligned = int(np.count_nonzero(aligned))
     if n_aligned:
         alignment = _nullable(np.where(aligned, arg, np.uint64(0)), aligned, pa.uint64())
