@@ -486,8 +486,10 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         alignment = _constant(None, pa.uint64(), n)
     # freed_addr: realloc's old block only; a plain free's freed block is its `addr`
     if realloc_frees is not None and realloc_frees.any():
-        freed_addr = _nullable(np.where(realloc_frees, arg, np.uint64(0)), realloc_frees,
-                               pa.uint64())
+        # arg is this conversion's own copy (_unpack) and not read after this: its buffer
+        # becomes the column's values
+        np.copyto(arg, np.uint64(0), where=~realloc_frees)
+        freed_addr = _nullable(arg, realloc_frees, pa.uint64())
     else:
         freed_addr = _constant(None, pa.uint64(), n)
     caller = trace.caller
