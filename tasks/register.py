@@ -306,7 +306,8 @@ def _png_as_array(path: Path) -> np.ndarray:
 
 
 def log_keras_model(model, **kwargs):
-    """`mlflow.keras.log_model`, with the model folder made before the input example is written.
+    """`mlflow.keras.log_model`, with the model folder made before the input example is written,
+    and pyfunc loading through tasks.keras_pyfunc (custom layers registered first).
 
     MLflow's Keras flavor writes input_example.json into a folder it has not created yet
     (mlflow/mlflow#16183, open in 3.17): logging with an input example fails with
@@ -324,7 +325,13 @@ def log_keras_model(model, **kwargs):
         @staticmethod
         def save_model(path, **kw):
             os.makedirs(path, exist_ok=True)
-            return mlflow.keras.save_model(path=path, **kw)
+            saved = mlflow.keras.save_model(path=path, **kw)
+            # pyfunc loads through tasks.keras_pyfunc, which registers our custom layers first.
+            meta = kw.get("mlflow_model")
+            if meta is not None and "python_function" in meta.flavors:
+                meta.flavors["python_function"]["loader_module"] = "tasks.keras_pyfunc"
+                meta.save(os.path.join(path, "MLmodel"))
+            return saved
 
     return Model.log(artifact_path=None, name="model", flavor=_KerasFlavor,
                      flavor_name="mlflow.keras", model=model,

@@ -277,3 +277,40 @@ def test_configuring_one_root_does_not_capture_the_next(tmp_path, monkeypatch):
     # THEN the second root gets its own embedded store
     assert str(tmp_path / "b" / "mlflow" / "mlflow.db") in second.tracking_uri
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+def test_a_registered_hybrid_champion_loads_through_pyfunc_in_a_fresh_process(tmp_path):
+    # GIVEN the hybrid model (custom n-gram layer inside) registered as the first champion
+    import subprocess
+    import sys
+
+    from tasks.model import NGramTable, build_hybrid
+    from tasks.register import register_outcome
+    from tasks.tracking import TrackingConfig, configure, resolve_target
+    from tests.tasks.test_model import _flat, _threads, tiny
+
+    rng = np.random.default_rng(5)
+    table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
+    _, hybrid = build_hybrid(tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}),
+                             table)
+    tracking = TrackingConfig(root=str(tmp_path / "root"))
+    result = register_outcome(make_outcome(hybrid, 0.9), tracking)
+    assert result.promoted
+    x = np.asarray(_threads(rng, 2, CONTEXT, 6), np.int32)  # the logged signature's shape
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", hybrid.predict(x, verbose=0))
+    configure(tracking)
+    uri = resolve_target(tracking).tracking_uri
+    # WHEN a fresh Python (nothing of heapcast imported) loads models:/NAME@champion via pyfunc
+    code = (
+        "import sys, numpy as np, mlflow, mlflow.pyfunc\n"
+        f"mlflow.set_tracking_uri({uri!r}); mlflow.set_registry_uri({uri!r})\n"
+        f"m = mlflow.pyfunc.load_model('models:/{tracking.model_name}@champion')\n"
+        f"x = np.load({str(tmp_path / 'x.npy')!r}); y = np.load({str(tmp_path / 'y.npy')!r})\n"
+        "print('same' if np.allclose(np.asarray(m.predict(x)), y, atol=1e-5) else 'differs')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path)
+    # THEN it predicts what the model predicted when it was trained
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "same"
