@@ -14,28 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.trace_reader import TRACE_SUFFIX, Op, TraceFormatError, read_trace
+from tasks.trace_reader import Op, TraceFormatError, count_traces, read_trace
 
 
 def _run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
-
-
-def summarize_run_dir(run_dir: Path) -> dict:
-    """Processes, threads and events of every trace in `run_dir` (vectorised per file)."""
-    files = sorted(run_dir.glob(f"*{TRACE_SUFFIX}"))
-    processes = threads = events = 0
-    for f in files:
-        try:
-            t = read_trace(f)
-        except TraceFormatError as err:
-            print(f"heapcast: skipped {err}", file=sys.stderr)
-            continue
-        processes += 1
-        op = t.op
-        threads += int((op == Op.THREAD_START).sum())
-        events += int((op != Op.THREAD_START).sum())
-    return {"processes": processes, "threads": threads, "events": events, "files": files}
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -61,10 +44,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"heapcast trace: program not found: {program[0]}", file=sys.stderr)
         return 127
-    s = summarize_run_dir(run_dir)
-    where = s["files"][0] if len(s["files"]) == 1 else run_dir
-    print(f"heapcast: {s['processes']} process(es), {s['threads']} thread(s), "
-          f"{s['events']} events -> {where}", file=sys.stderr)
+    s = count_traces(run_dir)
+    for why in s.unreadable.values():
+        print(f"heapcast: skipped {why}", file=sys.stderr)
+    where = run_dir / s.files[0] if len(s.files) == 1 else run_dir
+    print(f"heapcast: {s.processes} process(es), {s.threads} thread(s), "
+          f"{s.events} events -> {where}", file=sys.stderr)
     # The traced program's exit code is heapcast's, so scripts can wrap programs transparently.
     return code if code >= 0 else 128 - code
 

@@ -38,7 +38,7 @@ import pyarrow as pa
 from tasks.events_schema import EVENTS_SCHEMA
 from tasks.tokens import FREE_OFFSET, N_TOKENS, size_class
 from tasks.trace_reader import (
-    ALIGNED_OPS, ALLOCATING_OPS, CLOCK_MONOTONIC, REALLOCATING_OPS, SIZE_MASK, Op, Trace,
+    ALIGNED_OPS, ALLOCATING_OPS, CLOCK_MONOTONIC, REALLOCATING_OPS, SIZE_MASK, Op, Trace, op_name,
 )
 
 # Kind of each op code, as a lookup table indexed by the op byte.
@@ -49,7 +49,6 @@ _KIND[list(REALLOCATING_OPS)] = _KIND_REALLOC
 _KIND[Op.FREE] = _KIND_FREE
 _ALIGNED = np.zeros(256, dtype=bool)
 _ALIGNED[list(ALIGNED_OPS)] = True
-_OP_NAMES = {int(o): o.name.lower() for o in Op}
 
 
 @dataclass(frozen=True)
@@ -521,7 +520,7 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     n_paired, n_freed = len(f), len(a)
     stats = FileStats(
         rows=n,
-        ops={_OP_NAMES.get(int(c), f"op{int(c)}"): int(op_counts[c]) for c in codes},
+        ops={op_name(int(c)): int(op_counts[c]) for c in codes},
         threads=1 if single_thread else int(np.count_nonzero(_counts(thread, 1))) if n else 0,
         token_hist=_counts(token, N_TOKENS)[:N_TOKENS].astype(int).tolist(),
         unpaired_frees=sum(len(rows) for rows, _, _ in frees) - n_paired,

@@ -20,7 +20,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
@@ -30,7 +29,7 @@ from tasks.manifest import MANIFEST_NAME, RunManifest
 from tasks.runners.base import EngineError, RunRequest, RunResult
 from tasks.runners.select import make_runner, resolve_runner_kind
 from tasks.storage import Root
-from tasks.trace_reader import TRACE_SUFFIX, Op, TraceFormatError, read_trace
+from tasks.trace_reader import TraceCounts, count_traces
 from tasks.workloads import Workload, WorkloadInput
 
 FAILED_DIR = "_failed"
@@ -45,43 +44,6 @@ class ReplayFailed(RuntimeError):
         self.where = where
         super().__init__(f"workload {manifest.workload!r} input {manifest.input!r}: "
                          f"{manifest.error} (partial traces and manifest in {where})")
-
-
-class TraceCounts(BaseModel):
-    processes: int
-    threads: int
-    events: int
-    events_by_op: dict[str, int]
-    files: list[str]
-    unreadable_files: list[str]
-
-
-_OP_NAMES = {int(o): o.name.lower() for o in Op}
-
-
-def count_traces(folder: Path) -> TraceCounts:
-    """Processes, threads and events of every trace in `folder` (numpy per file)."""
-    files = sorted(p.name for p in folder.glob(f"*{TRACE_SUFFIX}"))
-    by_op: dict[str, int] = {}
-    processes = threads = events = 0
-    unreadable: list[str] = []
-    for name in files:
-        try:
-            t = read_trace(folder / name)
-        except TraceFormatError:
-            unreadable.append(name)  # killed before its header was written
-            continue
-        processes += 1
-        codes, counts = np.unique(t.op, return_counts=True)
-        for c, n in zip(codes.tolist(), counts.tolist()):
-            key = _OP_NAMES.get(c, f"op{c}")
-            by_op[key] = by_op.get(key, 0) + n
-            if c == Op.THREAD_START:
-                threads += n
-            else:
-                events += n
-    return TraceCounts(processes=processes, threads=threads, events=events, events_by_op=by_op,
-                       files=files, unreadable_files=unreadable)
 
 
 def sha256_file(path: Path) -> str:

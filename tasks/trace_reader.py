@@ -138,8 +138,15 @@ class Trace:
 
     def counts_by_op(self) -> dict[str, int]:
         codes, counts = np.unique(self.op, return_counts=True)
-        names = {int(o): o.name.lower() for o in Op}
-        return {names.get(int(c), f"op{int(c)}"): int(n) for c, n in zip(codes, counts)}
+        return {op_name(int(c)): int(n) for c, n in zip(codes, counts)}
+
+
+def op_name(code: int) -> str:
+    """`malloc`, `free`, `thread_start`, ...; `op<N>` for a code this version does not know."""
+    try:
+        return Op(code).name.lower()
+    except ValueError:
+        return f"op{code}"
 
 
 def parse_header(data: bytes | memoryview, path: str) -> TraceHeader:
@@ -185,6 +192,44 @@ def parse_trace(data: bytes | memoryview, path: str) -> Trace:
                       "was probably killed or its disk filled while writing", stacklevel=2)
     records = np.frombuffer(data, dtype=dtype, count=count, offset=header.header_size)
     return Trace(header=header, records=records, dropped_bytes=dropped)
+
+
+@dataclass(frozen=True)
+class TraceCounts:
+    """What the traces of one folder (one run) hold, counted with numpy per file."""
+
+    processes: int  # readable trace files: one per process image
+    threads: int  # THREAD_START records over all processes
+    events: int  # heap calls: every record but THREAD_START
+    events_by_op: dict[str, int]
+    files: list[str]  # every trace file name, readable or not
+    unreadable: dict[str, str]  # file name -> why it could not be read
+
+    @property
+    def unreadable_files(self) -> list[str]:
+        return list(self.unreadable)
+
+
+def count_traces(folder: str | Path) -> TraceCounts:
+    """Processes, threads and events of every trace file in `folder`."""
+    folder = Path(folder)
+    files = sorted(p.name for p in folder.glob(f"*{TRACE_SUFFIX}"))
+    by_op: dict[str, int] = {}
+    processes = 0
+    unreadable: dict[str, str] = {}
+    for name in files:
+        try:
+            t = read_trace(folder / name)
+        except TraceFormatError as err:  # e.g. killed before its header was written
+            unreadable[name] = str(err)
+            continue
+        processes += 1
+        for op, n in t.counts_by_op().items():
+            by_op[op] = by_op.get(op, 0) + n
+    threads = by_op.get(op_name(Op.THREAD_START), 0)
+    return TraceCounts(processes=processes, threads=threads,
+                       events=sum(by_op.values()) - threads, events_by_op=by_op, files=files,
+                       unreadable=unreadable)
 
 
 def read_trace(path: str | Path, *, fs: Any = None) -> Trace:

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from tasks.trace_reader import Op, TraceFormatError, read_trace
+from tasks.trace_reader import Op, TraceFormatError, count_traces, op_name, read_trace
 
 
 def spec_header(*, version=1, flags=0, cmdline=b"prog\0arg\0", pid=42, ppid=7, clock=2,
@@ -127,3 +127,25 @@ def test_reader_drops_a_truncated_last_record_with_a_warning(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(TraceFormatError, match="no such trace file"):
         read_trace(tmp_path / "nope.hct")
+
+
+def test_count_traces_sums_a_folder_and_names_unreadable_files(tmp_path):
+    # GIVEN two processes' traces and a file killed before its header
+    (tmp_path / "1-1.hct").write_bytes(spec_header(pid=1) + record(1000, 0, 11, 0, Op.THREAD_START, 0)
+                                       + record(1001, 0x10, 0, 8, Op.MALLOC, 0)
+                                       + record(1002, 0x10, 0, 0, Op.FREE, 0))
+    (tmp_path / "2-1.hct").write_bytes(spec_header(pid=2) + record(1000, 0, 12, 0, Op.THREAD_START, 0)
+                                       + record(1000, 0, 13, 0, Op.THREAD_START, 1)
+                                       + record(1003, 0x20, 0, 16, Op.MALLOC, 1))
+    (tmp_path / "3-1.hct").write_bytes(b"")
+    # WHEN counted, THEN processes, threads, events and ops add up, and the bad file says why
+    c = count_traces(tmp_path)
+    assert (c.processes, c.threads, c.events) == (2, 3, 3)
+    assert c.events_by_op == {"thread_start": 3, "malloc": 2, "free": 1}
+    assert c.files == ["1-1.hct", "2-1.hct", "3-1.hct"]
+    assert list(c.unreadable) == ["3-1.hct"] and "empty file" in c.unreadable["3-1.hct"]
+
+
+def test_op_name_knows_every_code_and_names_unknown_ones():
+    assert [op_name(int(o)) for o in (Op.MALLOC, Op.THREAD_START)] == ["malloc", "thread_start"]
+    assert op_name(200) == "op200"
