@@ -7,11 +7,12 @@ slow (debootstrap, apt); the engine's data root persists, so later runs reuse th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.conftest import in_ci
 
 from tasks.images import BASE_IMAGE, build_all
 from tasks.manifest import MANIFEST_NAME, RunManifest
@@ -36,7 +37,7 @@ def engine() -> str:
     if not engine_answers(host):
         msg = (f"no container engine answers at DOCKER_HOST={host}; start one with "
                "`eval \"$(scripts/engine.sh up)\"`")
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             pytest.fail(msg + " (CI=true: the engine is required)")
         pytest.skip(msg)
     return host
