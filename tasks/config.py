@@ -76,9 +76,9 @@ def apply_embedded_defaults() -> None:
     Prefect keeps its state in the project (not ~/.prefect), sends no telemetry (there is no
     internet on these machines: it would only log errors), and gives its ephemeral API time to
     start on a loaded machine. A user's own settings win: only unset variables are filled.
+    MLflow's own quiet settings are tasks.tracking's (quiet_mlflow_env, before it imports mlflow).
     """
     os.environ.setdefault("PREFECT_HOME", str(PROJECT_DIR / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -205,12 +205,12 @@ def summarize(root: str, outcomes: list[StageOutcome], champion_before: str | No
 @task(name="champion-version", retries=3, retry_delay_seconds=[5, 15, 30], cache_policy=NO_CACHE)
 def champion_version(tracking: TrackingConfig) -> str | None:
     """The registered version holding the `champion` alias, or None (tracking server may fail)."""
-    from mlflow import MlflowClient
-
     from tasks.champion import current_champion
     from tasks.tracking import CHAMPION_ALIAS, quiet_mlflow_env, resolve_target
 
-    quiet_mlflow_env()
+    quiet_mlflow_env()  # before mlflow is imported
+    from mlflow import MlflowClient
+
     target = resolve_target(tracking)
     client = MlflowClient(target.tracking_uri, target.registry_uri)
     version = current_champion(client, tracking.model_name, CHAMPION_ALIAS)

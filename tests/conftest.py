@@ -7,16 +7,14 @@ import tempfile
 
 import pytest
 
-# Set before anything imports prefect or mlflow: there is no internet here, telemetry would
-# only produce errors, and a test must never write into the user's ~/.prefect.
-_HOME = tempfile.mkdtemp(prefix="heapcast-test-prefect-")
-os.environ.setdefault("PREFECT_HOME", _HOME)
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+# Set before anything imports prefect: a test must never write into the project's or the
+# user's Prefect home. The project's own defaults (telemetry off, startup timeout) follow.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="heapcast-test-prefect-"))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("DO_NOT_TRACK", "true")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tasks.config import apply_embedded_defaults  # noqa: E402
+
+apply_embedded_defaults()
 
 
 @pytest.fixture(scope="session")
