@@ -29,7 +29,6 @@ also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view sh
 from __future__ import annotations
 
 import json
-import math
 import platform
 import re
 import subprocess
@@ -48,6 +47,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks import champion as champion_rules
 from tasks.config import PROJECT_DIR
+from tasks.evaluate import evaluation_markdown
 from tasks.outcome import BASELINES, MODEL, OVERALL, Evaluation, TrainOutcome
 from tasks.tracking import CHAMPION_ALIAS, TrackingConfig, configure
 
@@ -203,12 +203,6 @@ def evaluation_rows(evaluation: Evaluation) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.4f}"
-    return str(v)
-
-
 def write_evaluation_tables(evaluation: Evaluation, folder: Path) -> list[Path]:
     """evaluation.csv, evaluation.json, evaluation.md and per_class_accuracy.csv in `folder`."""
     import csv
@@ -221,9 +215,8 @@ def write_evaluation_tables(evaluation: Evaluation, folder: Path) -> list[Path]:
         w.writeheader()
         w.writerows(rows)
     (folder / "evaluation.json").write_text(json.dumps(rows, indent=1, allow_nan=True))
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
-    (folder / "evaluation.md").write_text("\n".join(md) + "\n")
+    # The same tables a person reads in the Prefect artifacts and the nightly summary.
+    (folder / "evaluation.md").write_text(evaluation_markdown(evaluation))
     with open(folder / "per_class_accuracy.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["table", "slice", "predictor", *[f"t{t}" for t in range(64)]])

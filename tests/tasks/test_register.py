@@ -195,6 +195,8 @@ def test_artifacts_hold_plots_and_tables(store):
     tables = {Path(a.path).name for a in client.list_artifacts(run_id, "evaluation")}
     assert {"evaluation.csv", "evaluation.json", "evaluation.md", "per_class_accuracy.csv",
             "confusion.csv"} <= tables
+    md = Path(client.download_artifacts(run_id, "evaluation/evaluation.md")).read_text()
+    assert "### Unseen runs of the trained workloads" in md and "| ngram top-1 |" in md
     rows = json.loads(Path(client.download_artifacts(run_id, "evaluation/evaluation.json")).read_text())
     assert len(rows) == len(store["outcomes"][0].evaluation.scores)
     assert rows[0]["table"] == "unseen_runs" and rows[0]["slice"] == "all" and rows[0]["predictor"] == "model"
