@@ -7,17 +7,14 @@
 from __future__ import annotations
 
 import argparse
-from collections import deque
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.build import build_tracer
 from tasks.images import build_images
-from tasks.replay import TraceSummary, outcome_of, replay
+from tasks.replay import TraceSummary, replay_all, report_replays
 from tasks.runners.select import resolve_runner_kind
-from tasks.storage import Root
 from tasks.workloads import TraceParams, load_catalog
 
 
@@ -32,25 +29,10 @@ def trace(params: TraceParams = TraceParams()) -> TraceSummary:
     tracer = str(build_tracer())
     if kind == "docker":
         build_images(catalog.images(params.workloads, quick=params.quick))
-    futures, in_flight = [], deque()
-    for workload, inp in pairs:
-        while len(in_flight) >= params.max_parallel:
-            in_flight.popleft().wait()
-        f = replay.submit(workload, inp, tracer=tracer, root=params.root, runner=kind,
-                          caller=params.caller)
-        futures.append(f)
-        in_flight.append(f)
-    for f in futures:
-        f.wait()
-    summary = TraceSummary(
-        runner=kind, runner_reason=why, tracer=tracer, root=Root.from_url(params.root).url,
-        runs=[outcome_of(w.name, i.name, f.state) for (w, i), f in zip(pairs, futures)])
-    create_markdown_artifact(summary.markdown(), key="trace-summary",
-                             description="replays: ok or failed, why, events")
-    for r in summary.failed:
-        log.error(f"{r.workload}/{r.input} failed: {r.error}")
-    log.info(f"{len(summary.runs) - len(summary.failed)} of {len(summary.runs)} replays ok")
-    return summary
+    futures = replay_all(pairs, params.max_parallel, tracer=tracer, root=params.root,
+                         runner=kind, caller=params.caller)
+    return report_replays(pairs, futures, runner=kind, runner_reason=why, tracer=tracer,
+                          root=params.root)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ import shutil
 import socket
 import tempfile
 import uuid
+from collections import deque
 from pathlib import Path
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
@@ -286,3 +288,34 @@ def outcome_of(workload: str, input: str, state) -> ReplayOutcome:
     return ReplayOutcome(workload=m.workload, input=m.input, ok=m.ok, error=m.error,
                          events=m.events, processes=m.processes, threads=m.threads,
                          duration_s=m.duration_s, exit_code=m.exit_code, timed_out=m.timed_out)
+
+
+def replay_all(pairs: list, max_parallel: int, **kwargs) -> list:
+    """Submit one `replay` per (workload, input), at most `max_parallel` in flight (replays
+    are heavy: containers, CPU, disk), and wait for all; one failure stops none of the others."""
+    futures: list = []
+    in_flight: deque = deque()
+    for workload, inp in pairs:
+        while len(in_flight) >= max_parallel:
+            in_flight.popleft().wait()
+        f = replay.submit(workload, inp, **kwargs)
+        futures.append(f)
+        in_flight.append(f)
+    for f in futures:
+        f.wait()
+    return futures
+
+
+def report_replays(pairs: list, futures: list, *, runner: str, runner_reason: str, tracer: str,
+                   root: str) -> TraceSummary:
+    """The replays' summary: published as the `trace-summary` artifact, failures logged."""
+    log = get_run_logger()
+    summary = TraceSummary(
+        runner=runner, runner_reason=runner_reason, tracer=tracer, root=Root.from_url(root).url,
+        runs=[outcome_of(w.name, i.name, f.state) for (w, i), f in zip(pairs, futures)])
+    create_markdown_artifact(summary.markdown(), key="trace-summary",
+                             description="replays: ok or failed, why, events")
+    for r in summary.failed:
+        log.error(f"{r.workload}/{r.input} failed: {r.error}")
+    log.info(f"{len(summary.runs) - len(summary.failed)} of {len(summary.runs)} replays ok")
+    return summary
