@@ -32,7 +32,6 @@ Atomic, idempotent replace of a run's partition (converting a run again never du
 
 from __future__ import annotations
 
-import ctypes
 import datetime as _dt
 import hashlib
 import json
@@ -40,9 +39,7 @@ import logging
 import mmap
 import os
 import posixpath
-import threading
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -58,6 +55,7 @@ from tasks.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
 from tasks.storage import Root
 from tasks.tokens import N_TOKENS
 from tasks.trace_reader import Trace, TraceFormatError, parse_trace, read_trace
+from tasks.worker_heap import heap_kept
 
 log = logging.getLogger(__name__)
 
@@ -247,45 +245,6 @@ def _read_raw(raw_path: str, root: Root) -> Trace:
     return parse_trace(data, raw_path)
 
 
-# glibc's malloc hands each large block (> 32 MiB at most) straight to mmap and unmaps it on free,
-# so every full-size numpy temporary of a conversion is fresh memory that the kernel (and, in a
-# VM, the hypervisor) must fault in and zero again: measured on a 22.5 M-event trace, a large
-# share of the conversion's CPU time. During a conversion, large blocks come from the heap and
-# freed memory stays there for the next temporary; afterwards the settings are restored and
-# malloc_trim gives the memory back. No effect where mallopt is missing (not glibc).
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-_MMAP_MAX_DEFAULT, _TRIM_DEFAULT = 65536, 128 * 1024
-try:
-    _LIBC: Any = ctypes.CDLL(None)
-    _LIBC.mallopt, _LIBC.malloc_trim  # noqa: B018 (both needed)
-except (OSError, AttributeError):
-    _LIBC = None
-_heap_lock = threading.Lock()
-_heap_users = 0
-
-
-@contextmanager
-def _heap_kept():
-    global _heap_users
-    if _LIBC is None:
-        yield
-        return
-    with _heap_lock:
-        _heap_users += 1
-        if _heap_users == 1:
-            _LIBC.mallopt(_M_MMAP_MAX, 0)
-            _LIBC.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    try:
-        yield
-    finally:
-        with _heap_lock:
-            _heap_users -= 1
-            if _heap_users == 0:
-                _LIBC.mallopt(_M_MMAP_MAX, _MMAP_MAX_DEFAULT)
-                _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_DEFAULT)
-                _LIBC.malloc_trim(0)
-
-
 def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
     """Dask task: convert one raw file into `out_dir`/part-<stem>.parquet; small facts back.
 
@@ -293,7 +252,7 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
     """
     fs = root.fs
     name = _basename(raw_path)
-    with _heap_kept():
+    with heap_kept():
         try:
             trace = _read_raw(raw_path, root)
         except TraceFormatError as err:
