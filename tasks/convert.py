@@ -38,7 +38,7 @@ import pyarrow as pa
 from tasks.events_schema import EVENTS_SCHEMA
 from tasks.tokens import FREE_OFFSET, N_TOKENS, size_class
 from tasks.trace_reader import (
-    ALIGNED_OPS, ALLOCATING_OPS, CLOCK_MONOTONIC, REALLOCATING_OPS, SIZE_MASK, Op, Trace, op_name,
+    ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, SIZE_MASK, Op, Trace, op_name, ticks_to_ns,
 )
 
 # Kind of each op code, as a lookup table indexed by the op byte.
@@ -361,8 +361,7 @@ def _unpack(trace: Trace) -> dict[str, np.ndarray]:
     n = len(records)
     fields = _packed_fields(records)
     h = trace.header
-    raw_ns = h.clock == CLOCK_MONOTONIC and h.ns_per_tick == 1.0  # else: the reader's time_ns
-    out = {"time": np.empty(n, dtype=np.int64) if raw_ns else trace.time_ns,
+    out = {"time": np.empty(n, dtype=np.int64),
            "op": np.empty(n, dtype=np.uint8), "thread": np.empty(n, dtype=np.uint16),
            "size": np.empty(n, dtype=np.uint64), "addr": np.empty(n, dtype=np.uint64),
            "arg": np.empty(n, dtype=np.uint64)}
@@ -371,8 +370,7 @@ def _unpack(trace: Trace) -> dict[str, np.ndarray]:
     for s in range(0, n, _UNPACK_STEP):
         e = min(s + _UNPACK_STEP, n)
         r, fr = records[s:e], fields[s:e]
-        if raw_ns:
-            out["time"][s:e] = r["time"]
+        ticks_to_ns(r["time"], h, out=out["time"][s:e])
         out["op"][s:e] = fr["op"]
         out["thread"][s:e] = fr["thread"]
         np.bitwise_and(r["packed"], np.uint64(SIZE_MASK), out=out["size"][s:e])

@@ -90,6 +90,28 @@ class TraceHeader:
         return bool(self.flags & FLAG_CALLER)
 
 
+def ticks_to_ns(ticks: np.ndarray, h: TraceHeader, out: np.ndarray | None = None
+                ) -> np.ndarray:
+    """Monotonic ns (int64) of raw record times, from the header's clock calibration; into `out`
+    when given (the converter fills its time column a cache-sized step at a time)."""
+    if h.clock == CLOCK_MONOTONIC and h.ns_per_tick == 1.0:
+        if out is None:
+            return ticks.astype(np.int64)
+        out[...] = ticks
+        return out
+    # float64 holds tick differences exactly up to 2^53 (weeks of TSC at 3 GHz)
+    delta = ticks.astype(np.int64)
+    delta -= np.int64(h.start_ticks)
+    ns = delta.astype(np.float64)
+    ns *= h.ns_per_tick
+    np.rint(ns, out=ns)
+    if out is None:
+        out = np.empty(len(ticks), dtype=np.int64)
+    out[...] = ns
+    out += np.int64(h.start_monotonic_ns)
+    return out
+
+
 @dataclass(frozen=True)
 class Trace:
     """One process image's trace: its header and its records, in file order."""
@@ -128,13 +150,7 @@ class Trace:
     @cached_property
     def time_ns(self) -> np.ndarray:
         """Monotonic time of each record in ns (int64), from the header's clock calibration."""
-        h = self.header
-        ticks = self.records["time"]
-        if h.clock == CLOCK_MONOTONIC and h.ns_per_tick == 1.0:
-            return ticks.astype(np.int64)
-        # float64 holds tick differences exactly up to 2^53 (weeks of TSC at 3 GHz)
-        delta = (ticks.astype(np.int64) - np.int64(h.start_ticks)).astype(np.float64)
-        return np.int64(h.start_monotonic_ns) + np.rint(delta * h.ns_per_tick).astype(np.int64)
+        return ticks_to_ns(self.records["time"], self.header)
 
     def counts_by_op(self) -> dict[str, int]:
         codes, counts = np.unique(self.op, return_counts=True)
