@@ -19,6 +19,13 @@ from distributed import Client, LocalCluster
 _lock = threading.Lock()
 _local: LocalCluster | None = None
 
+# Environment of the local cluster's worker processes (set before they start). A conversion runs
+# in a worker thread, and glibc gives each thread its own malloc arena: one arena (the main one)
+# lets tasks.worker_heap keep and reuse the conversion's large blocks as it does in a main thread
+# (measured: 4.39 -> 4.24 CPU-s per 22.5 M-event file). Workers of an external cluster are
+# started by their operator: set the same there (README, scaling out).
+WORKER_ENV = {"MALLOC_ARENA_MAX": "1"}
+
 
 def _local_cluster() -> LocalCluster:
     global _local
@@ -30,7 +37,8 @@ def _local_cluster() -> LocalCluster:
             processes = os.environ.get("HEAPCAST_DASK_PROCESSES", "1") != "0"
             _local = LocalCluster(n_workers=n_workers, threads_per_worker=1,
                                   processes=processes, dashboard_address=None,
-                                  silence_logs=40)
+                                  silence_logs=40,
+                                  **({"env": WORKER_ENV} if processes else {}))
             atexit.register(_close_at_exit)
         return _local
 
