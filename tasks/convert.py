@@ -30,6 +30,7 @@ Row semantics (decisions recorded in DESIGN/issue):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,8 @@ import pyarrow as pa
 from tasks.events_schema import EVENTS_SCHEMA
 from tasks.tokens import FREE_OFFSET, N_TOKENS, size_class
 from tasks.trace_reader import (
-    ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, SIZE_MASK, Op, Trace, op_name, ticks_to_ns,
+    ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, SIZE_MASK, Op, Trace, TraceHeader, op_name,
+    ticks_to_ns,
 )
 
 # Kind of each op code, as a lookup table indexed by the op byte.
@@ -66,14 +68,39 @@ class Pairing:
 
 _CHUNK = 1 << 20  # entries per step when building keys: a step's temporaries stay in cache
 
+# An entry group: (rows, source, half, rec). `rows`: row numbers (ascending); the address of row
+# r is source[rec(r)], where rec is None (source indexed by row), an int offset (row r is record
+# r + offset) or an index array (row r is record rec[r]). `source` may be a strided view of the
+# raw records: it is gathered a chunk at a time, never copied whole.
+Group = tuple[np.ndarray, np.ndarray, int, "int | np.ndarray | None"]
 
-def _entry_keys(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
-                ) -> tuple[np.ndarray, int] | None:
+
+def _at(rec: int | np.ndarray | None, rows: np.ndarray) -> np.ndarray:
+    """Record indices of row numbers `rows` (see Group)."""
+    if rec is None:
+        return rows
+    if isinstance(rec, np.ndarray):
+        return rec[rows]
+    return rows + rec if rec else rows
+
+
+def _gather(source: np.ndarray, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """source[idx]; np.take when source is contiguous (fast path), fancy indexing otherwise
+    (np.take would first copy a strided source whole)."""
+    if source.flags.c_contiguous:
+        return np.take(source, idx, out=out)
+    if out is None:
+        return source[idx]
+    out[...] = source[idx]
+    return out
+
+
+def _entry_keys(groups: list[Group], n: int) -> tuple[np.ndarray, int] | None:
     """Entries sorted by (addr, order) as packed uint64 keys, with the order key's bit count;
     None when (address, order) does not fit 64 bits.
 
-    Each group is (rows, source, half): the entries of rows `rows` (ascending) with addresses
-    `source[rows]` and order keys 2*row + half, unique. np.sort of one uint64 array is
+    Each group (see Group) gives the entries of its rows with their addresses and order keys
+    2*row + half, unique. np.sort of one uint64 array is
     SIMD-vectorised and several times faster than an argsort or a lexsort, so the address
     (compacted) and the order key are packed into one uint64 and sorted by value; the order key
     comes back from the low bits. Compaction: the high 32 address bits take few distinct values
@@ -82,15 +109,15 @@ def _entry_keys(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
     time, in the one output array: no full-size temporaries.
     """
     pos_bits = max(2 * n - 1, 1).bit_length()
-    m = sum(len(rows) for rows, _, _ in groups)
+    m = sum(len(g[0]) for g in groups)
     key = np.empty(m, dtype=np.uint64)
     spans = []  # (key slice, rows chunk, half)
     common, a_min, a_max, o = 0, None, None, 0
-    for rows, source, half in groups:
+    for rows, source, half, rec in groups:
         for s in range(0, len(rows), _CHUNK):
             r = rows[s:s + _CHUNK]
             out = key[o:o + len(r)]
-            np.take(source, r, out=out)
+            _gather(source, _at(rec, r), out=out)
             common |= int(np.bitwise_or.reduce(out))
             lo, hi = int(out.min()), int(out.max())
             a_min = lo if a_min is None else min(a_min, lo)
@@ -138,16 +165,15 @@ def _entry_keys(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
     return key, pos_bits
 
 
-def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
-           ) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(groups: list[Group], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The (defining row, freeing row) of every paired block, in address order.
 
     `groups`: the entries as in `_entry_keys` (half 0: frees, 1: definitions), n: the row count.
     See `pair_frees` for the rule.
     """
     empty = np.zeros(0, dtype=np.int64)
-    if not any(len(r) for r, _, h in groups if h == 0) or \
-            not any(len(r) for r, _, h in groups if h == 1):
+    if not any(len(g[0]) for g in groups if g[2] == 0) or \
+            not any(len(g[0]) for g in groups if g[2] == 1):
         return empty, empty
     packed = _entry_keys(groups, n)
     parts_a, parts_f = [], []
@@ -169,9 +195,9 @@ def _pairs(groups: list[tuple[np.ndarray, np.ndarray, int]], n: int
             # the same address: the keys differ only in the order bits
             match(x & low, (x[1:] ^ x[:-1]) <= low)
     else:  # addresses that do not pack (unaligned, spread over the 64-bit range): lexsort
-        addr = np.concatenate([src[r] for r, src, _ in groups])
+        addr = np.concatenate([_gather(src, _at(rec, r)) for r, src, _, rec in groups])
         order = np.concatenate([r.astype(np.uint64) * np.uint64(2) + np.uint64(h)
-                                for r, _, h in groups])
+                                for r, _, h, _ in groups])
         perm = np.lexsort((order, addr))
         sorted_addr = addr[perm]
         match(order[perm], sorted_addr[1:] == sorted_addr[:-1])
@@ -195,8 +221,8 @@ def pair_frees(def_addr: np.ndarray, free_addr: np.ndarray) -> Pairing:
     followed by another definition (a free the trace missed) or by nothing is never freed.
     """
     n = len(def_addr)
-    a, f = _pairs([(np.flatnonzero(free_addr), free_addr, 0),
-                   (np.flatnonzero(def_addr), def_addr, 1)], n)
+    a, f = _pairs([(np.flatnonzero(free_addr), free_addr, 0, None),
+                   (np.flatnonzero(def_addr), def_addr, 1, None)], n)
     alloc_of_free = np.full(n, -1, dtype=np.int64)
     free_of_alloc = np.full(n, -1, dtype=np.int64)
     alloc_of_free[f] = a
@@ -241,21 +267,6 @@ def _tid_per_record(thread: np.ndarray, is_ts: np.ndarray, arg: np.ndarray) -> n
     tid = np.empty(n, dtype=np.uint32)
     tid[perm] = tid_sorted
     return tid
-
-
-def _tids(trace: Trace, thread_all: np.ndarray, is_ts: np.ndarray, ts_idx: np.ndarray,
-          thread_rows: np.ndarray, take) -> np.ndarray:
-    """OS tid of each row. Usually each thread number has one THREAD_START: a lookup table by
-    thread number. Otherwise (thread 65535 shared by late threads) `_tid_per_record`."""
-    ts_threads = np.asarray(thread_all[ts_idx])
-    if len(np.unique(ts_threads)) == len(ts_threads):
-        lut = np.zeros(1 << 16, dtype=np.uint32)
-        lut[ts_threads] = trace.arg[ts_idx]
-        if len(ts_threads) == 1 and len(thread_rows) and \
-                not bool(np.any(thread_rows != ts_threads[0])):
-            return np.full(len(thread_rows), lut[ts_threads[0]], dtype=np.uint32)
-        return lut[thread_rows]
-    return take(_tid_per_record(np.ascontiguousarray(thread_all), is_ts, trace.arg))
 
 
 def _seq_per_row(thread: np.ndarray) -> np.ndarray:
@@ -350,73 +361,189 @@ def _packed_fields(records: np.ndarray) -> np.ndarray:
 
 
 _UNPACK_STEP = 1 << 15  # records per step: a step's records stay in cache for all fields
+GROUP_ROWS = 1 << 22  # rows converted (and written) at a time: one Parquet row group
 
 
-def _unpack(trace: Trace) -> dict[str, np.ndarray]:
-    """Each field of every record as its own contiguous array: time (ns, int64), op, thread,
-    size, addr, arg (and caller). The records are interleaved in memory, so extracting one field
-    over the whole file reads every byte of it; here each cache-sized step of records is read
-    once for all fields."""
-    records = trace.records
+def _unpack(records: np.ndarray, h: TraceHeader, fields: tuple[str, ...]
+            ) -> dict[str, np.ndarray]:
+    """Each named field of `records` as its own contiguous array: time (ns, int64), op,
+    thread, size, addr, arg, caller. The records are interleaved in memory, so extracting one
+    field over all of them reads every byte; here each cache-sized step of records is read once
+    for all fields."""
     n = len(records)
-    fields = _packed_fields(records)
-    h = trace.header
-    out = {"time": np.empty(n, dtype=np.int64),
-           "op": np.empty(n, dtype=np.uint8), "thread": np.empty(n, dtype=np.uint16),
-           "size": np.empty(n, dtype=np.uint64), "addr": np.empty(n, dtype=np.uint64),
-           "arg": np.empty(n, dtype=np.uint64)}
-    if trace.caller is not None:
-        out["caller"] = np.empty(n, dtype=np.uint64)
+    packed = _packed_fields(records)
+    dtypes = {"time": np.int64, "op": np.uint8, "thread": np.uint16, "size": np.uint64,
+              "addr": np.uint64, "arg": np.uint64, "caller": np.uint64}
+    out = {f: np.empty(n, dtype=dtypes[f]) for f in fields}
     for s in range(0, n, _UNPACK_STEP):
         e = min(s + _UNPACK_STEP, n)
-        r, fr = records[s:e], fields[s:e]
-        ticks_to_ns(r["time"], h, out=out["time"][s:e])
-        out["op"][s:e] = fr["op"]
-        out["thread"][s:e] = fr["thread"]
-        np.bitwise_and(r["packed"], np.uint64(SIZE_MASK), out=out["size"][s:e])
-        out["addr"][s:e] = r["addr"]
-        out["arg"][s:e] = r["arg"]
-        if "caller" in out:
-            out["caller"][s:e] = r["caller"]
+        r, fr = records[s:e], packed[s:e]
+        for f, a in out.items():
+            if f == "time":
+                ticks_to_ns(r["time"], h, out=a[s:e])
+            elif f in ("op", "thread"):
+                a[s:e] = fr[f]
+            elif f == "size":
+                np.bitwise_and(r["packed"], np.uint64(SIZE_MASK), out=a[s:e])
+            else:
+                a[s:e] = r[f]
     return out
 
 
-def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
-    """The events table of one trace (EVENTS_SCHEMA) and its summary facts."""
-    h = trace.header
-    cols_all = _unpack(trace)
-    op_all, time_all, thread_all = cols_all["op"], cols_all["time"], cols_all["thread"]
-    is_ts_all = op_all == Op.THREAD_START
+@dataclass
+class _Plan:
+    """What a file's conversion needs of the whole file, computed once: which record each row
+    is, the pairing of frees with definitions, the threads and their OS tids. Rows are then
+    converted a group at a time (`_group_table`), so the full-size arrays held at once are these
+    few small ones, not every column of the file."""
 
-    order = _time_order(time_all)
+    n: int
+    rec: int | np.ndarray  # row r is record r + rec (int) or record rec[r] (array)
+    free_of_alloc: np.ndarray  # per row: the row freeing the block it defines, or -1
+    alloc_of_free: np.ndarray  # per row: the row defining the block it frees, or -1
+    single_thread: bool
+    thread0: int
+    tid_lut: np.ndarray | None  # OS tid by thread number, or None: `tid` per row
+    tid: np.ndarray | None
+    stats: FileStats
+
+
+def _scan_records(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """op, thread and addr of every record, and whether the records' times never decrease, in
+    one cache-sized pass."""
+    records = trace.records
+    n = len(records)
+    packed = _packed_fields(records)
+    op, thread = np.empty(n, dtype=np.uint8), np.empty(n, dtype=np.uint16)
+    addr = np.empty(n, dtype=np.uint64)
+    ordered, last = True, None
+    for s in range(0, n, _UNPACK_STEP):
+        e = min(s + _UNPACK_STEP, n)
+        op[s:e] = packed["op"][s:e]
+        thread[s:e] = packed["thread"][s:e]
+        addr[s:e] = records["addr"][s:e]
+        if ordered:
+            # raw times: ns are a non-decreasing function of them (FORMAT.md)
+            t = records["time"][s:e]
+            ordered = bool(np.all(t[1:] >= t[:-1])) and (last is None or t[0] >= last)
+            last = t[-1]
+    return op, thread, addr, ordered
+
+
+def _plan(trace: Trace) -> _Plan:
+    h = trace.header
+    records = trace.records
+    op_all, thread_all, addr_all, ordered = _scan_records(trace)
+    is_ts_all = op_all == Op.THREAD_START
     ts_idx = np.flatnonzero(is_ts_all)
+
+    rec: int | np.ndarray
+    order = None if ordered else _time_order(ticks_to_ns(records["time"], h))
     if order is None:
         # Usual case (one thread, or threads that never interleave out of time order): when
-        # the THREAD_START markers are a prefix, the rows are a view, not a copy.
-        if len(ts_idx) == 0:
-            rows = None
-        elif ts_idx[-1] == len(ts_idx) - 1:
-            rows = slice(len(ts_idx), None)
+        # the THREAD_START markers are a prefix, row r is record r + their count.
+        if len(ts_idx) == 0 or ts_idx[-1] == len(ts_idx) - 1:
+            rec = len(ts_idx)
         else:
-            rows = np.flatnonzero(~is_ts_all)
+            rec = np.flatnonzero(~is_ts_all)
     else:
-        rows = order[~is_ts_all[order]]
+        rec = order[~is_ts_all[order]]
+    n = len(records) - len(ts_idx)
 
-    def take(a: np.ndarray) -> np.ndarray:
-        return a if rows is None else a[rows]
+    def rows_of(a: np.ndarray) -> np.ndarray:
+        return a[rec:] if isinstance(rec, int) else a[rec]
 
-    op = take(op_all)
-    size = take(cols_all["size"])
-    addr = take(cols_all["addr"])
-    arg = take(cols_all["arg"])
-    time_ns = take(time_all)
-    thread = take(thread_all)
-    single_thread = len(thread) > 0 and len(ts_idx) <= 1 \
-        and bool(thread[0] == thread[-1]) and not bool(np.any(thread != thread[0]))
-    # one thread: thread and tid are constant columns (the tid from a one-row lookup)
-    tid = _tids(trace, thread_all, is_ts_all, ts_idx, thread[:1] if single_thread else thread,
-                take)
-    n = len(op)
+    op = rows_of(op_all)
+    thread = rows_of(thread_all)
+    if n == 0:
+        threads = 0
+    elif thread.min() == thread.max():
+        threads = 1
+    else:
+        threads = int(np.count_nonzero(_counts(thread, 1 << 16)))
+    single_thread = threads == 1 and len(ts_idx) <= 1
+    thread0 = int(thread[0]) if n else 0
+
+    # OS tids: a lookup table by thread number when each number has one THREAD_START (usual);
+    # else per row (thread 65535 shared by late threads: `_tid_per_record`)
+    ts_threads = thread_all[ts_idx]
+    tid_lut = tid = None
+    if len(np.unique(ts_threads)) == len(ts_threads):
+        tid_lut = np.zeros(1 << 16, dtype=np.uint32)
+        tid_lut[ts_threads] = trace.arg[ts_idx]
+    else:
+        tid = rows_of(_tid_per_record(thread_all, is_ts_all, np.ascontiguousarray(trace.arg)))
+
+    # Pairing entries by row number. The addresses of all rows, contiguous for the duration of
+    # the pairing (np.take from them is several times faster than from the strided records);
+    # realloc's old blocks, few, straight from the records.
+    arg_v = records["arg"]
+    addr = rows_of(addr_all)
+    del addr_all
+    kind = np.take(_KIND, op)
+    addr_nz = addr != 0
+    defines = (kind == _KIND_ALLOC) | (kind == _KIND_REALLOC)
+    defines &= addr_nz
+    def_rows = np.flatnonzero(defines)
+    free_rows = np.flatnonzero((kind == _KIND_FREE) & addr_nz)
+    groups: list[Group] = [(free_rows, addr, 0, None)]
+    realloc_rows = np.flatnonzero(kind == _KIND_REALLOC)
+    failed = int(np.count_nonzero((kind == _KIND_ALLOC) & ~addr_nz))
+    if len(realloc_rows):
+        # realloc frees its old block when it returned a new one, or when realloc(p, 0) freed p
+        # (recorded with addr 0); a failed realloc(p, n > 0) leaves p live.
+        size0 = (_gather(records["packed"], _at(rec, realloc_rows))
+                 & np.uint64(SIZE_MASK)) == 0
+        nz = addr_nz[realloc_rows]
+        frees_old = (nz | size0) & (_gather(arg_v, _at(rec, realloc_rows)) != 0)
+        groups.append((realloc_rows[frees_old], arg_v, 0, rec))
+        failed += int(np.count_nonzero(~nz & ~size0))
+    n_frees = sum(len(g[0]) for g in groups)
+    a, f = _pairs(groups + [(def_rows, addr, 1, None)], n)
+    del addr
+    idx_t = np.int32 if n < 2**31 else np.int64
+    free_of_alloc = np.full(n, -1, dtype=idx_t)
+    alloc_of_free = np.full(n, -1, dtype=idx_t)
+    free_of_alloc[a] = f
+    alloc_of_free[f] = a
+
+    op_counts = _counts(op, 256)
+    stats = FileStats(
+        rows=n,
+        ops={op_name(int(c)): int(op_counts[c]) for c in np.flatnonzero(op_counts)},
+        threads=threads,
+        unpaired_frees=n_frees - len(a),
+        never_freed=len(def_rows) - len(a),
+        failed_allocations=failed,
+    )
+    return _Plan(n, rec, free_of_alloc, alloc_of_free, single_thread, thread0, tid_lut, tid,
+                 stats)
+
+
+def _partner_field(trace: Trace, plan: _Plan, rows: np.ndarray, field: str) -> np.ndarray:
+    """A raw record field of other rows (the partner of a pair, possibly in another group)."""
+    return _gather(trace.records[field], _at(plan.rec, rows))
+
+
+class _GroupState:
+    """What carries from one group of rows to the next: live bytes, per-thread call numbers."""
+
+    def __init__(self) -> None:
+        self.live_base = np.int64(0)
+        self.peak_live = 0
+        self.seq_base = np.zeros(1 << 16, dtype=np.uint64)
+        self.token_hist = np.zeros(N_TOKENS, dtype=np.int64)
+
+
+def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) -> pa.Table:
+    """The events table of rows s..e (EVENTS_SCHEMA)."""
+    h = trace.header
+    g = e - s
+    rec = plan.rec
+    records = trace.records[rec + s:rec + e] if isinstance(rec, int) else trace.records[rec[s:e]]
+    fields = ("time", "op", "size", "addr", "arg") + (() if plan.single_thread else ("thread",))
+    cols_g = _unpack(records, h, fields + (("caller",) if trace.caller is not None else ()))
+    time_ns, op, size, addr, arg = (cols_g[k] for k in ("time", "op", "size", "addr", "arg"))
 
     kind = np.take(_KIND, op)
     is_free = kind == _KIND_FREE
@@ -427,77 +554,91 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
     if any_realloc:
         defines |= is_realloc
     defines &= addr_nz
-    def_rows = np.flatnonzero(defines)
-    frees = [(np.flatnonzero(is_free & addr_nz), addr, 0)]
     free_only = is_free
     realloc_frees = None
     if any_realloc:
-        # realloc frees its old block when it returned a new one, or when realloc(p, 0) freed p
-        # (recorded with addr 0); a failed realloc(p, n > 0) leaves p live.
         realloc_frees = is_realloc & (addr_nz | (size == 0)) & (arg != 0)
-        frees.append((np.flatnonzero(realloc_frees), arg, 0))
         # realloc(p, 0) that only frees, and free itself, carry the free token
         free_only = is_free | (realloc_frees & ~addr_nz)
-    a, f = _pairs(frees + [(def_rows, addr, 1)], n)
 
-    # The pairs come in address order (random rows): two scatters put them in defining-row order
-    # (a free comes after its definition, f > a), so that what is derived from them reads and
-    # writes the row arrays nearly sequentially: blocks mostly die young, so the freeing row is
-    # close to the defining row.
-    freed = np.zeros(n, dtype=bool)
-    freed[a] = True
-    lifetime_calls = np.zeros(n, dtype=np.int64)
-    lifetime_calls[a] = f - a
-    a = np.flatnonzero(freed)
-    f = lifetime_calls[a]
-    f += a
-    paired = np.zeros(n, dtype=bool)
-    paired[f] = True
-    freed_size = np.zeros(n, dtype=np.uint64)
-    freed_size[f] = size[a]
-    lifetime_ns = np.zeros(n, dtype=np.int64)
-    lifetime_ns[a] = time_ns[f] - time_ns[a]
+    # Lifetimes of the blocks defined here, to the row that frees them, and sizes of the blocks
+    # freed here, from the row that defined them. Blocks mostly die young: the other row is
+    # usually in this group (its columns are at hand); else it is read from the records.
+    fa = plan.free_of_alloc[s:e]
+    freed = fa >= 0
+    fi = np.flatnonzero(freed)
+    partner = fa[fi].astype(np.int64)
+    partner -= s  # as a row of this group
+    lifetime_calls = np.zeros(g, dtype=np.int64)
+    lifetime_calls[fi] = partner - fi
+    later = partner >= g
+    t_free = np.take(time_ns, partner, mode="clip")
+    if later.any():
+        t_free[later] = ticks_to_ns(_partner_field(trace, plan, partner[later] + s, "time"), h)
+    t_free -= time_ns[fi]
+    lifetime_ns = np.zeros(g, dtype=np.int64)
+    lifetime_ns[fi] = t_free
+    af = plan.alloc_of_free[s:e]
+    paired = af >= 0
+    pi = np.flatnonzero(paired)
+    partner = af[pi].astype(np.int64)
+    partner -= s
+    earlier = partner < 0
+    sizes = np.take(size, partner, mode="clip")
+    if earlier.any():
+        sizes[earlier] = _partner_field(trace, plan, partner[earlier] + s, "packed")
+        sizes[earlier] &= np.uint64(SIZE_MASK)
+    freed_size = np.zeros(g, dtype=np.uint64)
+    freed_size[pi] = sizes
 
-    token = np.empty(n, dtype=np.uint8)
-    peak_live = 0
-    live_base = np.int64(0)
-    for s in range(0, n, _CHUNK):  # a chunk's temporaries stay in cache
-        e = min(s + _CHUNK, n)
-        fo = free_only[s:e]
-        tk = token[s:e]
-        _size_classes(np.where(fo, freed_size[s:e], size[s:e]), out=tk)
+    token = np.empty(g, dtype=np.uint8)
+    for c in range(0, g, _CHUNK):  # a chunk's temporaries stay in cache
+        d = min(c + _CHUNK, g)
+        fo = free_only[c:d]
+        tk = token[c:d]
+        _size_classes(np.where(fo, freed_size[c:d], size[c:d]), out=tk)
         tk += fo.view(np.uint8) * np.uint8(FREE_OFFSET)
         # live bytes in call order: + the size of each block defined, - each paired free's size
-        delta = np.where(defines[s:e], size[s:e], np.uint64(0)).view(np.int64)
-        delta -= freed_size[s:e].view(np.int64)
+        delta = np.where(defines[c:d], size[c:d], np.uint64(0)).view(np.int64)
+        delta -= freed_size[c:d].view(np.int64)
         live = np.cumsum(delta)
-        live += live_base
-        peak_live = max(peak_live, int(live.max()))
-        live_base = live[-1]
+        live += state.live_base
+        state.peak_live = max(state.peak_live, int(live.max()))
+        state.live_base = live[-1]
+    state.token_hist += _counts(token, N_TOKENS)[:N_TOKENS]
 
     aligned = np.take(_ALIGNED, op)
-    n_aligned = int(np.count_nonzero(aligned))
-    if n_aligned:
+    if aligned.any():
         alignment = _nullable(np.where(aligned, arg, np.uint64(0)), aligned, pa.uint64())
     else:
-        alignment = _constant(None, pa.uint64(), n)
+        alignment = _constant(None, pa.uint64(), g)
     # freed_addr: realloc's old block only; a plain free's freed block is its `addr`
     if realloc_frees is not None and realloc_frees.any():
-        # arg is this conversion's own copy (_unpack) and not read after this: its buffer
-        # becomes the column's values
+        # arg is this group's own copy (_unpack), not read after this: it becomes the column
         np.copyto(arg, np.uint64(0), where=~realloc_frees)
         freed_addr = _nullable(arg, realloc_frees, pa.uint64())
     else:
-        freed_addr = _constant(None, pa.uint64(), n)
-    caller = trace.caller
+        freed_addr = _constant(None, pa.uint64(), g)
+
+    if plan.single_thread:
+        thread_col = _constant(plan.thread0, pa.uint16(), g)
+        tid0 = plan.tid_lut[plan.thread0] if plan.tid_lut is not None else plan.tid[0]
+        tid_col = _constant(int(tid0), pa.uint32(), g)
+        seq = np.arange(s, e, dtype=np.uint64)
+    else:
+        thread = cols_g["thread"]
+        thread_col = pa.array(thread)
+        tid_col = pa.array(plan.tid_lut[thread] if plan.tid_lut is not None
+                           else plan.tid[s:e])
+        seq = _seq_per_row(thread)
+        seq += state.seq_base[thread]
+        state.seq_base += _counts(thread, 1 << 16).astype(np.uint64)
     cols = {
-        "pid": _constant(h.pid, pa.uint32(), n),
-        "ppid": _constant(h.ppid, pa.uint32(), n),
-        "thread": _constant(int(thread[0]), pa.uint16(), n) if single_thread
-        else pa.array(thread),
-        "tid": _constant(int(tid[0]), pa.uint32(), n) if single_thread else pa.array(tid),
-        "seq": pa.array(np.arange(n, dtype=np.uint64) if single_thread
-                        else _seq_per_row(thread)),
+        "pid": _constant(h.pid, pa.uint32(), g),
+        "ppid": _constant(h.ppid, pa.uint32(), g),
+        "thread": thread_col,
+        "tid": tid_col,
+        "seq": pa.array(seq),
         "time_ns": pa.array(time_ns),
         "op": pa.array(op),
         "size": pa.array(size),
@@ -505,30 +646,38 @@ def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
         "addr": pa.array(addr),
         "freed_addr": freed_addr,
         "freed_size": _nullable(freed_size, paired, pa.uint64()),
-        "caller": (pa.array(take(cols_all["caller"])) if caller is not None
-                   else _constant(None, pa.uint64(), n)),
+        "caller": (pa.array(cols_g["caller"]) if "caller" in cols_g
+                   else _constant(None, pa.uint64(), g)),
         "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
         "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
         "token": pa.array(token),
     }
-    table = pa.Table.from_arrays([cols[f.name] for f in EVENTS_SCHEMA], schema=EVENTS_SCHEMA)
+    return pa.Table.from_arrays([cols[f.name] for f in EVENTS_SCHEMA], schema=EVENTS_SCHEMA)
 
-    op_counts = _counts(op, 256)
-    codes = np.flatnonzero(op_counts)
-    n_paired, n_freed = len(f), len(a)
-    stats = FileStats(
-        rows=n,
-        ops={op_name(int(c)): int(op_counts[c]) for c in codes},
-        threads=1 if single_thread else int(np.count_nonzero(_counts(thread, 1))) if n else 0,
-        token_hist=_counts(token, N_TOKENS)[:N_TOKENS].astype(int).tolist(),
-        unpaired_frees=sum(len(rows) for rows, _, _ in frees) - n_paired,
-        never_freed=len(def_rows) - n_freed,
-        failed_allocations=int(np.count_nonzero((kind == _KIND_ALLOC) & ~addr_nz)
-                               + (np.count_nonzero(is_realloc & ~addr_nz & (size != 0))
-                                  if any_realloc else 0)),
-        peak_live_bytes=peak_live,
-    )
-    return table, stats
+
+def convert_groups(trace: Trace) -> tuple[Iterator[pa.Table], FileStats]:
+    """The events of one trace as consecutive tables of up to GROUP_ROWS rows (EVENTS_SCHEMA),
+    and its summary facts, complete once the tables are all consumed. Only one group's columns
+    are in memory at a time: a writer writes each as a row group and lets it go."""
+    plan = _plan(trace)
+    state = _GroupState()
+    stats = plan.stats
+
+    def tables() -> Iterator[pa.Table]:
+        if plan.n == 0:
+            yield EVENTS_SCHEMA.empty_table()
+        for s in range(0, plan.n, GROUP_ROWS):
+            yield _group_table(trace, plan, s, min(s + GROUP_ROWS, plan.n), state)
+        stats.token_hist = state.token_hist.astype(int).tolist()
+        stats.peak_live_bytes = state.peak_live
+
+    return tables(), stats
+
+
+def convert_trace(trace: Trace) -> tuple[pa.Table, FileStats]:
+    """The events table of one trace (EVENTS_SCHEMA) and its summary facts."""
+    tables, stats = convert_groups(trace)
+    return pa.concat_tables(list(tables)), stats
 
 
 def events_from_trace(trace: Trace) -> pa.Table:

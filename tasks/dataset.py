@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from tasks.config import StrictModel, default_root
-from tasks.convert import FileStats, convert_trace
+from tasks.convert import GROUP_ROWS, FileStats, convert_groups
 from tasks.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
 from tasks.storage import Root
 from tasks.tokens import N_TOKENS
@@ -88,7 +88,6 @@ PARQUET_OPTIONS: dict[str, Any] = dict(
     column_encoding={**{c: "DELTA_BINARY_PACKED" for c in DELTA_COLUMNS},
                      **{c: "BYTE_STREAM_SPLIT" for c in SPLIT_COLUMNS},
                      **{c: "PLAIN" for c in PLAIN_COLUMNS}},
-    row_group_size=1 << 22,
     write_batch_size=1 << 20,
     write_statistics=["time_ns", "pid", "thread", "op", "token"],
 )
@@ -221,9 +220,13 @@ def runs_to_convert(root: Root, workloads: Iterable[str] | None = None,
 # -------------------------------------------------------------------------------- conversion
 
 
-def write_events(table: pa.Table, where: Any) -> None:
-    """Write one events table as Parquet (a local path, or an open binary file)."""
-    pq.write_table(table, where, **PARQUET_OPTIONS)
+def write_events(tables: Iterable[pa.Table], where: Any) -> None:
+    """Write consecutive events tables (EVENTS_SCHEMA) as one Parquet file, a row group each
+    (of up to GROUP_ROWS rows): to a local path, or an open binary file. Each table can be
+    released once written."""
+    with pq.ParquetWriter(where, EVENTS_SCHEMA, **PARQUET_OPTIONS) as writer:
+        for table in tables:
+            writer.write_table(table, row_group_size=GROUP_ROWS)
 
 
 def part_name(raw_name: str) -> str:
@@ -259,15 +262,14 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
             trace = _read_raw(raw_path, root)
         except TraceFormatError as err:
             return {"file": name, "skipped": str(err)}
-        table, stats = convert_trace(trace)
+        tables, stats = convert_groups(trace)
         part = part_name(name)
         out = posixpath.join(out_dir, part)
         if root.is_local:
-            write_events(table, out)  # Arrow's own file, not a Python file object
+            write_events(tables, out)  # Arrow's own file, not a Python file object
         else:
             with fs.open(out, "wb") as f:
-                write_events(table, f)
-        del table
+                write_events(tables, f)
     h = trace.header
     return {"file": name, "part": part, "pid": h.pid, "ppid": h.ppid, "cmdline": list(h.cmdline),
             "dropped_bytes": trace.dropped_bytes,

@@ -182,9 +182,12 @@ def test_results_do_not_depend_on_the_chunk_size(monkeypatch, threads):
     trace = parse_trace(trace_bytes(synthetic_records(20_000, threads=threads)), "s.hct")
     table, stats = convert_trace(trace)
     # WHEN it is converted again in chunks of 7 rows/entries (keys, pairs, tokens, live bytes,
-    # constant columns all cross chunk boundaries)
+    # constant columns all cross chunk boundaries), groups of 5 rows (lifetimes, freed sizes,
+    # call numbers and live bytes cross groups) and unpack steps of 3 records
     import tasks.convert as convert_module
     monkeypatch.setattr(convert_module, "_CHUNK", 7)
+    monkeypatch.setattr(convert_module, "GROUP_ROWS", 5)
+    monkeypatch.setattr(convert_module, "_UNPACK_STEP", 3)
     table7, stats7 = convert_trace(trace)
     # THEN rows and facts are the same
     assert table7.equals(table) and stats7 == stats
@@ -199,6 +202,8 @@ def test_results_do_not_depend_on_the_chunk_size(monkeypatch, threads):
     trace = parse_trace(trace_bytes(recs), "r.hct")
     table7, stats7 = convert_trace(trace)
     monkeypatch.setattr(convert_module, "_CHUNK", 1 << 20)
+    monkeypatch.setattr(convert_module, "GROUP_ROWS", 1 << 22)
+    monkeypatch.setattr(convert_module, "_UNPACK_STEP", 1 << 15)
     assert table7.equals(convert_trace(trace)[0]) and stats7 == convert_trace(trace)[1]
     rng = np.random.default_rng(9)
     pool = np.array([0x5555_0000_1000 + 16 * k for k in range(20)], dtype=np.uint64)
