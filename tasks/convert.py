@@ -165,13 +165,19 @@ def _entry_keys(groups: list[Group], n: int) -> tuple[np.ndarray, int] | None:
     return key, pos_bits
 
 
+def _row_type(n: int) -> type:
+    """The narrowest signed integer type for row numbers of n rows (and -1)."""
+    return np.int32 if n < 2**31 else np.int64
+
+
 def _pairs(groups: list[Group], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The (defining row, freeing row) of every paired block, in address order.
 
     `groups`: the entries as in `_entry_keys` (half 0: frees, 1: definitions), n: the row count.
     See `pair_frees` for the rule.
     """
-    empty = np.zeros(0, dtype=np.int64)
+    row_t = _row_type(n)
+    empty = np.zeros(0, dtype=row_t)
     if not any(len(g[0]) for g in groups if g[2] == 0) or \
             not any(len(g[0]) for g in groups if g[2] == 1):
         return empty, empty
@@ -184,8 +190,8 @@ def _pairs(groups: list[Group], n: int) -> tuple[np.ndarray, np.ndarray]:
         same &= is_def[:-1]
         same &= ~is_def[1:]
         j = np.flatnonzero(same)
-        parts_a.append((okey[j] >> np.uint64(1)).view(np.int64))
-        parts_f.append((okey[j + 1] >> np.uint64(1)).view(np.int64))
+        parts_a.append((okey[j] >> np.uint64(1)).astype(row_t))
+        parts_f.append((okey[j + 1] >> np.uint64(1)).astype(row_t))
 
     if packed is not None:
         key, pos_bits = packed
@@ -484,8 +490,9 @@ def _plan(trace: Trace) -> _Plan:
     addr_nz = addr != 0
     defines = (kind == _KIND_ALLOC) | (kind == _KIND_REALLOC)
     defines &= addr_nz
-    def_rows = np.flatnonzero(defines)
-    free_rows = np.flatnonzero((kind == _KIND_FREE) & addr_nz)
+    row_t = _row_type(n)
+    def_rows = np.flatnonzero(defines).astype(row_t)
+    free_rows = np.flatnonzero((kind == _KIND_FREE) & addr_nz).astype(row_t)
     groups: list[Group] = [(free_rows, addr, 0, None)]
     realloc_rows = np.flatnonzero(kind == _KIND_REALLOC)
     failed = int(np.count_nonzero((kind == _KIND_ALLOC) & ~addr_nz))
@@ -501,9 +508,8 @@ def _plan(trace: Trace) -> _Plan:
     n_frees = sum(len(g[0]) for g in groups)
     a, f = _pairs(groups + [(def_rows, addr, 1, None)], n)
     del addr
-    idx_t = np.int32 if n < 2**31 else np.int64
-    free_of_alloc = np.full(n, -1, dtype=idx_t)
-    alloc_of_free = np.full(n, -1, dtype=idx_t)
+    free_of_alloc = np.full(n, -1, dtype=row_t)
+    alloc_of_free = np.full(n, -1, dtype=row_t)
     free_of_alloc[a] = f
     alloc_of_free[f] = a
 
