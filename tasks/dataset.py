@@ -224,7 +224,11 @@ def write_events(tables: Iterable[pa.Table], where: Any) -> None:
     """Write consecutive events tables (EVENTS_SCHEMA) as one Parquet file, a row group each
     (of up to GROUP_ROWS rows): to a local path, or an open binary file. Each table can be
     released once written."""
-    with pq.ParquetWriter(where, EVENTS_SCHEMA, **PARQUET_OPTIONS) as writer:
+    # The writer's buffers from malloc (not Arrow's default mimalloc pool): during a conversion
+    # they reuse the memory tasks.worker_heap keeps instead of faulting in fresh pages
+    # (measured: -0.15 CPU-s per 22.5 M-event file).
+    with pq.ParquetWriter(where, EVENTS_SCHEMA, memory_pool=pa.system_memory_pool(),
+                          **PARQUET_OPTIONS) as writer:
         for table in tables:
             writer.write_table(table, row_group_size=GROUP_ROWS)
 
