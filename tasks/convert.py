@@ -412,6 +412,8 @@ class _Plan:
     tid_lut: np.ndarray | None  # OS tid by thread number, or None: `tid` per row
     tid: np.ndarray | None
     stats: FileStats
+    kind: np.ndarray  # per row: _KIND of its op
+    any_aligned: bool  # some row is an aligned allocation
 
 
 def _scan_records(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -523,7 +525,7 @@ def _plan(trace: Trace) -> _Plan:
         failed_allocations=failed,
     )
     return _Plan(n, rec, free_of_alloc, alloc_of_free, single_thread, thread0, tid_lut, tid,
-                 stats)
+                 stats, kind, bool(op_counts[list(ALIGNED_OPS)].any()))
 
 
 def _partner_field(trace: Trace, plan: _Plan, rows: np.ndarray, field: str) -> np.ndarray:
@@ -551,7 +553,7 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
     cols_g = _unpack(records, h, fields + (("caller",) if trace.caller is not None else ()))
     time_ns, op, size, addr, arg = (cols_g[k] for k in ("time", "op", "size", "addr", "arg"))
 
-    kind = np.take(_KIND, op)
+    kind = plan.kind[s:e]
     is_free = kind == _KIND_FREE
     is_realloc = kind == _KIND_REALLOC
     any_realloc = bool(is_realloc.any())
@@ -613,8 +615,8 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
         state.live_base = live[-1]
     state.token_hist += _counts(token, N_TOKENS)[:N_TOKENS]
 
-    aligned = np.take(_ALIGNED, op)
-    if aligned.any():
+    aligned = np.take(_ALIGNED, op) if plan.any_aligned else None
+    if aligned is not None and aligned.any():
         alignment = _nullable(np.where(aligned, arg, np.uint64(0)), aligned, pa.uint64())
     else:
         alignment = _constant(None, pa.uint64(), g)
