@@ -96,6 +96,28 @@ def test_parts_carry_the_schema(tmp_path, client):
     assert "DELTA_BINARY_PACKED" in encodings["time_ns"]
 
 
+def test_a_file_is_written_a_row_group_at_a_time_with_the_same_rows(tmp_path, client,
+                                                                    monkeypatch):
+    # GIVEN a run converted with each file in one group of rows
+    root = make_run(tmp_path, bad=False)
+    convert_run(root, RunRef("w", "r1"), client=client)
+    part = tmp_path / "events" / "workload=w" / "run=r1" / "part-200-1.parquet"
+    whole = pq.read_table(part)
+    assert pq.ParquetFile(part).metadata.num_row_groups == 1
+    # WHEN it is converted again in groups of 700 rows (lifetimes, freed sizes and call numbers
+    # cross groups: two threads, blocks freed later)
+    import tasks.convert as convert_module
+    monkeypatch.setattr(convert_module, "GROUP_ROWS", 700)
+    summary = convert_run(root, RunRef("w", "r1"), client=client)
+    # THEN each group is one row group of the part, and the rows and the summary are the same
+    md = pq.ParquetFile(part).metadata
+    assert whole.num_rows > 2100
+    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == \
+        [700] * (whole.num_rows // 700) + ([whole.num_rows % 700] if whole.num_rows % 700 else [])
+    assert pq.read_table(part).equals(whole)
+    assert summary["rows"] == whole.num_rows + 5 and summary["unpaired_frees"] == 1
+
+
 def test_converting_again_replaces_the_partition_without_duplicates(tmp_path, client):
     import dask.dataframe as dd
 
