@@ -250,8 +250,7 @@ up_dask() {
         say "dask-worker already running (pid $(pid_of dask-worker))"
     else
         mkdir -p "$SVC_DIR/dask-worker-space"
-        # MALLOC_ARENA_MAX=1: as tasks/dask_cluster.py's WORKER_ENV gives local workers
-        launch dask-worker env MALLOC_ARENA_MAX=1 "$BIN/dask" worker "$DASK_ADDRESS" --host 127.0.0.1 \
+        launch dask-worker "$BIN/dask" worker "$DASK_ADDRESS" --host 127.0.0.1 \
             --nworkers "$DASK_WORKERS" --nthreads "$DASK_THREADS" --no-dashboard \
             --local-directory "$SVC_DIR/dask-worker-space"
     fi
