@@ -1,7 +1,10 @@
-"""One raw trace file -> one Arrow table of events (EVENTS_SCHEMA), vectorised.
+"""One raw trace file -> Arrow tables of events (EVENTS_SCHEMA), vectorised.
 
 The whole conversion of a file is numpy/Arrow work over arrays; nothing loops over events in
-Python. Steps (the invariants each relies on are at the code that relies on them):
+Python. What needs the whole file is done once (`_plan`: steps 1-3); the columns are then built
+a group of rows at a time (`_group_table`: step 4), so a writer can write each group as a row
+group and let it go (`convert_groups`; `convert_trace` gives one table). Steps (the invariants
+each relies on are at the code that relies on them):
 
 1. Order. The tracer appends whole per-thread buffers, so a file is ordered per thread, not
    globally (FORMAT.md, Durability). Rows are sorted by time, then by file position (a stable
@@ -29,8 +32,8 @@ Row semantics (decisions recorded in DESIGN/issue):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
