@@ -180,6 +180,21 @@ def _nonzero_rows(mask: np.ndarray, row_t: type) -> np.ndarray:
     return out
 
 
+def _defines(kind: np.ndarray, addr_nz: np.ndarray) -> np.ndarray:
+    """Rows that define a block: allocations and reallocs that returned an address."""
+    out = kind == _KIND_ALLOC
+    out |= kind == _KIND_REALLOC
+    out &= addr_nz
+    return out
+
+
+def _frees_old_block(addr_nz: np.ndarray, size: np.ndarray, arg: np.ndarray) -> np.ndarray:
+    """Of realloc rows: which free their old block. realloc frees it when it returned a new one,
+    or when realloc(p, 0) freed p (recorded with addr 0); a failed realloc(p, n > 0) leaves p
+    live."""
+    return (addr_nz | (size == 0)) & (arg != 0)
+
+
 def _row_type(n: int) -> type:
     """The narrowest signed integer type for row numbers of n rows (and -1)."""
     return np.int32 if n < 2**31 else np.int64
@@ -505,8 +520,7 @@ def _plan(trace: Trace) -> _Plan:
     addr_v, arg_v = records["addr"], records["arg"]
     kind = np.take(_KIND, op)
     addr_nz = rows_of(addr_nz_all)
-    defines = (kind == _KIND_ALLOC) | (kind == _KIND_REALLOC)
-    defines &= addr_nz
+    defines = _defines(kind, addr_nz)
     row_t = _row_type(n)
     def_rows = _nonzero_rows(defines, row_t)
     is_free = kind == _KIND_FREE
@@ -517,14 +531,11 @@ def _plan(trace: Trace) -> _Plan:
     realloc_rows = np.flatnonzero(kind == _KIND_REALLOC)
     failed = int(np.count_nonzero((kind == _KIND_ALLOC) & ~addr_nz))
     if len(realloc_rows):
-        # realloc frees its old block when it returned a new one, or when realloc(p, 0) freed p
-        # (recorded with addr 0); a failed realloc(p, n > 0) leaves p live.
-        size0 = (_gather(records["packed"], _at(rec, realloc_rows))
-                 & np.uint64(SIZE_MASK)) == 0
+        size = _gather(records["packed"], _at(rec, realloc_rows)) & np.uint64(SIZE_MASK)
         nz = addr_nz[realloc_rows]
-        frees_old = (nz | size0) & (_gather(arg_v, _at(rec, realloc_rows)) != 0)
+        frees_old = _frees_old_block(nz, size, _gather(arg_v, _at(rec, realloc_rows)))
         groups.append((realloc_rows[frees_old], arg_v, 0, rec))
-        failed += int(np.count_nonzero(~nz & ~size0))
+        failed += int(np.count_nonzero(~nz & (size != 0)))
     n_frees = sum(len(g[0]) for g in groups)
     a, f = _pairs(groups + [(def_rows, addr_v, 1, rec)], n)
     free_of_alloc = np.full(n, -1, dtype=row_t)
@@ -575,14 +586,11 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
     is_realloc = kind == _KIND_REALLOC
     any_realloc = bool(is_realloc.any())
     addr_nz = addr != 0
-    defines = kind == _KIND_ALLOC
-    if any_realloc:
-        defines |= is_realloc
-    defines &= addr_nz
+    defines = _defines(kind, addr_nz)
     free_only = is_free
     realloc_frees = None
     if any_realloc:
-        realloc_frees = is_realloc & (addr_nz | (size == 0)) & (arg != 0)
+        realloc_frees = is_realloc & _frees_old_block(addr_nz, size, arg)
         # realloc(p, 0) that only frees, and free itself, carry the free token
         free_only = is_free | (realloc_frees & ~addr_nz)
 
@@ -647,8 +655,8 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
 
     if plan.single_thread:
         thread_col = _constant(plan.thread0, pa.uint16(), g)
-        tid0 = plan.tid_lut[plan.thread0] if plan.tid_lut is not None else plan.tid[0]
-        tid_col = _constant(int(tid0), pa.uint32(), g)
+        # at most one THREAD_START (single_thread): the tid is a lookup table's entry
+        tid_col = _constant(int(plan.tid_lut[plan.thread0]), pa.uint32(), g)
         seq = np.arange(s, e, dtype=np.uint64)
     else:
         thread = cols_g["thread"]
