@@ -15,13 +15,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.localhost import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +31,6 @@ BIN = Path(sys.executable).parent
 PREFECT = str(BIN / "prefect")
 POOL = "heapcast"
 POLL_S = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def api(url: str, path: str, body: dict | None = None):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from tasks.trace_reader import Op
 from tests.conftest import need_tool
+from tests.localhost import free_port
 from tests.native.tracer_harness import read_traces, tracer_env
 
 PYTHON = Path("/usr/bin/python3.11")  # the real binary, not a shim that forks
@@ -93,12 +93,6 @@ def test_cpython_output_unchanged(libheapcast, trace_dir, assert_frees_paired):
     assert len(trace) > 10_000
     assert (trace.op == Op.MALLOC).sum() > 10_000
     assert_frees_paired(trace)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_redis_server_runs_and_shuts_down_cleanly(libheapcast, trace_dir, tmp_path,

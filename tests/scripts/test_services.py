@@ -12,29 +12,19 @@ deployments too (HEAPCAST_DEPLOY=0): tests/integration/test_prefect_deployment.p
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.localhost import alive, free_ports
+
 pytestmark = pytest.mark.integration
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 SCRIPT = PROJECT_DIR / "scripts" / "services.sh"
 NAMES = ("prefect-server", "prefect-worker", "mlflow", "dask-scheduler", "dask-worker")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def run(env: dict, cmd: str) -> subprocess.CompletedProcess:
@@ -47,14 +37,6 @@ def answers(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_up_status_down(tmp_path):

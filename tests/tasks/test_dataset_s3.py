@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,20 +15,15 @@ from distributed import Client
 
 from tasks.dataset import SUMMARY_NAME, RunRef, convert_run, read_events, runs_to_convert
 from tasks.storage import Root
+from tests.localhost import free_port
 from tests.tasks.test_dataset import make_run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
     exe = Path(sys.executable).with_name("moto_server")
     cmd = [str(exe)] if exe.exists() else [shutil.which("moto_server") or "moto_server"]
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

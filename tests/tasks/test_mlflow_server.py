@@ -9,7 +9,6 @@ versions and the alias on the better one; `stop` ends the server's whole process
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 
@@ -20,25 +19,12 @@ from tests.tasks.outcome_factory import CONTEXT, make_outcome, tiny_model
 from tasks.config import PROJECT_DIR
 from tasks.register import metric_key, register_outcome
 from tasks.tracking import TrackingConfig
+from tests.localhost import alive, free_port
 
 pytestmark = pytest.mark.integration
 
 SCRIPT = PROJECT_DIR / "scripts" / "mlflow-server.sh"
 NAME = "heapcast-next-call"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +42,7 @@ def server(tmp_path_factory):
         yield {"url": url, "root": root, "pid": pid, "env": env}
     finally:
         stop = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True)
-        if stop.returncode != 0 or _alive(pid):  # never leave our server behind
+        if stop.returncode != 0 or alive(pid):  # never leave our server behind
             try:
                 os.killpg(pid, 9)
             except ProcessLookupError:
@@ -142,10 +128,10 @@ def test_stop_ends_the_process_group(server, registered):
     res = subprocess.run([str(SCRIPT), "stop"], env=server["env"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     for _ in range(600):  # the script already waited; the exit may lag a moment
-        if not _alive(pid):
+        if not alive(pid):
             break
         time.sleep(0.2)
-    assert not _alive(pid)
+    assert not alive(pid)
     group = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
     assert group == []
     assert not (server["root"] / "mlflow" / "server.pid").exists()
