@@ -11,7 +11,7 @@ libtracemalloc.c, re-implemented from the article: gettimeofday + sprintf + one 
 under a mutex) writes its text log with its own timestamps, gzip'ed at level 6 as gzip.open
 does; the log is parsed line by line in Python with a dict of live pointers that gives each free
 its size, each block its lifetime and each row its token (`reference_line_loop`). It writes
-nothing. heapcast: `tasks.dataset.convert_run` on a Dask local cluster of one single-threaded
+nothing. heapcast: `tasks.dataset.partitions.convert_run` on a Dask local cluster of one single-threaded
 worker (one core), from the raw file to Parquet on disk: the first file of a fresh worker, then
 the next file in the same worker (as a worker converts a run's files back to back).
 
@@ -43,7 +43,7 @@ sys.path.insert(0, str(PROJECT))
 
 import numpy as np  # noqa: E402
 
-from tasks.trace_reader import Op, read_trace  # noqa: E402
+from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 
 OP_NAMES = {int(o): o.name.lower() for o in Op}
 
@@ -54,15 +54,21 @@ def sqlite_sql(rows: int, path: Path) -> None:
     with open(path, "w") as f:
         f.write("CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, v REAL, k INTEGER);\nBEGIN;\n")
         for _ in range(rows):
-            f.write(f"INSERT INTO t(name,v,k) VALUES('n{rnd.randrange(10**8):08d}x"
-                    f"{'y' * rnd.randrange(40)}',{rnd.random()},{rnd.randrange(1000)});\n")
+            f.write(
+                f"INSERT INTO t(name,v,k) VALUES('n{rnd.randrange(10**8):08d}x"
+                f"{'y' * rnd.randrange(40)}',{rnd.random()},{rnd.randrange(1000)});\n"
+            )
         f.write("COMMIT;\nCREATE INDEX ik ON t(k);\nCREATE INDEX iname ON t(name);\n")
         for _ in range(rows // 100):
             f.write(f"SELECT count(*), avg(v) FROM t WHERE k={rnd.randrange(1000)};\n")
-            f.write(f"SELECT name FROM t WHERE name > 'n{rnd.randrange(10**8):08d}' "
-                    "ORDER BY name LIMIT 20;\n")
-        f.write("UPDATE t SET v=v*2 WHERE k<100;\nDELETE FROM t WHERE k>900;\n"
-                "SELECT k, count(*) FROM t GROUP BY k ORDER BY 2 DESC LIMIT 5;\n")
+            f.write(
+                f"SELECT name FROM t WHERE name > 'n{rnd.randrange(10**8):08d}' "
+                "ORDER BY name LIMIT 20;\n"
+            )
+        f.write(
+            "UPDATE t SET v=v*2 WHERE k<100;\nDELETE FROM t WHERE k>900;\n"
+            "SELECT k, count(*) FROM t GROUP BY k ORDER BY 2 DESC LIMIT 5;\n"
+        )
 
 
 def trace_sqlite(rows: int, work: Path) -> Path:
@@ -75,8 +81,13 @@ def trace_sqlite(rows: int, work: Path) -> Path:
     out.mkdir()
     env = dict(os.environ, LD_PRELOAD=str(lib), HEAPCAST_OUT=str(out))
     with open(sql, "rb") as stdin:
-        subprocess.run(["sqlite3", str(work / "bench.db")], stdin=stdin, env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["sqlite3", str(work / "bench.db")],
+            stdin=stdin,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     (work / "bench.db").unlink()
     return max(out.glob("*.hct"), key=lambda p: p.stat().st_size)
 
@@ -114,17 +125,23 @@ def write_text_log(trace_path: Path, out: Path) -> int:
     sec, usec = (real_us // 1_000_000).tolist(), (real_us % 1_000_000).tolist()
     op, size = tr.op[keep].tolist(), tr.size[keep].tolist()
     addr, arg = tr.addr[keep].tolist(), tr.arg[keep].tolist()
-    thread = (np.int64(PTHREAD_BASE) + tr.thread[keep].astype(np.int64)
-              * np.int64(PTHREAD_STEP)).tolist()
+    thread = (
+        np.int64(PTHREAD_BASE) + tr.thread[keep].astype(np.int64) * np.int64(PTHREAD_STEP)
+    ).tolist()
     free_op, realloc_ops = int(Op.FREE), (int(Op.REALLOC), int(Op.REALLOCARRAY))
     with gzip.open(out, "wt", compresslevel=6) as f:
         step = 1 << 20
         for s in range(0, len(op), step):
             lines = []
-            for sc, us, th, o, n, a, g in zip(sec[s:s + step], usec[s:s + step],
-                                              thread[s:s + step], op[s:s + step],
-                                              size[s:s + step], addr[s:s + step],
-                                              arg[s:s + step]):
+            for sc, us, th, o, n, a, g in zip(
+                sec[s : s + step],
+                usec[s : s + step],
+                thread[s : s + step],
+                op[s : s + step],
+                size[s : s + step],
+                addr[s : s + step],
+                arg[s : s + step],
+            ):
                 if o == free_op:
                     lines.append(f"{sc}.{us:06d}\t{th}\t-1\t{_p(a)}\n")
                 elif o in realloc_ops:
@@ -180,12 +197,20 @@ def reference_line_loop(log: Path, limit: int | None) -> dict:
             if limit and i >= limit:
                 break
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    hist = np.bincount(np.concatenate([np.asarray(v, dtype=np.uint8) for v in threads.values()]),
-                       minlength=64)
-    return {"lines": i, "wall_s": wall, "cpu_s": cpu,
-            "checksum": {"lifetime_us": lifetime_us, "lifetime_calls": lifetime_calls,
-                         "unpaired_frees": unpaired},
-            "token_hist": hist.astype(int).tolist()}
+    hist = np.bincount(
+        np.concatenate([np.asarray(v, dtype=np.uint8) for v in threads.values()]), minlength=64
+    )
+    return {
+        "lines": i,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "checksum": {
+            "lifetime_us": lifetime_us,
+            "lifetime_calls": lifetime_calls,
+            "unpaired_frees": unpaired,
+        },
+        "token_hist": hist.astype(int).tolist(),
+    }
 
 
 def _parquet_columns(paths: list[Path], rows: int) -> dict[str, float]:
@@ -204,25 +229,28 @@ def _parquet_columns(paths: list[Path], rows: int) -> dict[str, float]:
 
 
 def heapcast_convert(trace_path: Path, work: Path) -> dict:
-    """tasks.dataset.convert_run on a one-worker, one-thread Dask local cluster: the first
+    """tasks.dataset.partitions.convert_run on a one-worker, one-thread Dask local cluster: the first
     file of a fresh worker (its memory is faulted in for the first time), then the same run
-    again in the same worker, as the next file of a run is (tasks.worker_heap keeps the memory
+    again in the same worker, as the next file of a run is (tasks.dataset.worker_heap keeps the memory
     between them)."""
-    from tasks.dask_cluster import close_local_cluster, dask_client
-    from tasks.dataset import RunRef, convert_run
-    from tasks.storage import Root
+    from tasks.core.storage import Root
+    from tasks.dataset.dask_cluster import close_local_cluster, dask_client
+    from tasks.dataset.partitions import RunRef, convert_run
 
     raw = work / "root" / "raw" / "sqlite" / "bench"
     raw.mkdir(parents=True)
-    os.link(trace_path, raw / trace_path.name) if trace_path.stat().st_dev == raw.stat().st_dev \
-        else shutil.copy(trace_path, raw / trace_path.name)
+    os.link(
+        trace_path, raw / trace_path.name
+    ) if trace_path.stat().st_dev == raw.stat().st_dev else shutil.copy(
+        trace_path, raw / trace_path.name
+    )
     root = Root.from_url(str(work / "root"))
     runs = []
-    # heapcast's own local cluster (tasks.dask_cluster), with one worker process
+    # heapcast's own local cluster (tasks.dataset.dask_cluster), with one worker process
     os.environ["HEAPCAST_DASK_WORKERS"] = "1"
     os.environ["HEAPCAST_DASK_PROCESSES"] = "1"
     with dask_client() as c:
-        c.run(lambda: __import__("tasks.dataset"))  # imports are not conversion work
+        c.run(lambda: __import__("tasks.dataset.partitions"))  # imports are not conversion work
         for _ in range(2):
             cpu0 = sum(c.run(time.process_time).values())
             w0 = time.perf_counter()
@@ -234,11 +262,24 @@ def heapcast_convert(trace_path: Path, work: Path) -> dict:
     part_dir = work / "root" / "events" / "workload=sqlite" / "run=bench"
     parts = sorted(part_dir.glob("part-*.parquet"))
     parquet = sum(p.stat().st_size for p in parts)
-    return {"rows": summary["rows"], **runs[0], "next_file": runs[1],
-            "parquet_bytes": parquet, "parquet_columns": _parquet_columns(parts, summary["rows"]),
-            "summary": {k: summary[k] for k in (
-                "ops", "unpaired_frees", "never_freed", "peak_live_bytes", "threads",
-                "token_hist")}}
+    return {
+        "rows": summary["rows"],
+        **runs[0],
+        "next_file": runs[1],
+        "parquet_bytes": parquet,
+        "parquet_columns": _parquet_columns(parts, summary["rows"]),
+        "summary": {
+            k: summary[k]
+            for k in (
+                "ops",
+                "unpaired_frees",
+                "never_freed",
+                "peak_live_bytes",
+                "threads",
+                "token_hist",
+            )
+        },
+    }
 
 
 def article_log(rows: int, log_gz: Path, work: Path) -> int:
@@ -265,17 +306,28 @@ def _gz_lines(path: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=450_000, help="sqlite3 rows (default 450k)")
-    ap.add_argument("--trace", type=Path, help="heapcast's trace of sqlite3 on --rows rows "
-                    "(default: traced here)")
-    ap.add_argument("--article-log", type=Path, help="the article tracer's .log.gz of sqlite3 "
-                    "on --rows rows: reused when it exists, else written there (default: in "
-                    "the work folder)")
-    ap.add_argument("--log", type=Path, help="also the article's format written from the "
-                    "heapcast trace's own timestamps: reused when it exists, else written there")
-    ap.add_argument("--ref-lines", type=int, default=0,
-                    help="stop the reference loop after N lines (0: all)")
-    ap.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results" /
-                    "convert.json")
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        help="heapcast's trace of sqlite3 on --rows rows (default: traced here)",
+    )
+    ap.add_argument(
+        "--article-log",
+        type=Path,
+        help="the article tracer's .log.gz of sqlite3 "
+        "on --rows rows: reused when it exists, else written there (default: in "
+        "the work folder)",
+    )
+    ap.add_argument(
+        "--log",
+        type=Path,
+        help="also the article's format written from the "
+        "heapcast trace's own timestamps: reused when it exists, else written there",
+    )
+    ap.add_argument(
+        "--ref-lines", type=int, default=0, help="stop the reference loop after N lines (0: all)"
+    )
+    ap.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results" / "convert.json")
     ap.add_argument("--keep", type=Path, help="work folder to keep (default: a temp folder)")
     args = ap.parse_args()
 
@@ -302,8 +354,11 @@ def main() -> None:
             own_log = args.log.stat().st_size / events
 
         hc = heapcast_convert(trace, work)
-        print(f"heapcast: {hc['rows']:,} rows, first file {hc['worker_cpu_s']:.1f} CPU-s, "
-              f"next file {hc['next_file']['worker_cpu_s']:.1f} CPU-s", flush=True)
+        print(
+            f"heapcast: {hc['rows']:,} rows, first file {hc['worker_cpu_s']:.1f} CPU-s, "
+            f"next file {hc['next_file']['worker_cpu_s']:.1f} CPU-s",
+            flush=True,
+        )
         ref = reference_line_loop(alog, args.ref_lines or None)
         print(f"line loop: {ref['lines']:,} lines in {ref['cpu_s']:.1f} CPU-s", flush=True)
 
@@ -315,12 +370,19 @@ def main() -> None:
         diff = np.asarray(ref["token_hist"]) - np.asarray(hc["summary"]["token_hist"])
         result = {
             "what": "raw trace -> events Parquet (heapcast) vs the article's gzip'ed text log "
-                    "parsed line by line",
+            "parsed line by line",
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "load_avg_at_end": os.getloadavg()},
-            "trace": {"file": trace.name, "events": events, "raw_bytes": raw_bytes,
-                      "sqlite_rows": args.rows},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "load_avg_at_end": os.getloadavg(),
+            },
+            "trace": {
+                "file": trace.name,
+                "events": events,
+                "raw_bytes": raw_bytes,
+                "sqlite_rows": args.rows,
+            },
             "article_log": {"file": alog.name, "lines": alog_lines, "bytes": alog.stat().st_size},
             "bytes_per_event": {
                 "raw": raw_bytes / events,
@@ -340,18 +402,25 @@ def main() -> None:
                 "heapcast_first_file_vs_line_loop_per_core": first / ref_rate,
                 "heapcast_next_file_vs_line_loop_per_core": steady / ref_rate,
                 "parquet_vs_article_gzip_log_bytes": parquet / alog_bpe,
-                "parquet_vs_article_format_log_of_heapcast_times":
-                    parquet / own_log if own_log else None,
+                "parquet_vs_article_format_log_of_heapcast_times": parquet / own_log
+                if own_log
+                else None,
             },
-            "targets": {"events_per_s_per_core": 5e6, "vs_line_loop": 20,
-                        "parquet_over_gzip_text_at_most": 0.5},
+            "targets": {
+                "events_per_s_per_core": 5e6,
+                "vs_line_loop": 20,
+                "parquet_over_gzip_text_at_most": 0.5,
+            },
             "heapcast": hc,
             "line_loop": ref,
             # the article's log holds the same calls plus free(NULL) (token 32, unpaired), which
             # heapcast does not record: the histograms differ there by exactly those lines
             "same_tokens_but_free_null": bool(
-                np.all(np.delete(diff, 32) == 0) and diff[32] == ref["lines"] - hc["rows"]
-                == ref["checksum"]["unpaired_frees"] - hc["summary"]["unpaired_frees"]),
+                np.all(np.delete(diff, 32) == 0)
+                and diff[32]
+                == ref["lines"] - hc["rows"]
+                == ref["checksum"]["unpaired_frees"] - hc["summary"]["unpaired_frees"]
+            ),
         }
         result["targets_met"] = {
             "events_per_s_per_core_first_file": first >= 5e6,
@@ -362,9 +431,21 @@ def main() -> None:
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps({k: result[k] for k in ("bytes_per_event", "events_per_s", "ratios",
-                                                 "same_tokens_but_free_null", "targets_met")},
-                         indent=1))
+        print(
+            json.dumps(
+                {
+                    k: result[k]
+                    for k in (
+                        "bytes_per_event",
+                        "events_per_s",
+                        "ratios",
+                        "same_tokens_but_free_null",
+                        "targets_met",
+                    )
+                },
+                indent=1,
+            )
+        )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -7,7 +7,7 @@ Workloads: (1) benchmarks/programs/loop.c, 8 threads of malloc/free (event count
 on a dict/list/json churn. Each repetition runs every (workload, mode) once, the mode order
 rotating between repetitions, so load from other processes hits all modes alike; the table uses
 the minimum (and shows the median). Times are wall clock and CPU (user+sys of the process tree,
-from wait4). Event counts and bytes come from the heapcast trace (tasks.trace_reader).
+from wait4). Event counts and bytes come from the heapcast trace (tasks.format.trace_reader).
 
 Prints a table and writes benchmarks/results/tracer.json.
 """
@@ -29,13 +29,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tasks.build import build_tracer  # noqa: E402
-from tasks.trace_reader import Op, read_trace  # noqa: E402
+from tasks.format.build import build_tracer  # noqa: E402
+from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 
 PYTHON = "/usr/bin/python3.11"
 MODES = ("untraced", "heapcast", "heaptrack")
-TARGETS = {"loop_ns_per_event": 25.0, "sqlite3_slowdown": 1.1, "cpython_slowdown": 1.4,
-           "bytes_per_event": 32.0, "heaptrack_overhead_ratio": 5.0}
+TARGETS = {
+    "loop_ns_per_event": 25.0,
+    "sqlite3_slowdown": 1.1,
+    "cpython_slowdown": 1.4,
+    "bytes_per_event": 32.0,
+    "heaptrack_overhead_ratio": 5.0,
+}
 
 CHURN = """
 import json
@@ -50,17 +55,26 @@ for round in range(2):
 
 
 def sqlite_script(rows: int) -> str:
-    lines = ["CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, price REAL);",
-             "BEGIN;"]
-    lines += [f"INSERT INTO item(name, grp, price) VALUES ('item-{i:07d}-{'x' * (i % 37)}', "
-              f"{i % 97}, {(i * 7919) % 10007 / 100.0});" for i in range(rows)]
-    lines += ["COMMIT;", "CREATE INDEX item_grp ON item(grp);", "CREATE INDEX item_name ON item(name);",
-              "SELECT grp, count(*), round(sum(price), 2) FROM item GROUP BY grp ORDER BY grp;",
-              "SELECT name FROM item WHERE name LIKE 'item-00001%' ORDER BY name DESC LIMIT 5;",
-              "UPDATE item SET price = price * 2 WHERE grp % 3 = 0;",
-              "DELETE FROM item WHERE id % 5 = 0;",
-              "SELECT count(*), round(avg(price), 3), max(length(name)) FROM item;",
-              "SELECT a.grp, count(*) FROM item a JOIN item b ON a.id = b.id + 1 GROUP BY a.grp LIMIT 5;"]
+    lines = [
+        "CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, price REAL);",
+        "BEGIN;",
+    ]
+    lines += [
+        f"INSERT INTO item(name, grp, price) VALUES ('item-{i:07d}-{'x' * (i % 37)}', "
+        f"{i % 97}, {(i * 7919) % 10007 / 100.0});"
+        for i in range(rows)
+    ]
+    lines += [
+        "COMMIT;",
+        "CREATE INDEX item_grp ON item(grp);",
+        "CREATE INDEX item_name ON item(name);",
+        "SELECT grp, count(*), round(sum(price), 2) FROM item GROUP BY grp ORDER BY grp;",
+        "SELECT name FROM item WHERE name LIKE 'item-00001%' ORDER BY name DESC LIMIT 5;",
+        "UPDATE item SET price = price * 2 WHERE grp % 3 = 0;",
+        "DELETE FROM item WHERE id % 5 = 0;",
+        "SELECT count(*), round(avg(price), 3), max(length(name)) FROM item;",
+        "SELECT a.grp, count(*) FROM item a JOIN item b ON a.id = b.id + 1 GROUP BY a.grp LIMIT 5;",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -69,8 +83,9 @@ def run_once(argv: list[str], env: dict[str, str], stdin_path: Path | None) -> t
     stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
     try:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, stdin=stdin, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            argv, env=env, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         _, status, ru = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -96,13 +111,27 @@ def main() -> int:
     for tool in ("gcc", "sqlite3"):
         if shutil.which(tool) is None:
             sys.exit(f"bench_tracer: `{tool}` is not installed")
-    modes = [m for m in MODES if not (m == "heaptrack" and (args.no_heaptrack or not shutil.which("heaptrack")))]
+    modes = [
+        m
+        for m in MODES
+        if not (m == "heaptrack" and (args.no_heaptrack or not shutil.which("heaptrack")))
+    ]
     lib = build_tracer.fn()
     work = Path(tempfile.mkdtemp(prefix="heapcast-bench-"))
     try:
         loop = work / "loop"
-        subprocess.run(["gcc", "-O2", "-fno-builtin", "-pthread", "-o", str(loop),
-                        str(REPO / "benchmarks" / "programs" / "loop.c")], check=True)
+        subprocess.run(
+            [
+                "gcc",
+                "-O2",
+                "-fno-builtin",
+                "-pthread",
+                "-o",
+                str(loop),
+                str(REPO / "benchmarks" / "programs" / "loop.c"),
+            ],
+            check=True,
+        )
         sql = work / "script.sql"
         sql.write_text(sqlite_script(args.sqlite_rows))
         workloads = {
@@ -110,8 +139,11 @@ def main() -> int:
             "sqlite3": ([shutil.which("sqlite3"), ":memory:"], {}, sql),
             "cpython": ([PYTHON, "-c", CHURN], {"PYTHONMALLOC": "malloc"}, None),
         }
-        base_env = {k: v for k, v in os.environ.items()
-                    if k not in ("LD_PRELOAD", "HEAPCAST_OUT", "HEAPCAST_CALLER", "HEAPCAST_CLOCK")}
+        base_env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("LD_PRELOAD", "HEAPCAST_OUT", "HEAPCAST_CALLER", "HEAPCAST_CLOCK")
+        }
         samples = {w: {m: {"wall": [], "cpu": []} for m in modes} for w in workloads}
         stats = {w: {} for w in workloads}
         load_before = os.getloadavg()
@@ -135,11 +167,16 @@ def main() -> int:
                         stats[name][f"{mode}_bytes"] = sum(f.stat().st_size for f in files)
                         if mode == "heapcast":
                             traces = [read_trace(f) for f in files if f.suffix == ".hct"]
-                            stats[name]["events"] = int(sum((t.op != Op.THREAD_START).sum() for t in traces))
+                            stats[name]["events"] = int(
+                                sum((t.op != Op.THREAD_START).sum() for t in traces)
+                            )
                             stats[name]["processes"] = len(traces)
                     shutil.rmtree(out)
-                print(f"rep {rep + 1}/{args.reps} {name}: " + ", ".join(
-                    f"{m} {samples[name][m]['wall'][-1]:.3f}s" for m in modes), flush=True)
+                print(
+                    f"rep {rep + 1}/{args.reps} {name}: "
+                    + ", ".join(f"{m} {samples[name][m]['wall'][-1]:.3f}s" for m in modes),
+                    flush=True,
+                )
         load_after = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -169,18 +206,24 @@ def main() -> int:
     def fmt(value, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    print(f"\nminimum of {args.reps} alternating runs; wall = elapsed, cpu = user+sys of the process tree")
-    print(f"{'workload':9} {'events':>9} {'clock':5} {'untraced':>9} {'heapcast':>9} {'heaptrack':>9} "
-          f"{'hc slow':>8} {'hc ns/ev':>8} {'ht ns/ev':>8} {'ht/hc':>6} {'hc B/ev':>7} {'ht B/ev':>7}")
+    print(
+        f"\nminimum of {args.reps} alternating runs; wall = elapsed, cpu = user+sys of the process tree"
+    )
+    print(
+        f"{'workload':9} {'events':>9} {'clock':5} {'untraced':>9} {'heapcast':>9} {'heaptrack':>9} "
+        f"{'hc slow':>8} {'hc ns/ev':>8} {'ht ns/ev':>8} {'ht/hc':>6} {'hc B/ev':>7} {'ht B/ev':>7}"
+    )
     for name, r in results.items():
         for kind in ("wall", "cpu"):
-            print(f"{name if kind == 'wall' else '':9} {r['events'] if kind == 'wall' else '':>9} {kind:5} "
-                  f"{r[f'untraced_{kind}_min_s']:>9.3f} {r[f'heapcast_{kind}_min_s']:>9.3f} "
-                  f"{fmt(r.get(f'heaptrack_{kind}_min_s'), '>9.3f'):>9} "
-                  f"{r[f'heapcast_slowdown_{kind}']:>7.2f}x {r[f'heapcast_ns_per_event_{kind}']:>8.1f} "
-                  f"{fmt(r.get(f'heaptrack_ns_per_event_{kind}'), '>8.1f'):>8} "
-                  f"{fmt(r.get(f'heaptrack_vs_heapcast_overhead_{kind}'), '>5.1f'):>5}x "
-                  f"{r['heapcast_bytes_per_event']:>7.2f} {fmt(r.get('heaptrack_bytes_per_event'), '>7.2f'):>7}")
+            print(
+                f"{name if kind == 'wall' else '':9} {r['events'] if kind == 'wall' else '':>9} {kind:5} "
+                f"{r[f'untraced_{kind}_min_s']:>9.3f} {r[f'heapcast_{kind}_min_s']:>9.3f} "
+                f"{fmt(r.get(f'heaptrack_{kind}_min_s'), '>9.3f'):>9} "
+                f"{r[f'heapcast_slowdown_{kind}']:>7.2f}x {r[f'heapcast_ns_per_event_{kind}']:>8.1f} "
+                f"{fmt(r.get(f'heaptrack_ns_per_event_{kind}'), '>8.1f'):>8} "
+                f"{fmt(r.get(f'heaptrack_vs_heapcast_overhead_{kind}'), '>5.1f'):>5}x "
+                f"{r['heapcast_bytes_per_event']:>7.2f} {fmt(r.get('heaptrack_bytes_per_event'), '>7.2f'):>7}"
+            )
 
     # Targets are judged on CPU time: on this shared 2-core machine the wall clock mostly
     # measures other workers' load (both are in the json).
@@ -191,32 +234,56 @@ def main() -> int:
             "loop_ns_per_event": results["loop"][f"heapcast_ns_per_event_{kind}"],
             "sqlite3_slowdown": results["sqlite3"][f"heapcast_slowdown_{kind}"],
             "cpython_slowdown": results["cpython"][f"heapcast_slowdown_{kind}"],
-            "bytes_per_event": round(max(r["heapcast_bytes_per_event"] for r in results.values()), 1),
+            "bytes_per_event": round(
+                max(r["heapcast_bytes_per_event"] for r in results.values()), 1
+            ),
         }
         if "heaptrack" in modes:
             ratios = [r[f"heaptrack_vs_heapcast_overhead_{kind}"] for r in results.values()]
-            checks["heaptrack_overhead_ratio"] = min(x if x is not None else float("inf") for x in ratios)
+            checks["heaptrack_overhead_ratio"] = min(
+                x if x is not None else float("inf") for x in ratios
+            )
         for key, value in checks.items():
             target = TARGETS[key]
             ok = value >= target if key == "heaptrack_overhead_ratio" else value <= target
             verdicts.setdefault(key, {"target": target})[kind] = {"value": value, "met": ok}
     for key, v in verdicts.items():
         op = ">=" if key == "heaptrack_overhead_ratio" else "<="
-        print(f"  {key:26} {v['cpu']['value']:8.2f} ({v['wall']['value']:8.2f})  target {op} "
-              f"{v['target']:<5} {'met' if v['cpu']['met'] else 'MISSED'} "
-              f"({'met' if v['wall']['met'] else 'missed'})")
+        print(
+            f"  {key:26} {v['cpu']['value']:8.2f} ({v['wall']['value']:8.2f})  target {op} "
+            f"{v['target']:<5} {'met' if v['cpu']['met'] else 'MISSED'} "
+            f"({'met' if v['wall']['met'] else 'missed'})"
+        )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-                    "loadavg_before": load_before, "loadavg_after": load_after},
-        "config": {"reps": args.reps, "loop_threads": 8, "loop_iters_per_thread": args.loop_iters,
-                   "sqlite_rows": args.sqlite_rows, "heaptrack_mode": "heaptrack --raw -o FILE",
-                   "modes": modes, "order": "rotated per repetition"},
-        "targets_judged_on": "cpu (user+sys); wall given alongside",
-        "results": results, "targets": verdicts, "samples": samples,
-    }, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "cpu": platform.processor() or platform.machine(),
+                    "loadavg_before": load_before,
+                    "loadavg_after": load_after,
+                },
+                "config": {
+                    "reps": args.reps,
+                    "loop_threads": 8,
+                    "loop_iters_per_thread": args.loop_iters,
+                    "sqlite_rows": args.sqlite_rows,
+                    "heaptrack_mode": "heaptrack --raw -o FILE",
+                    "modes": modes,
+                    "order": "rotated per repetition",
+                },
+                "targets_judged_on": "cpu (user+sys); wall given alongside",
+                "results": results,
+                "targets": verdicts,
+                "samples": samples,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {args.out}")
     return 0
 

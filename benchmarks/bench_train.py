@@ -33,10 +33,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import numpy as np  # noqa: E402
 
-from tasks.config import default_root  # noqa: E402
-from tasks.sequences import concat_runs, load_split  # noqa: E402
-from tasks.storage import Root  # noqa: E402
-from tasks.train_config import QUICK_CONFIG, load_train_config  # noqa: E402
+from tasks.core.config import default_root  # noqa: E402
+from tasks.core.storage import Root  # noqa: E402
+from tasks.learning.sequences import concat_runs, load_split  # noqa: E402
+from tasks.learning.train_config import QUICK_CONFIG, load_train_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
 
@@ -44,9 +44,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
 def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
     import keras
 
-    from tasks.model import build_model
-    from tasks.token_data import sequence_dataset, windows_dataset
-    from tasks.train import _throughput_meter
+    from tasks.learning.model import build_model
+    from tasks.learning.token_data import sequence_dataset, windows_dataset
+    from tasks.learning.train import _throughput_meter
 
     keras.utils.set_random_seed(cfg.seed)
     # the network alone: the n-gram hybrid's table lookup is measured by part 2's training
@@ -93,12 +93,13 @@ def main() -> int:
     root = Root.from_url(a.root)
     synthetic = not root.fs.exists(root.join("events"))
     if synthetic:
-        from tasks.synthetic_events import write_synthetic_events
+        from tasks.dataset.synthetic_events import write_synthetic_events
 
         root = Root.from_url(tempfile.mkdtemp(prefix="heapcast-bench-"))
         write_synthetic_events(root, {"alpha": 3, "beta": 3, "gamma": 2}, tokens_per_run=400_000)
-        cfg = load_train_config(a.config, {**json.loads(a.override),
-                                           "data": {"heldout_workloads": ["gamma"]}})
+        cfg = load_train_config(
+            a.config, {**json.loads(a.override), "data": {"heldout_workloads": ["gamma"]}}
+        )
         print(f"no events under {a.root}: synthetic dataset in {root.url}", file=sys.stderr)
 
     import tensorflow as tf
@@ -124,35 +125,48 @@ def main() -> int:
     # Part 1: throughput, windows then sequence, same data/network/batch.
     rows = [measure(m, cfg, run, a.steps, a.warmup) for m in ("windows", "sequence")]
     ratio = rows[1]["predictions_per_second"] / rows[0]["predictions_per_second"]
-    result["throughput"] = {"windows": rows[0], "sequence": rows[1],
-                            "sequence_over_windows": ratio, "target_ratio": 50.0}
+    result["throughput"] = {
+        "windows": rows[0],
+        "sequence": rows[1],
+        "sequence_over_windows": ratio,
+        "target_ratio": 50.0,
+    }
     for r in rows:
-        print(f"{r['mode']:>8}: {r['predictions_per_second']:>12,.0f} predictions/s "
-              f"({r['seconds_per_step'] * 1000:.1f} ms/step, {r['predictions_per_step']} per step)")
+        print(
+            f"{r['mode']:>8}: {r['predictions_per_second']:>12,.0f} predictions/s "
+            f"({r['seconds_per_step'] * 1000:.1f} ms/step, {r['predictions_per_step']} per step)"
+        )
     print(f"sequence / windows: {ratio:.1f}x (target >= 50x)")
     _write(a.out, result)
 
     # Part 2: the configured training and its honest evaluation.
     if not a.skip_accuracy:
-        from tasks.evaluate import evaluation_markdown
-        from tasks.outcome import BASELINES, MODEL
-        from tasks.train import evaluate, train
+        from tasks.learning.evaluate import evaluation_markdown
+        from tasks.learning.outcome import BASELINES, MODEL
+        from tasks.learning.train import evaluate, train
 
         t0 = time.perf_counter()
-        trained = train.fn(root.url, cfg)
+        trained = train.fn(root, cfg)
         outcome = evaluate.fn(trained)
         ev = outcome.evaluation
         table = []
         for s in ev.scores:
             if s.predictor == MODEL:
                 best = max(BASELINES, key=lambda b: ev.get(b, s.slice, s.table).top1)
-                table.append({
-                    "table": s.table, "slice": s.slice, "positions": s.positions,
-                    **{f"{p}_{m}": getattr(ev.get(p, s.slice, s.table), m)
-                       for p in (MODEL, *BASELINES) for m in ("top1", "top5", "log_loss")},
-                    "best_baseline": best,
-                    "margin_top1": ev.margin_over_best_baseline(s.slice, s.table),
-                })
+                table.append(
+                    {
+                        "table": s.table,
+                        "slice": s.slice,
+                        "positions": s.positions,
+                        **{
+                            f"{p}_{m}": getattr(ev.get(p, s.slice, s.table), m)
+                            for p in (MODEL, *BASELINES)
+                            for m in ("top1", "top5", "log_loss")
+                        },
+                        "best_baseline": best,
+                        "margin_top1": ev.margin_over_best_baseline(s.slice, s.table),
+                    }
+                )
         md = evaluation_markdown(ev, outcome.notes)
         result["accuracy"] = {
             "seconds": time.perf_counter() - t0,

@@ -1,41 +1,126 @@
 """`heapcast`: the command line, a thin front over the same tasks the flows use.
 
-  heapcast trace [-o DIR] -- PROGRAM ARGS...   trace any program, the way heaptrack does
-  heapcast inspect FILE...                      a trace's header and counts per operation
-  heapcast run [...]                            the whole pipeline (the nightly flow) once
+heapcast trace [-o DIR] -- PROGRAM ARGS...   trace any program, the way heaptrack does
+heapcast inspect FILE...                      a trace's header and counts per operation
+heapcast report RUN [-o HTML] [--diff RUN]    the heap report of a run: one HTML page + a summary
+heapcast run [...]                            the whole pipeline (the nightly flow) once
 """
+
+# Start-up time matters here (`trace` runs before the traced program, `inspect` is interactive):
+# this module imports only the standard library's argparse, os and sys at the top; each command
+# imports what it needs when it runs (numpy for inspect; pyarrow, plotly for report; Prefect only
+# to build a missing tracer or for `run`). benchmarks/bench_cli.py measures it.
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-from tasks.trace_reader import Op, TraceFormatError, count_traces, read_trace
+EPILOG = """\
+examples:
+  heapcast trace -o traces -- sqlite3 :memory: 'select 1'
+      trace a program and every process it starts into traces/<run>/*.hct
+  heapcast inspect traces/*/*.hct
+      the header and the calls per operation of each trace
+  heapcast report traces/<run> -o report.html
+      the heap report of those traces: report.html and a summary on the terminal
+  heapcast report sqlite3/small --diff sqlite3/medium
+      two runs of the data root ($HEAPCAST_ROOT or ./data) side by side
+  heapcast run --quick
+      the whole pipeline once: replay, dataset, train, register (heapcast run --help)
+"""
+
+TRACE_EPILOG = """\
+example:
+  heapcast trace -o traces -- sqlite3 :memory: 'select 6*7'
+      prints 42 as sqlite3 would, exits with sqlite3's code, then on stderr:
+      heapcast: 1 process(es), 1 thread(s), 1234 events -> traces/<run>/<pid>-<ns>.hct
+  heapcast trace --caller -o traces -- make -j2
+      with each call's return address (for the report's top callers)
+"""
+
+INSPECT_EPILOG = """\
+example:
+  heapcast inspect traces/*/*.hct
+      traces/20260101T120000-42/42-1767268800000000000.hct
+        format version 1, record 32 bytes, caller no
+        pid 42, parent 41, clock tsc
+        ...
+        threads 1, events 1234, span 0.012 s
+          malloc   700
+          free     530
+"""
+
+REPORT_EPILOG = """\
+RUN is a folder of raw traces (what `heapcast trace` wrote, or <root>/raw/<w>/<r>), an events
+run folder (<root>/events/workload=<w>/run=<r>), .hct or .parquet files, or WORKLOAD/RUN under
+the data root (--root; default $HEAPCAST_ROOT or ./data). The page is self-contained (no network).
+
+examples:
+  heapcast report traces/20260101T120000-42 -o report.html
+      report the traces `heapcast trace -o traces` wrote; open report.html in a browser
+  heapcast report git/medium
+      a run of the data root: its events if converted, else its raw traces
+  heapcast report git/medium --diff git/small -o diff.html
+      both runs side by side, with their differences
+  heapcast report data/events/workload=git/run=medium --temporary-calls 8
+      count blocks freed within 8 calls as temporaries
+"""
+
+# The tracer is built from these files (as tasks.format.build.SOURCES; that module imports
+# Prefect, so it is imported only when the library is missing or older than a source).
+_TRACER_SOURCES = ("heapcast.c", "heapcast_format.h", "Makefile")
 
 
 def _run_id() -> str:
+    import time
+
     return time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
 
 
+def _tracer_library() -> str | None:
+    """The tracer's path; built (make, through tasks.format.build) only when missing or older
+    than its sources. None, with the reason on stderr, when it cannot be built."""
+    from pathlib import Path
+
+    native = Path(__file__).resolve().parents[1] / "native"
+    lib = native / "build" / "libheapcast.so"
+    try:
+        built = lib.stat().st_mtime_ns
+        if all((native / s).stat().st_mtime_ns <= built for s in _TRACER_SOURCES):
+            return str(lib)
+    except FileNotFoundError:
+        pass
+    from tasks.format.build import TracerBuildError, build_tracer
+
+    try:
+        return str(build_tracer.fn())
+    except TracerBuildError as err:
+        print(f"heapcast trace: {err}", file=sys.stderr)
+        return None
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
-    from tasks.build import build_tracer
+    import subprocess
+    from pathlib import Path
 
     program = args.program
     if program and program[0] == "--":
         program = program[1:]
     if not program:
-        print("heapcast trace: give a program to trace: heapcast trace [-o DIR] -- PROGRAM ARGS...",
-              file=sys.stderr)
+        print(
+            "heapcast trace: give a program to trace: heapcast trace [-o DIR] -- PROGRAM ARGS...",
+            file=sys.stderr,
+        )
         return 2
-    lib = build_tracer.fn()
+    lib = _tracer_library()
+    if lib is None:
+        return 2
     run_dir = Path(args.output).resolve() / _run_id()
     run_dir.mkdir(parents=True, exist_ok=False)
     env = dict(os.environ)
-    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(lib)
+    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
     env["HEAPCAST_OUT"] = str(run_dir)
     if args.caller:
         env["HEAPCAST_CALLER"] = "1"
@@ -44,17 +129,25 @@ def cmd_trace(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"heapcast trace: program not found: {program[0]}", file=sys.stderr)
         return 127
+    from tasks.format.trace_reader import count_traces  # numpy: after the program has run
+
     s = count_traces(run_dir)
     for why in s.unreadable.values():
         print(f"heapcast: skipped {why}", file=sys.stderr)
     where = run_dir / s.files[0] if len(s.files) == 1 else run_dir
-    print(f"heapcast: {s.processes} process(es), {s.threads} thread(s), "
-          f"{s.events} events -> {where}", file=sys.stderr)
+    print(
+        f"heapcast: {s.processes} process(es), {s.threads} thread(s), {s.events} events -> {where}",
+        file=sys.stderr,
+    )
     # The traced program's exit code is heapcast's, so scripts can wrap programs transparently.
     return code if code >= 0 else 128 - code
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    import time
+
+    from tasks.format.trace_reader import Op, TraceFormatError, read_trace
+
     status = 0
     for path in args.files:
         try:
@@ -66,10 +159,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         h = t.header
         op = t.op
         print(f"{path}")
-        print(f"  format version {h.version}, record {h.record_size} bytes, "
-              f"caller {'yes' if h.has_caller else 'no'}")
+        print(
+            f"  format version {h.version}, record {h.record_size} bytes, "
+            f"caller {'yes' if h.has_caller else 'no'}"
+        )
         print(f"  pid {h.pid}, parent {h.ppid}, clock {'tsc' if h.clock == 2 else 'monotonic'}")
-        print(f"  started {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(h.start_realtime_ns / 1e9))} UTC")
+        print(
+            f"  started {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(h.start_realtime_ns / 1e9))} UTC"
+        )
         print(f"  command {' '.join(h.cmdline)}")
         n_threads = int((op == Op.THREAD_START).sum())
         calls = op != Op.THREAD_START
@@ -86,38 +183,155 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from tasks.report.sources import ReportInputError
+    from tasks.report.summary import make_report
+
+    try:
+        result = make_report(
+            args.run,
+            args.output,
+            diff=args.diff,
+            root=args.root,
+            bins=args.bins,
+            temporary_calls=args.temporary_calls,
+            top_processes=args.top_processes,
+        )
+    except ReportInputError as err:
+        print(f"heapcast report: {err}", file=sys.stderr)
+        return 1
+    for r in result.reports:
+        for w in r.warnings:
+            print(f"heapcast report: warning: {r.label}: {w}", file=sys.stderr)
+    print(result.text)
+    return 0
+
+
 def cmd_run(argv: list[str]) -> int:
     from flows.nightly import main as nightly_main
 
     return nightly_main(argv)
 
 
+class _Version(argparse.Action):
+    """--version: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, **kw):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("heapcast")
+        except PackageNotFoundError:
+            v = "(not installed: run scripts/setup.sh)"
+        print(f"heapcast {v}")
+        parser.exit()
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="heapcast", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="heapcast", description=__doc__, epilog=EPILOG, formatter_class=raw
+    )
+    p.add_argument("--version", action=_Version, help="print heapcast's version and exit")
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("trace", help="trace a program: heapcast trace [-o DIR] -- PROGRAM ARGS...")
-    t.add_argument("-o", "--output", default="heapcast-traces",
-                   help="folder for the run's trace files (default ./heapcast-traces)")
+    t = sub.add_parser(
+        "trace",
+        help="trace a program: heapcast trace [-o DIR] -- PROGRAM ARGS...",
+        description="Run PROGRAM with the tracer preloaded; one trace file per process image.",
+        epilog=TRACE_EPILOG,
+        formatter_class=raw,
+    )
+    t.add_argument(
+        "-o",
+        "--output",
+        default="heapcast-traces",
+        help="folder for the run's trace files (default ./heapcast-traces)",
+    )
     t.add_argument("--caller", action="store_true", help="record each call's return address")
     t.add_argument("program", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
-    i = sub.add_parser("inspect", help="print a trace's header and counts per operation")
+    i = sub.add_parser(
+        "inspect",
+        help="print a trace's header and counts per operation",
+        description="Print each trace's header and its calls per operation.",
+        epilog=INSPECT_EPILOG,
+        formatter_class=raw,
+    )
     i.add_argument("files", nargs="+")
     i.set_defaults(func=cmd_inspect)
+    r = sub.add_parser(
+        "report",
+        help="the heap report of a run (one HTML page) and a summary: "
+        "heapcast report RUN [-o report.html] [--diff OTHER]",
+        description="The heap report of a run: its peak, live bytes and allocation rate over\n"
+        "time, size classes, lifetimes, temporaries, leaks, processes and threads, callers.",
+        epilog=REPORT_EPILOG,
+        formatter_class=raw,
+    )
+    r.add_argument("run", nargs="+", metavar="RUN_OR_FILES", help="a run folder, files, or W/R")
+    r.add_argument("-o", "--output", default="report.html", help="the page (default report.html)")
+    r.add_argument("--diff", metavar="OTHER", help="a second run, shown side by side (B)")
+    r.add_argument(
+        "--root", help="data root for WORKLOAD/RUN names (default $HEAPCAST_ROOT, ./data)"
+    )
+    r.add_argument(
+        "--bins", type=_positive, default=1000, metavar="N", help="time bins of the plots (1000)"
+    )
+    r.add_argument(
+        "--temporary-calls",
+        type=_positive,
+        metavar="N",
+        default=4,
+        help="a block freed within this many calls of its process is a temporary (4)",
+    )
+    r.add_argument(
+        "--top-processes",
+        type=_positive,
+        default=8,
+        metavar="N",
+        help="processes drawn over time (8)",
+    )
+    r.set_defaults(func=cmd_report)
     # `run` hands its arguments to the nightly flow's own parser (see main).
-    sub.add_parser("run", add_help=False,
-                   help="run the whole pipeline once (the nightly flow): heapcast run [--quick] "
-                        "[--root URL] [--runner auto|docker|local]")
+    sub.add_parser(
+        "run",
+        add_help=False,
+        help="run the whole pipeline once (the nightly flow): heapcast run [--quick] "
+        "[--root URL] [--runner auto|docker|local]; heapcast run --help for its options",
+    )
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["run"]:
         return cmd_run(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a reader that went away shows here, inside the try
+        return code
+    except BrokenPipeError:
+        # The output's reader closed the pipe (`heapcast inspect F | head -1`): end quietly.
+        # As the Python docs say (library/signal.html, "Note on SIGPIPE"): point stdout at
+        # devnull, so the interpreter's own flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """heapcast's Prefect flows: composition of tasks only."""
 
-from tasks.config import apply_embedded_defaults
+from tasks.core.config import apply_embedded_defaults
 
 apply_embedded_defaults()

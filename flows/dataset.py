@@ -6,39 +6,55 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
-from tasks.dataset import (DatasetParams, RunRef, conversion_outcomes, convert_run, fail_if_any,
-                           runs_to_convert, summary_markdown)
-from tasks.storage import Root
+
+from tasks.core.storage import Root
+from tasks.dataset.partitions import (
+    DatasetParams,
+    RunRef,
+    conversion_outcomes,
+    convert_run,
+    fail_if_any,
+    runs_to_convert,
+    summary_markdown,
+    sweep_staging,
+)
 
 
 @task(retries=2, retry_delay_seconds=5)
-def find_runs(params: DatasetParams) -> list[RunRef]:
-    """Runs with raw traces and no up-to-date events."""
-    return runs_to_convert(Root.from_url(params.root), params.workloads, params.runs,
-                           params.force)
+def find_runs(params: DatasetParams, root: Root) -> list[RunRef]:
+    """Runs with raw traces and no up-to-date events (and what killed conversions left in
+    staging, of the others, removed)."""
+    runs = runs_to_convert(root, params.workloads, params.runs, params.force)
+    sweep_staging(root, runs)
+    return runs
 
 
 @task(retries=1, retry_delay_seconds=10, task_run_name="convert-{run.workload}-{run.run}")
-def convert(run: RunRef, root: str, scheduler: str | None = None) -> dict[str, Any]:
+def convert(run: RunRef, root: Root, scheduler: str | None = None) -> dict[str, Any]:
     """Convert one run's raw traces into its events partition; returns the run's summary."""
-    return convert_run(Root.from_url(root), run, scheduler=scheduler)
+    return convert_run(root, run, scheduler=scheduler)
 
 
 @task
 def publish_summary(summary: dict[str, Any]) -> None:
     """The run's summary as a Markdown artifact."""
-    key = "events-" + "".join(c if c.isalnum() else "-"
-                              for c in f"{summary['workload']}-{summary['run']}".lower())
-    create_markdown_artifact(markdown=summary_markdown(summary), key=key[:100],
-                             description=f"events of {summary['workload']}/{summary['run']}")
+    key = "events-" + "".join(
+        c if c.isalnum() else "-" for c in f"{summary['workload']}-{summary['run']}".lower()
+    )
+    create_markdown_artifact(
+        markdown=summary_markdown(summary),
+        key=key[:100],
+        description=f"events of {summary['workload']}/{summary['run']}",
+    )
 
 
 @flow(name="dataset")
 def dataset(params: DatasetParams = DatasetParams()) -> list[dict[str, Any]]:
     """Convert runs to the events dataset; one summary per converted run. A run that fails
     does not stop the others: the flow fails at the end, naming each failed run."""
-    runs = find_runs(params)
-    states = [convert(run, params.root, params.scheduler, return_state=True) for run in runs]
+    root = Root.from_url(params.root)  # resolved once; tasks take the Root
+    runs = find_runs(params, root)
+    states = [convert(run, root, params.scheduler, return_state=True) for run in runs]
     summaries, failures = conversion_outcomes(runs, states)
     for s in summaries:
         publish_summary(s)

@@ -2,8 +2,9 @@
 
 Composition only. Each stage is a subflow whose final state is kept, so a failing stage does not
 stop the night: `dataset` and `train` go on with whatever data there is, and the night fails at
-the end only when no model could be trained. The summary (tasks/summary.py) is published as the
-`nightly-summary` markdown artifact.
+the end only when no model could be trained. A night whose data is broken (every replay failed)
+trains and registers nothing: the champion is left alone and the summary says why. The summary
+(tasks/nightly/summary.py) is published as the `nightly-summary` markdown artifact.
 
     python -m flows.nightly --quick          # the quick subset, embedded services
     python -m flows.nightly --root s3://bucket/heapcast
@@ -20,9 +21,19 @@ from prefect import flow
 from flows.dataset import dataset
 from flows.trace import trace
 from flows.train import train_flow
-from tasks.nightly import NightlyParams
-from tasks.summary import (NightlySummary, NothingTrained, champion_version, finish, mlflow_ui_command,
-                           publish_summary, stage_outcome, summarize)
+from tasks.nightly.params import NightlyParams
+from tasks.nightly.summary import (
+    NightlySummary,
+    NothingTrained,
+    broken_data,
+    champion_version,
+    finish,
+    mlflow_ui_command,
+    publish_summary,
+    skipped,
+    stage_outcome,
+    summarize,
+)
 
 
 @flow(name="nightly")
@@ -32,7 +43,11 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
     before = champion_version(stages.tracking)
     traced = stage_outcome("trace", trace(stages.trace, return_state=True))
     converted = stage_outcome("dataset", dataset(stages.dataset, return_state=True))
-    trained = stage_outcome("train", train_flow(stages.train, return_state=True))
+    broken = broken_data(traced)
+    if broken is None:
+        trained = stage_outcome("train", train_flow(stages.train, return_state=True))
+    else:
+        trained = skipped("train", f"tonight's data is broken: {broken}")
     after = champion_version(stages.tracking)
     summary = summarize(stages.train.root, [traced, converted, trained], before, after)
     publish_summary(summary)
@@ -41,8 +56,9 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="heapcast's whole pipeline, once")
-    ap.add_argument("--quick", action="store_true",
-                    help="quick workload inputs and configs/train-quick.yaml")
+    ap.add_argument(
+        "--quick", action="store_true", help="quick workload inputs and configs/train-quick.yaml"
+    )
     ap.add_argument("--root", default=None, help="data root: a folder or an s3:// URL")
     ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
     a = ap.parse_args(argv)
@@ -59,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     if summary.champion_after is None:
         print("champion: none registered")
     else:
-        print(f"champion: version {summary.champion_after} "
-              f"({'changed tonight' if summary.champion_changed else 'unchanged'})")
+        print(
+            f"champion: version {summary.champion_after} "
+            f"({'changed tonight' if summary.champion_changed else 'unchanged'})"
+        )
     print(f"MLflow UI: {mlflow_ui_command(params.stages().tracking)}")
     return 0
 

@@ -1,7 +1,7 @@
 """Flow `trace`: build the tracer and the images, replay the catalog (or a subset), summarize.
 
-    python -m flows.trace                    # the whole catalog, runner auto
-    python -m flows.trace --quick --runner local
+python -m flows.trace                    # the whole catalog, runner auto
+python -m flows.trace --quick --runner local
 """
 
 from __future__ import annotations
@@ -11,17 +11,19 @@ import argparse
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from tasks.build import build_tracer
-from tasks.images import build_images
-from tasks.replay import TraceSummary, replay_all, report_replays
-from tasks.runners.select import resolve_runner_kind
-from tasks.workloads import TraceParams, load_catalog
+from tasks.core.storage import Root
+from tasks.format.build import build_tracer
+from tasks.replay.images import build_images
+from tasks.replay.replays import TraceSummary, replay_all, report_replays
+from tasks.replay.runners.select import resolve_runner_kind
+from tasks.replay.workloads import TraceParams, load_catalog
 
 
 @flow(name="trace", task_runner=ThreadPoolTaskRunner(max_workers=16))
 def trace(params: TraceParams = TraceParams()) -> TraceSummary:
     """Replay the selected workloads with the tracer preloaded; one failure fails only its run."""
     log = get_run_logger()
+    root = Root.from_url(params.root)  # resolved once; tasks take the Root
     catalog = load_catalog(params.catalog)
     pairs = catalog.select(params.workloads, quick=params.quick)
     kind, why = resolve_runner_kind(params.runner)
@@ -29,10 +31,15 @@ def trace(params: TraceParams = TraceParams()) -> TraceSummary:
     tracer = str(build_tracer())
     if kind == "docker":
         build_images(catalog.images(params.workloads, quick=params.quick))
-    futures = replay_all(pairs, params.max_parallel, tracer=tracer, root=params.root,
-                         runner=kind, caller=params.caller)
-    return report_replays(pairs, futures, runner=kind, runner_reason=why, tracer=tracer,
-                          root=params.root)
+    futures = replay_all(
+        pairs,
+        params.max_parallel,
+        tracer=tracer,
+        root=root,
+        runner=kind,
+        caller=params.caller,
+    )
+    return report_replays(pairs, futures, runner=kind, runner_reason=why, tracer=tracer, root=root)
 
 
 if __name__ == "__main__":
@@ -43,8 +50,9 @@ if __name__ == "__main__":
     ap.add_argument("--root", default=None, help="data root (fsspec URL)")
     ap.add_argument("--max-parallel", type=int, default=2)
     a = ap.parse_args()
-    p = dict(workloads=a.workloads or None, quick=a.quick, runner=a.runner,
-             max_parallel=a.max_parallel)
+    p = dict(
+        workloads=a.workloads or None, quick=a.quick, runner=a.runner, max_parallel=a.max_parallel
+    )
     if a.root:
         p["root"] = a.root
     s = trace(TraceParams(**p))

@@ -7,7 +7,7 @@
 #                                     group: the server spawns workers), by its pid file
 #   scripts/mlflow-server.sh status   say whether it runs and answers; print the URL
 #
-# The store is the one the embedded mode writes (tasks/tracking.py decides where):
+# The store is the one the embedded mode writes (tasks/registry/tracking.py decides where):
 #   <root>/mlflow/mlflow.db, artifacts under <root>/mlflow/artifacts, root = $HEAPCAST_ROOT or
 #   ./data. Port: $HEAPCAST_MLFLOW_PORT (default 5000). To log through the server instead of the
 #   file, set `tracking_uri: http://127.0.0.1:<port>` in configs/tracking.yaml.
@@ -26,7 +26,7 @@ WAIT_S=${HEAPCAST_MLFLOW_WAIT_S:-180}
 say() { echo "mlflow-server.sh: $*" >&2; }
 
 # BACKEND_STORE_URI, ARTIFACTS_DESTINATION, STATE_DIR of the root, from the one place that decides.
-eval "$(cd "$HERE" && "$PY" -m tasks.tracking server-store ${HEAPCAST_ROOT:+"$HEAPCAST_ROOT"})"
+eval "$(cd "$HERE" && "$PY" -m tasks.registry.tracking server-store ${HEAPCAST_ROOT:+"$HEAPCAST_ROOT"})"
 PIDFILE=$STATE_DIR/server.pid
 PORTFILE=$STATE_DIR/server.port
 LOG=$STATE_DIR/server.log

@@ -220,7 +220,7 @@ up_mlflow() {
             "$PROJECT_DIR/scripts/mlflow-server.sh" start >/dev/null 2>>"$(logfile mlflow)" \
             || { tail -n 20 "$(logfile mlflow)" >&2; die "scripts/mlflow-server.sh start failed"; }
         local state
-        state=$(cd "$PROJECT_DIR" && "$PY" -m tasks.tracking server-store ${HEAPCAST_ROOT:+"$HEAPCAST_ROOT"} \
+        state=$(cd "$PROJECT_DIR" && "$PY" -m tasks.registry.tracking server-store ${HEAPCAST_ROOT:+"$HEAPCAST_ROOT"} \
                 | sed -n 's/^STATE_DIR=//p')
         cp "$state/server.pid" "$(pidfile mlflow)"
         touch "$SVC_DIR/mlflow.script"

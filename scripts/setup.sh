@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything heapcast needs on a fresh Debian 12 machine, idempotently:
 #   - Debian packages: a C toolchain for the tracer, the traced programs, the container engine,
-#     bubblewrap for the local runner, debootstrap for the base image, heaptrack for benchmarks;
+#     bubblewrap for the local runner, debootstrap for the base image, heaptrack for benchmarks,
+#     the allocators the allocators stage compares (for the local runner; images have their own);
 #   - a virtual environment in .venv with the project and its locked dependency set.
 # Re-running it is cheap: each step checks what is already there.
 set -euo pipefail
@@ -10,8 +11,10 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   gcc make libc6-dev                 # build the tracer and the test programs
   sqlite3 python3.11 redis-server redis-tools git freeciv-server   # programs traced on the host
+  perl python3-numpy                 # more programs traced on the host (make and gcc: above)
   docker.io bubblewrap debootstrap   # the container engine, the local sandbox, the base image
   heaptrack                          # the benchmark's reference tracer
+  libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0   # allocators compared (configs/allocators.yaml)
   curl ca-certificates
 )
 

@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="heapcast-test-prefect-"))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from tasks.config import apply_embedded_defaults  # noqa: E402
+from tasks.core.config import apply_embedded_defaults  # noqa: E402
 
 apply_embedded_defaults()
 

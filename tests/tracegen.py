@@ -14,13 +14,13 @@ the events' `time_ns`.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
-from tasks.trace_reader import (
+from tasks.format.trace_reader import (
     CLOCK_MONOTONIC,
     FLAG_CALLER,
     FORMAT_VERSION,
@@ -69,8 +69,9 @@ def realloc(time: int, old: int, size: int, new: int, thread: int = 0) -> Rec:
     return Rec(time, Op.REALLOC, size, new, old, thread)
 
 
-def memalign(time: int, alignment: int, size: int, addr: int, op: int = Op.POSIX_MEMALIGN,
-             thread: int = 0) -> Rec:
+def memalign(
+    time: int, alignment: int, size: int, addr: int, op: int = Op.POSIX_MEMALIGN, thread: int = 0
+) -> Rec:
     return Rec(time, op, size, addr, alignment, thread)
 
 
@@ -80,27 +81,52 @@ def records_array(recs: Sequence[Rec], caller: bool = False) -> np.ndarray:
     out = np.zeros(len(recs), dtype=dtype)
     if not len(recs):
         return out
-    cols = np.array([(r.time, r.addr, r.arg, r.size, r.op, r.thread, r.caller) for r in recs],
-                    dtype=np.uint64)
+    cols = np.array(
+        [(r.time, r.addr, r.arg, r.size, r.op, r.thread, r.caller) for r in recs], dtype=np.uint64
+    )
     out["time"], out["addr"], out["arg"] = cols[:, 0], cols[:, 1], cols[:, 2]
-    out["packed"] = ((cols[:, 3] & np.uint64(SIZE_MASK)) | (cols[:, 4] << np.uint64(OP_SHIFT))
-                     | (cols[:, 5] << np.uint64(THREAD_SHIFT)))
+    out["packed"] = (
+        (cols[:, 3] & np.uint64(SIZE_MASK))
+        | (cols[:, 4] << np.uint64(OP_SHIFT))
+        | (cols[:, 5] << np.uint64(THREAD_SHIFT))
+    )
     if caller:
         out["caller"] = cols[:, 6]
     return out
 
 
-def header_bytes(*, pid: int = 4242, ppid: int = 1, caller: bool = False,
-                 cmdline: Iterable[str] = ("prog", "arg"), version: int = FORMAT_VERSION,
-                 start_realtime_ns: int = 1_700_000_000_000_000_000,
-                 start_monotonic_ns: int = 0, start_ticks: int = 0, ns_per_tick: float = 1.0,
-                 clock: int = CLOCK_MONOTONIC) -> bytes:
+def header_bytes(
+    *,
+    pid: int = 4242,
+    ppid: int = 1,
+    caller: bool = False,
+    cmdline: Iterable[str] = ("prog", "arg"),
+    version: int = FORMAT_VERSION,
+    start_realtime_ns: int = 1_700_000_000_000_000_000,
+    start_monotonic_ns: int = 0,
+    start_ticks: int = 0,
+    ns_per_tick: float = 1.0,
+    clock: int = CLOCK_MONOTONIC,
+) -> bytes:
     cmd = b"".join(a.encode() + b"\0" for a in cmdline)
     header_size = (80 + len(cmd) + 7) // 8 * 8
     record_size = (RECORD_DTYPE_CALLER if caller else RECORD_DTYPE).itemsize
-    fixed = _HEADER.pack(MAGIC, version, header_size, record_size, FLAG_CALLER if caller else 0,
-                         pid, ppid, start_realtime_ns, start_monotonic_ns, start_ticks,
-                         ns_per_tick, clock, len(cmd), 0)
+    fixed = _HEADER.pack(
+        MAGIC,
+        version,
+        header_size,
+        record_size,
+        FLAG_CALLER if caller else 0,
+        pid,
+        ppid,
+        start_realtime_ns,
+        start_monotonic_ns,
+        start_ticks,
+        ns_per_tick,
+        clock,
+        len(cmd),
+        0,
+    )
     return (fixed + cmd).ljust(header_size, b"\0")
 
 
@@ -109,8 +135,9 @@ def trace_bytes(recs: Sequence[Rec] | np.ndarray, *, caller: bool = False, **hea
     return header_bytes(caller=caller, **header) + arr.tobytes()
 
 
-def write_trace(path: str | Path, recs: Sequence[Rec] | np.ndarray, *, caller: bool = False,
-                **header) -> Path:
+def write_trace(
+    path: str | Path, recs: Sequence[Rec] | np.ndarray, *, caller: bool = False, **header
+) -> Path:
     """Write a trace file at `path` (header keywords as in `header_bytes`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,8 +145,9 @@ def write_trace(path: str | Path, recs: Sequence[Rec] | np.ndarray, *, caller: b
     return path
 
 
-def synthetic_records(n: int, *, seed: int = 0, threads: int = 1, live: int = 4096,
-                      caller: bool = False) -> np.ndarray:
+def synthetic_records(
+    n: int, *, seed: int = 0, threads: int = 1, live: int = 4096, caller: bool = False
+) -> np.ndarray:
     """About `n` records of a plausible malloc/free mix, built vectorised (for larger tests).
 
     Each thread starts with THREAD_START; then allocations at addresses drawn from `live` slots
@@ -133,11 +161,15 @@ def synthetic_records(n: int, *, seed: int = 0, threads: int = 1, live: int = 40
         # time by interleaving the frees one "generation" later.
         k = per // 2
         slots = rng.integers(0, live, k)
-        addr = np.uint64(0x5555_0000_0000 + t * 0x1_0000_0000) + slots.astype(np.uint64) * np.uint64(64)
+        addr = np.uint64(0x5555_0000_0000 + t * 0x1_0000_0000) + slots.astype(
+            np.uint64
+        ) * np.uint64(64)
         size = rng.choice(np.array([8, 16, 24, 32, 48, 64, 100, 256, 1000, 4096], np.uint64), k)
         recs = np.zeros(2 * k + 1, dtype=RECORD_DTYPE_CALLER if caller else RECORD_DTYPE)
         recs["arg"][0] = 1000 + t
-        recs["packed"][0] = (np.uint64(Op.THREAD_START) << np.uint64(OP_SHIFT)) | (np.uint64(t) << np.uint64(THREAD_SHIFT))
+        recs["packed"][0] = (np.uint64(Op.THREAD_START) << np.uint64(OP_SHIFT)) | (
+            np.uint64(t) << np.uint64(THREAD_SHIFT)
+        )
         body = recs[1:]
         body["addr"][0::2] = addr
         body["addr"][1::2] = addr
@@ -146,7 +178,9 @@ def synthetic_records(n: int, *, seed: int = 0, threads: int = 1, live: int = 40
         ops[1::2] = Op.FREE
         sizes = np.zeros(2 * k, np.uint64)
         sizes[0::2] = size
-        body["packed"] = sizes | (ops << np.uint64(OP_SHIFT)) | (np.uint64(t) << np.uint64(THREAD_SHIFT))
+        body["packed"] = (
+            sizes | (ops << np.uint64(OP_SHIFT)) | (np.uint64(t) << np.uint64(THREAD_SHIFT))
+        )
         recs["time"] = np.cumsum(rng.integers(20, 400, 2 * k + 1)).astype(np.uint64)
         parts.append(recs)
     out = np.concatenate(parts)

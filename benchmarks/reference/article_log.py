@@ -35,16 +35,32 @@ def build(out_dir: Path) -> Path:
     tmp = out_dir / f".{LIB_NAME}.{os.getpid()}.tmp"
     cc = os.environ.get("CC", "cc")
     # -fno-builtin-*: the compiler must not turn the tracer's own code into calls to the hooks.
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wall",
-                    "-fno-builtin-malloc", "-fno-builtin-calloc", "-fno-builtin-realloc",
-                    "-fno-builtin-free", "-o", str(tmp), str(SOURCE), "-ldl", "-lpthread"],
-                   check=True)
+    subprocess.run(
+        [
+            cc,
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-fno-builtin-malloc",
+            "-fno-builtin-calloc",
+            "-fno-builtin-realloc",
+            "-fno-builtin-free",
+            "-o",
+            str(tmp),
+            str(SOURCE),
+            "-ldl",
+            "-lpthread",
+        ],
+        check=True,
+    )
     os.replace(tmp, lib)
     return lib
 
 
-def trace_to_gzip_log(argv: list[str], stdin_path: Path | None, log_gz: Path, work: Path,
-                      *, lib: Path | None = None) -> int:
+def trace_to_gzip_log(
+    argv: list[str], stdin_path: Path | None, log_gz: Path, work: Path, *, lib: Path | None = None
+) -> int:
     """Run argv under the tracer (stdin from stdin_path or /dev/null, stdout to /dev/null) and
     gzip its log into log_gz; returns the number of lines (= logged calls).
 

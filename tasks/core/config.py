@@ -13,7 +13,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PROJECT_DIR / "configs"
 
 
@@ -76,7 +76,7 @@ def apply_embedded_defaults() -> None:
     Prefect keeps its state in the project (not ~/.prefect), sends no telemetry (there is no
     internet on these machines: it would only log errors), and gives its ephemeral API time to
     start on a loaded machine. A user's own settings win: only unset variables are filled.
-    MLflow's own quiet settings are tasks.tracking's (quiet_mlflow_env, before it imports mlflow).
+    MLflow's own quiet settings are tasks.registry.tracking's (quiet_mlflow_env, before it imports mlflow).
     """
     os.environ.setdefault("PREFECT_HOME", str(PROJECT_DIR / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

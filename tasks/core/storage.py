@@ -33,7 +33,7 @@ class Root:
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_url(cls, url: str, storage_options: dict[str, Any] | None = None) -> "Root":
+    def from_url(cls, url: str, storage_options: dict[str, Any] | None = None) -> Root:
         if storage_options is None:
             storage_options = s3_storage_options() if url.startswith("s3://") else {}
         if "://" not in url:

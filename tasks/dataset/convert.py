@@ -18,7 +18,7 @@ each relies on are at the code that relies on them):
    earlier definition at its address, and only if no free came in between (a double free or a
    free of an address never allocated is unpaired: counted, never fatal).
 4. Derived columns: freed_size from the paired definition, lifetime (ns and calls) of each
-   defined block up to the row that frees it, token (tasks.tokens).
+   defined block up to the row that frees it, token (tasks.dataset.tokens).
 
 Row semantics (decisions recorded in DESIGN/issue):
 - realloc is one row: `addr` = new block, `freed_addr`/`freed_size` = its free half, token =
@@ -39,10 +39,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.events_schema import EVENTS_SCHEMA
-from tasks.tokens import FREE_OFFSET, N_TOKENS, size_class
-from tasks.trace_reader import (
-    ALIGNED_OPS, ALLOCATING_OPS, REALLOCATING_OPS, SIZE_MASK, Op, Trace, TraceHeader, op_name,
+from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS, size_class
+from tasks.format.trace_reader import (
+    ALIGNED_OPS,
+    ALLOCATING_OPS,
+    REALLOCATING_OPS,
+    SIZE_MASK,
+    Op,
+    Trace,
+    TraceHeader,
+    op_name,
     ticks_to_ns,
 )
 
@@ -118,8 +125,8 @@ def _entry_keys(groups: list[Group], n: int) -> tuple[np.ndarray, int] | None:
     common, a_min, a_max, o = 0, None, None, 0
     for rows, source, half, rec in groups:
         for s in range(0, len(rows), _CHUNK):
-            r = rows[s:s + _CHUNK]
-            out = key[o:o + len(r)]
+            r = rows[s : s + _CHUNK]
+            out = key[o : o + len(r)]
             _gather(source, _at(rec, r), out=out)
             common |= int(np.bitwise_or.reduce(out))
             lo, hi = int(out.min()), int(out.max())
@@ -173,9 +180,9 @@ def _nonzero_rows(mask: np.ndarray, row_t: type) -> np.ndarray:
     out = np.empty(int(np.count_nonzero(mask)), dtype=row_t)
     o = 0
     for s in range(0, len(mask), _CHUNK):
-        idx = np.flatnonzero(mask[s:s + _CHUNK])
+        idx = np.flatnonzero(mask[s : s + _CHUNK])
         idx += s
-        out[o:o + len(idx)] = idx
+        out[o : o + len(idx)] = idx
         o += len(idx)
     return out
 
@@ -208,8 +215,9 @@ def _pairs(groups: list[Group], n: int) -> tuple[np.ndarray, np.ndarray]:
     """
     row_t = _row_type(n)
     empty = np.zeros(0, dtype=row_t)
-    if not any(len(g[0]) for g in groups if g[2] == 0) or \
-            not any(len(g[0]) for g in groups if g[2] == 1):
+    if not any(len(g[0]) for g in groups if g[2] == 0) or not any(
+        len(g[0]) for g in groups if g[2] == 1
+    ):
         return empty, empty
     packed = _entry_keys(groups, n)
     parts_a, parts_f = [], []
@@ -227,13 +235,14 @@ def _pairs(groups: list[Group], n: int) -> tuple[np.ndarray, np.ndarray]:
         key, pos_bits = packed
         low = np.uint64((1 << pos_bits) - 1)
         for s in range(0, max(len(key) - 1, 0), _CHUNK):  # overlapping by one entry
-            x = key[s:s + _CHUNK + 1]
+            x = key[s : s + _CHUNK + 1]
             # the same address: the keys differ only in the order bits
             match(x & low, (x[1:] ^ x[:-1]) <= low)
     else:  # addresses that do not pack (unaligned, spread over the 64-bit range): lexsort
         addr = np.concatenate([_gather(src, _at(rec, r)) for r, src, _, rec in groups])
-        order = np.concatenate([r.astype(np.uint64) * np.uint64(2) + np.uint64(h)
-                                for r, _, h, _ in groups])
+        order = np.concatenate(
+            [r.astype(np.uint64) * np.uint64(2) + np.uint64(h) for r, _, h, _ in groups]
+        )
         perm = np.lexsort((order, addr))
         sorted_addr = addr[perm]
         match(order[perm], sorted_addr[1:] == sorted_addr[:-1])
@@ -257,8 +266,13 @@ def pair_frees(def_addr: np.ndarray, free_addr: np.ndarray) -> Pairing:
     followed by another definition (a free the trace missed) or by nothing is never freed.
     """
     n = len(def_addr)
-    a, f = _pairs([(np.flatnonzero(free_addr), free_addr, 0, None),
-                   (np.flatnonzero(def_addr), def_addr, 1, None)], n)
+    a, f = _pairs(
+        [
+            (np.flatnonzero(free_addr), free_addr, 0, None),
+            (np.flatnonzero(def_addr), def_addr, 1, None),
+        ],
+        n,
+    )
     alloc_of_free = np.full(n, -1, dtype=np.int64)
     free_of_alloc = np.full(n, -1, dtype=np.int64)
     alloc_of_free[f] = a
@@ -326,8 +340,9 @@ def _nullable(values: np.ndarray, valid: np.ndarray | None, type_: pa.DataType) 
         return pa.array(values, type=type_)
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     null_count = int(len(valid) - np.count_nonzero(valid))
-    return pa.Array.from_buffers(type_, len(values), [bitmap, pa.py_buffer(values)],
-                                 null_count=null_count)
+    return pa.Array.from_buffers(
+        type_, len(values), [bitmap, pa.py_buffer(values)], null_count=null_count
+    )
 
 
 _SMALL = 1 << 16
@@ -350,8 +365,11 @@ def _constant(value: int | None, type_: pa.DataType, n: int) -> pa.ChunkedArray:
     chunk of up to _CHUNK rows, referenced as often as needed. Full-size constant arrays cost
     their allocation, page faults and fill, and the Parquet writer reads them all."""
     m = min(n, _CHUNK)
-    chunk = pa.nulls(m, type_) if value is None else \
-        pa.array(np.full(m, value, dtype=type_.to_pandas_dtype()), type=type_)
+    chunk = (
+        pa.nulls(m, type_)
+        if value is None
+        else pa.array(np.full(m, value, dtype=type_.to_pandas_dtype()), type=type_)
+    )
     k, rem = divmod(n, _CHUNK)
     return pa.chunked_array([chunk] * k + ([chunk.slice(0, rem)] if rem else []), type=type_)
 
@@ -379,9 +397,9 @@ def _counts(values: np.ndarray, minlength: int) -> np.ndarray:
     counts = np.zeros(minlength, dtype=np.int64)
     step = 1 << 20
     for s in range(0, len(values), step):
-        c = np.bincount(values[s:s + step], minlength=minlength)
+        c = np.bincount(values[s : s + step], minlength=minlength)
         if len(c) > len(counts):
-            c[:len(counts)] += counts
+            c[: len(counts)] += counts
             counts = c
         else:
             counts += c
@@ -391,8 +409,14 @@ def _counts(values: np.ndarray, minlength: int) -> np.ndarray:
 def _packed_fields(records: np.ndarray) -> np.ndarray:
     """A view of the op byte and the thread number inside each record's packed field
     (FORMAT.md: bits 40-47 and 48-63 of the little-endian u64 at offset 24): no shifts."""
-    dt = np.dtype({"names": ["op", "thread"], "formats": ["u1", "<u2"], "offsets": [29, 30],
-                   "itemsize": records.dtype.itemsize})
+    dt = np.dtype(
+        {
+            "names": ["op", "thread"],
+            "formats": ["u1", "<u2"],
+            "offsets": [29, 30],
+            "itemsize": records.dtype.itemsize,
+        }
+    )
     return records.view(dt)
 
 
@@ -402,16 +426,22 @@ _UNPACK_STEP = 1 << 15  # records per step: a step's records stay in cache for a
 GROUP_ROWS = 1 << 20
 
 
-def _unpack(records: np.ndarray, h: TraceHeader, fields: tuple[str, ...]
-            ) -> dict[str, np.ndarray]:
+def _unpack(records: np.ndarray, h: TraceHeader, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Each named field of `records` as its own contiguous array: time (ns, int64), op,
     thread, size, addr, arg, caller. The records are interleaved in memory, so extracting one
     field over all of them reads every byte; here each cache-sized step of records is read once
     for all fields."""
     n = len(records)
     packed = _packed_fields(records)
-    dtypes = {"time": np.int64, "op": np.uint8, "thread": np.uint16, "size": np.uint64,
-              "addr": np.uint64, "arg": np.uint64, "caller": np.uint64}
+    dtypes = {
+        "time": np.int64,
+        "op": np.uint8,
+        "thread": np.uint16,
+        "size": np.uint64,
+        "addr": np.uint64,
+        "arg": np.uint64,
+        "caller": np.uint64,
+    }
     out = {f: np.empty(n, dtype=dtypes[f]) for f in fields}
     for s in range(0, n, _UNPACK_STEP):
         e = min(s + _UNPACK_STEP, n)
@@ -552,8 +582,19 @@ def _plan(trace: Trace) -> _Plan:
         never_freed=len(def_rows) - len(a),
         failed_allocations=failed,
     )
-    return _Plan(n, rec, free_of_alloc, alloc_of_free, single_thread, thread0, tid_lut, tid,
-                 stats, kind, bool(op_counts[list(ALIGNED_OPS)].any()))
+    return _Plan(
+        n,
+        rec,
+        free_of_alloc,
+        alloc_of_free,
+        single_thread,
+        thread0,
+        tid_lut,
+        tid,
+        stats,
+        kind,
+        bool(op_counts[list(ALIGNED_OPS)].any()),
+    )
 
 
 def _partner_field(trace: Trace, plan: _Plan, rows: np.ndarray, field: str) -> np.ndarray:
@@ -576,7 +617,7 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
     h = trace.header
     g = e - s
     rec = plan.rec
-    records = trace.records[rec + s:rec + e] if isinstance(rec, int) else trace.records[rec[s:e]]
+    records = trace.records[rec + s : rec + e] if isinstance(rec, int) else trace.records[rec[s:e]]
     fields = ("time", "op", "size", "addr", "arg") + (() if plan.single_thread else ("thread",))
     cols_g = _unpack(records, h, fields + (("caller",) if trace.caller is not None else ()))
     time_ns, op, size, addr, arg = (cols_g[k] for k in ("time", "op", "size", "addr", "arg"))
@@ -661,8 +702,7 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
     else:
         thread = cols_g["thread"]
         thread_col = pa.array(thread)
-        tid_col = pa.array(plan.tid_lut[thread] if plan.tid_lut is not None
-                           else plan.tid[s:e])
+        tid_col = pa.array(plan.tid_lut[thread] if plan.tid_lut is not None else plan.tid[s:e])
         seq = _seq_per_row(thread)
         seq += state.seq_base[thread]
         state.seq_base += _counts(thread, 1 << 16).astype(np.uint64)
@@ -679,8 +719,9 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
         "addr": pa.array(addr),
         "freed_addr": freed_addr,
         "freed_size": _nullable(freed_size, paired, pa.uint64()),
-        "caller": (pa.array(cols_g["caller"]) if "caller" in cols_g
-                   else _constant(None, pa.uint64(), g)),
+        "caller": (
+            pa.array(cols_g["caller"]) if "caller" in cols_g else _constant(None, pa.uint64(), g)
+        ),
         "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
         "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
         "token": pa.array(token),

@@ -35,9 +35,13 @@ def _local_cluster() -> LocalCluster:
             # holds the GIL in between calls, so processes, not threads, use the cores.
             processes = os.environ.get("HEAPCAST_DASK_PROCESSES", "1") != "0"
             with dask.config.set(WORKER_CONFIG):  # workers take the config they start with
-                _local = LocalCluster(n_workers=n_workers, threads_per_worker=1,
-                                      processes=processes, dashboard_address=None,
-                                      silence_logs=40)
+                _local = LocalCluster(
+                    n_workers=n_workers,
+                    threads_per_worker=1,
+                    processes=processes,
+                    dashboard_address=None,
+                    silence_logs=40,
+                )
             atexit.register(_close_at_exit)
         return _local
 

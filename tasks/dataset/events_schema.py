@@ -17,7 +17,7 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("tid", pa.uint32(), nullable=False),  # OS thread id
         pa.field("seq", pa.uint64(), nullable=False),  # call number within (pid, thread)
         pa.field("time_ns", pa.int64(), nullable=False),  # CLOCK_MONOTONIC
-        pa.field("op", pa.uint8(), nullable=False),  # tasks.trace_reader.Op
+        pa.field("op", pa.uint8(), nullable=False),  # tasks.format.trace_reader.Op
         pa.field("size", pa.uint64(), nullable=False),  # requested bytes; 0 for free
         pa.field("alignment", pa.uint64(), nullable=True),  # aligned forms only
         pa.field("addr", pa.uint64(), nullable=False),  # returned address (free: freed address)
@@ -27,7 +27,7 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("caller", pa.uint64(), nullable=True),  # where HEAPCAST_CALLER was set
         pa.field("lifetime_ns", pa.int64(), nullable=True),  # allocations: until freed
         pa.field("lifetime_calls", pa.int64(), nullable=True),  # calls in the process until freed
-        pa.field("token", pa.uint8(), nullable=False),  # tasks.tokens
+        pa.field("token", pa.uint8(), nullable=False),  # tasks.dataset.tokens
     ],
     metadata={"heapcast.events.version": "1"},
 )

@@ -17,9 +17,11 @@ Atomic, idempotent replace of a run's partition (converting a run again never du
   never find two parts holding the same raw file's rows.
 - Every task writes its part into a fresh staging folder `events/_staging/<w>/<r>/<uuid>/`
   (ignored by readers); nothing visible changes until every file of the run is done.
-- Commit, local folder: rename the old partition folder into staging, rename the staged folder
-  to the partition, delete the old one. Each rename is atomic; between the two, the run is
-  briefly absent, never doubled.
+- Commit, local folder: swap the staged folder and the partition in one atomic step (Linux
+  `renameat2(RENAME_EXCHANGE)`: a reader sees the old partition or the new one, never neither,
+  never both), then delete the old one, now in staging. Where the system cannot swap: rename
+  the old partition folder into staging, rename the staged folder to the partition; between the
+  two renames the run is briefly absent, never doubled.
 - Commit, object store (no atomic rename): copy each staged part onto its final key (each
   object write is atomic, and replaces the old part of the same raw file), then delete final
   parts that the new conversion did not produce (raw files gone or now skipped), then write
@@ -28,34 +30,47 @@ Atomic, idempotent replace of a run's partition (converting a run again never du
 - The summary, with the raw run's fingerprint, is the commit record: a crash before it is
   written leaves the old fingerprint (or none), so the run counts as out of date and the next
   `dataset` flow converts it again, which converges to the same parts.
+- A conversion that fails (a task's error, a full disk) removes its staging folder before it
+  raises, so nothing of it is left; a full disk is a `DiskFull` error that names the run and
+  the free space it needs, and the run's previous partition is untouched. What a killed
+  conversion left in staging (invisible to readers) goes with the run's next conversion, or
+  with `sweep_staging` once the run is up to date.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import logging
 import mmap
 import os
 import posixpath
+import shutil
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
-
 from pydantic import Field
 
-from tasks.config import StrictModel, default_root
-from tasks.convert import FileStats, convert_groups
-from tasks.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
-from tasks.storage import Root
-from tasks.tokens import N_TOKENS
-from tasks.trace_reader import Trace, TraceFormatError, parse_trace, read_trace
-from tasks.worker_heap import heap_kept
+from tasks.core.config import StrictModel, default_root
+from tasks.core.storage import Root
+from tasks.dataset.convert import FileStats, convert_groups
+from tasks.dataset.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
+from tasks.dataset.tokens import N_TOKENS
+from tasks.dataset.worker_heap import heap_kept
+from tasks.format.trace_reader import (
+    RECORD_DTYPE,
+    Trace,
+    TraceFormatError,
+    parse_trace,
+    read_trace,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +98,14 @@ PLAIN_COLUMNS = ("pid", "ppid", "thread", "tid", "alignment", "caller")
 PARQUET_OPTIONS: dict[str, Any] = dict(
     compression="zstd",
     compression_level={**{f.name: 1 for f in EVENTS_SCHEMA}, "time_ns": 2, "addr": 3, "size": 3},
-    use_dictionary=[f.name for f in EVENTS_SCHEMA
-                    if f.name not in DELTA_COLUMNS + SPLIT_COLUMNS + PLAIN_COLUMNS],
-    column_encoding={**{c: "DELTA_BINARY_PACKED" for c in DELTA_COLUMNS},
-                     **{c: "BYTE_STREAM_SPLIT" for c in SPLIT_COLUMNS},
-                     **{c: "PLAIN" for c in PLAIN_COLUMNS}},
+    use_dictionary=[
+        f.name for f in EVENTS_SCHEMA if f.name not in DELTA_COLUMNS + SPLIT_COLUMNS + PLAIN_COLUMNS
+    ],
+    column_encoding={
+        **{c: "DELTA_BINARY_PACKED" for c in DELTA_COLUMNS},
+        **{c: "BYTE_STREAM_SPLIT" for c in SPLIT_COLUMNS},
+        **{c: "PLAIN" for c in PLAIN_COLUMNS},
+    },
     write_batch_size=1 << 20,
     write_statistics=["time_ns", "pid", "thread", "op", "token"],
 )
@@ -108,6 +126,16 @@ class DatasetError(RuntimeError):
     """A run that cannot be converted at all; the message names it."""
 
 
+class DiskFull(DatasetError):
+    """The data root's disk filled up during a conversion; the message names the run and the
+    free space it needs. The run's previous partition is intact."""
+
+
+# Parquet bytes per event assumed when a run has no earlier partition to measure: synthetic
+# and real traces (benchmarks/results/convert.json: 2.3) stay well under it.
+BYTES_PER_ROW_GUESS = 8.0
+
+
 # ----------------------------------------------------------------------------------- listing
 
 
@@ -122,8 +150,9 @@ def _ls(fs: Any, path: str) -> list[dict[str, Any]]:
         return []
 
 
-def list_raw_runs(root: Root, workloads: Iterable[str] | None = None,
-                  runs: Iterable[str] | None = None) -> list[RunRef]:
+def list_raw_runs(
+    root: Root, workloads: Iterable[str] | None = None, runs: Iterable[str] | None = None
+) -> list[RunRef]:
     """Runs that have raw files, optionally only of `workloads` / named `runs`.
 
     A name in `runs` matches a run folder name or `workload/run`.
@@ -148,7 +177,7 @@ def list_raw_runs(root: Root, workloads: Iterable[str] | None = None,
             ref = RunRef(w, r)
             named = wanted_r is not None
             # A failed replay keeps its partial trace for inspection, but is not training
-            # data unless asked for by name (tasks/manifest.py).
+            # data unless asked for by name (tasks/replay/manifest.py).
             if raw_files(root, ref) and (named or replay_ok(root, ref)):
                 found.append(ref)
     return sorted(found)
@@ -163,8 +192,12 @@ def replay_ok(root: Root, run: RunRef) -> bool:
     except FileNotFoundError:
         return True
     if not manifest.get("ok", True):
-        log.warning("skipping %s/%s: its replay failed (%s); name the run to convert it anyway",
-                    run.workload, run.run, manifest.get("error"))
+        log.warning(
+            "skipping %s/%s: its replay failed (%s); name the run to convert it anyway",
+            run.workload,
+            run.run,
+            manifest.get("error"),
+        )
         return False
     return True
 
@@ -183,8 +216,10 @@ def raw_fingerprint(root: Root, run: RunRef) -> str:
     """A hash of what the run's conversion depends on: the manifest's bytes, each raw file's
     name, size and modification time, and the converter version."""
     fs = root.fs
-    h = hashlib.sha256(f"converter {CONVERTER_VERSION} schema "
-                      f"{EVENTS_SCHEMA.metadata[b'heapcast.events.version'].decode()}\n".encode())
+    h = hashlib.sha256(
+        f"converter {CONVERTER_VERSION} schema "
+        f"{EVENTS_SCHEMA.metadata[b'heapcast.events.version'].decode()}\n".encode()
+    )
     manifest = posixpath.join(root.raw_run(run.workload, run.run), MANIFEST_NAME)
     if fs.exists(manifest):
         h.update(b"manifest\n" + fs.cat_file(manifest) + b"\n")
@@ -203,8 +238,12 @@ def read_summary(root: Root, run: RunRef) -> dict[str, Any] | None:
         return None
 
 
-def runs_to_convert(root: Root, workloads: Iterable[str] | None = None,
-                    runs: Iterable[str] | None = None, force: bool = False) -> list[RunRef]:
+def runs_to_convert(
+    root: Root,
+    workloads: Iterable[str] | None = None,
+    runs: Iterable[str] | None = None,
+    force: bool = False,
+) -> list[RunRef]:
     """Runs with raw traces and no up-to-date events (all of them with `force`)."""
     todo = []
     for run in list_raw_runs(root, workloads, runs):
@@ -225,10 +264,11 @@ def write_events(tables: Iterable[pa.Table], where: Any) -> None:
     (convert_groups: up to GROUP_ROWS rows): to a local path, or an open binary file. Each
     table can be released once written."""
     # The writer's buffers from malloc (not Arrow's default mimalloc pool): during a conversion
-    # they reuse the memory tasks.worker_heap keeps instead of faulting in fresh pages
+    # they reuse the memory tasks.dataset.worker_heap keeps instead of faulting in fresh pages
     # (measured: -0.15 CPU-s per 22.5 M-event file).
-    with pq.ParquetWriter(where, EVENTS_SCHEMA, memory_pool=pa.system_memory_pool(),
-                          **PARQUET_OPTIONS) as writer:
+    with pq.ParquetWriter(
+        where, EVENTS_SCHEMA, memory_pool=pa.system_memory_pool(), **PARQUET_OPTIONS
+    ) as writer:
         for table in tables:
             writer.write_table(table, row_group_size=max(table.num_rows, 1))
 
@@ -275,9 +315,16 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
             with fs.open(out, "wb") as f:
                 write_events(tables, f)
     h = trace.header
-    return {"file": name, "part": part, "pid": h.pid, "ppid": h.ppid, "cmdline": list(h.cmdline),
-            "dropped_bytes": trace.dropped_bytes,
-            "warnings": _file_warnings(raw_path, trace.dropped_bytes), **stats.to_dict()}
+    return {
+        "file": name,
+        "part": part,
+        "pid": h.pid,
+        "ppid": h.ppid,
+        "cmdline": list(h.cmdline),
+        "dropped_bytes": trace.dropped_bytes,
+        "warnings": _file_warnings(raw_path, trace.dropped_bytes),
+        **stats.to_dict(),
+    }
 
 
 def _file_warnings(raw_path: str, dropped_bytes: int) -> list[str]:
@@ -285,8 +332,10 @@ def _file_warnings(raw_path: str, dropped_bytes: int) -> list[str]:
     # thread-safe, and Dask workers may run several files in threads.
     if not dropped_bytes:
         return []
-    return [f"{raw_path}: dropped a truncated last record ({dropped_bytes} bytes); the process "
-            "was probably killed or its disk filled while writing"]
+    return [
+        f"{raw_path}: dropped a truncated last record ({dropped_bytes} bytes); the process "
+        "was probably killed or its disk filled while writing"
+    ]
 
 
 def _merge_stats(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -308,15 +357,16 @@ def _merge_stats(results: list[dict[str, Any]]) -> dict[str, Any]:
     return total.to_dict()
 
 
-def convert_run(root: Root, run: RunRef, client: Any = None,
-                scheduler: str | None = None) -> dict[str, Any]:
+def convert_run(
+    root: Root, run: RunRef, client: Any = None, scheduler: str | None = None
+) -> dict[str, Any]:
     """Convert one raw run into its events partition (atomically replaced); its summary.
 
     `client`: a dask.distributed Client to use; else one is opened on `scheduler` (an address)
-    or on the local cluster (tasks.dask_cluster).
+    or on the local cluster (tasks.dataset.dask_cluster).
     """
     if client is None:
-        from tasks.dask_cluster import dask_client
+        from tasks.dataset.dask_cluster import dask_client
 
         with dask_client(scheduler) as c:
             return convert_run(root, run, client=c)
@@ -324,37 +374,131 @@ def convert_run(root: Root, run: RunRef, client: Any = None,
     fs = root.fs
     files = raw_files(root, run)
     if not files:
-        raise DatasetError(f"{root.url_of('raw', run.workload, run.run)}: no raw trace files to "
-                           "convert; replay the workload first")
+        raise DatasetError(
+            f"{root.url_of('raw', run.workload, run.run)}: no raw trace files to "
+            "convert; replay the workload first"
+        )
     fingerprint = raw_fingerprint(root, run)
     staging_base = root.join(EVENTS_DIR, STAGING_DIR, run.workload, run.run)
     staging = posixpath.join(staging_base, uuid.uuid4().hex)
-    fs.makedirs(staging, exist_ok=True)
     # Largest files first, so a big file does not start last and hold the run up.
     files = sorted(files, key=lambda e: -int(e["size"]))
-    futures = client.map(convert_file, [e["name"] for e in files], root=root, out_dir=staging,
-                         pure=False)
-    results = client.gather(futures)
+    try:
+        fs.makedirs(staging, exist_ok=True)
+        futures = client.map(
+            convert_file, [e["name"] for e in files], root=root, out_dir=staging, pure=False
+        )
+        results = _gather_all(client, futures)
+        summary = _run_summary(run, fingerprint, results)
+        _commit(root, run, staging, staging_base, summary)
+    except BaseException as err:
+        # Never leave a partial output behind: invisible to readers, but it holds disk space.
+        staged = _tree_bytes(fs, staging)
+        if fs.exists(staging):
+            fs.rm(staging, recursive=True)
+        if is_disk_full(err):
+            raise DiskFull(disk_full_message(root, run, files, staged, err)) from err
+        raise
+    return summary
+
+
+def _gather_all(client: Any, futures: list) -> list[dict[str, Any]]:
+    """Every task's result; when one failed, its error, raised only once no task runs any
+    more (none may write into a staging folder being removed). A full disk wins."""
+    errors = []
+    for f in futures:  # each waits for its task (through its own client: none is the default)
+        try:
+            err = f.exception()
+        except Exception as lost:  # cancelled, or its worker died
+            err = lost
+        if err is not None:
+            errors.append(err)
+    if errors:
+        raise next((e for e in errors if is_disk_full(e)), errors[0])
+    return client.gather(futures)
+
+
+def _run_summary(run: RunRef, fingerprint: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     done = sorted((r for r in results if "skipped" not in r), key=lambda r: r["file"])
-    skipped = sorted(({"file": r["file"], "reason": r["skipped"]}
-                      for r in results if "skipped" in r), key=lambda r: r["file"])
+    skipped = sorted(
+        ({"file": r["file"], "reason": r["skipped"]} for r in results if "skipped" in r),
+        key=lambda r: r["file"],
+    )
     summary = {
         "workload": run.workload,
         "run": run.run,
         "fingerprint": fingerprint,
-        "converted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "converted_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "converter_version": CONVERTER_VERSION,
         **_merge_stats(done),
         "processes": len(done),
         "skipped": skipped,
         "files": done,
     }
-    _commit(root, run, staging, staging_base, summary)
     return summary
 
 
-def _commit(root: Root, run: RunRef, staging: str, staging_base: str,
-            summary: dict[str, Any]) -> None:
+def is_disk_full(err: BaseException) -> bool:
+    """ENOSPC (or a quota), however it surfaced: Python, Arrow, or a Dask worker's copy."""
+    if isinstance(err, DiskFull):
+        return True
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def _tree_bytes(fs: Any, path: str) -> int:
+    try:
+        return sum(int(e.get("size") or 0) for e in fs.find(path, detail=True).values())
+    except (FileNotFoundError, OSError):
+        return 0
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def space_needed(root: Root, run: RunRef, files: list[dict[str, Any]], staged: int = 0):
+    """(bytes, how) a conversion of `files` needs free: its rows (at most one per raw record)
+    times the bytes per row of the run's previous partition (BYTES_PER_ROW_GUESS without one),
+    and at least what was staged when the disk filled, plus a margin."""
+    raw_bytes = sum(int(e["size"]) for e in files)
+    rows = raw_bytes / RECORD_DTYPE.itemsize
+    previous = read_summary(root, run) or {}
+    part_bytes = _tree_bytes(root.fs, root.events_run(run.workload, run.run))
+    if previous.get("rows") and part_bytes:
+        per_row = part_bytes / previous["rows"]
+        how = f"{per_row:.1f} bytes per event, as its previous partition"
+    else:
+        per_row = BYTES_PER_ROW_GUESS
+        how = f"{per_row:.0f} bytes per event, an upper estimate"
+    estimate = int(rows * per_row * 1.25)
+    needed = max(estimate, int(staged * 1.25)) + (1 << 20)
+    return needed, f"~{rows:,.0f} events in {_mib(raw_bytes)} of raw traces at {how}"
+
+
+def disk_full_message(
+    root: Root, run: RunRef, files: list[dict[str, Any]], staged: int, err: BaseException
+) -> str:
+    where = root.join(EVENTS_DIR)
+    needed, how = space_needed(root, run, files, staged)
+    try:
+        free = _mib(shutil.disk_usage(where).free) if root.is_local else "unknown"
+    except OSError:
+        free = "unknown"
+    return (
+        f"{run}: the data root's disk is full ({err}). Converting {run} needs about "
+        f"{_mib(needed)} free under {root.url_of(EVENTS_DIR)} ({how}); {free} free now. "
+        f"Nothing of {run} changed: its previous partition is intact and the partial output "
+        "was removed. Free some space (or give the data root a larger disk) and run the "
+        "`dataset` flow again."
+    )
+
+
+def _commit(
+    root: Root, run: RunRef, staging: str, staging_base: str, summary: dict[str, Any]
+) -> None:
     """Make the staged parts the run's partition (see the module docstring for why it is safe)."""
     fs = root.fs
     final = root.events_run(run.workload, run.run)
@@ -362,11 +506,12 @@ def _commit(root: Root, run: RunRef, staging: str, staging_base: str,
     if root.is_local:
         fs.pipe_file(posixpath.join(staging, SUMMARY_NAME), summary_bytes)
         fs.makedirs(posixpath.dirname(final), exist_ok=True)
-        old = staging + ".old"
-        if fs.exists(final):
-            fs.mv(final, old, recursive=True)
-        fs.mv(staging, final, recursive=True)
-        fs.rm(staging_base, recursive=True)
+        if not (fs.exists(final) and _exchange(staging, final)):
+            old = staging + ".old"
+            if fs.exists(final):
+                fs.mv(final, old, recursive=True)
+            fs.mv(staging, final, recursive=True)
+        fs.rm(staging_base, recursive=True)  # the old partition, now in staging
         return
     new_parts = {f["part"] for f in summary["files"]}
     for part in sorted(new_parts):
@@ -381,27 +526,85 @@ def _commit(root: Root, run: RunRef, staging: str, staging_base: str,
     fs.invalidate_cache()
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two local folders in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where
+    the C library or the file system cannot (the caller falls back to two renames)."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), a)
+
+
+def sweep_staging(root: Root, converting: Iterable[RunRef] = ()) -> list[str]:
+    """Remove what killed conversions left in events/_staging (invisible to readers, but it
+    holds disk space) for runs whose partition is up to date (nothing converts those), except
+    `converting`; returns the folders removed. A run that is out of date keeps its leftovers
+    until its next conversion, whose commit clears them."""
+    fs = root.fs
+    skip = set(converting)
+    removed = []
+    for w_entry in _ls(fs, root.join(EVENTS_DIR, STAGING_DIR)):
+        for r_entry in _ls(fs, w_entry["name"]):
+            run = RunRef(_basename(w_entry["name"]), _basename(r_entry["name"]))
+            summary = read_summary(root, run)
+            if run in skip or summary is None:
+                continue
+            if summary.get("fingerprint") == raw_fingerprint(root, run):
+                fs.rm(r_entry["name"], recursive=True)
+                removed.append(r_entry["name"])
+    return removed
+
+
 # ----------------------------------------------------------------------------------- reading
 
 PARTITIONING = pads.partitioning(
-    pa.schema([(c, pa.string()) for c in PARTITION_COLUMNS]), flavor="hive")
+    pa.schema([(c, pa.string()) for c in PARTITION_COLUMNS]), flavor="hive"
+)
 
 
 def events_dataset(root: Root) -> pads.Dataset:
     """The whole events dataset as a pyarrow dataset (lazy; partition columns workload, run)."""
-    return pads.dataset(root.join(EVENTS_DIR), filesystem=root.fs, format="parquet",
-                        partitioning=PARTITIONING, schema=events_dataset_schema(),
-                        ignore_prefixes=[".", "_"])
+    return pads.dataset(
+        root.join(EVENTS_DIR),
+        filesystem=root.fs,
+        format="parquet",
+        partitioning=PARTITIONING,
+        schema=events_dataset_schema(),
+        ignore_prefixes=[".", "_"],
+    )
 
 
 def events_dataset_schema() -> pa.Schema:
     return EVENTS_SCHEMA.append(pa.field("workload", pa.string())).append(
-        pa.field("run", pa.string()))
+        pa.field("run", pa.string())
+    )
 
 
-def read_events(root: Root | str, workloads: Iterable[str] | None = None,
-                runs: Iterable[str] | None = None,
-                columns: list[str] | None = None) -> pa.Table:
+def read_events(
+    root: Root | str,
+    workloads: Iterable[str] | None = None,
+    runs: Iterable[str] | None = None,
+    columns: list[str] | None = None,
+) -> pa.Table:
     """Events of the named workloads/runs (all by default) as one Arrow table.
 
     Rows of each process stay in call order (parts are read in name order, row order kept).
@@ -410,8 +613,9 @@ def read_events(root: Root | str, workloads: Iterable[str] | None = None,
         root = Root.from_url(root)
     fs = root.fs
     if not fs.exists(root.join(EVENTS_DIR)):
-        return events_dataset_schema().empty_table().select(columns or
-                                                             events_dataset_schema().names)
+        return (
+            events_dataset_schema().empty_table().select(columns or events_dataset_schema().names)
+        )
     flt = None
     if workloads:
         flt = pads.field("workload").isin(list(workloads))
@@ -423,14 +627,19 @@ def read_events(root: Root | str, workloads: Iterable[str] | None = None,
 
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The run's summary as Markdown (the flow publishes it as a Prefect artifact)."""
-    lines = [f"# Events of {summary['workload']}/{summary['run']}", "",
-             f"- rows: {summary['rows']:,} from {summary['processes']} process(es), "
-             f"{summary['threads']} thread(s)",
-             f"- unpaired frees: {summary['unpaired_frees']:,}; blocks never freed: "
-             f"{summary['never_freed']:,}; failed allocations: {summary['failed_allocations']:,}",
-             f"- peak live bytes (largest process): {summary['peak_live_bytes']:,}",
-             f"- fingerprint: `{summary['fingerprint'][:16]}`", "",
-             "| operation | events |", "|---|---:|"]
+    lines = [
+        f"# Events of {summary['workload']}/{summary['run']}",
+        "",
+        f"- rows: {summary['rows']:,} from {summary['processes']} process(es), "
+        f"{summary['threads']} thread(s)",
+        f"- unpaired frees: {summary['unpaired_frees']:,}; blocks never freed: "
+        f"{summary['never_freed']:,}; failed allocations: {summary['failed_allocations']:,}",
+        f"- peak live bytes (largest process): {summary['peak_live_bytes']:,}",
+        f"- fingerprint: `{summary['fingerprint'][:16]}`",
+        "",
+        "| operation | events |",
+        "|---|---:|",
+    ]
     lines += [f"| {k} | {v:,} |" for k, v in summary["ops"].items()]
     hist = summary["token_hist"]
     lines += ["", "| token | events |", "|---:|---:|"]
@@ -452,7 +661,8 @@ class DatasetParams(StrictModel):
     runs: list[str] | None = Field(None, description="only these runs: `run` or `workload/run`")
     scheduler: str | None = Field(
         default_factory=lambda: os.environ.get("HEAPCAST_DASK_SCHEDULER") or None,
-        description="Dask scheduler address ($HEAPCAST_DASK_SCHEDULER); a local cluster if unset")
+        description="Dask scheduler address ($HEAPCAST_DASK_SCHEDULER); a local cluster if unset",
+    )
     force: bool = Field(False, description="convert even runs whose events are up to date")
 
 
@@ -460,8 +670,9 @@ class ConversionFailed(RuntimeError):
     """Some runs could not be converted; the others were. The message names each and why."""
 
 
-def conversion_outcomes(runs: list[RunRef], states: list[Any]) -> tuple[list[dict[str, Any]],
-                                                                         list[str]]:
+def conversion_outcomes(
+    runs: list[RunRef], states: list[Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Split the final states of the runs' conversions into summaries and failure lines."""
     summaries, failures = [], []
     for run, state in zip(runs, states):
@@ -480,5 +691,6 @@ def conversion_outcomes(runs: list[RunRef], states: list[Any]) -> tuple[list[dic
 def fail_if_any(failures: list[str]) -> None:
     """Raise once every run was attempted, so one bad run never stops the others."""
     if failures:
-        raise ConversionFailed(f"{len(failures)} run(s) could not be converted:\n  "
-                               + "\n  ".join(failures))
+        raise ConversionFailed(
+            f"{len(failures)} run(s) could not be converted:\n  " + "\n  ".join(failures)
+        )

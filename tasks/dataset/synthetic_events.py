@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.events_schema import EVENTS_SCHEMA
-from tasks.storage import Root
-from tasks.tokens import FREE_OFFSET
-from tasks.trace_reader import Op
+from tasks.core.storage import Root
+from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.tokens import FREE_OFFSET
+from tasks.format.trace_reader import Op
 
 
 def motif_walk(
@@ -53,8 +53,10 @@ def events_table(threads: list[np.ndarray], pid: int = 1000) -> pa.Table:
     tokens = np.concatenate(threads).astype(np.uint8)
     n = len(tokens)
     thread = np.repeat(np.arange(len(threads)), [len(t) for t in threads]).astype(np.uint16)
-    seq = (np.arange(n) - np.repeat(np.cumsum([0] + [len(t) for t in threads[:-1]]),
-                                    [len(t) for t in threads])).astype(np.uint64)
+    seq = (
+        np.arange(n)
+        - np.repeat(np.cumsum([0] + [len(t) for t in threads[:-1]]), [len(t) for t in threads])
+    ).astype(np.uint64)
     is_free = tokens >= FREE_OFFSET
     cls = np.where(is_free, tokens - FREE_OFFSET, tokens).astype(np.uint64)
     size = np.where(cls > 0, np.uint64(1) << np.maximum(cls, 1).astype(np.uint64) - np.uint64(1), 0)

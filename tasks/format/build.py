@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prefect import task
 
-NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 LIB_RELPATH = Path("build") / "libheapcast.so"
 # What the library is built from; the Makefile lists the same files as its prerequisites.
 SOURCES = ("heapcast.c", "heapcast_format.h", "Makefile")
@@ -33,18 +33,23 @@ def build_tracer(native_dir: str | Path | None = None) -> Path:
     native = (Path(native_dir) if native_dir is not None else NATIVE_DIR).resolve()
     lib = native / LIB_RELPATH
     if not (native / "heapcast.c").is_file():
-        raise TracerBuildError(f"{native}: no heapcast.c here; pass the repository's native/ folder")
+        raise TracerBuildError(
+            f"{native}: no heapcast.c here; pass the repository's native/ folder"
+        )
     if _up_to_date(native, lib):
         return lib
     for tool in ("make", "gcc"):
         if shutil.which(tool) is None:
             raise TracerBuildError(
                 f"cannot build the tracer: `{tool}` is not on PATH "
-                "(Debian: apt-get install build-essential)")
+                "(Debian: apt-get install build-essential)"
+            )
     proc = subprocess.run(["make", "-C", str(native)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise TracerBuildError(f"`make -C {native}` failed (exit {proc.returncode}):\n"
-                               f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        raise TracerBuildError(
+            f"`make -C {native}` failed (exit {proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+        )
     if not lib.is_file():
         raise TracerBuildError(f"`make -C {native}` succeeded but {lib} does not exist")
     return lib

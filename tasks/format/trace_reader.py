@@ -34,9 +34,7 @@ SIZE_MASK = (1 << SIZE_BITS) - 1
 OP_SHIFT = 40
 THREAD_SHIFT = 48
 
-RECORD_DTYPE = np.dtype(
-    [("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8")]
-)
+RECORD_DTYPE = np.dtype([("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8")])
 RECORD_DTYPE_CALLER = np.dtype(
     [("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8"), ("caller", "<u8")]
 )
@@ -59,7 +57,13 @@ class Op(enum.IntEnum):
 
 
 ALLOCATING_OPS = (
-    Op.MALLOC, Op.CALLOC, Op.POSIX_MEMALIGN, Op.ALIGNED_ALLOC, Op.MEMALIGN, Op.VALLOC, Op.PVALLOC,
+    Op.MALLOC,
+    Op.CALLOC,
+    Op.POSIX_MEMALIGN,
+    Op.ALIGNED_ALLOC,
+    Op.MEMALIGN,
+    Op.VALLOC,
+    Op.PVALLOC,
 )
 REALLOCATING_OPS = (Op.REALLOC, Op.REALLOCARRAY)
 ALIGNED_OPS = (Op.POSIX_MEMALIGN, Op.ALIGNED_ALLOC, Op.MEMALIGN, Op.VALLOC, Op.PVALLOC)
@@ -90,8 +94,7 @@ class TraceHeader:
         return bool(self.flags & FLAG_CALLER)
 
 
-def ticks_to_ns(ticks: np.ndarray, h: TraceHeader, out: np.ndarray | None = None
-                ) -> np.ndarray:
+def ticks_to_ns(ticks: np.ndarray, h: TraceHeader, out: np.ndarray | None = None) -> np.ndarray:
     """Monotonic ns (int64) of raw record times, from the header's clock calibration; into `out`
     when given (the converter fills its time column a cache-sized step at a time)."""
     if h.clock == CLOCK_MONOTONIC and h.ns_per_tick == 1.0:
@@ -168,33 +171,67 @@ def op_name(code: int) -> str:
 def parse_header(data: bytes | memoryview, path: str) -> TraceHeader:
     """Parse and validate the header at the start of `data`; errors name `path`."""
     if len(data) == 0:
-        raise TraceFormatError(f"{path}: empty file, not a heapcast trace (the traced process "
-                               "may have been killed before it wrote its header)")
+        raise TraceFormatError(
+            f"{path}: empty file, not a heapcast trace (the traced process "
+            "may have been killed before it wrote its header)"
+        )
     if len(data) < _HEADER.size or bytes(data[:8]) != MAGIC:
-        raise TraceFormatError(f"{path}: does not look like a heapcast trace (no {MAGIC.decode()} "
-                               "magic at its start); pass the .hct files the tracer wrote")
-    (magic, version, header_size, record_size, flags, pid, ppid, rt, mono, ticks, npt, clock,
-     cmdline_len, _reserved) = _HEADER.unpack_from(data, 0)
+        raise TraceFormatError(
+            f"{path}: does not look like a heapcast trace (no {MAGIC.decode()} "
+            "magic at its start); pass the .hct files the tracer wrote"
+        )
+    (
+        magic,
+        version,
+        header_size,
+        record_size,
+        flags,
+        pid,
+        ppid,
+        rt,
+        mono,
+        ticks,
+        npt,
+        clock,
+        cmdline_len,
+        _reserved,
+    ) = _HEADER.unpack_from(data, 0)
     if version != FORMAT_VERSION:
         raise TraceFormatError(
             f"{path}: trace format version {version}, this heapcast reads version "
-            f"{FORMAT_VERSION}; re-record it with the matching tracer or upgrade heapcast")
+            f"{FORMAT_VERSION}; re-record it with the matching tracer or upgrade heapcast"
+        )
     expected_record = RECORD_DTYPE_CALLER.itemsize if flags & FLAG_CALLER else RECORD_DTYPE.itemsize
     if record_size != expected_record:
-        raise TraceFormatError(f"{path}: header says record_size {record_size}, expected "
-                               f"{expected_record} for flags {flags}; the file is corrupt")
+        raise TraceFormatError(
+            f"{path}: header says record_size {record_size}, expected "
+            f"{expected_record} for flags {flags}; the file is corrupt"
+        )
     if header_size < _HEADER.size + cmdline_len or header_size % 8 or header_size > len(data):
-        raise TraceFormatError(f"{path}: header_size {header_size} is inconsistent with a file of "
-                               f"{len(data)} bytes; the file is corrupt or truncated in its header")
-    raw_cmd = bytes(data[_HEADER.size:_HEADER.size + cmdline_len])
+        raise TraceFormatError(
+            f"{path}: header_size {header_size} is inconsistent with a file of "
+            f"{len(data)} bytes; the file is corrupt or truncated in its header"
+        )
+    raw_cmd = bytes(data[_HEADER.size : _HEADER.size + cmdline_len])
     # Each argument ends with one NUL; empty arguments (redis's --save "") are kept.
     if raw_cmd.endswith(b"\0"):
         raw_cmd = raw_cmd[:-1]
     cmdline = tuple(a.decode("utf-8", "replace") for a in raw_cmd.split(b"\0")) if raw_cmd else ()
-    return TraceHeader(path=path, version=version, header_size=header_size,
-                       record_size=record_size, flags=flags, pid=pid, ppid=ppid,
-                       start_realtime_ns=rt, start_monotonic_ns=mono, start_ticks=ticks,
-                       ns_per_tick=npt, clock=clock, cmdline=cmdline)
+    return TraceHeader(
+        path=path,
+        version=version,
+        header_size=header_size,
+        record_size=record_size,
+        flags=flags,
+        pid=pid,
+        ppid=ppid,
+        start_realtime_ns=rt,
+        start_monotonic_ns=mono,
+        start_ticks=ticks,
+        ns_per_tick=npt,
+        clock=clock,
+        cmdline=cmdline,
+    )
 
 
 def parse_trace(data: bytes | memoryview, path: str) -> Trace:
@@ -204,8 +241,11 @@ def parse_trace(data: bytes | memoryview, path: str) -> Trace:
     body = len(data) - header.header_size
     count, dropped = divmod(body, header.record_size)
     if dropped:
-        warnings.warn(f"{path}: dropped a truncated last record ({dropped} bytes); the process "
-                      "was probably killed or its disk filled while writing", stacklevel=2)
+        warnings.warn(
+            f"{path}: dropped a truncated last record ({dropped} bytes); the process "
+            "was probably killed or its disk filled while writing",
+            stacklevel=2,
+        )
     records = np.frombuffer(data, dtype=dtype, count=count, offset=header.header_size)
     return Trace(header=header, records=records, dropped_bytes=dropped)
 
@@ -243,9 +283,14 @@ def count_traces(folder: str | Path) -> TraceCounts:
         for op, n in t.counts_by_op().items():
             by_op[op] = by_op.get(op, 0) + n
     threads = by_op.get(op_name(Op.THREAD_START), 0)
-    return TraceCounts(processes=processes, threads=threads,
-                       events=sum(by_op.values()) - threads, events_by_op=by_op, files=files,
-                       unreadable=unreadable)
+    return TraceCounts(
+        processes=processes,
+        threads=threads,
+        events=sum(by_op.values()) - threads,
+        events_by_op=by_op,
+        files=files,
+        unreadable=unreadable,
+    )
 
 
 def read_trace(path: str | Path, *, fs: Any = None) -> Trace:

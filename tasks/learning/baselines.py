@@ -2,7 +2,7 @@
 
 Every predictor answers with the same `Predictions`: its 5 best tokens per position (best
 first) and the probability it gave the true token (smoothed so a log-loss stays finite). The
-positions are given by the caller (tasks.sequences.eval_positions), never chosen here.
+positions are given by the caller (tasks.learning.sequences.eval_positions), never chosen here.
 
 - majority: the training data's most frequent tokens.
 - repeat_last: the thread's previous token (then the most recent other tokens).
@@ -10,6 +10,8 @@ positions are given by the caller (tasks.sequences.eval_positions), never chosen
   back-off: a position is answered by the highest order whose context was seen in training.
   K is chosen on the validation runs. Contexts are hashed (polynomial in uint64, wrapping) so
   every order is a sort and a searchsorted over numpy arrays; nothing loops per event.
+- ngram_online: the online counter (tasks/learning/online.py, compiled): no training, counts of
+  the thread's own past, predict then learn.
 
 No TensorFlow in this module.
 """
@@ -17,11 +19,15 @@ No TensorFlow in this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tasks.sequences import TokenRun
-from tasks.tokens import N_TOKENS
+from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.sequences import TokenRun
+
+if TYPE_CHECKING:
+    from tasks.learning.online import OnlineCounter
 
 TOP_K = 5
 NONE = np.uint8(255)  # an empty top-k slot
@@ -78,7 +84,7 @@ class Majority:
     ranking: np.ndarray  # uint8 [64], most frequent first
 
     @classmethod
-    def fit(cls, train: list[TokenRun], smoothing: float = 0.1) -> "Majority":
+    def fit(cls, train: list[TokenRun], smoothing: float = 0.1) -> Majority:
         counts = np.zeros(N_TOKENS, np.float64)
         for r in train:
             counts += np.bincount(r.tokens, minlength=N_TOKENS)
@@ -102,7 +108,7 @@ class RepeatLast:
     lookback: int = 16
 
     @classmethod
-    def fit(cls, train: list[TokenRun], smoothing: float = 0.1) -> "RepeatLast":
+    def fit(cls, train: list[TokenRun], smoothing: float = 0.1) -> RepeatLast:
         tokens, pos = _concat(train)
         ok = pos >= 1
         same = float((tokens[1:][ok[1:]] == tokens[:-1][ok[1:]]).sum()) if len(tokens) else 0.0
@@ -126,8 +132,9 @@ class RepeatLast:
 # --- n-gram with back-off -------------------------------------------------------------------------
 
 
-def iter_context_hashes(run_tokens: np.ndarray, pos_in_thread: np.ndarray,
-                        positions: np.ndarray | None, max_order: int):
+def iter_context_hashes(
+    run_tokens: np.ndarray, pos_in_thread: np.ndarray, positions: np.ndarray | None, max_order: int
+):
     """Yield (k, hash, valid) for k = 1..max_order at `positions` (None: every token).
 
     hash_k[p] = sum_{j=1..k} (tokens[p-j] + 1) * B^(j-1)  (mod 2^64), one gather per order;
@@ -214,7 +221,7 @@ class NGram:
     validation_top1: dict[int, float] = field(default_factory=dict)
 
     @classmethod
-    def fit(cls, train: list[TokenRun], max_order: int = 16, smoothing: float = 0.1) -> "NGram":
+    def fit(cls, train: list[TokenRun], max_order: int = 16, smoothing: float = 0.1) -> NGram:
         tokens, pos = _concat(train)
         tables = [
             _build_table(h[ok], tokens[ok])
@@ -229,7 +236,9 @@ class NGram:
             found, i = _lookup(self.tables[k - 1], h)
             yield k, found & valid, i, h
 
-    def predict(self, run: TokenRun, positions: np.ndarray, order: int | None = None) -> Predictions:
+    def predict(
+        self, run: TokenRun, positions: np.ndarray, order: int | None = None
+    ) -> Predictions:
         """Back-off: each position is answered by the highest order <= `order` that knows it."""
         order = self.order if order is None else order
         y = run.tokens[positions]
@@ -278,6 +287,7 @@ class Baselines:
     majority: Majority
     repeat_last: RepeatLast
     ngram: NGram
+    online: OnlineCounter
 
     @classmethod
     def fit(
@@ -286,18 +296,26 @@ class Baselines:
         validation: list[TokenRun],
         max_order: int = 16,
         smoothing: float = 0.1,
-    ) -> "Baselines":
-        """Fit all three on `train`; the n-gram's order is chosen on `validation`."""
-        from tasks.sequences import eval_positions
+    ) -> Baselines:
+        """Fit all four on `train`; the n-gram's order is chosen on `validation` (the online
+        counter takes only its fallback ranking from `train`: it learns as it predicts)."""
+        from tasks.learning.online import OnlineCounter  # it builds on this module's Predictions
+        from tasks.learning.sequences import eval_positions
 
         ngram = NGram.fit(train, max_order, smoothing)
         if validation:
             ngram.choose_order(validation, [eval_positions(r) for r in validation])
-        return cls(Majority.fit(train, smoothing), RepeatLast.fit(train, smoothing), ngram)
+        return cls(
+            Majority.fit(train, smoothing),
+            RepeatLast.fit(train, smoothing),
+            ngram,
+            OnlineCounter.fit(train, smoothing=smoothing),
+        )
 
     def predict(self, run: TokenRun, positions: np.ndarray) -> dict[str, Predictions]:
         return {
             "majority": self.majority.predict(run, positions),
             "repeat_last": self.repeat_last.predict(run, positions),
             "ngram": self.ngram.predict(run, positions),
+            "ngram_online": self.online.predict(run, positions),
         }

@@ -1,7 +1,7 @@
-"""Metrics over `Predictions`, and the `Evaluation` handed to registration (tasks/outcome.py).
+"""Metrics over `Predictions`, and the `Evaluation` handed to registration (tasks/learning/outcome.py).
 
 Every predictor is scored on the same positions: the caller computes them once per run
-(tasks.sequences.eval_positions) and hands the same labels to every predictor's scores.
+(tasks.learning.sequences.eval_positions) and hands the same labels to every predictor's scores.
 Slices are each workload and OVERALL (all positions of the table pooled). No TensorFlow here.
 """
 
@@ -12,13 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from tasks.baselines import Predictions
-from tasks.outcome import BASELINES, MODEL, OVERALL, Evaluation, PredictorScores
-from tasks.tokens import N_TOKENS
+from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.baselines import Predictions
+from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, PredictorScores
 
 UNSEEN_RUNS = "unseen_runs"
 HELDOUT_WORKLOADS = "heldout_workloads"
-TABLES = (UNSEEN_RUNS, HELDOUT_WORKLOADS)
+UNSEEN_PROGRAMS = "unseen_programs"
+# The evaluation tables, in the order they are shown (tasks/learning/train_config.py: the rule)
+TABLES = (UNSEEN_RUNS, UNSEEN_PROGRAMS, HELDOUT_WORKLOADS)
 PREDICTORS = (MODEL, *BASELINES)
 MIN_PROB = 1e-7  # log-loss clip, so one confident miss costs ~16 nats, not infinity
 
@@ -52,11 +54,17 @@ def confusion_matrix(y: np.ndarray, top1: np.ndarray) -> np.ndarray:
 
 
 def score(
-    y: np.ndarray, pred: Predictions, predictor: str, slice: str, table: str,
+    y: np.ndarray,
+    pred: Predictions,
+    predictor: str,
+    slice: str,
+    table: str,
     detail: dict[str, Any] | None = None,
 ) -> PredictorScores:
     if len(pred) != len(y):
-        raise ValueError(f"{predictor} on {table}/{slice}: {len(pred)} answers for {len(y)} positions")
+        raise ValueError(
+            f"{predictor} on {table}/{slice}: {len(pred)} answers for {len(y)} positions"
+        )
     return PredictorScores(
         predictor=predictor,
         slice=slice,
@@ -71,7 +79,9 @@ def score(
 
 
 def _concat_preds(preds: list[Predictions]) -> Predictions:
-    return Predictions(np.concatenate([p.top for p in preds]), np.concatenate([p.p_true for p in preds]))
+    return Predictions(
+        np.concatenate([p.top for p in preds]), np.concatenate([p.p_true for p in preds])
+    )
 
 
 @dataclass
@@ -82,7 +92,9 @@ class EvaluationBuilder:
     _labels: dict[tuple[str, str], list[np.ndarray]] = field(default_factory=dict)
     _answers: dict[tuple[str, str, str], list[Predictions]] = field(default_factory=dict)
 
-    def add(self, table: str, workload: str, y: np.ndarray, answers: dict[str, Predictions]) -> None:
+    def add(
+        self, table: str, workload: str, y: np.ndarray, answers: dict[str, Predictions]
+    ) -> None:
         """One run's labels and the answers of every predictor at the same positions."""
         if table not in TABLES:
             raise ValueError(f"unknown table {table!r}; expected one of {TABLES}")
@@ -125,16 +137,19 @@ def evaluation_markdown(evaluation: Evaluation, notes: list[str] | None = None) 
     lines: list[str] = []
     titles = {
         UNSEEN_RUNS: "Unseen runs of the trained workloads",
-        HELDOUT_WORKLOADS: "Held-out workloads (never trained on)",
+        UNSEEN_PROGRAMS: "Unseen programs (no training run comes from them)",
+        HELDOUT_WORKLOADS: "Held-out workloads (never trained on; their program is, elsewhere)",
     }
     for table in TABLES:
         names = slices(evaluation, table)
         if not names:
             continue
         lines += [f"### {titles[table]}", ""]
-        head = "| workload | positions | " + " | ".join(
-            f"{p} top-1 | {p} top-5 | {p} log-loss" for p in PREDICTORS
-        ) + " | margin (top-1 vs best baseline) |"
+        head = (
+            "| workload | positions | "
+            + " | ".join(f"{p} top-1 | {p} top-5 | {p} log-loss" for p in PREDICTORS)
+            + " | margin (top-1 vs best baseline) |"
+        )
         lines += [head, "|" + "---|" * (3 * len(PREDICTORS) + 3)]
         for w in names:
             cells = [w, str(evaluation.get(MODEL, w, table).positions)]

@@ -14,6 +14,12 @@ runs on the CPU.
 Hybrid (`model.ngram_features`, sequence mode): the network also gets, per position, the
 back-off n-gram's answer from a table of the training runs held inside the model (see the
 section "hybrid" below: NGramTable, NGramFeatures, build_hybrid).
+
+Online (`model.online_features`, sequence mode): the network also gets, per position, what the
+online counter (tasks/learning/online.py) answers from the thread's own history so far, however
+long: the model adapts to the program it is watching, including one it never saw in training.
+Those features are a second input, `online` [B, T, 4], computed causally outside the graph
+(online_feature_matrix; tasks/learning/streaming.py keeps them per thread as calls arrive).
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tasks.baselines import TOP_K, Predictions
-from tasks.sequences import TokenRun, eval_positions
-from tasks.tokens import N_TOKENS
-from tasks.train_config import TrainConfig
+from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.baselines import TOP_K, Predictions
+from tasks.learning.sequences import TokenRun, eval_positions
+from tasks.learning.train_config import TrainConfig
 
 OPTIMIZERS = {
     "adam": keras.optimizers.Adam,
@@ -93,14 +99,16 @@ def _network(cfg: TrainConfig, mode: str, x):
     return keras.layers.Dense(N_TOKENS, activation="softmax", dtype="float32", name="next")(x)
 
 
-def build_model(cfg: TrainConfig, mode: str | None = None, total_steps: int | None = None) -> keras.Model:
+def build_model(
+    cfg: TrainConfig, mode: str | None = None, total_steps: int | None = None
+) -> keras.Model:
     """The network of `cfg.model` for `mode` (default cfg.mode), compiled with cfg's optimizer.
 
     `total_steps` (the planned training steps) shapes a cosine learning-rate schedule. With
     `model.ngram_features` use build_hybrid (the n-gram table comes from the training data)."""
     mode = mode or cfg.mode
-    if cfg.model.ngram_features:
-        raise ValueError("model.ngram_features: build the model with build_hybrid(cfg, table)")
+    if cfg.model.ngram_features or cfg.model.online_features:
+        raise ValueError("model.ngram_features / online_features: build it with build_hybrid")
     set_precision_policy()
     length = None if mode == "sequence" else cfg.context  # a sequence model takes any length
     inputs = keras.Input(shape=(length,), dtype="int32", name="tokens")
@@ -109,34 +117,73 @@ def build_model(cfg: TrainConfig, mode: str | None = None, total_steps: int | No
     return _compile(model, cfg, total_steps)
 
 
-def build_hybrid(cfg: TrainConfig, table: "NGramTable", total_steps: int | None = None):
-    """(core, full), sequence mode: core maps (tokens, n-gram features) -> probabilities and is
-    what trains (on leave-one-out features); full maps tokens alone -> probabilities, computing
-    the features in-graph from `table` (NGramFeatures), sharing core's weights. `full` is the
-    model that is evaluated and registered."""
+def feature_width(cfg: TrainConfig) -> int:
+    """Columns of the feature input the core trains on: n-gram's, then the online counter's."""
+    return NGRAM_FEATURES * cfg.model.ngram_features + ONLINE_FEATURES * cfg.model.online_features
+
+
+def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | None = None):
+    """(core, full), sequence mode, with n-gram features (`table`) and/or online features.
+
+    core maps (tokens, features [B, T, feature_width]) -> probabilities and is what trains (on
+    leave-one-out n-gram features); full maps tokens (and, with online features, `online`
+    [B, T, 4]) -> probabilities, computing the n-gram features in-graph from `table`
+    (NGramFeatures) and sharing core's weights. `full` is evaluated and registered."""
     if cfg.mode != "sequence":
-        raise ValueError("model.ngram_features needs mode: sequence")
+        raise ValueError("model.ngram_features / model.online_features need mode: sequence")
+    if cfg.model.ngram_features != (table is not None):
+        raise ValueError("model.ngram_features: give the n-gram table (and only then)")
     set_precision_policy()
-    k = table.max_order
     tok = keras.Input(shape=(None,), dtype="int32", name="tokens")
-    feat = keras.Input(shape=(None, NGRAM_FEATURES), dtype="int32", name="ngram")
-    parts = [
-        _onehot(N_TOKENS, "onehot")(tok),
-        _onehot(N_TOKENS + 1, "ngram_top1")(feat[:, :, 0]),
-        _onehot(k + 1, "ngram_order")(feat[:, :, 1]),
-        _onehot(_COUNT_BUCKETS, "ngram_count")(feat[:, :, 2]),
-        _onehot(_SHARE_BUCKETS, "ngram_share")(feat[:, :, 3]),
-    ]
+    feat = keras.Input(shape=(None, feature_width(cfg)), dtype="int32", name="features")
+    parts = [_onehot(N_TOKENS, "onehot")(tok)]
+    col = 0
+    if table is not None:
+        parts += [
+            _onehot(N_TOKENS + 1, "ngram_top1")(feat[:, :, 0]),
+            _onehot(table.max_order + 1, "ngram_order")(feat[:, :, 1]),
+            _onehot(_COUNT_BUCKETS, "ngram_count")(feat[:, :, 2]),
+            _onehot(_SHARE_BUCKETS, "ngram_share")(feat[:, :, 3]),
+        ]
+        col = NGRAM_FEATURES
+    if cfg.model.online_features:
+        parts += [
+            _onehot(N_TOKENS + 1, "online_top1")(feat[:, :, col]),
+            _onehot(len(cfg.model.online_orders) + 1, "online_order")(feat[:, :, col + 1]),
+            _onehot(_COUNT_BUCKETS, "online_count")(feat[:, :, col + 2]),
+            _onehot(_SHARE_BUCKETS, "online_share")(feat[:, :, col + 3]),
+        ]
     x = keras.layers.Concatenate(name="inputs")(parts)
-    core = keras.Model([tok, feat], _network(cfg, "sequence", x), name=f"heapcast_{cfg.model.kind}_core")
+    core = keras.Model(
+        [tok, feat], _network(cfg, "sequence", x), name=f"heapcast_{cfg.model.kind}_core"
+    )
     _compile(core, cfg, total_steps)
     tokens = keras.Input(shape=(None,), dtype="int32", name="tokens")
-    lookup = NGramFeatures(len(table.keys), k, name="ngram_lookup")
-    feats = lookup(tokens)
-    lookup.set_table(table)
-    full = keras.Model(tokens, core([tokens, feats]), name=f"heapcast_{cfg.model.kind}_ngram_hybrid")
+    inputs, feats = [tokens], []
+    if table is not None:
+        lookup = NGramFeatures(len(table.keys), table.max_order, name="ngram_lookup")
+        feats.append(lookup(tokens))
+        lookup.set_table(table)
+    if cfg.model.online_features:
+        online = keras.Input(shape=(None, ONLINE_FEATURES), dtype="int32", name="online")
+        inputs.append(online)
+        feats.append(OnlineOrders(cfg.model.online_orders, name="online_orders")(online))
+    all_feats = feats[0] if len(feats) == 1 else keras.layers.Concatenate(name="features")(feats)
+    kind = "_".join(
+        k for k, on in (("ngram", table is not None), ("online", cfg.model.online_features)) if on
+    )
+    full = keras.Model(
+        inputs if len(inputs) > 1 else tokens,
+        core([tokens, all_feats]),
+        name=f"heapcast_{cfg.model.kind}_{kind}_hybrid",
+    )
     _compile(full, cfg, total_steps)
     return core, full
+
+
+def takes_online(model: keras.Model) -> bool:
+    """Whether a (registered) model takes the online counter's features as its second input."""
+    return any(t.name.split(":")[0] == "online" for t in model.inputs)
 
 
 def as_sequence_model(model: keras.Model, cfg: TrainConfig) -> keras.Model:
@@ -153,15 +200,20 @@ def as_sequence_model(model: keras.Model, cfg: TrainConfig) -> keras.Model:
     return twin
 
 
-def predict_positions(seq_model: keras.Model, run: TokenRun, context: int, batch_size: int) -> Predictions:
+def predict_positions(
+    seq_model: keras.Model, run: TokenRun, context: int, batch_size: int
+) -> Predictions:
     """A sequence-mode model's top-5 and p(true token) at eval_positions(run), in order.
 
-    Stateless chunks of 2*context with a warm-up prefix (tasks.sequences.eval_chunks): every
+    Stateless chunks of 2*context with a warm-up prefix (tasks.learning.sequences.eval_chunks): every
     scored position past a thread's first 2*context tokens has >= context tokens in view.
     """
-    from tasks.token_data import eval_dataset
+    from tasks.learning.token_data import eval_dataset
 
-    ds, lo, hi = eval_dataset(run, context, batch_size)
+    online = None
+    if takes_online(seq_model):
+        online = online_feature_matrix(run, online_orders(seq_model))
+    ds, lo, hi = eval_dataset(run, context, batch_size, features=online)
 
     @tf.function(reduce_retracing=True)
     def step(x, y):
@@ -186,6 +238,90 @@ def predict_positions(seq_model: keras.Model, run: TokenRun, context: int, batch
     if len(p) != expected:
         raise AssertionError(f"{run.name}: scored {len(p)} positions, expected {expected}")
     return Predictions(top, p)
+
+
+# --- online: the online counter's answer as an input feature --------------------------------------
+#
+# Row i describes token i+1, as the n-gram features do: what the online counter answers after
+# seeing tokens ..i of i's thread (tasks.learning.online.online_features gives, for position p,
+# the answer before p; row i is position i+1's, so a thread's last row is its answer after the
+# thread's last call: what streaming predicts from).
+# The orders travel with the model (OnlineOrders, a weightless layer's config), so a registered
+# model computes its features with the orders it was trained with.
+
+ONLINE_FEATURES = 4  # top-1 (64 = none), order index (0 = none), count bucket, share bucket
+
+
+def online_feature_matrix(run: TokenRun, orders) -> np.ndarray:
+    """uint8 [n, ONLINE_FEATURES] for `run`: the online counter's answer after each token."""
+    from tasks.learning.online import online_features
+
+    # one placeholder call after each thread's last, so that the answer after the last real
+    # call exists (the counter answers a position from the calls before it only)
+    ends = run.offsets[1:]
+    tokens = np.insert(run.tokens, ends, 0)
+    offsets = run.offsets + np.arange(len(run.offsets))
+    f = online_features(tokens, offsets, tuple(int(k) for k in orders))
+    thread = np.repeat(np.arange(run.n_threads), run.thread_lengths())
+    nxt = np.arange(run.n_tokens) + thread + 1  # position i+1 of i's thread, extended
+    return _bucketed(
+        np.asarray(f["top1"])[nxt].astype(np.int64),
+        np.asarray(f["order"])[nxt].astype(np.int64),
+        np.asarray(f["count"])[nxt].astype(np.int64),
+        np.maximum(np.asarray(f["total"])[nxt].astype(np.int64), 1),
+    )
+
+
+def online_row(state) -> np.ndarray:
+    """The online_feature_matrix row of a streaming OnlineState: its answer after its last call."""
+    top1, order, count, total = state.answer()
+    return _bucketed(
+        np.array([top1], np.int64),
+        np.array([order], np.int64),
+        np.array([count], np.int64),
+        np.array([max(total, 1)], np.int64),
+    )[0]
+
+
+def _bucketed(top, order, c1, tot) -> np.ndarray:
+    """[top, order, count bucket, share bucket] as uint8 (buckets 0 where nothing answered)."""
+    cb = sum((tot >= (1 << j)).astype(np.int64) for j in range(1, _COUNT_BUCKETS))
+    sb = sum((_SHARE_BUCKETS * c1 >= j * tot).astype(np.int64) for j in range(1, _SHARE_BUCKETS))
+    cb, sb = np.where(order > 0, cb, 0), np.where(order > 0, sb, 0)
+    return np.stack([top, order, cb, sb], axis=1).astype(np.uint8)
+
+
+def online_orders(model: keras.Model) -> tuple[int, ...]:
+    """The online counter's orders a model was trained with (kept in its OnlineOrders layer)."""
+    for layer in _all_layers(model):
+        if isinstance(layer, OnlineOrders):
+            return tuple(layer.orders)
+    raise ValueError(f"model {model.name} takes online features but records no OnlineOrders")
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
+
+
+@keras.saving.register_keras_serializable(package="heapcast")
+class OnlineOrders(keras.layers.Layer):
+    """Identity on the `online` input; holds the counter's orders in the saved model's config."""
+
+    def __init__(self, orders, **kwargs):
+        super().__init__(**kwargs)
+        self.orders = [int(k) for k in orders]
+
+    def call(self, x):
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "orders": self.orders}
 
 
 # --- hybrid: the back-off n-gram's answer as an input feature ------------------------------------
@@ -253,7 +389,7 @@ class NGramTable:
     max_order: int
 
     @classmethod
-    def fit(cls, tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int) -> "NGramTable":
+    def fit(cls, tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int) -> NGramTable:
         if not 1 <= max_order <= NGRAM_MAX_ORDER:
             raise ValueError(f"n-gram feature order {max_order}: expected 1..{NGRAM_MAX_ORDER}")
         parts = []
@@ -261,7 +397,7 @@ class NGramTable:
         nxt[:-1] = tokens[1:]
         has_next = np.zeros(len(tokens), bool)
         has_next[:-1] = pos_in_thread[1:] >= 1
-        for k, key, valid in context_keys(tokens, pos_in_thread, max_order):
+        for _k, key, valid in context_keys(tokens, pos_in_thread, max_order):
             ok = valid & has_next
             kk, nn = key[ok], nxt[ok]
             o = np.lexsort((nn, kk))
@@ -288,7 +424,9 @@ class NGramTable:
         o = np.argsort(cat[0], kind="stable")
         return cls(*(a[o] for a in cat), max_order=max_order)
 
-    def features(self, tokens: np.ndarray, pos_in_thread: np.ndarray, leave_one_out: bool) -> np.ndarray:
+    def features(
+        self, tokens: np.ndarray, pos_in_thread: np.ndarray, leave_one_out: bool
+    ) -> np.ndarray:
         """uint8 [n, NGRAM_FEATURES] for each index i: the back-off answer about token i+1.
 
         leave_one_out: `tokens` are the table's own training tokens; subtract each position's
@@ -308,7 +446,11 @@ class NGramTable:
             if not m:
                 break
             found = valid & (self.keys[i] == key)
-            t1, k1, tt = self.top1[i].astype(np.int64), self.count1[i].astype(np.int64), self.total[i].astype(np.int64)
+            t1, k1, tt = (
+                self.top1[i].astype(np.int64),
+                self.count1[i].astype(np.int64),
+                self.total[i].astype(np.int64),
+            )
             if leave_one_out:
                 own = found & counted
                 tt = tt - own
@@ -322,10 +464,7 @@ class NGramTable:
             order = np.where(found, k, order)
             c1 = np.where(found, k1, c1)
             tot = np.where(found, tt, tot)
-        cb = sum((tot >= (1 << j)).astype(np.int64) for j in range(1, _COUNT_BUCKETS))
-        sb = sum((_SHARE_BUCKETS * c1 >= j * tot).astype(np.int64) for j in range(1, _SHARE_BUCKETS))
-        cb, sb = np.where(order > 0, cb, 0), np.where(order > 0, sb, 0)
-        return np.stack([top, order, cb, sb], axis=1).astype(np.uint8)
+        return _bucketed(top, order, c1, tot)
 
 
 @keras.saving.register_keras_serializable(package="heapcast")
@@ -343,14 +482,18 @@ class NGramFeatures(keras.layers.Layer):
         self.n_keys = int(n_keys)
         self.max_order = int(max_order)
         m = max(self.n_keys, 1)
-        self.keys = self.add_weight(shape=(m,), dtype="int64", initializer="zeros",
-                                    trainable=False, name="keys")
-        self.top1 = self.add_weight(shape=(m,), dtype="int32", initializer="zeros",
-                                    trainable=False, name="top1")
-        self.count1 = self.add_weight(shape=(m,), dtype="int32", initializer="zeros",
-                                      trainable=False, name="count1")
-        self.total = self.add_weight(shape=(m,), dtype="int32", initializer="zeros",
-                                     trainable=False, name="total")
+        self.keys = self.add_weight(
+            shape=(m,), dtype="int64", initializer="zeros", trainable=False, name="keys"
+        )
+        self.top1 = self.add_weight(
+            shape=(m,), dtype="int32", initializer="zeros", trainable=False, name="top1"
+        )
+        self.count1 = self.add_weight(
+            shape=(m,), dtype="int32", initializer="zeros", trainable=False, name="count1"
+        )
+        self.total = self.add_weight(
+            shape=(m,), dtype="int32", initializer="zeros", trainable=False, name="total"
+        )
 
     def set_table(self, table: NGramTable) -> None:
         if len(table.keys) != self.n_keys or table.max_order != self.max_order:
@@ -381,11 +524,13 @@ class NGramFeatures(keras.layers.Layer):
             h2 = tf.math.floormod(h2 + (prev + 1) * pow(_B2, k - 1, _P2), _P2)
             if k <= NGRAM_EXACT_ORDER:
                 key = tf.bitwise.bitwise_or(
-                    key, tf.bitwise.left_shift(prev, tf.constant(6 * (k - 1), tf.int64)))
+                    key, tf.bitwise.left_shift(prev, tf.constant(6 * (k - 1), tf.int64))
+                )
                 full = tf.bitwise.bitwise_or(key, tf.constant(1 << (6 * k), tf.int64))
             else:
-                mixed = (tf.math.floormod(h1 + k * _C1, _P1) * _P2
-                         + tf.math.floormod(h2 + k * _C2, _P2))
+                mixed = tf.math.floormod(h1 + k * _C1, _P1) * _P2 + tf.math.floormod(
+                    h2 + k * _C2, _P2
+                )
                 full = tf.bitwise.bitwise_or(mixed, tf.constant(1 << 62, tf.int64))
             if not m:
                 continue
@@ -397,7 +542,9 @@ class NGramFeatures(keras.layers.Layer):
             c1 = tf.where(found, tf.cast(tf.gather(self.count1, i), tf.int64), c1)
             tot = tf.where(found, tf.cast(tf.gather(self.total, i), tf.int64), tot)
         cb = tf.add_n([tf.cast(tot >= (1 << j), tf.int64) for j in range(1, _COUNT_BUCKETS)])
-        sb = tf.add_n([tf.cast(_SHARE_BUCKETS * c1 >= j * tot, tf.int64) for j in range(1, _SHARE_BUCKETS)])
+        sb = tf.add_n(
+            [tf.cast(_SHARE_BUCKETS * c1 >= j * tot, tf.int64) for j in range(1, _SHARE_BUCKETS)]
+        )
         cb = tf.where(order > 0, cb, tf.zeros_like(cb))
         sb = tf.where(order > 0, sb, tf.zeros_like(sb))
         return tf.cast(tf.stack([top, order, cb, sb], axis=-1), tf.int32)

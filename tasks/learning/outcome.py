@@ -1,4 +1,4 @@
-"""What training hands to registration: the contract between tasks/train.py and tasks/register.py.
+"""What training hands to registration: the contract between tasks/learning/train.py and tasks/registry/register.py.
 
 Kept free of TensorFlow and MLflow imports so either side (and the flows) can import it cheaply.
 """
@@ -13,7 +13,9 @@ import numpy as np
 # Stable predictor names: MLflow metric keys are built from them, so the UI's compare view lines
 # runs and baselines up under the same names from one run to the next.
 MODEL = "model"
-BASELINES = ("majority", "repeat_last", "ngram")
+# ngram_online: the online counter (tasks/learning/online.py), trained on nothing, learning from
+# the thread's own past as it runs: the predictor an allocator inside the program always has.
+BASELINES = ("majority", "repeat_last", "ngram", "ngram_online")
 OVERALL = "all"
 
 
@@ -33,6 +35,8 @@ class DatasetRef:
     # stopping and the n-gram's order; a run name may repeat a train run when validation is the
     # tail of its threads (see TrainOutcome.notes).
     validation_runs: tuple[tuple[str, str], ...] = ()
+    # runs of programs that no training run comes from (the "unseen_programs" table)
+    unseen_program_runs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class PredictorScores:
 
     predictor: str  # MODEL, or one of BASELINES
     slice: str  # workload name, OVERALL
-    table: str  # "unseen_runs" or "heldout_workloads"
+    table: str  # one of tasks.learning.evaluate.TABLES
     positions: int
     top1: float
     top5: float
@@ -57,7 +61,9 @@ class Evaluation:
     scores: tuple[PredictorScores, ...]
     confusion: np.ndarray  # 64x64 counts for the model, overall unseen-runs table (true x pred)
 
-    def get(self, predictor: str, slice: str = OVERALL, table: str = "unseen_runs") -> PredictorScores:
+    def get(
+        self, predictor: str, slice: str = OVERALL, table: str = "unseen_runs"
+    ) -> PredictorScores:
         for s in self.scores:
             if (s.predictor, s.slice, s.table) == (predictor, slice, table):
                 return s
@@ -80,7 +86,9 @@ class TrainOutcome:
     evaluation: Evaluation
     predictions_per_second: float  # training throughput
     seconds: float
-    input_example: np.ndarray  # int32 [batch, context] token example for the signature
+    # int32 [batch, context] token example for the signature; a model with online features
+    # takes {"tokens": that, "online": int32 [batch, context, 4]}
+    input_example: np.ndarray | dict[str, np.ndarray]
     # Added by training: sentences a reader of the run must see (a validation cut from a train
     # run's thread tails, a resumed training), worth logging as tags or in the description.
     notes: list[str] = field(default_factory=list)

@@ -1,7 +1,7 @@
 """The plots logged next to every model, as PNG files (matplotlib, Agg backend, no display).
 
 Each function takes plain arrays, writes one PNG and returns its path, so it is tested without
-MLflow or Keras. Token labels follow tasks/tokens.py: `a<k>` an allocation of size class k
+MLflow or Keras. Token labels follow tasks/dataset/tokens.py: `a<k>` an allocation of size class k
 (bit length), `f<k>` a free of a block of size class k.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.tokens import FREE_OFFSET, N_TOKENS
+from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 
 
 def token_label(t: int) -> str:
@@ -61,13 +61,18 @@ def confusion_matrix_png(confusion: np.ndarray, path: str | Path, title: str = "
     ax.set_ylabel("true token")
     total = c.sum()
     acc = np.trace(c) / total if total else float("nan")
-    ax.set_title(title or f"Model confusion (row-normalised), top-1 {acc:.3f}, {int(total)} positions")
+    ax.set_title(
+        title or f"Model confusion (row-normalised), top-1 {acc:.3f}, {int(total)} positions"
+    )
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true token's row")
     return _save(fig, path)
 
 
 def per_class_accuracy_png(
-    per_class: Mapping[str, np.ndarray], support: np.ndarray | None, path: str | Path, title: str = ""
+    per_class: Mapping[str, np.ndarray],
+    support: np.ndarray | None,
+    path: str | Path,
+    title: str = "",
 ) -> Path:
     """Top-1 accuracy per true token, one bar series per predictor (model and baselines).
 
@@ -88,8 +93,12 @@ def per_class_accuracy_png(
     width = 0.8 / k
     rows = 2 if support is not None else 1
     fig, axes = plt.subplots(
-        rows, 1, figsize=(max(7, 0.3 * n + 2), 5 if rows == 2 else 3.8), sharex=True,
-        gridspec_kw={"height_ratios": [3, 1]} if rows == 2 else None, squeeze=False,
+        rows,
+        1,
+        figsize=(max(7, 0.3 * n + 2), 5 if rows == 2 else 3.8),
+        sharex=True,
+        gridspec_kw={"height_ratios": [3, 1]} if rows == 2 else None,
+        squeeze=False,
     )
     ax = axes[0, 0]
     x = np.arange(n)
@@ -121,8 +130,14 @@ def learning_curves_png(history: Mapping[str, Sequence[float]], path: str | Path
     for ax, curves in zip(axes[0], panels):
         for name, values in sorted(curves.items()):
             v = np.asarray(values, dtype=np.float64)
-            ax.plot(np.arange(len(v)), v, "--" if name.startswith("val_") else "-",
-                    marker="o", markersize=3, label=name)
+            ax.plot(
+                np.arange(len(v)),
+                v,
+                "--" if name.startswith("val_") else "-",
+                marker="o",
+                markersize=3,
+                label=name,
+            )
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         if curves:
@@ -146,6 +161,9 @@ def token_histogram_png(histogram: np.ndarray, path: str | Path, title: str = ""
     ax.set_xticks(x, [token_label(int(t)) for t in x], rotation=90, fontsize=6)
     ax.set_ylabel("tokens")
     total = h.sum()
-    ax.set_title(title or f"Training tokens: {int(total)} ({int((h > 0).sum())} of {N_TOKENS} classes"
-                 " occur; blue: allocations, orange: frees)")
+    ax.set_title(
+        title
+        or f"Training tokens: {int(total)} ({int((h > 0).sum())} of {N_TOKENS} classes"
+        " occur; blue: allocations, orange: frees)"
+    )
     return _save(fig, path)

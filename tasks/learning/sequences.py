@@ -3,7 +3,7 @@
 A run's tokens are held as the trace itself: one flat uint8 array, the threads one after the
 other (each ordered by `seq`), and `offsets` marking where each thread starts (n_threads + 1
 entries). Training chunks and evaluation positions are index arrays into that flat array, so no
-window is ever materialised here (the tf.data side is tasks/token_data.py).
+window is ever materialised here (the tf.data side is tasks/learning/token_data.py).
 
 No TensorFlow in this module.
 """
@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from tasks.storage import Root
-from tasks.tokens import N_TOKENS
-from tasks.train_config import DataConfig
+from tasks.core.storage import Root
+from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.train_config import DataConfig
 
 COLUMNS = ["pid", "thread", "seq", "token"]
 PARTITIONING = ds.partitioning(
@@ -63,14 +63,14 @@ class TokenRun:
         lengths = self.thread_lengths()
         return np.arange(self.n_tokens, dtype=np.int64) - np.repeat(self.offsets[:-1], lengths)
 
-    def head(self, max_tokens: int) -> "TokenRun":
+    def head(self, max_tokens: int) -> TokenRun:
         """The first `max_tokens` tokens (whole threads in order, the last one cut)."""
         if max_tokens >= self.n_tokens:
             return self
         offsets = np.concatenate([self.offsets[self.offsets < max_tokens], [max_tokens]])
         return TokenRun(self.workload, self.run, self.tokens[:max_tokens], offsets, self.part)
 
-    def split_tail(self, fraction: float) -> tuple["TokenRun", "TokenRun"]:
+    def split_tail(self, fraction: float) -> tuple[TokenRun, TokenRun]:
         """(head, tail): the time-ordered last `fraction` of every thread goes to the tail."""
         lengths = self.thread_lengths()
         tail_len = np.floor(lengths * fraction).astype(np.int64)
@@ -153,13 +153,14 @@ def read_run(root: Root, workload: str, run: str, dataset: ds.Dataset | None = N
 
 @dataclass(frozen=True)
 class Split:
-    """The runs of a training job, by role (see tasks/train_config.py for the rule)."""
+    """The runs of a training job, by role (see tasks/learning/train_config.py for the rule)."""
 
     train: list[TokenRun]
     validation: list[TokenRun]
     evaluation: list[TokenRun]  # unseen runs of trained workloads
-    heldout: list[TokenRun]  # runs of workloads never trained on
+    heldout: list[TokenRun]  # runs of held-out workloads whose program is trained on elsewhere
     notes: list[str] = field(default_factory=list)
+    unseen_programs: list[TokenRun] = field(default_factory=list)  # programs never trained on
 
     @property
     def train_tokens(self) -> int:
@@ -167,12 +168,18 @@ class Split:
 
     @property
     def eval_tokens(self) -> int:
-        return sum(r.n_tokens for r in self.evaluation + self.heldout)
+        return sum(r.n_tokens for r in self.evaluation + self.heldout + self.unseen_programs)
 
     def content_hash(self) -> str:
         h = hashlib.blake2b(digest_size=16)
-        for role, runs in (("train", self.train), ("validation", self.validation),
-                           ("evaluation", self.evaluation), ("heldout", self.heldout)):
+        for role, runs in (
+            ("train", self.train),
+            ("validation", self.validation),
+            ("evaluation", self.evaluation),
+            ("heldout", self.heldout),
+            # only when present, so a split without unseen programs hashes as it always did
+            *((("unseen_programs", self.unseen_programs),) if self.unseen_programs else ()),
+        ):
             for r in runs:
                 h.update(f"{role}:{r.name}:".encode())
                 h.update(r.offsets.tobytes())
@@ -186,19 +193,48 @@ class Split:
         return hist
 
 
-def plan_split(available: dict[str, list[str]], cfg: DataConfig) -> dict[str, dict[str, list[str]]]:
-    """{workload: {"train"|"validation"|"evaluation"|"heldout": runs}} without reading tokens.
+def workload_programs(cfg: DataConfig, workloads: list[str]) -> dict[str, str]:
+    """{workload: program} from the catalog; a workload it does not list is its own program."""
+    from tasks.replay.workloads import load_catalog
+
+    known = load_catalog(cfg.catalog).programs()
+    return {w: known.get(w, w) for w in workloads}
+
+
+def plan_split(
+    available: dict[str, list[str]],
+    cfg: DataConfig,
+    programs: dict[str, str] | None = None,
+) -> dict[str, dict[str, list[str]]]:
+    """{workload: {"train"|"validation"|"evaluation"|"heldout"|"unseen": runs}}, no tokens read.
 
     Default per trained workload, runs sorted: 3+ runs -> last is evaluation, second to last
     validation, the rest train; 2 runs -> first train, last evaluation, validation cut from the
     train run's thread tails. One run cannot be evaluated honestly: an error says what to do.
+    Held-out runs go to "unseen" when no trained workload runs the same program (`programs`:
+    {workload: program}; a workload missing from it is its own program), else to "heldout".
     """
+    programs = {w: (programs or {}).get(w, w) for w in available}
     missing = [w for w in (cfg.workloads or []) + cfg.heldout_workloads if w not in available]
     if missing:
         raise ValueError(
             f"workloads {missing} are not in the events dataset (found: {sorted(available)})"
         )
+    unknown = [p for p in cfg.heldout_programs if p not in programs.values()]
+    if unknown:
+        raise ValueError(
+            f"data.heldout_programs: {unknown} is no program of the events dataset's workloads "
+            f"(programs: {sorted(set(programs.values()))}); fix the name or replay it first"
+        )
+    trained_anyway = [w for w in cfg.workloads or [] if programs[w] in cfg.heldout_programs]
+    if trained_anyway:
+        raise ValueError(
+            f"data.workloads lists {trained_anyway}, whose program "
+            f"{sorted({programs[w] for w in trained_anyway})} is in data.heldout_programs: "
+            "a program cannot be both trained on and unseen; remove one of the two"
+        )
     heldout = list(cfg.heldout_workloads)
+    heldout += [w for w in available if programs[w] in cfg.heldout_programs and w not in heldout]
     if cfg.workloads is not None:
         workloads = list(cfg.workloads)
     else:
@@ -227,20 +263,25 @@ def plan_split(available: dict[str, list[str]], cfg: DataConfig) -> dict[str, di
                 f"workload {w} has only run {runs}: an honest evaluation needs another run "
                 f"(another input); replay it again or list it under data.heldout_workloads"
             )
-        plan[w] = {"train": tr, "validation": va, "evaluation": ev, "heldout": []}
+        plan[w] = {"train": tr, "validation": va, "evaluation": ev, "heldout": [], "unseen": []}
+    trained_programs = {programs[w] for w in workloads}
     for w in heldout:
-        plan[w] = {"train": [], "validation": [], "evaluation": [], "heldout": list(available[w])}
+        role = "heldout" if programs[w] in trained_programs else "unseen"
+        plan[w] = {"train": [], "validation": [], "evaluation": [], "heldout": [], "unseen": []}
+        plan[w][role] = list(available[w])
     return plan
 
 
 def load_split(root: Root, cfg: DataConfig) -> Split:
     """Read every run the plan names and apply the validation cut and the token caps."""
-    plan = plan_split(list_runs(root), cfg)
+    available = list_runs(root)
+    plan = plan_split(available, cfg, workload_programs(cfg, list(available)))
     dataset = events_dataset(root)
     train: list[TokenRun] = []
     validation: list[TokenRun] = []
     evaluation: list[TokenRun] = []
     heldout: list[TokenRun] = []
+    unseen: list[TokenRun] = []
     notes: list[str] = []
     per_run_cap = None
     n_train_runs = sum(len(p["train"]) for p in plan.values())
@@ -264,7 +305,9 @@ def load_split(root: Root, cfg: DataConfig) -> Split:
             evaluation.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
         for r in roles["heldout"]:
             heldout.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
-    return Split(train, validation, evaluation, heldout, notes)
+        for r in roles["unseen"]:
+            unseen.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
+    return Split(train, validation, evaluation, heldout, notes, unseen)
 
 
 def _cap(run: TokenRun, cap: int | None) -> TokenRun:

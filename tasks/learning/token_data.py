@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tasks.sequences import TokenRun, eval_chunks, train_chunks, window_starts
+from tasks.learning.sequences import TokenRun, eval_chunks, train_chunks, window_starts
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -32,9 +32,9 @@ def sequence_dataset(
     """(dataset of (x [B, c] int32, y [B, c] int32, weight [B, c] float32), number of chunks).
 
     `features` (uint8 [n_tokens, F], aligned with run.tokens: row i describes token i+1, e.g.
-    the n-gram features of tasks.model.NGramTable): x becomes (tokens, features [B, c, F]).
+    the n-gram features of tasks.learning.model.NGramTable): x becomes (tokens, features [B, c, F]).
 
-    Chunks come from tasks.sequences.train_chunks: a loss at every position of every chunk,
+    Chunks come from tasks.learning.sequences.train_chunks: a loss at every position of every chunk,
     weight 0 only where an end-aligned chunk repeats targets of the chunk before it. With
     `repeat`, batches are full (drop_remainder) and the stream is endless: give Keras a
     steps_per_epoch.
@@ -103,20 +103,37 @@ def windows_dataset(
     return ds.prefetch(AUTOTUNE), len(starts)
 
 
-def eval_dataset(run: TokenRun, context: int, batch_size: int) -> tuple[tf.data.Dataset, np.ndarray, np.ndarray]:
-    """Evaluation chunks (tasks.sequences.eval_chunks) as (x [B, 2c], y [B, 2c]) int32.
+def eval_dataset(
+    run: TokenRun, context: int, batch_size: int, features: np.ndarray | None = None
+) -> tuple[tf.data.Dataset, np.ndarray, np.ndarray]:
+    """Evaluation chunks (tasks.learning.sequences.eval_chunks) as (x [B, 2c], y [B, 2c]) int32.
 
     Returns the dataset and each chunk's scored output range (lo, hi). Inputs beyond a thread's
     end are padding or the next thread: the model is causal and those outputs are not scored.
+    `features` (uint8 [n_tokens, F], row i describing token i+1, e.g. the online counter's
+    answers over the whole thread so far): x becomes (tokens, features [B, 2c, F]).
     """
     starts, lo, hi = eval_chunks(run, context)
     width = 2 * context
     tokens = _padded(run.tokens, width + 1)
     offsets = tf.range(width + 1, dtype=tf.int64)
+    feats = None
+    if features is not None:
+        if len(features) != len(run.tokens):
+            raise ValueError(f"{len(features)} feature rows for {len(run.tokens)} tokens")
+        pad = np.zeros((width + 1, features.shape[1]), np.uint8)
+        feats = tf.constant(np.concatenate([features, pad]), dtype=tf.uint8)
 
     def cut(s):
-        chunk = tf.cast(tf.gather(tokens, s[:, None] + offsets[None, :]), tf.int32)
-        return chunk[:, :-1], chunk[:, 1:]
+        idx = s[:, None] + offsets[None, :]
+        chunk = tf.cast(tf.gather(tokens, idx), tf.int32)
+        if feats is None:
+            return chunk[:, :-1], chunk[:, 1:]
+        return (chunk[:, :-1], tf.cast(tf.gather(feats, idx[:, :-1]), tf.int32)), chunk[:, 1:]
 
-    ds = tf.data.Dataset.from_tensor_slices(starts).batch(batch_size).map(cut, num_parallel_calls=AUTOTUNE)
+    ds = (
+        tf.data.Dataset.from_tensor_slices(starts)
+        .batch(batch_size)
+        .map(cut, num_parallel_calls=AUTOTUNE)
+    )
     return ds.prefetch(AUTOTUNE), lo, hi

@@ -1,10 +1,10 @@
 """Prefect tasks `train` and `evaluate`: the next-call model, trained and honestly scored.
 
-`train` reads the split (tasks.sequences.load_split), fits the Keras model with early stopping
+`train` reads the split (tasks.learning.sequences.load_split), fits the Keras model with early stopping
 on the validation runs and checkpoints that let a killed training resume, and measures its
 throughput in predictions per second. `evaluate` fits the baselines on the same training runs,
 scores every predictor on the same positions of runs the model never saw, and returns the
-`TrainOutcome` that registration logs (tasks/outcome.py).
+`TrainOutcome` that registration logs (tasks/learning/outcome.py).
 
 TensorFlow is imported inside the functions that need it, so importing this module (the flows
 do) stays cheap.
@@ -23,13 +23,19 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 
-from tasks.baselines import Baselines
-from tasks.config import PROJECT_DIR
-from tasks.evaluate import HELDOUT_WORKLOADS, UNSEEN_RUNS, EvaluationBuilder, evaluation_markdown
-from tasks.outcome import MODEL, DatasetRef, Evaluation, TrainOutcome
-from tasks.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
-from tasks.storage import Root
-from tasks.train_config import TrainConfig
+from tasks.core.config import PROJECT_DIR
+from tasks.core.storage import Root
+from tasks.learning.baselines import Baselines
+from tasks.learning.evaluate import (
+    HELDOUT_WORKLOADS,
+    UNSEEN_PROGRAMS,
+    UNSEEN_RUNS,
+    EvaluationBuilder,
+    evaluation_markdown,
+)
+from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, TrainOutcome
+from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
+from tasks.learning.train_config import TrainConfig
 
 
 @dataclass
@@ -59,6 +65,23 @@ def checkpoint_dir(root: Root, cfg: TrainConfig, split: Split) -> Path:
     return base / f"{cfg.fingerprint()}-{split.content_hash()[:8]}"
 
 
+def backup_readable(backup: Path) -> bool:
+    """Whether keras.callbacks.BackupAndRestore can resume from `backup`: a process killed
+    while writing it leaves a truncated weights file or metadata, which would fail every later
+    training of the same config and data."""
+    import json
+
+    import h5py
+
+    try:
+        epoch = json.loads((backup / "training_metadata.json").read_text())["epoch"]
+        with h5py.File(backup / "latest.weights.h5", "r"):
+            pass
+        return isinstance(epoch, int)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def _read_history(path: Path) -> dict[str, list[float]]:
     if not path.exists():
         return {}
@@ -81,8 +104,13 @@ def fit_model(
     """
     import keras
 
-    from tasks.model import NGramTable, build_hybrid, build_model
-    from tasks.token_data import sequence_dataset, windows_dataset
+    from tasks.learning.model import (
+        NGramTable,
+        build_hybrid,
+        build_model,
+        online_feature_matrix,
+    )
+    from tasks.learning.token_data import sequence_dataset, windows_dataset
 
     keras.utils.set_random_seed(cfg.seed)
     train_run = concat_runs(split.train)
@@ -95,12 +123,22 @@ def fit_model(
         pos_train = train_run.position_in_thread()
         table = NGramTable.fit(train_run.tokens, pos_train, cfg.model.ngram_order)
         train_feats = table.features(train_run.tokens, pos_train, leave_one_out=True)
-        val_feats = table.features(val_run.tokens, val_run.position_in_thread(), leave_one_out=False)
+        val_feats = table.features(
+            val_run.tokens, val_run.position_in_thread(), leave_one_out=False
+        )
+    if cfg.model.online_features:
+        # causal by construction: the same features in training, evaluation and streaming
+        orders = cfg.model.online_orders
+        on_train = online_feature_matrix(train_run, orders)
+        on_val = online_feature_matrix(val_run, orders)
+        train_feats = on_train if train_feats is None else np.hstack([train_feats, on_train])
+        val_feats = on_val if val_feats is None else np.hstack([val_feats, on_val])
     if cfg.mode == "sequence":
         chunk = c * cfg.train_chunk_contexts
         train_ds, n = sequence_dataset(train_run, chunk, b, seed=cfg.seed, features=train_feats)
-        val_ds, n_val = sequence_dataset(val_run, chunk, b, shuffle=False, repeat=False,
-                                         features=val_feats)
+        val_ds, n_val = sequence_dataset(
+            val_run, chunk, b, shuffle=False, repeat=False, features=val_feats
+        )
         per_batch = b * chunk
     else:
         train_ds, n = windows_dataset(train_run, c, b, seed=cfg.seed)
@@ -121,12 +159,16 @@ def fit_model(
     backup = ckpt / "backup"
     history_csv = ckpt / "history.csv"
     resuming = backup.exists() and any(backup.iterdir())
+    discarded = resuming and not backup_readable(backup)
+    if discarded:  # killed while writing it: nothing can resume from it, start over
+        shutil.rmtree(backup)
+        resuming = False
     if not resuming and history_csv.exists():
         history_csv.unlink()  # a finished or abandoned earlier training: start the curves anew
 
     meter = _throughput_meter(per_batch)
     start_epoch = _epoch_recorder()
-    if table is not None:
+    if cfg.model.ngram_features or cfg.model.online_features:
         model, full = build_hybrid(cfg, table, total_steps=cfg.epochs * steps)
     else:
         model = full = build_model(cfg, total_steps=cfg.epochs * steps)
@@ -141,7 +183,9 @@ def fit_model(
             # order matters: the backup is written before any later callback can fail
             keras.callbacks.BackupAndRestore(str(backup)),
             keras.callbacks.ModelCheckpoint(
-                str(ckpt / "best.weights.h5"), monitor=monitor, save_best_only=True,
+                str(ckpt / "best.weights.h5"),
+                monitor=monitor,
+                save_best_only=True,
                 save_weights_only=True,
             ),
             keras.callbacks.EarlyStopping(
@@ -161,6 +205,7 @@ def fit_model(
         "initial_epoch": start_epoch.first if start_epoch.first is not None else 0,
         "steps_per_epoch": steps,
         "train_units": n,
+        "discarded_backup": discarded,
     }
     if table is not None:
         facts["ngram_table_keys"] = int(len(table.keys))
@@ -217,9 +262,11 @@ def _epoch_recorder():
 def evaluate_model(model: Any, cfg: TrainConfig, split: Split) -> tuple[Evaluation, Baselines]:
     """Baselines fitted on split.train (n-gram order on split.validation); every predictor scored
     at eval_positions of each evaluation and held-out run."""
-    from tasks.model import as_sequence_model, predict_positions
+    from tasks.learning.model import as_sequence_model, predict_positions
 
-    baselines = Baselines.fit(split.train, split.validation, cfg.ngram.max_order, cfg.ngram.smoothing)
+    baselines = Baselines.fit(
+        split.train, split.validation, cfg.ngram.max_order, cfg.ngram.smoothing
+    )
     seq_model = as_sequence_model(model, cfg)
     builder = EvaluationBuilder(
         details={
@@ -231,7 +278,12 @@ def evaluate_model(model: Any, cfg: TrainConfig, split: Split) -> tuple[Evaluati
             MODEL: {"mode": cfg.mode, "kind": cfg.model.kind, "context": cfg.context},
         }
     )
-    for table, runs in ((UNSEEN_RUNS, split.evaluation), (HELDOUT_WORKLOADS, split.heldout)):
+    tables = (
+        (UNSEEN_RUNS, split.evaluation),
+        (UNSEEN_PROGRAMS, split.unseen_programs),
+        (HELDOUT_WORKLOADS, split.heldout),
+    )
+    for table, runs in tables:
         for run in runs:
             pos = eval_positions(run)
             if not len(pos):
@@ -242,29 +294,63 @@ def evaluate_model(model: Any, cfg: TrainConfig, split: Split) -> tuple[Evaluati
     return builder.build(), baselines
 
 
-def input_example(run: TokenRun, context: int) -> np.ndarray:
-    """int32 [1, context]: the first tokens of a run's longest thread (zero-padded)."""
+def input_example(
+    run: TokenRun, context: int, online_orders: list[int] | None = None
+) -> np.ndarray | dict[str, np.ndarray]:
+    """int32 [1, context]: the first tokens of a run's longest thread (zero-padded); with
+    `online_orders`, {"tokens": that, "online": int32 [1, context, 4]} (the online features)."""
     longest = int(np.argmax(run.thread_lengths())) if run.n_threads else 0
     start = int(run.offsets[longest]) if run.n_threads else 0
-    tokens = run.tokens[start : start + min(context, int(run.thread_lengths()[longest]))] if run.n_threads else []
+    n = min(context, int(run.thread_lengths()[longest])) if run.n_threads else 0
     out = np.zeros((1, context), np.int32)
-    out[0, : len(tokens)] = tokens
-    return out
+    out[0, :n] = run.tokens[start : start + n]
+    if online_orders is None:
+        return out
+    from tasks.learning.model import ONLINE_FEATURES, online_feature_matrix
+
+    thread = TokenRun(run.workload, run.run, run.tokens[start : start + n], np.array([0, n]))
+    online = np.zeros((1, context, ONLINE_FEATURES), np.int32)
+    online[0, :n] = online_feature_matrix(thread, online_orders)
+    return {"tokens": out, "online": online}
+
+
+class EvaluationTooSmall(ValueError):
+    """The evaluation runs hold fewer scored positions than data.min_eval_positions."""
+
+
+def require_evaluation(split: Split, minimum: int, where: str) -> int:
+    """The scored positions of the evaluation runs (the unseen-runs table); EvaluationTooSmall
+    when fewer than `minimum`: broken data (replays cut short, an input that traced nothing)
+    would score a model on a handful of calls, so nothing is trained or registered."""
+    n = sum(len(eval_positions(r)) for r in split.evaluation)
+    if n < minimum:
+        runs = ", ".join(f"{r.workload}/{r.run}" for r in split.evaluation) or "none"
+        raise EvaluationTooSmall(
+            f"{where}: the evaluation runs ({runs}) hold {n:,} scored positions, fewer than "
+            f"data.min_eval_positions={minimum:,}: nothing trained or registered, the champion "
+            "is left alone"
+        )
+    return n
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train(root: str, config: TrainConfig, callbacks: list[Any] | None = None) -> TrainedModel:
+def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -> TrainedModel:
     """Train the next-call model on the configured runs (resumes a killed training)."""
-    r = Root.from_url(root)
+    r = root
     split = load_split(r, config.data)
     if not split.train:
         raise ValueError(f"{r.url}: the split has no training run")
+    require_evaluation(split, config.data.min_eval_positions, r.url)
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()
     model, facts = fit_model(config, split, ckpt, callbacks or [])
     notes = list(split.notes)
     if facts["initial_epoch"]:
         notes.append(f"resumed a killed training at epoch {facts['initial_epoch'] + 1} from {ckpt}")
+    if facts.get("discarded_backup"):
+        notes.append(
+            f"discarded the unreadable backup of a training killed while writing it ({ckpt})"
+        )
     return TrainedModel(
         model=model,
         config=config,
@@ -281,7 +367,7 @@ def train(root: str, config: TrainConfig, callbacks: list[Any] | None = None) ->
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(trained: TrainedModel) -> TrainOutcome:
-    """Score the model and the baselines on unseen runs and held-out workloads."""
+    """Score the model and the baselines on unseen runs, unseen programs, held-out workloads."""
     split, cfg = trained.split, trained.config
     evaluation, _ = evaluate_model(trained.model, cfg, split)
     dataset = DatasetRef(
@@ -294,6 +380,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         content_hash=split.content_hash(),
         token_histogram=split.token_histogram(),
         validation_runs=tuple((r.workload, r.run) for r in split.validation),
+        unseen_program_runs=tuple((r.workload, r.run) for r in split.unseen_programs),
     )
     return TrainOutcome(
         model=trained.model,
@@ -303,7 +390,11 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         evaluation=evaluation,
         predictions_per_second=trained.predictions_per_second,
         seconds=trained.seconds,
-        input_example=input_example(split.train[0], cfg.context),
+        input_example=input_example(
+            split.train[0],
+            cfg.context,
+            cfg.model.online_orders if cfg.model.online_features else None,
+        ),
         notes=list(trained.notes),
     )
 
@@ -322,8 +413,11 @@ def publish_evaluation(outcome: TrainOutcome) -> str:
         f"{outcome.predictions_per_second:,.0f} training predictions/s; {outcome.seconds:.0f} s.\n\n"
     )
     markdown = head + evaluation_markdown(outcome.evaluation, outcome.notes)
-    create_markdown_artifact(key="train-evaluation", markdown=markdown,
-                             description="model vs baselines on runs never seen in training")
+    create_markdown_artifact(
+        key="train-evaluation",
+        markdown=markdown,
+        description="model vs baselines on runs never seen in training",
+    )
     return markdown
 
 

@@ -13,7 +13,12 @@ The split is where honesty is decided, so its rule is written down once, here:
   (those tokens are cut from training). Neighbouring tokens of one trace leak into such a
   validation, so it may stop training a little late or pick a longer n-gram order; it never
   touches the reported numbers, which come from the evaluation runs alone.
-- `heldout_workloads` are never trained on at all: every run of theirs goes to the second table.
+- `heldout_workloads` are never trained on at all: every run of theirs is evaluated.
+- `heldout_programs` hold out whole programs (the catalog's `program` of each workload): every
+  workload of theirs is held out. Held-out runs of a program that no training run comes from
+  form the "unseen_programs" table; the other held-out runs (a program also trained on through
+  another workload) form "heldout_workloads". Naming a held-out program that is also trained
+  on, or one no workload runs, is an error before training starts.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config import CONFIG_DIR, ConfigError, StrictModel, default_root, load_config
+from tasks.core.config import CONFIG_DIR, ConfigError, StrictModel, default_root, load_config
 
 DEFAULT_CONFIG = CONFIG_DIR / "train.yaml"
 QUICK_CONFIG = CONFIG_DIR / "train-quick.yaml"
@@ -44,14 +49,23 @@ class DataConfig(StrictModel):
 
     workloads: list[str] | None = None  # None: every workload of the dataset but the held-out ones
     heldout_workloads: list[str] = Field(default_factory=list)
+    heldout_programs: list[str] = Field(default_factory=list)
+    # where workloads' programs come from (None: configs/workloads.yaml); a workload of the
+    # dataset that the catalog does not list (an ad-hoc trace) is a program of its own
+    catalog: str | None = None
     runs: dict[str, RunSplit] = Field(default_factory=dict)  # per-workload explicit split
     validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5)
     max_train_tokens: int | None = Field(default=None, gt=0)  # cap over all train runs
     max_validation_tokens: int | None = Field(default=None, gt=0)  # cap per validation run
     max_eval_tokens: int | None = Field(default=None, gt=0)  # cap per evaluation/held-out run
+    # Fewer scored positions than this on the evaluation runs (the unseen-runs table the
+    # champion is chosen on) is broken data, not a night's result: nothing is trained or
+    # registered, and the night's summary says why. 1,000 positions put a top-1 within about
+    # +-3 points (95%); every real input, the quick ones included, has far more. 0: no minimum.
+    min_eval_positions: int = Field(default=1000, ge=0)
 
     @model_validator(mode="after")
-    def _disjoint(self) -> "DataConfig":
+    def _disjoint(self) -> DataConfig:
         if self.workloads is not None:
             both = set(self.workloads) & set(self.heldout_workloads)
             if both:
@@ -75,9 +89,23 @@ class ModelConfig(StrictModel):
     embedding: Literal["onehot"] = "onehot"  # frozen identity embedding, as in the article
     # hybrid (sequence mode): besides each token the network gets the back-off n-gram's answer
     # over exact contexts of orders 1..ngram_order from the training runs (leave-one-out on
-    # the training positions; tasks/model.py, NGramFeatures); the table is inside the model
+    # the training positions; tasks/learning/model.py, NGramFeatures); the table is inside the model
     ngram_features: bool = False
     ngram_order: int = Field(default=16, ge=1, le=16)  # orders > 9 use a 61-bit hash of the context
+    # online (sequence mode): besides each token the network gets the online counter's answer
+    # (tasks/learning/online.py) over the thread's WHOLE history so far, beyond the context:
+    # top-1, the order it answered from, count and share buckets. Causal by construction (only
+    # calls before each position are counted), so train, evaluation and streaming compute it
+    # the same way; the registered model takes it as a second input (`online`).
+    online_features: bool = False
+    online_orders: list[int] = Field(default_factory=lambda: [12, 8, 6, 4, 3, 2, 1], min_length=1)
+
+    @model_validator(mode="after")
+    def _orders_longest_first(self) -> ModelConfig:
+        o = self.online_orders
+        if any(k < 1 for k in o) or sorted(set(o), reverse=True) != o:
+            raise ValueError(f"online_orders {o}: distinct orders >= 1, longest first")
+        return self
 
 
 class NgramConfig(StrictModel):
@@ -102,7 +130,7 @@ class TrainConfig(StrictModel):
     clipnorm: float | None = Field(default=None, gt=0.0)  # per-step gradient norm clip
     # sequence mode: a training chunk is this many contexts long (1: `context` tokens). A chunk
     # starts with an empty state, so longer chunks give more of the positions a long history;
-    # evaluation chunks are unchanged (tasks.sequences.eval_chunks).
+    # evaluation chunks are unchanged (tasks.learning.sequences.eval_chunks).
     train_chunk_contexts: int = Field(default=1, ge=1)
     batch_size: int = Field(default=64, ge=1)
     epochs: int = Field(default=20, ge=1)
@@ -138,7 +166,7 @@ def load_train_config(
         return cfg
     from pydantic import ValidationError
 
-    from tasks.config import format_validation_error
+    from tasks.core.config import format_validation_error
 
     try:
         return TrainConfig.model_validate(_merge(cfg.model_dump(), overrides))
@@ -150,7 +178,9 @@ class TrainParams(StrictModel):
     """What a run of the flow is given; the training settings come from the config file."""
 
     root: str = Field(default_factory=default_root, description="data root (folder or s3:// URL)")
-    config: str = Field(default=str(DEFAULT_CONFIG), description="training YAML (configs/train.yaml)")
+    config: str = Field(
+        default=str(DEFAULT_CONFIG), description="training YAML (configs/train.yaml)"
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="nested settings merged over the YAML, e.g. {'epochs': 2}"
     )

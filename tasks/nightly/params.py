@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from tasks.dataset import DatasetParams
-from tasks.config import StrictModel
-from tasks.tracking import TrackingConfig, tracking_for
-from tasks.train_config import QUICK_CONFIG, TrainParams
-from tasks.workloads import TraceParams
+from tasks.core.config import StrictModel
+from tasks.dataset.partitions import DatasetParams
+from tasks.learning.train_config import QUICK_CONFIG, TrainParams
+from tasks.registry.tracking import TrackingConfig, tracking_for
+from tasks.replay.workloads import TraceParams
 
 
 class NightlyParams(StrictModel):
@@ -29,15 +29,17 @@ class NightlyParams(StrictModel):
 
     root: str | None = Field(
         default=None,
-        description="one data root (folder or s3:// URL) for every stage; each stage's own when empty")
+        description="one data root (folder or s3:// URL) for every stage; each stage's own when empty",
+    )
     quick: bool = Field(
         default=False,
-        description="the quick subset: quick workload inputs and configs/train-quick.yaml")
+        description="the quick subset: quick workload inputs and configs/train-quick.yaml",
+    )
     trace: TraceParams = Field(default_factory=TraceParams, description="flow `trace`")
     dataset: DatasetParams = Field(default_factory=DatasetParams, description="flow `dataset`")
     train: TrainParams = Field(default_factory=TrainParams, description="flow `train`")
 
-    def stages(self) -> "NightlyStages":
+    def stages(self) -> NightlyStages:
         """Each stage's parameters with the shared settings applied."""
         trace, dataset, train = self.trace, self.dataset, self.train
         if self.root:
@@ -47,8 +49,9 @@ class NightlyParams(StrictModel):
         if self.quick:
             trace = trace.model_copy(update={"quick": True})
             train = train.model_copy(update={"config": str(QUICK_CONFIG)})
-        return NightlyStages(trace=trace, dataset=dataset, train=train,
-                             tracking=tracking_for(train.root))
+        return NightlyStages(
+            trace=trace, dataset=dataset, train=train, tracking=tracking_for(train.root)
+        )
 
 
 @dataclass(frozen=True)
@@ -57,4 +60,3 @@ class NightlyStages:
     dataset: DatasetParams
     train: TrainParams
     tracking: TrackingConfig
-

@@ -7,6 +7,11 @@ The night fails (after publishing) only when nothing could be trained: `finish` 
 
 Whether the champion changed is read from the registry before and after the night
 (`champion_version`), so the answer holds whatever registration returned.
+
+A night whose data is broken registers nothing: when every replay failed, `broken_data` says
+why and the flow skips training (`skipped`); an evaluation set smaller than the training
+config's data.min_eval_positions fails the train stage before training. Either way the
+summary's `not_registered` says why and the champion is left alone.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, Field
 
-from tasks.tracking import TrackingConfig
+from tasks.registry.tracking import TrackingConfig
 
 STAGES = ("trace", "dataset", "train")
 ARTIFACT_KEY = "nightly-summary"
@@ -55,6 +60,21 @@ def stage_outcome(name: str, state: Any) -> StageOutcome:
     return StageOutcome(name, kind, why or f"ended {kind}")
 
 
+def skipped(name: str, why: str) -> StageOutcome:
+    """A stage the night did not run, and why."""
+    return StageOutcome(name, "SKIPPED", why)
+
+
+def broken_data(trace: StageOutcome) -> str | None:
+    """Why tonight's data must not reach the registry, or None: every replay failed (a stage
+    that ran no replay at all, e.g. a bad parameter, is not a verdict on the data)."""
+    runs = getattr(trace.value, "runs", None) or []
+    if not runs or any(r.ok for r in runs):
+        return None
+    why = "; ".join(f"{r.workload}/{r.input}: {r.error or 'failed'}" for r in runs)
+    return f"every replay failed ({len(runs)} of {len(runs)}): {why}"[:2000]
+
+
 class StageReport(BaseModel):
     name: str
     state: str
@@ -80,6 +100,7 @@ class NightlySummary(BaseModel):
     champion_before: str | None = None
     champion_after: str | None = None
     registration: str | None = None  # the registry's decision and its reason, when returned
+    not_registered: str | None = None  # why nothing was registered tonight (no model trained)
 
     @property
     def champion_changed(self) -> bool:
@@ -87,29 +108,48 @@ class NightlySummary(BaseModel):
 
     def markdown(self) -> str:
         ok = sum(s.ok for s in self.stages)
-        lines = [f"# heapcast nightly: {ok} of {len(self.stages)} stages completed"
-                 + ("" if self.trained else " (no model trained)"), "",
-                 f"Finished {self.finished_at}. Data root: `{self.root}`.", "",
-                 "| stage | state | what ran | why it failed |", "|---|---|---|---|"]
+        lines = [
+            f"# heapcast nightly: {ok} of {len(self.stages)} stages completed"
+            + ("" if self.trained else " (no model trained)"),
+            "",
+            f"Finished {self.finished_at}. Data root: `{self.root}`.",
+            "",
+            "| stage | state | what ran | why it failed |",
+            "|---|---|---|---|",
+        ]
         for s in self.stages:
-            lines.append(f"| {s.name} | {'ok' if s.ok else '**' + s.state.lower() + '**'} | "
-                         f"{_cell(s.detail)} | {_cell(s.error or '')} |")
+            lines.append(
+                f"| {s.name} | {'ok' if s.ok else '**' + s.state.lower() + '**'} | "
+                f"{_cell(s.detail)} | {_cell(s.error or '')} |"
+            )
         lines += ["", "## Champion", ""]
         if self.champion_changed:
-            lines.append(f"**The champion changed**: version {self.champion_before or '(none)'} "
-                         f"→ version {self.champion_after}.")
+            lines.append(
+                f"**The champion changed**: version {self.champion_before or '(none)'} "
+                f"→ version {self.champion_after}."
+            )
         elif self.champion_after is not None:
             lines.append(f"The champion did not change: version {self.champion_after}.")
         else:
             lines.append("No champion in the registry.")
         if self.registration:
             lines.append(f"Registration: {self.registration}")
+        if self.not_registered:
+            lines += [
+                "",
+                f"**Nothing was registered tonight**: {self.not_registered}. "
+                "The champion is left alone.",
+            ]
         if self.replays_failed:
             lines += ["", "## Failed replays", "", "| run | why |", "|---|---|"]
             lines += [f"| {k} | {_cell(v)} |" for k, v in self.replays_failed.items()]
         if self.evaluation_markdown:
-            lines += ["", "## Evaluation (runs never seen in training)", "",
-                      self.evaluation_markdown.strip()]
+            lines += [
+                "",
+                "## Evaluation (runs never seen in training)",
+                "",
+                self.evaluation_markdown.strip(),
+            ]
         return "\n".join(lines) + "\n"
 
 
@@ -142,11 +182,12 @@ def _evaluation_of(value: Any) -> tuple[Any, list[str]]:
 
 
 @task(name="summarize-night", cache_policy=NO_CACHE)
-def summarize(root: str, outcomes: list[StageOutcome], champion_before: str | None,
-              champion_after: str | None) -> NightlySummary:
+def summarize(
+    root: str, outcomes: list[StageOutcome], champion_before: str | None, champion_after: str | None
+) -> NightlySummary:
     """The night's summary from its stages' outcomes and the champion before and after."""
-    from tasks.evaluate import evaluation_markdown
-    from tasks.outcome import BASELINES, MODEL
+    from tasks.learning.evaluate import evaluation_markdown
+    from tasks.learning.outcome import BASELINES, MODEL
 
     by_name = {o.name: o for o in outcomes}
     reports: list[StageReport] = []
@@ -156,25 +197,48 @@ def summarize(root: str, outcomes: list[StageOutcome], champion_before: str | No
     if trace is not None:
         runs = getattr(trace.value, "runs", None) or []
         summary["replays_ok"] = [f"{r.workload}/{r.input}" for r in runs if r.ok]
-        summary["replays_failed"] = {f"{r.workload}/{r.input}": r.error or "failed"
-                                     for r in runs if not r.ok}
-        detail = (f"{len(summary['replays_ok'])} of {len(runs)} replays ok "
-                  f"(runner {getattr(trace.value, 'runner', '?')})") if trace.ok else ""
+        summary["replays_failed"] = {
+            f"{r.workload}/{r.input}": r.error or "failed" for r in runs if not r.ok
+        }
+        detail = (
+            (
+                f"{len(summary['replays_ok'])} of {len(runs)} replays ok "
+                f"(runner {getattr(trace.value, 'runner', '?')})"
+            )
+            if trace.ok
+            else ""
+        )
         if trace.ok and summary["replays_failed"]:
             detail += "; failed: " + ", ".join(summary["replays_failed"])
-        reports.append(StageReport(name="trace", state=trace.state, ok=trace.ok, detail=detail,
-                                   error=trace.message))
+        reports.append(
+            StageReport(
+                name="trace", state=trace.state, ok=trace.ok, detail=detail, error=trace.message
+            )
+        )
 
     dataset = by_name.get("dataset")
     if dataset is not None:
-        converted = [f"{s['workload']}/{s['run']} ({s.get('rows', 0):,} rows)"
-                     for s in (dataset.value or [])]
+        converted = [
+            f"{s['workload']}/{s['run']} ({s.get('rows', 0):,} rows)" for s in (dataset.value or [])
+        ]
         summary["converted"] = converted
-        detail = (f"{len(converted)} run(s) converted" + (": " + ", ".join(converted)
-                                                           if converted else " (all up to date)")
-                  ) if dataset.ok else ""
-        reports.append(StageReport(name="dataset", state=dataset.state, ok=dataset.ok,
-                                   detail=detail, error=dataset.message))
+        detail = (
+            (
+                f"{len(converted)} run(s) converted"
+                + (": " + ", ".join(converted) if converted else " (all up to date)")
+            )
+            if dataset.ok
+            else ""
+        )
+        reports.append(
+            StageReport(
+                name="dataset",
+                state=dataset.state,
+                ok=dataset.ok,
+                detail=detail,
+                error=dataset.message,
+            )
+        )
 
     train = by_name.get("train")
     if train is not None:
@@ -183,30 +247,45 @@ def summarize(root: str, outcomes: list[StageOutcome], champion_before: str | No
         if evaluation is not None:
             model = evaluation.get(MODEL)
             best = max((evaluation.get(b) for b in BASELINES), key=lambda s: s.top1)
-            summary.update(model_top1=model.top1, best_baseline=best.predictor,
-                           best_baseline_top1=best.top1,
-                           evaluation_markdown=evaluation_markdown(evaluation, notes))
-            detail = (f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "
-                      f"{best.top1:.4f} on {model.positions:,} unseen positions")
+            summary.update(
+                model_top1=model.top1,
+                best_baseline=best.predictor,
+                best_baseline_top1=best.top1,
+                evaluation_markdown=evaluation_markdown(evaluation, notes),
+            )
+            detail = (
+                f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "
+                f"{best.top1:.4f} on {model.positions:,} unseen positions"
+            )
         reg = _registration_of(train.value) if train.ok else None
         if reg is not None:
-            summary["registration"] = (f"version {reg.model_version} of {reg.model_name}: "
-                                       f"{reg.decision} ({reg.reason})")
+            summary["registration"] = (
+                f"version {reg.model_version} of {reg.model_name}: {reg.decision} ({reg.reason})"
+            )
         summary["trained"] = train.ok
-        reports.append(StageReport(name="train", state=train.state, ok=train.ok, detail=detail,
-                                   error=train.message))
+        if not train.ok:
+            summary["not_registered"] = train.message or f"the train stage ended {train.state}"
+        reports.append(
+            StageReport(
+                name="train", state=train.state, ok=train.ok, detail=detail, error=train.message
+            )
+        )
 
     return NightlySummary(
-        root=root, stages=reports, champion_before=champion_before,
+        root=root,
+        stages=reports,
+        champion_before=champion_before,
         champion_after=champion_after,
-        finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **summary)
+        finished_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        **summary,
+    )
 
 
 @task(name="champion-version", retries=3, retry_delay_seconds=[5, 15, 30], cache_policy=NO_CACHE)
 def champion_version(tracking: TrackingConfig) -> str | None:
     """The registered version holding the `champion` alias, or None (tracking server may fail)."""
-    from tasks.champion import current_champion
-    from tasks.tracking import CHAMPION_ALIAS, quiet_mlflow_env, resolve_target
+    from tasks.registry.champion import current_champion
+    from tasks.registry.tracking import CHAMPION_ALIAS, quiet_mlflow_env, resolve_target
 
     quiet_mlflow_env()  # before mlflow is imported
     from mlflow import MlflowClient
@@ -223,20 +302,25 @@ def publish_summary(summary: NightlySummary) -> str:
     from prefect.artifacts import create_markdown_artifact
 
     markdown = summary.markdown()
-    create_markdown_artifact(markdown=markdown, key=ARTIFACT_KEY,
-                             description="heapcast nightly: stages, failures, evaluation, champion")
+    create_markdown_artifact(
+        markdown=markdown,
+        key=ARTIFACT_KEY,
+        description="heapcast nightly: stages, failures, evaluation, champion",
+    )
     return markdown
 
 
 def mlflow_ui_command(tracking: TrackingConfig) -> str:
     """The command that opens the MLflow UI over the store this night wrote to."""
-    from tasks.tracking import resolve_target
+    from tasks.registry.tracking import resolve_target
 
     target = resolve_target(tracking)
     if target.is_server:
         return f"open {target.tracking_uri}"
-    return (f".venv/bin/mlflow ui --backend-store-uri {target.tracking_uri} "
-            "--host 127.0.0.1 --port 5000   # then open http://127.0.0.1:5000")
+    return (
+        f".venv/bin/mlflow ui --backend-store-uri {target.tracking_uri} "
+        "--host 127.0.0.1 --port 5000   # then open http://127.0.0.1:5000"
+    )
 
 
 def finish(summary: NightlySummary) -> NightlySummary:
@@ -244,6 +328,8 @@ def finish(summary: NightlySummary) -> NightlySummary:
     if not summary.trained:
         train = next((s for s in summary.stages if s.name == "train"), None)
         why = train.error if train is not None else "the train stage did not run"
-        raise NothingTrained(f"nightly: no model was trained ({why}); see the "
-                             f"'{ARTIFACT_KEY}' artifact for every stage")
+        raise NothingTrained(
+            f"nightly: no model was trained ({why}); see the "
+            f"'{ARTIFACT_KEY}' artifact for every stage"
+        )
     return summary

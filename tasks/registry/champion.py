@@ -15,6 +15,11 @@ The rule, in one place:
   and top5 higher, log_loss lower). A tie keeps the champion. No champion yet: the candidate wins.
 - The decision, the metric and both scores are logged on the candidate's run (params, metrics
   under `promotion/`, the tag `heapcast.promotion`).
+- Two registrations at once must not leave the alias on the worse one (each reads the champion,
+  then moves the alias: the last writer would win). A SQLite store serializes decide + apply
+  with a file lock (tasks.registry.tracking.store_lock); on any store, a version that takes the
+  alias is tagged `heapcast.promoted_on` = the content hash, and right after moving the alias
+  `settle` puts it on the best version promoted on that same evaluation.
 
 MLflow is imported lazily (flows import this at start-up); the Keras model only when a champion
 has to be re-evaluated.
@@ -22,19 +27,22 @@ has to be re-evaluated.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.outcome import MODEL, OVERALL, Evaluation
+from tasks.learning.outcome import MODEL, OVERALL, Evaluation
 
 UNSEEN = "unseen_runs"
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "log_loss": False}
 TAG_HASH = "heapcast.eval.content_hash"
 TAG_SCORE = "heapcast.eval.{metric}"
 TAG_RUN = "heapcast.run_id"
+# The content hash on which a version won the alias (set just before the alias moves to it).
+TAG_PROMOTED_ON = "heapcast.promoted_on"
 
 # evaluate_model(model, champion_config) -> Evaluation: today's evaluation of a loaded model.
 # champion_config is the champion's own training config (config.json of its run; None when
@@ -89,7 +97,9 @@ def version_tags(evaluation: Evaluation, content_hash: str) -> dict[str, str]:
     return tags
 
 
-def record_evaluation(client, name: str, version: str, evaluation: Evaluation, content_hash: str) -> None:
+def record_evaluation(
+    client, name: str, version: str, evaluation: Evaluation, content_hash: str
+) -> None:
     for k, v in version_tags(evaluation, content_hash).items():
         client.set_model_version_tag(name, version, k, v)
 
@@ -134,8 +144,11 @@ def call_evaluator(evaluate_model: EvaluateModel, model, config: dict | None) ->
     import inspect
 
     try:
-        params = [p for p in inspect.signature(evaluate_model).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        params = [
+            p
+            for p in inspect.signature(evaluate_model).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
     except (TypeError, ValueError):
         params = []
     if len(params) == 1 and params[0].kind != params[0].VAR_POSITIONAL:
@@ -161,9 +174,15 @@ def decide(
     base = dict(metric=metric, candidate_version=str(candidate_version), candidate_score=cand)
     champ = current_champion(client, name, alias)
     if champ is None or str(champ.version) == str(candidate_version):
-        return PromotionDecision(True, "first", f"no {alias} yet: the first version takes the alias",
-                                 previous_champion_version=None, champion_score=None,
-                                 champion_reevaluated=False, **base)
+        return PromotionDecision(
+            True,
+            "first",
+            f"no {alias} yet: the first version takes the alias",
+            previous_champion_version=None,
+            champion_score=None,
+            champion_reevaluated=False,
+            **base,
+        )
     champ_version = str(champ.version)
     champ_hash = champ.tags.get(TAG_HASH)
     champ_eval: Evaluation | None = None
@@ -173,32 +192,134 @@ def decide(
         champ_score = float(stored)
     elif evaluate_model is None:
         return PromotionDecision(
-            False, "not_comparable",
+            False,
+            "not_comparable",
             f"{alias} v{champ_version} was scored on data {champ_hash or '(unknown)'}, the candidate on "
             f"{content_hash}, and no evaluator was given to re-score it: candidate not promoted",
-            previous_champion_version=champ_version, champion_score=None,
-            champion_reevaluated=False, **base)
+            previous_champion_version=champ_version,
+            champion_score=None,
+            champion_reevaluated=False,
+            **base,
+        )
     else:
-        champ_eval = call_evaluator(evaluate_model, load_model(name, champ_version),
-                                    champion_config(client, champ))
+        champ_eval = call_evaluator(
+            evaluate_model, load_model(name, champ_version), champion_config(client, champ)
+        )
         champ_score = score_of(champ_eval, metric)
         reevaluated = True
         record_evaluation(client, name, champ_version, champ_eval, content_hash)
     won = beats(cand, champ_score, metric, min_improvement)
     sign = ">" if won else "<="
     better = "higher" if HIGHER_IS_BETTER[metric] else "lower"
-    reason = (f"candidate v{candidate_version} {metric}={cand:.6f}; {alias} v{champ_version} "
-              f"{metric}={champ_score:.6f}{' (re-evaluated)' if reevaluated else ''}; "
-              f"gain {sign} min_improvement={min_improvement} ({better} is better)")
-    return PromotionDecision(won, "promoted" if won else "kept", reason,
-                             previous_champion_version=champ_version, champion_score=champ_score,
-                             champion_reevaluated=reevaluated, champion_evaluation=champ_eval, **base)
+    reason = (
+        f"candidate v{candidate_version} {metric}={cand:.6f}; {alias} v{champ_version} "
+        f"{metric}={champ_score:.6f}{' (re-evaluated)' if reevaluated else ''}; "
+        f"gain {sign} min_improvement={min_improvement} ({better} is better)"
+    )
+    return PromotionDecision(
+        won,
+        "promoted" if won else "kept",
+        reason,
+        previous_champion_version=champ_version,
+        champion_score=champ_score,
+        champion_reevaluated=reevaluated,
+        champion_evaluation=champ_eval,
+        **base,
+    )
 
 
-def apply(client, name: str, decision: PromotionDecision, alias: str = "champion") -> None:
-    """Move the alias when the decision says so."""
+def apply(
+    client,
+    name: str,
+    decision: PromotionDecision,
+    alias: str = "champion",
+    content_hash: str | None = None,
+) -> None:
+    """Move the alias when the decision says so (the version first tagged with the content
+    hash it won on, which `settle` reads)."""
     if decision.promoted:
+        if content_hash is not None:
+            client.set_model_version_tag(
+                name, decision.candidate_version, TAG_PROMOTED_ON, content_hash
+            )
         client.set_registered_model_alias(name, alias, decision.candidate_version)
+
+
+def settle(
+    client, name: str, decision: PromotionDecision, content_hash: str, alias: str = "champion"
+) -> PromotionDecision:
+    """After `apply` promoted the candidate: leave the alias on the best version promoted on the
+    same evaluation, whatever registration ran at the same time.
+
+    Without a lock (a tracking server), two registrations may both read the old champion and
+    both move the alias; the last writer wins, maybe the worse. Each one settles after writing,
+    and each wrote its scores and its `heapcast.promoted_on` tag before its alias, so whichever
+    settles last sees both and moves the alias to the better. Within one evaluation promotions
+    only ever improve the score, so the best promoted version is the one a serial order would
+    have left there. A holder scored on another evaluation (promoted on other data since) is
+    not comparable and is left alone. Returns the decision as it ended: not promoted, with the
+    holder as champion, when the alias rests on another version.
+    """
+    if not decision.promoted:
+        return decision
+    metric = decision.metric
+    key = TAG_SCORE.format(metric=metric)
+
+    def score(v) -> float | None:
+        if v is None or v.tags.get(TAG_HASH) != content_hash or key not in v.tags:
+            return None
+        return float(v.tags[key])
+
+    holder = current_champion(client, name, alias)
+    if holder is not None and score(holder) is None:
+        best = None  # the alias went on to another evaluation: not comparable, leave it
+    else:
+        best = (score(holder), str(holder.version)) if holder is not None else None
+        found = client.search_model_versions(
+            f"name = '{name}' and tags.`{TAG_PROMOTED_ON}` = '{content_hash}'"
+        )
+        for v in sorted(found, key=lambda v: int(v.version)):
+            s = score(v)
+            if s is not None and (best is None or beats(s, best[0], metric)):
+                best = (s, str(v.version))
+        if best is not None and (holder is None or best[1] != str(holder.version)):
+            client.set_registered_model_alias(name, alias, best[1])
+    final = best[1] if best is not None else (str(holder.version) if holder else None)
+    if final == decision.candidate_version:
+        return decision
+    return dataclasses.replace(
+        decision,
+        promoted=False,
+        decision="kept",
+        previous_champion_version=final,
+        champion_score=best[0] if best is not None else None,
+        reason=(
+            f"{decision.reason}; then {alias} v{final} was found to hold or deserve the alias "
+            "(a registration that ran at the same time): the alias rests there"
+        ),
+    )
+
+
+DECISION_FIELDS = (
+    "promoted",
+    "decision",
+    "reason",
+    "metric",
+    "candidate_version",
+    "candidate_score",
+    "previous_champion_version",
+    "champion_score",
+    "champion_reevaluated",
+)
+
+
+def decision_json(decision: PromotionDecision) -> str:
+    """The decision as JSON (a run tag: a retried registration reads it back, never re-decides)."""
+    return json.dumps({f: getattr(decision, f) for f in DECISION_FIELDS})
+
+
+def decision_from_json(text: str) -> PromotionDecision:
+    return PromotionDecision(**{f: v for f, v in json.loads(text).items() if f in DECISION_FIELDS})
 
 
 def decision_params(decision: PromotionDecision) -> dict[str, str]:
@@ -234,10 +355,15 @@ def log_decision(client, run_id: str, decision: PromotionDecision) -> None:
         "heapcast.promoted": str(decision.promoted).lower(),
         "heapcast.champion_version": str(decision.champion_version),
         "heapcast.promotion_summary": json.dumps(
-            {"decision": decision.decision, "metric": decision.metric,
-             "candidate": decision.candidate_score, "champion": decision.champion_score,
-             "champion_version": decision.previous_champion_version,
-             "reevaluated": decision.champion_reevaluated}),
+            {
+                "decision": decision.decision,
+                "metric": decision.metric,
+                "candidate": decision.candidate_score,
+                "champion": decision.champion_score,
+                "champion_version": decision.previous_champion_version,
+                "reevaluated": decision.champion_reevaluated,
+            }
+        ),
     }
     client.log_batch(
         run_id,

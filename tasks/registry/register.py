@@ -3,7 +3,7 @@
 Metric names (stable from run to run, so the MLflow UI's compare view lines runs up):
 
     <table>.<metric>/<slice>.<predictor>
-        table     unseen_runs | heldout_workloads
+        table     unseen_runs | unseen_programs | heldout_workloads
         metric    top1 | top5 | log_loss
         slice     a workload name, or `all` (sanitised: only [A-Za-z0-9_-])
         predictor model | majority | repeat_last | ngram
@@ -13,13 +13,17 @@ Metric names (stable from run to run, so the MLflow UI's compare view lines runs
     train/<curve>                      per-epoch curves from the Keras history, step = epoch (0-based)
     train/predictions_per_second, train/seconds
     data/train_tokens, data/eval_tokens
-    promotion/candidate.<m>, promotion/champion.<m>, promotion/promoted   (tasks/champion.py)
+    promotion/candidate.<m>, promotion/champion.<m>, promotion/promoted   (tasks/registry/champion.py)
 
 The MLflow UI's chart view makes one section per prefix before the last "/" and one chart per
 key (a bar chart for a single value, a line chart for a series): every (table, metric) pair is a
 section (e.g. "unseen_runs.top1") whose charts "all.model", "all.ngram", "sqlite3.model"... put
 the runs compared side by side, the model next to its three baselines; `train` holds the line
 charts of the curves, `plots` the four images (logged with mlflow.log_image, key plots/<name>).
+
+Retries, kills and concurrent registrations are safe: see "faults" below (one run and one
+version per trained model; a registration that never finished leaves no version behind), and
+tasks/registry/champion.py for the alias.
 
 Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
 `lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json; the plots are
@@ -28,9 +32,12 @@ also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view sh
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import platform
 import re
+import socket
 import subprocess
 import tempfile
 import time
@@ -45,13 +52,12 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import champion as champion_rules
-from tasks.config import PROJECT_DIR
-from tasks.evaluate import evaluation_markdown
-from tasks.outcome import BASELINES, MODEL, OVERALL, Evaluation, TrainOutcome
-from tasks.tracking import CHAMPION_ALIAS, TrackingConfig, configure
+from tasks.core.config import PROJECT_DIR
+from tasks.learning.evaluate import TABLES, evaluation_markdown
+from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, TrainOutcome
+from tasks.registry import champion as champion_rules
+from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, configure, store_lock
 
-TABLES = ("unseen_runs", "heldout_workloads")
 SCORE_METRICS = ("top1", "top5", "log_loss")
 PREDICTORS = (MODEL, *BASELINES)
 DATASET_NAME = "heapcast-events"
@@ -113,10 +119,20 @@ def flatten_params(obj: Any, prefix: str) -> dict[str, str]:
 def git_commit(project_dir: Path = PROJECT_DIR) -> tuple[str, bool]:
     """(commit, dirty) of the code being run; ("unknown", False) outside a git checkout."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_dir, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=project_dir, capture_output=True, text=True, check=True).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=project_dir,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=project_dir,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.CalledProcessError):
         return "unknown", False
@@ -132,8 +148,19 @@ def _version(dist: str) -> str | None:
 def library_versions() -> dict[str, str]:
     """Versions of what shapes a model's numbers (read from metadata, nothing imported)."""
     out = {"python": platform.python_version()}
-    for dist in ("tensorflow", "tensorflow-cpu", "keras", "jax", "torch", "numpy", "pyarrow",
-                 "pandas", "dask", "mlflow", "prefect"):
+    for dist in (
+        "tensorflow",
+        "tensorflow-cpu",
+        "keras",
+        "jax",
+        "torch",
+        "numpy",
+        "pyarrow",
+        "pandas",
+        "dask",
+        "mlflow",
+        "prefect",
+    ):
         v = _version(dist)
         if v:
             out[dist] = v
@@ -157,12 +184,14 @@ def dataset_params(outcome: TrainOutcome) -> dict[str, str]:
     d = outcome.dataset
     workloads = sorted({w for w, _ in (*d.train_runs, *d.eval_runs)})
     heldout = sorted({w for w, _ in d.heldout_runs})
+    unseen_programs = sorted({w for w, _ in d.unseen_program_runs})
     runs = lambda rs: ",".join(f"{w}/{r}" for w, r in rs)  # noqa: E731
     return {
         "dataset.root": d.root,
         "dataset.content_hash": d.content_hash,
         "dataset.workloads": ",".join(workloads),
         "dataset.heldout_workloads": ",".join(heldout),
+        "dataset.unseen_program_workloads": ",".join(unseen_programs),
         "dataset.train_runs": runs(d.train_runs)[:6000],
         "dataset.eval_runs": runs(d.eval_runs)[:6000],
         "dataset.heldout_runs": runs(d.heldout_runs)[:6000],
@@ -193,13 +222,27 @@ def evaluation_rows(evaluation: Evaluation) -> list[dict[str, Any]]:
     """One row per (table, slice, predictor): the evaluation table."""
     order = {p: i for i, p in enumerate(PREDICTORS)}
     rows = []
-    for s in sorted(evaluation.scores, key=lambda s: (TABLES.index(s.table) if s.table in TABLES else 9,
-                                                      s.slice != OVERALL, s.slice,
-                                                      order.get(s.predictor, 9))):
-        rows.append({"table": s.table, "slice": s.slice, "predictor": s.predictor,
-                     "positions": int(s.positions), "top1": float(s.top1), "top5": float(s.top5),
-                     "log_loss": float(s.log_loss),
-                     "detail": json.dumps(s.detail, default=str, sort_keys=True)})
+    for s in sorted(
+        evaluation.scores,
+        key=lambda s: (
+            TABLES.index(s.table) if s.table in TABLES else 9,
+            s.slice != OVERALL,
+            s.slice,
+            order.get(s.predictor, 9),
+        ),
+    ):
+        rows.append(
+            {
+                "table": s.table,
+                "slice": s.slice,
+                "predictor": s.predictor,
+                "positions": int(s.positions),
+                "top1": float(s.top1),
+                "top5": float(s.top5),
+                "log_loss": float(s.log_loss),
+                "detail": json.dumps(s.detail, default=str, sort_keys=True),
+            }
+        )
     return rows
 
 
@@ -222,15 +265,21 @@ def write_evaluation_tables(evaluation: Evaluation, folder: Path) -> list[Path]:
         w.writerow(["table", "slice", "predictor", *[f"t{t}" for t in range(64)]])
         for s in evaluation.scores:
             acc = np.asarray(s.per_class_accuracy, dtype=np.float64)
-            w.writerow([s.table, s.slice, s.predictor, *("" if np.isnan(a) else f"{a:.6f}" for a in acc)])
-    np.savetxt(folder / "confusion.csv", np.asarray(evaluation.confusion, dtype=np.int64),
-               fmt="%d", delimiter=",")
+            w.writerow(
+                [s.table, s.slice, s.predictor, *("" if np.isnan(a) else f"{a:.6f}" for a in acc)]
+            )
+    np.savetxt(
+        folder / "confusion.csv",
+        np.asarray(evaluation.confusion, dtype=np.int64),
+        fmt="%d",
+        delimiter=",",
+    )
     return sorted(folder.iterdir())
 
 
 def write_plots(outcome: TrainOutcome, folder: Path) -> dict[str, Path]:
     """The four PNGs, keyed by their image key."""
-    from tasks import plots
+    from tasks.learning import plots
 
     ev = outcome.evaluation
     per_class = {}
@@ -241,12 +290,18 @@ def write_plots(outcome: TrainOutcome, folder: Path) -> dict[str, Path]:
             pass
     support = np.asarray(ev.confusion).sum(axis=1)
     return {
-        "confusion_matrix": plots.confusion_matrix_png(ev.confusion, folder / "confusion_matrix.png"),
-        "per_class_accuracy": plots.per_class_accuracy_png(per_class, support,
-                                                           folder / "per_class_accuracy.png"),
-        "learning_curves": plots.learning_curves_png(outcome.history, folder / "learning_curves.png"),
-        "token_histogram": plots.token_histogram_png(outcome.dataset.token_histogram,
-                                                     folder / "token_histogram.png"),
+        "confusion_matrix": plots.confusion_matrix_png(
+            ev.confusion, folder / "confusion_matrix.png"
+        ),
+        "per_class_accuracy": plots.per_class_accuracy_png(
+            per_class, support, folder / "per_class_accuracy.png"
+        ),
+        "learning_curves": plots.learning_curves_png(
+            outcome.history, folder / "learning_curves.png"
+        ),
+        "token_histogram": plots.token_histogram_png(
+            outcome.dataset.token_histogram, folder / "token_histogram.png"
+        ),
     }
 
 
@@ -278,15 +333,22 @@ def _dataset_input(outcome: TrainOutcome):
     import pandas as pd
 
     d = outcome.dataset
-    rows = ([(w, r, "train") for w, r in d.train_runs] + [(w, r, "eval") for w, r in d.eval_runs]
-            + [(w, r, "heldout") for w, r in d.heldout_runs]
-            + [(w, r, "validation") for w, r in getattr(d, "validation_runs", ())])
+    rows = (
+        [(w, r, "train") for w, r in d.train_runs]
+        + [(w, r, "eval") for w, r in d.eval_runs]
+        + [(w, r, "heldout") for w, r in d.heldout_runs]
+        + [(w, r, "unseen_program") for w, r in d.unseen_program_runs]
+        + [(w, r, "validation") for w, r in getattr(d, "validation_runs", ())]
+    )
     df = pd.DataFrame(rows, columns=["workload", "run", "split"])
     try:
-        with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local files
+        with (
+            warnings.catch_warnings()
+        ):  # "can be interpreted in multiple ways": both are local files
             warnings.simplefilter("ignore", UserWarning)
-            return mlflow.data.from_pandas(df, source=d.root, name=DATASET_NAME,
-                                           digest=d.content_hash[:36])
+            return mlflow.data.from_pandas(
+                df, source=d.root, name=DATASET_NAME, digest=d.content_hash[:36]
+            )
     except Exception:  # a root URL MLflow has no dataset source for: keep the URL in params only
         return mlflow.data.from_pandas(df, name=DATASET_NAME, digest=d.content_hash[:36])
 
@@ -300,7 +362,7 @@ def _png_as_array(path: Path) -> np.ndarray:
 
 def log_keras_model(model, **kwargs):
     """`mlflow.keras.log_model`, with the model folder made before the input example is written,
-    and pyfunc loading through tasks.keras_pyfunc (custom layers registered first).
+    and pyfunc loading through tasks.registry.keras_pyfunc (custom layers registered first).
 
     MLflow's Keras flavor writes input_example.json into a folder it has not created yet
     (mlflow/mlflow#16183, open in 3.17): logging with an input example fails with
@@ -319,16 +381,233 @@ def log_keras_model(model, **kwargs):
         def save_model(path, **kw):
             os.makedirs(path, exist_ok=True)
             saved = mlflow.keras.save_model(path=path, **kw)
-            # pyfunc loads through tasks.keras_pyfunc, which registers our custom layers first.
+            # pyfunc loads through tasks.registry.keras_pyfunc, which registers our custom layers first.
             meta = kw.get("mlflow_model")
             if meta is not None and "python_function" in meta.flavors:
-                meta.flavors["python_function"]["loader_module"] = "tasks.keras_pyfunc"
+                meta.flavors["python_function"]["loader_module"] = "tasks.registry.keras_pyfunc"
                 meta.save(os.path.join(path, "MLmodel"))
             return saved
 
-    return Model.log(artifact_path=None, name="model", flavor=_KerasFlavor,
-                     flavor_name="mlflow.keras", model=model,
-                     **kwargs)
+    return Model.log(
+        artifact_path=None,
+        name="model",
+        flavor=_KerasFlavor,
+        flavor_name="mlflow.keras",
+        model=model,
+        **kwargs,
+    )
+
+
+# ----------------------------------------------------------------------------- faults
+#
+# A registration is a run of steps (log the run and the model, which creates the version; log
+# the metrics; record the version's evaluation; decide and move the alias; log the decision),
+# any of which may fail or be killed. The rules that make it safe to repeat:
+#
+# - Idempotency: the run carries `heapcast.registration_key`, a hash of what was trained (data
+#   content hash, config, evaluation, history, model weights). Registering an outcome whose key
+#   is already in the experiment resumes that run instead of logging a second one: a version
+#   that exists is finished (the steps after it are each done once, marked on the run); a run
+#   that died before its version is closed and the model registered once. A registration that
+#   completed returns its result again.
+# - Progress: `heapcast.registration` is `started` when the run is created and `complete` at the
+#   end; the promotion's decision is written as a run tag right after the alias moves, so a
+#   retry never decides twice.
+# - Abandoned registrations: a `started` run whose process is gone (killed: its run is still
+#   RUNNING, and its owner tag names a process of this machine that no longer exists) or that
+#   failed and was not retried within ABANDON_AFTER_S never finishes. The next registration
+#   deletes its version (never evaluated against the champion, never promoted), so the registry
+#   holds exactly the versions whose registration finished; a version that already took the
+#   alias is kept and marked complete.
+
+TAG_KEY = "heapcast.registration_key"
+TAG_STATE = "heapcast.registration"  # started | complete | abandoned
+TAG_OWNER = "heapcast.registration_owner"  # host|boot id|pid|process start of the registrar
+TAG_METRICS = "heapcast.registration_metrics"  # "logged" once the metrics are in
+TAG_DECISION = "heapcast.promotion_decision"  # champion.decision_json, once the alias moved
+ABANDON_AFTER_S = 3600  # a failed registration not retried within this is abandoned
+
+
+class RegistrationRefused(ValueError):
+    """The outcome must not be registered (its evaluation is too small to compare honestly)."""
+
+
+def _model_weights(model: Any) -> list[np.ndarray]:
+    try:
+        return [np.asarray(w) for w in model.get_weights()]
+    except Exception:  # not a Keras model (a stand-in): the other facts still identify it
+        return []
+
+
+def registration_key(outcome: TrainOutcome, model_name: str) -> str:
+    """What identifies one trained model: the same outcome (a retry, a process that resumes a
+    killed registration) gives the same key; another training, other data or another
+    evaluation give another."""
+    facts = {
+        "model_name": model_name,
+        "content_hash": outcome.dataset.content_hash,
+        "config": outcome.config,
+        "history": outcome.history,
+        "scores": [
+            (s.table, s.slice, s.predictor, int(s.positions), s.top1, s.top5, s.log_loss)
+            for s in outcome.evaluation.scores
+        ],
+    }
+    h = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode())
+    for w in _model_weights(outcome.model):
+        h.update(f"{w.dtype}{w.shape}".encode())
+        h.update(np.ascontiguousarray(w).tobytes())
+    return h.hexdigest()[:32]
+
+
+def refuse_small_evaluation(outcome: TrainOutcome) -> None:
+    """RegistrationRefused when the unseen-runs evaluation has fewer positions than the
+    training config's data.min_eval_positions (the train task refuses such data before
+    training; this keeps an outcome made elsewhere from taking the alias on a handful of
+    positions)."""
+    minimum = int((outcome.config.get("data") or {}).get("min_eval_positions") or 0)
+    if not minimum:
+        return
+    try:
+        n = int(outcome.evaluation.get(MODEL, OVERALL, champion_rules.UNSEEN).positions)
+    except KeyError:
+        n = 0
+    if n < minimum:
+        raise RegistrationRefused(
+            f"the evaluation on unseen runs has {n:,} positions, fewer than "
+            f"data.min_eval_positions={minimum:,}: not registered, the champion is left alone"
+        )
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot ("" where /proc is missing); None
+    when there is no such live process (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return ""
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def process_owner() -> str:
+    """This process, as a registration's owner tag."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}|{_boot_id()}|{pid}|{_process_start(pid) or ''}"
+
+
+def owner_state(owner: str | None) -> str:
+    """'alive', 'dead', or 'unknown' (another machine: nothing here can tell)."""
+    try:
+        host, boot, pid, start = (owner or "").split("|")
+        pid_n = int(pid)
+    except ValueError:
+        return "unknown"
+    if host != socket.gethostname():
+        return "unknown"
+    if boot and _boot_id() and boot != _boot_id():
+        return "dead"  # the machine rebooted since
+    now = _process_start(pid_n)
+    if now is None or (start and now and now != start):
+        return "dead"  # gone, or the pid now belongs to another process
+    return "alive"
+
+
+def _is_abandoned(run, now_ms: int) -> bool:
+    state = owner_state(run.data.tags.get(TAG_OWNER))
+    if run.info.status == "RUNNING":
+        return state == "dead"
+    if state == "dead":
+        return True
+    return now_ms - int(run.info.end_time or run.info.start_time or 0) > ABANDON_AFTER_S * 1000
+
+
+def _versions_of_run(client, model_name: str, run_id: str) -> list:
+    found = client.search_model_versions(f"run_id = '{run_id}'")
+    return sorted((v for v in found if v.name == model_name), key=lambda v: int(v.version))
+
+
+def reap_abandoned_registrations(
+    client, experiment_id: str, model_name: str, keep_key: str | None = None
+) -> list[str]:
+    """Close the registrations that will never finish (see the comment above); returns what was
+    done, one line each. The registration of `keep_key` is left to its caller to resume."""
+    now_ms = int(time.time() * 1000)
+    done = []
+    runs = client.search_runs([experiment_id], f"tags.`{TAG_STATE}` = 'started'", max_results=1000)
+    for run in runs:
+        tags, run_id = run.data.tags, run.info.run_id
+        if tags.get(TAG_KEY) == keep_key or not _is_abandoned(run, now_ms):
+            continue
+        versions = _versions_of_run(client, model_name, run_id)
+        holds_alias = any(client.get_model_version(v.name, v.version).aliases for v in versions)
+        if TAG_DECISION in tags or holds_alias:
+            # The promotion happened: the version is a finished one in all that counts.
+            client.set_tag(run_id, TAG_STATE, "complete")
+            done.append(f"run {run_id}: promoted before its process ended; marked complete")
+        else:
+            for v in versions:
+                client.delete_model_version(v.name, v.version)
+            gone = ", ".join(f"v{v.version}" for v in versions) or "no version"
+            client.set_tag(run_id, TAG_STATE, "abandoned")
+            client.set_tag(
+                run_id,
+                "heapcast.abandoned",
+                f"its registration never finished (owner {tags.get(TAG_OWNER)}); removed {gone}",
+            )
+            done.append(f"run {run_id}: registration abandoned; removed {gone}")
+        if run.info.status == "RUNNING":
+            client.set_terminated(run_id, "KILLED")
+    return done
+
+
+def find_registration(client, experiment_id: str, key: str, model_name: str):
+    """(run, version) of an earlier registration of the same outcome: the run holding a version
+    of `model_name`, else (None, None). Runs of that key that died before their version are
+    closed (tagged abandoned) on the way."""
+    runs = client.search_runs(
+        [experiment_id],
+        f"tags.`{TAG_KEY}` = '{key}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=100,
+    )
+    found = None
+    for run in runs:
+        if run.data.tags.get(TAG_STATE) == "abandoned":
+            continue
+        versions = _versions_of_run(client, model_name, run.info.run_id)
+        if versions and found is None:
+            found = (run, versions[0])
+        elif (
+            not versions
+            and run.data.tags.get(TAG_STATE) != "complete"
+            and (run.info.status != "RUNNING" or _is_abandoned(run, int(time.time() * 1000)))
+        ):
+            client.set_tag(run.info.run_id, TAG_STATE, "abandoned")
+            client.set_tag(
+                run.info.run_id, "heapcast.abandoned", "died before its model was registered"
+            )
+            if run.info.status == "RUNNING":
+                client.set_terminated(run.info.run_id, "FAILED")
+    return found or (None, None)
+
+
+# ----------------------------------------------------------------------------- registration
 
 
 def register_outcome(
@@ -337,93 +616,234 @@ def register_outcome(
     evaluate_model: Callable[[Any], Evaluation] | None = None,
     run_name: str | None = None,
 ) -> RegistrationResult:
-    """Log one training run, register its model, and move `champion` if it wins (see module doc)."""
+    """Log one training run, register its model, and move `champion` if it wins (see module doc).
+
+    Safe to call again with the same outcome after any failure, or after a process registering
+    it was killed: one run, one version (see "faults" above)."""
+    refuse_small_evaluation(outcome)
     experiment_id = configure(tracking)
     import mlflow
     from mlflow import MlflowClient
-    from mlflow.entities import Metric
-    from mlflow.models import infer_signature
 
     client = MlflowClient()
-    dataset = _dataset_input(outcome)
-    run_name = run_name or time.strftime("train-%Y%m%d-%H%M%S")
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
+    key = registration_key(outcome, tracking.model_name)
+    reap_abandoned_registrations(client, experiment_id, tracking.model_name, keep_key=key)
+    prior_run, prior_version = find_registration(client, experiment_id, key, tracking.model_name)
+    scores = evaluation_metrics(outcome.evaluation)
+    if prior_run is not None:
+        tags = prior_run.data.tags
+        if tags.get(TAG_STATE) == "complete" and TAG_DECISION in tags:
+            decision = champion_rules.decision_from_json(tags[TAG_DECISION])
+            return _result(prior_run.info.run_id, experiment_id, tracking, decision, scores)
+        start: dict[str, Any] = {"run_id": prior_run.info.run_id}
+    else:
+        start = {
+            "experiment_id": experiment_id,
+            "run_name": run_name or time.strftime("train-%Y%m%d-%H%M%S"),
+        }
+    with mlflow.start_run(**start) as run:
         run_id = run.info.run_id
-        commit, _ = git_commit()
-        mlflow.set_tags({"mlflow.source.git.commit": commit,
-                         "heapcast.content_hash": outcome.dataset.content_hash,
-                         "heapcast.model_name": tracking.model_name})
-        notes = list(getattr(outcome, "notes", []) or [])
-        if notes:  # the run's description in the UI, and a tag
-            mlflow.set_tags({"mlflow.note.content": "\n".join(f"- {n}" for n in notes),
-                             "heapcast.notes": " | ".join(notes)[:5000]})
-        mlflow.log_params(run_params(outcome))
-        mlflow.log_input(dataset, context="training")
-
-        # Artifacts: plots (also as images for the chart view), tables, the config.
-        with tempfile.TemporaryDirectory(prefix="heapcast-register-") as tmp:
-            tmp_path = Path(tmp)
-            pngs = write_plots(outcome, tmp_path / "plots")
-            write_evaluation_tables(outcome.evaluation, tmp_path / "evaluation")
-            mlflow.log_artifacts(str(tmp_path / "plots"), "plots")
-            mlflow.log_artifacts(str(tmp_path / "evaluation"), "evaluation")
-            for key, png in pngs.items():
-                mlflow.log_image(_png_as_array(png), key=f"plots/{key}", step=0, synchronous=True)
-        mlflow.log_dict(outcome.config, "config.json")
-
-        # The model: signature from a real prediction, explicit requirements.
-        example = np.asarray(outcome.input_example, dtype=np.int32)
-        prediction = np.asarray(outcome.model.predict(example, verbose=0))
-        info = log_keras_model(
-            outcome.model,
-            registered_model_name=tracking.model_name,
-            signature=infer_signature(example, prediction),
-            input_example=example,
-            pip_requirements=model_pip_requirements(),
-        )
-        version = str(info.registered_model_version)
-
-        # Metrics: the evaluation (linked to the logged model and the dataset), curves, throughput.
-        now = int(time.time() * 1000)
-        scores = evaluation_metrics(outcome.evaluation)
-        metrics = [Metric(k, v, now, 0, dataset_name=dataset.name, dataset_digest=dataset.digest,
-                          model_id=info.model_id, run_id=run_id) for k, v in scores.items()]
-        for name, values in outcome.history.items():
-            metrics += [Metric(curve_key(name), float(v), now, epoch, run_id=run_id)
-                        for epoch, v in enumerate(values)]
-        extra = {"train/predictions_per_second": float(outcome.predictions_per_second),
-                 "train/seconds": float(outcome.seconds),
-                 "data/train_tokens": float(outcome.dataset.train_tokens),
-                 "data/eval_tokens": float(outcome.dataset.eval_tokens)}
-        metrics += [Metric(k, v, now, 0, run_id=run_id) for k, v in extra.items()]
-        client.log_batch(run_id, metrics=metrics)
+        if prior_version is None:
+            mlflow.set_tags({TAG_KEY: key, TAG_STATE: "started", TAG_OWNER: process_owner()})
+            dataset = _dataset_input(outcome)
+            info = _log_run_and_model(outcome, tracking, dataset)
+            version, model_id = str(info.registered_model_version), info.model_id
+            tags = {}
+        else:  # an earlier attempt logged the model: finish what it left undone
+            mlflow.set_tag(TAG_OWNER, process_owner())
+            dataset = _dataset_input(outcome)
+            version = str(prior_version.version)
+            model_id = getattr(prior_version, "model_id", None)
+            tags = prior_run.data.tags
+        if tags.get(TAG_METRICS) != "logged":
+            _log_metrics(client, run_id, outcome, scores, dataset, model_id)
+            mlflow.set_tag(TAG_METRICS, "logged")
 
         # The version's evaluation, then the promotion decision on that same evaluation.
-        champion_rules.record_evaluation(client, tracking.model_name, version, outcome.evaluation,
-                                         outcome.dataset.content_hash)
-        client.set_model_version_tag(tracking.model_name, version, champion_rules.TAG_RUN, run_id)
-        decision = champion_rules.decide(
-            client, tracking.model_name, version, outcome.evaluation, outcome.dataset.content_hash,
-            metric=tracking.promote_on, min_improvement=tracking.min_improvement,
-            alias=CHAMPION_ALIAS, evaluate_model=evaluate_model,
+        champion_rules.record_evaluation(
+            client, tracking.model_name, version, outcome.evaluation, outcome.dataset.content_hash
         )
-        champion_rules.apply(client, tracking.model_name, decision, alias=CHAMPION_ALIAS)
+        client.set_model_version_tag(tracking.model_name, version, champion_rules.TAG_RUN, run_id)
+        client.set_model_version_tag(tracking.model_name, version, TAG_KEY, key)
+        decision = _promote(
+            client, tracking, run_id, version, outcome, evaluate_model, tags, prior_run is not None
+        )
         champion_rules.log_decision(client, run_id, decision)
         if decision.champion_evaluation is not None:
             mlflow.log_dict(
-                {"champion_version": decision.previous_champion_version,
-                 "content_hash": outcome.dataset.content_hash,
-                 "rows": evaluation_rows(decision.champion_evaluation)},
+                {
+                    "champion_version": decision.previous_champion_version,
+                    "content_hash": outcome.dataset.content_hash,
+                    "rows": evaluation_rows(decision.champion_evaluation),
+                },
                 "promotion/champion_evaluation.json",
             )
-        mlflow.set_tag("heapcast.model_version", version)
+        mlflow.set_tags({"heapcast.model_version": version, TAG_STATE: "complete"})
 
+    return _result(run_id, experiment_id, tracking, decision, scores)
+
+
+def _log_run_and_model(outcome: TrainOutcome, tracking: TrackingConfig, dataset):
+    """Everything of a run up to its model (which registers the version); the ModelInfo."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    commit, _ = git_commit()
+    mlflow.set_tags(
+        {
+            "mlflow.source.git.commit": commit,
+            "heapcast.content_hash": outcome.dataset.content_hash,
+            "heapcast.model_name": tracking.model_name,
+        }
+    )
+    notes = list(getattr(outcome, "notes", []) or [])
+    if notes:  # the run's description in the UI, and a tag
+        mlflow.set_tags(
+            {
+                "mlflow.note.content": "\n".join(f"- {n}" for n in notes),
+                "heapcast.notes": " | ".join(notes)[:5000],
+            }
+        )
+    mlflow.log_params(run_params(outcome))
+    mlflow.log_input(dataset, context="training")
+
+    # Artifacts: plots (also as images for the chart view), tables, the config.
+    with tempfile.TemporaryDirectory(prefix="heapcast-register-") as tmp:
+        tmp_path = Path(tmp)
+        pngs = write_plots(outcome, tmp_path / "plots")
+        write_evaluation_tables(outcome.evaluation, tmp_path / "evaluation")
+        mlflow.log_artifacts(str(tmp_path / "plots"), "plots")
+        mlflow.log_artifacts(str(tmp_path / "evaluation"), "evaluation")
+        for key, png in pngs.items():
+            mlflow.log_image(_png_as_array(png), key=f"plots/{key}", step=0, synchronous=True)
+    mlflow.log_dict(outcome.config, "config.json")
+
+    # The model: signature from a real prediction, explicit requirements.
+    example = outcome.input_example
+    example = (
+        {k: np.asarray(v, dtype=np.int32) for k, v in example.items()}
+        if isinstance(example, dict)
+        else np.asarray(example, dtype=np.int32)
+    )
+    prediction = np.asarray(outcome.model.predict(example, verbose=0))
+    return log_keras_model(
+        outcome.model,
+        registered_model_name=tracking.model_name,
+        signature=infer_signature(example, prediction),
+        input_example=example,
+        pip_requirements=model_pip_requirements(),
+    )
+
+
+def _log_metrics(
+    client, run_id: str, outcome: TrainOutcome, scores: dict[str, float], dataset, model_id
+) -> None:
+    """The evaluation (linked to the logged model and the dataset), curves, throughput."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(
+            k,
+            v,
+            now,
+            0,
+            dataset_name=dataset.name,
+            dataset_digest=dataset.digest,
+            model_id=model_id,
+            run_id=run_id,
+        )
+        for k, v in scores.items()
+    ]
+    for name, values in outcome.history.items():
+        metrics += [
+            Metric(curve_key(name), float(v), now, epoch, run_id=run_id)
+            for epoch, v in enumerate(values)
+        ]
+    extra = {
+        "train/predictions_per_second": float(outcome.predictions_per_second),
+        "train/seconds": float(outcome.seconds),
+        "data/train_tokens": float(outcome.dataset.train_tokens),
+        "data/eval_tokens": float(outcome.dataset.eval_tokens),
+    }
+    metrics += [Metric(k, v, now, 0, run_id=run_id) for k, v in extra.items()]
+    client.log_batch(run_id, metrics=metrics)
+
+
+def _promote(
+    client,
+    tracking: TrackingConfig,
+    run_id: str,
+    version: str,
+    outcome: TrainOutcome,
+    evaluate_model,
+    tags: dict[str, str],
+    resumed: bool,
+) -> champion_rules.PromotionDecision:
+    """Decide, move the alias, settle it, and write the decision on the run: once.
+
+    Under the store's lock (a SQLite store: no other registration reads or moves the alias in
+    between); `settle` covers stores without one. An earlier attempt's decision is read back,
+    never made again."""
+    if TAG_DECISION in tags:
+        return champion_rules.decision_from_json(tags[TAG_DECISION])
+    name, content_hash = tracking.model_name, outcome.dataset.content_hash
+    with store_lock(tracking):
+        holder = champion_rules.current_champion(client, name, CHAMPION_ALIAS)
+        if resumed and holder is not None and str(holder.version) == version:
+            # An earlier attempt moved the alias here and died before writing why.
+            score = champion_rules.score_of(outcome.evaluation, tracking.promote_on)
+            decision = champion_rules.PromotionDecision(
+                True,
+                "promoted",
+                f"v{version} already holds {CHAMPION_ALIAS}: an earlier attempt of this "
+                "registration promoted it",
+                metric=tracking.promote_on,
+                candidate_version=version,
+                candidate_score=score,
+                previous_champion_version=None,
+                champion_score=None,
+                champion_reevaluated=False,
+            )
+        else:
+            decision = champion_rules.decide(
+                client,
+                name,
+                version,
+                outcome.evaluation,
+                content_hash,
+                metric=tracking.promote_on,
+                min_improvement=tracking.min_improvement,
+                alias=CHAMPION_ALIAS,
+                evaluate_model=evaluate_model,
+            )
+            champion_rules.apply(client, name, decision, CHAMPION_ALIAS, content_hash)
+            decision = champion_rules.settle(client, name, decision, content_hash, CHAMPION_ALIAS)
+        client.set_tag(run_id, TAG_DECISION, champion_rules.decision_json(decision))
+    return decision
+
+
+def _result(
+    run_id: str,
+    experiment_id: str,
+    tracking: TrackingConfig,
+    decision: champion_rules.PromotionDecision,
+    scores: dict[str, float],
+) -> RegistrationResult:
+    version = decision.candidate_version
     return RegistrationResult(
-        run_id=run_id, experiment_id=experiment_id, model_name=tracking.model_name,
-        model_version=version, model_uri=f"models:/{tracking.model_name}/{version}",
-        promoted=decision.promoted, champion_version=decision.champion_version,
-        decision=decision.decision, reason=decision.reason, metric=decision.metric,
-        candidate_score=decision.candidate_score, champion_score=decision.champion_score,
+        run_id=run_id,
+        experiment_id=experiment_id,
+        model_name=tracking.model_name,
+        model_version=version,
+        model_uri=f"models:/{tracking.model_name}/{version}",
+        promoted=decision.promoted,
+        champion_version=decision.champion_version,
+        decision=decision.decision,
+        reason=decision.reason,
+        metric=decision.metric,
+        candidate_score=decision.candidate_score,
+        champion_score=decision.champion_score,
         scores=scores,
     )
 
@@ -431,7 +851,7 @@ def register_outcome(
 def rescore_config(today, champion_config: dict | None):
     """The config to score a champion with today: today's data split, n-gram and batch settings,
     the champion's own model shape (mode, context, network) where its config was logged."""
-    from tasks.train_config import TrainConfig
+    from tasks.learning.train_config import TrainConfig
 
     if not champion_config:
         return today
@@ -439,15 +859,17 @@ def rescore_config(today, champion_config: dict | None):
         champ = TrainConfig.model_validate(champion_config)
     except Exception:  # a config from an older schema: score with today's settings
         return today
-    return today.model_copy(update={"mode": champ.mode, "context": champ.context, "model": champ.model})
+    return today.model_copy(
+        update={"mode": champ.mode, "context": champ.context, "model": champ.model}
+    )
 
 
 def champion_rescorer(config, split) -> Callable[[Any, dict | None], Evaluation]:
     """evaluate_model for promotion: a champion scored on today's split, exactly as the candidate
-    was (tasks.train.evaluate_model), with the champion's own model shape."""
+    was (tasks.learning.train.evaluate_model), with the champion's own model shape."""
 
     def rescore(model, champion_config: dict | None = None) -> Evaluation:
-        from tasks.train import evaluate_model
+        from tasks.learning.train import evaluate_model
 
         return evaluate_model(model, rescore_config(config, champion_config), split)[0]
 

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import field_validator
 
-from tasks.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
-from tasks.storage import Root
+from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
+from tasks.core.storage import Root
 
 DEFAULT_EXPERIMENT = "heapcast"
 DEFAULT_MODEL_NAME = "heapcast-next-call"
@@ -83,15 +85,19 @@ def load_tracking_config(path: str | Path | None = None) -> TrackingConfig:
     return load_config(TrackingConfig, path or CONFIG_DIR / "tracking.yaml")
 
 
-def tracking_for(root: str) -> TrackingConfig:
-    """configs/tracking.yaml, with the data root and $MLFLOW_TRACKING_URI where it says null."""
+def tracking_for(root: Root | str) -> TrackingConfig:
+    """configs/tracking.yaml, with the data root and $MLFLOW_TRACKING_URI where it says null.
+
+    `root` is the flow's resolved Root (a plain URL where a parameter model builds the config)."""
     tracking = load_tracking_config()
     update: dict[str, str] = {}
     if tracking.root is None:
-        update["root"] = root
+        update["root"] = root.url if isinstance(root, Root) else root
     if tracking.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
         update["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
-    return TrackingConfig.model_validate({**tracking.model_dump(), **update}) if update else tracking
+    return (
+        TrackingConfig.model_validate({**tracking.model_dump(), **update}) if update else tracking
+    )
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,41 @@ def resolve_target(tracking: TrackingConfig) -> TrackingTarget:
     )
 
 
+def store_lock_path(tracking: TrackingConfig) -> Path | None:
+    """The lock file of a SQLite store (`mlflow.db.lock` next to the database); None for a
+    tracking server or another database, which no file lock can cover."""
+    uri = resolve_target(tracking).tracking_uri
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri.removeprefix("sqlite:///"))
+    return db.with_name(db.name + ".lock")
+
+
+@contextmanager
+def store_lock(tracking: TrackingConfig) -> Iterator[bool]:
+    """Hold the store's exclusive lock for what must not interleave between writers: creating
+    the store, and a promotion's read-compare-write of the alias (tasks/registry/register.py).
+
+    A SQLite store lives on this machine, so every process that writes to it can take an
+    flock on the file next to it (released by the kernel when a holder dies, even by SIGKILL).
+    A tracking server offers no lock: yields False, and the promotion re-checks the alias after
+    moving it instead (tasks.registry.champion.settle).
+    """
+    path = store_lock_path(tracking)
+    if path is None:
+        yield False
+        return
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def quiet_mlflow_env() -> None:
     """Turn off MLflow's telemetry and env creation (no internet); keeps values already set."""
     for k, v in _QUIET_ENV.items():
@@ -173,7 +214,19 @@ def configure(tracking: TrackingConfig) -> str:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    # Two processes opening a new SQLite store at once would both create its tables (and fail
+    # in MLflow's migrations): the client (which opens the store) and the experiment under the
+    # lock.
+    with store_lock(tracking):
+        client = MlflowClient(target.tracking_uri, target.registry_uri)
+        exp = _experiment(client, tracking, target)
+    mlflow.set_experiment(experiment_id=exp)
+    return exp
+
+
+def _experiment(client, tracking: TrackingConfig, target: TrackingTarget) -> str:
+    """The experiment's id, created with the access mode's artifact location if missing."""
+    client.search_registered_models(max_results=1)  # the registry's tables, on a new store
     exp = client.get_experiment_by_name(tracking.experiment)
     if exp is None:
         try:
@@ -190,14 +243,16 @@ def configure(tracking: TrackingConfig) -> str:
         exp_id = exp.experiment_id
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp_id)
-        if target.artifact_location and exp.artifact_location.rstrip("/") != target.artifact_location:
+        if (
+            target.artifact_location
+            and exp.artifact_location.rstrip("/") != target.artifact_location
+        ):
             raise ValueError(
                 f"MLflow experiment {tracking.experiment!r} in {target.tracking_uri} keeps its "
                 f"artifacts at {exp.artifact_location}, not {target.artifact_location}: it was "
                 "created by another access mode or for another data root. Set another "
                 "`experiment` in configs/tracking.yaml, or use the store it was made for."
             )
-    mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 
 
@@ -212,16 +267,19 @@ def server_store(root_url: str | None = None) -> dict[str, str]:
     db = target.tracking_uri.removeprefix("sqlite:///")
     loc = target.artifact_location or ""
     artifacts = Path(loc.removeprefix("file://")).as_posix() if loc.startswith("file://") else loc
-    return {"backend_store_uri": target.tracking_uri, "artifacts_destination": artifacts,
-            "state_dir": str(Path(db).parent)}
+    return {
+        "backend_store_uri": target.tracking_uri,
+        "artifacts_destination": artifacts,
+        "state_dir": str(Path(db).parent),
+    }
 
 
 if __name__ == "__main__":
-    # `python -m tasks.tracking server-store [ROOT]`: shell-friendly KEY=VALUE lines.
+    # `python -m tasks.registry.tracking server-store [ROOT]`: shell-friendly KEY=VALUE lines.
     import shlex
     import sys
 
     if len(sys.argv) < 2 or sys.argv[1] != "server-store":
-        sys.exit("usage: python -m tasks.tracking server-store [ROOT]")
+        sys.exit("usage: python -m tasks.registry.tracking server-store [ROOT]")
     for k, v in server_store(sys.argv[2] if len(sys.argv) > 2 else None).items():
         print(f"{k.upper()}={shlex.quote(v)}")

@@ -5,7 +5,7 @@ is reachable); each `docker/workloads/<image>/Dockerfile` builds `FROM` it. Buil
 idempotent: a workload image carries a label with the hash of its build context and is
 rebuilt only when that changes (or the base changed); the base is built only when missing.
 
-    python -m tasks.images [IMAGE...]     build the base and the named (default: all) images
+    python -m tasks.replay.images [IMAGE...]     build the base and the named (default: all) images
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from pydantic import BaseModel
 
-from tasks.config import PROJECT_DIR
-from tasks.runners.base import EngineError, RunnerUnavailable
-from tasks.runners.docker_runner import connect, engine_host
-from tasks.workloads import IMAGE_PREFIX, IMAGE_TAG, IMAGES_DIR
+from tasks.core.config import PROJECT_DIR
+from tasks.replay.runners.base import EngineError, RunnerUnavailable
+from tasks.replay.runners.docker_runner import connect, engine_host
+from tasks.replay.workloads import IMAGE_PREFIX, IMAGE_TAG, IMAGES_DIR
 
 BASE_IMAGE = "heapcast/base:bookworm"
 BASE_SCRIPT = PROJECT_DIR / "docker" / "base" / "build-base.sh"
@@ -63,32 +63,44 @@ def build_base(host: str | None = None, force: bool = False) -> ImageBuild:
     t0 = time.monotonic()
     try:
         from docker.errors import ImageNotFound
+
         if not force:
             try:
                 img = client.images.get(BASE_IMAGE)
-                return ImageBuild(image="base", tag=BASE_IMAGE, image_id=img.id, built=False,
-                                  seconds=0.0)
+                return ImageBuild(
+                    image="base", tag=BASE_IMAGE, image_id=img.id, built=False, seconds=0.0
+                )
             except ImageNotFound:
                 pass
         _log(f"building {BASE_IMAGE} (debootstrap minbase: about a minute or two)")
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "DOCKER_HOST": host}
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "DOCKER_HOST": host,
+        }
         if force:
             env["HEAPCAST_REBUILD"] = "1"
-        proc = subprocess.run([str(BASE_SCRIPT), BASE_IMAGE], env=env, capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [str(BASE_SCRIPT), BASE_IMAGE], env=env, capture_output=True, text=True
+        )
         if proc.returncode != 0:
-            raise RuntimeError(f"{BASE_SCRIPT} failed (exit {proc.returncode}):\n"
-                               f"{proc.stderr[-3000:]}")
+            raise RuntimeError(
+                f"{BASE_SCRIPT} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+            )
         img = client.images.get(BASE_IMAGE)
-        return ImageBuild(image="base", tag=BASE_IMAGE, image_id=img.id, built=True,
-                          seconds=round(time.monotonic() - t0, 1))
+        return ImageBuild(
+            image="base",
+            tag=BASE_IMAGE,
+            image_id=img.id,
+            built=True,
+            seconds=round(time.monotonic() - t0, 1),
+        )
     finally:
         client.close()
 
 
-def build_workload_image(image: str, base_id: str, host: str | None = None,
-                         force: bool = False) -> ImageBuild:
+def build_workload_image(
+    image: str, base_id: str, host: str | None = None, force: bool = False
+) -> ImageBuild:
     """Build docker/workloads/<image>/ as heapcast/<image>:bookworm unless it is up to date."""
     from docker.errors import APIError, BuildError, ImageNotFound
 
@@ -105,8 +117,9 @@ def build_workload_image(image: str, base_id: str, host: str | None = None,
                 img = client.images.get(tag)
                 labels = img.labels or {}
                 if labels.get(CONTEXT_LABEL) == sha and labels.get(BASE_LABEL) == base_id:
-                    return ImageBuild(image=image, tag=tag, image_id=img.id, built=False,
-                                      seconds=0.0)
+                    return ImageBuild(
+                        image=image, tag=tag, image_id=img.id, built=False, seconds=0.0
+                    )
             except ImageNotFound:
                 pass
         _log(f"building {tag} from {folder}")
@@ -114,34 +127,52 @@ def build_workload_image(image: str, base_id: str, host: str | None = None,
             # host network: apt inside the build reaches the mirror without the engine's
             # bridge (which needs iptables) being set up
             img, _logs = client.images.build(
-                path=str(folder), tag=tag, rm=True, forcerm=True, network_mode="host",
-                labels={CONTEXT_LABEL: sha, BASE_LABEL: base_id}, pull=False)
+                path=str(folder),
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                network_mode="host",
+                labels={CONTEXT_LABEL: sha, BASE_LABEL: base_id},
+                pull=False,
+            )
         except BuildError as err:
             tail = "".join(str(c.get("stream", c.get("error", ""))) for c in err.build_log)
-            raise RuntimeError(f"image {image!r}: docker build failed: {err.msg}\n"
-                               f"{tail[-3000:]}") from None
+            raise RuntimeError(
+                f"image {image!r}: docker build failed: {err.msg}\n{tail[-3000:]}"
+            ) from None
         except APIError as err:
             raise EngineError(f"image {image!r}: the engine failed the build: {err}") from err
-        return ImageBuild(image=image, tag=tag, image_id=img.id, built=True,
-                          seconds=round(time.monotonic() - t0, 1))
+        return ImageBuild(
+            image=image,
+            tag=tag,
+            image_id=img.id,
+            built=True,
+            seconds=round(time.monotonic() - t0, 1),
+        )
     finally:
         client.close()
 
 
-def build_all(images: list[str], host: str | None = None, force: bool = False,
-              ) -> list[ImageBuild]:
+def build_all(
+    images: list[str],
+    host: str | None = None,
+    force: bool = False,
+) -> list[ImageBuild]:
     base = build_base(host, force=force)
-    _log(f"{base.tag}: {'built in %.1f s' % base.seconds if base.built else 'up to date'}")
+    _log(f"{base.tag}: {f'built in {base.seconds:.1f} s' if base.built else 'up to date'}")
     out = [base]
     for image in images:
         b = build_workload_image(image, base.image_id, host, force=force)
-        _log(f"{b.tag}: {'built in %.1f s' % b.seconds if b.built else 'up to date'}")
+        _log(f"{b.tag}: {f'built in {b.seconds:.1f} s' if b.built else 'up to date'}")
         out.append(b)
     return out
 
 
-@task(retries=1, retry_delay_seconds=10,
-      retry_condition_fn=lambda task, run, state: not _is_unavailable(state))
+@task(
+    retries=1,
+    retry_delay_seconds=10,
+    retry_condition_fn=lambda task, run, state: not _is_unavailable(state),
+)
 def build_images(images: list[str], force: bool = False) -> list[ImageBuild]:
     """Build the base image and the named workload images (skipping what is up to date)."""
     return build_all(images, force=force)
@@ -158,11 +189,13 @@ def _is_unavailable(state) -> bool:
 
 
 if __name__ == "__main__":
-    from tasks.workloads import load_catalog
+    from tasks.replay.workloads import load_catalog
 
     names = sys.argv[1:] or load_catalog().images()
     try:
         for b in build_all(names):
-            print(f"{b.tag:32s} {b.image_id[:19]} {'built %.1fs' % b.seconds if b.built else 'cached'}")
+            print(
+                f"{b.tag:32s} {b.image_id[:19]} {f'built {b.seconds:.1f}s' if b.built else 'cached'}"
+            )
     except RunnerUnavailable as err:
         sys.exit(f"heapcast images: {err}")

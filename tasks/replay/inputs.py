@@ -10,14 +10,17 @@ Generators (the meaning of `size` in brackets):
   c_file          gen.c: a large self-contained C file                      [functions]
   git_repo        repo.fi: a `git fast-import` stream with fixed dates      [commits]
   freeciv_script  script.serv: an AI-only autogame with fixed seeds         [turns]
+  perl_script     workload.pl: hashes, arrays, strings, sorts, joins, trees [work units]
+  c_project       Makefile, common.h, *.c: a C project for make -j2         [files]
+  numpy_script    workload.py: numpy arrays, reductions, sorts, linalg      [work units]
   none            nothing; the command takes {seed} and {size} itself
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 _WORDS = (
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
@@ -43,16 +46,20 @@ def gen_sql(seed: int, size: int, dest: Path) -> list[str]:
     ]
     countries = ["de", "fr", "jp", "br", "in", "us", "ng", "au", "ca", "kr"]
     for uid in range(1, n_users + 1):
-        out.append(f"INSERT INTO users VALUES({uid},'{_words(rng, 1, 3)} {uid}',"
-                   f"'{rng.choice(countries)}',{rng.random() * 100:.3f});")
+        out.append(
+            f"INSERT INTO users VALUES({uid},'{_words(rng, 1, 3)} {uid}',"
+            f"'{rng.choice(countries)}',{rng.random() * 100:.3f});"
+        )
     out.append("COMMIT;")
     for start in range(1, size + 1, 1000):
         out.append("BEGIN;")
         for iid in range(start, min(start + 1000, size + 1)):
             body = _words(rng, 3, 40)
-            out.append(f"INSERT INTO items VALUES({iid},{rng.randint(1, n_users)},"
-                       f"'{_words(rng, 1, 6)}','{body}',{rng.random() * 500:.2f},"
-                       f"{rng.randint(0, 99)},'{rng.choice(_WORDS)}');")
+            out.append(
+                f"INSERT INTO items VALUES({iid},{rng.randint(1, n_users)},"
+                f"'{_words(rng, 1, 6)}','{body}',{rng.random() * 500:.2f},"
+                f"{rng.randint(0, 99)},'{rng.choice(_WORDS)}');"
+            )
         out.append("COMMIT;")
     out += [
         "CREATE INDEX items_user ON items(user_id);",
@@ -66,23 +73,32 @@ def gen_sql(seed: int, size: int, dest: Path) -> list[str]:
         tag = rng.choice(_WORDS)
         uid = rng.randint(1, n_users)
         if kind == 0:
-            out.append(f"SELECT u.country, count(*), avg(i.price) FROM items i JOIN users u "
-                       f"ON u.id = i.user_id WHERE i.tag = '{tag}' GROUP BY u.country "
-                       "ORDER BY 2 DESC;")
+            out.append(
+                f"SELECT u.country, count(*), avg(i.price) FROM items i JOIN users u "
+                f"ON u.id = i.user_id WHERE i.tag = '{tag}' GROUP BY u.country "
+                "ORDER BY 2 DESC;"
+            )
         elif kind == 1:
-            out.append(f"SELECT title, length(body) FROM items WHERE user_id = {uid} "
-                       "ORDER BY price LIMIT 20;")
+            out.append(
+                f"SELECT title, length(body) FROM items WHERE user_id = {uid} "
+                "ORDER BY price LIMIT 20;"
+            )
         elif kind == 2:
-            out.append(f"UPDATE items SET qty = qty + 1, body = body || ' {tag}' "
-                       f"WHERE user_id = {uid};")
+            out.append(
+                f"UPDATE items SET qty = qty + 1, body = body || ' {tag}' WHERE user_id = {uid};"
+            )
         elif kind == 3:
-            out.append(f"SELECT tag, group_concat(title, '|') FROM items WHERE price < "
-                       f"{rng.random() * 50:.2f} GROUP BY tag;")
+            out.append(
+                f"SELECT tag, group_concat(title, '|') FROM items WHERE price < "
+                f"{rng.random() * 50:.2f} GROUP BY tag;"
+            )
         elif kind == 4:
             out.append(f"DELETE FROM items WHERE id % 97 = {rng.randrange(97)} AND tag = '{tag}';")
         elif kind == 5:
-            out.append(f"SELECT upper(name), score FROM users WHERE name LIKE '%{tag}%' "
-                       "ORDER BY score DESC LIMIT 10;")
+            out.append(
+                f"SELECT upper(name), score FROM users WHERE name LIKE '%{tag}%' "
+                "ORDER BY score DESC LIMIT 10;"
+            )
         else:
             out.append("SELECT count(DISTINCT tag), sum(qty), max(length(body)) FROM items;")
     out.append("SELECT count(*) FROM items;")
@@ -189,8 +205,9 @@ def gen_python_script(seed: int, size: int, dest: Path) -> list[str]:
     rng = random.Random(seed)
     phases = ["dicts", "strings", "json", "objects", "sort"]
     rng.shuffle(phases)
-    text = _PY_TEMPLATE.format(seed=seed, size=size, words=_WORDS[:40], phases=phases,
-                               rounds=rng.randint(2, 4))
+    text = _PY_TEMPLATE.format(
+        seed=seed, size=size, words=_WORDS[:40], phases=phases, rounds=rng.randint(2, 4)
+    )
     (dest / "workload.py").write_text(text)
     return ["workload.py"]
 
@@ -198,8 +215,11 @@ def gen_python_script(seed: int, size: int, dest: Path) -> list[str]:
 def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
     """`size` functions over structs, loops, switches and arithmetic; no #include needed."""
     rng = random.Random(seed)
-    out = ["typedef unsigned long u64;",
-           "struct node { u64 key; long val; struct node *next; double w[4]; };", ""]
+    out = [
+        "typedef unsigned long u64;",
+        "struct node { u64 key; long val; struct node *next; double w[4]; };",
+        "",
+    ]
     ops = ["+", "-", "*", "^", "|", "&"]
 
     def expr(depth: int) -> str:
@@ -213,8 +233,10 @@ def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
         for s in range(rng.randint(2, 8)):
             kind = rng.randrange(4)
             if kind == 0:
-                out.append(f"  for (i = 0; i < {rng.randint(2, 64)}; i++) {{ c += {expr(3)}; "
-                           f"n->w[i & 3] += (double)c / {rng.randint(2, 9)}.0; }}")
+                out.append(
+                    f"  for (i = 0; i < {rng.randint(2, 64)}; i++) {{ c += {expr(3)}; "
+                    f"n->w[i & 3] += (double)c / {rng.randint(2, 9)}.0; }}"
+                )
             elif kind == 1:
                 out.append(f"  switch ((a + {s}) & 7) {{")
                 for case in range(rng.randint(2, 8)):
@@ -224,7 +246,7 @@ def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
             elif kind == 2:
                 out.append(f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};")
             else:
-                out.append(f"  while (n && n->key != (u64)c) {{ c += n->val; n = n->next; }}")
+                out.append("  while (n && n->key != (u64)c) { c += n->val; n = n->next; }")
                 out.append("  if (!n) return c;")
         if f and rng.random() < 0.5:
             out.append(f"  c += f{rng.randrange(f)}(n, b, c);")
@@ -244,9 +266,15 @@ def gen_git_repo(seed: int, size: int, dest: Path) -> list[str]:
     n_files = max(4, size // 10)
     files: dict[str, list[str]] = {
         f"src/mod{i:03d}.txt": [_words(rng, 3, 12) for _ in range(rng.randint(20, 80))]
-        for i in range(n_files)}
-    authors = ["Ada <ada@example.org>", "Brian <bk@example.org>", "Grace <grace@example.org>",
-               "Linus <lt@example.org>", "Margaret <mh@example.org>"]
+        for i in range(n_files)
+    }
+    authors = [
+        "Ada <ada@example.org>",
+        "Brian <bk@example.org>",
+        "Grace <grace@example.org>",
+        "Linus <lt@example.org>",
+        "Margaret <mh@example.org>",
+    ]
     chunks: list[bytes] = []
     t0 = 1_600_000_000
     for c in range(1, size + 1):
@@ -272,7 +300,7 @@ def gen_git_repo(seed: int, size: int, dest: Path) -> list[str]:
         chunks.append(f"data {len(msg)}\n".encode() + msg)
         if c > 1:
             chunks.append(f"from :{c - 1}\n".encode())
-        for path in (sorted(files) if c == 1 else touched):
+        for path in sorted(files) if c == 1 else touched:
             body = ("\n".join(files[path]) + "\n").encode()
             chunks.append(f"M 100644 inline {path}\ndata {len(body)}\n".encode() + body)
         chunks.append(b"\n")
@@ -295,12 +323,465 @@ def gen_freeciv_script(seed: int, size: int, dest: Path) -> list[str]:
         f"set endturn {size}",
         "set mapsize FULLSIZE",
         "set size 2",
-        "set autosaves \"\"",
+        'set autosaves ""',
         "hard",
         "start",
     ]
     (dest / "script.serv").write_text("\n".join(lines) + "\n")
     return ["script.serv"]
+
+
+def gen_c_project(seed: int, size: int, dest: Path) -> list[str]:
+    """A C project for `make -j2`: `size` small modules (some including libc's headers), a
+    shared header, a utility module, a main, and a Makefile that compiles each module into obj/,
+    archives them with ar, links the program and runs it once. All files in one flat folder
+    (the runner makes each input file read-only 0644: a subfolder could not be entered)."""
+    rng = random.Random(seed)
+    ops = ["+", "-", "*", "^", "|", "&"]
+
+    def expr(depth: int) -> str:
+        if depth == 0 or rng.random() < 0.3:
+            return rng.choice(["a", "b", "c", "n->key", "n->val", f"{rng.randint(1, 999)}UL"])
+        return f"({expr(depth - 1)} {rng.choice(ops)} {expr(depth - 1)})"
+
+    common = [
+        "#ifndef GEN_COMMON_H",
+        "#define GEN_COMMON_H",
+        "typedef unsigned long u64;",
+        "struct node { u64 key; u64 val; struct node *next; char tag[16]; };",
+        "struct table { struct node **slots; unsigned n_slots; unsigned count; };",
+        "u64 util_mix(u64 a, u64 b);",
+        "struct node *util_push(struct node *head, u64 key, u64 val);",
+        "u64 util_drop(struct node *head);",
+    ]
+    common += [f"u64 mod{m:03d}_run(u64 x);" for m in range(size)]
+    common.append("#endif")
+    (dest / "common.h").write_text("\n".join(common) + "\n")
+    util = [
+        "#include <stdlib.h>",
+        "#include <string.h>",
+        '#include "common.h"',
+        "u64 util_mix(u64 a, u64 b) { a ^= b + 0x9e3779b97f4a7c15UL + (a << 6) + (a >> 2);"
+        " return a; }",
+        "struct node *util_push(struct node *head, u64 key, u64 val) {",
+        "  struct node *n = malloc(sizeof *n);",
+        "  if (!n) abort();",
+        "  n->key = key; n->val = val; n->next = head;",
+        '  memcpy(n->tag, "heapcast-node", 14);',
+        "  return n;",
+        "}",
+        "u64 util_drop(struct node *head) {",
+        "  u64 s = 0;",
+        "  while (head) { struct node *next = head->next; s += head->key ^ head->val;"
+        " free(head); head = next; }",
+        "  return s;",
+        "}",
+    ]
+    (dest / "util.c").write_text("\n".join(util) + "\n")
+    libc_headers = ["<stdio.h>", "<stdlib.h>", "<string.h>", "<stdint.h>", "<ctype.h>"]
+    for m in range(size):
+        out = [f"/* module {m} (generated, seed {seed}) */"]
+        for h in rng.sample(libc_headers, k=rng.randint(0, 3)):
+            out.append(f"#include {h}")
+        out.append('#include "common.h"')
+        n_funcs = rng.randint(2, 6)
+        for f in range(n_funcs):
+            out.append(f"static u64 m{m}_f{f}(struct node *n, u64 a, u64 b) {{")
+            body = []
+            for s in range(rng.randint(2, 6)):
+                kind = rng.randrange(4)
+                if kind == 0:
+                    body.append(
+                        f"  for (i = 0; i < {rng.randint(2, 40)}U; i++) c += {expr(3)} + i;"
+                    )
+                elif kind == 1:
+                    body.append(f"  switch ((a + {s}) & 7) {{")
+                    for case in range(rng.randint(2, 6)):
+                        body.append(f"    case {case}: c = {expr(2)}; break;")
+                    body.append(f"    default: c ^= {expr(2)};")
+                    body.append("  }")
+                elif kind == 2:
+                    body.append(f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};")
+                else:
+                    body.append(f"  c = util_mix(c, {expr(2)});")
+            loops = any(line.startswith("  for") for line in body)
+            out.append("  u64 c = a;" + (" unsigned i;" if loops else ""))
+            out += body
+            if f:  # a chain: every static function is used
+                out.append(f"  c += m{m}_f{f - 1}(n, b, c);")
+            out.append(f"  return c + {expr(2)};")
+            out.append("}")
+        out.append(f"u64 mod{m:03d}_run(u64 x) {{")
+        out.append("  struct node *head = 0; unsigned i; u64 s = x;")
+        out.append(f"  for (i = 0; i < {rng.randint(4, 64)}U; i++) {{")
+        out.append("    head = util_push(head, s, i);")
+        out.append(f"    s = m{m}_f{n_funcs - 1}(head, s, i);")
+        out.append("  }")
+        out.append("  return s ^ util_drop(head);")
+        out.append("}")
+        (dest / f"mod{m:03d}.c").write_text("\n".join(out) + "\n")
+    main = ["#include <stdio.h>", '#include "common.h"', "int main(void) {", "  u64 s = 1;"]
+    main += [f"  s = util_mix(s, mod{m:03d}_run(s));" for m in range(size)]
+    main += ['  printf("heapcast c project %lu\\n", s);', "  return 0;", "}"]
+    (dest / "main.c").write_text("\n".join(main) + "\n")
+    objs = " ".join(f"obj/mod{m:03d}.o" for m in range(size))
+    # one rule per object (no wildcard: the order of every list is fixed by the input);
+    # -pipe: no temporary .s files; -frandom-seed: gcc's own randomness fixed per file;
+    # gcc-ar: ar with gcc's LTO plugin named, so it does not load every plugin in
+    # /usr/lib/bfd-plugins (LLVM's gold plugin there adds ~7000 calls on some hosts)
+    makefile = [
+        f"# generated, seed {seed}: {size} modules",
+        "CC = gcc",
+        "AR = gcc-ar",
+        "CFLAGS = -O2 -pipe -Wall",
+        f"LIBOBJS = obj/util.o {objs}",
+        "all: check.txt",
+        "check.txt: prog",
+        "\t./prog > check.txt",
+        "prog: obj/main.o libgen.a",
+        "\t$(CC) -o $@ obj/main.o libgen.a",
+        "libgen.a: $(LIBOBJS)",
+        "\t$(AR) rcs $@ $(LIBOBJS)",
+        "obj/%.o: %.c common.h | obj",
+        "\t$(CC) $(CFLAGS) -frandom-seed=$< -c $< -o $@",
+        "obj:",
+        "\tmkdir -p obj",
+        ".PHONY: all",
+    ]
+    (dest / "Makefile").write_text("\n".join(makefile) + "\n")
+    return ["Makefile", "common.h", "util.c", "main.c"] + [f"mod{m:03d}.c" for m in range(size)]
+
+
+_PERL_TEMPLATE = r"""# heapcast workload (generated, seed __SEED__, size __SIZE__):
+# hashes, arrays, strings, sorts, joins.
+use strict;
+use warnings;
+
+my $SEED = __SEED__;
+my $SIZE = __SIZE__;
+srand($SEED);
+my @WORDS = qw(__WORDS__);
+
+sub word { return $WORDS[int(rand(@WORDS))]; }
+sub words {
+    my ($lo, $hi) = @_;
+    return join(" ", map { word() } 1 .. $lo + int(rand($hi - $lo + 1)));
+}
+
+sub phase_hashes {
+    my ($n) = @_;
+    my %h;
+    my %count;
+    for my $i (1 .. $n) {
+        my $k = join("-", map { word() } 1 .. 1 + int(rand(4))) . $i;
+        $h{$k} = { id => $i, tags => [ map { word() } 0 .. int(rand(6)) ], score => rand(100) };
+        $count{$_}++ for @{ $h{$k}{tags} };
+        if ($i % 7 == 0) {
+            my @ks = sort keys %h;
+            delete @h{ @ks[0 .. int(@ks / 3)] };
+        }
+    }
+    my $total = 0;
+    while (my ($k, $v) = each %h) { $total += scalar @{ $v->{tags} }; }
+    return $total + scalar(keys %count);
+}
+
+sub phase_strings {
+    my ($n) = @_;
+    my @parts;
+    my $acc = "";
+    for my $i (1 .. $n) {
+        my $s = words(2, 30);
+        $s = $i % 3 ? uc($s) : scalar reverse($s);
+        $s =~ s/(\w+) (\w+)/$2:$1/g;
+        push @parts, sprintf("%05d|%s|%.3f", $i, $s, rand());
+        $acc .= substr($s, 0, 1 + int(rand(length($s))));
+        if (@parts > 200) { @parts = (join(",", splice(@parts, 0, 50)), @parts); }
+        if (length($acc) > 4096) {
+            $acc = join("", reverse split(/ /, $acc));
+            $acc = substr($acc, 0, 512);
+        }
+    }
+    my $matches = 0;
+    for my $p (@parts) { my @m = ($p =~ /(\w+):(\w+)/g); $matches += @m; }
+    return $matches + length($acc);
+}
+
+sub phase_arrays {
+    my ($n) = @_;
+    my @q;
+    my @grid;
+    for my $i (1 .. $n) {
+        push @q, [ $i, word(), int(rand(1000)) ];
+        unshift @q, [ -$i, word() ] if $i % 5 == 0;
+        shift @q if @q > 300;
+        pop @q if $i % 11 == 0;
+        if ($i % 13 == 0 && @q > 10) {
+            splice(@q, int(rand(@q - 5)), 3, map { [ $_, word() ] } 1 .. 4);
+        }
+        push @{ $grid[$i % 17] }, $i * 2 if $i % 2;
+    }
+    my @flat = map { @$_ } grep { defined } @grid;
+    return scalar(@q) + scalar(@flat);
+}
+
+sub phase_sort {
+    my ($n) = @_;
+    my @rows = map { [ word(), int(rand(1000)), sprintf("%.6f", rand()) ] } 1 .. $n;
+    my @sorted = sort { $a->[0] cmp $b->[0] or $b->[1] <=> $a->[1] } @rows;
+    # the Schwartzian transform: decorate, sort, undecorate
+    my @by_len = map { $_->[1] } sort { $a->[0] <=> $b->[0] or $a->[1] cmp $b->[1] }
+                 map { [ length($_->[2] . $_->[0]), join("/", @$_) ] } @rows;
+    my %groups;
+    push @{ $groups{ $_->[0] } }, $_->[1] for @sorted;
+    my @keys = sort { scalar(@{ $groups{$b} }) <=> scalar(@{ $groups{$a} }) or $a cmp $b }
+               keys %groups;
+    my @nums = sort { $a <=> $b } map { $_->[1] } @rows;
+    return scalar(@by_len) + scalar(@keys) + ($nums[-1] // 0);
+}
+
+sub phase_join {
+    my ($n) = @_;
+    my (%users, %orders);
+    my $n_users = 1 + int($n / 10);
+    for my $u (1 .. $n_users) {
+        $users{$u} = { name => words(1, 3) . " $u", country => word() };
+    }
+    for my $o (1 .. $n) {
+        my $u = 1 + int(rand($n_users));
+        push @{ $orders{$u} }, { id => $o, item => words(1, 5), price => int(rand(50000)) / 100 };
+    }
+    my %by_country;
+    for my $u (sort { $a <=> $b } keys %orders) {
+        my $c = $users{$u}{country};
+        for my $o (@{ $orders{$u} }) {
+            $by_country{$c}{total} += $o->{price};
+            push @{ $by_country{$c}{lines} }, join("\t", $users{$u}{name}, $o->{id}, $o->{item});
+        }
+    }
+    my $out = "";
+    for my $c (sort keys %by_country) {
+        my $lines = $by_country{$c}{lines};
+        $out .= sprintf("%s %.2f %d\n", $c, $by_country{$c}{total}, scalar @$lines);
+        $out .= join("\n", (sort @$lines)[0 .. 2]) . "\n" if @$lines > 2;
+    }
+    return length($out);
+}
+
+package Node;
+sub new { my ($class, %a) = @_; return bless { %a, children => [] }, $class; }
+sub add { my ($self, $c) = @_; push @{ $self->{children} }, $c; return $c; }
+sub weight {
+    my ($self) = @_;
+    my $w = length($self->{label});
+    $w += $_->weight() for @{ $self->{children} };
+    return $w;
+}
+package main;
+
+sub phase_objects {
+    my ($n) = @_;
+    my @roots;
+    my $sum = 0;
+    for my $i (1 .. $n) {
+        my $node = Node->new(key => $i, label => words(1, 4),
+                             payload => "x" x (1 + int(rand(600))));
+        if (@roots && rand() < 0.6) { $roots[int(rand(@roots))]->add($node); }
+        else { push @roots, $node; }
+        if (@roots > 200) {
+            my @gone = splice(@roots, 0, 1 + int(rand(100)));
+            $sum += $_->weight() for @gone;
+        }
+    }
+    my @closures = map { my $k = $_; sub { return $k * $_[0] } } 1 .. 50;
+    $sum += $_->(3) for @closures;
+    return $sum;
+}
+
+my %FUNCS = (hashes => \&phase_hashes, strings => \&phase_strings, arrays => \&phase_arrays,
+             sort => \&phase_sort, join => \&phase_join, objects => \&phase_objects);
+my @PHASES = qw(__PHASES__);
+my $ROUNDS = __ROUNDS__;
+my $result = 0;
+for my $round (1 .. $ROUNDS) {
+    for my $name (@PHASES) {
+        $result += $FUNCS{$name}->(int($SIZE / $ROUNDS) + 1);
+    }
+}
+printf("heapcast perl workload done %d\n", $result);
+exit 0;
+"""
+
+
+def gen_perl_script(seed: int, size: int, dest: Path) -> list[str]:
+    """Perl 5: hashes of records, string building and regexes, array churn, sorts (the
+    Schwartzian transform), a hash join with group-by, blessed trees and closures."""
+    rng = random.Random(seed)
+    phases = ["hashes", "strings", "arrays", "sort", "join", "objects"]
+    rng.shuffle(phases)
+    fill = {
+        "__SEED__": str(seed),
+        "__SIZE__": str(size),
+        "__WORDS__": " ".join(_WORDS[:40]),
+        "__PHASES__": " ".join(phases),
+        "__ROUNDS__": str(rng.randint(2, 4)),
+    }
+    text = _PERL_TEMPLATE
+    for key, value in fill.items():
+        text = text.replace(key, value)
+    (dest / "workload.pl").write_text(text)
+    return ["workload.pl"]
+
+
+_NUMPY_TEMPLATE = '''\
+"""heapcast workload (generated, seed {seed}, size {size}): Debian's numpy, every object on malloc.
+
+numpy is imported from its own folder (argv[1], else Debian's), not through sys.path: run with
+-S (no site module), sys.path holds only the standard library, so the host and an image with
+different dist-packages run the same code (an optional import numpy tries fails the same way).
+"""
+import importlib.util
+import random
+import secrets
+import sys
+
+SEED = {seed}
+SIZE = {size}
+# numpy.random seeds its global legacy RandomState at import with secrets.randbits (the OS's
+# entropy), whose Python ints are 28 or 32 bytes as the drawn value falls: seeded here instead
+secrets.randbits = random.Random(SEED).getrandbits
+
+NUMPY_DIR = sys.argv[1] if len(sys.argv) > 1 else {numpy_dir!r}
+_spec = importlib.util.spec_from_file_location(
+    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
+)
+np = importlib.util.module_from_spec(_spec)
+sys.modules["numpy"] = np
+_spec.loader.exec_module(np)
+
+rng = np.random.default_rng(SEED)
+WORDS = np.array({words!r})
+
+
+def phase_create(n):
+    total = 0.0
+    for i in range(n):
+        k = 4 + i % 60
+        a = np.arange(k * 3, dtype=np.float64)
+        b = np.zeros((k, 3)) + np.ones((k, 3)) * i
+        c = np.linspace(0.0, 1.0, k)
+        d = rng.random(k) + rng.integers(0, 100, size=k)
+        e = np.array([[j, j * 2.5, -j] for j in range(k % 9 + 1)])
+        f = np.full((2, k), 7, dtype=np.int32)
+        total += a.sum() + b[-1, 0] + c[-1] + d.mean() + e.size + f.sum()
+    return total
+
+
+def phase_reshape(n):
+    total = 0
+    for i in range(n):
+        k = 2 + i % 12
+        a = np.arange(k * k * 4).reshape(k, k, 4)
+        b = a.transpose(2, 0, 1).reshape(4, -1)
+        c = np.concatenate([b, b[::-1]], axis=1)
+        d = np.stack([c[0], c[-1]]).ravel()
+        parts = np.array_split(d, 3)
+        mask = d % 3 == 0
+        e = np.where(mask, d, -d)[mask.nonzero()[0][:5]]
+        f = a[..., None] * np.arange(3)
+        total += int(e.sum()) + len(parts) + f.shape[-1] + int(d[rng.integers(0, d.size, 4)].sum())
+    return total
+
+
+def phase_reduce(n):
+    total = 0.0
+    for i in range(n):
+        k = 8 + i % 40
+        a = rng.normal(size=(k, 6))
+        total += float(a.sum(axis=0).max() + a.mean(axis=1).min() + a.std())
+        total += float(np.cumsum(a, axis=0)[-1].sum() + np.abs(a).max())
+        labels = rng.integers(0, 8, size=k)
+        counts = np.bincount(labels, minlength=8)
+        uniq, inv = np.unique(labels, return_inverse=True)
+        hist, _ = np.histogram(a[:, 0], bins=5)
+        total += float(counts.argmax() + uniq.size + inv.sum() + hist.sum())
+    return total
+
+
+def phase_sort(n):
+    total = 0
+    for i in range(n):
+        k = 16 + i % 200
+        a = rng.integers(0, 1000, size=k)
+        s = np.sort(a)
+        order = np.argsort(a, kind="stable")
+        keys = np.lexsort((a, a % 7))
+        part = np.partition(a, k // 2)[k // 2]
+        pos = np.searchsorted(s, [100, 500, 900])
+        w = WORDS[a % len(WORDS)]
+        ws = np.sort(w)
+        total += int(s[0] + order[0] + keys[-1] + part + pos.sum()) + len(ws[0])
+    return total
+
+
+def phase_linalg(n):
+    total = 0.0
+    for i in range(n):
+        k = 3 + i % 10
+        m = rng.normal(size=(k, k)) + np.eye(k) * k
+        v = rng.normal(size=k)
+        x = np.linalg.solve(m, v)
+        inv = np.linalg.inv(m)
+        q, r = np.linalg.qr(m)
+        sv = np.linalg.svd(m, compute_uv=False)
+        w = np.linalg.eigvalsh(m @ m.T)
+        total += float(x.sum() + inv.trace() + abs(r[0, 0]) + sv[0] + w[-1] + np.linalg.det(m))
+        total += float(np.einsum("ij,j->i", m, v).sum() + np.dot(v, v) + np.outer(v, v).sum())
+    return total
+
+
+def phase_text(n):
+    total = 0
+    for i in range(n // 4 + 1):
+        a = rng.random((3 + i % 5, 4)).round(3)
+        total += len(str(a)) + len(repr(a.tolist())) + len(np.array2string(a, precision=2))
+        total += len(",".join(str(x) for x in a.ravel()[:8]))
+        b = np.array(" ".join(str(j) for j in range(i % 30 + 1)).split(), dtype=np.int64)
+        total += int(b.sum())
+    return total
+
+
+PHASES = {phases!r}
+FUNCS = {{"create": phase_create, "reshape": phase_reshape, "reduce": phase_reduce,
+         "sort": phase_sort, "linalg": phase_linalg, "text": phase_text}}
+result = 0.0
+for round_ in range({rounds}):
+    for name in PHASES:
+        result += FUNCS[name](SIZE // {rounds} + 1)
+print("heapcast numpy workload done", round(float(result), 3), np.__version__)
+sys.exit(0)
+'''
+
+# Debian's python3-numpy (1.24): the same path on the host and in the image
+DEBIAN_NUMPY_DIR = "/usr/lib/python3/dist-packages/numpy"
+
+
+def gen_numpy_script(seed: int, size: int, dest: Path) -> list[str]:
+    """numpy on CPython: array creation, reshapes and fancy indexing, reductions, sorting, small
+    linear algebra (LAPACK), array printing; numpy imported from its folder (see the script)."""
+    rng = random.Random(seed)
+    phases = ["create", "reshape", "reduce", "sort", "linalg", "text"]
+    rng.shuffle(phases)
+    text = _NUMPY_TEMPLATE.format(
+        seed=seed,
+        size=size,
+        words=_WORDS[:40],
+        phases=phases,
+        rounds=rng.randint(2, 4),
+        numpy_dir=DEBIAN_NUMPY_DIR,
+    )
+    (dest / "workload.py").write_text(text)
+    return ["workload.py"]
 
 
 def gen_none(seed: int, size: int, dest: Path) -> list[str]:
@@ -314,6 +795,9 @@ GENERATORS: dict[str, Callable[[int, int, Path], list[str]]] = {
     "c_file": gen_c_file,
     "git_repo": gen_git_repo,
     "freeciv_script": gen_freeciv_script,
+    "perl_script": gen_perl_script,
+    "c_project": gen_c_project,
+    "numpy_script": gen_numpy_script,
 }
 
 
@@ -322,8 +806,9 @@ def generate_input(generator: str, seed: int, size: int, dest: str | Path) -> li
     try:
         gen = GENERATORS[generator]
     except KeyError:
-        raise ValueError(f"unknown input generator {generator!r}; known: "
-                         f"{', '.join(sorted(GENERATORS))}") from None
+        raise ValueError(
+            f"unknown input generator {generator!r}; known: {', '.join(sorted(GENERATORS))}"
+        ) from None
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     return gen(seed, size, dest)

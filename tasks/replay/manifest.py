@@ -44,8 +44,9 @@ class RunManifest(BaseModel):
     events: int = Field(description="heap calls (every record but THREAD_START)")
     events_by_op: dict[str, int]
     files: list[str] = Field(description="trace file names in the run folder")
-    unreadable_files: list[str] = Field(default_factory=list,
-                                        description="trace files with no readable header")
+    unreadable_files: list[str] = Field(
+        default_factory=list, description="trace files with no readable header"
+    )
     input_files: list[str]
     tracer_sha256: str
     caller: bool
@@ -56,5 +57,5 @@ class RunManifest(BaseModel):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "RunManifest":
+    def from_json(cls, text: str | bytes) -> RunManifest:
         return cls.model_validate_json(text)

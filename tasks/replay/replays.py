@@ -26,13 +26,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from tasks.config import default_root
-from tasks.manifest import MANIFEST_NAME, RunManifest
-from tasks.runners.base import EngineError, RunRequest, RunResult
-from tasks.runners.select import make_runner, resolve_runner_kind
-from tasks.storage import Root
-from tasks.trace_reader import TraceCounts, count_traces
-from tasks.workloads import Workload, WorkloadInput
+from tasks.core.config import default_root
+from tasks.core.storage import Root
+from tasks.format.trace_reader import TraceCounts, count_traces
+from tasks.replay.manifest import MANIFEST_NAME, RunManifest
+from tasks.replay.runners.base import EngineError, RunRequest, RunResult
+from tasks.replay.runners.select import make_runner, resolve_runner_kind
+from tasks.replay.workloads import Workload, WorkloadInput
 
 FAILED_DIR = "_failed"
 
@@ -44,8 +44,10 @@ class ReplayFailed(RuntimeError):
     def __init__(self, manifest: RunManifest, where: str):
         self.manifest = manifest
         self.where = where
-        super().__init__(f"workload {manifest.workload!r} input {manifest.input!r}: "
-                         f"{manifest.error} (partial traces and manifest in {where})")
+        super().__init__(
+            f"workload {manifest.workload!r} input {manifest.input!r}: "
+            f"{manifest.error} (partial traces and manifest in {where})"
+        )
 
 
 def sha256_file(path: Path) -> str:
@@ -56,23 +58,30 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def judge(workload: Workload, result: RunResult, counts: TraceCounts,
-          time_limit_s: float) -> str | None:
+def judge(
+    workload: Workload, result: RunResult, counts: TraceCounts, time_limit_s: float
+) -> str | None:
     """Why a run is not good, or None when it is."""
     if result.error and result.exit_code is None and not result.timed_out:
         return result.error
     if result.timed_out:
-        return (f"exceeded its time limit of {time_limit_s:g} s and was killed "
-                f"(log: {result.log_tail.splitlines()[-1] if result.log_tail else 'empty'})")
+        return (
+            f"exceeded its time limit of {time_limit_s:g} s and was killed "
+            f"(log: {result.log_tail.splitlines()[-1] if result.log_tail else 'empty'})"
+        )
     if result.error:
         return result.error
     if result.exit_code != workload.expected_exit_code:
         last = result.log_tail.splitlines()[-3:] if result.log_tail else []
-        return (f"exit code {result.exit_code}, expected {workload.expected_exit_code}; "
-                f"last output: {' | '.join(last) or '(none)'}")
+        return (
+            f"exit code {result.exit_code}, expected {workload.expected_exit_code}; "
+            f"last output: {' | '.join(last) or '(none)'}"
+        )
     if counts.events == 0:
-        return ("the program ran but no heap events were recorded: the tracer did not load "
-                "(is LD_PRELOAD reaching the program? a static binary?)")
+        return (
+            "the program ran but no heap events were recorded: the tracer did not load "
+            "(is LD_PRELOAD reaching the program? a static binary?)"
+        )
     return None
 
 
@@ -121,7 +130,7 @@ def _move_tree(root: Root, src: str, dst: str) -> None:
         fs.mv(src, dst, recursive=True)
         return
     for path in fs.find(src):
-        fs.copy(path, dst + path[len(src):])
+        fs.copy(path, dst + path[len(src) :])
     fs.rm(src, recursive=True)
 
 
@@ -140,27 +149,33 @@ def _own(path: Path) -> None:
     if os.geteuid() != 0:
         return
     uid, gid = os.getuid(), os.getgid()
-    for dirpath, dirnames, filenames in os.walk(path):
+    for dirpath, _dirnames, filenames in os.walk(path):
         os.chown(dirpath, uid, gid)
         for n in filenames:
             os.chown(os.path.join(dirpath, n), uid, gid)
 
 
-def replay_input(workload: Workload, inp: WorkloadInput, tracer: str | Path,
-                 root: str | None = None, runner: str = "auto", caller: bool = False,
-                 log=None) -> RunManifest:
+def replay_input(
+    workload: Workload,
+    inp: WorkloadInput,
+    tracer: str | Path,
+    root: Root | None = None,
+    runner: str = "auto",
+    caller: bool = False,
+    log=None,
+) -> RunManifest:
     """Generate the input, run it, count the traces, publish traces + manifest.
 
     Returns the manifest of a good run; raises ReplayFailed (after publishing) for a bad one,
     EngineError for an engine hiccup (nothing published: worth a retry), RunnerUnavailable
     when the runner cannot run here."""
-    from tasks.inputs import generate_input
+    from tasks.replay.inputs import generate_input
 
     log = log or _logger()
     tracer = Path(tracer)
     if not tracer.is_file():
         raise FileNotFoundError(f"tracer {tracer} not found: build it with `make -C native`")
-    data_root = Root.from_url(root or default_root())
+    data_root = root or Root.from_url(default_root())
     kind, why = resolve_runner_kind(runner)  # type: ignore[arg-type]
     log.info(f"{workload.name}/{inp.name}: {why}")
     run_runner = make_runner(kind)
@@ -177,32 +192,61 @@ def replay_input(workload: Workload, inp: WorkloadInput, tracer: str | Path,
             d.chmod(0o755)
         for f in input_files:
             (input_dir / f).chmod(0o644)
-        request = RunRequest(workload=workload, input=inp, tracer=tracer, input_dir=input_dir,
-                             trace_dir=trace_dir, work_dir=work_dir, caller=caller)
+        request = RunRequest(
+            workload=workload,
+            input=inp,
+            tracer=tracer,
+            input_dir=input_dir,
+            trace_dir=trace_dir,
+            work_dir=work_dir,
+            caller=caller,
+        )
         result = run_runner.run(request)
         _own(trace_dir)
         counts = count_traces(trace_dir)
         error = judge(workload, result, counts, request.time_limit_s)
         manifest = RunManifest(
-            workload=workload.name, input=inp.name, run=inp.name, seed=inp.seed, size=inp.size,
-            runner=result.runner, sandbox=result.sandbox, image=result.image,
-            image_id=result.image_id, command=result.command, env=result.env,
-            exit_code=result.exit_code, expected_exit_code=workload.expected_exit_code,
-            ok=error is None, error=error, timed_out=result.timed_out,
-            time_limit_s=request.time_limit_s, started_at=result.started_at,
-            duration_s=result.duration_s, processes=counts.processes, threads=counts.threads,
-            events=counts.events, events_by_op=counts.events_by_op, files=counts.files,
-            unreadable_files=counts.unreadable_files, input_files=input_files,
-            tracer_sha256=sha256_file(tracer), caller=caller,
-            host=result.host or socket.gethostname(), log_tail=result.log_tail)
+            workload=workload.name,
+            input=inp.name,
+            run=inp.name,
+            seed=inp.seed,
+            size=inp.size,
+            runner=result.runner,
+            sandbox=result.sandbox,
+            image=result.image,
+            image_id=result.image_id,
+            command=result.command,
+            env=result.env,
+            exit_code=result.exit_code,
+            expected_exit_code=workload.expected_exit_code,
+            ok=error is None,
+            error=error,
+            timed_out=result.timed_out,
+            time_limit_s=request.time_limit_s,
+            started_at=result.started_at,
+            duration_s=result.duration_s,
+            processes=counts.processes,
+            threads=counts.threads,
+            events=counts.events,
+            events_by_op=counts.events_by_op,
+            files=counts.files,
+            unreadable_files=counts.unreadable_files,
+            input_files=input_files,
+            tracer_sha256=sha256_file(tracer),
+            caller=caller,
+            host=result.host or socket.gethostname(),
+            log_tail=result.log_tail,
+        )
         (trace_dir / MANIFEST_NAME).write_text(manifest.to_json())
         where = publish_run(data_root, trace_dir, workload.name, inp.name, manifest.ok)
         where_url = where if data_root.is_local else data_root.url.split("://")[0] + "://" + where
         if not manifest.ok:
             log.error(f"{workload.name}/{inp.name} failed: {manifest.error}")
             raise ReplayFailed(manifest, where_url)
-        log.info(f"{workload.name}/{inp.name}: {manifest.events:,} events, "
-                 f"{manifest.processes} processes, {manifest.duration_s:.1f} s -> {where_url}")
+        log.info(
+            f"{workload.name}/{inp.name}: {manifest.events:,} events, "
+            f"{manifest.processes} processes, {manifest.duration_s:.1f} s -> {where_url}"
+        )
         return manifest
     finally:
         _own(scratch)
@@ -214,6 +258,7 @@ def _logger():
         return get_run_logger()
     except Exception:  # outside a run: plain logging
         import logging
+
         return logging.getLogger("heapcast.replay")
 
 
@@ -228,10 +273,21 @@ def _retry_engine_hiccups(task, task_run, state) -> bool:
     return False
 
 
-@task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_engine_hiccups,
-      cache_policy=NO_CACHE, task_run_name="replay-{workload.name}-{input.name}")
-def replay(workload: Workload, input: WorkloadInput, tracer: str, root: str | None = None,
-           runner: str = "auto", caller: bool = False) -> RunManifest:
+@task(
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_retry_engine_hiccups,
+    cache_policy=NO_CACHE,
+    task_run_name="replay-{workload.name}-{input.name}",
+)
+def replay(
+    workload: Workload,
+    input: WorkloadInput,
+    tracer: str,
+    root: Root | None = None,
+    runner: str = "auto",
+    caller: bool = False,
+) -> RunManifest:
     """Replay one workload input in its container (or sandbox) and publish its traces."""
     return replay_input(workload, input, tracer, root=root, runner=runner, caller=caller)
 
@@ -261,16 +317,25 @@ class TraceSummary(BaseModel):
         return [r for r in self.runs if not r.ok]
 
     def markdown(self) -> str:
-        lines = [f"# heapcast trace: {len(self.runs) - len(self.failed)} of {len(self.runs)} "
-                 "runs ok", "", f"Runner: {self.runner_reason}. Root: `{self.root}`.", "",
-                 "| workload | input | result | events | processes | threads | duration (s) | why |",
-                 "|---|---|---|---:|---:|---:|---:|---|"]
+        lines = [
+            f"# heapcast trace: {len(self.runs) - len(self.failed)} of {len(self.runs)} runs ok",
+            "",
+            f"Runner: {self.runner_reason}. Root: `{self.root}`.",
+            "",
+            "| workload | input | result | events | processes | threads | duration (s) | why |",
+            "|---|---|---|---:|---:|---:|---:|---|",
+        ]
         for r in self.runs:
             why = (r.error or "").replace("|", "\\|").replace("\n", " ")[:300]
-            fmt = lambda v: "" if v is None else f"{v:,}" if isinstance(v, int) else f"{v:.1f}"
-            lines.append(f"| {r.workload} | {r.input} | {'ok' if r.ok else '**failed**'} | "
-                         f"{fmt(r.events)} | {fmt(r.processes)} | {fmt(r.threads)} | "
-                         f"{fmt(r.duration_s)} | {why} |")
+
+            def fmt(v):
+                return "" if v is None else f"{v:,}" if isinstance(v, int) else f"{v:.1f}"
+
+            lines.append(
+                f"| {r.workload} | {r.input} | {'ok' if r.ok else '**failed**'} | "
+                f"{fmt(r.events)} | {fmt(r.processes)} | {fmt(r.threads)} | "
+                f"{fmt(r.duration_s)} | {why} |"
+            )
         return "\n".join(lines) + "\n"
 
 
@@ -285,9 +350,18 @@ def outcome_of(workload: str, input: str, state) -> ReplayOutcome:
         err = value if isinstance(value, BaseException) else None
         why = f"{type(err).__name__}: {err}" if err else f"task ended {state.type.value}"
         return ReplayOutcome(workload=workload, input=input, ok=False, error=why)
-    return ReplayOutcome(workload=m.workload, input=m.input, ok=m.ok, error=m.error,
-                         events=m.events, processes=m.processes, threads=m.threads,
-                         duration_s=m.duration_s, exit_code=m.exit_code, timed_out=m.timed_out)
+    return ReplayOutcome(
+        workload=m.workload,
+        input=m.input,
+        ok=m.ok,
+        error=m.error,
+        events=m.events,
+        processes=m.processes,
+        threads=m.threads,
+        duration_s=m.duration_s,
+        exit_code=m.exit_code,
+        timed_out=m.timed_out,
+    )
 
 
 def replay_all(pairs: list, max_parallel: int, **kwargs) -> list:
@@ -306,15 +380,21 @@ def replay_all(pairs: list, max_parallel: int, **kwargs) -> list:
     return futures
 
 
-def report_replays(pairs: list, futures: list, *, runner: str, runner_reason: str, tracer: str,
-                   root: str) -> TraceSummary:
+def report_replays(
+    pairs: list, futures: list, *, runner: str, runner_reason: str, tracer: str, root: Root
+) -> TraceSummary:
     """The replays' summary: published as the `trace-summary` artifact, failures logged."""
     log = get_run_logger()
     summary = TraceSummary(
-        runner=runner, runner_reason=runner_reason, tracer=tracer, root=Root.from_url(root).url,
-        runs=[outcome_of(w.name, i.name, f.state) for (w, i), f in zip(pairs, futures)])
-    create_markdown_artifact(summary.markdown(), key="trace-summary",
-                             description="replays: ok or failed, why, events")
+        runner=runner,
+        runner_reason=runner_reason,
+        tracer=tracer,
+        root=root.url,
+        runs=[outcome_of(w.name, i.name, f.state) for (w, i), f in zip(pairs, futures)],
+    )
+    create_markdown_artifact(
+        summary.markdown(), key="trace-summary", description="replays: ok or failed, why, events"
+    )
     for r in summary.failed:
         log.error(f"{r.workload}/{r.input} failed: {r.error}")
     log.info(f"{len(summary.runs) - len(summary.failed)} of {len(summary.runs)} replays ok")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need_tool
-
 from benchmarks.bench_convert import reference_line_loop, sqlite_sql
 from benchmarks.reference.article_log import build, trace_to_gzip_log
+from tests.conftest import need_tool
 
 T = rb"(\d+)\.(\d{6})\t(-?\d+)\t"
 P = rb"(0x[0-9a-f]+|\(nil\))"
@@ -83,11 +82,13 @@ def test_sqlite3_log_is_the_articles_format_and_parses(lib, tmp_path):
 
 
 def test_threads_get_their_own_pthread_self(lib, tmp_path):
-    code = ("import threading\n"
-            "def work():\n"
-            "    for i in range(2000): bytearray(100 + i)\n"
-            "ts = [threading.Thread(target=work) for _ in range(4)]\n"
-            "[t.start() for t in ts]; [t.join() for t in ts]\n")
+    code = (
+        "import threading\n"
+        "def work():\n"
+        "    for i in range(2000): bytearray(100 + i)\n"
+        "ts = [threading.Thread(target=work) for _ in range(4)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+    )
     log_gz = tmp_path / "py.log.gz"
     n = trace_to_gzip_log([sys.executable, "-c", code], None, log_gz, tmp_path / "work", lib=lib)
     lines = read_log(log_gz)
@@ -103,7 +104,11 @@ def test_untraced_when_the_log_exists_or_is_not_set(lib, tmp_path):
     log = tmp_path / "taken.log"
     log.write_bytes(b"someone else's\n")
     for env in ({"TRACEMALLOC_LOG": str(log)}, {}):
-        out = subprocess.run([sqlite3, ":memory:", "SELECT 6*7;"], capture_output=True, check=True,
-                             env={"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(lib), **env})
+        out = subprocess.run(
+            [sqlite3, ":memory:", "SELECT 6*7;"],
+            capture_output=True,
+            check=True,
+            env={"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(lib), **env},
+        )
         assert out.stdout == b"42\n"
     assert log.read_bytes() == b"someone else's\n"

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from tasks.format.trace_reader import Op, read_trace
 from tests.conftest import need_tool
-
-from tasks.trace_reader import Op, read_trace
 
 HEAPCAST = Path(sys.executable).with_name("heapcast")
 
@@ -28,7 +24,9 @@ def test_trace_keeps_output_and_prints_a_summary(tmp_path):
     r = heapcast("trace", "-o", "out", "--", "sqlite3", ":memory:", "select 6*7", cwd=tmp_path)
     # THEN its output and exit code are unchanged, and one summary line names the trace
     assert (r.returncode, r.stdout) == (plain.returncode, plain.stdout) == (0, "42\n")
-    m = re.search(r"heapcast: (\d+) process\(es\), (\d+) thread\(s\), (\d+) events -> (\S+)", r.stderr)
+    m = re.search(
+        r"heapcast: (\d+) process\(es\), (\d+) thread\(s\), (\d+) events -> (\S+)", r.stderr
+    )
     assert m, r.stderr
     processes, threads, events, where = int(m[1]), int(m[2]), int(m[3]), Path(m[4])
     t = read_trace(where)
@@ -39,8 +37,9 @@ def test_trace_keeps_output_and_prints_a_summary(tmp_path):
 
 def test_trace_passes_the_exit_code_through_and_counts_every_process(tmp_path):
     # sh forks a child (the subshell) that execs `true`: three process images in all
-    r = heapcast("trace", "-o", "out", "--", "sh", "-c", "(true; /bin/true); echo done; exit 3",
-                 cwd=tmp_path)
+    r = heapcast(
+        "trace", "-o", "out", "--", "sh", "-c", "(true; /bin/true); echo done; exit 3", cwd=tmp_path
+    )
     assert r.returncode == 3 and r.stdout == "done\n"
     m = re.search(r"(\d+) process\(es\)", r.stderr)
     files = list((tmp_path / "out").glob("*/*.hct"))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from flows.dataset import DatasetParams, dataset
-from tasks.dask_cluster import close_local_cluster
-from tasks.dataset import RunRef, read_events, read_summary
-from tasks.storage import Root
-from tests.tasks.test_dataset import make_run
+from tasks.core.storage import Root
+from tasks.dataset.dask_cluster import close_local_cluster
+from tasks.dataset.partitions import RunRef, read_events, read_summary
+from tests.tasks.dataset.test_partitions import make_run
 
 
 def test_flow_converts_new_runs_once_and_on_force(tmp_path, prefect_harness, monkeypatch):
@@ -33,7 +34,7 @@ def test_flow_converts_new_runs_once_and_on_force(tmp_path, prefect_harness, mon
 
 
 def test_params_are_strict():
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="sheduler"):
         DatasetParams(root="x", sheduler="tcp://x:8786")
 
 
@@ -43,7 +44,7 @@ def test_one_run_that_fails_does_not_stop_the_others(tmp_path, prefect_harness, 
     monkeypatch.setenv("HEAPCAST_DASK_WORKERS", "1")
     root = make_run(tmp_path, workload="w", run="good", bad=False)
     make_run(tmp_path, workload="w", run="broken", bad=False)
-    import tasks.dataset as ds
+    import tasks.dataset.partitions as ds
 
     real = ds.convert_run
 
@@ -54,7 +55,7 @@ def test_one_run_that_fails_does_not_stop_the_others(tmp_path, prefect_harness, 
 
     monkeypatch.setattr("flows.dataset.convert_run", convert_run)
     # WHEN the flow runs, THEN it fails naming the broken run, and the good one is converted
-    from tasks.dataset import ConversionFailed
+    from tasks.dataset.partitions import ConversionFailed
 
     with pytest.raises(ConversionFailed, match=r"w/broken: OSError: disk full"):
         dataset(DatasetParams(root=root.url))

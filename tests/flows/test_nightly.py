@@ -15,13 +15,17 @@ import asyncio
 import pytest
 
 from flows.nightly import nightly
-from tasks.nightly import NightlyParams
-from tasks.storage import Root
-from tasks.summary import ARTIFACT_KEY, NothingTrained
-from tasks.synthetic_events import write_synthetic_events
+from tasks.core.storage import Root
+from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.nightly.params import NightlyParams
+from tasks.nightly.summary import ARTIFACT_KEY, NothingTrained
 
 TINY_TRAINING = {
-    "context": 8, "model": {"units": [4]}, "batch_size": 8, "epochs": 1, "steps_per_epoch": 2,
+    "context": 8,
+    "model": {"units": [4]},
+    "batch_size": 8,
+    "epochs": 1,
+    "steps_per_epoch": 2,
     "ngram": {"max_order": 3},
 }
 
@@ -42,21 +46,27 @@ def latest_summary_artifact() -> str:
         async with get_client() as client:
             return await client.read_artifacts(
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
-                sort=ArtifactSort.CREATED_DESC, limit=1)
+                sort=ArtifactSort.CREATED_DESC,
+                limit=1,
+            )
 
     return asyncio.run(read())[0].data
 
 
 def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
     params = NightlyParams(
-        root=str(tmp_path / "data"), quick=True,
+        root=str(tmp_path / "data"),
+        quick=True,
         trace={"workloads": ["sqlite3"], "runner": "local"},
         train={"overrides": TINY_TRAINING},
     )
     summary = nightly(params)
 
     assert [(s.name, s.ok) for s in summary.stages] == [
-        ("trace", True), ("dataset", True), ("train", True)]
+        ("trace", True),
+        ("dataset", True),
+        ("train", True),
+    ]
     assert summary.replays_ok == ["sqlite3/small", "sqlite3/medium"]
     assert len(summary.converted) == 2
     assert summary.trained and summary.model_top1 is not None
@@ -72,8 +82,9 @@ def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):
     # GIVEN events already in the root (an earlier night), and a trace stage that fails
     root = Root.from_url(str(tmp_path / "data"))
     write_synthetic_events(root, {"alpha": 2}, tokens_per_run=2000)
-    params = NightlyParams(root=root.url, trace={"workloads": ["no-such-workload"]},
-                           train={"overrides": TINY_TRAINING})
+    params = NightlyParams(
+        root=root.url, trace={"workloads": ["no-such-workload"]}, train={"overrides": TINY_TRAINING}
+    )
     summary = nightly(params)
 
     trace = summary.stages[0]
@@ -84,8 +95,11 @@ def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):
 
 
 def test_night_without_a_model_fails_at_the_end(prefect_harness, tmp_path):
-    params = NightlyParams(root=str(tmp_path / "empty"), trace={"workloads": ["no-such-workload"]},
-                           train={"overrides": TINY_TRAINING})
+    params = NightlyParams(
+        root=str(tmp_path / "empty"),
+        trace={"workloads": ["no-such-workload"]},
+        train={"overrides": TINY_TRAINING},
+    )
     with pytest.raises(NothingTrained, match="no model was trained"):
         nightly(params)
     page = latest_summary_artifact()  # published before failing

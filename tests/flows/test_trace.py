@@ -6,19 +6,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.manifest import MANIFEST_NAME
-from tasks.workloads import TraceParams
+from tasks.replay.manifest import MANIFEST_NAME
+from tasks.replay.workloads import TraceParams
 
-CATALOG = Path(__file__).parent.parent / "tasks" / "catalogs" / "flow.yaml"
+CATALOG = Path(__file__).parents[1] / "tasks" / "replay" / "catalogs" / "flow.yaml"
 
 
 def test_trace_flow_one_failure_does_not_stop_the_others(prefect_harness, tmp_path):
-    from flows.trace import trace
     from prefect.artifacts import Artifact
 
+    from flows.trace import trace
+
     # GIVEN a catalog whose `broken` workload exits 3 where 0 is expected
-    params = TraceParams(catalog=str(CATALOG), quick=True, runner="local", root=str(tmp_path),
-                         max_parallel=2)
+    params = TraceParams(
+        catalog=str(CATALOG), quick=True, runner="local", root=str(tmp_path), max_parallel=2
+    )
     # WHEN the flow replays its quick inputs
     summary = trace(params)
     # THEN every quick input was replayed, the good ones published, the broken one reported
@@ -32,8 +34,10 @@ def test_trace_flow_one_failure_does_not_stop_the_others(prefect_harness, tmp_pa
     broken = runs[("broken", "small")]
     assert not broken.ok and "exit code 3, expected 0" in broken.error
     assert [r.workload for r in summary.failed] == ["broken"]
-    assert json.loads((tmp_path / "raw" / "broken" / "small" / MANIFEST_NAME).read_text())[
-        "exit_code"] == 3
+    assert (
+        json.loads((tmp_path / "raw" / "broken" / "small" / MANIFEST_NAME).read_text())["exit_code"]
+        == 3
+    )
     # the non-quick input was not replayed
     assert not (tmp_path / "raw" / "sqlite3" / "large").exists()
     # AND the markdown artifact lists each run

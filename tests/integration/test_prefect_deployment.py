@@ -55,8 +55,9 @@ def poll(check, polls: int, what: str):
 
 
 def prefect(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PREFECT, *args], cwd=PROJECT_DIR, env=env, text=True,
-                          capture_output=True)
+    return subprocess.run(
+        [PREFECT, *args], cwd=PROJECT_DIR, env=env, text=True, capture_output=True
+    )
 
 
 def stop(proc: subprocess.Popen, sig: int) -> None:
@@ -91,9 +92,13 @@ def prefect_services(tmp_path_factory):
     for var in ("MLFLOW_TRACKING_URI", "HEAPCAST_DASK_SCHEDULER"):
         env.pop(var, None)
     server_log = open(tmp / "server.log", "w")
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], env=env, stdout=server_log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=server_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     worker = None
     try:
         t0 = time.monotonic()
@@ -106,9 +111,14 @@ def prefect_services(tmp_path_factory):
         assert out.returncode == 0, out.stdout + out.stderr
 
         worker_log = open(tmp / "worker.log", "w")
-        worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL], cwd=PROJECT_DIR,
-                                  env=env, stdout=worker_log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        worker = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", POOL],
+            cwd=PROJECT_DIR,
+            env=env,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         t0 = time.monotonic()
         poll(lambda: _worker_online(url) or _dead(worker, tmp / "worker.log"), 300, "the worker")
         print(f"prefect worker online after {time.monotonic() - t0:.0f} s")
@@ -119,8 +129,10 @@ def prefect_services(tmp_path_factory):
         stop(server, signal.SIGTERM)
         for log in ("worker.log", "server.log"):
             if (tmp / log).exists():
-                print(f"--- last lines of {log}:\n" + "\n".join(
-                    (tmp / log).read_text(errors="replace").splitlines()[-40:]))
+                print(
+                    f"--- last lines of {log}:\n"
+                    + "\n".join((tmp / log).read_text(errors="replace").splitlines()[-40:])
+                )
 
 
 def _healthy(url: str) -> bool:
@@ -158,10 +170,14 @@ def test_deployments_and_schedule(prefect_services):
     assert "0 2 * * *" in crons, nightly["schedules"]
 
     def scheduled():
-        runs = api(url, "/flow_runs/filter", {
-            "deployments": {"id": {"any_": [nightly["id"]]}},
-            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
-        })
+        runs = api(
+            url,
+            "/flow_runs/filter",
+            {
+                "deployments": {"id": {"any_": [nightly["id"]]}},
+                "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
+            },
+        )
         return [r for r in runs if r["state"]["name"] == "Scheduled"]
 
     upcoming = poll(scheduled, 60, "scheduled nightly runs")

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from tasks.trace_reader import Trace
-from tests.native.tracer_harness import NATIVE, PROGRAMS, TracedRun, read_traces, tracer_env, unpaired_frees
+from tasks.format.trace_reader import Trace
+from tests.native.tracer_harness import (
+    NATIVE,
+    PROGRAMS,
+    TracedRun,
+    read_traces,
+    tracer_env,
+    unpaired_frees,
+)
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +45,18 @@ def program(tmp_path_factory) -> Callable[[str], Path]:
         if name not in built:
             exe = bin_dir / name
             subprocess.run(
-                ["gcc", "-O1", "-g", "-fno-builtin", "-Wall", "-pthread", f"-I{NATIVE}",
-                 "-o", str(exe), str(PROGRAMS / f"{name}.c")],
+                [
+                    "gcc",
+                    "-O1",
+                    "-g",
+                    "-fno-builtin",
+                    "-Wall",
+                    "-pthread",
+                    f"-I{NATIVE}",
+                    "-o",
+                    str(exe),
+                    str(PROGRAMS / f"{name}.c"),
+                ],
                 check=True,
             )
             built[name] = exe
@@ -59,11 +76,17 @@ def trace_dir(tmp_path) -> Path:
 def run_traced(libheapcast, trace_dir) -> Callable[..., TracedRun]:
     """Runs argv under the tracer (HEAPCAST_OUT=trace_dir) and reads back all its traces."""
 
-    def run(argv: list[str], *, timeout: float = 120, out_dir: Path | None = None,
-            **env_extra: str) -> TracedRun:
+    def run(
+        argv: list[str], *, timeout: float = 120, out_dir: Path | None = None, **env_extra: str
+    ) -> TracedRun:
         out = trace_dir if out_dir is None else out_dir
-        proc = subprocess.run([str(a) for a in argv], env=tracer_env(libheapcast, out, **env_extra),
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [str(a) for a in argv],
+            env=tracer_env(libheapcast, out, **env_extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         return TracedRun(proc=proc, traces=read_traces(out) if out.is_dir() else [])
 
     return run
@@ -73,7 +96,9 @@ def run_traced(libheapcast, trace_dir) -> Callable[..., TracedRun]:
 def assert_frees_paired() -> Callable[[Trace], None]:
     def check(trace: Trace) -> None:
         bad = unpaired_frees(trace)
-        assert not bad, (f"{trace.header.path}: {len(bad)} frees without an earlier allocation "
-                         f"at that address, first {bad[:5]}")
+        assert not bad, (
+            f"{trace.header.path}: {len(bad)} frees without an earlier allocation "
+            f"at that address, first {bad[:5]}"
+        )
 
     return check

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.trace_reader import Op
+from tasks.format.trace_reader import Op
 
 
 def printed(stdout: str) -> dict[str, tuple[int, int]]:
@@ -38,14 +38,31 @@ def test_every_allocation_function_is_recorded_exactly(program, run_traced, asse
         (Op.PVALLOC, got["pvalloc"][0], page, 5000),
         (Op.MALLOC, 0, 0, (1 << 40) - 1),  # failed 2^62-byte malloc: addr 0, size saturated
         # free(NULL) is not recorded
-        *[(Op.FREE, got[name][0], 0, 0) for name in
-          ("realloc", "reallocarray", "posix_memalign", "aligned_alloc", "memalign", "valloc", "pvalloc")],
+        *[
+            (Op.FREE, got[name][0], 0, 0)
+            for name in (
+                "realloc",
+                "reallocarray",
+                "posix_memalign",
+                "aligned_alloc",
+                "memalign",
+                "valloc",
+                "pvalloc",
+            )
+        ],
     ]
-    actual = list(zip(trace.op.tolist(), trace.addr.tolist(), trace.arg.tolist(), trace.size.tolist()))
+    actual = list(
+        zip(trace.op.tolist(), trace.addr.tolist(), trace.arg.tolist(), trace.size.tolist())
+    )
     assert actual == [(int(o), a, g, s) for o, a, g, s in expected]
     # AND the aligned forms returned aligned blocks, and malloc_usable_size passed through
-    for name, align in (("posix_memalign", 64), ("aligned_alloc", 128), ("memalign", 256),
-                        ("valloc", page), ("pvalloc", page)):
+    for name, align in (
+        ("posix_memalign", 64),
+        ("aligned_alloc", 128),
+        ("memalign", 256),
+        ("valloc", page),
+        ("pvalloc", page),
+    ):
         assert got[name][0] % align == 0
     assert got["usable"][0] >= 5000
     assert trace.header.record_size == 32 and not trace.header.has_caller

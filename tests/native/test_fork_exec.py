@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.trace_reader import Op
+from tasks.format.trace_reader import Op
 
 M, F, START = int(Op.MALLOC), int(Op.FREE), int(Op.THREAD_START)
 
@@ -37,14 +37,26 @@ def test_fork_child_writes_its_own_file(program, run_traced, assert_frees_paired
     assert child.arg[0] == child_pid
     assert set(child.thread.tolist()) == {0}
     # AND the parent's file has each parent call exactly once (then stdio's buffer for printf)
-    assert op_sizes(parent) == [(START, 0), (M, 111), (M, 111), (M, 111), (M, 333),
-                                (F, 0), (F, 0), (F, 0), (F, 0), (M, 4096)]
+    assert op_sizes(parent) == [
+        (START, 0),
+        (M, 111),
+        (M, 111),
+        (M, 111),
+        (M, 333),
+        (F, 0),
+        (F, 0),
+        (F, 0),
+        (F, 0),
+        (M, 4096),
+    ]
     assert parent.arg[0] == parent.header.pid
     for t in (parent, child):
         assert_frees_paired(t)
 
 
-@pytest.mark.parametrize("how", ["execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle"])
+@pytest.mark.parametrize(
+    "how", ["execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle"]
+)
 def test_fork_then_exec_traces_each_image(program, run_traced, how):
     # GIVEN a forked child with an unflushed malloc(222) record
     exe = program("forkexec")
@@ -59,7 +71,9 @@ def test_fork_then_exec_traces_each_image(program, run_traced, how):
     child_pid = int(run.proc.stdout.split()[1])
     assert len(run.traces) == 3
     parent = next(t for t in run.traces if t.header.pid != child_pid)
-    pre_exec = next(t for t in run.traces if t.header.pid == child_pid and t.header.cmdline[-1] == how)
+    pre_exec = next(
+        t for t in run.traces if t.header.pid == child_pid and t.header.cmdline[-1] == how
+    )
     post_exec = run.by_cmd("exec-child")
     assert op_sizes(parent) == [(START, 0), (M, 111), (M, 333), (F, 0), (F, 0), (M, 4096)]
     assert op_sizes(pre_exec) == [(START, 0), (M, 222)]

@@ -6,12 +6,25 @@ import json
 import struct
 import subprocess
 
-from tasks import trace_reader
-from tasks.trace_reader import RECORD_DTYPE, RECORD_DTYPE_CALLER, Op
+from tasks.format import trace_reader
+from tasks.format.trace_reader import RECORD_DTYPE, RECORD_DTYPE_CALLER, Op
 
-HEADER_FIELDS = ["magic", "version", "header_size", "record_size", "flags", "pid", "ppid",
-                 "start_realtime_ns", "start_monotonic_ns", "start_ticks", "ns_per_tick", "clock",
-                 "cmdline_len", "reserved"]
+HEADER_FIELDS = [
+    "magic",
+    "version",
+    "header_size",
+    "record_size",
+    "flags",
+    "pid",
+    "ppid",
+    "start_realtime_ns",
+    "start_monotonic_ns",
+    "start_ticks",
+    "ns_per_tick",
+    "clock",
+    "cmdline_len",
+    "reserved",
+]
 
 
 def struct_offsets(fmt: str) -> list[int]:
@@ -22,7 +35,7 @@ def struct_offsets(fmt: str) -> list[int]:
         j = i
         while codes[j].isdigit():
             j += 1
-        fields.append(codes[i:j + 1])
+        fields.append(codes[i : j + 1])
         i = j + 1
     pos = 0
     for f in fields:
@@ -33,8 +46,9 @@ def struct_offsets(fmt: str) -> list[int]:
 
 def test_c_struct_layout_matches_the_reader(program):
     # GIVEN the C header compiled into a program printing its sizes and offsets
-    layout = json.loads(subprocess.run([program("layout")], capture_output=True, text=True,
-                                       check=True).stdout)
+    layout = json.loads(
+        subprocess.run([program("layout")], capture_output=True, text=True, check=True).stdout
+    )
 
     # THEN the record layout is the reader's dtype, field by field
     assert layout["record_size"] == RECORD_DTYPE.itemsize == 32

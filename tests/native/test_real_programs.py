@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tasks.trace_reader import Op
+from tasks.format.trace_reader import Op
 from tests.conftest import need_tool
 from tests.localhost import free_port
 from tests.native.tracer_harness import read_traces, tracer_env
@@ -23,19 +22,26 @@ def need(tool: str) -> str:
 
 
 def sqlite_script(rows: int) -> str:
-    lines = ["CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, price REAL);",
-             "BEGIN;"]
-    lines += [f"INSERT INTO item(name, grp, price) VALUES ('item-{i:06d}-{'x' * (i % 37)}', "
-              f"{i % 97}, {(i * 7919) % 10007 / 100.0});" for i in range(rows)]
-    lines += ["COMMIT;",
-              "CREATE INDEX item_grp ON item(grp);",
-              "CREATE INDEX item_name ON item(name);",
-              "SELECT grp, count(*), round(sum(price), 2) FROM item GROUP BY grp ORDER BY grp LIMIT 10;",
-              "SELECT name FROM item WHERE name LIKE 'item-0001%' ORDER BY name DESC LIMIT 5;",
-              "UPDATE item SET price = price * 2 WHERE grp % 3 = 0;",
-              "DELETE FROM item WHERE id % 5 = 0;",
-              "SELECT count(*), round(avg(price), 3), max(length(name)) FROM item;",
-              "SELECT group_concat(id, ',') FROM (SELECT id FROM item ORDER BY price DESC, id LIMIT 20);"]
+    lines = [
+        "CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, price REAL);",
+        "BEGIN;",
+    ]
+    lines += [
+        f"INSERT INTO item(name, grp, price) VALUES ('item-{i:06d}-{'x' * (i % 37)}', "
+        f"{i % 97}, {(i * 7919) % 10007 / 100.0});"
+        for i in range(rows)
+    ]
+    lines += [
+        "COMMIT;",
+        "CREATE INDEX item_grp ON item(grp);",
+        "CREATE INDEX item_name ON item(name);",
+        "SELECT grp, count(*), round(sum(price), 2) FROM item GROUP BY grp ORDER BY grp LIMIT 10;",
+        "SELECT name FROM item WHERE name LIKE 'item-0001%' ORDER BY name DESC LIMIT 5;",
+        "UPDATE item SET price = price * 2 WHERE grp % 3 = 0;",
+        "DELETE FROM item WHERE id % 5 = 0;",
+        "SELECT count(*), round(avg(price), 3), max(length(name)) FROM item;",
+        "SELECT group_concat(id, ',') FROM (SELECT id FROM item ORDER BY price DESC, id LIMIT 20);",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -43,12 +49,24 @@ def test_sqlite3_output_unchanged(libheapcast, trace_dir, tmp_path, assert_frees
     # GIVEN sqlite3 and a generated SQL script (bulk insert, indexes, queries, updates)
     sqlite3 = need("sqlite3")
     script = sqlite_script(20_000)
-    plain = subprocess.run([sqlite3, ":memory:"], input=script, capture_output=True, text=True,
-                           env=tracer_env(libheapcast, None) | {"LD_PRELOAD": ""}, timeout=300)
+    plain = subprocess.run(
+        [sqlite3, ":memory:"],
+        input=script,
+        capture_output=True,
+        text=True,
+        env=tracer_env(libheapcast, None) | {"LD_PRELOAD": ""},
+        timeout=300,
+    )
 
     # WHEN it runs traced
-    traced = subprocess.run([sqlite3, ":memory:"], input=script, capture_output=True, text=True,
-                            env=tracer_env(libheapcast, trace_dir), timeout=300)
+    traced = subprocess.run(
+        [sqlite3, ":memory:"],
+        input=script,
+        capture_output=True,
+        text=True,
+        env=tracer_env(libheapcast, trace_dir),
+        timeout=300,
+    )
 
     # THEN its output and exit code are unchanged, and its one trace is consistent
     assert plain.returncode == traced.returncode == 0
@@ -78,12 +96,22 @@ def test_cpython_output_unchanged(libheapcast, trace_dir, assert_frees_paired):
     if not PYTHON.exists():
         pytest.skip(f"{PYTHON} is not installed (apt-get install python3.11)")
     argv = [str(PYTHON), "-c", CHURN]
-    plain = subprocess.run(argv, capture_output=True, text=True,
-                           env={"PATH": os.environ["PATH"], "PYTHONMALLOC": "malloc"}, timeout=300)
+    plain = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "PYTHONMALLOC": "malloc"},
+        timeout=300,
+    )
 
     # WHEN it runs a dict/list/json churn traced
-    traced = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                            env=tracer_env(libheapcast, trace_dir, PYTHONMALLOC="malloc"))
+    traced = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=tracer_env(libheapcast, trace_dir, PYTHONMALLOC="malloc"),
+    )
 
     # THEN output and exit code are unchanged, and the trace holds its >10k heap calls
     assert plain.returncode == traced.returncode == 0, traced.stderr
@@ -95,22 +123,44 @@ def test_cpython_output_unchanged(libheapcast, trace_dir, assert_frees_paired):
     assert_frees_paired(trace)
 
 
-def test_redis_server_runs_and_shuts_down_cleanly(libheapcast, trace_dir, tmp_path,
-                                                  assert_frees_paired):
+def test_redis_server_runs_and_shuts_down_cleanly(
+    libheapcast, trace_dir, tmp_path, assert_frees_paired
+):
     # GIVEN Debian's redis-server (linked against jemalloc, calls malloc_usable_size)
     server, cli = need("redis-server"), need("redis-cli")
     port = free_port()
     plain_env = {"PATH": os.environ["PATH"]}
     proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--daemonize", "no", "--dir", str(tmp_path)],
-        env=tracer_env(libheapcast, trace_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        env=tracer_env(libheapcast, trace_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # WHEN it is pinged and used by an untraced redis-cli, then shut down
         def cli_run(*args: str) -> str:
-            return subprocess.run([cli, "-p", str(port), *args], capture_output=True, text=True,
-                                  env=plain_env, timeout=30).stdout.strip()
+            return subprocess.run(
+                [cli, "-p", str(port), *args],
+                capture_output=True,
+                text=True,
+                env=plain_env,
+                timeout=30,
+            ).stdout.strip()
 
         deadline = time.monotonic() + 30
         while cli_run("ping") != "PONG":
@@ -119,8 +169,15 @@ def test_redis_server_runs_and_shuts_down_cleanly(libheapcast, trace_dir, tmp_pa
             time.sleep(0.1)
         for i in range(3):
             assert cli_run("set", f"key{i}", "v" * (i + 1)) == "OK"
-        subprocess.run([cli, "-p", str(port)], input="".join(f"SET k{i} {i}\n" for i in range(500)),
-                       capture_output=True, text=True, env=plain_env, timeout=30, check=True)
+        subprocess.run(
+            [cli, "-p", str(port)],
+            input="".join(f"SET k{i} {i}\n" for i in range(500)),
+            capture_output=True,
+            text=True,
+            env=plain_env,
+            timeout=30,
+            check=True,
+        )
         assert cli_run("dbsize") == "503"
         assert cli_run("get", "k499") == "499"
         cli_run("shutdown", "nosave")

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-from tasks.trace_reader import Op, read_trace
+from tasks.format.trace_reader import Op, read_trace
 from tests.native.tracer_harness import tracer_env
 
 
@@ -22,7 +22,9 @@ def test_missing_output_directory_leaves_the_program_unchanged(program, libheapc
     plain = subprocess.run([exe], capture_output=True, text=True)
 
     # WHEN the program runs under the tracer
-    traced = subprocess.run([exe], capture_output=True, text=True, env=tracer_env(libheapcast, missing))
+    traced = subprocess.run(
+        [exe], capture_output=True, text=True, env=tracer_env(libheapcast, missing)
+    )
 
     # THEN stdout and the exit code are unchanged, and stderr has one line saying why
     assert plain.returncode == traced.returncode == 3
@@ -39,7 +41,9 @@ def test_unset_output_directory_leaves_the_program_unchanged(program, libheapcas
     exe = program("hello")
 
     # WHEN the program runs
-    traced = subprocess.run([exe], capture_output=True, text=True, env=tracer_env(libheapcast, None))
+    traced = subprocess.run(
+        [exe], capture_output=True, text=True, env=tracer_env(libheapcast, None)
+    )
 
     # THEN it runs as usual and stderr has one line naming the variable
     assert traced.returncode == 3
@@ -51,8 +55,9 @@ def test_unset_output_directory_leaves_the_program_unchanged(program, libheapcas
 def test_sigkill_leaves_flushed_records_readable(program, libheapcast, trace_dir):
     # GIVEN a program that allocates forever (several buffers' worth before it says "ready")
     exe = program("spin")
-    proc = subprocess.Popen([exe, "200000"], stdout=subprocess.PIPE, text=True,
-                            env=tracer_env(libheapcast, trace_dir))
+    proc = subprocess.Popen(
+        [exe, "200000"], stdout=subprocess.PIPE, text=True, env=tracer_env(libheapcast, trace_dir)
+    )
     try:
         assert proc.stdout.readline() == "ready\n"
         time.sleep(0.05)

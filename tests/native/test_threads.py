@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from tasks.trace_reader import Op
+from tasks.format.trace_reader import Op
 
 
 def thread_of_tid(trace) -> dict[int, int]:
@@ -27,7 +27,9 @@ def test_eight_threads_have_exact_per_thread_records(program, run_traced, assert
     assert run.proc.stderr == ""
     assert len(run.traces) == 1
     trace = run.traces[0]
-    workers = {int(w): int(tid) for _, w, tid in (line.split() for line in run.proc.stdout.splitlines())}
+    workers = {
+        int(w): int(tid) for _, w, tid in (line.split() for line in run.proc.stdout.splitlines())
+    }
     assert len(workers) == 8
 
     # AND thread numbers are 0..8, the main thread (first to allocate) being 0, one THREAD_START each
@@ -84,6 +86,10 @@ def test_threads_exiting_while_others_allocate(program, run_traced, assert_frees
         mine = trace.thread == tids[tid]
         ops = trace.op[mine]
         assert ops[0] == Op.THREAD_START
-        assert Counter(ops.tolist()) == {Op.THREAD_START: 1, Op.MALLOC: iterations, Op.FREE: iterations}
+        assert Counter(ops.tolist()) == {
+            Op.THREAD_START: 1,
+            Op.MALLOC: iterations,
+            Op.FREE: iterations,
+        }
         assert np.all(trace.size[mine][ops == Op.MALLOC] == 777)
     assert_frees_paired(trace)

@@ -1,5 +1,5 @@
 """Helpers of the tracer tests: run a command under LD_PRELOAD, read back every trace it wrote
-(only through tasks.trace_reader.read_trace), check that frees pair with allocations.
+(only through tasks.format.trace_reader.read_trace), check that frees pair with allocations.
 
 A module of its own (not conftest.py) so that test modules can import it by a unique name."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace, read_trace
+from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace, read_trace
 
 REPO = Path(__file__).resolve().parents[2]
 NATIVE = REPO / "native"
@@ -28,9 +28,10 @@ class TracedRun:
 
     def by_cmd(self, *argv_tail: str) -> Trace:
         """The one trace whose command line ends with `argv_tail`."""
-        hits = [t for t in self.traces if t.header.cmdline[-len(argv_tail):] == argv_tail]
-        assert len(hits) == 1, f"{len(hits)} traces end with {argv_tail}: " + \
-            str([t.header.cmdline for t in self.traces])
+        hits = [t for t in self.traces if t.header.cmdline[-len(argv_tail) :] == argv_tail]
+        assert len(hits) == 1, f"{len(hits)} traces end with {argv_tail}: " + str(
+            [t.header.cmdline for t in self.traces]
+        )
         return hits[0]
 
 

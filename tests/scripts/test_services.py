@@ -66,8 +66,9 @@ def test_up_status_down(tmp_path):
         status = run(env, "status")
         assert status.returncode == 0, status.stderr
         for name in NAMES:
-            assert any(line.split()[:2] == [name, "up"] for line in status.stderr.splitlines()), \
+            assert any(line.split()[:2] == [name, "up"] for line in status.stderr.splitlines()), (
                 status.stderr
+            )
 
         assert answers(f"http://127.0.0.1:{prefect_port}/api/health")
         assert answers(f"http://127.0.0.1:{mlflow_port}/health")

@@ -1,7 +1,10 @@
 """What every runner shares: a run request, its result, the sandbox layout, argv and env.
 
 A runner executes one (workload, input) with the tracer preloaded and reports what happened;
-it does not judge (the replay task compares the exit code) and does not read traces.
+it does not judge (the replay task compares the exit code) and does not read traces. A request
+may also preload more libraries after the tracer (an allocator), run without the tracer at all
+(`tracer=None`), and ask for the run to be measured (`measure_dir`: resource usage and a hash of
+the program's standard output, see measure_tool.py).
 
 Inside a container (and inside a bubblewrap sandbox, so that both see the same paths and
 command lines, hence the same heap calls) the layout is:
@@ -11,6 +14,8 @@ command lines, hence the same heap calls) the layout is:
   /heapcast/bin                     the workload's helper scripts (from docker/workloads/<image>/)
   /heapcast/trace                   where the tracer writes (HEAPCAST_OUT)
   /heapcast/work                    scratch, and $HOME
+  /heapcast/measure                 a measured run's report and standard output
+  /heapcast/tools/hc-measure        the measuring helper (measure_tool.py), read-only
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.workloads import Workload, WorkloadInput
+from tasks.replay.runners.measure_tool import ResourceUsage
+from tasks.replay.workloads import Workload, WorkloadInput
 
 SANDBOX = Path("/heapcast")
 SANDBOX_TRACER = SANDBOX / "tracer" / "libheapcast.so"
@@ -28,6 +34,8 @@ SANDBOX_INPUT = SANDBOX / "input"
 SANDBOX_BIN = SANDBOX / "bin"
 SANDBOX_TRACE = SANDBOX / "trace"
 SANDBOX_WORK = SANDBOX / "work"
+SANDBOX_MEASURE = SANDBOX / "measure"
+SANDBOX_MEASURE_TOOL = SANDBOX / "tools" / "hc-measure"
 
 # The unprivileged user every workload runs as (nobody); freeciv refuses to run as root.
 RUN_UID = 65534
@@ -46,30 +54,42 @@ class EngineError(RuntimeError):
 
 @dataclass(frozen=True)
 class Paths:
-    """Where the run's folders are, as the traced program sees them."""
+    """Where the run's folders are, as the traced program sees them (tracer None: untraced)."""
 
-    tracer: str
+    tracer: str | None
     input: str
     bin: str
     trace: str
     work: str
 
 
-SANDBOX_PATHS = Paths(tracer=str(SANDBOX_TRACER), input=str(SANDBOX_INPUT), bin=str(SANDBOX_BIN),
-                      trace=str(SANDBOX_TRACE), work=str(SANDBOX_WORK))
+SANDBOX_PATHS = Paths(
+    tracer=str(SANDBOX_TRACER),
+    input=str(SANDBOX_INPUT),
+    bin=str(SANDBOX_BIN),
+    trace=str(SANDBOX_TRACE),
+    work=str(SANDBOX_WORK),
+)
 
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One replay: host folders the runner mounts or binds, and the workload to run."""
+    """One replay: host folders the runner mounts or binds, and the workload to run.
+
+    `tracer` None runs the program untraced. `preload`: more libraries for LD_PRELOAD after the
+    tracer, as paths the program sees (inside the image for docker, on the host for local).
+    `measure_dir`: a host folder; when set, the program's standard output goes to a file there
+    (its SHA-256 comes back in the result) and the run's resource usage is measured."""
 
     workload: Workload
     input: WorkloadInput
-    tracer: Path
+    tracer: Path | None
     input_dir: Path
     trace_dir: Path
     work_dir: Path
     caller: bool = False
+    preload: tuple[str, ...] = ()
+    measure_dir: Path | None = None
 
     @property
     def time_limit_s(self) -> float:
@@ -91,30 +111,50 @@ class RunResult:
     log_tail: str = ""
     error: str | None = None
     host: str = field(default_factory=socket.gethostname)
+    usage: ResourceUsage | None = None  # measured runs only
+    stdout_sha256: str | None = None  # measured runs only
+    stdout_bytes: int | None = None
 
 
 def substitute(text: str, workload: Workload, inp: WorkloadInput, paths: Paths) -> str:
     """Fill a command argument's placeholders; the result stays one argument."""
-    return text.format(input=paths.input, work=paths.work, bin=paths.bin, seed=inp.seed,
-                       size=inp.size, name=inp.name)
+    return text.format(
+        input=paths.input,
+        work=paths.work,
+        bin=paths.bin,
+        seed=inp.seed,
+        size=inp.size,
+        name=inp.name,
+    )
 
 
 def program_argv(workload: Workload, inp: WorkloadInput, paths: Paths) -> list[str]:
     return [substitute(a, workload, inp, paths) for a in workload.command]
 
 
-def program_env(workload: Workload, inp: WorkloadInput, paths: Paths, caller: bool,
-                ) -> dict[str, str]:
-    """The whole environment of the traced program: nothing leaks in from the caller's."""
+def program_env(
+    workload: Workload,
+    inp: WorkloadInput,
+    paths: Paths,
+    caller: bool,
+    preload: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """The whole environment of the program: nothing leaks in from the caller's.
+
+    LD_PRELOAD is the tracer (when traced) then `preload`, so the tracer's dlsym(RTLD_NEXT)
+    finds the preloaded allocator's malloc; no LD_PRELOAD at all when there is neither."""
     env = {
         "PATH": SEARCH_PATH,
         "HOME": paths.work,
         "LANG": "C.UTF-8",
         "TZ": "UTC",
-        "LD_PRELOAD": paths.tracer,
-        "HEAPCAST_OUT": paths.trace,
     }
-    if caller:
+    libs = ([paths.tracer] if paths.tracer else []) + list(preload)
+    if libs:
+        env["LD_PRELOAD"] = ":".join(libs)
+    if paths.tracer:
+        env["HEAPCAST_OUT"] = paths.trace
+    if caller and paths.tracer:
         env["HEAPCAST_CALLER"] = "1"
     for key, value in workload.env.items():
         env[key] = substitute(value, workload, inp, paths)
@@ -140,3 +180,8 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """One line: what this runner is (engine address, sandbox)."""
+
+    @abc.abstractmethod
+    def missing_files(self, workload: Workload, paths: list[str]) -> list[str]:
+        """Those of `paths` (as the program sees them: in the image, on the host) that do not
+        exist where the workload runs; a symlink counts when its target exists."""

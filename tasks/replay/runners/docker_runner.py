@@ -7,26 +7,54 @@ read-write. At the time limit it is killed; what the tracer had written stays on
 
 Containers are created, started, waited for and removed explicitly (never `run --rm`): through
 Podman's Docker-compatible socket `--rm` reports exit code 0 for a failing command.
+
+A measured run (`measure_dir` in the request) runs the program under `hc-measure`, mounted
+read-only as the container's PID 1 (measure_tool.py): the program's standard output goes to a
+file, its usage and the container cgroup's peak memory to a report, both in the measure folder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import posixpath
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.runners.base import (
-    RUN_GID, RUN_UID, SANDBOX_BIN, SANDBOX_INPUT, SANDBOX_PATHS, SANDBOX_TRACE, SANDBOX_TRACER,
-    SANDBOX_WORK, EngineError, RunRequest, RunResult, Runner, RunnerUnavailable, program_argv,
-    program_env, tail_lines,
+from tasks.replay.runners.base import (
+    RUN_GID,
+    RUN_UID,
+    SANDBOX_INPUT,
+    SANDBOX_MEASURE,
+    SANDBOX_MEASURE_TOOL,
+    SANDBOX_PATHS,
+    SANDBOX_TRACE,
+    SANDBOX_TRACER,
+    SANDBOX_WORK,
+    EngineError,
+    Runner,
+    RunnerUnavailable,
+    RunRequest,
+    RunResult,
+    program_argv,
+    program_env,
+    tail_lines,
 )
+from tasks.replay.runners.measure_tool import (
+    build_measure_tool,
+    measured_command,
+    read_measurement,
+)
+from tasks.replay.workloads import Workload
 
 # The socket scripts/engine.sh starts when no engine runs.
 HEAPCAST_ENGINE_HOST = "unix:///run/heapcast-docker/docker.sock"
 DEFAULT_HOST = "unix:///var/run/docker.sock"
-START_HINT = ("start one with `scripts/engine.sh up` and export the DOCKER_HOST it prints "
-              "(or replay with runner='local')")
+START_HINT = (
+    "start one with `scripts/engine.sh up` and export the DOCKER_HOST it prints "
+    "(or replay with runner='local')"
+)
 
 
 def engine_host() -> str:
@@ -41,19 +69,23 @@ def engine_host() -> str:
 
 def connect(host: str | None = None, timeout: int = 60):
     """A docker client that answered a ping; RunnerUnavailable with the way out otherwise."""
-    import docker
     from docker.errors import DockerException
+
+    import docker
 
     host = host or engine_host()
     try:
         client = docker.DockerClient(base_url=host, timeout=timeout)
         client.ping()
     except DockerException as err:
-        raise RunnerUnavailable(f"no container engine answers at DOCKER_HOST={host} ({err}); "
-                                f"{START_HINT}") from None
+        raise RunnerUnavailable(
+            f"no container engine answers at DOCKER_HOST={host} ({err}); {START_HINT}"
+        ) from None
     except Exception as err:  # requests' connection errors and the like
-        raise RunnerUnavailable(f"no container engine answers at DOCKER_HOST={host} "
-                                f"({type(err).__name__}: {err}); {START_HINT}") from None
+        raise RunnerUnavailable(
+            f"no container engine answers at DOCKER_HOST={host} "
+            f"({type(err).__name__}: {err}); {START_HINT}"
+        ) from None
     return client
 
 
@@ -77,40 +109,77 @@ class DockerRunner(Runner):
     def check(self) -> None:
         connect(self.host, timeout=10).close()
 
-    def run(self, request: RunRequest) -> RunResult:
-        from docker.errors import APIError, DockerException, ImageNotFound
+    def missing_files(self, workload: Workload, paths: list[str]) -> list[str]:
+        """Those of `paths` absent from the workload's image (read from a created, never
+        started container: no process runs)."""
+        from docker.errors import NotFound
 
-        w, inp = request.workload, request.input
-        argv = program_argv(w, inp, SANDBOX_PATHS)
-        env = program_env(w, inp, SANDBOX_PATHS, request.caller)
-        for d in (request.trace_dir, request.work_dir):
-            _give_to_run_user(d)
         client = connect(self.host)
         try:
+            image = _image(client, workload)
+            container = client.containers.create(image.id, command=["/bin/true"])
             try:
-                image = client.images.get(w.image_tag)
-            except ImageNotFound:
-                raise RunnerUnavailable(
-                    f"workload {w.name!r}: image {w.image_tag} is not built; build it with "
-                    "tasks.images.build_images (the trace flow does) or "
-                    "`python -m tasks.images`") from None
-            mounts = {
-                str(request.tracer.resolve()): {"bind": str(SANDBOX_TRACER), "mode": "ro"},
-                str(request.input_dir.resolve()): {"bind": str(SANDBOX_INPUT), "mode": "ro"},
-                str(request.trace_dir.resolve()): {"bind": str(SANDBOX_TRACE), "mode": "rw"},
-                str(request.work_dir.resolve()): {"bind": str(SANDBOX_WORK), "mode": "rw"},
+                return [p for p in paths if not _exists_in(container, p, NotFound)]
+            finally:
+                container.remove(force=True)
+        finally:
+            client.close()
+
+    def run(self, request: RunRequest) -> RunResult:
+        from docker.errors import APIError, DockerException
+
+        w, inp = request.workload, request.input
+        paths = SANDBOX_PATHS
+        if request.tracer is None:
+            paths = dataclasses.replace(SANDBOX_PATHS, tracer=None)
+        argv = program_argv(w, inp, paths)
+        env = program_env(w, inp, paths, request.caller, request.preload)
+        for d in (request.trace_dir, request.work_dir, request.measure_dir):
+            if d is not None:
+                _give_to_run_user(d)
+        command = argv
+        mounts = {
+            str(request.input_dir.resolve()): {"bind": str(SANDBOX_INPUT), "mode": "ro"},
+            str(request.trace_dir.resolve()): {"bind": str(SANDBOX_TRACE), "mode": "rw"},
+            str(request.work_dir.resolve()): {"bind": str(SANDBOX_WORK), "mode": "rw"},
+        }
+        if request.tracer is not None:
+            mounts[str(request.tracer.resolve())] = {"bind": str(SANDBOX_TRACER), "mode": "ro"}
+        if request.measure_dir is not None:
+            tool = build_measure_tool()
+            mounts[str(tool)] = {"bind": str(SANDBOX_MEASURE_TOOL), "mode": "ro"}
+            mounts[str(request.measure_dir.resolve())] = {
+                "bind": str(SANDBOX_MEASURE),
+                "mode": "rw",
             }
+            command = measured_command(
+                str(SANDBOX_MEASURE_TOOL), str(SANDBOX_MEASURE), argv, cgroup=True
+            )
+        client = connect(self.host)
+        try:
+            image = _image(client, w)
             try:
                 container = client.containers.create(
-                    image.id, command=argv, environment=env, user=f"{RUN_UID}:{RUN_GID}",
-                    working_dir=str(SANDBOX_WORK), hostname="heapcast",
-                    network_mode=w.network, mem_limit=w.memory, memswap_limit=w.memory,
-                    pids_limit=w.pids_limit, cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"], volumes=mounts, detach=True,
-                    labels={"heapcast.workload": w.name, "heapcast.input": inp.name})
+                    image.id,
+                    command=command,
+                    environment=env,
+                    user=f"{RUN_UID}:{RUN_GID}",
+                    working_dir=str(SANDBOX_WORK),
+                    hostname="heapcast",
+                    network_mode=w.network,
+                    mem_limit=w.memory,
+                    memswap_limit=w.memory,
+                    pids_limit=w.pids_limit,
+                    cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"],
+                    volumes=mounts,
+                    detach=True,
+                    labels={"heapcast.workload": w.name, "heapcast.input": inp.name},
+                )
             except (APIError, DockerException) as err:
-                raise EngineError(f"workload {w.name!r}: the engine could not create its "
-                                  f"container: {err}") from err
+                raise EngineError(
+                    f"workload {w.name!r}: the engine could not create its container: {err}"
+                ) from err
             return self._start_and_wait(container, request, argv, env, image)
         finally:
             client.close()
@@ -121,7 +190,7 @@ class DockerRunner(Runner):
 
         w = request.workload
         limit = request.time_limit_s
-        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
         t0 = time.monotonic()
         timed_out = False
         exit_code: int | None = None
@@ -130,8 +199,9 @@ class DockerRunner(Runner):
             try:
                 container.start()
             except (APIError, DockerException) as err:
-                raise EngineError(f"workload {w.name!r}: the engine could not start its "
-                                  f"container: {err}") from err
+                raise EngineError(
+                    f"workload {w.name!r}: the engine could not start its container: {err}"
+                ) from err
             try:
                 status = container.wait(timeout=limit)
                 exit_code = int(status.get("StatusCode", -1))
@@ -139,8 +209,9 @@ class DockerRunner(Runner):
                     error = f"engine: {status['Error']}"
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 if time.monotonic() - t0 < limit * 0.99:
-                    raise EngineError(f"workload {w.name!r}: lost the engine while waiting "
-                                      "for its container") from None
+                    raise EngineError(
+                        f"workload {w.name!r}: lost the engine while waiting for its container"
+                    ) from None
                 timed_out = True
                 container.kill()
                 container.wait(timeout=60)
@@ -148,11 +219,11 @@ class DockerRunner(Runner):
             if not timed_out:
                 container.reload()
                 if container.attrs.get("State", {}).get("OOMKilled"):
-                    error = (f"killed by the memory limit ({w.memory}); raise `memory` in the "
-                             "catalog")
+                    error = (
+                        f"killed by the memory limit ({w.memory}); raise `memory` in the catalog"
+                    )
             try:
-                logs = container.logs(stdout=True, stderr=True, tail=200).decode("utf-8",
-                                                                                 "replace")
+                logs = container.logs(stdout=True, stderr=True, tail=200).decode("utf-8", "replace")
             except (APIError, DockerException):
                 logs = ""
         finally:
@@ -160,11 +231,54 @@ class DockerRunner(Runner):
                 container.remove(force=True)
             except Exception:  # the container is gone already, or the engine is: nothing to keep
                 pass
-        return RunResult(runner=self.kind, sandbox="docker", command=argv, env=env,
-                         started_at=started_at, duration_s=round(duration, 3),
-                         exit_code=None if timed_out else exit_code, timed_out=timed_out,
-                         image=w.image_tag, image_id=image.id, log_tail=tail_lines(logs),
-                         error=error)
+        result = RunResult(
+            runner=self.kind,
+            sandbox="docker",
+            command=argv,
+            env=env,
+            started_at=started_at,
+            duration_s=round(duration, 3),
+            exit_code=None if timed_out else exit_code,
+            timed_out=timed_out,
+            image=w.image_tag,
+            image_id=image.id,
+            log_tail=tail_lines(logs),
+            error=error,
+        )
+        if request.measure_dir is not None and not timed_out:
+            read_measurement(request.measure_dir, result)
+        return result
+
+
+def _image(client, w: Workload):
+    from docker.errors import ImageNotFound
+
+    try:
+        return client.images.get(w.image_tag)
+    except ImageNotFound:
+        raise RunnerUnavailable(
+            f"workload {w.name!r}: image {w.image_tag} is not built; build it with "
+            "tasks.replay.images.build_images (the trace flow does) or "
+            "`python -m tasks.replay.images`"
+        ) from None
+
+
+def _exists_in(container, path: str, not_found: type[Exception], hops: int = 8) -> bool:
+    """Whether `path` exists in a container's file system, symlinks followed (the engine's
+    stat of a path reports a symlink's target as `linkTarget`)."""
+    try:
+        stream, stat = container.get_archive(path)
+    except not_found:
+        return False
+    for _ in stream:  # drain the archive (a library: under a MB) so the connection is reused
+        pass
+    target = stat.get("linkTarget") or ""
+    if not target:
+        return True
+    if hops == 0:
+        return False
+    nxt = target if target.startswith("/") else posixpath.join(posixpath.dirname(path), target)
+    return _exists_in(container, posixpath.normpath(nxt), not_found, hops - 1)
 
 
 def _give_to_run_user(path: Path) -> None:

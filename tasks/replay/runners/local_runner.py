@@ -5,29 +5,67 @@ Inside a bubblewrap sandbox where `bwrap` works: the host's system folders read-
 new pid/net/ipc/uts namespaces (loopback only), running as nobody. Without bubblewrap the
 program runs directly with host paths, as nobody when heapcast runs as root. Weaker than a
 container: no image (the host's packages), no memory or pid limit; the time limit holds.
+
+A measured run (`measure_dir` in the request) runs the program under `hc-measure`
+(measure_tool.py), bound read-only into the sandbox: its standard output goes to a file, its
+rusage (wall, CPU, faults, ru_maxrss of the largest process) to a report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
 import signal
 import subprocess
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.runners.base import (
-    RUN_GID, RUN_UID, SANDBOX, SANDBOX_BIN, SANDBOX_INPUT, SANDBOX_PATHS, SANDBOX_TRACE,
-    SANDBOX_TRACER, SANDBOX_WORK, Paths, RunRequest, RunResult, Runner, RunnerUnavailable,
-    program_argv, program_env, tail_lines,
+from tasks.replay.runners.base import (
+    RUN_GID,
+    RUN_UID,
+    SANDBOX,
+    SANDBOX_BIN,
+    SANDBOX_INPUT,
+    SANDBOX_MEASURE,
+    SANDBOX_MEASURE_TOOL,
+    SANDBOX_PATHS,
+    SANDBOX_TRACE,
+    SANDBOX_TRACER,
+    SANDBOX_WORK,
+    Paths,
+    Runner,
+    RunnerUnavailable,
+    RunRequest,
+    RunResult,
+    program_argv,
+    program_env,
+    tail_lines,
 )
+from tasks.replay.runners.measure_tool import (
+    build_measure_tool,
+    measured_command,
+    read_measurement,
+)
+from tasks.replay.workloads import Workload
 
 # Top-level folders of the host shown read-only inside the sandbox (a symlink stays a symlink,
 # as /bin -> usr/bin on a merged-/usr Debian).
-HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "var",
-                    "srv")
+HOST_SYSTEM_DIRS = (
+    "usr",
+    "bin",
+    "sbin",
+    "lib",
+    "lib32",
+    "lib64",
+    "libx32",
+    "etc",
+    "opt",
+    "var",
+    "srv",
+)
 KILL_GRACE_S = 2.0
 
 
@@ -39,9 +77,25 @@ def bwrap_works() -> bool:
         return False
     try:
         probe = subprocess.run(
-            [bwrap, "--unshare-all", "--uid", str(RUN_UID), "--gid", str(RUN_GID),
-             "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "/bin/true"],
-            capture_output=True, timeout=30)
+            [
+                bwrap,
+                "--unshare-all",
+                "--uid",
+                str(RUN_UID),
+                "--gid",
+                str(RUN_GID),
+                "--ro-bind",
+                "/",
+                "/",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "/bin/true",
+            ],
+            capture_output=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
@@ -68,46 +122,82 @@ class LocalRunner(Runner):
 
     def check(self) -> None:
         if self._want == "bwrap" and not bwrap_works():
-            raise RunnerUnavailable("bubblewrap (bwrap) is missing or cannot create namespaces "
-                                    "here: apt-get install bubblewrap, or use sandbox='none'")
+            raise RunnerUnavailable(
+                "bubblewrap (bwrap) is missing or cannot create namespaces "
+                "here: apt-get install bubblewrap, or use sandbox='none'"
+            )
+
+    def missing_files(self, workload: Workload, paths: list[str]) -> list[str]:
+        """Those of `paths` absent from this host (the sandbox shows the host's /usr)."""
+        return [p for p in paths if not os.path.exists(p)]
 
     def run(self, request: RunRequest) -> RunResult:
         w, inp = request.workload, request.input
         sandboxed = self.sandbox == "bwrap"
+        tool = build_measure_tool() if request.measure_dir is not None else None
         if sandboxed:
             paths = SANDBOX_PATHS
+            if request.tracer is None:
+                paths = dataclasses.replace(paths, tracer=None)
         else:
-            paths = Paths(tracer=str(request.tracer.resolve()), input=str(request.input_dir),
-                          bin=str(w.bin_dir), trace=str(request.trace_dir),
-                          work=str(request.work_dir))
+            paths = Paths(
+                tracer=str(request.tracer.resolve()) if request.tracer is not None else None,
+                input=str(request.input_dir),
+                bin=str(w.bin_dir),
+                trace=str(request.trace_dir),
+                work=str(request.work_dir),
+            )
         argv = program_argv(w, inp, paths)
-        env = program_env(w, inp, paths, request.caller)
+        env = program_env(w, inp, paths, request.caller, request.preload)
+        command = argv
+        if tool is not None and request.measure_dir is not None:
+            if sandboxed:
+                command = measured_command(
+                    str(SANDBOX_MEASURE_TOOL), str(SANDBOX_MEASURE), argv, cgroup=False
+                )
+            else:
+                command = measured_command(str(tool), str(request.measure_dir), argv, cgroup=False)
         if sandboxed:
-            full = bwrap_argv(request, env) + argv
+            full = bwrap_argv(request, env, tool) + command
             popen_env: dict[str, str] = {"PATH": env["PATH"]}
             extra: dict = {}
         else:
-            full = argv
+            full = command
             popen_env = env
             extra = {}
             if os.geteuid() == 0:
-                for d in (request.trace_dir, request.work_dir):
-                    os.chown(d, RUN_UID, RUN_GID)
+                for d in (request.trace_dir, request.work_dir, request.measure_dir):
+                    if d is not None:
+                        os.chown(d, RUN_UID, RUN_GID)
                 extra = {"user": RUN_UID, "group": RUN_GID, "extra_groups": []}
         log_path = request.work_dir.parent / f"{request.work_dir.name}.log"
-        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
         t0 = time.monotonic()
         timed_out = False
         with open(log_path, "wb") as log:
             try:
-                proc = subprocess.Popen(full, env=popen_env, cwd=request.work_dir,
-                                        stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        **extra)
+                proc = subprocess.Popen(
+                    full,
+                    env=popen_env,
+                    cwd=request.work_dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    **extra,
+                )
             except OSError as err:
-                return RunResult(runner=self.kind, sandbox=self.sandbox, command=argv, env=env,
-                                 started_at=started_at, duration_s=0.0, exit_code=None,
-                                 timed_out=False, error=f"could not start {full[0]}: {err}")
+                return RunResult(
+                    runner=self.kind,
+                    sandbox=self.sandbox,
+                    command=argv,
+                    env=env,
+                    started_at=started_at,
+                    duration_s=0.0,
+                    exit_code=None,
+                    timed_out=False,
+                    error=f"could not start {full[0]}: {err}",
+                )
             try:
                 code: int | None = proc.wait(timeout=request.time_limit_s)
             except subprocess.TimeoutExpired:
@@ -119,29 +209,78 @@ class LocalRunner(Runner):
         log_path.unlink(missing_ok=True)
         if code is not None and code < 0:
             code = 128 - code  # killed by a signal: the shell's convention, as docker reports
-        return RunResult(runner=self.kind, sandbox=self.sandbox, command=argv, env=env,
-                         started_at=started_at, duration_s=round(duration, 3), exit_code=code,
-                         timed_out=timed_out, log_tail=tail_lines(logs))
+        result = RunResult(
+            runner=self.kind,
+            sandbox=self.sandbox,
+            command=argv,
+            env=env,
+            started_at=started_at,
+            duration_s=round(duration, 3),
+            exit_code=code,
+            timed_out=timed_out,
+            log_tail=tail_lines(logs),
+        )
+        if request.measure_dir is not None and not timed_out:
+            read_measurement(request.measure_dir, result)
+        return result
 
 
-def bwrap_argv(request: RunRequest, env: dict[str, str]) -> list[str]:
+def bwrap_argv(
+    request: RunRequest, env: dict[str, str], measure_tool: Path | None = None
+) -> list[str]:
     """The bubblewrap command line that sets up the /heapcast layout around the program."""
-    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all",
-            "--uid", str(RUN_UID), "--gid", str(RUN_GID), "--hostname", "heapcast"]
+    args = [
+        "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-all",
+        "--uid",
+        str(RUN_UID),
+        "--gid",
+        str(RUN_GID),
+        "--hostname",
+        "heapcast",
+    ]
     for name in HOST_SYSTEM_DIRS:
         host = Path("/") / name
         if host.is_symlink():
             args += ["--symlink", os.readlink(host), str(host)]
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run",
-             "--dir", str(SANDBOX),
-             "--ro-bind", str(request.tracer.resolve()), str(SANDBOX_TRACER),
-             "--ro-bind", str(request.input_dir.resolve()), str(SANDBOX_INPUT),
-             "--ro-bind", str(request.workload.bin_dir.resolve()), str(SANDBOX_BIN),
-             "--bind", str(request.trace_dir.resolve()), str(SANDBOX_TRACE),
-             "--bind", str(request.work_dir.resolve()), str(SANDBOX_WORK),
-             "--chdir", str(SANDBOX_WORK), "--clearenv"]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--tmpfs",
+        "/run",
+        "--dir",
+        str(SANDBOX),
+    ]
+    if request.tracer is not None:
+        args += ["--ro-bind", str(request.tracer.resolve()), str(SANDBOX_TRACER)]
+    if measure_tool is not None and request.measure_dir is not None:
+        args += ["--ro-bind", str(measure_tool), str(SANDBOX_MEASURE_TOOL)]
+        args += ["--bind", str(request.measure_dir.resolve()), str(SANDBOX_MEASURE)]
+    args += [
+        "--ro-bind",
+        str(request.input_dir.resolve()),
+        str(SANDBOX_INPUT),
+        "--ro-bind",
+        str(request.workload.bin_dir.resolve()),
+        str(SANDBOX_BIN),
+        "--bind",
+        str(request.trace_dir.resolve()),
+        str(SANDBOX_TRACE),
+        "--bind",
+        str(request.work_dir.resolve()),
+        str(SANDBOX_WORK),
+        "--chdir",
+        str(SANDBOX_WORK),
+        "--clearenv",
+    ]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args + ["--"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from tasks.runners.base import Runner
-from tasks.runners.docker_runner import DockerRunner, engine_answers, engine_host
-from tasks.runners.local_runner import LocalRunner
+from tasks.replay.runners.base import Runner
+from tasks.replay.runners.docker_runner import DockerRunner, engine_answers, engine_host
+from tasks.replay.runners.local_runner import LocalRunner
 
 RunnerKind = Literal["auto", "docker", "local"]
 log = logging.getLogger("heapcast.runners")
@@ -24,8 +24,10 @@ def resolve_runner_kind(kind: RunnerKind) -> tuple[Literal["docker", "local"], s
     host = engine_host()
     if engine_answers(host):
         return "docker", f"auto picked docker: an engine answers at {host}"
-    return "local", (f"auto picked local ({LocalRunner().describe()}): no engine answers at "
-                     f"{host}; `scripts/engine.sh up` starts one")
+    return "local", (
+        f"auto picked local ({LocalRunner().describe()}): no engine answers at "
+        f"{host}; `scripts/engine.sh up` starts one"
+    )
 
 
 def make_runner(kind: Literal["docker", "local"]) -> Runner:

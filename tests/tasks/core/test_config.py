@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from tasks.config import ConfigError, StrictModel, load_config
+from tasks.core.config import ConfigError, StrictModel, load_config
 
 
 class Example(StrictModel):
@@ -43,5 +44,5 @@ def test_missing_config_file_is_named(tmp_path):
 
 def test_configs_are_frozen():
     e = Example(name="x")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         e.epochs = 9  # type: ignore[misc]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from tasks.dataset import SUMMARY_NAME, RunRef, convert_run, read_events, runs_to_convert
-from tasks.storage import Root
+from tasks.core.storage import Root
+from tasks.dataset.partitions import SUMMARY_NAME, RunRef, convert_run, read_events, runs_to_convert
 from tests.localhost import free_port
-from tests.tasks.test_dataset import make_run
+from tests.tasks.dataset.test_partitions import make_run
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,11 @@ def s3_endpoint():
     exe = Path(sys.executable).with_name("moto_server")
     cmd = [str(exe)] if exe.exists() else [shutil.which("moto_server") or "moto_server"]
     port = free_port()
-    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd + ["-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -36,11 +39,21 @@ def s3_endpoint():
                 if proc.poll() is not None:
                     pytest.fail(f"moto_server exited with {proc.returncode}")
                 time.sleep(0.1)
-        saved = {k: os.environ.get(k) for k in
-                 ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                  "AWS_ENDPOINT_URL")}
-        os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                          AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=url)
+        saved = {
+            k: os.environ.get(k)
+            for k in (
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_DEFAULT_REGION",
+                "AWS_ENDPOINT_URL",
+            )
+        }
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_ENDPOINT_URL=url,
+        )
         yield url
     finally:
         for k, v in locals().get("saved", {}).items():
@@ -84,8 +97,7 @@ def test_round_trip_through_s3_gives_the_same_dataset(tmp_path, s3_endpoint, cli
     assert runs_to_convert(s3) == []
     s3.fs.invalidate_cache()
     names = sorted(p.rsplit("/", 1)[1] for p in s3.fs.ls(s3.events_run("w", "r1")))
-    assert names == [SUMMARY_NAME, "part-100-1.parquet", "part-200-1.parquet",
-                     "part-500-1.parquet"]
+    assert names == [SUMMARY_NAME, "part-100-1.parquet", "part-200-1.parquet", "part-500-1.parquet"]
     assert not s3.fs.exists(s3.join("events", "_staging", "w", "r1"))
     ddf = dd.read_parquet(s3.url_of("events"), storage_options=s3.storage_options)
     assert len(ddf) == want["rows"]

@@ -1,4 +1,4 @@
-"""tasks.dataset: runs converted with Dask into the partitioned events dataset, on a folder."""
+"""tasks.dataset.partitions: runs converted with Dask into the partitioned events dataset, on a folder."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
-from tasks.dataset import (
-    SUMMARY_NAME, RunRef, convert_run, list_raw_runs, read_events, read_summary,
-    runs_to_convert, summary_markdown,
+from tasks.core.storage import Root
+from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.partitions import (
+    SUMMARY_NAME,
+    RunRef,
+    convert_run,
+    list_raw_runs,
+    read_events,
+    read_summary,
+    runs_to_convert,
+    summary_markdown,
 )
-from tasks.events_schema import EVENTS_SCHEMA
-from tasks.storage import Root
 from tests.tracegen import free, malloc, realloc, synthetic_records, thread_start, trace_bytes
 
 
@@ -27,9 +33,18 @@ def client():
 
 
 def good_trace(pid: int) -> bytes:
-    return trace_bytes([thread_start(0, pid), malloc(10, 100, 0x1000), malloc(20, 40, 0x2000),
-                        realloc(30, 0x1000, 300, 0x3000), free(40, 0x3000), free(50, 0x9990)],
-                       pid=pid, ppid=1)
+    return trace_bytes(
+        [
+            thread_start(0, pid),
+            malloc(10, 100, 0x1000),
+            malloc(20, 40, 0x2000),
+            realloc(30, 0x1000, 300, 0x3000),
+            free(40, 0x3000),
+            free(50, 0x9990),
+        ],
+        pid=pid,
+        ppid=1,
+    )
 
 
 def make_run(tmp_path, workload="w", run="r1", bad=True) -> Root:
@@ -44,7 +59,7 @@ def make_run(tmp_path, workload="w", run="r1", bad=True) -> Root:
         v2 = bytearray(good_trace(300))
         struct.pack_into("<I", v2, 8, 2)
         (d / "300-1.hct").write_bytes(bytes(v2))
-        (d / "400-1.hct").write_bytes(good_trace(400)[:88])        # cut inside the header
+        (d / "400-1.hct").write_bytes(good_trace(400)[:88])  # cut inside the header
         (d / "500-1.hct").write_bytes(good_trace(500) + b"\x01" * 5)  # partial last record
     return Root.from_url(str(tmp_path))
 
@@ -76,9 +91,13 @@ def test_run_converts_good_files_and_lists_bad_ones(tmp_path, client):
     assert read_summary(root, RunRef("w", "r1")) == summary
     assert "Skipped files" in summary_markdown(summary)
 
-    p100 = read_events(root, columns=["pid", "freed_size", "lifetime_calls", "token",
-                                      "workload", "run"]).filter(
-        np.asarray(table.column("pid")) == 100).to_pylist()
+    p100 = (
+        read_events(
+            root, columns=["pid", "freed_size", "lifetime_calls", "token", "workload", "run"]
+        )
+        .filter(np.asarray(table.column("pid")) == 100)
+        .to_pylist()
+    )
     assert [r["freed_size"] for r in p100] == [None, None, 100, 300, None]
     assert [r["token"] for r in p100] == [7, 6, 9, 41, 32]
     assert {(r["workload"], r["run"]) for r in p100} == {("w", "r1")}
@@ -91,13 +110,13 @@ def test_parts_carry_the_schema(tmp_path, client):
     assert pq.read_schema(part).equals(EVENTS_SCHEMA, check_metadata=False)
     assert pq.read_schema(part).metadata[b"heapcast.events.version"] == b"1"
     meta = pq.ParquetFile(part).metadata.row_group(0)
-    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings
-                 for i in range(meta.num_columns)}
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
     assert "DELTA_BINARY_PACKED" in encodings["time_ns"]
 
 
-def test_a_file_is_written_a_row_group_at_a_time_with_the_same_rows(tmp_path, client,
-                                                                    monkeypatch):
+def test_a_file_is_written_a_row_group_at_a_time_with_the_same_rows(tmp_path, client, monkeypatch):
     # GIVEN a run converted with each file in one group of rows
     root = make_run(tmp_path, bad=False)
     convert_run(root, RunRef("w", "r1"), client=client)
@@ -106,14 +125,16 @@ def test_a_file_is_written_a_row_group_at_a_time_with_the_same_rows(tmp_path, cl
     assert pq.ParquetFile(part).metadata.num_row_groups == 1
     # WHEN it is converted again in groups of 700 rows (lifetimes, freed sizes and call numbers
     # cross groups: two threads, blocks freed later)
-    import tasks.convert as convert_module
+    import tasks.dataset.convert as convert_module
+
     monkeypatch.setattr(convert_module, "GROUP_ROWS", 700)
     summary = convert_run(root, RunRef("w", "r1"), client=client)
     # THEN each group is one row group of the part, and the rows and the summary are the same
     md = pq.ParquetFile(part).metadata
     assert whole.num_rows > 2100
-    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == \
-        [700] * (whole.num_rows // 700) + ([whole.num_rows % 700] if whole.num_rows % 700 else [])
+    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == [700] * (
+        whole.num_rows // 700
+    ) + ([whole.num_rows % 700] if whole.num_rows % 700 else [])
     assert pq.read_table(part).equals(whole)
     assert summary["rows"] == whole.num_rows + 5 and summary["unpaired_frees"] == 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.tokens import N_TOKENS, bit_length, free_token, size_class
+from tasks.dataset.tokens import N_TOKENS, bit_length, free_token, size_class
 
 
 def test_bit_length_matches_python_for_edge_sizes():

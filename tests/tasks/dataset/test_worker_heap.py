@@ -1,4 +1,4 @@
-"""tasks.worker_heap: a worker's freed memory is reused by its next conversion, then given back."""
+"""tasks.dataset.worker_heap: a worker's freed memory is reused by its next conversion, then given back."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from tasks import worker_heap
-from tasks.worker_heap import heap_kept, is_kept, release_if_idle
+from tasks.dataset import worker_heap
+from tasks.dataset.worker_heap import heap_kept, is_kept, release_if_idle
 
 pytestmark = pytest.mark.skipif(worker_heap._LIBC is None, reason="needs glibc's mallopt")
 

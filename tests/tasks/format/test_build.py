@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.build import NATIVE_DIR, TracerBuildError, build_tracer
+from tasks.format.build import NATIVE_DIR, TracerBuildError, build_tracer
 
 
 @pytest.fixture

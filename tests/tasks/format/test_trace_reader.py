@@ -7,11 +7,21 @@ import struct
 import numpy as np
 import pytest
 
-from tasks.trace_reader import Op, TraceFormatError, count_traces, op_name, read_trace
+from tasks.format.trace_reader import Op, TraceFormatError, count_traces, op_name, read_trace
 
 
-def spec_header(*, version=1, flags=0, cmdline=b"prog\0arg\0", pid=42, ppid=7, clock=2,
-                start_ticks=1000, ns_per_tick=0.5, mono=10**12) -> bytes:
+def spec_header(
+    *,
+    version=1,
+    flags=0,
+    cmdline=b"prog\0arg\0",
+    pid=42,
+    ppid=7,
+    clock=2,
+    start_ticks=1000,
+    ns_per_tick=0.5,
+    mono=10**12,
+) -> bytes:
     """A header built from native/FORMAT.md's offsets, independently of the reader's code."""
     record_size = 40 if flags & 1 else 32
     header_size = (80 + len(cmdline) + 7) // 8 * 8
@@ -21,7 +31,7 @@ def spec_header(*, version=1, flags=0, cmdline=b"prog\0arg\0", pid=42, ppid=7, c
     struct.pack_into("<II", h, 24, pid, ppid)
     struct.pack_into("<QQQd", h, 32, 1_700_000_000 * 10**9, mono, start_ticks, ns_per_tick)
     struct.pack_into("<II", h, 64, clock, len(cmdline))
-    h[80:80 + len(cmdline)] = cmdline
+    h[80 : 80 + len(cmdline)] = cmdline
     return bytes(h)
 
 
@@ -33,11 +43,13 @@ def record(time, addr, arg, size, op, thread, caller=None) -> bytes:
 
 def test_reader_decodes_every_field_of_spec_built_records(tmp_path):
     # GIVEN a trace with a thread start, a malloc, an aligned alloc, a realloc and a free
-    body = (record(1000, 0, 4321, 0, Op.THREAD_START, 0)
-            + record(1002, 0x1000, 0, 24, Op.MALLOC, 0)
-            + record(1004, 0x2000, 64, 256, Op.POSIX_MEMALIGN, 0)
-            + record(1006, 0x3000, 0x1000, (1 << 40) - 1, Op.REALLOC, 3)
-            + record(1010, 0x2000, 0, 0, Op.FREE, 3))
+    body = (
+        record(1000, 0, 4321, 0, Op.THREAD_START, 0)
+        + record(1002, 0x1000, 0, 24, Op.MALLOC, 0)
+        + record(1004, 0x2000, 64, 256, Op.POSIX_MEMALIGN, 0)
+        + record(1006, 0x3000, 0x1000, (1 << 40) - 1, Op.REALLOC, 3)
+        + record(1010, 0x2000, 0, 0, Op.FREE, 3)
+    )
     path = tmp_path / "42-1.hct"
     path.write_bytes(spec_header() + body)
     # WHEN it is read
@@ -63,10 +75,12 @@ def test_reader_keeps_empty_arguments_of_the_command_line(tmp_path):
 
 def test_reader_reads_caller_records(tmp_path):
     path = tmp_path / "c.hct"
-    path.write_bytes(spec_header(flags=1) + record(1000, 0x10, 0, 8, Op.MALLOC, 0, caller=0xdeadbeef))
+    path.write_bytes(
+        spec_header(flags=1) + record(1000, 0x10, 0, 8, Op.MALLOC, 0, caller=0xDEADBEEF)
+    )
     t = read_trace(path)
     assert t.header.record_size == 40
-    assert list(t.caller) == [0xdeadbeef]
+    assert list(t.caller) == [0xDEADBEEF]
 
 
 def test_reader_has_no_per_record_parsing_cost_on_a_large_file(tmp_path):
@@ -131,12 +145,18 @@ def test_missing_file_is_named(tmp_path):
 
 def test_count_traces_sums_a_folder_and_names_unreadable_files(tmp_path):
     # GIVEN two processes' traces and a file killed before its header
-    (tmp_path / "1-1.hct").write_bytes(spec_header(pid=1) + record(1000, 0, 11, 0, Op.THREAD_START, 0)
-                                       + record(1001, 0x10, 0, 8, Op.MALLOC, 0)
-                                       + record(1002, 0x10, 0, 0, Op.FREE, 0))
-    (tmp_path / "2-1.hct").write_bytes(spec_header(pid=2) + record(1000, 0, 12, 0, Op.THREAD_START, 0)
-                                       + record(1000, 0, 13, 0, Op.THREAD_START, 1)
-                                       + record(1003, 0x20, 0, 16, Op.MALLOC, 1))
+    (tmp_path / "1-1.hct").write_bytes(
+        spec_header(pid=1)
+        + record(1000, 0, 11, 0, Op.THREAD_START, 0)
+        + record(1001, 0x10, 0, 8, Op.MALLOC, 0)
+        + record(1002, 0x10, 0, 0, Op.FREE, 0)
+    )
+    (tmp_path / "2-1.hct").write_bytes(
+        spec_header(pid=2)
+        + record(1000, 0, 12, 0, Op.THREAD_START, 0)
+        + record(1000, 0, 13, 0, Op.THREAD_START, 1)
+        + record(1003, 0x20, 0, 16, Op.MALLOC, 1)
+    )
     (tmp_path / "3-1.hct").write_bytes(b"")
     # WHEN counted, THEN processes, threads, events and ops add up, and the bad file says why
     c = count_traces(tmp_path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.baselines import NONE, Baselines, Majority, NGram, RepeatLast, fill_top
-from tasks.sequences import TokenRun, eval_positions
+from tasks.learning.baselines import NONE, Baselines, Majority, NGram, RepeatLast, fill_top
+from tasks.learning.sequences import TokenRun, eval_positions
 
 
 def run_of(*threads: list[int], name: str = "r") -> TokenRun:

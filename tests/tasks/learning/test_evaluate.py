@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.baselines import NONE, Predictions
-from tasks.evaluate import (
+from tasks.learning.baselines import NONE, Predictions
+from tasks.learning.evaluate import (
     HELDOUT_WORKLOADS,
     UNSEEN_RUNS,
     EvaluationBuilder,
@@ -17,7 +17,7 @@ from tasks.evaluate import (
     top1_accuracy,
     top5_accuracy,
 )
-from tasks.outcome import OVERALL
+from tasks.learning.outcome import OVERALL
 
 
 def preds(top1: list[int], p: float = 0.5) -> Predictions:
@@ -53,7 +53,12 @@ def test_builder_scores_every_predictor_per_workload_and_overall():
         "ngram": preds([1, 2, 0]),
     }
     b.add(UNSEEN_RUNS, "a", y, answers)
-    b.add(UNSEEN_RUNS, "b", y[:2], {k: Predictions(v.top[:2], v.p_true[:2]) for k, v in answers.items()})
+    b.add(
+        UNSEEN_RUNS,
+        "b",
+        y[:2],
+        {k: Predictions(v.top[:2], v.p_true[:2]) for k, v in answers.items()},
+    )
     b.add(HELDOUT_WORKLOADS, "c", y, answers)
     ev = b.build()
     assert ev.get("model", "a").top1 == 1.0

@@ -7,16 +7,16 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from tasks.model import (  # noqa: E402
+from tasks.learning.model import (  # noqa: E402
     as_sequence_model,
     build_model,
     learning_rate,
     predict_positions,
     set_precision_policy,
 )
-from tasks.sequences import TokenRun, eval_positions  # noqa: E402
-from tasks.token_data import eval_dataset, sequence_dataset, windows_dataset  # noqa: E402
-from tasks.train_config import TrainConfig  # noqa: E402
+from tasks.learning.sequences import TokenRun, eval_positions  # noqa: E402
+from tasks.learning.token_data import eval_dataset, sequence_dataset, windows_dataset  # noqa: E402
+from tasks.learning.train_config import TrainConfig  # noqa: E402
 
 
 def tiny(**kw) -> TrainConfig:
@@ -104,7 +104,7 @@ def test_cosine_schedule_decays_to_its_floor_and_constant_stays():
 
 # --- hybrid: n-gram features ----------------------------------------------------------------------
 
-from tasks.model import NGramFeatures, NGramTable, build_hybrid  # noqa: E402
+from tasks.learning.model import NGramFeatures, NGramTable, build_hybrid  # noqa: E402
 
 
 def _reference_features(train_threads, threads, max_order, leave_one_out):
@@ -138,8 +138,14 @@ def _reference_features(train_threads, threads, max_order, leave_one_out):
 
 def _threads(rng, n, length, vocab):
     base = rng.integers(0, vocab, 13)
-    return [np.where(rng.random(length) < 0.2, rng.integers(0, vocab, length),
-                     np.tile(base, length // 13 + 1)[:length]).astype(np.uint8) for _ in range(n)]
+    return [
+        np.where(
+            rng.random(length) < 0.2,
+            rng.integers(0, vocab, length),
+            np.tile(base, length // 13 + 1)[:length],
+        ).astype(np.uint8)
+        for _ in range(n)
+    ]
 
 
 def _flat(threads):
@@ -152,10 +158,14 @@ def test_ngram_table_features_match_a_reference_with_and_without_leave_one_out(o
     train, other = _threads(rng, 3, 120, 3), _threads(rng, 2, 60, 4)
     table = NGramTable.fit(*_flat(train), order)
     assert np.all(np.diff(table.keys) > 0)
-    assert np.array_equal(table.features(*_flat(train), leave_one_out=True),
-                          _reference_features(train, train, order, True))
-    assert np.array_equal(table.features(*_flat(other), leave_one_out=False),
-                          _reference_features(train, other, order, False))
+    assert np.array_equal(
+        table.features(*_flat(train), leave_one_out=True),
+        _reference_features(train, train, order, True),
+    )
+    assert np.array_equal(
+        table.features(*_flat(other), leave_one_out=False),
+        _reference_features(train, other, order, False),
+    )
 
 
 def test_ngram_lookup_layer_matches_numpy_with_hashed_orders():
@@ -192,7 +202,9 @@ def test_ngram_lookup_layer_backs_off_on_a_hand_made_table():
 def test_hybrid_saves_loads_and_predicts_from_tokens_alone(tmp_path):
     rng = np.random.default_rng(2)
     table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
-    core, full = build_hybrid(tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table)
+    core, full = build_hybrid(
+        tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table
+    )
     x = np.asarray(_threads(rng, 2, 12, 6), np.int32)
     before = full.predict(x, verbose=0)
     assert before.shape == (2, 12, 64) and np.allclose(before.sum(-1), 1.0, atol=1e-4)
@@ -215,12 +227,75 @@ def test_hybrid_round_trips_through_mlflow_keras_and_pyfunc(tmp_path):
 
     rng = np.random.default_rng(3)
     table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
-    _, full = build_hybrid(tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table)
+    _, full = build_hybrid(
+        tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table
+    )
     x = np.asarray(_threads(rng, 3, 10, 6), np.int32)
     expected = full.predict(x, verbose=0)
     path = str(tmp_path / "model")
     mlflow_keras.save_model(full, path)
-    np.testing.assert_allclose(mlflow_keras.load_model(path).predict(x, verbose=0), expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        mlflow_keras.load_model(path).predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6
+    )
     p = np.asarray(mlflow.pyfunc.load_model(path).predict(x))
     np.testing.assert_allclose(p, expected, rtol=1e-5, atol=1e-6)
+
+
+# --- online features ------------------------------------------------------------------------------
+
+
+def test_online_feature_rows_answer_the_next_call_of_their_own_thread():
+    from tasks.learning.model import ONLINE_FEATURES, online_feature_matrix
+    from tasks.learning.online import online_features
+
+    # GIVEN two threads; row i must be the counter's answer for position i+1 of i's thread
+    run = TokenRun("w", "r", (np.arange(30) % 3 + 1).astype(np.uint8), np.array([0, 18, 30]))
+    rows = online_feature_matrix(run, (2, 1))
+    assert rows.shape == (30, ONLINE_FEATURES) and rows.dtype == np.uint8
+    f = online_features(run.tokens, run.offsets, (2, 1))
+    for i in (0, 5, 16, 20, 28):  # inside a thread: the answer at i+1
+        assert rows[i, 0] == f["top1"][i + 1] and rows[i, 1] == f["order"][i + 1]
+    # a periodic thread is learnt: after its first period the answer is the true next call
+    assert all(rows[i, 0] == run.tokens[i + 1] for i in range(6, 17))
+    # the LAST row of a thread answers after its last call (what streaming predicts from) and
+    # does not depend on the next thread
+    assert rows[17, 0] == run.tokens[15] and rows[29, 0] == (run.tokens[29] % 3) + 1
+    other = TokenRun("w", "r", run.tokens[:18].copy(), np.array([0, 18]))
+    assert np.array_equal(online_feature_matrix(other, (2, 1)), rows[:18])
+
+
+def _online_cfg(**model):
+    return tiny(model={"units": [8], "online_features": True, "online_orders": [3, 2, 1], **model})
+
+
+@pytest.mark.parametrize("ngram", [False, True])
+def test_online_hybrid_takes_tokens_and_online_features_and_round_trips(tmp_path, ngram):
+    from tasks.learning.model import ONLINE_FEATURES, online_orders, takes_online
+
+    rng = np.random.default_rng(4)
+    table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3) if ngram else None
+    _, full = build_hybrid(_online_cfg(ngram_features=ngram, ngram_order=3), table)
+    assert takes_online(full) and online_orders(full) == (3, 2, 1)
+    x = {
+        "tokens": np.asarray(_threads(rng, 2, 12, 6), np.int32),
+        "online": rng.integers(0, 4, (2, 12, ONLINE_FEATURES)).astype(np.int32),
+    }
+    before = full.predict(x, verbose=0)
+    assert before.shape == (2, 12, 64) and np.allclose(before.sum(-1), 1.0, atol=1e-4)
+    # the features change the answer (they are wired in, not ignored)
+    assert not np.allclose(full.predict({**x, "online": 0 * x["online"]}, verbose=0), before)
+    path = tmp_path / "online.keras"
+    full.save(path)
+    loaded = keras.models.load_model(path)
+    assert takes_online(loaded) and online_orders(loaded) == (3, 2, 1)
+    assert np.allclose(loaded.predict(x, verbose=0), before, atol=1e-6)
+
+
+def test_online_model_is_scored_at_the_eval_positions():
+    from tasks.learning.model import takes_online
+
+    _, full = build_hybrid(_online_cfg(), None)
+    assert takes_online(full) and not takes_online(build_model(tiny()))
+    pred = predict_positions(full, RUN, 6, 4)
+    assert len(pred) == len(eval_positions(RUN))
+    assert np.all(pred.p_true > 0) and np.all(pred.p_true <= 1)

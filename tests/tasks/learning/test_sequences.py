@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.config import ConfigError, load_config
-from tasks.sequences import (
+from tasks.core.config import ConfigError, load_config
+from tasks.core.storage import Root
+from tasks.dataset.synthetic_events import events_table, write_synthetic_events
+from tasks.learning.sequences import (
     TokenRun,
     eval_chunks,
     eval_positions,
@@ -17,9 +19,7 @@ from tasks.sequences import (
     train_chunks,
     window_starts,
 )
-from tasks.storage import Root
-from tasks.synthetic_events import events_table, write_synthetic_events
-from tasks.train_config import DEFAULT_CONFIG, QUICK_CONFIG, DataConfig, TrainConfig
+from tasks.learning.train_config import DEFAULT_CONFIG, QUICK_CONFIG, DataConfig, TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +82,46 @@ def test_eval_chunks_score_exactly_the_eval_positions_with_full_context():
 
 def test_split_default_rule(events_root):
     plan = plan_split(list_runs(events_root), DataConfig(heldout_workloads=["gamma"]))
-    assert plan["alpha"] == {"train": ["r0"], "validation": ["r1"], "evaluation": ["r2"], "heldout": []}
+    assert plan["alpha"] == {
+        "train": ["r0"],
+        "validation": ["r1"],
+        "evaluation": ["r2"],
+        "heldout": [],
+        "unseen": [],
+    }
     assert plan["beta"]["train"] == ["r0"] and plan["beta"]["validation"] == []
-    assert plan["gamma"]["heldout"] == ["r0", "r1"]
+    # gamma runs a program of its own, trained nowhere: its runs are an unseen program's
+    assert plan["gamma"]["unseen"] == ["r0", "r1"] and plan["gamma"]["heldout"] == []
+    # the same workload as a second script of alpha's program: a held-out workload
+    plan = plan_split(
+        list_runs(events_root), DataConfig(heldout_workloads=["gamma"]), {"gamma": "alpha"}
+    )
+    assert plan["gamma"]["heldout"] == ["r0", "r1"] and plan["gamma"]["unseen"] == []
+
+
+def test_heldout_programs_hold_out_every_workload_of_the_program(events_root):
+    # GIVEN beta and gamma run one program, "interp"
+    programs = {"alpha": "alpha", "beta": "interp", "gamma": "interp"}
+    plan = plan_split(list_runs(events_root), DataConfig(heldout_programs=["interp"]), programs)
+    # THEN neither is trained on, and both are scored as an unseen program
+    assert plan["alpha"]["train"] and not plan["beta"]["train"] and not plan["gamma"]["train"]
+    assert plan["beta"]["unseen"] and plan["gamma"]["unseen"]
+
+
+def test_heldout_programs_bad_input_is_named_before_training():
+    runs = {"alpha": ["a", "b"], "beta": ["a", "b"], "gamma": ["a", "b"]}
+    programs = {"alpha": "alpha", "beta": "interp", "gamma": "interp"}
+    # a held-out program that no workload runs
+    with pytest.raises(ValueError, match=r"data.heldout_programs: \['perl'\]"):
+        plan_split(runs, DataConfig(heldout_programs=["perl"]), programs)
+    # a held-out program whose workload is also listed for training
+    with pytest.raises(ValueError, match=r"data.workloads lists \['beta'\]"):
+        plan_split(
+            runs, DataConfig(workloads=["alpha", "beta"], heldout_programs=["interp"]), programs
+        )
+    # every program held out: nothing left to train on
+    with pytest.raises(ValueError, match="no workload left to train on"):
+        plan_split(runs, DataConfig(heldout_programs=["alpha", "interp"]), programs)
 
 
 def test_split_refuses_a_named_single_run_workload_and_unknown_workloads():
@@ -99,8 +136,13 @@ def test_a_single_run_workload_chosen_automatically_is_held_out():
     plan = plan_split({"adhoc": ["20261122T0400"], "sqlite3": ["medium", "small"]}, DataConfig())
     # THEN the training goes on, and the single run is scored as an unseen program
     assert plan["sqlite3"]["train"] == ["medium"] and plan["sqlite3"]["evaluation"] == ["small"]
-    assert plan["adhoc"] == {"train": [], "validation": [], "evaluation": [],
-                             "heldout": ["20261122T0400"]}
+    assert plan["adhoc"] == {
+        "train": [],
+        "validation": [],
+        "evaluation": [],
+        "heldout": [],
+        "unseen": ["20261122T0400"],
+    }
     with pytest.raises(ValueError, match="no workload left to train on"):
         plan_split({"adhoc": ["x"]}, DataConfig())
 

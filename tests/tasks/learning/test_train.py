@@ -7,19 +7,19 @@ import pytest
 
 pytest.importorskip("keras")
 
-from tasks.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
-from tasks.sequences import load_split  # noqa: E402
-from tasks.storage import Root  # noqa: E402
-from tasks.synthetic_events import write_synthetic_events  # noqa: E402
-from tasks.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
-from tasks.train_config import TrainConfig  # noqa: E402
+from tasks.core.storage import Root  # noqa: E402
+from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
+from tasks.learning.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
+from tasks.learning.sequences import load_split  # noqa: E402
+from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
+from tasks.learning.train_config import TrainConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def events_root(tmp_path_factory) -> str:
+def events_root(tmp_path_factory) -> Root:
     root = Root.from_url(str(tmp_path_factory.mktemp("train-events")))
     write_synthetic_events(root, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=3000)
-    return root.url
+    return root
 
 
 def tiny(tmp_path, **kw) -> TrainConfig:
@@ -44,13 +44,21 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     outcome = evaluate.fn(trained)
     assert isinstance(outcome, TrainOutcome)
     ev = outcome.evaluation
-    for table, slices in (("unseen_runs", ["alpha", "beta", OVERALL]), ("heldout_workloads", ["gamma", OVERALL])):
+    for table, slices in (
+        ("unseen_runs", ["alpha", "beta", OVERALL]),
+        # gamma is held out and runs a program no training run comes from (the synthetic
+        # workloads are not in the catalog: each is its own program)
+        ("unseen_programs", ["gamma", OVERALL]),
+    ):
         for s in slices:
             n = {ev.get(p, s, table).positions for p in (MODEL, *BASELINES)}
             assert len(n) == 1 and n.pop() > 0  # the same positions for every predictor
     assert 1 <= ev.get("ngram").detail["order"] <= 4
     assert np.isfinite(ev.margin_over_best_baseline())
     assert outcome.dataset.eval_runs == (("alpha", "r2"), ("beta", "r1"))
+    assert outcome.dataset.unseen_program_runs == (("gamma", "r0"), ("gamma", "r1"))
+    assert outcome.dataset.heldout_runs == ()
+    assert not any(s.table == "heldout_workloads" for s in ev.scores)
     assert ("beta", "r0") in outcome.dataset.validation_runs  # the thread tails of its train run
     assert outcome.dataset.token_histogram.sum() == outcome.dataset.train_tokens
     assert len(outcome.history["loss"]) == 2 and "val_loss" in outcome.history
@@ -63,8 +71,8 @@ def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
     import keras
 
     cfg = tiny(tmp_path, epochs=3)
-    split = load_split(Root.from_url(events_root), cfg.data)
-    ckpt = checkpoint_dir(Root.from_url(events_root), cfg, split)
+    split = load_split(events_root, cfg.data)
+    ckpt = checkpoint_dir(events_root, cfg, split)
 
     class Kill(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -88,8 +96,9 @@ def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
 
 
 def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tmp_path):
-    cfg = tiny(tmp_path, mode="windows", epochs=1, validation_windows=50,
-               data={"workloads": ["alpha"]})
+    cfg = tiny(
+        tmp_path, mode="windows", epochs=1, validation_windows=50, data={"workloads": ["alpha"]}
+    )
     outcome = evaluate.fn(train.fn(events_root, cfg))
     ev = outcome.evaluation
     assert ev.get(MODEL).positions == ev.get("ngram").positions > 0
@@ -97,10 +106,10 @@ def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tm
 
 
 def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_root, tmp_path):
-    from tasks.sequences import concat_runs, train_chunks
+    from tasks.learning.sequences import concat_runs, train_chunks
 
     cfg = tiny(tmp_path, train_chunk_contexts=3, lr_schedule="cosine", clipnorm=1.0, epochs=1)
-    split = load_split(Root.from_url(events_root), cfg.data)
+    split = load_split(events_root, cfg.data)
     _, facts = fit_model(cfg, split, tmp_path / "chunk-ckpt", verbose=0)
     assert facts["train_units"] == len(train_chunks(concat_runs(split.train), 30)[0])
     assert facts["predictions"] == (facts["steps_per_epoch"] - 2) * 8 * 30  # 2 untimed steps

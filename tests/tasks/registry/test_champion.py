@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 
-from tests.tasks.outcome_factory import CONTEXT, make_evaluation, make_outcome, tiny_model
-from tasks.champion import TAG_HASH, beats, call_evaluator, score_of
-from tasks.register import register_outcome, rescore_config
-from tasks.tracking import TrackingConfig
+from tasks.registry.champion import TAG_HASH, beats, call_evaluator, score_of
+from tasks.registry.register import register_outcome, rescore_config
+from tasks.registry.tracking import TrackingConfig
+from tests.tasks.registry.outcome_factory import CONTEXT, make_evaluation, make_outcome, tiny_model
 
 NAME = "heapcast-next-call"
 HASH_A = "a" * 64
@@ -42,12 +42,14 @@ def test_evaluator_may_take_the_model_alone_or_with_the_champion_config():
 
 
 def test_rescore_config_keeps_today_data_and_the_champion_model_shape():
-    from tasks.train_config import TrainConfig
+    from tasks.learning.train_config import TrainConfig
 
-    today = TrainConfig.model_validate({"mode": "sequence", "context": 100, "epochs": 5,
-                                        "data": {"heldout_workloads": ["git"]}})
-    champ = TrainConfig.model_validate({"mode": "windows", "context": 50,
-                                        "model": {"kind": "gru", "units": [16]}}).model_dump(mode="json")
+    today = TrainConfig.model_validate(
+        {"mode": "sequence", "context": 100, "epochs": 5, "data": {"heldout_workloads": ["git"]}}
+    )
+    champ = TrainConfig.model_validate(
+        {"mode": "windows", "context": 50, "model": {"kind": "gru", "units": [16]}}
+    ).model_dump(mode="json")
     cfg = rescore_config(today, champ)
     assert (cfg.mode, cfg.context, cfg.model.kind, cfg.model.units) == ("windows", 50, "gru", [16])
     assert cfg.data == today.data and cfg.ngram == today.ngram
@@ -85,8 +87,9 @@ def test_champion_reevaluated_when_content_hash_differs(tmp_path, model):
     # On data B the candidate scores 0.75: worse than the champion's stored 0.80 on A, but the
     # champion re-scored on B only reaches 0.70, so the candidate wins on the same evaluation.
     evaluator = Evaluator(0.70)
-    second = register_outcome(make_outcome(model, 0.75, content_hash=HASH_B), tracking,
-                              evaluate_model=evaluator)
+    second = register_outcome(
+        make_outcome(model, 0.75, content_hash=HASH_B), tracking, evaluate_model=evaluator
+    )
     assert len(evaluator.models) == 1
     assert (second.promoted, second.decision) == (True, "promoted")
     assert second.champion_score == pytest.approx(0.70)
@@ -103,15 +106,21 @@ def test_champion_reevaluated_when_content_hash_differs(tmp_path, model):
     assert run.data.metrics["promotion/champion.top1"] == pytest.approx(0.70)
     assert run.data.metrics["promotion/candidate.top1"] == pytest.approx(0.75)
     assert "promotion/champion_evaluation.json" in {
-        a.path for a in client.list_artifacts(second.run_id, "promotion")}
+        a.path for a in client.list_artifacts(second.run_id, "promotion")
+    }
 
     # Same data B again: the stored score is used, nothing is re-evaluated.
     def must_not_run(_model):
         raise AssertionError("champion re-evaluated although the evaluation did not change")
 
-    third = register_outcome(make_outcome(model, 0.74, content_hash=HASH_B), tracking,
-                             evaluate_model=must_not_run)
-    assert (third.promoted, third.decision, third.champion_score) == (False, "kept", pytest.approx(0.75))
+    third = register_outcome(
+        make_outcome(model, 0.74, content_hash=HASH_B), tracking, evaluate_model=must_not_run
+    )
+    assert (third.promoted, third.decision, third.champion_score) == (
+        False,
+        "kept",
+        pytest.approx(0.75),
+    )
     assert client.get_run(third.run_id).data.params["promotion.champion_reevaluated"] == "false"
     assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
 

@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 
-from tests.tasks.outcome_factory import CONTEXT, make_outcome, tiny_model
-from tasks.config import PROJECT_DIR
-from tasks.register import metric_key, register_outcome
-from tasks.tracking import TrackingConfig
+from tasks.core.config import PROJECT_DIR
+from tasks.registry.register import metric_key, register_outcome
+from tasks.registry.tracking import TrackingConfig
 from tests.localhost import alive, free_port
+from tests.tasks.registry.outcome_factory import CONTEXT, make_outcome, tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +31,12 @@ NAME = "heapcast-next-call"
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("server-root")
     port = free_port()
-    env = {**os.environ, "HEAPCAST_ROOT": str(root), "HEAPCAST_MLFLOW_PORT": str(port),
-           "HEAPCAST_MLFLOW_WAIT_S": "600"}  # generous: the server takes ~25-80 s on a busy machine
+    env = {
+        **os.environ,
+        "HEAPCAST_ROOT": str(root),
+        "HEAPCAST_MLFLOW_PORT": str(port),
+        "HEAPCAST_MLFLOW_WAIT_S": "600",
+    }  # generous: the server takes ~25-80 s on a busy machine
     start = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
     assert start.returncode == 0, start.stderr
     url = f"http://127.0.0.1:{port}"
@@ -69,26 +73,43 @@ def test_runs_read_back_through_rest(server, registered):
     outcomes, results = registered
     api = f"{server['url']}/api/2.0/mlflow"
     for outcome, res in zip(outcomes, results):
-        run = requests.get(f"{api}/runs/get", params={"run_id": res.run_id}, timeout=60).json()["run"]
+        run = requests.get(f"{api}/runs/get", params={"run_id": res.run_id}, timeout=60).json()[
+            "run"
+        ]
         params = {p["key"]: p["value"] for p in run["data"]["params"]}
         metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
         assert params["config.model.kind"] == "gru"
         assert params["dataset.content_hash"] == outcome.dataset.content_hash
         assert "lib.tensorflow" in params and len(params["code.git_commit"]) == 40
         for s in outcome.evaluation.scores:
-            assert metrics[metric_key(s.predictor, s.slice, "top1", s.table)] == pytest.approx(s.top1)
-        hist = requests.get(f"{api}/metrics/get-history",
-                            params={"run_id": res.run_id, "metric_key": "train/loss"}, timeout=60).json()
-        assert sorted((m["step"], m["value"]) for m in hist["metrics"]) == [(0, 2.1), (1, 1.5), (2, 1.2)]
-        files = requests.get(f"{api}/artifacts/list", params={"run_id": res.run_id, "path": "plots"},
-                             timeout=60).json()["files"]
-        assert {f["path"] for f in files} >= {"plots/confusion_matrix.png", "plots/learning_curves.png"}
+            assert metrics[metric_key(s.predictor, s.slice, "top1", s.table)] == pytest.approx(
+                s.top1
+            )
+        hist = requests.get(
+            f"{api}/metrics/get-history",
+            params={"run_id": res.run_id, "metric_key": "train/loss"},
+            timeout=60,
+        ).json()
+        assert sorted((m["step"], m["value"]) for m in hist["metrics"]) == [
+            (0, 2.1),
+            (1, 1.5),
+            (2, 1.2),
+        ]
+        files = requests.get(
+            f"{api}/artifacts/list", params={"run_id": res.run_id, "path": "plots"}, timeout=60
+        ).json()["files"]
+        assert {f["path"] for f in files} >= {
+            "plots/confusion_matrix.png",
+            "plots/learning_curves.png",
+        }
         # Artifacts went through the server's proxy into --artifacts-destination.
         assert run["info"]["artifact_uri"].startswith("mlflow-artifacts:/")
 
-    png = requests.get(f"{server['url']}/get-artifact",
-                       params={"path": "plots/token_histogram.png", "run_uuid": results[0].run_id},
-                       timeout=60)
+    png = requests.get(
+        f"{server['url']}/get-artifact",
+        params={"path": "plots/token_histogram.png", "run_uuid": results[0].run_id},
+        timeout=60,
+    )
     assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
     assert any((server["root"] / "mlflow" / "artifacts").rglob("token_histogram.png"))
 
@@ -99,14 +120,19 @@ def test_registry_and_alias_through_rest(server, registered):
     _, (better, worse) = registered
     assert (better.promoted, worse.promoted) == (True, False)
     api = f"{server['url']}/api/2.0/mlflow"
-    alias = requests.get(f"{api}/registered-models/alias", params={"name": NAME, "alias": "champion"},
-                         timeout=60).json()["model_version"]
+    alias = requests.get(
+        f"{api}/registered-models/alias", params={"name": NAME, "alias": "champion"}, timeout=60
+    ).json()["model_version"]
     assert (str(alias["version"]), alias["run_id"]) == (better.model_version, better.run_id)
-    latest = requests.post(f"{api}/registered-models/get-latest-versions", json={"name": NAME},
-                           timeout=60).json()["model_versions"]
+    latest = requests.post(
+        f"{api}/registered-models/get-latest-versions", json={"name": NAME}, timeout=60
+    ).json()["model_versions"]
     assert {str(v["version"]) for v in latest} == {worse.model_version}
-    mv = requests.get(f"{api}/model-versions/get", params={"name": NAME, "version": worse.model_version},
-                      timeout=60).json()["model_version"]
+    mv = requests.get(
+        f"{api}/model-versions/get",
+        params={"name": NAME, "version": worse.model_version},
+        timeout=60,
+    ).json()["model_version"]
     assert mv["run_id"] == worse.run_id
     run = requests.get(f"{api}/runs/get", params={"run_id": worse.run_id}, timeout=60).json()["run"]
     metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}

@@ -9,18 +9,17 @@ registry version, and the alias `champion` moves only on improvement.
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.tasks.outcome_factory import CONTEXT, HELDOUT, WORKLOADS, make_outcome, tiny_model
-from tasks.config import PROJECT_DIR, ConfigError, load_config
-from tasks.outcome import BASELINES, MODEL, OVERALL
-from tasks.register import (
+from tasks.core.config import PROJECT_DIR, ConfigError, load_config
+from tasks.learning.outcome import BASELINES, MODEL, OVERALL
+from tasks.registry.register import (
     evaluation_metrics,
     flatten_params,
     metric_key,
@@ -28,7 +27,14 @@ from tasks.register import (
     register,
     register_outcome,
 )
-from tasks.tracking import TrackingConfig, configure, load_tracking_config, resolve_target
+from tasks.registry.tracking import TrackingConfig, configure, load_tracking_config, resolve_target
+from tests.tasks.registry.outcome_factory import (
+    CONTEXT,
+    HELDOUT,
+    WORKLOADS,
+    make_outcome,
+    tiny_model,
+)
 
 NAME = "heapcast-next-call"
 
@@ -39,7 +45,8 @@ NAME = "heapcast-next-call"
 def test_metric_key_scheme_is_stable_and_groups_by_table_and_metric():
     assert metric_key("model", "all", "top1") == "unseen_runs.top1/all.model"
     assert metric_key("ngram", "sqlite3", "log_loss", "heldout_workloads") == (
-        "heldout_workloads.log_loss/sqlite3.ngram")
+        "heldout_workloads.log_loss/sqlite3.ngram"
+    )
     assert metric_slice("gcc-12.cc1/x y") == "gcc-12_cc1_x_y"
     with pytest.raises(ValueError, match="predictor"):
         metric_key("lstm", "all", "top1")
@@ -50,19 +57,28 @@ def test_metric_key_scheme_is_stable_and_groups_by_table_and_metric():
 def test_evaluation_metrics_cover_every_predictor_slice_and_table():
     ev = make_outcome(None, 0.8).evaluation
     m = evaluation_metrics(ev)
-    for table, slices in (("unseen_runs", (OVERALL, *WORKLOADS)), ("heldout_workloads", (OVERALL, *HELDOUT))):
+    for table, slices in (
+        ("unseen_runs", (OVERALL, *WORKLOADS)),
+        ("heldout_workloads", (OVERALL, *HELDOUT)),
+    ):
         for s in slices:
             for p in (MODEL, *BASELINES):
                 for metric in ("top1", "top5", "log_loss"):
                     assert metric_key(p, s, metric, table) in m
             assert f"{table}.positions/{s}" in m
-            assert m[f"{table}.margin_top1/{s}"] == pytest.approx(ev.margin_over_best_baseline(s, table))
+            assert m[f"{table}.margin_top1/{s}"] == pytest.approx(
+                ev.margin_over_best_baseline(s, table)
+            )
 
 
 def test_flatten_params_dots_nested_config():
     p = flatten_params({"model": {"units": [8, 4], "kind": "gru"}, "x": None, "runs": {}}, "config")
-    assert p == {"config.model.units": "[8, 4]", "config.model.kind": "gru", "config.x": "null",
-                 "config.runs": "{}"}
+    assert p == {
+        "config.model.units": "[8, 4]",
+        "config.model.kind": "gru",
+        "config.x": "null",
+        "config.runs": "{}",
+    }
 
 
 def test_tracking_config_resolves_embedded_server_and_s3(tmp_path, monkeypatch):
@@ -73,9 +89,12 @@ def test_tracking_config_resolves_embedded_server_and_s3(tmp_path, monkeypatch):
 
     server = resolve_target(TrackingConfig(tracking_uri="http://127.0.0.1:5000/"))
     assert (server.tracking_uri, server.artifact_location, server.is_server) == (
-        "http://127.0.0.1:5000", None, True)
+        "http://127.0.0.1:5000",
+        None,
+        True,
+    )
 
-    monkeypatch.setattr("tasks.tracking.PROJECT_DIR", tmp_path / "proj")
+    monkeypatch.setattr("tasks.registry.tracking.PROJECT_DIR", tmp_path / "proj")
     s3 = resolve_target(TrackingConfig(root="s3://bucket/prefix"))
     assert s3.tracking_uri == f"sqlite:///{tmp_path}/proj/data/mlflow-s3/bucket/prefix/mlflow.db"
     assert s3.artifact_location == "s3://bucket/prefix/mlflow/artifacts"
@@ -115,8 +134,13 @@ def store(tmp_path_factory, model):
     results = [register_outcome(o, tracking) for o in outcomes]
     from mlflow import MlflowClient
 
-    return {"tracking": tracking, "outcomes": outcomes, "results": results, "root": root,
-            "client": MlflowClient()}
+    return {
+        "tracking": tracking,
+        "outcomes": outcomes,
+        "results": results,
+        "root": root,
+        "client": MlflowClient(),
+    }
 
 
 def test_store_lives_inside_the_data_root(store):
@@ -143,14 +167,22 @@ def test_params_hold_config_dataset_code_and_libraries(store):
     # Colleagues commit concurrently: HEAD may have moved since; the commit must exist in the repo.
     commit = p["code.git_commit"]
     assert len(commit) == 40 and run.data.tags["mlflow.source.git.commit"] == commit
-    assert subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=PROJECT_DIR).returncode == 0
+    assert (
+        subprocess.run(
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=PROJECT_DIR
+        ).returncode
+        == 0
+    )
     assert p["code.git_dirty"] in ("true", "false")
     import keras
     import mlflow
     import tensorflow as tf
 
     assert (p["lib.tensorflow"], p["lib.keras"], p["lib.mlflow"]) == (
-        tf.__version__, keras.__version__, mlflow.__version__)
+        tf.__version__,
+        keras.__version__,
+        mlflow.__version__,
+    )
     assert p["predictor.ngram.order"] == "7"
     config_json = Path(store["client"].download_artifacts(run.info.run_id, "config.json"))
     assert json.loads(config_json.read_text()) == store["outcomes"][0].config
@@ -171,35 +203,63 @@ def test_metrics_have_stable_names_for_model_and_baselines(store):
         for s in outcome.evaluation.scores:
             for metric in ("top1", "top5", "log_loss"):
                 assert m[metric_key(s.predictor, s.slice, metric, s.table)] == pytest.approx(
-                    getattr(s, metric))
+                    getattr(s, metric)
+                )
         assert m["train/predictions_per_second"] == 12345.0
     # The same keys in every run: the compare view lines them up.
-    keys = [{k for k in store["client"].get_run(r.run_id).data.metrics if not k.startswith("promotion/")}
-            for r in store["results"]]
+    keys = [
+        {
+            k
+            for k in store["client"].get_run(r.run_id).data.metrics
+            if not k.startswith("promotion/")
+        }
+        for r in store["results"]
+    ]
     assert keys[0] == keys[1] == keys[2]
 
 
 def test_curves_are_logged_per_epoch(store):
     hist = store["client"].get_metric_history(store["results"][0].run_id, "train/val_loss")
     assert [(h.step, h.value) for h in sorted(hist, key=lambda h: h.step)] == [
-        (0, 2.0), (1, 1.6), (2, 1.4)]
+        (0, 2.0),
+        (1, 1.6),
+        (2, 1.4),
+    ]
 
 
 def test_artifacts_hold_plots_and_tables(store):
     client, run_id = store["client"], store["results"][0].run_id
     plots = {Path(a.path).name for a in client.list_artifacts(run_id, "plots")}
-    assert plots == {"confusion_matrix.png", "per_class_accuracy.png", "learning_curves.png",
-                     "token_histogram.png"}
+    assert plots == {
+        "confusion_matrix.png",
+        "per_class_accuracy.png",
+        "learning_curves.png",
+        "token_histogram.png",
+    }
     for name in plots:
-        assert Path(client.download_artifacts(run_id, f"plots/{name}")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (
+            Path(client.download_artifacts(run_id, f"plots/{name}")).read_bytes()[:8]
+            == b"\x89PNG\r\n\x1a\n"
+        )
     tables = {Path(a.path).name for a in client.list_artifacts(run_id, "evaluation")}
-    assert {"evaluation.csv", "evaluation.json", "evaluation.md", "per_class_accuracy.csv",
-            "confusion.csv"} <= tables
+    assert {
+        "evaluation.csv",
+        "evaluation.json",
+        "evaluation.md",
+        "per_class_accuracy.csv",
+        "confusion.csv",
+    } <= tables
     md = Path(client.download_artifacts(run_id, "evaluation/evaluation.md")).read_text()
     assert "### Unseen runs of the trained workloads" in md and "| ngram top-1 |" in md
-    rows = json.loads(Path(client.download_artifacts(run_id, "evaluation/evaluation.json")).read_text())
+    rows = json.loads(
+        Path(client.download_artifacts(run_id, "evaluation/evaluation.json")).read_text()
+    )
     assert len(rows) == len(store["outcomes"][0].evaluation.scores)
-    assert rows[0]["table"] == "unseen_runs" and rows[0]["slice"] == "all" and rows[0]["predictor"] == "model"
+    assert (
+        rows[0]["table"] == "unseen_runs"
+        and rows[0]["slice"] == "all"
+        and rows[0]["predictor"] == "model"
+    )
     images = [a.path for a in client.list_artifacts(run_id, "images")]
     assert any(p.startswith("images/plots~confusion_matrix+step+0") for p in images)
 
@@ -220,7 +280,9 @@ def test_model_is_registered_with_signature_and_explicit_requirements(store):
     assert info.saved_input_example_info is not None
     import mlflow.artifacts
 
-    reqs = Path(mlflow.artifacts.download_artifacts(f"models:/{NAME}/1/requirements.txt")).read_text()
+    reqs = Path(
+        mlflow.artifacts.download_artifacts(f"models:/{NAME}/1/requirements.txt")
+    ).read_text()
     import tensorflow as tf
 
     assert f"tensorflow=={tf.__version__}" in reqs and "keras==" in reqs and "mlflow==" in reqs
@@ -231,7 +293,10 @@ def test_alias_moves_only_on_improvement_and_decision_is_logged(store):
     assert (first.promoted, first.decision, first.champion_version) == (True, "first", "1")
     assert (better.promoted, better.decision, better.champion_version) == (True, "promoted", "2")
     assert (worse.promoted, worse.decision, worse.champion_version) == (False, "kept", "2")
-    assert (worse.candidate_score, worse.champion_score) == (pytest.approx(0.70), pytest.approx(0.85))
+    assert (worse.candidate_score, worse.champion_score) == (
+        pytest.approx(0.70),
+        pytest.approx(0.85),
+    )
     client = store["client"]
     assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
     # The worse model is registered all the same.
@@ -271,7 +336,7 @@ def test_champion_loads_and_predicts_through_keras_and_pyfunc(store):
 def test_configuring_one_root_does_not_capture_the_next(tmp_path, monkeypatch):
     # GIVEN no tracking server chosen by the user
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    from tasks.tracking import configure, resolve_target, tracking_for
+    from tasks.registry.tracking import configure, resolve_target, tracking_for
 
     # WHEN one root is configured (MLflow exports its URI) and then another is resolved
     configure(tracking_for(str(tmp_path / "a")))
@@ -281,26 +346,39 @@ def test_configuring_one_root_does_not_capture_the_next(tmp_path, monkeypatch):
     assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
-def test_a_registered_hybrid_champion_loads_through_pyfunc_in_a_fresh_process(tmp_path):
-    # GIVEN the hybrid model (custom n-gram layer inside) registered as the first champion
+@pytest.mark.parametrize("loader_module", [None, "tasks.keras_pyfunc"])
+def test_a_registered_hybrid_champion_loads_through_pyfunc_in_a_fresh_process(
+    tmp_path, loader_module
+):
+    # GIVEN the hybrid model (custom n-gram layer inside) registered as the first champion;
+    # with loader_module set, its MLmodel names the loader as versions registered before the
+    # stage packages did (tasks.keras_pyfunc, now a forwarder), and must still load
     import subprocess
     import sys
 
-    from tasks.model import NGramTable, build_hybrid
-    from tasks.register import register_outcome
-    from tasks.tracking import TrackingConfig, configure, resolve_target
-    from tests.tasks.test_model import _flat, _threads, tiny
+    from tasks.learning.model import NGramTable, build_hybrid
+    from tasks.registry.register import register_outcome
+    from tasks.registry.tracking import TrackingConfig, configure, resolve_target
+    from tests.tasks.learning.test_model import _flat, _threads, tiny
 
     rng = np.random.default_rng(5)
     table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
-    _, hybrid = build_hybrid(tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}),
-                             table)
+    _, hybrid = build_hybrid(
+        tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table
+    )
     tracking = TrackingConfig(root=str(tmp_path / "root"))
     result = register_outcome(make_outcome(hybrid, 0.9), tracking)
     assert result.promoted
     x = np.asarray(_threads(rng, 2, CONTEXT, 6), np.int32)  # the logged signature's shape
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", hybrid.predict(x, verbose=0))
+    mlmodels = list((tmp_path / "root").rglob("MLmodel"))
+    assert mlmodels and all(
+        "loader_module: tasks.registry.keras_pyfunc" in f.read_text() for f in mlmodels
+    )
+    if loader_module:
+        for f in mlmodels:
+            f.write_text(f.read_text().replace("tasks.registry.keras_pyfunc", loader_module))
     configure(tracking)
     uri = resolve_target(tracking).tracking_uri
     # WHEN a fresh Python (nothing of heapcast imported) loads models:/NAME@champion via pyfunc
@@ -311,8 +389,7 @@ def test_a_registered_hybrid_champion_loads_through_pyfunc_in_a_fresh_process(tm
         f"x = np.load({str(tmp_path / 'x.npy')!r}); y = np.load({str(tmp_path / 'y.npy')!r})\n"
         "print('same' if np.allclose(np.asarray(m.predict(x)), y, atol=1e-5) else 'differs')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     # THEN it predicts what the model predicted when it was trained
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "same"

@@ -2,7 +2,7 @@
 
 GIVEN a windows-mode model trained on data A and registered (the champion)
 WHEN a sequence-mode model trained on data B is registered with champion_rescorer
-THEN the champion is re-evaluated on B's split by tasks.train.evaluate_model, with its own model
+THEN the champion is re-evaluated on B's split by tasks.learning.train.evaluate_model, with its own model
 shape (windows mode, from its logged config), and the decision compares the two on B.
 """
 
@@ -10,27 +10,35 @@ from __future__ import annotations
 
 import pytest
 
-
-from tasks.register import champion_rescorer, register_outcome  # noqa: E402
-from tasks.storage import Root  # noqa: E402
-from tasks.synthetic_events import write_synthetic_events  # noqa: E402
-from tasks.tracking import TrackingConfig  # noqa: E402
-from tasks.train import evaluate, train  # noqa: E402
-from tasks.train_config import TrainConfig  # noqa: E402
+from tasks.core.storage import Root  # noqa: E402
+from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
+from tasks.learning.train import evaluate, train  # noqa: E402
+from tasks.learning.train_config import TrainConfig  # noqa: E402
+from tasks.registry.register import champion_rescorer, register_outcome  # noqa: E402
+from tasks.registry.tracking import TrackingConfig  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 
 def tiny(mode: str, ckpt) -> TrainConfig:
-    return TrainConfig.model_validate({
-        "data": {"heldout_workloads": ["gamma"]}, "mode": mode, "context": 10,
-        "model": {"units": [8]}, "batch_size": 8, "epochs": 1, "steps_per_epoch": 2,
-        "eval_batch_size": 32, "ngram": {"max_order": 3}, "checkpoint_dir": str(ckpt),
-    })
+    return TrainConfig.model_validate(
+        {
+            "data": {"heldout_workloads": ["gamma"]},
+            "mode": mode,
+            "context": 10,
+            "model": {"units": [8]},
+            "batch_size": 8,
+            "epochs": 1,
+            "steps_per_epoch": 2,
+            "eval_batch_size": 32,
+            "ngram": {"max_order": 3},
+            "checkpoint_dir": str(ckpt),
+        }
+    )
 
 
 def trained_on(root: Root, cfg: TrainConfig):
-    t = train.fn(root.url, cfg)
+    t = train.fn(root, cfg)
     return t, evaluate.fn(t)
 
 
@@ -66,4 +74,6 @@ def test_real_outcomes_register_and_the_champion_is_rescored_on_new_data(tmp_pat
     run = MlflowClient().get_run(second.run_id)
     assert run.data.params["promotion.champion_reevaluated"] == "true"
     assert run.data.metrics["unseen_runs.top1/all.model"] == pytest.approx(second.candidate_score)
-    assert len(MlflowClient().get_metric_history(second.run_id, "train/loss")) == len(out_b.history["loss"])
+    assert len(MlflowClient().get_metric_history(second.run_id, "train/loss")) == len(
+        out_b.history["loss"]
+    )

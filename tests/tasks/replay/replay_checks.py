@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace
+from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace
 
 
 def tracer_path() -> Path:
     """The tracer the project builds (HEAPCAST_TRACER overrides it)."""
     if os.environ.get("HEAPCAST_TRACER"):
         return Path(os.environ["HEAPCAST_TRACER"])
-    from tasks.build import build_tracer
+    from tasks.format.build import build_tracer
 
     return Path(build_tracer.fn())
 
@@ -26,8 +26,7 @@ def unpaired_frees(trace: Trace) -> int:
     Each allocation is an event (addr, +), each release an event (addr, -); in call order per
     address the events must alternate +, -, +, ... with no release first."""
     order = np.argsort(trace.time_ns, kind="stable")
-    op, addr, arg, size = (trace.op[order], trace.addr[order], trace.arg[order],
-                           trace.size[order])
+    op, addr, arg, size = (trace.op[order], trace.addr[order], trace.arg[order], trace.size[order])
     pos = np.arange(len(op), dtype=np.int64) * 2
     is_alloc = np.isin(op, np.array(ALLOCATING_OPS, dtype=np.uint8)) & (addr != 0)
     is_re = np.isin(op, np.array(REALLOCATING_OPS, dtype=np.uint8))
@@ -37,8 +36,13 @@ def unpaired_frees(trace: Trace) -> int:
     is_free = op == Op.FREE
     a_addr = np.concatenate([addr[is_alloc | re_new], arg[re_old], addr[is_free]])
     a_when = np.concatenate([pos[is_alloc | re_new] + 1, pos[re_old], pos[is_free]])
-    a_kind = np.concatenate([np.zeros((is_alloc | re_new).sum(), np.int8),
-                             np.ones(re_old.sum(), np.int8), np.ones(is_free.sum(), np.int8)])
+    a_kind = np.concatenate(
+        [
+            np.zeros((is_alloc | re_new).sum(), np.int8),
+            np.ones(re_old.sum(), np.int8),
+            np.ones(is_free.sum(), np.int8),
+        ]
+    )
     idx = np.lexsort((a_when, a_addr))
     a_addr, a_kind = a_addr[idx], a_kind[idx]
     prev_same = np.concatenate([[False], a_addr[1:] == a_addr[:-1]])

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tasks.replay.inputs import GENERATORS, generate_input
 from tests.conftest import need_tool
-
-from tasks.inputs import GENERATORS, generate_input
 
 REAL = [g for g in GENERATORS if g != "none"]
 
@@ -44,8 +42,11 @@ def test_unknown_generator(tmp_path):
 def test_sql_runs_in_sqlite3(tmp_path):
     need_tool("sqlite3")
     generate_input("sql", 3, 300, tmp_path)
-    out = subprocess.run(["sqlite3", "-bail", ":memory:", f".read {tmp_path}/input.sql"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["sqlite3", "-bail", ":memory:", f".read {tmp_path}/input.sql"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -54,8 +55,11 @@ def test_python_script_compiles_and_c_file_parses(tmp_path):
     compile((tmp_path / "workload.py").read_text(), "workload.py", "exec")
     need_tool("gcc")
     generate_input("c_file", 3, 30, tmp_path)
-    out = subprocess.run(["gcc", "-fsyntax-only", "-Wno-unused", str(tmp_path / "gen.c")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["gcc", "-fsyntax-only", "-Wno-unused", str(tmp_path / "gen.c")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -66,14 +70,25 @@ def test_git_stream_imports(tmp_path):
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     with open(tmp_path / "in" / "repo.fi", "rb") as f:
         subprocess.run(["git", "-C", str(repo), "fast-import", "--quiet"], stdin=f, check=True)
-    count = subprocess.run(["git", "-C", str(repo), "rev-list", "--count", "main"],
-                           capture_output=True, text=True, check=True).stdout
+    count = subprocess.run(
+        ["git", "-C", str(repo), "rev-list", "--count", "main"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert int(count) == 30
 
 
 def test_freeciv_script_has_seeds_and_turns(tmp_path):
     generate_input("freeciv_script", 5, 12, tmp_path)
     text = (tmp_path / "script.serv").read_text()
-    for needle in ("set gameseed", "set mapseed", "set timeout -1", "set minplayers 0",
-                   "set endturn 12", "aifill", "start"):
+    for needle in (
+        "set gameseed",
+        "set mapseed",
+        "set timeout -1",
+        "set minplayers 0",
+        "set endturn 12",
+        "aifill",
+        "start",
+    ):
         assert needle in text

@@ -7,21 +7,18 @@ slow (debootstrap, apt); the engine's data root persists, so later runs reuse th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tasks.core.storage import Root
+from tasks.format.trace_reader import read_trace
+from tasks.replay.images import BASE_IMAGE, build_all
+from tasks.replay.manifest import MANIFEST_NAME, RunManifest
+from tasks.replay.replays import replay_input
+from tasks.replay.runners.docker_runner import engine_answers, engine_host
+from tasks.replay.workloads import load_catalog
 from tests.conftest import in_ci
-
-from tasks.images import BASE_IMAGE, build_all
-from tasks.manifest import MANIFEST_NAME, RunManifest
-from tasks.replay import replay_input
-from tasks.runners.docker_runner import engine_answers, engine_host
-from tasks.trace_reader import read_trace
-from tasks.workloads import load_catalog
-
-from tests.tasks.replay_checks import op_counts, tracer_path, unpaired_frees
+from tests.tasks.replay.replay_checks import op_counts, tracer_path, unpaired_frees
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +32,10 @@ STARTUP_RECORDS = 64
 def engine() -> str:
     host = engine_host()
     if not engine_answers(host):
-        msg = (f"no container engine answers at DOCKER_HOST={host}; start one with "
-               "`eval \"$(scripts/engine.sh up)\"`")
+        msg = (
+            f"no container engine answers at DOCKER_HOST={host}; start one with "
+            '`eval "$(scripts/engine.sh up)"`'
+        )
         if in_ci():
             pytest.fail(msg + " (CI=true: the engine is required)")
         pytest.skip(msg)
@@ -62,7 +61,7 @@ def runs(images, tmp_path_factory):
     out = {}
     for runner in ("docker", "local"):
         root = tmp_path_factory.mktemp(runner)
-        m = replay_input(w, w.input("small"), tracer, root=str(root), runner=runner)
+        m = replay_input(w, w.input("small"), tracer, root=Root.from_url(str(root)), runner=runner)
         run_dir = root / "raw" / "sqlite3" / "small"
         out[runner] = (m, [read_trace(run_dir / f) for f in m.files], run_dir)
     return out

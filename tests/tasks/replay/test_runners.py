@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tasks.manifest import MANIFEST_NAME, RunManifest
-from tasks.replay import FAILED_DIR, ReplayFailed, replay_input
-from tasks.runners import RunnerUnavailable, resolve_runner_kind
-from tasks.runners.docker_runner import DockerRunner
-from tasks.runners.local_runner import LocalRunner, bwrap_works
-from tasks.trace_reader import read_trace
-from tasks.workloads import load_catalog
-
-from tests.tasks.replay_checks import tracer_path, unpaired_frees
+from tasks.core.storage import Root
+from tasks.format.trace_reader import read_trace
+from tasks.replay.manifest import MANIFEST_NAME, RunManifest
+from tasks.replay.replays import FAILED_DIR, ReplayFailed, replay_input
+from tasks.replay.runners import RunnerUnavailable, resolve_runner_kind
+from tasks.replay.runners.docker_runner import DockerRunner
+from tasks.replay.runners.local_runner import LocalRunner, bwrap_works
+from tasks.replay.workloads import load_catalog
+from tests.tasks.replay.replay_checks import tracer_path, unpaired_frees
 
 LIMITS = Path(__file__).parent / "catalogs" / "limits.yaml"
 NO_ENGINE = "unix:///nonexistent/heapcast-test/docker.sock"
@@ -38,7 +38,7 @@ def _manifest(run_dir: Path) -> RunManifest:
 def test_local_replay_of_sqlite3_writes_traces_and_manifest(tracer, catalog, tmp_path):
     # GIVEN a deterministic real workload WHEN it is replayed through the local runner
     w = catalog.get("sqlite3")
-    m = replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+    m = replay_input(w, w.input("small"), tracer, root=Root.from_url(str(tmp_path)), runner="local")
     # THEN its run folder holds the traces and a manifest that counts them
     run_dir = tmp_path / "raw" / "sqlite3" / "small"
     assert _manifest(run_dir) == m
@@ -59,7 +59,7 @@ def test_time_limit_kills_marks_failed_and_keeps_partial_trace(tracer, catalog, 
     w = catalog.get("forever")
     # WHEN it is replayed THEN the replay fails, naming the limit
     with pytest.raises(ReplayFailed, match="time limit") as err:
-        replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+        replay_input(w, w.input("small"), tracer, root=Root.from_url(str(tmp_path)), runner="local")
     m = err.value.manifest
     assert m.timed_out and not m.ok and m.exit_code is None
     # AND the partial trace is kept, with the manifest that says so
@@ -71,11 +71,15 @@ def test_time_limit_kills_marks_failed_and_keeps_partial_trace(tracer, catalog, 
 
 def test_failed_replay_keeps_the_previous_good_run(tracer, catalog, tmp_path):
     w = catalog.get("sqlite3")
-    good = replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+    good = replay_input(
+        w, w.input("small"), tracer, root=Root.from_url(str(tmp_path)), runner="local"
+    )
     # WHEN the same run is replayed and fails (the catalog now expects another exit code)
     bad_w = w.model_copy(update={"expected_exit_code": 3})
     with pytest.raises(ReplayFailed, match="exit code 0, expected 3"):
-        replay_input(bad_w, w.input("small"), tracer, root=str(tmp_path), runner="local")
+        replay_input(
+            bad_w, w.input("small"), tracer, root=Root.from_url(str(tmp_path)), runner="local"
+        )
     # THEN the good run stays in place and the failed one is kept beside it
     raw = tmp_path / "raw" / "sqlite3"
     assert _manifest(raw / "small") == good
@@ -97,18 +101,21 @@ def test_auto_picks_local_and_says_why_when_no_engine(monkeypatch):
     assert kind == "local" and "no engine answers" in why and "scripts/engine.sh up" in why
 
 
-def test_replay_through_docker_with_engine_down_fails_before_running(tracer, catalog, tmp_path,
-                                                                     monkeypatch):
+def test_replay_through_docker_with_engine_down_fails_before_running(
+    tracer, catalog, tmp_path, monkeypatch
+):
     monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
     w = catalog.get("sqlite3")
     with pytest.raises(RunnerUnavailable, match="scripts/engine.sh up"):
-        replay_input(w, w.input("small"), tracer, root=str(tmp_path), runner="docker")
+        replay_input(
+            w, w.input("small"), tracer, root=Root.from_url(str(tmp_path)), runner="docker"
+        )
     assert not (tmp_path / "raw" / "sqlite3" / "small").exists()
 
 
 def test_local_runner_without_sandbox_runs_with_host_paths(tracer, catalog, tmp_path):
-    from tasks.runners.base import RunRequest
-    from tasks.inputs import generate_input
+    from tasks.replay.inputs import generate_input
+    from tasks.replay.runners.base import RunRequest
 
     w = catalog.get("sqlite3")
     inp = w.input("small")
@@ -119,9 +126,16 @@ def test_local_runner_without_sandbox_runs_with_host_paths(tracer, catalog, tmp_
     for d in dirs.values():
         d.mkdir()
     generate_input(w.generator, inp.seed, inp.size, dirs["input"])
-    res = LocalRunner(sandbox="none").run(RunRequest(
-        workload=w, input=inp, tracer=tracer, input_dir=dirs["input"],
-        trace_dir=dirs["trace"], work_dir=dirs["work"]))
+    res = LocalRunner(sandbox="none").run(
+        RunRequest(
+            workload=w,
+            input=inp,
+            tracer=tracer,
+            input_dir=dirs["input"],
+            trace_dir=dirs["trace"],
+            work_dir=dirs["work"],
+        )
+    )
     assert res.exit_code == 0 and not res.timed_out and res.sandbox == "none"
     assert res.command[-1] == f".read {dirs['input']}/input.sql"
     assert list(dirs["trace"].glob("*.hct"))

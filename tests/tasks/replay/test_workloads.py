@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import ConfigError
-from tasks.workloads import CATALOG_PATH, load_catalog, parse_catalog
+from tasks.core.config import ConfigError
+from tasks.replay.workloads import CATALOG_PATH, load_catalog, parse_catalog
 
 INVALID = sorted((Path(__file__).parent / "catalogs" / "invalid").glob("*.yaml"))
 

@@ -1,0 +1,222 @@
+"""Speed of the online counter (tasks/learning/online.py): compiled vs a plain-Python dict loop.
+
+    .venv/bin/python benchmarks/bench_online.py                  # 8 M tokens, 200 k for the loop
+    .venv/bin/python benchmarks/bench_online.py --tokens 2000000 --reference-tokens 50000
+
+The tokens: a patterned, seeded stream like a program's heap calls: "routines" (fixed runs of
+4..40 tokens over all 64 classes) chosen by a Markov chain (each routine has 3 likely
+successors, 10% of the time any routine), each token replaced by a random one with probability
+--noise; split into a few long threads and many short ones.
+
+Timed, in one process, on one core:
+- compiled: OnlineCounter.predict over the whole run at every scored position (every token but
+  a thread's first), best of --repeat; the numba compile is timed apart, on a tiny run, with an
+  empty cache directory (so it is a real compile, not a cache load); online_features likewise.
+- streaming: OnlineState.push + answer() per event, one compiled call each, on a slice.
+- reference: the dict implementation the tests hold the counter equal to
+  (tests/tasks/learning/test_online.py: reference), on the first --reference-tokens tokens; its
+  answers are checked equal to the compiled ones there.
+Reported: positions per second of each (wall, best of --repeat, and per CPU-second of this
+process: the machine may be shared) and the ratio, top-1/top-5 accuracy, peak RSS. The
+reference is deliberately plain (it re-sorts a context's successors at every position), so
+the ratio measures compiled-vs-obvious, not compiled-vs-the-best-Python.
+Writes benchmarks/results/online.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))
+# a fresh cache: the first call compiles (set before numba is imported)
+os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-online-numba-")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tasks.learning.online import (  # noqa: E402
+    DEFAULT_ORDERS,
+    OnlineCounter,
+    online_features,
+)
+from tasks.learning.sequences import TokenRun, eval_positions  # noqa: E402
+
+
+def patterned_run(n_tokens: int, noise: float, seed: int) -> TokenRun:
+    rng = np.random.default_rng(seed)
+    n_routines = 48
+    routines = [
+        rng.integers(0, 64, rng.integers(4, 41)).astype(np.uint8) for _ in range(n_routines)
+    ]
+    succ = rng.integers(0, n_routines, (n_routines, 3))
+    mean_len = np.mean([len(r) for r in routines])
+    n_calls = int(n_tokens / mean_len * 1.2) + 10
+    picks = np.empty(n_calls, np.int64)  # the chain over routines (vectorised by blocks)
+    jump = rng.random(n_calls) < 0.1
+    which = rng.integers(0, 3, n_calls)
+    anyr = rng.integers(0, n_routines, n_calls)
+    r = 0
+    for i in range(n_calls):  # ~n_tokens / 22 steps: data generation only, not timed
+        r = anyr[i] if jump[i] else succ[r, which[i]]
+        picks[i] = r
+    tokens = np.concatenate([routines[i] for i in picks])[:n_tokens]
+    flip = rng.random(n_tokens) < noise
+    tokens[flip] = rng.integers(0, 64, int(flip.sum()))
+    # threads: 4 long ones (70% of the calls) and short ones of 10..5000 calls
+    long_part = int(n_tokens * 0.7)
+    cuts = list(np.sort(rng.choice(np.arange(1, long_part), 3, replace=False)))
+    pos = long_part
+    while pos < n_tokens:
+        cuts.append(pos)
+        pos += int(rng.integers(10, 5000))
+    offsets = np.array([0] + cuts + [n_tokens], np.int64)
+    return TokenRun("bench", "patterned", tokens.astype(np.uint8), offsets)
+
+
+def best_of(repeat: int, fn) -> tuple[float, float, object]:
+    """(best wall seconds, best CPU seconds of this process, the last result)."""
+    wall, cpu, out = float("inf"), float("inf"), None
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        wall = min(wall, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
+    return wall, cpu, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=8_000_000)
+    ap.add_argument("--reference-tokens", type=int, default=200_000)
+    ap.add_argument("--stream-tokens", type=int, default=50_000)
+    ap.add_argument("--noise", type=float, default=0.02)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=PROJECT / "benchmarks/results/online.json")
+    args = ap.parse_args()
+
+    run = patterned_run(args.tokens, args.noise, args.seed)
+    pos = eval_positions(run)
+    counter = OnlineCounter.fit([run])  # the fallback ranking only
+
+    # compile, on a tiny run (a fresh cache directory: this is the real compile)
+    tiny = TokenRun("bench", "tiny", run.tokens[:50].copy(), np.array([0, 30, 50]))
+    t0 = time.perf_counter()
+    counter.predict(tiny, eval_positions(tiny))
+    compile_predict = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    online_features(tiny.tokens, tiny.offsets)
+    compile_features = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    s = counter.state()
+    s.push(1)
+    s.answer()
+    compile_stream = time.perf_counter() - t0
+
+    t_pred, c_pred, pred = best_of(args.repeat, lambda: counter.predict(run, pos))
+    t_feat, c_feat, _ = best_of(args.repeat, lambda: online_features(run.tokens, run.offsets))
+    y = run.tokens[pos]
+    top1 = float((pred.top1 == y).mean())
+    top5 = float((pred.top == y[:, None]).any(axis=1).mean())
+    log_loss = float(-np.log(pred.p_true).mean())
+
+    # streaming: the longest thread's first calls, push + answer per event
+    longest = int(np.argmax(run.thread_lengths()))
+    n_stream = min(args.stream_tokens, int(run.thread_lengths()[longest]))
+    start = int(run.offsets[longest])
+    stream_tokens = [int(t) for t in run.tokens[start : start + n_stream]]
+    state = counter.state()
+    t0 = time.perf_counter()
+    for tok in stream_tokens:
+        state.push(tok)
+        state.answer()
+    t_stream = time.perf_counter() - t0
+
+    # the dict reference on a slice (whole threads of the run, cut at --reference-tokens)
+    from tests.tasks.learning.test_online import reference
+
+    head = run.head(args.reference_tokens)
+    t0, c0 = time.perf_counter(), time.process_time()
+    ref = reference(head.tokens, head.offsets, DEFAULT_ORDERS, counter.smoothing, counter.fallback)
+    t_ref, c_ref = time.perf_counter() - t0, time.process_time() - c0
+    mine = counter.predict(head, np.arange(head.n_tokens))
+    equal = bool(
+        np.array_equal(mine.top, ref["top"].astype(np.uint8))
+        and np.allclose(mine.p_true, ref["p"], rtol=1e-12, atol=0)
+    )
+
+    compiled_rate = len(pos) / t_pred
+    ref_rate = head.n_tokens / t_ref
+    compiled_cpu_rate = len(pos) / c_pred
+    ref_cpu_rate = head.n_tokens / c_ref
+    result = {
+        "benchmark": "online",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numba": numba.__version__,
+            "numpy": np.__version__,
+        },
+        "data": {
+            "tokens": run.n_tokens,
+            "threads": run.n_threads,
+            "longest_thread": int(run.thread_lengths().max()),
+            "scored_positions": len(pos),
+            "noise": args.noise,
+            "seed": args.seed,
+        },
+        "orders": list(counter.orders),
+        "compile_s": {  # features reuse predict's compiled loop (the same signature)
+            "predict": round(compile_predict, 2),
+            "features": round(compile_features, 2),
+            "streaming": round(compile_stream, 2),
+        },
+        "compiled": {
+            "predict_s": round(t_pred, 3),
+            "predict_positions_per_s": round(compiled_rate),
+            "predict_positions_per_cpu_s": round(compiled_cpu_rate),
+            "features_s": round(t_feat, 3),
+            "features_positions_per_s": round(run.n_tokens / t_feat),
+            "features_positions_per_cpu_s": round(run.n_tokens / c_feat),
+        },
+        "streaming": {
+            "events": n_stream,
+            "seconds": round(t_stream, 3),
+            "events_per_s": round(n_stream / t_stream),
+        },
+        "reference": {
+            "positions": head.n_tokens,
+            "seconds": round(t_ref, 2),
+            "positions_per_s": round(ref_rate),
+            "positions_per_cpu_s": round(ref_cpu_rate),
+            "equal_to_compiled": equal,
+        },
+        "speedup_compiled_over_reference": round(compiled_rate / ref_rate, 1),
+        "speedup_compiled_over_reference_cpu": round(compiled_cpu_rate / ref_cpu_rate, 1),
+        "accuracy": {
+            "top1": round(top1, 4),
+            "top5": round(top5, 4),
+            "log_loss": round(log_loss, 4),
+        },
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    if not equal:
+        raise SystemExit("the compiled counter differs from the reference")
+
+
+if __name__ == "__main__":
+    main()

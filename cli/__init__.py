@@ -1,0 +1,1 @@
+"""`heapcast`, the command line: a thin front end over the stages (see `main`)."""

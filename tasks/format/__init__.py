@@ -1,0 +1,2 @@
+"""The tracer's raw format (native/FORMAT.md): takes `.hct` files, gives a `Trace` (header +
+numpy views of the records). Open `trace_reader` first; `build` compiles the tracer in native/."""
