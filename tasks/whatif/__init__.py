@@ -1,0 +1,20 @@
+"""whatif: what allocator caching would have done to each traced run.
+
+Replays a run's events (the events dataset), per process in call order, through allocator
+cache policies with a compiled simulator, and measures the real seed-002 layer.
+
+- policies.py  strict pydantic configs: none, seed002, seed001, lru, guided, belady, oracle;
+               `policy_from_dict`.
+- events.py    `read_events(root, workload, run)` -> pyarrow Table; `prepare(table)` -> SimInput
+               (simulation order, block partners, time basis).
+- simulate.py  `simulate(events, policy, predictions=None) -> dict` of metrics; the rules of the
+               cache, the hit rate, the byte figures and the PAGE-FAULT MODEL are in its
+               docstring.
+- oracle.py    the upper bound of the hit rate at a byte budget (why a bound: its docstring).
+- guided.py    prediction arrays for `guided`: `reuse_labels`, `predictions_from_topk`,
+               `align_token_run`.
+- sweep.py     `sweep(root, runs, policies)` / `sweep_run(table, ...)` -> pandas DataFrame, one
+               row per (run, policy, param); `default_grid()`; `pareto_plot(df, png)`.
+- layer.py     `build_layer()` (make -C native cache002), `measure_layer(argv, env)` -> faults
+               with and without native/build/libcache002.so.
+"""

@@ -1,0 +1,286 @@
+"""One run's events, read and laid out for the simulator (tasks/whatif/simulate.py).
+
+`read_events(root, workload, run)` reads `<root>/events/workload=<w>/run=<r>/` with pyarrow
+(only the columns the simulator needs) and adds an `image` column: the index of the Parquet part
+a row comes from. A part is one raw trace file, i.e. one process image (an exec'd program keeps
+its pid but gets a file of its own), so `image` separates what `pid` alone would merge.
+
+`prepare(table)` turns the table into numpy arrays in SIMULATION ORDER, vectorised:
+
+1. Processes. The process key is `image` when the table has it, else `pid`. Each process's rows
+   are taken in call order: the table's own order when every process's rows are contiguous and
+   in time order (what the converter writes), else sorted by (key, time_ns, thread, seq).
+2. Rows. `req[i]` is the size of the block row i defines (an allocating op or realloc that
+   returned an address; malloc(0) defines a block of 0 bytes), else -1. `freed[i]` is the size
+   of the block row i frees (`freed_size`: a free or realloc's old block, paired by the
+   converter), else -1; an unpaired free (freed_size null: its block predates the trace) is
+   ignored, since nothing is known of it. A realloc row does both: its request comes first,
+   then its free (see tasks/whatif/simulate.py for what happens to the old block).
+3. Partners. `partner[j]` is the row that defined the block row j frees, from the allocation's
+   `lifetime_calls` (the converter's row distance within the process), kept only where row j
+   really frees a block of that size; else -1 (the simulator then takes `freed_size` as the
+   block's size). The simulator needs it because a block served from the cache may be larger
+   than its request, and it is that larger block that comes back at the free.
+4. Time. Processes run concurrently: rows are merged across processes by `time_ns` (stable,
+   so each process keeps its call order). When every row has the same time (hand-made
+   traces), time is the row number instead (`time_basis` "calls").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+from numba import njit
+
+from tasks.core.storage import Root
+from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op
+
+COLUMNS = (
+    "pid",
+    "thread",
+    "seq",
+    "time_ns",
+    "op",
+    "size",
+    "addr",
+    "freed_size",
+    "lifetime_calls",
+)
+N_CLASSES = 32  # allocation tokens 0..31 (tasks.dataset.tokens)
+NEVER = np.iinfo(np.int64).max
+
+_DEFINES = np.zeros(256, dtype=bool)
+_DEFINES[list(ALLOCATING_OPS) + list(REALLOCATING_OPS)] = True
+_FREES = np.zeros(256, dtype=bool)
+_FREES[[int(Op.FREE)] + list(REALLOCATING_OPS)] = True
+
+
+def read_events(root: Root | str, workload: str, run: str) -> pa.Table:
+    """The run's events (COLUMNS + `image`, the part each row comes from), parts in name order."""
+    root = Root.from_url(root) if isinstance(root, str) else root
+    path = root.events_run(workload, run)
+    fs = root.fs
+    files = sorted(
+        p
+        for p in fs.find(path)
+        if p.endswith(".parquet") and not p.rsplit("/", 1)[-1].startswith(("_", "."))
+    )
+    if not files:
+        raise FileNotFoundError(
+            f"{root.url_of('events', f'workload={workload}', f'run={run}')}: no events parts; "
+            "run the dataset flow first"
+        )
+    dataset = ds.dataset(files, filesystem=fs, format="parquet")
+    tables = []
+    for i, frag in enumerate(dataset.get_fragments()):
+        t = frag.to_table(columns=list(COLUMNS))
+        tables.append(t.append_column("image", pa.array(np.full(t.num_rows, i, np.uint32))))
+    return pa.concat_tables(tables)
+
+
+def _np(table: pa.Table, name: str, fill: int | None = None) -> np.ndarray:
+    col = table.column(name)
+    if fill is not None and col.null_count:
+        col = col.fill_null(fill)
+    return col.to_numpy()
+
+
+@njit(cache=True)
+def _last_rows(proc: np.ndarray, n_proc: int) -> np.ndarray:
+    is_last = np.zeros(len(proc), dtype=np.bool_)
+    seen = np.zeros(n_proc, dtype=np.bool_)
+    for i in range(len(proc) - 1, -1, -1):
+        p = proc[i]
+        if not seen[p]:
+            seen[p] = True
+            is_last[i] = True
+    return is_last
+
+
+@njit(cache=True)
+def _next_requests(
+    proc: np.ndarray, n_proc: int, req: np.ndarray, cls_req: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """next_same[i]: the next row of row i's process requesting row i's class (NEVER if none);
+    first[p, c]: the first row of process p requesting class c."""
+    n = len(proc)
+    nxt = np.full((n_proc, N_CLASSES), NEVER, np.int64)
+    out = np.full(n, NEVER, np.int64)
+    for i in range(n - 1, -1, -1):
+        if req[i] >= 0:
+            p = proc[i]
+            c = cls_req[i]
+            out[i] = nxt[p, c]
+            nxt[p, c] = i
+    return out, nxt
+
+
+@dataclass
+class SimInput:
+    """One run's events in simulation order (see the module docstring)."""
+
+    proc: np.ndarray  # int32 process index, 0..n_proc-1
+    n_proc: int
+    req: np.ndarray  # int64 bytes requested, -1 = row defines no block
+    freed: np.ndarray  # int64 bytes of the block freed, -1 = row frees none (or unpaired)
+    cls_req: np.ndarray  # uint8 size class of req
+    cls_free: np.ndarray  # uint8 size class of freed
+    partner: np.ndarray  # int64 row defining the freed block, -1 unknown
+    time: np.ndarray  # int64 ns (or row numbers, see time_basis)
+    is_last: np.ndarray  # bool: last row of its process (the process exits after it)
+    row: np.ndarray  # int64 row of the input table
+    time_basis: str = "ns"
+    workload: str = ""
+    run: str = ""
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.req)
+
+    @property
+    def span(self) -> int:
+        return int(self.time[-1] - self.time[0]) if self.n else 0
+
+    def next_requests(self) -> tuple[np.ndarray, np.ndarray]:
+        if "next" not in self.cache:
+            self.cache["next"] = _next_requests(self.proc, self.n_proc, self.req, self.cls_req)
+        return self.cache["next"]
+
+    def align(self, per_row: np.ndarray) -> np.ndarray:
+        """An array given per row of the input table, in simulation order."""
+        per_row = np.asarray(per_row)
+        if len(per_row) != self.n:
+            raise ValueError(f"{len(per_row)} values given for a run of {self.n} events")
+        return per_row[self.row]
+
+
+def _grouped_in_time(key: np.ndarray, time: np.ndarray) -> bool:
+    """Every key's rows contiguous, each group in time order."""
+    if len(key) < 2:
+        return True
+    change = key[1:] != key[:-1]
+    if not np.all((time[1:] >= time[:-1]) | change):
+        return False
+    return int(change.sum()) + 1 == len(np.unique(key[np.concatenate([[True], change])]))
+
+
+@njit(cache=True)
+def _bit_length(x):
+    n = 0
+    if x >= 1 << 32:
+        x >>= 32
+        n += 32
+    if x >= 1 << 16:
+        x >>= 16
+        n += 16
+    if x >= 1 << 8:
+        x >>= 8
+        n += 8
+    while x:
+        x >>= 1
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def _layout(key, op, size, addr, freed_size, has_freed, life, defines, frees):
+    """One pass over rows grouped by process in call order: (proc, req, freed, cls_req,
+    cls_free, partner, n_proc); see the module docstring."""
+    n = len(key)
+    proc = np.empty(n, np.int32)
+    req = np.empty(n, np.int64)
+    freed = np.empty(n, np.int64)
+    cls_req = np.zeros(n, np.uint8)
+    cls_free = np.zeros(n, np.uint8)
+    partner = np.full(n, -1, np.int64)
+    p = -1
+    for i in range(n):
+        if i == 0 or key[i] != key[i - 1]:
+            p += 1
+        proc[i] = p
+        o = op[i]
+        r = -1
+        if defines[o] and addr[i] != 0:
+            r = np.int64(size[i])
+            cls_req[i] = min(_bit_length(r), 31)
+        req[i] = r
+        f = -1
+        if frees[o] and has_freed[i]:
+            f = np.int64(freed_size[i])
+            cls_free[i] = min(_bit_length(f), 31)
+        freed[i] = f
+    n_proc = p + 1
+    end = np.empty(n_proc, np.int64)
+    for i in range(n):
+        end[proc[i]] = i + 1
+    for i in range(n):
+        if req[i] >= 0 and life[i] > 0:
+            j = i + life[i]
+            if j < end[proc[i]] and freed[j] == req[i]:
+                partner[j] = i
+    return proc, req, freed, cls_req, cls_free, partner, n_proc
+
+
+def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
+    """Lay one run's events out for the simulator (see the module docstring)."""
+    n = table.num_rows
+    key_name = "image" if "image" in table.column_names else "pid"
+    key = _np(table, key_name)
+    time = _np(table, "time_ns").astype(np.int64, copy=False)
+    order = None
+    if not _grouped_in_time(key, time):
+        order = np.lexsort((_np(table, "seq"), _np(table, "thread"), time, key))
+        key, time = key[order], time[order]
+
+    def col(name: str, fill: int | None = None) -> np.ndarray:
+        a = _np(table, name, fill)
+        return a if order is None else a[order]
+
+    has_freed = ~np.asarray(table.column("freed_size").is_null().to_numpy(zero_copy_only=False))
+    if order is not None:
+        has_freed = has_freed[order]
+    proc, req, freed, cls_req, cls_free, partner, n_proc = _layout(
+        key,
+        col("op"),
+        col("size"),
+        col("addr"),
+        col("freed_size", 0),
+        has_freed,
+        col("lifetime_calls", -1).astype(np.int64, copy=False),
+        _DEFINES,
+        _FREES,
+    )
+    row = np.arange(n, dtype=np.int64) if order is None else order.astype(np.int64)
+    if n_proc > 1 and not np.all(time[1:] >= time[:-1]):
+        # merge the processes by time; stable, so each keeps its call order (timsort: runs)
+        merge = np.argsort(time, kind="stable")
+        inv = np.empty(n, np.int64)
+        inv[merge] = np.arange(n)
+        proc, req, freed, time, row = proc[merge], req[merge], freed[merge], time[merge], row[merge]
+        cls_req, cls_free = cls_req[merge], cls_free[merge]
+        partner = partner[merge]
+        partner = np.where(partner >= 0, inv[np.maximum(partner, 0)], -1)
+    time_basis = "ns"
+    if n and time[-1] == time[0]:
+        time = np.arange(n, dtype=np.int64)
+        time_basis = "calls"
+    return SimInput(
+        proc=np.ascontiguousarray(proc, np.int32),
+        n_proc=int(n_proc),
+        req=np.ascontiguousarray(req),
+        freed=np.ascontiguousarray(freed),
+        cls_req=np.ascontiguousarray(cls_req),
+        cls_free=np.ascontiguousarray(cls_free),
+        partner=np.ascontiguousarray(partner),
+        time=np.ascontiguousarray(time),
+        is_last=_last_rows(proc, n_proc),
+        row=row,
+        time_basis=time_basis,
+        workload=workload,
+        run=run,
+    )

@@ -1,0 +1,160 @@
+"""Prediction arrays for the guided policy: keep a freed block or give it back.
+
+THE DECISION. At a free of a block of size class c, the cache must choose at once: keep the
+block (it costs its bytes for as long as it is kept) or release it (a later request of class c
+goes to the system). Keeping pays off only if a request of class c comes soon, before the
+block would be evicted or its bytes be better spent. So the decision needs, at the free, the
+answer to "is an allocation of class c among the next k calls of this thread?" (k: the horizon
+the block may be held, e.g. GuidedConfig.ttl_calls = k). Thread, not process: that is the
+stream the learning stage predicts, and the one whose next calls follow this one causally.
+
+- `reuse_labels(table, horizon)`: the true answer, from the future of the trace (a perfect
+  predictor; the upper end of what a guided cache can do, and the label a model is scored on).
+- `predictions_from_topk(table, top, horizon)`: the answer of a next-token predictor (the
+  learning stage's per-position top-k tokens, `top[i]` predicted for row i from the earlier calls
+  of its thread): keep iff c is among the top-k predicted for one of the next `horizon` calls of
+  the thread. With horizon = 1 this is causal: the prediction for the next call is computed from
+  the calls up to and including the free, so a live cache has it at the free. With horizon > 1
+  it also reads the predictions made at the following calls, which a live cache only has later:
+  it is optimistic, unless the model predicts several calls ahead itself (or the cache defers
+  the decision: keep provisionally, release when no prediction within the horizon names c).
+- `align_token_run(table, per_position)`: an array in `tasks.learning.sequences.read_run`
+  order (threads by (pid, thread), calls by seq) -> per row of `table`.
+
+Both return one bool per row of the table (False where the row frees nothing); the guided
+policy reads them at rows that free a block. Compiled loops (numba), none per event in Python.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+from tasks.dataset.tokens import size_class
+from tasks.whatif.events import N_CLASSES
+
+NONE_TOKEN = 255  # an empty top-k slot (tasks.learning.baselines.NONE)
+
+
+def _stream_order(table: pa.Table, scope: str) -> tuple[np.ndarray, np.ndarray]:
+    """(order of rows by stream then call, stream start flags in that order)."""
+    if scope not in ("thread", "process"):
+        raise ValueError(f"scope must be 'thread' or 'process', not {scope!r}")
+    names = table.column_names
+    proc = table.column("image" if "image" in names else "pid").to_numpy().astype(np.uint64)
+    thread = table.column("thread").to_numpy().astype(np.uint64)
+    time = table.column("time_ns").to_numpy()
+    seq = table.column("seq").to_numpy()
+    if scope == "thread":
+        key = (proc << np.uint64(16)) | thread
+        order = np.lexsort((seq, key))
+    else:
+        key = proc
+        order = np.lexsort((seq, thread, time, key))
+    k = key[order]
+    starts = np.concatenate([[True], k[1:] != k[:-1]]) if len(k) else np.zeros(0, bool)
+    return order, starts
+
+
+def _free_class(table: pa.Table) -> np.ndarray:
+    """Size class of the block each row frees, -1 where it frees none known."""
+    freed = table.column("freed_size")
+    has = ~np.asarray(freed.is_null().to_numpy(zero_copy_only=False))
+    size = freed.fill_null(0).to_numpy().astype(np.uint64)
+    return np.where(has, size_class(size).astype(np.int64), -1)
+
+
+def _request_class(table: pa.Table) -> np.ndarray:
+    """Size class of the block each row defines, -1 where it defines none."""
+    from tasks.whatif.events import _DEFINES
+
+    op = table.column("op").to_numpy()
+    addr = table.column("addr").to_numpy()
+    size = table.column("size").to_numpy().astype(np.uint64)
+    return np.where(_DEFINES[op] & (addr != 0), size_class(size).astype(np.int64), -1)
+
+
+@njit(cache=True)
+def _labels(starts, free_cls, req_cls, horizon):
+    n = len(free_cls)
+    out = np.zeros(n, np.bool_)
+    nxt = np.full(N_CLASSES, -1, np.int64)  # next request of each class in this stream
+    for i in range(n - 1, -1, -1):
+        c = free_cls[i]
+        if c >= 0 and nxt[c] >= 0 and nxt[c] - i <= horizon:
+            out[i] = True
+        r = req_cls[i]
+        if r >= 0:
+            nxt[r] = i
+        if starts[i]:
+            nxt[:] = -1
+    return out
+
+
+@njit(cache=True)
+def _topk_keep(starts, free_cls, top, horizon):
+    n = len(free_cls)
+    out = np.zeros(n, np.bool_)
+    k = top.shape[1]
+    for i in range(n):
+        c = free_cls[i]
+        if c < 0:
+            continue
+        for d in range(1, horizon + 1):
+            r = i + d
+            if r >= n or starts[r]:
+                break
+            found = False
+            for j in range(k):
+                if top[r, j] == c:
+                    found = True
+                    break
+            if found:
+                out[i] = True
+                break
+    return out
+
+
+def reuse_labels(table: pa.Table, horizon: int = 1, scope: str = "thread") -> np.ndarray:
+    """Per row: it frees a block of class c and one of the next `horizon` calls of its thread
+    (or process) allocates class c."""
+    if horizon < 1:
+        raise ValueError(f"horizon must be >= 1, not {horizon}")
+    order, starts = _stream_order(table, scope)
+    lab = _labels(starts, _free_class(table)[order], _request_class(table)[order], horizon)
+    out = np.zeros(table.num_rows, np.bool_)
+    out[order] = lab
+    return out
+
+
+def predictions_from_topk(table: pa.Table, top: np.ndarray, horizon: int = 1) -> np.ndarray:
+    """Per row: it frees a block of class c and c is in `top` of one of the next `horizon` calls
+    of its thread. `top`: [rows, k] tokens per row of `table` (NONE_TOKEN = empty slot)."""
+    top = np.asarray(top)
+    if top.ndim == 1:
+        top = top[:, None]
+    if len(top) != table.num_rows:
+        raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
+    if horizon < 1:
+        raise ValueError(f"horizon must be >= 1, not {horizon}")
+    order, starts = _stream_order(table, "thread")
+    topo = np.ascontiguousarray(top[order].astype(np.int64))
+    keep = _topk_keep(starts, _free_class(table)[order], topo, horizon)
+    out = np.zeros(table.num_rows, np.bool_)
+    out[order] = keep
+    return out
+
+
+def align_token_run(table: pa.Table, per_position: np.ndarray) -> np.ndarray:
+    """Rows of `per_position` in read_run order (key pid << 16 | thread, then seq) -> per row of
+    `table` (same events). Ambiguous only if a pid is reused by two images of one run."""
+    per_position = np.asarray(per_position)
+    if len(per_position) != table.num_rows:
+        raise ValueError(f"{len(per_position)} positions for {table.num_rows} rows")
+    pid = table.column("pid").to_numpy().astype(np.uint64)
+    thread = table.column("thread").to_numpy().astype(np.uint64)
+    order = np.lexsort((table.column("seq").to_numpy(), (pid << np.uint64(16)) | thread))
+    out = np.empty_like(per_position)
+    out[order] = per_position
+    return out

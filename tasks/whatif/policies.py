@@ -1,0 +1,140 @@
+"""The allocator-cache policies of the what-if stage, as strict pydantic configs.
+
+Each policy is one frozen model with a `kind` literal; `PolicyConfig` is their union and
+`policy_from_dict` validates a plain dict (a YAML entry) into the right one. Unknown fields,
+N = 0, a budget <= 0 and the like are validation errors that name the field.
+
+Every caching policy shares the FIT RULE of the simulator (tasks/whatif/simulate.py): a cached
+block of b bytes can serve a request of s bytes only if both are in the same size class (the
+token rule: min(bit_length, 31)) and b >= s, so at most half of a block is ever wasted. Blocks
+below `min_size` are never cached and requests below it never look in the cache.
+
+- none: every call goes to the system allocator (hit rate 0).
+- seed002: the N largest recently freed blocks (/work/shared/seeds/002). A freed block is kept
+  if fewer than N are cached, or if it is at least as large as the smallest cached block, which
+  is then released (ties: the oldest smallest goes). An allocation takes the first fitting
+  block, most recently cached first. `min_size` defaults to glibc's mmap threshold (128 KiB):
+  the blocks seed 002 is about, and what native/cache002.c keeps.
+- seed001: per-class pools with timed eviction (/work/shared/seeds/001): every freed block is
+  kept; a block cached more than `decay_ns` ns of trace time ago is released at its process's
+  first call after that (lazily, as the seed's eviction queue does without a timer thread).
+- lru: per-class free lists under a byte budget per process: a freed block is kept (if it is
+  not larger than the budget) and the least recently cached blocks are released until the
+  cached bytes are within the budget.
+- guided: like lru, but a freed block is kept only where the prediction array says so (one
+  bool per event, see tasks/whatif/guided.py); `ttl_calls` optionally releases a block not
+  reused within that many calls of its process (the prediction's horizon).
+- belady: a realisable clairvoyant policy: a freed block is kept only if its class is requested
+  again in its process; over the budget, blocks of the class whose next request is farthest in
+  the future are released first (oldest first within the class); when a class will never be
+  requested again its pool is released.
+- oracle: not a policy but an upper bound (tasks/whatif/oracle.py): no policy whose
+  time-weighted mean of idle bytes is <= `budget` has a higher hit rate.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, TypeAdapter
+
+from tasks.core.config import StrictModel
+
+MMAP_THRESHOLD = 128 * 1024  # glibc's default M_MMAP_THRESHOLD (the dynamic threshold ignored)
+
+
+class _Policy(StrictModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @property
+    def param(self) -> float:
+        """The value the sweep varies (the x of its curve before simulation)."""
+        return 0.0
+
+    @property
+    def label(self) -> str:
+        return self.kind  # type: ignore[attr-defined]
+
+
+class NoneConfig(_Policy):
+    kind: Literal["none"] = "none"
+
+
+class Seed002Config(_Policy):
+    kind: Literal["seed002"] = "seed002"
+    n: int = Field(default=4, ge=1, le=4096)
+    min_size: int = Field(default=MMAP_THRESHOLD, ge=0)
+
+    @property
+    def param(self) -> float:
+        return float(self.n)
+
+
+class Seed001Config(_Policy):
+    kind: Literal["seed001"] = "seed001"
+    decay_ns: int = Field(default=1_000_000, gt=0)
+    min_size: int = Field(default=0, ge=0)
+
+    @property
+    def param(self) -> float:
+        return float(self.decay_ns)
+
+
+class LruConfig(_Policy):
+    kind: Literal["lru"] = "lru"
+    budget: int = Field(default=64 << 20, gt=0)  # bytes cached per process at most
+    min_size: int = Field(default=0, ge=0)
+
+    @property
+    def param(self) -> float:
+        return float(self.budget)
+
+
+class GuidedConfig(_Policy):
+    kind: Literal["guided"] = "guided"
+    budget: int = Field(default=64 << 20, gt=0)
+    ttl_calls: int | None = Field(default=None, ge=1)
+    min_size: int = Field(default=0, ge=0)
+
+    @property
+    def param(self) -> float:
+        return float(self.budget)
+
+
+class BeladyConfig(_Policy):
+    kind: Literal["belady"] = "belady"
+    budget: int = Field(default=64 << 20, gt=0)
+    min_size: int = Field(default=0, ge=0)
+
+    @property
+    def param(self) -> float:
+        return float(self.budget)
+
+
+class OracleConfig(_Policy):
+    kind: Literal["oracle"] = "oracle"
+    budget: float = Field(default=float(64 << 20), gt=0)  # time-weighted mean idle bytes
+
+    @property
+    def param(self) -> float:
+        return float(self.budget)
+
+
+PolicyConfig = Annotated[
+    NoneConfig
+    | Seed002Config
+    | Seed001Config
+    | LruConfig
+    | GuidedConfig
+    | BeladyConfig
+    | OracleConfig,
+    Field(discriminator="kind"),
+]
+POLICY_KINDS = ("none", "seed002", "seed001", "lru", "guided", "belady", "oracle")
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(PolicyConfig)
+
+
+def policy_from_dict(d: dict[str, Any]) -> _Policy:
+    """Validate {"kind": ..., field: value} into its config (pydantic.ValidationError names the
+    field that is wrong)."""
+    return _ADAPTER.validate_python(d)

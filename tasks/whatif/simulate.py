@@ -1,0 +1,595 @@
+"""Replay one run's events through an allocator cache policy: a compiled, sequential simulator.
+
+`simulate(events, policy) -> dict` (events: a pyarrow Table of the events schema, or the
+`SimInput` that `tasks.whatif.events.prepare` makes of one). One numba-compiled loop visits the
+run's rows once, in time order across processes and call order within each (never a Python loop
+per event); every process has its own cache, as a library loaded into each would. The rules:
+
+THE CACHE. A request of s bytes (an allocating call, or realloc's new block) first looks in its
+process's cache, unless the policy is `none` or s < min_size: it takes the most recently cached
+block of the same size class (token rule, min(bit_length, 31)) whose size b >= s, scanning at
+most SCAN_LIMIT (64) blocks of that class. Found: a HIT, the program holds b bytes. Else the
+system allocator serves it (a MISS), and the block is s bytes. A free (free, or realloc's old
+block) hands the block (b bytes: the block the request got, known through the row's partner;
+else `freed_size`) to the policy, which caches it (it stays allocated from the system, idle) or
+releases it to the system; caching may release (evict) other cached blocks. When a process's
+last row is done, the process exits: its cache and its live blocks are gone.
+
+HIT RATE = hits / requests (every row that defines a block, all sizes, in the denominator).
+REALLOC (a row that frees a block and defines one) is a request first: served from the cache,
+the old block is copied and freed (offered to the policy) as by a free; not served, the SYSTEM
+reallocates it and the old block never reaches the cache (so does native/cache002.c).
+
+BYTES. live = bytes requested by the program and not yet freed (the policy does not change it;
+its peak is `live_peak`, glibc trace_run's "ideal RSS"). idle = bytes of cached blocks.
+footprint = bytes of blocks the program holds (a hit holds b >= s) + idle; `peak_footprint` is
+its peak, to compare with `live_peak`. Every figure is summed over the run's processes at each
+moment. `idle_bytes_mean` is the time-weighted mean of idle over the run, from its first to its
+last row (ns of trace time: idle after a row lasts until the next row of the run).
+
+PAGE FAULTS (the fault model of the system allocator, glibc with its default static threshold):
+- A system allocation of s >= MMAP_THRESHOLD (128 KiB; glibc's dynamic threshold, which rises
+  up to 32 MiB as mmapped blocks are freed, is ignored: set MALLOC_MMAP_THRESHOLD_=131072 to make
+  a real glibc behave so) is a fresh mmap of round_up(chunk(s) + 8, 4096) bytes, chunk(s) =
+  max(32, round_up(s + 8, 16)), and every page of it is faulted in (every block is assumed to
+  be touched whole). Released (freed to the system), it is unmapped: the next one faults again.
+- Smaller blocks come from the heap. Per process, the heap holds chunk(b) for every block below
+  the threshold that the system handed out and did not get back (live blocks and blocks the
+  cache keeps). The heap faults in fresh memory only when it grows past its high-water mark:
+  heap fault bytes = round_up(high-water mark, 4096) (perfect reuse of freed heap memory: no
+  fragmentation, no trimming, so a cache can only make the heap fault MORE, by keeping blocks).
+- fault_bytes = mmap faults + heap faults; `fault_bytes_avoided` = fault_bytes of the `none`
+  policy on the same run - fault_bytes of the policy (negative: the policy costs faults).
+- `max_rss`: the peak of the RSS this model implies (each process's heap high-water mark so far
+  + its mapped blocks), trace_run's "max RSS"; `ideal_rss` = `live_peak`.
+- A system realloc of a block of b bytes to s: both >= the threshold: mremap, which faults only
+  the growth, round_up(chunk(s) + 8) - round_up(chunk(b) + 8) bytes if positive; else the old
+  block is released and the new one allocated by the rules above (on the heap, as if in place).
+Not modelled: arenas, fragmentation, glibc keeping an mmapped block mmapped when realloc shrinks
+it below the threshold, pages a program never touches.
+
+The `oracle` kind is not simulated here but bounded (tasks/whatif/oracle.py); `simulate` returns
+its row too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+from tasks.whatif.events import N_CLASSES, NEVER, SimInput, prepare
+from tasks.whatif.policies import (
+    MMAP_THRESHOLD,
+    BeladyConfig,
+    GuidedConfig,
+    LruConfig,
+    NoneConfig,
+    OracleConfig,
+    Seed001Config,
+    Seed002Config,
+    _Policy,
+)
+
+PAGE = 4096
+SCAN_LIMIT = 64
+
+K_NONE, K_SEED002, K_SEED001, K_LRU, K_GUIDED, K_BELADY = range(6)
+
+# node fields (a cached block), one int64 row per node
+N_SIZE, N_CLS, N_TIME, N_POS, N_PROC, N_CPREV, N_CNEXT, N_GPREV, N_GNEXT = range(9)
+_NF = 9
+# process fields
+(
+    P_GHEAD,
+    P_GTAIL,
+    P_COUNT,
+    P_IDLE,
+    P_LIVE_REQ,
+    P_LIVE_BLK,
+    P_HEAP,
+    P_HWM,
+    P_MAPPED,
+    P_POS,
+    P_IDLE_PEAK,
+) = range(11)
+_PF = 11
+# run-level counters and state
+(
+    G_ALLOCS,
+    G_HITS,
+    G_HIT_BYTES,
+    G_REQ_BYTES,
+    G_WASTE,
+    G_FREES,
+    G_CACHED,
+    G_EVICT,
+    G_EVICT_BYTES,
+    G_SYS,
+    G_FAULT_MMAP,
+    G_FAULT_HEAP,
+    G_IDLE,
+    G_LIVE_REQ,
+    G_LIVE_BLK,
+    G_RSS,
+    G_IDLE_PEAK,
+    G_LIVE_PEAK,
+    G_FOOT_PEAK,
+    G_RSS_PEAK,
+    G_FREE_NODE,
+    G_NODES,
+) = range(22)
+_GF = 22
+
+
+@njit(cache=True)
+def _chunk(s: int) -> int:
+    """glibc's chunk size for a request of s bytes (64-bit)."""
+    c = (s + 8 + 15) & ~15
+    return c if c >= 32 else 32
+
+
+@njit(cache=True)
+def _pages(x: int) -> int:
+    return (x + PAGE - 1) // PAGE * PAGE
+
+
+@njit(cache=True)
+def _mmap_bytes(s: int) -> int:
+    return _pages(_chunk(s) + 8)
+
+
+@njit(cache=True)
+def _sys_alloc(ps, g, p, s, mmap_threshold):
+    g[G_SYS] += 1
+    if s < mmap_threshold:
+        h = ps[p, P_HEAP] + _chunk(s)
+        ps[p, P_HEAP] = h
+        if h > ps[p, P_HWM]:
+            d = _pages(h) - _pages(ps[p, P_HWM])
+            ps[p, P_HWM] = h
+            g[G_FAULT_HEAP] += d
+            g[G_RSS] += d
+    else:
+        f = _mmap_bytes(s)
+        ps[p, P_MAPPED] += f
+        g[G_FAULT_MMAP] += f
+        g[G_RSS] += f
+
+
+@njit(cache=True)
+def _sys_release(ps, g, p, b, mmap_threshold):
+    if b < mmap_threshold:
+        ps[p, P_HEAP] -= _chunk(b)
+    else:
+        f = _mmap_bytes(b)
+        ps[p, P_MAPPED] -= f
+        g[G_RSS] -= f
+
+
+@njit(cache=True)
+def _remove(nodes, ch, ct, ps, g, k):
+    """Take node k out of its class list and its process's list; recycle it."""
+    p = nodes[k, N_PROC]
+    c = nodes[k, N_CLS]
+    a = nodes[k, N_CPREV]
+    b = nodes[k, N_CNEXT]
+    if a >= 0:
+        nodes[a, N_CNEXT] = b
+    else:
+        ch[p, c] = b
+    if b >= 0:
+        nodes[b, N_CPREV] = a
+    else:
+        ct[p, c] = a
+    a = nodes[k, N_GPREV]
+    b = nodes[k, N_GNEXT]
+    if a >= 0:
+        nodes[a, N_GNEXT] = b
+    else:
+        ps[p, P_GHEAD] = b
+    if b >= 0:
+        nodes[b, N_GPREV] = a
+    else:
+        ps[p, P_GTAIL] = a
+    size = nodes[k, N_SIZE]
+    ps[p, P_COUNT] -= 1
+    ps[p, P_IDLE] -= size
+    g[G_IDLE] -= size
+    nodes[k, N_CNEXT] = g[G_FREE_NODE]
+    g[G_FREE_NODE] = k
+
+
+@njit(cache=True)
+def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
+    size = nodes[k, N_SIZE]
+    p = nodes[k, N_PROC]
+    _remove(nodes, ch, ct, ps, g, k)
+    _sys_release(ps, g, p, size, mmap_threshold)
+    g[G_EVICT] += 1
+    g[G_EVICT_BYTES] += size
+
+
+@njit(cache=True)
+def _farthest_class(ch, nxt, p):
+    """Belady: the non-empty class of process p whose next request is farthest (-1: none)."""
+    best = -1
+    best_at = -1
+    for c in range(N_CLASSES):
+        if ch[p, c] >= 0 and nxt[p, c] >= best_at:
+            best = c
+            best_at = nxt[p, c]
+    return best
+
+
+@njit(cache=True)
+def _simulate(
+    kind,
+    n_keep,
+    min_size,
+    budget,
+    decay,
+    ttl,
+    mmap_threshold,
+    proc,
+    n_proc,
+    req,
+    freed,
+    cls_req,
+    cls_free,
+    partner,
+    time,
+    is_last,
+    pred,
+    next_same,
+    first_req,
+):
+    n = len(req)
+    g = np.zeros(_GF, np.int64)
+    g[G_FREE_NODE] = -1
+    ps = np.zeros((n_proc, _PF), np.int64)
+    for p in range(n_proc):
+        ps[p, P_GHEAD] = -1
+        ps[p, P_GTAIL] = -1
+    ch = np.full((n_proc, N_CLASSES), -1, np.int64)
+    ct = np.full((n_proc, N_CLASSES), -1, np.int64)
+    nxt = first_req.copy()
+    nodes = np.empty((1024 if kind != K_NONE else 1, _NF), np.int64)
+    blk = np.zeros(n, np.int64)  # block size each request got
+    integral = 0.0
+    foot_integral = 0.0
+    live_integral = 0.0
+    caching = kind != K_NONE
+    for i in range(n):
+        p = proc[i]
+        t = time[i]
+        if i > 0:
+            dt = float(t - time[i - 1])
+            integral += float(g[G_IDLE]) * dt
+            foot_integral += float(g[G_LIVE_BLK] + g[G_IDLE]) * dt
+            live_integral += float(g[G_LIVE_REQ]) * dt
+        ps[p, P_POS] += 1
+        q = ps[p, P_POS]
+        # timed releases, at the process's own calls (lazy)
+        if kind == K_SEED001:
+            k = ps[p, P_GHEAD]
+            while k >= 0 and nodes[k, N_TIME] + decay < t:
+                _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
+                k = ps[p, P_GHEAD]
+        elif kind == K_GUIDED and ttl > 0:
+            k = ps[p, P_GHEAD]
+            while k >= 0 and nodes[k, N_POS] + ttl < q:
+                _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
+                k = ps[p, P_GHEAD]
+
+        # --- request half
+        sysrealloc = False
+        s = req[i]
+        if s >= 0:
+            c = cls_req[i]
+            g[G_ALLOCS] += 1
+            g[G_REQ_BYTES] += s
+            hit = -1
+            if caching and s >= min_size:
+                k = ct[p, c]
+                scanned = 0
+                while k >= 0 and scanned < SCAN_LIMIT:
+                    if nodes[k, N_SIZE] >= s:
+                        hit = k
+                        break
+                    k = nodes[k, N_CPREV]
+                    scanned += 1
+            if hit >= 0:
+                b = nodes[hit, N_SIZE]
+                _remove(nodes, ch, ct, ps, g, hit)
+                g[G_HITS] += 1
+                g[G_HIT_BYTES] += s
+                g[G_WASTE] += b - s
+            elif freed[i] >= 0:
+                # realloc that the cache cannot serve: the system reallocates the old block
+                b = s
+                sysrealloc = True
+                a = partner[i]
+                bo = blk[a] if a >= 0 else freed[i]
+                if bo >= mmap_threshold and s >= mmap_threshold:  # mremap: new pages only
+                    g[G_SYS] += 1
+                    d = _mmap_bytes(s) - _mmap_bytes(bo)
+                    ps[p, P_MAPPED] += d
+                    g[G_RSS] += d
+                    if d > 0:
+                        g[G_FAULT_MMAP] += d
+                else:  # in place on the heap, or a move between heap and mmap
+                    _sys_release(ps, g, p, bo, mmap_threshold)
+                    _sys_alloc(ps, g, p, s, mmap_threshold)
+            else:
+                b = s
+                _sys_alloc(ps, g, p, s, mmap_threshold)
+            blk[i] = b
+            ps[p, P_LIVE_REQ] += s
+            ps[p, P_LIVE_BLK] += b
+            g[G_LIVE_REQ] += s
+            g[G_LIVE_BLK] += b
+            if kind == K_BELADY:
+                nxt[p, c] = next_same[i]
+                if next_same[i] == NEVER:  # the class is never requested again: drop its pool
+                    k = ch[p, c]
+                    while k >= 0:
+                        _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
+                        k = ch[p, c]
+
+        # --- free half
+        w = freed[i]
+        if w >= 0:
+            g[G_FREES] += 1
+            a = partner[i]
+            b = blk[a] if a >= 0 else w
+            c = cls_free[i]
+            ps[p, P_LIVE_REQ] -= w
+            ps[p, P_LIVE_BLK] -= b
+            g[G_LIVE_REQ] -= w
+            g[G_LIVE_BLK] -= b
+            keep = False
+            if sysrealloc:
+                pass  # the system reallocated the block: nothing to release or keep
+            elif caching and b >= min_size:
+                if kind == K_SEED002:
+                    if ps[p, P_COUNT] < n_keep:
+                        keep = True
+                    else:
+                        small = -1
+                        k = ps[p, P_GHEAD]
+                        while k >= 0:
+                            if small < 0 or nodes[k, N_SIZE] < nodes[small, N_SIZE]:
+                                small = k
+                            k = nodes[k, N_GNEXT]
+                        if b >= nodes[small, N_SIZE]:
+                            _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
+                            keep = True
+                elif kind == K_SEED001:
+                    keep = True
+                elif kind == K_LRU:
+                    keep = b <= budget
+                elif kind == K_GUIDED:
+                    keep = pred[i] and b <= budget
+                elif kind == K_BELADY:
+                    keep = b <= budget and nxt[p, c] != NEVER
+            if keep:
+                k = g[G_FREE_NODE]
+                if k >= 0:
+                    g[G_FREE_NODE] = nodes[k, N_CNEXT]
+                else:
+                    k = g[G_NODES]
+                    if k == nodes.shape[0]:
+                        grown = np.empty((2 * k, _NF), np.int64)
+                        grown[:k] = nodes
+                        nodes = grown
+                    g[G_NODES] = k + 1
+                nodes[k, N_SIZE] = b
+                nodes[k, N_CLS] = c
+                nodes[k, N_TIME] = t
+                nodes[k, N_POS] = q
+                nodes[k, N_PROC] = p
+                tail = ct[p, c]
+                nodes[k, N_CPREV] = tail
+                nodes[k, N_CNEXT] = -1
+                if tail >= 0:
+                    nodes[tail, N_CNEXT] = k
+                else:
+                    ch[p, c] = k
+                ct[p, c] = k
+                tail = ps[p, P_GTAIL]
+                nodes[k, N_GPREV] = tail
+                nodes[k, N_GNEXT] = -1
+                if tail >= 0:
+                    nodes[tail, N_GNEXT] = k
+                else:
+                    ps[p, P_GHEAD] = k
+                ps[p, P_GTAIL] = k
+                ps[p, P_COUNT] += 1
+                ps[p, P_IDLE] += b
+                g[G_IDLE] += b
+                g[G_CACHED] += 1
+                if kind == K_LRU or kind == K_GUIDED:
+                    while ps[p, P_IDLE] > budget:
+                        _evict(nodes, ch, ct, ps, g, ps[p, P_GHEAD], mmap_threshold)
+                elif kind == K_BELADY:
+                    while ps[p, P_IDLE] > budget:
+                        cc = _farthest_class(ch, nxt, p)
+                        _evict(nodes, ch, ct, ps, g, ch[p, cc], mmap_threshold)
+                if ps[p, P_IDLE] > ps[p, P_IDLE_PEAK]:
+                    ps[p, P_IDLE_PEAK] = ps[p, P_IDLE]
+            elif not sysrealloc:
+                _sys_release(ps, g, p, b, mmap_threshold)
+
+        # --- peaks, then the process's exit
+        if g[G_IDLE] > g[G_IDLE_PEAK]:
+            g[G_IDLE_PEAK] = g[G_IDLE]
+        if g[G_LIVE_REQ] > g[G_LIVE_PEAK]:
+            g[G_LIVE_PEAK] = g[G_LIVE_REQ]
+        if g[G_LIVE_BLK] + g[G_IDLE] > g[G_FOOT_PEAK]:
+            g[G_FOOT_PEAK] = g[G_LIVE_BLK] + g[G_IDLE]
+        if g[G_RSS] > g[G_RSS_PEAK]:
+            g[G_RSS_PEAK] = g[G_RSS]
+        if is_last[i]:
+            k = ps[p, P_GHEAD]
+            while k >= 0:
+                size = nodes[k, N_SIZE]
+                _remove(nodes, ch, ct, ps, g, k)
+                _sys_release(ps, g, p, size, mmap_threshold)
+                k = ps[p, P_GHEAD]
+            g[G_LIVE_REQ] -= ps[p, P_LIVE_REQ]
+            g[G_LIVE_BLK] -= ps[p, P_LIVE_BLK]
+            g[G_RSS] -= _pages(ps[p, P_HWM]) + ps[p, P_MAPPED]
+            ps[p, P_LIVE_REQ] = 0
+            ps[p, P_LIVE_BLK] = 0
+            ps[p, P_MAPPED] = 0
+    idle_peak_process = 0
+    for p in range(n_proc):
+        if ps[p, P_IDLE_PEAK] > idle_peak_process:
+            idle_peak_process = ps[p, P_IDLE_PEAK]
+    floats = np.array([integral, foot_integral, live_integral])
+    return g, floats, idle_peak_process
+
+
+_KIND = {
+    NoneConfig: K_NONE,
+    Seed002Config: K_SEED002,
+    Seed001Config: K_SEED001,
+    LruConfig: K_LRU,
+    GuidedConfig: K_GUIDED,
+    BeladyConfig: K_BELADY,
+}
+_NO_PRED = np.zeros(0, np.bool_)
+_NO_NEXT = np.zeros(0, np.int64)
+
+
+def as_input(events: pa.Table | SimInput, workload: str = "", run: str = "") -> SimInput:
+    if isinstance(events, SimInput):
+        return events
+    return prepare(events, workload=workload, run=run)
+
+
+def run_kernel(
+    x: SimInput,
+    policy: _Policy,
+    predictions: np.ndarray | None = None,
+    mmap_threshold: int = MMAP_THRESHOLD,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The compiled loop on a prepared run: (counters, integrals, per-process idle peak)."""
+    kind = _KIND[type(policy)]
+    pred = _NO_PRED
+    if kind == K_GUIDED:
+        if predictions is None:
+            raise ValueError(
+                "the guided policy needs a prediction per event (tasks.whatif.guided: "
+                "predictions_from_topk or reuse_labels)"
+            )
+        pred = np.ascontiguousarray(x.align(predictions).astype(np.bool_))
+    next_same, first = _NO_NEXT, np.full((x.n_proc, N_CLASSES), NEVER, np.int64)
+    if kind == K_BELADY:
+        next_same, first = x.next_requests()
+    return _simulate(
+        kind,
+        getattr(policy, "n", 0),
+        getattr(policy, "min_size", 0),
+        getattr(policy, "budget", 0),
+        getattr(policy, "decay_ns", 0),
+        getattr(policy, "ttl_calls", None) or 0,
+        mmap_threshold,
+        x.proc,
+        x.n_proc,
+        x.req,
+        x.freed,
+        x.cls_req,
+        x.cls_free,
+        x.partner,
+        x.time,
+        x.is_last,
+        pred,
+        next_same,
+        first,
+    )
+
+
+def _baseline(x: SimInput, mmap_threshold: int) -> dict[str, Any]:
+    key = f"baseline:{mmap_threshold}"
+    if key not in x.cache:
+        x.cache[key] = _metrics(x, NoneConfig(), *run_kernel(x, NoneConfig(), None, mmap_threshold))
+    return x.cache[key]
+
+
+def _metrics(
+    x: SimInput, policy: _Policy, g: np.ndarray, floats: np.ndarray, idle_peak_process: int
+) -> dict[str, Any]:
+    span = x.span
+    allocs = int(g[G_ALLOCS])
+    live_peak = int(g[G_LIVE_PEAK])
+
+    def mean(v: float) -> float:
+        return v / span if span > 0 else 0.0
+
+    return {
+        "run": x.run,
+        "workload": x.workload,
+        "policy": policy.kind,  # type: ignore[attr-defined]
+        "param": policy.param,
+        "events": x.n,
+        "processes": x.n_proc,
+        "allocations": allocs,
+        "hits": int(g[G_HITS]),
+        "hit_rate": g[G_HITS] / allocs if allocs else 0.0,
+        "byte_hit_rate": g[G_HIT_BYTES] / g[G_REQ_BYTES] if g[G_REQ_BYTES] else 0.0,
+        "hit_bytes": int(g[G_HIT_BYTES]),
+        "waste_bytes": int(g[G_WASTE]),
+        "frees": int(g[G_FREES]),
+        "cached_frees": int(g[G_CACHED]),
+        "evictions": int(g[G_EVICT]),
+        "evicted_bytes": int(g[G_EVICT_BYTES]),
+        "system_allocations": int(g[G_SYS]),
+        "idle_bytes_mean": mean(floats[0]),
+        "idle_bytes_peak": int(g[G_IDLE_PEAK]),
+        "idle_bytes_peak_process": int(idle_peak_process),
+        "footprint_mean": mean(floats[1]),
+        "live_mean": mean(floats[2]),
+        "live_peak": live_peak,
+        "peak_footprint": int(g[G_FOOT_PEAK]),
+        "footprint_ratio": g[G_FOOT_PEAK] / live_peak if live_peak else math.nan,
+        "fault_bytes": int(g[G_FAULT_MMAP] + g[G_FAULT_HEAP]),
+        "fault_bytes_mmap": int(g[G_FAULT_MMAP]),
+        "fault_bytes_heap": int(g[G_FAULT_HEAP]),
+        "max_rss": int(g[G_RSS_PEAK]),
+        "ideal_rss": live_peak,
+        "span": span,
+        "time_basis": x.time_basis,
+        "is_bound": False,
+    }
+
+
+def simulate(
+    events: pa.Table | SimInput,
+    policy: _Policy,
+    predictions: np.ndarray | None = None,
+    *,
+    mmap_threshold: int = MMAP_THRESHOLD,
+    workload: str = "",
+    run: str = "",
+) -> dict[str, Any]:
+    """Metrics of one run under one policy (see the module docstring for every rule).
+
+    `predictions`: the guided policy's keep/drop per row of the input table (bool array)."""
+    x = as_input(events, workload, run)
+    base = _baseline(x, mmap_threshold)
+    if isinstance(policy, OracleConfig):
+        from tasks.whatif.oracle import oracle_metrics
+
+        return oracle_metrics(x, policy, base)
+    if isinstance(policy, NoneConfig):
+        out = dict(base)
+    else:
+        out = _metrics(x, policy, *run_kernel(x, policy, predictions, mmap_threshold))
+    out["fault_bytes_none"] = base["fault_bytes"]
+    out["fault_bytes_avoided"] = base["fault_bytes"] - out["fault_bytes"]
+    return out

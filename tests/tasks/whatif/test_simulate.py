@@ -1,0 +1,242 @@
+"""The compiled simulator against the plain-Python reference, exactly, on random traces; the
+fault model on hand-made traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.format.trace_reader import Op
+from tasks.whatif.events import prepare
+from tasks.whatif.guided import reuse_labels
+from tasks.whatif.policies import (
+    BeladyConfig,
+    GuidedConfig,
+    LruConfig,
+    NoneConfig,
+    Seed001Config,
+    Seed002Config,
+)
+from tasks.whatif.simulate import simulate
+from tests.tasks.whatif.reference import random_events, reference, with_rows
+
+EXACT = (
+    "allocations",
+    "hits",
+    "hit_bytes",
+    "waste_bytes",
+    "frees",
+    "cached_frees",
+    "evictions",
+    "evicted_bytes",
+    "system_allocations",
+    "fault_bytes_mmap",
+    "fault_bytes_heap",
+    "fault_bytes",
+    "idle_bytes_peak",
+    "idle_bytes_peak_process",
+    "live_peak",
+    "peak_footprint",
+    "max_rss",
+    "span",
+)
+
+POLICIES = [
+    NoneConfig(),
+    Seed002Config(n=1),
+    Seed002Config(n=4),
+    Seed002Config(n=3, min_size=0),
+    Seed001Config(decay_ns=5),
+    Seed001Config(decay_ns=60, min_size=1000),
+    LruConfig(budget=4096),
+    LruConfig(budget=700_000),
+    LruConfig(budget=1 << 40),
+    GuidedConfig(budget=300_000),
+    GuidedConfig(budget=1 << 40, ttl_calls=7),
+    BeladyConfig(budget=5000),
+    BeladyConfig(budget=900_000),
+    BeladyConfig(budget=1 << 40, min_size=100),
+]
+
+
+def _check(table: pa.Table, policy, predictions=None) -> dict:
+    got = simulate(table, policy, predictions)
+    want = reference(table, policy, predictions)
+    for k in EXACT:
+        assert got[k] == want[k], (policy, k, got[k], want[k])
+    assert got["idle_bytes_mean"] * got["span"] == pytest.approx(want["idle_integral"], rel=1e-12)
+    return got
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.param:g}")
+def test_policy_matches_reference(seed, policy):
+    table = random_events(seed, n_proc=1 + seed % 3, n_events=250)
+    pred = None
+    if policy.kind == "guided":
+        pred = np.random.default_rng(seed).random(table.num_rows) < 0.6
+    got = _check(table, policy, pred)
+    if policy.kind == "none":
+        assert got["hits"] == 0 and got["hit_rate"] == 0.0 and got["fault_bytes_avoided"] == 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.param:g}")
+def test_large_blocks_only_match_reference(seed, policy):
+    # reallocs between mmapped blocks (mremap), N-largest evictions, waste bounds
+    table = random_events(50 + seed, n_proc=2, sizes=[140_000, 200_000, 300_000, 600_000, 5000])
+    pred = np.random.default_rng(seed).random(table.num_rows) < 0.6
+    _check(table, policy, pred if policy.kind == "guided" else None)
+
+
+def test_shuffled_rows_give_the_same_result():
+    # calls of a process never share a time: their order is then the table's to lose
+    table = random_events(11, n_proc=3, n_events=300, min_step=1)
+    shuffled = with_rows(table, np.random.default_rng(0).permutation(table.num_rows))
+    for policy in (LruConfig(budget=100_000), Seed002Config(), BeladyConfig(budget=50_000)):
+        a, b = simulate(table, policy), simulate(shuffled, policy)
+        for k in EXACT + ("idle_bytes_mean",):
+            assert a[k] == b[k], (policy, k)
+
+
+def test_guided_all_true_is_lru_and_all_false_is_none():
+    table = random_events(3, n_proc=2)
+    yes, no = np.ones(table.num_rows, bool), np.zeros(table.num_rows, bool)
+    g = simulate(table, GuidedConfig(budget=200_000), yes)
+    lru = simulate(table, LruConfig(budget=200_000))
+    for k in EXACT:
+        assert g[k] == lru[k]
+    g0 = simulate(table, GuidedConfig(budget=200_000), no)
+    assert g0["hits"] == 0 and g0["fault_bytes_avoided"] == 0
+    with pytest.raises(ValueError, match="prediction"):
+        simulate(table, GuidedConfig())
+
+
+def test_guided_with_labels_matches_reference():
+    table = random_events(5, n_proc=2, n_events=300)
+    _check(table, GuidedConfig(budget=1 << 30, ttl_calls=4), reuse_labels(table, horizon=4))
+
+
+def test_same_time_everywhere_counts_calls():
+    table = random_events(2, n_proc=2, time_step=0)
+    table = table.set_column(
+        table.schema.get_field_index("time_ns"),
+        pa.field("time_ns", pa.int64(), nullable=False),
+        pa.array(np.zeros(table.num_rows, np.int64)),
+    )
+    got = _check(table, LruConfig(budget=300_000))
+    assert got["time_basis"] == "calls"
+
+
+def test_partners_found_from_lifetime_calls():
+    table = random_events(4, n_proc=2)
+    x = prepare(table)
+    paired = x.freed >= 0
+    assert (x.partner[paired] >= 0).all()
+    assert (x.req[x.partner[paired]] == x.freed[paired]).all()
+
+
+# --- hand-made traces: the fault model -----------------------------------------------------------
+
+
+def _events(calls: list[tuple], pid: int = 7) -> pa.Table:
+    """calls: (op, size, addr, freed_size or None) in call order; times 10 ns apart."""
+    n = len(calls)
+    born: dict[int, int] = {}
+    life: list[int | None] = [None] * n
+    for i, (_op, _size, addr, freed) in enumerate(calls):
+        if freed is not None:
+            a = born.pop(addr)
+            life[a] = i - a
+        elif addr:
+            born[addr] = i
+    col = list(zip(*calls))
+    return pa.table(
+        {
+            "pid": np.full(n, pid, np.uint32),
+            "ppid": np.ones(n, np.uint32),
+            "thread": np.zeros(n, np.uint16),
+            "tid": np.full(n, pid, np.uint32),
+            "seq": np.arange(n, dtype=np.uint64),
+            "time_ns": np.arange(n, dtype=np.int64) * 10,
+            "op": np.array([int(o) for o in col[0]], np.uint8),
+            "size": np.array(col[1], np.uint64),
+            "alignment": pa.nulls(n, pa.uint64()),
+            "addr": np.array(col[2], np.uint64),
+            "freed_addr": pa.nulls(n, pa.uint64()),
+            "freed_size": pa.array(col[3], pa.uint64()),
+            "caller": pa.nulls(n, pa.uint64()),
+            "lifetime_ns": pa.array([None if v is None else v * 10 for v in life], pa.int64()),
+            "lifetime_calls": pa.array(life, pa.int64()),
+            "token": np.zeros(n, np.uint8),
+        },
+        schema=EVENTS_SCHEMA,
+    )
+
+
+MALLOC, FREE = Op.MALLOC, Op.FREE
+
+
+def test_fault_accounting_large_blocks():
+    # two 200000-byte arrays one after the other, and one small block
+    t = _events(
+        [
+            (MALLOC, 200_000, 0x1000, None),
+            (FREE, 0, 0x1000, 200_000),
+            (MALLOC, 200_000, 0x2000, None),
+            (MALLOC, 100, 0x3000, None),
+            (FREE, 0, 0x3000, 100),
+            (FREE, 0, 0x2000, 200_000),
+        ]
+    )
+    # mmap chunk: round_up(((200000 + 8 + 15) & ~15) + 8, 4096) = 49 pages; heap: chunk(100) =
+    # 112 bytes -> one page
+    mmap_one = 49 * 4096
+    none = simulate(t, NoneConfig())
+    assert none["fault_bytes_mmap"] == 2 * mmap_one
+    assert none["fault_bytes_heap"] == 4096
+    assert none["max_rss"] == mmap_one + 4096
+    assert none["live_peak"] == 200_100 == none["peak_footprint"] == none["ideal_rss"]
+    s2 = simulate(t, Seed002Config(n=4))
+    assert s2["hits"] == 1 and s2["allocations"] == 3
+    assert s2["fault_bytes_mmap"] == mmap_one
+    assert s2["fault_bytes_avoided"] == mmap_one
+    assert s2["idle_bytes_peak"] == 200_000
+    # idle from t=10 (the free) to t=20 (the hit) over a span of 50 ns
+    assert s2["idle_bytes_mean"] == pytest.approx(200_000 * 10 / 50)
+
+
+def test_fault_accounting_heap_growth_when_caching():
+    # 6000 (class 13) freed, then 9000 (class 14): the cache keeps the first on the heap
+    t = _events(
+        [
+            (MALLOC, 6000, 0x1000, None),
+            (FREE, 0, 0x1000, 6000),
+            (MALLOC, 9000, 0x2000, None),
+            (FREE, 0, 0x2000, 9000),
+        ]
+    )
+    none = simulate(t, NoneConfig())
+    assert none["fault_bytes"] == none["fault_bytes_heap"] == 12288  # hwm 9024 bytes: 3 pages
+    lru = simulate(t, LruConfig(budget=1 << 20))
+    assert lru["hits"] == 0
+    assert lru["fault_bytes_heap"] == 16384  # 6016 + 9024 held at once: 4 pages
+    assert lru["fault_bytes_avoided"] == -4096
+
+
+def test_hit_with_a_larger_block_returns_the_larger_block():
+    t = _events(
+        [
+            (MALLOC, 300_000, 0x1000, None),
+            (FREE, 0, 0x1000, 300_000),
+            (MALLOC, 270_000, 0x2000, None),  # same class (19), served by the 300000 block
+            (FREE, 0, 0x2000, 270_000),
+            (MALLOC, 290_000, 0x3000, None),  # the block comes back as 300000: fits
+        ]
+    )
+    r = simulate(t, Seed002Config(n=1))
+    assert r["hits"] == 2
+    assert r["waste_bytes"] == 30_000 + 10_000
+    assert r["peak_footprint"] == r["live_peak"] == 300_000  # one block, first 300000 live
