@@ -1,0 +1,34 @@
+"""Allocators: which allocator suits each workload, by measurement.
+
+Takes in the workload catalog (configs/workloads.yaml), configs/allocators.yaml (the allocators
+as LD_PRELOAD libraries with their Debian packages, the repetitions, the recommendation rule),
+a runner (docker images with the allocators installed, or the host) and, where it has the
+workloads, the events dataset (`<root>/events`). Gives out, under `<root>/allocators/`, a Parquet
+summary (one row per workload x allocator: median and spread of wall time, CPU time, peak memory,
+faults; output checked against glibc's; the recommendation with its margin and whether it is
+beyond the noise; the workload's heap features), a Parquet table of every run, a markdown table,
+plots of time against peak memory, and one MLflow run per measurement in its own experiment.
+
+Open `measure` first (how runs are made side by side), then `stats` (checks and the rule),
+`heap` (features from the events), `report` (what is written). A flow composes:
+
+    cfg = load_allocators_config()
+    build_images(images_for(cfg, workloads, quick))            # tasks.replay.images, docker only
+    outcome = publish(measure_all(root, cfg, workloads, quick, runner), root, cfg)
+"""
+
+from tasks.allocators.config import AllocatorsConfig, AllocatorsParams, load_allocators_config
+from tasks.allocators.measure import AllocatorMissing, Measurements, images_for, measure_all
+from tasks.allocators.report import AllocatorsOutcome, publish
+
+__all__ = [
+    "AllocatorMissing",
+    "AllocatorsConfig",
+    "AllocatorsParams",
+    "AllocatorsOutcome",
+    "Measurements",
+    "images_for",
+    "load_allocators_config",
+    "measure_all",
+    "publish",
+]

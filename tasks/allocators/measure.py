@@ -1,0 +1,512 @@
+"""Replay workloads untraced under each allocator, side by side, and measure every run.
+
+A *case* is one (workload, input). For each case the input is generated once; then come the
+warm-up runs (the baseline allocator, discarded: the first run of a fresh image pays for the
+page cache) and `repetitions` rounds, each running every available allocator once, the order
+rotated by one per round (round 1: glibc, jemalloc, tcmalloc, mimalloc; round 2: jemalloc,
+tcmalloc, mimalloc, glibc; ...), so that load from elsewhere falls on every allocator alike.
+Cases run one after the other, never in parallel: two measured runs at once would measure each
+other.
+
+Each run is the runner's measured run (tasks/replay/runners/measure_tool.py): LD_PRELOAD is the
+allocator's library alone (or nothing, for glibc), or the tracer then the library when traced;
+what comes back is a `Sample`: wall and CPU time, peak memory, faults, exit code, and the
+SHA-256 of the program's standard output (compared across allocators in `stats`).
+
+An allocator whose library is missing where the workload runs is not run: it is recorded in
+`Measurements.unavailable` with a message naming the allocator and the Debian package to install;
+the others are measured. A run that fails (exit code, time limit, engine) is a failed sample of
+its (case, allocator) pair; the rest go on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+
+from tasks.allocators.config import Allocator, AllocatorsConfig
+from tasks.core.storage import Root
+from tasks.format.trace_reader import count_traces
+from tasks.replay.inputs import generate_input
+from tasks.replay.runners.base import EngineError, Runner, RunRequest, RunResult
+from tasks.replay.runners.select import make_runner, resolve_runner_kind
+from tasks.replay.workloads import Catalog, Workload, WorkloadInput, load_catalog
+
+MB = 1024 * 1024
+
+
+class AllocatorMissing(RuntimeError):
+    """An allocator's library is not where the workload runs; names the Debian package."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One (workload, input) measured under every allocator; `label` names it in the results:
+    the workload's name, or `<workload>/<input>` when several inputs of it are measured."""
+
+    workload: Workload
+    input: WorkloadInput
+    label: str
+
+
+class CaseInfo(BaseModel):
+    label: str
+    workload: str
+    input: str
+    expected_exit_code: int
+
+
+class Sample(BaseModel):
+    """One measured run of a case under an allocator."""
+
+    case: str
+    workload: str
+    input: str
+    allocator: str
+    rep: int  # 1-based round
+    position: int  # 1-based place in its round's order
+    traced: bool
+    ok: bool  # expected exit code, not timed out, no runner error, usage measured
+    exit_code: int | None
+    timed_out: bool
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    user_s: float | None = None
+    sys_s: float | None = None
+    peak_rss_mb: float | None = None  # the container's cgroup peak (local: ru_maxrss)
+    max_process_rss_mb: float | None = None  # ru_maxrss: the largest single process
+    minor_faults: int | None = None
+    major_faults: int | None = None
+    peak_source: str | None = None
+    run_s: float  # the runner's whole run: container start and removal included
+    stdout_sha256: str | None = None
+    stdout_bytes: int | None = None
+    events: int | None = None  # traced runs: heap events recorded
+    error: str | None = None
+    started_at: str
+
+
+class Unavailable(BaseModel):
+    """An allocator that could not be run for a case (its library is missing there)."""
+
+    case: str
+    workload: str
+    allocator: str
+    library: str | None
+    package: str | None
+    message: str
+
+
+class Measurements(BaseModel):
+    """Everything one measurement produced; `stats` and `report` read it."""
+
+    night: str  # UTC stamp naming this measurement (its folder under <root>/allocators/)
+    runner: str
+    runner_detail: str
+    host: str
+    traced: bool
+    allocators: list[Allocator]
+    baseline: str
+    repetitions: int
+    warmup: int
+    cases: list[CaseInfo]
+    samples: list[Sample]
+    unavailable: list[Unavailable]
+    started_at: str
+    elapsed_s: float
+
+
+def night_stamp(when: datetime | None = None) -> str:
+    return (when or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def select_cases(
+    catalog: Catalog,
+    config: AllocatorsConfig,
+    workloads: list[str] | None = None,
+    quick: bool = False,
+) -> list[Case]:
+    """The cases to measure: the catalog's selection, kept to the config's input names."""
+    pairs = catalog.select(workloads, quick=quick)
+    if config.inputs is not None:
+        pairs = [(w, i) for w, i in pairs if i.name in config.inputs]
+    if not pairs:
+        raise ValueError(
+            f"nothing to measure: no input named {config.inputs} among the selected workloads "
+            f"({', '.join(workloads or catalog.names())}{', quick inputs' if quick else ''})"
+        )
+    per_workload = Counter(w.name for w, _ in pairs)
+    return [
+        Case(w, i, w.name if per_workload[w.name] == 1 else f"{w.name}/{i.name}") for w, i in pairs
+    ]
+
+
+def rotation(names: list[str], rep: int) -> list[str]:
+    """The order of round `rep` (0-based): the list rotated left by `rep`."""
+    if not names:
+        return []
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
+def missing_message(allocator: Allocator, workload: Workload, runner_kind: str) -> str:
+    if runner_kind == "docker":
+        return (
+            f"allocator {allocator.name!r}: {allocator.library} is missing in image "
+            f"{workload.image_tag} (workload {workload.name!r}); install the Debian package "
+            f"{allocator.package} there (apt-get install {allocator.package} in "
+            f"docker/workloads/{workload.image}/Dockerfile)"
+        )
+    return (
+        f"allocator {allocator.name!r}: {allocator.library} is missing on this host (local "
+        f"runner, workload {workload.name!r}); install the Debian package {allocator.package} "
+        f"(apt-get install {allocator.package}; scripts/setup.sh does)"
+    )
+
+
+def check_allocators(
+    runner: Runner, runner_kind: str, workload: Workload, allocators: list[Allocator]
+) -> dict[str, AllocatorMissing]:
+    """{allocator name: AllocatorMissing} for each allocator whose library is not where
+    `workload` runs (in its image, or on the host)."""
+    libs = [a.library for a in allocators if a.library]
+    missing = set(runner.missing_files(workload, libs)) if libs else set()
+    return {
+        a.name: AllocatorMissing(missing_message(a, workload, runner_kind))
+        for a in allocators
+        if a.library in missing
+    }
+
+
+def run_logger():
+    try:
+        return get_run_logger()
+    except Exception:  # outside a flow or task run
+        import logging
+
+        return logging.getLogger("heapcast.allocators")
+
+
+def _scratch_parent(root: Root) -> Path:
+    """Scratch for inputs and run folders: the runners bind them, so a local path."""
+    env = os.environ.get("HEAPCAST_SCRATCH")
+    if env:
+        return Path(env)
+    if root.is_local:
+        return Path(root.join("allocators", ".scratch"))
+    return Path(tempfile.gettempdir())
+
+
+def _prepare_input(case: Case, scratch: Path) -> Path:
+    input_dir = scratch / "input"
+    input_dir.mkdir()
+    files = generate_input(case.workload.generator, case.input.seed, case.input.size, input_dir)
+    for d in (scratch, input_dir):
+        d.chmod(0o755)
+    for f in files:  # readable by the sandbox's user; a program stays executable
+        path = input_dir / f
+        path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
+    return input_dir
+
+
+def _sample(
+    case: Case,
+    allocator: str,
+    rep: int,
+    position: int,
+    result: RunResult | None,
+    traced: bool,
+    events: int | None,
+    error: str | None,
+    started_at: str,
+    run_s: float,
+) -> Sample:
+    expected = case.workload.expected_exit_code
+    base = dict(
+        case=case.label,
+        workload=case.workload.name,
+        input=case.input.name,
+        allocator=allocator,
+        rep=rep,
+        position=position,
+        traced=traced,
+        started_at=started_at,
+        events=events,
+    )
+    if result is None:
+        return Sample(**base, ok=False, exit_code=None, timed_out=False, run_s=run_s, error=error)
+    u = result.usage
+    refused = _preload_refused(result.log_tail)
+    if error is None:
+        if refused:
+            # ld.so ignores a library it cannot load and runs on: glibc measured under a
+            # wrong name unless caught here
+            error = f"LD_PRELOAD refused: {refused}"
+        elif result.timed_out:
+            error = f"exceeded its time limit of {case.workload.time_limit_for(case.input):g} s"
+        elif result.error:
+            error = result.error
+        elif result.exit_code != expected:
+            last = result.log_tail.splitlines()[-3:] if result.log_tail else []
+            error = (
+                f"exit code {result.exit_code}, expected {expected}; "
+                f"last output: {' | '.join(last) or '(none)'}"
+            )
+        elif u is None:
+            error = "no resource usage measured"
+    return Sample(
+        **base,
+        ok=error is None,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        wall_s=u.wall_s if u else None,
+        cpu_s=u.cpu_s if u else None,
+        user_s=u.user_s if u else None,
+        sys_s=u.sys_s if u else None,
+        peak_rss_mb=u.peak_memory_bytes / MB if u else None,
+        max_process_rss_mb=u.max_process_rss_bytes / MB if u else None,
+        minor_faults=u.minor_faults if u else None,
+        major_faults=u.major_faults if u else None,
+        peak_source=u.peak_source if u else None,
+        run_s=run_s,
+        stdout_sha256=result.stdout_sha256,
+        stdout_bytes=result.stdout_bytes,
+        error=error,
+    )
+
+
+def _preload_refused(log_tail: str) -> str | None:
+    """The dynamic loader's complaint about a preloaded library, if the run's log has one."""
+    for line in log_tail.splitlines():
+        if "from LD_PRELOAD cannot be preloaded" in line:
+            return line.strip()
+    return None
+
+
+def run_once(
+    case: Case,
+    allocator: Allocator,
+    runner: Runner,
+    input_dir: Path,
+    run_dir: Path,
+    tracer: Path | None,
+) -> tuple[RunResult | None, int | None, str | None]:
+    """One measured run in a fresh folder; (result, traced events, error). An engine hiccup is
+    tried once more, then recorded as the run's error."""
+    error = None
+    for attempt in (1, 2):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
+        for d in dirs.values():
+            d.mkdir(parents=True)
+        request = RunRequest(
+            workload=case.workload,
+            input=case.input,
+            tracer=tracer,
+            input_dir=input_dir,
+            trace_dir=dirs["trace"],
+            work_dir=dirs["work"],
+            preload=allocator.preload,
+            measure_dir=dirs["measure"],
+        )
+        try:
+            result = runner.run(request)
+        except EngineError as err:
+            error = f"engine error (attempt {attempt}): {err}"
+            continue
+        events = count_traces(dirs["trace"]).events if tracer is not None else None
+        return result, events, None
+    return None, None, error
+
+
+def measure_case(
+    case: Case,
+    config: AllocatorsConfig,
+    runner: Runner,
+    runner_kind: str,
+    scratch_parent: Path,
+    *,
+    repetitions: int | None = None,
+    warmup: int | None = None,
+    tracer: Path | None = None,
+    log=None,
+) -> tuple[list[Sample], list[Unavailable]]:
+    """Every available allocator on one case, `repetitions` rotated rounds (see the module)."""
+    log = log or run_logger()
+    reps = config.repetitions if repetitions is None else repetitions
+    warm = config.warmup if warmup is None else warmup
+    missing = check_allocators(runner, runner_kind, case.workload, config.allocators)
+    unavailable = []
+    for name, err in missing.items():
+        a = config.get(name)
+        log.error(f"{case.label}: {err}")
+        unavailable.append(
+            Unavailable(
+                case=case.label,
+                workload=case.workload.name,
+                allocator=name,
+                library=a.library,
+                package=a.package,
+                message=str(err),
+            )
+        )
+    names = [n for n in config.names() if n not in missing]
+    samples: list[Sample] = []
+    if not names:
+        return samples, unavailable
+    scratch_parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(
+        tempfile.mkdtemp(prefix=f"{case.workload.name}-{case.input.name}-", dir=scratch_parent)
+    )
+    try:
+        input_dir = _prepare_input(case, scratch)
+        first = config.baseline if config.baseline in names else names[0]
+        for i in range(warm):
+            run_once(case, config.get(first), runner, input_dir, scratch / f"warmup-{i}", tracer)
+        for rep in range(reps):
+            for pos, name in enumerate(rotation(names, rep)):
+                started_at = datetime.now(UTC).isoformat(timespec="seconds")
+                t0 = time.monotonic()
+                run_dir = scratch / f"r{rep + 1}-{name}"
+                result, events, error = run_once(
+                    case, config.get(name), runner, input_dir, run_dir, tracer
+                )
+                s = _sample(
+                    case,
+                    name,
+                    rep + 1,
+                    pos + 1,
+                    result,
+                    tracer is not None,
+                    events,
+                    error,
+                    started_at,
+                    round(time.monotonic() - t0, 4),
+                )
+                shutil.rmtree(run_dir, ignore_errors=True)
+                if not s.ok:
+                    log.warning(f"{case.label} under {name} (round {rep + 1}): {s.error}")
+                samples.append(s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return samples, unavailable
+
+
+def measure_cases(
+    cases: list[Case],
+    config: AllocatorsConfig,
+    root: Root,
+    runner: str = "auto",
+    *,
+    repetitions: int | None = None,
+    warmup: int | None = None,
+    tracer: str | Path | None = None,
+) -> Measurements:
+    """Measure `cases` one after the other under every allocator of `config` (not a task: the
+    tests and the benchmark call it directly; `measure_all` is the flow's task)."""
+    log = run_logger()
+    kind, why = resolve_runner_kind(runner)  # type: ignore[arg-type]
+    log.info(f"allocators: {why}")
+    run_runner = make_runner(kind)
+    run_runner.check()
+    tracer_path = Path(tracer) if tracer is not None else None
+    if tracer_path is not None and not tracer_path.is_file():
+        raise FileNotFoundError(f"tracer {tracer_path} not found: build it with `make -C native`")
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    scratch_parent = _scratch_parent(root)
+    samples: list[Sample] = []
+    unavailable: list[Unavailable] = []
+    for case in cases:
+        log.info(f"{case.label}: {len(config.allocators)} allocators")
+        s, u = measure_case(
+            case,
+            config,
+            run_runner,
+            kind,
+            scratch_parent,
+            repetitions=repetitions,
+            warmup=warmup,
+            tracer=tracer_path,
+            log=log,
+        )
+        samples += s
+        unavailable += u
+    return Measurements(
+        night=night_stamp(started),
+        runner=kind,
+        runner_detail=run_runner.describe(),
+        host=socket.gethostname(),
+        traced=tracer_path is not None,
+        allocators=list(config.allocators),
+        baseline=config.baseline,
+        repetitions=config.repetitions if repetitions is None else repetitions,
+        warmup=config.warmup if warmup is None else warmup,
+        cases=[
+            CaseInfo(
+                label=c.label,
+                workload=c.workload.name,
+                input=c.input.name,
+                expected_exit_code=c.workload.expected_exit_code,
+            )
+            for c in cases
+        ],
+        samples=samples,
+        unavailable=unavailable,
+        started_at=started.isoformat(timespec="seconds"),
+        elapsed_s=round(time.monotonic() - t0, 3),
+    )
+
+
+@task(name="measure-allocators", cache_policy=NO_CACHE)
+def measure_all(
+    root: Root,
+    config: AllocatorsConfig,
+    workloads: list[str] | None = None,
+    quick: bool = False,
+    runner: str = "auto",
+    catalog: str | None = None,
+) -> Measurements:
+    """Replay the selected workloads untraced under every allocator, side by side, measured.
+
+    Needs the workload images built (tasks.replay.images.build_images over `images_for(...)`)
+    for the docker runner. Sequential by design; a failure fails only its (case, allocator)."""
+    cat = load_catalog(catalog)
+    cases = select_cases(cat, config, workloads, quick)
+    return measure_cases(cases, config, root, runner)
+
+
+def images_for(
+    config: AllocatorsConfig,
+    workloads: list[str] | None = None,
+    quick: bool = False,
+    catalog: str | None = None,
+) -> list[str]:
+    """The image folders the selection needs, for tasks.replay.images.build_images."""
+    cases = select_cases(load_catalog(catalog), config, workloads, quick)
+    return list(dict.fromkeys(c.workload.image for c in cases))
+
+
+if __name__ == "__main__":  # python -m tasks.allocators.measure [WORKLOAD...]: the quick inputs
+    from tasks.allocators.config import load_allocators_config
+    from tasks.core.config import default_root
+
+    cfg = load_allocators_config()
+    m = measure_cases(
+        select_cases(load_catalog(), cfg, sys.argv[1:] or None, quick=True),
+        cfg,
+        Root.from_url(default_root()),
+    )
+    print(m.model_dump_json(indent=1))

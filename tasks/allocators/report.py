@@ -1,0 +1,486 @@
+"""The answers, written down: Parquet tables, a markdown table, plots, an MLflow run.
+
+Under the data root (`tasks.core.storage.Root`), one folder per measurement (`night`):
+
+  allocators/summary/night=<stamp>/part-0.parquet   one row per (case, allocator): status, output
+                                                     check, median and spread of each metric,
+                                                     ratios to the baseline, the case's
+                                                     recommendation, its heap features
+  allocators/samples/night=<stamp>/part-0.parquet   one row per measured run
+  allocators/reports/night=<stamp>/allocators.md    the markdown table (also a Prefect artifact)
+  allocators/reports/night=<stamp>/allocators.png   time against peak memory, one panel per case
+  allocators/reports/night=<stamp>/plots/<case>.png the same, one file per case
+  allocators/reports/night=<stamp>/measurements.json  everything measured, as measured
+
+`pyarrow.dataset.dataset(<root>/allocators/summary, partitioning="hive")` reads every night.
+MLflow: one run per measurement in the config's experiment (its own, not the models'), metrics
+`<case>.<allocator>.wall_s`, `.peak_rss_mb`, `.cpu_s` (medians), `<case>.margin`, tags
+`recommended.<case>`, and the report folder as artifacts.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+
+from tasks.allocators.config import AllocatorsConfig
+from tasks.allocators.heap import HeapFeatures, features_for
+from tasks.allocators.measure import Measurements, run_logger
+from tasks.allocators.stats import METRICS, PairSummary, Recommendation, analyse, samples_frame
+from tasks.core.storage import Root
+from tasks.registry.tracking import TrackingConfig
+
+SPREAD_FIELDS = ("median", "min", "max", "q1", "q3")
+
+
+class AllocatorsOutcome(BaseModel):
+    """What `publish` wrote and found; the flow reports it."""
+
+    night: str
+    summary_path: str
+    samples_path: str
+    report_dir: str
+    markdown: str
+    recommendations: list[Recommendation]
+    pairs: list[PairSummary]
+    features: dict[str, HeapFeatures | None]
+    mlflow_run_id: str | None = None
+    failed: list[str]  # "<case> under <allocator>: why" for each failed or unavailable pair
+
+
+def features_for_cases(
+    root: Root, m: Measurements, large_block_bytes: int
+) -> dict[str, HeapFeatures | None]:
+    """{case label: heap features from the events dataset, or None where it lacks the workload}."""
+    return {c.label: features_for(root, c.workload, c.input, large_block_bytes) for c in m.cases}
+
+
+def safe_name(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+
+
+# ----------------------------------------------------------------------------------- tables
+
+
+def summary_table(
+    m: Measurements,
+    pairs: list[PairSummary],
+    recs: list[Recommendation],
+    features: dict[str, HeapFeatures | None],
+) -> pa.Table:
+    by_case = {r.case: r for r in recs}
+    rows = []
+    for p in pairs:
+        r = by_case.get(p.case)
+        f = features.get(p.case)
+        row = {
+            "night": m.night,
+            "case": p.case,
+            "workload": p.workload,
+            "input": p.input,
+            "allocator": p.allocator,
+            "baseline": m.baseline,
+            "runner": m.runner,
+            "status": p.status,
+            "reason": p.reason,
+            "output": p.output,
+            "runs": p.runs,
+            "ok_runs": p.ok_runs,
+            "time_vs_baseline": p.time_vs_baseline,
+            "memory_vs_baseline": p.memory_vs_baseline,
+            "recommended": p.recommended,
+            "recommendation": r.allocator if r else None,
+            "margin": r.margin if r else None,
+            "p_value": r.p_value if r else None,
+            "ranges_overlap": r.ranges_overlap if r else None,
+            "beyond_noise": r.beyond_noise if r else None,
+        }
+        for metric in METRICS:
+            s = p.stats.get(metric)
+            for k in SPREAD_FIELDS:
+                row[f"{metric}_{k}"] = getattr(s, k) if s else None
+        for k in HeapFeatures.model_fields:
+            if k not in ("workload",):
+                row[f"heap_{k}"] = getattr(f, k) if f else None
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=_summary_schema())
+
+
+def _summary_schema() -> pa.Schema:
+    fields = [
+        ("night", pa.string()),
+        ("case", pa.string()),
+        ("workload", pa.string()),
+        ("input", pa.string()),
+        ("allocator", pa.string()),
+        ("baseline", pa.string()),
+        ("runner", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("output", pa.string()),
+        ("runs", pa.int64()),
+        ("ok_runs", pa.int64()),
+        ("time_vs_baseline", pa.float64()),
+        ("memory_vs_baseline", pa.float64()),
+        ("recommended", pa.bool_()),
+        ("recommendation", pa.string()),
+        ("margin", pa.float64()),
+        ("p_value", pa.float64()),
+        ("ranges_overlap", pa.bool_()),
+        ("beyond_noise", pa.bool_()),
+    ]
+    fields += [(f"{m}_{k}", pa.float64()) for m in METRICS for k in SPREAD_FIELDS]
+    heap_types = {
+        "run": pa.string(),
+        "events": pa.int64(),
+        "allocations": pa.int64(),
+        "large_block_bytes": pa.int64(),
+        "processes": pa.int64(),
+        "threads": pa.int64(),
+    }
+    fields += [
+        (f"heap_{k}", heap_types.get(k, pa.float64()))
+        for k in HeapFeatures.model_fields
+        if k != "workload"
+    ]
+    return pa.schema(fields)
+
+
+def samples_table(m: Measurements) -> pa.Table:
+    df = samples_frame(m)
+    df.insert(0, "night", m.night)
+    return pa.Table.from_pandas(df, preserve_index=False)
+
+
+# ----------------------------------------------------------------------------------- markdown
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f} s" if x < 10 else f"{x:.1f} s"
+
+
+def _fmt_us(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.1f} s"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f} ms"
+    return f"{x:.1f} µs"
+
+
+def _pair_cell(p: PairSummary, baseline: str, time_metric: str, mem_metric: str) -> str:
+    if p.status == "unavailable":
+        return "missing (see below)"
+    if p.status == "failed":
+        return "**failed** (see below)"
+    mark = " ★" if p.recommended else ""
+    if p.allocator == baseline:
+        t, mem = p.stats.get(time_metric), p.stats.get(mem_metric)
+        if t is None or mem is None:
+            return "-"
+        return f"{_fmt_s(t.median)} [{t.min:.3g}–{t.max:.3g}] · {mem.median:.1f} MB{mark}"
+    if p.time_vs_baseline is None or p.memory_vs_baseline is None:
+        t, mem = p.stats.get(time_metric), p.stats.get(mem_metric)
+        return f"{_fmt_s(t.median if t else None)} · {mem.median if mem else 0:.1f} MB{mark}"
+    return f"{p.time_vs_baseline:.2f}× time · {p.memory_vs_baseline:.2f}× mem{mark}"
+
+
+def _rec_cell(r: Recommendation) -> str:
+    if r.allocator is None:
+        return "none: " + r.note
+    if r.allocator == r.baseline or r.margin is None:
+        return f"**{r.allocator}**" + (f" ({r.note})" if r.note else "")
+    word = "faster" if r.margin >= 0 else "slower"
+    noise = "beyond noise" if r.beyond_noise else "within noise"
+    p = f"p={r.p_value:.3f}" if r.p_value is not None else ""
+    overlap = "ranges overlap" if r.ranges_overlap else "ranges apart"
+    mem = f", {r.memory_vs_baseline:.2f}× memory" if r.memory_vs_baseline is not None else ""
+    return (
+        f"**{r.allocator}**: {abs(r.margin) * 100:.1f}% {word} than {r.baseline}{mem}; "
+        f"{noise} ({p}, {overlap})"
+    )
+
+
+def markdown(
+    m: Measurements,
+    pairs: list[PairSummary],
+    recs: list[Recommendation],
+    features: dict[str, HeapFeatures | None],
+    config: AllocatorsConfig,
+) -> str:
+    rule = config.rule
+    names = [a.name for a in m.allocators]
+    sources = sorted({s.peak_source for s in m.samples if s.peak_source})
+    lines = [
+        f"## Allocators ({m.night})",
+        "",
+        f"Runner: {m.runner} ({m.runner_detail}) on {m.host}; "
+        f"{m.repetitions} rounds per workload after {m.warmup} warm-up run(s), every allocator "
+        f"once per round, the order rotated each round; {'traced' if m.traced else 'untraced'}.",
+        f"Time: median {rule.time} of the program itself; memory: median {rule.memory} "
+        f"({', '.join(sources) or 'no source'}). {m.baseline} cell: median [min–max] and "
+        f"memory; other cells: ratio of medians to {m.baseline}'s (below 1: less). ★ recommended.",
+        f"Rule: {rule.describe()}.",
+        "",
+        "| workload | sizes % ≤64B/≤1K/<128K/≥128K | threads | median life | realloc | "
+        + " | ".join(names)
+        + " | recommendation |",
+        "|" + "---|" * (6 + len(names)),
+    ]
+    by_case = {r.case: r for r in recs}
+    for c in m.cases:
+        f = features.get(c.label)
+        if f is not None:
+            heap = [
+                f.size_mix() + ("" if f.run == c.input else f" (run {f.run})"),
+                f"{f.threads}" + (f" ×{f.processes} proc" if f.processes > 1 else ""),
+                _fmt_us(f.median_lifetime_us),
+                f"{f.realloc_share * 100:.0f}%",
+            ]
+        else:
+            heap = ["not in the events dataset", "-", "-", "-"]
+        cells = []
+        for name in names:
+            p = next((q for q in pairs if q.case == c.label and q.allocator == name), None)
+            cells.append(_pair_cell(p, m.baseline, rule.time, rule.memory) if p else "-")
+        rec = by_case.get(c.label)
+        lines.append(
+            f"| {c.label} | " + " | ".join(heap + cells) + f" | {_rec_cell(rec) if rec else '-'} |"
+        )
+    problems = [p for p in pairs if p.status != "ok"]
+    unchecked = sorted({(p.case, p.output) for p in pairs if p.output.startswith("unchecked:")})
+    if problems:
+        lines += ["", "Not measured or failed:", ""]
+        lines += [f"- {p.case} under {p.allocator}: {p.status}: {p.reason}" for p in problems]
+    if unchecked:
+        lines += ["", "Output checks:", ""]
+        lines += [f"- {case}: {why}" for case, why in unchecked if why != "unchecked: not run"]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------- plots
+
+
+def _draw_case(ax, case: str, pairs: list[PairSummary], time_metric: str, mem_metric: str, colors):
+    for p in pairs:
+        t, mem = p.stats.get(time_metric), p.stats.get(mem_metric)
+        if t is None or mem is None:
+            continue
+        marker = "*" if p.recommended else ("x" if p.status == "failed" else "o")
+        size = 14 if p.recommended else 7
+        ax.errorbar(
+            mem.median,
+            t.median,
+            xerr=[[mem.median - mem.min], [mem.max - mem.median]],
+            yerr=[[t.median - t.min], [t.max - t.median]],
+            fmt=marker,
+            markersize=size,
+            capsize=3,
+            color=colors.get(p.allocator),
+            label=p.allocator + (" (failed)" if p.status == "failed" else ""),
+        )
+        ax.annotate(p.allocator, (mem.median, t.median), textcoords="offset points", xytext=(5, 5))
+    ax.set_title(case)
+    ax.set_xlabel(f"{mem_metric} (median, min–max)")
+    ax.set_ylabel(f"{time_metric} (median, min–max)")
+    ax.grid(True, alpha=0.3)
+
+
+def plots(m: Measurements, pairs: list[PairSummary], config: AllocatorsConfig) -> dict[str, bytes]:
+    """{file name: PNG}: `allocators.png` (one panel per case) and `plots/<case>.png`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rule = config.rule
+    out: dict[str, bytes] = {}
+    colors = {a.name: f"C{i}" for i, a in enumerate(m.allocators)}  # one colour per allocator
+
+    def png(fig) -> bytes:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return buf.getvalue()
+
+    for c in m.cases:
+        fig, ax = plt.subplots(figsize=(5.5, 4.2), layout="constrained")
+        case_pairs = [p for p in pairs if p.case == c.label]
+        _draw_case(ax, c.label, case_pairs, rule.time, rule.memory, colors)
+        out[f"plots/{safe_name(c.label)}.png"] = png(fig)
+    if m.cases:
+        n = len(m.cases)
+        cols = min(3, n)
+        rows = (n + cols - 1) // cols
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False, layout="constrained"
+        )
+        for ax, c in zip(axes.flat, m.cases):
+            case_pairs = [p for p in pairs if p.case == c.label]
+            _draw_case(ax, c.label, case_pairs, rule.time, rule.memory, colors)
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        fig.suptitle(f"allocators {m.night}: time against peak memory (★ recommended)")
+        out["allocators.png"] = png(fig)
+    return out
+
+
+# ----------------------------------------------------------------------------------- MLflow
+
+
+def mlflow_metrics(pairs: list[PairSummary], recs: list[Recommendation]) -> dict[str, float]:
+    """`<case>.<allocator>.wall_s` / `.peak_rss_mb` / `.cpu_s` (medians of measured pairs) and
+    `<case>.margin` (the recommendation's, where there is one)."""
+    out: dict[str, float] = {}
+    for p in pairs:
+        for metric in ("wall_s", "peak_rss_mb", "cpu_s"):
+            v = p.median(metric)
+            if v is not None:
+                out[f"{p.case}.{p.allocator}.{metric}"] = float(v)
+    for r in recs:
+        if r.margin is not None:
+            out[f"{r.case}.margin"] = float(r.margin)
+    return out
+
+
+def log_mlflow(
+    root: Root,
+    m: Measurements,
+    pairs: list[PairSummary],
+    recs: list[Recommendation],
+    config: AllocatorsConfig,
+    artifacts_dir: Path | None = None,
+    tracking: TrackingConfig | None = None,
+) -> str:
+    """One MLflow run for this measurement in the config's experiment (tracking: `tracking`,
+    else configs/tracking.yaml for this root, as the other stages); returns its id."""
+    from tasks.registry.tracking import configure, tracking_for
+
+    tracking = (tracking or tracking_for(root)).model_copy(update={"experiment": config.experiment})
+    configure(tracking)
+    import mlflow
+
+    with mlflow.start_run(run_name=f"allocators-{m.night}") as run:
+        mlflow.log_params(
+            {
+                "allocators": ",".join(a.name for a in m.allocators),
+                "baseline": m.baseline,
+                "repetitions": m.repetitions,
+                "warmup": m.warmup,
+                "runner": m.runner,
+                "traced": m.traced,
+                "rule.time": config.rule.time,
+                "rule.memory": config.rule.memory,
+                "rule.memory_tolerance": config.rule.memory_tolerance,
+                "rule.noise": config.rule.noise,
+                "rule.alpha": config.rule.alpha,
+                "cases": ",".join(c.label for c in m.cases),
+            }
+        )
+        tags = {"heapcast.stage": "allocators", "night": m.night, "host": m.host}
+        tags.update({f"recommended.{r.case}": r.allocator or "none" for r in recs})
+        tags.update({f"status.{p.case}.{p.allocator}": p.status for p in pairs if p.status != "ok"})
+        mlflow.set_tags(tags)
+        metrics = mlflow_metrics(pairs, recs)
+        if metrics:
+            mlflow.log_metrics(metrics)
+        if artifacts_dir is not None:
+            mlflow.log_artifacts(str(artifacts_dir))
+        return run.info.run_id
+
+
+# ----------------------------------------------------------------------------------- publish
+
+
+def write_outcome(
+    root: Root,
+    m: Measurements,
+    config: AllocatorsConfig,
+    *,
+    to_mlflow: bool = True,
+    tracking: TrackingConfig | None = None,
+) -> AllocatorsOutcome:
+    """Analyse `m` (tasks.allocators.stats), gather the heap features, and write everything
+    (see the module); with `to_mlflow`, log the run too."""
+    log = run_logger()
+    pairs, recs = analyse(m, config)
+    features = features_for_cases(root, m, config.large_block_bytes)
+    md = markdown(m, pairs, recs, features, config)
+    fs = root.fs
+    part = f"night={m.night}"
+    summary_path = root.join("allocators", "summary", part, "part-0.parquet")
+    samples_path = root.join("allocators", "samples", part, "part-0.parquet")
+    report_dir = root.join("allocators", "reports", part)
+    for path, table in (
+        (summary_path, summary_table(m, pairs, recs, features)),
+        (samples_path, samples_table(m)),
+    ):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with fs.open(path, "wb") as f:
+            pq.write_table(table, f)
+    run_id = None
+    with tempfile.TemporaryDirectory(prefix="heapcast-allocators-") as tmp:
+        local = Path(tmp)
+        (local / "allocators.md").write_text(md)
+        (local / "measurements.json").write_text(m.model_dump_json(indent=1))
+        for name, data in plots(m, pairs, config).items():
+            (local / name).parent.mkdir(parents=True, exist_ok=True)
+            (local / name).write_bytes(data)
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                dest = f"{report_dir}/{p.relative_to(local).as_posix()}"
+                fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+                fs.put_file(str(p), dest)
+        if to_mlflow:
+            run_id = log_mlflow(root, m, pairs, recs, config, local, tracking)
+    failed = [f"{p.case} under {p.allocator}: {p.reason}" for p in pairs if p.status != "ok"]
+    for line in failed:
+        log.warning(line)
+    return AllocatorsOutcome(
+        night=m.night,
+        summary_path=summary_path,
+        samples_path=samples_path,
+        report_dir=report_dir,
+        markdown=md,
+        recommendations=recs,
+        pairs=pairs,
+        features=features,
+        mlflow_run_id=run_id,
+        failed=failed,
+    )
+
+
+@task(name="publish-allocators", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10)
+def publish(
+    measurements: Measurements,
+    root: Root,
+    config: AllocatorsConfig,
+    to_mlflow: bool = True,
+    tracking: TrackingConfig | None = None,
+) -> AllocatorsOutcome:
+    """Write the tables, the markdown table and the plots under <root>/allocators/, log one
+    MLflow run (`tracking`: configs/tracking.yaml's when None), and publish the markdown as the
+    Prefect artifact `allocators`."""
+    outcome = write_outcome(root, measurements, config, to_mlflow=to_mlflow, tracking=tracking)
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() or TaskRunContext.get():  # called as `publish.fn` outside: no API
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(
+            outcome.markdown,
+            key="allocators",
+            description="which allocator suits each workload, measured",
+        )
+    return outcome

@@ -1,0 +1,291 @@
+"""From samples to answers: each (case, allocator) summarized, checked, and one recommended.
+
+A pair (case, allocator) is
+- `unavailable` when its library is missing where the workload runs;
+- `failed` when any of its runs exited with another code than the catalog expects, timed out or
+  failed in the runner, or when its standard output differs from the baseline's. The output is
+  compared only where the baseline's own runs agree with each other (one SHA-256 over all its
+  repetitions); where they do not (a program that prints timings, as redis-benchmark does), the
+  output cannot be checked and only exit codes are;
+- `ok` otherwise.
+
+Each metric (wall_s, cpu_s, peak_rss_mb, max_process_rss_mb, minor_faults, major_faults) gets its
+median and spread (min, max, first and third quartiles) over the pair's measured runs.
+
+The recommendation (configs/allocators.yaml `rule`): among the `ok` pairs of a case, those whose
+median memory is within `memory_tolerance` of the smallest median memory; of those the fastest by
+median time (ties go to the baseline, then to the config's order). Its margin over the baseline
+is `1 - time / baseline time` (0.12: 12% faster), and it is beyond the noise when:
+- `mann_whitney`: a two-sided exact Mann-Whitney rank test of the two sets of runs (all
+  splits of the pooled runs enumerated, ties at mid-ranks) gives p < alpha. With 5 runs each the
+  smallest p is 2/252 = 0.008 (complete separation), and p < 0.05 allows at most 2 of the 25
+  pairs of runs to be in the other order;
+- `minmax`: the [min, max] ranges of the two do not overlap (complete separation: stricter).
+Both are reported for every recommendation; the rule's choice decides `beyond_noise`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+from tasks.allocators.config import AllocatorsConfig, RecommendationRule
+from tasks.allocators.measure import Measurements, Sample
+
+METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb", "minor_faults", "major_faults")
+EXACT_LIMIT = 200_000  # splits enumerated for the exact test; beyond: the normal approximation
+
+
+class Spread(BaseModel):
+    median: float
+    min: float
+    max: float
+    q1: float
+    q3: float
+
+    @classmethod
+    def of(cls, values) -> Spread | None:
+        v = np.asarray([x for x in values if x is not None and not pd.isna(x)], dtype=float)
+        if v.size == 0:
+            return None
+        q1, med, q3 = np.quantile(v, [0.25, 0.5, 0.75])
+        return cls(median=float(med), min=float(v.min()), max=float(v.max()), q1=q1, q3=q3)
+
+
+class PairSummary(BaseModel):
+    case: str
+    workload: str
+    input: str
+    allocator: str
+    status: str  # ok | failed | unavailable
+    reason: str | None = None
+    runs: int = 0
+    ok_runs: int = 0
+    output: str  # same | differs | unchecked (and why)
+    stats: dict[str, Spread] = {}
+    time_vs_baseline: float | None = None  # median time / the baseline's
+    memory_vs_baseline: float | None = None  # median memory / the baseline's
+    recommended: bool = False
+
+    def median(self, metric: str) -> float | None:
+        s = self.stats.get(metric)
+        return s.median if s else None
+
+
+class Recommendation(BaseModel):
+    case: str
+    workload: str
+    input: str
+    allocator: str | None  # None: no allocator ran cleanly
+    baseline: str
+    rule: str
+    time_metric: str
+    memory_metric: str
+    margin: float | None = None  # 1 - time / baseline time: 0.12 = 12% faster than the baseline
+    memory_vs_baseline: float | None = None
+    p_value: float | None = None  # two-sided exact Mann-Whitney, winner vs baseline
+    ranges_overlap: bool | None = None  # [min, max] of the two overlap
+    beyond_noise: bool | None = None  # by the rule's noise test; None when nothing to compare
+    note: str = ""
+
+
+def samples_frame(m: Measurements) -> pd.DataFrame:
+    return pd.DataFrame([s.model_dump() for s in m.samples], columns=list(Sample.model_fields))
+
+
+def mann_whitney_p(x, y) -> float:
+    """Two-sided p-value of the Mann-Whitney U test of `x` against `y`: exact (every split of
+    the pooled values enumerated, ties at mid-ranks) up to EXACT_LIMIT splits, else the normal
+    approximation with the tie correction. 1.0 when either side is empty."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n, m = len(x), len(y)
+    if n == 0 or m == 0:
+        return 1.0
+    pooled = np.concatenate([x, y])
+    ranks = pd.Series(pooled).rank(method="average").to_numpy()
+    offset = n * (n + 1) / 2
+    u_obs = ranks[:n].sum() - offset
+    centre = n * m / 2
+    d_obs = abs(u_obs - centre)
+    if math.comb(n + m, n) <= EXACT_LIMIT:
+        splits = np.fromiter(
+            itertools.chain.from_iterable(itertools.combinations(range(n + m), n)),
+            dtype=np.int64,
+        ).reshape(-1, n)
+        u = ranks[splits].sum(axis=1) - offset
+        return float(np.mean(np.abs(u - centre) >= d_obs - 1e-9))
+    ties = Counter(pooled.tolist()).values()
+    t = sum(c**3 - c for c in ties)
+    var = n * m / 12 * ((n + m + 1) - t / ((n + m) * (n + m - 1)))
+    if var <= 0:
+        return 1.0
+    z = max(d_obs - 0.5, 0.0) / math.sqrt(var)
+    return float(math.erfc(z / math.sqrt(2)))
+
+
+def ranges_overlap(x, y) -> bool:
+    return bool(min(x) <= max(y) and min(y) <= max(x))
+
+
+def summarize(m: Measurements) -> list[PairSummary]:
+    """One PairSummary per (case, allocator), status and output checked (see the module)."""
+    df = samples_frame(m)
+    missing = {(u.case, u.allocator): u for u in m.unavailable}
+    out: list[PairSummary] = []
+    for case in m.cases:
+        cdf = df[df["case"] == case.label] if len(df) else df
+        base = cdf[(cdf["allocator"] == m.baseline) & cdf["ok"]] if len(cdf) else cdf
+        base_hashes = set(base["stdout_sha256"].dropna()) if len(base) else set()
+        if len(base_hashes) == 1:
+            reference = next(iter(base_hashes))
+            unchecked = None
+        elif not base_hashes:
+            reference = None
+            unchecked = f"unchecked: no clean {m.baseline} run to compare with"
+        else:
+            reference = None
+            unchecked = (
+                f"unchecked: {m.baseline}'s own output differs between runs "
+                f"({len(base_hashes)} distinct), so it cannot be compared"
+            )
+        for a in m.allocators:
+            key = dict(case=case.label, workload=case.workload, input=case.input, allocator=a.name)
+            if (case.label, a.name) in missing:
+                out.append(
+                    PairSummary(
+                        **key,
+                        status="unavailable",
+                        reason=missing[(case.label, a.name)].message,
+                        output="unchecked: not run",
+                    )
+                )
+                continue
+            adf = cdf[cdf["allocator"] == a.name] if len(cdf) else cdf
+            stats = {}
+            for metric in METRICS:
+                s = Spread.of(adf[metric]) if len(adf) else None
+                if s is not None:
+                    stats[metric] = s
+            bad = adf[~adf["ok"].astype(bool)] if len(adf) else adf
+            reasons = []
+            if len(adf) == 0:
+                reasons.append("no run measured")
+            if len(bad):
+                first = bad.iloc[0]
+                reasons.append(f"{len(bad)} of {len(adf)} runs failed: {first['error']}")
+            output = unchecked or "same"
+            if reference is not None and len(adf):
+                good = adf[adf["ok"].astype(bool)]
+                differ = int((good["stdout_sha256"] != reference).sum())
+                if differ:
+                    other = good.loc[good["stdout_sha256"] != reference, "stdout_sha256"].iloc[0]
+                    output = "differs"
+                    reasons.append(
+                        f"output differs from {m.baseline}'s in {differ} of {len(good)} runs "
+                        f"(stdout sha256 {str(other)[:12]} vs {reference[:12]})"
+                    )
+            out.append(
+                PairSummary(
+                    **key,
+                    status="failed" if reasons else "ok",
+                    reason="; ".join(reasons) or None,
+                    runs=len(adf),
+                    ok_runs=int(adf["ok"].astype(bool).sum()) if len(adf) else 0,
+                    output=output,
+                    stats=stats,
+                )
+            )
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def recommend(
+    m: Measurements, pairs: list[PairSummary], rule: RecommendationRule
+) -> list[Recommendation]:
+    """One recommendation per case by `rule` (see the module); marks the pairs' `recommended`
+    and fills their ratios to the baseline."""
+    df = samples_frame(m)
+    order = {a.name: i for i, a in enumerate(m.allocators)}
+    recs = []
+    for case in m.cases:
+        cpairs = [p for p in pairs if p.case == case.label]
+        base = next((p for p in cpairs if p.allocator == m.baseline), None)
+        base_ok = base is not None and base.status == "ok"
+        for p in cpairs:
+            if base_ok and p.status != "unavailable":
+                p.time_vs_baseline = _ratio(p.median(rule.time), base.median(rule.time))
+                p.memory_vs_baseline = _ratio(p.median(rule.memory), base.median(rule.memory))
+        head = dict(
+            case=case.label,
+            workload=case.workload,
+            input=case.input,
+            baseline=m.baseline,
+            rule=rule.describe(),
+            time_metric=rule.time,
+            memory_metric=rule.memory,
+        )
+        cands = [
+            p
+            for p in cpairs
+            if p.status == "ok" and p.median(rule.time) is not None and p.median(rule.memory)
+        ]
+        if not cands:
+            recs.append(
+                Recommendation(**head, allocator=None, note="no allocator ran cleanly on this case")
+            )
+            continue
+        smallest = min(p.median(rule.memory) for p in cands)
+        eligible = [
+            p for p in cands if p.median(rule.memory) <= smallest * (1 + rule.memory_tolerance)
+        ]
+        winner = min(
+            eligible,
+            key=lambda p: (p.median(rule.time), p.allocator != m.baseline, order[p.allocator]),
+        )
+        winner.recommended = True
+        rec = Recommendation(**head, allocator=winner.allocator)
+        excluded = sorted({p.allocator for p in cands} - {p.allocator for p in eligible})
+        notes = []
+        if excluded:
+            notes.append(
+                f"{', '.join(excluded)} over {rule.memory_tolerance:.0%} more {rule.memory} "
+                "than the smallest"
+            )
+        if not base_ok:
+            notes.append(f"{m.baseline} did not run cleanly: no margin")
+        elif winner.allocator == m.baseline:
+            rec.margin = 0.0
+            rec.memory_vs_baseline = 1.0
+            notes.append(f"{m.baseline} itself is the fastest of those within the memory bound")
+        else:
+            rec.margin = 1 - winner.median(rule.time) / base.median(rule.time)
+            rec.memory_vs_baseline = _ratio(winner.median(rule.memory), base.median(rule.memory))
+            cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
+            x = cdf.loc[cdf["allocator"] == winner.allocator, rule.time].to_numpy(float)
+            y = cdf.loc[cdf["allocator"] == m.baseline, rule.time].to_numpy(float)
+            rec.p_value = mann_whitney_p(x, y)
+            rec.ranges_overlap = ranges_overlap(x, y)
+            rec.beyond_noise = (
+                rec.p_value < rule.alpha if rule.noise == "mann_whitney" else not rec.ranges_overlap
+            )
+        rec.note = "; ".join(notes)
+        recs.append(rec)
+    return recs
+
+
+def analyse(
+    m: Measurements, config: AllocatorsConfig
+) -> tuple[list[PairSummary], list[Recommendation]]:
+    """summarize then recommend, by the config's rule."""
+    pairs = summarize(m)
+    return pairs, recommend(m, pairs, config.rule)

@@ -1,0 +1,54 @@
+"""Fixtures of the allocators tests: the config, the test program as a workload, an engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.allocators.config import AllocatorsConfig, load_allocators_config
+from tasks.replay.runners.docker_runner import engine_answers, engine_host
+from tests.conftest import in_ci
+from tests.tasks.allocators.programs_build import (
+    GENERATOR,
+    alloc_mix_catalog,
+    build_alloc_mix,
+    generator_for,
+)
+
+
+@pytest.fixture(scope="session")
+def config() -> AllocatorsConfig:
+    """configs/allocators.yaml, every input of the selection measured."""
+    return load_allocators_config().model_copy(update={"inputs": None})
+
+
+@pytest.fixture(scope="session")
+def alloc_catalog(tmp_path_factory):
+    """The catalog of the test program, its generator registered for the session."""
+    from tasks.replay.inputs import GENERATORS
+
+    binary = build_alloc_mix(tmp_path_factory.mktemp("alloc_mix"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(GENERATORS, GENERATOR, generator_for(binary))
+        yield alloc_mix_catalog()
+
+
+@pytest.fixture(scope="session")
+def engine() -> str:
+    host = engine_host()
+    if not engine_answers(host):
+        msg = (
+            f"no container engine answers at DOCKER_HOST={host}; start one with "
+            '`eval "$(scripts/engine.sh up)"`'
+        )
+        if in_ci():
+            pytest.fail(msg + " (CI=true: the engine is required)")
+        pytest.skip(msg)
+    return host
+
+
+@pytest.fixture(scope="session")
+def sqlite3_image(engine):
+    """The image the test program runs in, built (with the allocators) when out of date."""
+    from tasks.replay.images import build_all
+
+    return build_all(["sqlite3"], host=engine)[-1]

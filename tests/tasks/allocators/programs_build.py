@@ -1,0 +1,64 @@
+"""The test program (programs/alloc_mix.c) as a catalog workload: compiled on the host, put
+into the input folder by a generator of its own, run in the sqlite3 image (which, as every
+workload image, has the allocators installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from tasks.replay.workloads import Catalog, parse_catalog
+
+PROGRAMS = Path(__file__).parent / "programs"
+GENERATOR = "alloc_mix_program"
+
+
+def build_alloc_mix(dest: Path) -> Path:
+    """Compile alloc_mix.c into `dest`; the binary's path."""
+    out = dest / "alloc_mix"
+    subprocess.run(
+        ["gcc", "-O2", "-Wall", "-pthread", "-o", str(out), str(PROGRAMS / "alloc_mix.c")],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def generator_for(binary: Path):
+    """An input generator that copies the compiled program into the input folder."""
+
+    def generate(seed: int, size: int, dest: Path) -> list[str]:
+        shutil.copy(binary, dest / "alloc_mix")
+        (dest / "alloc_mix").chmod(0o755)
+        return ["alloc_mix"]
+
+    return generate
+
+
+def alloc_mix_catalog(iterations: int = 4000) -> Catalog:
+    """`alloc_mix` (clean everywhere) and `alloc_mix_failing` (exits 3 under tcmalloc).
+    Needs GENERATOR registered in tasks.replay.inputs.GENERATORS."""
+
+    def workload(name: str, env: dict[str, str]) -> dict:
+        return {
+            "name": name,
+            "image": "sqlite3",
+            "generator": GENERATOR,
+            # env execs the program in its own process (the catalog wants an absolute path first)
+            "command": ["/usr/bin/env", "{input}/alloc_mix", "{size}"],
+            "env": env,
+            "expected_exit_code": 0,
+            "time_limit_s": 300,
+            "inputs": [{"name": "small", "seed": 1, "size": iterations, "quick": True}],
+        }
+
+    return parse_catalog(
+        {
+            "workloads": [
+                workload("alloc_mix", {}),
+                workload("alloc_mix_failing", {"ALLOC_MIX_FAIL_UNDER": "tcmalloc"}),
+            ]
+        },
+        "tests/tasks/allocators (alloc_mix)",
+    )

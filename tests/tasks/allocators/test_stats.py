@@ -1,0 +1,165 @@
+"""The recommendation rule and the checks, on hand-made tables (no program runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.allocators.config import RecommendationRule, load_allocators_config
+from tasks.allocators.measure import rotation
+from tasks.allocators.stats import analyse, mann_whitney_p, ranges_overlap, recommend, summarize
+from tests.tasks.allocators.tables import make_measurements, runs_of
+
+CFG = load_allocators_config()
+FAST = [0.80, 0.81, 0.79, 0.82, 0.80]
+BASE = [1.00, 1.02, 0.98, 1.01, 0.99]
+
+
+def _by(pairs, allocator):
+    return next(p for p in pairs if p.allocator == allocator)
+
+
+def test_rotation_puts_each_allocator_first_once_in_turn():
+    names = ["glibc", "jemalloc", "tcmalloc", "mimalloc"]
+    assert rotation(names, 0) == names
+    assert rotation(names, 1) == ["jemalloc", "tcmalloc", "mimalloc", "glibc"]
+    assert rotation(names, 4) == names
+    assert [rotation(names, r)[0] for r in range(4)] == names
+
+
+def test_mann_whitney_exact_p_values():
+    # complete separation of 5 against 5: 2 of the 252 splits are as extreme
+    assert mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
+    # one pair in the other order: U = 1, P(U <= 1) = 2/252, two-sided 4/252
+    assert mann_whitney_p([1, 2, 3, 4, 6], [5, 7, 8, 9, 10]) == pytest.approx(4 / 252)
+    assert mann_whitney_p([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)
+    assert mann_whitney_p([], [1.0]) == 1.0
+    # symmetric, and the normal approximation takes over for large samples
+    assert mann_whitney_p([6, 7, 8], [1, 2, 3]) == mann_whitney_p([1, 2, 3], [6, 7, 8])
+    big = mann_whitney_p(list(range(30)), [x + 100 for x in range(30)])
+    assert 0 < big < 1e-9
+    assert ranges_overlap([1, 3], [2, 4]) and not ranges_overlap([1, 2], [3, 4])
+
+
+def test_fastest_within_ten_percent_of_the_smallest_memory_wins():
+    # GIVEN tcmalloc the fastest but 30% above the smallest memory (mimalloc's 98 MB),
+    # jemalloc fast and within 10% of it, glibc slow
+    m = make_measurements(
+        {
+            "glibc": runs_of(BASE, 100.0),
+            "jemalloc": runs_of(FAST, 105.0),
+            "tcmalloc": runs_of([0.6] * 5, 130.0),
+            "mimalloc": runs_of([0.9, 0.91, 0.89, 0.9, 0.92], 98.0),
+        }
+    )
+    pairs, (rec,) = analyse(m, CFG)
+    # THEN jemalloc is recommended, 20% faster than glibc, beyond noise on both tests
+    assert rec.allocator == "jemalloc"
+    assert rec.margin == pytest.approx(1 - 0.80 / 1.00)
+    assert rec.memory_vs_baseline == pytest.approx(1.05)
+    assert rec.p_value == pytest.approx(2 / 252) and rec.beyond_noise is True
+    assert rec.ranges_overlap is False
+    assert "tcmalloc over 10% more peak_rss_mb" in rec.note
+    assert [p.allocator for p in pairs if p.recommended] == ["jemalloc"]
+    assert all(p.status == "ok" and p.output == "same" for p in pairs)
+    assert _by(pairs, "tcmalloc").time_vs_baseline == pytest.approx(0.6)
+    assert _by(pairs, "glibc").stats["wall_s"].min == 0.98
+    assert _by(pairs, "glibc").stats["wall_s"].max == 1.02
+
+
+def test_a_margin_inside_the_noise_is_said_to_be():
+    # GIVEN jemalloc's runs interleaved with glibc's: a better median, not a better allocator
+    m = make_measurements(
+        {
+            "glibc": runs_of([1.0, 0.9, 1.1, 0.95, 1.05], 100.0),
+            "jemalloc": runs_of([0.97, 0.88, 1.08, 0.93, 1.2], 100.0),
+        }
+    )
+    _, (rec,) = analyse(m, CFG)
+    assert rec.allocator == "jemalloc" and rec.margin > 0
+    assert rec.beyond_noise is False and rec.p_value > 0.05 and rec.ranges_overlap is True
+    # the minmax rule says the same here
+    pairs = summarize(m)
+    (rec2,) = recommend(m, pairs, RecommendationRule(noise="minmax"))
+    assert rec2.beyond_noise is False
+
+
+def test_minmax_rule_wants_the_ranges_apart():
+    # 2 of 25 pairs in the other order: the rank test passes, the ranges overlap
+    m = make_measurements(
+        {
+            "glibc": runs_of([1.0, 1.01, 1.02, 1.03, 0.85], 100.0),
+            "jemalloc": runs_of([0.80, 0.81, 0.82, 0.83, 0.86], 100.0),
+        }
+    )
+    pairs = summarize(m)
+    (mw,) = recommend(m, pairs, RecommendationRule(noise="mann_whitney"))
+    (mm,) = recommend(m, summarize(m), RecommendationRule(noise="minmax"))
+    assert mw.allocator == mm.allocator == "jemalloc"
+    assert mw.beyond_noise is True and mm.beyond_noise is False
+
+
+def test_glibc_stays_when_it_is_the_fastest_within_the_memory_bound():
+    m = make_measurements(
+        {
+            "glibc": runs_of(BASE, 100.0),
+            "jemalloc": runs_of([1.2] * 5, 100.0),
+            "tcmalloc": runs_of(FAST, 200.0),  # faster, but twice the memory
+        }
+    )
+    _, (rec,) = analyse(m, CFG)
+    assert rec.allocator == "glibc" and rec.margin == 0.0 and rec.beyond_noise is None
+    assert "glibc itself is the fastest" in rec.note
+
+
+def test_a_different_output_or_exit_code_fails_the_pair_and_keeps_it_out():
+    # GIVEN jemalloc the fastest but printing something else once, tcmalloc exiting 3 once
+    m = make_measurements(
+        {
+            "glibc": runs_of(BASE, 100.0),
+            "jemalloc": runs_of([0.5] * 5, 100.0),
+            "tcmalloc": runs_of([0.6] * 5, 100.0),
+            "mimalloc": runs_of(FAST, 100.0),
+        },
+        hashes={"jemalloc": ["a" * 64] * 4 + ["b" * 64]},
+        exit_codes={"tcmalloc": [0, 3, 0, 0, 0]},
+    )
+    pairs, (rec,) = analyse(m, CFG)
+    je, tc = _by(pairs, "jemalloc"), _by(pairs, "tcmalloc")
+    assert je.status == "failed" and je.output == "differs"
+    assert "output differs from glibc's in 1 of 5 runs" in je.reason
+    assert tc.status == "failed" and "1 of 5 runs failed: exit code 3" in tc.reason
+    # THEN the recommendation is among the clean ones
+    assert rec.allocator == "mimalloc"
+
+
+def test_output_not_reproducible_under_glibc_is_not_checked():
+    m = make_measurements(
+        {"glibc": runs_of(BASE, 100.0), "jemalloc": runs_of(FAST, 100.0)},
+        hashes={
+            "glibc": [c * 64 for c in "abcde"],
+            "jemalloc": [c * 64 for c in "fghij"],
+        },
+    )
+    pairs, (rec,) = analyse(m, CFG)
+    assert all(p.status == "ok" for p in pairs)
+    assert all(p.output.startswith("unchecked: glibc's own output differs") for p in pairs)
+    assert rec.allocator == "jemalloc"
+
+
+def test_missing_allocators_are_reported_and_the_rest_recommended():
+    m = make_measurements(
+        {"glibc": runs_of(BASE, 100.0), "jemalloc": runs_of(FAST, 100.0)},
+        unavailable={"mimalloc": "allocator 'mimalloc': ... install libmimalloc2.0"},
+    )
+    pairs, (rec,) = analyse(m, CFG)
+    mi = _by(pairs, "mimalloc")
+    assert mi.status == "unavailable" and "libmimalloc2.0" in mi.reason
+    assert [p.allocator for p in pairs] == ["glibc", "jemalloc", "mimalloc"]
+    assert rec.allocator == "jemalloc"
+
+
+def test_no_clean_allocator_no_recommendation():
+    m = make_measurements({"glibc": runs_of(BASE, 100.0)}, exit_codes={"glibc": [1, 1, 1, 1, 1]})
+    _, (rec,) = analyse(m, CFG)
+    assert rec.allocator is None and "no allocator ran cleanly" in rec.note
+    assert rec.margin is None and rec.rule.startswith("the fastest by median wall_s")
