@@ -272,9 +272,44 @@ def plan_split(
     return plan
 
 
+def absent_heldout(
+    available: dict[str, list[str]], cfg: DataConfig
+) -> tuple[DataConfig, list[str]]:
+    """Drop held-out names that the catalog knows but tonight's dataset lacks, with a note each.
+
+    A night whose perl replay failed must still train and evaluate the rest: the held-out name is
+    right (the catalog lists it), only its data is missing tonight. A name the catalog does not
+    know either stays, and plan_split names it as an error.
+    """
+    from tasks.replay.workloads import load_catalog
+
+    catalog = load_catalog(cfg.catalog).programs()
+    present = {catalog.get(w, w) for w in available}
+    gone_w = [w for w in cfg.heldout_workloads if w not in available and w in catalog]
+    gone_p = [
+        p for p in cfg.heldout_programs if p not in present and p in set(catalog.values())
+    ]
+    if not gone_w and not gone_p:
+        return cfg, []
+    notes = [
+        f"held-out {kind} {name}: in the catalog but not in tonight's events dataset "
+        "(its replay failed or was not run); its table lacks it tonight"
+        for kind, names in (("workload", gone_w), ("program", gone_p))
+        for name in names
+    ]
+    cfg = cfg.model_copy(
+        update={
+            "heldout_workloads": [w for w in cfg.heldout_workloads if w not in gone_w],
+            "heldout_programs": [p for p in cfg.heldout_programs if p not in gone_p],
+        }
+    )
+    return cfg, notes
+
+
 def load_split(root: Root, cfg: DataConfig) -> Split:
     """Read every run the plan names and apply the validation cut and the token caps."""
     available = list_runs(root)
+    cfg, notes = absent_heldout(available, cfg)
     plan = plan_split(available, cfg, workload_programs(cfg, list(available)))
     dataset = events_dataset(root)
     train: list[TokenRun] = []
@@ -282,7 +317,6 @@ def load_split(root: Root, cfg: DataConfig) -> Split:
     evaluation: list[TokenRun] = []
     heldout: list[TokenRun] = []
     unseen: list[TokenRun] = []
-    notes: list[str] = []
     per_run_cap = None
     n_train_runs = sum(len(p["train"]) for p in plan.values())
     if cfg.max_train_tokens is not None and n_train_runs:

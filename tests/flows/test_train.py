@@ -25,7 +25,9 @@ def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tm
             "data": {"heldout_workloads": ["beta"]},
         },
     )
-    outcome = train_flow(params)
+    state = train_flow(params, return_state=True)
+    outcome = state.result()
+    flow_run_id = state.state_details.flow_run_id
     assert outcome.evaluation.get("model").positions > 0
     # beta is held out and is a program of its own: the unseen-programs table scores it
     assert outcome.evaluation.get("model", "beta", "unseen_programs").positions > 0
@@ -40,12 +42,20 @@ def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tm
     assert (tmp_path / "data" / "mlflow" / "mlflow.db").exists()
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
 
     async def latest():
+        # this flow run's artifact: the test server is shared with other tests' runs
         async with get_client() as client:
             return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["train-evaluation"]))
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=["train-evaluation"]),
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                )
             )
 
     import asyncio

@@ -51,6 +51,7 @@ def test_builder_scores_every_predictor_per_workload_and_overall():
         "majority": preds([1, 1, 1]),
         "repeat_last": preds([0, 1, 2]),
         "ngram": preds([1, 2, 0]),
+        "ngram_online": preds([0, 2, 0]),
     }
     b.add(UNSEEN_RUNS, "a", y, answers)
     b.add(
@@ -66,6 +67,7 @@ def test_builder_scores_every_predictor_per_workload_and_overall():
     assert ev.get("ngram", "a").detail["order"] == 3
     assert ev.margin_over_best_baseline("a") == pytest.approx(1 / 3)
     assert ev.get("majority", "c", HELDOUT_WORKLOADS).top1 == pytest.approx(1 / 3)
+    assert ev.get("ngram_online", "a").top1 == pytest.approx(1 / 3)
     assert ev.confusion.sum() == 5
     md = evaluation_markdown(ev, ["a note"])
     assert "| a |" in md and "Held-out" in md and "order chosen on validation: 3" in md
@@ -74,7 +76,7 @@ def test_builder_scores_every_predictor_per_workload_and_overall():
 def test_builder_refuses_answers_at_other_positions():
     b = EvaluationBuilder()
     y = np.array([1, 2], np.uint8)
-    answers = {k: preds([1, 2]) for k in ("model", "majority", "repeat_last")}
+    answers = {k: preds([1, 2]) for k in ("model", "majority", "repeat_last", "ngram_online")}
     answers["ngram"] = preds([1])
     with pytest.raises(ValueError, match="ngram"):
         b.add(UNSEEN_RUNS, "a", y, answers)

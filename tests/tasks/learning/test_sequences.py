@@ -176,3 +176,17 @@ def test_train_configs_validate_and_typos_name_the_field(tmp_path):
     bad.write_text("data:\n  workloads: [a]\n  heldout_workloads: [a]\n")
     with pytest.raises(ConfigError, match="both trained on and held out"):
         load_config(TrainConfig, bad)
+
+
+def test_a_catalog_heldout_missing_tonight_is_noted_and_the_rest_is_evaluated(events_root):
+    # GIVEN held-out names the catalog knows (perl, numpy_stack) but tonight's data lacks
+    # (their replays failed), next to one that is there (gamma)
+    cfg = DataConfig(heldout_programs=["perl"], heldout_workloads=["numpy_stack", "gamma"])
+    split = load_split(events_root, cfg)
+    # THEN the night still trains and evaluates; each missing name is said, gamma is scored
+    assert {r.workload for r in split.unseen_programs} == {"gamma"}
+    said = "\n".join(split.notes)
+    assert "held-out program perl" in said and "held-out workload numpy_stack" in said
+    # AND a name that the catalog does not know either is still an error naming it
+    with pytest.raises(ValueError, match="nope"):
+        load_split(events_root, DataConfig(heldout_workloads=["nope"]))
