@@ -202,6 +202,8 @@ def replay_input(
             caller=caller,
         )
         result = run_runner.run(request)
+        for note in result.warnings:  # a limit of the catalog this run was not held to
+            log.warning(f"{workload.name}/{inp.name}: {note}")
         _own(trace_dir)
         counts = count_traces(trace_dir)
         error = judge(workload, result, counts, request.time_limit_s)

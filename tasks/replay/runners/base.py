@@ -114,6 +114,10 @@ class RunResult:
     usage: ResourceUsage | None = None  # measured runs only
     stdout_sha256: str | None = None  # measured runs only
     stdout_bytes: int | None = None
+    # how each limit (memory, pids, time) was enforced, in words; "NOT ENFORCED ..." where it
+    # could not be (a local run with no cgroup), and then a line in `warnings` too
+    limits: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def substitute(text: str, workload: Workload, inp: WorkloadInput, paths: Paths) -> str:

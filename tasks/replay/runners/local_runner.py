@@ -4,7 +4,17 @@ Inside a bubblewrap sandbox where `bwrap` works: the host's system folders read-
 /heapcast layout as a container (so command lines, and heap calls, match the docker runner),
 new pid/net/ipc/uts namespaces (loopback only), running as nobody. Without bubblewrap the
 program runs directly with host paths, as nobody when heapcast runs as root. Weaker than a
-container: no image (the host's packages), no memory or pid limit; the time limit holds.
+container: no image (the host's packages).
+
+Limits as the docker runner's (limits.py): the catalog's `memory` and `pids_limit` through a
+cgroup made for the run (v2, else v1; needs root or a delegated cgroup), the time limit by the
+runner's timer. A run that exceeds one is stopped (SIGTERM, then SIGKILL, to every process of
+its cgroup) and fails naming the limit, as the docker runner words it; what the tracer flushed
+stays. Where no cgroup can be made the pid limit falls back to RLIMIT_NPROC (which cannot hold
+processes that are root on the host, as a root caller's bubblewrap makes them) and the memory
+limit is not enforced: the result's `limits` and `warnings`, and the run's log, say which.
+The program reaches its cgroup before it runs: it starts behind a gate (`GATE_SCRIPT`: a shell
+that waits for one line, then execs it), which the runner opens once the gate's pid is placed.
 
 A measured run (`measure_dir` in the request) runs the program under `hc-measure`
 (measure_tool.py), bound read-only into the sandbox: its standard output goes to a file, its
@@ -44,6 +54,7 @@ from tasks.replay.runners.base import (
     program_env,
     tail_lines,
 )
+from tasks.replay.runners.limits import RunLimits
 from tasks.replay.runners.measure_tool import (
     build_measure_tool,
     measured_command,
@@ -67,6 +78,19 @@ HOST_SYSTEM_DIRS = (
     "srv",
 )
 KILL_GRACE_S = 2.0
+# How often a running program's cgroup is read for an exceeded limit (a fork refused at the pid
+# limit leaves the program running, maybe retrying forever: only the runner can stop it).
+POLL_S = 0.1
+# The gate: waits for the runner's line on standard input (EOF, when the runner could not place
+# the run under its limits: exit without running anything), then execs the program with
+# /dev/null as its standard input, as before the gate. Unsandboxed, the gate gets the program's
+# environment: LD_PRELOAD arrives as GATE_PRELOAD (so the shell itself is not traced), and the
+# PWD dash exports is dropped unless the program's environment has one.
+GATE_PRELOAD = "HEAPCAST_GATE_PRELOAD"
+GATE_SCRIPT = (
+    'read -r _ || exit 125; if [ -n "${%(v)s+x}" ]; then LD_PRELOAD=$%(v)s; export LD_PRELOAD; '
+    'unset %(v)s; fi; %(pwd)sexec "$@" </dev/null'
+)
 
 
 @functools.cache
@@ -159,51 +183,119 @@ class LocalRunner(Runner):
                 command = measured_command(str(tool), str(request.measure_dir), argv, cgroup=False)
         if sandboxed:
             full = bwrap_argv(request, env, tool) + command
-            popen_env: dict[str, str] = {"PATH": env["PATH"]}
+            gate_env: dict[str, str] = {"PATH": env["PATH"]}
             extra: dict = {}
         else:
             full = command
-            popen_env = env
+            gate_env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+            if "LD_PRELOAD" in env:
+                gate_env[GATE_PRELOAD] = env["LD_PRELOAD"]
             extra = {}
             if os.geteuid() == 0:
                 for d in (request.trace_dir, request.work_dir, request.measure_dir):
                     if d is not None:
                         os.chown(d, RUN_UID, RUN_GID)
                 extra = {"user": RUN_UID, "group": RUN_GID, "extra_groups": []}
+        pwd = "" if "PWD" in gate_env else "unset PWD; "
+        gated = ["/bin/sh", "-c", GATE_SCRIPT % {"v": GATE_PRELOAD, "pwd": pwd}, "heapcast-gate"]
+        # the uid the program's processes have on the host (RLIMIT_NPROC counts that uid's):
+        # the caller's under bubblewrap (its user namespace maps nobody to the caller: root
+        # stays root), else nobody under a root caller, else the caller
+        if sandboxed or os.geteuid() != 0:
+            run_uid = os.getuid()
+        else:
+            run_uid = RUN_UID
+        limits = RunLimits(w.memory, w.pids_limit, name=f"{w.name}-{inp.name}").setup(run_uid)
+        try:
+            return self._run_limited(request, gated + full, gate_env, extra, argv, env, limits)
+        finally:
+            limits.close()
+
+    def _run_limited(
+        self,
+        request: RunRequest,
+        full: list[str],
+        gate_env: dict[str, str],
+        extra: dict,
+        argv: list[str],
+        env: dict[str, str],
+        limits: RunLimits,
+    ) -> RunResult:
+        enforcement = limits.enforcement
         log_path = request.work_dir.parent / f"{request.work_dir.name}.log"
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         t0 = time.monotonic()
         timed_out = False
+        hit: str | None = None
+
+        def failed(error: str) -> RunResult:
+            return RunResult(
+                runner=self.kind,
+                sandbox=self.sandbox,
+                command=argv,
+                env=env,
+                started_at=started_at,
+                duration_s=0.0,
+                exit_code=None,
+                timed_out=False,
+                error=error,
+                limits=enforcement.as_dict(),
+                warnings=list(enforcement.unenforced),
+            )
+
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.Popen(
                     full,
-                    env=popen_env,
+                    env=gate_env,
                     cwd=request.work_dir,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     **extra,
                 )
             except OSError as err:
-                return RunResult(
-                    runner=self.kind,
-                    sandbox=self.sandbox,
-                    command=argv,
-                    env=env,
-                    started_at=started_at,
-                    duration_s=0.0,
-                    exit_code=None,
-                    timed_out=False,
-                    error=f"could not start {full[0]}: {err}",
-                )
+                return failed(f"could not start {full[0]}: {err}")
+            assert proc.stdin is not None
             try:
-                code: int | None = proc.wait(timeout=request.time_limit_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                code = None
+                limits.attach(proc.pid)
+            except OSError as err:
+                proc.stdin.close()  # EOF: the gate exits without running the program
+                proc.wait()
+                return failed(f"could not put the run under its limits ({limits.tag}): {err}")
+            # said first in the run's own log (the gate has written nothing yet), so that
+            # whoever reads it knows the run was not held to a limit the catalog sets
+            for note in enforcement.unenforced:
+                log.write(f"heapcast local runner: {note}\n".encode())
+            log.flush()
+            try:
+                proc.stdin.write(b"go\n")
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass  # the gate is gone already: its exit code says why
+            deadline = t0 + request.time_limit_s
+            code: int | None = None
+            while True:
+                try:
+                    code = proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                hit = limits.exceeded()
+                if hit is not None:
+                    _stop(proc, limits)
+                    code = proc.wait()
+                    break
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    _stop(proc, limits)
+                    code = None
+                    break
+            if hit is None and not timed_out:
+                # an OOM kill or a refused fork the program outlived (or died of) still fails
+                # the run: it did not run as it would have with room enough
+                hit = limits.exceeded()
         duration = time.monotonic() - t0
         logs = log_path.read_bytes().decode("utf-8", "replace") if log_path.exists() else ""
         log_path.unlink(missing_ok=True)
@@ -219,8 +311,11 @@ class LocalRunner(Runner):
             exit_code=code,
             timed_out=timed_out,
             log_tail=tail_lines(logs),
+            error=hit,
+            limits=enforcement.as_dict(),
+            warnings=list(enforcement.unenforced),
         )
-        if request.measure_dir is not None and not timed_out:
+        if request.measure_dir is not None and not timed_out and hit is None:
             read_measurement(request.measure_dir, result)
         return result
 
@@ -284,6 +379,16 @@ def bwrap_argv(
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args + ["--"]
+
+
+def _stop(proc: subprocess.Popen, limits: RunLimits) -> None:
+    """Stop a run at a limit: every process of its cgroup where it has one (bubblewrap's
+    children are in sessions of their own), else its process group."""
+    if limits.version:
+        limits.stop(KILL_GRACE_S)
+        proc.wait()
+    else:
+        _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
