@@ -51,6 +51,7 @@ class StreamingPredictor:
 
         self._online = takes_online(self.model)
         self._orders = online_orders(self.model) if self._online else ()
+        self._call = _compiled(self.model, self._online)
 
     @classmethod
     def from_registry(
@@ -119,7 +120,7 @@ class StreamingPredictor:
                 "tokens": tokens,
                 "online": np.stack([self._threads[t].online[-width:] for t in names]),
             }
-        probs = np.asarray(self.model(x, training=False))[:, -1, :]
+        probs = np.asarray(self._call(x))
         return {t: probs[i] for i, t in enumerate(names)}
 
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
@@ -127,6 +128,28 @@ class StreamingPredictor:
         for thread, token in calls.items():
             self.observe(thread, token)
         return self.predict(list(calls))
+
+
+def _compiled(model, online: bool):
+    """The model's last-position output as one traced graph for any batch and window width.
+
+    Called eagerly, a recurrent model runs its time loop op by op in Python (seconds per call);
+    traced once with shapes left open, each prediction is one graph execution."""
+    import tensorflow as tf
+
+    tokens = tf.TensorSpec([None, None], tf.int32)
+    if online:
+        from tasks.learning.model import ONLINE_FEATURES
+
+        spec = {"tokens": tokens, "online": tf.TensorSpec([None, None, ONLINE_FEATURES], tf.int32)}
+    else:
+        spec = tokens
+
+    @tf.function(input_signature=[spec])
+    def last(x):
+        return model(x, training=False)[:, -1, :]
+
+    return last
 
 
 def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:

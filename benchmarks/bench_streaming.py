@@ -1,0 +1,148 @@
+"""Cost per prediction of the champion in streaming form (tasks/learning/streaming.py).
+
+    .venv/bin/python benchmarks/bench_streaming.py                       # the quick config's model
+    .venv/bin/python benchmarks/bench_streaming.py --root data           # the registered champion
+    .venv/bin/python benchmarks/bench_streaming.py --threads 1 8 64 256 --steps 50
+
+The model: with --root, the champion registered under that data root (its MLflow store); else
+an untrained model of configs/train-quick.yaml's architecture (GRU 64/32, n-gram and online
+features) with an n-gram table fitted on the stream below, which costs the same per prediction.
+
+Measured, side by side in one process on this machine's CPU (or GPU where TensorFlow sees one):
+- streaming: StreamingPredictor.step({thread: token}) for B threads at once, --steps times (each
+  step observes one call per thread, updates its online counter, and runs the model over every
+  thread's window in one batch): predictions per second = B * steps / seconds;
+- reference: the same model scoring the same B windows in batch form, all `context` positions of
+  each window at once (what evaluation does): positions per second.
+The ratio says what the per-call answer costs against batch scoring. Writes
+benchmarks/results/streaming.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))
+
+import numpy as np  # noqa: E402
+
+from tasks.core.config import apply_embedded_defaults  # noqa: E402
+
+
+def quick_model(stream: np.ndarray):
+    from tasks.learning.model import NGramTable, build_hybrid
+    from tasks.learning.train_config import QUICK_CONFIG, load_train_config
+
+    cfg = load_train_config(QUICK_CONFIG)
+    pos = np.arange(len(stream))
+    table = NGramTable.fit(stream, pos, cfg.model.ngram_order) if cfg.model.ngram_features else None
+    _, full = build_hybrid(cfg, table)
+    return full, cfg.context, "untrained quick-config model"
+
+
+def champion_model(root: str):
+    from tasks.learning.streaming import StreamingPredictor
+    from tasks.registry.tracking import configure, tracking_for
+
+    tracking = tracking_for(root)
+    configure(tracking)
+    sp = StreamingPredictor.from_registry(tracking.model_name)
+    return sp.model, sp.context, f"champion of {root}"
+
+
+def patterned(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    routines = [rng.integers(0, 64, rng.integers(4, 30)).astype(np.uint8) for _ in range(32)]
+    out = np.concatenate([routines[i] for i in rng.integers(0, 32, n // 8)])
+    return out[:n]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=None, help="a data root with a registered champion")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--out", default=str(PROJECT / "benchmarks/results/streaming.json"))
+    a = ap.parse_args()
+    apply_embedded_defaults()
+
+    import tensorflow as tf
+
+    from tasks.learning.model import online_feature_matrix, online_orders, takes_online
+    from tasks.learning.sequences import TokenRun
+    from tasks.learning.streaming import StreamingPredictor
+
+    stream = patterned(200_000, 0)
+    model, context, which = champion_model(a.root) if a.root else quick_model(stream)
+    device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    rows = []
+    for b in a.threads:
+        # each thread starts `context` calls into its own stream, so windows are full
+        starts = np.random.default_rng(b).integers(0, len(stream) - context - a.steps - 1, b)
+        sp = StreamingPredictor(model, context)
+        for t, s in enumerate(starts):
+            for tok in stream[s : s + context]:
+                sp.observe(t, int(tok))
+        sp.step({t: int(stream[s + context]) for t, s in enumerate(starts)})  # warm-up, traced
+        t0 = time.perf_counter()
+        for k in range(1, a.steps):
+            sp.step({t: int(stream[s + context + k]) for t, s in enumerate(starts)})
+        streaming_s = time.perf_counter() - t0
+        per_s = b * (a.steps - 1) / streaming_s
+
+        # reference: the same windows in batch form, every position scored
+        windows = np.stack([stream[s : s + context] for s in starts]).astype(np.int32)
+        x: object = windows
+        if takes_online(model):
+            online = np.stack(
+                [
+                    online_feature_matrix(
+                        TokenRun("w", "t", stream[s : s + context], np.array([0, context])),
+                        online_orders(model),
+                    )
+                    for s in starts
+                ]
+            ).astype(np.int32)
+            x = {"tokens": windows, "online": online}
+        model(x, training=False)  # warm-up
+        reps = max(1, a.steps // 4)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            np.asarray(model(x, training=False))
+        batch_s = time.perf_counter() - t0
+        batch_per_s = b * context * reps / batch_s
+        rows.append(
+            {
+                "threads": b,
+                "streaming_predictions_per_s": round(per_s, 1),
+                "streaming_us_per_prediction": round(1e6 / per_s, 1),
+                "batch_positions_per_s": round(batch_per_s, 1),
+                "streaming_cost_vs_batch": round(batch_per_s / per_s, 1),
+            }
+        )
+        print(
+            f"B={b:4d}: streaming {per_s:10.0f} predictions/s ({1e6 / per_s:8.1f} us each); "
+            f"batch scoring {batch_per_s:10.0f} positions/s; a streamed answer costs "
+            f"{batch_per_s / per_s:.1f}x a batch-scored position"
+        )
+    result = {
+        "model": which,
+        "context": context,
+        "device": device,
+        "machine": platform.machine(),
+        "steps": a.steps,
+        "rows": rows,
+    }
+    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
