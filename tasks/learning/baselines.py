@@ -19,50 +19,22 @@ No TensorFlow in this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.online import OnlineCounter
+from tasks.learning.predictions import (  # noqa: F401  (the answer format, re-exported)
+    NONE,
+    TOP_K,
+    Predictions,
+    fill_top,
+    ranking,
+    token_counts,
+)
 from tasks.learning.sequences import TokenRun
 
-if TYPE_CHECKING:
-    from tasks.learning.online import OnlineCounter
-
-TOP_K = 5
-NONE = np.uint8(255)  # an empty top-k slot
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier (golden ratio)
-
-
-@dataclass(frozen=True)
-class Predictions:
-    """One predictor's answers at n positions."""
-
-    top: np.ndarray  # uint8 [n, TOP_K], best first; NONE in unused slots
-    p_true: np.ndarray  # float64 [n], probability given to the true token
-
-    @property
-    def top1(self) -> np.ndarray:
-        return self.top[:, 0]
-
-    def __len__(self) -> int:
-        return len(self.p_true)
-
-
-def fill_top(candidates: np.ndarray, fallback: np.ndarray, k: int = TOP_K) -> np.ndarray:
-    """First k distinct tokens of each row of `candidates` followed by `fallback` (NONE skipped).
-
-    candidates: uint8 [n, m] (NONE = no candidate); fallback: uint8 [k'] (e.g. global ranking).
-    """
-    n = len(candidates)
-    allc = np.concatenate([candidates, np.broadcast_to(fallback, (n, len(fallback)))], axis=1)
-    dup = allc == NONE
-    for j in range(1, allc.shape[1]):  # over columns (<= ~25), never over events
-        dup[:, j] |= (allc[:, :j] == allc[:, j : j + 1]).any(axis=1)
-    order = np.argsort(dup, axis=1, kind="stable")[:, :k]
-    top = np.take_along_axis(allc, order, axis=1)
-    top[np.take_along_axis(dup, order, axis=1)] = NONE
-    return top.astype(np.uint8)
 
 
 def _concat(runs: list[TokenRun]) -> tuple[np.ndarray, np.ndarray]:
@@ -85,12 +57,9 @@ class Majority:
 
     @classmethod
     def fit(cls, train: list[TokenRun], smoothing: float = 0.1) -> Majority:
-        counts = np.zeros(N_TOKENS, np.float64)
-        for r in train:
-            counts += np.bincount(r.tokens, minlength=N_TOKENS)
+        counts = token_counts(train)
         probs = (counts + smoothing) / (counts.sum() + smoothing * N_TOKENS)
-        ranking = np.argsort(-counts, kind="stable").astype(np.uint8)
-        return cls(probs, ranking)
+        return cls(probs, ranking(counts))
 
     def predict(self, run: TokenRun, positions: np.ndarray) -> Predictions:
         n = len(positions)
@@ -299,7 +268,6 @@ class Baselines:
     ) -> Baselines:
         """Fit all four on `train`; the n-gram's order is chosen on `validation` (the online
         counter takes only its fallback ranking from `train`: it learns as it predicts)."""
-        from tasks.learning.online import OnlineCounter  # it builds on this module's Predictions
         from tasks.learning.sequences import eval_positions
 
         ngram = NGram.fit(train, max_order, smoothing)

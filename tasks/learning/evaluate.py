@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.baselines import Predictions
+from tasks.learning.predictions import Predictions
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, PredictorScores
 
 UNSEEN_RUNS = "unseen_runs"

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.baselines import TOP_K, Predictions
+from tasks.learning.predictions import TOP_K, Predictions
 from tasks.learning.sequences import TokenRun, eval_positions
 from tasks.learning.train_config import TrainConfig
 

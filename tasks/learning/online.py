@@ -63,7 +63,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.baselines import NONE, TOP_K, Majority, Predictions
+from tasks.learning.predictions import NONE, TOP_K, Predictions, ranking, token_counts
 from tasks.learning.sequences import TokenRun
 
 DEFAULT_ORDERS: tuple[int, ...] = (12, 8, 6, 4, 3, 2, 1)
@@ -719,7 +719,7 @@ class OnlineCounter:
         smoothing: float = 0.1,
     ) -> OnlineCounter:
         """Nothing is learnt offline: only the fallback ranking (the training majority)."""
-        return cls(tuple(orders), smoothing, Majority.fit(train).ranking)
+        return cls(tuple(orders), smoothing, ranking(token_counts(train)))
 
     def predict(self, run: TokenRun, positions: np.ndarray) -> Predictions:
         """Top-5 and p(true token) at `positions` (indices into run.tokens, any order),
