@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.predictions import Predictions
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, PredictorScores
+from tasks.learning.predictions import Predictions
 
 UNSEEN_RUNS = "unseen_runs"
 HELDOUT_WORKLOADS = "heldout_workloads"
