@@ -22,7 +22,9 @@ def train_flow(params: TrainParams = TrainParams()) -> TrainOutcome:
     trained = train(root, config)
     outcome = evaluate(trained)
     # The champion is re-scored on today's evaluation when its data differs (tasks/registry/champion.py).
-    register(outcome, tracking_for(root), evaluate_model=champion_rescorer(config, trained.split))
+    outcome.registration = register(
+        outcome, tracking_for(root), evaluate_model=champion_rescorer(config, trained.split)
+    )
     publish_evaluation(outcome)
     return outcome
 

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   docker.io bubblewrap debootstrap   # the container engine, the local sandbox, the base image
   heaptrack                          # the benchmark's reference tracer
   libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0   # allocators compared (configs/allocators.yaml)
+  chromium fonts-dejavu-core         # the report test opens its HTML in headless chromium (with a font)
   curl ca-certificates
 )
 

@@ -81,4 +81,12 @@ def apply_embedded_defaults() -> None:
     os.environ.setdefault("PREFECT_HOME", str(PROJECT_DIR / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow's C++ logs: no INFO or WARNING ("2"), and without an NVIDIA GPU no ERROR either
+    # ("3"): its only errors there are its CUDA probes failing ("failed call to cuInit"). Its
+    # start-up lines ignore this level (Abseil not yet initialised): tasks.core.quiet holds them
+    # to it. CUDA_VISIBLE_DEVICES is left alone: hiding the devices silences none of these
+    # lines, and would hide a real GPU.
+    from tasks.core import quiet
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if quiet.has_nvidia_gpu() else "3")
+    quiet.install()

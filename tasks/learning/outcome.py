@@ -92,3 +92,6 @@ class TrainOutcome:
     # Added by training: sentences a reader of the run must see (a validation cut from a train
     # run's thread tails, a resumed training), worth logging as tags or in the description.
     notes: list[str] = field(default_factory=list)
+    # Set by the train flow once registered: the RegistrationResult (tasks/registry/register.py),
+    # so what runs after training (the nightly's whatif step) knows the version it made.
+    registration: Any = None

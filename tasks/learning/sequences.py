@@ -286,9 +286,7 @@ def absent_heldout(
     catalog = load_catalog(cfg.catalog).programs()
     present = {catalog.get(w, w) for w in available}
     gone_w = [w for w in cfg.heldout_workloads if w not in available and w in catalog]
-    gone_p = [
-        p for p in cfg.heldout_programs if p not in present and p in set(catalog.values())
-    ]
+    gone_p = [p for p in cfg.heldout_programs if p not in present and p in set(catalog.values())]
     if not gone_w and not gone_p:
         return cfg, []
     notes = [

@@ -6,6 +6,11 @@ plus two settings that apply to every stage at once:
 - `root`: one data root for the whole night (each stage's own `root` is replaced by it);
 - `quick`: the quick workload subset and configs/train-quick.yaml (the demo, the tests).
 
+`allocators` (off by default) adds the `allocators` stage to the night: every workload under every
+allocator of configs/allocators.yaml, measured. It has a weekly deployment of its own; the option
+is for a night that should answer the allocator question too (it adds the replays' time, several
+times over).
+
 Where the stages run is configuration, not code: the Dask scheduler comes from the dataset
 parameters, whose default is $HEAPCAST_DASK_SCHEDULER, else a local cluster; the MLflow store from
 configs/tracking.yaml, else $MLFLOW_TRACKING_URI, else the embedded store under the root.
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
+from tasks.allocators.config import AllocatorsParams
 from tasks.core.config import StrictModel
 from tasks.dataset.partitions import DatasetParams
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams
@@ -38,6 +44,13 @@ class NightlyParams(StrictModel):
     trace: TraceParams = Field(default_factory=TraceParams, description="flow `trace`")
     dataset: DatasetParams = Field(default_factory=DatasetParams, description="flow `dataset`")
     train: TrainParams = Field(default_factory=TrainParams, description="flow `train`")
+    allocators: bool = Field(
+        default=False,
+        description="also run flow `allocators` (weekly on its own; adds several replays' time)",
+    )
+    allocators_params: AllocatorsParams = Field(
+        default_factory=AllocatorsParams, description="flow `allocators`, when `allocators` is on"
+    )
 
     def stages(self) -> NightlyStages:
         """Each stage's parameters with the shared settings applied."""
@@ -49,8 +62,18 @@ class NightlyParams(StrictModel):
         if self.quick:
             trace = trace.model_copy(update={"quick": True})
             train = train.model_copy(update={"config": str(QUICK_CONFIG)})
+        # None when off: the night's flow has nothing to decide, it runs what is given
+        allocators = self.allocators_params if self.allocators else None
+        if allocators is not None and self.root:
+            allocators = allocators.model_copy(update={"root": self.root})
+        if allocators is not None and self.quick:
+            allocators = allocators.model_copy(update={"quick": True})
         return NightlyStages(
-            trace=trace, dataset=dataset, train=train, tracking=tracking_for(train.root)
+            trace=trace,
+            dataset=dataset,
+            train=train,
+            tracking=tracking_for(train.root),
+            allocators=allocators,
         )
 
 
@@ -60,3 +83,4 @@ class NightlyStages:
     dataset: DatasetParams
     train: TrainParams
     tracking: TrackingConfig
+    allocators: AllocatorsParams | None = None  # the `allocators` stage, when the night runs it

@@ -5,6 +5,9 @@ failure stop the night; `stage_outcome` turns a state into a `StageOutcome`, `su
 the outcomes into a `NightlySummary`, whose `markdown()` is published as a Prefect artifact.
 The night fails (after publishing) only when nothing could be trained: `finish` says so.
 
+The heap report of each evaluation run (tasks/report/night.py: a page per run under
+<root>/reports/) is a section of the summary: its figures and the pages' paths.
+
 Whether the champion changed is read from the registry before and after the night
 (`champion_version`), so the answer holds whatever registration returned.
 
@@ -25,6 +28,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, Field
 
 from tasks.registry.tracking import TrackingConfig
+from tasks.report.night import NightReports
 
 STAGES = ("trace", "dataset", "train")
 ARTIFACT_KEY = "nightly-summary"
@@ -101,6 +105,8 @@ class NightlySummary(BaseModel):
     champion_after: str | None = None
     registration: str | None = None  # the registry's decision and its reason, when returned
     not_registered: str | None = None  # why nothing was registered tonight (no model trained)
+    # the heap report of each evaluation run (tasks/report/night.py): figures and pages
+    heap_reports: NightReports | None = None
 
     @property
     def champion_changed(self) -> bool:
@@ -150,6 +156,8 @@ class NightlySummary(BaseModel):
                 "",
                 self.evaluation_markdown.strip(),
             ]
+        if self.heap_reports is not None:
+            lines += ["", "## Heap reports (evaluation runs)", "", self.heap_reports.markdown()]
         return "\n".join(lines) + "\n"
 
 
@@ -183,9 +191,14 @@ def _evaluation_of(value: Any) -> tuple[Any, list[str]]:
 
 @task(name="summarize-night", cache_policy=NO_CACHE)
 def summarize(
-    root: str, outcomes: list[StageOutcome], champion_before: str | None, champion_after: str | None
+    root: str,
+    outcomes: list[StageOutcome],
+    champion_before: str | None,
+    champion_after: str | None,
+    heap_reports: NightReports | None = None,
 ) -> NightlySummary:
-    """The night's summary from its stages' outcomes and the champion before and after."""
+    """The night's summary from its stages' outcomes, the champion before and after, and the
+    evaluation runs' heap reports."""
     from tasks.learning.evaluate import evaluation_markdown
     from tasks.learning.outcome import BASELINES, MODEL
 
@@ -271,12 +284,49 @@ def summarize(
             )
         )
 
+    replayed = by_name.get("whatif")
+    if replayed is not None:
+        # the whatif flow's WhatifSummary (tasks/whatif/night.py); its page is the `whatif` artifact
+        v = replayed.value
+        detail = ""
+        if replayed.ok and v is not None:
+            detail = f"{len(v.runs_ok)} run(s) replayed for v{v.model_version} -> {v.table_url}"
+            if v.runs_failed:
+                detail += "; not replayed: " + ", ".join(v.runs_failed)
+        reports.append(
+            StageReport(
+                name="whatif",
+                state=replayed.state,
+                ok=replayed.ok,
+                detail=detail,
+                error=replayed.message,
+            )
+        )
+
+    measured = by_name.get("allocators")
+    if measured is not None:
+        recs = getattr(measured.value, "recommendations", None) or []
+        detail = "; ".join(f"{r.case}: {r.allocator or 'none'}" for r in recs)
+        failed = getattr(measured.value, "failed", None) or []
+        if failed:
+            detail += f"; {len(failed)} pair(s) failed or unavailable"
+        reports.append(
+            StageReport(
+                name="allocators",
+                state=measured.state,
+                ok=measured.ok,
+                detail=("recommended: " + detail) if measured.ok else "",
+                error=measured.message,
+            )
+        )
+
     return NightlySummary(
         root=root,
         stages=reports,
         champion_before=champion_before,
         champion_after=champion_after,
         finished_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        heap_reports=heap_reports,
         **summary,
     )
 

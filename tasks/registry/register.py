@@ -26,8 +26,10 @@ version per trained model; a registration that never finished leaves no version 
 tasks/registry/champion.py for the alias.
 
 Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
-`lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json; the plots are
-also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view shows them per run.
+`lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json, and
+report/<workload>-<run>.html (the heap report of the first training run, tag heapcast.report;
+tasks/report/night.py); the plots are also logged as images (`mlflow.log_image(key="plots/...")`)
+so the chart view shows them per run.
 """
 
 from __future__ import annotations
@@ -195,6 +197,8 @@ def dataset_params(outcome: TrainOutcome) -> dict[str, str]:
         "dataset.train_runs": runs(d.train_runs)[:6000],
         "dataset.eval_runs": runs(d.eval_runs)[:6000],
         "dataset.heldout_runs": runs(d.heldout_runs)[:6000],
+        # the runs the whatif stage replays by default (tasks/whatif/night.py) include these
+        "dataset.unseen_program_runs": runs(d.unseen_program_runs)[:6000],
         "dataset.validation_runs": runs(getattr(d, "validation_runs", ()))[:6000],
         "dataset.train_events": str(d.train_tokens),
         "dataset.eval_events": str(d.eval_tokens),
@@ -683,6 +687,27 @@ def register_outcome(
     return _result(run_id, experiment_id, tracking, decision, scores)
 
 
+TAG_REPORT = "heapcast.report"  # the heap report's artifact path, or why there is none
+
+
+def log_data_report(outcome: TrainOutcome, folder: Path) -> None:
+    """The heap report of the model's training data (its first training run: one run keeps
+    registration short) as the artifact report/<workload>-<run>.html, named by the tag
+    heapcast.report. A report that cannot be made is that tag saying why, never a failed
+    registration: the model does not depend on it."""
+    import mlflow
+
+    from tasks.report.night import training_report
+
+    try:
+        page = training_report(outcome.dataset, folder)
+    except Exception as err:
+        mlflow.set_tag(TAG_REPORT, f"not made: {type(err).__name__}: {err}"[:5000])
+        return
+    mlflow.log_artifact(str(page), "report")
+    mlflow.set_tag(TAG_REPORT, f"report/{page.name}")
+
+
 def _log_run_and_model(outcome: TrainOutcome, tracking: TrackingConfig, dataset):
     """Everything of a run up to its model (which registers the version); the ModelInfo."""
     import mlflow
@@ -714,6 +739,7 @@ def _log_run_and_model(outcome: TrainOutcome, tracking: TrackingConfig, dataset)
         write_evaluation_tables(outcome.evaluation, tmp_path / "evaluation")
         mlflow.log_artifacts(str(tmp_path / "plots"), "plots")
         mlflow.log_artifacts(str(tmp_path / "evaluation"), "evaluation")
+        log_data_report(outcome, tmp_path / "report")
         for key, png in pngs.items():
             mlflow.log_image(_png_as_array(png), key=f"plots/{key}", step=0, synchronous=True)
     mlflow.log_dict(outcome.config, "config.json")

@@ -15,6 +15,10 @@ cache policies with a compiled simulator, and measures the real seed-002 layer.
                `align_token_run`.
 - sweep.py     `sweep(root, runs, policies)` / `sweep_run(table, ...)` -> pandas DataFrame, one
                row per (run, policy, param); `default_grid()`; `pareto_plot(df, png)`.
+- night.py    the Prefect tasks of the `whatif` flow (flows/whatif.py) and of nightly's step:
+               a registered model's evaluation runs through the grid, the guided policy fed by
+               the model, the online counter and the labels; the Parquet table under
+               <root>/whatif/, the `whatif` artifact, the MLflow metrics and the Pareto plot.
 - layer.py     `build_layer()` (make -C native cache002), `measure_layer(argv, env)` -> faults
                with and without native/build/libcache002.so.
 """

@@ -11,6 +11,7 @@ AND   a stage that fails does not stop the night; a night that trains nothing fa
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,7 @@ def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
         ("trace", True),
         ("dataset", True),
         ("train", True),
+        ("whatif", True),
     ]
     assert summary.replays_ok == ["sqlite3/small", "sqlite3/medium"]
     assert len(summary.converted) == 2
@@ -74,8 +76,17 @@ def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
     # the first model in a fresh registry takes the alias
     assert (summary.champion_before, summary.champion_after) == (None, "1")
     assert summary.champion_changed
+    # a heap report per evaluation run of the model, under the data root, named in the summary
+    heap = summary.heap_reports
+    converted = {c.split(" ")[0] for c in summary.converted}  # "workload/run (rows)"
+    assert heap is not None and heap.failed == {} and heap.reports
+    assert {r.run for r in heap.reports} < converted  # not the training run
+    for r in heap.reports:
+        assert r.path.startswith(str(tmp_path / "data" / "reports")) and Path(r.path).is_file()
+        assert r.events > 0 and r.peak_bytes > 0 and r.processes >= 1
     page = latest_summary_artifact()
-    assert "3 of 3 stages completed" in page and "## Champion" in page
+    assert "4 of 4 stages completed" in page and "## Champion" in page
+    assert "## Heap reports (evaluation runs)" in page and heap.reports[0].path in page
 
 
 def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):
@@ -91,6 +102,8 @@ def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):
     assert (trace.name, trace.ok) == ("trace", False)
     assert "no-such-workload" in trace.error
     assert summary.trained  # dataset and train went on with the data there was
+    whatif = next(s for s in summary.stages if s.name == "whatif")
+    assert whatif.ok and "replayed for v1" in whatif.detail  # tonight's model, after training
     assert "**failed**" in summary.markdown()
 
 

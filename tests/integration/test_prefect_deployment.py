@@ -163,7 +163,10 @@ def _deployment_id(url: str, name: str) -> str:
 def test_deployments_and_schedule(prefect_services):
     url, env, _ = prefect_services
     names = {d["name"] for d in api(url, "/deployments/filter", {})}
-    assert {"trace", "dataset", "train", "nightly"} <= names
+    assert {"trace", "dataset", "train", "nightly", "allocators"} <= names
+
+    weekly = api(url, "/deployments/name/allocators/allocators")
+    assert [s["schedule"].get("cron") for s in weekly["schedules"]] == ["0 4 * * 0"], weekly
 
     nightly = api(url, "/deployments/name/nightly/nightly")
     crons = [s["schedule"].get("cron") for s in nightly["schedules"]]

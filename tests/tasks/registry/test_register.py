@@ -393,3 +393,43 @@ def test_a_registered_hybrid_champion_loads_through_pyfunc_in_a_fresh_process(
     # THEN it predicts what the model predicted when it was trained
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "same"
+
+
+# ----------------------------------------------------------------------------- the data's report
+
+
+def test_run_logs_the_heap_report_of_its_training_data(model, tmp_path):
+    import dataclasses
+
+    from mlflow import MlflowClient
+
+    from tests.tasks.report import scenario as sc
+
+    # GIVEN a data root holding the model's first training run (the hand-made report scenario)
+    data = tmp_path / "data"
+    sc.write_raw(data / "raw" / "hand" / "r1")
+    outcome = make_outcome(model, 0.8)
+    outcome = dataclasses.replace(
+        outcome,
+        dataset=dataclasses.replace(
+            outcome.dataset, root=str(data), train_runs=(("hand", "r1"), ("redis", "r1"))
+        ),
+    )
+    # WHEN it is registered
+    result = register_outcome(outcome, TrackingConfig(root=str(tmp_path / "root")))
+    client = MlflowClient()
+    # THEN the run holds that run's heap report as report/hand-r1.html, named by its tag
+    assert [a.path for a in client.list_artifacts(result.run_id, "report")] == [
+        "report/hand-r1.html"
+    ]
+    page = Path(client.download_artifacts(result.run_id, "report/hand-r1.html")).read_text()
+    assert "6.57 KiB (6,724 B)" in page  # the scenario's peak
+    assert client.get_run(result.run_id).data.tags["heapcast.report"] == "report/hand-r1.html"
+
+
+def test_a_report_that_cannot_be_made_does_not_stop_registration(store):
+    # make_outcome's data root does not exist: registration went on, the tag says why
+    run = store["client"].get_run(store["results"][0].run_id)
+    assert run.data.tags["heapcast.report"].startswith("not made: ReportInputError: sqlite3/r1")
+    assert store["client"].list_artifacts(run.info.run_id, "report") == []
+    assert store["results"][0].model_version == "1"

@@ -1,0 +1,45 @@
+"""Flow `whatif`: what allocator caching would have done with a model's predictions.
+
+Replays a registered model's evaluation runs through the allocator cache policies (heuristics,
+prediction-guided with the model, the online counter and perfect labels, and the oracle's
+bound); writes <root>/whatif/<model>-v<version>.parquet, logs `whatif.*` metrics and a Pareto
+plot on the model's MLflow run, and publishes the `whatif` markdown artifact.
+
+Composition only: the work lives in tasks/whatif/night.py.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from tasks.core.storage import Root
+from tasks.registry.tracking import tracking_for
+from tasks.whatif.night import (
+    WhatifParams,
+    WhatifSummary,
+    load_predictor,
+    log_to_mlflow,
+    publish,
+    replay_run,
+    resolve_model,
+    summarize,
+    write_table,
+)
+
+
+@flow(name="whatif")
+def whatif(params: WhatifParams = WhatifParams()) -> WhatifSummary:
+    root = Root.from_url(params.root)  # resolved once; tasks take the Root
+    tracking = tracking_for(root)
+    ref = resolve_model(params, tracking)
+    predictor = load_predictor(ref)
+    replays = [replay_run(root, w, r, params, predictor) for w, r in ref.runs]
+    table = write_table(root, replays, ref)
+    summary = summarize(replays, ref, params, table)
+    log_to_mlflow(summary, replays, tracking)
+    publish(summary)
+    return summary
+
+
+if __name__ == "__main__":
+    whatif()

@@ -1,0 +1,654 @@
+"""The whatif stage's Prefect tasks: a trained model's evaluation runs through the policy grid.
+
+What the `whatif` flow (flows/whatif.py) composes, in order:
+
+1. `resolve_model(params, tracking) -> ModelRef`: the registered version (`params.model`: the
+   alias `champion` by default, or a version number) and the runs to replay (`params.runs`;
+   default: the evaluation runs its MLflow run records, params `dataset.eval_runs`,
+   `dataset.unseen_program_runs` and `dataset.heldout_runs`, see tasks.registry.register).
+2. `load_predictor(ref)`: the version's Keras model in sequence mode, with its training config
+   (config.json of its run), or why it could not be loaded (the other predictors still run).
+3. `replay_run(root, workload, run, ...) -> RunReplay`, once per run: reads the run's events
+   once, prepares them once (tasks.whatif.events) and sweeps the policy grid (tasks.whatif.sweep;
+   `default_grid()` unless `params.policies`). The guided configs are swept once per PREDICTOR,
+   the `predictor` column naming it:
+     - `model`:  the model's per-position top-5 (tasks.learning.model.predict_positions);
+     - `online`: the online counter's top-5 (tasks.learning.online.OnlineCounter), which learns
+                 each thread's own past as it runs and needs no training (its fallback ranking
+                 for a thread's first calls is the token order);
+     - `labels`: the true future (tasks.whatif.guided.reuse_labels), the best any predictor
+                 could do: the reference the two others are read against.
+   For `model` and `online` a freed block of class c is kept when c is among the top-5 of one of
+   the next `params.horizon` calls of its thread (tasks.whatif.guided.predictions_from_topk; with
+   horizon > 1 that reads predictions a live cache has only later, i.e. it keeps the block
+   provisionally and decides by then: why the guided configs get ttl_calls = horizon too).
+   A run whose events are missing or unreadable does not stop the others: its RunReplay carries
+   the error instead of rows, and the artifact names it.
+4. `write_table(root, replays, ref) -> url`: every row of every run, one Parquet file per
+   registered version, `<root>/whatif/<model name>-v<version>.parquet` (see TABLE below).
+5. `summarize(replays, ref, params) -> WhatifSummary`: per workload and policy, one
+   REPRESENTATIVE config (the rule below) and the markdown page.
+6. `log_to_mlflow(summary, tables, tracking)`: metrics on the version's run, the Pareto plot,
+   the markdown and the table as artifacts of that run (folder `whatif/`).
+7. `publish(summary)`: the markdown as the Prefect artifact `whatif`.
+
+TABLE. One row per (run, policy config, predictor): the columns of tasks.whatif.simulate
+(`hit_rate`, `idle_bytes_mean`, `idle_bytes_peak`, `peak_footprint`, `live_peak`,
+`fault_bytes_avoided`, `max_rss`, `ideal_rss`, ...), `config` (the policy's JSON), `predictor`
+(guided rows only), and `model_name`, `model_version`, `model_run_id`, `created_at`. Written to a
+hidden temporary name in the same folder and renamed onto its final name (one atomic rename on a
+local root; an object store's single PUT is atomic by itself), so a reader never sees half a
+table; a second replay of the same version replaces it.
+
+REPRESENTATIVE CONFIG (the MLflow metrics and the policy table). Per workload, a config's
+figures are pooled over the workload's runs (hit rate = hits / allocations summed; idle bytes
+mean: the mean over runs; peaks: the max; fault bytes avoided: the sum). Per policy (guided:
+per predictor), the config kept is the one with the highest hit rate among those whose
+`idle_bytes_mean` is at most `params.idle_budget` bytes (ties: fewer idle bytes); a policy with
+no config under the budget shows its config with the fewest idle bytes, marked "over budget".
+The oracle's figure is its bound at exactly the budget (a bound for
+every policy whose idle_bytes_mean is within it, per run; a pooled slice pools the runs' bounds). The best heuristic is the best of seed002,
+seed001 and lru by the same rule. So every policy is compared at the same byte budget, which is
+what the Pareto plot shows for all budgets at once.
+
+METRICS, on the registered version's MLflow run: `whatif.<metric>/<workload>.<policy>` with
+metric in hit_rate, idle_bytes_mean, idle_bytes_peak, peak_footprint, fault_bytes_avoided, and
+policy in none, seed002, seed001, lru, belady, guided_model, guided_online, guided_labels,
+oracle (hit_rate only), best_heuristic; workload `all` pools every run. Plus
+`whatif.oracle_gap/<workload>.<policy>` (the oracle's hit rate minus the policy's).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import Field
+
+from tasks.core.config import StrictModel, default_root
+from tasks.core.storage import Root
+from tasks.whatif.policies import GuidedConfig, OracleConfig, PolicyConfig, _Policy
+from tasks.whatif.sweep import GUIDED_HORIZON, default_grid, pareto_plot, sweep_run
+
+ARTIFACT_KEY = "whatif"
+ALL = "all"  # the workload slice that pools every run
+PREDICTORS = ("model", "online", "labels")
+HEURISTICS = ("seed002", "seed001", "lru")
+POLICY_ORDER = (
+    "none",
+    "seed002",
+    "seed001",
+    "lru",
+    "best_heuristic",
+    "guided_model",
+    "guided_online",
+    "guided_labels",
+    "belady",
+    "oracle",
+)
+METRICS = (
+    "hit_rate",
+    "idle_bytes_mean",
+    "idle_bytes_peak",
+    "peak_footprint",
+    "fault_bytes_avoided",
+)
+DEFAULT_IDLE_BUDGET = 16 << 20  # bytes idle in the cache, time-weighted mean, per run
+
+
+class WhatifParams(StrictModel):
+    """Parameters of the `whatif` flow."""
+
+    root: str = Field(default_factory=default_root, description="data root (folder or s3:// URL)")
+    model: str = Field(
+        default="champion",
+        description="the registered version to replay for: an alias (champion) or a version number",
+    )
+    runs: list[str] | None = Field(
+        default=None,
+        description="runs as 'workload/run'; empty: the evaluation runs the model's MLflow run records",
+    )
+    horizon: int = Field(
+        default=GUIDED_HORIZON,
+        ge=1,
+        description="calls of a thread within which a predicted allocation keeps a freed block",
+    )
+    idle_budget: int = Field(
+        default=DEFAULT_IDLE_BUDGET,
+        gt=0,
+        description="bytes held idle (time-weighted mean) at which policies are compared",
+    )
+    policies: list[PolicyConfig] | None = Field(
+        default=None, description="the policy grid; empty: tasks.whatif.sweep.default_grid()"
+    )
+
+    def grid(self) -> list[_Policy]:
+        """The policies swept, always with the oracle's bound at exactly `idle_budget` (the
+        figure the policy table compares with)."""
+        grid = list(self.policies) if self.policies is not None else default_grid(self.horizon)
+        at_budget = OracleConfig(budget=float(self.idle_budget))
+        return grid if at_budget in grid else [*grid, at_budget]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The registered version replayed for, and the runs to replay."""
+
+    name: str
+    version: str
+    run_id: str
+    runs: tuple[tuple[str, str], ...]
+    config: dict[str, Any] | None  # its training config (config.json), None when absent
+
+
+@dataclass
+class RunReplay:
+    """One run's rows, or why it could not be replayed."""
+
+    workload: str
+    run: str
+    rows: pd.DataFrame | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Predictor:
+    """The model as a next-call predictor: a sequence-mode Keras model and its config, or why
+    there is none."""
+
+    model: Any = None
+    context: int = 0
+    batch_size: int = 64
+    error: str | None = None
+
+
+class WhatifSummary(StrictModel):
+    """What the flow returns and the nightly summary reads."""
+
+    model_name: str
+    model_version: str
+    model_run_id: str
+    table_url: str | None = None
+    runs_ok: list[str] = Field(default_factory=list)
+    runs_failed: dict[str, str] = Field(default_factory=dict)  # workload/run -> why
+    idle_budget: int
+    metrics: dict[str, float] = Field(default_factory=dict)
+    markdown: str = ""
+
+
+# ----------------------------------------------------------------------------- model and runs
+
+
+def parse_runs(text: str | list[str] | None) -> list[tuple[str, str]]:
+    """'w/r,w/r' (an MLflow param) or ['w/r', ...] -> [(w, r)]; an entry cut short by the
+    param's length limit (no '/') is dropped."""
+    items = text.split(",") if isinstance(text, str) else list(text or [])
+    out = []
+    for item in items:
+        w, sep, r = item.strip().partition("/")
+        if sep and w and r:
+            out.append((w, r))
+    return list(dict.fromkeys(out))
+
+
+RUN_PARAMS = ("dataset.eval_runs", "dataset.unseen_program_runs", "dataset.heldout_runs")
+
+
+@task(name="whatif-resolve-model", retries=2, retry_delay_seconds=[5, 15], cache_policy=NO_CACHE)
+def resolve_model(params: WhatifParams, tracking) -> ModelRef:
+    """The version named by params.model and the runs to replay (see the module docstring)."""
+    from tasks.registry.champion import champion_config
+    from tasks.registry.tracking import configure, resolve_target
+
+    configure(tracking)
+    from mlflow import MlflowClient
+
+    target = resolve_target(tracking)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    name = tracking.model_name
+    if params.model.isdigit():
+        version = client.get_model_version(name, params.model)
+    else:
+        version = client.get_model_version_by_alias(name, params.model)
+    if params.runs is not None:
+        runs = parse_runs(params.runs)
+    else:
+        logged = client.get_run(version.run_id).data.params
+        runs = [wr for key in RUN_PARAMS for wr in parse_runs(logged.get(key, ""))]
+        runs = list(dict.fromkeys(runs))
+    return ModelRef(
+        name, str(version.version), version.run_id, tuple(runs), champion_config(client, version)
+    )
+
+
+@task(name="whatif-load-model", cache_policy=NO_CACHE)
+def load_predictor(ref: ModelRef) -> Predictor:
+    """The version as a sequence-mode model; a version that cannot be loaded gives a Predictor
+    with its error (the runs are still replayed, without the `model` predictor)."""
+    try:
+        from tasks.learning.model import as_sequence_model
+        from tasks.learning.train_config import TrainConfig
+        from tasks.registry.champion import load_version
+
+        if ref.config is None:
+            raise ValueError(f"run {ref.run_id} has no config.json: the model's context is unknown")
+        cfg = TrainConfig.model_validate(ref.config)
+        model = as_sequence_model(load_version(ref.name, ref.version), cfg)
+        return Predictor(model, cfg.context, cfg.eval_batch_size)
+    except Exception as err:  # noqa: BLE001 - reported in the artifact, not fatal
+        return Predictor(error=f"{type(err).__name__}: {err}"[:500])
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def _top_per_row(table, token_run, top_at_positions: np.ndarray) -> np.ndarray:
+    """A predictor's top-5 at eval_positions(token_run) -> [rows, 5] per row of `table`
+    (a thread's first call, which nothing predicts, gets empty slots)."""
+    from tasks.learning.baselines import NONE, TOP_K
+    from tasks.learning.sequences import eval_positions
+    from tasks.whatif.guided import align_token_run
+
+    top = np.full((token_run.n_tokens, TOP_K), NONE, np.uint8)
+    top[eval_positions(token_run)] = top_at_positions
+    return align_token_run(table, top)
+
+
+def predictions_for(
+    table, token_run, predictor: Predictor | None, horizon: int
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """{predictor name: keep/drop per row of `table`} and notes on the predictors left out."""
+    from tasks.learning.online import OnlineCounter
+    from tasks.learning.sequences import eval_positions
+    from tasks.whatif.guided import predictions_from_topk, reuse_labels
+
+    out: dict[str, np.ndarray] = {}
+    notes: list[str] = []
+    pos = eval_positions(token_run)
+    if predictor is not None and predictor.model is not None:
+        from tasks.learning.model import predict_positions
+
+        pred = predict_positions(
+            predictor.model, token_run, predictor.context, predictor.batch_size
+        )
+        out["model"] = predictions_from_topk(
+            table, _top_per_row(table, token_run, pred.top), horizon
+        )
+    elif predictor is not None:
+        notes.append(f"no `model` predictor: {predictor.error}")
+    online = OnlineCounter().predict(token_run, pos)
+    out["online"] = predictions_from_topk(
+        table, _top_per_row(table, token_run, online.top), horizon
+    )
+    out["labels"] = reuse_labels(table, horizon=horizon)
+    return out, notes
+
+
+def replay_events(
+    table,
+    token_run,
+    policies: list[_Policy],
+    predictor: Predictor | None,
+    horizon: int,
+    workload: str = "",
+    run: str = "",
+) -> tuple[pd.DataFrame, list[str]]:
+    """One run's table through `policies`; the guided ones once per predictor."""
+    from tasks.whatif.events import prepare
+
+    x = prepare(table, workload, run)  # once: every sweep below shares it (and its baseline)
+    plain = [p for p in policies if not isinstance(p, GuidedConfig)]
+    guided = [p for p in policies if isinstance(p, GuidedConfig)]
+    frames = [sweep_run(x, plain, workload=workload, run=run)]
+    notes: list[str] = []
+    if guided:
+        preds, notes = predictions_for(table, token_run, predictor, horizon)
+        for name, keep in preds.items():
+            frames.append(
+                sweep_run(x, guided, workload=workload, run=run, predictions=keep, predictor=name)
+            )
+    return pd.concat(frames, ignore_index=True), notes
+
+
+@task(
+    name="whatif-replay-run",
+    task_run_name="whatif-{workload}-{run}",
+    cache_policy=NO_CACHE,
+)
+def replay_run(
+    root: Root,
+    workload: str,
+    run: str,
+    params: WhatifParams,
+    predictor: Predictor | None = None,
+) -> RunReplay:
+    """One run through the grid; its events missing or unreadable: a RunReplay with the error."""
+    from tasks.learning.sequences import read_run
+    from tasks.whatif.events import read_events
+
+    try:
+        table = read_events(root, workload, run)
+        token_run = read_run(root, workload, run)
+        if token_run.n_tokens != table.num_rows:
+            raise ValueError(
+                f"{token_run.n_tokens} tokens for {table.num_rows} events: the run changed while read"
+            )
+    except Exception as err:  # noqa: BLE001 - named in the artifact; the other runs go on
+        return RunReplay(workload, run, error=f"{type(err).__name__}: {err}"[:500])
+    rows, notes = replay_events(
+        table, token_run, params.grid(), predictor, params.horizon, workload, run
+    )
+    return RunReplay(workload, run, rows=rows, notes=notes)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def results_table(replays: list[RunReplay], ref: ModelRef) -> pd.DataFrame:
+    frames = [r.rows for r in replays if r.ok and r.rows is not None and len(r.rows)]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    df["model_name"] = ref.name
+    df["model_version"] = ref.version
+    df["model_run_id"] = ref.run_id
+    df["created_at"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    return df
+
+
+def table_path(root: Root, ref: ModelRef) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in ref.name)
+    return root.join("whatif", f"{safe}-v{ref.version}.parquet")
+
+
+@task(name="whatif-write-table", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def write_table(root: Root, replays: list[RunReplay], ref: ModelRef) -> str:
+    """The rows of every replayed run under <root>/whatif/ (atomic, see TABLE); its URL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    df = results_table(replays, ref)
+    final = table_path(root, ref)
+    folder, name = final.rsplit("/", 1)
+    tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+    fs = root.fs
+    fs.makedirs(folder, exist_ok=True)
+    with fs.open(tmp, "wb") as f:
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), f)
+    fs.mv(tmp, final)
+    return root.url_of("whatif", name)
+
+
+def pooled(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, policy label, config): the figures pooled over runs (see the module
+    docstring); workload ALL pools every run. `label`: the policy, guided_<predictor> for
+    guided rows."""
+    if df.empty:
+        return df
+    df = df.assign(
+        label=np.where(
+            df["policy"] == "guided", "guided_" + df["predictor"].astype(str), df["policy"]
+        ),
+        hits_f=df["hit_rate"] * df["allocations"],
+        wr=df["workload"] + "/" + df["run"],
+    )
+    both = pd.concat([df, df.assign(workload=ALL)], ignore_index=True)
+    g = both.groupby(["workload", "label", "config"], sort=False)
+    out = g.agg(
+        hits_f=("hits_f", "sum"),
+        allocations=("allocations", "sum"),
+        idle_bytes_mean=("idle_bytes_mean", "mean"),
+        idle_bytes_peak=("idle_bytes_peak", "max"),
+        peak_footprint=("peak_footprint", "max"),
+        live_peak=("live_peak", "max"),
+        fault_bytes_avoided=("fault_bytes_avoided", "sum"),
+        param=("param", "first"),
+        runs=("wr", "nunique"),
+    ).reset_index()
+    out["hit_rate"] = np.where(
+        out["allocations"] > 0, out["hits_f"] / out["allocations"].clip(1), 0.0
+    )
+    return out.drop(columns="hits_f")
+
+
+def representatives(pool: pd.DataFrame, budget: float) -> pd.DataFrame:
+    """Per (workload, label): the representative config (the rule in the module docstring),
+    with `over_budget`; plus a `best_heuristic` row per workload."""
+    if pool.empty:
+        return pool
+    # the oracle's row is its bound at exactly the budget (WhatifParams.grid adds that config)
+    exact = (pool["label"] == "oracle") & (pool["param"] == float(budget))
+    has_exact = pool["workload"].isin(pool.loc[exact, "workload"])
+    pool = pool[~((pool["label"] == "oracle") & has_exact & ~exact)]
+    pool = pool.assign(over_budget=pool["idle_bytes_mean"] > budget)
+    # under budget first, then the highest hit rate, then the fewest idle bytes; a policy with
+    # nothing under the budget falls back to its config with the fewest idle bytes
+    key = np.where(pool["over_budget"], -pool["idle_bytes_mean"], pool["hit_rate"])
+    ranked = pool.assign(_under=~pool["over_budget"], _key=key, _idle=-pool["idle_bytes_mean"])
+    ranked = ranked.sort_values(["_under", "_key", "_idle"], ascending=False, kind="stable")
+    best = ranked.groupby(["workload", "label"], sort=False).head(1)
+    heur = best[best["label"].isin(HEURISTICS)].sort_values(
+        ["over_budget", "hit_rate", "idle_bytes_mean"], ascending=[True, False, True], kind="stable"
+    )
+    top_heur = (
+        heur.groupby("workload", sort=False)
+        .head(1)
+        .assign(label="best_heuristic", heuristic=lambda d: d["config"].map(_kind))
+    )
+    rep = pd.concat([best, top_heur], ignore_index=True).drop(columns=["_under", "_key", "_idle"])
+    oracle = rep[rep["label"] == "oracle"].set_index("workload")["hit_rate"]
+    rep["oracle_gap"] = rep["workload"].map(oracle) - rep["hit_rate"]
+    order = {p: i for i, p in enumerate(POLICY_ORDER)}
+    rep["_o"] = rep["label"].map(order).fillna(len(order))
+    rep["_w"] = rep["workload"] == ALL
+    return rep.sort_values(["_w", "workload", "_o"], kind="stable").drop(columns=["_o", "_w"])
+
+
+def _kind(config: str) -> str:
+    return json.loads(config).get("kind", "?")
+
+
+def metric_name(metric: str, workload: str, label: str) -> str:
+    from tasks.registry.register import metric_slice
+
+    return f"whatif.{metric}/{metric_slice(workload)}.{metric_slice(label)}"
+
+
+def whatif_metrics(rep: pd.DataFrame) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in rep.itertuples(index=False):  # one row per (workload, policy): a few dozen
+        names = ("hit_rate",) if r.label == "oracle" else METRICS
+        for m in names:
+            v = float(getattr(r, m))
+            if math.isfinite(v):
+                out[metric_name(m, r.workload, r.label)] = v
+        if r.label != "oracle" and math.isfinite(float(r.oracle_gap)):
+            out[metric_name("oracle_gap", r.workload, r.label)] = float(r.oracle_gap)
+    return out
+
+
+def _bytes(v: float) -> str:
+    v = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
+        v /= 1024
+    return f"{v}"
+
+
+def _param(r) -> str:
+    cfg = json.loads(r.config)
+    cfg.pop("kind", None)
+    text = ", ".join(f"{k}={v}" for k, v in cfg.items() if v is not None)
+    if r.label == "best_heuristic":
+        text = f"{r.heuristic}: {text}"
+    return text + (" (over budget)" if r.over_budget else "")
+
+
+def summary_markdown(
+    rep: pd.DataFrame,
+    replays: list[RunReplay],
+    ref: ModelRef,
+    params: WhatifParams,
+    table_url: str | None,
+) -> str:
+    lines = [
+        f"# whatif: allocator caching with {ref.name} v{ref.version}",
+        "",
+        f"Model run `{ref.run_id}`. Each policy at its best hit rate with at most "
+        f"{_bytes(params.idle_budget)} held idle (time-weighted mean per run); guided policies "
+        f"keep a freed block when its class is predicted within {params.horizon} calls of the "
+        "thread (`model`: this model's top-5; `online`: the online counter's top-5; `labels`: "
+        "the true future, the best a predictor could do). Oracle: the bound no policy passes "
+        "at that budget. Page-fault bytes avoided: against no cache (the fault model in "
+        "tasks/whatif/simulate.py).",
+        "",
+    ]
+    if table_url:
+        lines += [f"Every config of every run: `{table_url}`.", ""]
+    failed = [r for r in replays if not r.ok]
+    if failed:
+        lines += ["## Runs not replayed", "", "| run | why |", "|---|---|"]
+        lines += [f"| {r.workload}/{r.run} | {_cell(r.error or '')} |" for r in failed]
+        lines.append("")
+    notes = sorted({n for r in replays for n in r.notes})
+    if notes:
+        lines += [f"- {n}" for n in notes] + [""]
+    if rep.empty:
+        lines.append("No run could be replayed.")
+        return "\n".join(lines) + "\n"
+    for w, g in rep.groupby("workload", sort=False):
+        runs = int(g["runs"].max())
+        lines += [
+            f"## {w} ({runs} run{'s' if runs != 1 else ''})",
+            "",
+            "| policy | config | hit rate | idle mean | idle peak | peak footprint (live peak) "
+            "| fault bytes avoided | gap to oracle |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in g.itertuples(index=False):
+            if r.label == "oracle":
+                lines.append(
+                    f"| oracle (bound) | budget={_bytes(r.param)} | {r.hit_rate:.4f} | | | | | |"
+                )
+                continue
+            name = f"**{r.label}**" if r.label.startswith(("guided", "best")) else r.label
+            lines.append(
+                f"| {name} | {_cell(_param(r))} | {r.hit_rate:.4f} | {_bytes(r.idle_bytes_mean)} "
+                f"| {_bytes(r.idle_bytes_peak)} | {_bytes(r.peak_footprint)} "
+                f"({_bytes(r.live_peak)}) | {_bytes(r.fault_bytes_avoided)} | "
+                f"{r.oracle_gap:+.4f} |"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")[:400]
+
+
+@task(name="whatif-summarize", cache_policy=NO_CACHE)
+def summarize(
+    replays: list[RunReplay], ref: ModelRef, params: WhatifParams, table_url: str | None
+) -> WhatifSummary:
+    df = results_table(replays, ref)
+    rep = representatives(pooled(df), params.idle_budget)
+    return WhatifSummary(
+        model_name=ref.name,
+        model_version=ref.version,
+        model_run_id=ref.run_id,
+        table_url=table_url,
+        runs_ok=[f"{r.workload}/{r.run}" for r in replays if r.ok],
+        runs_failed={f"{r.workload}/{r.run}": r.error or "failed" for r in replays if not r.ok},
+        idle_budget=params.idle_budget,
+        metrics=whatif_metrics(rep),
+        markdown=summary_markdown(rep, replays, ref, params, table_url),
+    )
+
+
+@task(name="whatif-log-mlflow", retries=2, retry_delay_seconds=[10, 30], cache_policy=NO_CACHE)
+def log_to_mlflow(summary: WhatifSummary, replays: list[RunReplay], tracking) -> None:
+    """Metrics, the Pareto plot, the markdown and the rows on the version's run (whatif/)."""
+    import time
+
+    from tasks.registry.tracking import configure, resolve_target
+
+    configure(tracking)
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    target = resolve_target(tracking)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    run_id = summary.model_run_id
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, 0) for k, v in summary.metrics.items()]
+    for i in range(0, len(metrics), 500):  # MLflow's batch limit is 1000 metrics
+        client.log_batch(run_id, metrics=metrics[i : i + 500])
+    frames = [r.rows for r in replays if r.ok and r.rows is not None and len(r.rows)]
+    with tempfile.TemporaryDirectory(prefix="heapcast-whatif-") as tmp:
+        folder = Path(tmp)
+        (folder / "whatif.md").write_text(summary.markdown)
+        if frames:
+            df = pd.concat(frames, ignore_index=True)
+            plot = df.assign(
+                policy=np.where(
+                    df["policy"] == "guided", "guided_" + df["predictor"].astype(str), df["policy"]
+                )
+            )
+            pareto_plot(
+                plot, folder / "pareto.png", title=f"{summary.model_name} v{summary.model_version}"
+            )
+            df.to_csv(folder / "whatif.csv", index=False)
+        client.log_artifacts(run_id, str(folder), "whatif")
+    client.set_tag(run_id, "heapcast.whatif", summary.table_url or "")
+
+
+@task(name="whatif-publish", cache_policy=NO_CACHE)
+def publish(summary: WhatifSummary) -> str:
+    """The page as the Prefect markdown artifact `whatif`."""
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(
+        markdown=summary.markdown,
+        key=ARTIFACT_KEY,
+        description=f"whatif: allocator policies with {summary.model_name} v{summary.model_version}",
+    )
+    return summary.markdown
+
+
+def nightly_params(root: str, outcome: Any) -> WhatifParams | str:
+    """The whatif parameters for tonight's trained model (its registered version, its
+    evaluation runs), or why whatif cannot run on it."""
+    reg = getattr(outcome, "registration", None)
+    version = getattr(reg, "model_version", None)
+    if version is None:
+        return "tonight's model was not registered"
+    d = outcome.dataset
+    runs = [*d.eval_runs, *getattr(d, "unseen_program_runs", ()), *d.heldout_runs]
+    return WhatifParams(
+        root=root, model=str(version), runs=list(dict.fromkeys(f"{w}/{r}" for w, r in runs))
+    )
+
+
+def whatif_plan(root: str, trained: Any) -> WhatifParams | str:
+    """The nightly's whatif step: parameters for tonight's model (a StageOutcome of `train`),
+    or why the step is skipped."""
+    if not getattr(trained, "ok", False):
+        return "no model was trained tonight"
+    try:
+        return nightly_params(root, trained.value)
+    except Exception as err:  # noqa: BLE001 - the night goes on; the summary says why
+        return f"{type(err).__name__}: {err}"[:500]

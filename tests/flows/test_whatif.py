@@ -1,0 +1,109 @@
+"""The `whatif` flow under a Prefect test API: a tiny trained champion's evaluation runs replayed.
+
+GIVEN a champion trained on a small synthetic dataset (the `train` flow), one of its evaluation
+      runs since deleted
+WHEN  `whatif` runs with its defaults for the model and the runs (a reduced policy grid)
+THEN  the other runs are replayed with the model, the online counter and the labels as
+      predictors; the table is under <root>/whatif/, the metrics and the Pareto plot on the
+      champion's MLflow run, and the `whatif` artifact names the deleted run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pyarrow.parquet as pq
+
+from flows.train import train_flow
+from flows.whatif import whatif
+from tasks.core.storage import Root
+from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.learning.train_config import QUICK_CONFIG, TrainParams
+from tasks.registry.tracking import configure, resolve_target, tracking_for
+from tasks.whatif.night import ARTIFACT_KEY, WhatifParams
+
+TINY_TRAINING = {
+    "context": 8,
+    "model": {"units": [4]},
+    "batch_size": 8,
+    "epochs": 1,
+    "steps_per_epoch": 2,
+    "ngram": {"max_order": 3},
+    "data": {"heldout_workloads": ["beta"]},
+}
+GRID = [
+    {"kind": "none"},
+    {"kind": "seed002", "n": 4},
+    {"kind": "lru", "budget": 1 << 16},
+    {"kind": "guided", "budget": 1 << 16, "ttl_calls": 16},
+    {"kind": "belady", "budget": 1 << 16},
+]
+
+
+def latest_artifact(key: str) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=1,
+            )
+
+    return asyncio.run(read())[0].data
+
+
+def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = Root.from_url(str(tmp_path / "data"))
+    write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=2000)
+    outcome = train_flow(
+        TrainParams(root=root.url, config=str(QUICK_CONFIG), overrides=TINY_TRAINING)
+    )
+    assert outcome.registration is not None and outcome.registration.model_version == "1"
+    d = outcome.dataset  # beta, held out, is a program of its own: unseen_program_runs
+    evaluated = [*d.eval_runs, *d.unseen_program_runs, *d.heldout_runs]
+    gone_w, gone_r = d.eval_runs[0]
+    assert gone_w == "alpha" and {w for w, _ in evaluated[1:]} == {"beta"}
+    shutil.rmtree(tmp_path / "data" / "events" / f"workload={gone_w}" / f"run={gone_r}")
+
+    summary = whatif(WhatifParams(root=root.url, policies=GRID, idle_budget=1 << 16))
+
+    # the runs came from the champion's MLflow run; the deleted one is named, the others replayed
+    assert summary.model_version == "1"
+    assert summary.runs_failed.keys() == {f"{gone_w}/{gone_r}"}
+    assert sorted(summary.runs_ok) == sorted(f"{w}/{r}" for w, r in evaluated[1:])
+    page = latest_artifact(ARTIFACT_KEY)
+    assert f"{gone_w}/{gone_r}" in page and "## Runs not replayed" in page
+    assert "guided_model" in page and "best_heuristic" in page
+
+    df = pq.read_table(tmp_path / "data" / "whatif" / "heapcast-next-call-v1.parquet").to_pandas()
+    assert summary.table_url == root.url_of("whatif", "heapcast-next-call-v1.parquet")
+    assert set(zip(df["workload"], df["run"])) == set(evaluated[1:])
+    guided = df[df["policy"] == "guided"]
+    assert sorted(set(guided["predictor"])) == ["labels", "model", "online"]
+    assert (df["model_run_id"] == outcome.registration.run_id).all()
+
+    tracking = tracking_for(root)
+    configure(tracking)
+    from mlflow import MlflowClient
+
+    target = resolve_target(tracking)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    logged = client.get_run(outcome.registration.run_id).data.metrics
+    for key in (
+        "whatif.hit_rate/beta.guided_model",
+        "whatif.hit_rate/beta.guided_online",
+        "whatif.hit_rate/all.guided_labels",
+        "whatif.hit_rate/all.oracle",
+        "whatif.fault_bytes_avoided/all.best_heuristic",
+    ):
+        assert key in logged, key
+    assert logged["whatif.hit_rate/beta.none"] == 0.0
+    assert not [k for k in logged if k.startswith("whatif.") and "/alpha." in k]  # run gone
+    artifacts = {a.path for a in client.list_artifacts(outcome.registration.run_id, "whatif")}
+    assert "whatif/pareto.png" in artifacts

@@ -1,0 +1,184 @@
+"""The whatif stage's tasks on tiny synthetic runs: the table, the page, the MLflow run."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from tasks.core.storage import Root
+from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.registry.tracking import configure, resolve_target, tracking_for
+from tasks.whatif.night import (
+    ModelRef,
+    WhatifParams,
+    log_to_mlflow,
+    parse_runs,
+    replay_run,
+    summarize,
+    write_table,
+)
+from tasks.whatif.policies import (
+    GuidedConfig,
+    LruConfig,
+    NoneConfig,
+    OracleConfig,
+    Seed001Config,
+    Seed002Config,
+)
+
+GRID = [
+    NoneConfig(),
+    Seed002Config(n=2),
+    Seed001Config(decay_ns=1000),
+    LruConfig(budget=1 << 16),
+    GuidedConfig(budget=1 << 16, ttl_calls=16),
+    OracleConfig(budget=1e3),
+    OracleConfig(budget=1e6),
+]
+RUNS = (("alpha", "r0"), ("beta", "r0"), ("gone", "r9"))
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """Two synthetic runs and one that does not exist, replayed without a model."""
+    root = Root.from_url(str(tmp_path_factory.mktemp("whatif") / "data"))
+    write_synthetic_events(root, {"alpha": 1, "beta": 1}, tokens_per_run=2000)
+    params = WhatifParams(root=root.url, policies=GRID, idle_budget=1 << 16)
+    ref = ModelRef("heapcast-next-call", "1", "", RUNS, None)
+    replays = [replay_run.fn(root, w, r, params) for w, r in RUNS]
+    return root, params, ref, replays
+
+
+def test_rows_per_run_policy_and_predictor(replayed):
+    root, params, ref, replays = replayed
+    assert [r.ok for r in replays] == [True, True, False]
+    assert "gone" in replays[2].error
+    url = write_table.fn(root, replays, ref)
+    assert url == root.url_of("whatif", "heapcast-next-call-v1.parquet")
+    df = pq.read_table(url).to_pandas()
+    assert not [p for p in (root.fs.ls(root.join("whatif"))) if p.endswith(".tmp")]
+    for col in (
+        "workload",
+        "run",
+        "policy",
+        "predictor",
+        "config",
+        "hit_rate",
+        "idle_bytes_mean",
+        "idle_bytes_peak",
+        "peak_footprint",
+        "live_peak",
+        "fault_bytes_avoided",
+        "max_rss",
+        "ideal_rss",
+        "model_version",
+    ):
+        assert col in df.columns, col
+    # per run: every non-guided config once, the guided one per predictor (no model here)
+    for _, g in df.groupby(["workload", "run"]):
+        assert len(g) == len(params.grid()) - 1 + 2  # the grid: GRID and the oracle at the budget
+        guided = g[g["policy"] == "guided"]
+        assert sorted(guided["predictor"]) == ["labels", "online"]
+    assert set(zip(df["workload"], df["run"])) == {("alpha", "r0"), ("beta", "r0")}
+    assert (df.loc[df["policy"] == "none", "hit_rate"] == 0).all()
+    assert (df["model_version"] == "1").all()
+
+
+def test_page_names_the_missing_run_and_compares_policies(replayed):
+    _, params, ref, replays = replayed
+    s = summarize.fn(replays, ref, params, "file:///x.parquet")
+    assert s.runs_failed.keys() == {"gone/r9"} and s.runs_ok == ["alpha/r0", "beta/r0"]
+    page = s.markdown
+    assert "## Runs not replayed" in page and "gone/r9" in page
+    for heading in ("## alpha (1 run)", "## beta (1 run)", "## all (2 runs)"):
+        assert heading in page
+    for row in ("best_heuristic", "guided_online", "guided_labels", "oracle (bound)"):
+        assert row in page
+    assert "no `model` predictor" not in page  # no model asked for, none missing
+    assert s.metrics["whatif.hit_rate/alpha.none"] == 0.0
+    assert "whatif.hit_rate/all.guided_online" in s.metrics
+    assert "whatif.idle_bytes_mean/beta.best_heuristic" in s.metrics
+    # the oracle bounds every policy under the same budget (one run per workload here)
+    for w in ("alpha", "beta"):
+        top = s.metrics[f"whatif.hit_rate/{w}.oracle"]
+        for p in ("seed002", "seed001", "lru", "guided_online", "guided_labels"):
+            if s.metrics[f"whatif.idle_bytes_mean/{w}.{p}"] <= params.idle_budget:
+                assert s.metrics[f"whatif.hit_rate/{w}.{p}"] <= top + 1e-12
+
+
+def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
+    _, params, ref, replays = replayed
+    tracking = tracking_for(str(tmp_path / "store"))
+    configure(tracking)
+    from mlflow import MlflowClient
+
+    target = resolve_target(tracking)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    exp = client.get_experiment_by_name(tracking.experiment)
+    run_id = client.create_run(exp.experiment_id).info.run_id
+    ref = ModelRef(ref.name, ref.version, run_id, ref.runs, None)
+    s = summarize.fn(replays, ref, params, None)
+    log_to_mlflow.fn(s, replays, tracking)
+
+    logged = client.get_run(run_id).data.metrics
+    assert logged["whatif.hit_rate/alpha.none"] == 0.0
+    for key in (
+        "whatif.hit_rate/alpha.guided_online",
+        "whatif.hit_rate/beta.guided_labels",
+        "whatif.idle_bytes_peak/all.lru",
+        "whatif.fault_bytes_avoided/alpha.seed002",
+        "whatif.peak_footprint/beta.seed001",
+        "whatif.hit_rate/all.oracle",
+        "whatif.oracle_gap/all.best_heuristic",
+    ):
+        assert key in logged, key
+    assert logged == pytest.approx(s.metrics)
+    names = {a.path for a in client.list_artifacts(run_id, "whatif")}
+    assert {"whatif/pareto.png", "whatif/whatif.md", "whatif/whatif.csv"} <= names
+
+
+def test_params_are_strict():
+    with pytest.raises(ValidationError, match="idle_budget"):
+        WhatifParams(idle_budget=0)
+    with pytest.raises(ValidationError, match="n"):
+        WhatifParams(policies=[{"kind": "seed002", "n": 0}])
+    with pytest.raises(ValidationError, match="extra"):
+        WhatifParams(budget=1)
+    p = WhatifParams(policies=[{"kind": "lru", "budget": 4096}])
+    assert p.grid() == [LruConfig(budget=4096), OracleConfig(budget=float(p.idle_budget))]
+    assert len(WhatifParams().grid()) > 50  # the default grid
+
+
+def test_parse_runs_drops_an_entry_cut_short():
+    assert parse_runs("a/r0,b/r1,a/r0,c") == [("a", "r0"), ("b", "r1")]
+    assert parse_runs(["x/y"]) == [("x", "y")]
+    assert parse_runs("") == []
+
+
+def test_results_table_of_nothing_is_empty():
+    from tasks.whatif.night import pooled, representatives
+
+    assert representatives(pooled(pd.DataFrame()), 1.0).empty
+
+
+def test_nightly_step_plans_on_tonights_model_and_reports_a_failure():
+    from types import SimpleNamespace
+
+    from tasks.learning.outcome import DatasetRef
+    from tasks.nightly.summary import StageOutcome, skipped
+    from tasks.nightly.summary import summarize as summarize_night
+    from tasks.whatif.night import whatif_plan
+
+    d = DatasetRef("r", (("a", "r0"),), (("a", "r1"),), (("h", "r0"),), 1, 1, "x", None)
+    d = SimpleNamespace(**{**d.__dict__, "unseen_program_runs": (("p", "r0"),)})
+    outcome = SimpleNamespace(dataset=d, registration=SimpleNamespace(model_version="7"))
+    plan = whatif_plan("/data", StageOutcome("train", "COMPLETED", None, outcome))
+    assert plan.model == "7" and plan.runs == ["a/r1", "p/r0", "h/r0"] and plan.root == "/data"
+    assert "not registered" in whatif_plan("/d", StageOutcome("train", "COMPLETED", None, object()))
+    assert "no model" in whatif_plan("/d", skipped("train", "broken"))
+
+    failed = StageOutcome("whatif", "FAILED", "KeyError: boom")
+    night = summarize_night.fn("/data", [failed], None, None)
+    assert [(s.name, s.ok, s.error) for s in night.stages] == [("whatif", False, "KeyError: boom")]
