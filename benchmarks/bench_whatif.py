@@ -41,7 +41,7 @@ import pyarrow as pa  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
-from tasks.whatif.guided import reuse_labels  # noqa: E402
+from tasks.whatif.guided import reuse_labels, reuse_tiers  # noqa: E402
 from tasks.whatif.oracle import bound_hits  # noqa: E402
 from tasks.whatif.policies import (  # noqa: E402
     BeladyConfig,
@@ -119,6 +119,7 @@ def bench_simulator(root: Root, min_events: int, reps: int) -> dict:
     w, c = _timed(lambda: prepare(big), 1)
     x = prepare(big)
     pred = reuse_labels(big, horizon=16)
+    tiers = reuse_tiers(big, (16, 256, 4096))
     policies = [
         NoneConfig(),
         Seed002Config(n=4),
@@ -126,16 +127,21 @@ def bench_simulator(root: Root, min_events: int, reps: int) -> dict:
         Seed001Config(decay_ns=1_000_000),
         LruConfig(budget=1 << 20),
         LruConfig(budget=1 << 30),
-        GuidedConfig(budget=1 << 20, ttl_calls=16),
+        GuidedConfig(budget=1 << 20, ttl_calls=16, mode="admit"),
+        GuidedConfig(budget=1 << 20),
+        GuidedConfig(budget=1 << 14, horizons=(16, 256, 4096)),
         BeladyConfig(budget=1 << 20),
     ]
     loops = {}
     for p in policies:
-        p_pred = pred if isinstance(p, GuidedConfig) else None
+        p_pred = None
+        if isinstance(p, GuidedConfig):
+            p_pred = tiers if p.horizons else pred
         run_kernel(x.__class__(**{**x.__dict__, "cache": {}}), p, p_pred)  # warm-up/compile
         wall, cpu = _timed(lambda p=p, p_pred=p_pred: run_kernel(x, p, p_pred), reps)
         m = simulate(x, p, p_pred)
-        loops[f"{p.kind}({p.param:g})"] = {
+        name = p.label + ("_tiers" if getattr(p, "horizons", None) else "")
+        loops[f"{name}({p.param:g})"] = {
             "events_per_s_wall": n / wall,
             "events_per_s_cpu": n / cpu if cpu > 0 else None,
             "wall_s": wall,
@@ -256,6 +262,7 @@ def main() -> None:
     ap.add_argument("--min-events", type=int, default=20_000_000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-layer", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS), help="the JSON written")
     args = ap.parse_args()
     result = {
         "what": "whatif: compiled allocator-cache simulator throughput; seed-002 layer faults",
@@ -271,8 +278,9 @@ def main() -> None:
         result["layer"] = bench_layer()
     result["simulator"] = bench_simulator(Root.from_url(args.root), args.min_events, args.reps)
     result["machine"]["load_avg_at_end"] = list(os.getloadavg())
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 
 

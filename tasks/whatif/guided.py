@@ -18,6 +18,13 @@ stream the learning stage predicts, and the one whose next calls follow this one
   it also reads the predictions made at the following calls, which a live cache only has later:
   it is optimistic, unless the model predicts several calls ahead itself (or the cache defers
   the decision: keep provisionally, release when no prediction within the horizon names c).
+- `reuse_tiers(table, horizons)` and `tiers_from_topk(table, top, horizons)`: the same two
+  answers for several horizons at once, as a TIER per row: the number of horizons (ascending)
+  within which the class is requested (labels) or predicted (top-k) again; 0: beyond the
+  longest (or no free). With horizons (h,) they are the bools above. For the guided policy's
+  priority mode (tasks/whatif/policies.py), which releases the lowest tier first: a bool says
+  "soon or not", a tier says roughly how soon, which is what an eviction order needs (a block
+  reused after 100 calls is worth keeping in a cache that holds blocks for 1000).
 - `align_token_run(table, per_position)`: an array in `tasks.learning.sequences.read_run`
   order (threads by (pid, thread), calls by seq) -> per row of `table`.
 
@@ -32,7 +39,7 @@ import pyarrow as pa
 from numba import njit
 
 from tasks.dataset.tokens import size_class
-from tasks.whatif.events import N_CLASSES
+from tasks.whatif.events import N_CLASSES, NEVER
 
 NONE_TOKEN = 255  # an empty top-k slot (tasks.learning.baselines.NONE)
 
@@ -113,6 +120,83 @@ def _topk_keep(starts, free_cls, top, horizon):
             if found:
                 out[i] = True
                 break
+    return out
+
+
+@njit(cache=True)
+def _label_distance(starts, free_cls, req_cls):
+    """Per row freeing class c: calls of its stream to the next request of c (NEVER: none)."""
+    n = len(free_cls)
+    out = np.full(n, NEVER, np.int64)
+    nxt = np.full(N_CLASSES, -1, np.int64)
+    for i in range(n - 1, -1, -1):
+        c = free_cls[i]
+        if c >= 0 and nxt[c] >= 0:
+            out[i] = nxt[c] - i
+        r = req_cls[i]
+        if r >= 0:
+            nxt[r] = i
+        if starts[i]:
+            nxt[:] = -1
+    return out
+
+
+@njit(cache=True)
+def _topk_distance(starts, free_cls, top):
+    """Per row freeing class c: calls of its stream to the next call whose top-k holds c."""
+    n = len(free_cls)
+    out = np.full(n, NEVER, np.int64)
+    nxt = np.full(N_CLASSES, -1, np.int64)
+    for i in range(n - 1, -1, -1):
+        c = free_cls[i]
+        if c >= 0 and nxt[c] >= 0:
+            out[i] = nxt[c] - i
+        for j in range(top.shape[1]):
+            tok = top[i, j]
+            if 0 <= tok < N_CLASSES:
+                nxt[tok] = i
+        if starts[i]:
+            nxt[:] = -1
+    return out
+
+
+TIER_HORIZONS = (16, 256, 4096)  # calls of the thread: tiers 3 (within 16) .. 0 (beyond 4096)
+
+
+def _tiers(dist: np.ndarray, horizons: tuple[int, ...] | list[int]) -> np.ndarray:
+    h = np.asarray(sorted(horizons), np.int64)
+    if len(h) < 1 or len(h) > 7 or h[0] < 1:
+        raise ValueError(f"horizons must be 1 to 7 values >= 1, not {horizons}")
+    return (dist[:, None] <= h[None, :]).sum(axis=1).astype(np.int8)
+
+
+def reuse_tiers(
+    table: pa.Table, horizons: tuple[int, ...] = TIER_HORIZONS, scope: str = "thread"
+) -> np.ndarray:
+    """Per row: how many of `horizons` the next request of the freed block's class (in its
+    thread or process) lies within (0: no free, or no request within the longest)."""
+    order, starts = _stream_order(table, scope)
+    dist = _label_distance(starts, _free_class(table)[order], _request_class(table)[order])
+    out = np.zeros(table.num_rows, np.int8)
+    out[order] = _tiers(dist, horizons)
+    return out
+
+
+def tiers_from_topk(
+    table: pa.Table, top: np.ndarray, horizons: tuple[int, ...] = TIER_HORIZONS
+) -> np.ndarray:
+    """Per row: how many of `horizons` the next call of the thread whose `top` holds the freed
+    block's class lies within (optimistic beyond horizon 1, as predictions_from_topk)."""
+    top = np.asarray(top)
+    if top.ndim == 1:
+        top = top[:, None]
+    if len(top) != table.num_rows:
+        raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
+    order, starts = _stream_order(table, "thread")
+    topo = np.ascontiguousarray(top[order].astype(np.int64))
+    dist = _topk_distance(starts, _free_class(table)[order], topo)
+    out = np.zeros(table.num_rows, np.int8)
+    out[order] = _tiers(dist, horizons)
     return out
 
 

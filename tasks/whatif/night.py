@@ -18,10 +18,12 @@ What the `whatif` flow (flows/whatif.py) composes, in order:
                  for a thread's first calls is the token order);
      - `labels`: the true future (tasks.whatif.guided.reuse_labels), the best any predictor
                  could do: the reference the two others are read against.
-   For `model` and `online` a freed block of class c is kept when c is among the top-5 of one of
-   the next `params.horizon` calls of its thread (tasks.whatif.guided.predictions_from_topk; with
-   horizon > 1 that reads predictions a live cache has only later, i.e. it keeps the block
-   provisionally and decides by then: why the guided configs get ttl_calls = horizon too).
+   For `model` and `online` a freed block of class c is predicted when c is among the top-5 of
+   one of the next `params.horizon` calls of its thread (tasks.whatif.guided.predictions_from_topk;
+   with horizon > 1 that reads predictions a live cache has only later). The guided configs in
+   `priority` mode cache every block as lru and release unpredicted blocks first (label
+   guided_<predictor>); those in `admit` mode keep only predicted blocks, for ttl_calls =
+   horizon (label guided_admit_<predictor>).
    A run whose events are missing or unreadable does not stop the others: its RunReplay carries
    the error instead of rows, and the artifact names it.
 4. `write_table(root, replays, ref) -> url`: every row of every run, one Parquet file per
@@ -53,8 +55,9 @@ what the Pareto plot shows for all budgets at once.
 
 METRICS, on the registered version's MLflow run: `whatif.<metric>/<workload>.<policy>` with
 metric in hit_rate, idle_bytes_mean, idle_bytes_peak, peak_footprint, fault_bytes_avoided, and
-policy in none, seed002, seed001, lru, belady, guided_model, guided_online, guided_labels,
-oracle (hit_rate only), best_heuristic; workload `all` pools every run. Plus
+policy in none, seed002, seed001, lru, belady, guided_model, guided_online, guided_labels
+(guided_admit_<predictor> for admit-mode configs), oracle (hit_rate only), best_heuristic;
+workload `all` pools every run. Plus
 `whatif.oracle_gap/<workload>.<policy>` (the oracle's hit rate minus the policy's).
 """
 
@@ -93,6 +96,9 @@ POLICY_ORDER = (
     "guided_model",
     "guided_online",
     "guided_labels",
+    "guided_admit_model",
+    "guided_admit_online",
+    "guided_admit_labels",
     "belady",
     "oracle",
 )
@@ -392,6 +398,13 @@ def write_table(root: Root, replays: list[RunReplay], ref: ModelRef) -> str:
     return root.url_of("whatif", name)
 
 
+def policy_labels(df: pd.DataFrame) -> np.ndarray:
+    """Per row: the policy, guided_<predictor> (priority mode) or guided_admit_<predictor>."""
+    admit = df["config"].astype(str).str.contains('"mode":"admit"', regex=False)
+    prefix = np.where(admit, "guided_admit_", "guided_")
+    return np.where(df["policy"] == "guided", prefix + df["predictor"].astype(str), df["policy"])
+
+
 def pooled(df: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, policy label, config): the figures pooled over runs (see the module
     docstring); workload ALL pools every run. `label`: the policy, guided_<predictor> for
@@ -399,9 +412,7 @@ def pooled(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     df = df.assign(
-        label=np.where(
-            df["policy"] == "guided", "guided_" + df["predictor"].astype(str), df["policy"]
-        ),
+        label=policy_labels(df),
         hits_f=df["hit_rate"] * df["allocations"],
         wr=df["workload"] + "/" + df["run"],
     )
@@ -603,11 +614,7 @@ def log_to_mlflow(summary: WhatifSummary, replays: list[RunReplay], tracking) ->
         (folder / "whatif.md").write_text(summary.markdown)
         if frames:
             df = pd.concat(frames, ignore_index=True)
-            plot = df.assign(
-                policy=np.where(
-                    df["policy"] == "guided", "guided_" + df["predictor"].astype(str), df["policy"]
-                )
-            )
+            plot = df.assign(policy=policy_labels(df))
             pareto_plot(
                 plot, folder / "pareto.png", title=f"{summary.model_name} v{summary.model_version}"
             )

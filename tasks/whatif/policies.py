@@ -21,9 +21,21 @@ below `min_size` are never cached and requests below it never look in the cache.
 - lru: per-class free lists under a byte budget per process: a freed block is kept (if it is
   not larger than the budget) and the least recently cached blocks are released until the
   cached bytes are within the budget.
-- guided: like lru, but a freed block is kept only where the prediction array says so (one
-  bool per event, see tasks/whatif/guided.py); `ttl_calls` optionally releases a block not
-  reused within that many calls of its process (the prediction's horizon).
+- guided: lru plus a prediction per freed block (one bool per event, see
+  tasks/whatif/guided.py: "is the block's class requested within the next k calls of its
+  thread?"), used by `mode`:
+  - `priority` (the default): the prediction can only add to what lru knows. Every freed block
+    is cached as by lru (if not larger than the budget) and carries the prediction made at its
+    free; over the budget, UNPREDICTED blocks are released first (least recently cached first),
+    predicted ones only when no unpredicted block is left (least recently cached first among
+    them). `ttl_calls` (the prediction's horizon): a predicted block not reused within that many
+    calls of its process has outlived its prediction and is demoted, as if freed unpredicted
+    then (it joins the unpredicted blocks, most recent of them); None: never demoted. All
+    predictions true or all false: exactly lru.
+  - `admit`: a freed block is kept only where the prediction says so, else released at once;
+    `ttl_calls` optionally releases a block not reused within that many calls of its process.
+    A block reused later than the horizon is a miss, so on real traces this throws away most
+    of lru's hits: kept to compare with.
 - belady: a realisable clairvoyant policy: a freed block is kept only if its class is requested
   again in its process; over the budget, blocks of the class whose next request is farthest in
   the future are released first (oldest first within the class); when a class will never be
@@ -36,7 +48,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter, field_validator
 
 from tasks.core.config import StrictModel
 
@@ -95,10 +107,23 @@ class GuidedConfig(_Policy):
     budget: int = Field(default=64 << 20, gt=0)
     ttl_calls: int | None = Field(default=None, ge=1)
     min_size: int = Field(default=0, ge=0)
+    mode: Literal["priority", "admit"] = "priority"
+    horizons: tuple[int, ...] | None = Field(default=None, min_length=1, max_length=7)
+
+    @field_validator("horizons")
+    @classmethod
+    def _ascending(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if v is not None and (v[0] < 1 or any(b <= a for a, b in zip(v, v[1:]))):
+            raise ValueError("horizons must be ascending calls >= 1")
+        return v
 
     @property
     def param(self) -> float:
         return float(self.budget)
+
+    @property
+    def label(self) -> str:
+        return "guided" if self.mode == "priority" else f"guided_{self.mode}"
 
 
 class BeladyConfig(_Policy):

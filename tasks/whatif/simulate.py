@@ -48,6 +48,15 @@ PAGE FAULTS (the fault model of the system allocator, glibc with its default sta
 Not modelled: arenas, fragmentation, glibc keeping an mmapped block mmapped when realloc shrinks
 it below the threshold, pages a program never touches.
 
+GUIDED (tasks/whatif/policies.py). `predictions`: one value per row, read at rows that free a
+block: a bool, or a tier 0..MAX_TIERS-1 (tasks.whatif.guided.reuse_tiers). `admit` mode keeps a
+block iff its value is > 0. `priority` mode keeps it as lru does, in the list of its tier (a
+list per tier and process, each oldest first); over the budget the oldest block of the lowest
+non-empty tier goes; a block of tier t >= 1 cached more than ttl(t) calls of its process ago
+(ttl_calls, or horizons[-t]) moves to the recent end of tier 0, at its process's calls, before
+the request (tiers 1 upward, oldest first). Serving a request ignores tiers (same class, most
+recently cached first, as every policy).
+
 The `oracle` kind is not simulated here but bounded (tasks/whatif/oracle.py); `simulate` returns
 its row too.
 """
@@ -79,13 +88,15 @@ SCAN_LIMIT = 64
 
 K_NONE, K_SEED002, K_SEED001, K_LRU, K_GUIDED, K_BELADY = range(6)
 
-# node fields (a cached block), one int64 row per node
-N_SIZE, N_CLS, N_TIME, N_POS, N_PROC, N_CPREV, N_CNEXT, N_GPREV, N_GNEXT = range(9)
-_NF = 9
-# process fields
+# node fields (a cached block), one int64 row per node; N_TIER: which of its process's lists
+# holds it (0: the list every policy uses; 1..MAX_TIERS-1: guided priority's predicted blocks)
+N_SIZE, N_CLS, N_TIME, N_POS, N_PROC, N_CPREV, N_CNEXT, N_GPREV, N_GNEXT, N_TIER = range(10)
+_NF = 10
+MAX_TIERS = 8
+# process fields: the head and tail of the list of tier t at 2 * t and 2 * t + 1 (P_GHEAD and
+# P_GTAIL: tier 0), then the rest
+P_GHEAD, P_GTAIL = 0, 1
 (
-    P_GHEAD,
-    P_GTAIL,
     P_COUNT,
     P_IDLE,
     P_LIVE_REQ,
@@ -95,8 +106,8 @@ _NF = 9
     P_MAPPED,
     P_POS,
     P_IDLE_PEAK,
-) = range(11)
-_PF = 11
+) = range(2 * MAX_TIERS, 2 * MAX_TIERS + 9)
+_PF = 2 * MAX_TIERS + 9
 # run-level counters and state
 (
     G_ALLOCS,
@@ -171,6 +182,39 @@ def _sys_release(ps, g, p, b, mmap_threshold):
 
 
 @njit(cache=True)
+def _unlink(nodes, ps, k):
+    """Take node k out of its process's list (of its tier)."""
+    p = nodes[k, N_PROC]
+    h = P_GHEAD + 2 * nodes[k, N_TIER]
+    a = nodes[k, N_GPREV]
+    b = nodes[k, N_GNEXT]
+    if a >= 0:
+        nodes[a, N_GNEXT] = b
+    else:
+        ps[p, h] = b
+    if b >= 0:
+        nodes[b, N_GPREV] = a
+    else:
+        ps[p, h + 1] = a
+
+
+@njit(cache=True)
+def _link(nodes, ps, k, tier):
+    """Append node k at the tail (most recent end) of its process's list of `tier`."""
+    p = nodes[k, N_PROC]
+    h = P_GHEAD + 2 * tier
+    nodes[k, N_TIER] = tier
+    tail = ps[p, h + 1]
+    nodes[k, N_GPREV] = tail
+    nodes[k, N_GNEXT] = -1
+    if tail >= 0:
+        nodes[tail, N_GNEXT] = k
+    else:
+        ps[p, h] = k
+    ps[p, h + 1] = k
+
+
+@njit(cache=True)
 def _remove(nodes, ch, ct, ps, g, k):
     """Take node k out of its class list and its process's list; recycle it."""
     p = nodes[k, N_PROC]
@@ -185,16 +229,7 @@ def _remove(nodes, ch, ct, ps, g, k):
         nodes[b, N_CPREV] = a
     else:
         ct[p, c] = a
-    a = nodes[k, N_GPREV]
-    b = nodes[k, N_GNEXT]
-    if a >= 0:
-        nodes[a, N_GNEXT] = b
-    else:
-        ps[p, P_GHEAD] = b
-    if b >= 0:
-        nodes[b, N_GPREV] = a
-    else:
-        ps[p, P_GTAIL] = a
+    _unlink(nodes, ps, k)
     size = nodes[k, N_SIZE]
     ps[p, P_COUNT] -= 1
     ps[p, P_IDLE] -= size
@@ -233,6 +268,8 @@ def _simulate(
     budget,
     decay,
     ttl,
+    tier_ttl,
+    n_tiers,
     mmap_threshold,
     proc,
     n_proc,
@@ -251,9 +288,7 @@ def _simulate(
     g = np.zeros(_GF, np.int64)
     g[G_FREE_NODE] = -1
     ps = np.zeros((n_proc, _PF), np.int64)
-    for p in range(n_proc):
-        ps[p, P_GHEAD] = -1
-        ps[p, P_GTAIL] = -1
+    ps[:, : 2 * MAX_TIERS] = -1
     ch = np.full((n_proc, N_CLASSES), -1, np.int64)
     ct = np.full((n_proc, N_CLASSES), -1, np.int64)
     nxt = first_req.copy()
@@ -263,6 +298,7 @@ def _simulate(
     foot_integral = 0.0
     live_integral = 0.0
     caching = kind != K_NONE
+    tiered = kind == K_GUIDED and n_tiers > 1  # priority mode
     for i in range(n):
         p = proc[i]
         t = time[i]
@@ -279,7 +315,16 @@ def _simulate(
             while k >= 0 and nodes[k, N_TIME] + decay < t:
                 _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
                 k = ps[p, P_GHEAD]
-        elif kind == K_GUIDED and ttl > 0:
+        elif tiered:  # predictions outlived: demoted to the unpredicted blocks' recent end
+            for tier in range(1, n_tiers):
+                life = tier_ttl[tier]
+                if life > 0:
+                    k = ps[p, 2 * tier]
+                    while k >= 0 and nodes[k, N_POS] + life < q:
+                        _unlink(nodes, ps, k)
+                        _link(nodes, ps, k, 0)
+                        k = ps[p, 2 * tier]
+        elif kind == K_GUIDED and ttl > 0:  # admit mode
             k = ps[p, P_GHEAD]
             while k >= 0 and nodes[k, N_POS] + ttl < q:
                 _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
@@ -373,7 +418,7 @@ def _simulate(
                 elif kind == K_LRU:
                     keep = b <= budget
                 elif kind == K_GUIDED:
-                    keep = pred[i] and b <= budget
+                    keep = b <= budget and (tiered or pred[i] > 0)
                 elif kind == K_BELADY:
                     keep = b <= budget and nxt[p, c] != NEVER
             if keep:
@@ -392,6 +437,7 @@ def _simulate(
                 nodes[k, N_TIME] = t
                 nodes[k, N_POS] = q
                 nodes[k, N_PROC] = p
+                nodes[k, N_TIER] = 0
                 tail = ct[p, c]
                 nodes[k, N_CPREV] = tail
                 nodes[k, N_CNEXT] = -1
@@ -400,21 +446,19 @@ def _simulate(
                 else:
                     ch[p, c] = k
                 ct[p, c] = k
-                tail = ps[p, P_GTAIL]
-                nodes[k, N_GPREV] = tail
-                nodes[k, N_GNEXT] = -1
-                if tail >= 0:
-                    nodes[tail, N_GNEXT] = k
-                else:
-                    ps[p, P_GHEAD] = k
-                ps[p, P_GTAIL] = k
+                _link(nodes, ps, k, pred[i] if tiered else 0)
                 ps[p, P_COUNT] += 1
                 ps[p, P_IDLE] += b
                 g[G_IDLE] += b
                 g[G_CACHED] += 1
                 if kind == K_LRU or kind == K_GUIDED:
-                    while ps[p, P_IDLE] > budget:
-                        _evict(nodes, ch, ct, ps, g, ps[p, P_GHEAD], mmap_threshold)
+                    while ps[p, P_IDLE] > budget:  # lowest tier first (only tier 0 but tiered)
+                        k = ps[p, P_GHEAD]
+                        tier = 1
+                        while k < 0 and tier < n_tiers:
+                            k = ps[p, 2 * tier]
+                            tier += 1
+                        _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
                 elif kind == K_BELADY:
                     while ps[p, P_IDLE] > budget:
                         cc = _farthest_class(ch, nxt, p)
@@ -434,12 +478,13 @@ def _simulate(
         if g[G_RSS] > g[G_RSS_PEAK]:
             g[G_RSS_PEAK] = g[G_RSS]
         if is_last[i]:
-            k = ps[p, P_GHEAD]
-            while k >= 0:
-                size = nodes[k, N_SIZE]
-                _remove(nodes, ch, ct, ps, g, k)
-                _sys_release(ps, g, p, size, mmap_threshold)
-                k = ps[p, P_GHEAD]
+            for tier in range(n_tiers if tiered else 1):
+                k = ps[p, 2 * tier]
+                while k >= 0:
+                    size = nodes[k, N_SIZE]
+                    _remove(nodes, ch, ct, ps, g, k)
+                    _sys_release(ps, g, p, size, mmap_threshold)
+                    k = ps[p, 2 * tier]
             g[G_LIVE_REQ] -= ps[p, P_LIVE_REQ]
             g[G_LIVE_BLK] -= ps[p, P_LIVE_BLK]
             g[G_RSS] -= _pages(ps[p, P_HWM]) + ps[p, P_MAPPED]
@@ -462,8 +507,22 @@ _KIND = {
     GuidedConfig: K_GUIDED,
     BeladyConfig: K_BELADY,
 }
-_NO_PRED = np.zeros(0, np.bool_)
+_NO_PRED = np.zeros(0, np.int64)
 _NO_NEXT = np.zeros(0, np.int64)
+
+
+def _tier_ttl(policy: GuidedConfig, n_tiers: int) -> np.ndarray:
+    """Calls after which a block of each tier is demoted (0: never): horizons[-t] for tier t
+    (the horizon its prediction was made for), else ttl_calls for every tier."""
+    out = np.zeros(MAX_TIERS, np.int64)
+    hz = getattr(policy, "horizons", None)
+    if hz:
+        hz = sorted(hz)
+        for t in range(1, min(n_tiers, len(hz) + 1)):
+            out[t] = hz[len(hz) - t]
+    elif policy.ttl_calls:
+        out[1:] = policy.ttl_calls
+    return out
 
 
 def as_input(events: pa.Table | SimInput, workload: str = "", run: str = "") -> SimInput:
@@ -480,14 +539,20 @@ def run_kernel(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The compiled loop on a prepared run: (counters, integrals, per-process idle peak)."""
     kind = _KIND[type(policy)]
-    pred = _NO_PRED
+    pred, n_tiers = _NO_PRED, 1
+    tier_ttl = np.zeros(MAX_TIERS, np.int64)
     if kind == K_GUIDED:
         if predictions is None:
             raise ValueError(
                 "the guided policy needs a prediction per event (tasks.whatif.guided: "
                 "predictions_from_topk or reuse_labels)"
             )
-        pred = np.ascontiguousarray(x.align(predictions).astype(np.bool_))
+        pred = np.ascontiguousarray(x.align(np.asarray(predictions)).astype(np.int64))
+        if len(pred) and (pred.min() < 0 or pred.max() >= MAX_TIERS):
+            raise ValueError(f"guided predictions must be bools or tiers 0..{MAX_TIERS - 1}")
+        if policy.mode == "priority":  # type: ignore[attr-defined]
+            n_tiers = max(2, int(pred.max()) + 1 if len(pred) else 2)
+            tier_ttl[:] = _tier_ttl(policy, n_tiers)
     next_same, first = _NO_NEXT, np.full((x.n_proc, N_CLASSES), NEVER, np.int64)
     if kind == K_BELADY:
         next_same, first = x.next_requests()
@@ -498,6 +563,8 @@ def run_kernel(
         getattr(policy, "budget", 0),
         getattr(policy, "decay_ns", 0),
         getattr(policy, "ttl_calls", None) or 0,
+        tier_ttl,
+        n_tiers,
         mmap_threshold,
         x.proc,
         x.n_proc,

@@ -2,7 +2,8 @@
 
 `sweep(root, runs)` reads each run once (tasks.whatif.events), prepares it once and replays it
 through every config of the grid (`default_grid()`: none; seed002 over N; seed001 over the decay
-time; lru, guided and belady over the byte budget; the oracle bound over a dense budget grid),
+time; lru, guided (priority mode, and the admit mode for comparison) and belady over the byte
+budget; the oracle bound over a dense budget grid),
 so each policy draws a curve of hit rate against bytes held idle. `sweep_run` does the same for
 one table. `pareto_plot` draws those curves (one PNG; one panel per run).
 
@@ -45,11 +46,16 @@ Predictions = Mapping[tuple[str, str], np.ndarray] | Callable[[pa.Table], np.nda
 
 
 def default_grid(guided_ttl: int | None = GUIDED_HORIZON) -> list[_Policy]:
+    """The sweep. Guided: the `priority` mode (lru that releases unpredicted blocks first; a
+    prediction is never demoted: measured better than demotion after the horizon for the online
+    counter, benchmarks/results/whatif_guided.json) and one `admit` curve (keep only predicted
+    blocks, released after `guided_ttl` calls unused: the old policy, to compare with)."""
     grid: list[_Policy] = [NoneConfig()]
     grid += [Seed002Config(n=n) for n in (1, 2, 4, 8, 16, 32, 64)]
     grid += [Seed001Config(decay_ns=10**k) for k in range(3, 11)]  # 1 us .. 10 s
     grid += [LruConfig(budget=b) for b in BUDGETS]
-    grid += [GuidedConfig(budget=b, ttl_calls=guided_ttl) for b in BUDGETS]
+    grid += [GuidedConfig(budget=b) for b in BUDGETS]
+    grid += [GuidedConfig(budget=b, ttl_calls=guided_ttl, mode="admit") for b in BUDGETS]
     grid += [BeladyConfig(budget=b) for b in BUDGETS]
     grid += [OracleConfig(budget=b) for b in ORACLE_BUDGETS]
     return grid

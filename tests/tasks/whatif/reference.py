@@ -158,7 +158,9 @@ _DEFINING |= {int(Op.ALIGNED_ALLOC), int(Op.VALLOC), int(Op.PVALLOC), int(Op.REA
 
 class _Proc:
     def __init__(self) -> None:
-        self.cache: list[list[int]] = []  # [size, class, time, pos], oldest first
+        # [size, class, time, pos, tier, order], oldest first; guided priority: tier = the
+        # prediction (0: none), order = when it joined its tier (its cache, or its demotion)
+        self.cache: list[list[int]] = []
         self.blocks: dict[int, int] = {}  # addr -> block size
         self.live_req = 0
         self.live_blk = 0
@@ -198,6 +200,14 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
     integral = 0
     min_size = getattr(policy, "min_size", 0)
     budget = getattr(policy, "budget", 0)
+    priority = kind == "guided" and policy.mode == "priority"
+    order = iter(range(1 << 62))
+
+    def tier_ttl(tier: int) -> int:
+        hz = getattr(policy, "horizons", None)
+        if hz:
+            return sorted(hz)[len(hz) - tier] if tier <= len(hz) else 0
+        return policy.ttl_calls or 0
 
     def release(P: _Proc, b: int) -> None:
         if b < M:
@@ -245,7 +255,12 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
         if kind == "seed001":
             while P.cache and P.cache[0][2] + policy.decay_ns < t:
                 evict(P, P.cache[0])
-        if kind == "guided" and policy.ttl_calls:
+        if priority:  # demote outlived predictions: by tier, oldest first
+            for e in sorted(P.cache, key=lambda e: (e[4], e[3])):
+                life = tier_ttl(e[4]) if e[4] > 0 else 0
+                if life and e[3] + life < P.pos:
+                    e[4], e[5] = 0, next(order)
+        elif kind == "guided" and policy.ttl_calls:
             while P.cache and P.cache[0][3] + policy.ttl_calls < P.pos:
                 evict(P, P.cache[0])
         op = r["op"]
@@ -319,14 +334,19 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                 elif kind == "lru":
                     keep = b <= budget
                 elif kind == "guided":
-                    keep = bool(predictions[r["_row"]]) and b <= budget
+                    keep = b <= budget and (priority or bool(predictions[r["_row"]]))
                 elif kind == "belady":
                     keep = b <= budget and next_request(k, p, c) != float("inf")
             if keep:
-                P.cache.append([b, c, t, P.pos])
+                tier = int(predictions[r["_row"]]) if priority else 0
+                P.cache.append([b, c, t, P.pos, tier, next(order)])
                 tot["idle"] += b
                 S["cached_frees"] += 1
-                if kind in ("lru", "guided"):
+                if priority:
+                    while P.idle > budget:
+                        low = min(e[4] for e in P.cache)
+                        evict(P, min((e for e in P.cache if e[4] == low), key=lambda e: e[5]))
+                elif kind in ("lru", "guided"):
                     while P.idle > budget:
                         evict(P, P.cache[0])
                 if kind == "belady":

@@ -13,6 +13,8 @@ from tasks.whatif.guided import (
     align_token_run,
     predictions_from_topk,
     reuse_labels,
+    reuse_tiers,
+    tiers_from_topk,
 )
 
 # (thread, op, size, addr, freed_size); one call every ns
@@ -93,3 +95,21 @@ def test_align_token_run_order():
     # read_run order: thread 0 (r0, r2, r5) then thread 1 (r1, r3, r4, r6)
     per_position = np.array([0, 2, 5, 1, 3, 4, 6])
     assert align_token_run(t, per_position).tolist() == list(range(7))
+
+
+def test_tiers_are_labels_at_several_horizons():
+    t = _table()
+    # thread 0's free (r2): class 7 one call later; thread 1's (r3): two calls later
+    assert reuse_tiers(t, (1, 2, 5)).tolist() == [0, 0, 3, 2, 0, 0, 0]
+    assert reuse_tiers(t, (2,)).astype(bool).tolist() == reuse_labels(t, 2).tolist()
+    assert reuse_tiers(t, (1, 2), scope="process").tolist() == [0, 0, 0, 1, 0, 0, 0]
+    top = np.full((7, 5), NONE_TOKEN, np.uint8)
+    top[5, 0] = 7
+    top[6, 3] = 7
+    assert tiers_from_topk(t, top, (1, 2, 5)).tolist() == [0, 0, 3, 2, 0, 0, 0]
+    assert (
+        tiers_from_topk(t, top, (1,)).astype(bool).tolist()
+        == predictions_from_topk(t, top, 1).tolist()
+    )
+    with pytest.raises(ValueError, match="horizons"):
+        reuse_tiers(t, ())

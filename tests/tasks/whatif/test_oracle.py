@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tasks.whatif.events import prepare
-from tasks.whatif.guided import reuse_labels
+from tasks.whatif.guided import reuse_labels, reuse_tiers
 from tasks.whatif.oracle import bound_hits, infinite_cache_hits
 from tasks.whatif.policies import (
     BeladyConfig,
@@ -26,7 +26,13 @@ GRID = (
     + [Seed001Config(decay_ns=d) for d in (1, 3, 10, 30, 100, 1000, 10**6)]
     + [LruConfig(budget=b) for b in (100, 2000, 20_000, 200_000, 2_000_000, 1 << 40)]
     + [BeladyConfig(budget=b) for b in (100, 2000, 20_000, 200_000, 2_000_000, 1 << 40)]
-    + [GuidedConfig(budget=b, ttl_calls=t) for b in (5000, 1 << 40) for t in (None, 3)]
+    + [
+        GuidedConfig(budget=b, ttl_calls=t, mode=m)
+        for b in (500, 5000, 1 << 40)
+        for t in (None, 3)
+        for m in ("priority", "admit")
+    ]
+    + [GuidedConfig(budget=b, horizons=(3, 30)) for b in (2000, 50_000)]
 )
 
 
@@ -36,8 +42,9 @@ def test_oracle_at_least_every_policy_at_its_budget(seed):
     x = prepare(table)
     labels = reuse_labels(table, horizon=3)
     noise = np.random.default_rng(seed).random(table.num_rows) < 0.5
+    tiers = reuse_tiers(table, (3, 30))
     for policy in GRID:
-        for pred in [labels, noise] if policy.kind == "guided" else [None]:
+        for pred in [labels, noise, tiers] if policy.kind == "guided" else [None]:
             m = simulate(x, policy, pred)
             for budget in (m["idle_bytes_mean"], m["idle_bytes_peak"]):
                 o = simulate(x, OracleConfig(budget=max(budget, 1e-9)))

@@ -40,6 +40,11 @@ def test_unknown_field_is_named():
         (LruConfig, "budget", 0),
         (GuidedConfig, "budget", -1),
         (GuidedConfig, "ttl_calls", 0),
+        (GuidedConfig, "mode", "keep"),
+        (GuidedConfig, "horizons", (16, 4)),
+        (GuidedConfig, "horizons", (0, 4)),
+        (GuidedConfig, "horizons", ()),
+        (GuidedConfig, "horizons", tuple(range(1, 9))),
         (OracleConfig, "budget", -1.0),
     ],
 )
@@ -59,3 +64,9 @@ def test_frozen_and_dispatch():
     assert isinstance(policy_from_dict({"kind": "seed002", "n": 8}), Seed002Config)
     with pytest.raises(ValidationError):
         policy_from_dict({"kind": "nope"})
+
+
+def test_guided_modes():
+    assert GuidedConfig().mode == "priority" and GuidedConfig().label == "guided"
+    g = policy_from_dict({"kind": "guided", "mode": "admit", "horizons": [16, 256]})
+    assert g.mode == "admit" and g.label == "guided_admit" and g.horizons == (16, 256)

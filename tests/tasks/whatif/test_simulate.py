@@ -54,7 +54,13 @@ POLICIES = [
     LruConfig(budget=700_000),
     LruConfig(budget=1 << 40),
     GuidedConfig(budget=300_000),
+    GuidedConfig(budget=5000, ttl_calls=5),
+    GuidedConfig(budget=700_000, ttl_calls=2),
     GuidedConfig(budget=1 << 40, ttl_calls=7),
+    GuidedConfig(budget=20_000, horizons=(3, 10, 40)),
+    GuidedConfig(budget=300_000, horizons=(5,)),
+    GuidedConfig(budget=300_000, mode="admit"),
+    GuidedConfig(budget=1 << 40, ttl_calls=7, mode="admit"),
     BeladyConfig(budget=5000),
     BeladyConfig(budget=900_000),
     BeladyConfig(budget=1 << 40, min_size=100),
@@ -71,7 +77,7 @@ def _check(table: pa.Table, policy, predictions=None) -> dict:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.param:g}")
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.label}-{p.param:g}")
 def test_policy_matches_reference(seed, policy):
     table = random_events(seed, n_proc=1 + seed % 3, n_events=250)
     pred = None
@@ -83,7 +89,7 @@ def test_policy_matches_reference(seed, policy):
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.param:g}")
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.label}-{p.param:g}")
 def test_large_blocks_only_match_reference(seed, policy):
     # reallocs between mmapped blocks (mremap), N-largest evictions, waste bounds
     table = random_events(50 + seed, n_proc=2, sizes=[140_000, 200_000, 300_000, 600_000, 5000])
@@ -104,19 +110,40 @@ def test_shuffled_rows_give_the_same_result():
 def test_guided_all_true_is_lru_and_all_false_is_none():
     table = random_events(3, n_proc=2)
     yes, no = np.ones(table.num_rows, bool), np.zeros(table.num_rows, bool)
-    g = simulate(table, GuidedConfig(budget=200_000), yes)
     lru = simulate(table, LruConfig(budget=200_000))
+    assert lru["hits"] > 0
+    # priority: a prediction only orders evictions; all equal, the order is lru's
+    for pred in (yes, no):
+        for ttl in (None, 3):
+            g = simulate(table, GuidedConfig(budget=200_000, ttl_calls=ttl), pred)
+            for k in EXACT:
+                assert g[k] == lru[k], (k, ttl)
+    g = simulate(table, GuidedConfig(budget=200_000, mode="admit"), yes)
     for k in EXACT:
         assert g[k] == lru[k]
-    g0 = simulate(table, GuidedConfig(budget=200_000), no)
+    g0 = simulate(table, GuidedConfig(budget=200_000, mode="admit"), no)
     assert g0["hits"] == 0 and g0["fault_bytes_avoided"] == 0
     with pytest.raises(ValueError, match="prediction"):
         simulate(table, GuidedConfig())
 
 
-def test_guided_with_labels_matches_reference():
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p.kind == "guided"], ids=str)
+def test_guided_tiers_match_reference(seed, policy):
+    # predictions as tiers 0..3 (priority: the lowest tier is released first)
+    table = random_events(20 + seed, n_proc=1 + seed % 2, n_events=250)
+    tiers = np.random.default_rng(seed).integers(0, 4, table.num_rows)
+    _check(table, policy, tiers)
+    with pytest.raises(ValueError, match="tiers"):
+        simulate(table, policy, tiers + 8)
+
+
+@pytest.mark.parametrize("mode", ["priority", "admit"])
+def test_guided_with_labels_matches_reference(mode):
     table = random_events(5, n_proc=2, n_events=300)
-    _check(table, GuidedConfig(budget=1 << 30, ttl_calls=4), reuse_labels(table, horizon=4))
+    for budget, ttl in ((1 << 30, 4), (3000, 4), (3000, None), (400_000, 1)):
+        policy = GuidedConfig(budget=budget, ttl_calls=ttl, mode=mode)
+        _check(table, policy, reuse_labels(table, horizon=4))
 
 
 def test_same_time_everywhere_counts_calls():
@@ -240,3 +267,38 @@ def test_hit_with_a_larger_block_returns_the_larger_block():
     assert r["hits"] == 2
     assert r["waste_bytes"] == 30_000 + 10_000
     assert r["peak_footprint"] == r["live_peak"] == 300_000  # one block, first 300000 live
+
+
+def test_priority_eviction_beats_lru_at_a_tight_budget():
+    # budget 1000 B: a (500 B, class 9) and u (600 B, class 10) cannot both stay cached. lru
+    # releases the older, a, and misses the 400-byte request that a would have served; the
+    # prediction says class 9 comes back within 2 calls and class 10 never: priority releases u
+    t = _events(
+        [
+            (MALLOC, 500, 0xA0, None),
+            (MALLOC, 600, 0xB0, None),
+            (FREE, 0, 0xA0, 500),  # predicted: class 9 is requested 2 calls later
+            (FREE, 0, 0xB0, 600),  # unpredicted: class 10 is never requested again
+            (MALLOC, 400, 0xC0, None),
+        ]
+    )
+    labels = reuse_labels(t, horizon=2)
+    assert labels.tolist() == [False, False, True, False, False]
+    lru = simulate(t, LruConfig(budget=1000))
+    assert (lru["hits"], lru["allocations"], lru["evictions"], lru["evicted_bytes"]) == (
+        0,
+        3,
+        1,
+        500,
+    )
+    assert lru["idle_bytes_peak"] == 600
+    for ttl in (None, 2):
+        g = simulate(t, GuidedConfig(budget=1000, ttl_calls=ttl), labels)
+        assert (g["hits"], g["evictions"], g["evicted_bytes"]) == (1, 1, 600)
+        assert g["waste_bytes"] == 100 and g["idle_bytes_peak"] == 500
+        assert g["hit_rate"] == 1 / 3 > lru["hit_rate"]
+        assert g["idle_bytes_mean"] < lru["idle_bytes_mean"]
+        _check(t, GuidedConfig(budget=1000, ttl_calls=ttl), labels)
+    # without the prediction (all false, or all true) it is lru, hit for hit
+    for pred in (np.zeros(5, bool), np.ones(5, bool)):
+        assert simulate(t, GuidedConfig(budget=1000), pred)["hits"] == 0
