@@ -13,6 +13,8 @@ benchmarks/results/model_variants.json.
 The variants (configs/train.yaml explains the fields):
 - ngram_online: GRU over tokens + offline n-gram features + online counter features (both);
 - online: GRU over tokens + online counter features only;
+- crossfit_online: both, half the training blocks with n-gram features cross-fitted from the
+  other workloads' table (model.ngram_crossfit);
 - ngram: GRU over tokens + offline n-gram features (the hybrid before online features);
 - lstm: the article's LSTM over tokens alone.
 """
@@ -31,6 +33,9 @@ sys.path.insert(0, str(PROJECT))
 VARIANTS = {
     "ngram_online": {"model": {"ngram_features": True, "online_features": True}},
     "online": {"model": {"ngram_features": False, "online_features": True}},
+    "crossfit_online": {
+        "model": {"ngram_features": True, "ngram_crossfit": 0.5, "online_features": True}
+    },
     "ngram": {"model": {"ngram_features": True, "online_features": False}},
     "lstm": {"model": {"kind": "lstm", "ngram_features": False, "online_features": False}},
 }

@@ -91,6 +91,43 @@ def _read_history(path: Path) -> dict[str, list[float]]:
     return {k: [float(r[k]) for r in rows] for k in keys}
 
 
+def crossfit_features(feats: np.ndarray, runs: list, cfg: TrainConfig) -> int:
+    """Replace, in place, the n-gram features of a `cfg.model.ngram_crossfit` share of the
+    training positions (blocks of ten contexts, seeded) by those of a table fitted on the other
+    training workloads only; returns how many positions were replaced.
+
+    Leave-one-out features on the table's own runs say what the n-gram knows about a workload it
+    was trained on; on a program it never saw, its contexts come from other programs and are
+    often confidently wrong. Trained on the first kind alone, the network trusts them on the
+    second (benchmarks/results/model_variants.json); cross-fitted blocks teach it when not to.
+    """
+    from tasks.learning.model import NGramTable
+
+    workloads = sorted({r.workload for r in runs})
+    if len(workloads) < 2:
+        return 0
+    rng = np.random.default_rng(cfg.seed)
+    block = 10 * cfg.context
+    starts = np.cumsum([0] + [r.n_tokens for r in runs])
+    replaced = 0
+    for w in workloads:
+        mine = [i for i, r in enumerate(runs) if r.workload == w]
+        others = concat_runs([r for r in runs if r.workload != w])
+        table = NGramTable.fit(others.tokens, others.position_in_thread(), cfg.model.ngram_order)
+        for i in mine:
+            r, s0 = runs[i], int(starts[i])
+            n_blocks = -(-r.n_tokens // block)
+            chosen = np.flatnonzero(rng.random(n_blocks) < cfg.model.ngram_crossfit)
+            if not len(chosen):
+                continue
+            out = table.features(r.tokens, r.position_in_thread(), leave_one_out=False)
+            rows = (chosen[:, None] * block + np.arange(block)[None, :]).ravel()
+            rows = rows[rows < r.n_tokens]
+            feats[s0 + rows] = out[rows]
+            replaced += len(rows)
+    return replaced
+
+
 def fit_model(
     cfg: TrainConfig,
     split: Split,
@@ -123,6 +160,8 @@ def fit_model(
         pos_train = train_run.position_in_thread()
         table = NGramTable.fit(train_run.tokens, pos_train, cfg.model.ngram_order)
         train_feats = table.features(train_run.tokens, pos_train, leave_one_out=True)
+        if cfg.model.ngram_crossfit > 0:
+            crossfit_features(train_feats, split.train, cfg)
         val_feats = table.features(
             val_run.tokens, val_run.position_in_thread(), leave_one_out=False
         )

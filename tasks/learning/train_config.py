@@ -92,6 +92,11 @@ class ModelConfig(StrictModel):
     # the training positions; tasks/learning/model.py, NGramFeatures); the table is inside the model
     ngram_features: bool = False
     ngram_order: int = Field(default=16, ge=1, le=16)  # orders > 9 use a 61-bit hash of the context
+    # Cross-fitting: this share of the training positions (in blocks of ten contexts) gets its
+    # n-gram features from a table of the OTHER training workloads only, so the network also sees
+    # what those features look like on a program they never saw, as on the unseen-programs table
+    # (0: every position leave-one-out from the whole table). Needs two training workloads.
+    ngram_crossfit: float = Field(default=0.0, ge=0.0, le=1.0)
     # online (sequence mode): besides each token the network gets the online counter's answer
     # (tasks/learning/online.py) over the thread's WHOLE history so far, beyond the context:
     # top-1, the order it answered from, count and share buckets. Causal by construction (only

@@ -124,3 +124,37 @@ def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_pa
     n = {ev.get(p, OVERALL, "unseen_runs").positions for p in (MODEL, *BASELINES)}
     assert len(n) == 1 and n.pop() > 0
     assert np.isfinite(ev.get(MODEL).log_loss)
+
+
+def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_path):
+    from tasks.learning.model import NGramTable
+    from tasks.learning.sequences import concat_runs
+    from tasks.learning.train import crossfit_features
+
+    cfg = tiny(tmp_path, model={"units": [8], "ngram_features": True, "ngram_crossfit": 0.5})
+    runs = load_split(events_root, cfg.data).train
+    whole = concat_runs(runs)
+    pos = whole.position_in_thread()
+    table = NGramTable.fit(whole.tokens, pos, cfg.model.ngram_order)
+    loo = table.features(whole.tokens, pos, leave_one_out=True)
+    feats = loo.copy()
+    replaced = crossfit_features(feats, runs, cfg)
+    # about half the positions, in blocks, now hold what a table WITHOUT their workload says
+    assert 0.2 * len(feats) < replaced < 0.8 * len(feats)
+    changed = (feats != loo).any(axis=1)
+    start = 0
+    for r in runs:
+        rows = slice(start, start + r.n_tokens)
+        others = concat_runs([o for o in runs if o.workload != r.workload])
+        out = NGramTable.fit(
+            others.tokens, others.position_in_thread(), cfg.model.ngram_order
+        ).features(r.tokens, r.position_in_thread(), leave_one_out=False)
+        mine = feats[rows]
+        took = (mine == out).all(axis=1)
+        kept = (mine == loo[rows]).all(axis=1)
+        assert (took | kept).all()  # every row is one or the other, never a mix
+        start += r.n_tokens
+    assert changed.any()
+    # one training workload: nothing to cross-fit from
+    single = [r for r in runs if r.workload == runs[0].workload]
+    assert crossfit_features(loo[: sum(r.n_tokens for r in single)].copy(), single, cfg) == 0
