@@ -14,7 +14,7 @@ The variants (configs/train.yaml explains the fields):
 - ngram_online: GRU over tokens + offline n-gram features + online counter features (both);
 - online: GRU over tokens + online counter features only;
 - crossfit_online: both, half the training blocks with n-gram features cross-fitted from the
-  other workloads' table (model.ngram_crossfit);
+  other workloads' table (model.ngram_crossfit); crossfit80_online: 80% of them;
 - ngram: GRU over tokens + offline n-gram features (the hybrid before online features);
 - lstm: the article's LSTM over tokens alone.
 """
@@ -35,6 +35,9 @@ VARIANTS = {
     "online": {"model": {"ngram_features": False, "online_features": True}},
     "crossfit_online": {
         "model": {"ngram_features": True, "ngram_crossfit": 0.5, "online_features": True}
+    },
+    "crossfit80_online": {
+        "model": {"ngram_features": True, "ngram_crossfit": 0.8, "online_features": True}
     },
     "ngram": {"model": {"ngram_features": True, "online_features": False}},
     "lstm": {"model": {"kind": "lstm", "ngram_features": False, "online_features": False}},
