@@ -158,3 +158,28 @@ def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_
     # one training workload: nothing to cross-fit from
     single = [r for r in runs if r.workload == runs[0].workload]
     assert crossfit_features(loo[: sum(r.n_tokens for r in single)].copy(), single, cfg) == 0
+
+
+def test_an_online_hybrid_champion_is_rescored_exactly_as_it_was_scored(events_root, tmp_path):
+    # GIVEN the default family (n-gram + online features, cross-fitted), trained and scored
+    from tasks.registry.register import champion_rescorer
+
+    cfg = tiny(
+        tmp_path,
+        model={
+            "units": [8],
+            "ngram_features": True,
+            "ngram_order": 3,
+            "ngram_crossfit": 0.5,
+            "online_features": True,
+        },
+    )
+    trained = train.fn(events_root, cfg)
+    outcome = evaluate.fn(trained)
+    # WHEN promotion re-scores it as a champion (its own config, as logged with it)
+    again = champion_rescorer(cfg, trained.split)(trained.model, cfg.model_dump(mode="json"))
+    # THEN the figures are the candidate's own, table by table (like is compared with like)
+    for table in ("unseen_runs", "unseen_programs"):
+        a, b = outcome.evaluation.get(MODEL, table=table), again.get(MODEL, table=table)
+        assert a.positions == b.positions > 0
+        assert a.top1 == pytest.approx(b.top1) and a.log_loss == pytest.approx(b.log_loss, rel=1e-5)
