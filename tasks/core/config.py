@@ -81,6 +81,9 @@ def apply_embedded_defaults() -> None:
     os.environ.setdefault("PREFECT_HOME", str(PROJECT_DIR / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    # The in-process Dask scheduler logs every client connection at INFO (60 lines a quick night,
+    # through Prefect's handlers); warnings and errors still show.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     # TensorFlow's C++ logs: no INFO or WARNING ("2"), and without an NVIDIA GPU no ERROR either
     # ("3"): its only errors there are its CUDA probes failing ("failed call to cuInit"). Its
     # start-up lines ignore this level (Abseil not yet initialised): tasks.core.quiet holds them
