@@ -42,3 +42,21 @@ def need_tool(tool: str, package: str | None = None) -> str:
             pytest.fail(msg + "; CI=true requires it")
         pytest.skip(msg)
     return path
+
+
+@pytest.fixture(scope="session")
+def engine() -> str:
+    """The container engine's DOCKER_HOST; skip without one on a developer's machine, fail in
+    CI (`make test` starts one with scripts/engine.sh up)."""
+    from tasks.replay.runners.docker_runner import engine_answers, engine_host
+
+    host = engine_host()
+    if not engine_answers(host):
+        msg = (
+            f"no container engine answers at DOCKER_HOST={host}; start one with "
+            '`eval "$(scripts/engine.sh up)"`'
+        )
+        if in_ci():
+            pytest.fail(msg + " (CI=true: the engine is required)")
+        pytest.skip(msg)
+    return host

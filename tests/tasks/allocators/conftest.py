@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tasks.allocators.config import AllocatorsConfig, load_allocators_config
-from tasks.replay.runners.docker_runner import engine_answers, engine_host
-from tests.conftest import in_ci
 from tests.tasks.allocators.programs_build import (
     GENERATOR,
     alloc_mix_catalog,
@@ -30,20 +28,6 @@ def alloc_catalog(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(GENERATORS, GENERATOR, generator_for(binary))
         yield alloc_mix_catalog()
-
-
-@pytest.fixture(scope="session")
-def engine() -> str:
-    host = engine_host()
-    if not engine_answers(host):
-        msg = (
-            f"no container engine answers at DOCKER_HOST={host}; start one with "
-            '`eval "$(scripts/engine.sh up)"`'
-        )
-        if in_ci():
-            pytest.fail(msg + " (CI=true: the engine is required)")
-        pytest.skip(msg)
-    return host
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,7 @@ from tasks.format.trace_reader import read_trace
 from tasks.replay.images import BASE_IMAGE, build_all
 from tasks.replay.manifest import MANIFEST_NAME, RunManifest
 from tasks.replay.replays import replay_input
-from tasks.replay.runners.docker_runner import engine_answers, engine_host
 from tasks.replay.workloads import load_catalog
-from tests.conftest import in_ci
 from tests.tasks.replay.replay_checks import op_counts, tracer_path, unpaired_frees
 
 pytestmark = pytest.mark.integration
@@ -26,20 +24,6 @@ pytestmark = pytest.mark.integration
 # and libraries, but glibc's start-up (locale, nss) reads files of two different root file
 # systems (the image's and the host's). Measured: 2 mallocs of ~540 bytes, at record 12.
 STARTUP_RECORDS = 64
-
-
-@pytest.fixture(scope="module")
-def engine() -> str:
-    host = engine_host()
-    if not engine_answers(host):
-        msg = (
-            f"no container engine answers at DOCKER_HOST={host}; start one with "
-            '`eval "$(scripts/engine.sh up)"`'
-        )
-        if in_ci():
-            pytest.fail(msg + " (CI=true: the engine is required)")
-        pytest.skip(msg)
-    return host
 
 
 @pytest.fixture(scope="module")
