@@ -15,6 +15,7 @@ The variants (configs/train.yaml explains the fields):
 - online: GRU over tokens + online counter features only;
 - crossfit_online: both, half the training blocks with n-gram features cross-fitted from the
   other workloads' table (model.ngram_crossfit); crossfit80_online: 80% of them;
+- crossfit_copy_online: crossfit_online with a copy path per source (model.copy_path);
 - ngram: GRU over tokens + offline n-gram features (the hybrid before online features);
 - lstm: the article's LSTM over tokens alone.
 """
@@ -35,6 +36,14 @@ VARIANTS = {
     "online": {"model": {"ngram_features": False, "online_features": True}},
     "crossfit_online": {
         "model": {"ngram_features": True, "ngram_crossfit": 0.5, "online_features": True}
+    },
+    "crossfit_copy_online": {
+        "model": {
+            "ngram_features": True,
+            "ngram_crossfit": 0.5,
+            "online_features": True,
+            "copy_path": True,
+        }
     },
     "crossfit80_online": {
         "model": {"ngram_features": True, "ngram_crossfit": 0.8, "online_features": True}

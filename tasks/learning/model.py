@@ -82,8 +82,8 @@ def _compile(model: keras.Model, cfg: TrainConfig, total_steps: int | None) -> k
     return model
 
 
-def _network(cfg: TrainConfig, mode: str, x):
-    """The recurrent layers and the softmax over an embedded input x [B, T, d]."""
+def _recurrent(cfg: TrainConfig, mode: str, x):
+    """The recurrent layers over an embedded input x [B, T, d]."""
     layer_cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[cfg.model.kind]
     units = cfg.model.units
     for i, n in enumerate(units):
@@ -96,7 +96,40 @@ def _network(cfg: TrainConfig, mode: str, x):
             unroll=False,  # cuDNN condition
             name=f"{cfg.model.kind}_{i}",
         )(x)
-    return keras.layers.Dense(N_TOKENS, activation="softmax", dtype="float32", name="next")(x)
+    return x
+
+
+def _network(cfg: TrainConfig, mode: str, x):
+    """The recurrent layers and the softmax over an embedded input x [B, T, d]."""
+    h = _recurrent(cfg, mode, x)
+    return keras.layers.Dense(N_TOKENS, activation="softmax", dtype="float32", name="next")(h)
+
+
+def _copy_network(cfg: TrainConfig, x, sources: list[tuple[str, object, object]]):
+    """The recurrent layers, then logits with a COPY PATH per source (cfg.model.copy_path).
+
+    A source is (name, its top-1 token [B, T] int (64: none), its confidence one-hots [B, T, c]).
+    Each adds gate * onehot(top-1) to the logits, gate = a learned function of the recurrent
+    state and the source's confidence. Without it, copying "the online counter says 17" has to
+    pass through the last recurrent layer's few units (32 for 64 classes); with it, the network
+    reproduces a source exactly where that source is right and learns where it is not."""
+    h = _recurrent(cfg, "sequence", x)
+    logits = keras.layers.Dense(N_TOKENS, dtype="float32", name="next_logits")(h)
+    for name, top1, confidence in sources:
+        gate = keras.layers.Dense(1, dtype="float32", name=f"{name}_gate")(
+            keras.layers.Concatenate(name=f"{name}_gate_in")([h, confidence])
+        )
+        # identity rows for tokens 0..63, a zero row for "none" (64)
+        onehot = keras.layers.Embedding(
+            N_TOKENS + 1,
+            N_TOKENS,
+            embeddings_initializer=keras.initializers.Identity(),
+            trainable=False,
+            dtype="float32",
+            name=f"{name}_copy",
+        )(top1)
+        logits = keras.layers.Add(name=f"{name}_copied")([logits, gate * onehot])
+    return keras.layers.Activation("softmax", dtype="float32", name="next")(logits)
 
 
 def build_model(
@@ -137,26 +170,28 @@ def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | 
     tok = keras.Input(shape=(None,), dtype="int32", name="tokens")
     feat = keras.Input(shape=(None, feature_width(cfg)), dtype="int32", name="features")
     parts = [_onehot(N_TOKENS, "onehot")(tok)]
+    sources = []  # (name, top-1, confidence one-hots) for the copy path
     col = 0
     if table is not None:
-        parts += [
-            _onehot(N_TOKENS + 1, "ngram_top1")(feat[:, :, 0]),
+        conf = [
             _onehot(table.max_order + 1, "ngram_order")(feat[:, :, 1]),
             _onehot(_COUNT_BUCKETS, "ngram_count")(feat[:, :, 2]),
             _onehot(_SHARE_BUCKETS, "ngram_share")(feat[:, :, 3]),
         ]
+        parts += [_onehot(N_TOKENS + 1, "ngram_top1")(feat[:, :, 0]), *conf]
+        sources.append(("ngram", feat[:, :, 0], keras.layers.Concatenate()(conf)))
         col = NGRAM_FEATURES
     if cfg.model.online_features:
-        parts += [
-            _onehot(N_TOKENS + 1, "online_top1")(feat[:, :, col]),
+        conf = [
             _onehot(len(cfg.model.online_orders) + 1, "online_order")(feat[:, :, col + 1]),
             _onehot(_COUNT_BUCKETS, "online_count")(feat[:, :, col + 2]),
             _onehot(_SHARE_BUCKETS, "online_share")(feat[:, :, col + 3]),
         ]
+        parts += [_onehot(N_TOKENS + 1, "online_top1")(feat[:, :, col]), *conf]
+        sources.append(("online", feat[:, :, col], keras.layers.Concatenate()(conf)))
     x = keras.layers.Concatenate(name="inputs")(parts)
-    core = keras.Model(
-        [tok, feat], _network(cfg, "sequence", x), name=f"heapcast_{cfg.model.kind}_core"
-    )
+    out = _copy_network(cfg, x, sources) if cfg.model.copy_path else _network(cfg, "sequence", x)
+    core = keras.Model([tok, feat], out, name=f"heapcast_{cfg.model.kind}_core")
     _compile(core, cfg, total_steps)
     tokens = keras.Input(shape=(None,), dtype="int32", name="tokens")
     inputs, feats = [tokens], []

@@ -97,6 +97,9 @@ class ModelConfig(StrictModel):
     # what those features look like on a program they never saw, as on the unseen-programs table
     # (0: every position leave-one-out from the whole table). Needs two training workloads.
     ngram_crossfit: float = Field(default=0.0, ge=0.0, le=1.0)
+    # A copy path per feature source (n-gram, online): gate * onehot(source's top-1) added to the
+    # logits (tasks/learning/model.py _copy_network). Hybrids only.
+    copy_path: bool = False
     # online (sequence mode): besides each token the network gets the online counter's answer
     # (tasks/learning/online.py) over the thread's WHOLE history so far, beyond the context:
     # top-1, the order it answered from, count and share buckets. Causal by construction (only

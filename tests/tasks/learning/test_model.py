@@ -268,13 +268,14 @@ def _online_cfg(**model):
     return tiny(model={"units": [8], "online_features": True, "online_orders": [3, 2, 1], **model})
 
 
-@pytest.mark.parametrize("ngram", [False, True])
-def test_online_hybrid_takes_tokens_and_online_features_and_round_trips(tmp_path, ngram):
+@pytest.mark.parametrize("ngram,copy", [(False, False), (True, False), (True, True)])
+def test_online_hybrid_takes_tokens_and_online_features_and_round_trips(tmp_path, ngram, copy):
     from tasks.learning.model import ONLINE_FEATURES, online_orders, takes_online
 
     rng = np.random.default_rng(4)
     table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3) if ngram else None
-    _, full = build_hybrid(_online_cfg(ngram_features=ngram, ngram_order=3), table)
+    cfg = _online_cfg(ngram_features=ngram, ngram_order=3, copy_path=copy)
+    _, full = build_hybrid(cfg, table)
     assert takes_online(full) and online_orders(full) == (3, 2, 1)
     x = {
         "tokens": np.asarray(_threads(rng, 2, 12, 6), np.int32),
@@ -299,3 +300,20 @@ def test_online_model_is_scored_at_the_eval_positions():
     pred = predict_positions(full, RUN, 6, 4)
     assert len(pred) == len(eval_positions(RUN))
     assert np.all(pred.p_true > 0) and np.all(pred.p_true <= 1)
+
+
+def test_the_copy_path_adds_the_gated_source_token_to_the_logits():
+    # GIVEN an online hybrid with a copy path whose online gate is forced to a large constant
+    from tasks.learning.model import ONLINE_FEATURES
+
+    core, full = build_hybrid(_online_cfg(copy_path=True), None)
+    gate = core.get_layer("online_gate")
+    w, b = gate.get_weights()
+    gate.set_weights([np.zeros_like(w), np.full_like(b, 50.0)])
+    rng = np.random.default_rng(5)
+    online = rng.integers(0, 4, (2, 9, ONLINE_FEATURES)).astype(np.int32)
+    online[..., 0] = rng.integers(0, 64, (2, 9))  # the counter's top-1 at each position
+    x = {"tokens": rng.integers(0, 64, (2, 9)).astype(np.int32), "online": online}
+    # THEN the model answers the counter's top-1 everywhere (it can copy it exactly)
+    top = full.predict(x, verbose=0).argmax(-1)
+    assert (top == online[..., 0]).all()
