@@ -1,6 +1,7 @@
-"""Tracer overhead: untraced vs heapcast vs heaptrack, side by side, alternating.
+"""Tracer overhead: untraced vs heapcast (with and without --caller) vs heaptrack, alternating.
 
 Run: python benchmarks/bench_tracer.py [--reps 5] [--loop-iters 250000] [--sqlite-rows 60000]
+         [--no-caller] [--no-heaptrack]
 
 Workloads: (1) benchmarks/programs/loop.c, 8 threads of malloc/free (event count known);
 (2) sqlite3 on a generated SQL script; (3) Debian's /usr/bin/python3.11 with PYTHONMALLOC=malloc
@@ -8,6 +9,9 @@ on a dict/list/json churn. Each repetition runs every (workload, mode) once, the
 rotating between repetitions, so load from other processes hits all modes alike; the table uses
 the minimum (and shows the median). Times are wall clock and CPU (user+sys of the process tree,
 from wait4). Event counts and bytes come from the heapcast trace (tasks.format.trace_reader).
+Mode `heapcast_caller` is heapcast with HEAPCAST_CALLER=1 (`heapcast trace --caller`: 40-byte
+records with the return address, plus the module map, FORMAT.md Modules); its cost is given per
+event and as the extra over plain heapcast.
 
 Prints a table and writes benchmarks/results/tracer.json.
 """
@@ -33,7 +37,8 @@ from tasks.format.build import build_tracer  # noqa: E402
 from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 
 PYTHON = "/usr/bin/python3.11"
-MODES = ("untraced", "heapcast", "heaptrack")
+MODES = ("untraced", "heapcast", "heapcast_caller", "heaptrack")
+HEAPCAST_MODES = ("heapcast", "heapcast_caller")
 TARGETS = {
     "loop_ns_per_event": 25.0,
     "sqlite3_slowdown": 1.1,
@@ -105,6 +110,7 @@ def main() -> int:
     ap.add_argument("--loop-iters", type=int, default=250_000, help="per thread")
     ap.add_argument("--sqlite-rows", type=int, default=60_000)
     ap.add_argument("--no-heaptrack", action="store_true")
+    ap.add_argument("--no-caller", action="store_true", help="skip the heapcast --caller mode")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "tracer.json")
     args = ap.parse_args()
 
@@ -115,6 +121,7 @@ def main() -> int:
         m
         for m in MODES
         if not (m == "heaptrack" and (args.no_heaptrack or not shutil.which("heaptrack")))
+        and not (m == "heapcast_caller" and args.no_caller)
     ]
     lib = build_tracer.fn()
     work = Path(tempfile.mkdtemp(prefix="heapcast-bench-"))
@@ -155,14 +162,16 @@ def main() -> int:
                     out.mkdir()
                     env = base_env | extra_env
                     cmd = list(argv)
-                    if mode == "heapcast":
+                    if mode in HEAPCAST_MODES:
                         env |= {"LD_PRELOAD": str(lib), "HEAPCAST_OUT": str(out)}
+                        if mode == "heapcast_caller":
+                            env["HEAPCAST_CALLER"] = "1"
                     elif mode == "heaptrack":
                         cmd = ["heaptrack", "--raw", "-o", str(out / "ht"), *argv]
                     wall, cpu = run_once(cmd, env, stdin_path)
                     samples[name][mode]["wall"].append(wall)
                     samples[name][mode]["cpu"].append(cpu)
-                    if rep == 0 and mode in ("heapcast", "heaptrack"):
+                    if rep == 0 and mode != "untraced":
                         files = list(out.iterdir())
                         stats[name][f"{mode}_bytes"] = sum(f.stat().st_size for f in files)
                         if mode == "heapcast":
@@ -196,6 +205,10 @@ def main() -> int:
                 r[f"{m}_slowdown_{kind}"] = r[f"{m}_{kind}_min_s"] / base
                 r[f"{m}_ns_per_event_{kind}"] = (r[f"{m}_{kind}_min_s"] - base) / ev * 1e9
             r[f"{m}_bytes_per_event"] = stats[name][f"{m}_bytes"] / ev
+        if "heapcast_caller" in modes:
+            for kind in ("wall", "cpu"):
+                extra = r[f"heapcast_caller_{kind}_min_s"] - r[f"heapcast_{kind}_min_s"]
+                r[f"caller_extra_ns_per_event_{kind}"] = extra / ev * 1e9
         if "heaptrack" in modes:
             for kind in ("wall", "cpu"):
                 hc = r[f"heapcast_{kind}_min_s"] - r[f"untraced_{kind}_min_s"]
@@ -224,6 +237,26 @@ def main() -> int:
                 f"{fmt(r.get(f'heaptrack_vs_heapcast_overhead_{kind}'), '>5.1f'):>5}x "
                 f"{r['heapcast_bytes_per_event']:>7.2f} {fmt(r.get('heaptrack_bytes_per_event'), '>7.2f'):>7}"
             )
+
+    if "heapcast_caller" in modes:
+        print(
+            "\nwith --caller (HEAPCAST_CALLER=1: return address per record + module map), "
+            "minima as above"
+        )
+        print(
+            f"{'workload':9} {'clock':5} {'heapcast':>9} {'+caller':>9} {'hc ns/ev':>8} "
+            f"{'+c ns/ev':>8} {'extra':>6} {'hc B/ev':>7} {'+c B/ev':>7}"
+        )
+        for name, r in results.items():
+            for kind in ("wall", "cpu"):
+                print(
+                    f"{name if kind == 'wall' else '':9} {kind:5} "
+                    f"{r[f'heapcast_{kind}_min_s']:>9.3f} {r[f'heapcast_caller_{kind}_min_s']:>9.3f} "
+                    f"{r[f'heapcast_ns_per_event_{kind}']:>8.1f} "
+                    f"{r[f'heapcast_caller_ns_per_event_{kind}']:>8.1f} "
+                    f"{r[f'caller_extra_ns_per_event_{kind}']:>6.1f} "
+                    f"{r['heapcast_bytes_per_event']:>7.2f} {r['heapcast_caller_bytes_per_event']:>7.2f}"
+                )
 
     # Targets are judged on CPU time: on this shared 2-core machine the wall clock mostly
     # measures other workers' load (both are in the json).

@@ -37,14 +37,14 @@ example:
       prints 42 as sqlite3 would, exits with sqlite3's code, then on stderr:
       heapcast: 1 process(es), 1 thread(s), 1234 events -> traces/<run>/<pid>-<ns>.hct
   heapcast trace --caller -o traces -- make -j2
-      with each call's return address (for the report's top callers)
+      with each call's return address and the module map (the report's top callers, by name)
 """
 
 INSPECT_EPILOG = """\
 example:
   heapcast inspect traces/*/*.hct
       traces/20260101T120000-42/42-1767268800000000000.hct
-        format version 1, record 32 bytes, caller no
+        format version 2, record 32 bytes, caller no
         pid 42, parent 41, clock tsc
         ...
         threads 1, events 1234, span 0.012 s
@@ -162,6 +162,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(
             f"  format version {h.version}, record {h.record_size} bytes, "
             f"caller {'yes' if h.has_caller else 'no'}"
+            + (f", modules {len(t.modules)}" if t.modules is not None else "")
         )
         print(f"  pid {h.pid}, parent {h.ppid}, clock {'tsc' if h.clock == 2 else 'monotonic'}")
         print(
@@ -257,7 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="heapcast-traces",
         help="folder for the run's trace files (default ./heapcast-traces)",
     )
-    t.add_argument("--caller", action="store_true", help="record each call's return address")
+    t.add_argument(
+        "--caller",
+        action="store_true",
+        help="record each call's return address and the module map (callers named in the report)",
+    )
     t.add_argument("program", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
     i = sub.add_parser(

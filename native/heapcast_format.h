@@ -1,5 +1,5 @@
 /*
- * heapcast raw trace format, version 1: the C mirror of native/FORMAT.md.
+ * heapcast raw trace format, version 2: the C mirror of native/FORMAT.md.
  *
  * FORMAT.md is the spec; this header only restates it for the tracer, and the static asserts
  * below pin every size and offset the spec gives. tests/native/test_format_layout.py compiles a
@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define HC_MAGIC "HEAPCAST" /* 8 bytes, no NUL in the file */
-#define HC_VERSION 1u
+#define HC_VERSION 2u /* 2: module records (HC_OP_MODULE, HC_OP_MODULE_PATH) with the caller */
 
 #define HC_FLAG_CALLER 1u /* bit 0: records carry the caller's return address */
 
@@ -73,7 +73,18 @@ enum hc_op {
     HC_OP_VALLOC = 9,
     HC_OP_PVALLOC = 10,
     HC_OP_THREAD_START = 64,
+    HC_OP_MODULE = 65,      /* version 2, caller traces only: a mapped ELF module (see below) */
+    HC_OP_MODULE_PATH = 66, /* version 2: HC_MODULE_PATH_CHUNK bytes of the preceding module's path */
 };
+
+/* Module records (version 2, written only when flags bit 0 is set, so always 40 bytes):
+ *   HC_OP_MODULE:      time = ticks, addr = lowest mapped address, arg = end (exclusive),
+ *                      size bits = path length in bytes, caller = load bias (run-time address of
+ *                      ELF virtual address 0);
+ *   HC_OP_MODULE_PATH: time, addr, arg = the next HC_MODULE_PATH_CHUNK bytes of the path
+ *                      (zero-padded), size bits = bytes used, caller = 0.
+ * A module record is followed directly by ceil(path length / 24) path records. */
+#define HC_MODULE_PATH_CHUNK 24u
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "heapcast traces are little-endian");
 _Static_assert(sizeof(double) == 8, "ns_per_tick is an IEEE f64");

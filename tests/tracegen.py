@@ -1,4 +1,4 @@
-"""Write valid heapcast trace files (native/FORMAT.md, version 1) from given records.
+"""Write valid heapcast trace files (native/FORMAT.md, version 2) from given records.
 
 For tests that need exact control over what a trace holds (reused addresses, double frees,
 unpaired frees, realloc chains, several threads), without running the tracer. Other test
@@ -73,6 +73,17 @@ def memalign(
     time: int, alignment: int, size: int, addr: int, op: int = Op.POSIX_MEMALIGN, thread: int = 0
 ) -> Rec:
     return Rec(time, op, size, addr, alignment, thread)
+
+
+def module(time: int, start: int, end: int, bias: int, path: str) -> list[Rec]:
+    """A MODULE record and its MODULE_PATH records (FORMAT.md, Modules; caller traces only)."""
+    raw = path.encode()
+    out = [Rec(time, Op.MODULE, len(raw), start, end, 0, bias)]
+    for at in range(0, len(raw), 24):
+        chunk = raw[at : at + 24]
+        word = [int.from_bytes(chunk[i : i + 8].ljust(8, b"\0"), "little") for i in (0, 8, 16)]
+        out.append(Rec(word[0], Op.MODULE_PATH, len(chunk), word[1], word[2]))
+    return out
 
 
 def records_array(recs: Sequence[Rec], caller: bool = False) -> np.ndarray:

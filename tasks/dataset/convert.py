@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS, size_class
 from tasks.format.trace_reader import (
     ALIGNED_OPS,
@@ -722,11 +722,33 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
         "caller": (
             pa.array(cols_g["caller"]) if "caller" in cols_g else _constant(None, pa.uint64(), g)
         ),
+        **_caller_modules(trace, cols_g.get("caller"), g),
         "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
         "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
         "token": pa.array(token),
     }
     return pa.Table.from_arrays([cols[f.name] for f in EVENTS_SCHEMA], schema=EVENTS_SCHEMA)
+
+
+def _caller_modules(trace: Trace, caller: np.ndarray | None, g: int) -> dict[str, Any]:
+    """caller_module and caller_offset of a group: the module holding each caller and the
+    caller's address in it (FORMAT.md, Modules); null without a module map."""
+    m = trace.modules
+    if caller is None or m is None or len(m) == 0:
+        return {
+            "caller_module": _constant(None, CALLER_MODULE_TYPE, g),
+            "caller_offset": _constant(None, pa.uint64(), g),
+        }
+    idx, offset = m.locate(caller)
+    missing = idx < 0
+    valid = None if not missing.any() else ~missing
+    return {
+        "caller_module": pa.DictionaryArray.from_arrays(
+            pa.array(idx, mask=missing if valid is not None else None, type=pa.int32()),
+            pa.array(list(m.path), type=pa.string()),
+        ),
+        "caller_offset": _nullable(offset, valid, pa.uint64()),
+    }
 
 
 def convert_groups(trace: Trace) -> tuple[Iterator[pa.Table], FileStats]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+CALLER_MODULE_TYPE = pa.dictionary(pa.int32(), pa.string())
+
 EVENTS_SCHEMA = pa.schema(
     [
         pa.field("pid", pa.uint32(), nullable=False),
@@ -28,6 +30,12 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("lifetime_ns", pa.int64(), nullable=True),  # allocations: until freed
         pa.field("lifetime_calls", pa.int64(), nullable=True),  # calls in the process until freed
         pa.field("token", pa.uint8(), nullable=False),  # tasks.dataset.tokens
+        # the caller's module (its path; a dictionary column: an int32 id per row into the
+        # file's list of module paths) and the caller's address in that module's own ELF
+        # addresses (caller - load bias: what its symbol tables give); null where the trace has
+        # no module map (no caller, or a version 1 trace) or no module holds the address
+        pa.field("caller_module", CALLER_MODULE_TYPE, nullable=True),
+        pa.field("caller_offset", pa.uint64(), nullable=True),
     ],
     metadata={"heapcast.events.version": "1"},
 )

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.core.storage import Root
-from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.dataset.tokens import FREE_OFFSET
 from tasks.format.trace_reader import Op
 
@@ -79,6 +79,8 @@ def events_table(threads: list[np.ndarray], pid: int = 1000) -> pa.Table:
         "lifetime_ns": pa.nulls(n, pa.int64()),
         "lifetime_calls": pa.nulls(n, pa.int64()),
         "token": pa.array(tokens),
+        "caller_module": pa.nulls(n, CALLER_MODULE_TYPE),
+        "caller_offset": null,
     }
     return pa.table(cols, schema=EVENTS_SCHEMA)
 

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"HEAPCAST"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # written by this tracer; READ_VERSIONS are read
+READ_VERSIONS = (1, 2)  # 2 added module records (caller traces only); 1 has none
 FLAG_CALLER = 1
 CLOCK_MONOTONIC = 1
 CLOCK_TSC = 2
@@ -54,7 +55,12 @@ class Op(enum.IntEnum):
     VALLOC = 9
     PVALLOC = 10
     THREAD_START = 64
+    MODULE = 65  # version 2: a mapped module; not a heap call, not in Trace.records
+    MODULE_PATH = 66  # version 2: 24 bytes of the preceding MODULE's path
 
+
+MODULE_OPS = (Op.MODULE, Op.MODULE_PATH)
+MODULE_PATH_CHUNK = 24
 
 ALLOCATING_OPS = (
     Op.MALLOC,
@@ -71,6 +77,59 @@ ALIGNED_OPS = (Op.POSIX_MEMALIGN, Op.ALIGNED_ALLOC, Op.MEMALIGN, Op.VALLOC, Op.P
 
 class TraceFormatError(ValueError):
     """A file that cannot be read as a heapcast trace; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Modules:
+    """The ELF modules a process mapped (FORMAT.md, Modules), in the order they were recorded.
+
+    start/end: the module's mapped address range [start, end); bias: its load bias (the
+    run-time address of ELF virtual address 0), so `address - bias` is the address in the file's
+    own symbol tables; path: as the loader named it ("" when unknown, e.g. the vDSO's name)."""
+
+    start: np.ndarray  # uint64
+    end: np.ndarray  # uint64
+    bias: np.ndarray  # uint64
+    time: np.ndarray  # uint64, raw record clock ticks
+    path: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.path)
+
+    @cached_property
+    def _segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Disjoint address ranges (start, end, module index), sorted by start; where ranges
+        overlap (a module unloaded and another loaded at its place) the later module wins."""
+        segs: list[tuple[int, int, int]] = []
+        for i in range(len(self.path)):  # a loop over modules (tens to thousands), not events
+            s, e = int(self.start[i]), int(self.end[i])
+            kept: list[tuple[int, int, int]] = []
+            for a, b, k in segs:
+                if b <= s or a >= e:
+                    kept.append((a, b, k))
+                    continue
+                if a < s:
+                    kept.append((a, s, k))
+                if b > e:
+                    kept.append((e, b, k))
+            kept.append((s, e, i))
+            segs = sorted(kept)
+        arr = np.array(segs, dtype=np.uint64).reshape(-1, 3)
+        return arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].astype(np.int32)
+
+    def locate(self, addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(module index, offset) of each address: the index into this table (int32, -1 when
+        no module holds the address) and `address - bias` (uint64, 0 where the index is -1)."""
+        addresses = np.asarray(addresses, dtype=np.uint64)
+        starts, ends, mod = self._segments
+        if len(starts) == 0:
+            return np.full(len(addresses), -1, np.int32), np.zeros(len(addresses), np.uint64)
+        j = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
+        jc = np.maximum(j, 0)
+        hit = (j >= 0) & (addresses < ends[jc])
+        idx = np.where(hit, mod[jc], np.int32(-1)).astype(np.int32)
+        offset = np.where(hit, addresses - self.bias[np.maximum(idx, 0)], np.uint64(0))
+        return idx, offset.astype(np.uint64)
 
 
 @dataclass(frozen=True)
@@ -120,8 +179,9 @@ class Trace:
     """One process image's trace: its header and its records, in file order."""
 
     header: TraceHeader
-    records: np.ndarray
+    records: np.ndarray  # heap calls and THREAD_START markers; never module records
     dropped_bytes: int = 0
+    modules: Modules | None = None  # version 2 caller traces: the module map
 
     def __len__(self) -> int:
         return len(self.records)
@@ -196,10 +256,11 @@ def parse_header(data: bytes | memoryview, path: str) -> TraceHeader:
         cmdline_len,
         _reserved,
     ) = _HEADER.unpack_from(data, 0)
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise TraceFormatError(
             f"{path}: trace format version {version}, this heapcast reads version "
-            f"{FORMAT_VERSION}; re-record it with the matching tracer or upgrade heapcast"
+            f"{' and '.join(map(str, READ_VERSIONS))}; re-record it with the matching tracer "
+            "or upgrade heapcast"
         )
     expected_record = RECORD_DTYPE_CALLER.itemsize if flags & FLAG_CALLER else RECORD_DTYPE.itemsize
     if record_size != expected_record:
@@ -247,7 +308,54 @@ def parse_trace(data: bytes | memoryview, path: str) -> Trace:
             stacklevel=2,
         )
     records = np.frombuffer(data, dtype=dtype, count=count, offset=header.header_size)
-    return Trace(header=header, records=records, dropped_bytes=dropped)
+    modules = None
+    if header.version >= 2 and header.has_caller:
+        records, modules = _split_modules(records, path)
+    return Trace(header=header, records=records, dropped_bytes=dropped, modules=modules)
+
+
+def _split_modules(records: np.ndarray, path: str) -> tuple[np.ndarray, Modules]:
+    """The heap records and the module map of a version-2 caller trace. The tracer writes the
+    module records in whole blocks, first after the header and then where a scan found new
+    modules: when they are all at the start (a program that loads nothing later), the heap
+    records stay a view of the file; else they are copied without the module records."""
+    op = records.view(np.uint8).reshape(len(records), records.dtype.itemsize)[:, 29]
+    is_mod = op >= np.uint8(Op.MODULE)
+    is_mod &= op <= np.uint8(Op.MODULE_PATH)
+    mod_idx = np.flatnonzero(is_mod)
+    if len(mod_idx) == 0:
+        return records, _modules_of(records[:0], path)
+    mods = records[mod_idx]
+    if mod_idx[-1] == len(mod_idx) - 1:
+        heap = records[len(mod_idx) :]
+    else:
+        heap = records[~is_mod]
+    return heap, _modules_of(mods, path)
+
+
+def _modules_of(mods: np.ndarray, path: str) -> Modules:
+    """Modules from the module records (MODULE then its MODULE_PATH records), in file order."""
+    packed = mods["packed"]
+    op = ((packed >> np.uint64(OP_SHIFT)) & np.uint64(0xFF)).astype(np.uint8)
+    size = packed & np.uint64(SIZE_MASK)
+    heads = np.flatnonzero(op == Op.MODULE)
+    raw = mods.view(np.uint8).reshape(len(mods), mods.dtype.itemsize)
+    paths = []
+    for h in heads:  # a loop over modules, not events
+        n = int(size[h])
+        k = -(-n // MODULE_PATH_CHUNK)
+        chunks = raw[h + 1 : h + 1 + k, :MODULE_PATH_CHUNK]
+        ok = len(chunks) == k and bool(np.all(op[h + 1 : h + 1 + k] == Op.MODULE_PATH))
+        if not ok:
+            warnings.warn(f"{path}: a module record's path is cut short", stacklevel=3)
+        paths.append(chunks.tobytes()[:n].decode("utf-8", "replace"))
+    return Modules(
+        start=mods["addr"][heads].copy(),
+        end=mods["arg"][heads].copy(),
+        bias=mods["caller"][heads].copy(),
+        time=mods["time"][heads].copy(),
+        path=tuple(paths),
+    )
 
 
 @dataclass(frozen=True)

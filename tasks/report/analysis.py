@@ -142,7 +142,11 @@ class HeapReport:
     leak_by_class_bytes: np.ndarray = field(default_factory=lambda: np.zeros(N_CLASSES, np.int64))
     unpaired_frees: int = 0
     failed_allocations: int = 0
-    # caller + CALLER_COLUMNS + image (the first process image it was seen in), by calls desc
+    # caller + CALLER_COLUMNS + image (the first process image it was seen in), by calls desc;
+    # with a module map (FORMAT.md, Modules) also module (path, "" when unknown), offset (in the
+    # module's ELF addresses), function ("" when unnamed) and label (how the report names it).
+    # Callers with a module are one entry per (module, offset) over all processes; `caller` is
+    # then the lowest of their raw addresses. Without one, per raw address.
     callers: dict[str, np.ndarray] | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -570,11 +574,28 @@ class _Accumulator:
                     "temps": temp[sel].view(np.uint8),
                 }
             )
+            mods = _caller_modules(b, sel)
+            if mods is not None:
+                t = t.append_column("midx", pa.array(mods[0])).append_column(
+                    "offset", pa.array(mods[1])
+                )
             g = t.group_by("caller").aggregate(
-                [("caller", "count")] + [(c, "sum") for c in CALLER_COLUMNS[1:]]
+                [("caller", "count")]
+                + [(c, "sum") for c in CALLER_COLUMNS[1:]]
+                + ([("midx", "max"), ("offset", "max")] if mods is not None else [])
             )
             names = {"caller_count": "calls", **{f"{c}_sum": c for c in CALLER_COLUMNS[1:]}}
-            g = g.rename_columns(names)
+            names |= {"midx_max": "midx", "offset_max": "offset"}
+            g = g.rename_columns([names.get(c, c) for c in g.column_names])
+            if mods is not None:  # a raw address is one (module, offset) within one image
+                midx = _values(g["midx"])
+                paths = np.array([None, *mods[2]], dtype=object)[midx + 1]
+                g = g.drop_columns(["midx"]).append_column(
+                    "module", pa.array(paths, type=pa.string())
+                )
+            else:
+                g = g.append_column("offset", pa.nulls(len(g), pa.uint64()))
+                g = g.append_column("module", pa.nulls(len(g), pa.string()))
             self.caller_parts.append(g.append_column("image", pa.array(np.full(len(g), k))))
 
         img.append(time, delta, acls, fcls, side, ab - fb, ca - fc)
@@ -692,16 +713,63 @@ def _threads(rep: HeapReport, acc: _Accumulator) -> None:
         p.threads = int(per_image[p.image])
 
 
+def _caller_modules(b: Any, sel: Any) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """(module index, offset, module paths) of the rows' callers where the events carry them
+    (caller_module, caller_offset: traces with a module map); index -1: no module."""
+    names = b.schema.names
+    if "caller_module" not in names or "caller_offset" not in names:
+        return None
+    col = _column(b.column("caller_module"))
+    if col.null_count == len(col):
+        return None
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    idx = col.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
+    off = _column(b.column("caller_offset")).fill_null(0).to_numpy(zero_copy_only=False)
+    return idx[sel], off.astype(np.uint64)[sel], col.dictionary.to_pylist()
+
+
 def _callers(rep: HeapReport, acc: _Accumulator) -> None:
     if not acc.caller_parts:
         return
+    from tasks.report.symbols import caller_label, resolve
+
     t = pa.concat_tables(acc.caller_parts)
-    g = t.group_by("caller").aggregate([(k, "sum") for k in CALLER_COLUMNS] + [("image", "min")])
-    g = g.rename_columns({**{f"{k}_sum": k for k in CALLER_COLUMNS}, "image_min": "image"})
+    known = t["module"].is_valid()
+    # the key within a module is the offset (the same code in every process, ASLR or not);
+    # without a module, the raw address
+    key = pa.array(
+        np.where(_values(known), _values(t["offset"].fill_null(0)), _values(t["caller"]))
+    )
+    t = t.append_column("key", key)
+    g = t.group_by(["module", "key"]).aggregate(
+        [(k, "sum") for k in CALLER_COLUMNS] + [("image", "min"), ("caller", "min")]
+    )
+    rename = {f"{k}_sum": k for k in CALLER_COLUMNS} | {
+        "image_min": "image",
+        "caller_min": "caller",
+    }
+    g = g.rename_columns([rename.get(c, c) for c in g.column_names])
     out = {k: _values(g[k]).astype(np.int64) for k in (*CALLER_COLUMNS, "image")}
     out["caller"] = _values(g["caller"]).astype(np.uint64)
     order = np.lexsort((out["caller"], -out["calls"]))
     rep.callers = {k: v[order] for k, v in out.items()}
+    modules = [m or "" for m in g["module"].to_pylist()]
+    if any(modules):
+        has = _values(g["module"].is_valid())
+        offset = np.where(has, _values(g["key"]), 0).astype(np.uint64)
+        functions = resolve(modules, offset)
+        labels = [
+            caller_label(m, int(o), f, int(c))
+            for m, o, f, c in zip(modules, offset, functions, out["caller"])
+        ]
+        for k, v in (
+            ("module", np.array(modules, dtype=object)),
+            ("offset", offset),
+            ("function", np.array(functions, dtype=object)),
+            ("label", np.array(labels, dtype=object)),
+        ):
+            rep.callers[k] = v[order]
 
 
 def _windows(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:

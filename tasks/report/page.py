@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tasks.report.analysis import N_CLASSES, HeapReport, Process, calls_bin_range
+from tasks.report.analysis import CALLER_COLUMNS, N_CLASSES, HeapReport, Process, calls_bin_range
 
 COLORS = ("#1f77b4", "#d62728")  # run A, run B
 FIG_HEIGHT = 420
@@ -480,20 +480,35 @@ def fig_threads(reps: Sequence[HeapReport]):
     return fig
 
 
-def _caller_rows(rep: HeapReport) -> dict[int, dict[str, int]]:
+_CALLER_INTS = (*CALLER_COLUMNS, "image")
+
+
+def caller_name(rep: HeapReport, i: int) -> str:
+    """The report's name of caller i: `function+0x.. (module)` or `module+0x..` where the trace
+    recorded its module map (tasks.report.symbols), else the raw return address."""
+    c = rep.callers
+    if "label" in c:
+        return str(c["label"][i])
+    return hex_addr(int(c["caller"][i]))
+
+
+def _caller_rows(rep: HeapReport) -> dict[str, dict[str, int]]:
     c = rep.callers
     return {
-        int(a): {k: int(c[k][i]) for k in c if k != "caller"} for i, a in enumerate(c["caller"])
+        caller_name(rep, i): {k: int(c[k][i]) for k in _CALLER_INTS}
+        for i in range(len(c["caller"]))
     }
 
 
-def top_callers(rep: HeapReport, by: str, n: int = TOP_CALLERS) -> list[tuple[int, dict[str, int]]]:
+def top_callers(rep: HeapReport, by: str, n: int = TOP_CALLERS) -> list[tuple[str, dict[str, int]]]:
+    """The n callers with the most `by` (CALLER_COLUMNS), named (caller_name), with their
+    figures."""
     c = rep.callers
     if c is None or not len(c["caller"]):
         return []
     order = np.lexsort((c["caller"], -c[by]))[:n]
     return [
-        (int(c["caller"][i]), {k: int(c[k][i]) for k in c if k != "caller"})
+        (caller_name(rep, int(i)), {k: int(c[k][i]) for k in _CALLER_INTS})
         for i in order
         if c[by][i] > 0
     ]
@@ -507,12 +522,12 @@ def fig_callers(reps: Sequence[HeapReport]):
     )
     names = _names(reps)
     for c, (by, _t) in enumerate(panels, start=1):
-        order: list[int] = []
+        order: list[str] = []
         for rep in reps:
             for a, _ in top_callers(rep, by, 12 if len(reps) > 1 else TOP_CALLERS):
                 if a not in order:
                     order.append(a)
-        labels = [hex_addr(a) for a in order]
+        labels = order
         for i, rep in enumerate(reps):
             rows = _caller_rows(rep) if rep.has_callers else {}
             fig.add_trace(
@@ -531,7 +546,7 @@ def fig_callers(reps: Sequence[HeapReport]):
         fig.update_yaxes(autorange="reversed", type="category", row=1, col=c)
     _layout(
         fig,
-        "Top callers (return addresses of the heap calls, unresolved: the raw format does not record module maps)",
+        "Top callers (function and module where the trace recorded its module map, else return addresses)",
         max(FIG_HEIGHT, 140 + 22 * TOP_CALLERS),
     )
     return fig
@@ -713,7 +728,7 @@ def _callers_html(reps: Sequence[HeapReport]) -> str:
         ):
             rows = [
                 (
-                    hex_addr(a),
+                    html.escape(a),
                     f"{v['calls']:,}",
                     f"{v['allocs']:,}",
                     f"{v['bytes']:,}",
@@ -750,7 +765,7 @@ def _callers_html(reps: Sequence[HeapReport]) -> str:
         )[:TOP_CALLERS]
         rows = [
             (
-                hex_addr(k),
+                html.escape(k),
                 f"{a.get(k, {}).get('calls', 0):,}",
                 f"{b.get(k, {}).get('calls', 0):,}",
                 f"{b.get(k, {}).get('calls', 0) - a.get(k, {}).get('calls', 0):+,}",
@@ -759,7 +774,8 @@ def _callers_html(reps: Sequence[HeapReport]) -> str:
             for k in diffs
         ]
         out.append(
-            "<h3>Callers that differ most (B − A; the same address means the same code only without ASLR)</h3>"
+            "<h3>Callers that differ most (B − A; raw addresses, where no module map was "
+            "recorded, mean the same code only without ASLR)</h3>"
         )
         out.append(_table(["caller", "calls A", "calls B", "calls B − A", "leaks B − A"], rows))
     return "\n".join(out)

@@ -45,6 +45,9 @@ COLUMNS = (
     "lifetime_calls",
     "token",
 )
+# Read where a part has them (events parts written before they existed do not): the caller's
+# module and offset (traces recorded with their module map)
+OPTIONAL_COLUMNS = ("caller_module", "caller_offset")
 BATCH_ROWS = 1 << 20
 TRACE_SUFFIX = ".hct"
 PARQUET_SUFFIX = ".parquet"
@@ -403,6 +406,7 @@ def _events_parts(run: RunInput) -> Iterator[Part]:
             if info.get("failed_allocations") == 0:
                 skip.add("addr")  # only needed to tell failed allocations (analysis._rows)
             cols = [c for c in COLUMNS if c not in skip]
+            cols += [c for c in OPTIONAL_COLUMNS if c in set(pf.schema_arrow.names)]
         except (pa.ArrowException, OSError, ValueError) as err:
             run.warnings.append(f"skipped {path}: not a readable events part ({err})")
             continue

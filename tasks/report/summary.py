@@ -22,7 +22,7 @@ from tasks.report.analysis import (
     HeapReport,
     analyze,
 )
-from tasks.report.page import class_range, fmt_bytes, hex_addr, render, top_callers
+from tasks.report.page import class_range, fmt_bytes, render, top_callers
 from tasks.report.sources import resolve
 
 
@@ -99,7 +99,7 @@ def run_lines(rep: HeapReport) -> list[str]:
         top = top_callers(rep, "calls", 3)
         lines.append(
             "  callers     "
-            + ", ".join(f"{hex_addr(a)} {v['calls']:,} calls" for a, v in top)
+            + ", ".join(f"{a} {v['calls']:,} calls" for a, v in top)
             + f" ({len(rep.callers['caller']):,} distinct)"
         )
     else:

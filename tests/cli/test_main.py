@@ -56,7 +56,7 @@ def test_inspect_prints_header_and_counts(tmp_path):
     (f,) = (tmp_path / "out").glob("*/*.hct")
     r = heapcast("inspect", str(f), cwd=tmp_path)
     assert r.returncode == 0
-    assert "format version 1" in r.stdout and "command sh -c true" in r.stdout
+    assert "format version 2" in r.stdout and "command sh -c true" in r.stdout
     assert re.search(r"malloc\s+\d+", r.stdout)
 
 

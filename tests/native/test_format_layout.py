@@ -66,3 +66,7 @@ def test_c_struct_layout_matches_the_reader(program):
     assert layout["op_shift"] == trace_reader.OP_SHIFT
     assert layout["thread_shift"] == trace_reader.THREAD_SHIFT
     assert layout["ops"] == {op.name: int(op) for op in Op}
+
+    # AND the version the tracer writes, and the module records' path chunk (FORMAT.md, Modules)
+    assert layout["version"] == trace_reader.FORMAT_VERSION == 2
+    assert layout["module_path_chunk"] == trace_reader.MODULE_PATH_CHUNK

@@ -25,6 +25,8 @@ int main(void) {
            HC_OP_MALLOC, HC_OP_CALLOC, HC_OP_REALLOC, HC_OP_REALLOCARRAY, HC_OP_FREE);
     printf("\"POSIX_MEMALIGN\": %d, \"ALIGNED_ALLOC\": %d, \"MEMALIGN\": %d, \"VALLOC\": %d, ",
            HC_OP_POSIX_MEMALIGN, HC_OP_ALIGNED_ALLOC, HC_OP_MEMALIGN, HC_OP_VALLOC);
-    printf("\"PVALLOC\": %d, \"THREAD_START\": %d}}\n", HC_OP_PVALLOC, HC_OP_THREAD_START);
+    printf("\"PVALLOC\": %d, \"THREAD_START\": %d, \"MODULE\": %d, \"MODULE_PATH\": %d}, ",
+           HC_OP_PVALLOC, HC_OP_THREAD_START, HC_OP_MODULE, HC_OP_MODULE_PATH);
+    printf("\"version\": %u, \"module_path_chunk\": %u}\n", HC_VERSION, HC_MODULE_PATH_CHUNK);
     return 0;
 }

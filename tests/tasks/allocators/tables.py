@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from tasks.allocators.config import Allocator, load_allocators_config
 from tasks.allocators.measure import CaseInfo, Measurements, Sample, Unavailable, rotation
-from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 
 OK_HASH = "a" * 64
 
@@ -127,6 +127,8 @@ def events_table(rows: list[tuple[int, int, int, int, int | None]]) -> pa.Table:
             "lifetime_ns": pa.array(life, pa.int64()),
             "lifetime_calls": pa.nulls(n, pa.int64()),
             "token": pa.array(np.zeros(n, np.uint8)),
+            "caller_module": pa.nulls(n, CALLER_MODULE_TYPE),
+            "caller_offset": null,
         },
         schema=EVENTS_SCHEMA,
     )

@@ -20,6 +20,7 @@ from tests.tracegen import (
     free,
     malloc,
     memalign,
+    module,
     realloc,
     synthetic_records,
     thread_start,
@@ -343,3 +344,28 @@ def test_pairing_with_far_apart_address_regions_takes_the_unique_path():
     p = pair_frees(def_addr, free_addr)
     a, f = reference_pairing(def_addr, free_addr)
     assert p.alloc_of_free.tolist() == a and p.free_of_alloc.tolist() == f
+
+
+def test_callers_get_their_module_and_offset_from_the_module_map():
+    # GIVEN a caller trace with two modules (FORMAT.md, Modules), one loaded between records
+    recs = (
+        module(0, 0x5000, 0x9000, 0x4000, "/bin/prog")
+        + [thread_start(1, 7), malloc(2, 10, 0x10, caller=0x5010)]
+        + module(3, 0x70000, 0x78000, 0x70000, "/lib/libx.so")
+        + [free(4, 0x10, caller=0x70020), malloc(5, 8, 0x20, caller=0x99)]
+    )
+    table = convert(recs, caller=True)
+    # THEN each row keeps its raw caller and gets (module, caller - load bias), null outside
+    assert col(table, "caller") == [0x5010, 0x70020, 0x99]
+    assert col(table, "caller_module") == ["/bin/prog", "/lib/libx.so", None]
+    assert col(table, "caller_offset") == [0x1010, 0x20, None]
+    assert table.schema.equals(EVENTS_SCHEMA, check_metadata=True)
+
+
+def test_traces_without_a_module_map_have_null_module_columns():
+    # version 1 files (no module records) and traces without callers
+    for table in (
+        convert([thread_start(0, 7), malloc(1, 10, 0x10, caller=0x5)], caller=True, version=1),
+        convert([thread_start(0, 7), malloc(1, 10, 0x10)]),
+    ):
+        assert col(table, "caller_module") == [None] and col(table, "caller_offset") == [None]

@@ -57,7 +57,7 @@ def make_run(tmp_path, workload="w", run="r1", bad=True) -> Root:
         (d / "notatrace.hct").write_text("hello, world\n")
         (d / "empty.hct").write_bytes(b"")
         v2 = bytearray(good_trace(300))
-        struct.pack_into("<I", v2, 8, 2)
+        struct.pack_into("<I", v2, 8, 9)  # a version this reader does not know
         (d / "300-1.hct").write_bytes(bytes(v2))
         (d / "400-1.hct").write_bytes(good_trace(400)[:88])  # cut inside the header
         (d / "500-1.hct").write_bytes(good_trace(500) + b"\x01" * 5)  # partial last record
@@ -72,7 +72,7 @@ def test_run_converts_good_files_and_lists_bad_ones(tmp_path, client):
     assert set(skipped) == {"notatrace.hct", "empty.hct", "300-1.hct", "400-1.hct"}
     assert "does not look like a heapcast trace" in skipped["notatrace.hct"]
     assert "empty file" in skipped["empty.hct"]
-    assert "version 2" in skipped["300-1.hct"]
+    assert "version 9" in skipped["300-1.hct"]
     assert "truncated" in skipped["400-1.hct"] or "inconsistent" in skipped["400-1.hct"]
     for name, reason in skipped.items():
         assert name in reason  # every message names its file

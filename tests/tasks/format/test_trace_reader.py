@@ -83,6 +83,78 @@ def test_reader_reads_caller_records(tmp_path):
     assert list(t.caller) == [0xDEADBEEF]
 
 
+def module_records(time, start, end, bias, path: bytes) -> bytes:
+    """MODULE + MODULE_PATH records as FORMAT.md lays them out (40-byte records)."""
+    out = record(time, start, end, len(path), Op.MODULE, 0, caller=bias)
+    for at in range(0, len(path), 24):
+        chunk = path[at : at + 24]
+        words = chunk.ljust(24, b"\0")
+        out += words + struct.pack("<QQ", len(chunk) | (int(Op.MODULE_PATH) << 40), 0)
+    return out
+
+
+def test_reader_takes_the_module_map_out_of_a_version_2_caller_trace(tmp_path):
+    # GIVEN a version 2 caller trace: two modules after the header, one more between records
+    exe = b"/usr/bin/some-program-with-a-long-name"  # 38 bytes: two path records
+    body = (
+        module_records(990, 0x5000, 0x9000, 0x5000, exe)
+        + module_records(991, 0x7F0000, 0x7F8000, 0x7F0000, b"/lib/libc.so.6")
+        + record(1000, 0, 4321, 0, Op.THREAD_START, 0, caller=0)
+        + record(1002, 0x1000, 0, 24, Op.MALLOC, 0, caller=0x5123)
+        + module_records(1003, 0x900000, 0x901000, 0x900000, b"/opt/plugin.so")
+        + record(1004, 0x1000, 0, 0, Op.FREE, 0, caller=0x900010)
+        + record(1005, 0x2000, 0, 8, Op.MALLOC, 0, caller=0x1)
+    )
+    path = tmp_path / "m.hct"
+    path.write_bytes(spec_header(version=2, flags=1) + body)
+    # WHEN it is read
+    t = read_trace(path)
+    # THEN the records are the heap calls and THREAD_START only, in file order
+    assert list(t.op) == [Op.THREAD_START, Op.MALLOC, Op.FREE, Op.MALLOC]
+    assert list(t.caller) == [0, 0x5123, 0x900010, 0x1]
+    # AND the module map is every module record, path included
+    m = t.modules
+    assert m.path == (exe.decode(), "/lib/libc.so.6", "/opt/plugin.so")
+    assert list(m.start) == [0x5000, 0x7F0000, 0x900000]
+    assert list(m.end) == [0x9000, 0x7F8000, 0x901000]
+    # AND callers locate to (module, address - load bias); -1 outside every module
+    idx, off = m.locate(t.caller)
+    assert list(idx) == [-1, 0, 2, -1]
+    assert list(off) == [0, 0x123, 0x10, 0]
+
+
+def test_reader_keeps_records_a_view_when_modules_are_only_at_the_start(tmp_path):
+    path = tmp_path / "m.hct"
+    body = module_records(990, 0x5000, 0x9000, 0x4000, b"/bin/x") + record(
+        1002, 0x1000, 0, 24, Op.MALLOC, 0, caller=0x5123
+    )
+    path.write_bytes(spec_header(version=2, flags=1) + body)
+    t = read_trace(path)
+    assert not t.records.flags.owndata  # a view of the file's bytes, no copy
+    assert list(t.modules.locate(t.caller)[1]) == [0x1123]
+
+
+def test_a_later_module_wins_where_ranges_overlap(tmp_path):
+    # a module unloaded and another mapped over part of its range
+    path = tmp_path / "m.hct"
+    body = module_records(1, 0x1000, 0x5000, 0x1000, b"/a.so") + module_records(
+        2, 0x2000, 0x3000, 0x2000, b"/b.so"
+    )
+    path.write_bytes(spec_header(version=2, flags=1) + body)
+    idx, off = read_trace(path).modules.locate(np.array([0x1500, 0x2500, 0x3500], np.uint64))
+    assert list(idx) == [0, 1, 0] and list(off) == [0x500, 0x500, 0x2500]
+
+
+def test_reader_still_reads_version_1_files_which_have_no_modules(tmp_path):
+    path = tmp_path / "old.hct"
+    path.write_bytes(
+        spec_header(version=1, flags=1) + record(1000, 0x10, 0, 8, Op.MALLOC, 0, caller=0xBEEF)
+    )
+    t = read_trace(path)
+    assert t.header.version == 1 and t.modules is None
+    assert list(t.caller) == [0xBEEF]
+
+
 def test_reader_has_no_per_record_parsing_cost_on_a_large_file(tmp_path):
     # A million records are viewed, not parsed: the records array shares the file's buffer.
     n = 1_000_000
@@ -115,7 +187,7 @@ def test_reader_refuses_files_that_are_not_traces(tmp_path, content, message):
 def test_reader_refuses_an_unknown_version_naming_the_file(tmp_path):
     path = tmp_path / "v9.hct"
     path.write_bytes(spec_header(version=9) + record(1000, 1, 0, 1, Op.MALLOC, 0))
-    with pytest.raises(TraceFormatError, match=r"version 9.*reads version 1") as err:
+    with pytest.raises(TraceFormatError, match=r"version 9.*reads version 1 and 2") as err:
         read_trace(path)
     assert str(path) in str(err.value)
 

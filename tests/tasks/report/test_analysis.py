@@ -13,7 +13,7 @@ from tasks.report.analysis import analyze, calls_bin, calls_bin_range
 from tasks.report.sources import ReportInputError, resolve
 from tasks.report.summary import make_report, summary_text
 from tests.tasks.report import scenario as sc
-from tests.tracegen import synthetic_records, trace_bytes, write_trace
+from tests.tracegen import malloc, module, synthetic_records, thread_start, trace_bytes, write_trace
 
 
 @pytest.fixture(scope="module")
@@ -314,3 +314,23 @@ def test_a_remote_root_is_read_through_its_filesystem(runs):
     for rep in (ev, raw):
         assert (rep.events, rep.peak_bytes, rep.leaks) == (13, sc.PEAK, 4)
         assert [p.cmdline for p in rep.processes][0] == ("prog", "run")
+
+
+def test_callers_with_a_module_map_are_one_entry_per_module_and_offset(tmp_path):
+    # GIVEN two processes running the same code at different load addresses (ASLR), from a
+    # module that cannot be read here
+    for pid, bias in ((10, 0x555500000000), (11, 0x566600000000)):
+        recs = module(0, bias, bias + 0x4000, bias, "/nonexistent/prog") + [
+            thread_start(1, pid),
+            malloc(2, 100, 0x1000, caller=bias + 0x1234),
+            malloc(3, 100, 0x2000, caller=bias + 0x1234),
+            malloc(4, 8, 0x3000, caller=0x77),  # outside every module: its raw address
+        ]
+        write_trace(tmp_path / f"{pid}-{pid}.hct", recs, caller=True, pid=pid)
+    rep = analyze(resolve(str(tmp_path)))
+    c = rep.callers
+    # THEN the same (module, offset) is one caller over both processes, named module+offset
+    assert list(c["label"]) == ["prog+0x1234", "0x77"]
+    assert list(c["calls"]) == [4, 2] and list(c["bytes"]) == [400, 16]
+    assert list(c["module"]) == ["/nonexistent/prog", ""] and list(c["function"]) == ["", ""]
+    assert "prog+0x1234 4 calls" in summary_text([rep])

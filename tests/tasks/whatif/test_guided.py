@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.format.trace_reader import Op
 from tasks.whatif.guided import (
     NONE_TOKEN,
@@ -55,6 +55,8 @@ def _table(order=None) -> pa.Table:
             "lifetime_ns": pa.nulls(n, pa.int64()),
             "lifetime_calls": pa.nulls(n, pa.int64()),
             "token": np.zeros(n, np.uint8),
+            "caller_module": pa.nulls(n, CALLER_MODULE_TYPE),
+            "caller_offset": pa.nulls(n, pa.uint64()),
         },
         schema=EVENTS_SCHEMA,
     )

@@ -1,0 +1,147 @@
+"""Caller names from the modules' own ELF symbol tables (pyelftools; no network, no debuginfod).
+
+A caller recorded with its module map (native/FORMAT.md, Modules) is a module path and an offset:
+the caller's address in the module's own ELF addresses (`caller - load bias`), which is what the
+symbol values of `.symtab` and `.dynsym` are in, for PIE executables, shared libraries and non-PIE
+executables (bias 0) alike. A return address points just after its call instruction, so the
+symbol looked up is the one holding `offset - 1` (a call that ends a function must not be named
+after the next one).
+
+The module must be readable here, at the path the trace gives (a report on the machine that
+recorded the trace, or one with the same files); a stripped module's separate debug file is used
+when installed (`/usr/lib/debug/.build-id/`, found by the module's GNU build id). A module that
+is missing, not ELF, or holds no symbol for an address leaves that caller unnamed: the report
+then shows module + offset. A module rebuilt since the trace was recorded gives wrong names (the
+trace does not record build ids).
+Names are as the symbol tables hold them (C++ names stay mangled).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SymbolTable:
+    """Function symbols of one module, sorted by address."""
+
+    start: np.ndarray  # uint64, symbol values
+    size: np.ndarray  # uint64, 0 when the table gives none
+    names: tuple[str, ...]
+
+    def lookup(self, offsets: np.ndarray) -> list[tuple[str, int] | None]:
+        """(name, offset within the symbol) of the symbol holding each `offset - 1` (offsets
+        are return addresses), or None."""
+        offsets = np.asarray(offsets, dtype=np.uint64)
+        if len(self.start) == 0 or len(offsets) == 0:
+            return [None] * len(offsets)
+        at = np.where(offsets > 0, offsets - np.uint64(1), offsets)
+        j = np.searchsorted(self.start, at, side="right").astype(np.int64) - 1
+        jc = np.maximum(j, 0)
+        inside = (j >= 0) & ((self.size[jc] == 0) | (at < self.start[jc] + self.size[jc]))
+        return [
+            (self.names[int(k)], int(o) - int(self.start[k])) if ok else None
+            for k, o, ok in zip(jc, offsets, inside)
+        ]
+
+
+_EMPTY = SymbolTable(np.zeros(0, np.uint64), np.zeros(0, np.uint64), ())
+
+
+DEBUG_ROOT = "/usr/lib/debug/.build-id"  # separate debug files (Debian's *-dbgsym packages)
+
+
+def _read_symbols(path: str, best: dict[int, tuple[int, str]]) -> str | None:
+    """Adds the function symbols of `path` to `best` (value -> (size, name)); returns the file's
+    GNU build id (hex) when it has one."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import NoteSection, SymbolTableSection
+
+    build_id = None
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for sec in elf.iter_sections():
+                if isinstance(sec, NoteSection):
+                    for note in sec.iter_notes():
+                        if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                            build_id = str(note["n_desc"])
+                if not isinstance(sec, SymbolTableSection):
+                    continue
+                for sym in sec.iter_symbols():
+                    e = sym.entry
+                    if e.st_info.type not in ("STT_FUNC", "STT_GNU_IFUNC") or not sym.name:
+                        continue
+                    if e.st_shndx == "SHN_UNDEF" or e.st_value == 0:
+                        continue
+                    old = best.get(e.st_value)
+                    # prefer a sized symbol, then a global name over a local alias
+                    if old is None or (old[0] == 0 and e.st_size) or old[1].startswith("_"):
+                        best[e.st_value] = (int(e.st_size), sym.name)
+    except (OSError, ELFError, ValueError, KeyError):
+        return None
+    return build_id
+
+
+@lru_cache(maxsize=256)
+def _load(path: str, mtime_ns: int) -> SymbolTable:
+    best: dict[int, tuple[int, str]] = {}  # value -> (size, name): one name per address
+    build_id = _read_symbols(path, best)
+    # a stripped module's static functions are in its separate debug file, when installed
+    if build_id and len(build_id) > 2:
+        debug = os.path.join(DEBUG_ROOT, build_id[:2], build_id[2:] + ".debug")
+        if os.path.isfile(debug):
+            _read_symbols(debug, best)
+    if not best:
+        return _EMPTY
+    values = np.array(sorted(best), dtype=np.uint64)
+    return SymbolTable(
+        values,
+        np.array([best[int(v)][0] for v in values], dtype=np.uint64),
+        tuple(best[int(v)][1] for v in values),
+    )
+
+
+def symbol_table(path: str) -> SymbolTable:
+    """The function symbols of the ELF file at `path` (cached; empty when it cannot be read)."""
+    if not path or not path.startswith("/"):
+        return _EMPTY
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _EMPTY
+    return _load(path, st.st_mtime_ns)
+
+
+def resolve(modules: list[str], offsets: np.ndarray) -> list[str]:
+    """The function name of each (module, offset) caller, with the offset inside the function
+    when it is not 0 (`name+0x1f`), or "" where it cannot be named. One table lookup per
+    module, vectorised over its callers."""
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    out = [""] * len(modules)
+    by_module: dict[str, list[int]] = {}
+    for i, m in enumerate(modules):
+        if m:
+            by_module.setdefault(m, []).append(i)
+    for m, idx in by_module.items():
+        found = symbol_table(m).lookup(offsets[idx])
+        for i, hit in zip(idx, found):
+            if hit is not None:
+                name, within = hit
+                out[i] = f"{name}+0x{within:x}" if within else name
+    return out
+
+
+def caller_label(module: str, offset: int, function: str, caller: int) -> str:
+    """How the report names a caller: `function (module file)`, else `module file+0xoffset`,
+    else the raw return address (a trace without a module map)."""
+    if function:
+        return f"{function} ({os.path.basename(module)})"
+    if module:
+        return f"{os.path.basename(module)}+0x{offset:x}"
+    return f"0x{caller:x}"
