@@ -20,8 +20,9 @@
  *    oldest of the smallest). Otherwise released at once (the next allocator's free).
  *  - malloc(n) / calloc with n >= HEAPCAST_CACHE_MIN: the most recently cached block that FITS:
  *    usable >= n and usable - n < n + 4096 (at most half of a block, plus a page of rounding,
- *    wasted; the simulator's rule is "same size class and b >= s", which is the same bound
- *    stated on requested sizes). calloc clears the n bytes it returns. No fit: the next malloc.
+ *    wasted; the simulator's seed002 applies this very rule to glibc's usable sizes, which it
+ *    computes from the requested ones). calloc clears the n bytes it returns. No fit: the next
+ *    malloc.
  *  - realloc(p, n) where p's block or n is large: a cached block that fits n, p copied into it
  *    and freed (into the cache); no fit: the next allocator's realloc (in place, or mremap for
  *    an mmapped block: no copy, only the growth is faulted in), as the simulator models it.

@@ -20,5 +20,8 @@ cache policies with a compiled simulator, and measures the real seed-002 layer.
                the model, the online counter and the labels; the Parquet table under
                <root>/whatif/, the `whatif` artifact, the MLflow metrics and the Pareto plot.
 - layer.py     `build_layer()` (make -C native cache002), `measure_layer(argv, env)` -> faults
-               with and without native/build/libcache002.so.
+               with and without native/build/libcache002.so on the host;
+               `measure_layer_workload(workload, input, runner)`: a catalog workload untraced
+               through the replay runners (docker or local), plain / layer loaded but off /
+               layer on, rotated rounds (benchmarks/bench_whatif_layer.py).
 """

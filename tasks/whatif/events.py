@@ -49,12 +49,15 @@ COLUMNS = (
     "addr",
     "freed_size",
     "lifetime_calls",
+    "alignment",
 )
 N_CLASSES = 32  # allocation tokens 0..31 (tasks.dataset.tokens)
 NEVER = np.iinfo(np.int64).max
 
 _DEFINES = np.zeros(256, dtype=bool)
 _DEFINES[list(ALLOCATING_OPS) + list(REALLOCATING_OPS)] = True
+_PAGE_ALIGNED = np.array([int(Op.VALLOC), int(Op.PVALLOC)])
+PAGE_SIZE = 4096
 _FREES = np.zeros(256, dtype=bool)
 _FREES[[int(Op.FREE)] + list(REALLOCATING_OPS)] = True
 
@@ -133,6 +136,11 @@ class SimInput:
     time: np.ndarray  # int64 ns (or row numbers, see time_basis)
     is_last: np.ndarray  # bool: last row of its process (the process exits after it)
     row: np.ndarray  # int64 row of the input table
+    # int64 alignment the row's request asks for (aligned ops; valloc/pvalloc: a page), else 0
+    align_req: np.ndarray | None = None
+    # int64 alignment of the address the row's request got in the traced run (its lowest set
+    # bit; 0: no address): what the system allocator hands out for it
+    addr_align: np.ndarray | None = None
     time_basis: str = "ns"
     workload: str = ""
     run: str = ""
@@ -256,6 +264,15 @@ def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
         _FREES,
     )
     row = np.arange(n, dtype=np.int64) if order is None else order.astype(np.int64)
+    a = col("addr").astype(np.uint64, copy=False)
+    addr_align = (a & (~a + np.uint64(1))).astype(np.int64)  # lowest set bit (0 for 0)
+    addr_align[addr_align < 0] = 1 << 62
+    ops = col("op")
+    if "alignment" in table.column_names:
+        align_req = col("alignment", 0).astype(np.int64, copy=False)
+    else:
+        align_req = np.zeros(n, np.int64)
+    align_req = np.where(np.isin(ops, _PAGE_ALIGNED), np.int64(PAGE_SIZE), align_req)
     if n_proc > 1 and not np.all(time[1:] >= time[:-1]):
         # merge the processes by time; stable, so each keeps its call order (timsort: runs)
         merge = np.argsort(time, kind="stable")
@@ -264,6 +281,7 @@ def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
         proc, req, freed, time, row = proc[merge], req[merge], freed[merge], time[merge], row[merge]
         cls_req, cls_free = cls_req[merge], cls_free[merge]
         partner = partner[merge]
+        align_req, addr_align = align_req[merge], addr_align[merge]
         partner = np.where(partner >= 0, inv[np.maximum(partner, 0)], -1)
     time_basis = "ns"
     if n and time[-1] == time[0]:
@@ -280,6 +298,8 @@ def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
         time=np.ascontiguousarray(time),
         is_last=_last_rows(proc, n_proc),
         row=row,
+        align_req=np.ascontiguousarray(align_req, np.int64),
+        addr_align=np.ascontiguousarray(addr_align, np.int64),
         time_basis=time_basis,
         workload=workload,
         run=run,

@@ -9,6 +9,10 @@ command). Minor faults x the page size is the measured counterpart of the
 simulator's `fault_bytes_avoided` (tasks/whatif/simulate.py) for the `seed002` policy with the
 same N and min_size.
 
+`measure_layer_workload(workload, input, runner)` does the same for a catalog workload through
+the replay runners (the allocators stage's measured runs, docker or local), in three rotated
+arms: plain, the layer loaded but disabled (N = 0: its loading cost), the layer on.
+
 `static_threshold=True` (default) sets MALLOC_MMAP_THRESHOLD_=131072 in both runs: a fixed
 threshold, as the simulator's fault model assumes. Without it, glibc raises its mmap threshold
 (up to 32 MiB) each time it unmaps a freed block, after which blocks of that size come from the
@@ -166,3 +170,190 @@ def measure_layer(
         "hits": sum(s.get("hits", 0) for s in with_layer["stats"]),
         "misses": sum(s.get("misses", 0) for s in with_layer["stats"]),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalog workloads through the replay runners (the allocators stage's machinery)
+
+ARMS = ("plain", "disabled", "layer")
+"""The arms of a workload measurement: `plain` (no LD_PRELOAD), `disabled` (the layer loaded
+with HEAPCAST_CACHE_N=0: what loading it costs, a few pages per process) and `layer` (N = n)."""
+
+LAYER_FILE = "libcache002.so"
+STATS_FILE = "cache002.stats"
+
+
+def _arm_workload(
+    workload, arm: str, n: int, min_size: int, static_threshold: bool, stats: str | None = None
+):
+    """The workload with the arm's variables added to its environment (the runners pass a
+    workload's `env` to the program and nothing of the caller's); `stats`: where the layer
+    appends its counters (a file in the run's trace folder, as the program sees it)."""
+    env = dict(workload.env)
+    if static_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    if arm != "plain":
+        env["HEAPCAST_CACHE_N"] = str(n if arm == "layer" else 0)
+        env["HEAPCAST_CACHE_MIN"] = str(min_size)
+        if stats:
+            env["HEAPCAST_CACHE_STATS"] = stats
+    return workload.model_copy(update={"env": env})
+
+
+def measure_layer_workload(
+    workload,
+    inp,
+    runner,
+    *,
+    repetitions: int = 3,
+    warmup: int = 1,
+    n: int = 4,
+    min_size: int = MMAP_THRESHOLD,
+    static_threshold: bool = True,
+    arms: tuple[str, ...] = ARMS,
+    layer: str | Path | None = None,
+    scratch_parent: str | Path | None = None,
+    log=None,
+) -> dict[str, Any]:
+    """A catalog workload's input run untraced under each arm (ARMS), `repetitions` rounds with
+    the order rotated by one per round, through `runner` (tasks.replay.runners: docker or local)
+    and its measured run (hc-measure: rusage of the program's tree, output digest), as the
+    allocators stage runs its allocators (tasks.allocators.measure.run_once).
+
+    The layer reaches the program as a file in the run's trace folder (empty when untraced, and
+    mounted into the container by the docker runner), preloaded from there. `static_threshold`:
+    MALLOC_MMAP_THRESHOLD_=131072 in every arm, the simulator's fault model.
+
+    Returns {"samples": [per run], "arms": {arm: {"minor_faults": [...], "median": ...}},
+    "fault_bytes_avoided" (median plain - median layer, x page size), "fault_bytes_avoided_vs_
+    disabled" (median disabled - median layer: the policy alone), "same_output" (every run's
+    exit code and stdout digest equal), ...}."""
+    import statistics
+
+    from tasks.allocators.config import Allocator
+    from tasks.allocators.measure import Case, _preload_refused, _prepare_input, rotation
+
+    lib = Path(layer) if layer is not None else build_layer()
+    case = Case(workload=workload, input=inp, label=f"{workload.name}/{inp.name}")
+    parent = Path(scratch_parent or tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"layer-{workload.name}-{inp.name}-", dir=parent))
+    samples: list[dict[str, Any]] = []
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        input_dir = _prepare_input(case, scratch)
+
+        def one(arm: str, run_dir: Path, rep: int) -> dict[str, Any]:
+            preload: tuple[str, ...] = ()
+            stats_seen = None
+            if arm != "plain":
+                from tasks.replay.runners.base import SANDBOX_TRACE
+
+                sandboxed = getattr(runner, "kind", "") == "docker" or (
+                    getattr(runner, "sandbox", "") == "bwrap"
+                )
+                trace_seen = str(SANDBOX_TRACE if sandboxed else (run_dir / "trace").resolve())
+                preload = (f"{trace_seen}/{LAYER_FILE}",)
+                stats_seen = f"{trace_seen}/{STATS_FILE}"
+            w = _arm_workload(workload, arm, n, min_size, static_threshold, stats_seen)
+            c = Case(workload=w, input=inp, label=case.label)
+            alloc = Allocator(
+                name=f"cache002-{arm}",
+                library=preload[0] if preload else None,
+                package="heapcast (native/cache002.c)" if preload else None,
+            )
+            # run_once makes the run folder afresh: the layer is copied in by a wrapper request
+            stats: list[dict[str, int]] = []
+            result, _, error = _run_with_layer(
+                c, alloc, runner, input_dir, run_dir, lib, arm, stats
+            )
+            u = result.usage if result is not None else None
+            refused = _preload_refused(result.log_tail) if result is not None else None
+            return {
+                "arm": arm,
+                "rep": rep,
+                "exit_code": result.exit_code if result is not None else None,
+                "timed_out": result.timed_out if result is not None else None,
+                "error": error or (result.error if result is not None else None) or refused,
+                "minor_faults": u.minor_faults if u else None,
+                "major_faults": u.major_faults if u else None,
+                "wall_s": u.wall_s if u else None,
+                "peak_memory_bytes": u.peak_memory_bytes if u else None,
+                "stdout_sha256": result.stdout_sha256 if result is not None else None,
+                "processes_with_layer": len(stats),
+                "hits": sum(r.get("hits", 0) for r in stats),
+                "misses": sum(r.get("misses", 0) for r in stats),
+            }
+
+        for i in range(warmup):
+            one("plain", scratch / f"warmup-{i}", 0)
+            shutil.rmtree(scratch / f"warmup-{i}", ignore_errors=True)
+        for rep in range(repetitions):
+            for arm in rotation(list(arms), rep):
+                run_dir = scratch / f"r{rep + 1}-{arm}"
+                s = one(arm, run_dir, rep + 1)
+                shutil.rmtree(run_dir, ignore_errors=True)
+                if log is not None:
+                    log(f"{case.label} {arm} round {rep + 1}: {s['minor_faults']} minor faults")
+                samples.append(s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    out: dict[str, Any] = {
+        "workload": workload.name,
+        "input": inp.name,
+        "runner": getattr(runner, "kind", type(runner).__name__),
+        "n": n,
+        "min_size": min_size,
+        "static_threshold": static_threshold,
+        "repetitions": repetitions,
+        "page_size": page,
+        "samples": samples,
+        "arms": {},
+    }
+    ok = [s for s in samples if s["error"] is None and s["minor_faults"] is not None]
+    for arm in arms:
+        f = [s["minor_faults"] for s in ok if s["arm"] == arm]
+        out["arms"][arm] = {
+            "minor_faults": f,
+            "median": statistics.median(f) if f else None,
+            "min": min(f) if f else None,
+            "max": max(f) if f else None,
+        }
+    digests = {(s["exit_code"], s["stdout_sha256"]) for s in samples}
+    out["same_output"] = len(digests) == 1 and len(ok) == len(samples)
+    out["exit_codes"] = sorted({s["exit_code"] for s in samples}, key=str)
+    out["expected_exit_code"] = workload.expected_exit_code
+    med = {a: out["arms"][a]["median"] for a in arms}
+    if med.get("plain") is not None and med.get("layer") is not None:
+        out["fault_bytes_avoided"] = int((med["plain"] - med["layer"]) * page)
+    if med.get("disabled") is not None and med.get("layer") is not None:
+        out["fault_bytes_avoided_vs_disabled"] = int((med["disabled"] - med["layer"]) * page)
+    return out
+
+
+def _run_with_layer(
+    case, alloc, runner, input_dir: Path, run_dir: Path, lib: Path, arm: str, stats: list
+):
+    """tasks.allocators.measure.run_once, with the layer copied into the run's trace folder
+    (readable by the run's user) after run_once has made the folders; the layer's counters
+    (one line per process) appended to `stats`."""
+    from tasks.allocators import measure as m
+
+    if arm == "plain":
+        return m.run_once(case, alloc, runner, input_dir, run_dir, None)
+
+    class _Copying:
+        kind = getattr(runner, "kind", "")
+        sandbox = getattr(runner, "sandbox", "")
+
+        def run(self, request):
+            dst = Path(request.trace_dir) / LAYER_FILE
+            shutil.copyfile(lib, dst)
+            dst.chmod(0o755)
+            result = runner.run(request)
+            path = Path(request.trace_dir) / STATS_FILE
+            if path.exists():
+                stats.extend(parse_stats(path.read_text()))
+            return result
+
+    return m.run_once(case, alloc, _Copying(), input_dir, run_dir, None)

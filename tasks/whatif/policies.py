@@ -4,17 +4,22 @@ Each policy is one frozen model with a `kind` literal; `PolicyConfig` is their u
 `policy_from_dict` validates a plain dict (a YAML entry) into the right one. Unknown fields,
 N = 0, a budget <= 0 and the like are validation errors that name the field.
 
-Every caching policy shares the FIT RULE of the simulator (tasks/whatif/simulate.py): a cached
-block of b bytes can serve a request of s bytes only if both are in the same size class (the
-token rule: min(bit_length, 31)) and b >= s, so at most half of a block is ever wasted. Blocks
-below `min_size` are never cached and requests below it never look in the cache.
+Every caching policy but seed002 shares the FIT RULE of the simulator (tasks/whatif/simulate.py):
+a cached block of b bytes can serve a request of s bytes only if both are in the same size class
+(the token rule: min(bit_length, 31)) and b >= s, so at most half of a block is ever wasted.
+Blocks below `min_size` are never cached and requests below it never look in the cache.
 
 - none: every call goes to the system allocator (hit rate 0).
-- seed002: the N largest recently freed blocks (/work/shared/seeds/002). A freed block is kept
-  if fewer than N are cached, or if it is at least as large as the smallest cached block, which
-  is then released (ties: the oldest smallest goes). An allocation takes the first fitting
-  block, most recently cached first. `min_size` defaults to glibc's mmap threshold (128 KiB):
-  the blocks seed 002 is about, and what native/cache002.c keeps.
+- seed002: the N largest recently freed blocks (/work/shared/seeds/002), with exactly the
+  rules of its real LD_PRELOAD layer, native/cache002.c, which works on glibc's USABLE sizes
+  (malloc_usable_size: a mmapped block of s bytes has its mapping less 16 bytes usable, e.g.
+  303088 for 300000). A freed block whose usable size u >= min_size is kept if fewer than N
+  are cached, or if u is at least the smallest cached usable size, that block then released
+  (ties: the oldest smallest goes). A request of s >= min_size bytes takes the most recently
+  cached block that fits, in any size class: u >= s and u - s < s + 4096; an aligned request
+  (posix_memalign & co., valloc) only a block whose address has the alignment (in the traced
+  run: glibc's mmapped blocks are 16 mod 4096). `min_size` defaults to glibc's mmap threshold
+  (128 KiB): the blocks seed 002 is about.
 - seed001: per-class pools with timed eviction (/work/shared/seeds/001): every freed block is
   kept; a block cached more than `decay_ns` ns of trace time ago is released at its process's
   first call after that (lazily, as the seed's eviction queue does without a timer thread).

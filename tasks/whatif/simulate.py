@@ -8,7 +8,14 @@ per event); every process has its own cache, as a library loaded into each would
 THE CACHE. A request of s bytes (an allocating call, or realloc's new block) first looks in its
 process's cache, unless the policy is `none` or s < min_size: it takes the most recently cached
 block of the same size class (token rule, min(bit_length, 31)) whose size b >= s, scanning at
-most SCAN_LIMIT (64) blocks of that class. Found: a HIT, the program holds b bytes. Else the
+most SCAN_LIMIT (64) blocks of that class. SEED002 instead follows native/cache002.c exactly:
+every block carries glibc's usable size (`_usable`: mmapped, the mapping less the pointer's
+offset in it; on the heap chunk(s) - 8) and its address's alignment (the traced address's
+lowest set bit); a request takes the most recently cached block of any class whose usable
+size u fits (u >= s and u - s < s + 4096) and, for an aligned request (the row's `alignment`;
+valloc/pvalloc: a page), whose address has that alignment; a freed block is offered to the
+cache by its usable size, and the smallest usable size is evicted (policies.py). Found: a HIT,
+the program holds b bytes. Else the
 system allocator serves it (a MISS), and the block is s bytes. A free (free, or realloc's old
 block) hands the block (b bytes: the block the request got, known through the row's partner;
 else `freed_size`) to the policy, which caches it (it stays allocated from the system, idle) or
@@ -90,8 +97,11 @@ K_NONE, K_SEED002, K_SEED001, K_LRU, K_GUIDED, K_BELADY = range(6)
 
 # node fields (a cached block), one int64 row per node; N_TIER: which of its process's lists
 # holds it (0: the list every policy uses; 1..MAX_TIERS-1: guided priority's predicted blocks)
+# N_USABLE, N_ALIGN: the block's usable size (malloc_usable_size) and its address's alignment,
+# which seed002 matches on, as native/cache002.c does
 N_SIZE, N_CLS, N_TIME, N_POS, N_PROC, N_CPREV, N_CNEXT, N_GPREV, N_GNEXT, N_TIER = range(10)
-_NF = 10
+N_USABLE, N_ALIGN = 10, 11
+_NF = 12
 MAX_TIERS = 8
 # process fields: the head and tail of the list of tier t at 2 * t and 2 * t + 1 (P_GHEAD and
 # P_GTAIL: tier 0), then the rest
@@ -151,6 +161,25 @@ def _pages(x: int) -> int:
 @njit(cache=True)
 def _mmap_bytes(s: int) -> int:
     return _pages(_chunk(s) + 8)
+
+
+@njit(cache=True)
+def _usable(s: int, align: int, mmap_threshold: int) -> int:
+    """glibc's malloc_usable_size of the block it hands out for s bytes (alignment `align`
+    asked for; <= 16: none): mmapped (s >= the threshold), the mapping less the offset of the
+    pointer in it (16, or `align` for an aligned request, whose chunk glibc maps with room to
+    align it: chunk(chunk(s) + align + 32)); on the heap, chunk(s) - 8."""
+    if s < mmap_threshold:
+        return _chunk(s) - 8
+    if align <= 16:
+        return _mmap_bytes(s) - 16
+    return _pages(_chunk(_chunk(s) + align + 32) + 8) - align
+
+
+@njit(cache=True)
+def _fits(usable: int, s: int) -> bool:
+    """native/cache002.c's c2_fits: at most half of the block, plus a page, wasted."""
+    return usable >= s and usable - s < s + 4096
 
 
 @njit(cache=True)
@@ -283,6 +312,8 @@ def _simulate(
     pred,
     next_same,
     first_req,
+    align_req,
+    addr_align,
 ):
     n = len(req)
     g = np.zeros(_GF, np.int64)
@@ -294,6 +325,9 @@ def _simulate(
     nxt = first_req.copy()
     nodes = np.empty((1024 if kind != K_NONE else 1, _NF), np.int64)
     blk = np.zeros(n, np.int64)  # block size each request got
+    layer = kind == K_SEED002  # the rules of native/cache002.c
+    blk_u = np.zeros(n if layer else 1, np.int64)  # seed002: its usable size
+    blk_al = np.zeros(n if layer else 1, np.int64)  # seed002: its address's alignment
     integral = 0.0
     foot_integral = 0.0
     live_integral = 0.0
@@ -338,7 +372,16 @@ def _simulate(
             g[G_ALLOCS] += 1
             g[G_REQ_BYTES] += s
             hit = -1
-            if caching and s >= min_size:
+            ar = align_req[i]
+            if layer and s >= min_size:
+                # the most recently cached block that fits (any class) and has the alignment
+                k = ps[p, P_GTAIL]
+                while k >= 0:
+                    if _fits(nodes[k, N_USABLE], s) and (ar <= 1 or nodes[k, N_ALIGN] % ar == 0):
+                        hit = k
+                        break
+                    k = nodes[k, N_GPREV]
+            elif caching and s >= min_size:
                 k = ct[p, c]
                 scanned = 0
                 while k >= 0 and scanned < SCAN_LIMIT:
@@ -349,13 +392,17 @@ def _simulate(
                     scanned += 1
             if hit >= 0:
                 b = nodes[hit, N_SIZE]
+                bu = nodes[hit, N_USABLE]  # (0 but for seed002)
+                bal = nodes[hit, N_ALIGN]
                 _remove(nodes, ch, ct, ps, g, hit)
                 g[G_HITS] += 1
                 g[G_HIT_BYTES] += s
-                g[G_WASTE] += b - s
+                g[G_WASTE] += (bu if layer else b) - s  # the layer: usable sizes
             elif freed[i] >= 0:
                 # realloc that the cache cannot serve: the system reallocates the old block
                 b = s
+                bu = _usable(s, 0, mmap_threshold) if layer else 0
+                bal = addr_align[i] if layer else 0
                 sysrealloc = True
                 a = partner[i]
                 bo = blk[a] if a >= 0 else freed[i]
@@ -371,8 +418,13 @@ def _simulate(
                     _sys_alloc(ps, g, p, s, mmap_threshold)
             else:
                 b = s
+                bu = _usable(s, ar, mmap_threshold) if layer else 0
+                bal = addr_align[i] if layer else 0
                 _sys_alloc(ps, g, p, s, mmap_threshold)
             blk[i] = b
+            if layer:
+                blk_u[i] = bu
+                blk_al[i] = bal
             ps[p, P_LIVE_REQ] += s
             ps[p, P_LIVE_BLK] += b
             g[G_LIVE_REQ] += s
@@ -391,6 +443,11 @@ def _simulate(
             g[G_FREES] += 1
             a = partner[i]
             b = blk[a] if a >= 0 else w
+            bu = 0
+            bal = 0
+            if layer:
+                bu = blk_u[a] if a >= 0 else _usable(w, 0, mmap_threshold)
+                bal = blk_al[a] if a >= 0 else 16
             c = cls_free[i]
             ps[p, P_LIVE_REQ] -= w
             ps[p, P_LIVE_BLK] -= b
@@ -399,21 +456,21 @@ def _simulate(
             keep = False
             if sysrealloc:
                 pass  # the system reallocated the block: nothing to release or keep
-            elif caching and b >= min_size:
-                if kind == K_SEED002:
-                    if ps[p, P_COUNT] < n_keep:
+            elif layer and bu >= min_size:  # usable sizes, as the layer sees them
+                if ps[p, P_COUNT] < n_keep:
+                    keep = True
+                else:
+                    small = -1
+                    k = ps[p, P_GHEAD]
+                    while k >= 0:  # the smallest, the oldest of equals
+                        if small < 0 or nodes[k, N_USABLE] < nodes[small, N_USABLE]:
+                            small = k
+                        k = nodes[k, N_GNEXT]
+                    if bu >= nodes[small, N_USABLE]:
+                        _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
                         keep = True
-                    else:
-                        small = -1
-                        k = ps[p, P_GHEAD]
-                        while k >= 0:
-                            if small < 0 or nodes[k, N_SIZE] < nodes[small, N_SIZE]:
-                                small = k
-                            k = nodes[k, N_GNEXT]
-                        if b >= nodes[small, N_SIZE]:
-                            _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
-                            keep = True
-                elif kind == K_SEED001:
+            elif caching and not layer and b >= min_size:
+                if kind == K_SEED001:
                     keep = True
                 elif kind == K_LRU:
                     keep = b <= budget
@@ -438,6 +495,8 @@ def _simulate(
                 nodes[k, N_POS] = q
                 nodes[k, N_PROC] = p
                 nodes[k, N_TIER] = 0
+                nodes[k, N_USABLE] = bu
+                nodes[k, N_ALIGN] = bal
                 tail = ct[p, c]
                 nodes[k, N_CPREV] = tail
                 nodes[k, N_CNEXT] = -1
@@ -525,6 +584,10 @@ def _tier_ttl(policy: GuidedConfig, n_tiers: int) -> np.ndarray:
     return out
 
 
+def _or_zeros(a: np.ndarray | None, n: int, fill: int = 0) -> np.ndarray:
+    return a if a is not None else np.full(n, fill, np.int64)
+
+
 def as_input(events: pa.Table | SimInput, workload: str = "", run: str = "") -> SimInput:
     if isinstance(events, SimInput):
         return events
@@ -578,6 +641,8 @@ def run_kernel(
         pred,
         next_same,
         first,
+        _or_zeros(x.align_req, x.n),
+        _or_zeros(x.addr_align, x.n, 16),
     )
 
 

@@ -6,7 +6,8 @@ and malloc(0)), unpaired frees and failed allocations, addresses reused after fr
 few recurring classes below and above the mmap threshold, times with ties, threads.
 
 `reference(table, policy, predictions)` replays it event by event with dicts and lists,
-written from the rules in tasks/whatif/simulate.py's docstring, independently of its arrays:
+written from the rules in tasks/whatif/simulate.py's docstring (seed002: native/cache002.c's,
+on usable sizes and addresses), independently of its arrays:
 blocks are paired by ADDRESS here (the simulator uses lifetime_calls), processes are merged by
 sorting (time, process, row) here.
 """
@@ -42,6 +43,23 @@ def mmap_bytes(s: int) -> int:
     return pages(chunk(s) + 8)
 
 
+def usable(s: int, align: int) -> int:
+    """glibc's malloc_usable_size of its block for s bytes (seed002 matches on it)."""
+    if s < M:
+        return chunk(s) - 8
+    if align <= 16:
+        return mmap_bytes(s) - 16
+    return pages(chunk(chunk(s) + align + 32) + 8) - align
+
+
+def lowbit(addr: int) -> int:
+    return addr & -addr
+
+
+def fits(u: int, s: int) -> bool:
+    return u >= s and u - s < s + 4096
+
+
 # --- fabricated events ------------------------------------------------------------------------
 
 _SIZES = [24, 40, 100, 120, 1000, 1500, 3000, 5000, 9000, 140_000, 200_000, 250_000, 600_000]
@@ -66,7 +84,7 @@ def random_events(
     rows: list[dict] = []
     for p in range(n_proc):
         rows += _process_rows(rnd, p, n_events, sizes or _SIZES, time_step, min_step)
-    cols = {f.name: [r[f.name] for r in rows] for f in EVENTS_SCHEMA}
+    cols = {f.name: [r.get(f.name) for r in rows] for f in EVENTS_SCHEMA}
     return pa.table(cols, schema=EVENTS_SCHEMA)
 
 
@@ -162,6 +180,7 @@ class _Proc:
         # prediction (0: none), order = when it joined its tier (its cache, or its demotion)
         self.cache: list[list[int]] = []
         self.blocks: dict[int, int] = {}  # addr -> block size
+        self.ublocks: dict[int, tuple[int, int]] = {}  # addr -> (usable size, alignment)
         self.live_req = 0
         self.live_blk = 0
         self.heap = 0
@@ -271,18 +290,28 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             c = cls(s)
             S["allocations"] += 1
             hit = None
-            if kind != "none" and s >= min_size:
+            ar = r.get("alignment") or 0
+            if op in (Op.VALLOC, Op.PVALLOC):
+                ar = PAGE
+            if kind == "seed002" and s >= min_size:  # native/cache002.c: usable sizes, any class
+                hit = next(
+                    (e for e in P.cache[::-1] if fits(e[6], s) and (ar <= 1 or e[7] % ar == 0)),
+                    None,
+                )
+            elif kind != "none" and s >= min_size:
                 same = [e for e in P.cache if e[1] == c][::-1][:SCAN]
                 hit = next((e for e in same if e[0] >= s), None)
             if hit is not None:
                 P.cache.remove(hit)
                 tot["idle"] -= hit[0]
                 b = hit[0]
+                ub = (hit[6], hit[7])
                 S["hits"] += 1
                 S["hit_bytes"] += s
-                S["waste_bytes"] += b - s
+                S["waste_bytes"] += (hit[6] if kind == "seed002" else b) - s
             elif op in (Op.REALLOC, Op.REALLOCARRAY) and r["freed_size"] is not None:
                 b = s
+                ub = (usable(s, 0), lowbit(r["addr"]))
                 sysrealloc = True
                 bo = P.blocks[r["freed_addr"]]
                 if bo >= M and s >= M:
@@ -296,8 +325,10 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                     sys_alloc(P, s)
             else:
                 b = s
+                ub = (usable(s, ar), lowbit(r["addr"]))
                 sys_alloc(P, s)
             P.blocks[r["addr"]] = b
+            P.ublocks[r["addr"]] = ub
             P.live_req += s
             P.live_blk += b
             tot["live_req"] += s
@@ -310,7 +341,8 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
         if op in (Op.FREE, Op.REALLOC, Op.REALLOCARRAY) and r["freed_size"] is not None:
             w = r["freed_size"]
             b = P.blocks.pop(freed_addr)
-            assert b >= w and cls(b) == cls(w)
+            u, al = P.ublocks.pop(freed_addr)
+            assert kind == "seed002" or (b >= w and cls(b) == cls(w))
             c = cls(w)
             S["frees"] += 1
             P.live_req -= w
@@ -320,16 +352,17 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             keep = False
             if sysrealloc:
                 pass
-            elif kind != "none" and b >= min_size:
-                if kind == "seed002":
+            elif kind == "seed002":
+                if u >= min_size:
                     if len(P.cache) < policy.n:
                         keep = True
                     else:
-                        small = min(P.cache, key=lambda e: e[0])  # first (oldest) of the smallest
-                        if b >= small[0]:
+                        small = min(P.cache, key=lambda e: e[6])  # first (oldest) of the smallest
+                        if u >= small[6]:
                             evict(P, small)
                             keep = True
-                elif kind == "seed001":
+            elif kind != "none" and b >= min_size:
+                if kind == "seed001":
                     keep = True
                 elif kind == "lru":
                     keep = b <= budget
@@ -339,7 +372,7 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                     keep = b <= budget and next_request(k, p, c) != float("inf")
             if keep:
                 tier = int(predictions[r["_row"]]) if priority else 0
-                P.cache.append([b, c, t, P.pos, tier, next(order)])
+                P.cache.append([b, c, t, P.pos, tier, next(order), u, al])
                 tot["idle"] += b
                 S["cached_frees"] += 1
                 if priority:

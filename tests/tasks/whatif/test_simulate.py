@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.format.trace_reader import Op
 from tasks.whatif.events import prepare
 from tasks.whatif.guided import reuse_labels
@@ -198,6 +198,8 @@ def _events(calls: list[tuple], pid: int = 7) -> pa.Table:
             "lifetime_ns": pa.array([None if v is None else v * 10 for v in life], pa.int64()),
             "lifetime_calls": pa.array(life, pa.int64()),
             "token": np.zeros(n, np.uint8),
+            "caller_module": pa.nulls(n, CALLER_MODULE_TYPE),
+            "caller_offset": pa.nulls(n, pa.uint64()),
         },
         schema=EVENTS_SCHEMA,
     )
@@ -263,10 +265,57 @@ def test_hit_with_a_larger_block_returns_the_larger_block():
             (MALLOC, 290_000, 0x3000, None),  # the block comes back as 300000: fits
         ]
     )
-    r = simulate(t, Seed002Config(n=1))
+    r = simulate(t, LruConfig(budget=1 << 20))
     assert r["hits"] == 2
     assert r["waste_bytes"] == 30_000 + 10_000
     assert r["peak_footprint"] == r["live_peak"] == 300_000  # one block, first 300000 live
+
+
+def _aligned(t: pa.Table, alignments: dict[int, int], ops: dict[int, Op]) -> pa.Table:
+    """t with rows' alignment and op replaced (row -> value)."""
+    al = [alignments.get(i) for i in range(t.num_rows)]
+    op = [int(ops.get(i, o)) for i, o in enumerate(t.column("op").to_pylist())]
+    t = t.set_column(t.schema.get_field_index("alignment"), "alignment", pa.array(al, pa.uint64()))
+    return t.set_column(t.schema.get_field_index("op"), "op", pa.array(op, pa.uint8()))
+
+
+def test_seed002_follows_the_layers_rules():
+    """native/cache002.c's rules, on a hand-made trace: usable sizes (glibc's mmapped block of
+    300000 bytes has 303088 usable), a fit across size classes (usable - n < n + 4096), the
+    alignment of the cached block's address, eviction of the smallest usable block."""
+    base = 0x7F0000000000
+    t = _events(
+        [
+            (MALLOC, 300_000, base + 0x10, None),  # 0: usable 303088, address 16-aligned
+            (FREE, 0, base + 0x10, 300_000),  # 1: cached
+            (MALLOC, 302_000, base + 0x10, None),  # 2: HIT (302000 <= 303088 usable)
+            (FREE, 0, base + 0x10, 302_000),  # 3: cached again (as the 300000 block)
+            (MALLOC, 303_100, base + 0x1010, None),  # 4: miss (303100 > 303088)
+            (FREE, 0, base + 0x1010, 303_100),  # 5: cached (2 blocks)
+            (MALLOC, 600_000, base + 0x2010, None),  # 6: miss
+            (FREE, 0, base + 0x2010, 600_000),  # 7: cached (3 blocks)
+            (MALLOC, 400_000, base + 0x3010, None),  # 8: HIT, class 19 from a class-20 block
+            (MALLOC, 200_000, base + 0x4040, None),  # 9: posix_memalign(64): miss, the
+            # cached blocks' addresses are 16 mod 64
+            (FREE, 0, base + 0x4040, 200_000),  # 10: cached, 64-aligned
+            (MALLOC, 199_000, base + 0x5040, None),  # 11: posix_memalign(64): HIT (row 10's)
+        ]
+    )
+    t = _aligned(t, {9: 64, 11: 64}, {9: Op.POSIX_MEMALIGN, 11: Op.POSIX_MEMALIGN})
+    r = simulate(t, Seed002Config(n=4))
+    assert r["hits"] == 3
+    assert r["allocations"] == 7
+    # the old rule (same class, requested size b >= s) would hit only at row 11 (row 8's
+    # request is class 19, the 600000 block class 20)
+    mmap_one = lambda s: -(-(((s + 8 + 15) & ~15) + 8) // 4096) * 4096  # noqa: E731
+    want_avoided = mmap_one(302_000) + mmap_one(400_000) + mmap_one(199_000)
+    assert r["fault_bytes_avoided"] == want_avoided
+    # n = 1: eviction by usable size; the 303100 block (larger) replaces the 300000 one
+    r1 = simulate(t, Seed002Config(n=1))
+    want = reference(t, Seed002Config(n=1))
+    assert r1["hits"] == want["hits"] and r1["fault_bytes"] == want["fault_bytes"]
+    want4 = reference(t, Seed002Config(n=4))
+    assert r["hits"] == want4["hits"] and r["fault_bytes"] == want4["fault_bytes"]
 
 
 def test_priority_eviction_beats_lru_at_a_tight_budget():
