@@ -95,3 +95,15 @@ class TrainOutcome:
     # Set by the train flow once registered: the RegistrationResult (tasks/registry/register.py),
     # so what runs after training (the nightly's whatif step) knows the version it made.
     registration: Any = None
+
+
+def outcome_parts(value: Any) -> list[Any]:
+    """A train flow's return value and what it holds: the value, its `.outcome` and
+    `.registration`, and the items of a tuple, list or dict; the stages after training (the
+    nightly's summary, reports) find the TrainOutcome, Evaluation or RegistrationResult there."""
+    parts = [value, getattr(value, "outcome", None), getattr(value, "registration", None)]
+    if isinstance(value, (tuple, list)):
+        parts += list(value)
+    if isinstance(value, dict):
+        parts += list(value.values())
+    return [p for p in parts if p is not None]

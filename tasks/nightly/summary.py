@@ -27,6 +27,7 @@ from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, Field
 
+from tasks.learning.outcome import outcome_parts
 from tasks.registry.tracking import TrackingConfig
 from tasks.report.night import NightReports
 
@@ -167,22 +168,15 @@ def _cell(text: str) -> str:
 
 def _registration_of(value: Any) -> Any:
     """A RegistrationResult returned by the train flow, alone or next to the outcome."""
-    candidates = [value, getattr(value, "registration", None)]
-    if isinstance(value, (tuple, list)):
-        candidates += list(value)
-    if isinstance(value, dict):
-        candidates += list(value.values())
-    return next((c for c in candidates if hasattr(c, "promoted") and hasattr(c, "decision")), None)
+    return next(
+        (c for c in outcome_parts(value) if hasattr(c, "promoted") and hasattr(c, "decision")),
+        None,
+    )
 
 
 def _evaluation_of(value: Any) -> tuple[Any, list[str]]:
     """The Evaluation (and its notes) of a train flow's return value, if any."""
-    candidates = [value, getattr(value, "outcome", None)]
-    if isinstance(value, (tuple, list)):
-        candidates += list(value)
-    if isinstance(value, dict):
-        candidates += list(value.values())
-    for c in candidates:
+    for c in outcome_parts(value):
         ev = getattr(c, "evaluation", None)
         if ev is not None and hasattr(ev, "scores"):
             return ev, list(getattr(c, "notes", []) or [])

@@ -23,6 +23,8 @@ from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, Field
 
+from tasks.learning.outcome import outcome_parts
+
 REPORTS_DIR = "reports"  # under the data root, next to raw/ and events/
 # The evaluation tables of tasks.learning.evaluate.TABLES, and the DatasetRef field of each
 # (not imported from there: that module pulls numpy-heavy learning code into the summary).
@@ -153,14 +155,9 @@ def report_evaluation_runs(root_url: str, dataset: Any, night: str | None = None
 
 
 def dataset_of(value: Any) -> Any:
-    """The DatasetRef of a train flow's return value (a TrainOutcome, alone or in a tuple,
-    dict or object with `.outcome`), or None."""
-    candidates = [value, getattr(value, "outcome", None)]
-    if isinstance(value, (tuple, list)):
-        candidates += list(value)
-    if isinstance(value, dict):
-        candidates += list(value.values())
-    for c in candidates:
+    """The DatasetRef of a train flow's return value (tasks.learning.outcome.outcome_parts),
+    or None."""
+    for c in outcome_parts(value):
         d = getattr(c, "dataset", None)
         if d is not None and hasattr(d, "eval_runs"):
             return d
