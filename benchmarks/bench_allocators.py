@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_allocators.py                 # every quick input, 5 rounds
     .venv/bin/python benchmarks/bench_allocators.py --reps 5 --runner docker --workloads sqlite3
+    .venv/bin/python benchmarks/bench_allocators.py --workloads redis gcc freeciv --inputs small \
+        --out benchmarks/results/allocators_more.json     # workloads without quick inputs
 
 The allocators stage itself (tasks/allocators, configs/allocators.yaml) on every quick input of
 the catalog (both inputs of each quick workload, not only the config's `medium`): per case a
@@ -78,14 +80,20 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
     ap.add_argument("--workloads", nargs="*", default=None, help="default: the quick ones")
+    ap.add_argument(
+        "--inputs",
+        nargs="*",
+        default=None,
+        help="input names to measure (e.g. small), quick or not; default: every quick input",
+    )
     ap.add_argument("--root", default=default_root())
     ap.add_argument("--mlflow", action="store_true", help="log the MLflow run too")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "allocators.json")
     args = ap.parse_args()
 
-    cfg = load_allocators_config().model_copy(update={"inputs": None})
+    cfg = load_allocators_config().model_copy(update={"inputs": args.inputs})
     catalog = load_catalog()
-    cases = select_cases(catalog, cfg, args.workloads, quick=True)
+    cases = select_cases(catalog, cfg, args.workloads, quick=args.inputs is None)
     kind, why = resolve_runner_kind(args.runner)
     print(
         f"bench_allocators: {len(cases)} cases x {len(cfg.allocators)} allocators x "
