@@ -83,49 +83,10 @@ def _request_class(table: pa.Table) -> np.ndarray:
 
 
 @njit(cache=True)
-def _labels(starts, free_cls, req_cls, horizon):
-    n = len(free_cls)
-    out = np.zeros(n, np.bool_)
-    nxt = np.full(N_CLASSES, -1, np.int64)  # next request of each class in this stream
-    for i in range(n - 1, -1, -1):
-        c = free_cls[i]
-        if c >= 0 and nxt[c] >= 0 and nxt[c] - i <= horizon:
-            out[i] = True
-        r = req_cls[i]
-        if r >= 0:
-            nxt[r] = i
-        if starts[i]:
-            nxt[:] = -1
-    return out
-
-
-@njit(cache=True)
-def _topk_keep(starts, free_cls, top, horizon):
-    n = len(free_cls)
-    out = np.zeros(n, np.bool_)
-    k = top.shape[1]
-    for i in range(n):
-        c = free_cls[i]
-        if c < 0:
-            continue
-        for d in range(1, horizon + 1):
-            r = i + d
-            if r >= n or starts[r]:
-                break
-            found = False
-            for j in range(k):
-                if top[r, j] == c:
-                    found = True
-                    break
-            if found:
-                out[i] = True
-                break
-    return out
-
-
-@njit(cache=True)
-def _label_distance(starts, free_cls, req_cls):
-    """Per row freeing class c: calls of its stream to the next request of c (NEVER: none)."""
+def _distance(starts, free_cls, marks):
+    """Per row freeing class c: calls of its stream to the next call whose `marks` [n, k] hold c
+    (NEVER: none). With marks = the class each call requests, the true reuse distance; with a
+    predictor's top-k, the distance to the first call predicted to request c."""
     n = len(free_cls)
     out = np.full(n, NEVER, np.int64)
     nxt = np.full(N_CLASSES, -1, np.int64)
@@ -133,31 +94,45 @@ def _label_distance(starts, free_cls, req_cls):
         c = free_cls[i]
         if c >= 0 and nxt[c] >= 0:
             out[i] = nxt[c] - i
-        r = req_cls[i]
-        if r >= 0:
-            nxt[r] = i
-        if starts[i]:
-            nxt[:] = -1
-    return out
-
-
-@njit(cache=True)
-def _topk_distance(starts, free_cls, top):
-    """Per row freeing class c: calls of its stream to the next call whose top-k holds c."""
-    n = len(free_cls)
-    out = np.full(n, NEVER, np.int64)
-    nxt = np.full(N_CLASSES, -1, np.int64)
-    for i in range(n - 1, -1, -1):
-        c = free_cls[i]
-        if c >= 0 and nxt[c] >= 0:
-            out[i] = nxt[c] - i
-        for j in range(top.shape[1]):
-            tok = top[i, j]
+        for j in range(marks.shape[1]):
+            tok = marks[i, j]
             if 0 <= tok < N_CLASSES:
                 nxt[tok] = i
         if starts[i]:
             nxt[:] = -1
     return out
+
+
+def _in_table_order(table: pa.Table, order: np.ndarray, per_stream: np.ndarray) -> np.ndarray:
+    out = np.empty(table.num_rows, per_stream.dtype)
+    out[order] = per_stream
+    return out
+
+
+def _label_distance(table: pa.Table, scope: str) -> np.ndarray:
+    """Per row of `table`: the true distance (calls of its thread or process) to the next
+    request of the class the row frees."""
+    order, starts = _stream_order(table, scope)
+    req = np.ascontiguousarray(_request_class(table)[order][:, None])
+    return _in_table_order(table, order, _distance(starts, _free_class(table)[order], req))
+
+
+def _topk_distance(table: pa.Table, top: np.ndarray) -> np.ndarray:
+    """Per row of `table`: the distance (calls of its thread) to the next call whose `top`
+    [rows, k] holds the class the row frees."""
+    top = np.asarray(top)
+    if top.ndim == 1:
+        top = top[:, None]
+    if len(top) != table.num_rows:
+        raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
+    order, starts = _stream_order(table, "thread")
+    topo = np.ascontiguousarray(top[order].astype(np.int64))
+    return _in_table_order(table, order, _distance(starts, _free_class(table)[order], topo))
+
+
+def _check_horizon(horizon: int) -> None:
+    if horizon < 1:
+        raise ValueError(f"horizon must be >= 1, not {horizon}")
 
 
 TIER_HORIZONS = (16, 256, 4096)  # calls of the thread: tiers 3 (within 16) .. 0 (beyond 4096)
@@ -175,11 +150,7 @@ def reuse_tiers(
 ) -> np.ndarray:
     """Per row: how many of `horizons` the next request of the freed block's class (in its
     thread or process) lies within (0: no free, or no request within the longest)."""
-    order, starts = _stream_order(table, scope)
-    dist = _label_distance(starts, _free_class(table)[order], _request_class(table)[order])
-    out = np.zeros(table.num_rows, np.int8)
-    out[order] = _tiers(dist, horizons)
-    return out
+    return _tiers(_label_distance(table, scope), horizons)
 
 
 def tiers_from_topk(
@@ -187,47 +158,21 @@ def tiers_from_topk(
 ) -> np.ndarray:
     """Per row: how many of `horizons` the next call of the thread whose `top` holds the freed
     block's class lies within (optimistic beyond horizon 1, as predictions_from_topk)."""
-    top = np.asarray(top)
-    if top.ndim == 1:
-        top = top[:, None]
-    if len(top) != table.num_rows:
-        raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
-    order, starts = _stream_order(table, "thread")
-    topo = np.ascontiguousarray(top[order].astype(np.int64))
-    dist = _topk_distance(starts, _free_class(table)[order], topo)
-    out = np.zeros(table.num_rows, np.int8)
-    out[order] = _tiers(dist, horizons)
-    return out
+    return _tiers(_topk_distance(table, top), horizons)
 
 
 def reuse_labels(table: pa.Table, horizon: int = 1, scope: str = "thread") -> np.ndarray:
     """Per row: it frees a block of class c and one of the next `horizon` calls of its thread
     (or process) allocates class c."""
-    if horizon < 1:
-        raise ValueError(f"horizon must be >= 1, not {horizon}")
-    order, starts = _stream_order(table, scope)
-    lab = _labels(starts, _free_class(table)[order], _request_class(table)[order], horizon)
-    out = np.zeros(table.num_rows, np.bool_)
-    out[order] = lab
-    return out
+    _check_horizon(horizon)
+    return _label_distance(table, scope) <= horizon
 
 
 def predictions_from_topk(table: pa.Table, top: np.ndarray, horizon: int = 1) -> np.ndarray:
     """Per row: it frees a block of class c and c is in `top` of one of the next `horizon` calls
     of its thread. `top`: [rows, k] tokens per row of `table` (NONE_TOKEN = empty slot)."""
-    top = np.asarray(top)
-    if top.ndim == 1:
-        top = top[:, None]
-    if len(top) != table.num_rows:
-        raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
-    if horizon < 1:
-        raise ValueError(f"horizon must be >= 1, not {horizon}")
-    order, starts = _stream_order(table, "thread")
-    topo = np.ascontiguousarray(top[order].astype(np.int64))
-    keep = _topk_keep(starts, _free_class(table)[order], topo, horizon)
-    out = np.zeros(table.num_rows, np.bool_)
-    out[order] = keep
-    return out
+    _check_horizon(horizon)
+    return _topk_distance(table, top) <= horizon
 
 
 def align_token_run(table: pa.Table, per_position: np.ndarray) -> np.ndarray:
