@@ -44,6 +44,7 @@
 #include <x86intrin.h>
 #endif
 
+#include "bootstrap_pool.h"
 #include "heapcast_format.h"
 
 #define HC_EXPORT __attribute__((visibility("default")))
@@ -59,8 +60,6 @@
 /* Records of threads whose buffer is already retired (frees made by other TLS destructors and by
  * libc after our key destructor ran) go to one shared buffer under a lock: rare by construction. */
 #define HC_ORPHAN_BYTES (64u * 1024u)
-/* Bootstrap pool for calls made before the real allocator is known (dlsym calls calloc). */
-#define HC_POOL_BYTES (64u * 1024u)
 /* TSC calibration window at start; refined over the whole run at exit (see hc_refine_clock). */
 #define HC_CALIBRATE_NS 500000ull
 
@@ -168,36 +167,7 @@ static unsigned char hc_orphan_data[HC_ORPHAN_BYTES] __attribute__((aligned(64))
 static struct hc_buffer hc_orphan = {
     .cap = HC_ORPHAN_BYTES, .lock = PTHREAD_MUTEX_INITIALIZER, .data = hc_orphan_data};
 
-/* ------------------------------------------------------------------------------------------- */
-/* Bootstrap pool: serves allocations while the real functions are being looked up (dlsym itself
- * calls calloc). Bump allocation, never reused; free() ignores pool pointers, realloc() copies
- * out of the pool. Each block is preceded by its size (for realloc and malloc_usable_size). */
-
-static unsigned char hc_pool[HC_POOL_BYTES] __attribute__((aligned(64)));
-static size_t hc_pool_used;
-
-static inline int hc_in_pool(const void *p) {
-    return (const unsigned char *)p >= hc_pool && (const unsigned char *)p < hc_pool + HC_POOL_BYTES;
-}
-
-static void *hc_pool_alloc(size_t n, size_t align) {
-    if (align < 16) align = 16;
-    size_t old = __atomic_load_n(&hc_pool_used, __ATOMIC_RELAXED);
-    for (;;) {
-        size_t start = (old + 16 + align - 1) & ~(align - 1);
-        if (start > HC_POOL_BYTES || n > HC_POOL_BYTES - start) {
-            errno = ENOMEM;
-            return NULL;
-        }
-        if (__atomic_compare_exchange_n(&hc_pool_used, &old, start + n, 0, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED)) {
-            ((size_t *)(hc_pool + start))[-1] = n;
-            return hc_pool + start; /* the pool is static: already zero, fine for calloc */
-        }
-    }
-}
-
-static inline size_t hc_pool_size(const void *p) { return ((const size_t *)p)[-1]; }
+/* Bootstrap pool (dlsym calls calloc while the real functions are looked up): bootstrap_pool.h */
 
 /* ------------------------------------------------------------------------------------------- */
 /* Looking up the real functions                                                                 */

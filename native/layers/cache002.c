@@ -1,7 +1,7 @@
 /*
  * cache002: an LD_PRELOAD layer that keeps the N largest recently freed large blocks of a process
  * and hands them out again (the policy of /work/shared/seeds/002, simulated as `seed002` by
- * tasks/whatif/simulate.py). Build: `make -C native cache002` -> native/build/libcache002.so.
+ * tasks/whatif/simulate.py). Build: `make -C native cache002` -> native/build/libcache002.so (source: native/layers/cache002.c).
  *
  * Why: glibc serves blocks >= M_MMAP_THRESHOLD (128 KiB by default) with a fresh mmap and unmaps
  * them on free, so every large temporary is faulted in (and zeroed by the kernel) again. Kept
@@ -39,8 +39,9 @@
  * (append one line of counters per process at exit). The layer writes nothing else, never to
  * stdout or stderr, and changes no exit code.
  *
- * Bootstrap: while dlsym looks up the next allocator (dlsym may call calloc), a 64 KiB static
- * bump pool serves allocations; free ignores pool blocks, realloc copies out of the pool.
+ * Bootstrap: while dlsym looks up the next allocator (dlsym may call calloc), the static bump
+ * pool of ../bootstrap_pool.h (shared with the tracer) serves allocations; free ignores pool
+ * blocks, realloc copies out of the pool.
  * Not async-signal-safe (neither is glibc's malloc): a handler that allocates while its thread
  * holds the layer's lock would deadlock, as it would on glibc's arena lock.
  */
@@ -55,10 +56,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../bootstrap_pool.h"
+
 #define C2_EXPORT __attribute__((visibility("default")))
 #define C2_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define C2_MAX_N 64
-#define C2_POOL_BYTES (64u * 1024u)
 
 struct c2_real {
     void *(*malloc)(size_t);
@@ -94,33 +96,7 @@ static size_t c2_page = 4096;
 static uint64_t c2_hits, c2_misses, c2_kept, c2_released, c2_evicted, c2_hit_bytes;
 static uint64_t c2_idle, c2_idle_peak;
 
-/* ------------------------------------------------------------------------------------------- */
-/* Bootstrap pool (dlsym's calloc while the real functions are looked up).                        */
-
-static unsigned char c2_pool[C2_POOL_BYTES] __attribute__((aligned(64)));
-static size_t c2_pool_used;
-
-static inline int c2_in_pool(const void *p) {
-    return (const unsigned char *)p >= c2_pool && (const unsigned char *)p < c2_pool + C2_POOL_BYTES;
-}
-
-static void *c2_pool_alloc(size_t n) {
-    size_t old = __atomic_load_n(&c2_pool_used, __ATOMIC_RELAXED);
-    for (;;) {
-        size_t start = (old + 16 + 15) & ~(size_t)15;
-        if (start > C2_POOL_BYTES || n > C2_POOL_BYTES - start) {
-            errno = ENOMEM;
-            return NULL;
-        }
-        if (__atomic_compare_exchange_n(&c2_pool_used, &old, start + n, 0, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED)) {
-            ((size_t *)(c2_pool + start))[-1] = n;
-            return c2_pool + start; /* static: already zero */
-        }
-    }
-}
-
-static inline size_t c2_pool_size(const void *p) { return ((const size_t *)p)[-1]; }
+/* Bootstrap pool (dlsym calls calloc while the real functions are looked up): bootstrap_pool.h */
 
 static void c2_resolve(void) {
     static int resolving;
@@ -240,7 +216,7 @@ static void *c2_offer(void *p, size_t usable) {
 }
 
 static void c2_free(void *p) {
-    if (p == NULL || C2_UNLIKELY(c2_in_pool(p))) return;
+    if (p == NULL || C2_UNLIKELY(hc_in_pool(p))) return;
     void (*real_free)(void *) = C2_REAL(free);
     if (C2_UNLIKELY(!real_free)) return; /* cannot happen: p came from somewhere */
     size_t (*usable_size)(void *) = C2_REAL(malloc_usable_size);
@@ -258,7 +234,7 @@ static void *c2_malloc(size_t n) {
     void *p = c2_take(n);
     if (p) return p;
     void *(*f)(size_t) = C2_REAL(malloc);
-    return f ? f(n) : c2_pool_alloc(n);
+    return f ? f(n) : hc_pool_alloc(n, 16);
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -277,15 +253,15 @@ C2_EXPORT void *calloc(size_t m, size_t n) {
     void *p = c2_take(total);
     if (p) return memset(p, 0, total);
     void *(*f)(size_t, size_t) = C2_REAL(calloc);
-    return f ? f(m, n) : c2_pool_alloc(total);
+    return f ? f(m, n) : hc_pool_alloc(total, 16);
 }
 
 C2_EXPORT void *realloc(void *old, size_t n) {
     if (old == NULL) return c2_malloc(n);
-    if (C2_UNLIKELY(c2_in_pool(old))) {
+    if (C2_UNLIKELY(hc_in_pool(old))) {
         void *q = c2_malloc(n);
         if (q) {
-            size_t o = c2_pool_size(old);
+            size_t o = hc_pool_size(old);
             memcpy(q, old, o < n ? o : n);
         }
         return q;
@@ -352,7 +328,7 @@ C2_EXPORT void *pvalloc(size_t n) {
 
 C2_EXPORT size_t malloc_usable_size(void *p) {
     if (p == NULL) return 0;
-    if (C2_UNLIKELY(c2_in_pool(p))) return c2_pool_size(p);
+    if (C2_UNLIKELY(hc_in_pool(p))) return hc_pool_size(p);
     size_t (*f)(void *) = C2_REAL(malloc_usable_size);
     return f ? f(p) : 0;
 }

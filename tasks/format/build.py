@@ -11,7 +11,7 @@ from prefect import task
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 LIB_RELPATH = Path("build") / "libheapcast.so"
 # What the library is built from; the Makefile lists the same files as its prerequisites.
-SOURCES = ("heapcast.c", "heapcast_format.h", "Makefile")
+SOURCES = ("heapcast.c", "heapcast_format.h", "bootstrap_pool.h", "Makefile")
 
 
 class TracerBuildError(RuntimeError):

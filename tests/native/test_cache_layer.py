@@ -1,4 +1,4 @@
-"""The seed-002 caching layer (native/cache002.c) under real programs: the same output and exit
+"""The seed-002 caching layer (native/layers/cache002.c) under real programs: the same output and exit
 code as without it, and far fewer page faults where large blocks are reused; its measured fault
 bytes avoided next to the simulated ones (tasks/whatif)."""
 
