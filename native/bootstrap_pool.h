@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* 64 KiB: dlsym's lookups take a few hundred bytes; the rest is margin for other libraries'
  * constructors that allocate before the lookup has finished. */
@@ -31,9 +32,15 @@ static inline int hc_in_pool(const void *p) {
 /* n bytes aligned to `align` (a power of two; below 16: 16), or NULL with errno ENOMEM. */
 static void *hc_pool_alloc(size_t n, size_t align) {
     if (align < 16) align = 16;
+    if (align > HC_POOL_BYTES / 2) {
+        errno = ENOMEM;
+        return NULL;
+    }
     size_t old = __atomic_load_n(&hc_pool_used, __ATOMIC_RELAXED);
     for (;;) {
-        size_t start = (old + 16 + align - 1) & ~(align - 1);
+        /* the address is aligned, not the offset: the pool itself is only 64-aligned */
+        uintptr_t base = (uintptr_t)hc_pool;
+        size_t start = (size_t)(((base + old + 16 + align - 1) & ~(uintptr_t)(align - 1)) - base);
         if (start > HC_POOL_BYTES || n > HC_POOL_BYTES - start) {
             errno = ENOMEM;
             return NULL;

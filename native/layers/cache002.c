@@ -12,7 +12,10 @@
  * program freed, so realloc, free, malloc_usable_size, memalign & co. of any pointer simply go to
  * that allocator: no header, no table of owned pointers. The only state is the cache itself: at
  * most HEAPCAST_CACHE_N (pointer, usable size) slots under one mutex (pthread_atfork keeps it
- * consistent across fork).
+ * consistent across fork). A block freed while it is cached (a double free) leaves the cache and
+ * both frees reach the next allocator's free, which reports it as it would without the layer.
+ * While dlsym runs (start-up), every entry point serves from the pool or refuses (realloc of a
+ * block the pool did not make: NULL, ENOMEM); none calls a function not yet looked up.
  *
  * The policy (usable sizes from the next allocator's malloc_usable_size):
  *  - free(p) with usable(p) >= HEAPCAST_CACHE_MIN: kept if fewer than N blocks are cached, or if
@@ -60,6 +63,7 @@
 
 #define C2_EXPORT __attribute__((visibility("default")))
 #define C2_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define C2_LIKELY(x) __builtin_expect(!!(x), 1)
 #define C2_MAX_N 64
 
 struct c2_real {
@@ -94,6 +98,7 @@ static size_t c2_page = 4096;
 
 /* counters, under c2_lock */
 static uint64_t c2_hits, c2_misses, c2_kept, c2_released, c2_evicted, c2_hit_bytes;
+static uint64_t c2_double_frees;
 static uint64_t c2_idle, c2_idle_peak;
 
 /* Bootstrap pool (dlsym calls calloc while the real functions are looked up): bootstrap_pool.h */
@@ -182,10 +187,24 @@ static void c2_madvise(void *p, size_t usable) {
 #endif
 }
 
-/* Offer a freed block to the cache; returns the block to release (p, an evicted one, or NULL). */
+#define C2_DOUBLE_FREE ((void *)1)
+
+/* Offer a freed block to the cache; returns the block to release (p, an evicted one, or NULL),
+ * or C2_DOUBLE_FREE when p is already cached: the program freed it twice. */
 static void *c2_offer(void *p, size_t usable) {
-    if (c2_madv) c2_madvise(p, usable); /* before it is visible to other threads */
     void *out = p;
+    pthread_mutex_lock(&c2_lock);
+    for (int i = 0; i < c2_count; i++)
+        if (c2_slots[i].p == p) {
+            /* a double free: the block leaves the cache (it must never be handed out twice) */
+            c2_idle -= c2_slots[i].usable;
+            c2_slots[i] = c2_slots[--c2_count];
+            c2_double_frees++;
+            pthread_mutex_unlock(&c2_lock);
+            return C2_DOUBLE_FREE;
+        }
+    pthread_mutex_unlock(&c2_lock);
+    if (c2_madv) c2_madvise(p, usable); /* before it is visible to other threads */
     pthread_mutex_lock(&c2_lock);
     if (c2_count < c2_n) {
         c2_slots[c2_count++] = (struct c2_slot){p, usable, ++c2_stamp};
@@ -223,8 +242,16 @@ static void c2_free(void *p) {
     if (c2_active && c2_n > 0 && usable_size) {
         size_t usable = usable_size(p);
         if (usable >= c2_min) {
-            p = c2_offer(p, usable);
-            if (p == NULL) return;
+            void *out = c2_offer(p, usable);
+            if (out == NULL) return;
+            if (C2_UNLIKELY(out == C2_DOUBLE_FREE)) {
+                /* what the program did, in order, reaches the real free: the first free that
+                 * the cache held back, then the second one, which glibc reports (it aborts, or
+                 * faults on the unmapped header) exactly as it would without the layer */
+                real_free(p);
+            } else {
+                p = out;
+            }
         }
     }
     real_free(p);
@@ -280,7 +307,14 @@ C2_EXPORT void *realloc(void *old, size_t n) {
             return q;
         }
     }
-    return C2_REAL(realloc)(old, n); /* glibc: in place, or mremap for mmapped blocks */
+    void *(*real_realloc)(void *, size_t) = C2_REAL(realloc);
+    if (C2_UNLIKELY(!real_realloc)) {
+        /* still looking up the real allocator (dlsym re-entry) and old is not a pool block: it
+         * cannot be resized yet; a failed realloc keeps the old block, as C allows */
+        errno = ENOMEM;
+        return NULL;
+    }
+    return real_realloc(old, n); /* glibc: in place, or mremap for mmapped blocks */
 }
 
 C2_EXPORT void *reallocarray(void *old, size_t m, size_t n) {
@@ -302,28 +336,46 @@ C2_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
             return 0;
         }
     }
-    return C2_REAL(posix_memalign)(out, align, n);
+    int (*f)(void **, size_t, size_t) = C2_REAL(posix_memalign);
+    if (C2_LIKELY(f != NULL)) return f(out, align, n);
+    /* start-up (dlsym re-entry): the pool, with glibc's argument check */
+    if (!c2_pow2(align) || align % sizeof(void *) != 0) return EINVAL;
+    void *p = hc_pool_alloc(n, align);
+    if (!p) return ENOMEM;
+    *out = p;
+    return 0;
 }
 
 C2_EXPORT void *aligned_alloc(size_t align, size_t n) {
     void *p = c2_pow2(align) ? c2_take_aligned(n, align) : NULL;
-    return p ? p : C2_REAL(aligned_alloc)(align, n);
+    if (p) return p;
+    void *(*f)(size_t, size_t) = C2_REAL(aligned_alloc);
+    if (C2_LIKELY(f != NULL)) return f(align, n);
+    return c2_pow2(align) ? hc_pool_alloc(n, align) : NULL; /* start-up: the pool */
 }
 
 C2_EXPORT void *memalign(size_t align, size_t n) {
     void *p = c2_pow2(align) ? c2_take_aligned(n, align) : NULL;
-    return p ? p : C2_REAL(memalign)(align, n);
+    if (p) return p;
+    void *(*f)(size_t, size_t) = C2_REAL(memalign);
+    if (C2_LIKELY(f != NULL)) return f(align, n);
+    return c2_pow2(align) ? hc_pool_alloc(n, align) : NULL; /* start-up: the pool */
 }
 
 C2_EXPORT void *valloc(size_t n) {
     void *p = c2_take_aligned(n, c2_page);
-    return p ? p : C2_REAL(valloc)(n);
+    if (p) return p;
+    void *(*f)(size_t) = C2_REAL(valloc);
+    return C2_LIKELY(f != NULL) ? f(n) : hc_pool_alloc(n, c2_page); /* start-up: the pool */
 }
 
 C2_EXPORT void *pvalloc(size_t n) {
     size_t rounded = (n + c2_page - 1) & ~(c2_page - 1);
     void *p = rounded >= n ? c2_take_aligned(rounded, c2_page) : NULL;
-    return p ? p : C2_REAL(pvalloc)(n);
+    if (p) return p;
+    void *(*f)(size_t) = C2_REAL(pvalloc);
+    if (C2_LIKELY(f != NULL)) return f(n);
+    return rounded >= n ? hc_pool_alloc(rounded, c2_page) : NULL; /* start-up: the pool */
 }
 
 C2_EXPORT size_t malloc_usable_size(void *p) {
@@ -391,6 +443,7 @@ __attribute__((destructor)) static void c2_fini(void) {
     p = c2_put(p, "evicted=", c2_evicted);
     p = c2_put(p, "idle_peak=", c2_idle_peak);
     p = c2_put(p, "cached_at_exit=", (uint64_t)c2_count);
+    p = c2_put(p, "double_frees=", c2_double_frees);
     pthread_mutex_unlock(&c2_lock);
     p[-1] = '\n';
     int saved = errno;

@@ -33,17 +33,19 @@ def libheapcast() -> Path:
 
 
 @pytest.fixture(scope="session")
-def program(tmp_path_factory) -> Callable[[str], Path]:
-    """Compiles tests/native/programs/<name>.c once and returns the executable's path.
+def program(tmp_path_factory) -> Callable[..., Path]:
+    """Compiles tests/native/programs/<name>.c once (per set of extra gcc flags, e.g.
+    "-rdynamic") and returns the executable's path.
 
     -fno-builtin: gcc otherwise deletes malloc/free pairs whose block is unused, and the tests
     count exactly those calls."""
     bin_dir = tmp_path_factory.mktemp("programs")
-    built: dict[str, Path] = {}
+    built: dict[tuple[str, ...], Path] = {}
 
-    def build(name: str) -> Path:
-        if name not in built:
-            exe = bin_dir / name
+    def build(name: str, *flags: str) -> Path:
+        key = (name, *flags)
+        if key not in built:
+            exe = bin_dir / (name + "".join(f.replace("/", "_") for f in flags))
             subprocess.run(
                 [
                     "gcc",
@@ -56,11 +58,12 @@ def program(tmp_path_factory) -> Callable[[str], Path]:
                     "-o",
                     str(exe),
                     str(PROGRAMS / f"{name}.c"),
+                    *flags,
                 ],
                 check=True,
             )
-            built[name] = exe
-        return built[name]
+            built[key] = exe
+        return built[key]
 
     return build
 

@@ -1,0 +1,70 @@
+"""Allocator-layer safety (issue 24): what every heapcast layer must do as an allocator, checked
+on real programs with the layer preloaded.
+
+- Calls made while the layer is still looking up the real allocator (dlsym re-entry: another
+  library or thread allocating at that moment) are served or refused cleanly, never a call
+  through a NULL function pointer.
+- A double free of a block the layer keeps is passed through to the real free, as plain glibc
+  would see it (which kills the program), never kept twice and handed out twice.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.native.tracer_harness import NATIVE
+
+LAYERS = {"cache002": ("cache002", "libcache002.so", {"HEAPCAST_CACHE_N": "4"})}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYERS))
+def layer(request) -> tuple[Path, dict[str, str]]:
+    """(library, the variables that turn its cache on) for each layer, built with make."""
+    target, lib, env = LAYERS[request.param]
+    subprocess.run(["make", "-s", "-C", str(NATIVE), target], check=True)
+    path = NATIVE / "build" / lib
+    assert path.is_file()
+    return path, env
+
+
+def _run(argv, lib: Path | None, env: dict[str, str] | None = None):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    e.pop("LD_PRELOAD", None)
+    if lib is not None:
+        e["LD_PRELOAD"] = str(lib)
+    e.update(env or {})
+    return subprocess.run([str(a) for a in argv], env=e, capture_output=True, text=True)
+
+
+def test_allocation_while_the_layer_resolves_is_served_or_refused(layer, program):
+    lib, env = layer
+    exe = program("startup_dlsym", "-rdynamic")
+    r = _run([exe], lib, env)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.splitlines() == [
+        "posix_memalign rc=0 aligned=1",
+        "aligned_alloc aligned=1",
+        "memalign aligned=1",
+        "valloc aligned=1",
+        # a block the layer did not make, before it knows the real realloc: refused, kept intact
+        "realloc refused errno=ENOMEM",
+    ]
+    # without a layer nobody looks anything up through the program's dlsym
+    assert _run([exe], None).stdout == "no lookup\n"
+
+
+@pytest.mark.parametrize("size", ["300000", str(40 << 20)])
+def test_double_free_is_passed_through_as_under_glibc(layer, program, size):
+    lib, env = layer
+    exe = program("doublefree")
+    plain = _run([exe, size], None)
+    under = _run([exe, size], lib, env)
+    # glibc kills the program at the second free (a signal: SIGSEGV or SIGABRT); the layer must
+    # not turn that into two later mallocs returning the same block
+    assert plain.returncode < 0, (plain.returncode, plain.stdout, plain.stderr)
+    assert "same" not in under.stdout
+    assert under.returncode == plain.returncode, (under.returncode, under.stdout, under.stderr)
