@@ -17,9 +17,10 @@
  *    idle for more than `decay` ms is given back (checked at each of the layer's large-block
  *    calls: no timer thread, so a process that stops allocating keeps at most `cap` bytes).
  *  - guided: seed001's pools, but a freed block of class c is kept only when the thread's
- *    predictor says an allocation of class c comes soon: c is among the `topk` most likely next
- *    calls of the thread (predictor.h: the online counter over the thread's large-block calls,
- *    predict then update; or a table from the model, `predictor=table:FILE`).
+ *    predictor says an allocation of class c comes soon: c is among the `topk` most likely calls
+ *    at one of the next `horizon` calls of the thread (predictor.h: the online counter over the
+ *    thread's large-block calls, predict then update, rolled forward with its own top-1; or a
+ *    table from the model, `predictor=table:FILE`). Causal: only the thread's past is used.
  *  - off: everything passes through (the loading cost alone).
  * Requests are served from the kept blocks by one rule: the most recently kept block that fits
  * (usable >= n and usable - n < n + 4096: at most half a block plus a page wasted) and has the
@@ -92,7 +93,8 @@
     X(n, "4", "seed002: blocks kept at most (0..64)")                                             \
     X(madv, "1", "1: madvise(MADV_FREE) a kept block's pages (the kernel may take them back)")    \
     X(decay, "1000", "seed001, guided: a block idle this many ms is given back")                  \
-    X(topk, "2", "guided: keep class c when it is among the k most likely next calls")            \
+    X(topk, "2", "guided: keep class c when it is among the k most likely calls ...")             \
+    X(horizon, "4", "guided: ... at one of the next h calls (the counter rolled forward)")        \
     X(predictor, "online", "guided: online (the thread's counter) | table:FILE (from the model)") \
     X(model, "0", "table: the model version the file must come from (0: any)")                    \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
@@ -103,13 +105,13 @@ static const char *const hl_policy_names[] = {"off", "seed002", "seed001", "guid
 struct hl_settings {
     enum hl_policy policy;
     size_t min, cap;
-    int n, madv, topk;
+    int n, madv, topk, horizon;
     uint64_t decay_ns;
     uint32_t model;
     char table[512]; /* table file path ("" = online counter) */
     char stats[512]; /* "" none, "1" stderr, else a path */
 };
-static struct hl_settings hl_set = {HL_OFF, SIZE_MAX, 0, 0, 0, 0, 0, 0, "", ""};
+static struct hl_settings hl_set = {.policy = HL_OFF, .min = SIZE_MAX};
 
 /* The one output path (stats, refusals): write(2) of a stack buffer, EINTR and partial writes
  * handled, errno kept. Never mallocs. */
@@ -189,6 +191,8 @@ static int hl_apply(struct hl_settings *st, const char *name, const char *v) {
     if (!strcmp(name, "n")) return hl_parse_int(v, 0, HL_MAX_N, &x) ? (st->n = (int)x, 1) : 0;
     if (!strcmp(name, "madv")) return hl_parse_int(v, 0, 1, &x) ? (st->madv = (int)x, 1) : 0;
     if (!strcmp(name, "topk")) return hl_parse_int(v, 1, 64, &x) ? (st->topk = (int)x, 1) : 0;
+    if (!strcmp(name, "horizon"))
+        return hl_parse_int(v, 1, 64, &x) ? (st->horizon = (int)x, 1) : 0;
     if (!strcmp(name, "decay"))
         return hl_parse_int(v, 0, 1L << 40, &x) ? (st->decay_ns = (uint64_t)x * 1000000u, 1) : 0;
     if (!strcmp(name, "model"))
@@ -240,7 +244,7 @@ static int hl_read_settings(struct hl_settings *st) {
         if (!eq || !known || !hl_apply(st, item, eq + 1)) {
             if (eq) *eq = '=';
             hl_say("cannot parse HEAPCAST_LAYER item '", item,
-                   "' (options: policy min cap n madv decay topk predictor model stats)",
+                   "' (options: policy min cap n madv decay topk horizon predictor model stats)",
                    "; running as a pass-through");
             return 0;
         }
@@ -436,8 +440,7 @@ static int hl_predict_reuse(size_t req) {
     if (c == NULL) return 0;
     hcp_learn(c, HCP_FREE + cls);
     if (hl_use_table) return (unsigned)hl_table[HCP_FREE + cls][cls] * (unsigned)hl_set.topk >= 255u;
-    struct hcp_answer a = hcp_answer(c);
-    return hcp_in_top(&a, cls, (unsigned)hl_set.topk);
+    return hcp_soon(c, cls, (unsigned)hl_set.topk, (unsigned)hl_set.horizon);
 }
 
 /* ------------------------------------------------------------------------------------------- */

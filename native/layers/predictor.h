@@ -16,8 +16,8 @@
  * answers only on the calls it can act on (blocks of at least `min` bytes), a short alphabet
  * where two calls of context already separate the phases (alloc A, free A, alloc A, ...), and
  * exact count rows make both the update (three increments, three compares) and the question
- * the guided policy asks ("is class c among the k most likely next calls?", one pass over a
- * 64-entry row) branch-light and free of hashing. Memory: ~1.1 MiB of address space per thread
+ * the guided policy asks (hcp_soon: "is class c among the k most likely calls at one of the next
+ * h calls?", one pass over a 64-entry row per step) branch-light and free of hashing. Memory: ~1.1 MiB of address space per thread
  * (mmapped by the layer, only the rows of contexts a thread meets are ever touched).
  *
  * Counts are 32-bit: a context would need 2^32 calls to wrap.
@@ -31,6 +31,7 @@
 #define HCP_TOKENS 64
 #define HCP_NONE 64 /* top1 when nothing answers (online.py's NO_TOKEN) */
 #define HCP_FREE 32 /* a free's token: HCP_FREE + the freed block's class */
+#define HCP_LIKELY(x) __builtin_expect(!!(x), 1)
 
 struct hcp_counter {
     uint64_t n_seen;
@@ -60,10 +61,12 @@ static inline unsigned hcp_class(size_t n) {
     return b < 31u ? b : 31u;
 }
 
-static inline struct hcp_answer hcp_answer(const struct hcp_counter *c) {
+/* The answer after a history whose length is `seen` and whose last two tokens are h2, h1. */
+static inline struct hcp_answer hcp_answer_at(const struct hcp_counter *c, uint64_t seen,
+                                              unsigned h2, unsigned h1) {
     struct hcp_answer a = {HCP_NONE, 0, 0, 0, NULL};
-    if (c->n_seen >= 2) {
-        unsigned ctx = (unsigned)c->h2 * HCP_TOKENS + c->h1;
+    if (seen >= 2) {
+        unsigned ctx = h2 * HCP_TOKENS + h1;
         if (c->tot2[ctx]) {
             a.top1 = c->top2[ctx];
             a.order = 1;
@@ -73,12 +76,12 @@ static inline struct hcp_answer hcp_answer(const struct hcp_counter *c) {
             return a;
         }
     }
-    if (c->n_seen >= 1) {
-        if (c->tot1[c->h1]) {
-            a.top1 = c->top1[c->h1];
+    if (seen >= 1) {
+        if (c->tot1[h1]) {
+            a.top1 = c->top1[h1];
             a.order = 2;
-            a.row = c->c1[c->h1];
-            a.total = c->tot1[c->h1];
+            a.row = c->c1[h1];
+            a.total = c->tot1[h1];
         } else {
             a.top1 = c->top0;
             a.row = c->c0;
@@ -89,6 +92,11 @@ static inline struct hcp_answer hcp_answer(const struct hcp_counter *c) {
     return a;
 }
 
+/* The answer for the thread's next call. */
+static inline struct hcp_answer hcp_answer(const struct hcp_counter *c) {
+    return hcp_answer_at(c, c->n_seen, c->h2, c->h1);
+}
+
 static inline void hcp_bump(uint32_t *row, uint32_t *total, uint8_t *top, unsigned y) {
     uint32_t v = ++row[y];
     ++*total;
@@ -97,25 +105,49 @@ static inline void hcp_bump(uint32_t *row, uint32_t *total, uint8_t *top, unsign
 
 /* Learn the thread's next token y (0..63). */
 static inline void hcp_learn(struct hcp_counter *c, unsigned y) {
+    /* locals: the rows are written through pointers that may alias the history bytes */
+    uint64_t seen = c->n_seen;
+    unsigned h1 = c->h1, h2 = c->h2;
     hcp_bump(c->c0, &c->tot0, &c->top0, y);
-    if (c->n_seen >= 1) hcp_bump(c->c1[c->h1], &c->tot1[c->h1], &c->top1[c->h1], y);
-    if (c->n_seen >= 2) {
-        unsigned ctx = (unsigned)c->h2 * HCP_TOKENS + c->h1;
+    if (HCP_LIKELY(seen >= 2)) {
+        unsigned ctx = h2 * HCP_TOKENS + h1;
         hcp_bump(c->c2[ctx], &c->tot2[ctx], &c->top2[ctx], y);
     }
-    c->h2 = c->h1;
+    if (HCP_LIKELY(seen >= 1)) hcp_bump(c->c1[h1], &c->tot1[h1], &c->top1[h1], y);
+    c->h2 = (uint8_t)h1;
     c->h1 = (uint8_t)y;
-    c->n_seen++;
+    c->n_seen = seen + 1;
 }
 
 /* Is token y among the k most likely next tokens of the answering context? (seen after it at
  * least once, and fewer than k tokens counted strictly more often; ties count for y). */
 static inline int hcp_in_top(const struct hcp_answer *a, unsigned y, unsigned k) {
     if (a->row == NULL || a->row[y] == 0) return 0;
+    if (a->top1 == y) return 1;
     uint32_t v = a->row[y];
     unsigned above = 0;
-    for (unsigned t = 0; t < HCP_TOKENS; t++) above += a->row[t] > v;
-    return above < k;
+    for (unsigned t = 0; t < HCP_TOKENS; t += 16) { /* 16 at a time: vectorised, early exit */
+        for (unsigned j = 0; j < 16; j++) above += a->row[t + j] > v;
+        if (above >= k) return 0;
+    }
+    return 1;
+}
+
+/* Is y among the k most likely tokens at one of the next `horizon` calls? The context is rolled
+ * forward with each step's top-1 (the counter's single most likely continuation; nothing is
+ * learnt): "a call of y comes soon" as far as the thread's own past tells. */
+static inline int hcp_soon(const struct hcp_counter *c, unsigned y, unsigned k, unsigned horizon) {
+    uint64_t seen = c->n_seen;
+    unsigned h2 = c->h2, h1 = c->h1;
+    for (unsigned s = 0; s < horizon; s++) {
+        struct hcp_answer a = hcp_answer_at(c, seen, h2, h1);
+        if (hcp_in_top(&a, y, k)) return 1;
+        if (a.top1 == HCP_NONE) return 0;
+        h2 = h1;
+        h1 = a.top1;
+        seen++;
+    }
+    return 0;
 }
 
 #endif

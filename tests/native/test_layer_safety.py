@@ -6,6 +6,8 @@ on real programs with the layer preloaded.
   through a NULL function pointer.
 - A double free of a block the layer keeps is passed through to the real free, as plain glibc
   would see it (which kills the program), never kept twice and handed out twice.
+- (heapcast's layer) A foreign pointer, even one that looks like a glibc block, is passed
+  through to the real free, never kept.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import pytest
 
 from tests.native.tracer_harness import NATIVE
 
-LAYERS = {"cache002": ("cache002", "libcache002.so", {"HEAPCAST_CACHE_N": "4"})}
+LAYERS = {
+    "cache002": ("cache002", "libcache002.so", {"HEAPCAST_CACHE_N": "4"}),
+    **{
+        f"layer-{policy}": ("layer", "libheapcast_layer.so", {"HEAPCAST_LAYER": f"policy={policy}"})
+        for policy in ("seed002", "seed001", "guided")
+    },
+}
 
 
 @pytest.fixture(scope="module", params=sorted(LAYERS))
@@ -68,3 +76,14 @@ def test_double_free_is_passed_through_as_under_glibc(layer, program, size):
     assert plain.returncode < 0, (plain.returncode, plain.stdout, plain.stderr)
     assert "same" not in under.stdout
     assert under.returncode == plain.returncode, (under.returncode, under.stdout, under.stderr)
+
+
+@pytest.mark.parametrize("name", [k for k in LAYERS if k.startswith("layer-")])
+def test_foreign_pointer_goes_to_the_real_free(program, name):
+    target, lib, env = LAYERS[name]
+    subprocess.run(["make", "-s", "-C", str(NATIVE), target], check=True)
+    exe = program("foreign")
+    plain = _run([exe], None)
+    under = _run([exe], NATIVE / "build" / lib, env)
+    assert plain.stdout == "unmapped\n"  # glibc unmaps what looks like its mmapped chunk
+    assert under.stdout == plain.stdout and under.returncode == plain.returncode == 0

@@ -1,0 +1,305 @@
+"""heapcast's allocator layer (native/layers/layer.c, libheapcast_layer.so) under real programs.
+
+Each policy (seed002, seed001, guided) keeps the output and exit code of real programs (python3
+with numpy on seed 002's expression, sqlite3, a threaded C program, fork beside a working
+thread) and reuses blocks (its counters at exit). The predictor equals the project's online
+counter (tasks/learning/online.py, orders (2, 1)) on a token sequence. A setting it cannot
+parse, or a table file it cannot trust, is said in one line on stderr and never stops the
+program. seed002 is cache002's policy: the same hits on the same program.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.learning.online import online_features
+from tests.conftest import need_tool
+from tests.native.test_real_programs import sqlite_script
+from tests.native.tracer_harness import NATIVE
+
+POLICIES = ("seed002", "seed001", "guided")
+BIG = ["300000", "1000000", "2500000"]
+
+NUMPY_SEED002 = (
+    "import numpy as np\n"
+    "a = np.linspace(0.0, 1.0, 2_000_000)\n"
+    "b = np.linspace(1.0, 2.0, 2_000_000)\n"
+    "s = 0.0\n"
+    "for i in range(20):\n"
+    "    c = (a * b) ** 2 + 3\n"
+    "    s += float(c[::997].sum())\n"
+    "print(repr(s), c.shape, float(c[12345]))\n"
+)
+
+
+@pytest.fixture(scope="session")
+def heapcast_layer() -> Path:
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "layer", "cache002"], check=True)
+    lib = NATIVE / "build" / "libheapcast_layer.so"
+    assert lib.is_file()
+    return lib
+
+
+def _env(lib: Path | None, setting: str | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    env.pop("LD_PRELOAD", None)
+    if lib is not None:
+        env["LD_PRELOAD"] = str(lib)
+    if setting is not None:
+        env["HEAPCAST_LAYER"] = setting
+    env.update(extra)
+    return env
+
+
+def _stats(path: Path) -> list[dict[str, int]]:
+    """The layer's stats lines (one per process that exited through exit())."""
+    if not path.exists():
+        return []
+    return [
+        {k: int(v) for k, v in (f.split("=", 1) for f in line.split())}
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def _same_under_layer(argv, lib, setting, tmp_path, stdin=None, **extra):
+    """Run argv plainly and under the layer; assert identical stdout, stderr and exit code;
+    return the layer's stats lines."""
+    stats = tmp_path / "stats"
+    stats.unlink(missing_ok=True)
+    kw = dict(capture_output=True, text=True, input=stdin, timeout=600)
+    plain = subprocess.run([str(a) for a in argv], env=_env(None, **extra), **kw)
+    under = subprocess.run(
+        [str(a) for a in argv], env=_env(lib, f"{setting},stats={stats}", **extra), **kw
+    )
+    assert under.returncode == plain.returncode, (under.returncode, under.stderr[-2000:])
+    assert under.stdout == plain.stdout
+    assert under.stderr == plain.stderr
+    return _stats(stats)
+
+
+# --- the predictor --------------------------------------------------------------------------------
+
+
+def test_predictor_equals_the_online_counter(program, tmp_path):
+    # a phase-structured sequence with noise: repeated patterns, then another phase, random calls
+    rng = np.random.default_rng(21)
+    parts = []
+    for _ in range(6):
+        pattern = rng.integers(0, 64, size=rng.integers(2, 7))
+        reps = np.tile(pattern, 150)
+        noise = rng.random(len(reps)) < 0.15
+        reps[noise] = rng.integers(0, 64, size=int(noise.sum()))
+        parts.append(reps)
+    tokens = np.concatenate(parts).astype(np.uint8)
+    path = tmp_path / "tokens"
+    path.write_bytes(tokens.tobytes())
+    out = subprocess.run(
+        [str(program("predict_tokens")), str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    got = np.array([line.split() for line in out.splitlines()], dtype=np.int64)
+    ref = online_features(tokens, np.array([0, len(tokens)]), orders=(2, 1))
+    assert got.shape == (len(tokens), 4)
+    for j, key in enumerate(("top1", "order", "count", "total")):
+        np.testing.assert_array_equal(got[:, j], ref[key].astype(np.int64), err_msg=key)
+
+
+# --- real programs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_numpy_seed002_expression_same_output(heapcast_layer, policy, tmp_path):
+    python = Path(sys.executable)
+    rows = _same_under_layer(
+        [python, "-c", NUMPY_SEED002], heapcast_layer, f"policy={policy}", tmp_path
+    )
+    main = max(rows, key=lambda r: r["hits"])  # numpy's import may run helper processes
+    assert main["hits"] >= 15, main
+    assert main["double_frees"] == 0 and main["foreign"] == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_sqlite3_same_output(heapcast_layer, policy, tmp_path):
+    sqlite3 = need_tool("sqlite3")
+    # min=4K: sqlite's page cache and sorter blocks go through the layer too
+    rows = _same_under_layer(
+        [sqlite3, ":memory:"],
+        heapcast_layer,
+        f"policy={policy},min=4K",
+        tmp_path,
+        stdin=sqlite_script(20_000),
+    )
+    assert len(rows) == 1 and rows[0]["hits"] > 0, rows
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_threads_same_output(heapcast_layer, program, policy, tmp_path):
+    exe = program("bigblocks")
+    rows = _same_under_layer([exe, "20", "4", *BIG, "4000000"], heapcast_layer, f"policy={policy}",
+                             tmp_path)  # fmt: skip
+    assert len(rows) == 1 and rows[0]["hits"] > 0, rows
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fork_beside_a_working_thread(heapcast_layer, program, policy, tmp_path):
+    exe = program("forkbig")
+    rows = _same_under_layer([exe, "40", "300000"], heapcast_layer, f"policy={policy}", tmp_path)
+    # children leave with _exit (no stats line); the parent's thread reused blocks throughout
+    assert len(rows) == 1 and rows[0]["hits"] > 100, rows
+
+
+def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
+    """Same program, same rules: the layer's seed002 hits what cache002 hits."""
+    exe = program("bigblocks")
+    argv = [str(exe), "30", "1", *BIG, "700000"]
+    base = _env(None, MALLOC_MMAP_THRESHOLD_="131072")
+    c2 = tmp_path / "c2"
+    subprocess.run(argv, check=True, capture_output=True, env=base | {
+        "LD_PRELOAD": str(NATIVE / "build" / "libcache002.so"),
+        "HEAPCAST_CACHE_N": "4",
+        "HEAPCAST_CACHE_STATS": str(c2),
+    })  # fmt: skip
+    ours = tmp_path / "ours"
+    subprocess.run(argv, check=True, capture_output=True, env=base | {
+        "LD_PRELOAD": str(heapcast_layer),
+        "HEAPCAST_LAYER": f"policy=seed002,n=4,madv=0,stats={ours}",
+    })  # fmt: skip
+    (theirs,) = _stats(c2)
+    (mine,) = _stats(ours)
+    assert mine["hits"] == theirs["hits"] > 0
+    assert mine["misses"] == theirs["misses"]
+
+
+# --- settings and the table file -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["policy=bogus", "cap=12Q", "frobnicate=1", "policy", "n=65", "predictor=table:", "min=0"],
+)
+def test_a_setting_it_cannot_parse_passes_through(heapcast_layer, program, setting, tmp_path):
+    exe = program("bigblocks")
+    stats = tmp_path / "stats"
+    plain = subprocess.run([exe, "5", "1", *BIG], capture_output=True, text=True, env=_env(None))
+    r = subprocess.run(
+        [exe, "5", "1", *BIG],
+        capture_output=True,
+        text=True,
+        env=_env(heapcast_layer, f"policy=guided,stats={stats},{setting}"),
+    )
+    assert r.returncode == plain.returncode == 0
+    assert r.stdout == plain.stdout
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("heapcast layer: cannot parse HEAPCAST_LAYER item") and (
+        setting in lines[0]
+    )
+    assert lines[0].endswith("running as a pass-through")
+    assert not stats.exists()  # a pass-through keeps nothing and counts nothing
+
+
+def write_table(path: Path, *, magic=b"HCLTAB\x00\x01", version=1, model=3, payload=None,
+                checksum=None) -> None:  # fmt: skip
+    """A layer table file (format: native/layers/layer.c's header comment)."""
+    if payload is None:
+        payload = bytes(
+            255 if (t >= 32 and c == t - 32) else 0 for t in range(64) for c in range(64)
+        )
+    h = 0xCBF29CE484222325
+    for b in payload:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    path.write_bytes(
+        magic
+        + struct.pack("<IIIIQ", version, model, 64, 4096, h if checksum is None else checksum)
+        + payload
+    )
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("magic", "is not a heapcast layer table (magic)"),
+        ("version", "has another format version (this layer reads 1)"),
+        ("truncated", "has a payload of the wrong length (truncated or extended)"),
+        ("checksum", "is corrupt (payload checksum)"),
+        ("model", "comes from another model version"),
+        ("missing", "cannot be opened"),
+        ("short", "is shorter than its 32-byte header"),
+    ],
+)
+def test_a_table_it_cannot_trust_is_refused(heapcast_layer, program, kind, reason, tmp_path):
+    table = tmp_path / "table.bin"
+    write_table(table)
+    raw = table.read_bytes()
+    if kind == "magic":
+        table.write_bytes(b"PK\x03\x04xxxx" + raw[8:])
+    elif kind == "version":
+        write_table(table, version=2)
+    elif kind == "truncated":
+        table.write_bytes(raw[:-100])
+    elif kind == "checksum":
+        table.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    elif kind == "missing":
+        table.unlink()
+    elif kind == "short":
+        table.write_bytes(raw[:20])
+    model = "5" if kind == "model" else "3"
+    exe = program("bigblocks")
+    stats = tmp_path / "stats"
+    plain = subprocess.run([exe, "5", "1", *BIG], capture_output=True, text=True, env=_env(None))
+    r = subprocess.run(
+        [exe, "5", "1", *BIG],
+        capture_output=True,
+        text=True,
+        env=_env(
+            heapcast_layer, f"policy=guided,predictor=table:{table},model={model},stats={stats}"
+        ),
+    )
+    assert r.returncode == 0 and r.stdout == plain.stdout
+    assert r.stderr.splitlines() == [
+        f"heapcast layer: table file {table} refused: it {reason}; "
+        "the guided policy uses the online counter"
+    ]
+    (row,) = _stats(stats)
+    assert row["table"] == 0 and row["table_refused"] == 1
+    assert row["hits"] > 0  # the online counter guides the cache instead
+
+
+def test_a_good_table_is_used(heapcast_layer, program, tmp_path):
+    table = tmp_path / "table.bin"
+    write_table(table)
+    exe = program("bigblocks")
+    stats = tmp_path / "stats"
+    r = subprocess.run(
+        [exe, "5", "1", *BIG],
+        capture_output=True,
+        text=True,
+        env=_env(heapcast_layer, f"policy=guided,predictor=table:{table},model=3,stats={stats}"),
+    )
+    assert r.returncode == 0 and r.stderr == ""
+    (row,) = _stats(stats)
+    assert row["table"] == 1 and row["table_refused"] == 0
+    # the table says "a free of class c is followed by an allocation of class c": all kept
+    assert row["hits"] > 0 and row["kept"] > 0
+
+
+def test_stats_on_stderr_on_request(heapcast_layer, program):
+    exe = program("bigblocks")
+    r = subprocess.run(
+        [exe, "5", "1", *BIG],
+        capture_output=True,
+        text=True,
+        env=_env(heapcast_layer, "policy=seed001,stats=1"),
+    )
+    assert r.returncode == 0
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("heapcast layer: pid=")
+    fields = dict(f.split("=") for f in line.removeprefix("heapcast layer: ").split())
+    assert int(fields["hits"]) > 0 and int(fields["policy"]) == 2
