@@ -9,7 +9,10 @@
  * free, so each large temporary is faulted in (and zeroed by the kernel) again; seed 002's numpy
  * case spends ~20% of its time there. A kept block is reused with its pages resident.
  *
- * Policies (one layer, configurations of it; `min`, `cap`, `madv` apply to all):
+ * Policies (one layer, configurations of it; `min`, `cap`, `madv` apply to all; `madv`: the
+ * pages of a block kept idle for 100 ms are madvise(MADV_FREE)d, so the kernel may take them
+ * back under memory pressure, as seed 002 asks; not at once: in a tight loop the syscall and
+ * its TLB flush would cost ~1 us per free, where glibc reuses the block for ~25 ns):
  *  - seed002 (default): the n (4) largest recently freed blocks (/work/shared/seeds/002; the
  *    rules of layers/cache002.c and of tasks/whatif's `seed002`): a freed block is kept if fewer
  *    than n are, or if it is at least as large as the smallest kept one, which is given back.
@@ -91,7 +94,7 @@
     X(min, "128K", "blocks of at least this many usable bytes are considered (K, M, G suffixes)") \
     X(cap, "1G", "at most this many bytes kept; beyond, the oldest (seed002: smallest) go back")  \
     X(n, "4", "seed002: blocks kept at most (0..64)")                                             \
-    X(madv, "1", "1: madvise(MADV_FREE) a kept block's pages (the kernel may take them back)")    \
+    X(madv, "100", "MADV_FREE a kept block's pages once idle this many ms (0: at once; off)")     \
     X(decay, "1000", "seed001, guided: a block idle this many ms is given back")                  \
     X(topk, "2", "guided: keep class c when it is among the k most likely calls ...")             \
     X(horizon, "4", "guided: ... at one of the next h calls (the counter rolled forward)")        \
@@ -105,7 +108,8 @@ static const char *const hl_policy_names[] = {"off", "seed002", "seed001", "guid
 struct hl_settings {
     enum hl_policy policy;
     size_t min, cap;
-    int n, madv, topk, horizon;
+    int n, topk, horizon;
+    int64_t madv_ns; /* -1: never */
     uint64_t decay_ns;
     uint32_t model;
     char table[512]; /* table file path ("" = online counter) */
@@ -189,7 +193,10 @@ static int hl_apply(struct hl_settings *st, const char *name, const char *v) {
     if (!strcmp(name, "min")) return hl_parse_size(v, &st->min) && st->min > 0;
     if (!strcmp(name, "cap")) return hl_parse_size(v, &st->cap);
     if (!strcmp(name, "n")) return hl_parse_int(v, 0, HL_MAX_N, &x) ? (st->n = (int)x, 1) : 0;
-    if (!strcmp(name, "madv")) return hl_parse_int(v, 0, 1, &x) ? (st->madv = (int)x, 1) : 0;
+    if (!strcmp(name, "madv")) {
+        if (!strcmp(v, "off")) return st->madv_ns = -1, 1;
+        return hl_parse_int(v, 0, 1L << 40, &x) ? (st->madv_ns = (int64_t)x * 1000000, 1) : 0;
+    }
     if (!strcmp(name, "topk")) return hl_parse_int(v, 1, 64, &x) ? (st->topk = (int)x, 1) : 0;
     if (!strcmp(name, "horizon"))
         return hl_parse_int(v, 1, 64, &x) ? (st->horizon = (int)x, 1) : 0;
@@ -306,7 +313,8 @@ struct hl_kept {
     void *p;
     size_t usable;
     uint64_t stamp; /* larger = kept more recently */
-    uint64_t since; /* CLOCK_MONOTONIC_COARSE ns when kept (decay) */
+    uint64_t since; /* CLOCK_MONOTONIC_COARSE ns when kept (decay, madv) */
+    int advised;    /* its pages are madvise(MADV_FREE)d */
 };
 static struct hl_kept hl_kept[HL_MAX_KEPT];
 static int hl_nkept;
@@ -480,6 +488,8 @@ static void hl_release(struct hl_out *out) {
     for (int i = 0; i < out->n; i++) f(out->p[i]);
 }
 
+static void hl_advise_idle(uint64_t now);
+
 /* A kept block for n bytes at an address multiple of `align` (power of two, or 0), taken out of
  * the kept blocks and made live; NULL if none fits. */
 static void *hl_take(size_t n, size_t align) {
@@ -487,8 +497,9 @@ static void *hl_take(size_t n, size_t align) {
     uintptr_t mask = align > 1 ? (uintptr_t)(align - 1) : 0;
     struct hl_out out = {0};
     void *p = NULL;
+    uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
     pthread_mutex_lock(&hl_lock);
-    hl_decay(&out, hl_set.policy == HL_SEED002 ? 0 : hl_now());
+    hl_decay(&out, now);
     int best = -1;
     for (int i = 0; i < hl_nkept; i++)
         if (hl_fits(hl_kept[i].usable, n) && ((uintptr_t)hl_kept[i].p & mask) == 0 &&
@@ -506,8 +517,11 @@ static void *hl_take(size_t n, size_t align) {
     }
     pthread_mutex_unlock(&hl_lock);
     hl_release(&out);
+    hl_advise_idle(now);
     return p;
 }
+
+static uint64_t hl_advise_at; /* the next scan for idle blocks to advise (under hl_lock) */
 
 static void hl_madvise(void *p, size_t usable) {
 #ifdef MADV_FREE
@@ -522,9 +536,52 @@ static void hl_madvise(void *p, size_t usable) {
 #endif
 }
 
+/* madv > 0: the pages of blocks kept idle for `madv` ms are madvise(MADV_FREE)d, a few per
+ * call, at most every madv/2 ms (lazily: a block reused at once, the tight loop, never pays the
+ * syscall and its TLB flush). A block being advised is out of the cache meanwhile, so no other
+ * thread can take it while the kernel may still drop its pages. */
+static void hl_advise_idle(uint64_t now) {
+    if (hl_set.madv_ns <= 0 || now < __atomic_load_n(&hl_advise_at, __ATOMIC_RELAXED)) return;
+    struct hl_kept todo[4];
+    int n = 0;
+    pthread_mutex_lock(&hl_lock);
+    if (now >= hl_advise_at) {
+        hl_advise_at = now + (uint64_t)hl_set.madv_ns / 2;
+        for (int i = 0; i < hl_nkept && n < 4;) {
+            if (!hl_kept[i].advised && now - hl_kept[i].since >= (uint64_t)hl_set.madv_ns) {
+                todo[n++] = hl_kept[i];
+                hl_bytes_kept -= hl_kept[i].usable;
+                hl_kept[i] = hl_kept[--hl_nkept];
+            } else {
+                i++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&hl_lock);
+    if (n == 0) return;
+    for (int i = 0; i < n; i++) hl_madvise(todo[i].p, todo[i].usable);
+    struct hl_out out = {0};
+    pthread_mutex_lock(&hl_lock);
+    for (int i = 0; i < n; i++) {
+        if (hl_nkept < HL_MAX_KEPT && hl_bytes_kept + todo[i].usable <= hl_set.cap) {
+            todo[i].advised = 1;
+            hl_kept[hl_nkept++] = todo[i];
+            hl_bytes_kept += todo[i].usable;
+        } else { /* the cache filled up meanwhile: give it back */
+            out.p[out.n++] = todo[i].p;
+            hl_stats.given_back++;
+            hl_stats.bytes_given_back += todo[i].usable;
+        }
+    }
+    pthread_mutex_unlock(&hl_lock);
+    hl_release(&out);
+}
+
 /* The program frees p (usable >= min). */
 static void hl_free_large(void *p, size_t usable) {
     void (*real_free)(void *) = hl_real.free;
+    int advised = hl_set.madv_ns == 0;
+    uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
     pthread_mutex_lock(&hl_lock);
     size_t req = hl_live_take(p);
     if (req == 0) {
@@ -547,19 +604,22 @@ static void hl_free_large(void *p, size_t usable) {
         real_free(p);
         return;
     }
-    pthread_mutex_unlock(&hl_lock);
+    /* one lock hold for the whole decision (the predictor is this thread's: no sharing) */
     int keep = usable <= hl_set.cap;
     if (hl_set.policy == HL_GUIDED) keep = hl_predict_reuse(req) && keep;
     if (hl_set.policy == HL_SEED002 && hl_set.n == 0) keep = 0;
     if (!keep) {
-        __atomic_fetch_add(&hl_stats.passed, 1, __ATOMIC_RELAXED);
+        hl_stats.passed++;
+        pthread_mutex_unlock(&hl_lock);
         real_free(p);
         return;
     }
-    if (hl_set.madv) hl_madvise(p, usable); /* before other threads can take it */
+    if (advised) { /* madv=0: advise before other threads can take it, outside the lock */
+        pthread_mutex_unlock(&hl_lock);
+        hl_madvise(p, usable);
+        pthread_mutex_lock(&hl_lock);
+    }
     struct hl_out out = {0};
-    uint64_t now = hl_set.policy == HL_SEED002 ? 0 : hl_now();
-    pthread_mutex_lock(&hl_lock);
     hl_decay(&out, now);
     if (hl_set.policy == HL_SEED002 && hl_nkept >= hl_set.n) {
         int small = 0;
@@ -588,7 +648,7 @@ static void hl_free_large(void *p, size_t usable) {
     }
     if (keep && (hl_bytes_kept + usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT)) keep = 0;
     if (keep) {
-        hl_kept[hl_nkept++] = (struct hl_kept){p, usable, ++hl_stamp, now};
+        hl_kept[hl_nkept++] = (struct hl_kept){p, usable, ++hl_stamp, now, advised};
         hl_bytes_kept += usable;
         hl_stats.kept++;
         if (hl_bytes_kept > hl_stats.bytes_kept_peak) hl_stats.bytes_kept_peak = hl_bytes_kept;
@@ -598,6 +658,7 @@ static void hl_free_large(void *p, size_t usable) {
     pthread_mutex_unlock(&hl_lock);
     if (!keep) real_free(p);
     hl_release(&out);
+    hl_advise_idle(now);
 }
 
 /* ------------------------------------------------------------------------------------------- */

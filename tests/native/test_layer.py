@@ -169,7 +169,7 @@ def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
     ours = tmp_path / "ours"
     subprocess.run(argv, check=True, capture_output=True, env=base | {
         "LD_PRELOAD": str(heapcast_layer),
-        "HEAPCAST_LAYER": f"policy=seed002,n=4,madv=0,stats={ours}",
+        "HEAPCAST_LAYER": f"policy=seed002,n=4,madv=off,stats={ours}",
     })  # fmt: skip
     (theirs,) = _stats(c2)
     (mine,) = _stats(ours)
