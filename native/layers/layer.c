@@ -323,7 +323,7 @@ static size_t hl_bytes_kept;
 
 static struct {
     uint64_t hits, misses, kept, bytes_kept_peak, given_back, bytes_given_back, bytes_advised;
-    uint64_t passed, double_frees, foreign, decayed, table_refused;
+    uint64_t passed, double_frees, untracked, decayed, table_refused;
 } hl_stats;
 
 /* Live set: the large blocks handed out (key: address, value: requested size), open addressing
@@ -577,6 +577,17 @@ static void hl_advise_idle(uint64_t now) {
     hl_release(&out);
 }
 
+/* Take p out of the kept blocks (under hl_lock); 1 if it was kept. */
+static int hl_unkeep(void *p) {
+    for (int i = 0; i < hl_nkept; i++)
+        if (hl_kept[i].p == p) {
+            hl_bytes_kept -= hl_kept[i].usable;
+            hl_kept[i] = hl_kept[--hl_nkept];
+            return 1;
+        }
+    return 0;
+}
+
 /* The program frees p (usable >= min). */
 static void hl_free_large(void *p, size_t usable) {
     void (*real_free)(void *) = hl_real.free;
@@ -588,16 +599,9 @@ static void hl_free_large(void *p, size_t usable) {
         /* not a live block of ours: a foreign pointer, a block from before the start, or a
          * double free. If it is kept, the program freed it twice: the block leaves the cache
          * and both frees reach the real free, which reports it as it would without the layer. */
-        int twice = 0;
-        for (int i = 0; i < hl_nkept; i++)
-            if (hl_kept[i].p == p) {
-                hl_bytes_kept -= hl_kept[i].usable;
-                hl_kept[i] = hl_kept[--hl_nkept];
-                twice = 1;
-                break;
-            }
+        int twice = hl_unkeep(p);
         if (twice) hl_stats.double_frees++;
-        else hl_stats.foreign++;
+        else hl_stats.untracked++;
         hl_stats.passed++;
         pthread_mutex_unlock(&hl_lock);
         if (twice) real_free(p);
@@ -747,10 +751,17 @@ HL_EXPORT void *realloc(void *old, size_t n) {
         }
     }
     size_t req = 0;
+    int kept = 0;
     if (usable >= hl_active_min) {
         pthread_mutex_lock(&hl_lock);
         req = hl_live_take(old);
+        if (req == 0) kept = hl_unkeep(old); /* realloc of a freed block the cache holds */
         pthread_mutex_unlock(&hl_lock);
+    }
+    if (HL_UNLIKELY(kept)) {
+        /* the program freed old and then reallocs it: the free the cache held back reaches
+         * the real allocator first, then the realloc, as without the layer (never two owners) */
+        hl_real.free(old);
     }
     void *q = real_realloc(old, n);
     if (q == NULL) {
@@ -945,7 +956,9 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("decayed", hl_stats.decayed);
     F("passed", hl_stats.passed);
     F("double_frees", hl_stats.double_frees);
-    F("foreign", hl_stats.foreign);
+    /* frees of blocks >= min it did not hand out: made before it started, asked for below min,
+     * or not the allocator's at all (a foreign pointer) */
+    F("untracked", hl_stats.untracked);
     F("table_refused", hl_stats.table_refused);
 #undef F
     pthread_mutex_unlock(&hl_lock);

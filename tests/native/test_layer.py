@@ -122,7 +122,7 @@ def test_numpy_seed002_expression_same_output(heapcast_layer, policy, tmp_path):
     )
     main = max(rows, key=lambda r: r["hits"])  # numpy's import may run helper processes
     assert main["hits"] >= 15, main
-    assert main["double_frees"] == 0 and main["foreign"] == 0
+    assert main["double_frees"] == 0 and main["untracked"] == 0
 
 
 @pytest.mark.parametrize("policy", POLICIES)

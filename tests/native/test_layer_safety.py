@@ -78,6 +78,21 @@ def test_double_free_is_passed_through_as_under_glibc(layer, program, size):
     assert under.returncode == plain.returncode, (under.returncode, under.stdout, under.stderr)
 
 
+@pytest.mark.parametrize("size", ["300000", str(40 << 20)])
+@pytest.mark.parametrize("name", [k for k in LAYERS if k.startswith("layer-")])
+def test_realloc_of_a_freed_kept_block_as_under_glibc(program, name, size):
+    """free(p) then realloc(p): the cache must give up p (the held-back free reaches the real
+    allocator first), never leave the cache and the program owning the same block."""
+    target, lib, env = LAYERS[name]
+    subprocess.run(["make", "-s", "-C", str(NATIVE), target], check=True)
+    exe = program("doublefree")
+    plain = _run([exe, size, "realloc"], None)
+    under = _run([exe, size, "realloc"], NATIVE / "build" / lib, env)
+    assert plain.returncode < 0, (plain.returncode, plain.stdout, plain.stderr)
+    assert "same" not in under.stdout
+    assert under.returncode == plain.returncode, (under.returncode, under.stdout, under.stderr)
+
+
 @pytest.mark.parametrize("name", [k for k in LAYERS if k.startswith("layer-")])
 def test_foreign_pointer_goes_to_the_real_free(program, name):
     target, lib, env = LAYERS[name]

@@ -3,7 +3,9 @@
  * aborts with "double free detected"); a layer must pass the double free through to that real
  * free, never keep the block twice and hand it out twice.
  * Prints "distinct" or "same" (the two later blocks) if it survives; exit 1 on "same".
- * usage: doublefree SIZE */
+ * usage: doublefree SIZE [realloc]: with "realloc", the second free is a realloc of the freed
+ * block instead (glibc: the same crash; the layer must not let the cache and the program both
+ * own it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +16,12 @@ int main(int argc, char **argv) {
     if (!p) return 2;
     memset(p, 1, n);
     free(p);
-    free(p);
+    if (argc > 2) {
+        char *g = realloc(p, 2 * n);
+        if (g) memset(g, 2, 2 * n);
+    } else {
+        free(p);
+    }
     char *q = malloc(n), *r = malloc(n);
     if (!q || !r) return 2;
     printf("%s\n", q == r ? "same" : "distinct");
