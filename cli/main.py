@@ -1,6 +1,7 @@
 """`heapcast`: the command line, a thin front over the same tasks the flows use.
 
 heapcast trace [-o DIR] -- PROGRAM ARGS...   trace any program, the way heaptrack does
+heapcast layer [--policy P] -- PROGRAM ARGS... run any program over heapcast's allocator layer
 heapcast inspect FILE...                      a trace's header and counts per operation
 heapcast report RUN [-o HTML] [--diff RUN]    the heap report of a run: one HTML page + a summary
 heapcast run [...]                            the whole pipeline (the nightly flow) once
@@ -40,6 +41,20 @@ example:
       with each call's return address and the module map (the report's top callers, by name)
 """
 
+LAYER_EPILOG = """\
+examples:
+  heapcast layer -- python3 -c 'import numpy as np; a = np.ones(10**7); print(((a * a) ** 2 + 3).sum())'
+      prints what python prints, exits with its code, then on stderr what the layer did:
+      heapcast layer (seed002, online): 1 process(es): 62 hits, 4 misses, 66 blocks kept
+      (peak 305.2 MB), 2 given back (152.6 MB), 5 calls passed through
+  heapcast layer --policy guided --stats -- sqlite3 :memory: 'select 1'
+      the guided policy (the thread's online counter), and each process's counters
+  heapcast layer --policy guided --predictor table:model.hclt -- ./app
+      guided by a table file from the model (refused with one line if it cannot be trusted)
+  heapcast layer -O cap=64M -O min=64K -- ./app
+      any option of the layer (native/layers/layer.c, HL_OPTIONS; native/README.md)
+"""
+
 INSPECT_EPILOG = """\
 example:
   heapcast inspect traces/*/*.hct
@@ -70,7 +85,10 @@ examples:
 
 # The tracer is built from these files (as tasks.format.build.SOURCES; that module imports
 # Prefect, so it is imported only when the library is missing or older than a source).
-_TRACER_SOURCES = ("heapcast.c", "heapcast_format.h", "Makefile")
+_TRACER_SOURCES = ("heapcast.c", "heapcast_format.h", "bootstrap_pool.h", "Makefile")
+# The allocator layer's sources (native/Makefile's `layer` target).
+_LAYER_SOURCES = ("layers/layer.c", "layers/predictor.h", "bootstrap_pool.h", "Makefile")
+_LAYER_POLICIES = ("seed002", "seed001", "guided", "off")
 
 
 def _run_id() -> str:
@@ -140,6 +158,102 @@ def cmd_trace(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     # The traced program's exit code is heapcast's, so scripts can wrap programs transparently.
+    return code if code >= 0 else 128 - code
+
+
+def _layer_library() -> str | None:
+    """native/build/libheapcast_layer.so, built with make when missing or older than a source.
+    None, with the reason on stderr, when it cannot be built."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    native = Path(__file__).resolve().parents[1] / "native"
+    lib = native / "build" / "libheapcast_layer.so"
+    try:
+        built = lib.stat().st_mtime_ns
+        if all((native / s).stat().st_mtime_ns <= built for s in _LAYER_SOURCES):
+            return str(lib)
+    except FileNotFoundError:
+        pass
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        print(
+            "heapcast layer: cannot build the layer: install make and a C compiler", file=sys.stderr
+        )
+        return None
+    proc = subprocess.run(
+        ["make", "-s", "-C", str(native), "layer"], capture_output=True, text=True
+    )
+    if proc.returncode != 0 or not lib.is_file():
+        print(
+            f"heapcast layer: `make -C {native} layer` failed:\n{proc.stderr[-3000:]}",
+            file=sys.stderr,
+        )
+        return None
+    return str(lib)
+
+
+def cmd_layer(args: argparse.Namespace) -> int:
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    program = args.program
+    if program and program[0] == "--":
+        program = program[1:]
+    if not program:
+        print(
+            "heapcast layer: give a program to run: heapcast layer [--policy P] -- PROGRAM ARGS...",
+            file=sys.stderr,
+        )
+        return 2
+    pred = args.predictor
+    if pred != "online" and not (pred.startswith("table:") and len(pred) > 6):
+        print(f"heapcast layer: --predictor {pred}: online or table:FILE", file=sys.stderr)
+        return 2
+    if pred.startswith("table:"):
+        table = Path(pred[6:]).resolve()
+        if not table.is_file():
+            print(f"heapcast layer: --predictor {pred}: no such file {table}", file=sys.stderr)
+            return 2
+        pred = f"table:{table}"
+    settings = [f"policy={args.policy}", f"predictor={pred}", *args.option]
+    bad = [s for s in settings if "," in s or "=" not in s]
+    if bad:
+        print(f"heapcast layer: option {bad[0]!r}: NAME=VALUE, without commas", file=sys.stderr)
+        return 2
+    lib = _layer_library()
+    if lib is None:
+        return 2
+    with tempfile.TemporaryDirectory(prefix="heapcast-layer-") as tmp:
+        stats = Path(tmp) / "stats"
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
+        env["HEAPCAST_LAYER"] = ",".join([*settings, f"stats={stats}"])
+        try:
+            code = subprocess.call(program, env=env)
+        except FileNotFoundError:
+            print(f"heapcast layer: program not found: {program[0]}", file=sys.stderr)
+            return 127
+        lines = stats.read_text().splitlines() if stats.exists() else []
+    rows = [dict(f.split("=", 1) for f in line.split()) for line in lines if line.strip()]
+
+    def total(key: str) -> int:
+        return sum(int(r.get(key, 0)) for r in rows)
+
+    mb = 1e6
+    print(
+        f"heapcast layer ({args.policy}, {args.predictor.split(':')[0]}): "
+        f"{len(rows)} process(es): {total('hits')} hits, {total('misses')} misses, "
+        f"{total('kept')} blocks kept (peak {max((int(r['bytes_kept_peak']) for r in rows), default=0) / mb:.1f} MB), "
+        f"{total('given_back')} given back ({total('bytes_given_back') / mb:.1f} MB), "
+        f"{total('passed')} calls passed through",
+        file=sys.stderr,
+    )
+    if args.stats:
+        for line in lines:
+            print(f"heapcast layer: {line}", file=sys.stderr)
+    # The program's exit code is heapcast's, as for `heapcast trace`.
     return code if code >= 0 else 128 - code
 
 
@@ -265,6 +379,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("program", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
+    la = sub.add_parser(
+        "layer",
+        help="run a program over heapcast's allocator layer: heapcast layer [--policy P] -- "
+        "PROGRAM ARGS...",
+        description="Run PROGRAM with heapcast's allocator layer preloaded (it keeps freed large "
+        "blocks for reuse);\nat exit, say on stderr what it did. Output and exit code are the "
+        "program's.",
+        epilog=LAYER_EPILOG,
+        formatter_class=raw,
+    )
+    la.add_argument("--policy", choices=_LAYER_POLICIES, default="seed002",
+                    help="what to keep (default seed002: the few largest freed blocks)")  # fmt: skip
+    la.add_argument(
+        "--predictor",
+        default="online",
+        metavar="online|table:FILE",
+        help="guided policy: the thread's online counter (default) or a table file from the model",
+    )
+    la.add_argument(
+        "-O",
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other layer option (cap=64M, min=64K, madv=off, decay=500, topk=2, ...)",
+    )
+    la.add_argument("--stats", action="store_true", help="also print each process's counters")
+    la.add_argument("program", nargs=argparse.REMAINDER)
+    la.set_defaults(func=cmd_layer)
     i = sub.add_parser(
         "inspect",
         help="print a trace's header and counts per operation",

@@ -66,3 +66,32 @@ def test_inspect_names_a_bad_file_and_fails(tmp_path):
     r = heapcast("inspect", str(bad), cwd=tmp_path)
     assert r.returncode == 1
     assert str(bad) in r.stderr and "does not look like a heapcast trace" in r.stderr
+
+
+def test_layer_keeps_output_and_exit_code_and_says_what_it_did(tmp_path):
+    # GIVEN a numpy program making and dropping large temporaries, exiting with 5
+    code = (
+        "import sys, numpy as np\n"
+        "a = np.linspace(0.0, 1.0, 1_000_000)\n"
+        "s = sum(float(((a * i) ** 2 + 3)[::991].sum()) for i in range(20))\n"
+        "print(repr(s))\n"
+        "sys.exit(5)\n"
+    )
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    # WHEN it runs under the layer, guided by the online counter
+    r = heapcast("layer", "--policy", "guided", "--", sys.executable, "-c", code, cwd=tmp_path)
+    # THEN its output and exit code are the program's, and one line says what the layer did
+    assert plain.returncode == r.returncode == 5
+    assert r.stdout == plain.stdout
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("heapcast layer (")]
+    m = re.match(r"heapcast layer \(guided, online\): (\d+) process\(es\): (\d+) hits, ", line)
+    assert m and int(m.group(1)) >= 1 and int(m.group(2)) >= 10, line
+
+
+def test_layer_refuses_a_missing_table_file_and_says_how(tmp_path):
+    r = heapcast("layer", "--predictor", "table:missing.hclt", "--", "true", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == f"heapcast layer: --predictor table:missing.hclt: no such file " \
+        f"{tmp_path / 'missing.hclt'}\n"  # fmt: skip
+    r = heapcast("layer", cwd=tmp_path)
+    assert r.returncode == 2 and "give a program to run" in r.stderr
