@@ -32,11 +32,14 @@ import os
 import posixpath
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tasks.core.storage import Root
@@ -48,7 +51,7 @@ PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 PARTS_KEY = "parts"  # the summary's list of committed part files (the manifest)
 COMMIT_KEY = "commit"  # the commit's id: object-store parts carry it in their names
-BATCH_ROWS = 1 << 20
+BATCH_ROWS = 1 << 17  # pyarrow's own default
 # A part written by a commit on an object store: part-<stem>.<16 hex digits>.parquet
 _COMMIT_TAGGED = re.compile(r"\.[0-9a-f]{16}\.parquet$")
 
@@ -285,29 +288,38 @@ def _read_summary_local(handle: _FolderHandle) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------- reading
 
 
-def _conform(pf: pq.ParquetFile, columns: list[str], where: str) -> tuple[list[str], list[str]]:
-    """(columns the part has, EVENTS_SCHEMA columns it lacks: read as nulls, as a part written
-    before they existed); a column neither has: an error naming the file."""
-    have = set(pf.schema_arrow.names)
-    present = [c for c in columns if c in have]
-    absent = [c for c in columns if c not in have]
-    unknown = [c for c in absent if EVENTS_SCHEMA.get_field_index(c) < 0]
+def _schema(columns: list[str]) -> pa.Schema:
+    """The chosen columns as EVENTS_SCHEMA types: a part written before a column existed reads
+    it as nulls."""
+    unknown = [c for c in columns if EVENTS_SCHEMA.get_field_index(c) < 0]
     if unknown:
         raise EventsReadError(
-            f"{where}: no column(s) {', '.join(unknown)} (events columns: "
+            f"no events column(s) {', '.join(unknown)} (events columns: "
             f"{', '.join(EVENTS_SCHEMA.names)}); ask for events columns"
         )
-    return present, absent
+    return pa.schema([EVENTS_SCHEMA.field(c) for c in columns])
 
 
-def _with_nulls(t: pa.Table | pa.RecordBatch, columns: list[str], absent: list[str]):
-    if not absent:
-        return t
-    arrays = {n: t.column(n) for n in t.schema.names}
-    for c in absent:
-        arrays[c] = pa.nulls(t.num_rows, EVENTS_SCHEMA.field(c).type)
-    cls = pa.RecordBatch if isinstance(t, pa.RecordBatch) else pa.Table
-    return cls.from_arrays([arrays[c] for c in columns], names=columns)
+def _dataset(parts: RunParts, schema: pa.Schema) -> pads.Dataset:
+    """The parts as one pyarrow dataset, fragments in call order (the order of their paths)."""
+    fs = pafs.LocalFileSystem() if parts.handle is not None else parts.fs
+    return pads.dataset(parts.paths(), filesystem=fs, format="parquet", schema=schema)
+
+
+@contextmanager
+def _named(parts: RunParts) -> Iterator[None]:
+    """A part that cannot be read: an error naming it (where the user would look for it)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise  # gone: the caller reads again through the new summary
+    except (pa.ArrowException, OSError) as err:
+        base = parts.handle.base if parts.handle is not None else parts.folder
+        why = str(err).replace(base, parts.url)
+        raise EventsReadError(
+            f"{parts.url}: a part of {parts.label} is not a readable events part ({why}); "
+            "convert the run again (dataset flow with force)"
+        ) from err
 
 
 def _empty(columns: list[str], part_column: str | None) -> pa.Table:
@@ -322,29 +334,18 @@ def _columns(columns: Iterable[str] | None) -> list[str]:
 
 
 def _read_parts(parts: RunParts, columns: list[str], part_column: str | None) -> pa.Table:
-    tables = []
-    for i, name in enumerate(parts.names):
-        pf = parts.open(i)
-        where = posixpath.join(parts.url, name)
-        present, absent = _conform(pf, columns, where)
-        try:
-            t = pf.read(columns=present, use_threads=True)
-        except FileNotFoundError:
-            raise
-        except (pa.ArrowException, OSError) as err:
-            raise EventsReadError(
-                f"{where}: not a readable events part of {parts.label} ({err}); convert the "
-                "run again (dataset flow with force)"
-            ) from err
-        finally:
-            pf.close()
-        t = _with_nulls(t, columns, absent)
-        if part_column:
-            t = t.append_column(part_column, pa.array(np.full(t.num_rows, i, np.uint32)))
-        tables.append(t)
-    if not tables:
+    schema = _schema(columns)
+    if not parts.names:
         return _empty(columns, part_column)
-    return pa.concat_tables(tables)
+    with _named(parts):
+        dataset = _dataset(parts, schema)
+        if not part_column:
+            return dataset.to_table(columns=columns)
+        tables = []
+        for i, fragment in enumerate(dataset.get_fragments()):
+            t = fragment.to_table(schema=schema, columns=columns)
+            tables.append(t.append_column(part_column, pa.array(np.full(t.num_rows, i, np.uint32))))
+        return pa.concat_tables(tables)
 
 
 def _changed(parts: RunParts, err: BaseException) -> EventsChanged:
@@ -384,7 +385,7 @@ def iter_batches(
     batch_rows: int = BATCH_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """One run's events a record batch (at most `batch_rows` rows) at a time, in call order;
-    memory holds about one row group of the chosen columns, whatever the run's size."""
+    memory holds a few batches of the chosen columns, whatever the run's size."""
     cols = _columns(columns)
     for attempt in (0, 1):
         yielded = False
@@ -402,12 +403,12 @@ def iter_batches(
 def iter_part_batches(
     parts: RunParts, columns: list[str], batch_rows: int = BATCH_ROWS
 ) -> Iterator[pa.RecordBatch]:
-    """The batches of every part of `parts`, in call order."""
-    for i, name in enumerate(parts.names):
-        pf = parts.open(i)
-        try:
-            present, absent = _conform(pf, columns, posixpath.join(parts.url, name))
-            for b in pf.iter_batches(batch_size=batch_rows, columns=present, use_threads=True):
-                yield _with_nulls(b, columns, absent)
-        finally:
-            pf.close()
+    """The batches of every part of `parts`, in call order; a few batches are read ahead."""
+    schema = _schema(columns)
+    if not parts.names:
+        return
+    with _named(parts):
+        dataset = _dataset(parts, schema)
+        yield from dataset.to_batches(
+            columns=columns, batch_size=batch_rows, batch_readahead=4, fragment_readahead=2
+        )

@@ -172,9 +172,27 @@ def test_a_local_reader_keeps_its_folder_across_a_commit(root, tmp_path):
 
 
 def test_a_part_gone_twice_says_the_run_is_being_converted(root, monkeypatch):
-    def gone(self, i):
-        raise FileNotFoundError(f"{self.names[i]}: no such object")
-
-    monkeypatch.setattr(RunParts, "open", gone)
+    # GIVEN a summary whose parts are deleted under every reader (a commit after each read)
+    paths = RunParts.paths
+    monkeypatch.setattr(RunParts, "paths", lambda self: [p + ".gone" for p in paths(self)])
+    # THEN a read says so, once it has read again through the summary
     with pytest.raises(EventsChanged, match=r"w/r1.*converted again.*read it again"):
         read_run(root, "w", "r1")
+    with pytest.raises(EventsChanged, match=r"w/r1"):
+        list(iter_batches(root, "w", "r1"))
+
+
+def test_a_part_gone_once_is_read_again_through_the_new_summary(root, monkeypatch):
+    # GIVEN a commit that deletes the parts of the summary a reader resolved first
+    resolved = []
+    paths = RunParts.paths
+
+    def first_gone(self):
+        resolved.append(self)
+        gone = ".gone" if resolved[0] is self else ""
+        return [p + gone for p in paths(self)]
+
+    monkeypatch.setattr(RunParts, "paths", first_gone)
+    # THEN the read resolves the run again and reads the new parts whole
+    assert read_run(root, "w", "r1", ["pid"]).num_rows == 15
+    assert len({id(p) for p in resolved}) == 2
