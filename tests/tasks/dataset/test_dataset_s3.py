@@ -212,3 +212,24 @@ def test_a_reader_racing_s3_commits_never_sees_old_and_new_parts_mixed(
 def _rows_per_pid(table) -> dict[str, int]:
     pids, counts = np.unique(table.column("pid").to_numpy(), return_counts=True)
     return {str(p): int(c) for p, c in zip(pids, counts)}
+
+
+def test_a_report_of_an_s3_run_reads_the_parts_its_summary_commits(tmp_path, s3_endpoint, client):
+    from tasks.report.sources import iter_parts, resolve
+
+    # GIVEN a run converted on S3, and a part a killed commit left beside its parts
+    make_run(tmp_path / "local", bad=False)
+    s3 = Root.from_url("s3://heapcast-report/data")
+    s3.fs.mkdir("heapcast-report")
+    s3.fs.put(str(tmp_path / "local" / "raw"), "heapcast-report/data/raw", recursive=True)
+    summary = convert_run(s3, RunRef("w", "r1"), client=client)
+    folder = s3.events_run("w", "r1")
+    stray = committed_name("part-200-1.parquet", "0123456789abcdef")
+    s3.fs.copy(f"{folder}/{summary['parts'][1]}", f"{folder}/{stray}")
+    # WHEN a report resolves and reads it by name
+    run = resolve("w/r1", root=s3.url)
+    rows = sum(b.num_rows for part in iter_parts(run) for b in part.batches)
+    # THEN it read the committed parts, each once
+    assert run.kind == "events" and not run.warnings
+    assert [f.rsplit("/", 1)[1] for f in run.files] == summary["parts"]
+    assert rows == summary["rows"]
