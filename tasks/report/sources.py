@@ -32,7 +32,7 @@ import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks.core.storage import Root
-from tasks.dataset.events_reader import EventsNotFound, RunParts
+from tasks.dataset.events_reader import EVENTS_DIR, EventsNotFound, RunParts
 
 # The columns of EVENTS_SCHEMA the report reads (the others are never decoded).
 COLUMNS = (
@@ -56,7 +56,6 @@ BATCH_ROWS = 1 << 20
 TRACE_SUFFIX = ".hct"
 PARQUET_SUFFIX = ".parquet"
 MANIFEST_NAME = "manifest.json"  # tasks.replay.manifest / tasks.dataset.partitions
-SUMMARY_NAME = "_summary.json"  # tasks.dataset.partitions
 # <pid>-<start_realtime_ns>[-k].hct (FORMAT.md) and its part, part-<pid>-<ns>[-k].parquet
 _NAME_NS = re.compile(r"^(?:part-)?(\d+)-(\d+)(?:-\d+)?\.(?:hct|parquet)$")
 
@@ -188,9 +187,8 @@ def _from_files(paths: list[Path], label: str) -> RunInput:
 def _from_root(workload: str, run: str, root_url: str, label: str) -> RunInput:
     root = Root.from_url(root_url)
     if root.is_local:
-        local = Path(root.path)
-        events = local / "events" / f"workload={workload}" / f"run={run}"
-        raw = local / "raw" / workload / run
+        events = Path(root.events_run(workload, run))
+        raw = Path(root.raw_run(workload, run))
         if events.is_dir() and any(events.glob(f"*{PARQUET_SUFFIX}")):
             return _from_folder(events, label)
         if raw.is_dir() and any(raw.glob(f"*{TRACE_SUFFIX}")):
@@ -216,7 +214,7 @@ def _from_root(workload: str, run: str, root_url: str, label: str) -> RunInput:
             return RunInput(
                 label, "raw", files, fs=fs, manifest=_read_json(f"{raw_s}/{MANIFEST_NAME}", fs)
             )
-        where = f"{root.url_of('events', f'workload={workload}', f'run={run}')} or {root.url_of('raw', workload, run)}"
+        where = f"{root.url_of(EVENTS_DIR, f'workload={workload}', f'run={run}')} or {root.url_of('raw', workload, run)}"
     raise ReportInputError(
         f"{label}: no such run under the data root {root.url} (nothing to read in {where}); "
         "pass --root, or the run's folder"
