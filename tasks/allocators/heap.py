@@ -1,7 +1,8 @@
 """The heap behaviour beside each answer: what allocator folklore says matters, from the events.
 
 Read from the events dataset (`<root>/events/workload=<w>/run=<r>/`) through the dataset's one
-reader (tasks.dataset.events_reader), per run, in Arrow batches (numpy per batch, no per-event Python):
+reader (tasks.dataset.events_reader), per run, in Arrow batches (numpy per batch, no per-event
+Python):
 
 - size-class mix: the share of allocation calls (malloc-family and realloc with a size) asking
   for <= 64 B, 65 B - 1 KiB, 1 KiB - 128 KiB, and >= 128 KiB (the `large_block_bytes` of the

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from distributed import Client
 
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import (
@@ -24,8 +26,10 @@ from tasks.dataset.events_reader import (
     read_run,
 )
 from tasks.dataset.events_schema import EVENTS_SCHEMA
-from tasks.dataset.partitions import _exchange
+from tasks.dataset.partitions import RunRef, _exchange, convert_run
 from tasks.dataset.synthetic_events import events_table
+from tests.tasks.dataset.test_partitions import good_trace
+from tests.tracegen import synthetic_records, trace_bytes
 
 
 def _tokens(n: int, start: int) -> np.ndarray:
@@ -196,3 +200,56 @@ def test_a_part_gone_once_is_read_again_through_the_new_summary(root, monkeypatc
     # THEN the read resolves the run again and reads the new parts whole
     assert read_run(root, "w", "r1", ["pid"]).num_rows == 15
     assert len({id(p) for p in resolved}) == 2
+
+
+def test_a_reader_racing_local_commits_never_sees_old_and_new_parts_mixed(tmp_path):
+    # GIVEN a run on a folder whose raw traces alternate between two versions that give every
+    # process different rows
+    root = Root.from_url(str(tmp_path / "data"))
+    raw = tmp_path / "data" / "raw" / "w" / "r1"
+    versions = {
+        "a": {"100-1.hct": good_trace(100), "200-1.hct": _synthetic(200, 3000)},
+        "b": {"100-1.hct": _synthetic(100, 2000), "200-1.hct": good_trace(200)},
+    }
+
+    def convert(client, version: str) -> None:
+        shutil.rmtree(raw, ignore_errors=True)
+        raw.mkdir(parents=True)
+        for name, data in versions[version].items():
+            (raw / name).write_bytes(data)
+        convert_run(root, RunRef("w", "r1"), client=client)
+
+    def rows_per_pid() -> dict[int, int]:
+        pids, counts = np.unique(read_run(root, "w", "r1", ["pid"])["pid"], return_counts=True)
+        return dict(zip(pids.tolist(), counts.tolist()))
+
+    with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as c:
+        convert(c, "a")
+        want_a = rows_per_pid()
+        convert(c, "b")
+        want_b = rows_per_pid()
+        # WHEN a reader reads the run over and over while it is committed six more times
+        seen: list[dict[int, int]] = []
+        stop = threading.Event()
+
+        def reader():
+            while not stop.is_set():
+                seen.append(rows_per_pid())
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            for version in "ababab":
+                convert(c, version)
+        finally:
+            stop.set()
+            t.join()
+    # THEN every read saw one commit's parts whole
+    assert want_a != want_b
+    mixed = [s for s in seen if s not in (want_a, want_b)]
+    assert not mixed, f"{len(mixed)} of {len(seen)} reads mixed two commits, e.g. {mixed[0]}"
+    assert len(seen) > 6
+
+
+def _synthetic(pid: int, n: int) -> bytes:
+    return trace_bytes(synthetic_records(n, threads=1), pid=pid)
