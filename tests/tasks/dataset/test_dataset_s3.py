@@ -25,6 +25,7 @@ from tasks.dataset.partitions import (
     read_summary,
     runs_to_convert,
 )
+from tasks.report.sources import iter_parts, resolve
 from tests.localhost import free_port
 from tests.tasks.dataset.test_partitions import good_trace, make_run
 from tests.tracegen import synthetic_records, trace_bytes
@@ -215,8 +216,6 @@ def _rows_per_pid(table) -> dict[str, int]:
 
 
 def test_a_report_of_an_s3_run_reads_the_parts_its_summary_commits(tmp_path, s3_endpoint, client):
-    from tasks.report.sources import iter_parts, resolve
-
     # GIVEN a run converted on S3, and a part a killed commit left beside its parts
     make_run(tmp_path / "local", bad=False)
     s3 = Root.from_url("s3://heapcast-report/data")
