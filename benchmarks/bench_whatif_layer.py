@@ -38,6 +38,7 @@ sys.path.insert(0, str(PROJECT))
 
 import pyarrow as pa  # noqa: E402
 
+from tasks.core.storage import Root  # noqa: E402
 from tasks.whatif.policies import Seed002Config  # noqa: E402
 from tasks.whatif.simulate import simulate  # noqa: E402
 
@@ -105,7 +106,7 @@ def bench_workloads(cases: list[str], reps: int, runner_kind: str, root: str) ->
         layer_runs = [s for s in m["samples"] if s["arm"] == "layer"]
         row["measured_hits"] = layer_runs[0]["hits"] if layer_runs else None
         try:
-            events = read_events(root, wname, iname)
+            events = read_events(Root.from_url(root), wname, iname)
             row.update(_large_placement(events))
             sim = simulate(events, Seed002Config(n=4))
             row["simulated_hits"] = sim["hits"]

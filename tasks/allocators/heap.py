@@ -1,7 +1,8 @@
 """The heap behaviour beside each answer: what allocator folklore says matters, from the events.
 
-Read from the events dataset (`<root>/events/workload=<w>/run=<r>/`, tasks/dataset), per run,
-in Arrow batches (numpy per batch, no per-event Python):
+Read from the events dataset (`<root>/events/workload=<w>/run=<r>/`) through the dataset's one
+reader (tasks.dataset.events_reader), per run, in Arrow batches (numpy per batch, no per-event
+Python):
 
 - size-class mix: the share of allocation calls (malloc-family and realloc with a size) asking
   for <= 64 B, 65 B - 1 KiB, 1 KiB - 128 KiB, and >= 128 KiB (the `large_block_bytes` of the
@@ -17,14 +18,14 @@ in the result; none when the dataset does not hold the workload.
 
 from __future__ import annotations
 
-import posixpath
+import itertools
 
 import numpy as np
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 from pydantic import BaseModel
 
 from tasks.core.storage import Root
+from tasks.dataset.events_reader import EventsNotFound, iter_batches, list_runs
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS
 
 SMALL_BYTES = 64
@@ -54,27 +55,15 @@ class HeapFeatures(BaseModel):
         return "/".join(f"{p * 100:.0f}" for p in parts)
 
 
-def _runs(root: Root, workload: str) -> list[str]:
-    base = posixpath.dirname(root.events_run(workload, "x"))
-    fs = root.fs
-    if not fs.exists(base):
-        return []
-    runs = []
-    for entry in fs.ls(base, detail=False):
-        name = posixpath.basename(entry.rstrip("/"))
-        if name.startswith("run="):
-            runs.append(name.removeprefix("run="))
-    return sorted(runs)
-
-
 def heap_features(
     root: Root, workload: str, run: str, large_block_bytes: int = 128 * 1024
 ) -> HeapFeatures | None:
     """The features of one run of the events dataset; None when it has no events."""
-    path = root.events_run(workload, run)
-    if not root.fs.exists(path):
+    batches = iter_batches(root, workload, run, COLUMNS)
+    try:
+        first = next(batches)
+    except (EventsNotFound, StopIteration):  # no such run, or one without rows
         return None
-    dataset = pads.dataset(path, filesystem=root.fs, format="parquet", ignore_prefixes=[".", "_"])
     alloc_ops = np.array([int(o) for o in ALLOCATING_OPS + REALLOCATING_OPS], dtype=np.uint8)
     realloc_ops = np.array([int(o) for o in REALLOCATING_OPS], dtype=np.uint8)
     events = allocations = reallocs = 0
@@ -83,7 +72,7 @@ def heap_features(
     lifetimes: list[np.ndarray] = []
     threads: list[np.ndarray] = []
     edges = np.array([SMALL_BYTES, MEDIUM_BYTES, large_block_bytes - 1], dtype=np.uint64)
-    for batch in dataset.to_batches(columns=COLUMNS):
+    for batch in itertools.chain([first], batches):
         events += batch.num_rows
         op = batch.column("op").to_numpy()
         size = batch.column("size").to_numpy()
@@ -129,7 +118,7 @@ def features_for(
     root: Root, workload: str, run: str, large_block_bytes: int = 128 * 1024
 ) -> HeapFeatures | None:
     """The features of `run` of `workload`, else of its first other run, else None."""
-    runs = _runs(root, workload)
+    runs = [r.run for r in list_runs(root, [workload])]
     for r in ([run] if run in runs else []) + [r for r in runs if r != run]:
         f = heap_features(root, workload, r, large_block_bytes)
         if f is not None:

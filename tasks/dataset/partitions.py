@@ -7,26 +7,31 @@ Layout under the root (DESIGN.md), all through the root's fsspec URL (a folder o
   events/workload=<w>/run=<r>/_summary.json                    the run's summary + fingerprint
   events/_staging/...                                          conversions in progress
 
-Readers (`read_events`, `pyarrow.dataset`, `dd.read_parquet(<root>/events)`) ignore every path
-component that starts with `_` or `.`, so neither the summary nor staging data is ever read as
-events.
+Every stage reads through the one reader, `events_reader` (its docstring: call order, the
+manifest rule). Plain readers (`pyarrow.dataset`, `dd.read_parquet(<root>/events)`) ignore every
+path component that starts with `_` or `.`, so neither the summary nor staging data is ever read
+as events; they see a run consistently only when no commit is under way.
 
 Atomic, idempotent replace of a run's partition (converting a run again never duplicates rows):
-- Each raw file maps to exactly one part name, `part-<stem>.parquet`, derived from the raw file
-  name alone. Two conversions of the same run therefore write the same set of names; a reader can
-  never find two parts holding the same raw file's rows.
+- Each raw file maps to exactly one part, `part-<stem>.parquet`, derived from the raw file
+  name alone (on an object store, tagged with the commit: `part-<stem>.<commit>.parquet`).
 - Every task writes its part into a fresh staging folder `events/_staging/<w>/<r>/<uuid>/`
   (ignored by readers); nothing visible changes until every file of the run is done.
-- Commit, local folder: swap the staged folder and the partition in one atomic step (Linux
-  `renameat2(RENAME_EXCHANGE)`: a reader sees the old partition or the new one, never neither,
-  never both), then delete the old one, now in staging. Where the system cannot swap: rename
-  the old partition folder into staging, rename the staged folder to the partition; between the
-  two renames the run is briefly absent, never doubled.
-- Commit, object store (no atomic rename): copy each staged part onto its final key (each
-  object write is atomic, and replaces the old part of the same raw file), then delete final
-  parts that the new conversion did not produce (raw files gone or now skipped), then write
-  `_summary.json` last. During a commit a reader may see some parts old and some new, but each
-  raw file's rows exactly once.
+- The summary `_summary.json` is the manifest: it lists the committed parts ("parts") and the
+  commit's id ("commit"); the one reader reads the parts it lists, nothing else.
+- Commit, local folder: the summary goes into the staged folder, then the staged folder and
+  the partition swap in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`: a reader sees the
+  old partition or the new one, never neither, never both), then the old one, now in staging,
+  is deleted. Where the system cannot swap: rename the old partition folder into staging,
+  rename the staged folder to the partition; between the two renames the run is briefly
+  absent, never doubled. The reader holds the folder it started in open, so it reads one
+  commit's files even across a swap.
+- Commit, object store (no atomic rename): copy each staged part to a new, commit-tagged key
+  (nothing a reader of the previous summary may open is overwritten), then write the summary
+  (one object write: readers move to the new parts at once), then delete the parts it does not
+  list (the previous commit's, a killed commit's). A reader still on the previous summary that
+  finds a part gone reads again through the new one. A commit killed before its summary leaves
+  tagged parts that no summary lists: invisible to the reader, deleted by the next commit.
 - The summary, with the raw run's fingerprint, is the commit record: a crash before it is
   written leaves the old fingerprint (or none), so the run counts as out of date and the next
   `dataset` flow converts it again, which converges to the same parts.
@@ -54,13 +59,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import Field
 
 from tasks.core.config import StrictModel, default_root
 from tasks.core.storage import Root
 from tasks.dataset.convert import FileStats, convert_groups
+from tasks.dataset.events_reader import (
+    COMMIT_KEY,
+    EVENTS_DIR,
+    PART_PREFIX,
+    PARTS_KEY,
+    SUMMARY_NAME,
+    committed_name,
+    list_runs,
+    read_run,
+)
 from tasks.dataset.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
 from tasks.dataset.tokens import N_TOKENS
 from tasks.dataset.worker_heap import heap_kept
@@ -74,11 +88,8 @@ from tasks.format.trace_reader import (
 
 log = logging.getLogger(__name__)
 
-EVENTS_DIR = "events"
 STAGING_DIR = "_staging"
-SUMMARY_NAME = "_summary.json"
 MANIFEST_NAME = "manifest.json"
-PART_PREFIX = "part-"
 # Bump when the conversion's output changes for the same input: it is part of the fingerprint,
 # so every run converted by an older converter is out of date.
 CONVERTER_VERSION = "2"
@@ -499,12 +510,16 @@ def disk_full_message(
 def _commit(
     root: Root, run: RunRef, staging: str, staging_base: str, summary: dict[str, Any]
 ) -> None:
-    """Make the staged parts the run's partition (see the module docstring for why it is safe)."""
+    """Make the staged parts the run's partition (see the module docstring for why it is safe).
+
+    The summary is the commit record and the manifest: it lists the committed parts, and the
+    one reader (events_reader) reads exactly those."""
     fs = root.fs
     final = root.events_run(run.workload, run.run)
-    summary_bytes = json.dumps(summary, indent=1).encode()
+    commit = uuid.uuid4().hex[:16]
     if root.is_local:
-        fs.pipe_file(posixpath.join(staging, SUMMARY_NAME), summary_bytes)
+        summary.update({COMMIT_KEY: commit, PARTS_KEY: sorted(f["part"] for f in summary["files"])})
+        fs.pipe_file(posixpath.join(staging, SUMMARY_NAME), json.dumps(summary, indent=1).encode())
         fs.makedirs(posixpath.dirname(final), exist_ok=True)
         if not (fs.exists(final) and _exchange(staging, final)):
             old = staging + ".old"
@@ -513,15 +528,22 @@ def _commit(
             fs.mv(staging, final, recursive=True)
         fs.rm(staging_base, recursive=True)  # the old partition, now in staging
         return
-    new_parts = {f["part"] for f in summary["files"]}
-    for part in sorted(new_parts):
-        fs.copy(posixpath.join(staging, part), posixpath.join(final, part))
+    # Object store: new names for this commit's parts, so no object a reader of the previous
+    # summary may open is overwritten; then the summary (one object write) moves readers over.
+    for f in summary["files"]:
+        staged = f["part"]
+        f["part"] = committed_name(staged, commit)
+        fs.copy(posixpath.join(staging, staged), posixpath.join(final, f["part"]))
+    parts = sorted(f["part"] for f in summary["files"])
+    summary.update({COMMIT_KEY: commit, PARTS_KEY: parts})
+    fs.pipe_file(posixpath.join(final, SUMMARY_NAME), json.dumps(summary, indent=1).encode())
+    # Only now the stale parts (the previous commit's, or a killed commit's): a reader still on
+    # the previous summary finds one gone and reads again through the new one.
     fs.invalidate_cache(final)
     for e in _ls(fs, final):
         name = _basename(e["name"])
-        if name.startswith(PART_PREFIX) and name not in new_parts:
+        if name.startswith(PART_PREFIX) and name not in parts:
             fs.rm_file(e["name"])
-    fs.pipe_file(posixpath.join(final, SUMMARY_NAME), summary_bytes)
     fs.rm(staging_base, recursive=True)
     fs.invalidate_cache()
 
@@ -576,22 +598,6 @@ def sweep_staging(root: Root, converting: Iterable[RunRef] = ()) -> list[str]:
 
 # ----------------------------------------------------------------------------------- reading
 
-PARTITIONING = pads.partitioning(
-    pa.schema([(c, pa.string()) for c in PARTITION_COLUMNS]), flavor="hive"
-)
-
-
-def events_dataset(root: Root) -> pads.Dataset:
-    """The whole events dataset as a pyarrow dataset (lazy; partition columns workload, run)."""
-    return pads.dataset(
-        root.join(EVENTS_DIR),
-        filesystem=root.fs,
-        format="parquet",
-        partitioning=PARTITIONING,
-        schema=events_dataset_schema(),
-        ignore_prefixes=[".", "_"],
-    )
-
 
 def events_dataset_schema() -> pa.Schema:
     return EVENTS_SCHEMA.append(pa.field("workload", pa.string())).append(
@@ -600,29 +606,30 @@ def events_dataset_schema() -> pa.Schema:
 
 
 def read_events(
-    root: Root | str,
+    root: Root,
     workloads: Iterable[str] | None = None,
     runs: Iterable[str] | None = None,
     columns: list[str] | None = None,
 ) -> pa.Table:
-    """Events of the named workloads/runs (all by default) as one Arrow table.
-
-    Rows of each process stay in call order (parts are read in name order, row order kept).
-    """
-    if isinstance(root, str):
-        root = Root.from_url(root)
-    fs = root.fs
-    if not fs.exists(root.join(EVENTS_DIR)):
-        return (
-            events_dataset_schema().empty_table().select(columns or events_dataset_schema().names)
-        )
-    flt = None
-    if workloads:
-        flt = pads.field("workload").isin(list(workloads))
-    if runs:
-        rf = pads.field("run").isin(list(runs))
-        flt = rf if flt is None else flt & rf
-    return events_dataset(root).to_table(columns=columns, filter=flt)
+    """Events of the named workloads/runs (all by default) as one Arrow table, with the
+    partition columns `workload` and `run`; each run read through the one reader
+    (tasks.dataset.events_reader), its rows in call order."""
+    schema = events_dataset_schema()
+    columns = list(columns or schema.names)
+    event_columns = [c for c in columns if c not in PARTITION_COLUMNS]
+    wanted_runs = set(runs) if runs else None
+    tables = []
+    for found in list_runs(root, workloads or None):
+        if wanted_runs is not None and found.run not in wanted_runs:
+            continue
+        t = read_run(root, found.workload, found.run, event_columns)
+        for name, value in (("workload", found.workload), ("run", found.run)):
+            if name in columns:
+                t = t.append_column(name, pa.repeat(pa.scalar(value, pa.string()), t.num_rows))
+        tables.append(t.select(columns))
+    if not tables:
+        return schema.empty_table().select(columns)
+    return pa.concat_tables(tables)
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:

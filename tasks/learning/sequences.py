@@ -15,17 +15,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from tasks.core.storage import Root
+from tasks.dataset.events_reader import EVENTS_DIR, EventsNotFound, has_dataset
+from tasks.dataset.events_reader import list_runs as list_events_runs
+from tasks.dataset.events_reader import read_run as read_events_run
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.train_config import DataConfig
 
 COLUMNS = ["pid", "thread", "seq", "token"]
-PARTITIONING = ds.partitioning(
-    pa.schema([("workload", pa.string()), ("run", pa.string())]), flavor="hive"
-)
 
 
 @dataclass(frozen=True)
@@ -98,44 +96,35 @@ def concat_runs(runs: list[TokenRun], workload: str = "*", run: str = "*") -> To
 # --- reading -------------------------------------------------------------------------------
 
 
-def events_dataset(root: Root) -> ds.Dataset:
-    return ds.dataset(
-        root.join("events"),
-        filesystem=root.fs,
-        format="parquet",
-        partitioning=PARTITIONING,
-    )
-
-
 def list_runs(root: Root) -> dict[str, list[str]]:
-    """{workload: sorted runs} found under <root>/events."""
-    fs = root.fs
-    base = root.join("events")
-    if not fs.exists(base):
-        raise FileNotFoundError(
-            f"{root.url_of('events')}: no events dataset; run the dataset flow first"
+    """{workload: sorted runs} of the events dataset (tasks.dataset.events_reader)."""
+    if not has_dataset(root):
+        raise EventsNotFound(
+            f"{root.url_of(EVENTS_DIR)}: no events dataset; run the dataset flow first"
         )
     found: dict[str, list[str]] = {}
-    for path in fs.glob(root.join("events", "workload=*", "run=*")):
-        parts = path.rstrip("/").split("/")
-        workload = parts[-2].split("=", 1)[1]
-        found.setdefault(workload, []).append(parts[-1].split("=", 1)[1])
-    return {w: sorted(rs) for w, rs in sorted(found.items())}
+    for r in list_events_runs(root):
+        found.setdefault(r.workload, []).append(r.run)
+    return found
 
 
-def read_run(root: Root, workload: str, run: str, dataset: ds.Dataset | None = None) -> TokenRun:
+def read_run(root: Root, workload: str, run: str) -> TokenRun:
     """One run's tokens, per thread (per (pid, thread)), each thread ordered by seq."""
-    dataset = dataset if dataset is not None else events_dataset(root)
-    flt = (pc.field("workload") == workload) & (pc.field("run") == run)
-    table = dataset.to_table(columns=COLUMNS, filter=flt)
+    return token_run(read_events_run(root, workload, run, COLUMNS), workload, run)
+
+
+def token_run(table: pa.Table, workload: str, run: str) -> TokenRun:
+    """The tokens of one run's events (columns pid, thread, seq, token; any row order), per
+    thread (per (pid, thread)), each thread ordered by seq."""
     if table.num_rows == 0:
-        raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
+        raise ValueError(f"run {workload}/{run} has no events")
     pid = table.column("pid").to_numpy().astype(np.uint64)
     thread = table.column("thread").to_numpy().astype(np.uint64)
     seq = table.column("seq").to_numpy()
     token = table.column("token").to_numpy().astype(np.uint8)
     key = (pid << np.uint64(16)) | thread
-    # Fragments arrive in file order; sort only when needed (a stable lexsort otherwise).
+    # Parts arrive in call order (a process's calls in time order, threads interleaved): sort
+    # only when needed (a stable lexsort otherwise).
     if len(key) > 1 and not (
         np.all(key[1:] >= key[:-1]) and np.all((key[1:] != key[:-1]) | (seq[1:] > seq[:-1]))
     ):
@@ -309,7 +298,6 @@ def load_split(root: Root, cfg: DataConfig) -> Split:
     available = list_runs(root)
     cfg, notes = absent_heldout(available, cfg)
     plan = plan_split(available, cfg, workload_programs(cfg, list(available)))
-    dataset = events_dataset(root)
     train: list[TokenRun] = []
     validation: list[TokenRun] = []
     evaluation: list[TokenRun] = []
@@ -321,7 +309,7 @@ def load_split(root: Root, cfg: DataConfig) -> Split:
         per_run_cap = max(1, cfg.max_train_tokens // n_train_runs)
     for w, roles in plan.items():
         for r in roles["train"]:
-            run = read_run(root, w, r, dataset)
+            run = read_run(root, w, r)
             if not roles["validation"]:
                 head, tail = run.split_tail(cfg.validation_fraction)
                 notes.append(
@@ -332,13 +320,13 @@ def load_split(root: Root, cfg: DataConfig) -> Split:
                 validation.append(_cap(tail, cfg.max_validation_tokens))
             train.append(_cap(run, per_run_cap))
         for r in roles["validation"]:
-            validation.append(_cap(read_run(root, w, r, dataset), cfg.max_validation_tokens))
+            validation.append(_cap(read_run(root, w, r), cfg.max_validation_tokens))
         for r in roles["evaluation"]:
-            evaluation.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
+            evaluation.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
         for r in roles["heldout"]:
-            heldout.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
+            heldout.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
         for r in roles["unseen"]:
-            unseen.append(_cap(read_run(root, w, r, dataset), cfg.max_eval_tokens))
+            unseen.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
     return Split(train, validation, evaluation, heldout, notes, unseen)
 
 

@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from fsspec.implementations.local import LocalFileSystem
+
+from tasks.core.storage import Root
+from tasks.dataset.events_reader import EVENTS_DIR, EventsNotFound, RunParts
 
 # The columns of EVENTS_SCHEMA the report reads (the others are never decoded).
 COLUMNS = (
@@ -52,9 +56,11 @@ BATCH_ROWS = 1 << 20
 TRACE_SUFFIX = ".hct"
 PARQUET_SUFFIX = ".parquet"
 MANIFEST_NAME = "manifest.json"  # tasks.replay.manifest / tasks.dataset.partitions
-SUMMARY_NAME = "_summary.json"  # tasks.dataset.partitions
 # <pid>-<start_realtime_ns>[-k].hct (FORMAT.md) and its part, part-<pid>-<ns>[-k].parquet
 _NAME_NS = re.compile(r"^(?:part-)?(\d+)-(\d+)(?:-\d+)?\.(?:hct|parquet)$")
+
+
+_LOCAL = LocalFileSystem()
 
 
 class ReportInputError(ValueError):
@@ -86,6 +92,8 @@ class RunInput:
     fs: Any = None  # an fsspec filesystem for a remote root; None: local paths
     manifest: dict[str, Any] | None = None  # raw/<w>/<r>/manifest.json (a replay's)
     summary: dict[str, Any] | None = None  # events/.../_summary.json (the conversion's)
+    # a run folder of the events dataset: its committed parts, through the one reader
+    parts: RunParts | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -123,7 +131,8 @@ def _from_folder(folder: Path, label: str) -> RunInput:
             )
         return run
     if parts:
-        run = RunInput(label, "events", parts, summary=_read_json(str(folder / SUMMARY_NAME)))
+        committed = RunParts.of_folder(_LOCAL, str(folder), str(folder), label, local=True)
+        run = _events_input(label, committed)
         # the replay's manifest, when the folder sits in a data root's events/workload=/run=
         w, r = folder.parent.name, folder.name
         if w.startswith("workload=") and r.startswith("run="):
@@ -142,6 +151,15 @@ def _from_folder(folder: Path, label: str) -> RunInput:
     raise ReportInputError(
         f"{folder}: no heapcast traces (*{TRACE_SUFFIX}) and no events parts "
         f"(*{PARQUET_SUFFIX}) in this folder{hint}"
+    )
+
+
+def _events_input(label: str, committed: RunParts) -> RunInput:
+    """A run of the events dataset: the parts its summary commits (tasks.dataset.events_reader),
+    read through `committed`."""
+    files = [f"{committed.url}/{n}" for n in committed.names]
+    return RunInput(
+        label, "events", files, fs=committed.fs, summary=committed.summary, parts=committed
     )
 
 
@@ -167,13 +185,10 @@ def _from_files(paths: list[Path], label: str) -> RunInput:
 
 
 def _from_root(workload: str, run: str, root_url: str, label: str) -> RunInput:
-    from tasks.core.storage import Root
-
     root = Root.from_url(root_url)
     if root.is_local:
-        local = Path(root.path)
-        events = local / "events" / f"workload={workload}" / f"run={run}"
-        raw = local / "raw" / workload / run
+        events = Path(root.events_run(workload, run))
+        raw = Path(root.raw_run(workload, run))
         if events.is_dir() and any(events.glob(f"*{PARQUET_SUFFIX}")):
             return _from_folder(events, label)
         if raw.is_dir() and any(raw.glob(f"*{TRACE_SUFFIX}")):
@@ -181,29 +196,25 @@ def _from_root(workload: str, run: str, root_url: str, label: str) -> RunInput:
         where = f"{events} or {raw}"
     else:
         fs = root.fs
-        events_s = root.events_run(workload, run)
         raw_s = root.raw_run(workload, run)
-        for folder, suffix, kind in (
-            (events_s, PARQUET_SUFFIX, "events"),
-            (raw_s, TRACE_SUFFIX, "raw"),
-        ):
-            try:
-                names = sorted(fs.ls(folder, detail=False))
-            except FileNotFoundError:
-                continue
-            files = [n for n in names if n.endswith(suffix) and _visible(n.rsplit("/", 1)[-1])]
-            if files:
-                return RunInput(
-                    label,
-                    kind,
-                    files,
-                    fs=fs,
-                    manifest=_read_json(f"{raw_s}/{MANIFEST_NAME}", fs),
-                    summary=_read_json(f"{events_s}/{SUMMARY_NAME}", fs)
-                    if kind == "events"
-                    else None,
-                )
-        where = f"{root.url_of('events', f'workload={workload}', f'run={run}')} or {root.url_of('raw', workload, run)}"
+        try:
+            committed = RunParts.of_run(root, workload, run)
+        except EventsNotFound:
+            committed = None
+        if committed is not None and committed.names:
+            found = _events_input(label, committed)
+            found.manifest = _read_json(f"{raw_s}/{MANIFEST_NAME}", fs)
+            return found
+        try:
+            names = sorted(fs.ls(raw_s, detail=False))
+        except FileNotFoundError:
+            names = []
+        files = [n for n in names if n.endswith(TRACE_SUFFIX) and _visible(n.rsplit("/", 1)[-1])]
+        if files:
+            return RunInput(
+                label, "raw", files, fs=fs, manifest=_read_json(f"{raw_s}/{MANIFEST_NAME}", fs)
+            )
+        where = f"{root.url_of(EVENTS_DIR, f'workload={workload}', f'run={run}')} or {root.url_of('raw', workload, run)}"
     raise ReportInputError(
         f"{label}: no such run under the data root {root.url} (nothing to read in {where}); "
         "pass --root, or the run's folder"
@@ -386,10 +397,13 @@ def _events_parts(run: RunInput) -> Iterator[Part]:
     for f in (run.summary or {}).get("files", []):
         if isinstance(f, dict) and "part" in f:
             by_part[f["part"]] = f
-    for path in run.files:
+    for i, path in enumerate(run.files):
         name = _name(path)
         try:
-            pf = pq.ParquetFile(run.fs.open(path, "rb") if run.fs is not None else path)
+            if run.parts is not None:
+                pf = run.parts.open(i)
+            else:
+                pf = pq.ParquetFile(run.fs.open(path, "rb") if run.fs is not None else path)
             missing = [c for c in COLUMNS if c not in set(pf.schema_arrow.names)]
             if missing:
                 raise ValueError(f"no column(s) {', '.join(missing)}")

@@ -1,9 +1,10 @@
 """One run's events, read and laid out for the simulator (tasks/whatif/simulate.py).
 
-`read_events(root, workload, run)` reads `<root>/events/workload=<w>/run=<r>/` with pyarrow
-(only the columns the simulator needs) and adds an `image` column: the index of the Parquet part
-a row comes from. A part is one raw trace file, i.e. one process image (an exec'd program keeps
-its pid but gets a file of its own), so `image` separates what `pid` alone would merge.
+`read_events(root, workload, run)` reads `<root>/events/workload=<w>/run=<r>/` through the
+dataset's one reader (tasks.dataset.events_reader: only the columns the simulator needs, in call
+order) with an `image` column: the index of the Parquet part a row comes from. A part is one
+raw trace file, i.e. one process image (an exec'd program keeps its pid but gets a file of its
+own), so `image` separates what `pid` alone would merge.
 
 `prepare(table)` turns the table into numpy arrays in SIMULATION ORDER, vectorised:
 
@@ -33,10 +34,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 from numba import njit
 
 from tasks.core.storage import Root
+from tasks.dataset.events_reader import read_run
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op
 
 COLUMNS = (
@@ -62,27 +63,10 @@ _FREES = np.zeros(256, dtype=bool)
 _FREES[[int(Op.FREE)] + list(REALLOCATING_OPS)] = True
 
 
-def read_events(root: Root | str, workload: str, run: str) -> pa.Table:
-    """The run's events (COLUMNS + `image`, the part each row comes from), parts in name order."""
-    root = Root.from_url(root) if isinstance(root, str) else root
-    path = root.events_run(workload, run)
-    fs = root.fs
-    files = sorted(
-        p
-        for p in fs.find(path)
-        if p.endswith(".parquet") and not p.rsplit("/", 1)[-1].startswith(("_", "."))
-    )
-    if not files:
-        raise FileNotFoundError(
-            f"{root.url_of('events', f'workload={workload}', f'run={run}')}: no events parts; "
-            "run the dataset flow first"
-        )
-    dataset = ds.dataset(files, filesystem=fs, format="parquet")
-    tables = []
-    for i, frag in enumerate(dataset.get_fragments()):
-        t = frag.to_table(columns=list(COLUMNS))
-        tables.append(t.append_column("image", pa.array(np.full(t.num_rows, i, np.uint32))))
-    return pa.concat_tables(tables)
+def read_events(root: Root, workload: str, run: str, extra: tuple[str, ...] = ()) -> pa.Table:
+    """The run's events (COLUMNS + `extra` + `image`, the part each row comes from) in call
+    order, through the dataset's one reader (EventsNotFound when the run is not there)."""
+    return read_run(root, workload, run, COLUMNS + extra, part_column="image")
 
 
 def _np(table: pa.Table, name: str, fill: int | None = None) -> np.ndarray:

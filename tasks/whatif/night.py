@@ -344,20 +344,17 @@ def replay_run(
     predictor: Predictor | None = None,
 ) -> RunReplay:
     """One run through the grid; its events missing or unreadable: a RunReplay with the error."""
-    from tasks.learning.sequences import read_run
+    from tasks.learning.sequences import token_run
     from tasks.whatif.events import read_events
 
     try:
-        table = read_events(root, workload, run)
-        token_run = read_run(root, workload, run)
-        if token_run.n_tokens != table.num_rows:
-            raise ValueError(
-                f"{token_run.n_tokens} tokens for {table.num_rows} events: the run changed while read"
-            )
+        # Read once: the simulator's table and the model's tokens are the same rows.
+        table = read_events(root, workload, run, extra=("token",))
+        tokens = token_run(table, workload, run)
     except Exception as err:  # noqa: BLE001 - named in the artifact; the other runs go on
         return RunReplay(workload, run, error=f"{type(err).__name__}: {err}"[:500])
     rows, notes = replay_events(
-        table, token_run, params.grid(), predictor, params.horizon, workload, run
+        table, tokens, params.grid(), predictor, params.horizon, workload, run
     )
     return RunReplay(workload, run, rows=rows, notes=notes)
 
