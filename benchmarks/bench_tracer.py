@@ -1,11 +1,12 @@
 """Tracer overhead: untraced vs heapcast (with and without --caller) vs heaptrack, alternating.
 
-Run: python benchmarks/bench_tracer.py [--reps 5] [--loop-iters 250000] [--sqlite-rows 60000]
+Run: python benchmarks/bench_tracer.py [--reps 5] [--loop-iters 250000] [--sqlite-rows 20000]
          [--no-caller] [--no-heaptrack]
 
 Workloads: (1) benchmarks/programs/loop.c, 8 threads of malloc/free (event count known);
-(2) sqlite3 on a generated SQL script; (3) Debian's /usr/bin/python3.11 with PYTHONMALLOC=malloc
-on a dict/list/json churn. Each repetition runs every (workload, mode) once, the mode order
+(2) sqlite3 on the catalog's generated SQL (tasks.replay.inputs, generator `sql`, seed 1, the
+sqlite3 workload's input); (3) Debian's /usr/bin/python3.11 with PYTHONMALLOC=malloc on a
+dict/list/json churn. Each repetition runs every (workload, mode) once, the mode order
 rotating between repetitions, so load from other processes hits all modes alike; the table uses
 the minimum (and shows the median). Times are wall clock and CPU (user+sys of the process tree,
 from wait4). Event counts and bytes come from the heapcast trace (tasks.format.trace_reader).
@@ -35,8 +36,10 @@ sys.path.insert(0, str(REPO))
 
 from tasks.format.build import build_tracer  # noqa: E402
 from tasks.format.trace_reader import Op, read_trace  # noqa: E402
+from tasks.replay.inputs import generate_input  # noqa: E402
 
 PYTHON = "/usr/bin/python3.11"
+SQL_SEED = 1  # the sqlite3 workload's `small` input (configs/workloads.yaml), larger
 MODES = ("untraced", "heapcast", "heapcast_caller", "heaptrack")
 HEAPCAST_MODES = ("heapcast", "heapcast_caller")
 TARGETS = {
@@ -57,30 +60,6 @@ for round in range(2):
     s = {str(x) for x in range(20000)}
     print(round, len(text), sum(len(v[1]) for v in back.values()), sum(map(len, lists)), len(s))
 """
-
-
-def sqlite_script(rows: int) -> str:
-    lines = [
-        "CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, price REAL);",
-        "BEGIN;",
-    ]
-    lines += [
-        f"INSERT INTO item(name, grp, price) VALUES ('item-{i:07d}-{'x' * (i % 37)}', "
-        f"{i % 97}, {(i * 7919) % 10007 / 100.0});"
-        for i in range(rows)
-    ]
-    lines += [
-        "COMMIT;",
-        "CREATE INDEX item_grp ON item(grp);",
-        "CREATE INDEX item_name ON item(name);",
-        "SELECT grp, count(*), round(sum(price), 2) FROM item GROUP BY grp ORDER BY grp;",
-        "SELECT name FROM item WHERE name LIKE 'item-00001%' ORDER BY name DESC LIMIT 5;",
-        "UPDATE item SET price = price * 2 WHERE grp % 3 = 0;",
-        "DELETE FROM item WHERE id % 5 = 0;",
-        "SELECT count(*), round(avg(price), 3), max(length(name)) FROM item;",
-        "SELECT a.grp, count(*) FROM item a JOIN item b ON a.id = b.id + 1 GROUP BY a.grp LIMIT 5;",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def run_once(argv: list[str], env: dict[str, str], stdin_path: Path | None) -> tuple[float, float]:
@@ -108,7 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--loop-iters", type=int, default=250_000, help="per thread")
-    ap.add_argument("--sqlite-rows", type=int, default=60_000)
+    ap.add_argument("--sqlite-rows", type=int, default=20_000, help="size of the `sql` input")
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--no-caller", action="store_true", help="skip the heapcast --caller mode")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "tracer.json")
@@ -139,8 +118,8 @@ def main() -> int:
             ],
             check=True,
         )
-        sql = work / "script.sql"
-        sql.write_text(sqlite_script(args.sqlite_rows))
+        (sql_name,) = generate_input("sql", SQL_SEED, args.sqlite_rows, work)
+        sql = work / sql_name
         workloads = {
             "loop": ([str(loop), "8", str(args.loop_iters)], {}, None),
             "sqlite3": ([shutil.which("sqlite3"), ":memory:"], {}, sql),
@@ -304,6 +283,7 @@ def main() -> int:
                     "loop_threads": 8,
                     "loop_iters_per_thread": args.loop_iters,
                     "sqlite_rows": args.sqlite_rows,
+                    "sqlite_input": f"tasks.replay.inputs sql, seed {SQL_SEED}",
                     "heaptrack_mode": "heaptrack --raw -o FILE",
                     "modes": modes,
                     "order": "rotated per repetition",

@@ -25,7 +25,12 @@ from tasks.allocators.config import AllocatorsParams, load_allocators_config
 from tasks.core.storage import Root
 from tasks.nightly.params import NightlyParams
 from tests.conftest import in_ci, need_tool
-from tests.tasks.allocators.programs_build import GENERATOR, build_alloc_mix, generator_for
+from tests.tasks.allocators.programs_build import (
+    GENERATOR,
+    alloc_mix_workloads,
+    build_alloc_mix,
+    generator_for,
+)
 
 TWO = ["glibc", "jemalloc"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -52,29 +57,8 @@ def tiny(alloc_mix, tmp_path, monkeypatch) -> dict:
     monkeypatch.setitem(GENERATORS, GENERATOR, generator_for(alloc_mix))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
-    def workload(name: str, env: dict[str, str]) -> dict:
-        return {
-            "name": name,
-            "image": "sqlite3",
-            "generator": GENERATOR,
-            "command": ["/usr/bin/env", "{input}/alloc_mix", "{size}"],
-            "env": env,
-            "expected_exit_code": 0,
-            "time_limit_s": 300,
-            "inputs": [{"name": "small", "seed": 1, "size": 2000, "quick": True}],
-        }
-
     catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(
-        yaml.safe_dump(
-            {
-                "workloads": [
-                    workload("alloc_mix", {}),
-                    workload("alloc_mix_failing", {"ALLOC_MIX_FAIL_UNDER": "jemalloc"}),
-                ]
-            }
-        )
-    )
+    catalog.write_text(yaml.safe_dump(alloc_mix_workloads(2000, fail_under="jemalloc")))
     cfg = load_allocators_config()
     config = tmp_path / "allocators.yaml"
     config.write_text(

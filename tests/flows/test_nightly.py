@@ -10,7 +10,6 @@ AND   a stage that fails does not stop the night; a night that trains nothing fa
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,7 @@ from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.nightly.params import NightlyParams
 from tasks.nightly.summary import ARTIFACT_KEY, NothingTrained
-
-TINY_TRAINING = {
-    "context": 8,
-    "model": {"units": [4]},
-    "batch_size": 8,
-    "epochs": 1,
-    "steps_per_epoch": 2,
-    "ngram": {"max_order": 3},
-}
+from tests.flows.flow_harness import TINY_TRAINING, latest_artifact
 
 
 @pytest.fixture(autouse=True)
@@ -36,22 +27,6 @@ def one_dask_worker(monkeypatch):
     monkeypatch.setenv("HEAPCAST_DASK_WORKERS", "1")
     monkeypatch.delenv("HEAPCAST_DASK_SCHEDULER", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-
-
-def latest_summary_artifact() -> str:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-    from prefect.client.schemas.sorting import ArtifactSort
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
-                sort=ArtifactSort.CREATED_DESC,
-                limit=1,
-            )
-
-    return asyncio.run(read())[0].data
 
 
 def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
@@ -84,7 +59,7 @@ def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
     for r in heap.reports:
         assert r.path.startswith(str(tmp_path / "data" / "reports")) and Path(r.path).is_file()
         assert r.events > 0 and r.peak_bytes > 0 and r.processes >= 1
-    page = latest_summary_artifact()
+    page = latest_artifact(ARTIFACT_KEY)
     assert "4 of 4 stages completed" in page and "## Champion" in page
     assert "## Heap reports (evaluation runs)" in page and heap.reports[0].path in page
 
@@ -115,5 +90,5 @@ def test_night_without_a_model_fails_at_the_end(prefect_harness, tmp_path):
     )
     with pytest.raises(NothingTrained, match="no model was trained"):
         nightly(params)
-    page = latest_summary_artifact()  # published before failing
+    page = latest_artifact(ARTIFACT_KEY)  # published before failing
     assert "(no model trained)" in page

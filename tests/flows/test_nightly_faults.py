@@ -16,10 +16,10 @@ from flows.nightly import nightly
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.nightly.params import NightlyParams
-from tasks.nightly.summary import NothingTrained
+from tasks.nightly.summary import ARTIFACT_KEY, NothingTrained
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import tracking_for
-from tests.flows.test_nightly import TINY_TRAINING, latest_summary_artifact
+from tests.flows.flow_harness import TINY_TRAINING, latest_artifact
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
 CATALOG = Path(__file__).parents[1] / "tasks" / "replay" / "catalogs" / "flow.yaml"
@@ -69,7 +69,7 @@ def test_a_night_whose_every_replay_failed_registers_nothing(prefect_harness, tm
     # THEN nothing was registered and the champion stayed
     assert registry_versions(root) == (["1"], "1")
     # AND the summary says why
-    page = latest_summary_artifact()
+    page = latest_artifact(ARTIFACT_KEY)
     assert "| train | **skipped** |" in page
     assert "**Nothing was registered tonight**: tonight's data is broken" in page
     assert "every replay failed (1 of 1): broken/small: exit code 3, expected 0" in page
@@ -90,7 +90,7 @@ def test_a_night_with_too_small_an_evaluation_registers_nothing(prefect_harness,
         nightly(params)
     # THEN nothing was registered and the champion stayed
     assert registry_versions(root) == (["1"], "1")
-    page = latest_summary_artifact()
+    page = latest_artifact(ARTIFACT_KEY)
     assert "| train | **failed** |" in page and "EvaluationTooSmall" in page
     assert "**Nothing was registered tonight**" in page
     assert "fewer than data.min_eval_positions=50,000" in page

@@ -7,6 +7,7 @@ from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.train_config import QUICK_CONFIG
 from tasks.registry.tracking import configure, tracking_for
+from tests.flows.flow_harness import TINY_TRAINING_BETA_HELD_OUT
 
 
 def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tmp_path):
@@ -15,15 +16,7 @@ def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tm
     params = TrainParams(
         root=root.url,
         config=str(QUICK_CONFIG),
-        overrides={
-            "context": 8,
-            "model": {"units": [4]},
-            "batch_size": 8,
-            "epochs": 1,
-            "steps_per_epoch": 2,
-            "ngram": {"max_order": 3},
-            "data": {"heldout_workloads": ["beta"]},
-        },
+        overrides=TINY_TRAINING_BETA_HELD_OUT,
     )
     state = train_flow(params, return_state=True)
     outcome = state.result()

@@ -10,7 +10,6 @@ THEN  the other runs are replayed with the model, the online counter and the lab
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 
 import pyarrow.parquet as pq
@@ -22,16 +21,8 @@ from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams
 from tasks.registry.tracking import configure, resolve_target, tracking_for
 from tasks.whatif.night import ARTIFACT_KEY, WhatifParams
+from tests.flows.flow_harness import TINY_TRAINING_BETA_HELD_OUT, latest_artifact
 
-TINY_TRAINING = {
-    "context": 8,
-    "model": {"units": [4]},
-    "batch_size": 8,
-    "epochs": 1,
-    "steps_per_epoch": 2,
-    "ngram": {"max_order": 3},
-    "data": {"heldout_workloads": ["beta"]},
-}
 GRID = [
     {"kind": "none"},
     {"kind": "seed002", "n": 4},
@@ -41,28 +32,12 @@ GRID = [
 ]
 
 
-def latest_artifact(key: str) -> str:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-    from prefect.client.schemas.sorting import ArtifactSort
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
-                sort=ArtifactSort.CREATED_DESC,
-                limit=1,
-            )
-
-    return asyncio.run(read())[0].data
-
-
 def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = Root.from_url(str(tmp_path / "data"))
     write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=2000)
     outcome = train_flow(
-        TrainParams(root=root.url, config=str(QUICK_CONFIG), overrides=TINY_TRAINING)
+        TrainParams(root=root.url, config=str(QUICK_CONFIG), overrides=TINY_TRAINING_BETA_HELD_OUT)
     )
     assert outcome.registration is not None and outcome.registration.model_version == "1"
     d = outcome.dataset  # beta, held out, is a program of its own: unseen_program_runs

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.format.trace_reader import Op
+from tasks.replay.inputs import generate_input
 from tests.conftest import need_tool
 from tests.localhost import free_port
 from tests.native.tracer_harness import read_traces, tracer_env
@@ -21,34 +22,12 @@ def need(tool: str) -> str:
     return need_tool(tool)
 
 
-def sqlite_script(rows: int) -> str:
-    lines = [
-        "CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, price REAL);",
-        "BEGIN;",
-    ]
-    lines += [
-        f"INSERT INTO item(name, grp, price) VALUES ('item-{i:06d}-{'x' * (i % 37)}', "
-        f"{i % 97}, {(i * 7919) % 10007 / 100.0});"
-        for i in range(rows)
-    ]
-    lines += [
-        "COMMIT;",
-        "CREATE INDEX item_grp ON item(grp);",
-        "CREATE INDEX item_name ON item(name);",
-        "SELECT grp, count(*), round(sum(price), 2) FROM item GROUP BY grp ORDER BY grp LIMIT 10;",
-        "SELECT name FROM item WHERE name LIKE 'item-0001%' ORDER BY name DESC LIMIT 5;",
-        "UPDATE item SET price = price * 2 WHERE grp % 3 = 0;",
-        "DELETE FROM item WHERE id % 5 = 0;",
-        "SELECT count(*), round(avg(price), 3), max(length(name)) FROM item;",
-        "SELECT group_concat(id, ',') FROM (SELECT id FROM item ORDER BY price DESC, id LIMIT 20);",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def test_sqlite3_output_unchanged(libheapcast, trace_dir, tmp_path, assert_frees_paired):
-    # GIVEN sqlite3 and a generated SQL script (bulk insert, indexes, queries, updates)
+    # GIVEN sqlite3 and the catalog's generated SQL (bulk inserts, indexes, mixed queries,
+    # updates, deletes: the sqlite3 workload's input)
     sqlite3 = need("sqlite3")
-    script = sqlite_script(20_000)
+    (name,) = generate_input("sql", 1, 8_000, tmp_path)
+    script = (tmp_path / name).read_text()
     plain = subprocess.run(
         [sqlite3, ":memory:"],
         input=script,

@@ -4,6 +4,8 @@ Through the Docker SDK at DOCKER_HOST (else the socket `scripts/engine.sh up` st
 default one). The container runs as nobody, with no network but its own loopback, memory and
 pid limits, no capabilities, the tracer mounted read-only and the trace folder mounted
 read-write. At the time limit it is killed; what the tracer had written stays on the host.
+The folders it writes into (trace, work, measure) are shared with the container's user and no
+one else (`share_with_run_user`).
 
 Containers are created, started, waited for and removed explicitly (never `run --rm`): through
 Podman's Docker-compatible socket `--rm` reports exit code 0 for a failing command.
@@ -134,9 +136,12 @@ class DockerRunner(Runner):
             paths = dataclasses.replace(SANDBOX_PATHS, tracer=None)
         argv = program_argv(w, inp, paths)
         env = program_env(w, inp, paths, request.caller, request.preload)
-        for d in (request.trace_dir, request.work_dir, request.measure_dir):
-            if d is not None:
-                _give_to_run_user(d)
+        shared_gids = {
+            share_with_run_user(d)
+            for d in (request.trace_dir, request.work_dir, request.measure_dir)
+            if d is not None
+        }
+        group_add = sorted(str(g) for g in shared_gids if g is not None)
         command = argv
         mounts = {
             str(request.input_dir.resolve()): {"bind": str(SANDBOX_INPUT), "mode": "ro"},
@@ -164,6 +169,7 @@ class DockerRunner(Runner):
                     command=command,
                     environment=env,
                     user=f"{RUN_UID}:{RUN_GID}",
+                    group_add=group_add or None,
                     working_dir=str(SANDBOX_WORK),
                     hostname="heapcast",
                     network_mode=w.network,
@@ -281,9 +287,21 @@ def _exists_in(container, path: str, not_found: type[Exception], hops: int = 8) 
     return _exists_in(container, posixpath.normpath(nxt), not_found, hops - 1)
 
 
-def _give_to_run_user(path: Path) -> None:
-    """Let the container's user write into a host folder."""
+def share_with_run_user(path: Path) -> int | None:
+    """Let the container's user (RUN_UID:RUN_GID, the same ids on the host under a rootful
+    engine) write into a host folder, and no other user.
+
+    Root gives the folder to that user (mode 755: the host may read the traces). Anyone else
+    cannot give a folder away: they keep it and share it through their own primary group (mode
+    2770: setgid, so what the container writes there stays in that group; nothing for others),
+    and the container's user joins that group (`group_add`). Returns the group to add, or None.
+    Never mode 777: another local user could then plant trace files that get converted and
+    trained on."""
     if os.geteuid() == 0:
         os.chown(path, RUN_UID, RUN_GID)
-    else:
-        path.chmod(0o777)
+        path.chmod(0o755)
+        return None
+    gid = os.getegid()
+    os.chown(path, -1, gid)  # an owner may give their folder to any group of theirs
+    path.chmod(0o2770)
+    return gid

@@ -1,9 +1,9 @@
 """What a measured run cost: the `hc-measure` helper (built here, static) and its report.
 
 A runner measures a run when its request has a `measure_dir`: the program runs under
-`hc-measure` (hc_measure.c, linked statically so that LD_PRELOAD never loads into it), which
-sends the program's standard output to `<measure_dir>/stdout` (hashed into the result, so two
-runs' outputs can be compared), waits for it with wait4 and writes its usage to
+`hc-measure` (native/measure/hc_measure.c, linked statically so that LD_PRELOAD never loads into
+it), which sends the program's standard output to `<measure_dir>/stdout` (hashed into the
+result, so two runs' outputs can be compared), waits for it with wait4 and writes its usage to
 `<measure_dir>/usage`, read back here as a `ResourceUsage`:
 
 - docker: hc-measure is the container's PID 1 and reads the container's cgroup while it still
@@ -28,7 +28,9 @@ from pathlib import Path
 
 from tasks.core.config import PROJECT_DIR
 
-SOURCE = Path(__file__).with_name("hc_measure.c")
+# The C lives with the project's other C (native/); the runners build it on demand here (static,
+# keyed by the source's digest, cached in .cache/heapcast) and mount that binary.
+SOURCE = PROJECT_DIR / "native" / "measure" / "hc_measure.c"
 CACHE_DIR = PROJECT_DIR / ".cache" / "heapcast"
 REPORT_NAME = "usage"
 STDOUT_NAME = "stdout"
@@ -59,6 +61,11 @@ class ResourceUsage:
 def build_measure_tool(cache_dir: Path | None = None) -> Path:
     """Compile hc_measure.c statically (once per source version); return the binary's path."""
     cache = cache_dir or CACHE_DIR
+    if not SOURCE.is_file():
+        raise MeasureToolError(
+            f"cannot build hc-measure: {SOURCE} is missing (run from a checkout of the repository, "
+            "whose native/ folder holds it)"
+        )
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     out = cache / f"hc-measure-{digest}"
     if out.is_file():

@@ -36,8 +36,9 @@ def generator_for(binary: Path):
     return generate
 
 
-def alloc_mix_catalog(iterations: int = 4000) -> Catalog:
-    """`alloc_mix` (clean everywhere) and `alloc_mix_failing` (exits 3 under tcmalloc).
+def alloc_mix_workloads(iterations: int = 4000, fail_under: str = "tcmalloc") -> dict:
+    """The catalog's data (as in a workloads YAML): `alloc_mix` (clean everywhere) and
+    `alloc_mix_failing` (exits 3 under the allocator `fail_under`).
     Needs GENERATOR registered in tasks.replay.inputs.GENERATORS."""
 
     def workload(name: str, env: dict[str, str]) -> dict:
@@ -53,12 +54,14 @@ def alloc_mix_catalog(iterations: int = 4000) -> Catalog:
             "inputs": [{"name": "small", "seed": 1, "size": iterations, "quick": True}],
         }
 
-    return parse_catalog(
-        {
-            "workloads": [
-                workload("alloc_mix", {}),
-                workload("alloc_mix_failing", {"ALLOC_MIX_FAIL_UNDER": "tcmalloc"}),
-            ]
-        },
-        "tests/tasks/allocators (alloc_mix)",
-    )
+    return {
+        "workloads": [
+            workload("alloc_mix", {}),
+            workload("alloc_mix_failing", {"ALLOC_MIX_FAIL_UNDER": fail_under}),
+        ]
+    }
+
+
+def alloc_mix_catalog(iterations: int = 4000) -> Catalog:
+    """alloc_mix_workloads as a Catalog (`alloc_mix_failing` exits 3 under tcmalloc)."""
+    return parse_catalog(alloc_mix_workloads(iterations), "tests/tasks/allocators (alloc_mix)")

@@ -12,7 +12,7 @@ from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
-from tasks.learning.train_config import TrainConfig  # noqa: E402
+from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -22,24 +22,8 @@ def events_root(tmp_path_factory) -> Root:
     return root
 
 
-def tiny(tmp_path, **kw) -> TrainConfig:
-    base = {
-        "data": {"heldout_workloads": ["gamma"]},
-        "context": 10,
-        "model": {"units": [8]},
-        "batch_size": 8,
-        "epochs": 2,
-        "steps_per_epoch": 3,
-        "eval_batch_size": 32,
-        "ngram": {"max_order": 4},
-        "checkpoint_dir": str(tmp_path / "ckpt"),
-    }
-    base.update(kw)
-    return TrainConfig.model_validate(base)
-
-
 def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
-    cfg = tiny(tmp_path)
+    cfg = tiny_train_config(tmp_path / "ckpt")
     trained = train.fn(events_root, cfg)
     outcome = evaluate.fn(trained)
     assert isinstance(outcome, TrainOutcome)
@@ -70,7 +54,7 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
 def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
     import keras
 
-    cfg = tiny(tmp_path, epochs=3)
+    cfg = tiny_train_config(tmp_path / "ckpt", epochs=3)
     split = load_split(events_root, cfg.data)
     ckpt = checkpoint_dir(events_root, cfg, split)
 
@@ -96,8 +80,12 @@ def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
 
 
 def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tmp_path):
-    cfg = tiny(
-        tmp_path, mode="windows", epochs=1, validation_windows=50, data={"workloads": ["alpha"]}
+    cfg = tiny_train_config(
+        tmp_path / "ckpt",
+        mode="windows",
+        epochs=1,
+        validation_windows=50,
+        data={"workloads": ["alpha"]},
     )
     outcome = evaluate.fn(train.fn(events_root, cfg))
     ev = outcome.evaluation
@@ -108,7 +96,9 @@ def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tm
 def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_root, tmp_path):
     from tasks.learning.sequences import concat_runs, train_chunks
 
-    cfg = tiny(tmp_path, train_chunk_contexts=3, lr_schedule="cosine", clipnorm=1.0, epochs=1)
+    cfg = tiny_train_config(
+        tmp_path / "ckpt", train_chunk_contexts=3, lr_schedule="cosine", clipnorm=1.0, epochs=1
+    )
     split = load_split(events_root, cfg.data)
     _, facts = fit_model(cfg, split, tmp_path / "chunk-ckpt", verbose=0)
     assert facts["train_units"] == len(train_chunks(concat_runs(split.train), 30)[0])
@@ -116,7 +106,9 @@ def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_roo
 
 
 def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_path):
-    cfg = tiny(tmp_path, model={"units": [8], "ngram_features": True, "ngram_order": 3})
+    cfg = tiny_train_config(
+        tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_order": 3}
+    )
     trained = train.fn(events_root, cfg)
     assert trained.model.input_shape == (None, None)  # tokens only; the table is inside
     outcome = evaluate.fn(trained)
@@ -131,7 +123,9 @@ def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_
     from tasks.learning.sequences import concat_runs
     from tasks.learning.train import crossfit_features
 
-    cfg = tiny(tmp_path, model={"units": [8], "ngram_features": True, "ngram_crossfit": 0.5})
+    cfg = tiny_train_config(
+        tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_crossfit": 0.5}
+    )
     runs = load_split(events_root, cfg.data).train
     whole = concat_runs(runs)
     pos = whole.position_in_thread()
@@ -164,8 +158,8 @@ def test_an_online_hybrid_champion_is_rescored_exactly_as_it_was_scored(events_r
     # GIVEN the default family (n-gram + online features, cross-fitted), trained and scored
     from tasks.registry.register import champion_rescorer
 
-    cfg = tiny(
-        tmp_path,
+    cfg = tiny_train_config(
+        tmp_path / "ckpt",
         model={
             "units": [8],
             "ngram_features": True,

@@ -22,6 +22,7 @@ from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import checkpoint_dir, train  # noqa: E402
 from tasks.learning.train_config import TrainConfig  # noqa: E402
 from tests.faults import kill_at_marker  # noqa: E402
+from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +33,13 @@ def events_root(tmp_path_factory) -> Root:
 
 
 def tiny(tmp_path: Path) -> TrainConfig:
-    return TrainConfig.model_validate(
-        {
-            "data": {"heldout_workloads": [], "heldout_programs": []},
-            "context": 10,
-            "model": {"units": [8]},
-            "batch_size": 8,
-            "epochs": 3,
-            "steps_per_epoch": 4,
-            "eval_batch_size": 32,
-            "ngram": {"max_order": 4},
-            "checkpoint_dir": str(tmp_path / "ckpt"),
-        }
+    """Three epochs of four steps (a kill can land mid-epoch with a backup behind it), every
+    workload trained on."""
+    return tiny_train_config(
+        tmp_path / "ckpt",
+        data={"heldout_workloads": [], "heldout_programs": []},
+        epochs=3,
+        steps_per_epoch=4,
     )
 
 

@@ -16,25 +16,14 @@ from tasks.learning.train import evaluate, train  # noqa: E402
 from tasks.learning.train_config import TrainConfig  # noqa: E402
 from tasks.registry.register import champion_rescorer, register_outcome  # noqa: E402
 from tasks.registry.tracking import TrackingConfig  # noqa: E402
+from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 
 def tiny(mode: str, ckpt) -> TrainConfig:
-    return TrainConfig.model_validate(
-        {
-            "data": {"heldout_workloads": ["gamma"]},
-            "mode": mode,
-            "context": 10,
-            "model": {"units": [8]},
-            "batch_size": 8,
-            "epochs": 1,
-            "steps_per_epoch": 2,
-            "eval_batch_size": 32,
-            "ngram": {"max_order": 3},
-            "checkpoint_dir": str(ckpt),
-        }
-    )
+    """One epoch of two steps in `mode`."""
+    return tiny_train_config(ckpt, mode=mode, epochs=1, steps_per_epoch=2, ngram={"max_order": 3})
 
 
 def trained_on(root: Root, cfg: TrainConfig):

@@ -7,6 +7,9 @@ slow (debootstrap, apt); the engine's data root persists, so later runs reuse th
 
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,7 @@ from tasks.format.trace_reader import read_trace
 from tasks.replay.images import BASE_IMAGE, build_all
 from tasks.replay.manifest import MANIFEST_NAME, RunManifest
 from tasks.replay.replays import replay_input
+from tasks.replay.runners.base import RUN_UID
 from tasks.replay.workloads import load_catalog
 from tests.tasks.replay.replay_checks import op_counts, tracer_path, unpaired_frees
 
@@ -84,3 +88,25 @@ def test_docker_and_local_agree_on_a_deterministic_input(runs):
     assert n > 0.99 * max(len(a), len(b))
     assert np.array_equal(a.op[-n:], b.op[-n:])
     assert np.array_equal(a.size[-n:], b.size[-n:])
+
+
+def test_a_caller_that_is_not_root_shares_the_trace_folder_through_its_group(
+    images, tmp_path, monkeypatch
+):
+    # GIVEN a caller that is not root: it cannot give its folders to the container's user
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    w = load_catalog().get("sqlite3")
+
+    # WHEN it replays a workload in a container
+    m = replay_input(
+        w, w.input("small"), tracer_path(), root=Root.from_url(str(tmp_path)), runner="docker"
+    )
+
+    # THEN the container's user (nobody, given the caller's group) wrote the traces, which stay
+    # in that group, and the folder is no one else's to write
+    assert m.ok and m.events > 0 and m.files
+    run_dir = tmp_path / "raw" / "sqlite3" / "small"
+    assert not run_dir.stat().st_mode & stat.S_IWOTH
+    for name in m.files:
+        st = (run_dir / name).stat()
+        assert (st.st_uid, st.st_gid) == (RUN_UID, os.getegid())
