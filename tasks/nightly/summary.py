@@ -5,11 +5,11 @@ failure stop the night; `stage_outcome` turns a state into a `StageOutcome` whos
 stage's type (a `TraceSummary`, the converted runs, a `TrainResult`, a `WhatifSummary`, an
 `AllocatorsOutcome`), `summarize` turns the outcomes into a `NightlySummary`, whose
 `markdown()` is published as a Prefect artifact.
+The night fails (after publishing) only when nothing could be trained: `finish` says so.
 
 The whatif stage's answer at the idle budget (per workload: the best heuristic, guided by the
-model, the oracle; tasks/whatif/night.py `at_budget`) is a section of the summary: what the
-predictions bought.
-The night fails (after publishing) only when nothing could be trained: `finish` says so.
+model, the oracle; `at_budget` in tasks/whatif/night.py, from the same representative configs as
+the `whatif` artifact) is a section of the summary: what the predictions bought.
 
 The heap report of each evaluation run (tasks/report/night.py: a page per run under
 <root>/reports/) is a section of the summary: its figures and the pages' paths.
@@ -303,9 +303,10 @@ def summarize(
                 f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "
                 f"{best.top1:.4f} on {model.positions:,} unseen positions"
             )
-        if result is not None:
-            m = result.model
-            summary["registration"] = f"version {m.version} of {m.name}: {m.decision} ({m.reason})"
+            reg = result.model
+            summary["registration"] = (
+                f"version {reg.version} of {reg.name}: {reg.decision} ({reg.reason})"
+            )
         summary["trained"] = train.ok
         if not train.ok:
             summary["not_registered"] = train.message or f"the train stage ended {train.state}"
@@ -337,10 +338,10 @@ def summarize(
 
     measured = by_name.get("allocators")
     if measured is not None:
-        m: AllocatorsOutcome | None = measured.value
-        recs = m.recommendations if m is not None else []
+        answers: AllocatorsOutcome | None = measured.value
+        recs = answers.recommendations if answers is not None else []
         detail = "; ".join(f"{r.case}: {r.allocator or 'none'}" for r in recs)
-        failed = m.failed if m is not None else []
+        failed = answers.failed if answers is not None else []
         if failed:
             detail += f"; {len(failed)} pair(s) failed or unavailable"
         reports.append(
