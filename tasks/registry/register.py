@@ -28,8 +28,11 @@ tasks/registry/champion.py for the alias.
 Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
 `lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json, and
 report/<workload>-<run>.html (the heap report of the first training run, made by the train flow's
-report step, tasks/report/night.py, and handed in as a file; tag heapcast.report); the plots are also logged as images (`mlflow.log_image(key="plots/...")`)
-so the chart view shows them per run.
+report step, tasks/report/night.py, and handed in as a file; tag heapcast.report); the plots are
+also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view shows them per run.
+
+`register` (the Prefect task) returns a `RegisteredModel` (tasks.learning.outcome): the version,
+its run, the runs it was evaluated on and the decision, which the stages after it take.
 """
 
 from __future__ import annotations
