@@ -47,10 +47,11 @@ def quick_model(stream: np.ndarray):
 
 
 def champion_model(root: str):
+    from tasks.core.storage import Root
     from tasks.learning.streaming import StreamingPredictor
     from tasks.registry.tracking import configure, tracking_for
 
-    tracking = tracking_for(root)
+    tracking = tracking_for(Root.from_url(root))
     configure(tracking)
     sp = StreamingPredictor.from_registry(tracking.model_name)
     return sp.model, sp.context, f"champion of {root}"

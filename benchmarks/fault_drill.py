@@ -140,7 +140,7 @@ def drill_register_retry(work: Path, n: int) -> list[Attempt]:
 
         setattr(module, name, fails_once)
         try:
-            result = register.with_options(retry_delay_seconds=0)(outcome, tracking)
+            result = register.with_options(retry_delay_seconds=0)(outcome, tracking, None)
         finally:
             setattr(module, name, original)
         state = registry_state(store)
@@ -150,7 +150,7 @@ def drill_register_retry(work: Path, n: int) -> list[Attempt]:
             Attempt(
                 nothing_lost=len(mine) == 1
                 and mine[0]["complete"]
-                and mine[0]["version"] == result.model_version,
+                and mine[0]["version"] == result.version,
                 nothing_duplicated=len(mine) == 1 and len(state["versions"]) == i + 2,
                 champion_never_worse=champion_is_best(state),
                 note=f"failed {where}",

@@ -299,6 +299,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from tasks.core.config import default_root
+    from tasks.core.storage import Root
     from tasks.report.sources import ReportInputError
     from tasks.report.summary import make_report
 
@@ -307,7 +309,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             args.run,
             args.output,
             diff=args.diff,
-            root=args.root,
+            root=Root.from_url(args.root or default_root()),
             bins=args.bins,
             temporary_calls=args.temporary_calls,
             top_processes=args.top_processes,

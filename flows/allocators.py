@@ -24,24 +24,36 @@ from tasks.allocators import (
     publish,
 )
 from tasks.core.storage import Root
+from tasks.registry.tracking import TrackingConfig, tracking_for
 from tasks.replay.images import build_images
 from tasks.replay.runners.select import resolve_runner_kind
 
 
-# The default task runner on purpose: the measurement is one task whose runs are sequential by
-# design (two measured runs at once would measure each other).
-@flow(name="allocators")
-def allocators(params: AllocatorsParams = AllocatorsParams()) -> AllocatorsOutcome:
+def measure_allocators(
+    params: AllocatorsParams, root: Root, tracking: TrackingConfig
+) -> AllocatorsOutcome:
     """Measure the selected workloads under every configured allocator; publish the answers."""
     log = get_run_logger()
-    root = Root.from_url(params.root)  # resolved once; tasks take the Root
     config = load_allocators_config(params.config)
     kind, why = resolve_runner_kind(params.runner)
     log.info(why)
     if kind == "docker":
         build_images(images_for(config, params.workloads, params.quick, params.catalog))
     measured = measure_all(root, config, params.workloads, params.quick, kind, params.catalog)
-    return publish(measured, root, config, to_mlflow=params.mlflow)
+    return publish(measured, root, config, to_mlflow=params.mlflow, tracking=tracking)
+
+
+# The default task runner on purpose: the measurement is one task whose runs are sequential by
+# design (two measured runs at once would measure each other).
+# The same flow for a caller that has resolved the root and the tracking config (the nightly).
+allocators_with = flow(name="allocators")(measure_allocators)
+
+
+@flow(name="allocators")
+def allocators(params: AllocatorsParams = AllocatorsParams()) -> AllocatorsOutcome:
+    """Measure the selected workloads under every configured allocator; publish the answers."""
+    root = Root.from_url(params.root)  # resolved once, here; the tasks take the Root
+    return measure_allocators(params, root, tracking_for(root))
 
 
 if __name__ == "__main__":

@@ -48,11 +48,9 @@ def publish_summary(summary: dict[str, Any]) -> None:
     )
 
 
-@flow(name="dataset")
-def dataset(params: DatasetParams = DatasetParams()) -> list[dict[str, Any]]:
+def convert_runs(params: DatasetParams, root: Root) -> list[dict[str, Any]]:
     """Convert runs to the events dataset; one summary per converted run. A run that fails
     does not stop the others: the flow fails at the end, naming each failed run."""
-    root = Root.from_url(params.root)  # resolved once; tasks take the Root
     runs = find_runs(params, root)
     states = [convert(run, root, params.scheduler, return_state=True) for run in runs]
     summaries, failures = conversion_outcomes(runs, states)
@@ -60,6 +58,17 @@ def dataset(params: DatasetParams = DatasetParams()) -> list[dict[str, Any]]:
         publish_summary(s)
     fail_if_any(failures)
     return summaries
+
+
+# The same flow for a caller that has resolved the root already (the nightly).
+dataset_with = flow(name="dataset")(convert_runs)
+
+
+@flow(name="dataset")
+def dataset(params: DatasetParams = DatasetParams()) -> list[dict[str, Any]]:
+    """Convert runs to the events dataset; one summary per converted run. A run that fails
+    does not stop the others: the flow fails at the end, naming each failed run."""
+    return convert_runs(params, Root.from_url(params.root))  # resolved once, here
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ trains and registers nothing: the champion is left alone and the summary says wh
 `allocators` option the `allocators` stage runs last; its failure, like the others', is reported
 in the summary, not raised.
 
+The form's strings are resolved once, here (`params.stages()`): the data root, the tracking
+config and the catalog are the night's `NightContext`, which every step takes; the stages run as
+the subflows that take it (`trace_with`, ...), so none resolves anything again. The model the
+train stage registered is handed on as a `RegisteredModel` to the reports, whatif and the
+summary.
+
     python -m flows.nightly --quick          # the quick subset, embedded services
     python -m flows.nightly --root s3://bucket/heapcast
     python -m flows.nightly --quick --allocators   # and the allocators stage
@@ -21,11 +27,13 @@ import time
 
 from prefect import flow
 
-from flows.allocators import allocators
-from flows.dataset import dataset
-from flows.trace import trace
-from flows.train import train_flow
-from flows.whatif import whatif
+from flows.allocators import allocators_with
+from flows.dataset import dataset_with
+from flows.trace import trace_with
+from flows.train import train_with
+from flows.whatif import whatif_with
+from tasks.allocators import AllocatorsOutcome
+from tasks.learning.outcome import TrainResult
 from tasks.nightly.params import NightlyParams
 from tasks.nightly.summary import (
     NightlySummary,
@@ -33,47 +41,68 @@ from tasks.nightly.summary import (
     broken_data,
     champion_version,
     finish,
-    mlflow_ui_command,
     publish_summary,
+    registered_model,
     skipped,
     stage_outcome,
     summarize,
 )
+from tasks.replay.replays import TraceSummary
 from tasks.report.night import report_night
-from tasks.whatif.night import whatif_plan
+from tasks.whatif.night import WhatifSummary, whatif_plan
 
 
 @flow(name="nightly")
 def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
     """Replay the workloads, convert them, train, evaluate and register; publish the summary."""
     stages = params.stages()
-    before = champion_version(stages.tracking)
-    traced = stage_outcome("trace", trace(stages.trace, return_state=True))
-    converted = stage_outcome("dataset", dataset(stages.dataset, return_state=True))
+    ctx = stages.context  # the night's root, tracking config and catalog, resolved once
+    before = champion_version(ctx.tracking)
+    traced = stage_outcome(
+        "trace", trace_with(stages.trace, ctx.root, ctx.catalog, return_state=True), TraceSummary
+    )
+    converted = stage_outcome(
+        "dataset", dataset_with(stages.dataset, ctx.root, return_state=True), list
+    )
     broken = broken_data(traced)
     if broken is None:
-        trained = stage_outcome("train", train_flow(stages.train, return_state=True))
+        trained = stage_outcome(
+            "train",
+            train_with(stages.train, ctx.root, ctx.tracking, return_state=True),
+            TrainResult,
+        )
     else:
         trained = skipped("train", f"tonight's data is broken: {broken}")
-    after = champion_version(stages.tracking)
+    after = champion_version(ctx.tracking)
+    model = registered_model(trained)  # the version tonight's train stage registered, or None
     # A heap report per evaluation run of tonight's model; a failed report never fails the night.
-    heap_reports = report_night(stages.train.root, trained)
+    heap_reports = report_night(ctx.root, model)
     # What tonight's model buys an allocator; a failure here never fails the night.
-    plan = whatif_plan(stages.train.root, trained)
+    plan = whatif_plan(ctx.root, model)
     replayed = (
         skipped("whatif", plan)
         if isinstance(plan, str)
-        else stage_outcome("whatif", whatif(plan, return_state=True))
+        else stage_outcome(
+            "whatif",
+            whatif_with(plan, ctx.root, ctx.tracking, model, return_state=True),
+            WhatifSummary,
+        )
     )
     # Only with the `allocators` option (it has a weekly deployment of its own); after training,
     # so that the night's model never waits for the measurements.
     measured = (
-        [stage_outcome("allocators", allocators(stages.allocators, return_state=True))]
+        [
+            stage_outcome(
+                "allocators",
+                allocators_with(stages.allocators, ctx.root, ctx.tracking, return_state=True),
+                AllocatorsOutcome,
+            )
+        ]
         if stages.allocators is not None
         else []
     )
     summary = summarize(
-        stages.train.root,
+        ctx,
         [traced, converted, trained, replayed, *measured],
         before,
         after,
@@ -115,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             f"champion: version {summary.champion_after} "
             f"({'changed tonight' if summary.champion_changed else 'unchanged'})"
         )
-    print(f"MLflow UI: {mlflow_ui_command(params.stages().tracking)}")
+    print(f"MLflow UI: {summary.mlflow_ui}")
     return 0
 
 

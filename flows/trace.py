@@ -16,15 +16,12 @@ from tasks.format.build import build_tracer
 from tasks.replay.images import build_images
 from tasks.replay.replays import TraceSummary, replay_all, report_replays
 from tasks.replay.runners.select import resolve_runner_kind
-from tasks.replay.workloads import TraceParams, load_catalog
+from tasks.replay.workloads import Catalog, TraceParams, load_catalog
 
 
-@flow(name="trace", task_runner=ThreadPoolTaskRunner(max_workers=16))
-def trace(params: TraceParams = TraceParams()) -> TraceSummary:
+def replay_catalog(params: TraceParams, root: Root, catalog: Catalog) -> TraceSummary:
     """Replay the selected workloads with the tracer preloaded; one failure fails only its run."""
     log = get_run_logger()
-    root = Root.from_url(params.root)  # resolved once; tasks take the Root
-    catalog = load_catalog(params.catalog)
     pairs = catalog.select(params.workloads, quick=params.quick)
     kind, why = resolve_runner_kind(params.runner)
     log.info(why)
@@ -40,6 +37,20 @@ def trace(params: TraceParams = TraceParams()) -> TraceSummary:
         caller=params.caller,
     )
     return report_replays(pairs, futures, runner=kind, runner_reason=why, tracer=tracer, root=root)
+
+
+RUNNER = ThreadPoolTaskRunner(max_workers=16)
+
+# The same flow for a caller that has resolved the root and read the catalog already (the
+# nightly): Prefect records it as the `trace` subflow, and nothing is resolved twice.
+trace_with = flow(name="trace", task_runner=RUNNER)(replay_catalog)
+
+
+@flow(name="trace", task_runner=RUNNER)
+def trace(params: TraceParams = TraceParams()) -> TraceSummary:
+    """Replay the selected workloads with the tracer preloaded; one failure fails only its run."""
+    # the parameters' strings resolved once, here; the tasks take the Root and the Catalog
+    return replay_catalog(params, Root.from_url(params.root), load_catalog(params.catalog))
 
 
 if __name__ == "__main__":

@@ -1,32 +1,56 @@
-"""Flow `train`: train the next-call model, evaluate it honestly, register it, report.
+"""Flow `train`: train the next-call model, evaluate it honestly, report its data, register it.
 
-Composition only: the work lives in tasks/learning/train.py.
+Composition only: the work lives in tasks/learning/train.py, tasks/report/night.py (the heap
+report of the training data, handed to registration as a file) and tasks/registry/register.py.
 """
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from prefect import flow
 
 from tasks.core.storage import Root
-from tasks.learning.outcome import TrainOutcome
+from tasks.learning.outcome import TrainResult
 from tasks.learning.train import evaluate, publish_evaluation, train
 from tasks.learning.train_config import TrainParams, load_train_config
 from tasks.registry.register import champion_rescorer, register
-from tasks.registry.tracking import tracking_for
+from tasks.registry.tracking import TrackingConfig, tracking_for
+from tasks.report.night import report_training_run
+
+
+def train_and_register(params: TrainParams, root: Root, tracking: TrackingConfig) -> TrainResult:
+    """Train, evaluate, report the training data, register; the outcome and the registered
+    model."""
+    config = load_train_config(params.config, params.overrides)
+    trained = train(root, config)
+    outcome = evaluate(trained)
+    # the page lives until registration has logged it
+    with tempfile.TemporaryDirectory(prefix="heapcast-train-report-") as folder:
+        page = report_training_run(root, outcome.dataset, Path(folder))
+        # The champion is re-scored on today's evaluation when its data differs
+        # (tasks/registry/champion.py).
+        model = register(
+            outcome,
+            tracking,
+            page.path,
+            page.error,
+            evaluate_model=champion_rescorer(config, trained.split),
+        )
+    publish_evaluation(outcome)
+    return TrainResult(outcome, model)
+
+
+# The same flow for a caller that has resolved the root and the tracking config (the nightly).
+train_with = flow(name="train")(train_and_register)
 
 
 @flow(name="train")
-def train_flow(params: TrainParams = TrainParams()) -> TrainOutcome:
-    config = load_train_config(params.config, params.overrides)
-    root = Root.from_url(params.root)  # resolved once; tasks take the Root
-    trained = train(root, config)
-    outcome = evaluate(trained)
-    # The champion is re-scored on today's evaluation when its data differs (tasks/registry/champion.py).
-    outcome.registration = register(
-        outcome, tracking_for(root), evaluate_model=champion_rescorer(config, trained.split)
-    )
-    publish_evaluation(outcome)
-    return outcome
+def train_flow(params: TrainParams = TrainParams()) -> TrainResult:
+    """Train, evaluate, report the training data, register."""
+    root = Root.from_url(params.root)  # resolved once, here; the tasks take the Root
+    return train_and_register(params, root, tracking_for(root))
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.core.storage import Root
-from tasks.registry.tracking import tracking_for
+from tasks.learning.outcome import RegisteredModel
+from tasks.registry.tracking import TrackingConfig, tracking_for
 from tasks.whatif.night import (
     WhatifParams,
     WhatifSummary,
     load_predictor,
     log_to_mlflow,
+    model_ref,
     publish,
     replay_run,
     resolve_model,
@@ -27,11 +29,11 @@ from tasks.whatif.night import (
 )
 
 
-@flow(name="whatif")
-def whatif(params: WhatifParams = WhatifParams()) -> WhatifSummary:
-    root = Root.from_url(params.root)  # resolved once; tasks take the Root
-    tracking = tracking_for(root)
-    ref = resolve_model(params, tracking)
+def replay_for_model(
+    params: WhatifParams, root: Root, tracking: TrackingConfig, model: RegisteredModel
+) -> WhatifSummary:
+    """The model's evaluation runs (or params.runs) through the policy grid; the summary."""
+    ref = model_ref(model, params, tracking)
     predictor = load_predictor(ref)
     replays = [replay_run(root, w, r, params, predictor) for w, r in ref.runs]
     table = write_table(root, replays, ref)
@@ -39,6 +41,20 @@ def whatif(params: WhatifParams = WhatifParams()) -> WhatifSummary:
     log_to_mlflow(summary, replays, tracking)
     publish(summary)
     return summary
+
+
+# The same flow for a caller that holds the resolved root, the tracking config and the
+# registered model already (the nightly, with the version it registered tonight).
+whatif_with = flow(name="whatif")(replay_for_model)
+
+
+@flow(name="whatif")
+def whatif(params: WhatifParams = WhatifParams()) -> WhatifSummary:
+    """What allocator caching would have done with a registered model's predictions."""
+    root = Root.from_url(params.root)  # resolved once, here; the tasks take the Root
+    tracking = tracking_for(root)
+    # the alias (or version) resolved once, here, to the registered model
+    return replay_for_model(params, root, tracking, resolve_model(params, tracking))
 
 
 if __name__ == "__main__":

@@ -92,18 +92,42 @@ class TrainOutcome:
     # Added by training: sentences a reader of the run must see (a validation cut from a train
     # run's thread tails, a resumed training), worth logging as tags or in the description.
     notes: list[str] = field(default_factory=list)
-    # Set by the train flow once registered: the RegistrationResult (tasks/registry/register.py),
-    # so what runs after training (the nightly's whatif step) knows the version it made.
-    registration: Any = None
 
 
-def outcome_parts(value: Any) -> list[Any]:
-    """A train flow's return value and what it holds: the value, its `.outcome` and
-    `.registration`, and the items of a tuple, list or dict; the stages after training (the
-    nightly's summary, reports) find the TrainOutcome, Evaluation or RegistrationResult there."""
-    parts = [value, getattr(value, "outcome", None), getattr(value, "registration", None)]
-    if isinstance(value, (tuple, list)):
-        parts += list(value)
-    if isinstance(value, dict):
-        parts += list(value.values())
-    return [p for p in parts if p is not None]
+Runs = tuple[tuple[str, str], ...]  # (workload, run)
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A version in the model registry and the runs it was evaluated on: what registration
+    hands to the stages after it (whatif, the reports, the nightly summary). The `whatif` flow
+    run on its own builds one from the registry (an alias or a version), once, at its edge."""
+
+    name: str
+    version: str
+    run_id: str
+    eval_runs: Runs  # unseen runs of the trained workloads
+    unseen_program_runs: Runs
+    heldout_runs: Runs
+    # the registry's promotion decision and its reason, when the version was registered tonight
+    decision: str | None = None
+    reason: str | None = None
+
+    @property
+    def evaluation_runs(self) -> Runs:
+        """Every run of every evaluation table, each once, in table order."""
+        return tuple(
+            dict.fromkeys((*self.eval_runs, *self.unseen_program_runs, *self.heldout_runs))
+        )
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The `train` flow's result: the trained model's outcome and its registered version."""
+
+    outcome: TrainOutcome
+    model: RegisteredModel

@@ -3,7 +3,8 @@
 One form in the Prefect UI: the stages' own parameters (each with its defaults from configs/),
 plus two settings that apply to every stage at once:
 
-- `root`: one data root for the whole night (each stage's own `root` is replaced by it);
+- `root`: one data root for the whole night (each stage's own `root` is replaced by it; empty:
+  the `train` stage's);
 - `quick`: the quick workload subset and configs/train-quick.yaml (the demo, the tests).
 
 `allocators` (off by default) adds the `allocators` stage to the night: every workload under every
@@ -14,6 +15,9 @@ times over).
 Where the stages run is configuration, not code: the Dask scheduler comes from the dataset
 parameters, whose default is $HEAPCAST_DASK_SCHEDULER, else a local cluster; the MLflow store from
 configs/tracking.yaml, else $MLFLOW_TRACKING_URI, else the embedded store under the root.
+
+The strings of the form are resolved once, where the night starts (`NightlyParams.stages`): the
+data root, the tracking config and the catalog are a `NightContext` that every step takes.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from pydantic import Field
 
 from tasks.allocators.config import AllocatorsParams
 from tasks.core.config import StrictModel
+from tasks.core.storage import Root
 from tasks.dataset.partitions import DatasetParams
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams
 from tasks.registry.tracking import TrackingConfig, tracking_for
-from tasks.replay.workloads import TraceParams
+from tasks.replay.workloads import Catalog, TraceParams, load_catalog
 
 
 class NightlyParams(StrictModel):
@@ -35,7 +40,7 @@ class NightlyParams(StrictModel):
 
     root: str | None = Field(
         default=None,
-        description="one data root (folder or s3:// URL) for every stage; each stage's own when empty",
+        description="one data root (folder or s3:// URL) for every stage; the train stage's when empty",
     )
     quick: bool = Field(
         default=False,
@@ -53,34 +58,47 @@ class NightlyParams(StrictModel):
     )
 
     def stages(self) -> NightlyStages:
-        """Each stage's parameters with the shared settings applied."""
-        trace, dataset, train = self.trace, self.dataset, self.train
-        if self.root:
-            trace = trace.model_copy(update={"root": self.root})
-            dataset = dataset.model_copy(update={"root": self.root})
-            train = train.model_copy(update={"root": self.root})
+        """Each stage's parameters with the shared settings applied, and the night's context:
+        the form's strings resolved, once."""
+        root_url = self.root or self.train.root
+        trace = self.trace.model_copy(update={"root": root_url})
+        dataset = self.dataset.model_copy(update={"root": root_url})
+        train = self.train.model_copy(update={"root": root_url})
         if self.quick:
             trace = trace.model_copy(update={"quick": True})
             train = train.model_copy(update={"config": str(QUICK_CONFIG)})
         # None when off: the night's flow has nothing to decide, it runs what is given
         allocators = self.allocators_params if self.allocators else None
-        if allocators is not None and self.root:
-            allocators = allocators.model_copy(update={"root": self.root})
+        if allocators is not None:
+            allocators = allocators.model_copy(update={"root": root_url})
         if allocators is not None and self.quick:
             allocators = allocators.model_copy(update={"quick": True})
+        root = Root.from_url(root_url)  # the night's one resolution of its data root
+        context = NightContext(root, tracking_for(root), load_catalog(trace.catalog))
         return NightlyStages(
             trace=trace,
             dataset=dataset,
             train=train,
-            tracking=tracking_for(train.root),
+            context=context,
             allocators=allocators,
         )
 
 
 @dataclass(frozen=True)
+class NightContext:
+    """What every step of the night shares, resolved once where the night starts."""
+
+    root: Root
+    tracking: TrackingConfig  # where models and metrics go (configs/tracking.yaml for `root`)
+    catalog: Catalog  # the workloads the `trace` stage replays
+
+
+@dataclass(frozen=True)
 class NightlyStages:
+    """The stages' parameters (strings, as Prefect records them) and the night's context."""
+
     trace: TraceParams
     dataset: DatasetParams
     train: TrainParams
-    tracking: TrackingConfig
+    context: NightContext
     allocators: AllocatorsParams | None = None  # the `allocators` stage, when the night runs it

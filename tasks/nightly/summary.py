@@ -1,9 +1,15 @@
 """What a night did: each stage's outcome, what failed and why, the evaluation, the champion.
 
 The `nightly` flow runs its stages as subflows and keeps their final states instead of letting a
-failure stop the night; `stage_outcome` turns a state into a `StageOutcome`, `summarize` turns
-the outcomes into a `NightlySummary`, whose `markdown()` is published as a Prefect artifact.
+failure stop the night; `stage_outcome` turns a state into a `StageOutcome` whose value has the
+stage's type (a `TraceSummary`, the converted runs, a `TrainResult`, a `WhatifSummary`, an
+`AllocatorsOutcome`), `summarize` turns the outcomes into a `NightlySummary`, whose
+`markdown()` is published as a Prefect artifact.
 The night fails (after publishing) only when nothing could be trained: `finish` says so.
+
+The whatif stage's answer at the idle budget (per workload: the best heuristic, guided by the
+model, the oracle; `at_budget` in tasks/whatif/night.py, from the same representative configs as
+the `whatif` artifact) is a section of the summary: what the predictions bought.
 
 The heap report of each evaluation run (tasks/report/night.py: a page per run under
 <root>/reports/) is a section of the summary: its figures and the pages' paths.
@@ -21,15 +27,24 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.states import State
 from pydantic import BaseModel, Field
 
-from tasks.learning.outcome import outcome_parts
-from tasks.registry.tracking import TrackingConfig
+from tasks.allocators.report import AllocatorsOutcome
+from tasks.learning.evaluate import evaluation_markdown
+from tasks.learning.outcome import BASELINES, MODEL, RegisteredModel, TrainResult
+from tasks.nightly.params import NightContext
+from tasks.registry.champion import current_champion
+from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, quiet_mlflow_env, resolve_target
+from tasks.replay.replays import TraceSummary
 from tasks.report.night import NightReports
+from tasks.report.page import fmt_bytes
+from tasks.whatif.night import AtBudget, WhatifSummary
 
 STAGES = ("trace", "dataset", "train")
 ARTIFACT_KEY = "nightly-summary"
@@ -39,25 +54,34 @@ class NothingTrained(RuntimeError):
     """The night produced no model: the `train` stage failed (the summary says why)."""
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class StageOutcome:
-    """One stage's end: its Prefect state type, the failure message, and its return value."""
+class StageOutcome(Generic[T]):
+    """One stage's end: its Prefect state type, the failure message, and its return value
+    (the stage's own type; None unless the stage completed)."""
 
     name: str
     state: str  # COMPLETED, FAILED, CRASHED, CANCELLED, ...
     message: str | None
-    value: Any = None
+    value: T | None = None
 
     @property
     def ok(self) -> bool:
         return self.state == "COMPLETED"
 
 
-def stage_outcome(name: str, state: Any) -> StageOutcome:
-    """A subflow's final state (from `flow(..., return_state=True)`) as a StageOutcome."""
-    kind = state.type.value if hasattr(state.type, "value") else str(state.type)
+def stage_outcome(name: str, state: State, returns: type[T]) -> StageOutcome[T]:
+    """A subflow's final state (from `flow(..., return_state=True)`) as a StageOutcome whose
+    value is a `returns` (a completed stage that returned anything else is a failed one)."""
+    kind = state.type.value
     if state.is_completed():
-        return StageOutcome(name, kind, None, state.result(raise_on_failure=False))
+        value = state.result(raise_on_failure=False)
+        if not isinstance(value, returns):
+            why = f"returned a {type(value).__name__}, not a {returns.__name__}"
+            return StageOutcome(name, "FAILED", why)
+        return StageOutcome(name, kind, None, value)
     why = state.message or ""
     err = state.result(raise_on_failure=False)
     if isinstance(err, BaseException):
@@ -70,10 +94,15 @@ def skipped(name: str, why: str) -> StageOutcome:
     return StageOutcome(name, "SKIPPED", why)
 
 
-def broken_data(trace: StageOutcome) -> str | None:
+def registered_model(trained: StageOutcome[TrainResult]) -> RegisteredModel | None:
+    """The version tonight's train stage registered, or None when it did not complete."""
+    return trained.value.model if trained.value is not None else None
+
+
+def broken_data(trace: StageOutcome[TraceSummary]) -> str | None:
     """Why tonight's data must not reach the registry, or None: every replay failed (a stage
     that ran no replay at all, e.g. a bad parameter, is not a verdict on the data)."""
-    runs = getattr(trace.value, "runs", None) or []
+    runs = trace.value.runs if trace.value is not None else []
     if not runs or any(r.ok for r in runs):
         return None
     why = "; ".join(f"{r.workload}/{r.input}: {r.error or 'failed'}" for r in runs)
@@ -108,6 +137,10 @@ class NightlySummary(BaseModel):
     not_registered: str | None = None  # why nothing was registered tonight (no model trained)
     # the heap report of each evaluation run (tasks/report/night.py): figures and pages
     heap_reports: NightReports | None = None
+    # whatif at the idle budget, per workload (tasks/whatif/night.py): what the predictions bought
+    whatif_budget: int | None = None
+    whatif_at_budget: list[AtBudget] = Field(default_factory=list)
+    mlflow_ui: str = ""  # the command that opens the MLflow UI over this night's store
 
     @property
     def champion_changed(self) -> bool:
@@ -157,52 +190,57 @@ class NightlySummary(BaseModel):
                 "",
                 self.evaluation_markdown.strip(),
             ]
+        if self.whatif_at_budget and self.whatif_budget is not None:
+            lines += ["", *self._bought()]
         if self.heap_reports is not None:
             lines += ["", "## Heap reports (evaluation runs)", "", self.heap_reports.markdown()]
         return "\n".join(lines) + "\n"
+
+    def _bought(self) -> list[str]:
+        """What the predictions bought: per workload, hit rates at the whatif idle budget."""
+        lines = [
+            f"## What the predictions bought (whatif, at {fmt_bytes(self.whatif_budget)} "
+            "held idle)",
+            "",
+            "| workload | best heuristic | guided by the model | oracle (bound) |",
+            "|---|---|---|---|",
+        ]
+        for a in self.whatif_at_budget:
+            best = _rate(a.best_heuristic_hit_rate)
+            if a.best_heuristic is not None:
+                best = f"{a.best_heuristic} {best}"
+            lines.append(
+                f"| {a.workload} | {best} | {_rate(a.guided_hit_rate)} | "
+                f"{_rate(a.oracle_hit_rate)} |"
+            )
+        return lines
+
+
+def _rate(hit_rate: float | None) -> str:
+    return "n/a" if hit_rate is None else f"{hit_rate:.4f}"
 
 
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")[:400]
 
 
-def _registration_of(value: Any) -> Any:
-    """A RegistrationResult returned by the train flow, alone or next to the outcome."""
-    return next(
-        (c for c in outcome_parts(value) if hasattr(c, "promoted") and hasattr(c, "decision")),
-        None,
-    )
-
-
-def _evaluation_of(value: Any) -> tuple[Any, list[str]]:
-    """The Evaluation (and its notes) of a train flow's return value, if any."""
-    for c in outcome_parts(value):
-        ev = getattr(c, "evaluation", None)
-        if ev is not None and hasattr(ev, "scores"):
-            return ev, list(getattr(c, "notes", []) or [])
-    return None, []
-
-
 @task(name="summarize-night", cache_policy=NO_CACHE)
 def summarize(
-    root: str,
-    outcomes: list[StageOutcome],
+    context: NightContext,
+    outcomes: list[StageOutcome[Any]],
     champion_before: str | None,
     champion_after: str | None,
     heap_reports: NightReports | None = None,
 ) -> NightlySummary:
     """The night's summary from its stages' outcomes, the champion before and after, and the
     evaluation runs' heap reports."""
-    from tasks.learning.evaluate import evaluation_markdown
-    from tasks.learning.outcome import BASELINES, MODEL
-
     by_name = {o.name: o for o in outcomes}
     reports: list[StageReport] = []
     summary: dict[str, Any] = {}
 
     trace = by_name.get("trace")
     if trace is not None:
-        runs = getattr(trace.value, "runs", None) or []
+        runs = trace.value.runs if trace.value is not None else []
         summary["replays_ok"] = [f"{r.workload}/{r.input}" for r in runs if r.ok]
         summary["replays_failed"] = {
             f"{r.workload}/{r.input}": r.error or "failed" for r in runs if not r.ok
@@ -210,7 +248,7 @@ def summarize(
         detail = (
             (
                 f"{len(summary['replays_ok'])} of {len(runs)} replays ok "
-                f"(runner {getattr(trace.value, 'runner', '?')})"
+                f"(runner {trace.value.runner if trace.value is not None else '?'})"
             )
             if trace.ok
             else ""
@@ -249,9 +287,10 @@ def summarize(
 
     train = by_name.get("train")
     if train is not None:
-        evaluation, notes = _evaluation_of(train.value) if train.ok else (None, [])
+        result: TrainResult | None = train.value
         detail = ""
-        if evaluation is not None:
+        if result is not None:
+            evaluation, notes = result.outcome.evaluation, result.outcome.notes
             model = evaluation.get(MODEL)
             best = max((evaluation.get(b) for b in BASELINES), key=lambda s: s.top1)
             summary.update(
@@ -264,10 +303,9 @@ def summarize(
                 f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "
                 f"{best.top1:.4f} on {model.positions:,} unseen positions"
             )
-        reg = _registration_of(train.value) if train.ok else None
-        if reg is not None:
+            reg = result.model
             summary["registration"] = (
-                f"version {reg.model_version} of {reg.model_name}: {reg.decision} ({reg.reason})"
+                f"version {reg.version} of {reg.name}: {reg.decision} ({reg.reason})"
             )
         summary["trained"] = train.ok
         if not train.ok:
@@ -281,12 +319,13 @@ def summarize(
     replayed = by_name.get("whatif")
     if replayed is not None:
         # the whatif flow's WhatifSummary (tasks/whatif/night.py); its page is the `whatif` artifact
-        v = replayed.value
+        v: WhatifSummary | None = replayed.value
         detail = ""
-        if replayed.ok and v is not None:
+        if v is not None:
             detail = f"{len(v.runs_ok)} run(s) replayed for v{v.model_version} -> {v.table_url}"
             if v.runs_failed:
                 detail += "; not replayed: " + ", ".join(v.runs_failed)
+            summary.update(whatif_budget=v.idle_budget, whatif_at_budget=v.at_budget)
         reports.append(
             StageReport(
                 name="whatif",
@@ -299,9 +338,10 @@ def summarize(
 
     measured = by_name.get("allocators")
     if measured is not None:
-        recs = getattr(measured.value, "recommendations", None) or []
+        answers: AllocatorsOutcome | None = measured.value
+        recs = answers.recommendations if answers is not None else []
         detail = "; ".join(f"{r.case}: {r.allocator or 'none'}" for r in recs)
-        failed = getattr(measured.value, "failed", None) or []
+        failed = answers.failed if answers is not None else []
         if failed:
             detail += f"; {len(failed)} pair(s) failed or unavailable"
         reports.append(
@@ -315,7 +355,8 @@ def summarize(
         )
 
     return NightlySummary(
-        root=root,
+        root=context.root.url,
+        mlflow_ui=mlflow_ui_command(context.tracking),
         stages=reports,
         champion_before=champion_before,
         champion_after=champion_after,
@@ -328,11 +369,8 @@ def summarize(
 @task(name="champion-version", retries=3, retry_delay_seconds=[5, 15, 30], cache_policy=NO_CACHE)
 def champion_version(tracking: TrackingConfig) -> str | None:
     """The registered version holding the `champion` alias, or None (tracking server may fail)."""
-    from tasks.registry.champion import current_champion
-    from tasks.registry.tracking import CHAMPION_ALIAS, quiet_mlflow_env, resolve_target
-
     quiet_mlflow_env()  # before mlflow is imported
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # deferred for start-up time
 
     target = resolve_target(tracking)
     client = MlflowClient(target.tracking_uri, target.registry_uri)
@@ -343,8 +381,6 @@ def champion_version(tracking: TrackingConfig) -> str | None:
 @task(name="publish-nightly-summary", cache_policy=NO_CACHE)
 def publish_summary(summary: NightlySummary) -> str:
     """The night's summary as a Prefect markdown artifact; returns the markdown."""
-    from prefect.artifacts import create_markdown_artifact
-
     markdown = summary.markdown()
     create_markdown_artifact(
         markdown=markdown,
@@ -356,8 +392,6 @@ def publish_summary(summary: NightlySummary) -> str:
 
 def mlflow_ui_command(tracking: TrackingConfig) -> str:
     """The command that opens the MLflow UI over the store this night wrote to."""
-    from tasks.registry.tracking import resolve_target
-
     target = resolve_target(tracking)
     if target.is_server:
         return f"open {target.tracking_uri}"

@@ -27,9 +27,12 @@ tasks/registry/champion.py for the alias.
 
 Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
 `lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json, and
-report/<workload>-<run>.html (the heap report of the first training run, tag heapcast.report;
-tasks/report/night.py); the plots are also logged as images (`mlflow.log_image(key="plots/...")`)
-so the chart view shows them per run.
+report/<workload>-<run>.html (the heap report of the first training run, made by the train flow's
+report step, tasks/report/night.py, and handed in as a file; tag heapcast.report); the plots are
+also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view shows them per run.
+
+`register` (the Prefect task) returns a `RegisteredModel` (tasks.learning.outcome): the version,
+its run, the runs it was evaluated on and the decision, which the stages after it take.
 """
 
 from __future__ import annotations
@@ -56,7 +59,15 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.config import PROJECT_DIR
 from tasks.learning.evaluate import TABLES, evaluation_markdown
-from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, TrainOutcome
+from tasks.learning.outcome import (
+    BASELINES,
+    MODEL,
+    OVERALL,
+    DatasetRef,
+    Evaluation,
+    RegisteredModel,
+    TrainOutcome,
+)
 from tasks.registry import champion as champion_rules
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, configure, store_lock
 
@@ -619,11 +630,14 @@ def register_outcome(
     tracking: TrackingConfig,
     evaluate_model: Callable[[Any], Evaluation] | None = None,
     run_name: str | None = None,
+    report: Path | None = None,
+    report_error: str | None = None,
 ) -> RegistrationResult:
     """Log one training run, register its model, and move `champion` if it wins (see module doc).
 
     Safe to call again with the same outcome after any failure, or after a process registering
-    it was killed: one run, one version (see "faults" above)."""
+    it was killed: one run, one version (see "faults" above). `report` is the heap report of
+    the training data (logged as report/<name>), or None with `report_error` saying why."""
     refuse_small_evaluation(outcome)
     experiment_id = configure(tracking)
     import mlflow
@@ -650,7 +664,7 @@ def register_outcome(
         if prior_version is None:
             mlflow.set_tags({TAG_KEY: key, TAG_STATE: "started", TAG_OWNER: process_owner()})
             dataset = _dataset_input(outcome)
-            info = _log_run_and_model(outcome, tracking, dataset)
+            info = _log_run_and_model(outcome, tracking, dataset, report, report_error)
             version, model_id = str(info.registered_model_version), info.model_id
             tags = {}
         else:  # an earlier attempt logged the model: finish what it left undone
@@ -690,25 +704,28 @@ def register_outcome(
 TAG_REPORT = "heapcast.report"  # the heap report's artifact path, or why there is none
 
 
-def log_data_report(outcome: TrainOutcome, folder: Path) -> None:
-    """The heap report of the model's training data (its first training run: one run keeps
-    registration short) as the artifact report/<workload>-<run>.html, named by the tag
-    heapcast.report. A report that cannot be made is that tag saying why, never a failed
+def log_data_report(report: Path | None, report_error: str | None) -> None:
+    """The heap report of the model's training data, made by the train flow (a local page
+    named <workload>-<run>.html), as the artifact report/<name>, named by the tag
+    heapcast.report. A report that could not be made is that tag saying why, never a failed
     registration: the model does not depend on it."""
     import mlflow
 
-    from tasks.report.night import training_report
-
-    try:
-        page = training_report(outcome.dataset, folder)
-    except Exception as err:
-        mlflow.set_tag(TAG_REPORT, f"not made: {type(err).__name__}: {err}"[:5000])
+    if report is None:
+        why = report_error or "no report was handed to registration"
+        mlflow.set_tag(TAG_REPORT, f"not made: {why}"[:5000])
         return
-    mlflow.log_artifact(str(page), "report")
-    mlflow.set_tag(TAG_REPORT, f"report/{page.name}")
+    mlflow.log_artifact(str(report), "report")
+    mlflow.set_tag(TAG_REPORT, f"report/{report.name}")
 
 
-def _log_run_and_model(outcome: TrainOutcome, tracking: TrackingConfig, dataset):
+def _log_run_and_model(
+    outcome: TrainOutcome,
+    tracking: TrackingConfig,
+    dataset,
+    report: Path | None,
+    report_error: str | None,
+):
     """Everything of a run up to its model (which registers the version); the ModelInfo."""
     import mlflow
     from mlflow.models import infer_signature
@@ -739,9 +756,9 @@ def _log_run_and_model(outcome: TrainOutcome, tracking: TrackingConfig, dataset)
         write_evaluation_tables(outcome.evaluation, tmp_path / "evaluation")
         mlflow.log_artifacts(str(tmp_path / "plots"), "plots")
         mlflow.log_artifacts(str(tmp_path / "evaluation"), "evaluation")
-        log_data_report(outcome, tmp_path / "report")
         for key, png in pngs.items():
             mlflow.log_image(_png_as_array(png), key=f"plots/{key}", step=0, synchronous=True)
+    log_data_report(report, report_error)
     mlflow.log_dict(outcome.config, "config.json")
 
     # The model: signature from a real prediction, explicit requirements.
@@ -902,15 +919,36 @@ def champion_rescorer(config, split) -> Callable[[Any, dict | None], Evaluation]
     return rescore
 
 
+def registered_model(result: RegistrationResult, dataset: DatasetRef) -> RegisteredModel:
+    """The registered version as the stages after registration take it: name, version, run,
+    the runs it was evaluated on, and the registry's decision."""
+    return RegisteredModel(
+        name=result.model_name,
+        version=result.model_version,
+        run_id=result.run_id,
+        eval_runs=tuple(dataset.eval_runs),
+        unseen_program_runs=tuple(dataset.unseen_program_runs),
+        heldout_runs=tuple(dataset.heldout_runs),
+        decision=result.decision,
+        reason=result.reason,
+    )
+
+
 @task(retries=2, retry_delay_seconds=[10, 30], cache_policy=NO_CACHE)
 def register(
     outcome: TrainOutcome,
     tracking: TrackingConfig,
+    report: Path | None,
+    report_error: str | None = None,
     evaluate_model: Callable[[Any], Evaluation] | None = None,
-) -> RegistrationResult:
-    """Log the run and its model in MLflow; promote it to `champion` when it wins.
+) -> RegisteredModel:
+    """Log the run, its model and the training data's heap report (`report`, a file the flow
+    made; None with `report_error` saying why); promote it to `champion` when it wins.
 
     evaluate_model(model, champion_config) -> Evaluation re-scores the champion on today's
     evaluation when it was scored on other data (champion_rescorer(config, split) in the flow).
     """
-    return register_outcome(outcome, tracking, evaluate_model=evaluate_model)
+    result = register_outcome(
+        outcome, tracking, evaluate_model=evaluate_model, report=report, report_error=report_error
+    )
+    return registered_model(result, outcome.dataset)

@@ -50,7 +50,8 @@ class TrackingConfig(StrictModel):
 
     # None: the embedded SQLite store inside the data root; else a tracking server URL.
     tracking_uri: str | None = None
-    # The data root whose mlflow/ folder holds the embedded store; None: $HEAPCAST_ROOT or ./data.
+    # The data root whose mlflow/ folder holds the embedded store (a URL); None in
+    # configs/tracking.yaml: the flow's data root (tracking_for fills it in).
     root: str | None = None
     experiment: str = DEFAULT_EXPERIMENT
     model_name: str = DEFAULT_MODEL_NAME
@@ -85,14 +86,13 @@ def load_tracking_config(path: str | Path | None = None) -> TrackingConfig:
     return load_config(TrackingConfig, path or CONFIG_DIR / "tracking.yaml")
 
 
-def tracking_for(root: Root | str) -> TrackingConfig:
-    """configs/tracking.yaml, with the data root and $MLFLOW_TRACKING_URI where it says null.
-
-    `root` is the flow's resolved Root (a plain URL where a parameter model builds the config)."""
+def tracking_for(root: Root) -> TrackingConfig:
+    """configs/tracking.yaml, with the flow's resolved data root and $MLFLOW_TRACKING_URI where
+    it says null."""
     tracking = load_tracking_config()
     update: dict[str, str] = {}
     if tracking.root is None:
-        update["root"] = root.url if isinstance(root, Root) else root
+        update["root"] = root.url
     if tracking.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
         update["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
     return (
@@ -124,7 +124,13 @@ def resolve_target(tracking: TrackingConfig) -> TrackingTarget:
     """The tracking/registry URIs and artifact location a config stands for."""
     if tracking.tracking_uri is not None:
         return TrackingTarget(tracking.tracking_uri, tracking.tracking_uri, None)
-    root = Root.from_url(tracking.root or default_root())
+    if tracking.root is None:
+        raise ValueError(
+            "tracking config: neither tracking_uri nor root is set, so there is no store to use; "
+            "build it with tracking_for(root) (the flow's data root), or set one of the two in "
+            "configs/tracking.yaml"
+        )
+    root = Root.from_url(tracking.root)
     if root.is_local:
         base = Path(root.path) / "mlflow"
         base.mkdir(parents=True, exist_ok=True)
@@ -256,14 +262,14 @@ def _experiment(client, tracking: TrackingConfig, target: TrackingTarget) -> str
     return exp_id
 
 
-def server_store(root_url: str | None = None) -> dict[str, str]:
+def server_store(root: Root) -> dict[str, str]:
     """The embedded store of a data root, as `mlflow server` options (scripts/mlflow-server.sh).
 
     The server serves the same SQLite file the embedded mode writes, so the UI shows every run
     logged without a server. Runs logged through the server into that store keep the
     experiment's own artifact location (file:// or s3://, written by the client directly).
     """
-    target = resolve_target(TrackingConfig(root=root_url))
+    target = resolve_target(TrackingConfig(root=root.url))
     db = target.tracking_uri.removeprefix("sqlite:///")
     loc = target.artifact_location or ""
     artifacts = Path(loc.removeprefix("file://")).as_posix() if loc.startswith("file://") else loc
@@ -281,5 +287,6 @@ if __name__ == "__main__":
 
     if len(sys.argv) < 2 or sys.argv[1] != "server-store":
         sys.exit("usage: python -m tasks.registry.tracking server-store [ROOT]")
-    for k, v in server_store(sys.argv[2] if len(sys.argv) > 2 else None).items():
+    root = Root.from_url(sys.argv[2] if len(sys.argv) > 2 else default_root())
+    for k, v in server_store(root).items():
         print(f"{k.upper()}={shlex.quote(v)}")

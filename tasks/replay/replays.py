@@ -26,7 +26,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from tasks.core.config import default_root
 from tasks.core.storage import Root
 from tasks.format.trace_reader import TraceCounts, count_traces
 from tasks.replay.manifest import MANIFEST_NAME, RunManifest
@@ -159,7 +158,7 @@ def replay_input(
     workload: Workload,
     inp: WorkloadInput,
     tracer: str | Path,
-    root: Root | None = None,
+    root: Root,
     runner: str = "auto",
     caller: bool = False,
     log=None,
@@ -175,12 +174,11 @@ def replay_input(
     tracer = Path(tracer)
     if not tracer.is_file():
         raise FileNotFoundError(f"tracer {tracer} not found: build it with `make -C native`")
-    data_root = root or Root.from_url(default_root())
     kind, why = resolve_runner_kind(runner)  # type: ignore[arg-type]
     log.info(f"{workload.name}/{inp.name}: {why}")
     run_runner = make_runner(kind)
     run_runner.check()
-    scratch_parent = Path(_scratch_parent(data_root)) / workload.name
+    scratch_parent = Path(_scratch_parent(root)) / workload.name
     scratch_parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".replay-{inp.name}-", dir=scratch_parent))
     try:
@@ -240,8 +238,8 @@ def replay_input(
             log_tail=result.log_tail,
         )
         (trace_dir / MANIFEST_NAME).write_text(manifest.to_json())
-        where = publish_run(data_root, trace_dir, workload.name, inp.name, manifest.ok)
-        where_url = where if data_root.is_local else data_root.url.split("://")[0] + "://" + where
+        where = publish_run(root, trace_dir, workload.name, inp.name, manifest.ok)
+        where_url = where if root.is_local else root.url.split("://")[0] + "://" + where
         if not manifest.ok:
             log.error(f"{workload.name}/{inp.name} failed: {manifest.error}")
             raise ReplayFailed(manifest, where_url)
@@ -286,7 +284,7 @@ def replay(
     workload: Workload,
     input: WorkloadInput,
     tracer: str,
-    root: Root | None = None,
+    root: Root,
     runner: str = "auto",
     caller: bool = False,
 ) -> RunManifest:

@@ -6,8 +6,9 @@
   `<root>/reports/<night>/<workload>-<run>.html`, and their headline figures (heap calls, peak
   live bytes, leaks, processes) as a `NightReports`, which the `nightly-summary` shows. A run
   whose report fails is named with the reason; it never fails the night.
-- `training_report` (called by tasks/registry/register.py): the page of the model's first
-  training run, which registration logs as the MLflow artifact `report/<workload>-<run>.html`.
+- `report_training_run` (a Prefect task, run by the `train` flow before registration): the page
+  of the model's first training run, a local file that the flow hands to registration, which
+  logs it as the MLflow artifact `report/<workload>-<run>.html`.
 
 Pages are made by `summary.make_report` (the same page as `heapcast report WORKLOAD/RUN`).
 """
@@ -16,23 +17,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, Field
 
-from tasks.learning.outcome import outcome_parts
+from tasks.core.storage import Root
+from tasks.learning.outcome import DatasetRef, RegisteredModel
+from tasks.report.page import fmt_bytes
+from tasks.report.summary import make_report
 
 REPORTS_DIR = "reports"  # under the data root, next to raw/ and events/
-# The evaluation tables of tasks.learning.evaluate.TABLES, and the DatasetRef field of each
-# (not imported from there: that module pulls numpy-heavy learning code into the summary).
-EVAL_TABLES = (
-    ("unseen_runs", "eval_runs"),
-    ("unseen_programs", "unseen_program_runs"),
-    ("heldout_workloads", "heldout_runs"),
-)
+# The evaluation tables of tasks.learning.evaluate.TABLES (not imported from there: that module
+# pulls numpy-heavy learning code into the summary).
+EVAL_TABLES = ("unseen_runs", "unseen_programs", "heldout_workloads")
 
 
 class RunReport(BaseModel):
@@ -58,8 +58,6 @@ class NightReports(BaseModel):
     skipped: str | None = None
 
     def markdown(self) -> str:
-        from tasks.report.page import fmt_bytes
-
         if self.skipped:
             return f"No heap reports tonight: {self.skipped}."
         lines = [f"One page per evaluation run, in `{self.folder}`.", ""]
@@ -81,11 +79,13 @@ class NightReports(BaseModel):
         return "\n".join(lines)
 
 
-def evaluation_runs(dataset: Any) -> list[tuple[str, str, str]]:
-    """(workload, run, table) of every run a DatasetRef evaluated on, each once, table order."""
+def evaluation_runs(model: RegisteredModel) -> list[tuple[str, str, str]]:
+    """(workload, run, table) of every run a registered model was evaluated on, each once,
+    table order."""
     out: dict[tuple[str, str], str] = {}
-    for table, attr in EVAL_TABLES:
-        for w, r in getattr(dataset, attr, ()) or ():
+    tables = (model.eval_runs, model.unseen_program_runs, model.heldout_runs)
+    for table, runs in zip(EVAL_TABLES, tables, strict=True):
+        for w, r in runs:
             out.setdefault((w, r), table)
     return [(w, r, t) for (w, r), t in out.items()]
 
@@ -100,19 +100,15 @@ def night_name(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y-%m-%dT%H%M%SZ")
 
 
-def write_run_report(root: Any, workload: str, run: str, dest: str, table: str = "") -> RunReport:
-    """The page of `workload/run` under `root` (a tasks.core.storage.Root), written at `dest`
-    (a path inside root.fs); raises what make_report raises when the run cannot be read."""
-    from tasks.report.summary import make_report
-
+def write_run_report(root: Root, workload: str, run: str, dest: str, table: str = "") -> RunReport:
+    """The page of `workload/run` under `root`, written at `dest` (a path inside root.fs);
+    raises what make_report raises when the run cannot be read."""
     if root.is_local:
-        res = make_report(f"{workload}/{run}", dest, root=root.url)
+        res = make_report(f"{workload}/{run}", dest, root=root)
         where = dest
     else:  # made locally, then copied: make_report writes local files only
         with tempfile.TemporaryDirectory(prefix="heapcast-report-") as tmp:
-            res = make_report(
-                f"{workload}/{run}", Path(tmp) / page_name(workload, run), root=root.url
-            )
+            res = make_report(f"{workload}/{run}", Path(tmp) / page_name(workload, run), root=root)
             root.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
             root.fs.put_file(str(res.html_path), dest)
         where = f"{root.url.split('://', 1)[0]}://{dest}"
@@ -130,16 +126,15 @@ def write_run_report(root: Any, workload: str, run: str, dest: str, table: str =
     )
 
 
-def report_evaluation_runs(root_url: str, dataset: Any, night: str | None = None) -> NightReports:
-    """A page per evaluation run of `dataset` (a DatasetRef) under `<root>/reports/<night>/`.
-    A run whose page fails is in `failed` with the reason; the others are written."""
-    from tasks.core.storage import Root
-
-    root = Root.from_url(root_url)
+def report_evaluation_runs(
+    root: Root, model: RegisteredModel, night: str | None = None
+) -> NightReports:
+    """A page per evaluation run of `model` under `<root>/reports/<night>/`. A run whose page
+    fails is in `failed` with the reason; the others are written."""
     night = night or night_name()
     folder = root.join(REPORTS_DIR, night)
     out = NightReports(folder=folder if root.is_local else root.url_of(REPORTS_DIR, night))
-    runs = evaluation_runs(dataset)
+    runs = evaluation_runs(model)
     if not runs:
         out.skipped = "tonight's training evaluated on no run"
         return out
@@ -154,39 +149,44 @@ def report_evaluation_runs(root_url: str, dataset: Any, night: str | None = None
     return out
 
 
-def dataset_of(value: Any) -> Any:
-    """The DatasetRef of a train flow's return value (tasks.learning.outcome.outcome_parts),
-    or None."""
-    for c in outcome_parts(value):
-        d = getattr(c, "dataset", None)
-        if d is not None and hasattr(d, "eval_runs"):
-            return d
-    return None
-
-
 @task(name="report-evaluation-runs", cache_policy=NO_CACHE)
-def report_night(root: str, trained: Any, night: str | None = None) -> NightReports:
-    """The heap report of each evaluation run of the train stage's model (`trained`: the
-    nightly's StageOutcome for `train`). Never raises: the summary says what failed."""
-    if not getattr(trained, "ok", False):
+def report_night(
+    root: Root, model: RegisteredModel | None, night: str | None = None
+) -> NightReports:
+    """The heap report of each evaluation run of tonight's registered model (None: no model
+    was trained and registered tonight). Never raises: the summary says what failed."""
+    if model is None:
         return NightReports(skipped="no model was trained tonight")
-    dataset = dataset_of(getattr(trained, "value", None))
-    if dataset is None:
-        return NightReports(skipped="the train stage returned no dataset")
     try:
-        return report_evaluation_runs(root, dataset, night)
+        return report_evaluation_runs(root, model, night)
     except Exception as err:  # e.g. the data root cannot be written: the night goes on
         return NightReports(skipped=f"the reports failed: {type(err).__name__}: {err}")
 
 
-def training_report(dataset: Any, folder: Path) -> Path:
-    """The page of the first training run of `dataset` (a DatasetRef), written in `folder`
-    (local). One run, not all: the page is made inside registration, which the quick night
-    must keep short; the nightly's own pages cover the evaluation runs. Raises when the run
-    cannot be read (registration logs the reason instead)."""
-    from tasks.report.summary import make_report
-
+def training_report(root: Root, dataset: DatasetRef, folder: Path) -> Path:
+    """The page of the first training run of `dataset`, written in `folder` (local). One run,
+    not all: registration logs it and the quick night must stay short; the nightly's own
+    pages cover the evaluation runs. Raises when the run cannot be read."""
     if not dataset.train_runs:
         raise ValueError("the model has no training run")
     w, r = dataset.train_runs[0]
-    return make_report(f"{w}/{r}", Path(folder) / page_name(w, r), root=dataset.root).html_path
+    return make_report(f"{w}/{r}", Path(folder) / page_name(w, r), root=root).html_path
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """The training data's page for registration, or why there is none (the model does not
+    depend on it: registration goes on and says why)."""
+
+    path: Path | None
+    error: str | None = None
+
+
+@task(name="report-training-run", cache_policy=NO_CACHE)
+def report_training_run(root: Root, dataset: DatasetRef, folder: Path) -> TrainingReport:
+    """The heap report of the model's first training run, written in `folder`, for
+    registration to log. Never raises: a page that cannot be made is the reason why."""
+    try:
+        return TrainingReport(training_report(root, dataset, folder))
+    except Exception as err:  # noqa: BLE001 - named on the registered run, never fatal
+        return TrainingReport(None, f"{type(err).__name__}: {err}")

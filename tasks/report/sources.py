@@ -184,8 +184,7 @@ def _from_files(paths: list[Path], label: str) -> RunInput:
     )
 
 
-def _from_root(workload: str, run: str, root_url: str, label: str) -> RunInput:
-    root = Root.from_url(root_url)
+def _from_root(workload: str, run: str, root: Root, label: str) -> RunInput:
     if root.is_local:
         events = Path(root.events_run(workload, run))
         raw = Path(root.raw_run(workload, run))
@@ -221,9 +220,9 @@ def _from_root(workload: str, run: str, root_url: str, label: str) -> RunInput:
     )
 
 
-def resolve(spec: str | Sequence[str], root: str | None = None) -> RunInput:
-    """The run named by `spec`: a folder, files, or `WORKLOAD/RUN` under `root` (default:
-    tasks.core.config.default_root()). Raises ReportInputError naming what is wrong."""
+def resolve(spec: str | Sequence[str], root: Root | None = None) -> RunInput:
+    """The run named by `spec`: a folder, files, or `WORKLOAD/RUN` under `root` (the caller's
+    data root; the CLI's --root). Raises ReportInputError naming what is wrong."""
     specs = [spec] if isinstance(spec, str) else list(spec)
     if not specs:
         raise ReportInputError("nothing to report: name a run folder, trace files or WORKLOAD/RUN")
@@ -239,9 +238,7 @@ def resolve(spec: str | Sequence[str], root: str | None = None) -> RunInput:
     m = re.fullmatch(r"([^/\s]+)/([^/\s]+)", s.strip("/"))
     if m and not s.startswith(("/", ".")):
         if root is None:
-            from tasks.core.config import default_root
-
-            root = default_root()
+            raise ReportInputError(f"{s}: a WORKLOAD/RUN name needs a data root: pass --root")
         return _from_root(m[1], m[2], root, label)
     raise ReportInputError(f"{s}: no such file or folder (nor a WORKLOAD/RUN name)")
 

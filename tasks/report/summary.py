@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.core.storage import Root
 from tasks.report.analysis import (
     DEFAULT_BINS,
     DEFAULT_TEMPORARY_CALLS,
@@ -43,7 +44,7 @@ def make_report(
     out: str | Path = "report.html",
     *,
     diff: str | Sequence[str] | None = None,
-    root: str | None = None,
+    root: Root | None = None,
     bins: int = DEFAULT_BINS,
     temporary_calls: int = DEFAULT_TEMPORARY_CALLS,
     top_processes: int = DEFAULT_TOP_PROCESSES,

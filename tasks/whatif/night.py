@@ -2,10 +2,14 @@
 
 What the `whatif` flow (flows/whatif.py) composes, in order:
 
-1. `resolve_model(params, tracking) -> ModelRef`: the registered version (`params.model`: the
-   alias `champion` by default, or a version number) and the runs to replay (`params.runs`;
-   default: the evaluation runs its MLflow run records, params `dataset.eval_runs`,
-   `dataset.unseen_program_runs` and `dataset.heldout_runs`, see tasks.registry.register).
+0. The registered model, a `RegisteredModel` (tasks.learning.outcome): handed over by the
+   nightly (tonight's version, as registration returned it), or, when the flow runs on its own,
+   `resolve_model(params, tracking)`: the version `params.model` names (the alias `champion` by
+   default, or a version number) and the evaluation runs its MLflow run records (params
+   `dataset.eval_runs`, `dataset.unseen_program_runs`, `dataset.heldout_runs`, see
+   tasks.registry.register), read once at the flow's edge.
+1. `model_ref(model, params, tracking) -> ModelRef`: the version, the runs to replay
+   (`params.runs`; default: the model's evaluation runs) and its training config.
 2. `load_predictor(ref)`: the version's Keras model in sequence mode, with its training config
    (config.json of its run), or why it could not be loaded (the other predictors still run).
 3. `replay_run(root, workload, run, ...) -> RunReplay`, once per run: reads the run's events
@@ -80,6 +84,9 @@ from pydantic import Field
 
 from tasks.core.config import StrictModel, default_root
 from tasks.core.storage import Root
+from tasks.learning.outcome import RegisteredModel
+from tasks.registry.champion import champion_config
+from tasks.registry.tracking import TrackingConfig, configure, resolve_target
 from tasks.whatif.policies import GuidedConfig, OracleConfig, PolicyConfig, _Policy
 from tasks.whatif.sweep import GUIDED_HORIZON, default_grid, pareto_plot, sweep_run
 
@@ -148,13 +155,23 @@ class WhatifParams(StrictModel):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """The registered version replayed for, and the runs to replay."""
+    """The registered version replayed for, the runs to replay, and its training config."""
 
-    name: str
-    version: str
-    run_id: str
+    model: RegisteredModel
     runs: tuple[tuple[str, str], ...]
     config: dict[str, Any] | None  # its training config (config.json), None when absent
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def version(self) -> str:
+        return self.model.version
+
+    @property
+    def run_id(self) -> str:
+        return self.model.run_id
 
 
 @dataclass
@@ -183,6 +200,17 @@ class Predictor:
     error: str | None = None
 
 
+class AtBudget(StrictModel):
+    """One workload's answer at the idle budget: the best heuristic, guided by the model, and
+    the oracle's bound (hit rates of the representative configs, see the module docstring)."""
+
+    workload: str
+    best_heuristic: str | None = None  # seed002, seed001 or lru
+    best_heuristic_hit_rate: float | None = None
+    guided_hit_rate: float | None = None  # guided_model; None when the model could not load
+    oracle_hit_rate: float | None = None
+
+
 class WhatifSummary(StrictModel):
     """What the flow returns and the nightly summary reads."""
 
@@ -194,6 +222,7 @@ class WhatifSummary(StrictModel):
     runs_failed: dict[str, str] = Field(default_factory=dict)  # workload/run -> why
     idle_budget: int
     metrics: dict[str, float] = Field(default_factory=dict)
+    at_budget: list[AtBudget] = Field(default_factory=list)  # per workload, `all` last
     markdown: str = ""
 
 
@@ -215,31 +244,42 @@ def parse_runs(text: str | list[str] | None) -> list[tuple[str, str]]:
 RUN_PARAMS = ("dataset.eval_runs", "dataset.unseen_program_runs", "dataset.heldout_runs")
 
 
-@task(name="whatif-resolve-model", retries=2, retry_delay_seconds=[5, 15], cache_policy=NO_CACHE)
-def resolve_model(params: WhatifParams, tracking) -> ModelRef:
-    """The version named by params.model and the runs to replay (see the module docstring)."""
-    from tasks.registry.champion import champion_config
-    from tasks.registry.tracking import configure, resolve_target
-
+def _client(tracking: TrackingConfig):
     configure(tracking)
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # deferred for start-up time (configure quiets it first)
 
     target = resolve_target(tracking)
-    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    return MlflowClient(target.tracking_uri, target.registry_uri)
+
+
+@task(name="whatif-resolve-model", retries=2, retry_delay_seconds=[5, 15], cache_policy=NO_CACHE)
+def resolve_model(params: WhatifParams, tracking: TrackingConfig) -> RegisteredModel:
+    """The registered version `params.model` names (an alias, or a version number: digits) and
+    the evaluation runs its MLflow run records: the whatif flow's edge when it runs on its own."""
+    client = _client(tracking)
     name = tracking.model_name
     if params.model.isdigit():
         version = client.get_model_version(name, params.model)
     else:
         version = client.get_model_version_by_alias(name, params.model)
-    if params.runs is not None:
-        runs = parse_runs(params.runs)
-    else:
-        logged = client.get_run(version.run_id).data.params
-        runs = [wr for key in RUN_PARAMS for wr in parse_runs(logged.get(key, ""))]
-        runs = list(dict.fromkeys(runs))
-    return ModelRef(
-        name, str(version.version), version.run_id, tuple(runs), champion_config(client, version)
+    logged = client.get_run(version.run_id).data.params
+    eval_runs, unseen, heldout = (tuple(parse_runs(logged.get(key, ""))) for key in RUN_PARAMS)
+    return RegisteredModel(
+        name=name,
+        version=str(version.version),
+        run_id=version.run_id,
+        eval_runs=eval_runs,
+        unseen_program_runs=unseen,
+        heldout_runs=heldout,
     )
+
+
+@task(name="whatif-model-ref", retries=2, retry_delay_seconds=[5, 15], cache_policy=NO_CACHE)
+def model_ref(model: RegisteredModel, params: WhatifParams, tracking: TrackingConfig) -> ModelRef:
+    """The model, the runs to replay (`params.runs`, else its evaluation runs) and its training
+    config (config.json of its run)."""
+    runs = parse_runs(params.runs) if params.runs is not None else list(model.evaluation_runs)
+    return ModelRef(model, tuple(runs), champion_config(_client(tracking), model))
 
 
 @task(name="whatif-load-model", cache_policy=NO_CACHE)
@@ -465,6 +505,26 @@ def representatives(pool: pd.DataFrame, budget: float) -> pd.DataFrame:
     return rep.sort_values(["_w", "workload", "_o"], kind="stable").drop(columns=["_o", "_w"])
 
 
+def at_budget(rep: pd.DataFrame) -> list[AtBudget]:
+    """Per workload of `representatives(...)`: the best heuristic, guided_model and the oracle."""
+    out: list[AtBudget] = []
+    if rep.empty:
+        return out
+    for w, g in rep.groupby("workload", sort=False):  # a handful of workloads
+        hit = dict(zip(g["label"], g["hit_rate"].astype(float), strict=True))
+        best = g[g["label"] == "best_heuristic"]
+        out.append(
+            AtBudget(
+                workload=str(w),
+                best_heuristic=str(best["heuristic"].iloc[0]) if len(best) else None,
+                best_heuristic_hit_rate=hit.get("best_heuristic"),
+                guided_hit_rate=hit.get("guided_model"),
+                oracle_hit_rate=hit.get("oracle"),
+            )
+        )
+    return out
+
+
 def _kind(config: str) -> str:
     return json.loads(config).get("kind", "?")
 
@@ -583,23 +643,21 @@ def summarize(
         runs_failed={f"{r.workload}/{r.run}": r.error or "failed" for r in replays if not r.ok},
         idle_budget=params.idle_budget,
         metrics=whatif_metrics(rep),
+        at_budget=at_budget(rep),
         markdown=summary_markdown(rep, replays, ref, params, table_url),
     )
 
 
 @task(name="whatif-log-mlflow", retries=2, retry_delay_seconds=[10, 30], cache_policy=NO_CACHE)
-def log_to_mlflow(summary: WhatifSummary, replays: list[RunReplay], tracking) -> None:
+def log_to_mlflow(
+    summary: WhatifSummary, replays: list[RunReplay], tracking: TrackingConfig
+) -> None:
     """Metrics, the Pareto plot, the markdown and the rows on the version's run (whatif/)."""
     import time
 
-    from tasks.registry.tracking import configure, resolve_target
+    client = _client(tracking)
+    from mlflow.entities import Metric  # deferred for start-up time
 
-    configure(tracking)
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
-
-    target = resolve_target(tracking)
-    client = MlflowClient(target.tracking_uri, target.registry_uri)
     run_id = summary.model_run_id
     now = int(time.time() * 1000)
     metrics = [Metric(k, v, now, 0) for k, v in summary.metrics.items()]
@@ -633,26 +691,13 @@ def publish(summary: WhatifSummary) -> str:
     return summary.markdown
 
 
-def nightly_params(root: str, outcome: Any) -> WhatifParams | str:
-    """The whatif parameters for tonight's trained model (its registered version, its
-    evaluation runs), or why whatif cannot run on it."""
-    reg = getattr(outcome, "registration", None)
-    version = getattr(reg, "model_version", None)
-    if version is None:
-        return "tonight's model was not registered"
-    d = outcome.dataset
-    runs = [*d.eval_runs, *getattr(d, "unseen_program_runs", ()), *d.heldout_runs]
-    return WhatifParams(
-        root=root, model=str(version), runs=list(dict.fromkeys(f"{w}/{r}" for w, r in runs))
-    )
-
-
-def whatif_plan(root: str, trained: Any) -> WhatifParams | str:
-    """The nightly's whatif step: parameters for tonight's model (a StageOutcome of `train`),
-    or why the step is skipped."""
-    if not getattr(trained, "ok", False):
+def whatif_plan(root: Root, model: RegisteredModel | None) -> WhatifParams | str:
+    """The nightly's whatif step: parameters for tonight's registered model (its version, its
+    evaluation runs), or why the step is skipped."""
+    if model is None:
         return "no model was trained tonight"
-    try:
-        return nightly_params(root, trained.value)
-    except Exception as err:  # noqa: BLE001 - the night goes on; the summary says why
-        return f"{type(err).__name__}: {err}"[:500]
+    return WhatifParams(
+        root=root.url,
+        model=model.version,
+        runs=[f"{w}/{r}" for w, r in model.evaluation_runs],
+    )

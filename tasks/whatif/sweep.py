@@ -90,13 +90,12 @@ def sweep_run(
 
 
 def sweep(
-    root: Root | str,
+    root: Root,
     runs: Iterable[tuple[str, str]] | None = None,
     policies: Sequence[_Policy] | None = None,
     predictions: Predictions = None,
 ) -> pd.DataFrame:
     """Every (workload, run) (default: all under <root>/events) through every config."""
-    root = Root.from_url(root) if isinstance(root, str) else root
     if runs is None:
         from tasks.learning.sequences import list_runs
 

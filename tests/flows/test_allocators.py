@@ -23,7 +23,10 @@ from prefect import flow
 
 from tasks.allocators.config import AllocatorsParams, load_allocators_config
 from tasks.core.storage import Root
+from tasks.learning.outcome import RegisteredModel, TrainResult
 from tasks.nightly.params import NightlyParams
+from tasks.replay.replays import TraceSummary
+from tasks.whatif.night import WhatifSummary
 from tests.conftest import in_ci, need_tool
 from tests.tasks.allocators.programs_build import (
     GENERATOR,
@@ -31,6 +34,7 @@ from tests.tasks.allocators.programs_build import (
     build_alloc_mix,
     generator_for,
 )
+from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
 TWO = ["glibc", "jemalloc"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -129,28 +133,45 @@ def test_allocators_flow_publishes_table_artifact_plot_and_mlflow_run(prefect_ha
 
 
 @flow(name="trace")
-def _no_trace(params) -> None:
-    """Stands in for a stage the composition test does not need (they have tests of their own)."""
+def _no_trace(params, root: Root, catalog) -> TraceSummary:
+    """Stands in for a stage the composition test does not need (they have tests of their own):
+    no replay."""
+    return TraceSummary(runner="local", runner_reason="", tracer="", root=root.url, runs=[])
 
 
 @flow(name="dataset")
-def _no_dataset(params) -> None:
-    """Stands in for a stage the composition test does not need."""
+def _no_dataset(params, root: Root) -> list:
+    """Stands in for a stage the composition test does not need: nothing converted."""
+    return []
 
 
 @flow(name="train")
-def _no_train(params) -> None:
-    """Stands in for a stage the composition test does not need."""
+def _no_train(params, root: Root, tracking) -> TrainResult:
+    """Stands in for a stage the composition test does not need: a model evaluated on no run."""
+    return TrainResult(make_outcome(tiny_model(), 0.8), RegisteredModel("m", "1", "r", (), (), ()))
+
+
+@flow(name="whatif")
+def _no_whatif(params, root: Root, tracking, model: RegisteredModel) -> WhatifSummary:
+    """Stands in for a stage the composition test does not need: nothing replayed."""
+    return WhatifSummary(
+        model_name=model.name,
+        model_version=model.version,
+        model_run_id="r",
+        idle_budget=params.idle_budget,
+    )
 
 
 @pytest.fixture
 def night_without_other_stages(monkeypatch):
-    """`nightly` with trace, dataset and train as empty flows; the allocators stage is real."""
+    """`nightly` with trace, dataset, train and whatif as empty flows; the allocators stage is
+    real."""
     import flows.nightly
 
-    monkeypatch.setattr(flows.nightly, "trace", _no_trace)
-    monkeypatch.setattr(flows.nightly, "dataset", _no_dataset)
-    monkeypatch.setattr(flows.nightly, "train_flow", _no_train)
+    monkeypatch.setattr(flows.nightly, "trace_with", _no_trace)
+    monkeypatch.setattr(flows.nightly, "dataset_with", _no_dataset)
+    monkeypatch.setattr(flows.nightly, "train_with", _no_train)
+    monkeypatch.setattr(flows.nightly, "whatif_with", _no_whatif)
     return flows.nightly.nightly
 
 

@@ -62,6 +62,11 @@ def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
     page = latest_artifact(ARTIFACT_KEY)
     assert "4 of 4 stages completed" in page and "## Champion" in page
     assert "## Heap reports (evaluation runs)" in page and heap.reports[0].path in page
+    # what the predictions bought: per workload at the whatif budget, guided by tonight's model
+    bought = {a.workload: a for a in summary.whatif_at_budget}
+    assert "all" in bought and bought["all"].guided_hit_rate is not None
+    assert "## What the predictions bought (whatif, at 16.00 MiB held idle)" in page
+    assert f"| all | {bought['all'].best_heuristic} " in page
 
 
 def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):

@@ -19,7 +19,8 @@ def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tm
         overrides=TINY_TRAINING_BETA_HELD_OUT,
     )
     state = train_flow(params, return_state=True)
-    outcome = state.result()
+    result = state.result()
+    outcome = result.outcome
     flow_run_id = state.state_details.flow_run_id
     assert outcome.evaluation.get("model").positions > 0
     # beta is held out and is a program of its own: the unseen-programs table scores it
@@ -28,10 +29,24 @@ def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tm
     # the first model of an empty registry becomes the champion, in the embedded store under the root
     from mlflow import MlflowClient
 
-    tracking = tracking_for(root.url)
+    tracking = tracking_for(root)
     configure(tracking)
-    champion = MlflowClient().get_model_version_by_alias(tracking.model_name, "champion")
+    client = MlflowClient()
+    champion = client.get_model_version_by_alias(tracking.model_name, "champion")
     assert int(champion.version) == 1
+    # the flow hands on a typed reference to that version, and the runs it was evaluated on
+    assert (result.model.version, result.model.run_id) == ("1", champion.run_id)
+    assert result.model.decision == "first"
+    d = outcome.dataset
+    assert result.model.unseen_program_runs == d.unseen_program_runs
+    assert {w for w, _ in result.model.evaluation_runs} == {"alpha", "beta"}
+    # the flow's report step made the training run's page; registration logged that file
+    w, r = outcome.dataset.train_runs[0]
+    tags = client.get_run(champion.run_id).data.tags
+    assert tags["heapcast.report"] == f"report/{w}-{r}.html"
+    assert [a.path for a in client.list_artifacts(champion.run_id, "report")] == [
+        f"report/{w}-{r}.html"
+    ]
     assert (tmp_path / "data" / "mlflow" / "mlflow.db").exists()
 
     from prefect.client.orchestration import get_client

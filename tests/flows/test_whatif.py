@@ -36,11 +36,17 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = Root.from_url(str(tmp_path / "data"))
     write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=2000)
-    outcome = train_flow(
+    trained = train_flow(
         TrainParams(root=root.url, config=str(QUICK_CONFIG), overrides=TINY_TRAINING_BETA_HELD_OUT)
     )
-    assert outcome.registration is not None and outcome.registration.model_version == "1"
-    d = outcome.dataset  # beta, held out, is a program of its own: unseen_program_runs
+    model = trained.model  # the typed reference registration handed on
+    assert (model.name, model.version) == ("heapcast-next-call", "1")
+    d = trained.outcome.dataset
+    assert model.evaluation_runs == (
+        *d.eval_runs,
+        *d.unseen_program_runs,
+        *d.heldout_runs,
+    )  # beta, held out, is a program of its own: unseen_program_runs
     evaluated = [*d.eval_runs, *d.unseen_program_runs, *d.heldout_runs]
     gone_w, gone_r = d.eval_runs[0]
     assert gone_w == "alpha" and {w for w, _ in evaluated[1:]} == {"beta"}
@@ -61,7 +67,7 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     assert set(zip(df["workload"], df["run"])) == set(evaluated[1:])
     guided = df[df["policy"] == "guided"]
     assert sorted(set(guided["predictor"])) == ["labels", "model", "online"]
-    assert (df["model_run_id"] == outcome.registration.run_id).all()
+    assert (df["model_run_id"] == model.run_id).all()
 
     tracking = tracking_for(root)
     configure(tracking)
@@ -69,7 +75,7 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
 
     target = resolve_target(tracking)
     client = MlflowClient(target.tracking_uri, target.registry_uri)
-    logged = client.get_run(outcome.registration.run_id).data.metrics
+    logged = client.get_run(model.run_id).data.metrics
     for key in (
         "whatif.hit_rate/beta.guided_model",
         "whatif.hit_rate/beta.guided_online",
@@ -80,5 +86,5 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
         assert key in logged, key
     assert logged["whatif.hit_rate/beta.none"] == 0.0
     assert not [k for k in logged if k.startswith("whatif.") and "/alpha." in k]  # run gone
-    artifacts = {a.path for a in client.list_artifacts(outcome.registration.run_id, "whatif")}
+    artifacts = {a.path for a in client.list_artifacts(model.run_id, "whatif")}
     assert "whatif/pareto.png" in artifacts

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from tasks.core.config import PROJECT_DIR, ConfigError, load_config
-from tasks.learning.outcome import BASELINES, MODEL, OVERALL
+from tasks.core.storage import Root
+from tasks.learning.outcome import BASELINES, MODEL, OVERALL, RegisteredModel
 from tasks.registry.register import (
     evaluation_metrics,
     flatten_params,
@@ -28,6 +29,7 @@ from tasks.registry.register import (
     register_outcome,
 )
 from tasks.registry.tracking import TrackingConfig, configure, load_tracking_config, resolve_target
+from tasks.report.night import training_report
 from tests.tasks.registry.outcome_factory import (
     CONTEXT,
     HELDOUT,
@@ -100,6 +102,12 @@ def test_tracking_config_resolves_embedded_server_and_s3(tmp_path, monkeypatch):
     assert s3.artifact_location == "s3://bucket/prefix/mlflow/artifacts"
 
 
+def test_a_config_without_a_store_is_an_error_not_a_default_root():
+    # neither a server nor a data root: no store is picked behind the caller's back
+    with pytest.raises(ValueError, match="neither tracking_uri nor root"):
+        resolve_target(TrackingConfig())
+
+
 def test_tracking_yaml_loads_and_typos_fail(tmp_path):
     cfg = load_tracking_config()
     assert (cfg.tracking_uri, cfg.experiment, cfg.model_name) == (None, "heapcast", NAME)
@@ -131,7 +139,12 @@ def store(tmp_path_factory, model):
     root = tmp_path_factory.mktemp("root")
     tracking = TrackingConfig(root=str(root))
     outcomes = [make_outcome(model, top1, seed=i) for i, top1 in enumerate((0.80, 0.85, 0.70))]
-    results = [register_outcome(o, tracking) for o in outcomes]
+    # the first one's report could not be made: the train flow says why instead of a file
+    why = "ReportInputError: sqlite3/r1: no such run under the data root"
+    results = [
+        register_outcome(o, tracking, report_error=why if i == 0 else None)
+        for i, o in enumerate(outcomes)
+    ]
     from mlflow import MlflowClient
 
     return {
@@ -339,8 +352,8 @@ def test_configuring_one_root_does_not_capture_the_next(tmp_path, monkeypatch):
     from tasks.registry.tracking import configure, resolve_target, tracking_for
 
     # WHEN one root is configured (MLflow exports its URI) and then another is resolved
-    configure(tracking_for(str(tmp_path / "a")))
-    second = resolve_target(tracking_for(str(tmp_path / "b")))
+    configure(tracking_for(Root.from_url(str(tmp_path / "a"))))
+    second = resolve_target(tracking_for(Root.from_url(str(tmp_path / "b"))))
     # THEN the second root gets its own embedded store
     assert str(tmp_path / "b" / "mlflow" / "mlflow.db") in second.tracking_uri
     assert "MLFLOW_TRACKING_URI" not in os.environ
@@ -415,8 +428,21 @@ def test_run_logs_the_heap_report_of_its_training_data(model, tmp_path):
             outcome.dataset, root=str(data), train_runs=(("hand", "r1"), ("redis", "r1"))
         ),
     )
-    # WHEN it is registered
-    result = register_outcome(outcome, TrackingConfig(root=str(tmp_path / "root")))
+    # WHEN the flow's report step made its page and it is registered with it
+    page = training_report(Root.from_url(str(data)), outcome.dataset, tmp_path / "page")
+    result = register.fn(outcome, TrackingConfig(root=str(tmp_path / "root")), page)
+    # THEN registration hands on a typed reference to the version and its evaluation runs
+    assert result == RegisteredModel(
+        name=NAME,
+        version="1",
+        run_id=result.run_id,
+        eval_runs=outcome.dataset.eval_runs,
+        unseen_program_runs=(),
+        heldout_runs=outcome.dataset.heldout_runs,
+        decision="first",
+        reason=result.reason,
+    )
+    assert result.evaluation_runs == (("sqlite3", "r2"), ("redis", "r2"), ("git", "r1"))
     client = MlflowClient()
     # THEN the run holds that run's heap report as report/hand-r1.html, named by its tag
     assert [a.path for a in client.list_artifacts(result.run_id, "report")] == [
@@ -428,7 +454,7 @@ def test_run_logs_the_heap_report_of_its_training_data(model, tmp_path):
 
 
 def test_a_report_that_cannot_be_made_does_not_stop_registration(store):
-    # make_outcome's data root does not exist: registration went on, the tag says why
+    # the first registration got why its report could not be made: it went on, the tag says why
     run = store["client"].get_run(store["results"][0].run_id)
     assert run.data.tags["heapcast.report"].startswith("not made: ReportInputError: sqlite3/r1")
     assert store["client"].list_artifacts(run.info.run_id, "report") == []

@@ -82,14 +82,15 @@ def test_a_retried_register_after_its_model_was_logged_makes_one_version(
 
     monkeypatch.setattr(champion_rules, "record_evaluation", fails_once)
     # WHEN the Prefect task runs with its own retries
-    result = register.with_options(retry_delay_seconds=0)(candidate, tracking)
+    result = register.with_options(retry_delay_seconds=0)(candidate, tracking, None)
     # THEN the retry finished version 2 instead of logging a version 3
     assert seen == ["2", "2"]
     client = client_for(tracking)
     assert versions(client) == ["1", "2"]
-    assert (result.model_version, result.promoted, result.decision) == ("2", True, "promoted")
+    assert (result.version, result.decision) == ("2", "promoted")
     assert champion(client) == "2"
-    (run,) = runs_of(client, result.experiment_id, registration_key(candidate, NAME))
+    experiment_id = client.get_run(result.run_id).info.experiment_id
+    (run,) = runs_of(client, experiment_id, registration_key(candidate, NAME))
     assert run.info.run_id == result.run_id and run.info.status == "FINISHED"
     assert run.data.tags[TAG_STATE] == "complete"
     # the metrics were logged once: each curve has one point per epoch

@@ -12,17 +12,20 @@ THEN  two pages are written with the scenario's exact figures, gone/r9 is named 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tasks.nightly.summary import NightlySummary, StageOutcome
+from tasks.core.storage import Root
+from tasks.learning.outcome import DatasetRef, RegisteredModel
+from tasks.nightly.summary import NightlySummary
 from tasks.report.night import (
     NightReports,
     evaluation_runs,
     report_evaluation_runs,
     report_night,
+    report_training_run,
     training_report,
 )
 from tests.tasks.report import scenario as sc
@@ -31,18 +34,17 @@ LEAK_BLOCKS = sum(n for _, n in sc.LEAKS.values())  # 4
 LEAK_BYTES = sum(b for b, _ in sc.LEAKS.values())  # 2440
 
 
-@dataclass(frozen=True)
-class Dataset:  # the fields of tasks.learning.outcome.DatasetRef the reports read
-    root: str
-    train_runs: tuple = ()
-    eval_runs: tuple = ()
-    unseen_program_runs: tuple = ()
-    heldout_runs: tuple = ()
-
-
-@dataclass
-class Trained:  # what the train flow returns: a TrainOutcome, of which only .dataset is read
-    dataset: Dataset
+def dataset_ref(root: Path, train_runs: tuple = ()) -> DatasetRef:
+    return DatasetRef(
+        root=str(root),
+        train_runs=train_runs,
+        eval_runs=(),
+        heldout_runs=(),
+        train_tokens=0,
+        eval_tokens=0,
+        content_hash="",
+        token_histogram=np.zeros(64),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,26 +57,28 @@ def root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dataset(root) -> Dataset:
-    return Dataset(
-        root=str(root),
-        train_runs=(("hand", "r1"),),
+def model() -> RegisteredModel:
+    """A registered model evaluated on three runs (what registration hands to the reports)."""
+    return RegisteredModel(
+        name="m",
+        version="1",
+        run_id="run",
         eval_runs=(("hand", "r1"),),
         unseen_program_runs=(("prog", "u1"),),
         heldout_runs=(("gone", "r9"), ("hand", "r1")),  # hand/r1 again: reported once
     )
 
 
-def test_evaluation_runs_are_each_run_once_in_table_order(dataset):
-    assert evaluation_runs(dataset) == [
+def test_evaluation_runs_are_each_run_once_in_table_order(model):
+    assert evaluation_runs(model) == [
         ("hand", "r1", "unseen_runs"),
         ("prog", "u1", "unseen_programs"),
         ("gone", "r9", "heldout_workloads"),
     ]
 
 
-def test_a_page_per_evaluation_run_and_a_failed_run_named(root, dataset):
-    out = report_evaluation_runs(str(root), dataset, night="n1")
+def test_a_page_per_evaluation_run_and_a_failed_run_named(root, model):
+    out = report_evaluation_runs(Root.from_url(str(root)), model, night="n1")
 
     folder = root / "reports" / "n1"
     assert out.folder == str(folder)
@@ -96,8 +100,8 @@ def test_a_page_per_evaluation_run_and_a_failed_run_named(root, dataset):
     assert list(out.failed) == ["gone/r9"] and "no such run" in out.failed["gone/r9"]
 
 
-def test_the_summary_shows_the_figures_paths_and_failures(root, dataset):
-    reports = report_evaluation_runs(str(root), dataset, night="n2")
+def test_the_summary_shows_the_figures_paths_and_failures(root, model):
+    reports = report_evaluation_runs(Root.from_url(str(root)), model, night="n2")
     summary = NightlySummary(root=str(root), finished_at="now", stages=[], heap_reports=reports)
     md = summary.markdown()
 
@@ -110,25 +114,35 @@ def test_the_summary_shows_the_figures_paths_and_failures(root, dataset):
     assert NightlySummary.model_validate_json(summary.model_dump_json()) == summary
 
 
-def test_report_night_reads_the_train_stage_and_never_raises(root, dataset, tmp_path):
-    ok = StageOutcome("train", "COMPLETED", None, Trained(dataset))
-    out = report_night.fn(str(root), ok, night="n3")
+def test_report_night_takes_the_registered_model_and_never_raises(root, model, tmp_path):
+    out = report_night.fn(Root.from_url(str(root)), model, night="n3")
     assert len(out.reports) == 2 and out.skipped is None
 
-    failed = StageOutcome("train", "FAILED", "boom")
-    assert report_night.fn(str(root), failed).skipped == "no model was trained tonight"
+    # no model registered tonight (the train stage failed or was skipped)
+    assert report_night.fn(Root.from_url(str(root)), None).skipped == "no model was trained tonight"
     assert "No heap reports tonight" in NightReports(skipped="x").markdown()
 
     # a root that cannot be written: the night goes on, the summary says why
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out = report_night.fn(str(blocker), ok, night="n4")
+    out = report_night.fn(Root.from_url(str(blocker)), model, night="n4")
     assert out.reports == [] and out.skipped and "the reports failed" in out.skipped
 
 
-def test_training_report_is_the_first_training_runs_page(dataset, tmp_path):
-    page = training_report(dataset, tmp_path)
+def test_training_report_is_the_first_training_runs_page(root, tmp_path):
+    data = Root.from_url(str(root))
+    dataset = dataset_ref(root, train_runs=(("hand", "r1"), ("prog", "u1")))
+    page = training_report(data, dataset, tmp_path)
     assert page == tmp_path / "hand-r1.html" and page.stat().st_size > 100_000
 
     with pytest.raises(ValueError, match="no training run"):
-        training_report(Dataset(root=dataset.root), tmp_path)
+        training_report(data, dataset_ref(root), tmp_path)
+
+
+def test_the_flows_report_step_hands_a_file_or_says_why(root, tmp_path):
+    # what the train flow hands to registration: the page, or why there is none (never raises)
+    data = Root.from_url(str(root))
+    made = report_training_run.fn(data, dataset_ref(root, (("hand", "r1"),)), tmp_path)
+    assert made.path == tmp_path / "hand-r1.html" and made.error is None
+    missing = report_training_run.fn(data, dataset_ref(root, (("gone", "r9"),)), tmp_path)
+    assert missing.path is None and missing.error.startswith("ReportInputError: gone/r9")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -9,14 +11,20 @@ from pydantic import ValidationError
 
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.learning.outcome import RegisteredModel
+from tasks.nightly.params import NightlyParams
+from tasks.nightly.summary import StageOutcome, skipped
+from tasks.nightly.summary import summarize as summarize_night
 from tasks.registry.tracking import configure, resolve_target, tracking_for
 from tasks.whatif.night import (
     ModelRef,
     WhatifParams,
+    WhatifSummary,
     log_to_mlflow,
     parse_runs,
     replay_run,
     summarize,
+    whatif_plan,
     write_table,
 )
 from tasks.whatif.policies import (
@@ -46,7 +54,8 @@ def replayed(tmp_path_factory):
     root = Root.from_url(str(tmp_path_factory.mktemp("whatif") / "data"))
     write_synthetic_events(root, {"alpha": 1, "beta": 1}, tokens_per_run=2000)
     params = WhatifParams(root=root.url, policies=GRID, idle_budget=1 << 16)
-    ref = ModelRef("heapcast-next-call", "1", "", RUNS, None)
+    model = RegisteredModel("heapcast-next-call", "1", "", RUNS[:1], RUNS[1:2], RUNS[2:])
+    ref = ModelRef(model, RUNS, None)
     replays = [replay_run.fn(root, w, r, params) for w, r in RUNS]
     return root, params, ref, replays
 
@@ -110,7 +119,7 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
 
 def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
     _, params, ref, replays = replayed
-    tracking = tracking_for(str(tmp_path / "store"))
+    tracking = tracking_for(Root.from_url(str(tmp_path / "store")))
     configure(tracking)
     from mlflow import MlflowClient
 
@@ -118,7 +127,7 @@ def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
     client = MlflowClient(target.tracking_uri, target.registry_uri)
     exp = client.get_experiment_by_name(tracking.experiment)
     run_id = client.create_run(exp.experiment_id).info.run_id
-    ref = ModelRef(ref.name, ref.version, run_id, ref.runs, None)
+    ref = ModelRef(dataclasses.replace(ref.model, run_id=run_id), ref.runs, None)
     s = summarize.fn(replays, ref, params, None)
     log_to_mlflow.fn(s, replays, tracking)
 
@@ -163,22 +172,47 @@ def test_results_table_of_nothing_is_empty():
     assert representatives(pooled(pd.DataFrame()), 1.0).empty
 
 
-def test_nightly_step_plans_on_tonights_model_and_reports_a_failure():
-    from types import SimpleNamespace
-
-    from tasks.learning.outcome import DatasetRef
-    from tasks.nightly.summary import StageOutcome, skipped
-    from tasks.nightly.summary import summarize as summarize_night
-    from tasks.whatif.night import whatif_plan
-
-    d = DatasetRef("r", (("a", "r0"),), (("a", "r1"),), (("h", "r0"),), 1, 1, "x", None)
-    d = SimpleNamespace(**{**d.__dict__, "unseen_program_runs": (("p", "r0"),)})
-    outcome = SimpleNamespace(dataset=d, registration=SimpleNamespace(model_version="7"))
-    plan = whatif_plan("/data", StageOutcome("train", "COMPLETED", None, outcome))
-    assert plan.model == "7" and plan.runs == ["a/r1", "p/r0", "h/r0"] and plan.root == "/data"
-    assert "not registered" in whatif_plan("/d", StageOutcome("train", "COMPLETED", None, object()))
-    assert "no model" in whatif_plan("/d", skipped("train", "broken"))
+def test_nightly_step_plans_on_tonights_model_and_reports_a_failure(tmp_path):
+    # GIVEN the model tonight's train stage registered (evaluated on three tables' runs)
+    model = RegisteredModel("m", "7", "run", (("a", "r1"),), (("p", "r0"),), (("h", "r0"),))
+    data = Root.from_url(str(tmp_path / "data"))
+    # THEN whatif replays for that version on those runs, under the night's root
+    plan = whatif_plan(data, model)
+    assert plan.model == "7" and plan.runs == ["a/r1", "p/r0", "h/r0"] and plan.root == data.url
+    assert "no model" in whatif_plan(data, None)
 
     failed = StageOutcome("whatif", "FAILED", "KeyError: boom")
-    night = summarize_night.fn("/data", [failed], None, None)
+    context = NightlyParams(root=data.url).stages().context
+    night = summarize_night.fn(context, [failed], None, None)
     assert [(s.name, s.ok, s.error) for s in night.stages] == [("whatif", False, "KeyError: boom")]
+    assert "What the predictions bought" not in night.markdown()
+    assert "no model" in whatif_plan(data, None) and skipped("whatif", "x").state == "SKIPPED"
+
+
+def test_the_night_summary_prints_what_the_predictions_bought(replayed, tmp_path):
+    # GIVEN the whatif stage's summary of two runs at a 64 KiB idle budget
+    _, params, ref, replays = replayed
+    s = summarize.fn(replays, ref, params, None)
+    # THEN it holds, per workload, the figures of its own policy table (the metrics)
+    assert [a.workload for a in s.at_budget] == ["alpha", "beta", "all"]
+    for a in s.at_budget:
+        w = a.workload
+        assert a.best_heuristic in ("seed002", "seed001", "lru")
+        assert a.best_heuristic_hit_rate == s.metrics[f"whatif.hit_rate/{w}.best_heuristic"]
+        assert a.oracle_hit_rate == s.metrics[f"whatif.hit_rate/{w}.oracle"]
+        assert a.guided_hit_rate is None  # no model here: nothing guided by it
+    # WHEN the night's summary is made from the completed whatif stage
+    context = NightlyParams(root=str(tmp_path / "data")).stages().context
+    done = StageOutcome("whatif", "COMPLETED", None, s)
+    md = summarize_night.fn(context, [done], None, None).markdown()
+    # THEN the printed summary says what the predictions bought, per workload, at the budget
+    assert "## What the predictions bought (whatif, at 64.00 KiB held idle)" in md
+    alpha = s.at_budget[0]
+    row = next(line for line in md.splitlines() if line.startswith("| alpha |"))
+    assert row == (
+        f"| alpha | {alpha.best_heuristic} {alpha.best_heuristic_hit_rate:.4f} | n/a | "
+        f"{alpha.oracle_hit_rate:.4f} |"
+    )
+    assert any(line.startswith("| all |") for line in md.splitlines())
+    # and the summary survives Prefect's result storage
+    assert WhatifSummary.model_validate_json(s.model_dump_json()) == s
