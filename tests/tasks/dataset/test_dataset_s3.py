@@ -226,7 +226,7 @@ def test_a_report_of_an_s3_run_reads_the_parts_its_summary_commits(tmp_path, s3_
     stray = committed_name("part-200-1.parquet", "0123456789abcdef")
     s3.fs.copy(f"{folder}/{summary['parts'][1]}", f"{folder}/{stray}")
     # WHEN a report resolves and reads it by name
-    run = resolve("w/r1", root=s3.url)
+    run = resolve("w/r1", root=s3)
     rows = sum(b.num_rows for part in iter_parts(run) for b in part.batches)
     # THEN it read the committed parts, each once
     assert run.kind == "events" and not run.warnings

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.core.storage import Root
 from tasks.dataset.convert import convert_trace, events_from_trace
 from tasks.format.trace_reader import parse_trace
 from tasks.report.analysis import analyze, calls_bin, calls_bin_range
@@ -208,11 +209,11 @@ def test_a_data_root_is_not_a_run(runs):
 
 
 def test_workload_run_names_resolve_under_the_root(runs, tmp_path):
-    root = str(runs["root"])
+    root = Root.from_url(str(runs["root"]))
     # converted: the events; only raw: the traces; neither: an error naming both places
     assert resolve("hand/r1", root).kind == "events"
     sc.write_raw(tmp_path / "raw" / "w" / "only-raw")
-    assert resolve("w/only-raw", str(tmp_path)).kind == "raw"
+    assert resolve("w/only-raw", Root.from_url(str(tmp_path))).kind == "raw"
     with pytest.raises(
         ReportInputError, match=r"hand/nope: no such run under the data root .*raw/hand/nope"
     ):
@@ -305,8 +306,8 @@ def test_a_remote_root_is_read_through_its_filesystem(runs):
         for p in folder.iterdir():
             fs.pipe_file(f"/heapcast-test-root/{sub}/{p.name}", p.read_bytes())
     try:
-        ev = analyze(resolve("hand/r1", "memory://heapcast-test-root"))
-        raw = analyze(resolve("hand/r2", "memory://heapcast-test-root"))
+        ev = analyze(resolve("hand/r1", Root.from_url("memory://heapcast-test-root")))
+        raw = analyze(resolve("hand/r2", Root.from_url("memory://heapcast-test-root")))
     finally:
         fs.rm("/heapcast-test-root", recursive=True)
     # THEN both read as from local folders
