@@ -812,3 +812,17 @@ def generate_input(generator: str, seed: int, size: int, dest: str | Path) -> li
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     return gen(seed, size, dest)
+
+
+def prepare_input_dir(generator: str, seed: int, size: int, scratch: Path) -> Path:
+    """The input of (generator, seed, size) in `<scratch>/input`, readable by the sandbox's
+    user (nobody), a program kept executable; for measured runs (allocators, the layer)."""
+    input_dir = scratch / "input"
+    input_dir.mkdir()
+    files = generate_input(generator, seed, size, input_dir)
+    for d in (scratch, input_dir):
+        d.chmod(0o755)
+    for f in files:
+        path = input_dir / f
+        path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
+    return input_dir

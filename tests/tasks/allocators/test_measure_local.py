@@ -92,7 +92,8 @@ def test_a_library_the_loader_refuses_fails_its_pair_instead_of_measuring_glibc(
     )
     # THEN its run is a failure naming the loader's complaint, not a glibc measurement
     (bad,) = [s for s in m.samples if s.allocator == "broken"]
-    assert not bad.ok and bad.error.startswith("LD_PRELOAD refused: ")
+    assert not bad.ok and bad.error.startswith("not applied: LD_PRELOAD refused: ")
+    assert bad.applied is False
     assert "/etc/hostname" in bad.error
     pairs, (rec,) = analyse(m, cfg)
     assert {p.allocator: p.status for p in pairs} == {"glibc": "ok", "broken": "failed"}
