@@ -26,19 +26,15 @@ Both are reported for every recommendation; the rule's choice decides `beyond_no
 
 from __future__ import annotations
 
-import itertools
-import math
-from collections import Counter
-
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
 from tasks.allocators.config import AllocatorsConfig, RecommendationRule
+from tasks.allocators.decide import holm, mann_whitney_p, margin_interval
 from tasks.allocators.measure import Measurements, Sample
 
 METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb", "minor_faults", "major_faults")
-EXACT_LIMIT = 200_000  # splits enumerated for the exact test; beyond: the normal approximation
 
 
 class Spread(BaseModel):
@@ -89,6 +85,11 @@ class Recommendation(BaseModel):
     margin: float | None = None  # 1 - time / baseline time: 0.12 = 12% faster than the baseline
     memory_vs_baseline: float | None = None
     p_value: float | None = None  # two-sided exact Mann-Whitney, winner vs baseline
+    p_adjusted: float | None = None  # the same, Holm-corrected for the candidates compared
+    compared: int = 0  # candidates compared with the baseline (the correction's m)
+    margin_low: float | None = None  # the margin's bootstrap interval (rule.confidence)
+    margin_high: float | None = None
+    best_challenger: str | None = None  # the fastest other candidate when the baseline stays
     ranges_overlap: bool | None = None  # [min, max] of the two overlap
     beyond_noise: bool | None = None  # by the rule's noise test; None when nothing to compare
     note: str = ""
@@ -96,36 +97,6 @@ class Recommendation(BaseModel):
 
 def samples_frame(m: Measurements) -> pd.DataFrame:
     return pd.DataFrame([s.model_dump() for s in m.samples], columns=list(Sample.model_fields))
-
-
-def mann_whitney_p(x, y) -> float:
-    """Two-sided p-value of the Mann-Whitney U test of `x` against `y`: exact (every split of
-    the pooled values enumerated, ties at mid-ranks) up to EXACT_LIMIT splits, else the normal
-    approximation with the tie correction. 1.0 when either side is empty."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    n, m = len(x), len(y)
-    if n == 0 or m == 0:
-        return 1.0
-    pooled = np.concatenate([x, y])
-    ranks = pd.Series(pooled).rank(method="average").to_numpy()
-    offset = n * (n + 1) / 2
-    u_obs = ranks[:n].sum() - offset
-    centre = n * m / 2
-    d_obs = abs(u_obs - centre)
-    if math.comb(n + m, n) <= EXACT_LIMIT:
-        splits = np.fromiter(
-            itertools.chain.from_iterable(itertools.combinations(range(n + m), n)),
-            dtype=np.int64,
-        ).reshape(-1, n)
-        u = ranks[splits].sum(axis=1) - offset
-        return float(np.mean(np.abs(u - centre) >= d_obs - 1e-9))
-    ties = Counter(pooled.tolist()).values()
-    t = sum(c**3 - c for c in ties)
-    var = n * m / 12 * ((n + m + 1) - t / ((n + m) * (n + m - 1)))
-    if var <= 0:
-        return 1.0
-    z = max(d_obs - 0.5, 0.0) / math.sqrt(var)
-    return float(math.erfc(z / math.sqrt(2)))
 
 
 def ranges_overlap(x, y) -> bool:
@@ -234,50 +205,95 @@ def recommend(
             time_metric=rule.time,
             memory_metric=rule.memory,
         )
-        cands = [
-            p
-            for p in cpairs
-            if p.status == "ok" and p.median(rule.time) is not None and p.median(rule.memory)
-        ]
+        timed = [p for p in cpairs if p.status == "ok" and p.median(rule.time) is not None]
+        # an allocator whose memory reads 0 was not measured (a probe-less peak): named, not
+        # dropped without a word
+        no_memory = sorted(p.allocator for p in timed if not p.median(rule.memory))
+        cands = [p for p in timed if p.median(rule.memory)]
         if not cands:
-            recs.append(
-                Recommendation(**head, allocator=None, note="no allocator ran cleanly on this case")
+            rec = Recommendation(
+                **head, allocator=None, note="no allocator ran cleanly on this case"
             )
+            if no_memory:
+                rec.note += f"; {', '.join(no_memory)}: median {rule.memory} reads 0, left out"
+            recs.append(rec)
             continue
+        cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
+
+        def runs(name: str, cdf: pd.DataFrame = cdf) -> np.ndarray:
+            return cdf.loc[cdf["allocator"] == name, rule.time].to_numpy(float)
+
         smallest = min(p.median(rule.memory) for p in cands)
         eligible = [
             p for p in cands if p.median(rule.memory) <= smallest * (1 + rule.memory_tolerance)
         ]
-        winner = min(
-            eligible,
-            key=lambda p: (p.median(rule.time), p.allocator != m.baseline, order[p.allocator]),
-        )
+        challengers = [p for p in cands if p.allocator != m.baseline]
+        raw: dict[str, float] = {}
+        if base_ok:
+            y = runs(m.baseline)
+            raw = {p.allocator: mann_whitney_p(runs(p.allocator), y) for p in challengers}
+        adjusted = holm(raw) if rule.correction == "holm" else dict(raw)
+
+        def beats(
+            p: PairSummary, base: PairSummary | None = base, adjusted: dict = adjusted
+        ) -> bool:
+            """Faster than the baseline by median, beyond the noise by the rule."""
+            base_ok = base is not None and base.status == "ok"
+            if not base_ok or p.median(rule.time) >= base.median(rule.time):
+                return False
+            if rule.noise == "minmax":
+                return not ranges_overlap(runs(p.allocator), runs(m.baseline))
+            return adjusted[p.allocator] < rule.alpha
+
+        winners = [p for p in eligible if p.allocator != m.baseline and beats(p)]
+        key = lambda p: (p.median(rule.time), p.allocator != m.baseline, order[p.allocator])  # noqa: E731
+        if winners:
+            winner = min(winners, key=key)
+        elif base_ok:
+            winner = base
+        else:
+            winner = min(eligible, key=key)
         winner.recommended = True
-        rec = Recommendation(**head, allocator=winner.allocator)
+        rec = Recommendation(**head, allocator=winner.allocator, compared=len(raw))
         excluded = sorted({p.allocator for p in cands} - {p.allocator for p in eligible})
         notes = []
+        if no_memory:
+            notes.append(f"{', '.join(no_memory)}: median {rule.memory} reads 0, left out")
         if excluded:
             notes.append(
                 f"{', '.join(excluded)} over {rule.memory_tolerance:.0%} more {rule.memory} "
                 "than the smallest"
             )
+        shown = winner
         if not base_ok:
             notes.append(f"{m.baseline} did not run cleanly: no margin")
         elif winner.allocator == m.baseline:
             rec.margin = 0.0
             rec.memory_vs_baseline = 1.0
-            notes.append(f"{m.baseline} itself is the fastest of those within the memory bound")
-        else:
-            rec.margin = 1 - winner.median(rule.time) / base.median(rule.time)
-            rec.memory_vs_baseline = _ratio(winner.median(rule.memory), base.median(rule.memory))
-            cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
-            x = cdf.loc[cdf["allocator"] == winner.allocator, rule.time].to_numpy(float)
-            y = cdf.loc[cdf["allocator"] == m.baseline, rule.time].to_numpy(float)
-            rec.p_value = mann_whitney_p(x, y)
+            others = [p for p in challengers if p in eligible]
+            if others:
+                shown = min(others, key=key)
+                rec.best_challenger = shown.allocator
+                notes.append(
+                    f"no candidate beats {m.baseline} beyond the noise"
+                    + (" after Holm's correction" if rule.correction == "holm" else "")
+                    + f" (fastest: {shown.allocator})"
+                )
+            else:
+                notes.append(f"{m.baseline} itself is the fastest of those within the memory bound")
+        if base_ok and shown.allocator != m.baseline:
+            x, y = runs(shown.allocator), runs(m.baseline)
+            margin, low, high = margin_interval(x, y, rule.confidence)
+            if shown is winner:
+                rec.margin = margin
+                rec.memory_vs_baseline = _ratio(
+                    winner.median(rule.memory), base.median(rule.memory)
+                )
+            rec.margin_low, rec.margin_high = low, high
+            rec.p_value = raw[shown.allocator]
+            rec.p_adjusted = adjusted[shown.allocator]
             rec.ranges_overlap = ranges_overlap(x, y)
-            rec.beyond_noise = (
-                rec.p_value < rule.alpha if rule.noise == "mann_whitney" else not rec.ranges_overlap
-            )
+            rec.beyond_noise = beats(shown)
         rec.note = "; ".join(notes)
         recs.append(rec)
     return recs

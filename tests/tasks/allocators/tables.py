@@ -20,11 +20,12 @@ def make_measurements(
     exit_codes: dict[str, list[int]] | None = None,
     unavailable: dict[str, str] | None = None,
     cases: dict[str, dict[str, list[tuple[float, float]]]] | None = None,
+    config=None,
 ) -> Measurements:
     """{allocator: [(wall_s, peak_rss_mb) per round]} of one case (or several: `cases`), in the
     project config's allocators; `hashes`/`exit_codes` override per run; `unavailable`:
     {allocator: message} for allocators never run."""
-    cfg = load_allocators_config()
+    cfg = config or load_allocators_config()
     all_cases = cases or {case: runs}
     used = {n for r in all_cases.values() for n in r} | set(unavailable or {})
     allocators: list[Allocator] = [a for a in cfg.allocators if a.name in used]

@@ -75,12 +75,15 @@ def test_a_margin_inside_the_noise_is_said_to_be():
         }
     )
     _, (rec,) = analyse(m, CFG)
-    assert rec.allocator == "jemalloc" and rec.margin > 0
+    # THEN glibc stays; jemalloc is named as the best challenger, its margin's interval spans 0
+    assert rec.allocator == "glibc" and rec.margin == 0.0 and rec.best_challenger == "jemalloc"
     assert rec.beyond_noise is False and rec.p_value > 0.05 and rec.ranges_overlap is True
+    assert rec.margin_low < 0 < rec.margin_high
+    assert "no candidate beats glibc beyond the noise" in rec.note
     # the minmax rule says the same here
     pairs = summarize(m)
     (rec2,) = recommend(m, pairs, RecommendationRule(noise="minmax"))
-    assert rec2.beyond_noise is False
+    assert rec2.beyond_noise is False and rec2.allocator == "glibc"
 
 
 def test_minmax_rule_wants_the_ranges_apart():
@@ -94,8 +97,9 @@ def test_minmax_rule_wants_the_ranges_apart():
     pairs = summarize(m)
     (mw,) = recommend(m, pairs, RecommendationRule(noise="mann_whitney"))
     (mm,) = recommend(m, summarize(m), RecommendationRule(noise="minmax"))
-    assert mw.allocator == mm.allocator == "jemalloc"
-    assert mw.beyond_noise is True and mm.beyond_noise is False
+    assert mw.allocator == "jemalloc" and mw.beyond_noise is True
+    assert mm.allocator == "glibc" and mm.best_challenger == "jemalloc"
+    assert mm.beyond_noise is False
 
 
 def test_glibc_stays_when_it_is_the_fastest_within_the_memory_bound():
@@ -107,8 +111,8 @@ def test_glibc_stays_when_it_is_the_fastest_within_the_memory_bound():
         }
     )
     _, (rec,) = analyse(m, CFG)
-    assert rec.allocator == "glibc" and rec.margin == 0.0 and rec.beyond_noise is None
-    assert "glibc itself is the fastest" in rec.note
+    assert rec.allocator == "glibc" and rec.margin == 0.0 and rec.beyond_noise is False
+    assert rec.best_challenger == "jemalloc" and "no candidate beats glibc" in rec.note
 
 
 def test_a_different_output_or_exit_code_fails_the_pair_and_keeps_it_out():
