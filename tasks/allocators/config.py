@@ -225,6 +225,15 @@ class RecommendationRule(StrictModel):
         )
 
 
+class TuneConfig(StrictModel):
+    """`heapcast tune`'s defaults: the candidates (names of `allocators`) and the rounds."""
+
+    candidates: list[Name] = Field(min_length=1)
+    repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    max_repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    warmup: int = Field(default=1, ge=0)
+
+
 class AllocatorsConfig(StrictModel):
     allocators: list[Allocator] = Field(min_length=1)
     baseline: Name = "glibc"
@@ -240,6 +249,23 @@ class AllocatorsConfig(StrictModel):
     experiment: str = Field(default="heapcast-allocators", min_length=1)
     rule: RecommendationRule = RecommendationRule()
     large_block_bytes: int = Field(default=128 * 1024, ge=1)
+    tune: TuneConfig | None = None
+
+    @model_validator(mode="after")
+    def _tune_candidates_listed(self) -> AllocatorsConfig:
+        if self.tune is None:
+            return self
+        unknown = [n for n in self.tune.candidates if n not in self.names()]
+        if unknown:
+            raise ValueError(
+                f"tune.candidates: {', '.join(unknown)} not among the allocators "
+                f"({', '.join(self.names())})"
+            )
+        if self.baseline not in self.tune.candidates:
+            raise ValueError(f"tune.candidates must include the baseline {self.baseline!r}")
+        if self.tune.max_repetitions < self.tune.repetitions:
+            raise ValueError("tune.max_repetitions is below tune.repetitions")
+        return self
 
     @field_validator("allocators")
     @classmethod

@@ -2,6 +2,9 @@
 
 A pair (case, allocator) is
 - `unavailable` when its library is missing where the workload runs;
+- `not applied` when any of its runs did not run under it, by the probe (a static or setuid
+  program, an environment dropped, a library refused: tasks.replay.runners.preload): never
+  measured under a wrong name;
 - `failed` when any of its runs exited with another code than the catalog expects, timed out or
   failed in the runner, or when its standard output differs from the baseline's. The output is
   compared only where the baseline's own runs agree with each other (one SHA-256 over all its
@@ -32,7 +35,7 @@ from pydantic import BaseModel
 
 from tasks.allocators.config import AllocatorsConfig, RecommendationRule
 from tasks.allocators.decide import holm, mann_whitney_p, margin_interval
-from tasks.allocators.measure import Measurements, Sample
+from tasks.allocators.measure import NOT_APPLIED, Measurements, Sample
 
 METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb", "minor_faults", "major_faults")
 
@@ -58,7 +61,7 @@ class PairSummary(BaseModel):
     workload: str
     input: str
     allocator: str
-    status: str  # ok | failed | unavailable
+    status: str  # ok | failed | not applied | unavailable
     reason: str | None = None
     runs: int = 0
     ok_runs: int = 0
@@ -160,10 +163,12 @@ def summarize(m: Measurements) -> list[PairSummary]:
                         f"output differs from {m.baseline}'s in {differ} of {len(good)} runs "
                         f"(stdout sha256 {str(other)[:12]} vs {reference[:12]})"
                     )
+            not_applied = len(bad) and bad["error"].astype(str).str.startswith(NOT_APPLIED).any()
+            status = "not applied" if not_applied else "failed" if reasons else "ok"
             out.append(
                 PairSummary(
                     **key,
-                    status="failed" if reasons else "ok",
+                    status=status,
                     reason="; ".join(reasons) or None,
                     runs=len(adf),
                     ok_runs=int(adf["ok"].astype(bool).sum()) if len(adf) else 0,
