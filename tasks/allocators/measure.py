@@ -172,14 +172,6 @@ def round_orders(names: list[str], rounds: int, seed: int = 0) -> list[list[str]
     return balanced_orders(names, rounds, seed)
 
 
-def rotation(names: list[str], rep: int) -> list[str]:
-    """The order of round `rep` (0-based): the list rotated left by `rep`."""
-    if not names:
-        return []
-    k = rep % len(names)
-    return names[k:] + names[:k]
-
-
 def missing_message(allocator: Allocator, workload: Workload, runner_kind: str) -> str:
     if runner_kind == "docker":
         return (

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.allocators.config import Allocator, load_allocators_config
-from tasks.allocators.measure import CaseInfo, Measurements, Sample, Unavailable, rotation
+from tasks.allocators.measure import CaseInfo, Measurements, Sample, Unavailable, round_orders
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 
 OK_HASH = "a" * 64
@@ -36,7 +36,7 @@ def make_measurements(
         names = [a.name for a in allocators if a.name in case_runs]
         reps = max(len(v) for v in case_runs.values())
         for rep in range(reps):
-            for pos, name in enumerate(rotation(names, rep)):
+            for pos, name in enumerate(round_orders(names, reps)[rep]):
                 if rep >= len(case_runs[name]):
                     continue
                 wall, rss = case_runs[name][rep]

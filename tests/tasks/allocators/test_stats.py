@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tasks.allocators.config import RecommendationRule, load_allocators_config
-from tasks.allocators.measure import rotation
 from tasks.allocators.stats import analyse, mann_whitney_p, ranges_overlap, recommend, summarize
 from tests.tasks.allocators.tables import make_measurements, runs_of
 
@@ -16,14 +15,6 @@ BASE = [1.00, 1.02, 0.98, 1.01, 0.99]
 
 def _by(pairs, allocator):
     return next(p for p in pairs if p.allocator == allocator)
-
-
-def test_rotation_puts_each_allocator_first_once_in_turn():
-    names = ["glibc", "jemalloc", "tcmalloc", "mimalloc"]
-    assert rotation(names, 0) == names
-    assert rotation(names, 1) == ["jemalloc", "tcmalloc", "mimalloc", "glibc"]
-    assert rotation(names, 4) == names
-    assert [rotation(names, r)[0] for r in range(4)] == names
 
 
 def test_mann_whitney_exact_p_values():

@@ -97,7 +97,7 @@ def test_an_output_that_differs_run_to_run_compares_exit_codes_only(config):
 
 def test_a_static_program_cannot_be_tuned(config, tmp_path):
     prog = tmp_path / "static"
-    src = b"#include <stdio.h>\nint main(void){puts(\"hi\");return 0;}\n"
+    src = b'#include <stdio.h>\nint main(void){puts("hi");return 0;}\n'
     subprocess.run(["gcc", "-static", "-o", str(prog), "-x", "c", "-"], input=src, check=True)
     with pytest.raises(TuneError, match="LD_PRELOAD cannot reach .*statically linked"):
         tune([str(prog)], config, candidates=["glibc", "jemalloc"])
