@@ -260,6 +260,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 max_repetitions=args.max_repetitions,
                 html_out=Path(args.output) if args.output else None,
                 progress=progress,
+                objective=args.objective,
             )
         except TuneError as err:
             bar.stop()
@@ -382,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--candidates", help="comma-separated names (configs/allocators.yaml)")
     tu.add_argument("--repetitions", type=_positive, help="rounds before any is added")
     tu.add_argument("--max-repetitions", type=_positive, help="rounds at most")
+    tu.add_argument(
+        "--objective",
+        choices=["time", "memory"],
+        help="what the winner must beat glibc on (default: the config's rule, time)",
+    )
     tu.add_argument("--config", help="allocators config (default configs/allocators.yaml)")
     tu.add_argument("program", nargs=argparse.REMAINDER)
     tu.set_defaults(func=cmd_tune)

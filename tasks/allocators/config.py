@@ -197,6 +197,12 @@ class RecommendationRule(StrictModel):
     time: Literal["wall_s", "cpu_s"] = "wall_s"
     memory: Literal["peak_rss_mb", "max_process_rss_mb"] = "peak_rss_mb"
     memory_tolerance: float = Field(default=0.10, ge=0.0)
+    objective: Literal["time", "memory"] = Field(
+        default="time",
+        description="what the winner must beat the baseline on: `time` (within memory_tolerance "
+        "of the smallest memory) or `memory` (within time_tolerance of the fastest)",
+    )
+    time_tolerance: float = Field(default=0.10, ge=0.0)
     noise: Literal["mann_whitney", "minmax"] = "mann_whitney"
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     correction: Literal["holm", "none"] = Field(
@@ -211,15 +217,28 @@ class RecommendationRule(StrictModel):
         "after the correction, gets more rounds (up to max_repetitions)",
     )
 
+    @property
+    def primary(self) -> str:
+        """The metric the winner beats the baseline on."""
+        return self.time if self.objective == "time" else self.memory
+
+    @property
+    def guard(self) -> tuple[str, float]:
+        """The other metric, and how far above its best a candidate may be."""
+        if self.objective == "time":
+            return self.memory, self.memory_tolerance
+        return self.time, self.time_tolerance
+
     def describe(self) -> str:
         noise = (
             f"two-sided exact Mann-Whitney rank test, p < {self.alpha:g}"
             if self.noise == "mann_whitney"
             else "the [min, max] ranges do not overlap"
         )
+        guard, tolerance = self.guard
         return (
-            f"the fastest by median {self.time} among allocators whose median {self.memory} is "
-            f"within {self.memory_tolerance:.0%} of the smallest and, against the baseline, "
+            f"the lowest median {self.primary} among allocators whose median {guard} is "
+            f"within {tolerance:.0%} of the lowest and, against the baseline, "
             f"beyond noise: {noise}"
             + (", Holm-corrected for the candidates compared" if self.correction == "holm" else "")
         )

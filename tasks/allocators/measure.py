@@ -383,7 +383,7 @@ def measure_case(
                 # past the planned rounds: only while the decision sits in the noise
                 ok = [s for s in samples if s.ok and s.wall_s is not None]
                 times = {
-                    n: np.array([getattr(s, config.rule.time) for s in ok if s.allocator == n])
+                    n: np.array([getattr(s, config.rule.primary) for s in ok if s.allocator == n])
                     for n in names
                 }
                 open_ = undecided(

@@ -15,16 +15,21 @@ A pair (case, allocator) is
 Each metric (wall_s, cpu_s, peak_rss_mb, max_process_rss_mb, minor_faults, major_faults) gets its
 median and spread (min, max, first and third quartiles) over the pair's measured runs.
 
-The recommendation (configs/allocators.yaml `rule`): among the `ok` pairs of a case, those whose
-median memory is within `memory_tolerance` of the smallest median memory; of those the fastest by
-median time (ties go to the baseline, then to the config's order). Its margin over the baseline
-is `1 - time / baseline time` (0.12: 12% faster), and it is beyond the noise when:
-- `mann_whitney`: a two-sided exact Mann-Whitney rank test of the two sets of runs (all
-  splits of the pooled runs enumerated, ties at mid-ranks) gives p < alpha. With 5 runs each the
-  smallest p is 2/252 = 0.008 (complete separation), and p < 0.05 allows at most 2 of the 25
-  pairs of runs to be in the other order;
+The recommendation (configs/allocators.yaml `rule`), with `objective: time` (the default; with
+`memory` the two metrics swap roles, `time_tolerance` the bound):
+- eligible: the `ok` pairs whose median memory is within `memory_tolerance` of the lowest (an
+  allocator whose median memory reads 0 was not measured: named in the note, left out);
+- each other candidate is tested against the baseline on time (the family: every candidate
+  compared), p-values Holm-adjusted (`correction: holm`) so that picking the best of m is not m
+  chances at a false positive;
+- the winner is the fastest eligible candidate that beats the baseline beyond the noise; when
+  none does, the baseline stays and the fastest other candidate is named (`best_challenger`).
+Its margin is `1 - time / baseline time` (0.12: 12% faster) with a percentile bootstrap
+interval at `confidence` (tasks.allocators.decide). Beyond the noise means:
+- `mann_whitney`: the Holm-adjusted two-sided exact Mann-Whitney p < alpha (5 runs against 5:
+  the smallest raw p is 2/252 = 0.008, complete separation);
 - `minmax`: the [min, max] ranges of the two do not overlap (complete separation: stricter).
-Both are reported for every recommendation; the rule's choice decides `beyond_noise`.
+Both tests are reported for every recommendation; the rule's choice decides `beyond_noise`.
 """
 
 from __future__ import annotations
@@ -85,7 +90,9 @@ class Recommendation(BaseModel):
     rule: str
     time_metric: str
     memory_metric: str
-    margin: float | None = None  # 1 - time / baseline time: 0.12 = 12% faster than the baseline
+    objective: str = "time"  # what the margin is of: time, or memory
+    # 1 - objective / the baseline's (time or memory): 0.12 = 12% less than the baseline
+    margin: float | None = None
     memory_vs_baseline: float | None = None
     p_value: float | None = None  # two-sided exact Mann-Whitney, winner vs baseline
     p_adjusted: float | None = None  # the same, Holm-corrected for the candidates compared
@@ -193,6 +200,7 @@ def recommend(
     df = samples_frame(m)
     order = {a.name: i for i, a in enumerate(m.allocators)}
     recs = []
+    primary, (guard, tolerance) = rule.primary, rule.guard
     for case in m.cases:
         cpairs = [p for p in pairs if p.case == case.label]
         base = next((p for p in cpairs if p.allocator == m.baseline), None)
@@ -209,6 +217,7 @@ def recommend(
             rule=rule.describe(),
             time_metric=rule.time,
             memory_metric=rule.memory,
+            objective=rule.objective,
         )
         timed = [p for p in cpairs if p.status == "ok" and p.median(rule.time) is not None]
         # an allocator whose memory reads 0 was not measured (a probe-less peak): named, not
@@ -226,12 +235,10 @@ def recommend(
         cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
 
         def runs(name: str, cdf: pd.DataFrame = cdf) -> np.ndarray:
-            return cdf.loc[cdf["allocator"] == name, rule.time].to_numpy(float)
+            return cdf.loc[cdf["allocator"] == name, primary].to_numpy(float)
 
-        smallest = min(p.median(rule.memory) for p in cands)
-        eligible = [
-            p for p in cands if p.median(rule.memory) <= smallest * (1 + rule.memory_tolerance)
-        ]
+        smallest = min(p.median(guard) for p in cands)
+        eligible = [p for p in cands if p.median(guard) <= smallest * (1 + tolerance)]
         challengers = [p for p in cands if p.allocator != m.baseline]
         raw: dict[str, float] = {}
         if base_ok:
@@ -242,16 +249,16 @@ def recommend(
         def beats(
             p: PairSummary, base: PairSummary | None = base, adjusted: dict = adjusted
         ) -> bool:
-            """Faster than the baseline by median, beyond the noise by the rule."""
+            """Below the baseline by median `primary`, beyond the noise by the rule."""
             base_ok = base is not None and base.status == "ok"
-            if not base_ok or p.median(rule.time) >= base.median(rule.time):
+            if not base_ok or p.median(primary) >= base.median(primary):
                 return False
             if rule.noise == "minmax":
                 return not ranges_overlap(runs(p.allocator), runs(m.baseline))
             return adjusted[p.allocator] < rule.alpha
 
         winners = [p for p in eligible if p.allocator != m.baseline and beats(p)]
-        key = lambda p: (p.median(rule.time), p.allocator != m.baseline, order[p.allocator])  # noqa: E731
+        key = lambda p: (p.median(primary), p.allocator != m.baseline, order[p.allocator])  # noqa: E731
         if winners:
             winner = min(winners, key=key)
         elif base_ok:
@@ -265,10 +272,7 @@ def recommend(
         if no_memory:
             notes.append(f"{', '.join(no_memory)}: median {rule.memory} reads 0, left out")
         if excluded:
-            notes.append(
-                f"{', '.join(excluded)} over {rule.memory_tolerance:.0%} more {rule.memory} "
-                "than the smallest"
-            )
+            notes.append(f"{', '.join(excluded)} over {tolerance:.0%} more {guard} than the lowest")
         shown = winner
         if not base_ok:
             notes.append(f"{m.baseline} did not run cleanly: no margin")

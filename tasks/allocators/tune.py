@@ -139,10 +139,17 @@ def tune(
     cwd: Path | None = None,
     timeout_s: float = 3600.0,
     progress: Progress | None = None,
+    objective: str | None = None,
 ) -> TuneOutcome:
-    """Measure `argv` under each candidate and recommend one (see the module)."""
+    """Measure `argv` under each candidate and recommend one (see the module); `objective`
+    (time or memory) overrides the rule's."""
     if not argv:
         raise TuneError("give a program: heapcast tune -- PROGRAM ARGS...")
+    if objective is not None:
+        if objective not in ("time", "memory"):
+            raise TuneError(f"objective must be time or memory, not {objective!r}")
+        rule = config.rule.model_copy(update={"objective": objective})
+        config = config.model_copy(update={"rule": rule})
     program = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
     if program is None or not os.path.exists(program):
         raise TuneError(f"program not found: {argv[0]}")
@@ -222,7 +229,7 @@ def tune(
             if rep >= reps:
                 ok = [s for s in samples if s.ok]
                 times = {
-                    n: np.array([getattr(s, config.rule.time) for s in ok if s.allocator == n])
+                    n: np.array([getattr(s, config.rule.primary) for s in ok if s.allocator == n])
                     for n in live
                 }
                 if not undecided(
@@ -318,8 +325,9 @@ def _verdict(rec: Recommendation, config: AllocatorsConfig) -> str:
                 f"p={rec.p_value:.3f}, Holm-adjusted {rec.p_adjusted:.3f}"
             )
         return f"Keep {rec.baseline}: {why}{extra}."
+    metric = rec.time_metric if rec.objective == "time" else rec.memory_metric
     return (
-        f"Recommended: {rec.allocator}, {rec.margin * 100:.1f}% less {rec.time_metric} than "
+        f"Recommended: {rec.allocator}, {rec.margin * 100:.1f}% less {metric} than "
         f"{rec.baseline} ({config.rule.confidence:.0%} interval {rec.margin_low * 100:.1f}% to "
         f"{rec.margin_high * 100:.1f}%), memory ×{rec.memory_vs_baseline:.2f}; p={rec.p_value:.4f}, "
         f"Holm-adjusted over {rec.compared} candidates {rec.p_adjusted:.4f}."

@@ -157,4 +157,4 @@ def test_no_clean_allocator_no_recommendation():
     m = make_measurements({"glibc": runs_of(BASE, 100.0)}, exit_codes={"glibc": [1, 1, 1, 1, 1]})
     _, (rec,) = analyse(m, CFG)
     assert rec.allocator is None and "no allocator ran cleanly" in rec.note
-    assert rec.margin is None and rec.rule.startswith("the fastest by median wall_s")
+    assert rec.margin is None and rec.rule.startswith("the lowest median wall_s")
