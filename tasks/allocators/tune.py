@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
 
 from tasks.allocators.config import Allocator, AllocatorsConfig
 from tasks.allocators.decide import undecided
@@ -360,8 +361,6 @@ def render_table(
 
 
 def _figure(m: Measurements, pairs: list[PairSummary], config: AllocatorsConfig):
-    import plotly.graph_objects as go  # plotting only when a page is asked for
-
     fig = go.Figure()
     for p in pairs:
         t, mem = p.stats.get(config.rule.time), p.stats.get(config.rule.memory)
