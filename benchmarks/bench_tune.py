@@ -45,11 +45,15 @@ def main() -> int:
     base = [s.wall_s for s in out.measurements.samples if s.allocator == "glibc" and s.ok]
     base.sort()
     median = base[len(base) // 2]
+    # what tune adds around the programs: total minus every measured run's own wall time
+    # (the check run is not a sample: counted in the overhead)
+    walls = sum(s.wall_s or 0.0 for s in out.measurements.samples)
     print(out.table)
     print(
         f"\ntune took {total:.1f} s for a program of {median:.2f} s (glibc median wall): "
         f"{total / median:.1f}x its time; {len(out.measurements.samples)} measured runs; "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"load average {os.getloadavg()[0]:.1f}; the programs' own wall time {walls:.1f} s, "
+        f"tune's overhead {total - walls:.1f} s"
     )
     Path(a.out).write_text(
         json.dumps(
@@ -58,6 +62,7 @@ def main() -> int:
                 "program_median_wall_s": median,
                 "ratio": total / median,
                 "runs": len(out.measurements.samples),
+                "programs_wall_s": walls,
                 "rounds": max(s.rep for s in out.measurements.samples),
                 "recommendation": out.recommendation.model_dump(),
                 "table": out.table,
