@@ -7,7 +7,7 @@
 
 The allocators stage itself (tasks/allocators, configs/allocators.yaml) on every quick input of
 the catalog (both inputs of each quick workload, not only the config's `medium`): per case a
-warm-up run, then 5 rounds, each running every allocator once, the order rotated per round.
+warm-up run, then 5 rounds, each running every allocator once, in a balanced order.
 Each run is untraced, with LD_PRELOAD = the allocator (nothing for glibc), measured by the
 runner (`hc-measure`: the program's own wall time, rusage, the container cgroup's peak memory).
 
@@ -156,7 +156,7 @@ def main() -> int:
         }
     result = {
         "what": "the quick catalog under glibc/jemalloc/tcmalloc/mimalloc (LD_PRELOAD, untraced), "
-        "rounds rotated; medians, spreads, recommendation by configs/allocators.yaml's rule",
+        "rounds in a balanced order; medians, spreads, recommendation by configs/allocators.yaml's rule",
         "command": "python benchmarks/bench_allocators.py " + " ".join(sys.argv[1:]),
         "machine": {
             "cpus": os.cpu_count(),

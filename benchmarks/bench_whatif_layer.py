@@ -3,7 +3,7 @@
 Part 1, catalog workloads (issue 14, "checked against a real run"): each (workload, input) is
 run untraced through the replay runner (docker by default: the workload's image, hc-measure's
 rusage of the program's tree) by tasks.whatif.layer.measure_layer_workload, in three arms
-rotated over `--reps` rounds: `plain` (no preload), `disabled` (the layer loaded, N = 0) and
+in a balanced order over `--reps` rounds: `plain` (no preload), `disabled` (the layer loaded, N = 0) and
 `layer` (N = 4, blocks >= 128 KiB), every arm with MALLOC_MMAP_THRESHOLD_=131072 (the
 simulator's fault model assumes glibc's static threshold). Output digest and exit code are
 compared across every run. Measured fault bytes avoided = (median minor faults of `plain` -

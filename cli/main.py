@@ -4,6 +4,7 @@ heapcast trace [-o DIR] -- PROGRAM ARGS...   trace any program, the way heaptrac
 heapcast layer [--policy P] -- PROGRAM ARGS... run any program over heapcast's allocator layer
 heapcast inspect FILE...                      a trace's header and counts per operation
 heapcast report RUN [-o HTML] [--diff RUN]    the heap report of a run: one HTML page + a summary
+heapcast tune [-o HTML] -- PROGRAM ARGS...    which allocator and settings suit a program
 heapcast run [...]                            the whole pipeline (the nightly flow) once
 """
 
@@ -28,8 +29,22 @@ examples:
       the heap report of those traces: report.html and a summary on the terminal
   heapcast report sqlite3/small --diff sqlite3/medium
       two runs of the data root ($HEAPCAST_ROOT or ./data) side by side
+  heapcast tune -- python3 train.py
+      the program under glibc, its tunables, jemalloc, tcmalloc, mimalloc: the line to use
   heapcast run --quick
       the whole pipeline once: replay, dataset, train, register (heapcast run --help)
+"""
+
+TUNE_EPILOG = """\
+The program runs here, in this folder and environment, once per candidate per round (the
+candidates and rounds: configs/allocators.yaml's `tune`), each run's allocator verified in force
+from inside the program. Output and exit code must stay as under glibc.
+
+example:
+  heapcast tune -o tune.html -- python3 -c 'import numpy as np; ...'
+      a table (time, peak RSS, minor faults per candidate relative to glibc), the
+      recommendation and the line to paste, e.g.
+      LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python3 -c ...
 """
 
 TRACE_EPILOG = """\
@@ -324,6 +339,55 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from tasks.allocators.config import load_allocators_config
+    from tasks.allocators.tune import TuneError, tune
+    from tasks.core.config import ConfigError
+
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    try:
+        config = load_allocators_config(args.config)
+    except ConfigError as err:
+        print(f"heapcast tune: {err}", file=sys.stderr)
+        return 2
+    bar = Progress(
+        TextColumn("heapcast tune"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        transient=True,
+    )
+    with bar:
+        job = bar.add_task("", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(job, completed=done, total=total, description=what)
+
+        try:
+            out = tune(
+                program,
+                config,
+                candidates=args.candidates.split(",") if args.candidates else None,
+                repetitions=args.repetitions,
+                max_repetitions=args.max_repetitions,
+                html_out=Path(args.output) if args.output else None,
+                progress=progress,
+                objective=args.objective,
+            )
+        except TuneError as err:
+            bar.stop()
+            print(f"heapcast tune: {err}", file=sys.stderr)
+            return 1
+    print(out.table)
+    if out.html_path is not None:
+        print(f"page: {out.html_path}")
+    return 0
+
+
 def cmd_run(argv: list[str]) -> int:
     from flows.nightly import main as nightly_main
 
@@ -452,6 +516,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes drawn over time (8)",
     )
     r.set_defaults(func=cmd_report)
+    tu = sub.add_parser(
+        "tune",
+        help="which allocator and settings suit a program: heapcast tune -- PROGRAM ARGS...",
+        description="Measure PROGRAM under glibc, its tunables and other allocators; recommend\n"
+        "one, corrected for the number compared, with the exact line to paste.",
+        epilog=TUNE_EPILOG,
+        formatter_class=raw,
+    )
+    tu.add_argument("-o", "--output", default="tune.html", help="the page (default tune.html)")
+    tu.add_argument("--candidates", help="comma-separated names (configs/allocators.yaml)")
+    tu.add_argument("--repetitions", type=_positive, help="rounds before any is added")
+    tu.add_argument("--max-repetitions", type=_positive, help="rounds at most")
+    tu.add_argument(
+        "--objective",
+        choices=["time", "memory"],
+        help="what the winner must beat glibc on (default: the config's rule, time)",
+    )
+    tu.add_argument("--config", help="allocators config (default configs/allocators.yaml)")
+    tu.add_argument("program", nargs=argparse.REMAINDER)
+    tu.set_defaults(func=cmd_tune)
     # `run` hands its arguments to the nightly flow's own parser (see main).
     sub.add_parser(
         "run",

@@ -1,7 +1,8 @@
 """Allocators: which allocator suits each workload, by measurement.
 
-Takes in the workload catalog (configs/workloads.yaml), configs/allocators.yaml (the allocators
-as LD_PRELOAD libraries with their Debian packages, the repetitions, the recommendation rule),
+Takes in the workload catalog (configs/workloads.yaml), configs/allocators.yaml (the candidates:
+LD_PRELOAD libraries with their Debian packages, glibc's tunables and the allocators' knobs; the
+repetitions; the recommendation rule),
 a runner (docker images with the allocators installed, or the host) and, where it has the
 workloads, the events dataset (`<root>/events`). Gives out, under `<root>/allocators/`, a Parquet
 summary (one row per workload x allocator: median and spread of wall time, CPU time, peak memory,
@@ -9,8 +10,11 @@ faults; output checked against glibc's; the recommendation with its margin and w
 beyond the noise; the workload's heap features), a Parquet table of every run, a markdown table,
 plots of time against peak memory, and one MLflow run per measurement in its own experiment.
 
-Open `measure` first (how runs are made side by side), then `stats` (checks and the rule),
-`heap` (features from the events), `report` (what is written). A flow composes:
+Open `measure` first (how runs are made side by side, each verified in force by
+tasks.replay.runners.preload), then `stats` (checks and the rule) over `decide` (the rank test,
+Holm's correction, the margin's interval), `heap` (features from the events), `report` (what is
+written). `tune` is `heapcast tune -- PROGRAM`: any program on this host, the same analysis.
+A flow composes:
 
     cfg = load_allocators_config()
     build_images(images_for(cfg, workloads, quick))            # tasks.replay.images, docker only

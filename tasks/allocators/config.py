@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.core.config import CONFIG_DIR, StrictModel, default_root, load_config
+from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
+from tasks.replay.runners.preload import PreloadSpec
 from tasks.replay.workloads import Name
 
 CONFIG_PATH = CONFIG_DIR / "allocators.yaml"
@@ -16,28 +18,140 @@ CONFIG_PATH = CONFIG_DIR / "allocators.yaml"
 MIN_REPETITIONS = 5
 
 
+# heapcast's own layers (kind: layer) are built under native/build and shown to the program
+# by the runner (RunRequest.host_libraries); `library` names the file there.
+LAYER_DIR = PROJECT_DIR / "native" / "build"
+# The glibc tunables a candidate may set (GLIBC_TUNABLES), with their smallest value; glibc
+# ignores an unknown name or a value out of range without a word, so they are checked here.
+GLIBC_MALLOC_TUNABLES = {
+    "arena_max": 1,
+    "arena_test": 1,
+    "mmap_threshold": 0,
+    "mmap_max": 0,
+    "trim_threshold": 0,
+    "top_pad": 0,
+    "tcache_count": 0,
+    "tcache_max": 0,
+    "hugetlb": 0,
+}
+TCACHE_COUNT_MAX = 65535  # glibc's MAX_TCACHE_COUNT
+# jemalloc options a candidate may set in MALLOC_CONF (those the probe can read back, and what
+# jemalloc's tuning guide names for memory against time).
+JEMALLOC_OPTIONS = {"background_thread", "dirty_decay_ms", "muzzy_decay_ms", "narenas"}
+# Each knob and the malloc it tunes ("glibc": no library preloaded).
+KNOB_OWNERS = {
+    "GLIBC_TUNABLES": "glibc",
+    "MALLOC_ARENA_MAX": "glibc",
+    "MALLOC_CONF": "jemalloc",
+    "TCMALLOC_RELEASE_RATE": "tcmalloc",
+}
+
+
+def _int(text: str, what: str, lo: int) -> int:
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not an integer") from None
+    if v < lo:
+        raise ValueError(f"{what}: {v} is below its smallest value {lo}")
+    return v
+
+
+def check_knob(key: str, value: str) -> None:
+    """Raise ValueError saying what is wrong with allocator knob `key`=`value`."""
+    if key == "GLIBC_TUNABLES":
+        for item in value.split(":"):
+            name, eq, val = item.partition("=")
+            short = name.removeprefix("glibc.malloc.")
+            if not eq or not name.startswith("glibc.malloc.") or short not in GLIBC_MALLOC_TUNABLES:
+                known = ", ".join(f"glibc.malloc.{t}" for t in GLIBC_MALLOC_TUNABLES)
+                raise ValueError(
+                    f"GLIBC_TUNABLES: {item!r} is not NAME=VALUE with NAME one of {known}"
+                )
+            v = _int(val, f"GLIBC_TUNABLES {name}", GLIBC_MALLOC_TUNABLES[short])
+            if short == "tcache_count" and v > TCACHE_COUNT_MAX:
+                raise ValueError(f"GLIBC_TUNABLES {name}: {v} is above glibc's {TCACHE_COUNT_MAX}")
+    elif key == "MALLOC_ARENA_MAX":
+        _int(value, "MALLOC_ARENA_MAX", 1)
+    elif key == "MALLOC_CONF":
+        for pair in value.split(","):
+            name, colon, val = pair.partition(":")
+            if not colon or name not in JEMALLOC_OPTIONS:
+                raise ValueError(
+                    f"MALLOC_CONF: {pair!r} is not NAME:VALUE with NAME one of "
+                    f"{', '.join(sorted(JEMALLOC_OPTIONS))}"
+                )
+            if name == "background_thread":
+                if val not in ("true", "false"):
+                    raise ValueError(f"MALLOC_CONF background_thread: {val!r} is not true/false")
+            else:
+                _int(val, f"MALLOC_CONF {name}", -1 if name.endswith("decay_ms") else 1)
+    elif key == "TCMALLOC_RELEASE_RATE":
+        try:
+            rate = float(value)
+        except ValueError:
+            raise ValueError(f"TCMALLOC_RELEASE_RATE: {value!r} is not a number") from None
+        if not math.isfinite(rate) or rate < 0:
+            raise ValueError(f"TCMALLOC_RELEASE_RATE: {value!r} must be 0 or more")
+    else:
+        raise ValueError(f"unknown allocator knob {key!r}; known: {', '.join(KNOB_OWNERS)}")
+
+
 class Allocator(StrictModel):
-    """One allocator: LD_PRELOADed `library` (none: the C library's malloc), its Debian package."""
+    """One candidate: LD_PRELOADed `library` (none: the C library's malloc) with its Debian
+    package, and `env`, the allocator's knobs (glibc tunables, MALLOC_CONF, ...), checked
+    against the malloc they tune. `kind: layer`: a heapcast layer built under native/build
+    (`library` is its file name there)."""
 
     name: Name
+    kind: Literal["malloc", "layer"] = "malloc"
     library: str | None = None
     package: str | None = Field(default=None, description="the Debian package installing it")
+    env: dict[str, str] = Field(default_factory=dict, description="allocator knobs")
 
     @field_validator("library")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError(
-                f"library {v!r} must be an absolute path (as the workload sees it: inside the "
-                "image for docker, on the host for local)"
-            )
         if v is not None and (":" in v or " " in v):
             raise ValueError(f"library {v!r}: LD_PRELOAD separates entries with ':' and spaces")
         return v
 
     @model_validator(mode="after")
+    def _library_path(self) -> Allocator:
+        v = self.library
+        if self.kind == "layer":
+            if not v or "/" in v:
+                raise ValueError(
+                    f"allocator {self.name!r}: a layer's `library` is its file name under "
+                    f"{LAYER_DIR} (built by `make -C native`)"
+                )
+            return self
+        if v is not None and not v.startswith("/"):
+            raise ValueError(
+                f"library {v!r} must be an absolute path (as the workload sees it: inside the "
+                "image for docker, on the host for local)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _knobs_fit(self) -> Allocator:
+        malloc = self.malloc_family
+        for key, value in self.env.items():
+            try:
+                check_knob(key, value)
+            except ValueError as err:
+                raise ValueError(f"allocator {self.name!r}, env.{key}: {err}") from None
+            owner = KNOB_OWNERS[key]
+            if owner != malloc:
+                raise ValueError(
+                    f"allocator {self.name!r}, env.{key}: tunes {owner}'s malloc, but this "
+                    f"candidate runs {malloc}'s"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _package_for_library(self) -> Allocator:
-        if self.library is not None and not self.package:
+        if self.library is not None and self.kind == "malloc" and not self.package:
             raise ValueError(
                 f"allocator {self.name!r}: `package` (the Debian package that installs "
                 f"{self.library}) is required, so that a missing library can say what to install"
@@ -45,8 +159,35 @@ class Allocator(StrictModel):
         return self
 
     @property
+    def malloc_family(self) -> str:
+        """glibc, jemalloc, tcmalloc, mimalloc, or the library's file name."""
+        if self.library is None:
+            return "glibc"
+        base = Path(self.library).name
+        for family in ("jemalloc", "tcmalloc", "mimalloc"):
+            if family in base:
+                return family
+        return base
+
+    @property
     def preload(self) -> tuple[str, ...]:
-        return (self.library,) if self.library else ()
+        return (self.library,) if self.library and self.kind == "malloc" else ()
+
+    @property
+    def spec(self) -> PreloadSpec:
+        """What a run under this candidate asks for, for tasks.replay.runners.preload."""
+        return PreloadSpec(
+            name=self.name,
+            library=self.library if self.kind == "malloc" else None,
+            host_library=LAYER_DIR / self.library
+            if self.kind == "layer" and self.library
+            else None,
+            env=tuple(sorted(self.env.items())),
+        )
+
+    def line(self) -> str:
+        """The exact line to paste in front of a command (empty for glibc as it is)."""
+        return self.spec.line()
 
 
 class RecommendationRule(StrictModel):
@@ -56,8 +197,37 @@ class RecommendationRule(StrictModel):
     time: Literal["wall_s", "cpu_s"] = "wall_s"
     memory: Literal["peak_rss_mb", "max_process_rss_mb"] = "peak_rss_mb"
     memory_tolerance: float = Field(default=0.10, ge=0.0)
+    objective: Literal["time", "memory"] = Field(
+        default="time",
+        description="what the winner must beat the baseline on: `time` (within memory_tolerance "
+        "of the smallest memory) or `memory` (within time_tolerance of the fastest)",
+    )
+    time_tolerance: float = Field(default=0.10, ge=0.0)
     noise: Literal["mann_whitney", "minmax"] = "mann_whitney"
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    correction: Literal["holm", "none"] = Field(
+        default="holm", description="for the number of candidates compared with the baseline"
+    )
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="of the margin's interval")
+    promising_p: float = Field(
+        default=0.25,
+        gt=0.0,
+        le=1.0,
+        description="a faster candidate with an uncorrected p below this, not beyond the noise "
+        "after the correction, gets more rounds (up to max_repetitions)",
+    )
+
+    @property
+    def primary(self) -> str:
+        """The metric the winner beats the baseline on."""
+        return self.time if self.objective == "time" else self.memory
+
+    @property
+    def guard(self) -> tuple[str, float]:
+        """The other metric, and how far above its best a candidate may be."""
+        if self.objective == "time":
+            return self.memory, self.memory_tolerance
+        return self.time, self.time_tolerance
 
     def describe(self) -> str:
         noise = (
@@ -65,16 +235,32 @@ class RecommendationRule(StrictModel):
             if self.noise == "mann_whitney"
             else "the [min, max] ranges do not overlap"
         )
+        guard, tolerance = self.guard
         return (
-            f"the fastest by median {self.time} among allocators whose median {self.memory} is "
-            f"within {self.memory_tolerance:.0%} of the smallest; beyond noise: {noise}"
+            f"the lowest median {self.primary} among allocators whose median {guard} is "
+            f"within {tolerance:.0%} of the lowest and, against the baseline, "
+            f"beyond noise: {noise}"
+            + (", Holm-corrected for the candidates compared" if self.correction == "holm" else "")
         )
+
+
+class TuneConfig(StrictModel):
+    """`heapcast tune`'s defaults: the candidates (names of `allocators`) and the rounds."""
+
+    candidates: list[Name] = Field(min_length=1)
+    repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    max_repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    warmup: int = Field(default=1, ge=0)
 
 
 class AllocatorsConfig(StrictModel):
     allocators: list[Allocator] = Field(min_length=1)
     baseline: Name = "glibc"
     repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    max_repetitions: int | None = Field(
+        default=None, description="rounds added while the decision sits in the noise, up to this"
+    )
+    order_seed: int = Field(default=0, description="the seed of the rounds' balanced orders")
     warmup: int = Field(default=1, ge=0, description="baseline runs before a case, discarded")
     inputs: list[Name] | None = Field(
         default=None, description="input names measured per workload; None: the selection's"
@@ -82,6 +268,23 @@ class AllocatorsConfig(StrictModel):
     experiment: str = Field(default="heapcast-allocators", min_length=1)
     rule: RecommendationRule = RecommendationRule()
     large_block_bytes: int = Field(default=128 * 1024, ge=1)
+    tune: TuneConfig | None = None
+
+    @model_validator(mode="after")
+    def _tune_candidates_listed(self) -> AllocatorsConfig:
+        if self.tune is None:
+            return self
+        unknown = [n for n in self.tune.candidates if n not in self.names()]
+        if unknown:
+            raise ValueError(
+                f"tune.candidates: {', '.join(unknown)} not among the allocators "
+                f"({', '.join(self.names())})"
+            )
+        if self.baseline not in self.tune.candidates:
+            raise ValueError(f"tune.candidates must include the baseline {self.baseline!r}")
+        if self.tune.max_repetitions < self.tune.repetitions:
+            raise ValueError("tune.max_repetitions is below tune.repetitions")
+        return self
 
     @field_validator("allocators")
     @classmethod
@@ -99,6 +302,32 @@ class AllocatorsConfig(StrictModel):
                 f"baseline {self.baseline!r} is not one of the allocators ({', '.join(self.names())})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _rounds_can_decide(self) -> AllocatorsConfig:
+        """With m candidates against the baseline, Holm's first bar is alpha / m; a rank test
+        of n runs against n cannot go below 2 / C(2n, n). Say so rather than never decide."""
+        top = self.max_repetitions or self.repetitions
+        if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
+            raise ValueError(
+                f"max_repetitions {self.max_repetitions} is below repetitions {self.repetitions}"
+            )
+        m = len(self.allocators) - 1
+        if self.rule.noise != "mann_whitney" or self.rule.correction != "holm" or m < 1:
+            return self
+        bar = self.rule.alpha / m
+        if 2 / math.comb(2 * top, top) >= bar:
+            need = next(n for n in range(top, 100) if 2 / math.comb(2 * n, n) < bar)
+            raise ValueError(
+                f"max_repetitions (or repetitions) {top}: with {m} candidates against "
+                f"{self.baseline}, Holm's bar is {bar:.4f} and {top} runs each cannot reach it; "
+                f"give at least {need}"
+            )
+        return self
+
+    @property
+    def rounds_bound(self) -> int:
+        return self.max_repetitions or self.repetitions
 
     def names(self) -> list[str]:
         return [a.name for a in self.allocators]

@@ -2,9 +2,11 @@
 
 A *case* is one (workload, input). For each case the input is generated once; then come the
 warm-up runs (the baseline allocator, discarded: the first run of a fresh image pays for the
-page cache) and `repetitions` rounds, each running every available allocator once, the order
-rotated by one per round (round 1: glibc, jemalloc, tcmalloc, mimalloc; round 2: jemalloc,
-tcmalloc, mimalloc, glibc; ...), so that load from elsewhere falls on every allocator alike.
+page cache) and `repetitions` rounds, each running every available allocator once, in a balanced
+order (Williams squares: each allocator once in each place and after each other one, relabelled
+per square from `order_seed`), so that load from elsewhere falls on every allocator alike. While
+the decision sits in the noise (a faster candidate promising but not beyond it after Holm's
+correction, tasks.allocators.decide.undecided) rounds are added, up to `max_repetitions`.
 Cases run one after the other, never in parallel: two measured runs at once would measure each
 other.
 
@@ -32,19 +34,29 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from tasks.allocators.config import Allocator, AllocatorsConfig
+from tasks.allocators.decide import undecided
 from tasks.core.storage import Root
 from tasks.format.trace_reader import count_traces
-from tasks.replay.inputs import generate_input
+from tasks.replay.inputs import prepare_input_dir
 from tasks.replay.runners.base import EngineError, Runner, RunRequest, RunResult
+from tasks.replay.runners.preload import (
+    Verification,
+    balanced_orders,
+    build_probe,
+    probed_request,
+    verify_result,
+)
 from tasks.replay.runners.select import make_runner, resolve_runner_kind
 from tasks.replay.workloads import Catalog, Workload, WorkloadInput, load_catalog
 
 MB = 1024 * 1024
+NOT_APPLIED = "not applied"  # how a run's error starts when its allocator was not in force
 
 
 class AllocatorMissing(RuntimeError):
@@ -95,6 +107,7 @@ class Sample(BaseModel):
     stdout_bytes: int | None = None
     events: int | None = None  # traced runs: heap events recorded
     error: str | None = None
+    applied: bool | None = None  # the probe saw the allocator (and its knobs) in force
     started_at: str
 
 
@@ -153,12 +166,10 @@ def select_cases(
     ]
 
 
-def rotation(names: list[str], rep: int) -> list[str]:
-    """The order of round `rep` (0-based): the list rotated left by `rep`."""
-    if not names:
-        return []
-    k = rep % len(names)
-    return names[k:] + names[:k]
+def round_orders(names: list[str], rounds: int, seed: int = 0) -> list[list[str]]:
+    """Each round's order: balanced (Williams squares, relabelled by `seed`; see
+    tasks.replay.runners.preload.balanced_orders), never round one's order again at round n+1."""
+    return balanced_orders(names, rounds, seed)
 
 
 def missing_message(allocator: Allocator, workload: Workload, runner_kind: str) -> str:
@@ -209,18 +220,6 @@ def _scratch_parent(root: Root) -> Path:
     return Path(tempfile.gettempdir())
 
 
-def _prepare_input(case: Case, scratch: Path) -> Path:
-    input_dir = scratch / "input"
-    input_dir.mkdir()
-    files = generate_input(case.workload.generator, case.input.seed, case.input.size, input_dir)
-    for d in (scratch, input_dir):
-        d.chmod(0o755)
-    for f in files:  # readable by the sandbox's user; a program stays executable
-        path = input_dir / f
-        path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
-    return input_dir
-
-
 def _sample(
     case: Case,
     allocator: str,
@@ -232,6 +231,7 @@ def _sample(
     error: str | None,
     started_at: str,
     run_s: float,
+    verification: Verification | None = None,
 ) -> Sample:
     expected = case.workload.expected_exit_code
     base = dict(
@@ -248,12 +248,11 @@ def _sample(
     if result is None:
         return Sample(**base, ok=False, exit_code=None, timed_out=False, run_s=run_s, error=error)
     u = result.usage
-    refused = _preload_refused(result.log_tail)
+    applied = verification.applied if verification is not None else None
     if error is None:
-        if refused:
-            # ld.so ignores a library it cannot load and runs on: glibc measured under a
-            # wrong name unless caught here
-            error = f"LD_PRELOAD refused: {refused}"
+        if verification is not None and not verification.applied and result.exit_code is not None:
+            # glibc (or another malloc) measured under this allocator's name unless caught here
+            error = f"{NOT_APPLIED}: {verification.reason}"
         elif result.timed_out:
             error = f"exceeded its time limit of {case.workload.time_limit_for(case.input):g} s"
         elif result.error:
@@ -284,15 +283,8 @@ def _sample(
         stdout_sha256=result.stdout_sha256,
         stdout_bytes=result.stdout_bytes,
         error=error,
+        applied=applied,
     )
-
-
-def _preload_refused(log_tail: str) -> str | None:
-    """The dynamic loader's complaint about a preloaded library, if the run's log has one."""
-    for line in log_tail.splitlines():
-        if "from LD_PRELOAD cannot be preloaded" in line:
-            return line.strip()
-    return None
 
 
 def run_once(
@@ -302,24 +294,30 @@ def run_once(
     input_dir: Path,
     run_dir: Path,
     tracer: Path | None,
-) -> tuple[RunResult | None, int | None, str | None]:
-    """One measured run in a fresh folder; (result, traced events, error). An engine hiccup is
-    tried once more, then recorded as the run's error."""
+) -> tuple[RunResult | None, int | None, str | None, Verification | None]:
+    """One measured run in a fresh folder, its loading verified by the probe
+    (tasks.replay.runners.preload); (result, traced events, error, verification). An engine
+    hiccup is tried once more, then recorded as the run's error."""
     error = None
+    spec = allocator.spec
+    probe = build_probe()
     for attempt in (1, 2):
         shutil.rmtree(run_dir, ignore_errors=True)
         dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
         for d in dirs.values():
             d.mkdir(parents=True)
-        request = RunRequest(
-            workload=case.workload,
-            input=case.input,
-            tracer=tracer,
-            input_dir=input_dir,
-            trace_dir=dirs["trace"],
-            work_dir=dirs["work"],
-            preload=allocator.preload,
-            measure_dir=dirs["measure"],
+        request = probed_request(
+            RunRequest(
+                workload=case.workload,
+                input=case.input,
+                tracer=tracer,
+                input_dir=input_dir,
+                trace_dir=dirs["trace"],
+                work_dir=dirs["work"],
+                measure_dir=dirs["measure"],
+            ),
+            spec,
+            probe,
         )
         try:
             result = runner.run(request)
@@ -327,8 +325,8 @@ def run_once(
             error = f"engine error (attempt {attempt}): {err}"
             continue
         events = count_traces(dirs["trace"]).events if tracer is not None else None
-        return result, events, None
-    return None, None, error
+        return result, events, None, verify_result(spec, request, result)
+    return None, None, error, None
 
 
 def measure_case(
@@ -371,16 +369,34 @@ def measure_case(
         tempfile.mkdtemp(prefix=f"{case.workload.name}-{case.input.name}-", dir=scratch_parent)
     )
     try:
-        input_dir = _prepare_input(case, scratch)
+        input_dir = prepare_input_dir(
+            case.workload.generator, case.input.seed, case.input.size, scratch
+        )
         first = config.baseline if config.baseline in names else names[0]
         for i in range(warm):
             run_once(case, config.get(first), runner, input_dir, scratch / f"warmup-{i}", tracer)
-        for rep in range(reps):
-            for pos, name in enumerate(rotation(names, rep)):
+        bound = max(reps, config.rounds_bound) if repetitions is None else reps
+        orders = round_orders(names, bound, config.order_seed)
+        rep = 0
+        while rep < bound:
+            if rep >= reps:
+                # past the planned rounds: only while the decision sits in the noise
+                ok = [s for s in samples if s.ok and s.wall_s is not None]
+                times = {
+                    n: np.array([getattr(s, config.rule.primary) for s in ok if s.allocator == n])
+                    for n in names
+                }
+                open_ = undecided(
+                    times, config.baseline, config.rule.alpha, config.rule.promising_p
+                )
+                if not open_:
+                    break
+                log.info(f"{case.label}: round {rep + 1} added, undecided: {', '.join(open_)}")
+            for pos, name in enumerate(orders[rep]):
                 started_at = datetime.now(UTC).isoformat(timespec="seconds")
                 t0 = time.monotonic()
                 run_dir = scratch / f"r{rep + 1}-{name}"
-                result, events, error = run_once(
+                result, events, error, verified = run_once(
                     case, config.get(name), runner, input_dir, run_dir, tracer
                 )
                 s = _sample(
@@ -394,11 +410,13 @@ def measure_case(
                     error,
                     started_at,
                     round(time.monotonic() - t0, 4),
+                    verified,
                 )
                 shutil.rmtree(run_dir, ignore_errors=True)
                 if not s.ok:
                     log.warning(f"{case.label} under {name} (round {rep + 1}): {s.error}")
                 samples.append(s)
+            rep += 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return samples, unavailable

@@ -100,6 +100,10 @@ def summary_table(
             "recommendation": r.allocator if r else None,
             "margin": r.margin if r else None,
             "p_value": r.p_value if r else None,
+            "p_adjusted": r.p_adjusted if r else None,
+            "margin_low": r.margin_low if r else None,
+            "margin_high": r.margin_high if r else None,
+            "best_challenger": r.best_challenger if r else None,
             "ranges_overlap": r.ranges_overlap if r else None,
             "beyond_noise": r.beyond_noise if r else None,
         }
@@ -134,6 +138,10 @@ def _summary_schema() -> pa.Schema:
         ("recommendation", pa.string()),
         ("margin", pa.float64()),
         ("p_value", pa.float64()),
+        ("p_adjusted", pa.float64()),
+        ("margin_low", pa.float64()),
+        ("margin_high", pa.float64()),
+        ("best_challenger", pa.string()),
         ("ranges_overlap", pa.bool_()),
         ("beyond_noise", pa.bool_()),
     ]
@@ -200,10 +208,20 @@ def _rec_cell(r: Recommendation) -> str:
     if r.allocator is None:
         return "none: " + r.note
     if r.allocator == r.baseline or r.margin is None:
-        return f"**{r.allocator}**" + (f" ({r.note})" if r.note else "")
+        interval = (
+            f"; {r.best_challenger}: {r.margin_low * 100:+.1f}% to {r.margin_high * 100:+.1f}%, "
+            f"Holm p={r.p_adjusted:.3f}"
+            if r.best_challenger and r.margin_low is not None and r.p_adjusted is not None
+            else ""
+        )
+        return f"**{r.allocator}**" + (f" ({r.note}{interval})" if r.note else "")
     word = "faster" if r.margin >= 0 else "slower"
     noise = "beyond noise" if r.beyond_noise else "within noise"
     p = f"p={r.p_value:.3f}" if r.p_value is not None else ""
+    if r.p_adjusted is not None:
+        p += f", Holm-adjusted {r.p_adjusted:.3f} over {r.compared}"
+    if r.margin_low is not None:
+        p += f", margin {r.margin_low * 100:.1f}% to {r.margin_high * 100:.1f}%"
     overlap = "ranges overlap" if r.ranges_overlap else "ranges apart"
     mem = f", {r.memory_vs_baseline:.2f}× memory" if r.memory_vs_baseline is not None else ""
     return (

@@ -2,6 +2,9 @@
 
 A pair (case, allocator) is
 - `unavailable` when its library is missing where the workload runs;
+- `not applied` when any of its runs did not run under it, by the probe (a static or setuid
+  program, an environment dropped, a library refused: tasks.replay.runners.preload): never
+  measured under a wrong name;
 - `failed` when any of its runs exited with another code than the catalog expects, timed out or
   failed in the runner, or when its standard output differs from the baseline's. The output is
   compared only where the baseline's own runs agree with each other (one SHA-256 over all its
@@ -12,33 +15,34 @@ A pair (case, allocator) is
 Each metric (wall_s, cpu_s, peak_rss_mb, max_process_rss_mb, minor_faults, major_faults) gets its
 median and spread (min, max, first and third quartiles) over the pair's measured runs.
 
-The recommendation (configs/allocators.yaml `rule`): among the `ok` pairs of a case, those whose
-median memory is within `memory_tolerance` of the smallest median memory; of those the fastest by
-median time (ties go to the baseline, then to the config's order). Its margin over the baseline
-is `1 - time / baseline time` (0.12: 12% faster), and it is beyond the noise when:
-- `mann_whitney`: a two-sided exact Mann-Whitney rank test of the two sets of runs (all
-  splits of the pooled runs enumerated, ties at mid-ranks) gives p < alpha. With 5 runs each the
-  smallest p is 2/252 = 0.008 (complete separation), and p < 0.05 allows at most 2 of the 25
-  pairs of runs to be in the other order;
+The recommendation (configs/allocators.yaml `rule`), with `objective: time` (the default; with
+`memory` the two metrics swap roles, `time_tolerance` the bound):
+- eligible: the `ok` pairs whose median memory is within `memory_tolerance` of the lowest (an
+  allocator whose median memory reads 0 was not measured: named in the note, left out);
+- each other candidate is tested against the baseline on time (the family: every candidate
+  compared), p-values Holm-adjusted (`correction: holm`) so that picking the best of m is not m
+  chances at a false positive;
+- the winner is the fastest eligible candidate that beats the baseline beyond the noise; when
+  none does, the baseline stays and the fastest other candidate is named (`best_challenger`).
+Its margin is `1 - time / baseline time` (0.12: 12% faster) with a percentile bootstrap
+interval at `confidence` (tasks.allocators.decide). Beyond the noise means:
+- `mann_whitney`: the Holm-adjusted two-sided exact Mann-Whitney p < alpha (5 runs against 5:
+  the smallest raw p is 2/252 = 0.008, complete separation);
 - `minmax`: the [min, max] ranges of the two do not overlap (complete separation: stricter).
-Both are reported for every recommendation; the rule's choice decides `beyond_noise`.
+Both tests are reported for every recommendation; the rule's choice decides `beyond_noise`.
 """
 
 from __future__ import annotations
-
-import itertools
-import math
-from collections import Counter
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
 from tasks.allocators.config import AllocatorsConfig, RecommendationRule
-from tasks.allocators.measure import Measurements, Sample
+from tasks.allocators.decide import holm, mann_whitney_p, margin_interval
+from tasks.allocators.measure import NOT_APPLIED, Measurements, Sample
 
 METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb", "minor_faults", "major_faults")
-EXACT_LIMIT = 200_000  # splits enumerated for the exact test; beyond: the normal approximation
 
 
 class Spread(BaseModel):
@@ -62,7 +66,7 @@ class PairSummary(BaseModel):
     workload: str
     input: str
     allocator: str
-    status: str  # ok | failed | unavailable
+    status: str  # ok | failed | not applied | unavailable
     reason: str | None = None
     runs: int = 0
     ok_runs: int = 0
@@ -86,9 +90,16 @@ class Recommendation(BaseModel):
     rule: str
     time_metric: str
     memory_metric: str
-    margin: float | None = None  # 1 - time / baseline time: 0.12 = 12% faster than the baseline
+    objective: str = "time"  # what the margin is of: time, or memory
+    # 1 - objective / the baseline's (time or memory): 0.12 = 12% less than the baseline
+    margin: float | None = None
     memory_vs_baseline: float | None = None
     p_value: float | None = None  # two-sided exact Mann-Whitney, winner vs baseline
+    p_adjusted: float | None = None  # the same, Holm-corrected for the candidates compared
+    compared: int = 0  # candidates compared with the baseline (the correction's m)
+    margin_low: float | None = None  # the margin's bootstrap interval (rule.confidence)
+    margin_high: float | None = None
+    best_challenger: str | None = None  # the fastest other candidate when the baseline stays
     ranges_overlap: bool | None = None  # [min, max] of the two overlap
     beyond_noise: bool | None = None  # by the rule's noise test; None when nothing to compare
     note: str = ""
@@ -96,36 +107,6 @@ class Recommendation(BaseModel):
 
 def samples_frame(m: Measurements) -> pd.DataFrame:
     return pd.DataFrame([s.model_dump() for s in m.samples], columns=list(Sample.model_fields))
-
-
-def mann_whitney_p(x, y) -> float:
-    """Two-sided p-value of the Mann-Whitney U test of `x` against `y`: exact (every split of
-    the pooled values enumerated, ties at mid-ranks) up to EXACT_LIMIT splits, else the normal
-    approximation with the tie correction. 1.0 when either side is empty."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    n, m = len(x), len(y)
-    if n == 0 or m == 0:
-        return 1.0
-    pooled = np.concatenate([x, y])
-    ranks = pd.Series(pooled).rank(method="average").to_numpy()
-    offset = n * (n + 1) / 2
-    u_obs = ranks[:n].sum() - offset
-    centre = n * m / 2
-    d_obs = abs(u_obs - centre)
-    if math.comb(n + m, n) <= EXACT_LIMIT:
-        splits = np.fromiter(
-            itertools.chain.from_iterable(itertools.combinations(range(n + m), n)),
-            dtype=np.int64,
-        ).reshape(-1, n)
-        u = ranks[splits].sum(axis=1) - offset
-        return float(np.mean(np.abs(u - centre) >= d_obs - 1e-9))
-    ties = Counter(pooled.tolist()).values()
-    t = sum(c**3 - c for c in ties)
-    var = n * m / 12 * ((n + m + 1) - t / ((n + m) * (n + m - 1)))
-    if var <= 0:
-        return 1.0
-    z = max(d_obs - 0.5, 0.0) / math.sqrt(var)
-    return float(math.erfc(z / math.sqrt(2)))
 
 
 def ranges_overlap(x, y) -> bool:
@@ -189,10 +170,12 @@ def summarize(m: Measurements) -> list[PairSummary]:
                         f"output differs from {m.baseline}'s in {differ} of {len(good)} runs "
                         f"(stdout sha256 {str(other)[:12]} vs {reference[:12]})"
                     )
+            not_applied = len(bad) and bad["error"].astype(str).str.startswith(NOT_APPLIED).any()
+            status = "not applied" if not_applied else "failed" if reasons else "ok"
             out.append(
                 PairSummary(
                     **key,
-                    status="failed" if reasons else "ok",
+                    status=status,
                     reason="; ".join(reasons) or None,
                     runs=len(adf),
                     ok_runs=int(adf["ok"].astype(bool).sum()) if len(adf) else 0,
@@ -217,6 +200,7 @@ def recommend(
     df = samples_frame(m)
     order = {a.name: i for i, a in enumerate(m.allocators)}
     recs = []
+    primary, (guard, tolerance) = rule.primary, rule.guard
     for case in m.cases:
         cpairs = [p for p in pairs if p.case == case.label]
         base = next((p for p in cpairs if p.allocator == m.baseline), None)
@@ -233,51 +217,92 @@ def recommend(
             rule=rule.describe(),
             time_metric=rule.time,
             memory_metric=rule.memory,
+            objective=rule.objective,
         )
-        cands = [
-            p
-            for p in cpairs
-            if p.status == "ok" and p.median(rule.time) is not None and p.median(rule.memory)
-        ]
+        timed = [p for p in cpairs if p.status == "ok" and p.median(rule.time) is not None]
+        # an allocator whose memory reads 0 was not measured (a probe-less peak): named, not
+        # dropped without a word
+        no_memory = sorted(p.allocator for p in timed if not p.median(rule.memory))
+        cands = [p for p in timed if p.median(rule.memory)]
         if not cands:
-            recs.append(
-                Recommendation(**head, allocator=None, note="no allocator ran cleanly on this case")
+            rec = Recommendation(
+                **head, allocator=None, note="no allocator ran cleanly on this case"
             )
+            if no_memory:
+                rec.note += f"; {', '.join(no_memory)}: median {rule.memory} reads 0, left out"
+            recs.append(rec)
             continue
-        smallest = min(p.median(rule.memory) for p in cands)
-        eligible = [
-            p for p in cands if p.median(rule.memory) <= smallest * (1 + rule.memory_tolerance)
-        ]
-        winner = min(
-            eligible,
-            key=lambda p: (p.median(rule.time), p.allocator != m.baseline, order[p.allocator]),
-        )
+        cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
+
+        def runs(name: str, cdf: pd.DataFrame = cdf) -> np.ndarray:
+            return cdf.loc[cdf["allocator"] == name, primary].to_numpy(float)
+
+        smallest = min(p.median(guard) for p in cands)
+        eligible = [p for p in cands if p.median(guard) <= smallest * (1 + tolerance)]
+        challengers = [p for p in cands if p.allocator != m.baseline]
+        raw: dict[str, float] = {}
+        if base_ok:
+            y = runs(m.baseline)
+            raw = {p.allocator: mann_whitney_p(runs(p.allocator), y) for p in challengers}
+        adjusted = holm(raw) if rule.correction == "holm" else dict(raw)
+
+        def beats(
+            p: PairSummary, base: PairSummary | None = base, adjusted: dict = adjusted
+        ) -> bool:
+            """Below the baseline by median `primary`, beyond the noise by the rule."""
+            base_ok = base is not None and base.status == "ok"
+            if not base_ok or p.median(primary) >= base.median(primary):
+                return False
+            if rule.noise == "minmax":
+                return not ranges_overlap(runs(p.allocator), runs(m.baseline))
+            return adjusted[p.allocator] < rule.alpha
+
+        winners = [p for p in eligible if p.allocator != m.baseline and beats(p)]
+        key = lambda p: (p.median(primary), p.allocator != m.baseline, order[p.allocator])  # noqa: E731
+        if winners:
+            winner = min(winners, key=key)
+        elif base_ok:
+            winner = base
+        else:
+            winner = min(eligible, key=key)
         winner.recommended = True
-        rec = Recommendation(**head, allocator=winner.allocator)
+        rec = Recommendation(**head, allocator=winner.allocator, compared=len(raw))
         excluded = sorted({p.allocator for p in cands} - {p.allocator for p in eligible})
         notes = []
+        if no_memory:
+            notes.append(f"{', '.join(no_memory)}: median {rule.memory} reads 0, left out")
         if excluded:
-            notes.append(
-                f"{', '.join(excluded)} over {rule.memory_tolerance:.0%} more {rule.memory} "
-                "than the smallest"
-            )
+            notes.append(f"{', '.join(excluded)} over {tolerance:.0%} more {guard} than the lowest")
+        shown = winner
         if not base_ok:
             notes.append(f"{m.baseline} did not run cleanly: no margin")
         elif winner.allocator == m.baseline:
             rec.margin = 0.0
             rec.memory_vs_baseline = 1.0
-            notes.append(f"{m.baseline} itself is the fastest of those within the memory bound")
-        else:
-            rec.margin = 1 - winner.median(rule.time) / base.median(rule.time)
-            rec.memory_vs_baseline = _ratio(winner.median(rule.memory), base.median(rule.memory))
-            cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
-            x = cdf.loc[cdf["allocator"] == winner.allocator, rule.time].to_numpy(float)
-            y = cdf.loc[cdf["allocator"] == m.baseline, rule.time].to_numpy(float)
-            rec.p_value = mann_whitney_p(x, y)
+            others = [p for p in challengers if p in eligible]
+            if others:
+                shown = min(others, key=key)
+                rec.best_challenger = shown.allocator
+                notes.append(
+                    f"no candidate beats {m.baseline} beyond the noise"
+                    + (" after Holm's correction" if rule.correction == "holm" else "")
+                    + f" (fastest: {shown.allocator})"
+                )
+            else:
+                notes.append(f"{m.baseline} itself is the fastest of those within the memory bound")
+        if base_ok and shown.allocator != m.baseline:
+            x, y = runs(shown.allocator), runs(m.baseline)
+            margin, low, high = margin_interval(x, y, rule.confidence)
+            if shown is winner:
+                rec.margin = margin
+                rec.memory_vs_baseline = _ratio(
+                    winner.median(rule.memory), base.median(rule.memory)
+                )
+            rec.margin_low, rec.margin_high = low, high
+            rec.p_value = raw[shown.allocator]
+            rec.p_adjusted = adjusted[shown.allocator]
             rec.ranges_overlap = ranges_overlap(x, y)
-            rec.beyond_noise = (
-                rec.p_value < rule.alpha if rule.noise == "mann_whitney" else not rec.ranges_overlap
-            )
+            rec.beyond_noise = beats(shown)
         rec.note = "; ".join(notes)
         recs.append(rec)
     return recs

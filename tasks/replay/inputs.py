@@ -13,6 +13,7 @@ Generators (the meaning of `size` in brackets):
   perl_script     workload.pl: hashes, arrays, strings, sorts, joins, trees [work units]
   c_project       Makefile, common.h, *.c: a C project for make -j2         [files]
   numpy_script    workload.py: numpy arrays, reductions, sorts, linalg      [work units]
+  numpy_temporaries workload.py: seed 002's (a * b) ** 2 + 3, large temporaries [k elements]
   none            nothing; the command takes {seed} and {size} itself
 """
 
@@ -784,6 +785,51 @@ def gen_numpy_script(seed: int, size: int, dest: Path) -> list[str]:
     return ["workload.py"]
 
 
+_NUMPY_TEMPORARIES_TEMPLATE = '''\
+"""heapcast workload (generated, seed {seed}, size {size}): seed 002's case, numpy paying page
+faults for its large temporaries: `(a * b) ** 2 + 3` on two float arrays of {size} thousand
+elements, {iterations} times. Each temporary is above glibc's mmap threshold, so glibc maps and
+unmaps (and the kernel zero-fills) every one of them on every iteration; an allocator that keeps
+them pays once. numpy imported from its folder, as in the numpy_stack workload.
+"""
+import importlib.util
+import sys
+
+NUMPY_DIR = sys.argv[1] if len(sys.argv) > 1 else {numpy_dir!r}
+_spec = importlib.util.spec_from_file_location(
+    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
+)
+np = importlib.util.module_from_spec(_spec)
+sys.modules["numpy"] = np
+_spec.loader.exec_module(np)
+
+n = {size} * 1000
+a = np.arange(n, dtype=np.float64)
+b = np.full(n, {factor!r})
+total = 0.0
+for i in range({iterations}):
+    c = (a * b) ** 2 + 3
+    total += float(c[(i * 7919) % n])
+print("heapcast numpy temporaries done", round(total, 3))
+sys.exit(0)
+'''
+
+
+def gen_numpy_temporaries(seed: int, size: int, dest: Path) -> list[str]:
+    """Seed 002's case: large numpy temporaries allocated and freed every iteration (size:
+    thousands of elements per array)."""
+    rng = random.Random(seed)
+    text = _NUMPY_TEMPORARIES_TEMPLATE.format(
+        seed=seed,
+        size=size,
+        iterations=30,
+        factor=round(1.0 + rng.random(), 3),
+        numpy_dir=DEBIAN_NUMPY_DIR,
+    )
+    (dest / "workload.py").write_text(text)
+    return ["workload.py"]
+
+
 def gen_none(seed: int, size: int, dest: Path) -> list[str]:
     return []
 
@@ -798,6 +844,7 @@ GENERATORS: dict[str, Callable[[int, int, Path], list[str]]] = {
     "perl_script": gen_perl_script,
     "c_project": gen_c_project,
     "numpy_script": gen_numpy_script,
+    "numpy_temporaries": gen_numpy_temporaries,
 }
 
 
@@ -812,3 +859,17 @@ def generate_input(generator: str, seed: int, size: int, dest: str | Path) -> li
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     return gen(seed, size, dest)
+
+
+def prepare_input_dir(generator: str, seed: int, size: int, scratch: Path) -> Path:
+    """The input of (generator, seed, size) in `<scratch>/input`, readable by the sandbox's
+    user (nobody), a program kept executable; for measured runs (allocators, the layer)."""
+    input_dir = scratch / "input"
+    input_dir.mkdir()
+    files = generate_input(generator, seed, size, input_dir)
+    for d in (scratch, input_dir):
+        d.chmod(0o755)
+    for f in files:
+        path = input_dir / f
+        path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
+    return input_dir

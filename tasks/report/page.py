@@ -913,6 +913,39 @@ def render(reps: Sequence[HeapReport]) -> str:
     )
 
 
+def html_table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A table in the report's style (cells are HTML; escape text before)."""
+    return _table(head, rows)
+
+
+def standalone_page(title: str, body: Sequence[str], figs: Sequence[tuple[str, object]]) -> str:
+    """A self-contained page in the report's style (its CSS, plotly.js inlined once, the
+    `[plots:N]` check): `body` (HTML parts) then each (id, plotly figure)."""
+    import plotly.io as pio
+
+    divs = [
+        pio.to_html(
+            fig,
+            full_html=False,
+            include_plotlyjs=i == 0,
+            config={"displaylogo": False, "responsive": True},
+            default_height=f"{fig.layout.height or FIG_HEIGHT}px",
+            div_id=f"fig-{sid}",
+            post_script="window.heapcastPlotDrawn();",
+        )
+        for i, (sid, fig) in enumerate(figs)
+    ]
+    head = (
+        f"<meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f"<script>window.heapcastTitle = {_js_string(title)};{_CHECK_JS}</script>"
+    )
+    return (
+        f"<!DOCTYPE html>\n<html><head>{head}</head>\n<body>\n"
+        + "\n".join([*body, *divs])
+        + "\n</body></html>\n"
+    )
+
+
 def _js_string(s: str) -> str:
     import json
 

@@ -10,8 +10,9 @@ simulator's `fault_bytes_avoided` (tasks/whatif/simulate.py) for the `seed002` p
 same N and min_size.
 
 `measure_layer_workload(workload, input, runner)` does the same for a catalog workload through
-the replay runners (the allocators stage's measured runs, docker or local), in three rotated
-arms: plain, the layer loaded but disabled (N = 0: its loading cost), the layer on.
+the replay runners and their verified preload (tasks.replay.runners.preload: the runner shows the
+layer to the program, the probe confirms every run had it), in three arms in balanced order:
+plain, the layer loaded but disabled (N = 0: its loading cost), the layer on.
 
 `static_threshold=True` (default) sets MALLOC_MMAP_THRESHOLD_=131072 in both runs: a fixed
 threshold, as the simulator's fault model assumes. Without it, glibc raises its mmap threshold
@@ -31,6 +32,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tasks.replay.inputs import prepare_input_dir
+from tasks.replay.runners.base import SANDBOX_TRACE, EngineError, Runner, RunRequest
+from tasks.replay.runners.preload import (
+    PreloadSpec,
+    balanced_orders,
+    build_probe,
+    probed_request,
+    verify_result,
+)
+from tasks.replay.workloads import Workload, WorkloadInput
 from tasks.whatif.policies import MMAP_THRESHOLD
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
@@ -201,9 +214,9 @@ def _arm_workload(
 
 
 def measure_layer_workload(
-    workload,
-    inp,
-    runner,
+    workload: Workload,
+    inp: WorkloadInput,
+    runner: Runner,
     *,
     repetitions: int = 3,
     warmup: int = 1,
@@ -215,10 +228,10 @@ def measure_layer_workload(
     scratch_parent: str | Path | None = None,
     log=None,
 ) -> dict[str, Any]:
-    """A catalog workload's input run untraced under each arm (ARMS), `repetitions` rounds with
-    the order rotated by one per round, through `runner` (tasks.replay.runners: docker or local)
+    """A catalog workload's input run untraced under each arm (ARMS), `repetitions` rounds in
+    balanced order (tasks.replay.runners.preload.balanced_orders), through `runner` (tasks.replay.runners: docker or local)
     and its measured run (hc-measure: rusage of the program's tree, output digest), as the
-    allocators stage runs its allocators (tasks.allocators.measure.run_once).
+    allocators stage runs its allocators, each run's loading verified by the probe.
 
     The layer reaches the program as a file in the run's trace folder (empty when untraced, and
     mounted into the container by the docker runner), preloaded from there. `static_threshold`:
@@ -228,53 +241,58 @@ def measure_layer_workload(
     "fault_bytes_avoided" (median plain - median layer, x page size), "fault_bytes_avoided_vs_
     disabled" (median disabled - median layer: the policy alone), "same_output" (every run's
     exit code and stdout digest equal), ...}."""
-    import statistics
-
-    from tasks.allocators.config import Allocator
-    from tasks.allocators.measure import Case, _preload_refused, _prepare_input, rotation
-
     lib = Path(layer) if layer is not None else build_layer()
-    case = Case(workload=workload, input=inp, label=f"{workload.name}/{inp.name}")
+    label = f"{workload.name}/{inp.name}"
     parent = Path(scratch_parent or tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f"layer-{workload.name}-{inp.name}-", dir=parent))
     samples: list[dict[str, Any]] = []
     page = os.sysconf("SC_PAGE_SIZE")
+    probe = build_probe()
+    sandboxed = runner.kind == "docker" or getattr(runner, "sandbox", "") == "bwrap"
     try:
-        input_dir = _prepare_input(case, scratch)
+        input_dir = prepare_input_dir(workload.generator, inp.seed, inp.size, scratch)
 
         def one(arm: str, run_dir: Path, rep: int) -> dict[str, Any]:
-            preload: tuple[str, ...] = ()
-            stats_seen = None
-            if arm != "plain":
-                from tasks.replay.runners.base import SANDBOX_TRACE
-
-                sandboxed = getattr(runner, "kind", "") == "docker" or (
-                    getattr(runner, "sandbox", "") == "bwrap"
-                )
-                trace_seen = str(SANDBOX_TRACE if sandboxed else (run_dir / "trace").resolve())
-                preload = (f"{trace_seen}/{LAYER_FILE}",)
-                stats_seen = f"{trace_seen}/{STATS_FILE}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
+            for d in dirs.values():
+                d.mkdir(parents=True)
+            trace_seen = str(SANDBOX_TRACE if sandboxed else dirs["trace"].resolve())
+            stats_seen = f"{trace_seen}/{STATS_FILE}" if arm != "plain" else None
             w = _arm_workload(workload, arm, n, min_size, static_threshold, stats_seen)
-            c = Case(workload=w, input=inp, label=case.label)
-            alloc = Allocator(
-                name=f"cache002-{arm}",
-                library=preload[0] if preload else None,
-                package="heapcast (native/cache002.c)" if preload else None,
+            spec = PreloadSpec(name=arm, host_library=lib if arm != "plain" else None)
+            request = probed_request(
+                RunRequest(
+                    workload=w,
+                    input=inp,
+                    tracer=None,
+                    input_dir=input_dir,
+                    trace_dir=dirs["trace"],
+                    work_dir=dirs["work"],
+                    measure_dir=dirs["measure"],
+                ),
+                spec,
+                probe,
             )
-            # run_once makes the run folder afresh: the layer is copied in by a wrapper request
-            stats: list[dict[str, int]] = []
-            result, _, error = _run_with_layer(
-                c, alloc, runner, input_dir, run_dir, lib, arm, stats
-            )
+            error = None
+            result = None
+            try:
+                result = runner.run(request)
+            except EngineError as err:
+                error = f"engine error: {err}"
+            stats_path = dirs["trace"] / STATS_FILE
+            stats = parse_stats(stats_path.read_text()) if stats_path.exists() else []
+            verified = verify_result(spec, request, result) if result is not None else None
+            if error is None and verified is not None and not verified.applied:
+                error = f"not applied: {verified.reason}"
             u = result.usage if result is not None else None
-            refused = _preload_refused(result.log_tail) if result is not None else None
             return {
                 "arm": arm,
                 "rep": rep,
                 "exit_code": result.exit_code if result is not None else None,
                 "timed_out": result.timed_out if result is not None else None,
-                "error": error or (result.error if result is not None else None) or refused,
+                "error": error or (result.error if result is not None else None),
                 "minor_faults": u.minor_faults if u else None,
                 "major_faults": u.major_faults if u else None,
                 "wall_s": u.wall_s if u else None,
@@ -288,20 +306,20 @@ def measure_layer_workload(
         for i in range(warmup):
             one("plain", scratch / f"warmup-{i}", 0)
             shutil.rmtree(scratch / f"warmup-{i}", ignore_errors=True)
-        for rep in range(repetitions):
-            for arm in rotation(list(arms), rep):
+        for rep, order in enumerate(balanced_orders(list(arms), repetitions)):
+            for arm in order:
                 run_dir = scratch / f"r{rep + 1}-{arm}"
                 s = one(arm, run_dir, rep + 1)
                 shutil.rmtree(run_dir, ignore_errors=True)
                 if log is not None:
-                    log(f"{case.label} {arm} round {rep + 1}: {s['minor_faults']} minor faults")
+                    log(f"{label} {arm} round {rep + 1}: {s['minor_faults']} minor faults")
                 samples.append(s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out: dict[str, Any] = {
         "workload": workload.name,
         "input": inp.name,
-        "runner": getattr(runner, "kind", type(runner).__name__),
+        "runner": runner.kind,
         "n": n,
         "min_size": min_size,
         "static_threshold": static_threshold,
@@ -315,7 +333,7 @@ def measure_layer_workload(
         f = [s["minor_faults"] for s in ok if s["arm"] == arm]
         out["arms"][arm] = {
             "minor_faults": f,
-            "median": statistics.median(f) if f else None,
+            "median": float(np.median(f)) if f else None,
             "min": min(f) if f else None,
             "max": max(f) if f else None,
         }
@@ -329,31 +347,3 @@ def measure_layer_workload(
     if med.get("disabled") is not None and med.get("layer") is not None:
         out["fault_bytes_avoided_vs_disabled"] = int((med["disabled"] - med["layer"]) * page)
     return out
-
-
-def _run_with_layer(
-    case, alloc, runner, input_dir: Path, run_dir: Path, lib: Path, arm: str, stats: list
-):
-    """tasks.allocators.measure.run_once, with the layer copied into the run's trace folder
-    (readable by the run's user) after run_once has made the folders; the layer's counters
-    (one line per process) appended to `stats`."""
-    from tasks.allocators import measure as m
-
-    if arm == "plain":
-        return m.run_once(case, alloc, runner, input_dir, run_dir, None)
-
-    class _Copying:
-        kind = getattr(runner, "kind", "")
-        sandbox = getattr(runner, "sandbox", "")
-
-        def run(self, request):
-            dst = Path(request.trace_dir) / LAYER_FILE
-            shutil.copyfile(lib, dst)
-            dst.chmod(0o755)
-            result = runner.run(request)
-            path = Path(request.trace_dir) / STATS_FILE
-            if path.exists():
-                stats.extend(parse_stats(path.read_text()))
-            return result
-
-    return m.run_once(case, alloc, _Copying(), input_dir, run_dir, None)

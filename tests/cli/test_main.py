@@ -95,3 +95,36 @@ def test_layer_refuses_a_missing_table_file_and_says_how(tmp_path):
         f"{tmp_path / 'missing.hclt'}\n"  # fmt: skip
     r = heapcast("layer", cwd=tmp_path)
     assert r.returncode == 2 and "give a program to run" in r.stderr
+
+
+def _tune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`heapcast tune` from this checkout (python -m cli.main), as a user runs it."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "tune", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def test_tune_prints_the_table_and_the_line_to_paste(tmp_path):
+    r = _tune(
+        "--candidates", "glibc,jemalloc", "--repetitions", "5", "--max-repetitions", "5",
+        "-o", str(tmp_path / "t.html"), "--", "sort", "--version", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "candidate" in r.stdout and "jemalloc" in r.stdout and "×" in r.stdout
+    # the last line is the line to paste: the command, with the winner's settings in front
+    assert r.stdout.rstrip().splitlines()[-2].strip().endswith("/sort --version")
+    assert (tmp_path / "t.html").is_file()
+
+
+def test_tune_names_a_failing_program(tmp_path):
+    r = _tune("--", "false", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "heapcast tune: " in r.stderr and "exits 1 under glibc" in r.stderr
+    r = _tune(cwd=tmp_path)
+    assert r.returncode == 1 and "give a program" in r.stderr

@@ -16,6 +16,8 @@ command lines, hence the same heap calls) the layout is:
   /heapcast/work                    scratch, and $HOME
   /heapcast/measure                 a measured run's report and standard output
   /heapcast/tools/hc-measure        the measuring helper (measure_tool.py), read-only
+  /heapcast/tools/libhcprobe.so     the loading probe (preload.py), read-only
+  /heapcast/lib/<name>              host libraries preloaded into the run (a heapcast layer)
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ SANDBOX_TRACE = SANDBOX / "trace"
 SANDBOX_WORK = SANDBOX / "work"
 SANDBOX_MEASURE = SANDBOX / "measure"
 SANDBOX_MEASURE_TOOL = SANDBOX / "tools" / "hc-measure"
+SANDBOX_PROBE = SANDBOX / "tools" / "libhcprobe.so"
+SANDBOX_LIB = SANDBOX / "lib"
+PROBE_REPORT = "probe"  # the probe's lines, in a measured run's measure folder
 
 # The unprivileged user every workload runs as (nobody); freeciv refuses to run as root.
 RUN_UID = 65534
@@ -79,7 +84,12 @@ class RunRequest:
     `tracer` None runs the program untraced. `preload`: more libraries for LD_PRELOAD after the
     tracer, as paths the program sees (inside the image for docker, on the host for local).
     `measure_dir`: a host folder; when set, the program's standard output goes to a file there
-    (its SHA-256 comes back in the result) and the run's resource usage is measured."""
+    (its SHA-256 comes back in the result) and the run's resource usage is measured.
+    `host_libraries`: libraries on this host, shown to the program read-only (under
+    /heapcast/lib in a sandbox) and preloaded after `preload` (a heapcast layer).
+    `probe`: the loading probe on this host (preload.py), preloaded first after the tracer,
+    writing into `measure_dir` (which it needs), so that the run's loading can be verified.
+    `env`: variables set for the program after the workload's own (an allocator's knobs)."""
 
     workload: Workload
     input: WorkloadInput
@@ -90,6 +100,13 @@ class RunRequest:
     caller: bool = False
     preload: tuple[str, ...] = ()
     measure_dir: Path | None = None
+    host_libraries: tuple[Path, ...] = ()
+    probe: Path | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.probe is not None and self.measure_dir is None:
+            raise ValueError("a probed run writes into measure_dir: set measure_dir too")
 
     @property
     def time_limit_s(self) -> float:
@@ -142,26 +159,35 @@ def program_env(
     paths: Paths,
     caller: bool,
     preload: tuple[str, ...] = (),
+    *,
+    probe: str | None = None,
+    probe_out: str | None = None,
+    extra: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, str]:
     """The whole environment of the program: nothing leaks in from the caller's.
 
-    LD_PRELOAD is the tracer (when traced) then `preload`, so the tracer's dlsym(RTLD_NEXT)
-    finds the preloaded allocator's malloc; no LD_PRELOAD at all when there is neither."""
+    LD_PRELOAD is the tracer (when traced), the probe (interposes nothing), then `preload`, so
+    the tracer's dlsym(RTLD_NEXT) finds the preloaded allocator's malloc; no LD_PRELOAD at all
+    when there is none. `probe_out`: the file the probe appends to (as the program sees it).
+    `extra` comes last: an allocator's knobs win over the workload's."""
     env = {
         "PATH": SEARCH_PATH,
         "HOME": paths.work,
         "LANG": "C.UTF-8",
         "TZ": "UTC",
     }
-    libs = ([paths.tracer] if paths.tracer else []) + list(preload)
+    libs = ([paths.tracer] if paths.tracer else []) + ([probe] if probe else []) + list(preload)
     if libs:
         env["LD_PRELOAD"] = ":".join(libs)
+    if probe and probe_out:
+        env["HEAPCAST_PROBE_OUT"] = probe_out
     if paths.tracer:
         env["HEAPCAST_OUT"] = paths.trace
     if caller and paths.tracer:
         env["HEAPCAST_CALLER"] = "1"
     for key, value in workload.env.items():
         env[key] = substitute(value, workload, inp, paths)
+    env.update(extra)
     return env
 
 

@@ -25,12 +25,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tasks.replay.runners.base import (
+    PROBE_REPORT,
     RUN_GID,
     RUN_UID,
     SANDBOX_INPUT,
+    SANDBOX_LIB,
     SANDBOX_MEASURE,
     SANDBOX_MEASURE_TOOL,
     SANDBOX_PATHS,
+    SANDBOX_PROBE,
     SANDBOX_TRACE,
     SANDBOX_TRACER,
     SANDBOX_WORK,
@@ -135,7 +138,17 @@ class DockerRunner(Runner):
         if request.tracer is None:
             paths = dataclasses.replace(SANDBOX_PATHS, tracer=None)
         argv = program_argv(w, inp, paths)
-        env = program_env(w, inp, paths, request.caller, request.preload)
+        libs = tuple(str(SANDBOX_LIB / p.name) for p in request.host_libraries)
+        env = program_env(
+            w,
+            inp,
+            paths,
+            request.caller,
+            request.preload + libs,
+            probe=str(SANDBOX_PROBE) if request.probe is not None else None,
+            probe_out=f"{SANDBOX_MEASURE}/{PROBE_REPORT}",
+            extra=request.env,
+        )
         shared_gids = {
             share_with_run_user(d)
             for d in (request.trace_dir, request.work_dir, request.measure_dir)
@@ -150,6 +163,10 @@ class DockerRunner(Runner):
         }
         if request.tracer is not None:
             mounts[str(request.tracer.resolve())] = {"bind": str(SANDBOX_TRACER), "mode": "ro"}
+        if request.probe is not None:
+            mounts[str(request.probe.resolve())] = {"bind": str(SANDBOX_PROBE), "mode": "ro"}
+        for lib in request.host_libraries:
+            mounts[str(lib.resolve())] = {"bind": str(SANDBOX_LIB / lib.name), "mode": "ro"}
         if request.measure_dir is not None:
             tool = build_measure_tool()
             mounts[str(tool)] = {"bind": str(SANDBOX_MEASURE_TOOL), "mode": "ro"}

@@ -34,14 +34,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tasks.replay.runners.base import (
+    PROBE_REPORT,
     RUN_GID,
     RUN_UID,
     SANDBOX,
     SANDBOX_BIN,
     SANDBOX_INPUT,
+    SANDBOX_LIB,
     SANDBOX_MEASURE,
     SANDBOX_MEASURE_TOOL,
     SANDBOX_PATHS,
+    SANDBOX_PROBE,
     SANDBOX_TRACE,
     SANDBOX_TRACER,
     SANDBOX_WORK,
@@ -172,7 +175,24 @@ class LocalRunner(Runner):
                 work=str(request.work_dir),
             )
         argv = program_argv(w, inp, paths)
-        env = program_env(w, inp, paths, request.caller, request.preload)
+        if sandboxed:
+            libs = tuple(str(SANDBOX_LIB / p.name) for p in request.host_libraries)
+            probe = str(SANDBOX_PROBE) if request.probe is not None else None
+            probe_out = f"{SANDBOX_MEASURE}/{PROBE_REPORT}"
+        else:
+            libs = tuple(str(p.resolve()) for p in request.host_libraries)
+            probe = str(request.probe.resolve()) if request.probe is not None else None
+            probe_out = str(Path(request.measure_dir or ".").resolve() / PROBE_REPORT)
+        env = program_env(
+            w,
+            inp,
+            paths,
+            request.caller,
+            request.preload + libs,
+            probe=probe,
+            probe_out=probe_out,
+            extra=request.env,
+        )
         command = argv
         if tool is not None and request.measure_dir is not None:
             if sandboxed:
@@ -356,6 +376,10 @@ def bwrap_argv(
     ]
     if request.tracer is not None:
         args += ["--ro-bind", str(request.tracer.resolve()), str(SANDBOX_TRACER)]
+    if request.probe is not None:
+        args += ["--ro-bind", str(request.probe.resolve()), str(SANDBOX_PROBE)]
+    for lib in request.host_libraries:
+        args += ["--ro-bind", str(lib.resolve()), str(SANDBOX_LIB / lib.name)]
     if measure_tool is not None and request.measure_dir is not None:
         args += ["--ro-bind", str(measure_tool), str(SANDBOX_MEASURE_TOOL)]
         args += ["--bind", str(request.measure_dir.resolve()), str(SANDBOX_MEASURE)]

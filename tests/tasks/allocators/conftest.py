@@ -15,8 +15,11 @@ from tests.tasks.allocators.programs_build import (
 
 @pytest.fixture(scope="session")
 def config() -> AllocatorsConfig:
-    """configs/allocators.yaml, every input of the selection measured."""
-    return load_allocators_config().model_copy(update={"inputs": None})
+    """configs/allocators.yaml's four libraries, every input of the selection measured."""
+    cfg = load_allocators_config()
+    return cfg.model_copy(
+        update={"inputs": None, "allocators": cfg.allocators[:4], "max_repetitions": None}
+    )
 
 
 @pytest.fixture(scope="session")

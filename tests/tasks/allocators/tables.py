@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.allocators.config import Allocator, load_allocators_config
-from tasks.allocators.measure import CaseInfo, Measurements, Sample, Unavailable, rotation
+from tasks.allocators.measure import CaseInfo, Measurements, Sample, Unavailable, round_orders
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 
 OK_HASH = "a" * 64
@@ -20,11 +20,12 @@ def make_measurements(
     exit_codes: dict[str, list[int]] | None = None,
     unavailable: dict[str, str] | None = None,
     cases: dict[str, dict[str, list[tuple[float, float]]]] | None = None,
+    config=None,
 ) -> Measurements:
     """{allocator: [(wall_s, peak_rss_mb) per round]} of one case (or several: `cases`), in the
     project config's allocators; `hashes`/`exit_codes` override per run; `unavailable`:
     {allocator: message} for allocators never run."""
-    cfg = load_allocators_config()
+    cfg = config or load_allocators_config()
     all_cases = cases or {case: runs}
     used = {n for r in all_cases.values() for n in r} | set(unavailable or {})
     allocators: list[Allocator] = [a for a in cfg.allocators if a.name in used]
@@ -35,7 +36,7 @@ def make_measurements(
         names = [a.name for a in allocators if a.name in case_runs]
         reps = max(len(v) for v in case_runs.values())
         for rep in range(reps):
-            for pos, name in enumerate(rotation(names, rep)):
+            for pos, name in enumerate(round_orders(names, reps)[rep]):
                 if rep >= len(case_runs[name]):
                     continue
                 wall, rss = case_runs[name][rep]

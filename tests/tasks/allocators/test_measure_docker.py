@@ -18,7 +18,7 @@ from tasks.allocators.measure import (
     Case,
     check_allocators,
     measure_cases,
-    rotation,
+    round_orders,
 )
 from tasks.allocators.stats import analyse
 from tasks.core.storage import Root
@@ -44,14 +44,16 @@ def measured(sqlite3_image, alloc_catalog, config, tmp_path_factory):
     return measure_cases([_case(alloc_catalog, "alloc_mix")], config, root, runner="docker")
 
 
-def test_every_round_runs_each_allocator_once_in_rotated_order(measured, config):
+def test_every_round_runs_each_allocator_once_in_balanced_order(measured, config):
     names = config.names()
     assert measured.runner == "docker" and measured.repetitions == 5 and measured.warmup == 1
     assert len(measured.samples) == 5 * len(names)
     for rep in range(1, 6):
         in_round = sorted((s for s in measured.samples if s.rep == rep), key=lambda s: s.position)
-        assert [s.allocator for s in in_round] == rotation(names, rep - 1)
+        assert [s.allocator for s in in_round] == round_orders(names, 5)[rep - 1]
     assert Counter(s.allocator for s in measured.samples) == {n: 5 for n in names}
+    # every run verified in force inside the container (the probe, mounted read-only)
+    assert all(s.applied for s in measured.samples)
 
 
 def test_the_output_is_the_same_under_every_allocator_and_usage_is_measured(measured):

@@ -92,8 +92,41 @@ def test_a_library_the_loader_refuses_fails_its_pair_instead_of_measuring_glibc(
     )
     # THEN its run is a failure naming the loader's complaint, not a glibc measurement
     (bad,) = [s for s in m.samples if s.allocator == "broken"]
-    assert not bad.ok and bad.error.startswith("LD_PRELOAD refused: ")
+    assert not bad.ok and bad.error.startswith("not applied: LD_PRELOAD refused: ")
+    assert bad.applied is False
     assert "/etc/hostname" in bad.error
     pairs, (rec,) = analyse(m, cfg)
-    assert {p.allocator: p.status for p in pairs} == {"glibc": "ok", "broken": "failed"}
+    assert {p.allocator: p.status for p in pairs} == {"glibc": "ok", "broken": "not applied"}
     assert rec.allocator == "glibc"
+
+
+def test_a_workload_that_clears_its_environment_is_not_applied(
+    host_allocators, alloc_catalog, tmp_path
+):
+    # GIVEN the test program started by `env -i`: env loads the allocator, alloc_mix (all the
+    # work) starts with an empty environment, so with glibc's malloc whatever was asked
+    base = alloc_catalog.get("alloc_mix")
+    longer = base.inputs[0].model_copy(update={"size": 20000})  # past the probe's CPU floor
+    w = base.model_copy(
+        update={
+            "command": ["/usr/bin/env", "-i", "{input}/alloc_mix", "{size}"],
+            "inputs": [longer],
+        }
+    )
+    cfg = host_allocators.model_copy(
+        update={"allocators": [host_allocators.get("glibc"), host_allocators.get("jemalloc")]}
+    )
+    m = measure_cases(
+        [Case(w, w.inputs[0], "alloc_mix")],
+        cfg,
+        Root.from_url(str(tmp_path)),
+        "local",
+        repetitions=1,
+        warmup=0,
+    )
+    # THEN no run is measured under a name: each is "not applied", saying why
+    assert all(s.applied is False and not s.ok for s in m.samples)
+    assert all("CPU time ran in processes that loaded it" in s.error for s in m.samples)
+    pairs, (rec,) = analyse(m, cfg)
+    assert {p.status for p in pairs} == {"not applied"}
+    assert rec.allocator is None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tasks.allocators.config import RecommendationRule, load_allocators_config
-from tasks.allocators.measure import rotation
 from tasks.allocators.stats import analyse, mann_whitney_p, ranges_overlap, recommend, summarize
 from tests.tasks.allocators.tables import make_measurements, runs_of
 
@@ -16,14 +15,6 @@ BASE = [1.00, 1.02, 0.98, 1.01, 0.99]
 
 def _by(pairs, allocator):
     return next(p for p in pairs if p.allocator == allocator)
-
-
-def test_rotation_puts_each_allocator_first_once_in_turn():
-    names = ["glibc", "jemalloc", "tcmalloc", "mimalloc"]
-    assert rotation(names, 0) == names
-    assert rotation(names, 1) == ["jemalloc", "tcmalloc", "mimalloc", "glibc"]
-    assert rotation(names, 4) == names
-    assert [rotation(names, r)[0] for r in range(4)] == names
 
 
 def test_mann_whitney_exact_p_values():
@@ -75,12 +66,15 @@ def test_a_margin_inside_the_noise_is_said_to_be():
         }
     )
     _, (rec,) = analyse(m, CFG)
-    assert rec.allocator == "jemalloc" and rec.margin > 0
+    # THEN glibc stays; jemalloc is named as the best challenger, its margin's interval spans 0
+    assert rec.allocator == "glibc" and rec.margin == 0.0 and rec.best_challenger == "jemalloc"
     assert rec.beyond_noise is False and rec.p_value > 0.05 and rec.ranges_overlap is True
+    assert rec.margin_low < 0 < rec.margin_high
+    assert "no candidate beats glibc beyond the noise" in rec.note
     # the minmax rule says the same here
     pairs = summarize(m)
     (rec2,) = recommend(m, pairs, RecommendationRule(noise="minmax"))
-    assert rec2.beyond_noise is False
+    assert rec2.beyond_noise is False and rec2.allocator == "glibc"
 
 
 def test_minmax_rule_wants_the_ranges_apart():
@@ -94,8 +88,9 @@ def test_minmax_rule_wants_the_ranges_apart():
     pairs = summarize(m)
     (mw,) = recommend(m, pairs, RecommendationRule(noise="mann_whitney"))
     (mm,) = recommend(m, summarize(m), RecommendationRule(noise="minmax"))
-    assert mw.allocator == mm.allocator == "jemalloc"
-    assert mw.beyond_noise is True and mm.beyond_noise is False
+    assert mw.allocator == "jemalloc" and mw.beyond_noise is True
+    assert mm.allocator == "glibc" and mm.best_challenger == "jemalloc"
+    assert mm.beyond_noise is False
 
 
 def test_glibc_stays_when_it_is_the_fastest_within_the_memory_bound():
@@ -107,8 +102,8 @@ def test_glibc_stays_when_it_is_the_fastest_within_the_memory_bound():
         }
     )
     _, (rec,) = analyse(m, CFG)
-    assert rec.allocator == "glibc" and rec.margin == 0.0 and rec.beyond_noise is None
-    assert "glibc itself is the fastest" in rec.note
+    assert rec.allocator == "glibc" and rec.margin == 0.0 and rec.beyond_noise is False
+    assert rec.best_challenger == "jemalloc" and "no candidate beats glibc" in rec.note
 
 
 def test_a_different_output_or_exit_code_fails_the_pair_and_keeps_it_out():
@@ -162,4 +157,4 @@ def test_no_clean_allocator_no_recommendation():
     m = make_measurements({"glibc": runs_of(BASE, 100.0)}, exit_codes={"glibc": [1, 1, 1, 1, 1]})
     _, (rec,) = analyse(m, CFG)
     assert rec.allocator is None and "no allocator ran cleanly" in rec.note
-    assert rec.margin is None and rec.rule.startswith("the fastest by median wall_s")
+    assert rec.margin is None and rec.rule.startswith("the lowest median wall_s")

@@ -1,0 +1,106 @@
+"""Loading verified positively (tasks.replay.runners.preload): real programs run on this host
+under each allocator with the probe; a static program, a program that clears its environment
+before exec'ing its worker, a refused library and a knob changed on the way are "not applied"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tasks.replay.runners.preload import PreloadSpec, run_preloaded, verify
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+JEMALLOC = f"{LIB}/libjemalloc.so.2"
+TCMALLOC = f"{LIB}/libtcmalloc_minimal.so.4"
+# enough CPU (> MIN_CPU_S) for the CPU share to count
+WORK = [sys.executable, "-c", "s = [str(i) * 3 for i in range(300000)]; print(len(s))"]
+
+
+@pytest.fixture(scope="module")
+def libs():
+    missing = [p for p in (JEMALLOC, TCMALLOC) if not os.path.exists(p)]
+    if missing:
+        pytest.fail(f"allocators missing: {missing} (scripts/setup.sh installs them)")
+
+
+@pytest.fixture(scope="module")
+def static_program(tmp_path_factory):
+    out = tmp_path_factory.mktemp("static") / "static_alloc"
+    src = b'#include <stdio.h>\n#include <stdlib.h>\nint main(void){long t=0;for(int i=0;i<100000;i++){char*p=malloc(64+i%512);t+=(long)(p!=0);free(p);}printf("%ld\\n",t);return 0;}\n'
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(out), "-x", "c", "-"], input=src, check=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        PreloadSpec("glibc"),
+        PreloadSpec("glibc-tuned", env=(("GLIBC_TUNABLES", "glibc.malloc.arena_max=2"),)),
+        PreloadSpec(
+            "jemalloc-bg",
+            JEMALLOC,
+            env=(("MALLOC_CONF", "background_thread:true,dirty_decay_ms:5000"),),
+        ),
+        PreloadSpec("tcmalloc-rr", TCMALLOC, env=(("TCMALLOC_RELEASE_RATE", "3"),)),
+    ],
+    ids=lambda s: s.name,
+)
+def test_a_real_program_under_each_candidate_is_applied(libs, spec, tmp_path):
+    r = run_preloaded(WORK, spec, tmp_path / "run")
+    assert r.exit_code == 0 and r.usage is not None and r.stdout_bytes == len("300000\n")
+    v = r.verification
+    assert v.applied, v.reason
+    assert v.processes >= 1 and v.cpu_share is not None and v.cpu_share > 0.5
+    want = os.path.basename(spec.library) if spec.library else "libc.so"
+    assert all(os.path.basename(m).startswith(want) for m in v.mallocs)
+
+
+def test_a_static_program_is_not_applied(libs, static_program, tmp_path):
+    for spec in (PreloadSpec("glibc"), PreloadSpec("jemalloc", JEMALLOC)):
+        r = run_preloaded([str(static_program)], spec, tmp_path / spec.name)
+        assert r.exit_code == 0
+        assert not r.verification.applied
+        assert "statically linked" in r.verification.reason
+
+
+def test_a_child_started_with_a_cleared_environment_is_not_applied(libs, tmp_path):
+    # GIVEN a shell that exec's `env -i` for its worker: the shell and env load jemalloc, the
+    # worker (all the CPU time) runs glibc's malloc
+    argv = ["/bin/sh", "-c", "exec /usr/bin/env -i " + " ".join(f"'{a}'" for a in WORK)]
+    r = run_preloaded(argv, PreloadSpec("jemalloc", JEMALLOC), tmp_path / "run")
+    assert r.exit_code == 0
+    v = r.verification
+    assert not v.applied and v.processes >= 1
+    assert "CPU time ran in processes that loaded it" in v.reason
+
+
+def test_a_knob_changed_on_the_way_is_not_applied(libs, tmp_path):
+    spec = PreloadSpec("jemalloc-bg", JEMALLOC, env=(("MALLOC_CONF", "background_thread:true"),))
+    inner = " ".join(f"'{a}'" for a in WORK)
+    argv = ["/bin/sh", "-c", f"MALLOC_CONF=narenas:2 exec {inner}"]
+    r = run_preloaded(argv, spec, tmp_path / "run")
+    assert not r.verification.applied
+    assert "MALLOC_CONF='narenas:2'" in r.verification.reason
+
+
+def test_a_refused_library_is_not_applied(tmp_path):
+    r = run_preloaded(["/bin/true"], PreloadSpec("broken", "/etc/hostname"), tmp_path / "run")
+    assert r.exit_code == 0
+    assert r.verification.reason.startswith("LD_PRELOAD refused: ")
+
+
+def test_verify_reads_the_allocator_s_own_answer():
+    spec = PreloadSpec("je", JEMALLOC, env=(("MALLOC_CONF", "dirty_decay_ms:5000"),))
+    line = (
+        f"start\tpid=1\tppid=0\tsecure=0\texe=/bin/x\tmalloc={JEMALLOC}"
+        "\tenv.MALLOC_CONF=dirty_decay_ms:5000\tjemalloc.opt.dirty_decay_ms=10000\n"
+    )
+    v = verify(spec, line, None)
+    assert not v.applied and "opt.dirty_decay_ms is 10000, not 5000" in v.reason
+    setuid = line.replace("secure=0", "secure=1")
+    assert "setuid" in verify(spec, setuid, None).reason
+    glibc = line.replace(JEMALLOC, "/lib/x86_64-linux-gnu/libc.so.6")
+    assert "not libjemalloc.so.2" in verify(spec, glibc, None).reason
