@@ -12,8 +12,9 @@ distribution after each.
 State is kept per thread: the last `context` tokens and, for a model with online features, the
 online counter over the thread's WHOLE history (tasks.learning.online.OnlineState, updated in
 O(1) per call). A prediction runs the model once over each asked thread's window, all asked
-threads in one batch, so the cost per prediction falls as threads are batched
-(benchmarks/bench_streaming.py).
+threads of the same window width in one batch (a thread younger than `context` calls has a
+shorter window; windows are never padded), so the cost per prediction falls as threads are
+batched (benchmarks/bench_streaming.py).
 
 What a prediction equals: the registered model applied to the thread's last `context` tokens
 and their online features, exactly what `predict_window` computes in batch from a thread's
@@ -111,17 +112,24 @@ class StreamingPredictor:
             raise KeyError(f"threads {missing[:5]} have no observed call yet")
         if not names:
             return {}
-        # a window shorter than the context while a thread is young: its calls only
-        width = min(self.context, max(self._threads[t].seen for t in names))
-        tokens = np.stack([self._threads[t].tokens[-width:] for t in names])
-        x: object = tokens
-        if self._online:
-            x = {
-                "tokens": tokens,
-                "online": np.stack([self._threads[t].online[-width:] for t in names]),
-            }
-        probs = np.asarray(self._call(x))
-        return {t: probs[i] for i, t in enumerate(names)}
+        # A young thread's window is its calls only. The model has no mask and token 0 is a real
+        # call (malloc(0)), so a window is never padded: threads are batched by window width,
+        # one pass per width (once every thread is `context` old, a single pass).
+        by_width: dict[int, list[Hashable]] = {}
+        for t in names:
+            by_width.setdefault(min(self.context, self._threads[t].seen), []).append(t)
+        out: dict[Hashable, np.ndarray] = {}
+        for width, group in by_width.items():
+            tokens = np.stack([self._threads[t].tokens[-width:] for t in group])
+            x: object = tokens
+            if self._online:
+                x = {
+                    "tokens": tokens,
+                    "online": np.stack([self._threads[t].online[-width:] for t in group]),
+                }
+            probs = np.asarray(self._call(x))
+            out.update({t: probs[i] for i, t in enumerate(group)})
+        return {t: out[t] for t in names}
 
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         """Observe one call per thread, then predict each of those threads' next call."""
