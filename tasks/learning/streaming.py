@@ -174,3 +174,133 @@ def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
         online = online_feature_matrix(run, online_orders(model))
         x = {"tokens": x, "online": online[None, -width:].astype(np.int32)}
     return np.asarray(model(x, training=False))[0, -1, :]
+
+
+# --- the stateful stream ------------------------------------------------------------------------
+
+
+class StatefulStream:
+    """The model stepped one call at a time, two recurrent states carried per thread.
+
+    It computes what the evaluation tables score (tasks/learning/stepping.py says which function
+    and why), not predict_window: `predict_chunked` is its batch form. Per call: the online
+    counter's update, the n-gram lookups, two cell steps per layer; no window is re-run, no
+    TensorFlow runs.
+
+        ss = StatefulStream.from_registry()
+        dists = ss.step({7: 32 + 6, 9: 12})   # observe one call on each thread; {thread: [64]}
+    """
+
+    def __init__(self, model, context: int = 100) -> None:
+        from tasks.learning.stepping import step_weights
+
+        if context < 1:
+            raise ValueError(f"context {context}: must be >= 1")
+        self.context = int(context)
+        self.weights = step_weights(model)
+        self._index: dict[Hashable, int] = {}
+        self._free: list[int] = []
+        self._online: list[object | None] = []
+        w = self.weights
+        self._hist_len = max(w.ngram_order, 1)
+        self._alloc(16)
+
+    @classmethod
+    def from_registry(
+        cls, name: str = "heapcast-next-call", alias: str = "champion", context: int = 100
+    ) -> StatefulStream:
+        """The stream of `models:/<name>@<alias>` (any registered version: only its weights
+        are read)."""
+        return cls(StreamingPredictor.from_registry(name, alias, context).model, context)
+
+    def _alloc(self, capacity: int) -> None:
+        w = self.weights
+        old = getattr(self, "_n_seen", None)
+        n_seen = np.zeros(capacity, np.int64)
+        hist = np.zeros((capacity, self._hist_len), np.uint8)
+        shape = (capacity, 2, len(w.units), max(w.units))
+        hs, cs = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        if old is not None:
+            n = len(old)
+            n_seen[:n], hist[:n], hs[:n], cs[:n] = self._n_seen, self._hist, self._hs, self._cs
+        self._n_seen, self._hist, self._hs, self._cs = n_seen, hist, hs, cs
+        self._online += [None] * (capacity - len(self._online))
+
+    def _slot(self, thread: Hashable) -> int:
+        i = self._index.get(thread)
+        if i is None:
+            if self._free:
+                i = self._free.pop()
+            else:
+                i = len(self._index)
+                if i >= len(self._n_seen):
+                    self._alloc(2 * len(self._n_seen))
+            self._n_seen[i] = 0
+            self._hist[i] = 0
+            self._hs[i] = 0.0
+            self._cs[i] = 0.0
+            if self.weights.online_orders:
+                from tasks.learning.online import OnlineState
+
+                self._online[i] = OnlineState(self.weights.online_orders)
+            self._index[thread] = i
+        return i
+
+    def forget(self, thread: Hashable) -> None:
+        """The thread ended: its state is dropped (its slot reused)."""
+        i = self._index.pop(thread, None)
+        if i is not None:
+            self._online[i] = None
+            self._free.append(i)
+
+    def seen(self, thread: Hashable) -> int:
+        """How many calls of `thread` were observed."""
+        i = self._index.get(thread)
+        return 0 if i is None else int(self._n_seen[i])
+
+    def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
+        """Observe one call per thread (its token), then {thread: float32 [64]}: its next call."""
+        from tasks.learning.stepping import _step
+
+        names = list(calls)
+        tokens = np.fromiter((int(calls[t]) for t in names), np.int64, len(names))
+        bad = np.flatnonzero((tokens < 0) | (tokens >= N_TOKENS))
+        if len(bad):
+            t = names[int(bad[0])]
+            raise ValueError(f"thread {t!r}: token {calls[t]} is not in 0..{N_TOKENS - 1}")
+        idx = np.fromiter((self._slot(t) for t in names), np.int64, len(names))
+        online = np.zeros((len(names), 4), np.int64)
+        if self.weights.online_orders:
+            for b, i in enumerate(idx):
+                state = self._online[i]
+                state.push(int(tokens[b]))
+                online[b] = state.answer()
+        out = np.empty((len(names), N_TOKENS), np.float32)
+        w = self.weights
+        _step(
+            idx, tokens.astype(np.uint8), online, self.context, self._n_seen, self._hist,
+            self._hs, self._cs, w.lstm, np.array(w.units, np.int64), w.group_col, w.group_off,
+            w.kernels, w.recurrent, w.bias_in, w.bias_rec, w.out_kernel, w.out_bias,
+            w.src_top_col, w.src_conf_col, w.src_conf_off, w.gate_h, w.gate_conf, w.gate_bias,
+            w.copy, w.ngram_keys, w.ngram_top1, w.ngram_count1, w.ngram_total, w.ngram_order,
+            w.count_buckets, w.share_buckets, out,
+        )  # fmt: skip
+        return {t: out[b] for b, t in enumerate(names)}
+
+
+def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
+    """Batch form of one StatefulStream answer: float32 [64] after the last of `tokens` (one
+    thread's calls from its first), from the evaluation chunk that scores the next call
+    (tasks.learning.sequences.eval_chunks): the one starting at call k*context,
+    k = max(0, i // context - 1) for the last call's index i."""
+    from tasks.learning.model import online_feature_matrix, online_orders, takes_online
+    from tasks.learning.sequences import TokenRun
+
+    tokens = np.asarray(tokens, np.uint8)
+    start = max(0, (len(tokens) - 1) // context - 1) * context
+    x: object = tokens[None, start:].astype(np.int32)
+    if takes_online(model):
+        run = TokenRun("stream", "thread", tokens, np.array([0, len(tokens)]))
+        online = online_feature_matrix(run, online_orders(model))
+        x = {"tokens": x, "online": online[None, start:].astype(np.int32)}
+    return np.asarray(model(x, training=False))[0, -1, :]
