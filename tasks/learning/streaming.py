@@ -200,9 +200,13 @@ class StatefulStream:
         self.weights = step_weights(model)
         self._index: dict[Hashable, int] = {}
         self._free: list[int] = []
-        self._online: list[object | None] = []
         w = self.weights
         self._hist_len = max(w.ngram_order, 1)
+        self._online = None
+        if w.online_orders:
+            from tasks.learning.online import OnlineStreams
+
+            self._online = OnlineStreams(w.online_orders)
         self._alloc(16)
 
     @classmethod
@@ -224,7 +228,6 @@ class StatefulStream:
             n = len(old)
             n_seen[:n], hist[:n], hs[:n], cs[:n] = self._n_seen, self._hist, self._hs, self._cs
         self._n_seen, self._hist, self._hs, self._cs = n_seen, hist, hs, cs
-        self._online += [None] * (capacity - len(self._online))
 
     def _slot(self, thread: Hashable) -> int:
         i = self._index.get(thread)
@@ -239,10 +242,8 @@ class StatefulStream:
             self._hist[i] = 0
             self._hs[i] = 0.0
             self._cs[i] = 0.0
-            if self.weights.online_orders:
-                from tasks.learning.online import OnlineState
-
-                self._online[i] = OnlineState(self.weights.online_orders)
+            if self._online is not None:
+                self._online.reset(i)
             self._index[thread] = i
         return i
 
@@ -250,7 +251,6 @@ class StatefulStream:
         """The thread ended: its state is dropped (its slot reused)."""
         i = self._index.pop(thread, None)
         if i is not None:
-            self._online[i] = None
             self._free.append(i)
 
     def seen(self, thread: Hashable) -> int:
@@ -269,12 +269,10 @@ class StatefulStream:
             t = names[int(bad[0])]
             raise ValueError(f"thread {t!r}: token {calls[t]} is not in 0..{N_TOKENS - 1}")
         idx = np.fromiter((self._slot(t) for t in names), np.int64, len(names))
-        online = np.zeros((len(names), 4), np.int64)
-        if self.weights.online_orders:
-            for b, i in enumerate(idx):
-                state = self._online[i]
-                state.push(int(tokens[b]))
-                online[b] = state.answer()
+        if self._online is not None:
+            online = self._online.push_answer(idx, tokens)
+        else:
+            online = np.zeros((len(names), 4), np.int64)
         out = np.empty((len(names), N_TOKENS), np.float32)
         w = self.weights
         _step(
