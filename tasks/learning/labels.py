@@ -97,10 +97,9 @@ def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
     return table.column(name)
 
 
-def allocator_labels(table: pa.Table) -> AllocatorLabels:
-    """The labels of one run's events (any process interleaving; each process in call order)."""
-    n = table.num_rows
-    pid = _column(table, "pid").to_numpy().astype(np.int64)
+def request_and_free_classes(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(request class, free class) per row: the size class of the block the row defines / frees
+    (the rules in the module doc), -1 where none."""
     op = _column(table, "op").to_numpy().astype(np.int64)
     addr = _column(table, "addr").to_numpy()
     size = _column(table, "size").to_numpy().astype(np.uint64)
@@ -112,7 +111,13 @@ def allocator_labels(table: pa.Table) -> AllocatorLabels:
     )
     defines = _DEFINING[op] & (addr != 0)
     req_cls = np.where(defines, size_class(size).astype(np.int64), -1)
-    # a process's call order: by time, then thread and seq (as tasks.whatif orders a process)
+    return req_cls, free_cls
+
+
+def process_order(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(rows in process call order, flags of each process's first row in that order): by pid,
+    then time, thread and seq (as tasks.whatif orders a process)."""
+    pid = _column(table, "pid").to_numpy().astype(np.int64)
     order = np.lexsort(
         (
             _column(table, "seq").to_numpy(),
@@ -122,8 +127,17 @@ def allocator_labels(table: pa.Table) -> AllocatorLabels:
         )
     )
     p = pid[order]
-    starts = np.ones(n, bool)
+    starts = np.ones(len(p), bool)
     starts[1:] = p[1:] != p[:-1]
+    return order, starts
+
+
+def allocator_labels(table: pa.Table) -> AllocatorLabels:
+    """The labels of one run's events (any process interleaving; each process in call order)."""
+    n = table.num_rows
+    req_cls, free_cls = request_and_free_classes(table)
+    defines = req_cls >= 0
+    order, starts = process_order(table)
     dist = np.empty(n, np.int64)
     dist[order] = _reuse_distance(
         starts, np.ascontiguousarray(free_cls[order]), np.ascontiguousarray(req_cls[order]),
