@@ -41,27 +41,14 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.sequences import events_dataset
+from tasks.learning.outcome import QuestionScores
+from tasks.learning.sequences import Split, events_dataset
 
 QUESTION = "reuse"
 PREDICTORS = ("majority", "class_online", "site_online")
 SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32
 MIN_PROB = 1e-7  # the log-loss clip of tasks.learning.evaluate
-
-
-@dataclass(frozen=True)
-class QuestionScores:
-    """One predictor's scores on one question, one slice (a workload or "all"), one table."""
-
-    question: str
-    predictor: str
-    slice: str
-    table: str
-    positions: int
-    top1: float
-    log_loss: float
-    positions_without_site: int = 0
 
 
 @njit(cache=True)
@@ -215,3 +202,57 @@ def question_metrics(scores: list[QuestionScores]) -> dict[str, float]:
         out[f"{s.question}.{s.table}.positions/{sl}"] = float(s.positions)
         out[f"{s.question}.{s.table}.positions_without_site/{sl}"] = float(s.positions_without_site)
     return out
+
+
+def reuse_evaluation(root: Root, split: Split, max_rows: int | None = None) -> list[QuestionScores]:
+    """Every reuse predictor on the frees of the split's evaluation runs, in the three tables
+    (per workload and pooled as "all"); the majority from its training runs. `max_rows` caps
+    each evaluation run's events (its first processes in call order), as data.max_eval_tokens
+    caps its tokens."""
+    from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
+    from tasks.learning.outcome import OVERALL
+
+    def events(workload: str, run: str) -> pa.Table:
+        t = read_events(root, workload, run)
+        if max_rows is not None and t.num_rows > max_rows:
+            order, _ = process_order(t)
+            t = t.take(pa.array(np.sort(order[:max_rows])))
+        return t
+
+    train = sorted({(r.workload, r.run) for r in split.train})
+    majority = majority_of([events(w, r) for w, r in train])
+    scores: list[QuestionScores] = []
+    for table, runs in (
+        (UNSEEN_RUNS, split.evaluation),
+        (UNSEEN_PROGRAMS, split.unseen_programs),
+        (HELDOUT_WORKLOADS, split.heldout),
+    ):
+        by_workload: dict[str, list[ReuseAnswers]] = {}
+        for w, r in sorted({(x.workload, x.run) for x in runs}):
+            by_workload.setdefault(w, []).append(reuse_answers(events(w, r), majority))
+        for w, answers in by_workload.items():
+            scores += score_answers(answers, table, w)
+        if by_workload:
+            pooled = [a for answers in by_workload.values() for a in answers]
+            scores += score_answers(pooled, table, OVERALL)
+    return scores
+
+
+def reuse_markdown(scores: list[QuestionScores]) -> str:
+    """The reuse tables a person reads: per workload, each predictor's top-1 and log-loss."""
+    lines = ["### Reuse of the freed class in the process (at each free)", ""]
+    lines += [
+        "| table | workload | frees | without call site | "
+        + " | ".join(f"{p} top-1 | {p} log-loss" for p in PREDICTORS)
+        + " |",
+        "|" + "---|" * (4 + 2 * len(PREDICTORS)),
+    ]
+    keyed = {(s.table, s.slice, s.predictor): s for s in scores}
+    for table, sl in dict.fromkeys((s.table, s.slice) for s in scores):
+        first = keyed[(table, sl, PREDICTORS[0])]
+        cells = [table, sl, str(first.positions), str(first.positions_without_site)]
+        for p in PREDICTORS:
+            s = keyed[(table, sl, p)]
+            cells += [f"{s.top1:.4f}", f"{s.log_loss:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

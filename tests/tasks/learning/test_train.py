@@ -65,6 +65,18 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     assert outcome.predictions_per_second > 0
     assert outcome.input_example.shape == (1, 10) and outcome.input_example.dtype == np.int32
     assert any("only two runs" in n for n in outcome.notes)
+    # the reuse question: its three baselines on the same frees of the same tables
+    q = {(s.table, s.slice): set() for s in outcome.question_scores}
+    for s in outcome.question_scores:
+        q[(s.table, s.slice)].add((s.positions, s.positions_without_site))
+        assert s.question == "reuse" and 0.0 <= s.top1 <= 1.0 and np.isfinite(s.log_loss)
+    assert set(q) == {
+        ("unseen_runs", "alpha"), ("unseen_runs", "beta"), ("unseen_runs", OVERALL),
+        ("unseen_programs", "gamma"), ("unseen_programs", OVERALL),
+    }  # fmt: skip
+    for (_, _), facts in q.items():
+        ((frees, no_site),) = facts  # one count per table and slice: the same frees for all
+        assert frees > 0 and no_site == frees  # synthetic traces have no callers
 
 
 def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
