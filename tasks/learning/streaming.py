@@ -1,5 +1,12 @@
 """The champion in streaming form: feed each thread's heap calls as they happen, get the next-call
-distribution after each.
+distribution after each. Two forms:
+
+- StatefulStream (the one to use): the network stepped one call at a time, two recurrent states
+  per thread, compiled, no TensorFlow per call; it answers exactly what the evaluation tables
+  score (tasks/learning/stepping.py says why that function; predict_chunked is its batch form).
+  `StatefulStream.from_registry()` builds it from any registered version's weights.
+- StreamingPredictor (the reference): re-runs the model over each thread's last `context`
+  calls per answer (predict_window is its batch form); about 2000x the cost.
 
     from tasks.learning.streaming import StreamingPredictor
     from tasks.dataset.tokens import size_class
