@@ -6,7 +6,8 @@ distribution after each. Two forms:
   score (tasks/learning/stepping.py says why that function; predict_chunked is its batch form).
   `StatefulStream.from_registry()` builds it from any registered version's weights.
 - StreamingPredictor (the reference): re-runs the model over each thread's last `context`
-  calls per answer (predict_window is its batch form); about 2000x the cost.
+  calls per answer (predict_window is its batch form); 30-60x the wall time per answer
+  (benchmarks/results/streaming.json).
 
     from tasks.learning.streaming import StreamingPredictor
     from tasks.dataset.tokens import size_class
