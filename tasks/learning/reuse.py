@@ -16,8 +16,9 @@ a known size of an evaluation run, from the calls before it only:
 The call site is caller_module + caller_offset (the module's path and the offset in it, which
 survive ASLR), hashed to SITE_VOCABULARY buckets. Compiled (numba), one pass per run.
 
-Metric keys: `reuse.<table>.<metric>/<slice>.<predictor>`, the registry's scheme
-(`<table>.<metric>/<slice>.<predictor>`) with the question in front.
+Metric keys: `<question>.<table>.<metric>/<slice>.<predictor>` (question: reuse, lifetime_calls,
+lifetime_time), the registry's scheme (`<table>.<metric>/<slice>.<predictor>`) with the question
+in front. `reuse_evaluation` scores both questions' predictors (tasks/learning/lifetime.py).
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ def majority_of(tables: list[pa.Table], eps: float = 0.1) -> np.ndarray:
     return (counts + eps) / (counts.sum() + eps * REUSE_CLASSES)
 
 
-def score_answers(answers: list[ReuseAnswers], table: str, slice: str) -> list[QuestionScores]:
+def score_answers(
+    answers: list[ReuseAnswers], table: str, slice: str, question: str = QUESTION
+) -> list[QuestionScores]:
     """top-1 (ties: the sooner class) and log-loss of every predictor over `answers`, pooled."""
     y = np.concatenate([a.labels for a in answers]).astype(np.int64)
     without = sum(a.without_site for a in answers)
@@ -176,7 +179,7 @@ def score_answers(answers: list[ReuseAnswers], table: str, slice: str) -> list[Q
         top1 = float((p.argmax(axis=1) == y).mean()) if n else float("nan")
         p_true = p[np.arange(n), y] if n else np.zeros(0)
         ll = float(-np.log(np.clip(p_true, MIN_PROB, 1.0)).mean()) if n else float("nan")
-        scores.append(QuestionScores(QUESTION, name, slice, table, n, top1, ll, without))
+        scores.append(QuestionScores(question, name, slice, table, n, top1, ll, without))
     return scores
 
 
@@ -205,8 +208,9 @@ def question_metrics(scores: list[QuestionScores]) -> dict[str, float]:
 
 
 def reuse_evaluation(root: Root, split: Split, max_rows: int | None = None) -> list[QuestionScores]:
-    """Every reuse predictor on the frees of the split's evaluation runs, in the three tables
-    (per workload and pooled as "all"); the majority from its training runs. `max_rows` caps
+    """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
+    split's evaluation runs, in the three tables (per workload and pooled as "all"); the
+    majorities from its training runs. `max_rows` caps
     each evaluation run's events (its first processes in call order), as data.max_eval_tokens
     caps its tokens."""
     from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
@@ -219,30 +223,53 @@ def reuse_evaluation(root: Root, split: Split, max_rows: int | None = None) -> l
             t = t.take(pa.array(np.sort(order[:max_rows])))
         return t
 
-    train = sorted({(r.workload, r.run) for r in split.train})
-    majority = majority_of([events(w, r) for w, r in train])
+    from tasks.learning.lifetime import lifetime_answers, lifetime_majority
+
+    train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
+    majority = majority_of(train_events)
+    lifetime_maj = lifetime_majority(train_events)
+    del train_events
     scores: list[QuestionScores] = []
     for table, runs in (
         (UNSEEN_RUNS, split.evaluation),
         (UNSEEN_PROGRAMS, split.unseen_programs),
         (HELDOUT_WORKLOADS, split.heldout),
     ):
-        by_workload: dict[str, list[ReuseAnswers]] = {}
+        # {question: {workload: [answers of each run]}}
+        by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
         for w, r in sorted({(x.workload, x.run) for x in runs}):
-            by_workload.setdefault(w, []).append(reuse_answers(events(w, r), majority))
-        for w, answers in by_workload.items():
-            scores += score_answers(answers, table, w)
-        if by_workload:
+            t = events(w, r)
+            answers = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
+            for q, a in answers.items():
+                by_q.setdefault(q, {}).setdefault(w, []).append(a)
+        for q, by_workload in by_q.items():
+            for w, answers in by_workload.items():
+                scores += score_answers(answers, table, w, q)
             pooled = [a for answers in by_workload.values() for a in answers]
-            scores += score_answers(pooled, table, OVERALL)
+            scores += score_answers(pooled, table, OVERALL, q)
     return scores
 
 
+QUESTION_TITLES = {
+    QUESTION: "Reuse of the freed class in the process (at each free)",
+    "lifetime_calls": "Lifetime of the block in calls of the process (at each allocation)",
+    "lifetime_time": "Lifetime of the block in time (at each allocation)",
+}
+
+
 def reuse_markdown(scores: list[QuestionScores]) -> str:
-    """The reuse tables a person reads: per workload, each predictor's top-1 and log-loss."""
-    lines = ["### Reuse of the freed class in the process (at each free)", ""]
+    """The question tables a person reads: per table and workload, each predictor's top-1 and
+    log-loss, one table per question."""
+    out = []
+    for question in dict.fromkeys(s.question for s in scores):
+        out.append(_question_markdown([s for s in scores if s.question == question], question))
+    return "\n".join(out)
+
+
+def _question_markdown(scores: list[QuestionScores], question: str) -> str:
+    lines = [f"### {QUESTION_TITLES.get(question, question)}", ""]
     lines += [
-        "| table | workload | frees | without call site | "
+        "| table | workload | positions | without call site | "
         + " | ".join(f"{p} top-1 | {p} log-loss" for p in PREDICTORS)
         + " |",
         "|" + "---|" * (4 + 2 * len(PREDICTORS)),
