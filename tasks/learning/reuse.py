@@ -18,7 +18,7 @@ survive ASLR), hashed to SITE_VOCABULARY buckets. Compiled (numba), one pass per
 
 Metric keys: `<question>.<table>.<metric>/<slice>.<predictor>` (question: reuse, lifetime_calls,
 lifetime_time), the registry's scheme (`<table>.<metric>/<slice>.<predictor>`) with the question
-in front. `reuse_evaluation` scores both questions' predictors (tasks/learning/lifetime.py).
+in front. `question_evaluation` scores both questions' predictors (tasks/learning/lifetime.py).
 """
 
 from __future__ import annotations
@@ -207,7 +207,9 @@ def question_metrics(scores: list[QuestionScores]) -> dict[str, float]:
     return out
 
 
-def reuse_evaluation(root: Root, split: Split, max_rows: int | None = None) -> list[QuestionScores]:
+def question_evaluation(
+    root: Root, split: Split, max_rows: int | None = None
+) -> list[QuestionScores]:
     """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
     majorities from its training runs. `max_rows` caps
@@ -257,7 +259,7 @@ QUESTION_TITLES = {
 }
 
 
-def reuse_markdown(scores: list[QuestionScores]) -> str:
+def question_markdown(scores: list[QuestionScores]) -> str:
     """The question tables a person reads: per table and workload, each predictor's top-1 and
     log-loss, one table per question."""
     out = []

@@ -34,7 +34,7 @@ from tasks.learning.evaluate import (
     evaluation_markdown,
 )
 from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, QuestionScores, TrainOutcome
-from tasks.learning.reuse import reuse_evaluation, reuse_markdown
+from tasks.learning.reuse import question_evaluation, question_markdown
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
 from tasks.learning.train_config import TrainConfig
 
@@ -383,7 +383,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         raise ValueError(f"{r.url}: the split has no training run")
     require_evaluation(split, config.data.min_eval_positions, r.url)
     # the reuse question's predictors read the events (call sites, frees), not the tokens
-    question_scores = tuple(reuse_evaluation(r, split, config.data.max_eval_tokens))
+    question_scores = tuple(question_evaluation(r, split, config.data.max_eval_tokens))
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()
     model, facts = fit_model(config, split, ckpt, callbacks or [])
@@ -459,7 +459,7 @@ def publish_evaluation(outcome: TrainOutcome) -> str:
     )
     markdown = head + evaluation_markdown(outcome.evaluation, outcome.notes)
     if outcome.question_scores:
-        markdown += "\n" + reuse_markdown(list(outcome.question_scores))
+        markdown += "\n" + question_markdown(list(outcome.question_scores))
     create_markdown_artifact(
         key="train-evaluation",
         markdown=markdown,

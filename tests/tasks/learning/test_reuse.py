@@ -9,9 +9,9 @@ from tasks.learning.labels import REUSE_CLASSES, REUSE_EDGES
 from tasks.learning.reuse import (
     call_sites,
     majority_of,
+    question_markdown,
     question_metrics,
     reuse_answers,
-    reuse_markdown,
     score_answers,
 )
 from tests.tasks.learning.test_labels import _bucket, _cls, _events, _reference
@@ -105,5 +105,5 @@ def test_a_trace_without_callers_still_scores_and_says_so():
     assert "reuse.unseen_programs.top1/perl_x.site_online" in metrics
     assert metrics["reuse.unseen_programs.positions_without_site/perl_x"] == len(ans.rows)
     assert all(0.0 <= s.top1 <= 1.0 and s.log_loss > 0 for s in scores)
-    row = next(line for line in reuse_markdown(scores).splitlines() if "perl.x" in line)
+    row = next(line for line in question_markdown(scores).splitlines() if "perl.x" in line)
     assert row.startswith(f"| unseen_programs | perl.x | {len(ans.rows)} | {len(ans.rows)} |")
