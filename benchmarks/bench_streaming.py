@@ -12,6 +12,9 @@ Measured, side by side in one process on this machine's CPU (or GPU where Tensor
 - streaming: StreamingPredictor.step({thread: token}) for B threads at once, --steps times (each
   step observes one call per thread, updates its online counter, and runs the model over every
   thread's window in one batch): predictions per second = B * steps / seconds;
+- stateful: StatefulStream.step({thread: token}) on the same calls, in wall and in CPU time (the network stepped one call
+  at a time, two recurrent states per thread, compiled, no TensorFlow; it answers what the
+  evaluation tables score, tasks/learning/stepping.py), after the same `context` calls of warm-up;
 - reference: the same model scoring the same B windows in batch form, all `context` positions of
   each window at once (what evaluation does), through one traced graph: positions per second.
 The ratio says what the per-call answer costs against batch scoring. Writes
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -77,7 +81,7 @@ def main() -> int:
 
     from tasks.learning.model import online_feature_matrix, online_orders, takes_online
     from tasks.learning.sequences import TokenRun
-    from tasks.learning.streaming import StreamingPredictor
+    from tasks.learning.streaming import StatefulStream, StreamingPredictor
 
     stream = patterned(200_000, 0)
     model, context, which = champion_model(a.root) if a.root else quick_model(stream)
@@ -96,6 +100,16 @@ def main() -> int:
             sp.step({t: int(stream[s + context + k]) for t, s in enumerate(starts)})
         streaming_s = time.perf_counter() - t0
         per_s = b * (a.steps - 1) / streaming_s
+
+        ss = StatefulStream(model, context)
+        for k in range(context + 1):  # the same calls as the window stream's warm-up
+            ss.step({t: int(stream[s + k]) for t, s in enumerate(starts)})
+        t0, c0 = time.perf_counter(), time.process_time()
+        for k in range(1, a.steps):
+            ss.step({t: int(stream[s + context + k]) for t, s in enumerate(starts)})
+        stateful_per_s = b * (a.steps - 1) / (time.perf_counter() - t0)
+        # one core's CPU time: on a shared machine wall time also counts the waits for a core
+        stateful_cpu_us = 1e6 * (time.process_time() - c0) / (b * (a.steps - 1))
 
         # reference: the same windows in batch form, every position scored
         windows = np.stack([stream[s : s + context] for s in starts]).astype(np.int32)
@@ -124,6 +138,8 @@ def main() -> int:
                 "threads": b,
                 "streaming_predictions_per_s": round(per_s, 1),
                 "streaming_us_per_prediction": round(1e6 / per_s, 1),
+                "stateful_us_per_prediction": round(1e6 / stateful_per_s, 2),
+                "stateful_cpu_us_per_prediction": round(stateful_cpu_us, 2),
                 "batch_positions_per_s": round(batch_per_s, 1),
                 "streaming_cost_vs_batch": round(batch_per_s / per_s, 1),
             }
@@ -131,7 +147,8 @@ def main() -> int:
         print(
             f"B={b:4d}: streaming {per_s:10.0f} predictions/s ({1e6 / per_s:8.1f} us each); "
             f"batch scoring {batch_per_s:10.0f} positions/s; a streamed answer costs "
-            f"{batch_per_s / per_s:.1f}x a batch-scored position"
+            f"{batch_per_s / per_s:.1f}x a batch-scored position; stateful "
+            f"{1e6 / stateful_per_s:.2f} us each ({stateful_cpu_us:.2f} us of CPU)"
         )
     result = {
         "model": which,
@@ -139,6 +156,7 @@ def main() -> int:
         "device": device,
         "machine": platform.machine(),
         "steps": a.steps,
+        "load_average": [round(x, 1) for x in os.getloadavg()],
         "rows": rows,
     }
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -849,3 +849,81 @@ class OnlineState:
     def p(self, token: int) -> float:
         """The probability of `token` as the next call (p_true in OnlineCounter.predict)."""
         return float(self.distribution()[int(token)])
+
+
+# --- many threads streamed at once --------------------------------------------------------------
+
+
+@njit(cache=True)
+def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback, out):
+    """For each b: thread idx[b] learns tokens[b], then out[b] = its (top1, order index, count,
+    total) for the next call; OnlineState.push then .answer, for every thread in one call."""
+    top5 = np.zeros(TOP_K, np.uint8)
+    for b in range(idx.shape[0]):
+        t = idx[b]
+        meta = metas[t]
+        hist = hists[t]
+        ctab, ptab = _stream_push(
+            ctabs[t], ptabs[t], meta, hist, n_seen[t], ext, fallback, tokens[b]
+        )
+        if ctab.shape[0] != ctabs[t].shape[0]:
+            ctabs[t] = ctab
+        if ptab.shape[0] != ptabs[t].shape[0]:
+            ptabs[t] = ptab
+        n_seen[t] += 1
+        top1, order, count, total = _stream_answer(
+            ctab, ptab, meta, hist, n_seen[t], ext, fallback, top5
+        )
+        out[b, 0] = top1
+        out[b, 1] = order
+        out[b, 2] = count
+        out[b, 3] = total
+
+
+class OnlineStreams:
+    """The online counter over many threads, each fed call by call, all in one compiled call
+    per batch of calls: thread i's answers are OnlineState's (tests/tasks/learning/test_online.py).
+    Threads are slots 0.. (the caller maps its thread names to them)."""
+
+    def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS, capacity: int = 16) -> None:
+        from numba.typed import List
+
+        self.orders = check_orders(orders)
+        self._ext = _ext(self.orders)
+        self._fallback = _fallback_of(None)
+        self._ctabs = List()
+        self._ptabs = List()
+        self._metas = List()
+        self._hists = List()
+        self._n_seen = np.zeros(0, np.int64)
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        n = len(self._ctabs)
+        for _ in range(n, capacity):
+            self._ctabs.append(np.zeros((1 << _STREAM_CTX_LOG2, _ROW), np.uint64))
+            self._ptabs.append(np.zeros((1 << _STREAM_PAIR_LOG2, 2), np.uint64))
+            self._metas.append(np.array([_STREAM_CTX_LOG2, 0, _STREAM_PAIR_LOG2, 0], np.int64))
+            self._hists.append(np.zeros(max(self.orders) + 1, np.uint8))
+        self._n_seen = np.concatenate([self._n_seen, np.zeros(capacity - n, np.int64)])
+
+    def reset(self, slot: int) -> None:
+        """Slot `slot` starts a new thread (grown to hold it if needed)."""
+        if slot >= len(self._ctabs):
+            self._grow(max(slot + 1, 2 * len(self._ctabs)))
+        self._ctabs[slot] = np.zeros((1 << _STREAM_CTX_LOG2, _ROW), np.uint64)
+        self._ptabs[slot] = np.zeros((1 << _STREAM_PAIR_LOG2, 2), np.uint64)
+        self._metas[slot][:] = (_STREAM_CTX_LOG2, 0, _STREAM_PAIR_LOG2, 0)
+        self._hists[slot][:] = 0
+        self._n_seen[slot] = 0
+
+    def push_answer(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Thread slots[b] learns tokens[b] (in 0..63, checked by the caller); returns int64
+        [B, 4]: each one's (top1, order index, count, total) for its next call."""
+        out = np.zeros((len(slots), 4), np.int64)
+        _streams_step(
+            self._ctabs, self._ptabs, self._metas, self._hists, self._n_seen,
+            np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(tokens, np.uint8),
+            self._ext, self._fallback, out,
+        )  # fmt: skip
+        return out

@@ -55,6 +55,21 @@ class PredictorScores:
 
 
 @dataclass(frozen=True)
+class QuestionScores:
+    """One predictor's scores on one allocator question (tasks/learning/reuse.py: "reuse"), one
+    slice (a workload, or OVERALL), one table; positions are that question's (e.g. frees)."""
+
+    question: str
+    predictor: str
+    slice: str
+    table: str
+    positions: int
+    top1: float
+    log_loss: float
+    positions_without_site: int = 0  # positions whose call has no call site (no callers traced)
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """Every predictor's scores on exactly the same evaluation positions."""
 
@@ -92,6 +107,9 @@ class TrainOutcome:
     # Added by training: sentences a reader of the run must see (a validation cut from a train
     # run's thread tails, a resumed training), worth logging as tags or in the description.
     notes: list[str] = field(default_factory=list)
+    # The allocator's questions, predicted causally by the baselines on the same positions of
+    # the same tables (tasks/learning/reuse.py; metric keys reuse.question_metrics)
+    question_scores: tuple[QuestionScores, ...] = ()
 
 
 Runs = tuple[tuple[str, str], ...]  # (workload, run)

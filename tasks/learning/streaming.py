@@ -1,5 +1,13 @@
 """The champion in streaming form: feed each thread's heap calls as they happen, get the next-call
-distribution after each.
+distribution after each. Two forms:
+
+- StatefulStream (the one to use): the network stepped one call at a time, two recurrent states
+  per thread, compiled, no TensorFlow per call; it answers exactly what the evaluation tables
+  score (tasks/learning/stepping.py says why that function; predict_chunked is its batch form).
+  `StatefulStream.from_registry()` builds it from any registered version's weights.
+- StreamingPredictor (the reference): re-runs the model over each thread's last `context`
+  calls per answer (predict_window is its batch form); 30-60x the wall time per answer
+  (benchmarks/results/streaming.json).
 
     from tasks.learning.streaming import StreamingPredictor
     from tasks.dataset.tokens import size_class
@@ -12,8 +20,9 @@ distribution after each.
 State is kept per thread: the last `context` tokens and, for a model with online features, the
 online counter over the thread's WHOLE history (tasks.learning.online.OnlineState, updated in
 O(1) per call). A prediction runs the model once over each asked thread's window, all asked
-threads in one batch, so the cost per prediction falls as threads are batched
-(benchmarks/bench_streaming.py).
+threads of the same window width in one batch (a thread younger than `context` calls has a
+shorter window; windows are never padded), so the cost per prediction falls as threads are
+batched (benchmarks/bench_streaming.py).
 
 What a prediction equals: the registered model applied to the thread's last `context` tokens
 and their online features, exactly what `predict_window` computes in batch from a thread's
@@ -111,17 +120,24 @@ class StreamingPredictor:
             raise KeyError(f"threads {missing[:5]} have no observed call yet")
         if not names:
             return {}
-        # a window shorter than the context while a thread is young: its calls only
-        width = min(self.context, max(self._threads[t].seen for t in names))
-        tokens = np.stack([self._threads[t].tokens[-width:] for t in names])
-        x: object = tokens
-        if self._online:
-            x = {
-                "tokens": tokens,
-                "online": np.stack([self._threads[t].online[-width:] for t in names]),
-            }
-        probs = np.asarray(self._call(x))
-        return {t: probs[i] for i, t in enumerate(names)}
+        # A young thread's window is its calls only. The model has no mask and token 0 is a real
+        # call (malloc(0)), so a window is never padded: threads are batched by window width,
+        # one pass per width (once every thread is `context` old, a single pass).
+        by_width: dict[int, list[Hashable]] = {}
+        for t in names:
+            by_width.setdefault(min(self.context, self._threads[t].seen), []).append(t)
+        out: dict[Hashable, np.ndarray] = {}
+        for width, group in by_width.items():
+            tokens = np.stack([self._threads[t].tokens[-width:] for t in group])
+            x: object = tokens
+            if self._online:
+                x = {
+                    "tokens": tokens,
+                    "online": np.stack([self._threads[t].online[-width:] for t in group]),
+                }
+            probs = np.asarray(self._call(x))
+            out.update({t: probs[i] for i, t in enumerate(group)})
+        return {t: out[t] for t in names}
 
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         """Observe one call per thread, then predict each of those threads' next call."""
@@ -165,4 +181,132 @@ def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
         run = TokenRun("stream", "thread", tokens, np.array([0, len(tokens)]))
         online = online_feature_matrix(run, online_orders(model))
         x = {"tokens": x, "online": online[None, -width:].astype(np.int32)}
+    return np.asarray(model(x, training=False))[0, -1, :]
+
+
+# --- the stateful stream ------------------------------------------------------------------------
+
+
+class StatefulStream:
+    """The model stepped one call at a time, two recurrent states carried per thread.
+
+    It computes what the evaluation tables score (tasks/learning/stepping.py says which function
+    and why), not predict_window: `predict_chunked` is its batch form. Per call: the online
+    counter's update, the n-gram lookups, two cell steps per layer; no window is re-run, no
+    TensorFlow runs.
+
+        ss = StatefulStream.from_registry()
+        dists = ss.step({7: 32 + 6, 9: 12})   # observe one call on each thread; {thread: [64]}
+    """
+
+    def __init__(self, model, context: int = 100) -> None:
+        from tasks.learning.stepping import step_weights
+
+        if context < 1:
+            raise ValueError(f"context {context}: must be >= 1")
+        self.context = int(context)
+        self.weights = step_weights(model)
+        self._index: dict[Hashable, int] = {}
+        self._free: list[int] = []
+        w = self.weights
+        self._hist_len = max(w.ngram_order, 1)
+        self._online = None
+        if w.online_orders:
+            from tasks.learning.online import OnlineStreams
+
+            self._online = OnlineStreams(w.online_orders)
+        self._alloc(16)
+
+    @classmethod
+    def from_registry(
+        cls, name: str = "heapcast-next-call", alias: str = "champion", context: int = 100
+    ) -> StatefulStream:
+        """The stream of `models:/<name>@<alias>` (any registered version: only its weights
+        are read)."""
+        return cls(StreamingPredictor.from_registry(name, alias, context).model, context)
+
+    def _alloc(self, capacity: int) -> None:
+        w = self.weights
+        old = getattr(self, "_n_seen", None)
+        n_seen = np.zeros(capacity, np.int64)
+        hist = np.zeros((capacity, self._hist_len), np.uint8)
+        shape = (capacity, 2, len(w.units), max(w.units))
+        hs, cs = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        if old is not None:
+            n = len(old)
+            n_seen[:n], hist[:n], hs[:n], cs[:n] = self._n_seen, self._hist, self._hs, self._cs
+        self._n_seen, self._hist, self._hs, self._cs = n_seen, hist, hs, cs
+
+    def _slot(self, thread: Hashable) -> int:
+        i = self._index.get(thread)
+        if i is None:
+            if self._free:
+                i = self._free.pop()
+            else:
+                i = len(self._index)
+                if i >= len(self._n_seen):
+                    self._alloc(2 * len(self._n_seen))
+            self._n_seen[i] = 0
+            self._hist[i] = 0
+            self._hs[i] = 0.0
+            self._cs[i] = 0.0
+            if self._online is not None:
+                self._online.reset(i)
+            self._index[thread] = i
+        return i
+
+    def forget(self, thread: Hashable) -> None:
+        """The thread ended: its state is dropped (its slot reused)."""
+        i = self._index.pop(thread, None)
+        if i is not None:
+            self._free.append(i)
+
+    def seen(self, thread: Hashable) -> int:
+        """How many calls of `thread` were observed."""
+        i = self._index.get(thread)
+        return 0 if i is None else int(self._n_seen[i])
+
+    def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
+        """Observe one call per thread (its token), then {thread: float32 [64]}: its next call."""
+        from tasks.learning.stepping import _step
+
+        names = list(calls)
+        tokens = np.fromiter((int(calls[t]) for t in names), np.int64, len(names))
+        bad = np.flatnonzero((tokens < 0) | (tokens >= N_TOKENS))
+        if len(bad):
+            t = names[int(bad[0])]
+            raise ValueError(f"thread {t!r}: token {calls[t]} is not in 0..{N_TOKENS - 1}")
+        idx = np.fromiter((self._slot(t) for t in names), np.int64, len(names))
+        if self._online is not None:
+            online = self._online.push_answer(idx, tokens)
+        else:
+            online = np.zeros((len(names), 4), np.int64)
+        out = np.empty((len(names), N_TOKENS), np.float32)
+        w = self.weights
+        _step(
+            idx, tokens.astype(np.uint8), online, self.context, self._n_seen, self._hist,
+            self._hs, self._cs, w.lstm, np.array(w.units, np.int64), w.group_col, w.group_off,
+            w.kernels, w.recurrent, w.bias_in, w.bias_rec, w.out_kernel, w.out_bias,
+            w.src_top_col, w.src_conf_col, w.src_conf_off, w.gate_h, w.gate_conf, w.gate_bias,
+            w.copy, w.ngram_keys, w.ngram_top1, w.ngram_count1, w.ngram_total, w.ngram_order,
+            w.count_buckets, w.share_buckets, out,
+        )  # fmt: skip
+        return {t: out[b] for b, t in enumerate(names)}
+
+
+def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
+    """Batch form of one StatefulStream answer: float32 [64] after the last of `tokens` (one
+    thread's calls from its first), from the evaluation chunk that scores the next call
+    (tasks.learning.sequences.eval_chunks): the one starting at call k*context,
+    k = max(0, i // context - 1) for the last call's index i."""
+    from tasks.learning.model import online_feature_matrix, online_orders, takes_online
+    from tasks.learning.sequences import TokenRun
+
+    tokens = np.asarray(tokens, np.uint8)
+    start = max(0, (len(tokens) - 1) // context - 1) * context
+    x: object = tokens[None, start:].astype(np.int32)
+    if takes_online(model):
+        run = TokenRun("stream", "thread", tokens, np.array([0, len(tokens)]))
+        online = online_feature_matrix(run, online_orders(model))
+        x = {"tokens": x, "online": online[None, start:].astype(np.int32)}
     return np.asarray(model(x, training=False))[0, -1, :]

@@ -33,7 +33,8 @@ from tasks.learning.evaluate import (
     EvaluationBuilder,
     evaluation_markdown,
 )
-from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, TrainOutcome
+from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, QuestionScores, TrainOutcome
+from tasks.learning.reuse import question_evaluation, question_markdown
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
 from tasks.learning.train_config import TrainConfig
 
@@ -52,6 +53,7 @@ class TrainedModel:
     checkpoint_dir: str
     initial_epoch: int  # > 0 when this training resumed a killed one
     notes: list[str] = field(default_factory=list)
+    question_scores: tuple[QuestionScores, ...] = ()  # the reuse question's baselines
 
 
 def checkpoint_dir(root: Root, cfg: TrainConfig, split: Split) -> Path:
@@ -380,6 +382,8 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
     if not split.train:
         raise ValueError(f"{r.url}: the split has no training run")
     require_evaluation(split, config.data.min_eval_positions, r.url)
+    # the reuse question's predictors read the events (call sites, frees), not the tokens
+    question_scores = tuple(question_evaluation(r, split, config.data.max_eval_tokens))
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()
     model, facts = fit_model(config, split, ckpt, callbacks or [])
@@ -401,6 +405,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         checkpoint_dir=str(ckpt),
         initial_epoch=facts["initial_epoch"],
         notes=notes,
+        question_scores=question_scores,
     )
 
 
@@ -429,6 +434,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         evaluation=evaluation,
         predictions_per_second=trained.predictions_per_second,
         seconds=trained.seconds,
+        question_scores=trained.question_scores,
         input_example=input_example(
             split.train[0],
             cfg.context,
@@ -452,6 +458,8 @@ def publish_evaluation(outcome: TrainOutcome) -> str:
         f"{outcome.predictions_per_second:,.0f} training predictions/s; {outcome.seconds:.0f} s.\n\n"
     )
     markdown = head + evaluation_markdown(outcome.evaluation, outcome.notes)
+    if outcome.question_scores:
+        markdown += "\n" + question_markdown(list(outcome.question_scores))
     create_markdown_artifact(
         key="train-evaluation",
         markdown=markdown,

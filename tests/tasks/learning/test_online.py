@@ -290,3 +290,23 @@ def test_tables_that_outgrow_their_first_size_stay_exact():
     rng = np.random.default_rng(11)
     run = random_run(rng, [30_000], list(range(N)))
     assert_equal_to_reference(run, DEFAULT_ORDERS)
+
+
+def test_many_streams_at_once_answer_as_one_state_per_thread():
+    from tasks.learning.online import OnlineStreams
+
+    # GIVEN threads of different lengths, one long and varied enough for its tables to grow
+    rng = np.random.default_rng(11)
+    threads = [rng.integers(0, 64, 1500), rng.integers(0, 5, 700), np.array([7] * 40)]
+    streams = OnlineStreams((6, 3, 1), capacity=2)  # slot 2 needs the store to grow
+    states = [OnlineState((6, 3, 1)) for _ in threads]
+    for slot in range(3):
+        streams.reset(slot)
+    # WHEN fed in interleaved batches (a thread leaves the batch when it ends)
+    for i in range(1500):
+        slots = np.array([s for s, t in enumerate(threads) if i < len(t)])
+        got = streams.push_answer(slots, np.array([threads[s][i] for s in slots]))
+        # THEN each answer is the single-thread state's
+        for b, s in enumerate(slots):
+            states[s].push(int(threads[s][i]))
+            assert tuple(got[b]) == states[s].answer(), (s, i)

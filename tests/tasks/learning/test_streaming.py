@@ -63,3 +63,23 @@ def test_bad_calls_are_named():
         sp.observe("q", 64)
     with pytest.raises(KeyError, match="no observed call"):
         sp.predict(["nobody"])
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_threads_of_different_ages_batched_equal_each_threads_own_prediction(online):
+    # GIVEN an old thread and a young one that starts while the old one's window is full
+    rng = np.random.default_rng(3)
+    old = rng.integers(1, 64, 30).astype(np.uint8)
+    young = rng.integers(1, 64, 12).astype(np.uint8)
+    model = _model(online)
+    sp = StreamingPredictor(model, context=8)
+    for tok in old[:18]:
+        sp.observe("old", int(tok))
+    # WHEN both are stepped in one batch, call by call
+    for i in range(len(young)):
+        got = sp.step({"old": int(old[18 + i]), "young": int(young[i])})
+        # THEN the young thread's answer is its own window's, not one left-padded with malloc(0)
+        want = predict_window(model, young[: i + 1], context=8)
+        np.testing.assert_allclose(got["young"], want, rtol=1e-5, atol=1e-6)
+        want_old = predict_window(model, old[: 19 + i], context=8)
+        np.testing.assert_allclose(got["old"], want_old, rtol=1e-5, atol=1e-6)

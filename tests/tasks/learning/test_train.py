@@ -49,6 +49,24 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     assert outcome.predictions_per_second > 0
     assert outcome.input_example.shape == (1, 10) and outcome.input_example.dtype == np.int32
     assert any("only two runs" in n for n in outcome.notes)
+    # the allocator's questions: three baselines each, on the same positions of the same tables
+    q: dict[tuple[str, str, str], set] = {}
+    for s in outcome.question_scores:
+        q.setdefault((s.question, s.table, s.slice), set()).add(
+            (s.positions, s.positions_without_site)
+        )
+        assert 0.0 <= s.top1 <= 1.0 and np.isfinite(s.log_loss)
+    assert set(q) == {
+        (question, table, sl)
+        for question in ("reuse", "lifetime_calls", "lifetime_time")
+        for table, sl in (
+            ("unseen_runs", "alpha"), ("unseen_runs", "beta"), ("unseen_runs", OVERALL),
+            ("unseen_programs", "gamma"), ("unseen_programs", OVERALL),
+        )
+    }  # fmt: skip
+    for facts in q.values():
+        ((frees, no_site),) = facts  # one count per question, table and slice
+        assert frees > 0 and no_site == frees  # synthetic traces have no callers
 
 
 def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):

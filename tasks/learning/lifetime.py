@@ -1,0 +1,131 @@
+"""Causal predictors of the lifetime question, beside the reuse question's (tasks/learning/reuse.py).
+
+The question (tasks/learning/labels.py): at an allocation of size class c, how long will the
+block live, in calls of the process ("lifetime_calls") and in time ("lifetime_time"), bucketed,
+never freed a class of its own? The same three predictors answer at every allocation:
+
+- majority: the training runs' distribution of the lifetime classes;
+- class_online: per process, per size class, counts of the classes of the process's EARLIER
+  allocations of that class, each counted at the call that frees it (when its lifetime becomes
+  known); a block still live is not counted, so these counters never learn "never freed" (only
+  the end of the process tells it): a reason a model can beat them there;
+- site_online: the same keyed by the allocation's call site and class, TCMalloc's counters per
+  allocation stack; a site never seen, or a call without a site, answers as class_online.
+
+Where a free lands: the dataset's lifetime_calls counts calls of the process from the
+allocation to the free, so the free is that many calls later in the process's call order
+(labels.process_order). Compiled (numba), one pass per run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numba import njit
+
+from tasks.learning.labels import (
+    LIFETIME_CLASSES,
+    NO_LABEL,
+    allocator_labels,
+    process_order,
+    request_and_free_classes,
+)
+from tasks.learning.reuse import SITE_VOCABULARY, ReuseAnswers, call_sites
+
+QUESTIONS = ("lifetime_calls", "lifetime_time")
+
+
+@njit(cache=True)
+def _online_by_due(proc_start, ask_cls, site, due, label, n_sites, k, eps, out):
+    """out[i] at every row asking (ask_cls[i] >= 0): the counters' distribution over k classes
+    from the earlier asking rows of its process whose label[.] became known at a row <= i
+    (due[.], -1: never). site[i] < 0: class counts only. Rows in process call order."""
+    n = ask_cls.shape[0]
+    by_class = np.zeros((32, k), np.float64)
+    by_site = np.zeros((n_sites * 32, k), np.float64)
+    head = np.full(n, -1, np.int64)  # the rows whose label is known at row r, a linked list
+    nxt = np.full(n, -1, np.int64)
+    for i in range(n):
+        if proc_start[i]:
+            by_class[:, :] = 0.0
+            by_site[:, :] = 0.0
+        f = head[i]
+        while f >= 0:
+            c = ask_cls[f]
+            by_class[c, label[f]] += 1.0
+            if site[f] >= 0:
+                by_site[site[f] * 32 + c, label[f]] += 1.0
+            f = nxt[f]
+        c = ask_cls[i]
+        if c >= 0:
+            s = site[i]
+            counts = by_class[c]
+            if s >= 0:
+                tot = 0.0
+                for j in range(k):
+                    tot += by_site[s * 32 + c, j]
+                if tot > 0:
+                    counts = by_site[s * 32 + c]
+            tot = 0.0
+            for j in range(k):
+                tot += counts[j]
+            for j in range(k):
+                out[i, j] = (counts[j] + eps) / (tot + eps * k)
+            d = due[i]
+            if d > i:
+                nxt[i] = head[d]
+                head[d] = i
+
+
+def lifetime_answers(
+    table: pa.Table, majority: dict[str, np.ndarray], eps: float = 0.1
+) -> dict[str, ReuseAnswers]:
+    """{question: every predictor's answer at every allocation} of one run's events table."""
+    labels = allocator_labels(table)
+    order, starts = process_order(table)
+    req_cls, _ = request_and_free_classes(table)
+    site = call_sites(table)
+    n = table.num_rows
+    # the row (in process order) of each allocation's free; -1: not freed in its process
+    col = table.column("lifetime_calls")
+    freed = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)[order]
+    life = col.fill_null(0).to_numpy().astype(np.int64)[order]
+    proc = np.cumsum(starts) - 1
+    proc_end = np.flatnonzero(np.append(starts[1:], True))  # last row of each process
+    at = np.arange(n) + life
+    due = np.where(freed & (life > 0) & (at <= proc_end[proc]), at, -1)
+    ask = np.ascontiguousarray(req_cls[order])
+    rows = np.flatnonzero(labels.lifetime_calls != NO_LABEL)
+    out = {}
+    for question, lab in (
+        ("lifetime_calls", labels.lifetime_calls),
+        ("lifetime_time", labels.lifetime_time),
+    ):
+        label = np.ascontiguousarray(np.maximum(lab[order], 0).astype(np.int64))
+        probs = {}
+        for name, s in (("class_online", np.full(n, -1, np.int64)), ("site_online", site)):
+            p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
+            _online_by_due(
+                starts, ask, np.ascontiguousarray(s[order]), due, label, SITE_VOCABULARY,
+                LIFETIME_CLASSES, eps, p_ord,
+            )  # fmt: skip
+            p = np.empty_like(p_ord)
+            p[order] = p_ord
+            probs[name] = p[rows]
+        probs["majority"] = np.broadcast_to(majority[question], (len(rows), LIFETIME_CLASSES))
+        out[question] = ReuseAnswers(rows, lab[rows], probs, int((site[rows] < 0).sum()))
+    return out
+
+
+def lifetime_majority(tables: list[pa.Table], eps: float = 0.1) -> dict[str, np.ndarray]:
+    """{question: float64 [LIFETIME_CLASSES]}: the training runs' lifetime classes, smoothed."""
+    counts = {q: np.zeros(LIFETIME_CLASSES) for q in QUESTIONS}
+    for t in tables:
+        labels = allocator_labels(t)
+        for q, lab in (
+            ("lifetime_calls", labels.lifetime_calls),
+            ("lifetime_time", labels.lifetime_time),
+        ):
+            counts[q] += np.bincount(lab[lab != NO_LABEL], minlength=LIFETIME_CLASSES)
+    return {q: (c + eps) / (c.sum() + eps * LIFETIME_CLASSES) for q, c in counts.items()}

@@ -1,0 +1,287 @@
+"""Causal predictors of the reuse question, scored on the same positions in the same tables.
+
+The question (tasks/learning/labels.py): at a free of a block of size class c, how soon does the
+process request class c again (REUSE_EDGES classes)? Every predictor answers at every free with
+a known size of an evaluation run, from the calls before it only:
+
+- majority: the training runs' distribution of the reuse classes.
+- class_online: per process, per size class, counts of the reuse classes of the process's
+  EARLIER frees of that class, each counted once its class is known, i.e. when the next request
+  of its class arrives (a free never followed by one is never counted; one whose request comes
+  after the last edge is counted as "later" then). An allocator inside the program can keep it.
+- site_online: the same counts keyed by the free's call site and class (TCMalloc keeps its
+  lifetime counters per allocation stack); a site never seen answers as class_online; a free
+  without a call site (a trace without callers) too, and those positions are counted.
+
+The call site is caller_module + caller_offset (the module's path and the offset in it, which
+survive ASLR), hashed to SITE_VOCABULARY buckets. Compiled (numba), one pass per run.
+
+Metric keys: `<question>.<table>.<metric>/<slice>.<predictor>` (question: reuse, lifetime_calls,
+lifetime_time), the registry's scheme (`<table>.<metric>/<slice>.<predictor>`) with the question
+in front. `question_evaluation` scores both questions' predictors (tasks/learning/lifetime.py).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numba import njit
+
+from tasks.core.storage import Root
+from tasks.learning.labels import (
+    LABEL_COLUMNS,
+    NO_LABEL,
+    REUSE_CLASSES,
+    REUSE_EDGES,
+    allocator_labels,
+    process_order,
+    request_and_free_classes,
+)
+from tasks.learning.outcome import QuestionScores
+from tasks.learning.sequences import Split, events_dataset
+
+QUESTION = "reuse"
+PREDICTORS = ("majority", "class_online", "site_online")
+SITE_VOCABULARY = 4096
+N_SIZE_CLASSES = 32
+MIN_PROB = 1e-7  # the log-loss clip of tasks.learning.evaluate
+
+
+@njit(cache=True)
+def _online_reuse(proc_start, free_cls, req_cls, site, n_sites, eps, edges, out):
+    """out[i] (float64 [n, REUSE_CLASSES]) at every free row i: the counters' distribution,
+    from the frees before i whose class was known before i. site[i] < 0: class counts only."""
+    n = free_cls.shape[0]
+    k = edges.shape[0] + 1
+    by_class = np.zeros((32, k), np.float64)
+    by_site = np.zeros((n_sites * 32, k), np.float64)
+    head = np.full(32, -1, np.int64)  # pending frees of each class, a linked list
+    nxt = np.full(n, -1, np.int64)
+    for i in range(n):
+        if proc_start[i]:
+            by_class[:, :] = 0.0
+            by_site[:, :] = 0.0
+            head[:] = -1
+        c = free_cls[i]
+        if c >= 0:
+            s = site[i]
+            row = s * 32 + c
+            counts = by_class[c]
+            if s >= 0:
+                tot = 0.0
+                for j in range(k):
+                    tot += by_site[row, j]
+                if tot > 0:
+                    counts = by_site[row]
+            tot = 0.0
+            for j in range(k):
+                tot += counts[j]
+            for j in range(k):
+                out[i, j] = (counts[j] + eps) / (tot + eps * k)
+        r = req_cls[i]
+        if r >= 0:  # the pending frees of class r learn their class now
+            f = head[r]
+            while f >= 0:
+                d = i - f
+                b = 0
+                while b < edges.shape[0] and d > edges[b]:
+                    b += 1
+                by_class[r, b] += 1.0
+                if site[f] >= 0:
+                    by_site[site[f] * 32 + r, b] += 1.0
+                f = nxt[f]
+            head[r] = -1
+        if c >= 0:  # after answering, the free waits for its class
+            nxt[i] = head[c]
+            head[c] = i
+
+
+def call_sites(table: pa.Table, vocabulary: int = SITE_VOCABULARY) -> np.ndarray:
+    """int64 [n]: each row's call site (caller_module + caller_offset) hashed to 0..vocabulary-1;
+    -1 where the row has none (a trace without callers, an address in no module)."""
+    n = table.num_rows
+    if "caller_module" not in table.column_names or "caller_offset" not in table.column_names:
+        return np.full(n, -1, np.int64)
+    module = table.column("caller_module").combine_chunks()
+    if pa.types.is_dictionary(module.type):
+        module = module.cast(pa.string())
+    names, ids = np.unique(np.asarray(module.fill_null("").to_numpy(zero_copy_only=False), object),
+                           return_inverse=True)  # fmt: skip
+    name_hash = np.array([zlib.crc32(str(m).encode()) for m in names], np.uint64)  # per module
+    offset = table.column("caller_offset")
+    valid = np.asarray(pc.is_valid(offset).to_numpy(zero_copy_only=False), bool)
+    valid &= np.asarray(pc.is_valid(module).to_numpy(zero_copy_only=False), bool)
+    off = offset.fill_null(0).to_numpy().astype(np.uint64)
+    with np.errstate(over="ignore"):
+        h = (name_hash[ids.reshape(-1)] << np.uint64(32)) ^ off
+        h = h * np.uint64(0x9E3779B97F4A7C15)
+        h ^= h >> np.uint64(29)
+    return np.where(valid, (h % np.uint64(vocabulary)).astype(np.int64), -1)
+
+
+@dataclass(frozen=True)
+class ReuseAnswers:
+    """The predictors' answers at a run's scored frees (rows in the table's order)."""
+
+    rows: np.ndarray  # int64 [m]: the scored rows (frees with a reuse label)
+    labels: np.ndarray  # int8 [m]
+    probs: dict[str, np.ndarray]  # predictor -> float64 [m, REUSE_CLASSES]
+    without_site: int  # scored rows with no call site
+
+
+def reuse_answers(table: pa.Table, majority: np.ndarray, eps: float = 0.1) -> ReuseAnswers:
+    """Every predictor's answer at every scored free of one run's events table."""
+    labels = allocator_labels(table).reuse
+    order, starts = process_order(table)
+    req_cls, free_cls = request_and_free_classes(table)
+    site = call_sites(table)
+    edges = np.asarray(REUSE_EDGES, np.int64)
+    out = {}
+    for name, s in (("class_online", np.full(len(site), -1, np.int64)), ("site_online", site)):
+        p = np.zeros((table.num_rows, REUSE_CLASSES), np.float64)
+        p_ord = np.zeros_like(p)
+        _online_reuse(
+            starts, np.ascontiguousarray(free_cls[order]), np.ascontiguousarray(req_cls[order]),
+            np.ascontiguousarray(s[order]), SITE_VOCABULARY, eps, edges, p_ord,
+        )  # fmt: skip
+        p[order] = p_ord
+        out[name] = p
+    rows = np.flatnonzero(labels != NO_LABEL)
+    probs = {name: out[name][rows] for name in out}
+    probs["majority"] = np.broadcast_to(majority, (len(rows), REUSE_CLASSES))
+    return ReuseAnswers(rows, labels[rows], probs, int((site[rows] < 0).sum()))
+
+
+def majority_of(tables: list[pa.Table], eps: float = 0.1) -> np.ndarray:
+    """float64 [REUSE_CLASSES]: the training runs' reuse classes, smoothed."""
+    counts = np.zeros(REUSE_CLASSES)
+    for t in tables:
+        r = allocator_labels(t).reuse
+        counts += np.bincount(r[r != NO_LABEL], minlength=REUSE_CLASSES)
+    return (counts + eps) / (counts.sum() + eps * REUSE_CLASSES)
+
+
+def score_answers(
+    answers: list[ReuseAnswers], table: str, slice: str, question: str = QUESTION
+) -> list[QuestionScores]:
+    """top-1 (ties: the sooner class) and log-loss of every predictor over `answers`, pooled."""
+    y = np.concatenate([a.labels for a in answers]).astype(np.int64)
+    without = sum(a.without_site for a in answers)
+    scores = []
+    for name in PREDICTORS:
+        p = np.concatenate([a.probs[name] for a in answers])
+        n = len(y)
+        top1 = float((p.argmax(axis=1) == y).mean()) if n else float("nan")
+        p_true = p[np.arange(n), y] if n else np.zeros(0)
+        ll = float(-np.log(np.clip(p_true, MIN_PROB, 1.0)).mean()) if n else float("nan")
+        scores.append(QuestionScores(question, name, slice, table, n, top1, ll, without))
+    return scores
+
+
+def read_events(root: Root, workload: str, run: str) -> pa.Table:
+    """One run's events with the columns the labels and the call sites need."""
+    flt = (pc.field("workload") == workload) & (pc.field("run") == run)
+    dataset = events_dataset(root)
+    names = set(dataset.schema.names)
+    cols = LABEL_COLUMNS + [c for c in ("caller_module", "caller_offset") if c in names]
+    table = dataset.to_table(columns=cols, filter=flt)
+    if table.num_rows == 0:
+        raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
+    return table
+
+
+def question_metrics(scores: list[QuestionScores]) -> dict[str, float]:
+    """`<question>.<table>.<metric>/<slice>.<predictor>` -> value, and the positions."""
+    out: dict[str, float] = {}
+    for s in scores:
+        sl = re.sub(r"[^A-Za-z0-9_\-]", "_", s.slice)
+        for m in ("top1", "log_loss"):
+            out[f"{s.question}.{s.table}.{m}/{sl}.{s.predictor}"] = float(getattr(s, m))
+        out[f"{s.question}.{s.table}.positions/{sl}"] = float(s.positions)
+        out[f"{s.question}.{s.table}.positions_without_site/{sl}"] = float(s.positions_without_site)
+    return out
+
+
+def question_evaluation(
+    root: Root, split: Split, max_rows: int | None = None
+) -> list[QuestionScores]:
+    """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
+    split's evaluation runs, in the three tables (per workload and pooled as "all"); the
+    majorities from its training runs. `max_rows` caps
+    each evaluation run's events (its first processes in call order), as data.max_eval_tokens
+    caps its tokens."""
+    from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
+    from tasks.learning.outcome import OVERALL
+
+    def events(workload: str, run: str) -> pa.Table:
+        t = read_events(root, workload, run)
+        if max_rows is not None and t.num_rows > max_rows:
+            order, _ = process_order(t)
+            t = t.take(pa.array(np.sort(order[:max_rows])))
+        return t
+
+    from tasks.learning.lifetime import lifetime_answers, lifetime_majority
+
+    train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
+    majority = majority_of(train_events)
+    lifetime_maj = lifetime_majority(train_events)
+    del train_events
+    scores: list[QuestionScores] = []
+    for table, runs in (
+        (UNSEEN_RUNS, split.evaluation),
+        (UNSEEN_PROGRAMS, split.unseen_programs),
+        (HELDOUT_WORKLOADS, split.heldout),
+    ):
+        # {question: {workload: [answers of each run]}}
+        by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
+        for w, r in sorted({(x.workload, x.run) for x in runs}):
+            t = events(w, r)
+            answers = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
+            for q, a in answers.items():
+                by_q.setdefault(q, {}).setdefault(w, []).append(a)
+        for q, by_workload in by_q.items():
+            for w, answers in by_workload.items():
+                scores += score_answers(answers, table, w, q)
+            pooled = [a for answers in by_workload.values() for a in answers]
+            scores += score_answers(pooled, table, OVERALL, q)
+    return scores
+
+
+QUESTION_TITLES = {
+    QUESTION: "Reuse of the freed class in the process (at each free)",
+    "lifetime_calls": "Lifetime of the block in calls of the process (at each allocation)",
+    "lifetime_time": "Lifetime of the block in time (at each allocation)",
+}
+
+
+def question_markdown(scores: list[QuestionScores]) -> str:
+    """The question tables a person reads: per table and workload, each predictor's top-1 and
+    log-loss, one table per question."""
+    out = []
+    for question in dict.fromkeys(s.question for s in scores):
+        out.append(_question_markdown([s for s in scores if s.question == question], question))
+    return "\n".join(out)
+
+
+def _question_markdown(scores: list[QuestionScores], question: str) -> str:
+    lines = [f"### {QUESTION_TITLES.get(question, question)}", ""]
+    lines += [
+        "| table | workload | positions | without call site | "
+        + " | ".join(f"{p} top-1 | {p} log-loss" for p in PREDICTORS)
+        + " |",
+        "|" + "---|" * (4 + 2 * len(PREDICTORS)),
+    ]
+    keyed = {(s.table, s.slice, s.predictor): s for s in scores}
+    for table, sl in dict.fromkeys((s.table, s.slice) for s in scores):
+        first = keyed[(table, sl, PREDICTORS[0])]
+        cells = [table, sl, str(first.positions), str(first.positions_without_site)]
+        for p in PREDICTORS:
+            s = keyed[(table, sl, p)]
+            cells += [f"{s.top1:.4f}", f"{s.log_loss:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
