@@ -93,3 +93,4 @@ def apply_embedded_defaults() -> None:
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if quiet.has_nvidia_gpu() else "3")
     quiet.install()
+    quiet.quiet_library_lines()

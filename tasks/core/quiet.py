@@ -11,16 +11,22 @@ the module's exec_module, once.
 
 Levels are TF's: 0 everything, 1 no INFO, 2 no WARNING either, 3 no ERROR either. Lines that are
 not Abseil records (a Python warning, a traceback) are always kept.
+
+Three lines of other libraries say nothing to a heapcast user and are dropped, each matched by its
+logger (or warning category) and the start of its message, never by level: the rest of those
+loggers still speaks (`quiet_library_lines`).
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import logging
 import os
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -141,3 +147,39 @@ def _dev_names() -> list[str]:
         return os.listdir("/dev")
     except OSError:
         return []
+
+
+# (logger, message start) of log lines dropped. MLflow's, once per new embedded store (every fresh
+# data root); Prefect's, when its embedded API starts and stops (a temporary server is the
+# embedded mode's design, not something to act on).
+QUIET_LOG_LINES = (
+    ("mlflow.store.db.utils", "Creating initial MLflow database tables"),
+    ("prefect", "Starting temporary server on"),
+    ("prefect", "Stopping temporary server on"),
+)
+# Keras, loading a registered model for inference (a champion re-scored, the whatif stage): the
+# saved optimizer state is not restored into an optimizer that was never built, nor needed.
+QUIET_WARNING = r"Skipping variable loading for optimizer "
+
+
+class DropLines(logging.Filter):
+    """Drops the records of one logger whose message starts with one of `starts`."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.starts)
+
+
+def quiet_library_lines() -> None:
+    """Drop QUIET_LOG_LINES and the QUIET_WARNING (once per process; nothing is imported)."""
+    by_logger: dict[str, tuple[str, ...]] = {}
+    for name, start in QUIET_LOG_LINES:
+        by_logger[name] = (*by_logger.get(name, ()), start)
+    for name, starts in by_logger.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropLines) for f in logger.filters):
+            logger.addFilter(DropLines(starts))
+    warnings.filterwarnings("ignore", message=QUIET_WARNING, category=UserWarning)

@@ -9,6 +9,7 @@ need heapcast importable (the same image or `pip install -e .`), since tasks cal
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 
 import dask
 from distributed import Client, LocalCluster
+from distributed.comm.core import CommClosedError
 
 _lock = threading.Lock()
 _local: LocalCluster | None = None
@@ -24,6 +26,28 @@ _local: LocalCluster | None = None
 # 10 ms for the dashboard's profile page; local workers have no dashboard (measured: about
 # -0.1 CPU-s per 22.5 M-event conversion without it).
 WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
+CLOSE_TIMEOUT_S = 30  # for the local cluster's close, at most
+# The one line a local worker logs when its heartbeat meets the scheduler closing
+# (distributed.worker.Worker.heartbeat: "... heartbeat_worker ... Stream is closed").
+HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat."
+
+
+class ShutdownHeartbeat(logging.Filter):
+    """Drops a local worker's failed heartbeat when the comm was closed. The local scheduler
+    lives in the process that started the cluster: it goes away only when that process closes
+    the cluster (after its flow finished with success) or dies (which says so itself). Every
+    other record, a failed heartbeat for another reason included, passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (record.msg == HEARTBEAT_FAILED and isinstance(exc, CommClosedError))
+
+
+def dask_setup(worker) -> None:
+    """distributed's preload hook, run in each local worker as it starts (`preload=` below)."""
+    logger = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, ShutdownHeartbeat) for f in logger.filters):
+        logger.addFilter(ShutdownHeartbeat())
 
 
 def _local_cluster() -> LocalCluster:
@@ -41,6 +65,7 @@ def _local_cluster() -> LocalCluster:
                     processes=processes,
                     dashboard_address=None,
                     silence_logs=40,
+                    preload=[__name__],  # dask_setup: a quiet shutdown
                 )
             atexit.register(_close_at_exit)
         return _local
@@ -59,12 +84,15 @@ def _close_at_exit() -> None:
 
 
 def close_local_cluster() -> None:
-    """Stop the process's local cluster, if one was started."""
+    """Stop the process's local cluster, if one was started, within CLOSE_TIMEOUT_S (its
+    workers go first, then the scheduler: SpecCluster.close). Clients are closed by
+    dask_client as each use ends."""
     global _local
     with _lock:
-        if _local is not None:
-            _local.close()
-            _local = None
+        if _local is None:
+            return
+        cluster, _local = _local, None
+        cluster.close(timeout=CLOSE_TIMEOUT_S)
 
 
 @contextmanager

@@ -117,8 +117,14 @@ def current_champion(client, name: str, alias: str):
 
 
 def load_version(name: str, version: str):
-    """A registered version as a Keras model."""
+    """A registered version as a Keras model, in any process.
+
+    Keras rebuilds heapcast's custom layers (NGramFeatures, OnlineOrders) only once the module
+    that registers them was imported; `mlflow.keras.load_model` imports nothing of ours (its
+    flavour has no hook for it), so this does first. Deferred, as mlflow: start-up time."""
     import mlflow.keras
+
+    import tasks.learning.model  # noqa: F401  (registers the custom layers)
 
     return mlflow.keras.load_model(f"models:/{name}/{version}")
 

@@ -46,8 +46,10 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -428,19 +430,35 @@ def log_keras_model(model, **kwargs):
 # - Progress: `heapcast.registration` is `started` when the run is created and `complete` at the
 #   end; the promotion's decision is written as a run tag right after the alias moves, so a
 #   retry never decides twice.
-# - Abandoned registrations: a `started` run whose process is gone (killed: its run is still
-#   RUNNING, and its owner tag names a process of this machine that no longer exists) or that
-#   failed and was not retried within ABANDON_AFTER_S never finishes. The next registration
+# - One registrar per key: looking for an earlier registration and creating the run happen
+#   under a claim (`registration_claim`): the SQLite store's file lock, or on a tracking server
+#   (no transactions, no locks) a registered model named `<model>.claim-<key>` that exists only
+#   while one process decides (created atomically: the store's unique name refuses a second;
+#   deleted when the decision is made). A run of the key still being registered by a live
+#   owner is waited for, never resumed beside it (`registration_in_progress`).
+# - Owner and lease: the run names its owner (host, boot, pid, process start) and a lease (an
+#   epoch-ms deadline), renewed at each step; a failing attempt extends it by ABANDON_AFTER_S,
+#   the time its owner's retries have to come back.
+# - Abandoned registrations: a `started` run whose owner is known dead (a process of this
+#   machine that no longer exists) or whose lease ran out never finishes. The next registration
 #   deletes its version (never evaluated against the champion, never promoted), so the registry
 #   holds exactly the versions whose registration finished; a version that already took the
-#   alias is kept and marked complete.
+#   alias is kept and marked complete. A run owned on another machine is judged by its lease
+#   only: this machine cannot see that process, and its retry may still be pending.
 
 TAG_KEY = "heapcast.registration_key"
 TAG_STATE = "heapcast.registration"  # started | complete | abandoned
 TAG_OWNER = "heapcast.registration_owner"  # host|boot id|pid|process start of the registrar
 TAG_METRICS = "heapcast.registration_metrics"  # "logged" once the metrics are in
 TAG_DECISION = "heapcast.promotion_decision"  # champion.decision_json, once the alias moved
+TAG_LEASE = "heapcast.registration_lease"  # epoch ms until which the owner answers for the run
 ABANDON_AFTER_S = 3600  # a failed registration not retried within this is abandoned
+# A running registration renews its lease at each step; its longest step (logging the model to
+# a slow artifact store) must fit in it.
+LEASE_S = 900
+# A claim is held only while one process looks for the key's run and creates it (seconds).
+CLAIM_LEASE_S = 120
+WAIT_POLL_S = 2.0  # how often a registration waiting for another one of its key looks again
 
 
 class RegistrationRefused(ValueError):
@@ -543,13 +561,146 @@ def owner_state(owner: str | None) -> str:
     return "alive"
 
 
+def lease_until_ms(run) -> int | None:
+    """The epoch ms until which the run's owner answers for it; None: no end. A run logged
+    before leases: ABANDON_AFTER_S after it ended, none while it runs."""
+    try:
+        return int(run.data.tags[TAG_LEASE])
+    except (KeyError, ValueError):
+        if run.info.status == "RUNNING":
+            return None
+        return int(run.info.end_time or run.info.start_time or 0) + ABANDON_AFTER_S * 1000
+
+
 def _is_abandoned(run, now_ms: int) -> bool:
+    """Whether a `started` run will never finish: its owner is known dead, or (a running owner
+    of this machine is alive: kept) its lease ran out."""
     state = owner_state(run.data.tags.get(TAG_OWNER))
-    if run.info.status == "RUNNING":
-        return state == "dead"
     if state == "dead":
         return True
-    return now_ms - int(run.info.end_time or run.info.start_time or 0) > ABANDON_AFTER_S * 1000
+    if run.info.status == "RUNNING" and state == "alive":
+        return False
+    until = lease_until_ms(run)
+    return until is not None and now_ms > until
+
+
+def registration_in_progress(run, now_ms: int) -> bool:
+    """Whether another live registrar is at work on this run (to be waited for, never
+    resumed beside it)."""
+    tags = run.data.tags
+    return (
+        run.info.status == "RUNNING"
+        and tags.get(TAG_STATE) == "started"
+        and tags.get(TAG_OWNER) != process_owner()
+        and not _is_abandoned(run, now_ms)
+    )
+
+
+def _renew_lease(client, run_id: str, seconds: float) -> None:
+    client.set_tag(run_id, TAG_LEASE, str(int((time.time() + seconds) * 1000)))
+
+
+TAG_CLAIM = "heapcast.claim_token"  # the claim holder's own token, on the claim model
+
+
+@contextmanager
+def registration_claim(client, tracking: TrackingConfig, key: str) -> Iterator[None]:
+    """Only one process at a time decides who registers `key` (see "faults" above): the SQLite
+    store's file lock, or a claim on a tracking server."""
+    with store_lock(tracking) as locked:
+        if locked:
+            yield
+            return
+    name = f"{tracking.model_name}.claim-{key}"
+    token = uuid.uuid4().hex
+    while not _take_claim(client, name, token):
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        _drop_claim(client, name, token)
+
+
+def _take_claim(client, name: str, token: str) -> bool:
+    """Create the claim model (the store refuses a second model of that name: the one atomic
+    compare-and-set MLflow offers over REST); remove a stale one (its owner dead here, or its
+    lease out) so that the next try can take it."""
+    from mlflow.exceptions import MlflowException
+
+    now_ms = int(time.time() * 1000)
+    tags = {
+        TAG_OWNER: process_owner(),
+        TAG_CLAIM: token,
+        TAG_LEASE: str(now_ms + CLAIM_LEASE_S * 1000),
+    }
+    try:
+        client.create_registered_model(
+            name, tags=tags, description="heapcast: a registration deciding; removed when done"
+        )
+        return True
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    try:
+        held = client.get_registered_model(name).tags
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False  # released meanwhile: try again
+        raise
+    stale = owner_state(held.get(TAG_OWNER)) == "dead" or now_ms > int(held.get(TAG_LEASE) or 0)
+    if stale:
+        _drop_claim(client, name, held.get(TAG_CLAIM, ""))
+    return False
+
+
+def _drop_claim(client, name: str, token: str) -> None:
+    """Delete the claim model if it is still the one with `token`."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if client.get_registered_model(name).tags.get(TAG_CLAIM) == token:
+            client.delete_registered_model(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+
+
+@contextmanager
+def _lease_kept_on_failure(client, run_id: str) -> Iterator[None]:
+    """A failing attempt's lease extended by ABANDON_AFTER_S: the time its owner's retries
+    have to come back before its version is reaped."""
+    try:
+        yield
+    except BaseException:
+        with suppress(Exception):  # the store itself may be what failed
+            _renew_lease(client, run_id, ABANDON_AFTER_S)
+        raise
+
+
+def claim_registration(
+    client, tracking: TrackingConfig, experiment_id: str, key: str, run_name: str
+) -> tuple[Any, Any]:
+    """(run, its version or None) of the registration of `key`, now owned by this process: an
+    earlier one to resume or return, else a new run. Waits while another live registrar of the
+    same key is at work, then takes what it left."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    while True:
+        with registration_claim(client, tracking, key):
+            run, version = find_registration(client, experiment_id, key, tracking.model_name)
+            if run is None:
+                lease = str(int((time.time() + LEASE_S) * 1000))
+                tags = {TAG_KEY: key, TAG_STATE: "started", TAG_OWNER: process_owner()}
+                run = client.create_run(
+                    experiment_id, run_name=run_name, tags=resolve_tags({**tags, TAG_LEASE: lease})
+                )
+                return run, None
+            if not registration_in_progress(run, int(time.time() * 1000)):
+                if run.data.tags.get(TAG_STATE) != "complete":
+                    client.set_tag(run.info.run_id, TAG_OWNER, process_owner())
+                    _renew_lease(client, run.info.run_id, LEASE_S)
+                return run, version
+        time.sleep(WAIT_POLL_S)
 
 
 def _versions_of_run(client, model_name: str, run_id: str) -> list:
@@ -593,25 +744,28 @@ def reap_abandoned_registrations(
 
 def find_registration(client, experiment_id: str, key: str, model_name: str):
     """(run, version) of an earlier registration of the same outcome: the run holding a version
-    of `model_name`, else (None, None). Runs of that key that died before their version are
-    closed (tagged abandoned) on the way."""
+    of `model_name`, else (run, None) for one still logging its model, else (None, None). Runs
+    of that key that died before their version are closed (tagged abandoned) on the way."""
     runs = client.search_runs(
         [experiment_id],
         f"tags.`{TAG_KEY}` = '{key}'",
         order_by=["attributes.start_time ASC"],
         max_results=100,
     )
-    found = None
+    found = in_progress = None
+    now_ms = int(time.time() * 1000)
     for run in runs:
         if run.data.tags.get(TAG_STATE) == "abandoned":
             continue
         versions = _versions_of_run(client, model_name, run.info.run_id)
         if versions and found is None:
             found = (run, versions[0])
+        elif not versions and registration_in_progress(run, now_ms):
+            in_progress = in_progress or (run, None)
         elif (
             not versions
             and run.data.tags.get(TAG_STATE) != "complete"
-            and (run.info.status != "RUNNING" or _is_abandoned(run, int(time.time() * 1000)))
+            and (run.info.status != "RUNNING" or _is_abandoned(run, now_ms))
         ):
             client.set_tag(run.info.run_id, TAG_STATE, "abandoned")
             client.set_tag(
@@ -619,7 +773,7 @@ def find_registration(client, experiment_id: str, key: str, model_name: str):
             )
             if run.info.status == "RUNNING":
                 client.set_terminated(run.info.run_id, "FAILED")
-    return found or (None, None)
+    return found or in_progress or (None, None)
 
 
 # ----------------------------------------------------------------------------- registration
@@ -646,33 +800,31 @@ def register_outcome(
     client = MlflowClient()
     key = registration_key(outcome, tracking.model_name)
     reap_abandoned_registrations(client, experiment_id, tracking.model_name, keep_key=key)
-    prior_run, prior_version = find_registration(client, experiment_id, key, tracking.model_name)
+    # The run of this key, new or an earlier attempt's, is this process's from here on.
+    prior_run, prior_version = claim_registration(
+        client, tracking, experiment_id, key, run_name or time.strftime("train-%Y%m%d-%H%M%S")
+    )
     scores = evaluation_metrics(outcome.evaluation)
-    if prior_run is not None:
-        tags = prior_run.data.tags
-        if tags.get(TAG_STATE) == "complete" and TAG_DECISION in tags:
-            decision = champion_rules.decision_from_json(tags[TAG_DECISION])
-            return _result(prior_run.info.run_id, experiment_id, tracking, decision, scores)
-        start: dict[str, Any] = {"run_id": prior_run.info.run_id}
-    else:
-        start = {
-            "experiment_id": experiment_id,
-            "run_name": run_name or time.strftime("train-%Y%m%d-%H%M%S"),
-        }
-    with mlflow.start_run(**start) as run:
+    tags = prior_run.data.tags
+    if tags.get(TAG_STATE) == "complete" and TAG_DECISION in tags:
+        decision = champion_rules.decision_from_json(tags[TAG_DECISION])
+        return _result(prior_run.info.run_id, experiment_id, tracking, decision, scores)
+    resumed = prior_version is not None
+    with (
+        mlflow.start_run(run_id=prior_run.info.run_id) as run,
+        _lease_kept_on_failure(client, prior_run.info.run_id),
+    ):
         run_id = run.info.run_id
         if prior_version is None:
-            mlflow.set_tags({TAG_KEY: key, TAG_STATE: "started", TAG_OWNER: process_owner()})
             dataset = _dataset_input(outcome)
             info = _log_run_and_model(outcome, tracking, dataset, report, report_error)
             version, model_id = str(info.registered_model_version), info.model_id
             tags = {}
+            _renew_lease(client, run_id, LEASE_S)
         else:  # an earlier attempt logged the model: finish what it left undone
-            mlflow.set_tag(TAG_OWNER, process_owner())
             dataset = _dataset_input(outcome)
             version = str(prior_version.version)
             model_id = getattr(prior_version, "model_id", None)
-            tags = prior_run.data.tags
         if tags.get(TAG_METRICS) != "logged":
             _log_metrics(client, run_id, outcome, scores, dataset, model_id)
             mlflow.set_tag(TAG_METRICS, "logged")
@@ -683,8 +835,9 @@ def register_outcome(
         )
         client.set_model_version_tag(tracking.model_name, version, champion_rules.TAG_RUN, run_id)
         client.set_model_version_tag(tracking.model_name, version, TAG_KEY, key)
+        _renew_lease(client, run_id, LEASE_S)
         decision = _promote(
-            client, tracking, run_id, version, outcome, evaluate_model, tags, prior_run is not None
+            client, tracking, run_id, version, outcome, evaluate_model, tags, resumed
         )
         champion_rules.log_decision(client, run_id, decision)
         if decision.champion_evaluation is not None:
@@ -832,6 +985,10 @@ def _promote(
         return champion_rules.decision_from_json(tags[TAG_DECISION])
     name, content_hash = tracking.model_name, outcome.dataset.content_hash
     with store_lock(tracking):
+        # Read again under the lock: the tags in hand were read before it was taken.
+        decided = client.get_run(run_id).data.tags.get(TAG_DECISION)
+        if decided is not None:
+            return champion_rules.decision_from_json(decided)
         holder = champion_rules.current_champion(client, name, CHAMPION_ALIAS)
         if resumed and holder is not None and str(holder.version) == version:
             # An earlier attempt moved the alias here and died before writing why.

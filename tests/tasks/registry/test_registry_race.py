@@ -1,0 +1,124 @@
+"""The same trained model registered twice at once: a retry beside a first attempt still running.
+
+GIVEN two real processes registering the same outcome (the same registration key), each made
+      to look for an earlier registration and then wait until the other has looked too (at
+      most 3 s: with a claim, the second cannot look while the first decides)
+WHEN  they register at once, into an embedded SQLite store or through a real `mlflow server`
+THEN  there is exactly one run of that key and one version, and both processes return it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tasks.core.config import PROJECT_DIR
+from tasks.registry.register import TAG_KEY, registration_key
+from tasks.registry.tracking import TrackingConfig, configure
+from tests.faults import start_child
+from tests.localhost import alive, free_port
+from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+SCRIPT = PROJECT_DIR / "scripts" / "mlflow-server.sh"
+
+CHILD_SAME_MODEL = """
+    import json
+    from pathlib import Path
+    import tasks.registry.register as reg
+    from tasks.registry.tracking import TrackingConfig
+    from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+    ME, OTHER, SYNC = {me!r}, {other!r}, Path({sync!r})
+    tracking = TrackingConfig.model_validate(json.loads({tracking!r}))
+    outcome = make_outcome(tiny_model(3), 0.85, seed=3)
+    original_find = reg.find_registration
+
+    def find_registration(*args, **kwargs):
+        found = original_find(*args, **kwargs)
+        (SYNC / ME).touch()
+        waited = 0.0
+        while not (SYNC / OTHER).exists() and waited < 3.0:
+            time.sleep(0.02)
+            waited += 0.02
+        return found
+
+    reg.find_registration = find_registration
+    result = reg.register_outcome(outcome, tracking)
+    print("RESULT " + json.dumps([result.run_id, result.model_version]))
+"""
+
+
+def register_twice_at_once(tmp_path: Path, tracking: TrackingConfig) -> list[list[str]]:
+    """Both processes' [run id, version]."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    children = []
+    for me, other in (("a", "b"), ("b", "a")):
+        code = CHILD_SAME_MODEL.format(
+            me=me, other=other, sync=str(sync), tracking=tracking.model_dump_json()
+        )
+        log = tmp_path / f"{me}.log"
+        children.append((start_child(code, log), log))
+    results = []
+    for proc, log in children:
+        rc = proc.wait()
+        proc._heapcast_log.close()
+        text = log.read_text()
+        assert rc == 0, text[-4000:]
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    return results
+
+
+def assert_one_run_and_one_version(tracking: TrackingConfig, results: list[list[str]]) -> None:
+    from mlflow import MlflowClient
+
+    experiment_id = configure(tracking)
+    client = MlflowClient()
+    key = registration_key(make_outcome(tiny_model(3), 0.85, seed=3), tracking.model_name)
+    runs = client.search_runs([experiment_id], f"tags.`{TAG_KEY}` = '{key}'")
+    found = client.search_model_versions(f"name = '{tracking.model_name}'")
+    assert [str(v.version) for v in found] == ["1"], [(v.version, v.run_id) for v in found]
+    assert [r.info.run_id for r in runs] == [found[0].run_id]
+    assert results[0] == results[1] == [found[0].run_id, "1"]
+
+
+def test_the_same_model_registered_twice_at_once_into_a_file_store(tmp_path):
+    tracking = TrackingConfig(root=str(tmp_path / "root"))
+    results = register_twice_at_once(tmp_path, tracking)
+    assert_one_run_and_one_version(tracking, results)
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("race-server-root")
+    port = free_port()
+    env = {
+        **os.environ,
+        "HEAPCAST_ROOT": str(root),
+        "HEAPCAST_MLFLOW_PORT": str(port),
+        "HEAPCAST_MLFLOW_WAIT_S": "600",
+    }  # generous: the server takes ~25-80 s on a busy machine
+    start = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
+    assert start.returncode == 0, start.stderr
+    pid = int((root / "mlflow" / "server.pid").read_text())
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True)
+        if stop.returncode != 0 or alive(pid):  # never leave our server behind
+            try:
+                os.killpg(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.integration
+def test_the_same_model_registered_twice_at_once_through_a_tracking_server(tmp_path, server_url):
+    tracking = TrackingConfig(tracking_uri=server_url, experiment="race", model_name="race-model")
+    results = register_twice_at_once(tmp_path, tracking)
+    assert_one_run_and_one_version(tracking, results)
