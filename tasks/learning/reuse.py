@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from numba import njit
 
 from tasks.core.storage import Root
+from tasks.dataset.events_reader import read_run
 from tasks.learning.labels import (
     LABEL_COLUMNS,
     NO_LABEL,
@@ -43,7 +44,7 @@ from tasks.learning.labels import (
     request_and_free_classes,
 )
 from tasks.learning.outcome import QuestionScores
-from tasks.learning.sequences import Split, events_dataset
+from tasks.learning.sequences import Split
 
 QUESTION = "reuse"
 PREDICTORS = ("majority", "class_online", "site_online")
@@ -185,11 +186,10 @@ def score_answers(
 
 def read_events(root: Root, workload: str, run: str) -> pa.Table:
     """One run's events with the columns the labels and the call sites need."""
-    flt = (pc.field("workload") == workload) & (pc.field("run") == run)
-    dataset = events_dataset(root)
-    names = set(dataset.schema.names)
-    cols = LABEL_COLUMNS + [c for c in ("caller_module", "caller_offset") if c in names]
-    table = dataset.to_table(columns=cols, filter=flt)
+    # runs converted before callers were recorded read the caller columns as nulls
+    table = read_run(
+        root, workload, run, columns=[*LABEL_COLUMNS, "caller_module", "caller_offset"]
+    )
     if table.num_rows == 0:
         raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
     return table

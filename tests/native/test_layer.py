@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from tasks.learning.online import online_features
+from tasks.replay.inputs import generate_input
 from tests.conftest import need_tool
-from tests.native.test_real_programs import sqlite_script
 from tests.native.tracer_harness import NATIVE
 
 POLICIES = ("seed002", "seed001", "guided")
@@ -128,13 +128,14 @@ def test_numpy_seed002_expression_same_output(heapcast_layer, policy, tmp_path):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_sqlite3_same_output(heapcast_layer, policy, tmp_path):
     sqlite3 = need_tool("sqlite3")
+    (sql,) = generate_input("sql", 1, 8_000, tmp_path)  # the sqlite3 workload's own input
     # min=4K: sqlite's page cache and sorter blocks go through the layer too
     rows = _same_under_layer(
         [sqlite3, ":memory:"],
         heapcast_layer,
         f"policy={policy},min=4K",
         tmp_path,
-        stdin=sqlite_script(20_000),
+        stdin=(tmp_path / sql).read_text(),
     )
     assert len(rows) == 1 and rows[0]["hits"] > 0, rows
 

@@ -133,6 +133,7 @@ def test_a_table_without_the_events_columns_is_named():
 
 def test_labels_are_read_once_from_the_events_dataset(tmp_path):
     from tasks.core.storage import Root
+    from tasks.dataset.events_reader import EventsNotFound
     from tasks.dataset.synthetic_events import write_synthetic_events
     from tasks.learning.labels import read_labels
 
@@ -145,5 +146,5 @@ def test_labels_are_read_once_from_the_events_dataset(tmp_path):
     assert keys.column_names == ["pid", "thread", "seq"]
     frees = labels.reuse != NO_LABEL
     assert frees.any() and (labels.lifetime_calls[frees] == NO_LABEL).all()
-    with pytest.raises(ValueError, match="run alpha/r9 has no events"):
+    with pytest.raises(EventsNotFound, match="no events of run alpha/r9 .*convert it"):
         read_labels(root, "alpha", "r9")
