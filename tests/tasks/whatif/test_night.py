@@ -80,7 +80,7 @@ def test_rows_per_run_policy_and_predictor(replayed):
     for _, g in df.groupby(["workload", "run"]):
         assert len(g) == len(params.grid()) - 1 + 2  # the grid: GRID and the oracle at the budget
         guided = g[g["policy"] == "guided"]
-        assert sorted(guided["predictor"]) == ["labels", "online"]
+        assert sorted(guided["predictor"]) == ["online", "thread_future_optimistic"]
     assert set(zip(df["workload"], df["run"])) == {("alpha", "r0"), ("beta", "r0")}
     assert (df.loc[df["policy"] == "none", "hit_rate"] == 0).all()
     assert (df["model_version"] == "1").all()
@@ -94,7 +94,12 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     assert "## Runs not replayed" in page and "gone/r9" in page
     for heading in ("## alpha (1 run)", "## beta (1 run)", "## all (2 runs)"):
         assert heading in page
-    for row in ("best_heuristic", "guided_online", "guided_labels", "oracle (bound)"):
+    for row in (
+        "best_heuristic",
+        "guided_online",
+        "guided_thread_future_optimistic",
+        "oracle (bound)",
+    ):
         assert row in page
     assert "no `model` predictor" not in page  # no model asked for, none missing
     assert s.metrics["whatif.hit_rate/alpha.none"] == 0.0
@@ -103,7 +108,7 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     # the oracle bounds every policy under the same budget (one run per workload here)
     for w in ("alpha", "beta"):
         top = s.metrics[f"whatif.hit_rate/{w}.oracle"]
-        for p in ("seed002", "seed001", "lru", "guided_online", "guided_labels"):
+        for p in ("seed002", "seed001", "lru", "guided_online", "guided_thread_future_optimistic"):
             if s.metrics[f"whatif.idle_bytes_mean/{w}.{p}"] <= params.idle_budget:
                 assert s.metrics[f"whatif.hit_rate/{w}.{p}"] <= top + 1e-12
 
@@ -126,7 +131,7 @@ def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
     assert logged["whatif.hit_rate/alpha.none"] == 0.0
     for key in (
         "whatif.hit_rate/alpha.guided_online",
-        "whatif.hit_rate/beta.guided_labels",
+        "whatif.hit_rate/beta.guided_thread_future_optimistic",
         "whatif.idle_bytes_peak/all.lru",
         "whatif.fault_bytes_avoided/alpha.seed002",
         "whatif.peak_footprint/beta.seed001",
