@@ -226,6 +226,136 @@ def keep_at_free(table: pa.Table, at_free: np.ndarray) -> np.ndarray:
     return (cls >= 0) & (at_free.astype(np.int64) == cls[:, None]).any(axis=1)
 
 
+LAYER_TOPK = 2  # native/layers/layer.c's defaults (HL_OPTIONS: topk, horizon, min)
+LAYER_HORIZON = 4
+LAYER_MIN = 128 * 1024
+_HCP_TOKENS = 64
+_HCP_NONE = 64
+_HCP_FREE = 32
+
+
+@njit(cache=True)
+def _hcp_soon(c0, c1, c2, top0, top1, top2, tot1, tot2, seen, h2, h1, y, k, horizon):
+    """predictor.h's hcp_soon: y among the k most likely tokens at one of the next `horizon`
+    calls, the context rolled forward with each step's top-1."""
+    for _ in range(horizon):
+        if seen >= 2 and tot2[h2 * _HCP_TOKENS + h1] > 0:
+            row = c2[h2 * _HCP_TOKENS + h1]
+            top = top2[h2 * _HCP_TOKENS + h1]
+        elif seen >= 1 and tot1[h1] > 0:
+            row = c1[h1]
+            top = top1[h1]
+        elif seen >= 1:
+            row = c0
+            top = top0
+        else:
+            return False
+        if row[y] > 0:
+            if top == y:
+                return True
+            above = 0
+            for t in range(_HCP_TOKENS):
+                above += row[t] > row[y]
+            if above < k:
+                return True
+        h2 = h1
+        h1 = top
+        seen += 1
+    return False
+
+
+@njit(cache=True)
+def _layer_rule(starts, req_cls, free_cls, k, horizon):
+    """Per row in stream order: the layer's guided decision at a free (predictor.h: learn the
+    free, then hcp_soon), its counter fed the thread's calls on blocks >= min only."""
+    n = len(starts)
+    keep = np.zeros(n, np.bool_)
+    c0 = np.zeros(_HCP_TOKENS, np.int64)
+    c1 = np.zeros((_HCP_TOKENS, _HCP_TOKENS), np.int64)
+    c2 = np.zeros((_HCP_TOKENS * _HCP_TOKENS, _HCP_TOKENS), np.int64)
+    top1 = np.zeros(_HCP_TOKENS, np.int64)
+    top2 = np.zeros(_HCP_TOKENS * _HCP_TOKENS, np.int64)
+    tot1 = np.zeros(_HCP_TOKENS, np.int64)
+    tot2 = np.zeros(_HCP_TOKENS * _HCP_TOKENS, np.int64)
+    top0 = 0
+    seen = 0
+    h1 = 0
+    h2 = 0
+    for i in range(n):
+        if starts[i] and seen > 0:  # a new thread: a fresh counter
+            c0[:] = 0
+            c1[:] = 0
+            c2[:] = 0
+            top1[:] = 0
+            top2[:] = 0
+            tot1[:] = 0
+            tot2[:] = 0
+            top0 = 0
+            seen = 0
+            h1 = 0
+            h2 = 0
+        for half in range(2):
+            y = req_cls[i] if half == 0 else free_cls[i]
+            if y < 0:
+                continue
+            if half == 1:
+                y += _HCP_FREE
+            # hcp_learn(y)
+            c0[y] += 1
+            if c0[y] >= c0[top0]:
+                top0 = y
+            if seen >= 2:
+                ctx = h2 * _HCP_TOKENS + h1
+                c2[ctx, y] += 1
+                tot2[ctx] += 1
+                if c2[ctx, y] >= c2[ctx, top2[ctx]]:
+                    top2[ctx] = y
+            if seen >= 1:
+                c1[h1, y] += 1
+                tot1[h1] += 1
+                if c1[h1, y] >= c1[h1, top1[h1]]:
+                    top1[h1] = y
+            h2 = h1
+            h1 = y
+            seen += 1
+            if half == 1:
+                keep[i] = _hcp_soon(
+                    c0, c1, c2, top0, top1, top2, tot1, tot2, seen, h2, h1, y - _HCP_FREE, k,
+                    horizon,
+                )  # fmt: skip
+    return keep
+
+
+def layer_rule_keep(
+    table: pa.Table, min_size: int = LAYER_MIN, topk: int = LAYER_TOPK, horizon: int = LAYER_HORIZON
+) -> np.ndarray:
+    """Per row: the decision heapcast's layer (native/layers/layer.c, policy=guided with the
+    online counter) takes at that free: it learns the thread's calls on blocks >= `min_size`
+    (an allocation: its class; a free: 32 + the class of the freed block's request) and keeps
+    the block when its class is among the `topk` most likely calls at one of the next `horizon`
+    calls, its own top-1 rolled forward (predictor.h's hcp_soon). Causal: the thread's past
+    only. A realloc row learns its request only and decides nothing (the layer hands the old
+    block to its cache only when a kept block serves the realloc, which this array cannot
+    know)."""
+    from tasks.whatif.events import _DEFINES
+
+    op = table.column("op").to_numpy()
+    size = table.column("size").to_numpy().astype(np.uint64)
+    addr = table.column("addr").to_numpy()
+    req_cls = np.where(_DEFINES[op] & (size >= min_size), size_class(size).astype(np.int64), -1)
+    freed = table.column("freed_size")
+    has = ~np.asarray(freed.is_null().to_numpy(zero_copy_only=False))
+    fsize = freed.fill_null(0).to_numpy().astype(np.uint64)
+    free_cls = np.where(
+        has & (fsize >= min_size) & ~(_DEFINES[op] & (addr != 0)),
+        size_class(fsize).astype(np.int64),
+        -1,
+    )
+    order, starts = _stream_order(table, "thread")
+    keep = _layer_rule(starts, req_cls[order], free_cls[order], topk, horizon)
+    return _in_table_order(table, order, keep)
+
+
 def align_token_run(table: pa.Table, per_position: np.ndarray) -> np.ndarray:
     """Rows of `per_position` in read_run order (key pid << 16 | thread, then seq) -> per row of
     `table` (same events). Ambiguous only if a pid is reused by two images of one run."""

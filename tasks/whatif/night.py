@@ -16,6 +16,10 @@ What the `whatif` flow (flows/whatif.py) composes, in order:
      - `online`: the online counter's top-5 (tasks.learning.online.OnlineCounter), which learns
                  each thread's own past as it runs and needs no training (its fallback ranking
                  for a thread's first calls is the token order);
+     - `layer_online`: the decision heapcast's layer takes itself (native/layers/layer.c,
+                 policy=guided: its online counter over the thread's calls on blocks >= 128 KiB,
+                 keep when the class is in its top-2 at one of the next 4 calls rolled forward;
+                 tasks.whatif.guided.layer_rule_keep, equal to the C predictor's answers);
      - `thread_future_optimistic`: the true next GUIDED_HORIZON (16) calls of the freeing
                  thread (tasks.whatif.guided.reuse_labels). It reads the future, and it is NOT
                  the best a predictor could do (the model beats it on some runs: it sees only the
@@ -63,7 +67,7 @@ what the Pareto plot shows for all budgets at once.
 METRICS, on the registered version's MLflow run: `whatif.<metric>/<workload>.<policy>` with
 metric in hit_rate, idle_bytes_mean, idle_bytes_peak, peak_footprint, fault_bytes_avoided, and
 policy in none, seed002, seed001, lru, belady, guided_model, guided_online,
-guided_thread_future_optimistic (guided_admit_<predictor> for admit-mode configs; with
+guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for admit-mode configs; with
 params.horizon > 1, guided_model_optimistic and guided_online_optimistic instead), oracle (hit_rate only), best_heuristic;
 workload `all` pools every run. Plus
 `whatif.oracle_gap/<workload>.<policy>` (the oracle's hit rate minus the policy's).
@@ -94,7 +98,7 @@ from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_
 ARTIFACT_KEY = "whatif"
 ALL = "all"  # the workload slice that pools every run
 THREAD_FUTURE = f"thread_future{OPTIMISTIC}"  # the true next calls of the freeing thread
-PREDICTORS = ("model", "online", THREAD_FUTURE)
+PREDICTORS = ("model", "online", "layer_online", THREAD_FUTURE)
 CAUSAL_HORIZON = 1  # the prediction made at the free, for the next call: what a live cache has
 HEURISTICS = ("seed002", "seed001", "lru")
 POLICY_ORDER = (
@@ -105,11 +109,13 @@ POLICY_ORDER = (
     "best_heuristic",
     "guided_model",
     "guided_online",
+    "guided_layer_online",
     f"guided_model{OPTIMISTIC}",
     f"guided_online{OPTIMISTIC}",
     f"guided_{THREAD_FUTURE}",
     "guided_admit_model",
     "guided_admit_online",
+    "guided_admit_layer_online",
     f"guided_admit_model{OPTIMISTIC}",
     f"guided_admit_online{OPTIMISTIC}",
     f"guided_admit_{THREAD_FUTURE}",
@@ -298,7 +304,13 @@ def predictions_for(
     horizon 1: causal (keep_at_free, the top-5 made at the free); more: `<name>_optimistic`."""
     from tasks.learning.online import OnlineCounter
     from tasks.learning.sequences import eval_positions
-    from tasks.whatif.guided import keep_at_free, next_call_top, predictions_from_topk, reuse_labels
+    from tasks.whatif.guided import (
+        keep_at_free,
+        layer_rule_keep,
+        next_call_top,
+        predictions_from_topk,
+        reuse_labels,
+    )
 
     def keep(name: str, top: np.ndarray) -> None:
         per_row = _top_per_row(table, token_run, top)
@@ -320,6 +332,7 @@ def predictions_for(
     elif predictor is not None:
         notes.append(f"no `model` predictor: {predictor.error}")
     keep("online", OnlineCounter().predict(token_run, pos).top)
+    out["layer_online"] = layer_rule_keep(table)  # causal at every horizon: the layer's own rule
     out[THREAD_FUTURE] = reuse_labels(table, horizon=GUIDED_HORIZON)
     return out, notes
 
@@ -550,7 +563,9 @@ def summary_markdown(
             f"{params.horizon} calls after the free, which a live cache has only later "
             "(OPTIMISTIC). "
         )
-        + f"`{THREAD_FUTURE}`: the true next {GUIDED_HORIZON} calls of the freeing thread "
+        + "`layer_online`: the layer's own decision (causal: its online counter over the "
+        "thread's calls on blocks >= 128 KiB, the class in its top-2 within 4 calls rolled "
+        f"forward on its own top-1). `{THREAD_FUTURE}`: the true next {GUIDED_HORIZON} calls of the freeing thread "
         "(OPTIMISTIC: it reads the future; not an upper bound, the cache serves the whole "
         "process). Rows named *_optimistic are not achievable by a live cache. Oracle: the "
         "bound no policy passes at that budget. Page-fault bytes avoided: against no cache "

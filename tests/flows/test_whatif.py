@@ -86,7 +86,12 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     assert summary.table_url == root.url_of("whatif", "heapcast-next-call-v1.parquet")
     assert set(zip(df["workload"], df["run"])) == set(evaluated[1:])
     guided = df[df["policy"] == "guided"]
-    assert sorted(set(guided["predictor"])) == ["model", "online", "thread_future_optimistic"]
+    assert sorted(set(guided["predictor"])) == [
+        "layer_online",
+        "model",
+        "online",
+        "thread_future_optimistic",
+    ]
     assert (df["model_run_id"] == outcome.registration.run_id).all()
 
     tracking = tracking_for(root)

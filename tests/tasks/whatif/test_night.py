@@ -78,9 +78,9 @@ def test_rows_per_run_policy_and_predictor(replayed):
         assert col in df.columns, col
     # per run: every non-guided config once, the guided one per predictor (no model here)
     for _, g in df.groupby(["workload", "run"]):
-        assert len(g) == len(params.grid()) - 1 + 2  # the grid: GRID and the oracle at the budget
+        assert len(g) == len(params.grid()) - 1 + 3  # the grid: GRID and the oracle at the budget
         guided = g[g["policy"] == "guided"]
-        assert sorted(guided["predictor"]) == ["online", "thread_future_optimistic"]
+        assert sorted(guided["predictor"]) == ["layer_online", "online", "thread_future_optimistic"]
     assert set(zip(df["workload"], df["run"])) == {("alpha", "r0"), ("beta", "r0")}
     assert (df.loc[df["policy"] == "none", "hit_rate"] == 0).all()
     assert (df["model_version"] == "1").all()
