@@ -35,6 +35,8 @@ What the `whatif` flow (flows/whatif.py) composes, in order:
    every block as lru and release unpredicted blocks first (label guided_<predictor>); those in
    `admit` mode keep only predicted blocks, for ttl_calls = GUIDED_HORIZON calls (label
    guided_admit_<predictor>).
+   `belady` (clairvoyant: it keeps by each class's next request) is labelled
+   `belady_optimistic` too.
    A run whose events are missing or unreadable does not stop the others: its RunReplay carries
    the error instead of rows, and the artifact names it.
 4. `write_table(root, replays, ref) -> url`: every row of every run, one Parquet file per
@@ -66,7 +68,7 @@ what the Pareto plot shows for all budgets at once.
 
 METRICS, on the registered version's MLflow run: `whatif.<metric>/<workload>.<policy>` with
 metric in hit_rate, idle_bytes_mean, idle_bytes_peak, peak_footprint, fault_bytes_avoided, and
-policy in none, seed002, seed001, lru, belady, guided_model, guided_online,
+policy in none, seed002, seed001, lru, belady_optimistic, guided_model, guided_online,
 guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for admit-mode configs; with
 params.horizon > 1, guided_model_optimistic and guided_online_optimistic instead), oracle (hit_rate only), best_heuristic;
 workload `all` pools every run. Plus
@@ -99,6 +101,7 @@ ARTIFACT_KEY = "whatif"
 ALL = "all"  # the workload slice that pools every run
 THREAD_FUTURE = f"thread_future{OPTIMISTIC}"  # the true next calls of the freeing thread
 PREDICTORS = ("model", "online", "layer_online", THREAD_FUTURE)
+BELADY = f"belady{OPTIMISTIC}"  # clairvoyant: keeps by the next request of each class
 CAUSAL_HORIZON = 1  # the prediction made at the free, for the next call: what a live cache has
 HEURISTICS = ("seed002", "seed001", "lru")
 POLICY_ORDER = (
@@ -119,7 +122,7 @@ POLICY_ORDER = (
     f"guided_admit_model{OPTIMISTIC}",
     f"guided_admit_online{OPTIMISTIC}",
     f"guided_admit_{THREAD_FUTURE}",
-    "belady",
+    BELADY,
     "oracle",
 )
 METRICS = (
@@ -431,10 +434,12 @@ def write_table(root: Root, replays: list[RunReplay], ref: ModelRef) -> str:
 
 
 def policy_labels(df: pd.DataFrame) -> np.ndarray:
-    """Per row: the policy, guided_<predictor> (priority mode) or guided_admit_<predictor>."""
+    """Per row: the policy, guided_<predictor> (priority mode) or guided_admit_<predictor>;
+    belady, which reads every request's future, as BELADY (named optimistic)."""
     admit = df["config"].astype(str).str.contains('"mode":"admit"', regex=False)
     prefix = np.where(admit, "guided_admit_", "guided_")
-    return np.where(df["policy"] == "guided", prefix + df["predictor"].astype(str), df["policy"])
+    policy = np.where(df["policy"] == "belady", BELADY, df["policy"])
+    return np.where(df["policy"] == "guided", prefix + df["predictor"].astype(str), policy)
 
 
 def pooled(df: pd.DataFrame) -> pd.DataFrame:

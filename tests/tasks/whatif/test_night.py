@@ -20,6 +20,7 @@ from tasks.whatif.night import (
     write_table,
 )
 from tasks.whatif.policies import (
+    BeladyConfig,
     GuidedConfig,
     LruConfig,
     NoneConfig,
@@ -34,6 +35,7 @@ GRID = [
     Seed001Config(decay_ns=1000),
     LruConfig(budget=1 << 16),
     GuidedConfig(budget=1 << 16, ttl_calls=16),
+    BeladyConfig(budget=1 << 16),
     OracleConfig(budget=1e3),
     OracleConfig(budget=1e6),
 ]
@@ -104,6 +106,10 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     assert "no `model` predictor" not in page  # no model asked for, none missing
     assert s.metrics["whatif.hit_rate/alpha.none"] == 0.0
     assert "whatif.hit_rate/all.guided_online" in s.metrics
+    # whatever peeks ahead of the free is named so, in the page and the metric names
+    assert "belady_optimistic" in page and "guided_thread_future_optimistic" in page
+    assert "whatif.hit_rate/all.belady_optimistic" in s.metrics
+    assert not [k for k in s.metrics if k.endswith((".belady", ".guided_labels"))]
     assert "whatif.idle_bytes_mean/beta.best_heuristic" in s.metrics
     # the oracle bounds every policy under the same budget (one run per workload here)
     for w in ("alpha", "beta"):
