@@ -1,9 +1,14 @@
-"""The real seed-002 layer against the simulator: measured vs simulated page-fault bytes avoided.
+"""heapcast's allocator layer as seed 002 against the simulator: hits and page-fault bytes avoided.
+
+The layer: native/layers/layer.c (libheapcast_layer.so) with
+HEAPCAST_LAYER=policy=seed002,n=4,min=131072,madv=off,stats=PATH; its counters (hits, kept,
+bytes_kept_peak, given_back, passed, summed over processes) next to the simulator's
+Seed002Config(n=4) on the traced run of the same input.
 
 Part 1, catalog workloads (issue 14, "checked against a real run"): each (workload, input) is
 run untraced through the replay runner (docker by default: the workload's image, hc-measure's
 rusage of the program's tree) by tasks.whatif.layer.measure_layer_workload, in three arms
-in a balanced order over `--reps` rounds: `plain` (no preload), `disabled` (the layer loaded, N = 0) and
+in a balanced order over `--reps` rounds: `plain` (no preload), `disabled` (the layer loaded, n = 0) and
 `layer` (N = 4, blocks >= 128 KiB), every arm with MALLOC_MMAP_THRESHOLD_=131072 (the
 simulator's fault model assumes glibc's static threshold). Output digest and exit code are
 compared across every run. Measured fault bytes avoided = (median minor faults of `plain` -
@@ -39,6 +44,7 @@ sys.path.insert(0, str(PROJECT))
 import pyarrow as pa  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
+from tasks.whatif.layer import STAT_KEYS  # noqa: E402
 from tasks.whatif.policies import Seed002Config  # noqa: E402
 from tasks.whatif.simulate import simulate  # noqa: E402
 
@@ -105,11 +111,15 @@ def bench_workloads(cases: list[str], reps: int, runner_kind: str, root: str) ->
         row["samples"] = m["samples"]
         layer_runs = [s for s in m["samples"] if s["arm"] == "layer"]
         row["measured_hits"] = layer_runs[0]["hits"] if layer_runs else None
+        row["measured_hits_all_runs"] = [s["hits"] for s in layer_runs]
+        row["measured_layer"] = {k: layer_runs[0][k] for k in STAT_KEYS} if layer_runs else None
         try:
             events = read_events(Root.from_url(root), wname, iname)
             row.update(_large_placement(events))
             sim = simulate(events, Seed002Config(n=4))
             row["simulated_hits"] = sim["hits"]
+            row["simulated_cached_frees"] = sim["cached_frees"]
+            row["simulated_evictions"] = sim["evictions"]
             row["simulated_fault_bytes_none"] = sim["fault_bytes_none"]
             row["simulated_fault_bytes_avoided"] = sim["fault_bytes_avoided"]
             row["measured_fault_bytes_plain"] = (m["arms"]["plain"]["median"] or 0) * m["page_size"]
@@ -157,7 +167,10 @@ def bench_bigblocks() -> dict:
             "minor_faults_without": [m["minor_faults_without"] for m in ms],
             "minor_faults_with": [m["minor_faults_with"] for m in ms],
             "measured_hits": ms[0]["hits"],
+            "measured_layer": {k: ms[0][k] for k in STAT_KEYS},
             "simulated_hits": sim["hits"],
+            "simulated_cached_frees": sim["cached_frees"],
+            "simulated_evictions": sim["evictions"],
             "measured_fault_bytes_avoided": avoided,
             "simulated_fault_bytes_avoided": sim["fault_bytes_avoided"],
             "simulated_fault_bytes_none": sim["fault_bytes_none"],
@@ -178,7 +191,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     result: dict = {
-        "what": "seed-002 layer (native/cache002.c): measured vs simulated page-fault bytes "
+        "what": "heapcast's layer as seed 002 (native/layers/layer.c, HEAPCAST_LAYER=policy="
+        "seed002,n=4,min=131072,madv=off): measured vs simulated hits and page-fault bytes "
         "avoided; MALLOC_MMAP_THRESHOLD_=131072 in every run",
         "host": platform.node(),
         "machine": platform.machine(),

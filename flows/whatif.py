@@ -1,8 +1,8 @@
 """Flow `whatif`: what allocator caching would have done with a model's predictions.
 
 Replays a registered model's evaluation runs through the allocator cache policies (heuristics,
-prediction-guided with the model, the online counter and perfect labels, and the oracle's
-bound); writes <root>/whatif/<model>-v<version>.parquet, logs `whatif.*` metrics and a Pareto
+prediction-guided with the model and the online counter, causally, and with the freeing
+thread's true future, named optimistic; and the oracle's bound); writes <root>/whatif/<model>-v<version>.parquet, logs `whatif.*` metrics and a Pareto
 plot on the model's MLflow run, and publishes the `whatif` markdown artifact.
 
 Composition only: the work lives in tasks/whatif/night.py.

@@ -9,7 +9,8 @@ the block may be held, e.g. GuidedConfig.ttl_calls = k). Thread, not process: th
 stream the learning stage predicts, and the one whose next calls follow this one causally.
 
 - `reuse_labels(table, horizon)`: the true answer, from the future of the trace (a perfect
-  predictor; the upper end of what a guided cache can do, and the label a model is scored on).
+  predictor of the freeing thread's next `horizon` calls, the label a model is scored on; not
+  an upper bound of a process-wide cache: see OPTIMISTIC below).
 - `predictions_from_topk(table, top, horizon)`: the answer of a next-token predictor (the
   learning stage's per-position top-k tokens, `top[i]` predicted for row i from the earlier calls
   of its thread): keep iff c is among the top-k predicted for one of the next `horizon` calls of
@@ -30,6 +31,22 @@ stream the learning stage predicts, and the one whose next calls follow this one
 
 Both return one bool per row of the table (False where the row frees nothing); the guided
 policy reads them at rows that free a block. Compiled loops (numba), none per event in Python.
+
+CAUSAL (the default of the what-if stage): `keep_at_free(table, at_free)` decides at a free of
+class c from `at_free[i]`, the top-k the predictor gives AT that row for its thread's next call
+(computed from the calls up to and including the free: what a live cache, the layer
+native/layers/layer.c included, has when the program frees the block). `next_call_top(table,
+top)` moves a learning-stage top-k (made for row j from the calls before j) to the row at which
+the predictor has it (the previous call of the thread). Nothing at or after the next call is
+read: changing any later event or prediction never changes the decision
+(tests/tasks/whatif/test_causal.py). `predictions_from_topk(h=1)` gives the same answers.
+
+OPTIMISTIC (named so wherever they appear: a predictor name ending `_optimistic`, hence the
+policy label, the metric names and the plot's legend): `reuse_labels` / `reuse_tiers` (the
+true future of the freeing thread) and `predictions_from_topk` / `tiers_from_topk` with horizon
+> 1 (predictions a live cache has only later). `reuse_labels` is NOT an upper bound of what a
+predictor can buy: it sees only the next calls of the freeing thread, while the cache serves
+the whole process; the bound is tasks/whatif/oracle.py.
 """
 
 from __future__ import annotations
@@ -104,7 +121,7 @@ def _distance(starts, free_cls, marks):
 
 
 def _in_table_order(table: pa.Table, order: np.ndarray, per_stream: np.ndarray) -> np.ndarray:
-    out = np.empty(table.num_rows, per_stream.dtype)
+    out = np.empty(per_stream.shape, per_stream.dtype)
     out[order] = per_stream
     return out
 
@@ -163,16 +180,180 @@ def tiers_from_topk(
 
 def reuse_labels(table: pa.Table, horizon: int = 1, scope: str = "thread") -> np.ndarray:
     """Per row: it frees a block of class c and one of the next `horizon` calls of its thread
-    (or process) allocates class c."""
+    (or process) allocates class c. Reads the future: optimistic, and not a bound (see the
+    module docstring)."""
     _check_horizon(horizon)
     return _label_distance(table, scope) <= horizon
 
 
 def predictions_from_topk(table: pa.Table, top: np.ndarray, horizon: int = 1) -> np.ndarray:
     """Per row: it frees a block of class c and c is in `top` of one of the next `horizon` calls
-    of its thread. `top`: [rows, k] tokens per row of `table` (NONE_TOKEN = empty slot)."""
+    of its thread. `top`: [rows, k] tokens per row of `table` (NONE_TOKEN = empty slot).
+    Causal at horizon 1 only (= keep_at_free(table, next_call_top(table, top))); beyond, it is
+    optimistic (see the module docstring)."""
     _check_horizon(horizon)
     return _topk_distance(table, top) <= horizon
+
+
+def next_call_top(table: pa.Table, top: np.ndarray) -> np.ndarray:
+    """`top` [rows, k] per row of `table`, `top[j]` predicted for row j from the earlier calls of
+    its thread -> per row i, the top-k predicted for the next call of its thread, which the
+    predictor has at row i (it has seen row i). A thread's last row: empty (NONE_TOKEN)."""
+    top = np.asarray(top)
+    if top.ndim == 1:
+        top = top[:, None]
+    if len(top) != table.num_rows:
+        raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
+    order, starts = _stream_order(table, "thread")
+    topo = top[order]
+    shifted = np.full_like(topo, NONE_TOKEN)
+    shifted[:-1] = topo[1:]
+    last = np.append(starts[1:], True) if len(starts) else starts
+    shifted[last] = NONE_TOKEN
+    return _in_table_order(table, order, shifted)
+
+
+def keep_at_free(table: pa.Table, at_free: np.ndarray) -> np.ndarray:
+    """Per row: it frees a block of class c and c is among `at_free[i]` [rows, k], the top-k the
+    predictor gives at row i for its thread's next call (next_call_top). Causal: row i's own
+    class and prediction only."""
+    at_free = np.asarray(at_free)
+    if at_free.ndim == 1:
+        at_free = at_free[:, None]
+    if len(at_free) != table.num_rows:
+        raise ValueError(f"at_free has {len(at_free)} rows, the table {table.num_rows}")
+    cls = _free_class(table)
+    return (cls >= 0) & (at_free.astype(np.int64) == cls[:, None]).any(axis=1)
+
+
+LAYER_TOPK = 2  # native/layers/layer.c's defaults (HL_OPTIONS: topk, horizon, min)
+LAYER_HORIZON = 4
+LAYER_MIN = 128 * 1024
+_HCP_TOKENS = 64
+_HCP_NONE = 64
+_HCP_FREE = 32
+
+
+@njit(cache=True)
+def _hcp_soon(c0, c1, c2, top0, top1, top2, tot1, tot2, seen, h2, h1, y, k, horizon):
+    """predictor.h's hcp_soon: y among the k most likely tokens at one of the next `horizon`
+    calls, the context rolled forward with each step's top-1."""
+    for _ in range(horizon):
+        if seen >= 2 and tot2[h2 * _HCP_TOKENS + h1] > 0:
+            row = c2[h2 * _HCP_TOKENS + h1]
+            top = top2[h2 * _HCP_TOKENS + h1]
+        elif seen >= 1 and tot1[h1] > 0:
+            row = c1[h1]
+            top = top1[h1]
+        elif seen >= 1:
+            row = c0
+            top = top0
+        else:
+            return False
+        if row[y] > 0:
+            if top == y:
+                return True
+            above = 0
+            for t in range(_HCP_TOKENS):
+                above += row[t] > row[y]
+            if above < k:
+                return True
+        h2 = h1
+        h1 = top
+        seen += 1
+    return False
+
+
+@njit(cache=True)
+def _layer_rule(starts, req_cls, free_cls, k, horizon):
+    """Per row in stream order: the layer's guided decision at a free (predictor.h: learn the
+    free, then hcp_soon), its counter fed the thread's calls on blocks >= min only."""
+    n = len(starts)
+    keep = np.zeros(n, np.bool_)
+    c0 = np.zeros(_HCP_TOKENS, np.int64)
+    c1 = np.zeros((_HCP_TOKENS, _HCP_TOKENS), np.int64)
+    c2 = np.zeros((_HCP_TOKENS * _HCP_TOKENS, _HCP_TOKENS), np.int64)
+    top1 = np.zeros(_HCP_TOKENS, np.int64)
+    top2 = np.zeros(_HCP_TOKENS * _HCP_TOKENS, np.int64)
+    tot1 = np.zeros(_HCP_TOKENS, np.int64)
+    tot2 = np.zeros(_HCP_TOKENS * _HCP_TOKENS, np.int64)
+    top0 = 0
+    seen = 0
+    h1 = 0
+    h2 = 0
+    for i in range(n):
+        if starts[i] and seen > 0:  # a new thread: a fresh counter
+            c0[:] = 0
+            c1[:] = 0
+            c2[:] = 0
+            top1[:] = 0
+            top2[:] = 0
+            tot1[:] = 0
+            tot2[:] = 0
+            top0 = 0
+            seen = 0
+            h1 = 0
+            h2 = 0
+        for half in range(2):
+            y = req_cls[i] if half == 0 else free_cls[i]
+            if y < 0:
+                continue
+            if half == 1:
+                y += _HCP_FREE
+            # hcp_learn(y)
+            c0[y] += 1
+            if c0[y] >= c0[top0]:
+                top0 = y
+            if seen >= 2:
+                ctx = h2 * _HCP_TOKENS + h1
+                c2[ctx, y] += 1
+                tot2[ctx] += 1
+                if c2[ctx, y] >= c2[ctx, top2[ctx]]:
+                    top2[ctx] = y
+            if seen >= 1:
+                c1[h1, y] += 1
+                tot1[h1] += 1
+                if c1[h1, y] >= c1[h1, top1[h1]]:
+                    top1[h1] = y
+            h2 = h1
+            h1 = y
+            seen += 1
+            if half == 1:
+                keep[i] = _hcp_soon(
+                    c0, c1, c2, top0, top1, top2, tot1, tot2, seen, h2, h1, y - _HCP_FREE, k,
+                    horizon,
+                )  # fmt: skip
+    return keep
+
+
+def layer_rule_keep(
+    table: pa.Table, min_size: int = LAYER_MIN, topk: int = LAYER_TOPK, horizon: int = LAYER_HORIZON
+) -> np.ndarray:
+    """Per row: the decision heapcast's layer (native/layers/layer.c, policy=guided with the
+    online counter) takes at that free: it learns the thread's calls on blocks >= `min_size`
+    (an allocation: its class; a free: 32 + the class of the freed block's request) and keeps
+    the block when its class is among the `topk` most likely calls at one of the next `horizon`
+    calls, its own top-1 rolled forward (predictor.h's hcp_soon). Causal: the thread's past
+    only. A realloc row learns its request only and decides nothing (the layer hands the old
+    block to its cache only when a kept block serves the realloc, which this array cannot
+    know)."""
+    from tasks.whatif.events import _DEFINES
+
+    op = table.column("op").to_numpy()
+    size = table.column("size").to_numpy().astype(np.uint64)
+    addr = table.column("addr").to_numpy()
+    req_cls = np.where(_DEFINES[op] & (size >= min_size), size_class(size).astype(np.int64), -1)
+    freed = table.column("freed_size")
+    has = ~np.asarray(freed.is_null().to_numpy(zero_copy_only=False))
+    fsize = freed.fill_null(0).to_numpy().astype(np.uint64)
+    free_cls = np.where(
+        has & (fsize >= min_size) & ~(_DEFINES[op] & (addr != 0)),
+        size_class(fsize).astype(np.int64),
+        -1,
+    )
+    order, starts = _stream_order(table, "thread")
+    keep = _layer_rule(starts, req_cls[order], free_cls[order], topk, horizon)
+    return _in_table_order(table, order, keep)
 
 
 def align_token_run(table: pa.Table, per_position: np.ndarray) -> np.ndarray:

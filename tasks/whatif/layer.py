@@ -1,7 +1,13 @@
-"""The real seed-002 layer (native/cache002.c): build it, and measure a command with and without.
+"""heapcast's allocator layer (native/layers/layer.c) as the seed-002 policy: build it, and
+measure a command with and without.
+
+The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,stats=PATH (`layer_env`):
+the rules the simulator's `seed002` replays (tasks/whatif/simulate.py), so its counters (`hits`,
+`misses`, `kept`, `bytes_kept_peak`, `bytes_kept_at_exit`, `given_back`, `passed`, one line per
+process) are the measured side of the simulated hits.
 
 `measure_layer(argv, env)` runs the command twice, once plainly and once with
-native/build/libcache002.so preloaded, and returns the page faults, peak RSS and times of each
+native/build/libheapcast_layer.so preloaded, and returns the page faults, peak RSS and times of each
 (os.wait4: the command and the descendants it waited for) and whether the two runs printed the
 same and exited the same (`max_rss_kb` is ru_maxrss, which Linux carries over from the forked
 caller into the exec'd command: it means something only when the caller is smaller than the
@@ -47,8 +53,19 @@ from tasks.replay.workloads import Workload, WorkloadInput
 from tasks.whatif.policies import MMAP_THRESHOLD
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
-LAYER_RELPATH = Path("build") / "libcache002.so"
-SOURCES = ("cache002.c", "Makefile")
+LAYER_RELPATH = Path("build") / "libheapcast_layer.so"
+SOURCES = ("layers/layer.c", "layers/predictor.h", "bootstrap_pool.h", "Makefile")
+MAKE_TARGET = "layer"
+# the layer's counters compared with the simulator's (native/layers/layer.c, hl_fini)
+STAT_KEYS = (
+    "hits",
+    "misses",
+    "kept",
+    "bytes_kept_peak",
+    "bytes_kept_at_exit",
+    "given_back",
+    "passed",
+)
 
 
 class LayerBuildError(RuntimeError):
@@ -56,7 +73,7 @@ class LayerBuildError(RuntimeError):
 
 
 def build_layer(native_dir: str | Path | None = None) -> Path:
-    """`make -C native cache002` when a source is newer than the library; its path."""
+    """`make -C native layer` when a source is newer than the library; its path."""
     native = Path(native_dir or NATIVE_DIR).resolve()
     lib = native / LAYER_RELPATH
     try:
@@ -68,10 +85,10 @@ def build_layer(native_dir: str | Path | None = None) -> Path:
     for tool in ("make", "gcc"):
         if shutil.which(tool) is None:
             raise LayerBuildError(f"cannot build the layer: `{tool}` is not on PATH")
-    proc = subprocess.run(["make", "-C", str(native), "cache002"], capture_output=True, text=True)
+    proc = subprocess.run(["make", "-C", str(native), MAKE_TARGET], capture_output=True, text=True)
     if proc.returncode != 0 or not lib.is_file():
         raise LayerBuildError(
-            f"`make -C {native} cache002` failed (exit {proc.returncode}):\n"
+            f"`make -C {native} {MAKE_TARGET}` failed (exit {proc.returncode}):\n"
             f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
         )
     return lib
@@ -117,8 +134,21 @@ def run_measured(
     }
 
 
+def layer_env(n: int, min_size: int, madv_free: bool = False, stats: str | None = None) -> str:
+    """HEAPCAST_LAYER for the seed-002 policy (n = 0: loaded, keeping nothing); madv_free:
+    madvise(MADV_FREE) a block as it is kept (madv=0), else never (madv=off, the simulator's
+    fault model: a kept block keeps its pages)."""
+    opts = f"policy=seed002,n={n},min={min_size},madv={'0' if madv_free else 'off'}"
+    return opts + (f",stats={stats}" if stats else "")
+
+
+def stat_sums(stats: list[dict[str, int]]) -> dict[str, int]:
+    """The layer's counters summed over processes (STAT_KEYS)."""
+    return {k: sum(s.get(k, 0) for s in stats) for k in STAT_KEYS}
+
+
 def parse_stats(text: str) -> list[dict[str, int]]:
-    """The layer's HEAPCAST_CACHE_STATS lines (`key=value ...`, one per process)."""
+    """The layer's stats lines (`key=value ...`, one per process)."""
     rows = []
     for line in text.splitlines():
         if line.strip():
@@ -150,14 +180,11 @@ def measure_layer(
     if static_threshold:
         base["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     without = run_measured(argv, base, timeout, cwd)
-    with tempfile.TemporaryDirectory(prefix="cache002-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="heapcast-layer-") as tmp:
         stats_path = Path(tmp) / "stats"
         with_env = dict(base)
         with_env["LD_PRELOAD"] = " ".join(p for p in (str(lib), base.get("LD_PRELOAD", "")) if p)
-        with_env["HEAPCAST_CACHE_N"] = str(n)
-        with_env["HEAPCAST_CACHE_MIN"] = str(min_size)
-        with_env["HEAPCAST_CACHE_MADV_FREE"] = "1" if madv_free else "0"
-        with_env["HEAPCAST_CACHE_STATS"] = str(stats_path)
+        with_env["HEAPCAST_LAYER"] = layer_env(n, min_size, madv_free, str(stats_path))
         with_layer = run_measured(argv, with_env, timeout, cwd)
         with_layer["stats"] = parse_stats(stats_path.read_text()) if stats_path.exists() else []
     page = os.sysconf("SC_PAGE_SIZE")
@@ -180,8 +207,7 @@ def measure_layer(
         "fault_bytes_avoided": avoided * page,
         "page_size": page,
         "same_output": same,
-        "hits": sum(s.get("hits", 0) for s in with_layer["stats"]),
-        "misses": sum(s.get("misses", 0) for s in with_layer["stats"]),
+        **stat_sums(with_layer["stats"]),
     }
 
 
@@ -190,10 +216,10 @@ def measure_layer(
 
 ARMS = ("plain", "disabled", "layer")
 """The arms of a workload measurement: `plain` (no LD_PRELOAD), `disabled` (the layer loaded
-with HEAPCAST_CACHE_N=0: what loading it costs, a few pages per process) and `layer` (N = n)."""
+with n=0: what loading it costs, a few pages per process) and `layer` (N = n)."""
 
-LAYER_FILE = "libcache002.so"
-STATS_FILE = "cache002.stats"
+LAYER_FILE = "libheapcast_layer.so"
+STATS_FILE = "layer.stats"
 
 
 def _arm_workload(
@@ -206,10 +232,7 @@ def _arm_workload(
     if static_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     if arm != "plain":
-        env["HEAPCAST_CACHE_N"] = str(n if arm == "layer" else 0)
-        env["HEAPCAST_CACHE_MIN"] = str(min_size)
-        if stats:
-            env["HEAPCAST_CACHE_STATS"] = stats
+        env["HEAPCAST_LAYER"] = layer_env(n if arm == "layer" else 0, min_size, stats=stats)
     return workload.model_copy(update={"env": env})
 
 
@@ -299,8 +322,7 @@ def measure_layer_workload(
                 "peak_memory_bytes": u.peak_memory_bytes if u else None,
                 "stdout_sha256": result.stdout_sha256 if result is not None else None,
                 "processes_with_layer": len(stats),
-                "hits": sum(r.get("hits", 0) for r in stats),
-                "misses": sum(r.get("misses", 0) for r in stats),
+                **stat_sums(stats),
             }
 
         for i in range(warmup):

@@ -16,18 +16,31 @@ What the `whatif` flow (flows/whatif.py) composes, in order:
    once, prepares them once (tasks.whatif.events) and sweeps the policy grid (tasks.whatif.sweep;
    `default_grid()` unless `params.policies`). The guided configs are swept once per PREDICTOR,
    the `predictor` column naming it:
-     - `model`:  the model's per-position top-5 (tasks.learning.model.predict_positions);
+     - `model`:  the model's top-5 (tasks.learning.model.predict_positions);
      - `online`: the online counter's top-5 (tasks.learning.online.OnlineCounter), which learns
                  each thread's own past as it runs and needs no training (its fallback ranking
                  for a thread's first calls is the token order);
-     - `labels`: the true future (tasks.whatif.guided.reuse_labels), the best any predictor
-                 could do: the reference the two others are read against.
-   For `model` and `online` a freed block of class c is predicted when c is among the top-5 of
-   one of the next `params.horizon` calls of its thread (tasks.whatif.guided.predictions_from_topk;
-   with horizon > 1 that reads predictions a live cache has only later). The guided configs in
-   `priority` mode cache every block as lru and release unpredicted blocks first (label
-   guided_<predictor>); those in `admit` mode keep only predicted blocks, for ttl_calls =
-   horizon (label guided_admit_<predictor>).
+     - `layer_online`: the decision heapcast's layer takes itself (native/layers/layer.c,
+                 policy=guided: its online counter over the thread's calls on blocks >= 128 KiB,
+                 keep when the class is in its top-2 at one of the next 4 calls rolled forward;
+                 tasks.whatif.guided.layer_rule_keep, equal to the C predictor's answers);
+     - `thread_future_optimistic`: the true next GUIDED_HORIZON (16) calls of the freeing
+                 thread (tasks.whatif.guided.reuse_labels). It reads the future, and it is NOT
+                 the best a predictor could do (the model beats it on some runs: it sees only the
+                 freeing thread's next calls while the cache serves the whole process); the
+                 bound of every policy is the oracle.
+   CAUSAL by default (`params.horizon` = 1): for `model` and `online` a freed block of class c
+   is predicted when c is among the top-5 the predictor gives AT the free for its thread's next
+   call (tasks.whatif.guided.keep_at_free), which a live cache has then. With horizon > 1 they
+   read the predictions made at the next `horizon` calls (predictions_from_topk), which a live
+   cache has only later: their names become `model_optimistic` and `online_optimistic`. Every
+   name ending `_optimistic` carries into the policy label (guided_<predictor>), the metric
+   names, the artifact and the Pareto plot's legend. The guided configs in `priority` mode cache
+   every block as lru and release unpredicted blocks first (label guided_<predictor>); those in
+   `admit` mode keep only predicted blocks, for ttl_calls = GUIDED_HORIZON calls (label
+   guided_admit_<predictor>).
+   `belady` (clairvoyant: it keeps by each class's next request) is labelled
+   `belady_optimistic` too.
    A run whose events are missing or unreadable does not stop the others: its RunReplay carries
    the error instead of rows, and the artifact names it.
 4. `write_table(root, replays, ref) -> url`: every row of every run, one Parquet file per
@@ -59,8 +72,9 @@ what the Pareto plot shows for all budgets at once.
 
 METRICS, on the registered version's MLflow run: `whatif.<metric>/<workload>.<policy>` with
 metric in hit_rate, idle_bytes_mean, idle_bytes_peak, peak_footprint, fault_bytes_avoided, and
-policy in none, seed002, seed001, lru, belady, guided_model, guided_online, guided_labels
-(guided_admit_<predictor> for admit-mode configs), oracle (hit_rate only), best_heuristic;
+policy in none, seed002, seed001, lru, belady_optimistic, guided_model, guided_online,
+guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for admit-mode configs; with
+params.horizon > 1, guided_model_optimistic and guided_online_optimistic instead), oracle (hit_rate only), best_heuristic;
 workload `all` pools every run. Plus
 `whatif.oracle_gap/<workload>.<policy>` (the oracle's hit rate minus the policy's).
 """
@@ -88,11 +102,14 @@ from tasks.learning.outcome import RegisteredModel
 from tasks.registry.champion import champion_config
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target
 from tasks.whatif.policies import GuidedConfig, OracleConfig, PolicyConfig, _Policy
-from tasks.whatif.sweep import GUIDED_HORIZON, default_grid, pareto_plot, sweep_run
+from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_plot, sweep_run
 
 ARTIFACT_KEY = "whatif"
 ALL = "all"  # the workload slice that pools every run
-PREDICTORS = ("model", "online", "labels")
+THREAD_FUTURE = f"thread_future{OPTIMISTIC}"  # the true next calls of the freeing thread
+PREDICTORS = ("model", "online", "layer_online", THREAD_FUTURE)
+BELADY = f"belady{OPTIMISTIC}"  # clairvoyant: keeps by the next request of each class
+CAUSAL_HORIZON = 1  # the prediction made at the free, for the next call: what a live cache has
 HEURISTICS = ("seed002", "seed001", "lru")
 POLICY_ORDER = (
     "none",
@@ -102,11 +119,17 @@ POLICY_ORDER = (
     "best_heuristic",
     "guided_model",
     "guided_online",
-    "guided_labels",
+    "guided_layer_online",
+    f"guided_model{OPTIMISTIC}",
+    f"guided_online{OPTIMISTIC}",
+    f"guided_{THREAD_FUTURE}",
     "guided_admit_model",
     "guided_admit_online",
-    "guided_admit_labels",
-    "belady",
+    "guided_admit_layer_online",
+    f"guided_admit_model{OPTIMISTIC}",
+    f"guided_admit_online{OPTIMISTIC}",
+    f"guided_admit_{THREAD_FUTURE}",
+    BELADY,
     "oracle",
 )
 METRICS = (
@@ -132,9 +155,11 @@ class WhatifParams(StrictModel):
         description="runs as 'workload/run'; empty: the evaluation runs the model's MLflow run records",
     )
     horizon: int = Field(
-        default=GUIDED_HORIZON,
+        default=CAUSAL_HORIZON,
         ge=1,
-        description="calls of a thread within which a predicted allocation keeps a freed block",
+        description="calls of a thread within which a predicted allocation keeps a freed block; "
+        "1 (causal): the prediction made at the free; more reads later predictions, and the "
+        "model's and the online counter's rows are then named *_optimistic",
     )
     idle_budget: int = Field(
         default=DEFAULT_IDLE_BUDGET,
@@ -148,7 +173,7 @@ class WhatifParams(StrictModel):
     def grid(self) -> list[_Policy]:
         """The policies swept, always with the oracle's bound at exactly `idle_budget` (the
         figure the policy table compares with)."""
-        grid = list(self.policies) if self.policies is not None else default_grid(self.horizon)
+        grid = list(self.policies) if self.policies is not None else default_grid()
         at_budget = OracleConfig(budget=float(self.idle_budget))
         return grid if at_budget in grid else [*grid, at_budget]
 
@@ -318,10 +343,24 @@ def _top_per_row(table, token_run, top_at_positions: np.ndarray) -> np.ndarray:
 def predictions_for(
     table, token_run, predictor: Predictor | None, horizon: int
 ) -> tuple[dict[str, np.ndarray], list[str]]:
-    """{predictor name: keep/drop per row of `table`} and notes on the predictors left out."""
+    """{predictor name: keep/drop per row of `table`} and notes on the predictors left out.
+    horizon 1: causal (keep_at_free, the top-5 made at the free); more: `<name>_optimistic`."""
     from tasks.learning.online import OnlineCounter
     from tasks.learning.sequences import eval_positions
-    from tasks.whatif.guided import predictions_from_topk, reuse_labels
+    from tasks.whatif.guided import (
+        keep_at_free,
+        layer_rule_keep,
+        next_call_top,
+        predictions_from_topk,
+        reuse_labels,
+    )
+
+    def keep(name: str, top: np.ndarray) -> None:
+        per_row = _top_per_row(table, token_run, top)
+        if horizon == CAUSAL_HORIZON:
+            out[name] = keep_at_free(table, next_call_top(table, per_row))
+        else:
+            out[f"{name}{OPTIMISTIC}"] = predictions_from_topk(table, per_row, horizon)
 
     out: dict[str, np.ndarray] = {}
     notes: list[str] = []
@@ -332,16 +371,12 @@ def predictions_for(
         pred = predict_positions(
             predictor.model, token_run, predictor.context, predictor.batch_size
         )
-        out["model"] = predictions_from_topk(
-            table, _top_per_row(table, token_run, pred.top), horizon
-        )
+        keep("model", pred.top)
     elif predictor is not None:
         notes.append(f"no `model` predictor: {predictor.error}")
-    online = OnlineCounter().predict(token_run, pos)
-    out["online"] = predictions_from_topk(
-        table, _top_per_row(table, token_run, online.top), horizon
-    )
-    out["labels"] = reuse_labels(table, horizon=horizon)
+    keep("online", OnlineCounter().predict(token_run, pos).top)
+    out["layer_online"] = layer_rule_keep(table)  # causal at every horizon: the layer's own rule
+    out[THREAD_FUTURE] = reuse_labels(table, horizon=GUIDED_HORIZON)
     return out, notes
 
 
@@ -436,10 +471,12 @@ def write_table(root: Root, replays: list[RunReplay], ref: ModelRef) -> str:
 
 
 def policy_labels(df: pd.DataFrame) -> np.ndarray:
-    """Per row: the policy, guided_<predictor> (priority mode) or guided_admit_<predictor>."""
+    """Per row: the policy, guided_<predictor> (priority mode) or guided_admit_<predictor>;
+    belady, which reads every request's future, as BELADY (named optimistic)."""
     admit = df["config"].astype(str).str.contains('"mode":"admit"', regex=False)
     prefix = np.where(admit, "guided_admit_", "guided_")
-    return np.where(df["policy"] == "guided", prefix + df["predictor"].astype(str), df["policy"])
+    policy = np.where(df["policy"] == "belady", BELADY, df["policy"])
+    return np.where(df["policy"] == "guided", prefix + df["predictor"].astype(str), policy)
 
 
 def pooled(df: pd.DataFrame) -> pd.DataFrame:
@@ -577,12 +614,24 @@ def summary_markdown(
         f"# whatif: allocator caching with {ref.name} v{ref.version}",
         "",
         f"Model run `{ref.run_id}`. Each policy at its best hit rate with at most "
-        f"{_bytes(params.idle_budget)} held idle (time-weighted mean per run); guided policies "
-        f"keep a freed block when its class is predicted within {params.horizon} calls of the "
-        "thread (`model`: this model's top-5; `online`: the online counter's top-5; `labels`: "
-        "the true future, the best a predictor could do). Oracle: the bound no policy passes "
-        "at that budget. Page-fault bytes avoided: against no cache (the fault model in "
-        "tasks/whatif/simulate.py).",
+        f"{_bytes(params.idle_budget)} held idle (time-weighted mean per run). Guided policies "
+        "release first the freed blocks whose class is not predicted: "
+        + (
+            "`model` and `online` (this model's and the online counter's top-5) decide at the "
+            "free from the prediction made at the free for the thread's next call (causal: "
+            "what a live cache has). "
+            if params.horizon == CAUSAL_HORIZON
+            else f"`model_optimistic` and `online_optimistic` read the predictions made at the "
+            f"{params.horizon} calls after the free, which a live cache has only later "
+            "(OPTIMISTIC). "
+        )
+        + "`layer_online`: the layer's own decision (causal: its online counter over the "
+        "thread's calls on blocks >= 128 KiB, the class in its top-2 within 4 calls rolled "
+        f"forward on its own top-1). `{THREAD_FUTURE}`: the true next {GUIDED_HORIZON} calls of the freeing thread "
+        "(OPTIMISTIC: it reads the future; not an upper bound, the cache serves the whole "
+        "process). Rows named *_optimistic are not achievable by a live cache. Oracle: the "
+        "bound no policy passes at that budget. Page-fault bytes avoided: against no cache "
+        "(the fault model in tasks/whatif/simulate.py).",
         "",
     ]
     if table_url:

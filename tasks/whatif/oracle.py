@@ -25,7 +25,7 @@ It relaxes the fit rule (b >= s), the byte budget at each moment (to its mean) a
 serves which request (any earlier free of the class, each as cheap as the cheapest), so it is
 optimistic; H_inf caps it at large budgets.
 
-One exception to the argument: seed002 follows its real layer's rules (native/cache002.c), and
+One exception to the argument: seed002 follows its real layer's rules (native/layers/layer.c), and
 can serve a request from a block of the next class up (usable size u >= s and u - s < s +
 4096). Such a hit is not charged to a free of the request's class, so the bound does not cover
 it in principle; on the evaluation's runs (data/events, N = 1, 4, 16) and the random traces of

@@ -11,9 +11,10 @@ Blocks below `min_size` are never cached and requests below it never look in the
 
 - none: every call goes to the system allocator (hit rate 0).
 - seed002: the N largest recently freed blocks (/work/shared/seeds/002), with exactly the
-  rules of its real LD_PRELOAD layer, native/cache002.c, which works on glibc's USABLE sizes
-  (malloc_usable_size: a mmapped block of s bytes has its mapping less 16 bytes usable, e.g.
-  303088 for 300000). A freed block whose usable size u >= min_size is kept if fewer than N
+  rules of heapcast's LD_PRELOAD layer with policy=seed002 (native/layers/layer.c), which works
+  on glibc's USABLE sizes (malloc_usable_size: a mmapped block of s bytes has its mapping less
+  16 bytes usable, e.g. 303088 for 300000). A freed block the layer handed out (requested
+  >= min_size) whose usable size u >= min_size is kept if fewer than N
   are cached, or if u is at least the smallest cached usable size, that block then released
   (ties: the oldest smallest goes). A request of s >= min_size bytes takes the most recently
   cached block that fits, in any size class: u >= s and u - s < s + 4096; an aligned request

@@ -8,13 +8,16 @@ per event); every process has its own cache, as a library loaded into each would
 THE CACHE. A request of s bytes (an allocating call, or realloc's new block) first looks in its
 process's cache, unless the policy is `none` or s < min_size: it takes the most recently cached
 block of the same size class (token rule, min(bit_length, 31)) whose size b >= s, scanning at
-most SCAN_LIMIT (64) blocks of that class. SEED002 instead follows native/cache002.c exactly:
+most SCAN_LIMIT (64) blocks of that class. SEED002 instead follows the rules of heapcast's layer
+(native/layers/layer.c with policy=seed002,madv=off; layers/cache002.c, the first seed-002
+layer, has the same) exactly:
 every block carries glibc's usable size (`_usable`: mmapped, the mapping less the pointer's
 offset in it; on the heap chunk(s) - 8) and its address's alignment (the traced address's
 lowest set bit); a request takes the most recently cached block of any class whose usable
 size u fits (u >= s and u - s < s + 4096) and, for an aligned request (the row's `alignment`;
 valloc/pvalloc: a page), whose address has that alignment; a freed block is offered to the
-cache by its usable size, and the smallest usable size is evicted (policies.py). Found: a HIT,
+cache by its usable size, if the layer handed it out (requested >= min_size: the layer tracks
+only those), and the smallest usable size is evicted (policies.py). Found: a HIT,
 the program holds b bytes. Else the
 system allocator serves it (a MISS), and the block is s bytes. A free (free, or realloc's old
 block) hands the block (b bytes: the block the request got, known through the row's partner;
@@ -25,7 +28,7 @@ last row is done, the process exits: its cache and its live blocks are gone.
 HIT RATE = hits / requests (every row that defines a block, all sizes, in the denominator).
 REALLOC (a row that frees a block and defines one) is a request first: served from the cache,
 the old block is copied and freed (offered to the policy) as by a free; not served, the SYSTEM
-reallocates it and the old block never reaches the cache (so does native/cache002.c).
+reallocates it and the old block never reaches the cache (so does the layer).
 
 BYTES. live = bytes requested by the program and not yet freed (the policy does not change it;
 its peak is `live_peak`, glibc trace_run's "ideal RSS"). idle = bytes of cached blocks.
@@ -98,7 +101,7 @@ K_NONE, K_SEED002, K_SEED001, K_LRU, K_GUIDED, K_BELADY = range(6)
 # node fields (a cached block), one int64 row per node; N_TIER: which of its process's lists
 # holds it (0: the list every policy uses; 1..MAX_TIERS-1: guided priority's predicted blocks)
 # N_USABLE, N_ALIGN: the block's usable size (malloc_usable_size) and its address's alignment,
-# which seed002 matches on, as native/cache002.c does
+# which seed002 matches on, as the layer (native/layers/layer.c) does
 N_SIZE, N_CLS, N_TIME, N_POS, N_PROC, N_CPREV, N_CNEXT, N_GPREV, N_GNEXT, N_TIER = range(10)
 N_USABLE, N_ALIGN = 10, 11
 _NF = 12
@@ -178,7 +181,7 @@ def _usable(s: int, align: int, mmap_threshold: int) -> int:
 
 @njit(cache=True)
 def _fits(usable: int, s: int) -> bool:
-    """native/cache002.c's c2_fits: at most half of the block, plus a page, wasted."""
+    """The layer's hl_fits: at most half of the block, plus a page, wasted."""
     return usable >= s and usable - s < s + 4096
 
 
@@ -325,7 +328,7 @@ def _simulate(
     nxt = first_req.copy()
     nodes = np.empty((1024 if kind != K_NONE else 1, _NF), np.int64)
     blk = np.zeros(n, np.int64)  # block size each request got
-    layer = kind == K_SEED002  # the rules of native/cache002.c
+    layer = kind == K_SEED002  # the rules of native/layers/layer.c, policy=seed002
     blk_u = np.zeros(n if layer else 1, np.int64)  # seed002: its usable size
     blk_al = np.zeros(n if layer else 1, np.int64)  # seed002: its address's alignment
     integral = 0.0
@@ -456,7 +459,7 @@ def _simulate(
             keep = False
             if sysrealloc:
                 pass  # the system reallocated the block: nothing to release or keep
-            elif layer and bu >= min_size:  # usable sizes, as the layer sees them
+            elif layer and bu >= min_size and w >= min_size:  # usable sizes; blocks it made
                 if ps[p, P_COUNT] < n_keep:
                     keep = True
                 else:

@@ -8,9 +8,10 @@ so each policy draws a curve of hit rate against bytes held idle. `sweep_run` do
 one table. `pareto_plot` draws those curves (one PNG; one panel per run).
 
 The guided policy needs a prediction per event: `predictions` maps (workload, run) to a bool
-array per row (or is a callable table -> array). By default it gets the perfect labels
-(`tasks.whatif.guided.reuse_labels`, horizon GUIDED_HORIZON calls of the thread), the best a
-predictor could do; the `predictor` column says which was used.
+array per row (or is a callable table -> array). By default it gets the true next
+GUIDED_HORIZON calls of the freeing thread (`tasks.whatif.guided.reuse_labels`), which reads
+the future: the `predictor` column says so (`thread_future_optimistic`; every predictor whose
+name ends OPTIMISTIC peeks ahead of the free, and the plot draws it dotted, "(optimistic)").
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from tasks.whatif.policies import (
 )
 from tasks.whatif.simulate import simulate
 
-GUIDED_HORIZON = 16
+GUIDED_HORIZON = 16  # calls: the thread-future reference's horizon, the admit mode's ttl
+OPTIMISTIC = "_optimistic"  # the suffix of every predictor (and label) that peeks ahead
 BUDGETS = tuple(1 << k for k in range(12, 34, 2))  # 4 KiB .. 4 GiB per process
 ORACLE_BUDGETS = tuple(float(1 << k) for k in range(0, 35))  # mean idle bytes, 1 B .. 16 GiB
 
@@ -79,7 +81,7 @@ def sweep_run(
         if table is None:
             raise ValueError("guided policies need `predictions` when given a prepared run")
         predictions = reuse_labels(table, horizon=GUIDED_HORIZON)
-        predictor = predictor or f"labels(h={GUIDED_HORIZON})"
+        predictor = predictor or f"thread_future{OPTIMISTIC}"
     rows: list[dict[str, Any]] = []
     for p in policies:
         m = simulate(x, p, predictions if isinstance(p, GuidedConfig) else None)
@@ -149,7 +151,11 @@ def pareto_plot(
             xs, ys = np.maximum(xs[ok], 1.0), g["hit_rate"].to_numpy()[ok]
             order = np.argsort(xs, kind="stable")
             label = "oracle (bound)" if policy == "oracle" else str(policy)
-            ax.plot(xs[order], ys[order], label=label, **_STYLE.get(str(policy), {}))
+            style = dict(_STYLE.get(str(policy), {}))
+            if label.endswith(OPTIMISTIC):  # peeks ahead of the free: no live cache gets it
+                label = f"{label} (optimistic)"
+                style["linestyle"] = ":"
+            ax.plot(xs[order], ys[order], label=label, **style)
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel(f"{x} (bytes)")

@@ -3,7 +3,8 @@
 GIVEN a champion trained on a small synthetic dataset (the `train` flow), one of its evaluation
       runs since deleted
 WHEN  `whatif` runs with its defaults for the model and the runs (a reduced policy grid)
-THEN  the other runs are replayed with the model, the online counter and the labels as
+THEN  the other runs are replayed with the model and the online counter (causal: the prediction
+      made at the free) and the freeing thread's true future (named optimistic) as
       predictors; the table is under <root>/whatif/, the metrics and the Pareto plot on the
       champion's MLflow run, and the `whatif` artifact names the deleted run.
 """
@@ -66,7 +67,12 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     assert summary.table_url == root.url_of("whatif", "heapcast-next-call-v1.parquet")
     assert set(zip(df["workload"], df["run"])) == set(evaluated[1:])
     guided = df[df["policy"] == "guided"]
-    assert sorted(set(guided["predictor"])) == ["labels", "model", "online"]
+    assert sorted(set(guided["predictor"])) == [
+        "layer_online",
+        "model",
+        "online",
+        "thread_future_optimistic",
+    ]
     assert (df["model_run_id"] == model.run_id).all()
 
     tracking = tracking_for(root)
@@ -79,7 +85,7 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     for key in (
         "whatif.hit_rate/beta.guided_model",
         "whatif.hit_rate/beta.guided_online",
-        "whatif.hit_rate/all.guided_labels",
+        "whatif.hit_rate/all.guided_thread_future_optimistic",
         "whatif.hit_rate/all.oracle",
         "whatif.fault_bytes_avoided/all.best_heuristic",
     ):

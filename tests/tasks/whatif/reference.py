@@ -6,7 +6,7 @@ and malloc(0)), unpaired frees and failed allocations, addresses reused after fr
 few recurring classes below and above the mmap threshold, times with ties, threads.
 
 `reference(table, policy, predictions)` replays it event by event with dicts and lists,
-written from the rules in tasks/whatif/simulate.py's docstring (seed002: native/cache002.c's,
+written from the rules in tasks/whatif/simulate.py's docstring (seed002: the layer's, native/layers/layer.c,
 on usable sizes and addresses), independently of its arrays:
 blocks are paired by ADDRESS here (the simulator uses lifetime_calls), processes are merged by
 sorting (time, process, row) here.
@@ -293,7 +293,7 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             ar = r.get("alignment") or 0
             if op in (Op.VALLOC, Op.PVALLOC):
                 ar = PAGE
-            if kind == "seed002" and s >= min_size:  # native/cache002.c: usable sizes, any class
+            if kind == "seed002" and s >= min_size:  # the layer: usable sizes, any class
                 hit = next(
                     (e for e in P.cache[::-1] if fits(e[6], s) and (ar <= 1 or e[7] % ar == 0)),
                     None,
@@ -353,7 +353,7 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             if sysrealloc:
                 pass
             elif kind == "seed002":
-                if u >= min_size:
+                if u >= min_size and w >= min_size:  # the layer keeps only blocks it made
                     if len(P.cache) < policy.n:
                         keep = True
                     else:

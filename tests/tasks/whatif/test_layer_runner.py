@@ -1,4 +1,5 @@
-"""The real seed-002 layer (native/cache002.c) on a catalog workload through the replay runners
+"""heapcast's layer as seed 002 (native/layers/layer.c, HEAPCAST_LAYER=policy=seed002,n=4,
+min=131072,madv=off) on a catalog workload through the replay runners
 (tasks.whatif.layer.measure_layer_workload, the allocators stage's measured runs): output and
 exit code unchanged, page faults reduced. No timing assertions: minor faults are counted.
 benchmarks/bench_whatif_layer.py compares the savings with the simulator's."""
@@ -10,7 +11,7 @@ import shutil
 import pytest
 
 from tasks.replay.workloads import load_catalog
-from tasks.whatif.layer import ARMS, build_layer, measure_layer_workload
+from tasks.whatif.layer import ARMS, STAT_KEYS, build_layer, measure_layer_workload
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,10 @@ def _check(m: dict) -> None:
     plain, disabled, cached = (m["arms"][a]["median"] for a in ARMS)
     layer_runs = [s for s in m["samples"] if s["arm"] == "layer"]
     assert all(s["hits"] > 0 and s["processes_with_layer"] >= 1 for s in layer_runs)
+    # the layer's own counters: every hit took a kept block; nothing is kept when n = 0
+    assert all(set(STAT_KEYS) <= s.keys() and s["kept"] >= s["hits"] for s in layer_runs)
+    assert all(s["kept"] == 0 and s["processes_with_layer"] >= 1 for s in m["samples"]
+               if s["arm"] == "disabled")  # fmt: skip
     assert all(s["hits"] == 0 for s in m["samples"] if s["arm"] == "disabled")
     # perl's medium input reallocs and frees strings of 130-300 KB: each reuse of a cached
     # block saves ~35-70 fresh pages (~25 hits, ~480 pages in all)

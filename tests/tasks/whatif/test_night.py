@@ -28,6 +28,7 @@ from tasks.whatif.night import (
     write_table,
 )
 from tasks.whatif.policies import (
+    BeladyConfig,
     GuidedConfig,
     LruConfig,
     NoneConfig,
@@ -42,6 +43,7 @@ GRID = [
     Seed001Config(decay_ns=1000),
     LruConfig(budget=1 << 16),
     GuidedConfig(budget=1 << 16, ttl_calls=16),
+    BeladyConfig(budget=1 << 16),
     OracleConfig(budget=1e3),
     OracleConfig(budget=1e6),
 ]
@@ -87,9 +89,9 @@ def test_rows_per_run_policy_and_predictor(replayed):
         assert col in df.columns, col
     # per run: every non-guided config once, the guided one per predictor (no model here)
     for _, g in df.groupby(["workload", "run"]):
-        assert len(g) == len(params.grid()) - 1 + 2  # the grid: GRID and the oracle at the budget
+        assert len(g) == len(params.grid()) - 1 + 3  # the grid: GRID and the oracle at the budget
         guided = g[g["policy"] == "guided"]
-        assert sorted(guided["predictor"]) == ["labels", "online"]
+        assert sorted(guided["predictor"]) == ["layer_online", "online", "thread_future_optimistic"]
     assert set(zip(df["workload"], df["run"])) == {("alpha", "r0"), ("beta", "r0")}
     assert (df.loc[df["policy"] == "none", "hit_rate"] == 0).all()
     assert (df["model_version"] == "1").all()
@@ -103,16 +105,25 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     assert "## Runs not replayed" in page and "gone/r9" in page
     for heading in ("## alpha (1 run)", "## beta (1 run)", "## all (2 runs)"):
         assert heading in page
-    for row in ("best_heuristic", "guided_online", "guided_labels", "oracle (bound)"):
+    for row in (
+        "best_heuristic",
+        "guided_online",
+        "guided_thread_future_optimistic",
+        "oracle (bound)",
+    ):
         assert row in page
     assert "no `model` predictor" not in page  # no model asked for, none missing
     assert s.metrics["whatif.hit_rate/alpha.none"] == 0.0
     assert "whatif.hit_rate/all.guided_online" in s.metrics
+    # whatever peeks ahead of the free is named so, in the page and the metric names
+    assert "belady_optimistic" in page and "guided_thread_future_optimistic" in page
+    assert "whatif.hit_rate/all.belady_optimistic" in s.metrics
+    assert not [k for k in s.metrics if k.endswith((".belady", ".guided_labels"))]
     assert "whatif.idle_bytes_mean/beta.best_heuristic" in s.metrics
     # the oracle bounds every policy under the same budget (one run per workload here)
     for w in ("alpha", "beta"):
         top = s.metrics[f"whatif.hit_rate/{w}.oracle"]
-        for p in ("seed002", "seed001", "lru", "guided_online", "guided_labels"):
+        for p in ("seed002", "seed001", "lru", "guided_online", "guided_thread_future_optimistic"):
             if s.metrics[f"whatif.idle_bytes_mean/{w}.{p}"] <= params.idle_budget:
                 assert s.metrics[f"whatif.hit_rate/{w}.{p}"] <= top + 1e-12
 
@@ -135,7 +146,7 @@ def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
     assert logged["whatif.hit_rate/alpha.none"] == 0.0
     for key in (
         "whatif.hit_rate/alpha.guided_online",
-        "whatif.hit_rate/beta.guided_labels",
+        "whatif.hit_rate/beta.guided_thread_future_optimistic",
         "whatif.idle_bytes_peak/all.lru",
         "whatif.fault_bytes_avoided/alpha.seed002",
         "whatif.peak_footprint/beta.seed001",

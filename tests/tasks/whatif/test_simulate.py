@@ -280,7 +280,7 @@ def _aligned(t: pa.Table, alignments: dict[int, int], ops: dict[int, Op]) -> pa.
 
 
 def test_seed002_follows_the_layers_rules():
-    """native/cache002.c's rules, on a hand-made trace: usable sizes (glibc's mmapped block of
+    """The layer's rules (native/layers/layer.c, policy=seed002), on a hand-made trace: usable sizes (glibc's mmapped block of
     300000 bytes has 303088 usable), a fit across size classes (usable - n < n + 4096), the
     alignment of the cached block's address, eviction of the smallest usable block."""
     base = 0x7F0000000000
@@ -316,6 +316,23 @@ def test_seed002_follows_the_layers_rules():
     assert r1["hits"] == want["hits"] and r1["fault_bytes"] == want["fault_bytes"]
     want4 = reference(t, Seed002Config(n=4))
     assert r["hits"] == want4["hits"] and r["fault_bytes"] == want4["fault_bytes"]
+
+
+def test_seed002_keeps_only_blocks_the_layer_handed_out():
+    """A heap block asked for just below min_size has a usable size at min_size (131070 bytes:
+    131080 usable): the layer never tracked it (it tracks requests >= min), so its free passes
+    through, and a later request it would fit misses."""
+    t = _events(
+        [
+            (MALLOC, 131_070, 0x5010, None),  # below min: the layer passes it through
+            (FREE, 0, 0x5010, 131_070),  # usable 131080 >= min, but not the layer's block
+            (MALLOC, 131_072, 0x5010, None),  # would fit 131080: a miss all the same
+        ]
+    )
+    r = simulate(t, Seed002Config(n=4))
+    assert r["hits"] == 0 and r["cached_frees"] == 0
+    want = reference(t, Seed002Config(n=4))
+    assert want["hits"] == 0
 
 
 def test_priority_eviction_beats_lru_at_a_tight_budget():

@@ -68,7 +68,7 @@ def test_sweep_from_root_and_plot(tmp_path):
     ]
     assert len(df) == 3 * len(grid)
     assert (df[df["policy"] == "none"]["hit_rate"] == 0).all()
-    assert (df[df["policy"] == "guided"]["predictor"].str.startswith("labels")).all()
+    assert (df[df["policy"] == "guided"]["predictor"] == "thread_future_optimistic").all()
     for (_w, _r), g in df.groupby(["workload", "run"]):
         top = g[g["policy"] == "oracle"]["hit_rate"].max()
         assert top >= g[g["policy"] != "oracle"]["hit_rate"].max()
