@@ -76,7 +76,7 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
     after = champion_version(ctx.tracking)
     model = registered_model(trained)  # the version tonight's train stage registered, or None
     # A heap report per evaluation run of tonight's model; a failed report never fails the night.
-    heap_reports = report_night(ctx.root, model)
+    heap_reports = report_night(ctx.root, model, keep_nights=stages.reports_keep_nights)
     # What tonight's model buys an allocator; a failure here never fails the night.
     plan = whatif_plan(ctx.root, model)
     replayed = (

@@ -33,6 +33,7 @@ from tasks.dataset.partitions import DatasetParams
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams
 from tasks.registry.tracking import TrackingConfig, tracking_for
 from tasks.replay.workloads import Catalog, TraceParams, load_catalog
+from tasks.report.night import KEEP_NIGHTS
 
 
 class NightlyParams(StrictModel):
@@ -49,6 +50,11 @@ class NightlyParams(StrictModel):
     trace: TraceParams = Field(default_factory=TraceParams, description="flow `trace`")
     dataset: DatasetParams = Field(default_factory=DatasetParams, description="flow `dataset`")
     train: TrainParams = Field(default_factory=TrainParams, description="flow `train`")
+    reports_keep_nights: int = Field(
+        default=KEEP_NIGHTS,
+        ge=1,
+        description="heap report nights kept under <root>/reports/ (older night folders deleted)",
+    )
     allocators: bool = Field(
         default=False,
         description="also run flow `allocators` (weekly on its own; adds several replays' time)",
@@ -81,6 +87,7 @@ class NightlyParams(StrictModel):
             train=train,
             context=context,
             allocators=allocators,
+            reports_keep_nights=self.reports_keep_nights,
         )
 
 
@@ -102,3 +109,4 @@ class NightlyStages:
     train: TrainParams
     context: NightContext
     allocators: AllocatorsParams | None = None  # the `allocators` stage, when the night runs it
+    reports_keep_nights: int = KEEP_NIGHTS  # heap report nights kept (tasks.report.night)

@@ -5,10 +5,15 @@
   programs, held-out workloads), written under the data root as
   `<root>/reports/<night>/<workload>-<run>.html`, and their headline figures (heap calls, peak
   live bytes, leaks, processes) as a `NightReports`, which the `nightly-summary` shows. A run
-  whose report fails is named with the reason; it never fails the night.
+  whose report fails is named with the reason; it never fails the night. The night's folder
+  holds one copy of plotly.js (`plotly.min.js`) that its pages load, so a page is its data and
+  tables (~100 KB), and the folder opens by double-click or from a static S3 site. After
+  writing, the night deletes the oldest night folders beyond the last `keep_nights`
+  (`prune_nights`): folders named as a night only, nothing else under reports/.
 - `report_training_run` (a Prefect task, run by the `train` flow before registration): the page
   of the model's first training run, a local file that the flow hands to registration, which
-  logs it as the MLflow artifact `report/<workload>-<run>.html`.
+  logs it as the MLflow artifact `report/<workload>-<run>.html`. It stays self-contained
+  (plotly.js inlined): MLflow serves an artifact as one file, with nothing next to it.
 
 Pages are made by `summary.make_report` (the same page as `heapcast report WORKLOAD/RUN`).
 """
@@ -16,6 +21,8 @@ Pages are made by `summary.make_report` (the same page as `heapcast report WORKL
 from __future__ import annotations
 
 import datetime as _dt
+import posixpath
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +33,16 @@ from pydantic import BaseModel, Field
 
 from tasks.core.storage import Root
 from tasks.learning.outcome import DatasetRef, RegisteredModel
-from tasks.report.page import fmt_bytes
+from tasks.report.page import PLOTLY_JS, fmt_bytes, plotly_js
 from tasks.report.summary import make_report
 
 REPORTS_DIR = "reports"  # under the data root, next to raw/ and events/
 # The evaluation tables of tasks.learning.evaluate.TABLES (not imported from there: that module
 # pulls numpy-heavy learning code into the summary).
 EVAL_TABLES = ("unseen_runs", "unseen_programs", "heldout_workloads")
+NIGHT_FORMAT = "%Y-%m-%dT%H%M%SZ"  # a night folder's name: the UTC time its reports were made
+_NIGHT_NAME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{6}Z")
+KEEP_NIGHTS = 14  # night folders kept under reports/ (the nightly's `reports_keep_nights`)
 
 
 class RunReport(BaseModel):
@@ -56,10 +66,12 @@ class NightReports(BaseModel):
     reports: list[RunReport] = Field(default_factory=list)
     failed: dict[str, str] = Field(default_factory=dict)
     skipped: str | None = None
+    pruned: list[str] = Field(default_factory=list)  # older night folders deleted tonight
+    prune_failed: str | None = None  # why the older nights could not be deleted
 
     def markdown(self) -> str:
         if self.skipped:
-            return f"No heap reports tonight: {self.skipped}."
+            return "\n".join([f"No heap reports tonight: {self.skipped}.", *self._retention()])
         lines = [f"One page per evaluation run, in `{self.folder}`.", ""]
         if self.reports:
             lines += [
@@ -76,7 +88,16 @@ class NightReports(BaseModel):
         if self.failed:
             lines += ["", "Reports that failed (the night went on):", ""]
             lines += [f"- {run}: {' '.join(why.split())[:400]}" for run, why in self.failed.items()]
-        return "\n".join(lines)
+        return "\n".join([*lines, *self._retention()])
+
+    def _retention(self) -> list[str]:
+        out = []
+        if self.pruned:
+            names = ", ".join(f"`{posixpath.basename(p)}`" for p in self.pruned)
+            out.append(f"Older nights deleted (retention): {names}.")
+        if self.prune_failed:
+            out.append(f"The older nights could not be deleted: {self.prune_failed}")
+        return ["", *out] if out else []
 
 
 def evaluation_runs(model: RegisteredModel) -> list[tuple[str, str, str]]:
@@ -97,18 +118,65 @@ def page_name(workload: str, run: str) -> str:
 def night_name(now: _dt.datetime | None = None) -> str:
     """The folder of tonight's pages: the UTC time the reports were made (sorts by night)."""
     now = now or _dt.datetime.now(_dt.UTC)
-    return now.strftime("%Y-%m-%dT%H%M%SZ")
+    return now.strftime(NIGHT_FORMAT)
+
+
+def night_time(name: str) -> _dt.datetime | None:
+    """The time of the night folder `name`, or None when the name is not a night's (exactly
+    NIGHT_FORMAT, a real date and time): such a folder is not the night's to delete."""
+    if not _NIGHT_NAME.fullmatch(name):
+        return None
+    try:
+        return _dt.datetime.strptime(name, NIGHT_FORMAT)
+    except ValueError:  # e.g. month 13: the shape of a night, but not one
+        return None
+
+
+def prune_nights(root: Root, keep: int, tonight: str | None = None) -> list[str]:
+    """Delete the night folders under `<root>/reports/` older than the newest `keep` (tonight's
+    is never deleted); anything whose name is not a night's is left alone. Returns the deleted
+    folders (paths inside root.fs), oldest first."""
+    if keep < 1:
+        raise ValueError(f"keep_nights is {keep}: keep at least 1 night (tonight's)")
+    fs = root.fs
+    folder = root.join(REPORTS_DIR)
+    fs.invalidate_cache(folder)  # S3 listings are cached: tonight's folder is new
+    if not fs.exists(folder):
+        return []
+    nights = []
+    for entry in fs.ls(folder, detail=True):
+        name = posixpath.basename(entry["name"].rstrip("/"))
+        when = night_time(name)
+        if entry["type"] == "directory" and when is not None:
+            nights.append((when, entry["name"].rstrip("/"), name))
+    nights.sort(reverse=True)  # newest first
+    old = [path for _, path, name in nights[keep:] if name != tonight]
+    for path in reversed(old):
+        fs.rm(path, recursive=True)
+    return old[::-1]
+
+
+def write_shared_plotly(root: Root, folder: str) -> str:
+    """plotly.js once in `folder` (a path inside root.fs), for the pages written there to load;
+    returns its path."""
+    dest = posixpath.join(folder, PLOTLY_JS)
+    root.fs.makedirs(folder, exist_ok=True)
+    root.fs.pipe_file(dest, plotly_js().encode())
+    return dest
 
 
 def write_run_report(root: Root, workload: str, run: str, dest: str, table: str = "") -> RunReport:
-    """The page of `workload/run` under `root`, written at `dest` (a path inside root.fs);
-    raises what make_report raises when the run cannot be read."""
+    """The page of `workload/run` under `root`, written at `dest` (a path inside root.fs),
+    loading plotly.js from the shared copy next to it (`write_shared_plotly`); raises what
+    make_report raises when the run cannot be read."""
+    spec = f"{workload}/{run}"
     if root.is_local:
-        res = make_report(f"{workload}/{run}", dest, root=root)
+        res = make_report(spec, dest, root=root, plotly_src=PLOTLY_JS)
         where = dest
     else:  # made locally, then copied: make_report writes local files only
         with tempfile.TemporaryDirectory(prefix="heapcast-report-") as tmp:
-            res = make_report(f"{workload}/{run}", Path(tmp) / page_name(workload, run), root=root)
+            local = Path(tmp) / page_name(workload, run)
+            res = make_report(spec, local, root=root, plotly_src=PLOTLY_JS)
             root.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
             root.fs.put_file(str(res.html_path), dest)
         where = f"{root.url.split('://', 1)[0]}://{dest}"
@@ -138,8 +206,7 @@ def report_evaluation_runs(
     if not runs:
         out.skipped = "tonight's training evaluated on no run"
         return out
-    if root.is_local:
-        Path(folder).mkdir(parents=True, exist_ok=True)
+    write_shared_plotly(root, folder)
     for w, r, table in runs:
         dest = f"{folder}/{page_name(w, r)}"
         try:
@@ -151,16 +218,27 @@ def report_evaluation_runs(
 
 @task(name="report-evaluation-runs", cache_policy=NO_CACHE)
 def report_night(
-    root: Root, model: RegisteredModel | None, night: str | None = None
+    root: Root,
+    model: RegisteredModel | None,
+    night: str | None = None,
+    keep_nights: int = KEEP_NIGHTS,
 ) -> NightReports:
     """The heap report of each evaluation run of tonight's registered model (None: no model
-    was trained and registered tonight). Never raises: the summary says what failed."""
+    was trained and registered tonight), then the night folders beyond the last `keep_nights`
+    deleted. Never raises: the summary says what failed."""
+    night = night or night_name()
     if model is None:
-        return NightReports(skipped="no model was trained tonight")
+        out = NightReports(skipped="no model was trained tonight")
+    else:
+        try:
+            out = report_evaluation_runs(root, model, night)
+        except Exception as err:  # e.g. the data root cannot be written: the night goes on
+            out = NightReports(skipped=f"the reports failed: {type(err).__name__}: {err}")
     try:
-        return report_evaluation_runs(root, model, night)
-    except Exception as err:  # e.g. the data root cannot be written: the night goes on
-        return NightReports(skipped=f"the reports failed: {type(err).__name__}: {err}")
+        out.pruned = prune_nights(root, keep_nights, tonight=night)
+    except Exception as err:  # the reports are written: an old folder left is not fatal
+        out.prune_failed = f"{type(err).__name__}: {err}"
+    return out
 
 
 def training_report(root: Root, dataset: DatasetRef, folder: Path) -> Path:

@@ -1,5 +1,8 @@
-"""The report as one self-contained HTML page: plotly figures (plotly.js inlined once, so the
-page needs no network) and HTML tables, for one run or two side by side with their differences.
+"""The report as one HTML page: plotly figures and HTML tables, for one run or two side by side
+with their differences. The page needs no network: plotly.js is either inlined once (a page that
+stands alone: `heapcast report`, the page MLflow serves) or loaded from a copy next to the page,
+`plotly.min.js` (`PLOTLY_JS`), which a folder of pages shares (the night's reports: ~4.6 MB once,
+not in every page). A page whose shared copy is missing says so at its top.
 
 Every figure's data is the HeapReport's small arrays (time bins, size classes, histograms, top
 lists), never the events. Once plotly has drawn the figures, the page appends `[plots:N]` to
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,6 +27,7 @@ MAX_TIMELINE = 60  # processes drawn on the timeline (the most events first)
 MAX_THREADS = 30
 MAX_TABLE_PROCESSES = 300
 TOP_CALLERS = 20
+PLOTLY_JS = "plotly.min.js"  # the shared copy of plotly.js, next to the pages that load it
 
 
 # ---------------------------------------------------------------------------------- formats
@@ -830,26 +835,18 @@ def figures(reps: Sequence[HeapReport]) -> list[tuple[str, object]]:
     return out
 
 
-def render(reps: Sequence[HeapReport]) -> str:
-    """The whole page for one run, or two (A, B) side by side with their differences."""
-    import plotly.io as pio
-
+def render(reps: Sequence[HeapReport], plotly_src: str | None = None) -> str:
+    """The whole page for one run, or two (A, B) side by side with their differences.
+    `plotly_src`: None inlines plotly.js; a relative URL (e.g. PLOTLY_JS) loads the shared copy."""
     reps = list(reps)
     title = "heapcast report: " + (
         reps[0].label if len(reps) == 1 else f"{reps[0].label} vs {reps[1].label}"
     )
     figs = figures(reps)
-    divs: dict[str, str] = {}
-    for i, (sid, fig) in enumerate(figs):
-        divs[sid] = pio.to_html(
-            fig,
-            full_html=False,
-            include_plotlyjs=i == 0,  # plotly.js inlined once, in the first figure
-            config={"displaylogo": False, "responsive": True},
-            default_height=f"{fig.layout.height}px",
-            div_id=f"fig-{sid}",
-            post_script="window.heapcastPlotDrawn();",
-        )
+    divs = {
+        sid: _figure_div(sid, fig, inline_plotly=plotly_src is None and i == 0)
+        for i, (sid, fig) in enumerate(figs)
+    }
     notes = {
         "peak": "".join(_peak_html(r) for r in reps),
         "live": "<p class='note'>Live bytes: + the size of each block allocated, − the size of each block freed, "
@@ -902,15 +899,7 @@ def render(reps: Sequence[HeapReport]) -> str:
         body.append(f"<h2 id='{sid}'>{html.escape(heading)}</h2>")
         for item in items:
             body.append(notes.get(sid, "") if item == "note" else divs.get(item, ""))
-    head = (
-        f"<meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style>"
-        f"<script>window.heapcastTitle = {_js_string(title)};{_CHECK_JS}</script>"
-    )
-    return (
-        f"<!DOCTYPE html>\n<html><head>{head}</head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return _page(title, body, plotly_src)
 
 
 def html_table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -918,35 +907,74 @@ def html_table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return _table(head, rows)
 
 
-def standalone_page(title: str, body: Sequence[str], figs: Sequence[tuple[str, object]]) -> str:
-    """A self-contained page in the report's style (its CSS, plotly.js inlined once, the
-    `[plots:N]` check): `body` (HTML parts) then each (id, plotly figure)."""
-    import plotly.io as pio
-
+def standalone_page(
+    title: str,
+    body: Sequence[str],
+    figs: Sequence[tuple[str, object]],
+    plotly_src: str | None = None,
+) -> str:
+    """A page in the report's style (its CSS, the `[plots:N]` check): `body` (HTML parts) then
+    each (id, plotly figure). plotly.js as in `render`: inlined once unless `plotly_src`."""
     divs = [
-        pio.to_html(
-            fig,
-            full_html=False,
-            include_plotlyjs=i == 0,
-            config={"displaylogo": False, "responsive": True},
-            default_height=f"{fig.layout.height or FIG_HEIGHT}px",
-            div_id=f"fig-{sid}",
-            post_script="window.heapcastPlotDrawn();",
-        )
+        _figure_div(sid, fig, inline_plotly=plotly_src is None and i == 0)
         for i, (sid, fig) in enumerate(figs)
     ]
+    return _page(title, [*body, *divs], plotly_src)
+
+
+def plotly_js() -> str:
+    """plotly.js as the pages draw with it: the content of the shared copy (PLOTLY_JS)."""
+    from plotly.offline import get_plotlyjs  # deferred: plotly is slow to import
+
+    return get_plotlyjs()
+
+
+def _figure_div(sid: str, fig, inline_plotly: bool) -> str:
+    import plotly.io as pio  # deferred: plotly is slow to import
+
+    return pio.to_html(
+        fig,
+        full_html=False,
+        include_plotlyjs=inline_plotly,
+        config={"displaylogo": False, "responsive": True},
+        default_height=f"{fig.layout.height or FIG_HEIGHT}px",
+        div_id=f"fig-{sid}",
+        post_script="window.heapcastPlotDrawn();",
+    )
+
+
+# A shared copy that did not load (the page was moved without it): say so where the figures
+# would be, rather than leave the reader with empty sections.
+_MISSING_JS = """
+document.addEventListener('DOMContentLoaded', function () {
+  if (window.Plotly) return;
+  var d = document.createElement('div');
+  d.className = 'warn';
+  d.id = 'plotly-missing';
+  d.textContent = 'The figures need ' + window.heapcastPlotlySrc + ', which did not load: '
+    + 'keep this page in its folder next to that file (the tables below are complete).';
+  document.body.insertBefore(d, document.body.firstChild);
+});
+"""
+
+
+def _page(title: str, body: Sequence[str], plotly_src: str | None) -> str:
     head = (
         f"<meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style>"
         f"<script>window.heapcastTitle = {_js_string(title)};{_CHECK_JS}</script>"
     )
+    if plotly_src is not None:
+        # a classic (blocking) script in <head>: Plotly is defined before any figure's script
+        head += (
+            f"<script src='{html.escape(plotly_src)}' charset='utf-8'></script>"
+            f"<script>window.heapcastPlotlySrc = {_js_string(plotly_src)};{_MISSING_JS}</script>"
+        )
     return (
         f"<!DOCTYPE html>\n<html><head>{head}</head>\n<body>\n"
-        + "\n".join([*body, *divs])
+        + "\n".join(body)
         + "\n</body></html>\n"
     )
 
 
 def _js_string(s: str) -> str:
-    import json
-
     return json.dumps(s).replace("</", "<\\/")

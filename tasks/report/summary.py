@@ -48,17 +48,20 @@ def make_report(
     bins: int = DEFAULT_BINS,
     temporary_calls: int = DEFAULT_TEMPORARY_CALLS,
     top_processes: int = DEFAULT_TOP_PROCESSES,
+    plotly_src: str | None = None,
 ) -> ReportResult:
     """Report the run named by `spec` (a run folder, trace or part files, or WORKLOAD/RUN under
     `root`) into the HTML page `out`; with `diff`, side by side with that run (A = spec, B =
-    diff). Raises sources.ReportInputError when a run cannot be read at all."""
+    diff). The page stands alone (plotly.js inlined) unless `plotly_src` names the shared copy it
+    loads (page.PLOTLY_JS, which the caller writes next to it). Raises sources.ReportInputError
+    when a run cannot be read at all."""
     names = [spec] + ([diff] if diff is not None else [])
     runs = [resolve(s, root) for s in names]  # both resolved before the long part starts
     reps = [
         analyze(r, bins=bins, temporary_calls=temporary_calls, top_processes=top_processes)
         for r in runs
     ]
-    page = render(reps).encode()
+    page = render(reps, plotly_src).encode()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
