@@ -32,9 +32,9 @@ import pyarrow.compute as pc
 from numba import njit
 
 from tasks.core.storage import Root
+from tasks.dataset.events_reader import read_run
 from tasks.dataset.tokens import MAX_SIZE_CLASS, size_class
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op
-from tasks.learning.sequences import events_dataset
 
 NO_LABEL = -1
 REUSE_EDGES = (1, 16, 256, 4096)  # calls of the process; class len(edges): later or never
@@ -163,8 +163,7 @@ def read_labels(root: Root, workload: str, run: str) -> tuple[pa.Table, Allocato
     """One run's (pid, thread, seq) rows and their labels, read once from the events dataset.
 
     Align with a TokenRun (read_run's order: (pid, thread) then seq) by sorting on those keys."""
-    flt = (pc.field("workload") == workload) & (pc.field("run") == run)
-    table = events_dataset(root).to_table(columns=LABEL_COLUMNS, filter=flt)
+    table = read_run(root, workload, run, LABEL_COLUMNS)
     if table.num_rows == 0:
         raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
     return table.select(["pid", "thread", "seq"]), allocator_labels(table)

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from numba import njit
 
 from tasks.core.storage import Root
+from tasks.dataset.events_reader import read_run
 from tasks.learning.labels import (
     LABEL_COLUMNS,
     NO_LABEL,
@@ -43,10 +44,12 @@ from tasks.learning.labels import (
     request_and_free_classes,
 )
 from tasks.learning.outcome import QuestionScores
-from tasks.learning.sequences import Split, events_dataset
+from tasks.learning.sequences import Split
+from tasks.learning.table import ClassTable, TableAgreement, class_table, table_agreement
 
 QUESTION = "reuse"
-PREDICTORS = ("majority", "class_online", "site_online")
+PREDICTORS = ("majority", "class_online", "site_online", "table")
+# the table (tasks/learning/table.py) answers the reuse question only
 SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32
 MIN_PROB = 1e-7  # the log-loss clip of tasks.learning.evaluate
@@ -132,10 +135,14 @@ class ReuseAnswers:
     labels: np.ndarray  # int8 [m]
     probs: dict[str, np.ndarray]  # predictor -> float64 [m, REUSE_CLASSES]
     without_site: int  # scored rows with no call site
+    table_covered: np.ndarray | None = None  # bool [m]: the table has the free's class
 
 
-def reuse_answers(table: pa.Table, majority: np.ndarray, eps: float = 0.1) -> ReuseAnswers:
-    """Every predictor's answer at every scored free of one run's events table."""
+def reuse_answers(
+    table: pa.Table, majority: np.ndarray, eps: float = 0.1, known: ClassTable | None = None
+) -> ReuseAnswers:
+    """Every predictor's answer at every scored free of one run's events table; `known`: the
+    table from the training runs (the predictor `table`), when given."""
     labels = allocator_labels(table).reuse
     order, starts = process_order(table)
     req_cls, free_cls = request_and_free_classes(table)
@@ -154,7 +161,12 @@ def reuse_answers(table: pa.Table, majority: np.ndarray, eps: float = 0.1) -> Re
     rows = np.flatnonzero(labels != NO_LABEL)
     probs = {name: out[name][rows] for name in out}
     probs["majority"] = np.broadcast_to(majority, (len(rows), REUSE_CLASSES))
-    return ReuseAnswers(rows, labels[rows], probs, int((site[rows] < 0).sum()))
+    covered = None
+    if known is not None:
+        cls = free_cls[rows]
+        probs["table"] = known.reuse_probs(eps)[cls]
+        covered = known.covered()[cls]
+    return ReuseAnswers(rows, labels[rows], probs, int((site[rows] < 0).sum()), covered)
 
 
 def majority_of(tables: list[pa.Table], eps: float = 0.1) -> np.ndarray:
@@ -173,7 +185,7 @@ def score_answers(
     y = np.concatenate([a.labels for a in answers]).astype(np.int64)
     without = sum(a.without_site for a in answers)
     scores = []
-    for name in PREDICTORS:
+    for name in [p for p in PREDICTORS if all(p in a.probs for a in answers)]:
         p = np.concatenate([a.probs[name] for a in answers])
         n = len(y)
         top1 = float((p.argmax(axis=1) == y).mean()) if n else float("nan")
@@ -185,11 +197,8 @@ def score_answers(
 
 def read_events(root: Root, workload: str, run: str) -> pa.Table:
     """One run's events with the columns the labels and the call sites need."""
-    flt = (pc.field("workload") == workload) & (pc.field("run") == run)
-    dataset = events_dataset(root)
-    names = set(dataset.schema.names)
-    cols = LABEL_COLUMNS + [c for c in ("caller_module", "caller_offset") if c in names]
-    table = dataset.to_table(columns=cols, filter=flt)
+    # a part written before callers were traced reads them as nulls: positions without a site
+    table = read_run(root, workload, run, LABEL_COLUMNS + ["caller_module", "caller_offset"])
     if table.num_rows == 0:
         raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
     return table
@@ -207,9 +216,19 @@ def question_metrics(scores: list[QuestionScores]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class QuestionEvaluation:
+    """The allocator's questions scored in the three tables, and the layer's table (built from
+    the training runs) with its coverage and agreement at each table's frees."""
+
+    scores: tuple[QuestionScores, ...]
+    table: ClassTable
+    agreement: tuple[TableAgreement, ...]
+
+
 def question_evaluation(
     root: Root, split: Split, max_rows: int | None = None
-) -> list[QuestionScores]:
+) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
     majorities from its training runs. `max_rows` caps
@@ -230,8 +249,10 @@ def question_evaluation(
     train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
     majority = majority_of(train_events)
     lifetime_maj = lifetime_majority(train_events)
+    known = class_table(train_events, majority)
     del train_events
     scores: list[QuestionScores] = []
+    agreement: list[TableAgreement] = []
     for table, runs in (
         (UNSEEN_RUNS, split.evaluation),
         (UNSEEN_PROGRAMS, split.unseen_programs),
@@ -241,7 +262,10 @@ def question_evaluation(
         by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
         for w, r in sorted({(x.workload, x.run) for x in runs}):
             t = events(w, r)
-            answers = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
+            answers = {
+                QUESTION: reuse_answers(t, majority, known=known),
+                **lifetime_answers(t, lifetime_maj),
+            }
             for q, a in answers.items():
                 by_q.setdefault(q, {}).setdefault(w, []).append(a)
         for q, by_workload in by_q.items():
@@ -249,7 +273,17 @@ def question_evaluation(
                 scores += score_answers(answers, table, w, q)
             pooled = [a for answers in by_workload.values() for a in answers]
             scores += score_answers(pooled, table, OVERALL, q)
-    return scores
+        frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
+        if frees:
+            agreement.append(
+                table_agreement(
+                    table,
+                    np.concatenate([a.table_covered for a in frees]),
+                    np.concatenate([a.probs["table"] for a in frees]),
+                    np.concatenate([a.probs["class_online"] for a in frees]),
+                )
+            )
+    return QuestionEvaluation(tuple(scores), known, tuple(agreement))
 
 
 QUESTION_TITLES = {
@@ -281,7 +315,7 @@ def _question_markdown(scores: list[QuestionScores], question: str) -> str:
         first = keyed[(table, sl, PREDICTORS[0])]
         cells = [table, sl, str(first.positions), str(first.positions_without_site)]
         for p in PREDICTORS:
-            s = keyed[(table, sl, p)]
-            cells += [f"{s.top1:.4f}", f"{s.log_loss:.3f}"]
+            s = keyed.get((table, sl, p))
+            cells += ["n/a", "n/a"] if s is None else [f"{s.top1:.4f}", f"{s.log_loss:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -145,5 +145,6 @@ def test_labels_are_read_once_from_the_events_dataset(tmp_path):
     assert keys.column_names == ["pid", "thread", "seq"]
     frees = labels.reuse != NO_LABEL
     assert frees.any() and (labels.lifetime_calls[frees] == NO_LABEL).all()
-    with pytest.raises(ValueError, match="run alpha/r9 has no events"):
+    # a run not there: the events reader's error, naming it and what to do
+    with pytest.raises(FileNotFoundError, match="no events of run alpha/r9.*convert it"):
         read_labels(root, "alpha", "r9")
