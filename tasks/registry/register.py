@@ -69,6 +69,7 @@ from tasks.learning.outcome import (
     TrainOutcome,
 )
 from tasks.registry import champion as champion_rules
+from tasks.registry.questions import log_questions
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, configure, store_lock
 
 SCORE_METRICS = ("top1", "top5", "log_loss")
@@ -675,6 +676,7 @@ def register_outcome(
             tags = prior_run.data.tags
         if tags.get(TAG_METRICS) != "logged":
             _log_metrics(client, run_id, outcome, scores, dataset, model_id)
+            log_questions(outcome, version)
             mlflow.set_tag(TAG_METRICS, "logged")
 
         # The version's evaluation, then the promotion decision on that same evaluation.

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from tasks.learning.online import online_features
+from tasks.replay.inputs import generate_input
 from tests.conftest import need_tool
-from tests.native.test_real_programs import sqlite_script
 from tests.native.tracer_harness import NATIVE
 
 POLICIES = ("seed002", "seed001", "guided")
@@ -134,7 +134,7 @@ def test_sqlite3_same_output(heapcast_layer, policy, tmp_path):
         heapcast_layer,
         f"policy={policy},min=4K",
         tmp_path,
-        stdin=sqlite_script(20_000),
+        stdin=(tmp_path / generate_input("sql", 1, 20_000, tmp_path)[0]).read_text(),
     )
     assert len(rows) == 1 and rows[0]["hits"] > 0, rows
 
