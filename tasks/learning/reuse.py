@@ -319,3 +319,33 @@ def _question_markdown(scores: list[QuestionScores], question: str) -> str:
             cells += ["n/a", "n/a"] if s is None else [f"{s.top1:.4f}", f"{s.log_loss:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def reuse_lines(
+    scores: list[QuestionScores], agreement: tuple[TableAgreement, ...] = ()
+) -> list[str]:
+    """The reuse question in one line per evaluation table (all its workloads pooled): every
+    predictor's top-1 and log-loss, and the layer table's coverage and agreement there."""
+    from tasks.learning.outcome import OVERALL
+
+    by_table: dict[str, list[QuestionScores]] = {}
+    for s in scores:
+        if s.question == QUESTION and s.slice == OVERALL:
+            by_table.setdefault(s.table, []).append(s)
+    agree = {a.table: a for a in agreement}
+    lines = []
+    for table, rows in by_table.items():
+        first = rows[0]
+        cells = ", ".join(f"{s.predictor} {s.top1:.4f} ({s.log_loss:.3f})" for s in rows)
+        line = (
+            f"{table} ({first.positions:,} frees, {first.positions_without_site:,} without call "
+            f"site): top-1 (log-loss) {cells}"
+        )
+        a = agree.get(table)
+        if a is not None:
+            line += (
+                f"; the table covers {a.coverage:.1%} of the frees and keeps as the class "
+                f"counter does on {a.keep_agreement:.1%} of those"
+            )
+        lines.append(line)
+    return lines
