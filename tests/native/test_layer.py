@@ -207,7 +207,7 @@ def test_a_setting_it_cannot_parse_passes_through(heapcast_layer, program, setti
 
 def write_table(path: Path, *, magic=b"HCLTAB\x00\x01", version=1, model=3, payload=None,
                 checksum=None) -> None:  # fmt: skip
-    """A layer table file (format: native/layers/layer.c's header comment)."""
+    """A layer table file written by hand (format: native/TABLE.md)."""
     if payload is None:
         payload = bytes(
             255 if (t >= 32 and c == t - 32) else 0 for t in range(64) for c in range(64)
