@@ -23,7 +23,7 @@
  *    predictor says an allocation of class c comes soon: c is among the `topk` most likely calls
  *    at one of the next `horizon` calls of the thread (predictor.h: the online counter over the
  *    thread's large-block calls, predict then update, rolled forward with its own top-1; or a
- *    table from the model, `predictor=table:FILE`). Causal: only the thread's past is used.
+ *    table file, `predictor=table:FILE`, ../TABLE.md). Causal: only the thread's past is used.
  *  - off: everything passes through (the loading cost alone).
  * Requests are served from the kept blocks by one rule: the most recently kept block that fits
  * (usable >= n and usable - n < n + 4096: at most half a block plus a page wasted) and has the
@@ -52,16 +52,11 @@
  * stderr. Stats (stats=1: stderr, stats=PATH: appended to PATH) at exit, one line of integer
  * key=value pairs per process, written with write(2) from a stack buffer (no malloc).
  *
- * Table file (predictor=table:FILE), little-endian:
- *   0  char[8]  magic "HCLTAB\0\1"        16 u32 n_tokens (64)
- *   8  u32      format version (1)         20 u32 payload bytes (4096)
- *   12 u32      model version (> 0)        24 u64 FNV-1a 64 of the payload
- *   32 uint8[64][64] keep score: score[t][c] / 255 = the model's probability that an allocation
- *      of class c follows soon after a call of token t (the layer asks it at a free: t = the free's
- *      token). Kept when score * topk >= 255.
- * A file that is missing, short, of another magic/version/size, with a bad checksum, or from a
- * model version other than `model=` (when given) is refused with one line on stderr, and the
- * online counter is used.
+ * Table file (predictor=table:FILE, model=N): the format, what it answers and the refusal rules
+ * are in ../TABLE.md (the one description; tasks/learning/table.py writes it). In short: a
+ * 32-byte header (magic "HCLTAB\0\1", format 1, model version, 64, 4096, FNV-1a 64) and a
+ * uint8[64][64] keep score, of which a free of class c reads [32 + c][c]. A file it cannot trust
+ * is refused with one line on stderr, and the online counter is used.
  *
  * Not async-signal-safe (neither is glibc's malloc).
  */
@@ -98,7 +93,7 @@
     X(decay, "1000", "seed001, guided: a block idle this many ms is given back")                  \
     X(topk, "2", "guided: keep class c when it is among the k most likely calls ...")             \
     X(horizon, "4", "guided: ... at one of the next h calls (the counter rolled forward)")        \
-    X(predictor, "online", "guided: online (the thread's counter) | table:FILE (from the model)") \
+    X(predictor, "online", "guided: online (the thread's counter) | table:FILE (TABLE.md)")       \
     X(model, "0", "table: the model version the file must come from (0: any)")                    \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
 

@@ -163,7 +163,7 @@ def read_labels(root: Root, workload: str, run: str) -> tuple[pa.Table, Allocato
     """One run's (pid, thread, seq) rows and their labels, read once from the events dataset.
 
     Align with a TokenRun (read_run's order: (pid, thread) then seq) by sorting on those keys."""
-    table = read_run(root, workload, run, columns=LABEL_COLUMNS)
+    table = read_run(root, workload, run, LABEL_COLUMNS)
     if table.num_rows == 0:
         raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
     return table.select(["pid", "thread", "seq"]), allocator_labels(table)

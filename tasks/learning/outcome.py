@@ -6,9 +6,12 @@ Kept free of TensorFlow and MLflow imports so either side (and the flows) can im
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # table.py reads the events (labels -> sequences -> this module)
+    from tasks.learning.table import ClassTable, TableAgreement
 
 # Stable predictor names: MLflow metric keys are built from them, so the UI's compare view lines
 # runs and baselines up under the same names from one run to the next.
@@ -110,6 +113,10 @@ class TrainOutcome:
     # The allocator's questions, predicted causally by the baselines on the same positions of
     # the same tables (tasks/learning/reuse.py; metric keys reuse.question_metrics)
     question_scores: tuple[QuestionScores, ...] = ()
+    # The layer's table from the training runs' statistics (tasks/learning/table.py), written
+    # with the registered version, and its coverage/agreement at each table's frees
+    class_table: ClassTable | None = None
+    table_agreement: tuple[TableAgreement, ...] = ()
 
 
 Runs = tuple[tuple[str, str], ...]  # (workload, run)

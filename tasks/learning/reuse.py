@@ -45,9 +45,11 @@ from tasks.learning.labels import (
 )
 from tasks.learning.outcome import QuestionScores
 from tasks.learning.sequences import Split
+from tasks.learning.table import ClassTable, TableAgreement, class_table, table_agreement
 
 QUESTION = "reuse"
-PREDICTORS = ("majority", "class_online", "site_online")
+PREDICTORS = ("majority", "class_online", "site_online", "table")
+# the table (tasks/learning/table.py) answers the reuse question only
 SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32
 MIN_PROB = 1e-7  # the log-loss clip of tasks.learning.evaluate
@@ -133,10 +135,14 @@ class ReuseAnswers:
     labels: np.ndarray  # int8 [m]
     probs: dict[str, np.ndarray]  # predictor -> float64 [m, REUSE_CLASSES]
     without_site: int  # scored rows with no call site
+    table_covered: np.ndarray | None = None  # bool [m]: the table has the free's class
 
 
-def reuse_answers(table: pa.Table, majority: np.ndarray, eps: float = 0.1) -> ReuseAnswers:
-    """Every predictor's answer at every scored free of one run's events table."""
+def reuse_answers(
+    table: pa.Table, majority: np.ndarray, eps: float = 0.1, known: ClassTable | None = None
+) -> ReuseAnswers:
+    """Every predictor's answer at every scored free of one run's events table; `known`: the
+    table from the training runs (the predictor `table`), when given."""
     labels = allocator_labels(table).reuse
     order, starts = process_order(table)
     req_cls, free_cls = request_and_free_classes(table)
@@ -155,7 +161,12 @@ def reuse_answers(table: pa.Table, majority: np.ndarray, eps: float = 0.1) -> Re
     rows = np.flatnonzero(labels != NO_LABEL)
     probs = {name: out[name][rows] for name in out}
     probs["majority"] = np.broadcast_to(majority, (len(rows), REUSE_CLASSES))
-    return ReuseAnswers(rows, labels[rows], probs, int((site[rows] < 0).sum()))
+    covered = None
+    if known is not None:
+        cls = free_cls[rows]
+        probs["table"] = known.reuse_probs(eps)[cls]
+        covered = known.covered()[cls]
+    return ReuseAnswers(rows, labels[rows], probs, int((site[rows] < 0).sum()), covered)
 
 
 def majority_of(tables: list[pa.Table], eps: float = 0.1) -> np.ndarray:
@@ -174,7 +185,7 @@ def score_answers(
     y = np.concatenate([a.labels for a in answers]).astype(np.int64)
     without = sum(a.without_site for a in answers)
     scores = []
-    for name in PREDICTORS:
+    for name in [p for p in PREDICTORS if all(p in a.probs for a in answers)]:
         p = np.concatenate([a.probs[name] for a in answers])
         n = len(y)
         top1 = float((p.argmax(axis=1) == y).mean()) if n else float("nan")
@@ -186,10 +197,8 @@ def score_answers(
 
 def read_events(root: Root, workload: str, run: str) -> pa.Table:
     """One run's events with the columns the labels and the call sites need."""
-    # runs converted before callers were recorded read the caller columns as nulls
-    table = read_run(
-        root, workload, run, columns=[*LABEL_COLUMNS, "caller_module", "caller_offset"]
-    )
+    # a part written before callers were traced reads them as nulls: positions without a site
+    table = read_run(root, workload, run, LABEL_COLUMNS + ["caller_module", "caller_offset"])
     if table.num_rows == 0:
         raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
     return table
@@ -207,9 +216,19 @@ def question_metrics(scores: list[QuestionScores]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class QuestionEvaluation:
+    """The allocator's questions scored in the three tables, and the layer's table (built from
+    the training runs) with its coverage and agreement at each table's frees."""
+
+    scores: tuple[QuestionScores, ...]
+    table: ClassTable
+    agreement: tuple[TableAgreement, ...]
+
+
 def question_evaluation(
     root: Root, split: Split, max_rows: int | None = None
-) -> list[QuestionScores]:
+) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
     majorities from its training runs. `max_rows` caps
@@ -230,8 +249,10 @@ def question_evaluation(
     train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
     majority = majority_of(train_events)
     lifetime_maj = lifetime_majority(train_events)
+    known = class_table(train_events, majority)
     del train_events
     scores: list[QuestionScores] = []
+    agreement: list[TableAgreement] = []
     for table, runs in (
         (UNSEEN_RUNS, split.evaluation),
         (UNSEEN_PROGRAMS, split.unseen_programs),
@@ -241,7 +262,10 @@ def question_evaluation(
         by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
         for w, r in sorted({(x.workload, x.run) for x in runs}):
             t = events(w, r)
-            answers = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
+            answers = {
+                QUESTION: reuse_answers(t, majority, known=known),
+                **lifetime_answers(t, lifetime_maj),
+            }
             for q, a in answers.items():
                 by_q.setdefault(q, {}).setdefault(w, []).append(a)
         for q, by_workload in by_q.items():
@@ -249,7 +273,17 @@ def question_evaluation(
                 scores += score_answers(answers, table, w, q)
             pooled = [a for answers in by_workload.values() for a in answers]
             scores += score_answers(pooled, table, OVERALL, q)
-    return scores
+        frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
+        if frees:
+            agreement.append(
+                table_agreement(
+                    table,
+                    np.concatenate([a.table_covered for a in frees]),
+                    np.concatenate([a.probs["table"] for a in frees]),
+                    np.concatenate([a.probs["class_online"] for a in frees]),
+                )
+            )
+    return QuestionEvaluation(tuple(scores), known, tuple(agreement))
 
 
 QUESTION_TITLES = {
@@ -281,7 +315,37 @@ def _question_markdown(scores: list[QuestionScores], question: str) -> str:
         first = keyed[(table, sl, PREDICTORS[0])]
         cells = [table, sl, str(first.positions), str(first.positions_without_site)]
         for p in PREDICTORS:
-            s = keyed[(table, sl, p)]
-            cells += [f"{s.top1:.4f}", f"{s.log_loss:.3f}"]
+            s = keyed.get((table, sl, p))
+            cells += ["n/a", "n/a"] if s is None else [f"{s.top1:.4f}", f"{s.log_loss:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def reuse_lines(
+    scores: list[QuestionScores], agreement: tuple[TableAgreement, ...] = ()
+) -> list[str]:
+    """The reuse question in one line per evaluation table (all its workloads pooled): every
+    predictor's top-1 and log-loss, and the layer table's coverage and agreement there."""
+    from tasks.learning.outcome import OVERALL
+
+    by_table: dict[str, list[QuestionScores]] = {}
+    for s in scores:
+        if s.question == QUESTION and s.slice == OVERALL:
+            by_table.setdefault(s.table, []).append(s)
+    agree = {a.table: a for a in agreement}
+    lines = []
+    for table, rows in by_table.items():
+        first = rows[0]
+        cells = ", ".join(f"{s.predictor} {s.top1:.4f} ({s.log_loss:.3f})" for s in rows)
+        line = (
+            f"{table} ({first.positions:,} frees, {first.positions_without_site:,} without call "
+            f"site): top-1 (log-loss) {cells}"
+        )
+        a = agree.get(table)
+        if a is not None:
+            line += (
+                f"; the table covers {a.coverage:.1%} of the frees and keeps as the class "
+                f"counter does on {a.keep_agreement:.1%} of those"
+            )
+        lines.append(line)
+    return lines

@@ -36,6 +36,7 @@ from tasks.learning.evaluate import (
 from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, QuestionScores, TrainOutcome
 from tasks.learning.reuse import question_evaluation, question_markdown
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
+from tasks.learning.table import ClassTable, TableAgreement
 from tasks.learning.train_config import TrainConfig
 
 
@@ -54,6 +55,9 @@ class TrainedModel:
     initial_epoch: int  # > 0 when this training resumed a killed one
     notes: list[str] = field(default_factory=list)
     question_scores: tuple[QuestionScores, ...] = ()  # the reuse question's baselines
+    # the layer's table from the training runs' statistics, and its agreement (tasks/learning/table.py)
+    class_table: ClassTable | None = None
+    table_agreement: tuple[TableAgreement, ...] = ()
 
 
 def checkpoint_dir(root: Root, cfg: TrainConfig, split: Split) -> Path:
@@ -383,7 +387,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         raise ValueError(f"{r.url}: the split has no training run")
     require_evaluation(split, config.data.min_eval_positions, r.url)
     # the reuse question's predictors read the events (call sites, frees), not the tokens
-    question_scores = tuple(question_evaluation(r, split, config.data.max_eval_tokens))
+    questions = question_evaluation(r, split, config.data.max_eval_tokens)
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()
     model, facts = fit_model(config, split, ckpt, callbacks or [])
@@ -405,7 +409,9 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         checkpoint_dir=str(ckpt),
         initial_epoch=facts["initial_epoch"],
         notes=notes,
-        question_scores=question_scores,
+        question_scores=questions.scores,
+        class_table=questions.table,
+        table_agreement=questions.agreement,
     )
 
 
@@ -435,6 +441,8 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         predictions_per_second=trained.predictions_per_second,
         seconds=trained.seconds,
         question_scores=trained.question_scores,
+        class_table=trained.class_table,
+        table_agreement=trained.table_agreement,
         input_example=input_example(
             split.train[0],
             cfg.context,

@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 from tasks.allocators.report import AllocatorsOutcome
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import BASELINES, MODEL, RegisteredModel, TrainResult
+from tasks.learning.reuse import reuse_lines
 from tasks.nightly.params import NightContext
 from tasks.registry.champion import current_champion
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, quiet_mlflow_env, resolve_target
@@ -131,6 +132,8 @@ class NightlySummary(BaseModel):
     best_baseline: str | None = None
     best_baseline_top1: float | None = None
     evaluation_markdown: str = ""
+    # the allocator's reuse question per evaluation table (tasks/learning/reuse.py: reuse_lines)
+    reuse_question: list[str] = Field(default_factory=list)
     champion_before: str | None = None
     champion_after: str | None = None
     registration: str | None = None  # the registry's decision and its reason, when returned
@@ -189,6 +192,13 @@ class NightlySummary(BaseModel):
                 "## Evaluation (runs never seen in training)",
                 "",
                 self.evaluation_markdown.strip(),
+            ]
+        if self.reuse_question:
+            lines += [
+                "",
+                "## The allocator's reuse question (model-free predictors)",
+                "",
+                *(f"- {line}" for line in self.reuse_question),
             ]
         if self.whatif_at_budget and self.whatif_budget is not None:
             lines += ["", *self._bought()]
@@ -298,6 +308,9 @@ def summarize(
                 best_baseline=best.predictor,
                 best_baseline_top1=best.top1,
                 evaluation_markdown=evaluation_markdown(evaluation, notes),
+                reuse_question=reuse_lines(
+                    list(result.outcome.question_scores), result.outcome.table_agreement
+                ),
             )
             detail = (
                 f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "

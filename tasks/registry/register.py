@@ -71,6 +71,7 @@ from tasks.learning.outcome import (
     TrainOutcome,
 )
 from tasks.registry import champion as champion_rules
+from tasks.registry.questions import log_questions
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, configure, store_lock
 
 SCORE_METRICS = ("top1", "top5", "log_loss")
@@ -827,6 +828,7 @@ def register_outcome(
             model_id = getattr(prior_version, "model_id", None)
         if tags.get(TAG_METRICS) != "logged":
             _log_metrics(client, run_id, outcome, scores, dataset, model_id)
+            log_questions(outcome, version)
             mlflow.set_tag(TAG_METRICS, "logged")
 
         # The version's evaluation, then the promotion decision on that same evaluation.

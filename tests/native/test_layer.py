@@ -128,14 +128,13 @@ def test_numpy_seed002_expression_same_output(heapcast_layer, policy, tmp_path):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_sqlite3_same_output(heapcast_layer, policy, tmp_path):
     sqlite3 = need_tool("sqlite3")
-    (sql,) = generate_input("sql", 1, 8_000, tmp_path)  # the sqlite3 workload's own input
     # min=4K: sqlite's page cache and sorter blocks go through the layer too
     rows = _same_under_layer(
         [sqlite3, ":memory:"],
         heapcast_layer,
         f"policy={policy},min=4K",
         tmp_path,
-        stdin=(tmp_path / sql).read_text(),
+        stdin=(tmp_path / generate_input("sql", 1, 20_000, tmp_path)[0]).read_text(),
     )
     assert len(rows) == 1 and rows[0]["hits"] > 0, rows
 
@@ -208,7 +207,7 @@ def test_a_setting_it_cannot_parse_passes_through(heapcast_layer, program, setti
 
 def write_table(path: Path, *, magic=b"HCLTAB\x00\x01", version=1, model=3, payload=None,
                 checksum=None) -> None:  # fmt: skip
-    """A layer table file (format: native/layers/layer.c's header comment)."""
+    """A layer table file written by hand (format: native/TABLE.md)."""
     if payload is None:
         payload = bytes(
             255 if (t >= 32 and c == t - 32) else 0 for t in range(64) for c in range(64)

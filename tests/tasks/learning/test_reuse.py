@@ -107,3 +107,55 @@ def test_a_trace_without_callers_still_scores_and_says_so():
     assert all(0.0 <= s.top1 <= 1.0 and s.log_loss > 0 for s in scores)
     row = next(line for line in question_markdown(scores).splitlines() if "perl.x" in line)
     assert row.startswith(f"| unseen_programs | perl.x | {len(ans.rows)} | {len(ans.rows)} |")
+
+
+def test_the_nightly_summary_shows_the_reuse_question_per_table():
+    from tasks.learning.outcome import OVERALL, QuestionScores
+    from tasks.learning.reuse import reuse_lines
+    from tasks.learning.table import TableAgreement
+    from tasks.nightly.summary import NightlySummary
+
+    # GIVEN the reuse and lifetime scores of two tables, and the table's agreement on one
+    scores = [
+        QuestionScores(q, p, sl, t, 1200, top1, 0.5, 300)
+        for q in ("reuse", "lifetime_calls")
+        for t in ("unseen_runs", "unseen_programs")
+        for sl in ("perl", OVERALL)
+        for p, top1 in (("majority", 0.4), ("class_online", 0.7), ("table", 0.6))
+    ]
+    agreement = (TableAgreement("unseen_programs", 1200, 0.95, 0.9, 0.8),)
+    lines = reuse_lines(scores, agreement)
+    # THEN one line per table, the pooled reuse question only, every predictor in it
+    assert len(lines) == 2 and lines[0].startswith("unseen_runs (1,200 frees, 300 without")
+    assert "majority 0.4000 (0.500), class_online 0.7000 (0.500), table 0.6000" in lines[1]
+    assert "covers 95.0% of the frees and keeps as the class counter does on 90.0%" in lines[1]
+    assert "covers" not in lines[0]
+    md = NightlySummary(root="r", finished_at="now", stages=[], reuse_question=lines).markdown()
+    assert "## The allocator's reuse question (model-free predictors)" in md
+    assert f"- {lines[1]}" in md
+
+
+def test_the_layer_table_counts_each_classes_training_frees_and_answers_them():
+    from tasks.learning.table import FREE_TOKEN, SOON_CLASS, class_table
+
+    # GIVEN two training runs and their reuse labels, computed call by call in Python
+    runs = [_events(11, n=300), _events(12, n=300)]
+    expected = np.zeros((32, REUSE_CLASSES))
+    for t in runs:
+        reuse, _, _ = _reference(t)
+        for r, label in zip(t.to_pylist(), reuse, strict=True):
+            if label is not None and label >= 0:
+                expected[_cls(r["freed_size"]), label] += 1
+    majority = majority_of(runs)
+    table = class_table(runs, majority)
+    # THEN the table holds each class's frees by reuse class
+    np.testing.assert_array_equal(table.reuse_counts, expected)
+    # AND answers a class never freed in training with the majority
+    probs = table.reuse_probs()
+    unseen = ~expected.any(axis=1)
+    assert unseen.any() and np.allclose(probs[unseen], majority)
+    # AND the layer's entry of each class is its share of frees reused soon
+    scores = table.keep_scores()
+    soon = probs[:, : SOON_CLASS + 1].sum(axis=1)
+    assert np.array_equal(scores[FREE_TOKEN + np.arange(32), np.arange(32)], np.rint(soon * 255))
+    assert scores.sum() == scores[FREE_TOKEN + np.arange(32), np.arange(32)].sum()

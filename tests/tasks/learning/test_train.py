@@ -67,6 +67,13 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     for facts in q.values():
         ((frees, no_site),) = facts  # one count per question, table and slice
         assert frees > 0 and no_site == frees  # synthetic traces have no callers
+    # the layer's table from the training runs' statistics: the reuse question's fourth predictor
+    reuse = {s.predictor for s in outcome.question_scores if s.question == "reuse"}
+    assert reuse == {"majority", "class_online", "site_online", "table"}
+    assert [a.table for a in outcome.table_agreement] == ["unseen_runs", "unseen_programs"]
+    for a in outcome.table_agreement:
+        assert a.positions > 0 and 0 < a.coverage <= 1 and 0 <= a.keep_agreement <= 1
+    assert outcome.class_table is not None and outcome.class_table.covered().any()
 
 
 def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):

@@ -1,0 +1,145 @@
+"""The allocator layer's table (native/TABLE.md), from the training runs' statistics.
+
+What the layer asks at a free of a block of size class c is the reuse question of
+tasks/learning/labels.py: will a block of class c be requested soon in this process? This
+module counts, over the training runs' frees, the reuse class of each size class
+(`ClassTable`), answers the question from those counts at the evaluation positions (the
+predictor `table` of the three tables, tasks/learning/reuse.py), and writes the layer's file:
+the keep score P(reuse class <= SOON_CLASS | a free of class c) in the entry the layer reads.
+
+It is a table from the training runs' statistics, not distilled from the network: the network
+has no reuse head yet (issue 23). Its key is therefore the size class alone (the free's token,
+which is the layer's one-token context at a free); a call-site key waits for a layer that knows
+its callers.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.learning.labels import (
+    NO_LABEL,
+    REUSE_CLASSES,
+    allocator_labels,
+    request_and_free_classes,
+)
+
+N_SIZE_CLASSES = 32
+N_TOKENS = 64  # the project's tokens: allocations 0..31, frees 32 + class
+FREE_TOKEN = 32
+SOON_CLASS = 1  # "soon": reuse class <= 1, the class requested again within REUSE_EDGES[1] calls
+MAGIC = b"HCLTAB\x00\x01"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIIIIQ")  # magic, version, model version, n_tokens, payload bytes, FNV
+PAYLOAD_BYTES = N_TOKENS * N_TOKENS
+
+
+@dataclass(frozen=True)
+class ClassTable:
+    """The training runs' frees, per size class: how many fell in each reuse class."""
+
+    reuse_counts: np.ndarray  # float64 [N_SIZE_CLASSES, REUSE_CLASSES]
+    majority: np.ndarray  # float64 [REUSE_CLASSES]: the answer for a class never freed in training
+
+    def covered(self) -> np.ndarray:
+        """bool [N_SIZE_CLASSES]: the classes some training free answers for."""
+        return self.reuse_counts.sum(axis=1) > 0
+
+    def reuse_probs(self, eps: float = 0.1) -> np.ndarray:
+        """float64 [N_SIZE_CLASSES, REUSE_CLASSES]: each class's reuse classes, smoothed as the
+        counters smooth theirs; the majority for a class with no training free."""
+        c = self.reuse_counts
+        p = (c + eps) / (c.sum(axis=1, keepdims=True) + eps * REUSE_CLASSES)
+        return np.where(self.covered()[:, None], p, self.majority[None, :])
+
+    def keep_scores(self) -> np.ndarray:
+        """uint8 [N_TOKENS, N_TOKENS]: the layer's payload. Entry [FREE_TOKEN + c][c] is
+        255 * P(reuse class <= SOON_CLASS) of class c; the layer asks no other entry, so the
+        others are 0."""
+        soon = self.reuse_probs()[:, : SOON_CLASS + 1].sum(axis=1)
+        scores = np.zeros((N_TOKENS, N_TOKENS), np.uint8)
+        c = np.arange(N_SIZE_CLASSES)
+        scores[FREE_TOKEN + c, c] = np.rint(np.clip(soon, 0.0, 1.0) * 255).astype(np.uint8)
+        return scores
+
+
+def class_table(tables: list[pa.Table], majority: np.ndarray) -> ClassTable:
+    """The reuse classes of the training runs' frees per size class (`tables`: their events)."""
+    counts = np.zeros(N_SIZE_CLASSES * REUSE_CLASSES)
+    for t in tables:
+        label = allocator_labels(t).reuse
+        _, free_cls = request_and_free_classes(t)
+        at = (label != NO_LABEL) & (free_cls >= 0)
+        key = free_cls[at] * REUSE_CLASSES + label[at]
+        counts += np.bincount(key, minlength=N_SIZE_CLASSES * REUSE_CLASSES)
+    return ClassTable(counts.reshape(N_SIZE_CLASSES, REUSE_CLASSES), np.asarray(majority, float))
+
+
+def fnv1a64(data: bytes) -> int:
+    """FNV-1a 64 (the layer's checksum), vectorless but on 4 KiB only."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def model_version_number(version: str) -> int:
+    """The registry's version string as the table's u32 model version (> 0)."""
+    try:
+        v = int(version)
+    except ValueError:
+        raise ValueError(f"model version {version!r}: the layer's table needs a number") from None
+    if not 0 < v < 2**32:
+        raise ValueError(f"model version {v}: the layer's table needs 1..2^32-1")
+    return v
+
+
+def write_layer_table(path: Path, table: ClassTable, model_version: int) -> Path:
+    """The layer's file (native/TABLE.md) for `model_version`; returns `path`."""
+    if not 0 < model_version < 2**32:
+        raise ValueError(f"model version {model_version}: the layer's table needs 1..2^32-1")
+    payload = table.keep_scores().tobytes()
+    head = HEADER.pack(
+        MAGIC, FORMAT_VERSION, model_version, N_TOKENS, PAYLOAD_BYTES, fnv1a64(payload)
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(head + payload)
+    return path
+
+
+@dataclass(frozen=True)
+class TableAgreement:
+    """The table at one evaluation table's reuse positions (frees)."""
+
+    table: str
+    positions: int
+    coverage: float  # share of positions whose class some training free answers for
+    keep_agreement: float  # on covered positions: the layer's keep decision, table vs counter
+    top1_agreement: float  # on covered positions: the reuse class top-1, table vs counter
+
+
+def table_agreement(
+    table: str, covered: np.ndarray, table_probs: np.ndarray, counter_probs: np.ndarray
+) -> TableAgreement:
+    """Coverage and agreement with the per-process class counter (the layer's online predictor)
+    at one evaluation table's frees; keep = P(reuse class <= SOON_CLASS) >= 1/2 (the layer's
+    rule at topk=2)."""
+    n = len(covered)
+    if n == 0:
+        return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"))
+    t, c = table_probs[covered], counter_probs[covered]
+    keep_t = t[:, : SOON_CLASS + 1].sum(axis=1) >= 0.5
+    keep_c = c[:, : SOON_CLASS + 1].sum(axis=1) >= 0.5
+    m = int(covered.sum())
+    return TableAgreement(
+        table,
+        n,
+        m / n,
+        float((keep_t == keep_c).mean()) if m else float("nan"),
+        float((t.argmax(axis=1) == c.argmax(axis=1)).mean()) if m else float("nan"),
+    )

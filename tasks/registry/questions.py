@@ -1,0 +1,86 @@
+"""The allocator's questions (tasks/learning/reuse.py) and the layer's table
+(tasks/learning/table.py), logged with a registered version.
+
+Per evaluation table, every predictor's scores on every question as one MLflow table
+(`questions/<table>.json`: one row per question, workload and predictor), rather than hundreds
+of metrics; three headline metrics; and the layer's table file (`table/heapcast.hcltab`) written
+for this version, with its coverage and agreement (`questions/table_agreement.json`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from tasks.learning.outcome import OVERALL, TrainOutcome
+from tasks.learning.table import model_version_number, write_layer_table
+
+TABLE_ARTIFACT = "table"
+TABLE_FILE = "heapcast.hcltab"
+TAG_TABLE = "heapcast.table"  # where the layer's table is, and what it is made from
+HEADLINE_TABLE = "unseen_programs"  # the table the issue's goals are about
+
+
+def question_rows(outcome: TrainOutcome) -> dict[str, dict[str, list]]:
+    """{evaluation table: its columns (question, workload, predictor, positions,
+    positions_without_site, top1, log_loss)}, the form mlflow.log_table takes."""
+    out: dict[str, dict[str, list]] = {}
+    for s in outcome.question_scores:
+        cols = out.setdefault(
+            s.table,
+            {k: [] for k in ("question", "workload", "predictor", "positions",
+                             "positions_without_site", "top1", "log_loss")},
+        )  # fmt: skip
+        for k, v in (
+            ("question", s.question), ("workload", s.slice), ("predictor", s.predictor),
+            ("positions", s.positions), ("positions_without_site", s.positions_without_site),
+            ("top1", s.top1), ("log_loss", s.log_loss),
+        ):  # fmt: skip
+            cols[k].append(v)
+    return out
+
+
+def headline_metrics(outcome: TrainOutcome) -> dict[str, float]:
+    """At most three numbers: on programs never trained on, the reuse question's top-1 of the
+    counter the layer runs and of the table, and the table's coverage of those frees."""
+    out: dict[str, float] = {}
+    for s in outcome.question_scores:
+        if (s.question, s.table, s.slice) == ("reuse", HEADLINE_TABLE, OVERALL) and (
+            s.predictor in ("class_online", "table")
+        ):
+            out[f"reuse.{HEADLINE_TABLE}.top1/{OVERALL}.{s.predictor}"] = float(s.top1)
+    for a in outcome.table_agreement:
+        if a.table == HEADLINE_TABLE:
+            out[f"table.{HEADLINE_TABLE}.coverage"] = float(a.coverage)
+    return out
+
+
+def log_questions(outcome: TrainOutcome, version: str) -> None:
+    """Inside the version's active MLflow run: the question tables, the headline metrics, and
+    the layer's table for `version` (when training built one)."""
+    import mlflow  # deferred: start-up time
+
+    for table, cols in question_rows(outcome).items():
+        mlflow.log_table(data=cols, artifact_file=f"questions/{table}.json")
+    headline = headline_metrics(outcome)
+    if headline:
+        mlflow.log_metrics(headline)
+    if outcome.class_table is None:
+        mlflow.set_tag(TAG_TABLE, "not made: training built no table")
+        return
+    if outcome.table_agreement:
+        mlflow.log_dict(
+            {"rows": [asdict(a) for a in outcome.table_agreement]},
+            "questions/table_agreement.json",
+        )
+    with tempfile.TemporaryDirectory(prefix="heapcast-table-") as tmp:
+        path = write_layer_table(
+            Path(tmp) / TABLE_FILE, outcome.class_table, model_version_number(version)
+        )
+        mlflow.log_artifact(str(path), TABLE_ARTIFACT)
+    mlflow.set_tag(
+        TAG_TABLE,
+        f"{TABLE_ARTIFACT}/{TABLE_FILE}: the layer's table from the training runs' statistics "
+        f"(per size class), for model version {version}",
+    )

@@ -1,0 +1,61 @@
+"""The layer (native/layers/layer.c) loads the table the learning stage writes
+(tasks/learning/table.py, native/TABLE.md): the real layer, a real written file."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from tasks.learning.labels import REUSE_CLASSES
+from tasks.learning.table import ClassTable, write_layer_table
+from tests.native.test_layer import BIG, _env, _stats, heapcast_layer  # noqa: F401 (fixture)
+
+MAJORITY = np.full(REUSE_CLASSES, 1.0 / REUSE_CLASSES)
+
+
+def _table(soon: bool) -> ClassTable:
+    """Every size class's training frees: all reused within 1 call (soon), or all never."""
+    counts = np.zeros((32, REUSE_CLASSES))
+    counts[:, 0 if soon else REUSE_CLASSES - 1] = 100.0
+    return ClassTable(counts, MAJORITY)
+
+
+def _run(layer: Path, exe: Path, table: Path, model: int, stats: Path):
+    setting = f"policy=guided,predictor=table:{table},model={model},stats={stats}"
+    return subprocess.run(
+        [exe, "5", "1", *BIG], capture_output=True, text=True, env=_env(layer, setting)
+    )
+
+
+def test_the_layer_keeps_what_the_written_table_says(heapcast_layer, program, tmp_path):  # noqa: F811
+    exe = program("bigblocks")
+    kept = {}
+    for soon in (True, False):
+        # GIVEN a table written for version 7 whose every class is reused soon / never
+        table = write_layer_table(tmp_path / f"{soon}.hcltab", _table(soon), 7)
+        stats = tmp_path / f"stats-{soon}"
+        # WHEN the layer runs with it, told to expect version 7
+        r = _run(heapcast_layer, exe, table, 7, stats)
+        # THEN it loads the table silently and keeps blocks only when the table says soon
+        assert r.returncode == 0 and r.stderr == ""
+        (row,) = _stats(stats)
+        assert row["table"] == 1 and row["table_refused"] == 0
+        kept[soon] = row["kept"]
+    assert kept[True] > 0 and kept[False] == 0
+
+
+def test_a_table_of_another_model_version_is_refused_in_one_line(heapcast_layer, program, tmp_path):  # noqa: F811
+    # GIVEN a table the writer made for version 7, deployed next to version 8
+    table = write_layer_table(tmp_path / "v7.hcltab", _table(True), 7)
+    stats = tmp_path / "stats"
+    r = _run(heapcast_layer, program("bigblocks"), table, 8, stats)
+    # THEN one line says so, and the program runs with the online counter, output unchanged
+    assert r.returncode == 0
+    assert r.stderr.splitlines() == [
+        f"heapcast layer: table file {table} refused: it comes from another model version; "
+        "the guided policy uses the online counter"
+    ]
+    (row,) = _stats(stats)
+    assert row["table"] == 0 and row["table_refused"] == 1

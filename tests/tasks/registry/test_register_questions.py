@@ -1,0 +1,75 @@
+"""Registration logs the allocator's questions and the layer's table with the version
+(tasks/registry/questions.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from tasks.learning.labels import REUSE_CLASSES
+from tasks.learning.outcome import OVERALL, QuestionScores
+from tasks.learning.table import MAGIC, ClassTable, TableAgreement
+from tasks.registry.register import register_outcome
+from tasks.registry.tracking import TrackingConfig
+from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+
+def _questions() -> tuple[QuestionScores, ...]:
+    out = []
+    for table in ("unseen_runs", "unseen_programs"):
+        for q in ("reuse", "lifetime_calls"):
+            for i, p in enumerate(("majority", "class_online", "site_online", "table")):
+                if p == "table" and q != "reuse":
+                    continue  # the table answers the reuse question only
+                for sl in ("sqlite3", OVERALL):
+                    out.append(
+                        QuestionScores(q, p, sl, table, 100, 0.5 + i / 10, 1.0 - i / 10, 100)
+                    )
+    return tuple(out)
+
+
+def test_question_scores_and_the_layer_table_are_logged_with_the_version(tmp_path):
+    from mlflow import MlflowClient
+
+    counts = np.zeros((32, REUSE_CLASSES))
+    counts[20, 0] = 9.0  # class 20: reused within 1 call in training
+    counts[20, 4] = 1.0
+    outcome = dataclasses.replace(
+        make_outcome(tiny_model(), 0.8),
+        question_scores=_questions(),
+        class_table=ClassTable(counts, np.full(REUSE_CLASSES, 0.2)),
+        table_agreement=(TableAgreement("unseen_programs", 100, 0.75, 0.9, 0.8),),
+    )
+    result = register_outcome(outcome, TrackingConfig(root=str(tmp_path)))
+    client, run_id = MlflowClient(), result.run_id
+
+    # one MLflow table per evaluation table, one row per question, workload and predictor
+    for table in ("unseen_runs", "unseen_programs"):
+        doc = json.loads(
+            Path(client.download_artifacts(run_id, f"questions/{table}.json")).read_text()
+        )
+        rows = [dict(zip(doc["columns"], r)) for r in doc["data"]]
+        assert len(rows) == 14
+        assert {(r["question"], r["predictor"]) for r in rows if r["workload"] == OVERALL} >= {
+            ("reuse", "table"), ("lifetime_calls", "site_online")
+        }  # fmt: skip
+    # a few headline numbers, not hundreds
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["reuse.unseen_programs.top1/all.table"] == 0.8
+    assert metrics["reuse.unseen_programs.top1/all.class_online"] == 0.6
+    assert metrics["table.unseen_programs.coverage"] == 0.75
+    assert not any(k.startswith("lifetime_calls.") for k in metrics)
+    # the layer's table, written for this very version, named for what it is made from
+    raw = Path(client.download_artifacts(run_id, "table/heapcast.hcltab")).read_bytes()
+    magic, fmt, model, tokens, size, _ = struct.unpack_from("<8sIIIIQ", raw)
+    assert (magic, fmt, tokens, size, len(raw)) == (MAGIC, 1, 64, 4096, 32 + 4096)
+    assert model == int(result.model_version)
+    assert raw[32 + (32 + 20) * 64 + 20] == round(255 * (9.1 + 0.1) / (10 + 0.5))
+    tag = client.get_run(run_id).data.tags["heapcast.table"]
+    assert tag.startswith("table/heapcast.hcltab") and "training runs' statistics" in tag
+    agreement = client.download_artifacts(run_id, "questions/table_agreement.json")
+    assert json.loads(Path(agreement).read_text())["rows"][0]["coverage"] == 0.75
