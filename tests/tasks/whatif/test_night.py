@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -97,15 +99,23 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     for row in ("best_heuristic", "guided_online", "guided_labels", "oracle (bound)"):
         assert row in page
     assert "no `model` predictor" not in page  # no model asked for, none missing
-    assert s.metrics["whatif.hit_rate/alpha.none"] == 0.0
-    assert "whatif.hit_rate/all.guided_online" in s.metrics
-    assert "whatif.idle_bytes_mean/beta.best_heuristic" in s.metrics
+    # the detail, per workload and policy, is the policy table (whatif/policies.json)
+    rows = {(r["workload"], r["policy"]): r for r in s.policies}
+    assert rows[("alpha", "none")]["hit_rate"] == 0.0
+    assert ("all", "guided_online") in rows and ("beta", "best_heuristic") in rows
+    assert rows[("all", "oracle")]["idle_bytes_mean"] is None  # the bound has a hit rate only
     # the oracle bounds every policy under the same budget (one run per workload here)
     for w in ("alpha", "beta"):
-        top = s.metrics[f"whatif.hit_rate/{w}.oracle"]
+        top = rows[(w, "oracle")]["hit_rate"]
         for p in ("seed002", "seed001", "lru", "guided_online", "guided_labels"):
-            if s.metrics[f"whatif.idle_bytes_mean/{w}.{p}"] <= params.idle_budget:
-                assert s.metrics[f"whatif.hit_rate/{w}.{p}"] <= top + 1e-12
+            if rows[(w, p)]["idle_bytes_mean"] <= params.idle_budget:
+                assert rows[(w, p)]["hit_rate"] <= top + 1e-12
+    # the headline: no model here, so the best heuristic only; horizon 16 reads ahead
+    assert s.metrics == {
+        "headline/whatif_optimistic.hit_rate.best_heuristic": rows[("all", "best_heuristic")][
+            "hit_rate"
+        ]
+    }
 
 
 def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
@@ -118,25 +128,40 @@ def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
     client = MlflowClient(target.tracking_uri, target.registry_uri)
     exp = client.get_experiment_by_name(tracking.experiment)
     run_id = client.create_run(exp.experiment_id).info.run_id
-    ref = ModelRef(ref.name, ref.version, run_id, ref.runs, None)
+    client.create_registered_model(ref.name)
+    version = client.create_model_version(ref.name, f"runs:/{run_id}/model", run_id).version
+    ref = ModelRef(ref.name, version, run_id, ref.runs, None)
     s = summarize.fn(replays, ref, params, None)
     log_to_mlflow.fn(s, replays, tracking)
+    # what the predictions bought, on the version's page too
+    tags = client.get_model_version(ref.name, version).tags
+    assert float(tags["heapcast.whatif_optimistic.hit_rate.best_heuristic"]) == pytest.approx(
+        s.metrics["headline/whatif_optimistic.hit_rate.best_heuristic"]
+    )
 
     logged = client.get_run(run_id).data.metrics
-    assert logged["whatif.hit_rate/alpha.none"] == 0.0
-    for key in (
-        "whatif.hit_rate/alpha.guided_online",
-        "whatif.hit_rate/beta.guided_labels",
-        "whatif.idle_bytes_peak/all.lru",
-        "whatif.fault_bytes_avoided/alpha.seed002",
-        "whatif.peak_footprint/beta.seed001",
-        "whatif.hit_rate/all.oracle",
-        "whatif.oracle_gap/all.best_heuristic",
-    ):
-        assert key in logged, key
-    assert logged == pytest.approx(s.metrics)
+    assert logged == pytest.approx(s.metrics)  # the headline only: the detail is in tables
     names = {a.path for a in client.list_artifacts(run_id, "whatif")}
-    assert {"whatif/pareto.png", "whatif/whatif.md", "whatif/whatif.csv"} <= names
+    assert {
+        "whatif/pareto.png",
+        "whatif/whatif.md",
+        "whatif/whatif.csv",
+        "whatif/policies.json",
+        "whatif/grid.json",
+    } <= names
+    import mlflow
+
+    policies = mlflow.load_table("whatif/policies.json", run_ids=[run_id])
+    assert len(policies) == len(s.policies)
+    row = policies[(policies["workload"] == "alpha") & (policies["policy"] == "none")].iloc[0]
+    assert row["hit_rate"] == 0.0
+    grid = mlflow.load_table("whatif/grid.json", run_ids=[run_id])
+    assert len(grid) == sum(len(r.rows) for r in replays if r.ok)
+    # a second replay of the same version replaces its tables, never appends to them
+    log_to_mlflow.fn(s, replays, tracking)
+    assert len(mlflow.load_table("whatif/grid.json", run_ids=[run_id])) == len(grid)
+    tables = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert sorted(t["path"] for t in tables) == ["whatif/grid.json", "whatif/policies.json"]
 
 
 def test_params_are_strict():
