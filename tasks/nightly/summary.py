@@ -108,6 +108,9 @@ class NightlySummary(BaseModel):
     not_registered: str | None = None  # why nothing was registered tonight (no model trained)
     # the heap report of each evaluation run (tasks/report/night.py): figures and pages
     heap_reports: NightReports | None = None
+    # the model run's headline metrics under their MLflow names (tasks/registry/headline.py):
+    # registration's, then the whatif stage's
+    headline: dict[str, float] = Field(default_factory=dict)
 
     @property
     def champion_changed(self) -> bool:
@@ -147,6 +150,15 @@ class NightlySummary(BaseModel):
                 f"**Nothing was registered tonight**: {self.not_registered}. "
                 "The champion is left alone.",
             ]
+        if self.headline:
+            lines += [
+                "",
+                "## Headline (the model's MLflow run: tasks/registry/headline.py)",
+                "",
+                "| metric | value |",
+                "|---|---|",
+            ]
+            lines += [f"| {k} | {v:.6g} |" for k, v in self.headline.items()]
         if self.replays_failed:
             lines += ["", "## Failed replays", "", "| run | why |", "|---|---|"]
             lines += [f"| {k} | {_cell(v)} |" for k, v in self.replays_failed.items()]
@@ -266,6 +278,7 @@ def summarize(
             )
         reg = _registration_of(train.value) if train.ok else None
         if reg is not None:
+            summary["headline"] = dict(reg.scores)
             summary["registration"] = (
                 f"version {reg.model_version} of {reg.model_name}: {reg.decision} ({reg.reason})"
             )
@@ -285,6 +298,7 @@ def summarize(
         detail = ""
         if replayed.ok and v is not None:
             detail = f"{len(v.runs_ok)} run(s) replayed for v{v.model_version} -> {v.table_url}"
+            summary["headline"] = {**summary.get("headline", {}), **v.metrics}
             if v.runs_failed:
                 detail += "; not replayed: " + ", ".join(v.runs_failed)
         reports.append(
