@@ -47,7 +47,6 @@ from tasks.learning.evaluate import TABLES
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, TrainOutcome
 
 PREFIX = "headline/"
-MEASURES = ("top1", "log_loss")
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "log_loss": False}
 WHATIF_PREDICTOR = "guided_model"  # the guided policy driven by the model's predictions
 CAUSAL_HORIZON = 1  # a prediction for the next call only: what a live cache has at the free
@@ -188,7 +187,7 @@ def log_table(client, run_id: str, df: pd.DataFrame, artifact_file: str) -> None
     folder, _, name = artifact_file.rpartition("/")
     with tempfile.TemporaryDirectory(prefix="heapcast-table-") as tmp:
         path = Path(tmp) / name
-        df.to_json(path, orient="split", index=False, date_format="iso")
+        df.to_json(path, orient="split", index=False, date_format="iso", double_precision=15)
         client.log_artifact(run_id, str(path), folder or None)
     listed = json.loads(client.get_run(run_id).data.tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
     entry = {"path": artifact_file, "type": "table"}
