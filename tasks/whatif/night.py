@@ -490,7 +490,8 @@ def policy_rows(rep: pd.DataFrame) -> list[dict[str, Any]]:
     df[figures] = df[figures].astype(float)
     df.loc[df["policy"] == "oracle", figures] = np.nan
     df = df.astype({"over_budget": bool, "runs": int})
-    return json.loads(df.to_json(orient="records"))  # NaN -> None, numpy -> plain
+    # NaN -> None, numpy -> plain; every digit a float64 has
+    return json.loads(df.to_json(orient="records", double_precision=15))
 
 
 def whatif_headline(rep: pd.DataFrame, params: WhatifParams) -> WhatifHeadline | None:
