@@ -137,6 +137,8 @@ class RegisteredModel:
     # the registry's promotion decision and its reason, when the version was registered tonight
     decision: str | None = None
     reason: str | None = None
+    # its run's headline metrics as registration logged them (tasks/registry/headline.py)
+    headline: tuple[tuple[str, float], ...] = ()
 
     @property
     def evaluation_runs(self) -> Runs:

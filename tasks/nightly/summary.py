@@ -144,6 +144,9 @@ class NightlySummary(BaseModel):
     whatif_budget: int | None = None
     whatif_at_budget: list[AtBudget] = Field(default_factory=list)
     mlflow_ui: str = ""  # the command that opens the MLflow UI over this night's store
+    # the model run's headline metrics under their MLflow names (tasks/registry/headline.py):
+    # registration's, then the whatif stage's
+    headline: dict[str, float] = Field(default_factory=dict)
 
     @property
     def champion_changed(self) -> bool:
@@ -183,6 +186,15 @@ class NightlySummary(BaseModel):
                 f"**Nothing was registered tonight**: {self.not_registered}. "
                 "The champion is left alone.",
             ]
+        if self.headline:
+            lines += [
+                "",
+                "## Headline (the model's MLflow run: tasks/registry/headline.py)",
+                "",
+                "| metric | value |",
+                "|---|---|",
+            ]
+            lines += [f"| {k} | {v:.6g} |" for k, v in self.headline.items()]
         if self.replays_failed:
             lines += ["", "## Failed replays", "", "| run | why |", "|---|---|"]
             lines += [f"| {k} | {_cell(v)} |" for k, v in self.replays_failed.items()]
@@ -317,6 +329,7 @@ def summarize(
                 f"{best.top1:.4f} on {model.positions:,} unseen positions"
             )
             reg = result.model
+            summary["headline"] = dict(reg.headline)
             summary["registration"] = (
                 f"version {reg.version} of {reg.name}: {reg.decision} ({reg.reason})"
             )
@@ -336,6 +349,7 @@ def summarize(
         detail = ""
         if v is not None:
             detail = f"{len(v.runs_ok)} run(s) replayed for v{v.model_version} -> {v.table_url}"
+            summary["headline"] = {**summary.get("headline", {}), **v.metrics}
             if v.runs_failed:
                 detail += "; not replayed: " + ", ".join(v.runs_failed)
             summary.update(whatif_budget=v.idle_budget, whatif_at_budget=v.at_budget)

@@ -35,12 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.learning.outcome import MODEL, OVERALL, Evaluation
+from tasks.registry import headline
 
 UNSEEN = "unseen_runs"
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "log_loss": False}
 TAG_HASH = "heapcast.eval.content_hash"
 TAG_SCORE = "heapcast.eval.{metric}"
 TAG_RUN = "heapcast.run_id"
+TAG_RUN_HASH = "heapcast.content_hash"  # on a training run: the data it was evaluated on
 # The content hash on which a version won the alias (set just before the alias moves to it).
 TAG_PROMOTED_ON = "heapcast.promoted_on"
 
@@ -145,6 +147,20 @@ def champion_config(client, version) -> dict | None:
         return None
 
 
+def score_from_run(client, version, metric: str, content_hash: str) -> float | None:
+    """The version's score read from its run's metrics, for a version without score tags (made
+    by hand, or before they existed): only when the run says it was scored on `content_hash`.
+    Its headline name first, then the name a run logged before the headline had
+    (tasks/registry/headline.py); None when neither is there."""
+    run_id = getattr(version, "run_id", None)
+    if not run_id:
+        return None
+    run = client.get_run(run_id)
+    if run.data.tags.get(TAG_RUN_HASH) != content_hash:
+        return None
+    return headline.figure(run.data.metrics, UNSEEN, metric, MODEL)
+
+
 def call_evaluator(evaluate_model: EvaluateModel, model, config: dict | None) -> Evaluation:
     """evaluate_model(model, config), or evaluate_model(model) for a one-argument callable."""
     import inspect
@@ -194,8 +210,11 @@ def decide(
     champ_eval: Evaluation | None = None
     reevaluated = False
     stored = champ.tags.get(TAG_SCORE.format(metric=metric))
+    from_run = None if stored is not None else score_from_run(client, champ, metric, content_hash)
     if champ_hash == content_hash and stored is not None:
         champ_score = float(stored)
+    elif from_run is not None:
+        champ_score = from_run
     elif evaluate_model is None:
         return PromotionDecision(
             False,

@@ -1,25 +1,24 @@
 """Register a trained model in MLflow: params, metrics, plots, the model, and the champion alias.
 
-Metric names (stable from run to run, so the MLflow UI's compare view lines runs up):
+Metrics (tasks/registry/headline.py has the names and why; the MLflow UI's chart view makes one
+section per prefix before the last "/", in alphabetical order, so `headline` comes first):
 
-    <table>.<metric>/<slice>.<predictor>
-        table     unseen_runs | unseen_programs | heldout_workloads
-        metric    top1 | top5 | log_loss
-        slice     a workload name, or `all` (sanitised: only [A-Za-z0-9_-])
-        predictor model | majority | repeat_last | ngram
-      e.g. unseen_runs.top1/all.model, unseen_runs.top1/all.ngram, heldout_workloads.log_loss/redis.model
-    <table>.positions/<slice>          evaluated positions (the same for every predictor)
-    <table>.margin_top1/<slice>        model top-1 minus the best baseline's top-1
+    headline/<table>.top1.<model|best_baseline|margin>
+        table  unseen_runs | unseen_programs | heldout_workloads (over all workloads)
+    headline/whatif_<causal|optimistic>.hit_rate.*    (added by tasks/whatif/night.py)
+    log_loss/<table>.<model|best_baseline>
+    train/seconds, train/predictions_per_second
     train/<curve>                      per-epoch curves from the Keras history, step = epoch (0-based)
-    train/predictions_per_second, train/seconds
-    data/train_tokens, data/eval_tokens
     promotion/candidate.<m>, promotion/champion.<m>, promotion/promoted   (tasks/registry/champion.py)
 
-The MLflow UI's chart view makes one section per prefix before the last "/" and one chart per
-key (a bar chart for a single value, a line chart for a series): every (table, metric) pair is a
-section (e.g. "unseen_runs.top1") whose charts "all.model", "all.ngram", "sqlite3.model"... put
-the runs compared side by side, the model next to its three baselines; `train` holds the line
-charts of the curves, `plots` the four images (logged with mlflow.log_image, key plots/<name>).
+The detail is in tables, not metrics: `evaluation/<table>.json` (every workload x predictor:
+positions, top-1, top-5, log-loss, margin; `mlflow.log_table`'s format, shown as a table in the
+run's artifacts), next to evaluation.csv/.json/.md. Runs logged before the headline carry
+`<table>.<metric>/<slice>.<predictor>` metrics instead; headline.figure reads both.
+
+The registered version's description holds the headline figures, the training data and the
+champion decision with its reason; its tags (`heapcast.decision`, `heapcast.beats_baselines`,
+`heapcast.margin.<table>`, ...) filter versions in the registry's search.
 
 Retries, kills and concurrent registrations are safe: see "faults" below (one run and one
 version per trained model; a registration that never finished leaves no version behind), and
@@ -71,46 +70,15 @@ from tasks.learning.outcome import (
     TrainOutcome,
 )
 from tasks.registry import champion as champion_rules
+from tasks.registry import headline
 from tasks.registry.questions import log_questions
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, configure, store_lock
 
-SCORE_METRICS = ("top1", "top5", "log_loss")
 PREDICTORS = (MODEL, *BASELINES)
 DATASET_NAME = "heapcast-events"
 
 
 # ----------------------------------------------------------------------------- metric names
-
-
-def metric_slice(name: str) -> str:
-    """A workload name as a metric-key part: '.', '/' and anything odd become '_'."""
-    s = re.sub(r"[^A-Za-z0-9_-]", "_", name)
-    return s or "_"
-
-
-def metric_key(predictor: str, slice: str, metric: str, table: str = "unseen_runs") -> str:
-    """The stable MLflow metric key of one score: `<table>.<metric>/<slice>.<predictor>`."""
-    if predictor not in PREDICTORS:
-        raise ValueError(f"predictor {predictor!r}: expected one of {PREDICTORS}")
-    if table not in TABLES:
-        raise ValueError(f"table {table!r}: expected one of {TABLES}")
-    return f"{table}.{metric}/{metric_slice(slice)}.{predictor}"
-
-
-def evaluation_metrics(evaluation: Evaluation) -> dict[str, float]:
-    """Every score of every predictor, per slice and table, plus positions and margins."""
-    out: dict[str, float] = {}
-    for s in evaluation.scores:
-        for m in SCORE_METRICS:
-            out[metric_key(s.predictor, s.slice, m, s.table)] = float(getattr(s, m))
-        out[f"{s.table}.positions/{metric_slice(s.slice)}"] = float(s.positions)
-    for table, slice_ in sorted({(s.table, s.slice) for s in evaluation.scores}):
-        try:
-            margin = evaluation.margin_over_best_baseline(slice_, table)
-        except KeyError:
-            continue
-        out[f"{table}.margin_top1/{metric_slice(slice_)}"] = float(margin)
-    return out
 
 
 def curve_key(name: str) -> str:
@@ -342,7 +310,7 @@ class RegistrationResult:
     metric: str
     candidate_score: float
     champion_score: float | None
-    scores: dict[str, float] = field(default_factory=dict)  # every evaluation metric logged
+    scores: dict[str, float] = field(default_factory=dict)  # the headline metrics logged
 
 
 def _dataset_input(outcome: TrainOutcome):
@@ -805,7 +773,9 @@ def register_outcome(
     prior_run, prior_version = claim_registration(
         client, tracking, experiment_id, key, run_name or time.strftime("train-%Y%m%d-%H%M%S")
     )
-    scores = evaluation_metrics(outcome.evaluation)
+    scores = headline.training_metrics(
+        outcome.evaluation, outcome.seconds, outcome.predictions_per_second
+    )
     tags = prior_run.data.tags
     if tags.get(TAG_STATE) == "complete" and TAG_DECISION in tags:
         decision = champion_rules.decision_from_json(tags[TAG_DECISION])
@@ -842,6 +812,9 @@ def register_outcome(
             client, tracking, run_id, version, outcome, evaluate_model, tags, resumed
         )
         champion_rules.log_decision(client, run_id, decision)
+        headline.describe_version(
+            client, tracking.model_name, version, outcome, decision.decision, decision.reason
+        )
         if decision.champion_evaluation is not None:
             mlflow.log_dict(
                 {
@@ -883,6 +856,7 @@ def _log_run_and_model(
 ):
     """Everything of a run up to its model (which registers the version); the ModelInfo."""
     import mlflow
+    from mlflow import MlflowClient
     from mlflow.models import infer_signature
 
     commit, _ = git_commit()
@@ -911,6 +885,9 @@ def _log_run_and_model(
         write_evaluation_tables(outcome.evaluation, tmp_path / "evaluation")
         mlflow.log_artifacts(str(tmp_path / "plots"), "plots")
         mlflow.log_artifacts(str(tmp_path / "evaluation"), "evaluation")
+        headline.log_evaluation_tables(
+            MlflowClient(), mlflow.active_run().info.run_id, outcome.evaluation
+        )
         for key, png in pngs.items():
             mlflow.log_image(_png_as_array(png), key=f"plots/{key}", step=0, synchronous=True)
     log_data_report(report, report_error)
@@ -936,7 +913,7 @@ def _log_run_and_model(
 def _log_metrics(
     client, run_id: str, outcome: TrainOutcome, scores: dict[str, float], dataset, model_id
 ) -> None:
-    """The evaluation (linked to the logged model and the dataset), curves, throughput."""
+    """The headline (linked to the logged model and the dataset) and the curves."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -958,13 +935,6 @@ def _log_metrics(
             Metric(curve_key(name), float(v), now, epoch, run_id=run_id)
             for epoch, v in enumerate(values)
         ]
-    extra = {
-        "train/predictions_per_second": float(outcome.predictions_per_second),
-        "train/seconds": float(outcome.seconds),
-        "data/train_tokens": float(outcome.dataset.train_tokens),
-        "data/eval_tokens": float(outcome.dataset.eval_tokens),
-    }
-    metrics += [Metric(k, v, now, 0, run_id=run_id) for k, v in extra.items()]
     client.log_batch(run_id, metrics=metrics)
 
 
@@ -1090,6 +1060,7 @@ def registered_model(result: RegistrationResult, dataset: DatasetRef) -> Registe
         heldout_runs=tuple(dataset.heldout_runs),
         decision=result.decision,
         reason=result.reason,
+        headline=tuple(sorted(result.scores.items())),
     )
 
 

@@ -70,20 +70,25 @@ every policy whose idle_bytes_mean is within it, per run; a pooled slice pools t
 seed001 and lru by the same rule. So every policy is compared at the same byte budget, which is
 what the Pareto plot shows for all budgets at once.
 
-METRICS, on the registered version's MLflow run: `whatif.<metric>/<workload>.<policy>` with
-metric in hit_rate, idle_bytes_mean, idle_bytes_peak, peak_footprint, fault_bytes_avoided, and
-policy in none, seed002, seed001, lru, belady_optimistic, guided_model, guided_online,
-guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for admit-mode configs; with
-params.horizon > 1, guided_model_optimistic and guided_online_optimistic instead), oracle (hit_rate only), best_heuristic;
-workload `all` pools every run. Plus
-`whatif.oracle_gap/<workload>.<policy>` (the oracle's hit rate minus the policy's).
+MLFLOW, on the registered version's run: the headline (tasks/registry/headline.py)
+`headline/whatif_<causal|optimistic>.hit_rate.<guided_model|best_heuristic|gain>`: the guided
+policy driven by the model against the best heuristic, over all runs (workload `all`), at the
+idle budget; `causal` at horizon 1, the default (a horizon > 1 reads ahead: `optimistic`). The same
+figures as tags of the version. The detail as tables: `whatif/policies.json` (per workload and
+policy, the representative config's hit_rate, idle_bytes_mean, idle_bytes_peak,
+peak_footprint, fault_bytes_avoided, oracle_gap; the `whatif.<metric>/<workload>.<policy>`
+metrics of runs logged before the headline) and `whatif/grid.json` (every row of the table),
+next to `whatif/pareto.png`, `whatif/whatif.md` and `whatif/whatif.csv`.
+Policies in the tables: none, seed002, seed001, lru, belady_optimistic, guided_model,
+guided_online, guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for
+admit-mode configs; with params.horizon > 1, guided_model_optimistic and guided_online_optimistic
+instead), oracle (hit_rate only), best_heuristic; workload `all` pools every run.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -100,6 +105,8 @@ from tasks.core.config import StrictModel, default_root
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel
 from tasks.registry.champion import champion_config
+from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
+from tasks.registry.headline import whatif_metrics as headline_metrics
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target
 from tasks.whatif.policies import GuidedConfig, OracleConfig, PolicyConfig, _Policy
 from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_plot, sweep_run
@@ -248,6 +255,7 @@ class WhatifSummary(StrictModel):
     idle_budget: int
     metrics: dict[str, float] = Field(default_factory=dict)
     at_budget: list[AtBudget] = Field(default_factory=list)  # per workload, `all` last
+    policies: list[dict[str, Any]] = Field(default_factory=list)  # whatif/policies.json
     markdown: str = ""
 
 
@@ -566,23 +574,41 @@ def _kind(config: str) -> str:
     return json.loads(config).get("kind", "?")
 
 
-def metric_name(metric: str, workload: str, label: str) -> str:
-    from tasks.registry.register import metric_slice
-
-    return f"whatif.{metric}/{metric_slice(workload)}.{metric_slice(label)}"
+POLICY_COLUMNS = ("workload", "label", "config", "over_budget", "runs", *METRICS, "oracle_gap")
 
 
-def whatif_metrics(rep: pd.DataFrame) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for r in rep.itertuples(index=False):  # one row per (workload, policy): a few dozen
-        names = ("hit_rate",) if r.label == "oracle" else METRICS
-        for m in names:
-            v = float(getattr(r, m))
-            if math.isfinite(v):
-                out[metric_name(m, r.workload, r.label)] = v
-        if r.label != "oracle" and math.isfinite(float(r.oracle_gap)):
-            out[metric_name("oracle_gap", r.workload, r.label)] = float(r.oracle_gap)
-    return out
+def policy_rows(rep: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per (workload, policy): the representative config and its figures (the table
+    `whatif/policies.json`); the oracle's row holds its hit rate only."""
+    if rep.empty:
+        return []
+    df = rep[list(POLICY_COLUMNS)].rename(columns={"label": "policy"})
+    figures = [m for m in (*METRICS, "oracle_gap") if m != "hit_rate"]
+    df[figures] = df[figures].astype(float)
+    df.loc[df["policy"] == "oracle", figures] = np.nan
+    df = df.astype({"over_budget": bool, "runs": int})
+    # NaN -> None, numpy -> plain; every digit a float64 has
+    return json.loads(df.to_json(orient="records", double_precision=15))
+
+
+def whatif_headline(rep: pd.DataFrame, params: WhatifParams) -> WhatifHeadline | None:
+    """Guided by the model against the best heuristic over all runs; None when nothing ran."""
+    if rep.empty:
+        return None
+    at_all = rep[rep["workload"] == ALL].set_index("label")
+    if "best_heuristic" not in at_all.index:
+        return None
+    # the model's guided policy, named optimistic when it read predictions made after the free
+    name = "guided_model" if params.horizon <= 1 else f"guided_model{OPTIMISTIC}"
+    # a guided policy with no config under the budget is not compared at it: no figure
+    ok = name in at_all.index and not at_all.at[name, "over_budget"]
+    guided = at_all.at[name, "hit_rate"] if ok else None
+    return WhatifHeadline(
+        horizon=params.horizon,
+        idle_budget=params.idle_budget,
+        best_heuristic=float(at_all.at["best_heuristic", "hit_rate"]),
+        guided_model=None if guided is None else float(guided),
+    )
 
 
 def _bytes(v: float) -> str:
@@ -683,6 +709,7 @@ def summarize(
 ) -> WhatifSummary:
     df = results_table(replays, ref)
     rep = representatives(pooled(df), params.idle_budget)
+    head = whatif_headline(rep, params)
     return WhatifSummary(
         model_name=ref.name,
         model_version=ref.version,
@@ -691,7 +718,8 @@ def summarize(
         runs_ok=[f"{r.workload}/{r.run}" for r in replays if r.ok],
         runs_failed={f"{r.workload}/{r.run}": r.error or "failed" for r in replays if not r.ok},
         idle_budget=params.idle_budget,
-        metrics=whatif_metrics(rep),
+        metrics={} if head is None else headline_metrics(head),
+        policies=policy_rows(rep),
         at_budget=at_budget(rep),
         markdown=summary_markdown(rep, replays, ref, params, table_url),
     )
@@ -701,7 +729,8 @@ def summarize(
 def log_to_mlflow(
     summary: WhatifSummary, replays: list[RunReplay], tracking: TrackingConfig
 ) -> None:
-    """Metrics, the Pareto plot, the markdown and the rows on the version's run (whatif/)."""
+    """The headline metrics, the Pareto plot, the markdown and the tables on the version's run
+    (whatif/)."""
     import time
 
     client = _client(tracking)
@@ -724,6 +753,13 @@ def log_to_mlflow(
             )
             df.to_csv(folder / "whatif.csv", index=False)
         client.log_artifacts(run_id, str(folder), "whatif")
+        if frames:
+            log_table(client, run_id, df, "whatif/grid.json")
+    log_table(client, run_id, pd.DataFrame(summary.policies), "whatif/policies.json")
+    for k, v in summary.metrics.items():  # what the predictions bought, on the version page
+        client.set_model_version_tag(
+            summary.model_name, summary.model_version, "heapcast." + k.removeprefix(PREFIX), repr(v)
+        )
     client.set_tag(run_id, "heapcast.whatif", summary.table_url or "")
 
 

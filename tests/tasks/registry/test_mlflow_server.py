@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from tasks.core.config import PROJECT_DIR
-from tasks.registry.register import metric_key, register_outcome
+from tasks.learning.outcome import MODEL, OVERALL
+from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig
 from tests.localhost import alive, free_port
 from tests.tasks.registry.outcome_factory import CONTEXT, make_outcome, tiny_model
@@ -81,9 +82,9 @@ def test_runs_read_back_through_rest(server, registered):
         assert params["config.model.kind"] == "gru"
         assert params["dataset.content_hash"] == outcome.dataset.content_hash
         assert "lib.tensorflow" in params and len(params["code.git_commit"]) == 40
-        for s in outcome.evaluation.scores:
-            assert metrics[metric_key(s.predictor, s.slice, "top1", s.table)] == pytest.approx(
-                s.top1
+        for table in ("unseen_runs", "heldout_workloads"):
+            assert metrics[f"headline/{table}.top1.model"] == pytest.approx(
+                outcome.evaluation.get(MODEL, OVERALL, table).top1
             )
         hist = requests.get(
             f"{api}/metrics/get-history",
@@ -102,6 +103,10 @@ def test_runs_read_back_through_rest(server, registered):
             "plots/confusion_matrix.png",
             "plots/learning_curves.png",
         }
+        files = requests.get(
+            f"{api}/artifacts/list", params={"run_id": res.run_id, "path": "evaluation"}, timeout=60
+        ).json()["files"]
+        assert "evaluation/unseen_runs.json" in {f["path"] for f in files}
         # Artifacts went through the server's proxy into --artifacts-destination.
         assert run["info"]["artifact_uri"].startswith("mlflow-artifacts:/")
 

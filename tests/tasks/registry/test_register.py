@@ -19,12 +19,9 @@ import pytest
 
 from tasks.core.config import PROJECT_DIR, ConfigError, load_config
 from tasks.core.storage import Root
-from tasks.learning.outcome import BASELINES, MODEL, OVERALL, RegisteredModel
+from tasks.learning.outcome import MODEL, OVERALL, RegisteredModel
 from tasks.registry.register import (
-    evaluation_metrics,
     flatten_params,
-    metric_key,
-    metric_slice,
     register,
     register_outcome,
 )
@@ -32,8 +29,6 @@ from tasks.registry.tracking import TrackingConfig, configure, load_tracking_con
 from tasks.report.night import training_report
 from tests.tasks.registry.outcome_factory import (
     CONTEXT,
-    HELDOUT,
-    WORKLOADS,
     make_outcome,
     tiny_model,
 )
@@ -42,35 +37,6 @@ NAME = "heapcast-next-call"
 
 
 # ----------------------------------------------------------------------------- pure units
-
-
-def test_metric_key_scheme_is_stable_and_groups_by_table_and_metric():
-    assert metric_key("model", "all", "top1") == "unseen_runs.top1/all.model"
-    assert metric_key("ngram", "sqlite3", "log_loss", "heldout_workloads") == (
-        "heldout_workloads.log_loss/sqlite3.ngram"
-    )
-    assert metric_slice("gcc-12.cc1/x y") == "gcc-12_cc1_x_y"
-    with pytest.raises(ValueError, match="predictor"):
-        metric_key("lstm", "all", "top1")
-    with pytest.raises(ValueError, match="table"):
-        metric_key("model", "all", "top1", "validation")
-
-
-def test_evaluation_metrics_cover_every_predictor_slice_and_table():
-    ev = make_outcome(None, 0.8).evaluation
-    m = evaluation_metrics(ev)
-    for table, slices in (
-        ("unseen_runs", (OVERALL, *WORKLOADS)),
-        ("heldout_workloads", (OVERALL, *HELDOUT)),
-    ):
-        for s in slices:
-            for p in (MODEL, *BASELINES):
-                for metric in ("top1", "top5", "log_loss"):
-                    assert metric_key(p, s, metric, table) in m
-            assert f"{table}.positions/{s}" in m
-            assert m[f"{table}.margin_top1/{s}"] == pytest.approx(
-                ev.margin_over_best_baseline(s, table)
-            )
 
 
 def test_flatten_params_dots_nested_config():
@@ -210,15 +176,27 @@ def test_dataset_logged_as_mlflow_input(store):
     assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "training"
 
 
-def test_metrics_have_stable_names_for_model_and_baselines(store):
+def test_a_run_carries_the_headline_and_nothing_per_workload(store):
     for res, outcome in zip(store["results"], store["outcomes"]):
         m = store["client"].get_run(res.run_id).data.metrics
-        for s in outcome.evaluation.scores:
-            for metric in ("top1", "top5", "log_loss"):
-                assert m[metric_key(s.predictor, s.slice, metric, s.table)] == pytest.approx(
-                    getattr(s, metric)
-                )
+        ev = outcome.evaluation
+        for table in ("unseen_runs", "heldout_workloads"):
+            model, ngram = ev.get(MODEL, OVERALL, table), ev.get("ngram", OVERALL, table)
+            assert m[f"headline/{table}.top1.model"] == pytest.approx(model.top1)
+            # the factory's best baseline is the n-gram, by top-1 and by log-loss
+            assert m[f"headline/{table}.top1.best_baseline"] == pytest.approx(ngram.top1)
+            assert m[f"headline/{table}.top1.margin"] == pytest.approx(model.top1 - ngram.top1)
+            assert m[f"log_loss/{table}.model"] == pytest.approx(model.log_loss)
+            assert m[f"log_loss/{table}.best_baseline"] == pytest.approx(ngram.log_loss)
         assert m["train/predictions_per_second"] == 12345.0
+        assert m["train/seconds"] == 3.5
+        # the per-workload scores live in tables now (test_artifacts_hold_plots_and_tables)
+        sections = {k.rsplit("/", 1)[0] for k in m}
+        assert sections == {"headline", "log_loss", "train", "promotion"}, sections
+        curves = {f"train/{c}" for c in outcome.history}
+        assert res.scores == {
+            k: v for k, v in m.items() if not k.startswith("promotion/") and k not in curves
+        }
     # The same keys in every run: the compare view lines them up.
     keys = [
         {
@@ -241,6 +219,8 @@ def test_curves_are_logged_per_epoch(store):
 
 
 def test_artifacts_hold_plots_and_tables(store):
+    import mlflow
+
     client, run_id = store["client"], store["results"][0].run_id
     plots = {Path(a.path).name for a in client.list_artifacts(run_id, "plots")}
     assert plots == {
@@ -273,6 +253,19 @@ def test_artifacts_hold_plots_and_tables(store):
         and rows[0]["slice"] == "all"
         and rows[0]["predictor"] == "model"
     )
+    # one table per evaluation table, in log_table's format, listed for the UI's table view
+    for table, workload in (("unseen_runs", "sqlite3"), ("heldout_workloads", "git")):
+        assert f"{table}.json" in tables
+        df = mlflow.load_table(f"evaluation/{table}.json", run_ids=[run_id])
+        ev = store["outcomes"][0].evaluation
+        assert len(df) == len([s for s in ev.scores if s.table == table])
+        row = df[(df["workload"] == workload) & (df["predictor"] == "ngram")].iloc[0]
+        assert row["top1"] == pytest.approx(ev.get("ngram", workload, table).top1)
+        assert row["margin_top1_vs_best_baseline"] == pytest.approx(
+            ev.margin_over_best_baseline(workload, table)
+        )
+    logged = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert {"path": "evaluation/unseen_runs.json", "type": "table"} in logged
     images = [a.path for a in client.list_artifacts(run_id, "images")]
     assert any(p.startswith("images/plots~confusion_matrix+step+0") for p in images)
 
@@ -324,6 +317,25 @@ def test_alias_moves_only_on_improvement_and_decision_is_logged(store):
     promoted_run = client.get_run(better.run_id)
     assert promoted_run.data.metrics["promotion/promoted"] == 1.0
     assert promoted_run.data.params["promotion.decision"] == "promoted"
+
+
+def test_a_version_says_what_it_is_and_why_it_is_or_is_not_champion(store):
+    client = store["client"]
+    worse = client.get_model_version(NAME, "3")
+    text = worse.description
+    assert "Champion decision: **kept**: candidate v3 top1=0.700000; champion v2" in text
+    assert "| unseen_runs | 1,000 | 70.0% | 90.0% (ngram) | -20.0 pts |" in text
+    assert "does not beat ngram on unseen_runs" in text
+    assert "calls of redis, sqlite3 (data c0ffeec0ffee)" in text
+    assert worse.tags["heapcast.decision"] == "kept"
+    assert worse.tags["heapcast.decision_reason"].startswith("candidate v3 top1=0.700000")
+    assert worse.tags["heapcast.best_baseline.unseen_runs"] == "ngram"
+    assert worse.tags["heapcast.margin.heldout_workloads"] == "-0.2000"
+    assert worse.tags["heapcast.beats_baselines"] == "none"
+    # tags a person filters on in the registry's search
+    found = client.search_model_versions(f"name = '{NAME}' and tags.`heapcast.decision` = 'kept'")
+    assert [str(v.version) for v in found] == ["3"]
+    assert "**first**" in client.get_model_version(NAME, "1").description
 
 
 def test_champion_loads_and_predicts_through_keras_and_pyfunc(store):

@@ -62,7 +62,9 @@ def test_real_outcomes_register_and_the_champion_is_rescored_on_new_data(tmp_pat
 
     run = MlflowClient().get_run(second.run_id)
     assert run.data.params["promotion.champion_reevaluated"] == "true"
-    assert run.data.metrics["unseen_runs.top1/all.model"] == pytest.approx(second.candidate_score)
+    assert run.data.metrics["headline/unseen_runs.top1.model"] == pytest.approx(
+        second.candidate_score
+    )
     assert len(MlflowClient().get_metric_history(second.run_id, "train/loss")) == len(
         out_b.history["loss"]
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -113,19 +114,24 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     ):
         assert row in page
     assert "no `model` predictor" not in page  # no model asked for, none missing
-    assert s.metrics["whatif.hit_rate/alpha.none"] == 0.0
-    assert "whatif.hit_rate/all.guided_online" in s.metrics
-    # whatever peeks ahead of the free is named so, in the page and the metric names
-    assert "belady_optimistic" in page and "guided_thread_future_optimistic" in page
-    assert "whatif.hit_rate/all.belady_optimistic" in s.metrics
-    assert not [k for k in s.metrics if k.endswith((".belady", ".guided_labels"))]
-    assert "whatif.idle_bytes_mean/beta.best_heuristic" in s.metrics
+    # the detail, per workload and policy, is the policy table (whatif/policies.json)
+    rows = {(r["workload"], r["policy"]): r for r in s.policies}
+    assert rows[("alpha", "none")]["hit_rate"] == 0.0
+    assert ("all", "guided_online") in rows and ("beta", "best_heuristic") in rows
+    assert rows[("all", "oracle")]["idle_bytes_mean"] is None  # the bound has a hit rate only
     # the oracle bounds every policy under the same budget (one run per workload here)
     for w in ("alpha", "beta"):
-        top = s.metrics[f"whatif.hit_rate/{w}.oracle"]
+        top = rows[(w, "oracle")]["hit_rate"]
         for p in ("seed002", "seed001", "lru", "guided_online", "guided_thread_future_optimistic"):
-            if s.metrics[f"whatif.idle_bytes_mean/{w}.{p}"] <= params.idle_budget:
-                assert s.metrics[f"whatif.hit_rate/{w}.{p}"] <= top + 1e-12
+            if rows[(w, p)]["idle_bytes_mean"] <= params.idle_budget:
+                assert rows[(w, p)]["hit_rate"] <= top + 1e-12
+    # whatever peeks ahead of the free is named so, in the page and the tables
+    assert "belady_optimistic" in page and "guided_thread_future_optimistic" in page
+    assert ("all", "belady_optimistic") in rows
+    assert not [k for k in rows if k[1] in ("belady", "guided_labels")]
+    # the headline: no model here, so the best heuristic only; the default horizon 1 is causal
+    best = rows[("all", "best_heuristic")]["hit_rate"]
+    assert s.metrics == {"headline/whatif_causal.hit_rate.best_heuristic": pytest.approx(best)}
 
 
 def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
@@ -138,25 +144,42 @@ def test_metrics_and_plot_on_the_models_run(replayed, tmp_path):
     client = MlflowClient(target.tracking_uri, target.registry_uri)
     exp = client.get_experiment_by_name(tracking.experiment)
     run_id = client.create_run(exp.experiment_id).info.run_id
-    ref = ModelRef(dataclasses.replace(ref.model, run_id=run_id), ref.runs, None)
+    client.create_registered_model(ref.model.name)
+    version = str(
+        client.create_model_version(ref.model.name, f"runs:/{run_id}/model", run_id).version
+    )
+    ref = ModelRef(dataclasses.replace(ref.model, run_id=run_id, version=version), ref.runs, None)
     s = summarize.fn(replays, ref, params, None)
     log_to_mlflow.fn(s, replays, tracking)
+    # what the predictions bought, on the version's page too
+    tags = client.get_model_version(ref.model.name, version).tags
+    assert float(tags["heapcast.whatif_causal.hit_rate.best_heuristic"]) == pytest.approx(
+        s.metrics["headline/whatif_causal.hit_rate.best_heuristic"]
+    )
 
     logged = client.get_run(run_id).data.metrics
-    assert logged["whatif.hit_rate/alpha.none"] == 0.0
-    for key in (
-        "whatif.hit_rate/alpha.guided_online",
-        "whatif.hit_rate/beta.guided_thread_future_optimistic",
-        "whatif.idle_bytes_peak/all.lru",
-        "whatif.fault_bytes_avoided/alpha.seed002",
-        "whatif.peak_footprint/beta.seed001",
-        "whatif.hit_rate/all.oracle",
-        "whatif.oracle_gap/all.best_heuristic",
-    ):
-        assert key in logged, key
-    assert logged == pytest.approx(s.metrics)
+    assert logged == pytest.approx(s.metrics)  # the headline only: the detail is in tables
     names = {a.path for a in client.list_artifacts(run_id, "whatif")}
-    assert {"whatif/pareto.png", "whatif/whatif.md", "whatif/whatif.csv"} <= names
+    assert {
+        "whatif/pareto.png",
+        "whatif/whatif.md",
+        "whatif/whatif.csv",
+        "whatif/policies.json",
+        "whatif/grid.json",
+    } <= names
+    import mlflow
+
+    policies = mlflow.load_table("whatif/policies.json", run_ids=[run_id])
+    assert len(policies) == len(s.policies)
+    row = policies[(policies["workload"] == "alpha") & (policies["policy"] == "none")].iloc[0]
+    assert row["hit_rate"] == 0.0
+    grid = mlflow.load_table("whatif/grid.json", run_ids=[run_id])
+    assert len(grid) == sum(len(r.rows) for r in replays if r.ok)
+    # a second replay of the same version replaces its tables, never appends to them
+    log_to_mlflow.fn(s, replays, tracking)
+    assert len(mlflow.load_table("whatif/grid.json", run_ids=[run_id])) == len(grid)
+    tables = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert sorted(t["path"] for t in tables) == ["whatif/grid.json", "whatif/policies.json"]
 
 
 def test_params_are_strict():
