@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.storage import Root
-from tasks.learning.reuse import question_evaluation, reuse_lines
+from tasks.learning.questions import question_evaluation  # noqa: E402
+from tasks.learning.reuse import reuse_lines
 from tasks.learning.sequences import load_split
 from tasks.learning.table import write_layer_table
 from tasks.learning.train_config import load_train_config

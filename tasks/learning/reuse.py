@@ -44,8 +44,7 @@ from tasks.learning.labels import (
     request_and_free_classes,
 )
 from tasks.learning.outcome import QuestionScores
-from tasks.learning.sequences import Split
-from tasks.learning.table import ClassTable, TableAgreement, class_table, table_agreement
+from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
 PREDICTORS = ("majority", "class_online", "site_online", "table")
@@ -214,76 +213,6 @@ def question_metrics(scores: list[QuestionScores]) -> dict[str, float]:
         out[f"{s.question}.{s.table}.positions/{sl}"] = float(s.positions)
         out[f"{s.question}.{s.table}.positions_without_site/{sl}"] = float(s.positions_without_site)
     return out
-
-
-@dataclass(frozen=True)
-class QuestionEvaluation:
-    """The allocator's questions scored in the three tables, and the layer's table (built from
-    the training runs) with its coverage and agreement at each table's frees."""
-
-    scores: tuple[QuestionScores, ...]
-    table: ClassTable
-    agreement: tuple[TableAgreement, ...]
-
-
-def question_evaluation(
-    root: Root, split: Split, max_rows: int | None = None
-) -> QuestionEvaluation:
-    """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
-    split's evaluation runs, in the three tables (per workload and pooled as "all"); the
-    majorities from its training runs. `max_rows` caps
-    each evaluation run's events (its first processes in call order), as data.max_eval_tokens
-    caps its tokens."""
-    from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
-    from tasks.learning.outcome import OVERALL
-
-    def events(workload: str, run: str) -> pa.Table:
-        t = read_events(root, workload, run)
-        if max_rows is not None and t.num_rows > max_rows:
-            order, _ = process_order(t)
-            t = t.take(pa.array(np.sort(order[:max_rows])))
-        return t
-
-    from tasks.learning.lifetime import lifetime_answers, lifetime_majority
-
-    train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
-    majority = majority_of(train_events)
-    lifetime_maj = lifetime_majority(train_events)
-    known = class_table(train_events, majority)
-    del train_events
-    scores: list[QuestionScores] = []
-    agreement: list[TableAgreement] = []
-    for table, runs in (
-        (UNSEEN_RUNS, split.evaluation),
-        (UNSEEN_PROGRAMS, split.unseen_programs),
-        (HELDOUT_WORKLOADS, split.heldout),
-    ):
-        # {question: {workload: [answers of each run]}}
-        by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
-        for w, r in sorted({(x.workload, x.run) for x in runs}):
-            t = events(w, r)
-            answers = {
-                QUESTION: reuse_answers(t, majority, known=known),
-                **lifetime_answers(t, lifetime_maj),
-            }
-            for q, a in answers.items():
-                by_q.setdefault(q, {}).setdefault(w, []).append(a)
-        for q, by_workload in by_q.items():
-            for w, answers in by_workload.items():
-                scores += score_answers(answers, table, w, q)
-            pooled = [a for answers in by_workload.values() for a in answers]
-            scores += score_answers(pooled, table, OVERALL, q)
-        frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
-        if frees:
-            agreement.append(
-                table_agreement(
-                    table,
-                    np.concatenate([a.table_covered for a in frees]),
-                    np.concatenate([a.probs["table"] for a in frees]),
-                    np.concatenate([a.probs["class_online"] for a in frees]),
-                )
-            )
-    return QuestionEvaluation(tuple(scores), known, tuple(agreement))
 
 
 QUESTION_TITLES = {

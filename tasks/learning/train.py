@@ -34,7 +34,8 @@ from tasks.learning.evaluate import (
     evaluation_markdown,
 )
 from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, QuestionScores, TrainOutcome
-from tasks.learning.reuse import question_evaluation, question_markdown
+from tasks.learning.questions import question_evaluation
+from tasks.learning.reuse import question_markdown
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
 from tasks.learning.table import ClassTable, TableAgreement
 from tasks.learning.train_config import TrainConfig

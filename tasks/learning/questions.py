@@ -1,0 +1,95 @@
+"""The allocator's two questions scored together: reuse of a freed class (tasks/learning/reuse.py)
+and lifetime of a block (tasks/learning/lifetime.py), every model-free predictor on the split's
+evaluation runs in the three tables, and the layer's table with its coverage and agreement.
+
+Apart from reuse.py and lifetime.py because it needs both, and lifetime.py builds on reuse.py's
+call sites."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.core.storage import Root
+from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
+from tasks.learning.labels import process_order
+from tasks.learning.lifetime import lifetime_answers, lifetime_majority
+from tasks.learning.outcome import OVERALL, QuestionScores
+from tasks.learning.reuse import (
+    QUESTION,
+    ReuseAnswers,
+    majority_of,
+    read_events,
+    reuse_answers,
+    score_answers,
+)
+from tasks.learning.sequences import Split
+from tasks.learning.table import ClassTable, TableAgreement, class_table, table_agreement
+
+
+@dataclass(frozen=True)
+class QuestionEvaluation:
+    """The allocator's questions scored in the three tables, and the layer's table (built from
+    the training runs) with its coverage and agreement at each table's frees."""
+
+    scores: tuple[QuestionScores, ...]
+    table: ClassTable
+    agreement: tuple[TableAgreement, ...]
+
+
+def question_evaluation(
+    root: Root, split: Split, max_rows: int | None = None
+) -> QuestionEvaluation:
+    """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
+    split's evaluation runs, in the three tables (per workload and pooled as "all"); the
+    majorities from its training runs. `max_rows` caps
+    each evaluation run's events (its first processes in call order), as data.max_eval_tokens
+    caps its tokens."""
+
+    def events(workload: str, run: str) -> pa.Table:
+        t = read_events(root, workload, run)
+        if max_rows is not None and t.num_rows > max_rows:
+            order, _ = process_order(t)
+            t = t.take(pa.array(np.sort(order[:max_rows])))
+        return t
+
+    train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
+    majority = majority_of(train_events)
+    lifetime_maj = lifetime_majority(train_events)
+    known = class_table(train_events, majority)
+    del train_events
+    scores: list[QuestionScores] = []
+    agreement: list[TableAgreement] = []
+    for table, runs in (
+        (UNSEEN_RUNS, split.evaluation),
+        (UNSEEN_PROGRAMS, split.unseen_programs),
+        (HELDOUT_WORKLOADS, split.heldout),
+    ):
+        # {question: {workload: [answers of each run]}}
+        by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
+        for w, r in sorted({(x.workload, x.run) for x in runs}):
+            t = events(w, r)
+            answers = {
+                QUESTION: reuse_answers(t, majority, known=known),
+                **lifetime_answers(t, lifetime_maj),
+            }
+            for q, a in answers.items():
+                by_q.setdefault(q, {}).setdefault(w, []).append(a)
+        for q, by_workload in by_q.items():
+            for w, answers in by_workload.items():
+                scores += score_answers(answers, table, w, q)
+            pooled = [a for answers in by_workload.values() for a in answers]
+            scores += score_answers(pooled, table, OVERALL, q)
+        frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
+        if frees:
+            agreement.append(
+                table_agreement(
+                    table,
+                    np.concatenate([a.table_covered for a in frees]),
+                    np.concatenate([a.probs["table"] for a in frees]),
+                    np.concatenate([a.probs["class_online"] for a in frees]),
+                )
+            )
+    return QuestionEvaluation(tuple(scores), known, tuple(agreement))
