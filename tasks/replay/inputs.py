@@ -812,3 +812,130 @@ def generate_input(generator: str, seed: int, size: int, dest: str | Path) -> li
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     return gen(seed, size, dest)
+
+
+# Workloads where the choice of allocator matters (issue 22); registered below, after the others.
+#   numpy_temporaries  workload.py: `(a * b) ** 2 + 3` on large float64 arrays   [thousands of elements]
+#   keras_gru          train.py: a small Keras GRU trained on token windows    [windows]
+
+_NUMPY_TEMPORARIES_TEMPLATE = '''\
+"""heapcast workload (generated, seed {seed}, size {size}): numpy's large temporaries (seed 002).
+
+`(a * b) ** 2 + 3` on float64 arrays of {n} and {m} elements, {rounds} rounds alternating
+between the two sizes, {iterations} iterations a round: every iteration allocates and frees
+two temporaries of 8 bytes an element, from malloc, which is where allocators differ (mmap per
+block and page faults on every first touch, or memory kept and reused). Prints a checksum of
+the results' bits, the same whatever the allocator. numpy is imported from its folder (argv[1]),
+as in the numpy_stack workload, so host and image run the same code.
+"""
+import importlib.util
+import random
+import secrets
+import sys
+
+SEED = {seed}
+secrets.randbits = random.Random(SEED).getrandbits  # numpy.random's import-time seed, fixed
+
+NUMPY_DIR = sys.argv[1]
+_spec = importlib.util.spec_from_file_location(
+    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
+)
+np = importlib.util.module_from_spec(_spec)
+sys.modules["numpy"] = np
+_spec.loader.exec_module(np)
+
+rng = np.random.default_rng(SEED)
+pairs = [(rng.random(n), rng.random(n)) for n in ({n}, {m})]
+checksum = 0
+for r in range({rounds}):
+    a, b = pairs[r % 2]
+    for _ in range({iterations}):
+        out = (a * b) ** 2 + 3
+        bits = int(np.bitwise_xor.reduce(out.view(np.uint64)[::4099]))
+        checksum = (checksum * 1000003 + bits) % 2**64
+print("heapcast numpy temporaries done", {n}, {m}, {rounds}, {iterations}, hex(checksum))
+'''
+
+
+def gen_numpy_temporaries(seed: int, size: int, dest: Path) -> list[str]:
+    """Seed 002's case: large temporaries of numpy expressions; `size` thousands of elements
+    for the larger pair of arrays, the other pair two thirds of it."""
+    rng = random.Random(seed)
+    n = size * 1000
+    text = _NUMPY_TEMPORARIES_TEMPLATE.format(
+        seed=seed,
+        size=size,
+        n=n,
+        m=n * 2 // 3,
+        rounds=4,
+        iterations=rng.randint(20, 30),
+    )
+    (dest / "workload.py").write_text(text)
+    return ["workload.py"]
+
+
+_KERAS_GRU_TEMPLATE = '''\
+"""heapcast workload (generated, seed {seed}, size {size}): Keras training (seed 003).
+
+A small recurrent network like heapcast's own predictor: an embedding of 64 heap-call tokens, a
+GRU of 64 and one of 32 units, a softmax over the next token, trained for {epochs} epoch(s) on
+{windows} windows of {window} tokens drawn from a seeded Markov chain. TensorFlow allocates and
+frees tensors from many threads on every step: the seed's training slowed by the system
+allocator. Op determinism is on, so the printed losses are the same run to run and under any
+allocator.
+"""
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU alone, same on any host
+
+import numpy as np
+import keras
+import tensorflow as tf
+
+SEED = {seed}
+keras.utils.set_random_seed(SEED)
+tf.config.experimental.enable_op_determinism()
+
+rng = np.random.default_rng(SEED)
+# a Markov chain over 64 tokens whose rows favour a few successors, as heap calls do
+weights = rng.random((64, 64)) ** 8
+cum = np.cumsum(weights / weights.sum(axis=1, keepdims=True), axis=1)
+length = {windows} + {window}
+seq = np.empty(length, dtype=np.int32)
+seq[0] = 0
+draws = rng.random(length)
+for i in range(1, length):
+    seq[i] = min(int(np.searchsorted(cum[seq[i - 1]], draws[i])), 63)
+x = np.lib.stride_tricks.sliding_window_view(seq[:-1], {window})[: {windows}]
+y = seq[{window} : {window} + {windows}]
+
+model = keras.Sequential(
+    [
+        keras.Input(shape=({window},), dtype="int32"),
+        keras.layers.Embedding(64, 16),
+        keras.layers.GRU(64, return_sequences=True),
+        keras.layers.GRU(32),
+        keras.layers.Dense(64, activation="softmax"),
+    ]
+)
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+history = model.fit(x, y, batch_size=128, epochs={epochs}, shuffle=True, verbose=0)
+losses = " ".join(f"{{v:.4f}}" for v in history.history["loss"])
+print("heapcast keras gru done", {windows}, {epochs}, losses)
+'''
+
+
+def gen_keras_gru(seed: int, size: int, dest: Path) -> list[str]:
+    """Seed 003's case: Keras training of a small GRU on `size` token windows of 100 (one
+    epoch up to 2000 windows, two above)."""
+    text = _KERAS_GRU_TEMPLATE.format(
+        seed=seed, size=size, windows=size, window=100, epochs=1 if size <= 2000 else 2
+    )
+    (dest / "train.py").write_text(text)
+    return ["train.py"]
+
+
+GENERATORS["numpy_temporaries"] = gen_numpy_temporaries
+GENERATORS["keras_gru"] = gen_keras_gru

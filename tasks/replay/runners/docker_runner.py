@@ -145,6 +145,8 @@ class DockerRunner(Runner):
         }
         if request.tracer is not None:
             mounts[str(request.tracer.resolve())] = {"bind": str(SANDBOX_TRACER), "mode": "ro"}
+        for host, target in w.host_mounts():
+            mounts[str(host)] = {"bind": target, "mode": "ro"}
         if request.measure_dir is not None:
             tool = build_measure_tool()
             mounts[str(tool)] = {"bind": str(SANDBOX_MEASURE_TOOL), "mode": "ro"}

@@ -356,6 +356,8 @@ def bwrap_argv(
     ]
     if request.tracer is not None:
         args += ["--ro-bind", str(request.tracer.resolve()), str(SANDBOX_TRACER)]
+    for host, target in request.workload.host_mounts():
+        args += ["--ro-bind", str(host), target]
     if measure_tool is not None and request.measure_dir is not None:
         args += ["--ro-bind", str(measure_tool), str(SANDBOX_MEASURE_TOOL)]
         args += ["--bind", str(request.measure_dir.resolve()), str(SANDBOX_MEASURE)]
