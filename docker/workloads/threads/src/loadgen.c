@@ -129,6 +129,12 @@ int main(int argc, char **argv)
     for (long c = 0; c < clients; c++)
         pthread_join(tid[c], NULL);
     free(tid);
+    /* the totals first, flushed: the server prints its own line once it has shut down, and
+     * the two share the workload's standard output, so this order is the only one */
+    printf("hc-loadgen clients=%ld sessions=%ld requests=%llu reply_bytes=%llu checksum=%016llx\n",
+           clients, sessions, (unsigned long long)atomic_load(&sent),
+           (unsigned long long)atomic_load(&reply_bytes), (unsigned long long)atomic_load(&checksum));
+    fflush(stdout);
     int fd = dial();
     struct kv_request rq = {.op = KV_SHUTDOWN};
     size_t cap = 0;
@@ -136,8 +142,5 @@ int main(int argc, char **argv)
     call(fd, &rq, NULL, &buf, &cap);
     free(buf);
     close(fd);
-    printf("hc-loadgen clients=%ld sessions=%ld requests=%llu reply_bytes=%llu checksum=%016llx\n",
-           clients, sessions, (unsigned long long)atomic_load(&sent),
-           (unsigned long long)atomic_load(&reply_bytes), (unsigned long long)atomic_load(&checksum));
     return 0;
 }
