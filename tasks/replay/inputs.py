@@ -873,3 +873,72 @@ def prepare_input_dir(generator: str, seed: int, size: int, scratch: Path) -> Pa
         path = input_dir / f
         path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
     return input_dir
+
+
+# Workloads where the choice of allocator matters (issue 22); registered below, after the others.
+#   keras_gru          train.py: a small Keras GRU trained on token windows    [windows]
+
+_KERAS_GRU_TEMPLATE = '''\
+"""heapcast workload (generated, seed {seed}, size {size}): Keras training (seed 003).
+
+A small recurrent network like heapcast's own predictor: an embedding of 64 heap-call tokens, a
+GRU of 64 and one of 32 units, a softmax over the next token, trained for {epochs} epoch(s) on
+{windows} windows of {window} tokens drawn from a seeded Markov chain. TensorFlow allocates and
+frees tensors from many threads on every step: the seed's training slowed by the system
+allocator. Op determinism is on, so the printed losses are the same run to run and under any
+allocator.
+"""
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU alone, same on any host
+
+import numpy as np
+import keras
+import tensorflow as tf
+
+SEED = {seed}
+keras.utils.set_random_seed(SEED)
+tf.config.experimental.enable_op_determinism()
+
+rng = np.random.default_rng(SEED)
+# a Markov chain over 64 tokens whose rows favour a few successors, as heap calls do
+weights = rng.random((64, 64)) ** 8
+cum = np.cumsum(weights / weights.sum(axis=1, keepdims=True), axis=1)
+length = {windows} + {window}
+seq = np.empty(length, dtype=np.int32)
+seq[0] = 0
+draws = rng.random(length)
+for i in range(1, length):
+    seq[i] = min(int(np.searchsorted(cum[seq[i - 1]], draws[i])), 63)
+x = np.lib.stride_tricks.sliding_window_view(seq[:-1], {window})[: {windows}]
+y = seq[{window} : {window} + {windows}]
+
+model = keras.Sequential(
+    [
+        keras.Input(shape=({window},), dtype="int32"),
+        keras.layers.Embedding(64, 16),
+        keras.layers.GRU(64, return_sequences=True),
+        keras.layers.GRU(32),
+        keras.layers.Dense(64, activation="softmax"),
+    ]
+)
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+history = model.fit(x, y, batch_size=128, epochs={epochs}, shuffle=True, verbose=0)
+losses = " ".join(f"{{v:.4f}}" for v in history.history["loss"])
+print("heapcast keras gru done", {windows}, {epochs}, losses)
+'''
+
+
+def gen_keras_gru(seed: int, size: int, dest: Path) -> list[str]:
+    """Seed 003's case: Keras training of a small GRU on `size` token windows of 100 (one
+    epoch up to 2000 windows, two above)."""
+    text = _KERAS_GRU_TEMPLATE.format(
+        seed=seed, size=size, windows=size, window=100, epochs=1 if size <= 2000 else 2
+    )
+    (dest / "train.py").write_text(text)
+    return ["train.py"]
+
+
+GENERATORS["keras_gru"] = gen_keras_gru

@@ -167,6 +167,8 @@ class DockerRunner(Runner):
             mounts[str(request.probe.resolve())] = {"bind": str(SANDBOX_PROBE), "mode": "ro"}
         for lib in request.host_libraries:
             mounts[str(lib.resolve())] = {"bind": str(SANDBOX_LIB / lib.name), "mode": "ro"}
+        for host, target in w.host_mounts():
+            mounts[str(host)] = {"bind": target, "mode": "ro"}
         if request.measure_dir is not None:
             tool = build_measure_tool()
             mounts[str(tool)] = {"bind": str(SANDBOX_MEASURE_TOOL), "mode": "ro"}

@@ -380,6 +380,8 @@ def bwrap_argv(
         args += ["--ro-bind", str(request.probe.resolve()), str(SANDBOX_PROBE)]
     for lib in request.host_libraries:
         args += ["--ro-bind", str(lib.resolve()), str(SANDBOX_LIB / lib.name)]
+    for host, target in request.workload.host_mounts():
+        args += ["--ro-bind", str(host), target]
     if measure_tool is not None and request.measure_dir is not None:
         args += ["--ro-bind", str(measure_tool), str(SANDBOX_MEASURE_TOOL)]
         args += ["--bind", str(request.measure_dir.resolve()), str(SANDBOX_MEASURE)]
