@@ -312,6 +312,21 @@ class TuneConfig(StrictModel):
     warmup: int = Field(default=1, ge=0)
 
 
+class SeedCasesConfig(StrictModel):
+    """The seeds' two cases (issue 21) measured side by side: the four mallocs and the layer's
+    policies, `repetitions` rotated rounds (the weekly flow), `quick_repetitions` in the quick
+    night (fewer than a rank test needs: the summary says so)."""
+
+    workloads: list[Name] = Field(min_length=1)
+    inputs: list[Name] = Field(min_length=1)
+    allocators: list[Name] = Field(min_length=2)
+    repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    quick_repetitions: int = Field(default=3, ge=1)
+    # what the guided layer bought: its median against each of these (same case, same night)
+    guided: Name = "layer-guided"
+    unguided: list[Name] = Field(default_factory=lambda: ["layer-seed002", "glibc"])
+
+
 class AllocatorsConfig(StrictModel):
     allocators: list[Allocator] = Field(min_length=1)
     baseline: Name = "glibc"
@@ -328,6 +343,23 @@ class AllocatorsConfig(StrictModel):
     rule: RecommendationRule = RecommendationRule()
     large_block_bytes: int = Field(default=128 * 1024, ge=1)
     tune: TuneConfig | None = None
+    seeds: SeedCasesConfig | None = None
+
+    @model_validator(mode="after")
+    def _seed_allocators_listed(self) -> AllocatorsConfig:
+        if self.seeds is None:
+            return self
+        s = self.seeds
+        wanted = [*s.allocators, s.guided, *s.unguided]
+        unknown = sorted({n for n in wanted if n not in self.names()})
+        if unknown:
+            raise ValueError(
+                f"seeds: {', '.join(unknown)} not among the allocators ({', '.join(self.names())})"
+            )
+        outside = sorted({n for n in (s.guided, *s.unguided, self.baseline)} - set(s.allocators))
+        if outside:
+            raise ValueError(f"seeds.allocators must include {', '.join(outside)} (compared)")
+        return self
 
     @model_validator(mode="after")
     def _tune_candidates_listed(self) -> AllocatorsConfig:
