@@ -347,8 +347,8 @@ class AllocatorsConfig(StrictModel):
 
     @model_validator(mode="after")
     def _seed_allocators_listed(self) -> AllocatorsConfig:
-        if self.seeds is None:
-            return self
+        if self.seeds is None or self.baseline not in self.names():
+            return self  # an unknown baseline is said by _baseline_listed
         s = self.seeds
         wanted = [*s.allocators, s.guided, *s.unguided]
         unknown = sorted({n for n in wanted if n not in self.names()})
