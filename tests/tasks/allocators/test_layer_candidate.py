@@ -173,3 +173,12 @@ def test_the_layer_measured_in_docker_is_verified_loaded_and_its_counters_read(
     assert layer.layer_processes == 1 and by["glibc"].layer_processes is None
     assert layer.layer_hits + layer.layer_misses > 0 and layer.layer_double_frees == 0
     assert layer.layer_bytes_kept_peak > 0
+
+
+def test_the_nights_seeds_option_is_off_by_default_and_quick_with_the_quick_night():
+    from tasks.nightly.params import NightlyParams
+
+    assert NightlyParams().stages().seeds is None
+    seeds = NightlyParams(seeds=True, quick=True, root="/tmp/r").stages().seeds
+    assert seeds is not None and seeds.quick and seeds.root == "/tmp/r"
+    assert NightlyParams(seeds=True, root="/tmp/r").stages().seeds.quick is False
