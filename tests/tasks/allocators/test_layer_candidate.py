@@ -4,6 +4,8 @@ the probe, its counters read, and the seeds' cases summed up in one line of ms a
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from pydantic import ValidationError
 
@@ -182,3 +184,25 @@ def test_the_nights_seeds_option_is_off_by_default_and_quick_with_the_quick_nigh
     seeds = NightlyParams(seeds=True, quick=True, root="/tmp/r").stages().seeds
     assert seeds is not None and seeds.quick and seeds.root == "/tmp/r"
     assert NightlyParams(seeds=True, root="/tmp/r").stages().seeds.quick is False
+
+
+def test_heapcast_tune_measures_a_layer_candidate_verified_with_its_counters(tmp_path):
+    """`heapcast tune` on this host: the layer preloaded from native/build, verified by the
+    probe (its HEAPCAST_LAYER with the stats file in each run's folder), counters read."""
+    from tasks.allocators.measure import build_layers
+    from tasks.allocators.tune import tune
+
+    build_layers([CFG.get("layer-seed002")])
+    prog = tmp_path / "prog.py"
+    # 8 MiB blocks: above the layer's 128 KiB and glibc's first mmap threshold
+    prog.write_text("for i in range(40):\n    b = bytearray(8 << 20)\nprint('done')\n")
+    out = tune(
+        [sys.executable, str(prog)],
+        CFG,
+        candidates=["glibc", "layer-seed002"],
+        repetitions=5,
+        max_repetitions=5,
+    )
+    layer = [s for s in out.measurements.samples if s.allocator == "layer-seed002"]
+    assert len(layer) == 5 and all(s.ok and s.applied for s in layer), [s.error for s in layer]
+    assert all(s.layer_processes == 1 and s.layer_hits > 0 for s in layer)
