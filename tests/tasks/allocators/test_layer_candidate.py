@@ -206,3 +206,64 @@ def test_heapcast_tune_measures_a_layer_candidate_verified_with_its_counters(tmp
     layer = [s for s in out.measurements.samples if s.allocator == "layer-seed002"]
     assert len(layer) == 5 and all(s.ok and s.applied for s in layer), [s.error for s in layer]
     assert all(s.layer_processes == 1 and s.layer_hits > 0 for s in layer)
+
+
+@pytest.fixture(scope="module")
+def numpy_image(engine):
+    from tasks.replay.images import build_all
+
+    return build_all(["numpy"], host=engine)[-1]
+
+
+@pytest.mark.integration
+def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_the_models_run(
+    numpy_image, tmp_path
+):
+    """Both seeds' cases (numpy_temporaries, numpy_training_loop: seed 001's loop) under glibc,
+    layer-seed002 and layer-guided, one quick round: every run verified with the same output,
+    the layer's counters in the samples Parquet, a line per case, the figures on a model's run."""
+    import mlflow
+    import pyarrow.parquet as pq
+
+    from tasks.allocators.report import write_outcome
+    from tasks.allocators.seeds import log_on_model_run, measure_seed_cases, seed_config
+    from tasks.registry.tracking import TrackingConfig, configure
+
+    w = load_catalog_workload("numpy_training_loop")
+    assert [i.name for i in w.inputs] == ["small", "medium"] and not any(i.quick for i in w.inputs)
+    assert w.deterministic
+    seeds = CFG.seeds.model_copy(
+        update={"allocators": ["glibc", "layer-seed002", "layer-guided"], "quick_repetitions": 1}
+    )
+    cfg = CFG.model_copy(update={"seeds": seeds, "warmup": 0})
+    root = Root.from_url(str(tmp_path / "root"))
+    m = measure_seed_cases.fn(root, cfg, True, "docker")
+    assert {c.label for c in m.cases} == {"numpy_temporaries", "numpy_training_loop"}
+    assert m.repetitions == 1 and len(m.samples) == 2 * 3
+    assert all(s.ok and s.applied for s in m.samples), [s.error for s in m.samples]
+    for case in ("numpy_temporaries", "numpy_training_loop"):
+        outputs = {s.stdout_sha256 for s in m.samples if s.case == case}
+        assert len(outputs) == 1  # the layer never changes the output
+        hits = [s.layer_hits for s in m.samples if s.case == case and s.allocator != "glibc"]
+        assert all(h is not None and h > 0 for h in hits), (case, hits)
+    tracking = TrackingConfig(root=str(tmp_path / "root"))
+    out = write_outcome(root, m, seed_config(cfg), to_mlflow=False, tracking=tracking)
+    samples = pq.read_table(out.samples_path).to_pandas()
+    assert (samples.loc[samples["allocator"] == "layer-seed002", "layer_hits"] > 0).all()
+    lines = seed_lines(m, cfg)
+    assert [line.case for line in lines] == ["numpy_temporaries", "numpy_training_loop"]
+    assert all(" ms " in line.text() and " MB" in line.text() for line in lines)
+    # the registered model's run gets the figures (what the online counter bought, said so)
+    configure(tracking)
+    with mlflow.start_run() as run:
+        pass
+    log_on_model_run.fn(lines, tracking, run.info.run_id)
+    got = mlflow.get_run(run.info.run_id).data
+    assert "layer.numpy_temporaries.layer-guided_vs_layer-seed002.wall_ms" in got.metrics
+    assert got.tags["heapcast.layer.bought"].startswith("online counter vs no prediction")
+
+
+def load_catalog_workload(name: str):
+    from tasks.replay.workloads import load_catalog
+
+    return load_catalog().get(name)
