@@ -74,6 +74,8 @@ def measure_seeds(
     measured = measure_seed_cases(root, config, params.quick, kind, params.catalog)
     published = publish(measured, root, seeds, to_mlflow=params.mlflow, tracking=tracking)
     outcome = summarize_seed_cases(measured, config, published)
+    if published.mlflow_run_id is not None:  # the measurement's run, heapcast-allocators
+        log_on_model_run(outcome.lines, tracking, published.mlflow_run_id)
     if model_run_id is not None and params.mlflow:
         log_on_model_run(outcome.lines, tracking, model_run_id)
         outcome = outcome.model_copy(update={"model_run_id": model_run_id})
@@ -94,6 +96,13 @@ def allocators(params: AllocatorsParams = AllocatorsParams()) -> AllocatorsOutco
     """Measure the selected workloads under every configured allocator; publish the answers."""
     root = Root.from_url(params.root)  # resolved once, here; the tasks take the Root
     return measure_allocators(params, root, tracking_for(root))
+
+
+@flow(name="seed-cases")
+def seed_cases(params: AllocatorsParams = AllocatorsParams()) -> SeedsOutcome:
+    """The seeds' two cases under the mallocs and heapcast's layer (weekly, prefect.yaml)."""
+    root = Root.from_url(params.root)  # resolved once, here; the tasks take the Root
+    return measure_seeds(params, root, tracking_for(root))
 
 
 if __name__ == "__main__":
@@ -119,8 +128,7 @@ if __name__ == "__main__":
         p["root"] = a.root
     if a.seeds:
         params = AllocatorsParams(**p)
-        root = Root.from_url(params.root)
-        seeded = seed_cases_with(params, root, tracking_for(root))
+        seeded = seed_cases(params)
         print(seeded.markdown())
         print(f"results: {seeded.allocators.report_dir}")
         raise SystemExit(1 if seeded.allocators.failed else 0)

@@ -215,8 +215,9 @@ def summarize_seed_cases(
 
 @task(name="seed-cases-to-model-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10)
 def log_on_model_run(lines: list[SeedLine], tracking: TrackingConfig, run_id: str) -> None:
-    """The figures on the registered model's MLflow run (metrics `layer.*`, and the lines as
-    the tag `heapcast.layer.bought`, saying the predictor is the online counter)."""
+    """The figures on an MLflow run, the registered model's or the measurement's own (metrics
+    `layer.*`, and the lines as the tag `heapcast.layer.bought`, saying the predictor is the
+    online counter)."""
     from tasks.registry.tracking import configure
 
     configure(tracking)
