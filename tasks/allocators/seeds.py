@@ -60,7 +60,8 @@ class SeedLine(BaseModel):
 
     def text(self) -> str:
         few = (
-            f", {self.repetitions} rounds only (quick: too few for the rank test)"
+            f", {self.repetitions} round{'s' if self.repetitions > 1 else ''} only (quick: "
+            "too few for the rank test)"
             if self.repetitions < MIN_REPETITIONS
             else f", {self.repetitions} rounds"
         )
