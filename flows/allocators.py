@@ -7,6 +7,7 @@ Results under `<root>/allocators/` (summary and samples Parquet, the markdown ta
 
 python -m flows.allocators                       # the workloads' medium inputs, runner auto
 python -m flows.allocators sqlite3 --runner local
+python -m flows.allocators --seeds [--quick]      # the seeds' two cases, mallocs and the layer
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from tasks.allocators import (
     load_allocators_config,
     measure_all,
     publish,
+)
+from tasks.allocators.seeds import (
+    SeedsOutcome,
+    log_on_model_run,
+    measure_seed_cases,
+    seed_config,
+    summarize_seed_cases,
 )
 from tasks.core.storage import Root
 from tasks.registry.tracking import TrackingConfig, tracking_for
@@ -43,6 +51,40 @@ def measure_allocators(
     return publish(measured, root, config, to_mlflow=params.mlflow, tracking=tracking)
 
 
+def measure_seeds(
+    params: AllocatorsParams,
+    root: Root,
+    tracking: TrackingConfig,
+    model_run_id: str | None = None,
+) -> SeedsOutcome:
+    """The seeds' two cases under the mallocs and heapcast's layer (configs/allocators.yaml,
+    `seeds`; `params.quick`: its quick_repetitions), published like any allocators measurement,
+    summed up per case in ms and MB, and logged on the model's run when `model_run_id`."""
+    log = get_run_logger()
+    config = load_allocators_config(params.config)
+    seeds = seed_config(config)
+    kind, why = resolve_runner_kind(params.runner)
+    log.info(why)
+    if kind == "docker":
+        build_images(
+            images_for(
+                seeds, config.seeds.workloads if config.seeds else None, False, params.catalog
+            )
+        )
+    measured = measure_seed_cases(root, config, params.quick, kind, params.catalog)
+    published = publish(measured, root, seeds, to_mlflow=params.mlflow, tracking=tracking)
+    outcome = summarize_seed_cases(measured, config, published)
+    if published.mlflow_run_id is not None:  # the measurement's run, heapcast-allocators
+        log_on_model_run(outcome.lines, tracking, published.mlflow_run_id)
+    if model_run_id is not None and params.mlflow:
+        log_on_model_run(outcome.lines, tracking, model_run_id)
+        outcome = outcome.model_copy(update={"model_run_id": model_run_id})
+    return outcome
+
+
+seed_cases_with = flow(name="seed-cases")(measure_seeds)
+
+
 # The default task runner on purpose: the measurement is one task whose runs are sequential by
 # design (two measured runs at once would measure each other).
 # The same flow for a caller that has resolved the root and the tracking config (the nightly).
@@ -56,6 +98,13 @@ def allocators(params: AllocatorsParams = AllocatorsParams()) -> AllocatorsOutco
     return measure_allocators(params, root, tracking_for(root))
 
 
+@flow(name="seed-cases")
+def seed_cases(params: AllocatorsParams = AllocatorsParams()) -> SeedsOutcome:
+    """The seeds' two cases under the mallocs and heapcast's layer (weekly, prefect.yaml)."""
+    root = Root.from_url(params.root)  # resolved once, here; the tasks take the Root
+    return measure_seeds(params, root, tracking_for(root))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="which allocator suits each workload, measured")
     ap.add_argument("workloads", nargs="*", help="workload names (default: all)")
@@ -64,6 +113,9 @@ if __name__ == "__main__":
     ap.add_argument("--root", default=None, help="data root (fsspec URL)")
     ap.add_argument("--config", default=None, help="allocators config (configs/allocators.yaml)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
+    ap.add_argument(
+        "--seeds", action="store_true", help="the seeds' two cases under the mallocs and the layer"
+    )
     a = ap.parse_args()
     p = dict(
         workloads=a.workloads or None,
@@ -74,6 +126,12 @@ if __name__ == "__main__":
     )
     if a.root:
         p["root"] = a.root
+    if a.seeds:
+        params = AllocatorsParams(**p)
+        seeded = seed_cases(params)
+        print(seeded.markdown())
+        print(f"results: {seeded.allocators.report_dir}")
+        raise SystemExit(1 if seeded.allocators.failed else 0)
     outcome = allocators(AllocatorsParams(**p))
     print(outcome.markdown)
     print(f"results: {outcome.report_dir}")

@@ -27,12 +27,13 @@ import time
 
 from prefect import flow
 
-from flows.allocators import allocators_with
+from flows.allocators import allocators_with, seed_cases_with
 from flows.dataset import dataset_with
 from flows.trace import trace_with
 from flows.train import train_with
 from flows.whatif import whatif_with
 from tasks.allocators import AllocatorsOutcome
+from tasks.allocators.seeds import SeedsOutcome
 from tasks.learning.outcome import TrainResult
 from tasks.nightly.params import NightlyParams
 from tasks.nightly.summary import (
@@ -101,6 +102,22 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
         if stages.allocators is not None
         else []
     )
+    # Only with the `seeds` option: what heapcast's layer buys on the seeds' two cases, measured
+    # (logged on tonight's model's run when one was registered).
+    if stages.seeds is not None:
+        measured.append(
+            stage_outcome(
+                "seeds",
+                seed_cases_with(
+                    stages.seeds,
+                    ctx.root,
+                    ctx.tracking,
+                    model.run_id if model is not None else None,
+                    return_state=True,
+                ),
+                SeedsOutcome,
+            )
+        )
     summary = summarize(
         ctx,
         [traced, converted, trained, replayed, *measured],
@@ -120,12 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=None, help="data root: a folder or an s3:// URL")
     ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
     ap.add_argument("--allocators", action="store_true", help="also run the allocators stage, last")
+    ap.add_argument(
+        "--seeds", action="store_true", help="also measure the seeds' two cases under the layer"
+    )
     a = ap.parse_args(argv)
     params = NightlyParams(
         root=a.root,
         quick=a.quick,
         trace={"runner": a.runner},
         allocators=a.allocators,
+        seeds=a.seeds,
         allocators_params={"runner": a.runner},
     )
     t0 = time.monotonic()

@@ -46,7 +46,7 @@ static long long start_cpu_ns;
 /* The environment variables that choose or tune an allocator, recorded as the process saw them. */
 static const char *const KNOBS[] = {
     "GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_CONF", "TCMALLOC_RELEASE_RATE",
-    "MIMALLOC_ARENA_EAGER_COMMIT", "MIMALLOC_PURGE_DELAY",
+    "MIMALLOC_ARENA_EAGER_COMMIT", "MIMALLOC_PURGE_DELAY", "HEAPCAST_LAYER", /* heapcast's layer */
 };
 
 struct line {

@@ -14,6 +14,9 @@ Open `measure` first (how runs are made side by side, each verified in force by
 tasks.replay.runners.preload), then `stats` (checks and the rule) over `decide` (the rank test,
 Holm's correction, the margin's interval), `heap` (features from the events), `report` (what is
 written). `tune` is `heapcast tune -- PROGRAM`: any program on this host, the same analysis.
+`seeds` measures the seeds' two cases (numpy_temporaries, numpy_training_loop) under the mallocs
+and heapcast's layer (`kind: layer` candidates) and says per case, in ms and MB, what the guided
+layer bought (flows.allocators `--seeds`, the night's `seeds` option).
 A flow composes:
 
     cfg = load_allocators_config()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
+from tasks.replay.runners.base import MEASURE_PLACEHOLDER
 from tasks.replay.runners.preload import PreloadSpec
 from tasks.replay.workloads import Name
 
@@ -44,7 +46,26 @@ KNOB_OWNERS = {
     "MALLOC_ARENA_MAX": "glibc",
     "MALLOC_CONF": "jemalloc",
     "TCMALLOC_RELEASE_RATE": "tcmalloc",
+    "HEAPCAST_LAYER": "layer",
 }
+# The layer's settings a candidate may give in HEAPCAST_LAYER (HL_OPTIONS in
+# native/layers/layer.c); `stats` is not among them: the stage sets it per run, to collect the
+# layer's counters into the run's measure folder.
+LAYER_OPTIONS = {
+    "policy",
+    "min",
+    "cap",
+    "n",
+    "madv",
+    "decay",
+    "topk",
+    "horizon",
+    "predictor",
+    "model",
+}
+LAYER_POLICIES = {"seed002", "seed001", "guided", "off"}
+# Where a layer run writes its counters, in the run's measure folder.
+LAYER_STATS = "layer-stats"
 
 
 def _int(text: str, what: str, lo: int) -> int:
@@ -93,6 +114,27 @@ def check_knob(key: str, value: str) -> None:
             raise ValueError(f"TCMALLOC_RELEASE_RATE: {value!r} is not a number") from None
         if not math.isfinite(rate) or rate < 0:
             raise ValueError(f"TCMALLOC_RELEASE_RATE: {value!r} must be 0 or more")
+    elif key == "HEAPCAST_LAYER":
+        names = []
+        for pair in value.split(","):
+            name, eq, val = pair.partition("=")
+            if name == "stats":
+                raise ValueError(
+                    "HEAPCAST_LAYER: `stats` is set by the stage (the layer's counters go to each "
+                    "run's measure folder); leave it out"
+                )
+            if not eq or name not in LAYER_OPTIONS or not val:
+                raise ValueError(
+                    f"HEAPCAST_LAYER: {pair!r} is not NAME=VALUE with NAME one of "
+                    f"{', '.join(sorted(LAYER_OPTIONS))} (native/layers/layer.c, HL_OPTIONS)"
+                )
+            if name == "policy" and val not in LAYER_POLICIES:
+                raise ValueError(
+                    f"HEAPCAST_LAYER policy: {val!r} is not one of {', '.join(sorted(LAYER_POLICIES))}"
+                )
+            names.append(name)
+        if "policy" not in names:
+            raise ValueError("HEAPCAST_LAYER: give the policy (policy=seed002|seed001|guided|off)")
     else:
         raise ValueError(f"unknown allocator knob {key!r}; known: {', '.join(KNOB_OWNERS)}")
 
@@ -123,7 +165,12 @@ class Allocator(StrictModel):
             if not v or "/" in v:
                 raise ValueError(
                     f"allocator {self.name!r}: a layer's `library` is its file name under "
-                    f"{LAYER_DIR} (built by `make -C native`)"
+                    f"{LAYER_DIR} (built by `make -C native layer`)"
+                )
+            if "HEAPCAST_LAYER" not in self.env:
+                raise ValueError(
+                    f"allocator {self.name!r}: a layer candidate gives its settings in "
+                    "env.HEAPCAST_LAYER (at least policy=seed002|seed001|guided|off)"
                 )
             return self
         if v is not None and not v.startswith("/"):
@@ -160,7 +207,10 @@ class Allocator(StrictModel):
 
     @property
     def malloc_family(self) -> str:
-        """glibc, jemalloc, tcmalloc, mimalloc, or the library's file name."""
+        """glibc, jemalloc, tcmalloc, mimalloc, layer (a heapcast layer), or the library's file
+        name."""
+        if self.kind == "layer":
+            return "layer"
         if self.library is None:
             return "glibc"
         base = Path(self.library).name
@@ -182,12 +232,21 @@ class Allocator(StrictModel):
             host_library=LAYER_DIR / self.library
             if self.kind == "layer" and self.library
             else None,
-            env=tuple(sorted(self.env.items())),
+            env=tuple(sorted(self.layer_env().items())),
         )
 
+    def layer_env(self) -> dict[str, str]:
+        """The knobs as a run sets them: a layer's settings get `stats` into the run's measure
+        folder (MEASURE_PLACEHOLDER, filled by the runner), so its counters are collected."""
+        env = dict(self.env)
+        if self.kind == "layer":
+            env["HEAPCAST_LAYER"] += f",stats={MEASURE_PLACEHOLDER}/{LAYER_STATS}"
+        return env
+
     def line(self) -> str:
-        """The exact line to paste in front of a command (empty for glibc as it is)."""
-        return self.spec.line()
+        """The exact line to paste in front of a command (empty for glibc as it is); a layer's
+        without the stage's `stats` setting."""
+        return replace(self.spec, env=tuple(sorted(self.env.items()))).line()
 
 
 class RecommendationRule(StrictModel):
@@ -253,6 +312,21 @@ class TuneConfig(StrictModel):
     warmup: int = Field(default=1, ge=0)
 
 
+class SeedCasesConfig(StrictModel):
+    """The seeds' two cases (issue 21) measured side by side: the four mallocs and the layer's
+    policies, `repetitions` rotated rounds (the weekly flow), `quick_repetitions` in the quick
+    night (fewer than a rank test needs: the summary says so)."""
+
+    workloads: list[Name] = Field(min_length=1)
+    inputs: list[Name] = Field(min_length=1)
+    allocators: list[Name] = Field(min_length=2)
+    repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    quick_repetitions: int = Field(default=3, ge=1)
+    # what the guided layer bought: its median against each of these (same case, same night)
+    guided: Name = "layer-guided"
+    unguided: list[Name] = Field(default_factory=lambda: ["layer-seed002", "glibc"])
+
+
 class AllocatorsConfig(StrictModel):
     allocators: list[Allocator] = Field(min_length=1)
     baseline: Name = "glibc"
@@ -269,6 +343,23 @@ class AllocatorsConfig(StrictModel):
     rule: RecommendationRule = RecommendationRule()
     large_block_bytes: int = Field(default=128 * 1024, ge=1)
     tune: TuneConfig | None = None
+    seeds: SeedCasesConfig | None = None
+
+    @model_validator(mode="after")
+    def _seed_allocators_listed(self) -> AllocatorsConfig:
+        if self.seeds is None or self.baseline not in self.names():
+            return self  # an unknown baseline is said by _baseline_listed
+        s = self.seeds
+        wanted = [*s.allocators, s.guided, *s.unguided]
+        unknown = sorted({n for n in wanted if n not in self.names()})
+        if unknown:
+            raise ValueError(
+                f"seeds: {', '.join(unknown)} not among the allocators ({', '.join(self.names())})"
+            )
+        outside = sorted({n for n in (s.guided, *s.unguided, self.baseline)} - set(s.allocators))
+        if outside:
+            raise ValueError(f"seeds.allocators must include {', '.join(outside)} (compared)")
+        return self
 
     @model_validator(mode="after")
     def _tune_candidates_listed(self) -> AllocatorsConfig:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from tasks.allocators.config import Allocator, AllocatorsConfig
+from tasks.allocators.config import LAYER_DIR, LAYER_STATS, Allocator, AllocatorsConfig
 from tasks.allocators.decide import undecided
 from tasks.core.storage import Root
 from tasks.format.trace_reader import count_traces
@@ -109,6 +110,57 @@ class Sample(BaseModel):
     error: str | None = None
     applied: bool | None = None  # the probe saw the allocator (and its knobs) in force
     started_at: str
+    # a heapcast layer's own counters, summed over the run's processes (None: not a layer, or
+    # no process wrote them; a process leaving by _exit writes none)
+    layer_processes: int | None = None
+    layer_hits: int | None = None
+    layer_misses: int | None = None
+    layer_kept: int | None = None
+    layer_given_back: int | None = None
+    layer_bytes_kept_peak: int | None = None  # the largest of the processes'
+    layer_bytes_given_back: int | None = None
+    layer_bytes_advised: int | None = None
+    layer_passed: int | None = None
+    layer_double_frees: int | None = None
+
+
+# The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,
+# except bytes_kept_peak (the largest).
+LAYER_COUNTERS = (
+    "hits",
+    "misses",
+    "kept",
+    "given_back",
+    "bytes_kept_peak",
+    "bytes_given_back",
+    "bytes_advised",
+    "passed",
+    "double_frees",
+)
+
+
+def read_layer_stats(path: Path) -> dict[str, int]:
+    """The layer's counters of one run (`layer_<name>`, and layer_processes) from its stats
+    file (one line of `name=value` per process); {} when no process wrote one."""
+    if not path.is_file():
+        return {}
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if "hits=" in ln]
+    if not lines:
+        return {}
+    table = np.array(
+        [
+            [
+                int(dict(f.split("=", 1) for f in ln.split() if "=" in f).get(k, 0))
+                for k in LAYER_COUNTERS
+            ]
+            for ln in lines
+        ],
+        dtype=np.int64,
+    )
+    out = {f"layer_{k}": int(table[:, i].sum()) for i, k in enumerate(LAYER_COUNTERS)}
+    out["layer_bytes_kept_peak"] = int(table[:, LAYER_COUNTERS.index("bytes_kept_peak")].max())
+    out["layer_processes"] = len(lines)
+    return out
 
 
 class Unavailable(BaseModel):
@@ -192,13 +244,34 @@ def check_allocators(
 ) -> dict[str, AllocatorMissing]:
     """{allocator name: AllocatorMissing} for each allocator whose library is not where
     `workload` runs (in its image, or on the host)."""
-    libs = [a.library for a in allocators if a.library]
+    libs = [a.library for a in allocators if a.library and a.kind == "malloc"]
     missing = set(runner.missing_files(workload, libs)) if libs else set()
     return {
         a.name: AllocatorMissing(missing_message(a, workload, runner_kind))
         for a in allocators
-        if a.library in missing
+        if a.library in missing and a.kind == "malloc"
     }
+
+
+def build_layers(allocators: list[Allocator]) -> None:
+    """Build heapcast's layers (native/, `make layer`) when a candidate is one: make rebuilds
+    the library when a source changed, so a run never measures a stale layer."""
+    if not any(a.kind == "layer" for a in allocators):
+        return
+    native = LAYER_DIR.parent
+    proc = subprocess.run(
+        ["make", "-s", "-C", str(native), "layer"], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"cannot build the layer: `make -C {native} layer` failed:\n{proc.stderr[-2000:]}"
+        )
+    for a in allocators:
+        if a.kind == "layer" and not (LAYER_DIR / str(a.library)).is_file():
+            raise RuntimeError(
+                f"allocator {a.name!r}: {LAYER_DIR / str(a.library)} is not built by "
+                f"`make -C {native} layer`; its `library` names another file"
+            )
 
 
 def run_logger():
@@ -232,6 +305,7 @@ def _sample(
     started_at: str,
     run_s: float,
     verification: Verification | None = None,
+    layer: dict[str, int] | None = None,
 ) -> Sample:
     expected = case.workload.expected_exit_code
     base = dict(
@@ -284,6 +358,7 @@ def _sample(
         stdout_bytes=result.stdout_bytes,
         error=error,
         applied=applied,
+        **(layer or {}),
     )
 
 
@@ -294,10 +369,11 @@ def run_once(
     input_dir: Path,
     run_dir: Path,
     tracer: Path | None,
-) -> tuple[RunResult | None, int | None, str | None, Verification | None]:
+) -> tuple[RunResult | None, int | None, str | None, Verification | None, dict[str, int]]:
     """One measured run in a fresh folder, its loading verified by the probe
-    (tasks.replay.runners.preload); (result, traced events, error, verification). An engine
-    hiccup is tried once more, then recorded as the run's error."""
+    (tasks.replay.runners.preload); (result, traced events, error, verification, the layer's
+    counters: `read_layer_stats`, {} for others). An engine hiccup is tried once more, then
+    recorded as the run's error."""
     error = None
     spec = allocator.spec
     probe = build_probe()
@@ -325,8 +401,9 @@ def run_once(
             error = f"engine error (attempt {attempt}): {err}"
             continue
         events = count_traces(dirs["trace"]).events if tracer is not None else None
-        return result, events, None, verify_result(spec, request, result)
-    return None, None, error, None
+        layer = read_layer_stats(dirs["measure"] / LAYER_STATS) if allocator.kind == "layer" else {}
+        return result, events, None, verify_result(spec, request, result), layer
+    return None, None, error, None, {}
 
 
 def measure_case(
@@ -396,7 +473,7 @@ def measure_case(
                 started_at = datetime.now(UTC).isoformat(timespec="seconds")
                 t0 = time.monotonic()
                 run_dir = scratch / f"r{rep + 1}-{name}"
-                result, events, error, verified = run_once(
+                result, events, error, verified, layer = run_once(
                     case, config.get(name), runner, input_dir, run_dir, tracer
                 )
                 s = _sample(
@@ -411,6 +488,7 @@ def measure_case(
                     started_at,
                     round(time.monotonic() - t0, 4),
                     verified,
+                    layer,
                 )
                 shutil.rmtree(run_dir, ignore_errors=True)
                 if not s.ok:
@@ -439,6 +517,7 @@ def measure_cases(
     log.info(f"allocators: {why}")
     run_runner = make_runner(kind)
     run_runner.check()
+    build_layers(config.allocators)
     tracer_path = Path(tracer) if tracer is not None else None
     if tracer_path is not None and not tracer_path.is_file():
         raise FileNotFoundError(f"tracer {tracer_path} not found: build it with `make -C native`")

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from tasks.allocators.config import Allocator, AllocatorsConfig
+from tasks.allocators.config import LAYER_STATS, Allocator, AllocatorsConfig
 from tasks.allocators.decide import undecided
 from tasks.allocators.measure import (
     MB,
@@ -49,6 +49,7 @@ from tasks.allocators.measure import (
     Sample,
     Unavailable,
     night_stamp,
+    read_layer_stats,
 )
 from tasks.allocators.stats import PairSummary, Recommendation, analyse
 from tasks.replay.runners.preload import PreloadedRun, balanced_orders, run_preloaded
@@ -195,12 +196,16 @@ def tune(
     planned = warm + 1 + reps * len(live)
     done = 0
 
+    layer_counts: dict[str, dict[str, int]] = {}  # the last run's, per candidate
+
     def one(name: str, run_dir: Path) -> PreloadedRun:
         nonlocal done
         if progress is not None:
             progress(done, planned, name)
         done += 1
         r = run_preloaded(argv, config.get(name).spec, run_dir, cwd=cwd, timeout_s=timeout_s)
+        # a layer's counters, written to the run's folder by its `stats` setting
+        layer_counts[name] = read_layer_stats(run_dir / LAYER_STATS)
         shutil.rmtree(run_dir, ignore_errors=True)
         return r
 
@@ -240,7 +245,8 @@ def tune(
                 planned += len(live)
             for pos, name in enumerate(orders[rep]):
                 run = one(name, scratch / f"r{rep + 1}-{name}")
-                samples.append(_sample(label, name, rep + 1, pos + 1, run, expected))
+                sample = _sample(label, name, rep + 1, pos + 1, run, expected)
+                samples.append(sample.model_copy(update=layer_counts[name]))
             rep += 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

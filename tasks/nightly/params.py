@@ -10,7 +10,8 @@ plus two settings that apply to every stage at once:
 `allocators` (off by default) adds the `allocators` stage to the night: every workload under every
 allocator of configs/allocators.yaml, measured. It has a weekly deployment of its own; the option
 is for a night that should answer the allocator question too (it adds the replays' time, several
-times over).
+times over). `seeds` (off by default) measures only the seeds' two cases under the mallocs and
+heapcast's layer, with fewer rounds in the quick night (the summary says how many).
 
 Where the stages run is configuration, not code: the Dask scheduler comes from the dataset
 parameters, whose default is $HEAPCAST_DASK_SCHEDULER, else a local cluster; the MLflow store from
@@ -63,6 +64,14 @@ class NightlyParams(StrictModel):
         default_factory=AllocatorsParams, description="flow `allocators`, when `allocators` is on"
     )
 
+    seeds: bool = Field(
+        default=False,
+        description="also measure the seeds' two cases (numpy_temporaries, numpy_training_loop) "
+        "under glibc, jemalloc, tcmalloc, mimalloc and heapcast's layer (configs/allocators.yaml "
+        "`seeds`; quick: its quick_repetitions); off by default: 42 container runs at 3 rounds, "
+        "over a minute on an idle 2-core machine",
+    )
+
     def stages(self) -> NightlyStages:
         """Each stage's parameters with the shared settings applied, and the night's context:
         the form's strings resolved, once."""
@@ -79,6 +88,11 @@ class NightlyParams(StrictModel):
             allocators = allocators.model_copy(update={"root": root_url})
         if allocators is not None and self.quick:
             allocators = allocators.model_copy(update={"quick": True})
+        seeds = None
+        if self.seeds:
+            seeds = self.allocators_params.model_copy(
+                update={"root": root_url, "quick": self.quick}
+            )
         root = Root.from_url(root_url)  # the night's one resolution of its data root
         context = NightContext(root, tracking_for(root), load_catalog(trace.catalog))
         return NightlyStages(
@@ -88,6 +102,7 @@ class NightlyParams(StrictModel):
             context=context,
             allocators=allocators,
             reports_keep_nights=self.reports_keep_nights,
+            seeds=seeds,
         )
 
 
@@ -110,3 +125,4 @@ class NightlyStages:
     context: NightContext
     allocators: AllocatorsParams | None = None  # the `allocators` stage, when the night runs it
     reports_keep_nights: int = KEEP_NIGHTS  # heap report nights kept (tasks.report.night)
+    seeds: AllocatorsParams | None = None  # the seeds' cases (flows.allocators.measure_seeds)

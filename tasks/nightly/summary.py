@@ -36,6 +36,7 @@ from prefect.states import State
 from pydantic import BaseModel, Field
 
 from tasks.allocators.report import AllocatorsOutcome
+from tasks.allocators.seeds import SeedsOutcome
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import BASELINES, MODEL, RegisteredModel, TrainResult
 from tasks.learning.reuse import reuse_lines
@@ -143,6 +144,8 @@ class NightlySummary(BaseModel):
     # whatif at the idle budget, per workload (tasks/whatif/night.py): what the predictions bought
     whatif_budget: int | None = None
     whatif_at_budget: list[AtBudget] = Field(default_factory=list)
+    # the seeds' cases under the mallocs and the layer (tasks/allocators/seeds.py), one per case
+    seed_lines: list[str] = Field(default_factory=list)
     mlflow_ui: str = ""  # the command that opens the MLflow UI over this night's store
     # the model run's headline metrics under their MLflow names (tasks/registry/headline.py):
     # registration's, then the whatif stage's
@@ -214,6 +217,13 @@ class NightlySummary(BaseModel):
             ]
         if self.whatif_at_budget and self.whatif_budget is not None:
             lines += ["", *self._bought()]
+        if self.seed_lines:
+            lines += [
+                "",
+                "## What the layer bought, measured (seeds' cases; medians, ms and MB)",
+                "",
+                *(f"- {line}" for line in self.seed_lines),
+            ]
         if self.heap_reports is not None:
             lines += ["", "## Heap reports (evaluation runs)", "", self.heap_reports.markdown()]
         return "\n".join(lines) + "\n"
@@ -378,6 +388,20 @@ def summarize(
                 ok=measured.ok,
                 detail=("recommended: " + detail) if measured.ok else "",
                 error=measured.message,
+            )
+        )
+
+    seeds = by_name.get("seeds")
+    if seeds is not None:
+        seeded: SeedsOutcome | None = seeds.value
+        summary["seed_lines"] = [line.text() for line in seeded.lines] if seeded else []
+        reports.append(
+            StageReport(
+                name="seeds",
+                state=seeds.state,
+                ok=seeds.ok,
+                detail=f"{len(seeded.lines)} case(s) measured" if seeded else "",
+                error=seeds.message,
             )
         )
 

@@ -942,3 +942,62 @@ def gen_keras_gru(seed: int, size: int, dest: Path) -> list[str]:
 
 
 GENERATORS["keras_gru"] = gen_keras_gru
+
+
+_NUMPY_TRAINING_LOOP_TEMPLATE = '''\
+"""heapcast workload (generated, seed {seed}, size {size}): seed 001's case, a training loop
+that allocates and frees the same-shaped tensors step after step: a two-layer network on a
+batch of {size} thousand rows, {steps} steps of forward pass, gradients and update. Every step
+makes the same temporaries (activations, masks, gradients) and drops them; an allocator that
+keeps them by size hands them back. numpy imported from its folder, as in numpy_temporaries.
+"""
+import importlib.util
+import sys
+
+NUMPY_DIR = sys.argv[1] if len(sys.argv) > 1 else {numpy_dir!r}
+_spec = importlib.util.spec_from_file_location(
+    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
+)
+np = importlib.util.module_from_spec(_spec)
+sys.modules["numpy"] = np
+_spec.loader.exec_module(np)
+
+rng = np.random.default_rng({seed})
+n, d, h = {size} * 1000, {features}, {hidden}
+x = rng.standard_normal((n, d))
+y = np.tanh(x[:, :1] * {factor!r})
+w1 = rng.standard_normal((d, h)) * 0.1
+w2 = rng.standard_normal((h, 1)) * 0.1
+for step in range({steps}):
+    z = x @ w1
+    a = np.maximum(z, 0.0)
+    out = a @ w2
+    err = out - y
+    loss = float((err * err).mean())
+    d_a = (err @ w2.T) * (z > 0.0)
+    w2 -= 0.01 * (a.T @ err) / n
+    w1 -= 0.01 * (x.T @ d_a) / n
+    del z, a, out, err, d_a
+print("heapcast numpy training loop done", {steps}, f"{{loss:.6g}}")
+sys.exit(0)
+'''
+
+
+def gen_numpy_training_loop(seed: int, size: int, dest: Path) -> list[str]:
+    """Seed 001's case: a training loop allocating and freeing same-shaped tensors every step
+    (size: thousands of rows in the batch; each activation is rows x 64 float64)."""
+    rng = random.Random(seed)
+    text = _NUMPY_TRAINING_LOOP_TEMPLATE.format(
+        seed=seed,
+        size=size,
+        steps=20,
+        features=16,
+        hidden=64,
+        factor=round(0.5 + rng.random(), 3),
+        numpy_dir=DEBIAN_NUMPY_DIR,
+    )
+    (dest / "workload.py").write_text(text)
+    return ["workload.py"]
+
+
+GENERATORS["numpy_training_loop"] = gen_numpy_training_loop

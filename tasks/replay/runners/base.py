@@ -40,6 +40,9 @@ SANDBOX_MEASURE = SANDBOX / "measure"
 SANDBOX_MEASURE_TOOL = SANDBOX / "tools" / "hc-measure"
 SANDBOX_PROBE = SANDBOX / "tools" / "libhcprobe.so"
 SANDBOX_LIB = SANDBOX / "lib"
+# In an allocator knob's value (RunRequest.env), the run's measure folder as the program sees
+# it (a heapcast layer writes its counters there).
+MEASURE_PLACEHOLDER = "{measure}"
 PROBE_REPORT = "probe"  # the probe's lines, in a measured run's measure folder
 
 # The unprivileged user every workload runs as (nobody); freeciv refuses to run as root.
@@ -163,13 +166,15 @@ def program_env(
     probe: str | None = None,
     probe_out: str | None = None,
     extra: tuple[tuple[str, str], ...] = (),
+    measure: str | None = None,
 ) -> dict[str, str]:
     """The whole environment of the program: nothing leaks in from the caller's.
 
     LD_PRELOAD is the tracer (when traced), the probe (interposes nothing), then `preload`, so
     the tracer's dlsym(RTLD_NEXT) finds the preloaded allocator's malloc; no LD_PRELOAD at all
     when there is none. `probe_out`: the file the probe appends to (as the program sees it).
-    `extra` comes last: an allocator's knobs win over the workload's."""
+    `extra` comes last: an allocator's knobs win over the workload's; MEASURE_PLACEHOLDER in
+    them is `measure`, the measure folder as the program sees it."""
     env = {
         "PATH": SEARCH_PATH,
         "HOME": paths.work,
@@ -187,7 +192,12 @@ def program_env(
         env["HEAPCAST_CALLER"] = "1"
     for key, value in workload.env.items():
         env[key] = substitute(value, workload, inp, paths)
-    env.update(extra)
+    for key, value in extra:
+        if MEASURE_PLACEHOLDER in value:
+            if measure is None:
+                raise ValueError(f"{key}={value}: names the measure folder, but the run has none")
+            value = value.replace(MEASURE_PLACEHOLDER, measure)
+        env[key] = value
     return env
 
 

@@ -148,6 +148,7 @@ class DockerRunner(Runner):
             probe=str(SANDBOX_PROBE) if request.probe is not None else None,
             probe_out=f"{SANDBOX_MEASURE}/{PROBE_REPORT}",
             extra=request.env,
+            measure=str(SANDBOX_MEASURE) if request.measure_dir is not None else None,
         )
         shared_gids = {
             share_with_run_user(d)

@@ -179,10 +179,12 @@ class LocalRunner(Runner):
             libs = tuple(str(SANDBOX_LIB / p.name) for p in request.host_libraries)
             probe = str(SANDBOX_PROBE) if request.probe is not None else None
             probe_out = f"{SANDBOX_MEASURE}/{PROBE_REPORT}"
+            measure = str(SANDBOX_MEASURE)
         else:
             libs = tuple(str(p.resolve()) for p in request.host_libraries)
             probe = str(request.probe.resolve()) if request.probe is not None else None
             probe_out = str(Path(request.measure_dir or ".").resolve() / PROBE_REPORT)
+            measure = str(request.measure_dir.resolve()) if request.measure_dir else None
         env = program_env(
             w,
             inp,
@@ -192,6 +194,7 @@ class LocalRunner(Runner):
             probe=probe,
             probe_out=probe_out,
             extra=request.env,
+            measure=measure if request.measure_dir is not None else None,
         )
         command = argv
         if tool is not None and request.measure_dir is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,7 +38,13 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.config import PROJECT_DIR
-from tasks.replay.runners.base import PROBE_REPORT, RunRequest, RunResult, tail_lines
+from tasks.replay.runners.base import (
+    MEASURE_PLACEHOLDER,
+    PROBE_REPORT,
+    RunRequest,
+    RunResult,
+    tail_lines,
+)
 from tasks.replay.runners.measure_tool import (
     CACHE_DIR,
     REPORT_NAME,
@@ -161,6 +168,14 @@ def _in_force(key: str, value: str, rec: dict[str, str]) -> str | None:
     return None
 
 
+def _same_knob(want: str, seen: str | None) -> bool:
+    """Whether knob value `seen` is `want`, MEASURE_PLACEHOLDER standing for any folder."""
+    if seen is None or MEASURE_PLACEHOLDER not in want:
+        return seen == want
+    parts = (re.escape(p) for p in want.split(MEASURE_PLACEHOLDER))
+    return re.fullmatch("/.+".join(parts), seen) is not None
+
+
 def verify(
     spec: PreloadSpec, probe_text: str | None, tree_cpu_s: float | None, log_tail: str = ""
 ) -> Verification:
@@ -192,7 +207,7 @@ def verify(
             return no(f"{who} runs the malloc of {r.get('malloc')}, not {want}")
         for key, value in spec.env:
             seen = r.get(f"env.{key}")
-            if seen != value:
+            if not _same_knob(value, seen):
                 return no(f"{who} has {key}={seen!r}, not {value!r} (its environment changed)")
             why = _in_force(key, value, r)
             if why:
@@ -278,7 +293,7 @@ def run_preloaded(
         libs.append(env["LD_PRELOAD"])  # the caller's own preloads stay, after the allocator
     env["LD_PRELOAD"] = ":".join(libs)
     env["HEAPCAST_PROBE_OUT"] = str(run_dir / PROBE_REPORT)
-    env.update(spec.env)
+    env.update((k, v.replace(MEASURE_PLACEHOLDER, str(run_dir))) for k, v in spec.env)
     command = measured_command(str(tool), str(run_dir), [str(a) for a in argv], cgroup=False)
     timed_out = False
     with open(run_dir / "stderr", "wb") as err:

@@ -1,0 +1,235 @@
+"""The seeds' two cases measured for real (issue 21): seed 002's numpy temporaries and seed
+001's training loop, each under glibc, jemalloc, tcmalloc, mimalloc and heapcast's layer
+(seed002, seed001, guided), side by side in one measurement (`measure.measure_cases`: rotated
+rounds, every run verified by the probe, the layer's counters read), written like any
+allocators measurement (`report.publish`: Parquet under <root>/allocators/, MLflow's
+`heapcast-allocators`), then summed up per case in one line of ms and MB (`seed_lines`).
+
+What the guided layer bought is its median against each of `seeds.unguided` (layer-seed002: the
+same layer with no prediction; glibc), with the two-sided rank test's p (decide.mann_whitney_p)
+beside it. Its predictor is the online counter: no table distilled from the model exists yet, so
+the line says "online counter vs no prediction", never "the model's table".
+
+With fewer than MIN_REPETITIONS rounds (the quick night) the line says how many, and that the
+rank test cannot reach p < 0.05 with so few.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+
+from tasks.allocators.config import MIN_REPETITIONS, AllocatorsConfig
+from tasks.allocators.decide import mann_whitney_p
+from tasks.allocators.measure import Measurements, measure_cases, select_cases
+from tasks.allocators.report import AllocatorsOutcome
+from tasks.core.storage import Root
+from tasks.registry.tracking import TrackingConfig
+from tasks.replay.workloads import load_catalog
+
+GUIDED_PREDICTOR = "online counter"  # what layer-guided predicts with (no model table yet)
+
+
+class AllocatorFigures(BaseModel):
+    allocator: str
+    ok_runs: int
+    wall_ms: float | None = None  # medians of the ok runs
+    peak_rss_mb: float | None = None
+    minor_faults: float | None = None
+    major_faults: float | None = None
+    layer_hits: float | None = None  # a layer's
+
+
+class Bought(BaseModel):
+    """The guided layer's median against `against`'s: negative ms / MB is what it saved."""
+
+    against: str
+    wall_ms: float | None
+    peak_rss_mb: float | None
+    p_wall: float  # two-sided rank test of the two samples of wall time
+
+
+class SeedLine(BaseModel):
+    case: str
+    repetitions: int
+    figures: list[AllocatorFigures]
+    guided: str
+    bought: list[Bought]
+
+    def text(self) -> str:
+        few = (
+            f", {self.repetitions} round{'s' if self.repetitions > 1 else ''} only (quick: "
+            "too few for the rank test)"
+            if self.repetitions < MIN_REPETITIONS
+            else f", {self.repetitions} rounds"
+        )
+        cells = []
+        for f in self.figures:
+            if f.wall_ms is None:
+                cells.append(f"{f.allocator} failed")
+                continue
+            cell = f"{f.allocator} {f.wall_ms:.0f} ms {f.peak_rss_mb:.0f} MB"
+            if f.layer_hits is not None:
+                cell += f" ({f.layer_hits:.0f} hits)"
+            cells.append(cell)
+        bought = [
+            f"{b.wall_ms:+.0f} ms {b.peak_rss_mb:+.1f} MB vs {b.against} (p={b.p_wall:.2g})"
+            for b in self.bought
+            if b.wall_ms is not None and b.peak_rss_mb is not None
+        ]
+        what = (
+            f"; {self.guided} ({GUIDED_PREDICTOR} vs no prediction): {', '.join(bought)}"
+            if bought
+            else f"; {self.guided}: nothing to compare (a side failed)"
+        )
+        return f"{self.case}{few}: " + " | ".join(cells) + what
+
+
+def seed_config(config: AllocatorsConfig) -> AllocatorsConfig:
+    """`config` kept to the seeds' allocators and inputs (its `seeds` section)."""
+    s = config.seeds
+    if s is None:
+        raise ValueError(
+            "configs/allocators.yaml has no `seeds` section (workloads, inputs, allocators): "
+            "add it to measure the seeds' cases"
+        )
+    return config.model_copy(
+        update={
+            "allocators": [config.get(n) for n in s.allocators],
+            "inputs": s.inputs,
+            "repetitions": s.repetitions,
+            "max_repetitions": None,
+        }
+    )
+
+
+@task(name="measure-seed-cases", cache_policy=NO_CACHE)
+def measure_seed_cases(
+    root: Root, config: AllocatorsConfig, quick: bool, runner: str, catalog: str | None = None
+) -> Measurements:
+    """The seeds' cases under the seeds' allocators (`seed_config(config)`), side by side:
+    `seeds.repetitions` rounds, `seeds.quick_repetitions` when `quick`."""
+    cfg = seed_config(config)
+    assert config.seeds is not None  # seed_config said so otherwise
+    reps = config.seeds.quick_repetitions if quick else config.seeds.repetitions
+    cases = select_cases(load_catalog(catalog), cfg, config.seeds.workloads)
+    return measure_cases(cases, cfg, root, runner, repetitions=reps)
+
+
+def _median(values) -> float | None:
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    return float(np.median(v)) if v.size else None
+
+
+def seed_lines(m: Measurements, config: AllocatorsConfig) -> list[SeedLine]:
+    """One line per case of `m` (see the module)."""
+    s = config.seeds
+    if s is None:
+        raise ValueError("configs/allocators.yaml has no `seeds` section")
+    names = [a.name for a in m.allocators]
+    out = []
+    for case in m.cases:
+        ok = {
+            n: [x for x in m.samples if x.case == case.label and x.allocator == n and x.ok]
+            for n in names
+        }
+        figures = [
+            AllocatorFigures(
+                allocator=n,
+                ok_runs=len(ok[n]),
+                wall_ms=_median(x.wall_s * 1e3 for x in ok[n] if x.wall_s is not None),
+                peak_rss_mb=_median(x.peak_rss_mb for x in ok[n]),
+                minor_faults=_median(x.minor_faults for x in ok[n]),
+                major_faults=_median(x.major_faults for x in ok[n]),
+                layer_hits=_median(x.layer_hits for x in ok[n]),
+            )
+            for n in names
+        ]
+        by = {f.allocator: f for f in figures}
+        bought = []
+        g = by.get(s.guided)
+        for other in s.unguided:
+            o = by.get(other)
+            if g is None or o is None or g.wall_ms is None or o.wall_ms is None:
+                continue
+            bought.append(
+                Bought(
+                    against=other,
+                    wall_ms=g.wall_ms - o.wall_ms,
+                    peak_rss_mb=None
+                    if g.peak_rss_mb is None or o.peak_rss_mb is None
+                    else g.peak_rss_mb - o.peak_rss_mb,
+                    p_wall=mann_whitney_p(
+                        [x.wall_s for x in ok[s.guided]], [x.wall_s for x in ok[other]]
+                    ),
+                )
+            )
+        out.append(
+            SeedLine(
+                case=case.label,
+                repetitions=m.repetitions,
+                figures=figures,
+                guided=s.guided,
+                bought=bought,
+            )
+        )
+    return out
+
+
+class SeedsOutcome(BaseModel):
+    lines: list[SeedLine]
+    allocators: AllocatorsOutcome
+    model_run_id: str | None = None  # the registered model's run the figures were logged on
+
+    def markdown(self) -> str:
+        return "\n".join(f"- {line.text()}" for line in self.lines)
+
+
+def bought_metrics(lines: list[SeedLine]) -> dict[str, float]:
+    """`layer.<case>.<guided>_vs_<other>.wall_ms` / `.peak_rss_mb` (and each allocator's
+    `layer.<case>.<allocator>.wall_ms` / `.peak_rss_mb`) for MLflow."""
+    out: dict[str, float] = {}
+    for line in lines:
+        case = line.case.replace("/", ".")
+        for f in line.figures:
+            if f.wall_ms is not None and f.peak_rss_mb is not None:
+                out[f"layer.{case}.{f.allocator}.wall_ms"] = f.wall_ms
+                out[f"layer.{case}.{f.allocator}.peak_rss_mb"] = f.peak_rss_mb
+        for b in line.bought:
+            key = f"layer.{case}.{line.guided}_vs_{b.against}"
+            if b.wall_ms is not None:
+                out[f"{key}.wall_ms"] = b.wall_ms
+            if b.peak_rss_mb is not None:
+                out[f"{key}.peak_rss_mb"] = b.peak_rss_mb
+    return out
+
+
+@task(name="summarize-seed-cases", cache_policy=NO_CACHE)
+def summarize_seed_cases(
+    m: Measurements, config: AllocatorsConfig, published: AllocatorsOutcome
+) -> SeedsOutcome:
+    """The per-case lines of `m` beside what `report.publish` wrote."""
+    return SeedsOutcome(lines=seed_lines(m, config), allocators=published)
+
+
+@task(name="seed-cases-to-model-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10)
+def log_on_model_run(lines: list[SeedLine], tracking: TrackingConfig, run_id: str) -> None:
+    """The figures on an MLflow run, the registered model's or the measurement's own (metrics
+    `layer.*`, and the lines as the tag `heapcast.layer.bought`, saying the predictor is the
+    online counter)."""
+    from tasks.registry.tracking import configure
+
+    configure(tracking)
+    from mlflow.tracking import MlflowClient  # deferred: mlflow's import is slow
+
+    client = MlflowClient()
+    for key, value in bought_metrics(lines).items():
+        client.log_metric(run_id, key, value)
+    client.set_tag(
+        run_id,
+        "heapcast.layer.bought",
+        f"{GUIDED_PREDICTOR} vs no prediction (layer-seed002), measured: "
+        + " || ".join(line.text() for line in lines),
+    )

@@ -1,0 +1,269 @@
+"""heapcast's layer as a candidate of the allocators stage (issue 21, measured for real): its
+settings checked, its stats file placed in each run's measure folder, its loading verified by
+the probe, its counters read, and the seeds' cases summed up in one line of ms and MB."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from tasks.allocators.config import LAYER_DIR, Allocator, load_allocators_config
+from tasks.allocators.measure import Case, measure_cases, read_layer_stats
+from tasks.allocators.seeds import seed_lines
+from tasks.core.config import ConfigError, load_config
+from tasks.core.storage import Root
+from tasks.nightly.summary import NightlySummary
+from tasks.replay.runners.base import SANDBOX_PATHS, program_env
+from tasks.replay.runners.preload import verify
+from tests.tasks.allocators.tables import make_measurements
+
+CFG = load_allocators_config()
+
+
+def test_the_layers_policies_are_candidates_with_their_counters_collected():
+    for name, policy in (
+        ("layer-seed002", "seed002"),
+        ("layer-seed001", "seed001"),
+        ("layer-guided", "guided"),
+    ):
+        a = CFG.get(name)
+        assert a.kind == "layer" and a.malloc_family == "layer"
+        assert a.spec.host_library == LAYER_DIR / "libheapcast_layer.so"
+        assert a.spec.library is None  # not looked for inside the image: mounted from here
+        (setting,) = a.spec.env
+        assert setting == (
+            "HEAPCAST_LAYER",
+            f"{a.env['HEAPCAST_LAYER']},stats={{measure}}/layer-stats",
+        )
+        assert f"policy={policy}" in a.env["HEAPCAST_LAYER"]
+        # the line a user pastes has the settings, not the stage's stats file
+        assert a.line() == (
+            f"LD_PRELOAD={LAYER_DIR}/libheapcast_layer.so HEAPCAST_LAYER={a.env['HEAPCAST_LAYER']}"
+        )
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({}, "gives its settings in env.HEAPCAST_LAYER"),
+        ({"env": {"HEAPCAST_LAYER": "policy=seed003"}}, "policy: 'seed003' is not one of"),
+        ({"env": {"HEAPCAST_LAYER": "policy=seed002,capp=1G"}}, "'capp=1G' is not NAME=VALUE"),
+        ({"env": {"HEAPCAST_LAYER": "cap=1G"}}, "give the policy"),
+        ({"env": {"HEAPCAST_LAYER": "policy=guided,stats=/tmp/x"}}, "`stats` is set by the stage"),
+        (
+            {"env": {"HEAPCAST_LAYER": "policy=guided"}, "library": "/opt/lib.so"},
+            "file name under",
+        ),
+        (
+            {"env": {"HEAPCAST_LAYER": "policy=off", "MALLOC_CONF": "narenas:2"}},
+            "tunes jemalloc's malloc, but this candidate runs layer's",
+        ),
+    ],
+)
+def test_a_bad_layer_candidate_is_refused_saying_what_to_write(fields, message):
+    spec = {"name": "mine", "kind": "layer", "library": "libheapcast_layer.so", **fields}
+    with pytest.raises(ValidationError, match=message):
+        Allocator(**spec)
+
+
+def test_the_layers_setting_on_a_malloc_candidate_is_refused():
+    with pytest.raises(
+        ValidationError, match="tunes layer's malloc, but this candidate runs glibc"
+    ):
+        Allocator(name="g", env={"HEAPCAST_LAYER": "policy=seed002"})
+
+
+def test_a_seeds_section_naming_an_unknown_allocator_names_the_file_and_field(tmp_path):
+    text = (LAYER_DIR.parent.parent / "configs" / "allocators.yaml").read_text()
+    bad = tmp_path / "allocators.yaml"
+    bad.write_text(text.replace("guided: layer-guided", "guided: layer-nosuch"))
+    with pytest.raises(ConfigError, match="layer-nosuch not among the allocators"):
+        load_config(type(CFG), bad)
+
+
+def test_the_runner_puts_the_stats_file_in_the_measure_folder_and_the_probe_accepts_it(tmp_path):
+    from tasks.replay.workloads import load_catalog
+
+    w = load_catalog().get("numpy_temporaries")
+    spec = CFG.get("layer-seed002").spec
+    env = program_env(w, w.inputs[0], SANDBOX_PATHS, False, extra=spec.env, measure="/m")
+    assert env["HEAPCAST_LAYER"] == "policy=seed002,stats=/m/layer-stats"
+    with pytest.raises(ValueError, match="names the measure folder, but the run has none"):
+        program_env(w, w.inputs[0], SANDBOX_PATHS, False, extra=spec.env)
+    line = (
+        "start\tpid=7\tsecure=0\texe=/usr/bin/python3\tmalloc=/heapcast/lib/libheapcast_layer.so"
+        "\tenv.HEAPCAST_LAYER={}\n"
+    )
+    seen = verify(spec, line.format(env["HEAPCAST_LAYER"]), None)
+    assert seen.applied, seen.reason
+    other = verify(spec, line.format("policy=seed001,stats=/m/layer-stats"), None)
+    assert not other.applied and "HEAPCAST_LAYER" in other.reason
+
+
+def test_the_layers_counters_are_summed_over_the_processes(tmp_path):
+    stats = tmp_path / "layer-stats"
+    assert read_layer_stats(stats) == {}
+    stats.write_text(
+        "pid=7 policy=1 table=0 hits=80 misses=68 kept=148 bytes_kept_peak=4096 given_back=64 "
+        "bytes_given_back=100 bytes_advised=0 decayed=0 passed=9 double_frees=0 untracked=1\n"
+        "pid=9 policy=1 table=0 hits=2 misses=1 kept=3 bytes_kept_peak=8192 given_back=1 "
+        "bytes_given_back=5 bytes_advised=7 decayed=0 passed=1 double_frees=1 untracked=0\n"
+    )
+    got = read_layer_stats(stats)
+    assert got["layer_processes"] == 2 and got["layer_hits"] == 82 and got["layer_kept"] == 151
+    assert got["layer_bytes_kept_peak"] == 8192  # the largest, not the sum
+    assert got["layer_bytes_given_back"] == 105 and got["layer_double_frees"] == 1
+
+
+def test_the_seed_summary_line_gives_ms_mb_and_what_the_guided_layer_bought():
+    runs = {
+        "glibc": [(1.30, 100.0), (1.32, 101.0), (1.31, 100.0)],
+        "tcmalloc": [(1.00, 110.0), (1.01, 110.0), (1.02, 111.0)],
+        "layer-seed002": [(1.00, 104.0), (0.99, 104.0), (1.01, 104.0)],
+        "layer-guided": [(0.95, 102.0), (0.96, 102.0), (0.94, 102.0)],
+    }
+    m = make_measurements(runs, case="numpy_temporaries/small")
+    (line,) = seed_lines(m, CFG)
+    text = line.text()
+    assert text.startswith("numpy_temporaries/small, 3 rounds only (quick: too few")
+    assert "glibc 1310 ms 100 MB" in text and "layer-guided 950 ms 102 MB" in text
+    assert "layer-guided (online counter vs no prediction): -50 ms -2.0 MB vs layer-seed002" in text
+    assert "-360 ms +2.0 MB vs glibc (p=0.1)" in text
+    page = NightlySummary(root="/r", finished_at="now", stages=[], seed_lines=[text]).markdown()
+    assert "## What the layer bought, measured (seeds' cases; medians, ms and MB)" in page
+    assert f"- {text}" in page
+
+
+def test_five_rounds_say_so_and_a_failed_guided_side_says_nothing_was_bought():
+    five = [(1.0, 100.0)] * 5
+    m = make_measurements({"glibc": five, "layer-seed002": five}, case="c")
+    text = seed_lines(m, CFG)[0].text()
+    assert text.startswith("c, 5 rounds: ") and "layer-guided: nothing to compare" in text
+
+
+# ------------------------------------------------------------------ a real run, in a container
+
+
+@pytest.mark.integration
+def test_the_layer_measured_in_docker_is_verified_loaded_and_its_counters_read(
+    sqlite3_image, alloc_catalog, tmp_path
+):
+    """alloc_mix (three threads, a few blocks from 128 KiB up) under glibc and layer-seed002
+    through the docker runner: the layer mounted from native/build, verified by the probe,
+    the output unchanged, the counters read from the run's measure folder."""
+    cfg = CFG.model_copy(
+        update={
+            "allocators": [CFG.get("glibc"), CFG.get("layer-seed002")],
+            "warmup": 0,
+            "max_repetitions": None,
+        }
+    )
+    w = alloc_catalog.get("alloc_mix")
+    m = measure_cases(
+        [Case(w, w.inputs[0], "alloc_mix")],
+        cfg,
+        Root.from_url(str(tmp_path)),
+        "docker",
+        repetitions=1,
+    )
+    by = {s.allocator: s for s in m.samples}
+    assert all(s.ok and s.applied for s in m.samples), [s.error for s in m.samples]
+    assert by["glibc"].stdout_sha256 == by["layer-seed002"].stdout_sha256
+    layer = by["layer-seed002"]
+    assert layer.layer_processes == 1 and by["glibc"].layer_processes is None
+    assert layer.layer_hits + layer.layer_misses > 0 and layer.layer_double_frees == 0
+    assert layer.layer_bytes_kept_peak > 0
+
+
+def test_the_nights_seeds_option_is_off_by_default_and_quick_with_the_quick_night():
+    from tasks.nightly.params import NightlyParams
+
+    assert NightlyParams().stages().seeds is None
+    seeds = NightlyParams(seeds=True, quick=True, root="/tmp/r").stages().seeds
+    assert seeds is not None and seeds.quick and seeds.root == "/tmp/r"
+    assert NightlyParams(seeds=True, root="/tmp/r").stages().seeds.quick is False
+
+
+def test_heapcast_tune_measures_a_layer_candidate_verified_with_its_counters(tmp_path):
+    """`heapcast tune` on this host: the layer preloaded from native/build, verified by the
+    probe (its HEAPCAST_LAYER with the stats file in each run's folder), counters read."""
+    from tasks.allocators.measure import build_layers
+    from tasks.allocators.tune import tune
+
+    build_layers([CFG.get("layer-seed002")])
+    prog = tmp_path / "prog.py"
+    # 8 MiB blocks: above the layer's 128 KiB and glibc's first mmap threshold
+    prog.write_text("for i in range(40):\n    b = bytearray(8 << 20)\nprint('done')\n")
+    out = tune(
+        [sys.executable, str(prog)],
+        CFG,
+        candidates=["glibc", "layer-seed002"],
+        repetitions=5,
+        max_repetitions=5,
+    )
+    layer = [s for s in out.measurements.samples if s.allocator == "layer-seed002"]
+    assert len(layer) == 5 and all(s.ok and s.applied for s in layer), [s.error for s in layer]
+    assert all(s.layer_processes == 1 and s.layer_hits > 0 for s in layer)
+
+
+@pytest.fixture(scope="module")
+def numpy_image(engine):
+    from tasks.replay.images import build_all
+
+    return build_all(["numpy"], host=engine)[-1]
+
+
+@pytest.mark.integration
+def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_the_models_run(
+    numpy_image, tmp_path
+):
+    """Both seeds' cases (numpy_temporaries, numpy_training_loop: seed 001's loop) under glibc,
+    layer-seed002 and layer-guided, one quick round: every run verified with the same output,
+    the layer's counters in the samples Parquet, a line per case, the figures on a model's run."""
+    import mlflow
+    import pyarrow.parquet as pq
+
+    from tasks.allocators.report import write_outcome
+    from tasks.allocators.seeds import log_on_model_run, measure_seed_cases, seed_config
+    from tasks.registry.tracking import TrackingConfig, configure
+
+    w = load_catalog_workload("numpy_training_loop")
+    assert [i.name for i in w.inputs] == ["small", "medium"] and not any(i.quick for i in w.inputs)
+    assert w.deterministic
+    seeds = CFG.seeds.model_copy(
+        update={"allocators": ["glibc", "layer-seed002", "layer-guided"], "quick_repetitions": 1}
+    )
+    cfg = CFG.model_copy(update={"seeds": seeds, "warmup": 0})
+    root = Root.from_url(str(tmp_path / "root"))
+    m = measure_seed_cases.fn(root, cfg, True, "docker")
+    assert {c.label for c in m.cases} == {"numpy_temporaries", "numpy_training_loop"}
+    assert m.repetitions == 1 and len(m.samples) == 2 * 3
+    assert all(s.ok and s.applied for s in m.samples), [s.error for s in m.samples]
+    for case in ("numpy_temporaries", "numpy_training_loop"):
+        outputs = {s.stdout_sha256 for s in m.samples if s.case == case}
+        assert len(outputs) == 1  # the layer never changes the output
+        hits = [s.layer_hits for s in m.samples if s.case == case and s.allocator != "glibc"]
+        assert all(h is not None and h > 0 for h in hits), (case, hits)
+    tracking = TrackingConfig(root=str(tmp_path / "root"))
+    out = write_outcome(root, m, seed_config(cfg), to_mlflow=False, tracking=tracking)
+    samples = pq.read_table(out.samples_path).to_pandas()
+    assert (samples.loc[samples["allocator"] == "layer-seed002", "layer_hits"] > 0).all()
+    lines = seed_lines(m, cfg)
+    assert [line.case for line in lines] == ["numpy_temporaries", "numpy_training_loop"]
+    assert all(" ms " in line.text() and " MB" in line.text() for line in lines)
+    # the registered model's run gets the figures (what the online counter bought, said so)
+    configure(tracking)
+    with mlflow.start_run() as run:
+        pass
+    log_on_model_run.fn(lines, tracking, run.info.run_id)
+    got = mlflow.get_run(run.info.run_id).data
+    assert "layer.numpy_temporaries.layer-guided_vs_layer-seed002.wall_ms" in got.metrics
+    assert got.tags["heapcast.layer.bought"].startswith("online counter vs no prediction")
+
+
+def load_catalog_workload(name: str):
+    from tasks.replay.workloads import load_catalog
+
+    return load_catalog().get(name)
