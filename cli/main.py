@@ -107,6 +107,7 @@ _LAYER_POLICIES = ("seed002", "seed001", "guided", "off")
 
 
 def _run_id() -> str:
+    # deferred: imported on first use, for start-up time
     import time
 
     return time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
@@ -115,6 +116,7 @@ def _run_id() -> str:
 def _tracer_library() -> str | None:
     """The tracer's path; built (make, through tasks.format.build) only when missing or older
     than its sources. None, with the reason on stderr, when it cannot be built."""
+    # deferred: imported on first use, for start-up time
     from pathlib import Path
 
     native = Path(__file__).resolve().parents[1] / "native"
@@ -125,6 +127,7 @@ def _tracer_library() -> str | None:
             return str(lib)
     except FileNotFoundError:
         pass
+    # deferred: imported on first use, for start-up time
     from tasks.format.build import TracerBuildError, build_tracer
 
     try:
@@ -135,6 +138,7 @@ def _tracer_library() -> str | None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
+    # deferred: imported on first use, for start-up time
     import subprocess
     from pathlib import Path
 
@@ -162,6 +166,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"heapcast trace: program not found: {program[0]}", file=sys.stderr)
         return 127
+    # deferred: imported on first use, for start-up time
     from tasks.format.trace_reader import count_traces  # numpy: after the program has run
 
     s = count_traces(run_dir)
@@ -179,6 +184,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def _layer_library() -> str | None:
     """native/build/libheapcast_layer.so, built with make when missing or older than a source.
     None, with the reason on stderr, when it cannot be built."""
+    # deferred: imported on first use, for start-up time
     import shutil
     import subprocess
     from pathlib import Path
@@ -209,6 +215,7 @@ def _layer_library() -> str | None:
 
 
 def cmd_layer(args: argparse.Namespace) -> int:
+    # deferred: imported on first use, for start-up time
     import subprocess
     import tempfile
     from pathlib import Path
@@ -273,6 +280,7 @@ def cmd_layer(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    # deferred: imported on first use, for start-up time
     import time
 
     from tasks.format.trace_reader import Op, TraceFormatError, read_trace
@@ -314,6 +322,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # deferred: imported on first use, for start-up time
     from tasks.core.config import default_root
     from tasks.core.storage import Root
     from tasks.report.sources import ReportInputError
@@ -340,6 +349,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    # deferred: imported on first use, for start-up time
     from pathlib import Path
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -389,6 +399,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_run(argv: list[str]) -> int:
+    # deferred: imported on first use, for start-up time
     from flows.nightly import main as nightly_main
 
     return nightly_main(argv)
@@ -401,6 +412,7 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, **kw)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        # deferred: imported on first use, for start-up time
         from importlib.metadata import PackageNotFoundError, version
 
         try:

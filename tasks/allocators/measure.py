@@ -23,6 +23,7 @@ its (case, allocator) pair; the rest go on.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -278,8 +279,6 @@ def run_logger():
     try:
         return get_run_logger()
     except Exception:  # outside a flow or task run
-        import logging
-
         return logging.getLogger("heapcast.allocators")
 
 

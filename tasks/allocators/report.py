@@ -28,7 +28,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext, TaskRunContext
 from pydantic import BaseModel
 
 from tasks.allocators.config import AllocatorsConfig
@@ -36,7 +38,7 @@ from tasks.allocators.heap import HeapFeatures, features_for
 from tasks.allocators.measure import Measurements, run_logger
 from tasks.allocators.stats import METRICS, PairSummary, Recommendation, analyse, samples_frame
 from tasks.core.storage import Root
-from tasks.registry.tracking import TrackingConfig
+from tasks.registry.tracking import TrackingConfig, configure, tracking_for
 
 SPREAD_FIELDS = ("median", "min", "max", "q1", "q3")
 
@@ -317,9 +319,11 @@ def _draw_case(ax, case: str, pairs: list[PairSummary], time_metric: str, mem_me
 
 def plots(m: Measurements, pairs: list[PairSummary], config: AllocatorsConfig) -> dict[str, bytes]:
     """{file name: PNG}: `allocators.png` (one panel per case) and `plots/<case>.png`."""
+    # deferred: imported on first use, for start-up time
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: imported on first use, for start-up time
     import matplotlib.pyplot as plt
 
     rule = config.rule
@@ -383,10 +387,10 @@ def log_mlflow(
 ) -> str:
     """One MLflow run for this measurement in the config's experiment (tracking: `tracking`,
     else configs/tracking.yaml for this root, as the other stages); returns its id."""
-    from tasks.registry.tracking import configure, tracking_for
 
     tracking = (tracking or tracking_for(root)).model_copy(update={"experiment": config.experiment})
     configure(tracking)
+    # deferred: imported on first use, for start-up time
     import mlflow
 
     with mlflow.start_run(run_name=f"allocators-{m.night}") as run:
@@ -491,11 +495,8 @@ def publish(
     MLflow run (`tracking`: configs/tracking.yaml's when None), and publish the markdown as the
     Prefect artifact `allocators`."""
     outcome = write_outcome(root, measurements, config, to_mlflow=to_mlflow, tracking=tracking)
-    from prefect.context import FlowRunContext, TaskRunContext
 
     if FlowRunContext.get() or TaskRunContext.get():  # called as `publish.fn` outside: no API
-        from prefect.artifacts import create_markdown_artifact
-
         create_markdown_artifact(
             outcome.markdown,
             key="allocators",

@@ -26,7 +26,7 @@ from tasks.allocators.decide import mann_whitney_p
 from tasks.allocators.measure import Measurements, measure_cases, select_cases
 from tasks.allocators.report import AllocatorsOutcome
 from tasks.core.storage import Root
-from tasks.registry.tracking import TrackingConfig
+from tasks.registry.tracking import TrackingConfig, configure
 from tasks.replay.workloads import load_catalog
 
 GUIDED_PREDICTOR = "online counter"  # what layer-guided predicts with (no model table yet)
@@ -219,7 +219,6 @@ def log_on_model_run(lines: list[SeedLine], tracking: TrackingConfig, run_id: st
     """The figures on an MLflow run, the registered model's or the measurement's own (metrics
     `layer.*`, and the lines as the tag `heapcast.layer.bought`, saying the predictor is the
     online counter)."""
-    from tasks.registry.tracking import configure
 
     configure(tracking)
     from mlflow.tracking import MlflowClient  # deferred: mlflow's import is slow

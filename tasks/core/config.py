@@ -13,6 +13,8 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tasks.core import quiet
+
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PROJECT_DIR / "configs"
 
@@ -89,7 +91,6 @@ def apply_embedded_defaults() -> None:
     # start-up lines ignore this level (Abseil not yet initialised): tasks.core.quiet holds them
     # to it. CUDA_VISIBLE_DEVICES is left alone: hiding the devices silences none of these
     # lines, and would hide a real GPU.
-    from tasks.core import quiet
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if quiet.has_nvidia_gpu() else "3")
     quiet.install()

@@ -74,7 +74,6 @@ def _local_cluster() -> LocalCluster:
 def _close_at_exit() -> None:
     """At interpreter exit, logging handlers (Prefect's, pytest's) may already be closed, and
     the scheduler's shutdown messages would print tracebacks: close without logging."""
-    import logging
 
     for name in list(logging.root.manager.loggerDict):
         if name.split(".")[0] in ("distributed", "dask", "tornado", "asyncio"):

@@ -44,6 +44,7 @@ Atomic, idempotent replace of a run's partition (converting a run again never du
 
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import errno
 import hashlib
@@ -65,6 +66,7 @@ from pydantic import Field
 from tasks.core.config import StrictModel, default_root
 from tasks.core.storage import Root
 from tasks.dataset.convert import FileStats, convert_groups
+from tasks.dataset.dask_cluster import dask_client
 from tasks.dataset.events_reader import (
     COMMIT_KEY,
     EVENTS_DIR,
@@ -377,8 +379,6 @@ def convert_run(
     or on the local cluster (tasks.dataset.dask_cluster).
     """
     if client is None:
-        from tasks.dataset.dask_cluster import dask_client
-
         with dask_client(scheduler) as c:
             return convert_run(root, run, client=c)
 
@@ -555,7 +555,6 @@ _RENAME_EXCHANGE = 2
 def _exchange(a: str, b: str) -> bool:
     """Swap two local folders in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where
     the C library or the file system cannot (the caller falls back to two renames)."""
-    import ctypes
 
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2

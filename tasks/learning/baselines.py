@@ -32,7 +32,7 @@ from tasks.learning.predictions import (  # noqa: F401  (the answer format, re-e
     ranking,
     token_counts,
 )
-from tasks.learning.sequences import TokenRun
+from tasks.learning.sequences import TokenRun, eval_positions
 
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier (golden ratio)
 
@@ -268,7 +268,6 @@ class Baselines:
     ) -> Baselines:
         """Fit all four on `train`; the n-gram's order is chosen on `validation` (the online
         counter takes only its fallback ranking from `train`: it learns as it predicts)."""
-        from tasks.learning.sequences import eval_positions
 
         ngram = NGram.fit(train, max_order, smoothing)
         if validation:

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.online import online_features
 from tasks.learning.predictions import TOP_K, Predictions
 from tasks.learning.sequences import TokenRun, eval_positions
 from tasks.learning.train_config import TrainConfig
@@ -243,6 +244,7 @@ def predict_positions(
     Stateless chunks of 2*context with a warm-up prefix (tasks.learning.sequences.eval_chunks): every
     scored position past a thread's first 2*context tokens has >= context tokens in view.
     """
+    # deferred: imported on first use, for start-up time
     from tasks.learning.token_data import eval_dataset
 
     online = None
@@ -289,7 +291,6 @@ ONLINE_FEATURES = 4  # top-1 (64 = none), order index (0 = none), count bucket, 
 
 def online_feature_matrix(run: TokenRun, orders) -> np.ndarray:
     """uint8 [n, ONLINE_FEATURES] for `run`: the online counter's answer after each token."""
-    from tasks.learning.online import online_features
 
     # one placeholder call after each thread's last, so that the answer after the last real
     # call exists (the counter answers a position from the calls before it only)

@@ -61,6 +61,7 @@ from llvmlite import ir
 from numba import njit, objmode, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.typed import List
 
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.predictions import NONE, TOP_K, Predictions, ranking, token_counts
@@ -886,7 +887,6 @@ class OnlineStreams:
     Threads are slots 0.. (the caller maps its thread names to them)."""
 
     def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS, capacity: int = 16) -> None:
-        from numba.typed import List
 
         self.orders = check_orders(orders)
         self._ext = _ext(self.orders)

@@ -20,9 +20,11 @@ def token_label(t: int) -> str:
 
 
 def _pyplot():
+    # deferred: imported on first use, for start-up time
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # deferred: imported on first use, for start-up time
     import matplotlib.pyplot as plt
 
     return plt
@@ -39,6 +41,7 @@ def _save(fig, path: str | Path) -> Path:
 def confusion_matrix_png(confusion: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Row-normalised confusion matrix (true x predicted) over the classes that occur."""
     plt = _pyplot()
+    # deferred: imported on first use, for start-up time
     from matplotlib.colors import LogNorm
 
     c = np.asarray(confusion, dtype=np.float64)

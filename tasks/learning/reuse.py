@@ -43,7 +43,7 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.outcome import QuestionScores
+from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
@@ -255,7 +255,6 @@ def reuse_lines(
 ) -> list[str]:
     """The reuse question in one line per evaluation table (all its workloads pooled): every
     predictor's top-1 and log-loss, and the layer table's coverage and agreement there."""
-    from tasks.learning.outcome import OVERALL
 
     by_table: dict[str, list[QuestionScores]] = {}
     for s in scores:

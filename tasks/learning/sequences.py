@@ -22,6 +22,7 @@ from tasks.dataset.events_reader import list_runs as list_events_runs
 from tasks.dataset.events_reader import read_run as read_events_run
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.train_config import DataConfig
+from tasks.replay.workloads import load_catalog
 
 COLUMNS = ["pid", "thread", "seq", "token"]
 
@@ -184,7 +185,6 @@ class Split:
 
 def workload_programs(cfg: DataConfig, workloads: list[str]) -> dict[str, str]:
     """{workload: program} from the catalog; a workload it does not list is its own program."""
-    from tasks.replay.workloads import load_catalog
 
     known = load_catalog(cfg.catalog).programs()
     return {w: known.get(w, w) for w in workloads}
@@ -270,7 +270,6 @@ def absent_heldout(
     right (the catalog lists it), only its data is missing tonight. A name the catalog does not
     know either stays, and plan_split names it as an error.
     """
-    from tasks.replay.workloads import load_catalog
 
     catalog = load_catalog(cfg.catalog).programs()
     present = {catalog.get(w, w) for w in available}

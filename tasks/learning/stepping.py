@@ -97,6 +97,7 @@ def step_weights(model) -> StepWeights:
     """The weights of a (registered) Keras next-call model, for the compiled step.
 
     ValueError, naming the model, for an architecture the step does not know."""
+    # deferred: imported on first use, for start-up time
     from tasks.learning.model import (
         _COUNT_BUCKETS,
         _SHARE_BUCKETS,

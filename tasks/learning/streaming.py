@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.online import OnlineState, OnlineStreams
+from tasks.learning.sequences import TokenRun
+from tasks.learning.stepping import _step, step_weights
 
 
 @dataclass
@@ -56,6 +59,7 @@ class StreamingPredictor:
     _threads: dict[Hashable, _Thread] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # deferred: imported on first use, for start-up time
         from tasks.learning.model import online_orders, takes_online
 
         self._online = takes_online(self.model)
@@ -67,6 +71,7 @@ class StreamingPredictor:
         cls, name: str = "heapcast-next-call", alias: str = "champion", context: int = 100
     ) -> StreamingPredictor:
         """Load `models:/<name>@<alias>` from the tracking store MLflow is configured for."""
+        # deferred: imported on first use, for start-up time
         import mlflow.keras
 
         import tasks.learning.model  # noqa: F401  (registers heapcast's custom layers)
@@ -78,8 +83,8 @@ class StreamingPredictor:
     def _thread(self, thread: Hashable) -> _Thread:
         t = self._threads.get(thread)
         if t is None:
+            # deferred: imported on first use, for start-up time
             from tasks.learning.model import ONLINE_FEATURES
-            from tasks.learning.online import OnlineState
 
             t = _Thread(
                 tokens=np.zeros(self.context, np.int32),
@@ -99,6 +104,7 @@ class StreamingPredictor:
         t.tokens[:-1] = t.tokens[1:]
         t.tokens[-1] = token
         if t.online is not None:
+            # deferred: imported on first use, for start-up time
             from tasks.learning.model import online_row
 
             t.state.push(int(token))
@@ -151,10 +157,12 @@ def _compiled(model, online: bool):
 
     Called eagerly, a recurrent model runs its time loop op by op in Python (seconds per call);
     traced once with shapes left open, each prediction is one graph execution."""
+    # deferred: imported on first use, for start-up time
     import tensorflow as tf
 
     tokens = tf.TensorSpec([None, None], tf.int32)
     if online:
+        # deferred: imported on first use, for start-up time
         from tasks.learning.model import ONLINE_FEATURES
 
         spec = {"tokens": tokens, "online": tf.TensorSpec([None, None, ONLINE_FEATURES], tf.int32)}
@@ -171,8 +179,8 @@ def _compiled(model, online: bool):
 def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
     """Batch form of one streaming prediction: float32 [64] after the last of `tokens` (one
     thread's calls from its first), from its last `context` tokens and their online features."""
+    # deferred: imported on first use, for start-up time
     from tasks.learning.model import online_feature_matrix, online_orders, takes_online
-    from tasks.learning.sequences import TokenRun
 
     tokens = np.asarray(tokens, np.uint8)
     width = min(context, len(tokens))
@@ -200,8 +208,6 @@ class StatefulStream:
     """
 
     def __init__(self, model, context: int = 100) -> None:
-        from tasks.learning.stepping import step_weights
-
         if context < 1:
             raise ValueError(f"context {context}: must be >= 1")
         self.context = int(context)
@@ -212,8 +218,6 @@ class StatefulStream:
         self._hist_len = max(w.ngram_order, 1)
         self._online = None
         if w.online_orders:
-            from tasks.learning.online import OnlineStreams
-
             self._online = OnlineStreams(w.online_orders)
         self._alloc(16)
 
@@ -268,8 +272,6 @@ class StatefulStream:
 
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         """Observe one call per thread (its token), then {thread: float32 [64]}: its next call."""
-        from tasks.learning.stepping import _step
-
         names = list(calls)
         tokens = np.fromiter((int(calls[t]) for t in names), np.int64, len(names))
         bad = np.flatnonzero((tokens < 0) | (tokens >= N_TOKENS))
@@ -299,8 +301,8 @@ def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray
     thread's calls from its first), from the evaluation chunk that scores the next call
     (tasks.learning.sequences.eval_chunks): the one starting at call k*context,
     k = max(0, i // context - 1) for the last call's index i."""
+    # deferred: imported on first use, for start-up time
     from tasks.learning.model import online_feature_matrix, online_orders, takes_online
-    from tasks.learning.sequences import TokenRun
 
     tokens = np.asarray(tokens, np.uint8)
     start = max(0, (len(tokens) - 1) // context - 1) * context

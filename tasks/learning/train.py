@@ -13,6 +13,7 @@ do) stays cheap.
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 
 from tasks.core.config import PROJECT_DIR
@@ -76,8 +78,8 @@ def backup_readable(backup: Path) -> bool:
     """Whether keras.callbacks.BackupAndRestore can resume from `backup`: a process killed
     while writing it leaves a truncated weights file or metadata, which would fail every later
     training of the same config and data."""
-    import json
 
+    # deferred: imported on first use, for start-up time
     import h5py
 
     try:
@@ -108,6 +110,7 @@ def crossfit_features(feats: np.ndarray, runs: list, cfg: TrainConfig) -> int:
     often confidently wrong. Trained on the first kind alone, the network trusts them on the
     second (benchmarks/results/model_variants.json); cross-fitted blocks teach it when not to.
     """
+    # deferred: imported on first use, for start-up time
     from tasks.learning.model import NGramTable
 
     workloads = sorted({r.workload for r in runs})
@@ -146,6 +149,7 @@ def fit_model(
 
     Returns (model, facts): facts holds history, predictions_per_second, seconds, initial_epoch.
     """
+    # deferred: imported on first use, for start-up time
     import keras
 
     from tasks.learning.model import (
@@ -154,6 +158,8 @@ def fit_model(
         build_model,
         online_feature_matrix,
     )
+
+    # deferred: Keras at its top, imported on first use
     from tasks.learning.token_data import sequence_dataset, windows_dataset
 
     keras.utils.set_random_seed(cfg.seed)
@@ -260,6 +266,7 @@ def fit_model(
 
 def _throughput_meter(per_batch: int):
     """A callback timing training steps (data, forward, backward, update), not validation."""
+    # deferred: imported on first use, for start-up time
     import keras
 
     class ThroughputMeter(keras.callbacks.Callback):
@@ -291,6 +298,7 @@ def _throughput_meter(per_batch: int):
 
 
 def _epoch_recorder():
+    # deferred: imported on first use, for start-up time
     import keras
 
     class EpochRecorder(keras.callbacks.Callback):
@@ -308,6 +316,7 @@ def _epoch_recorder():
 def evaluate_model(model: Any, cfg: TrainConfig, split: Split) -> tuple[Evaluation, Baselines]:
     """Baselines fitted on split.train (n-gram order on split.validation); every predictor scored
     at eval_positions of each evaluation and held-out run."""
+    # deferred: imported on first use, for start-up time
     from tasks.learning.model import as_sequence_model, predict_positions
 
     baselines = Baselines.fit(
@@ -352,6 +361,7 @@ def input_example(
     out[0, :n] = run.tokens[start : start + n]
     if online_orders is None:
         return out
+    # deferred: imported on first use, for start-up time
     from tasks.learning.model import ONLINE_FEATURES, online_feature_matrix
 
     thread = TokenRun(run.workload, run.run, run.tokens[start : start + n], np.array([0, n]))
@@ -456,7 +466,6 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
 @task(name="publish-evaluation", cache_policy=NO_CACHE)
 def publish_evaluation(outcome: TrainOutcome) -> str:
     """A Prefect markdown artifact with the evaluation tables; returns the markdown."""
-    from prefect.artifacts import create_markdown_artifact
 
     cfg = outcome.config
     head = (

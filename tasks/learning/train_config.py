@@ -28,9 +28,16 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from tasks.core.config import CONFIG_DIR, ConfigError, StrictModel, default_root, load_config
+from tasks.core.config import (
+    CONFIG_DIR,
+    ConfigError,
+    StrictModel,
+    default_root,
+    format_validation_error,
+    load_config,
+)
 
 DEFAULT_CONFIG = CONFIG_DIR / "train.yaml"
 QUICK_CONFIG = CONFIG_DIR / "train-quick.yaml"
@@ -172,9 +179,6 @@ def load_train_config(
     cfg = load_config(TrainConfig, path)
     if not overrides:
         return cfg
-    from pydantic import ValidationError
-
-    from tasks.core.config import format_validation_error
 
     try:
         return TrainConfig.model_validate(_merge(cfg.model_dump(), overrides))

@@ -421,6 +421,7 @@ def summarize(
 def champion_version(tracking: TrackingConfig) -> str | None:
     """The registered version holding the `champion` alias, or None (tracking server may fail)."""
     quiet_mlflow_env()  # before mlflow is imported
+    # deferred: imported on first use, for start-up time
     from mlflow import MlflowClient  # deferred for start-up time
 
     target = resolve_target(tracking)

@@ -28,8 +28,11 @@ has to be re-evaluated.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +111,7 @@ def record_evaluation(
 
 def current_champion(client, name: str, alias: str):
     """The ModelVersion holding `alias`, or None (no alias yet, or no such model)."""
+    # deferred: imported on first use, for start-up time
     from mlflow.exceptions import MlflowException
 
     try:
@@ -124,6 +128,7 @@ def load_version(name: str, version: str):
     Keras rebuilds heapcast's custom layers (NGramFeatures, OnlineOrders) only once the module
     that registers them was imported; `mlflow.keras.load_model` imports nothing of ours (its
     flavour has no hook for it), so this does first. Deferred, as mlflow: start-up time."""
+    # deferred: imported on first use, for start-up time
     import mlflow.keras
 
     import tasks.learning.model  # noqa: F401  (registers the custom layers)
@@ -133,7 +138,6 @@ def load_version(name: str, version: str):
 
 def champion_config(client, version) -> dict | None:
     """The training config logged (config.json) on the run that produced a model version."""
-    import tempfile
 
     run_id = getattr(version, "run_id", None)
     if not run_id:
@@ -163,7 +167,6 @@ def score_from_run(client, version, metric: str, content_hash: str) -> float | N
 
 def call_evaluator(evaluate_model: EvaluateModel, model, config: dict | None) -> Evaluation:
     """evaluate_model(model, config), or evaluate_model(model) for a one-argument callable."""
-    import inspect
 
     try:
         params = [
@@ -370,8 +373,8 @@ def decision_metrics(decision: PromotionDecision) -> dict[str, float]:
 
 def log_decision(client, run_id: str, decision: PromotionDecision) -> None:
     """Params, metrics and tags of the decision on the candidate's run."""
-    import time
 
+    # deferred: imported on first use, for start-up time
     from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)

@@ -36,6 +36,7 @@ its run, the runs it was evaluated on and the decision, which the stages after i
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -55,10 +56,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+from PIL import Image
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.core.config import PROJECT_DIR
+from tasks.learning import plots
 from tasks.learning.evaluate import TABLES, evaluation_markdown
 from tasks.learning.outcome import (
     BASELINES,
@@ -69,6 +73,8 @@ from tasks.learning.outcome import (
     RegisteredModel,
     TrainOutcome,
 )
+from tasks.learning.train import evaluate_model
+from tasks.learning.train_config import TrainConfig
 from tasks.registry import champion as champion_rules
 from tasks.registry import headline
 from tasks.registry.questions import log_questions
@@ -153,6 +159,7 @@ def library_versions() -> dict[str, str]:
 
 def model_pip_requirements() -> list[str]:
     """Explicit requirements of a logged model (inferring them costs ~15 s per log_model)."""
+    # deferred: imported on first use, for start-up time
     import keras
 
     backend = keras.backend.backend()
@@ -234,7 +241,6 @@ def evaluation_rows(evaluation: Evaluation) -> list[dict[str, Any]]:
 
 def write_evaluation_tables(evaluation: Evaluation, folder: Path) -> list[Path]:
     """evaluation.csv, evaluation.json, evaluation.md and per_class_accuracy.csv in `folder`."""
-    import csv
 
     folder.mkdir(parents=True, exist_ok=True)
     rows = evaluation_rows(evaluation)
@@ -265,7 +271,6 @@ def write_evaluation_tables(evaluation: Evaluation, folder: Path) -> list[Path]:
 
 def write_plots(outcome: TrainOutcome, folder: Path) -> dict[str, Path]:
     """The four PNGs, keyed by their image key."""
-    from tasks.learning import plots
 
     ev = outcome.evaluation
     per_class = {}
@@ -315,8 +320,8 @@ class RegistrationResult:
 
 def _dataset_input(outcome: TrainOutcome):
     """The data as an MLflow dataset: one row per (workload, run, split), digest = content hash."""
+    # deferred: imported on first use, for start-up time
     import mlflow.data
-    import pandas as pd
 
     d = outcome.dataset
     rows = (
@@ -340,7 +345,6 @@ def _dataset_input(outcome: TrainOutcome):
 
 
 def _png_as_array(path: Path) -> np.ndarray:
-    from PIL import Image
 
     with Image.open(path) as im:
         return np.asarray(im.convert("RGB"))
@@ -355,8 +359,8 @@ def log_keras_model(model, **kwargs):
     FileNotFoundError. The same `Model.log` call mlflow.keras.log_model makes, through a flavor
     whose save_model creates the folder first, keeps the flavor, the signature and the example.
     """
-    import os
 
+    # deferred: imported on first use, for start-up time
     import mlflow.keras
     from mlflow.models import Model
 
@@ -594,6 +598,7 @@ def _take_claim(client, name: str, token: str) -> bool:
     """Create the claim model (the store refuses a second model of that name: the one atomic
     compare-and-set MLflow offers over REST); remove a stale one (its owner dead here, or its
     lease out) so that the next try can take it."""
+    # deferred: imported on first use, for start-up time
     from mlflow.exceptions import MlflowException
 
     now_ms = int(time.time() * 1000)
@@ -624,6 +629,7 @@ def _take_claim(client, name: str, token: str) -> bool:
 
 def _drop_claim(client, name: str, token: str) -> None:
     """Delete the claim model if it is still the one with `token`."""
+    # deferred: imported on first use, for start-up time
     from mlflow.exceptions import MlflowException
 
     try:
@@ -652,6 +658,7 @@ def claim_registration(
     """(run, its version or None) of the registration of `key`, now owned by this process: an
     earlier one to resume or return, else a new run. Waits while another live registrar of the
     same key is at work, then takes what it left."""
+    # deferred: imported on first use, for start-up time
     from mlflow.tracking.context.registry import resolve_tags
 
     while True:
@@ -763,6 +770,7 @@ def register_outcome(
     the training data (logged as report/<name>), or None with `report_error` saying why."""
     refuse_small_evaluation(outcome)
     experiment_id = configure(tracking)
+    # deferred: imported on first use, for start-up time
     import mlflow
     from mlflow import MlflowClient
 
@@ -837,6 +845,7 @@ def log_data_report(report: Path | None, report_error: str | None) -> None:
     named <workload>-<run>.html), as the artifact report/<name>, named by the tag
     heapcast.report. A report that could not be made is that tag saying why, never a failed
     registration: the model does not depend on it."""
+    # deferred: imported on first use, for start-up time
     import mlflow
 
     if report is None:
@@ -855,6 +864,7 @@ def _log_run_and_model(
     report_error: str | None,
 ):
     """Everything of a run up to its model (which registers the version); the ModelInfo."""
+    # deferred: imported on first use, for start-up time
     import mlflow
     from mlflow import MlflowClient
     from mlflow.models import infer_signature
@@ -914,6 +924,7 @@ def _log_metrics(
     client, run_id: str, outcome: TrainOutcome, scores: dict[str, float], dataset, model_id
 ) -> None:
     """The headline (linked to the logged model and the dataset) and the curves."""
+    # deferred: imported on first use, for start-up time
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -1023,7 +1034,6 @@ def _result(
 def rescore_config(today, champion_config: dict | None):
     """The config to score a champion with today: today's data split, n-gram and batch settings,
     the champion's own model shape (mode, context, network) where its config was logged."""
-    from tasks.learning.train_config import TrainConfig
 
     if not champion_config:
         return today
@@ -1041,8 +1051,6 @@ def champion_rescorer(config, split) -> Callable[[Any, dict | None], Evaluation]
     was (tasks.learning.train.evaluate_model), with the champion's own model shape."""
 
     def rescore(model, champion_config: dict | None = None) -> Evaluation:
-        from tasks.learning.train import evaluate_model
-
         return evaluate_model(model, rescore_config(config, champion_config), split)[0]
 
     return rescore

@@ -19,6 +19,7 @@ MLflow itself is imported lazily: flows import this module at start-up.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from collections.abc import Iterator
@@ -172,7 +173,6 @@ def store_lock(tracking: TrackingConfig) -> Iterator[bool]:
     if path is None:
         yield False
         return
-    import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -204,6 +204,7 @@ def configure(tracking: TrackingConfig) -> str:
     another access mode, or for another root) is an error that says what to do.
     """
     quiet_mlflow_env()
+    # deferred: imported on first use, for start-up time
     import mlflow
     from mlflow import MlflowClient
 

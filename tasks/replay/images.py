@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from docker.errors import APIError, BuildError, ImageNotFound
 from prefect import get_run_logger, task
 from pydantic import BaseModel
 
@@ -62,8 +63,6 @@ def build_base(host: str | None = None, force: bool = False) -> ImageBuild:
     client = connect(host)
     t0 = time.monotonic()
     try:
-        from docker.errors import ImageNotFound
-
         if not force:
             try:
                 img = client.images.get(BASE_IMAGE)
@@ -102,7 +101,6 @@ def build_workload_image(
     image: str, base_id: str, host: str | None = None, force: bool = False
 ) -> ImageBuild:
     """Build docker/workloads/<image>/ as heapcast/<image>:bookworm unless it is up to date."""
-    from docker.errors import APIError, BuildError, ImageNotFound
 
     folder = IMAGES_DIR / image
     if not (folder / "Dockerfile").is_file():

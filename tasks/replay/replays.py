@@ -12,6 +12,7 @@ says `ok: false` and why. Readers take runs from manifests with `ok: true`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import posixpath
 import shutil
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 
 from tasks.core.storage import Root
 from tasks.format.trace_reader import TraceCounts, count_traces
+from tasks.replay.inputs import generate_input
 from tasks.replay.manifest import MANIFEST_NAME, RunManifest
 from tasks.replay.runners.base import EngineError, RunRequest, RunResult
 from tasks.replay.runners.select import make_runner, resolve_runner_kind
@@ -168,7 +170,6 @@ def replay_input(
     Returns the manifest of a good run; raises ReplayFailed (after publishing) for a bad one,
     EngineError for an engine hiccup (nothing published: worth a retry), RunnerUnavailable
     when the runner cannot run here."""
-    from tasks.replay.inputs import generate_input
 
     log = log or _logger()
     tracer = Path(tracer)
@@ -257,8 +258,6 @@ def _logger():
     try:
         return get_run_logger()
     except Exception:  # outside a run: plain logging
-        import logging
-
         return logging.getLogger("heapcast.replay")
 
 

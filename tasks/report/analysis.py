@@ -37,7 +37,8 @@ import pyarrow as pa
 from tasks.dataset.tokens import FREE_OFFSET, size_class
 from tasks.dataset.worker_heap import heap_kept
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, op_name
-from tasks.report.sources import Part, RunInput, iter_parts
+from tasks.report.sources import Part, ReportInputError, RunInput, iter_parts
+from tasks.report.symbols import caller_label, resolve
 
 N_CLASSES = 32  # size classes 0..31: a block of n bytes is min(n.bit_length(), 31)
 N_LOG2 = 64  # bins of the lifetime histogram in ns: bit length of the lifetime
@@ -656,7 +657,6 @@ def _analyze(
     top_processes: int,
     parts: Iterable[Part] | None,
 ) -> HeapReport:
-    from tasks.report.sources import ReportInputError
 
     acc = _Accumulator(temporary_calls)
     n_parts = 0
@@ -732,7 +732,6 @@ def _caller_modules(b: Any, sel: Any) -> tuple[np.ndarray, np.ndarray, list[str]
 def _callers(rep: HeapReport, acc: _Accumulator) -> None:
     if not acc.caller_parts:
         return
-    from tasks.report.symbols import caller_label, resolve
 
     t = pa.concat_tables(acc.caller_parts)
     known = t["module"].is_valid()

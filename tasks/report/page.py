@@ -18,6 +18,10 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
 
 from tasks.report.analysis import CALLER_COLUMNS, N_CLASSES, HeapReport, Process, calls_bin_range
 
@@ -87,8 +91,6 @@ def hex_addr(a: int) -> str:
 
 
 def _go():
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
     return go, make_subplots
 
@@ -924,13 +926,11 @@ def standalone_page(
 
 def plotly_js() -> str:
     """plotly.js as the pages draw with it: the content of the shared copy (PLOTLY_JS)."""
-    from plotly.offline import get_plotlyjs  # deferred: plotly is slow to import
 
     return get_plotlyjs()
 
 
 def _figure_div(sid: str, fig, inline_plotly: bool) -> str:
-    import plotly.io as pio  # deferred: plotly is slow to import
 
     return pio.to_html(
         fig,

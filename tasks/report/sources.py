@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks.core.storage import Root
+from tasks.dataset.convert import convert_groups
 from tasks.dataset.events_reader import EVENTS_DIR, EventsNotFound, RunParts
+from tasks.format.trace_reader import TraceFormatError, parse_header, parse_trace, read_trace
 
 # The columns of EVENTS_SCHEMA the report reads (the others are never decoded).
 COLUMNS = (
@@ -261,7 +264,6 @@ def _open_trace(path: str, fs: Any) -> tuple[Any, str | None]:
     memory-mapped (records viewed in the page cache, not copied). The truncated record is cut
     here, not left to the reader's warnings.warn: this runs in a reading thread, where
     warnings.catch_warnings is not safe."""
-    from tasks.format.trace_reader import TraceFormatError, parse_header, parse_trace, read_trace
 
     if fs is not None:
         with fs.open(path, "rb") as f:
@@ -287,8 +289,6 @@ def _open_trace(path: str, fs: Any) -> tuple[Any, str | None]:
 
 
 def _raw_parts(run: RunInput) -> Iterator[Part]:
-    from tasks.dataset.convert import convert_groups
-    from tasks.format.trace_reader import TraceFormatError
 
     for path in run.files:
         name = _name(path)
@@ -388,7 +388,6 @@ def _pid_range(pf: Any) -> tuple[int, int] | None:
 
 
 def _events_parts(run: RunInput) -> Iterator[Part]:
-    import pyarrow.parquet as pq
 
     by_part = {}
     for f in (run.summary or {}).get("files", []):

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,6 @@ DEBUG_ROOT = "/usr/lib/debug/.build-id"  # separate debug files (Debian's *-dbgs
 def _read_symbols(path: str, best: dict[int, tuple[int, str]]) -> str | None:
     """Adds the function symbols of `path` to `best` (value -> (size, name)); returns the file's
     GNU build id (hex) when it has one."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import NoteSection, SymbolTableSection
 
     build_id = None
     try:

@@ -56,7 +56,7 @@ import pyarrow as pa
 from numba import njit
 
 from tasks.dataset.tokens import size_class
-from tasks.whatif.events import N_CLASSES, NEVER
+from tasks.whatif.events import _DEFINES, N_CLASSES, NEVER
 
 NONE_TOKEN = 255  # an empty top-k slot (tasks.learning.baselines.NONE)
 
@@ -91,7 +91,6 @@ def _free_class(table: pa.Table) -> np.ndarray:
 
 def _request_class(table: pa.Table) -> np.ndarray:
     """Size class of the block each row defines, -1 where it defines none."""
-    from tasks.whatif.events import _DEFINES
 
     op = table.column("op").to_numpy()
     addr = table.column("addr").to_numpy()
@@ -337,7 +336,6 @@ def layer_rule_keep(
     only. A realloc row learns its request only and decides nothing (the layer hands the old
     block to its cache only when a kept block serves the realloc, which this array cannot
     know)."""
-    from tasks.whatif.events import _DEFINES
 
     op = table.column("op").to_numpy()
     size = table.column("size").to_numpy().astype(np.uint64)

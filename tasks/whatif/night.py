@@ -90,6 +90,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,17 +98,33 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
 from tasks.core.config import StrictModel, default_root
 from tasks.core.storage import Root
+from tasks.learning.baselines import NONE, TOP_K
+from tasks.learning.online import OnlineCounter
 from tasks.learning.outcome import RegisteredModel
+from tasks.learning.sequences import eval_positions, token_run
+from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
 from tasks.registry.headline import whatif_metrics as headline_metrics
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target
+from tasks.whatif.events import prepare, read_events
+from tasks.whatif.guided import (
+    align_token_run,
+    keep_at_free,
+    layer_rule_keep,
+    next_call_top,
+    predictions_from_topk,
+    reuse_labels,
+)
 from tasks.whatif.policies import GuidedConfig, OracleConfig, PolicyConfig, _Policy
 from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_plot, sweep_run
 
@@ -279,6 +296,7 @@ RUN_PARAMS = ("dataset.eval_runs", "dataset.unseen_program_runs", "dataset.heldo
 
 def _client(tracking: TrackingConfig):
     configure(tracking)
+    # deferred: imported on first use, for start-up time
     from mlflow import MlflowClient  # deferred for start-up time (configure quiets it first)
 
     target = resolve_target(tracking)
@@ -320,8 +338,8 @@ def load_predictor(ref: ModelRef) -> Predictor:
     """The version as a sequence-mode model; a version that cannot be loaded gives a Predictor
     with its error (the runs are still replayed, without the `model` predictor)."""
     try:
+        # deferred: imported on first use, for start-up time
         from tasks.learning.model import as_sequence_model
-        from tasks.learning.train_config import TrainConfig
         from tasks.registry.champion import load_version
 
         if ref.config is None:
@@ -339,9 +357,6 @@ def load_predictor(ref: ModelRef) -> Predictor:
 def _top_per_row(table, token_run, top_at_positions: np.ndarray) -> np.ndarray:
     """A predictor's top-5 at eval_positions(token_run) -> [rows, 5] per row of `table`
     (a thread's first call, which nothing predicts, gets empty slots)."""
-    from tasks.learning.baselines import NONE, TOP_K
-    from tasks.learning.sequences import eval_positions
-    from tasks.whatif.guided import align_token_run
 
     top = np.full((token_run.n_tokens, TOP_K), NONE, np.uint8)
     top[eval_positions(token_run)] = top_at_positions
@@ -353,15 +368,6 @@ def predictions_for(
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """{predictor name: keep/drop per row of `table`} and notes on the predictors left out.
     horizon 1: causal (keep_at_free, the top-5 made at the free); more: `<name>_optimistic`."""
-    from tasks.learning.online import OnlineCounter
-    from tasks.learning.sequences import eval_positions
-    from tasks.whatif.guided import (
-        keep_at_free,
-        layer_rule_keep,
-        next_call_top,
-        predictions_from_topk,
-        reuse_labels,
-    )
 
     def keep(name: str, top: np.ndarray) -> None:
         per_row = _top_per_row(table, token_run, top)
@@ -374,6 +380,7 @@ def predictions_for(
     notes: list[str] = []
     pos = eval_positions(token_run)
     if predictor is not None and predictor.model is not None:
+        # deferred: imported on first use, for start-up time
         from tasks.learning.model import predict_positions
 
         pred = predict_positions(
@@ -398,7 +405,6 @@ def replay_events(
     run: str = "",
 ) -> tuple[pd.DataFrame, list[str]]:
     """One run's table through `policies`; the guided ones once per predictor."""
-    from tasks.whatif.events import prepare
 
     x = prepare(table, workload, run)  # once: every sweep below shares it (and its baseline)
     plain = [p for p in policies if not isinstance(p, GuidedConfig)]
@@ -427,8 +433,6 @@ def replay_run(
     predictor: Predictor | None = None,
 ) -> RunReplay:
     """One run through the grid; its events missing or unreadable: a RunReplay with the error."""
-    from tasks.learning.sequences import token_run
-    from tasks.whatif.events import read_events
 
     try:
         # Read once: the simulator's table and the model's tokens are the same rows.
@@ -463,8 +467,6 @@ def table_path(root: Root, ref: ModelRef) -> str:
 @task(name="whatif-write-table", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def write_table(root: Root, replays: list[RunReplay], ref: ModelRef) -> str:
     """The rows of every replayed run under <root>/whatif/ (atomic, see TABLE); its URL."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     df = results_table(replays, ref)
     final = table_path(root, ref)
@@ -731,9 +733,9 @@ def log_to_mlflow(
 ) -> None:
     """The headline metrics, the Pareto plot, the markdown and the tables on the version's run
     (whatif/)."""
-    import time
 
     client = _client(tracking)
+    # deferred: imported on first use, for start-up time
     from mlflow.entities import Metric  # deferred for start-up time
 
     run_id = summary.model_run_id
@@ -766,7 +768,6 @@ def log_to_mlflow(
 @task(name="whatif-publish", cache_policy=NO_CACHE)
 def publish(summary: WhatifSummary) -> str:
     """The page as the Prefect markdown artifact `whatif`."""
-    from prefect.artifacts import create_markdown_artifact
 
     create_markdown_artifact(
         markdown=summary.markdown,

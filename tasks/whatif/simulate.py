@@ -81,6 +81,7 @@ import pyarrow as pa
 from numba import njit
 
 from tasks.whatif.events import N_CLASSES, NEVER, SimInput, prepare
+from tasks.whatif.oracle import oracle_metrics
 from tasks.whatif.policies import (
     MMAP_THRESHOLD,
     BeladyConfig,
@@ -718,8 +719,6 @@ def simulate(
     x = as_input(events, workload, run)
     base = _baseline(x, mmap_threshold)
     if isinstance(policy, OracleConfig):
-        from tasks.whatif.oracle import oracle_metrics
-
         return oracle_metrics(x, policy, base)
     if isinstance(policy, NoneConfig):
         out = dict(base)

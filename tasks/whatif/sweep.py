@@ -25,6 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.storage import Root
+from tasks.learning.sequences import list_runs
 from tasks.whatif.events import SimInput, prepare, read_events
 from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (
@@ -99,8 +100,6 @@ def sweep(
 ) -> pd.DataFrame:
     """Every (workload, run) (default: all under <root>/events) through every config."""
     if runs is None:
-        from tasks.learning.sequences import list_runs
-
         runs = [(w, r) for w, rs in list_runs(root).items() for r in rs]
     frames = []
     for w, r in runs:
@@ -132,9 +131,11 @@ def pareto_plot(
 ) -> Path:
     """Hit rate against bytes held idle (`x`: idle_bytes_mean or idle_bytes_peak), one line per
     policy, one panel per run; x on a log scale (0 is drawn at 1 byte). PNG at `path`."""
+    # deferred: imported on first use, for start-up time
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # deferred: imported on first use, for start-up time
     import matplotlib.pyplot as plt
 
     keys = list(dict.fromkeys(zip(df["workload"], df["run"])))

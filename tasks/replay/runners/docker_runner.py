@@ -24,6 +24,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+
+import docker
 from tasks.replay.runners.base import (
     PROBE_REPORT,
     RUN_GID,
@@ -74,9 +78,6 @@ def engine_host() -> str:
 
 def connect(host: str | None = None, timeout: int = 60):
     """A docker client that answered a ping; RunnerUnavailable with the way out otherwise."""
-    from docker.errors import DockerException
-
-    import docker
 
     host = host or engine_host()
     try:
@@ -117,7 +118,6 @@ class DockerRunner(Runner):
     def missing_files(self, workload: Workload, paths: list[str]) -> list[str]:
         """Those of `paths` absent from the workload's image (read from a created, never
         started container: no process runs)."""
-        from docker.errors import NotFound
 
         client = connect(self.host)
         try:
@@ -131,7 +131,6 @@ class DockerRunner(Runner):
             client.close()
 
     def run(self, request: RunRequest) -> RunResult:
-        from docker.errors import APIError, DockerException
 
         w, inp = request.workload, request.input
         paths = SANDBOX_PATHS
@@ -211,8 +210,6 @@ class DockerRunner(Runner):
             client.close()
 
     def _start_and_wait(self, container, request: RunRequest, argv, env, image) -> RunResult:
-        import requests
-        from docker.errors import APIError, DockerException
 
         w = request.workload
         limit = request.time_limit_s
@@ -277,7 +274,6 @@ class DockerRunner(Runner):
 
 
 def _image(client, w: Workload):
-    from docker.errors import ImageNotFound
 
     try:
         return client.images.get(w.image_tag)
