@@ -372,7 +372,8 @@ def run_once(
     """One measured run in a fresh folder, its loading verified by the probe
     (tasks.replay.runners.preload); (result, traced events, error, verification, the layer's
     counters: `read_layer_stats`, {} for others). An engine hiccup is tried once more, then
-    recorded as the run's error."""
+    recorded as the run's error; a workload the host cannot run (a `mounts` source missing:
+    FileNotFoundError naming it) is recorded at once, so that only its case fails."""
     error = None
     spec = allocator.spec
     probe = build_probe()
@@ -399,6 +400,9 @@ def run_once(
         except EngineError as err:
             error = f"engine error (attempt {attempt}): {err}"
             continue
+        except FileNotFoundError as err:
+            # not transient: another attempt would miss the same folder
+            return None, None, f"cannot run here: {err}", None, {}
         events = count_traces(dirs["trace"]).events if tracer is not None else None
         layer = read_layer_stats(dirs["measure"] / LAYER_STATS) if allocator.kind == "layer" else {}
         return result, events, None, verify_result(spec, request, result), layer

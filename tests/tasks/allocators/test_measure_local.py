@@ -12,7 +12,9 @@ from tasks.allocators.measure import Case, check_allocators, measure_cases, sele
 from tasks.allocators.stats import analyse
 from tasks.core.storage import Root
 from tasks.replay.runners.local_runner import LocalRunner
+from tasks.replay.workloads import parse_catalog
 from tests.conftest import in_ci
+from tests.tasks.allocators.programs_build import alloc_mix_workloads
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +132,30 @@ def test_a_workload_that_clears_its_environment_is_not_applied(
     pairs, (rec,) = analyse(m, cfg)
     assert {p.status for p in pairs} == {"not applied"}
     assert rec.allocator is None
+
+
+def test_a_workload_whose_mount_is_missing_fails_alone(config, alloc_catalog, tmp_path):
+    """A catalog workload whose `mounts` source is not on this host fails its own case, named
+    with the error; the other workloads are still measured."""
+    data = alloc_mix_workloads()
+    broken = data["workloads"][1]
+    broken["mounts"] = [{"source": str(tmp_path / "gone"), "target": "/heapcast/gone"}]
+    catalog = parse_catalog(data, "test (a missing mount)")
+    glibc = config.model_copy(update={"allocators": [config.get(config.baseline)]})
+    m = measure_cases(
+        [
+            Case(w, w.inputs[0], w.name)
+            for w in (alloc_catalog.get("alloc_mix"), catalog.get(broken["name"]))
+        ],
+        glibc,
+        Root.from_url(str(tmp_path)),
+        "local",
+        repetitions=1,
+        warmup=0,
+    )
+    pairs, _ = analyse(m, glibc)
+    by_case = {p.case: p for p in pairs}
+    assert by_case["alloc_mix"].status == "ok"
+    failed = by_case[broken["name"]]
+    assert failed.status == "failed"
+    assert "mount source" in failed.reason and str(tmp_path / "gone") in failed.reason
