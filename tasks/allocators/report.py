@@ -12,7 +12,8 @@ Under the data root (`tasks.core.storage.Root`), one folder per measurement (`ni
   allocators/reports/night=<stamp>/plots/<case>.png the same, one file per case
   allocators/reports/night=<stamp>/measurements.json  everything measured, as measured
 
-`pyarrow.dataset.dataset(<root>/allocators/summary, partitioning="hive")` reads every night.
+`pyarrow.dataset.dataset(<root>/allocators/summary, partitioning="hive")` reads every night;
+`last_advice` reads the newest recommendation per case from them (the nightly summary's section).
 MLflow: one run per measurement in the config's experiment (its own, not the models'), metrics
 `<case>.<allocator>.wall_s`, `.peak_rss_mb`, `.cpu_s` (medians), `<case>.margin`, tags
 `recommended.<case>`, and the report folder as artifacts.
@@ -21,6 +22,7 @@ MLflow: one run per measurement in the config's experiment (its own, not the mod
 from __future__ import annotations
 
 import io
+import posixpath
 import re
 import tempfile
 from pathlib import Path
@@ -58,6 +60,37 @@ class AllocatorsOutcome(BaseModel):
     failed: list[str]  # "<case> under <allocator>: why" for each failed or unavailable pair
 
 
+class Advice(BaseModel):
+    """A case's recommendation as its night's summary table holds it (`last_advice`)."""
+
+    night: str
+    case: str
+    recommendation: str | None  # None: no allocator ran cleanly
+    baseline: str
+    objective: str | None  # time or memory; None in tables written before it was recorded
+    margin: float | None
+    margin_low: float | None
+    margin_high: float | None
+    beyond_noise: bool | None
+    best_challenger: str | None
+    # the recommended candidate's line to paste before a command (`Allocator.line`, "" for
+    # the C library as it is); None in tables written before it was recorded
+    line: str | None
+    report: str  # the night's markdown table
+    experiment: str | None  # the MLflow experiment of the measurement's run
+
+
+class LastAdvice(BaseModel):
+    """The newest recommendation per case over every night, and each table that was unreadable."""
+
+    advice: list[Advice]
+    problems: list[str]  # "<path>: why"
+
+    @property
+    def last_night(self) -> str | None:
+        return max((a.night for a in self.advice), default=None)
+
+
 def features_for_cases(
     root: Root, m: Measurements, large_block_bytes: int
 ) -> dict[str, HeapFeatures | None]:
@@ -77,8 +110,10 @@ def summary_table(
     pairs: list[PairSummary],
     recs: list[Recommendation],
     features: dict[str, HeapFeatures | None],
+    experiment: str,
 ) -> pa.Table:
     by_case = {r.case: r for r in recs}
+    allocators = {a.name: a for a in m.allocators}
     rows = []
     for p in pairs:
         r = by_case.get(p.case)
@@ -108,6 +143,10 @@ def summary_table(
             "best_challenger": r.best_challenger if r else None,
             "ranges_overlap": r.ranges_overlap if r else None,
             "beyond_noise": r.beyond_noise if r else None,
+            "objective": r.objective if r else None,
+            # this row's candidate as one pastes it (the measured definition, not today's config)
+            "line": allocators[p.allocator].line() if p.allocator in allocators else None,
+            "experiment": experiment,
         }
         for metric in METRICS:
             s = p.stats.get(metric)
@@ -146,6 +185,9 @@ def _summary_schema() -> pa.Schema:
         ("best_challenger", pa.string()),
         ("ranges_overlap", pa.bool_()),
         ("beyond_noise", pa.bool_()),
+        ("objective", pa.string()),
+        ("line", pa.string()),
+        ("experiment", pa.string()),
     ]
     fields += [(f"{m}_{k}", pa.float64()) for m in METRICS for k in SPREAD_FIELDS]
     heap_types = {
@@ -445,7 +487,7 @@ def write_outcome(
     samples_path = root.join("allocators", "samples", part, "part-0.parquet")
     report_dir = root.join("allocators", "reports", part)
     for path, table in (
-        (summary_path, summary_table(m, pairs, recs, features)),
+        (summary_path, summary_table(m, pairs, recs, features, config.experiment)),
         (samples_path, samples_table(m)),
     ):
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
@@ -503,3 +545,85 @@ def publish(
             description="which allocator suits each workload, measured",
         )
     return outcome
+
+
+# ----------------------------------------------------------------------------------- reading
+
+
+ADVICE_COLUMNS = (
+    "case",
+    "allocator",
+    "baseline",
+    "recommendation",
+    "objective",
+    "margin",
+    "margin_low",
+    "margin_high",
+    "beyond_noise",
+    "best_challenger",
+    "line",
+    "experiment",
+)
+
+
+def _night_advice(root: Root, night: str, path: str) -> list[Advice]:
+    with root.fs.open(path, "rb") as f:
+        pf = pq.ParquetFile(f)
+        # tables written before `objective`, `line` and `experiment` were recorded lack them
+        cols = [c for c in ADVICE_COLUMNS if c in pf.schema_arrow.names]
+        rows = pf.read(columns=cols).to_pylist()
+    report = root.url_of("allocators", "reports", f"night={night}", "allocators.md")
+    out: dict[str, Advice] = {}
+    for row in rows:
+        case = row["case"]
+        rec = row["recommendation"]
+        if case in out and row["allocator"] != rec:
+            continue
+        out[case] = Advice(
+            night=night,
+            case=case,
+            recommendation=rec,
+            baseline=row["baseline"],
+            objective=row.get("objective"),
+            margin=row["margin"],
+            margin_low=row["margin_low"],
+            margin_high=row["margin_high"],
+            beyond_noise=row["beyond_noise"],
+            best_challenger=row["best_challenger"],
+            line=row.get("line") if row["allocator"] == rec else None,
+            report=report,
+            experiment=row.get("experiment"),
+        )
+    return list(out.values())
+
+
+def last_advice(root: Root) -> LastAdvice:
+    """The newest recommendation per case under `<root>/allocators/summary` (every night, newest
+    first); a table that cannot be read is a problem named with its path, never an error."""
+    folder = root.join("allocators", "summary")
+    fs = root.fs
+    if not fs.isdir(folder):
+        return LastAdvice(advice=[], problems=[])
+    nights = sorted(
+        (
+            posixpath.basename(p.rstrip("/")).removeprefix("night=")
+            for p in fs.ls(folder, detail=False)
+            if posixpath.basename(p.rstrip("/")).startswith("night=")
+        ),
+        reverse=True,
+    )
+    seen: dict[str, Advice] = {}
+    problems: list[str] = []
+    for night in nights:
+        path = posixpath.join(folder, f"night={night}", "part-0.parquet")
+        try:
+            found = _night_advice(root, night, path)
+        except Exception as err:  # any unreadable table: reported, the others still read
+            problems.append(
+                f"{root.url_of('allocators', 'summary', f'night={night}')}: "
+                f"{type(err).__name__}: {err}"
+            )
+            continue
+        for a in found:
+            seen.setdefault(a.case, a)
+    return LastAdvice(advice=sorted(seen.values(), key=lambda a: a.case), problems=problems)

@@ -14,6 +14,10 @@ the `whatif` artifact) is a section of the summary: what the predictions bought.
 The heap report of each evaluation run (tasks/report/night.py: a page per run under
 <root>/reports/) is a section of the summary: its figures and the pages' paths.
 
+The last allocator recommendation per workload (tasks/allocators/report.py: `last_advice`, read
+from the root's allocators tables whichever flow wrote them) is a section of the summary with the
+line to paste; an unreadable table is a line there, never a failed night.
+
 Whether the champion changed is read from the registry before and after the night
 (`champion_version`), so the answer holds whatever registration returned.
 
@@ -35,7 +39,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.states import State
 from pydantic import BaseModel, Field
 
-from tasks.allocators.report import AllocatorsOutcome
+from tasks.allocators.report import Advice, AllocatorsOutcome, LastAdvice, last_advice
 from tasks.allocators.seeds import SeedsOutcome
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import BASELINES, MODEL, RegisteredModel, TrainResult
@@ -146,6 +150,8 @@ class NightlySummary(BaseModel):
     whatif_at_budget: list[AtBudget] = Field(default_factory=list)
     # the seeds' cases under the mallocs and the layer (tasks/allocators/seeds.py), one per case
     seed_lines: list[str] = Field(default_factory=list)
+    # the newest allocator recommendation per case under the root (tasks/allocators/report.py)
+    allocator_advice: LastAdvice = Field(default_factory=lambda: LastAdvice(advice=[], problems=[]))
     mlflow_ui: str = ""  # the command that opens the MLflow UI over this night's store
     # the model run's headline metrics under their MLflow names (tasks/registry/headline.py):
     # registration's, then the whatif stage's
@@ -224,6 +230,7 @@ class NightlySummary(BaseModel):
                 "",
                 *(f"- {line}" for line in self.seed_lines),
             ]
+        lines += ["", *advice_section(self.allocator_advice)]
         if self.heap_reports is not None:
             lines += ["", "## Heap reports (evaluation runs)", "", self.heap_reports.markdown()]
         return "\n".join(lines) + "\n"
@@ -246,6 +253,70 @@ class NightlySummary(BaseModel):
                 f"{_rate(a.oracle_hit_rate)} |"
             )
         return lines
+
+
+HOW_TO_MEASURE = (
+    "`prefect deployment run 'allocators/allocators'` (weekly) or `python -m flows.allocators`"
+)
+
+
+def _when(night: str) -> str:
+    """A night stamp (20261124T035200Z) as a date a reader takes in."""
+    try:
+        return _dt.datetime.strptime(night, "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return night
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def advice_line(a: Advice, last_night: str | None = None) -> str:
+    """One case's recommendation: the candidate (or the baseline), its margin with interval,
+    the line to paste."""
+    when = "" if a.night == last_night else f" (measured {_when(a.night)})"
+    interval = (
+        f" (interval {_pct(a.margin_low)} to {_pct(a.margin_high)})"
+        if a.margin_low is not None and a.margin_high is not None
+        else ""
+    )
+    if a.recommendation is None:
+        return f"{a.case}{when}: no allocator ran cleanly; see the table"
+    if a.recommendation == a.baseline or a.margin is None:
+        best = f"; best challenger {a.best_challenger}{interval}" if a.best_challenger else ""
+        return f"{a.case}{when}: {a.baseline}: nothing beyond the noise{best}"
+    what = {"time": "less time", "memory": "less peak memory"}.get(a.objective or "", "margin")
+    noise = {True: ", beyond the noise", False: ", within the noise"}.get(a.beyond_noise, "")
+    if a.line is None:
+        paste = "; the line to paste is not in this older table"
+    elif a.line:
+        paste = f"; paste: `{a.line} PROGRAM`"
+    else:
+        paste = ""
+    return (
+        f"{a.case}{when}: **{a.recommendation}**, {_pct(a.margin)} {what} than {a.baseline}"
+        f"{interval}{noise}{paste}"
+    )
+
+
+def advice_section(last: LastAdvice) -> list[str]:
+    """The summary's allocator section: one line per case, where the full table lives, each
+    unreadable table; without measurements, how to get them."""
+    night = last.last_night
+    if night is None:
+        lines = ["## Allocator advice", ""]
+        lines.append(f"- No allocator measurements under this root yet: run {HOW_TO_MEASURE}.")
+    else:
+        lines = [f"## Allocator advice (last measured {_when(night)})", ""]
+        lines += [f"- {advice_line(a, night)}" for a in last.advice]
+        newest = next(a for a in last.advice if a.night == night)
+        where = f"Full table: `{newest.report}`"
+        if newest.experiment:
+            where += f"; MLflow experiment `{newest.experiment}`"
+        lines += ["", where + "."]
+    lines += [f"- could not read {p}" for p in last.problems]
+    return lines
 
 
 def _rate(hit_rate: float | None) -> str:
@@ -405,8 +476,15 @@ def summarize(
             )
         )
 
+    try:
+        advice = last_advice(context.root)
+    except Exception as err:  # the root unreachable: a line in the summary, never a failed night
+        where = context.root.url_of("allocators", "summary")
+        advice = LastAdvice(advice=[], problems=[f"{where}: {type(err).__name__}: {err}"])
+
     return NightlySummary(
         root=context.root.url,
+        allocator_advice=advice,
         mlflow_ui=mlflow_ui_command(context.tracking),
         stages=reports,
         champion_before=champion_before,
