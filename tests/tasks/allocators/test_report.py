@@ -72,6 +72,13 @@ def test_summary_and_samples_tables(written):
     assert row.loc[("sqlite3", "mimalloc"), "status"] == "unavailable"
     assert row.loc[("git", "jemalloc"), "status"] == "failed"
     assert row.loc[("git", "glibc"), "recommendation"] == "glibc"
+    # what the nightly summary's advice reads: the objective, each candidate's line to paste
+    # (the measured definition's `Allocator.line`, empty for glibc) and the MLflow experiment
+    assert row.loc[("sqlite3", "jemalloc"), "objective"] == "time"
+    jemalloc = next(a for a in m.allocators if a.name == "jemalloc")
+    assert row.loc[("sqlite3", "jemalloc"), "line"] == jemalloc.line() != ""
+    assert row.loc[("sqlite3", "glibc"), "line"] == ""
+    assert set(summary["experiment"]) == {load_allocators_config().experiment}
     # heap features where the dataset has the workload, null where not
     assert row.loc[("sqlite3", "glibc"), "heap_large_share"] == pytest.approx(0.5)
     assert row.loc[("sqlite3", "glibc"), "heap_threads"] == 1
