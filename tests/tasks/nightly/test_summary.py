@@ -1,6 +1,6 @@
 """The night's summary reads the model run's headline under its MLflow names.
 
-GIVEN a train stage that registered a model (its RegistrationResult's headline figures) and a
+GIVEN a train stage that registered a model (its RegisteredModel's headline figures) and a
 whatif stage that replayed it (its WhatifSummary's headline figures)
 WHEN the night is summarized
 THEN the summary holds both under the names the MLflow run has, and its page lists them.
@@ -10,31 +10,31 @@ from __future__ import annotations
 
 import pytest
 
+from tasks.core.storage import Root
+from tasks.learning.outcome import RegisteredModel, TrainResult
+from tasks.nightly.params import NightContext
 from tasks.nightly.summary import StageOutcome, summarize
 from tasks.registry import headline
-from tasks.registry.register import RegistrationResult
+from tasks.registry.tracking import TrackingConfig
+from tasks.replay.workloads import load_catalog
 from tasks.whatif.night import WhatifSummary
+from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 from tests.tasks.registry.test_headline import three_tables
 
 NAME = "heapcast-next-call"
 
 
-def test_the_summary_shows_the_headline_under_its_mlflow_names():
+def test_the_summary_shows_the_headline_under_its_mlflow_names(tmp_path):
     scores = headline.training_metrics(three_tables(), seconds=3.0, predictions_per_second=10.0)
-    reg = RegistrationResult(
-        run_id="r1",
-        experiment_id="1",
-        model_name=NAME,
-        model_version="2",
-        model_uri=f"models:/{NAME}/2",
-        promoted=True,
-        champion_version="2",
-        decision="promoted",
-        reason="better",
-        metric="top1",
-        candidate_score=0.8,
-        champion_score=0.7,
-        scores=scores,
+    outcome = make_outcome(tiny_model(), 0.8)
+    d = outcome.dataset
+    model = RegisteredModel(
+        NAME, "2", "r1", tuple(d.eval_runs), tuple(d.unseen_program_runs), tuple(d.heldout_runs),
+        decision="promoted", reason="better", headline=tuple(sorted(scores.items())),
+    )  # fmt: skip
+    root = Root.from_url(str(tmp_path / "data"))
+    context = NightContext(
+        root=root, tracking=TrackingConfig(root=root.url), catalog=load_catalog()
     )
     bought = headline.WhatifHeadline(16, 1 << 16, best_heuristic=0.5, guided_model=0.625)
     whatif = WhatifSummary(
@@ -45,9 +45,9 @@ def test_the_summary_shows_the_headline_under_its_mlflow_names():
         metrics=headline.whatif_metrics(bought),
     )
     night = summarize.fn(
-        "/data",
+        context,
         [
-            StageOutcome("train", "COMPLETED", None, reg),
+            StageOutcome("train", "COMPLETED", None, TrainResult(outcome, model)),
             StageOutcome("whatif", "COMPLETED", None, whatif),
         ],
         "1",
