@@ -90,6 +90,8 @@ def _import_tensorflow(level: str | None) -> str:
 def test_importing_tensorflow_is_silent_by_default_and_the_users_level_wins():
     # the user's level 0: every start-up line, as TensorFlow writes them
     loud = _import_tensorflow("0")
-    assert "absl::InitializeLog" in loud and "oneDNN" in loud
+    # (which lines TensorFlow writes depends on the machine: oneDNN's only on some CPUs, cuInit's
+    # only where a CUDA library is found; the absl line comes first everywhere)
+    assert "absl::InitializeLog" in loud
     # by default (the embedded defaults of `import tasks`): nothing at all
     assert _import_tensorflow(None) == ""

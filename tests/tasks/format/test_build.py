@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.format.build import NATIVE_DIR, TracerBuildError, build_tracer
+from tasks.format.build import NATIVE_DIR, SOURCES, TracerBuildError, build_tracer
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def native_copy(tmp_path) -> Path:
     """A private copy of native/ (sources only), so tests never race the real build/."""
     dst = tmp_path / "native"
     dst.mkdir()
-    for name in ("heapcast.c", "heapcast_format.h", "Makefile"):
+    for name in SOURCES:  # the tracer's sources, as the build knows them
         shutil.copy2(NATIVE_DIR / name, dst / name)
     return dst
 
@@ -36,7 +36,7 @@ def test_rebuilds_only_when_a_source_changes(native_copy):
     lib = build_tracer.fn(native_copy)
     old = lib.stat().st_mtime_ns - 10_000_000_000  # 10 s in the past, to tell a rebuild apart
     os.utime(lib, ns=(old, old))
-    for name in ("heapcast.c", "heapcast_format.h", "Makefile"):
+    for name in SOURCES:
         os.utime(native_copy / name, ns=(old - 10**9, old - 10**9))
 
     # WHEN the task runs again with nothing touched
