@@ -28,7 +28,7 @@ from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.train import evaluate, train
 from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
-from tasks.registry.register import register_outcome
+from tasks.registry.register import register_outcome, registered_model
 from tasks.registry.tracking import TrackingConfig, configure
 from tasks.whatif.night import (
     ModelRef,
@@ -87,8 +87,9 @@ def store(tmp_path_factory):
         reg = register_outcome(outcome, tracking, run_name=night)
         params = WhatifParams(root=data.url, policies=WHATIF_GRID, idle_budget=1 << 16)
         replay = [*outcome.dataset.eval_runs, *outcome.dataset.heldout_runs]
-        config = champion_config(MlflowClient(), reg)  # the run's config.json
-        ref = ModelRef(reg.model_name, reg.model_version, reg.run_id, tuple(replay), config)
+        model = registered_model(reg, outcome.dataset)  # what registration hands on
+        config = champion_config(MlflowClient(), model)  # the run's config.json
+        ref = ModelRef(model, tuple(replay), config)
         predictor = load_predictor.fn(ref)
         assert predictor.error is None, predictor.error
         replays = [replay_run.fn(data, w, r, params, predictor) for w, r in replay]
@@ -186,7 +187,9 @@ def headline_keys(store) -> list[str]:
     client = MlflowClient()
     keys = [{k for k in client.get_run(r.run_id).data.metrics} for r in store["runs"]]
     both = sorted(k for k in keys[0] & keys[1] if k.startswith("headline/"))
-    tables = {k.split("/")[1].split(".")[0] for k in both} - {"whatif_optimistic"}
+    tables = {k.split("/")[1].split(".")[0] for k in both} - {
+        "whatif_causal"
+    }  # the default horizon 1: causal
     assert len(both) == 3 * len(tables) + 3 and len(tables) >= 2, both
     return both
 
@@ -225,7 +228,7 @@ def test_the_compare_page_lists_the_headline_for_both_runs(server, store, shots,
     url = f"{server}/#/compare-runs?runs={ids}&experiments={exp}"
     text = page_text(url, tmp_path, shots / "mlflow-compare-runs.txt")
     assert all(n in text for n in NIGHTS)
-    for want in ("headline/unseen_runs.top1.model", "headline/whatif_optimistic.hit_rate.gain"):
+    for want in ("headline/unseen_runs.top1.model", "headline/whatif_causal.hit_rate.gain"):
         assert want in text, want
     screenshot(url, tmp_path, shots / "mlflow-compare-runs.png", height=2400)
 

@@ -453,6 +453,13 @@ def test_run_logs_the_heap_report_of_its_training_data(model, tmp_path):
         heldout_runs=outcome.dataset.heldout_runs,
         decision="first",
         reason=result.reason,
+        headline=result.headline,
+    )
+    # with the headline figures its run was given (tasks/registry/headline.py)
+    run_metrics = MlflowClient().get_run(result.run_id).data.metrics
+    assert "headline/unseen_runs.top1.model" in dict(result.headline)
+    assert dict(result.headline) == pytest.approx(
+        {k: run_metrics[k] for k in dict(result.headline)}
     )
     assert result.evaluation_runs == (("sqlite3", "r2"), ("redis", "r2"), ("git", "r1"))
     client = MlflowClient()
