@@ -35,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from prefect import get_run_logger, task
@@ -47,6 +48,7 @@ from tasks.core.storage import Root
 from tasks.format.trace_reader import count_traces
 from tasks.replay.inputs import prepare_input_dir
 from tasks.replay.runners.base import EngineError, Runner, RunRequest, RunResult
+from tasks.replay.runners.measure_tool import ResourceUsage
 from tasks.replay.runners.preload import (
     Verification,
     balanced_orders,
@@ -292,6 +294,21 @@ def _scratch_parent(root: Root) -> Path:
     return Path(tempfile.gettempdir())
 
 
+def usage_fields(u: ResourceUsage | None) -> dict[str, Any]:
+    """A Sample's figures from a run's resource usage (all None when nothing was measured)."""
+    return dict(
+        wall_s=u.wall_s if u else None,
+        cpu_s=u.cpu_s if u else None,
+        user_s=u.user_s if u else None,
+        sys_s=u.sys_s if u else None,
+        peak_rss_mb=u.peak_memory_bytes / MB if u else None,
+        max_process_rss_mb=u.max_process_rss_bytes / MB if u else None,
+        minor_faults=u.minor_faults if u else None,
+        major_faults=u.major_faults if u else None,
+        peak_source=u.peak_source if u else None,
+    )
+
+
 def _sample(
     case: Case,
     allocator: str,
@@ -343,15 +360,7 @@ def _sample(
         ok=error is None,
         exit_code=result.exit_code,
         timed_out=result.timed_out,
-        wall_s=u.wall_s if u else None,
-        cpu_s=u.cpu_s if u else None,
-        user_s=u.user_s if u else None,
-        sys_s=u.sys_s if u else None,
-        peak_rss_mb=u.peak_memory_bytes / MB if u else None,
-        max_process_rss_mb=u.max_process_rss_bytes / MB if u else None,
-        minor_faults=u.minor_faults if u else None,
-        major_faults=u.major_faults if u else None,
-        peak_source=u.peak_source if u else None,
+        **usage_fields(u),
         run_s=run_s,
         stdout_sha256=result.stdout_sha256,
         stdout_bytes=result.stdout_bytes,

@@ -42,7 +42,6 @@ import plotly.graph_objects as go
 from tasks.allocators.config import LAYER_STATS, Allocator, AllocatorsConfig
 from tasks.allocators.decide import undecided
 from tasks.allocators.measure import (
-    MB,
     NOT_APPLIED,
     CaseInfo,
     Measurements,
@@ -50,6 +49,7 @@ from tasks.allocators.measure import (
     Unavailable,
     night_stamp,
     read_layer_stats,
+    usage_fields,
 )
 from tasks.allocators.stats import PairSummary, Recommendation, analyse
 from tasks.replay.runners.preload import PreloadedRun, balanced_orders, run_preloaded
@@ -97,15 +97,7 @@ def _sample(label: str, name: str, rep: int, pos: int, run: PreloadedRun, expect
         ok=error is None,
         exit_code=run.exit_code,
         timed_out=run.timed_out,
-        wall_s=u.wall_s if u else None,
-        cpu_s=u.cpu_s if u else None,
-        user_s=u.user_s if u else None,
-        sys_s=u.sys_s if u else None,
-        peak_rss_mb=u.peak_memory_bytes / MB if u else None,
-        max_process_rss_mb=u.max_process_rss_bytes / MB if u else None,
-        minor_faults=u.minor_faults if u else None,
-        major_faults=u.major_faults if u else None,
-        peak_source=u.peak_source if u else None,
+        **usage_fields(u),
         run_s=u.wall_s if u else 0.0,
         stdout_sha256=run.stdout_sha256,
         stdout_bytes=run.stdout_bytes,
