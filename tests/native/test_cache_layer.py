@@ -175,7 +175,12 @@ def test_simulator_holds_to_the_layer_on_a_hand_made_sequence(layer, libheapcast
     m = measure_layer(argv, layer=layer, n=n)
     _same(m)
     assert sim["hits"] == m["hits"] >= 4
+    # the saving measured against the layer loaded but keeping nothing (n = 0), as the
+    # simulator models the cache, not the loading of the library (~20 pages of its own)
+    off = measure_layer(argv, layer=layer, n=0)
+    measured = (off["minor_faults_with"] - m["minor_faults_with"]) * m["page_size"]
     # ~450 pages saved; a few pages apart (the realloc's partly written page, page tables)
-    assert (
-        abs(sim["fault_bytes_avoided"] - m["fault_bytes_avoided"]) < 0.05 * m["fault_bytes_avoided"]
-    ), (sim["fault_bytes_avoided"], m["fault_bytes_avoided"])
+    assert abs(sim["fault_bytes_avoided"] - measured) < 0.05 * measured, (
+        sim["fault_bytes_avoided"],
+        measured,
+    )
