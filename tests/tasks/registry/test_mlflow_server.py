@@ -8,50 +8,29 @@ versions and the alias on the better one; `stop` ends the server's whole process
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from tasks.core.config import PROJECT_DIR
 from tasks.learning.outcome import MODEL, OVERALL
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig
-from tests.localhost import alive, free_port
+from tests.localhost import MLFLOW_SCRIPT, alive, mlflow_server
 from tests.tasks.registry.outcome_factory import CONTEXT, make_outcome, tiny_model
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = PROJECT_DIR / "scripts" / "mlflow-server.sh"
+SCRIPT = MLFLOW_SCRIPT
 NAME = "heapcast-next-call"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server-root")
-    port = free_port()
-    env = {
-        **os.environ,
-        "HEAPCAST_ROOT": str(root),
-        "HEAPCAST_MLFLOW_PORT": str(port),
-        "HEAPCAST_MLFLOW_WAIT_S": "600",
-    }  # generous: the server takes ~25-80 s on a busy machine
-    start = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
-    assert start.returncode == 0, start.stderr
-    url = f"http://127.0.0.1:{port}"
-    assert start.stdout.strip() == f"export MLFLOW_TRACKING_URI={url}"
-    pid = int((root / "mlflow" / "server.pid").read_text())
-    try:
-        yield {"url": url, "root": root, "pid": pid, "env": env}
-    finally:
-        stop = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True)
-        if stop.returncode != 0 or alive(pid):  # never leave our server behind
-            try:
-                os.killpg(pid, 9)
-            except ProcessLookupError:
-                pass
+    with mlflow_server(tmp_path_factory.mktemp("server-root")) as s:
+        assert s.start_stdout.strip() == f"export MLFLOW_TRACKING_URI={s.url}"
+        yield {"url": s.url, "root": s.root, "pid": s.pid, "env": s.env}
 
 
 @pytest.fixture(scope="module")

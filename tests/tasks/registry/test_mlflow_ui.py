@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.config import PROJECT_DIR
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.train import evaluate, train
@@ -39,11 +38,10 @@ from tasks.whatif.night import (
     summarize,
 )
 from tasks.whatif.policies import GuidedConfig, LruConfig, NoneConfig, Seed002Config
-from tests.localhost import alive, free_port
+from tests.localhost import mlflow_server
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = PROJECT_DIR / "scripts" / "mlflow-server.sh"
 NIGHTS = ("night-1", "night-2")
 WHATIF_GRID = [
     NoneConfig(),
@@ -100,25 +98,8 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(store):
-    port = free_port()
-    env = {
-        **os.environ,
-        "HEAPCAST_ROOT": str(store["root"]),
-        "HEAPCAST_MLFLOW_PORT": str(port),
-        "HEAPCAST_MLFLOW_WAIT_S": "600",
-    }  # generous: the server takes ~25-80 s on a busy machine
-    start = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
-    assert start.returncode == 0, start.stderr
-    pid = int((store["root"] / "mlflow" / "server.pid").read_text())
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True)
-        if stop.returncode != 0 or alive(pid):  # never leave our server behind
-            try:
-                os.killpg(pid, 9)
-            except ProcessLookupError:
-                pass
+    with mlflow_server(store["root"]) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")

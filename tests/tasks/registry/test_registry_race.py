@@ -10,20 +10,15 @@ THEN  there is exactly one run of that key and one version, and both processes r
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tasks.core.config import PROJECT_DIR
 from tasks.registry.register import TAG_KEY, registration_key
 from tasks.registry.tracking import TrackingConfig, configure
 from tests.faults import start_child
-from tests.localhost import alive, free_port
+from tests.localhost import mlflow_server
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
-
-SCRIPT = PROJECT_DIR / "scripts" / "mlflow-server.sh"
 
 CHILD_SAME_MODEL = """
     import json
@@ -95,26 +90,8 @@ def test_the_same_model_registered_twice_at_once_into_a_file_store(tmp_path):
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    root = tmp_path_factory.mktemp("race-server-root")
-    port = free_port()
-    env = {
-        **os.environ,
-        "HEAPCAST_ROOT": str(root),
-        "HEAPCAST_MLFLOW_PORT": str(port),
-        "HEAPCAST_MLFLOW_WAIT_S": "600",
-    }  # generous: the server takes ~25-80 s on a busy machine
-    start = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
-    assert start.returncode == 0, start.stderr
-    pid = int((root / "mlflow" / "server.pid").read_text())
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True)
-        if stop.returncode != 0 or alive(pid):  # never leave our server behind
-            try:
-                os.killpg(pid, 9)
-            except ProcessLookupError:
-                pass
+    with mlflow_server(tmp_path_factory.mktemp("race-server-root")) as server:
+        yield server.url
 
 
 @pytest.mark.integration
