@@ -47,5 +47,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q -c requirements.lock -e ".[$extras]"
   echo "$want" > "$stamp"
 fi
+# heapcast's Keras models load in any fresh Python of this environment, mlflow.keras.load_model
+# included: a start-up line that adds heapcast_keras' lazy hook (its docstring says how and why).
+purelib=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo 'import importlib.util; importlib.util.find_spec("heapcast_keras") and __import__("heapcast_keras").install()' \
+  > "$purelib/heapcast-keras.pth"
 make -s -C native >/dev/null
 echo "heapcast setup: ready (.venv/bin/heapcast)"

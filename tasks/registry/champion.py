@@ -126,8 +126,9 @@ def load_version(name: str, version: str):
     """A registered version as a Keras model, in any process.
 
     Keras rebuilds heapcast's custom layers (NGramFeatures, OnlineOrders) only once the module
-    that registers them was imported; `mlflow.keras.load_model` imports nothing of ours (its
-    flavour has no hook for it), so this does first. Deferred, as mlflow: start-up time."""
+    that registers them was imported. In heapcast's environment the start-up hook
+    (heapcast_keras.py) does that for any `mlflow.keras.load_model`; this imports it first as
+    well, for a Python started without site hooks. Deferred, as mlflow: start-up time."""
     # deferred: imported on first use, for start-up time
     import mlflow.keras
 

@@ -1,15 +1,18 @@
 """A registered model, loaded by a fresh process the ways a user loads it.
 
 GIVEN the hybrid model (its n-gram table in a custom Keras layer) registered as the champion
-WHEN  a fresh Python, which imported nothing of heapcast's learning stage, loads it through
-      tasks.registry.champion.load_version; and another one through pyfunc, predicting 3 times
-THEN  load_version gives the Keras model (no "Could not locate class 'NGramFeatures'"), both
+WHEN  a fresh Python, which imported nothing of heapcast, loads it with the bare
+      mlflow.keras.load_model("models:/...@champion"); another through
+      tasks.registry.champion.load_version; another through pyfunc, predicting 3 times
+THEN  both Keras ways give the Keras model (no "Could not locate class 'NGramFeatures'"), all
       predict what the model predicted when it was trained, and nothing is printed per predict
-      (no Keras progress bar).
+      (no Keras progress bar). Without heapcast's start-up hook (python -S skips .pth files)
+      the bare load fails as Keras does: the hook is what makes it work.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -27,6 +30,13 @@ import mlflow
 mlflow.set_tracking_uri({uri!r})
 mlflow.set_registry_uri({uri!r})
 x, y = np.load({x!r}), np.load({y!r})
+"""
+BARE_KERAS = """
+import mlflow.keras
+
+assert not {{m.split(".")[0] for m in sys.modules}} & {{"tasks", "cli", "flows"}}, "heapcast imported"
+model = mlflow.keras.load_model("models:/{name}@champion")
+print("bare", "same" if np.allclose(model.predict(x, verbose=0), y, atol=1e-5) else "differs")
 """
 LOAD_VERSION = """
 from tasks.registry.champion import load_version
@@ -73,14 +83,45 @@ def fresh_load(tmp_path_factory):
         "y": str(tmp_path / "y.npy"),
         "name": tracking.model_name,
     }
+    ways = {
+        way: ([sys.executable, "-c", (PRELUDE + code).format(**names)])
+        for way, code in (
+            ("bare", BARE_KERAS),
+            ("load_version", LOAD_VERSION),
+            ("pyfunc", PYFUNC),
+        )
+    }
+    # the same bare load with no site hooks: -S skips site-packages' .pth lines, so the
+    # environment's packages come back through PYTHONPATH
+    paths = subprocess.run(
+        [sys.executable, "-c", "import sys, os; print(os.pathsep.join(p for p in sys.path if p))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ways["bare_without_hook"] = [sys.executable, "-S", *ways["bare"][1:]]
+    env = {"without": {**os.environ, "PYTHONPATH": paths}}
     return {
         way: subprocess.run(
-            [sys.executable, "-c", (PRELUDE + code).format(**names)],
+            argv,
             capture_output=True,
             text=True,
+            env=env["without"] if way == "bare_without_hook" else None,
         )
-        for way, code in (("load_version", LOAD_VERSION), ("pyfunc", PYFUNC))
+        for way, argv in ways.items()
     }
+
+
+def test_bare_mlflow_keras_load_model_works_in_a_fresh_process(fresh_load):
+    out = fresh_load["bare"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "bare same"
+
+
+def test_without_the_start_up_hook_keras_cannot_find_the_layers(fresh_load):
+    out = fresh_load["bare_without_hook"]
+    assert out.returncode != 0
+    assert "Could not locate class" in out.stderr
 
 
 def test_load_version_loads_the_keras_model_in_a_fresh_process(fresh_load):

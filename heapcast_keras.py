@@ -1,0 +1,96 @@
+"""Lets any fresh Python load heapcast's Keras models: `mlflow.keras.load_model(...)` or
+`keras.saving.load_model(...)`, with nothing of heapcast imported first.
+
+Why: Keras rebuilds a custom layer (heapcast's NGramFeatures, OnlineOrders) only from its registry
+of custom objects, which fills when the module defining the layer is imported; for safety it never
+imports a module named in a model file, except Keras' own. So a fresh interpreter failed with
+"Could not locate class 'NGramFeatures'".
+
+How: the one line in heapcast-keras.pth (written into the environment's site-packages by
+scripts/setup.sh) calls `install()` at start-up. That adds an import hook which, once Keras'
+registry module is loaded, swaps its dict for one that imports tasks.learning.model (the module
+that registers heapcast's layers) the first time a name under heapcast's package ("heapcast>...")
+is looked up, and not otherwise. So:
+- start-up cost is this stdlib-only module; nothing is imported until a heapcast model is loaded;
+- only heapcast's own module is ever imported, by its fixed name, never one read from a file;
+- it steps aside on anything unexpected (Keras moved its registry, the import fails): Keras then
+  reports the missing class as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+
+REGISTRY_MODULE = "keras.src.saving.object_registration"
+PACKAGE_PREFIX = "heapcast>"  # register_keras_serializable(package="heapcast") names
+LAYERS_MODULE = "tasks.learning.model"
+
+
+class LazyRegistry(dict):
+    """Keras' GLOBAL_CUSTOM_OBJECTS, which imports heapcast's layers on the first look-up of one
+    of their names. Keras reads it with `in`, `[]`, `get` and `{**registry}`."""
+
+    tried = False
+
+    def _fill(self, key) -> None:
+        if (
+            not LazyRegistry.tried
+            and isinstance(key, str)
+            and key.startswith(PACKAGE_PREFIX)
+            and not dict.__contains__(self, key)
+        ):
+            LazyRegistry.tried = True  # once: a failed import is not retried per look-up
+            try:
+                importlib.import_module(LAYERS_MODULE)
+            except Exception:  # step aside: Keras names what it cannot find
+                pass
+
+    def __contains__(self, key) -> bool:
+        self._fill(key)
+        return dict.__contains__(self, key)
+
+    def __getitem__(self, key):
+        self._fill(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        self._fill(key)
+        return dict.get(self, key, default)
+
+
+class _RegistryHook(importlib.abc.MetaPathFinder):
+    """Finds Keras' registry module the normal way and swaps its dict right after it runs, before
+    any other module can take a reference to it."""
+
+    def find_spec(self, name, path, target=None):
+        if name != REGISTRY_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None  # not a plain source module: leave Keras as it is
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            registry = getattr(module, "GLOBAL_CUSTOM_OBJECTS", None)
+            if type(registry) is dict:
+                module.GLOBAL_CUSTOM_OBJECTS = LazyRegistry(registry)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def install() -> None:
+    """Adds the hook once; does nothing when Keras' registry is already loaded (swap it now)."""
+    loaded = sys.modules.get(REGISTRY_MODULE)
+    if loaded is not None:
+        registry = getattr(loaded, "GLOBAL_CUSTOM_OBJECTS", None)
+        if type(registry) is dict:
+            loaded.GLOBAL_CUSTOM_OBJECTS = LazyRegistry(registry)
+        return
+    if not any(isinstance(finder, _RegistryHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RegistryHook())
