@@ -223,8 +223,8 @@ def drill_bad_night(work: Path, n: int, kind: str) -> list[Attempt]:
     over a root with a champion: nothing registered, the summary says why."""
     from flows.nightly import nightly
     from tasks.nightly.params import NightlyParams
-    from tasks.nightly.summary import NothingTrained
-    from tests.flows.test_nightly import TINY_TRAINING, latest_summary_artifact
+    from tasks.nightly.summary import ARTIFACT_KEY, NothingTrained
+    from tests.flows.flow_harness import TINY_TRAINING, latest_artifact
     from tests.flows.test_nightly_faults import CATALOG, ONLY_ALPHA, root_with_a_champion
 
     root = root_with_a_champion(work)
@@ -257,7 +257,7 @@ def drill_bad_night(work: Path, n: int, kind: str) -> list[Attempt]:
             nightly(params)
         except NothingTrained as err:
             failed_as_it_should = why in str(err)
-        page = latest_summary_artifact()
+        page = latest_artifact(ARTIFACT_KEY)
         after = registry_state(Path(root.path))
         out.append(
             Attempt(
@@ -516,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
             work,
             lambda w: drill_race(w, 2 * n),
         )
+        run_row(
+            rows,
+            "the same race with no store lock, as on a tracking server: settle() alone",
+            work,
+            lambda w: drill_race(w, 2 * n, mode="settle-only"),
+        )
         if not a.no_control:
             run_row(
                 rows,
@@ -586,6 +592,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in protected
         for a in r.attempts
     )
+    # The control must lose at least one round, or the race rows prove nothing.
+    control = [r for r in rows if r.fault.startswith("CONTROL")]
+    if control and not any(a.champion_never_worse is False for a in control[0].attempts):
+        print("fault drill: the CONTROL race never lost: its schedule no longer provokes the race")
+        ok = False
     return 0 if ok else 1
 
 

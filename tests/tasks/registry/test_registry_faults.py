@@ -281,9 +281,10 @@ CHILD_RACES = """
 
     # The schedule that makes the race real: the second registration asks for the promotion
     # lock only once the first has read the champion; the first, having read it, waits (at
-    # most 2 s: with a lock the second cannot read) for the second to read it too; the second
-    # moves the alias only after the first did. Without the lock and settle(), both read the
-    # same champion and the second writes last.
+    # most 2 s: with a lock the second cannot read) for the second to read it too, and waits
+    # again before moving the alias until the second has decided; the second moves the alias
+    # only after the first did. Without the lock and settle(), both decide against the same
+    # champion and the second writes last.
     original_lock, original_read = reg.store_lock, champion_rules.current_champion
     original_apply = champion_rules.apply
 
@@ -304,7 +305,10 @@ CHILD_RACES = """
 
     def apply(*args, **kwargs):
         if state["role"] == "second":
+            (state["sync"] / "second-decided").touch()
             wait(state["sync"] / "first-applied")
+        else:
+            wait(state["sync"] / "second-decided", 2.0)
         original_apply(*args, **kwargs)
         if state["role"] == "first":
             (state["sync"] / "first-applied").touch()
@@ -329,6 +333,7 @@ def race(tmp_path: Path, orders: list[str], mode: str = "safe") -> list[tuple[st
 
     mode: "safe" (the code as it is), "settle-only" (no store lock, as on a tracking server),
     "unsafe" (neither lock nor settle: the control, where the race is lost)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     rounds = []
     for i, first in enumerate(orders):
         sync = tmp_path / f"sync-{i}"
@@ -362,6 +367,17 @@ def test_two_processes_registering_at_once_leave_the_alias_on_the_better(tmp_pat
     champions = race(tmp_path, orders)
     # THEN every round ends with the alias on the better model, whichever wrote last
     assert [top1 for _, top1 in champions] == [0.85] * 6, champions
+
+
+def test_the_schedule_loses_the_race_without_the_protections(tmp_path):
+    # GIVEN the same schedule, the better model first, with no store lock (a tracking server)
+    # WHEN  settle() runs as it does / is taken away too (the control)
+    settled = race(tmp_path / "settle-only", ["better"], mode="settle-only")
+    unprotected = race(tmp_path / "unsafe", ["better"], mode="unsafe")
+    # THEN settle alone still leaves the better model; the control ends on the worse one, so the
+    # race the tests above win is a real one
+    assert [top1 for _, top1 in settled] == [0.85], settled
+    assert [top1 for _, top1 in unprotected] == [0.80], unprotected
 
 
 def test_run_child_reports_a_failing_child(tmp_path):
