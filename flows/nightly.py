@@ -79,7 +79,7 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
     # A heap report per evaluation run of tonight's model; a failed report never fails the night.
     heap_reports = report_night(ctx.root, model, keep_nights=stages.reports_keep_nights)
     # What tonight's model buys an allocator; a failure here never fails the night.
-    plan = whatif_plan(ctx.root, model)
+    plan = whatif_plan(ctx.root, model, quick=stages.whatif_smallest_runs)
     replayed = (
         skipped("whatif", plan)
         if isinstance(plan, str)

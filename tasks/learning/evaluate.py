@@ -89,6 +89,8 @@ class EvaluationBuilder:
     """Collects, per table and workload, the labels and every predictor's answers; then scores."""
 
     details: dict[str, dict[str, Any]] = field(default_factory=dict)  # predictor -> detail
+    # who is scored: every predictor, or the model alone (a champion re-scored for promotion)
+    predictors: tuple[str, ...] = PREDICTORS
     _labels: dict[tuple[str, str], list[np.ndarray]] = field(default_factory=dict)
     _answers: dict[tuple[str, str, str], list[Predictions]] = field(default_factory=dict)
 
@@ -98,7 +100,7 @@ class EvaluationBuilder:
         """One run's labels and the answers of every predictor at the same positions."""
         if table not in TABLES:
             raise ValueError(f"unknown table {table!r}; expected one of {TABLES}")
-        missing = set(PREDICTORS) - set(answers)
+        missing = set(self.predictors) - set(answers)
         if missing:
             raise ValueError(f"answers missing for {sorted(missing)}")
         for name, pred in answers.items():
@@ -116,7 +118,7 @@ class EvaluationBuilder:
             if not workloads:
                 continue
             all_y = [np.concatenate(self._labels[(table, w)]) for w in workloads]
-            for name in PREDICTORS:
+            for name in self.predictors:
                 preds = [_concat_preds(self._answers[(table, w, name)]) for w in workloads]
                 for w, y, p in zip(workloads, all_y, preds):
                     scores.append(score(y, p, name, w, table, self.details.get(name)))

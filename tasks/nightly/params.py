@@ -5,7 +5,8 @@ plus two settings that apply to every stage at once:
 
 - `root`: one data root for the whole night (each stage's own `root` is replaced by it; empty:
   the `train` stage's);
-- `quick`: the quick workload subset and configs/train-quick.yaml (the demo, the tests).
+- `quick`: the quick workload subset and configs/train-quick.yaml (the demo, the tests); whatif
+  replays each workload's smallest evaluation run only (every workload keeps its line).
 
 `allocators` (off by default) adds the `allocators` stage to the night: every workload under every
 allocator of configs/allocators.yaml, measured. It has a weekly deployment of its own; the option
@@ -103,6 +104,7 @@ class NightlyParams(StrictModel):
             allocators=allocators,
             reports_keep_nights=self.reports_keep_nights,
             seeds=seeds,
+            whatif_smallest_runs=self.quick,
         )
 
 
@@ -126,3 +128,4 @@ class NightlyStages:
     allocators: AllocatorsParams | None = None  # the `allocators` stage, when the night runs it
     reports_keep_nights: int = KEEP_NIGHTS  # heap report nights kept (tasks.report.night)
     seeds: AllocatorsParams | None = None  # the seeds' cases (flows.allocators.measure_seeds)
+    whatif_smallest_runs: bool = False  # the quick night: whatif on each workload's smallest run

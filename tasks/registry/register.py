@@ -73,7 +73,7 @@ from tasks.learning.outcome import (
     RegisteredModel,
     TrainOutcome,
 )
-from tasks.learning.train import evaluate_model
+from tasks.learning.train import score_model_on_unseen_runs
 from tasks.learning.train_config import TrainConfig
 from tasks.registry import champion as champion_rules
 from tasks.registry import headline
@@ -1047,11 +1047,12 @@ def rescore_config(today, champion_config: dict | None):
 
 
 def champion_rescorer(config, split) -> Callable[[Any, dict | None], Evaluation]:
-    """evaluate_model for promotion: a champion scored on today's split, exactly as the candidate
-    was (tasks.learning.train.evaluate_model), with the champion's own model shape."""
+    """evaluate_model for promotion: a champion scored on today's unseen runs, at the positions
+    and with the settings the candidate was (tasks.learning.train), with the champion's own
+    model shape; the model alone on that table, which is what promotion compares."""
 
     def rescore(model, champion_config: dict | None = None) -> Evaluation:
-        return evaluate_model(model, rescore_config(config, champion_config), split)[0]
+        return score_model_on_unseen_runs(model, rescore_config(config, champion_config), split)
 
     return rescore
 

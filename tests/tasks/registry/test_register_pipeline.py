@@ -2,8 +2,8 @@
 
 GIVEN a windows-mode model trained on data A and registered (the champion)
 WHEN a sequence-mode model trained on data B is registered with champion_rescorer
-THEN the champion is re-evaluated on B's split by tasks.learning.train.evaluate_model, with its own model
-shape (windows mode, from its logged config), and the decision compares the two on B.
+THEN the champion is re-evaluated on B's unseen runs (tasks.learning.train.score_model_on_unseen_runs),
+with its own model shape (windows mode, from its logged config), and the decision compares the two on B.
 """
 
 from __future__ import annotations

@@ -223,6 +223,28 @@ def test_nightly_step_plans_on_tonights_model_and_reports_a_failure(tmp_path):
     assert "no model" in whatif_plan(data, None) and skipped("whatif", "x").state == "SKIPPED"
 
 
+def test_the_quick_night_replays_the_smallest_run_of_each_workload(tmp_path):
+    # GIVEN evaluation runs of three workloads, two with two runs of known sizes (conversion
+    # summaries), one whose runs have none
+    from tasks.dataset.events_reader import EVENTS_DIR, SUMMARY_NAME
+
+    data = Root.from_url(str(tmp_path / "data"))
+    sizes = {("a", "big"): 900, ("a", "tiny"): 100, ("p", "s"): 50, ("p", "m"): 70}
+    for (w, r), rows in sizes.items():
+        folder = tmp_path / "data" / EVENTS_DIR / f"workload={w}" / f"run={r}"
+        folder.mkdir(parents=True)
+        (folder / SUMMARY_NAME).write_text(json.dumps({"rows": rows}))
+    runs = (("a", "big"), ("a", "tiny"))
+    model = RegisteredModel(
+        "m", "7", "run", runs, (("p", "m"), ("p", "s")), (("h", "x"), ("h", "y"))
+    )
+    # WHEN the quick night plans whatif; and the full night
+    quick, full = whatif_plan(data, model, quick=True), whatif_plan(data, model)
+    # THEN one run each: the fewest events, the first listed when nothing says; all otherwise
+    assert quick.runs == ["a/tiny", "p/s", "h/x"]
+    assert full.runs == ["a/big", "a/tiny", "p/m", "p/s", "h/x", "h/y"]
+
+
 def test_the_night_summary_prints_what_the_predictions_bought(replayed, tmp_path):
     # GIVEN the whatif stage's summary of two runs at a 64 KiB idle budget
     _, params, ref, replays = replayed
