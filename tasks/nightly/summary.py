@@ -148,6 +148,7 @@ class NightlySummary(BaseModel):
     # whatif at the idle budget, per workload (tasks/whatif/night.py): what the predictions bought
     whatif_budget: int | None = None
     whatif_at_budget: list[AtBudget] = Field(default_factory=list)
+    whatif_by_budget: list[AtBudget] = Field(default_factory=list)  # all workloads, per budget
     # the seeds' cases under the mallocs and the layer (tasks/allocators/seeds.py), one per case
     seed_lines: list[str] = Field(default_factory=list)
     # the newest allocator recommendation per case under the root (tasks/allocators/report.py)
@@ -252,6 +253,23 @@ class NightlySummary(BaseModel):
                 f"| {a.workload} | {best} | {_rate(a.guided_hit_rate)} | "
                 f"{_rate(a.oracle_hit_rate)} |"
             )
+        if self.whatif_by_budget:
+            lines += [
+                "",
+                "All workloads, by idle budget (which policy wins depends on it; where every",
+                "policy keeps every freed block, they tie):",
+                "",
+                "| held idle | best heuristic | guided by the model | oracle (bound) |",
+                "|---|---|---|---|",
+            ]
+            for a in self.whatif_by_budget:
+                best = _rate(a.best_heuristic_hit_rate)
+                if a.best_heuristic is not None:
+                    best = f"{a.best_heuristic} {best}"
+                lines.append(
+                    f"| {fmt_bytes(a.budget or 0)} | {best} | {_rate(a.guided_hit_rate)} | "
+                    f"{_rate(a.oracle_hit_rate)} |"
+                )
         return lines
 
 
@@ -433,7 +451,11 @@ def summarize(
             summary["headline"] = {**summary.get("headline", {}), **v.metrics}
             if v.runs_failed:
                 detail += "; not replayed: " + ", ".join(v.runs_failed)
-            summary.update(whatif_budget=v.idle_budget, whatif_at_budget=v.at_budget)
+            summary.update(
+                whatif_budget=v.idle_budget,
+                whatif_at_budget=v.at_budget,
+                whatif_by_budget=v.by_budget,
+            )
         reports.append(
             StageReport(
                 name="whatif",

@@ -378,14 +378,49 @@ def log_keras_model(model, **kwargs):
                 meta.save(os.path.join(path, "MLmodel"))
             return saved
 
-    return Model.log(
-        artifact_path=None,
-        name="model",
-        flavor=_KerasFlavor,
-        flavor_name="mlflow.keras",
-        model=model,
-        **kwargs,
-    )
+    with registry_lines_dropped():
+        return Model.log(
+            artifact_path=None,
+            name="model",
+            flavor=_KerasFlavor,
+            flavor_name="mlflow.keras",
+            model=model,
+            **kwargs,
+        )
+
+
+# What MLflow prints on stderr (its eprint, not a logger) for every version it creates:
+# "Registered model 'm' already exists. Creating a new version of this model..." and "Created
+# version 'N' of model 'm'." The night says which version it registered, and why, itself.
+REGISTRY_LINES = ("Registered model ", "Successfully registered model ", "Created version ")
+
+
+@contextmanager
+def registry_lines_dropped() -> Iterator[None]:
+    """Drops REGISTRY_LINES from MLflow's event stream while heapcast logs its model; every
+    other line of that stream still passes."""
+    # deferred: imported on first use, for start-up time
+    from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM as stream
+
+    write = stream.write
+    after_dropped = False
+
+    def filtered(text: str):
+        nonlocal after_dropped
+        if text.startswith(REGISTRY_LINES):
+            after_dropped = True  # print() writes the line, then its "\n": that goes too
+            return
+        if after_dropped and text == "\n":
+            after_dropped = False
+            return
+        after_dropped = False
+        write(text)
+
+    stream.write = filtered
+    try:
+        yield
+    finally:
+        del stream.write  # the class's own write again
 
 
 # ----------------------------------------------------------------------------- faults

@@ -65,7 +65,8 @@ def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
     # what the predictions bought: per workload at the whatif budget, guided by tonight's model
     bought = {a.workload: a for a in summary.whatif_at_budget}
     assert "all" in bought and bought["all"].guided_hit_rate is not None
-    assert "## What the predictions bought (whatif, at 16.00 MiB held idle)" in page
+    assert "## What the predictions bought (whatif, at 64.00 KiB held idle)" in page
+    assert "All workloads, by idle budget" in page and len(summary.whatif_by_budget) == 5
     assert f"| all | {bought['all'].best_heuristic} " in page
 
 

@@ -17,13 +17,18 @@ from tasks.nightly.params import NightlyParams
 from tasks.nightly.summary import StageOutcome, skipped
 from tasks.nightly.summary import summarize as summarize_night
 from tasks.registry.tracking import configure, resolve_target, tracking_for
+from tasks.report.page import fmt_bytes
 from tasks.whatif.night import (
+    SWEEP_BUDGETS,
     ModelRef,
     WhatifParams,
     WhatifSummary,
     log_to_mlflow,
     parse_runs,
+    pooled,
     replay_run,
+    representatives,
+    results_table,
     summarize,
     whatif_plan,
     write_table,
@@ -272,5 +277,12 @@ def test_the_night_summary_prints_what_the_predictions_bought(replayed, tmp_path
         f"{alpha.oracle_hit_rate:.4f} |"
     )
     assert any(line.startswith("| all |") for line in md.splitlines())
+    # and the pooled answer at each sweep budget, each as the representatives at that budget
+    assert [a.budget for a in s.by_budget] == list(SWEEP_BUDGETS)
+    for a in s.by_budget:
+        pooled_at = representatives(pooled(results_table(replays, ref)), a.budget)
+        best = pooled_at[(pooled_at.workload == "all") & (pooled_at.label == "best_heuristic")]
+        assert a.best_heuristic_hit_rate == pytest.approx(float(best.hit_rate.iloc[0]))
+        assert f"| {fmt_bytes(a.budget)} | {a.best_heuristic} " in md
     # and the summary survives Prefect's result storage
     assert WhatifSummary.model_validate_json(s.model_dump_json()) == s
