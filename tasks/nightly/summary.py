@@ -237,40 +237,35 @@ class NightlySummary(BaseModel):
         return "\n".join(lines) + "\n"
 
     def _bought(self) -> list[str]:
-        """What the predictions bought: per workload, hit rates at the whatif idle budget."""
+        """What the predictions bought: per workload, hit rates at the whatif idle budget; then
+        all workloads pooled, at each sweep budget."""
+        header = "best heuristic | guided by the model | oracle (bound) |"
         lines = [
             f"## What the predictions bought (whatif, at {fmt_bytes(self.whatif_budget)} "
             "held idle)",
             "",
-            "| workload | best heuristic | guided by the model | oracle (bound) |",
+            f"| workload | {header}",
             "|---|---|---|---|",
         ]
-        for a in self.whatif_at_budget:
-            best = _rate(a.best_heuristic_hit_rate)
-            if a.best_heuristic is not None:
-                best = f"{a.best_heuristic} {best}"
-            lines.append(
-                f"| {a.workload} | {best} | {_rate(a.guided_hit_rate)} | "
-                f"{_rate(a.oracle_hit_rate)} |"
-            )
+        lines += [_bought_row(a.workload, a) for a in self.whatif_at_budget]
         if self.whatif_by_budget:
             lines += [
                 "",
                 "All workloads, by idle budget (which policy wins depends on it; where every",
                 "policy keeps every freed block, they tie):",
                 "",
-                "| held idle | best heuristic | guided by the model | oracle (bound) |",
+                f"| held idle | {header}",
                 "|---|---|---|---|",
             ]
-            for a in self.whatif_by_budget:
-                best = _rate(a.best_heuristic_hit_rate)
-                if a.best_heuristic is not None:
-                    best = f"{a.best_heuristic} {best}"
-                lines.append(
-                    f"| {fmt_bytes(a.budget or 0)} | {best} | {_rate(a.guided_hit_rate)} | "
-                    f"{_rate(a.oracle_hit_rate)} |"
-                )
+            lines += [_bought_row(fmt_bytes(a.budget or 0), a) for a in self.whatif_by_budget]
         return lines
+
+
+def _bought_row(first: str, a: AtBudget) -> str:
+    best = _rate(a.best_heuristic_hit_rate)
+    if a.best_heuristic is not None:
+        best = f"{a.best_heuristic} {best}"
+    return f"| {first} | {best} | {_rate(a.guided_hit_rate)} | {_rate(a.oracle_hit_rate)} |"
 
 
 HOW_TO_MEASURE = (
