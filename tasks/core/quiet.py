@@ -154,6 +154,7 @@ def _dev_names() -> list[str]:
 # embedded mode's design, not something to act on).
 QUIET_LOG_LINES = (
     ("mlflow.store.db.utils", "Creating initial MLflow database tables"),
+    ("mlflow.store.db.utils", "Updating database tables"),  # the same new store's migrations
     ("prefect", "Starting temporary server on"),
     ("prefect", "Stopping temporary server on"),
 )
