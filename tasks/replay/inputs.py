@@ -634,7 +634,21 @@ def gen_perl_script(seed: int, size: int, dest: Path) -> list[str]:
     return ["workload.pl"]
 
 
-_NUMPY_TEMPLATE = '''\
+# How every numpy workload imports numpy: from its folder (argv[1], else Debian's), not through
+# sys.path, so that the host and an image with other dist-packages run the same code.
+_NUMPY_FROM_ITS_FOLDER = """\
+NUMPY_DIR = sys.argv[1] if len(sys.argv) > 1 else {numpy_dir!r}
+_spec = importlib.util.spec_from_file_location(
+    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
+)
+np = importlib.util.module_from_spec(_spec)
+sys.modules["numpy"] = np
+_spec.loader.exec_module(np)
+"""
+
+
+_NUMPY_TEMPLATE = (
+    '''\
 """heapcast workload (generated, seed {seed}, size {size}): Debian's numpy, every object on malloc.
 
 numpy is imported from its own folder (argv[1], else Debian's), not through sys.path: run with
@@ -652,14 +666,9 @@ SIZE = {size}
 # entropy), whose Python ints are 28 or 32 bytes as the drawn value falls: seeded here instead
 secrets.randbits = random.Random(SEED).getrandbits
 
-NUMPY_DIR = sys.argv[1] if len(sys.argv) > 1 else {numpy_dir!r}
-_spec = importlib.util.spec_from_file_location(
-    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
-)
-np = importlib.util.module_from_spec(_spec)
-sys.modules["numpy"] = np
-_spec.loader.exec_module(np)
-
+'''
+    + _NUMPY_FROM_ITS_FOLDER
+    + """
 rng = np.random.default_rng(SEED)
 WORDS = np.array({words!r})
 
@@ -761,7 +770,8 @@ for round_ in range({rounds}):
         result += FUNCS[name](SIZE // {rounds} + 1)
 print("heapcast numpy workload done", round(float(result), 3), np.__version__)
 sys.exit(0)
-'''
+"""
+)
 
 # Debian's python3-numpy (1.24): the same path on the host and in the image
 DEBIAN_NUMPY_DIR = "/usr/lib/python3/dist-packages/numpy"
@@ -785,7 +795,8 @@ def gen_numpy_script(seed: int, size: int, dest: Path) -> list[str]:
     return ["workload.py"]
 
 
-_NUMPY_TEMPORARIES_TEMPLATE = '''\
+_NUMPY_TEMPORARIES_TEMPLATE = (
+    '''\
 """heapcast workload (generated, seed {seed}, size {size}): seed 002's case, numpy paying page
 faults for its large temporaries: `(a * b) ** 2 + 3` on two float arrays of {size} thousand
 elements, {iterations} times. Each temporary is above glibc's mmap threshold, so glibc maps and
@@ -795,14 +806,9 @@ them pays once. numpy imported from its folder, as in the numpy_stack workload.
 import importlib.util
 import sys
 
-NUMPY_DIR = sys.argv[1] if len(sys.argv) > 1 else {numpy_dir!r}
-_spec = importlib.util.spec_from_file_location(
-    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
-)
-np = importlib.util.module_from_spec(_spec)
-sys.modules["numpy"] = np
-_spec.loader.exec_module(np)
-
+'''
+    + _NUMPY_FROM_ITS_FOLDER
+    + """
 n = {size} * 1000
 a = np.arange(n, dtype=np.float64)
 b = np.full(n, {factor!r})
@@ -812,7 +818,8 @@ for i in range({iterations}):
     total += float(c[(i * 7919) % n])
 print("heapcast numpy temporaries done", round(total, 3))
 sys.exit(0)
-'''
+"""
+)
 
 
 def gen_numpy_temporaries(seed: int, size: int, dest: Path) -> list[str]:
@@ -944,7 +951,8 @@ def gen_keras_gru(seed: int, size: int, dest: Path) -> list[str]:
 GENERATORS["keras_gru"] = gen_keras_gru
 
 
-_NUMPY_TRAINING_LOOP_TEMPLATE = '''\
+_NUMPY_TRAINING_LOOP_TEMPLATE = (
+    '''\
 """heapcast workload (generated, seed {seed}, size {size}): seed 001's case, a training loop
 that allocates and frees the same-shaped tensors step after step: a two-layer network on a
 batch of {size} thousand rows, {steps} steps of forward pass, gradients and update. Every step
@@ -954,14 +962,9 @@ keeps them by size hands them back. numpy imported from its folder, as in numpy_
 import importlib.util
 import sys
 
-NUMPY_DIR = sys.argv[1] if len(sys.argv) > 1 else {numpy_dir!r}
-_spec = importlib.util.spec_from_file_location(
-    "numpy", NUMPY_DIR + "/__init__.py", submodule_search_locations=[NUMPY_DIR]
-)
-np = importlib.util.module_from_spec(_spec)
-sys.modules["numpy"] = np
-_spec.loader.exec_module(np)
-
+'''
+    + _NUMPY_FROM_ITS_FOLDER
+    + """
 rng = np.random.default_rng({seed})
 n, d, h = {size} * 1000, {features}, {hidden}
 x = rng.standard_normal((n, d))
@@ -980,7 +983,8 @@ for step in range({steps}):
     del z, a, out, err, d_a
 print("heapcast numpy training loop done", {steps}, f"{{loss:.6g}}")
 sys.exit(0)
-'''
+"""
+)
 
 
 def gen_numpy_training_loop(seed: int, size: int, dest: Path) -> list[str]:
