@@ -8,7 +8,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tasks.replay.workloads import Catalog, parse_catalog
+from tasks.allocators.config import AllocatorsConfig
+from tasks.allocators.measure import Case, Measurements, measure_cases
+from tasks.core.storage import Root
+from tasks.replay.workloads import Catalog, Workload, parse_catalog
 
 PROGRAMS = Path(__file__).parent / "programs"
 GENERATOR = "alloc_mix_program"
@@ -65,3 +68,13 @@ def alloc_mix_workloads(iterations: int = 4000, fail_under: str = "tcmalloc") ->
 def alloc_mix_catalog(iterations: int = 4000) -> Catalog:
     """alloc_mix_workloads as a Catalog (`alloc_mix_failing` exits 3 under tcmalloc)."""
     return parse_catalog(alloc_mix_workloads(iterations), "tests/tasks/allocators (alloc_mix)")
+
+
+def measure_alloc_mix(
+    w: Workload, cfg: AllocatorsConfig, root_dir: Path, runner: str, **kwargs
+) -> Measurements:
+    """The test program's first input measured as the case `alloc_mix` under `cfg`'s
+    allocators, into a data root at `root_dir` (`kwargs`: measure_cases' repetitions, warmup)."""
+    return measure_cases(
+        [Case(w, w.inputs[0], "alloc_mix")], cfg, Root.from_url(str(root_dir)), runner, **kwargs
+    )

@@ -10,13 +10,14 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.allocators.config import LAYER_DIR, Allocator, load_allocators_config
-from tasks.allocators.measure import Case, measure_cases, read_layer_stats
+from tasks.allocators.measure import read_layer_stats
 from tasks.allocators.seeds import seed_lines
 from tasks.core.config import ConfigError, load_config
 from tasks.core.storage import Root
 from tasks.nightly.summary import NightlySummary
 from tasks.replay.runners.base import SANDBOX_PATHS, program_env
 from tasks.replay.runners.preload import verify
+from tests.tasks.allocators.programs_build import measure_alloc_mix
 from tests.tasks.allocators.tables import make_measurements
 
 CFG = load_allocators_config()
@@ -161,13 +162,7 @@ def test_the_layer_measured_in_docker_is_verified_loaded_and_its_counters_read(
         }
     )
     w = alloc_catalog.get("alloc_mix")
-    m = measure_cases(
-        [Case(w, w.inputs[0], "alloc_mix")],
-        cfg,
-        Root.from_url(str(tmp_path)),
-        "docker",
-        repetitions=1,
-    )
+    m = measure_alloc_mix(w, cfg, tmp_path, "docker", repetitions=1)
     by = {s.allocator: s for s in m.samples}
     assert all(s.ok and s.applied for s in m.samples), [s.error for s in m.samples]
     assert by["glibc"].stdout_sha256 == by["layer-seed002"].stdout_sha256

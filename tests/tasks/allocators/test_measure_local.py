@@ -14,7 +14,7 @@ from tasks.core.storage import Root
 from tasks.replay.runners.local_runner import LocalRunner
 from tasks.replay.workloads import parse_catalog
 from tests.conftest import in_ci
-from tests.tasks.allocators.programs_build import alloc_mix_workloads
+from tests.tasks.allocators.programs_build import alloc_mix_workloads, measure_alloc_mix
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +33,7 @@ def test_local_measurement_of_the_four_allocators(host_allocators, alloc_catalog
     w = alloc_catalog.get("alloc_mix")
     nosuch = Allocator(name="nosuch", library="/nonexistent/libnosuch.so.1", package="libnosuch1")
     cfg = cfg.model_copy(update={"allocators": [*cfg.allocators, nosuch]})
-    m = measure_cases(
-        [Case(w, w.inputs[0], "alloc_mix")],
-        cfg,
-        Root.from_url(str(tmp_path)),
-        "local",
-        repetitions=2,
-        warmup=0,
-    )
+    m = measure_alloc_mix(w, cfg, tmp_path, "local", repetitions=2, warmup=0)
     assert m.runner == "local"
     assert [u.allocator for u in m.unavailable] == ["nosuch"]
     assert "missing on this host" in m.unavailable[0].message
@@ -84,14 +77,7 @@ def test_a_library_the_loader_refuses_fails_its_pair_instead_of_measuring_glibc(
     broken = Allocator(name="broken", library="/etc/hostname", package="base-files")
     cfg = host_allocators.model_copy(update={"allocators": [host_allocators.get("glibc"), broken]})
     w = alloc_catalog.get("alloc_mix")
-    m = measure_cases(
-        [Case(w, w.inputs[0], "alloc_mix")],
-        cfg,
-        Root.from_url(str(tmp_path)),
-        "local",
-        repetitions=1,
-        warmup=0,
-    )
+    m = measure_alloc_mix(w, cfg, tmp_path, "local", repetitions=1, warmup=0)
     # THEN its run is a failure naming the loader's complaint, not a glibc measurement
     (bad,) = [s for s in m.samples if s.allocator == "broken"]
     assert not bad.ok and bad.error.startswith("not applied: LD_PRELOAD refused: ")
@@ -118,14 +104,7 @@ def test_a_workload_that_clears_its_environment_is_not_applied(
     cfg = host_allocators.model_copy(
         update={"allocators": [host_allocators.get("glibc"), host_allocators.get("jemalloc")]}
     )
-    m = measure_cases(
-        [Case(w, w.inputs[0], "alloc_mix")],
-        cfg,
-        Root.from_url(str(tmp_path)),
-        "local",
-        repetitions=1,
-        warmup=0,
-    )
+    m = measure_alloc_mix(w, cfg, tmp_path, "local", repetitions=1, warmup=0)
     # THEN no run is measured under a name: each is "not applied", saying why
     assert all(s.applied is False and not s.ok for s in m.samples)
     assert all("CPU time ran in processes that loaded it" in s.error for s in m.samples)
