@@ -19,6 +19,7 @@ is looked up, and not otherwise. So:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -68,6 +69,9 @@ class _RegistryHook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != REGISTRY_MODULE:
             return None
+        # one-shot: off the path of every later import
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):

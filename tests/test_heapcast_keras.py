@@ -2,7 +2,8 @@
 
 GIVEN the hook installed (scripts/setup.sh's .pth line runs at every start-up)
 WHEN  a fresh Python starts, imports Keras and looks names up in Keras' registry
-THEN  start-up imports nothing of Keras or heapcast; a look-up of another package's name
+THEN  start-up imports nothing of Keras or heapcast; the hook leaves the import path once it
+      swapped the registry; a look-up of another package's name
       imports nothing of heapcast; the first look-up of a heapcast name imports the layers'
       module and finds the class; a layers module that fails to import is not retried and
       Keras' own "not found" answer stands.
@@ -21,6 +22,7 @@ assert "keras" not in sys.modules and "heapcast_keras" in sys.modules, sorted(sy
 from keras.src.saving import object_registration as reg
 import heapcast_keras
 assert isinstance(reg.GLOBAL_CUSTOM_OBJECTS, heapcast_keras.LazyRegistry)
+assert not any(isinstance(f, heapcast_keras._RegistryHook) for f in sys.meta_path)  # one-shot
 assert reg.get_registered_object("other>Thing") is None
 assert "tasks.learning.model" not in sys.modules
 found = reg.get_registered_object("heapcast>NGramFeatures")

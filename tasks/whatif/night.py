@@ -581,10 +581,9 @@ def at_budget(rep: pd.DataFrame) -> list[AtBudget]:
     return out
 
 
-def pooled_by_budget(df: pd.DataFrame, budgets=SWEEP_BUDGETS) -> list[AtBudget]:
-    """The pooled (`all`) answer at each budget: which policy wins depends on it, and above what
-    keeping everything holds idle they all tie."""
-    pooled_df = pooled(df)
+def pooled_by_budget(pooled_df: pd.DataFrame, budgets=SWEEP_BUDGETS) -> list[AtBudget]:
+    """The pooled (`all`) answer at each budget, from `pooled(results)`: which policy wins
+    depends on it, and above what keeping everything holds idle they all tie."""
     out = []
     for b in budgets:
         pooled_at = [a for a in at_budget(representatives(pooled_df, b)) if a.workload == ALL]
@@ -730,7 +729,8 @@ def summarize(
     replays: list[RunReplay], ref: ModelRef, params: WhatifParams, table_url: str | None
 ) -> WhatifSummary:
     df = results_table(replays, ref)
-    rep = representatives(pooled(df), params.idle_budget)
+    pooled_df = pooled(df)
+    rep = representatives(pooled_df, params.idle_budget)
     head = whatif_headline(rep, params)
     return WhatifSummary(
         model_name=ref.name,
@@ -743,7 +743,7 @@ def summarize(
         metrics={} if head is None else headline_metrics(head),
         policies=policy_rows(rep),
         at_budget=at_budget(rep),
-        by_budget=pooled_by_budget(df),
+        by_budget=pooled_by_budget(pooled_df),
         markdown=summary_markdown(rep, replays, ref, params, table_url),
     )
 
