@@ -34,7 +34,7 @@ import numpy as np
 
 from tasks.core.storage import Root
 from tasks.learning.questions import question_evaluation  # noqa: E402
-from tasks.learning.reuse import reuse_lines
+from tasks.learning.reuse import question_lines
 from tasks.learning.sequences import load_split
 from tasks.learning.table import write_layer_table
 from tasks.learning.train_config import load_train_config
@@ -130,7 +130,7 @@ def main() -> None:
     split = load_split(root, cfg.data)
     questions = question_evaluation(root, split, cfg.data.max_eval_tokens)
     seconds = time.perf_counter() - t0
-    for line in reuse_lines(list(questions.scores), questions.agreement):
+    for line in question_lines(list(questions.scores), questions.agreement):
         print(line)
     with tempfile.TemporaryDirectory(prefix="heapcast-table-") as tmp:
         table_file = write_layer_table(Path(tmp) / "heapcast.hcltab", questions.table, 1)

@@ -78,6 +78,25 @@ def _online_by_due(proc_start, ask_cls, site, due, label, n_sites, k, eps, out):
                 head[d] = i
 
 
+def lifetime_due(table: pa.Table, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """int64 [n], in process order: the row (in process order) of each allocation's free, where
+    its lifetime becomes known; -1: not freed in its process."""
+    col = table.column("lifetime_calls")
+    freed = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)[order]
+    life = col.fill_null(0).to_numpy().astype(np.int64)[order]
+    return known_at(freed & (life > 0), life, starts)
+
+
+def known_at(defined: np.ndarray, distance: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """int64 [n], in process order: row i + distance[i] where `defined` and that row is in row
+    i's process, else -1 (rows in process order; `starts`: each process's first row)."""
+    n = len(starts)
+    proc = np.cumsum(starts) - 1
+    proc_end = np.flatnonzero(np.append(starts[1:], True))  # last row of each process
+    at = np.arange(n) + np.minimum(distance, n)
+    return np.where(defined & (at <= proc_end[proc]), at, -1)
+
+
 def lifetime_answers(
     table: pa.Table, majority: dict[str, np.ndarray], eps: float = 0.1
 ) -> dict[str, ReuseAnswers]:
@@ -87,14 +106,7 @@ def lifetime_answers(
     req_cls, _ = request_and_free_classes(table)
     site = call_sites(table)
     n = table.num_rows
-    # the row (in process order) of each allocation's free; -1: not freed in its process
-    col = table.column("lifetime_calls")
-    freed = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)[order]
-    life = col.fill_null(0).to_numpy().astype(np.int64)[order]
-    proc = np.cumsum(starts) - 1
-    proc_end = np.flatnonzero(np.append(starts[1:], True))  # last row of each process
-    at = np.arange(n) + life
-    due = np.where(freed & (life > 0) & (at <= proc_end[proc]), at, -1)
+    due = lifetime_due(table, order, starts)
     ask = np.ascontiguousarray(req_cls[order])
     rows = np.flatnonzero(labels.lifetime_calls != NO_LABEL)
     out = {}

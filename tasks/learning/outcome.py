@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # table.py reads the events (labels -> sequences -> this module)
+    from tasks.learning.question_network import QuestionNetwork
     from tasks.learning.table import ClassTable, TableAgreement
 
 # Stable predictor names: MLflow metric keys are built from them, so the UI's compare view lines
@@ -110,13 +111,16 @@ class TrainOutcome:
     # Added by training: sentences a reader of the run must see (a validation cut from a train
     # run's thread tails, a resumed training), worth logging as tags or in the description.
     notes: list[str] = field(default_factory=list)
-    # The allocator's questions, predicted causally by the baselines on the same positions of
-    # the same tables (tasks/learning/reuse.py; metric keys reuse.question_metrics)
+    # The allocator's questions, predicted causally by the network and the counters on the same
+    # positions of the same tables (tasks/learning/reuse.py; metric keys reuse.question_metrics)
     question_scores: tuple[QuestionScores, ...] = ()
-    # The layer's table from the training runs' statistics (tasks/learning/table.py), written
-    # with the registered version, and its coverage/agreement at each table's frees
+    # The layer's table (tasks/learning/table.py), distilled from the questions' network (else
+    # from the training runs' statistics), written with the registered version, and its
+    # coverage/agreement at each table's frees
     class_table: ClassTable | None = None
     table_agreement: tuple[TableAgreement, ...] = ()
+    # the questions' network (tasks/learning/question_network.py), logged with the version
+    question_network: QuestionNetwork | None = None
 
 
 Runs = tuple[tuple[str, str], ...]  # (workload, run)

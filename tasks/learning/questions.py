@@ -17,6 +17,13 @@ from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_R
 from tasks.learning.labels import process_order
 from tasks.learning.lifetime import lifetime_answers, lifetime_majority
 from tasks.learning.outcome import OVERALL, QuestionScores
+from tasks.learning.question_network import (
+    PREDICTOR,
+    QuestionNetwork,
+    distilled_table,
+    question_inputs,
+    train_network,
+)
 from tasks.learning.reuse import (
     QUESTION,
     ReuseAnswers,
@@ -27,26 +34,33 @@ from tasks.learning.reuse import (
 )
 from tasks.learning.sequences import Split
 from tasks.learning.table import ClassTable, TableAgreement, class_table, table_agreement
+from tasks.learning.train_config import QuestionsConfig
 
 
 @dataclass(frozen=True)
 class QuestionEvaluation:
-    """The allocator's questions scored in the three tables, and the layer's table (built from
-    the training runs) with its coverage and agreement at each table's frees."""
+    """The allocator's questions scored in the three tables, and the layer's table (distilled
+    from the network, or from the training runs' statistics without one) with its coverage and
+    agreement at each table's frees."""
 
     scores: tuple[QuestionScores, ...]
     table: ClassTable
     agreement: tuple[TableAgreement, ...]
+    network: QuestionNetwork | None = None
 
 
 def question_evaluation(
-    root: Root, split: Split, max_rows: int | None = None
+    root: Root,
+    split: Split,
+    max_rows: int | None = None,
+    network: QuestionsConfig | None = None,
+    seed: int = 0,
 ) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
-    majorities from its training runs. `max_rows` caps
-    each evaluation run's events (its first processes in call order), as data.max_eval_tokens
-    caps its tokens."""
+    majorities from its training runs, and the network (`network.network`) trained on them, the
+    layer's table distilled from it. `max_rows` caps each run's events (its first processes in
+    call order), as data.max_eval_tokens caps its tokens."""
 
     def events(workload: str, run: str) -> pa.Table:
         t = read_events(root, workload, run)
@@ -58,7 +72,18 @@ def question_evaluation(
     train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
     majority = majority_of(train_events)
     lifetime_maj = lifetime_majority(train_events)
-    known = class_table(train_events, majority)
+
+    def counters(t: pa.Table) -> dict[str, ReuseAnswers]:
+        return {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
+
+    net = None
+    if network is not None and network.network:
+        train_inputs = [question_inputs(t, counters(t)) for t in train_events]
+        net = train_network(train_inputs, network, seed)
+        known = distilled_table(train_inputs, [net.answer(i) for i in train_inputs], majority)
+        del train_inputs
+    else:
+        known = class_table(train_events, majority)
     del train_events
     scores: list[QuestionScores] = []
     agreement: list[TableAgreement] = []
@@ -75,6 +100,10 @@ def question_evaluation(
                 QUESTION: reuse_answers(t, majority, known=known),
                 **lifetime_answers(t, lifetime_maj),
             }
+            if net is not None:
+                said = net.answer(question_inputs(t, answers))
+                for q, a in answers.items():
+                    a.probs[PREDICTOR] = said[q][a.rows]
             for q, a in answers.items():
                 by_q.setdefault(q, {}).setdefault(w, []).append(a)
         for q, by_workload in by_q.items():
@@ -84,12 +113,15 @@ def question_evaluation(
             scores += score_answers(pooled, table, OVERALL, q)
         frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
         if frees:
+            # the table is held to what it was made from: the network, else the class counter
+            against = PREDICTOR if net is not None else "class_online"
             agreement.append(
                 table_agreement(
                     table,
                     np.concatenate([a.table_covered for a in frees]),
                     np.concatenate([a.probs["table"] for a in frees]),
-                    np.concatenate([a.probs["class_online"] for a in frees]),
+                    np.concatenate([a.probs[against] for a in frees]),
+                    against,
                 )
             )
-    return QuestionEvaluation(tuple(scores), known, tuple(agreement))
+    return QuestionEvaluation(tuple(scores), known, tuple(agreement), net)

@@ -13,6 +13,10 @@ a known size of an evaluation run, from the calls before it only:
   lifetime counters per allocation stack); a site never seen answers as class_online; a free
   without a call site (a trace without callers) too, and those positions are counted.
 
+- network: the questions' own recurrent network (tasks/learning/question_network.py), trained on
+  the training runs, reading the process's calls and these counters' answers; added by
+  tasks/learning/questions.py when the config trains it.
+
 The call site is caller_module + caller_offset (the module's path and the offset in it, which
 survive ASLR), hashed to SITE_VOCABULARY buckets. Compiled (numba), one pass per run.
 
@@ -47,7 +51,7 @@ from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
-PREDICTORS = ("majority", "class_online", "site_online", "table")
+PREDICTORS = ("majority", "class_online", "site_online", "table", "network")
 # the table (tasks/learning/table.py) answers the reuse question only
 SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32
@@ -250,30 +254,41 @@ def _question_markdown(scores: list[QuestionScores], question: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reuse_lines(
+QUESTION_POSITIONS = {
+    QUESTION: "frees",
+    "lifetime_calls": "allocations",
+    "lifetime_time": "allocations",
+}
+
+
+def question_lines(
     scores: list[QuestionScores], agreement: tuple[TableAgreement, ...] = ()
 ) -> list[str]:
-    """The reuse question in one line per evaluation table (all its workloads pooled): every
-    predictor's top-1 and log-loss, and the layer table's coverage and agreement there."""
+    """Each question in one line per evaluation table (all its workloads pooled): every
+    predictor's top-1 and log-loss, and, on the reuse question, the layer table's coverage and
+    its agreement with the predictor it was made to follow."""
 
-    by_table: dict[str, list[QuestionScores]] = {}
+    by_key: dict[tuple[str, str], list[QuestionScores]] = {}
     for s in scores:
-        if s.question == QUESTION and s.slice == OVERALL:
-            by_table.setdefault(s.table, []).append(s)
+        if s.slice == OVERALL:
+            by_key.setdefault((s.question, s.table), []).append(s)
     agree = {a.table: a for a in agreement}
     lines = []
-    for table, rows in by_table.items():
+    for (question, table), rows in by_key.items():
         first = rows[0]
         cells = ", ".join(f"{s.predictor} {s.top1:.4f} ({s.log_loss:.3f})" for s in rows)
         line = (
-            f"{table} ({first.positions:,} frees, {first.positions_without_site:,} without call "
-            f"site): top-1 (log-loss) {cells}"
+            f"{question}, {table} ({first.positions:,} {QUESTION_POSITIONS.get(question, 'positions')}, "
+            f"{first.positions_without_site:,} without call site): top-1 (log-loss) {cells}"
         )
-        a = agree.get(table)
+        a = agree.get(table) if question == QUESTION else None
         if a is not None:
             line += (
-                f"; the table covers {a.coverage:.1%} of the frees and keeps as the class "
-                f"counter does on {a.keep_agreement:.1%} of those"
+                f"; the table covers {a.coverage:.1%} of the frees and keeps as the "
+                f"{_AGAINST.get(a.against, a.against)} does on {a.keep_agreement:.1%} of those"
             )
         lines.append(line)
     return lines
+
+
+_AGAINST = {"class_online": "class counter", "network": "network"}

@@ -1,16 +1,17 @@
-"""The allocator layer's table (native/TABLE.md), from the training runs' statistics.
+"""The allocator layer's table (native/TABLE.md), distilled from the questions' network.
 
 What the layer asks at a free of a block of size class c is the reuse question of
-tasks/learning/labels.py: will a block of class c be requested soon in this process? This
-module counts, over the training runs' frees, the reuse class of each size class
-(`ClassTable`), answers the question from those counts at the evaluation positions (the
-predictor `table` of the three tables, tasks/learning/reuse.py), and writes the layer's file:
-the keep score P(reuse class <= SOON_CLASS | a free of class c) in the entry the layer reads.
+tasks/learning/labels.py: will a block of class c be requested soon in this process? The network
+of tasks/learning/question_network.py answers it at every free from the process's past; this
+module holds, per size class, the sum of those answers over the training runs' frees
+(`ClassTable`, question_network.distilled_table; without a network, `class_table` counts the
+frees' true reuse classes instead), answers the question from it at the evaluation positions
+(the predictor `table` of the three tables, tasks/learning/reuse.py), and writes the layer's
+file: the keep score P(reuse class <= SOON_CLASS | a free of class c) in the entry the layer
+reads.
 
-It is a table from the training runs' statistics, not distilled from the network: the network
-has no reuse head yet (issue 23). Its key is therefore the size class alone (the free's token,
-which is the layer's one-token context at a free); a call-site key waits for a layer that knows
-its callers.
+Its key is the size class alone (the free's token, which is the layer's one-token context at a
+free); a call-site key waits for a layer that knows its callers.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ PAYLOAD_BYTES = N_TOKENS * N_TOKENS
 
 @dataclass(frozen=True)
 class ClassTable:
-    """The training runs' frees, per size class: how many fell in each reuse class."""
+    """The training runs' frees, per size class: how many fell in each reuse class (or, distilled,
+    the sum of the network's answers there)."""
 
     reuse_counts: np.ndarray  # float64 [N_SIZE_CLASSES, REUSE_CLASSES]
     majority: np.ndarray  # float64 [REUSE_CLASSES]: the answer for a class never freed in training
@@ -119,19 +121,25 @@ class TableAgreement:
     table: str
     positions: int
     coverage: float  # share of positions whose class some training free answers for
-    keep_agreement: float  # on covered positions: the layer's keep decision, table vs counter
-    top1_agreement: float  # on covered positions: the reuse class top-1, table vs counter
+    keep_agreement: float  # on covered positions: the layer's keep decision, table vs `against`
+    top1_agreement: float  # on covered positions: the reuse class top-1, table vs `against`
+    against: str = "class_online"  # the predictor the table follows (the one it was made from)
 
 
 def table_agreement(
-    table: str, covered: np.ndarray, table_probs: np.ndarray, counter_probs: np.ndarray
+    table: str,
+    covered: np.ndarray,
+    table_probs: np.ndarray,
+    counter_probs: np.ndarray,
+    against: str = "class_online",
 ) -> TableAgreement:
-    """Coverage and agreement with the per-process class counter (the layer's online predictor)
-    at one evaluation table's frees; keep = P(reuse class <= SOON_CLASS) >= 1/2 (the layer's
-    rule at topk=2)."""
+    """Coverage and agreement with the predictor `against` (its answers `counter_probs`: the
+    network the table is distilled from, else the layer's online class counter) at one
+    evaluation table's frees; keep = P(reuse class <= SOON_CLASS) >= 1/2 (the layer's rule at
+    topk=2)."""
     n = len(covered)
     if n == 0:
-        return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"))
+        return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"), against)
     t, c = table_probs[covered], counter_probs[covered]
     keep_t = t[:, : SOON_CLASS + 1].sum(axis=1) >= 0.5
     keep_c = c[:, : SOON_CLASS + 1].sum(axis=1) >= 0.5
@@ -142,4 +150,5 @@ def table_agreement(
         m / n,
         float((keep_t == keep_c).mean()) if m else float("nan"),
         float((t.argmax(axis=1) == c.argmax(axis=1)).mean()) if m else float("nan"),
+        against,
     )

@@ -36,6 +36,7 @@ from tasks.learning.evaluate import (
     evaluation_markdown,
 )
 from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, QuestionScores, TrainOutcome
+from tasks.learning.question_network import QuestionNetwork
 from tasks.learning.questions import question_evaluation
 from tasks.learning.reuse import question_markdown
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
@@ -57,10 +58,11 @@ class TrainedModel:
     checkpoint_dir: str
     initial_epoch: int  # > 0 when this training resumed a killed one
     notes: list[str] = field(default_factory=list)
-    question_scores: tuple[QuestionScores, ...] = ()  # the reuse question's baselines
-    # the layer's table from the training runs' statistics, and its agreement (tasks/learning/table.py)
+    question_scores: tuple[QuestionScores, ...] = ()  # the allocator's questions' predictors
+    # the layer's table and its agreement (tasks/learning/table.py), the questions' network
     class_table: ClassTable | None = None
     table_agreement: tuple[TableAgreement, ...] = ()
+    question_network: QuestionNetwork | None = None
 
 
 def checkpoint_dir(root: Root, cfg: TrainConfig, split: Split) -> Path:
@@ -423,7 +425,9 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         raise ValueError(f"{r.url}: the split has no training run")
     require_evaluation(split, config.data.min_eval_positions, r.url)
     # the reuse question's predictors read the events (call sites, frees), not the tokens
-    questions = question_evaluation(r, split, config.data.max_eval_tokens)
+    questions = question_evaluation(
+        r, split, config.data.max_eval_tokens, config.questions, config.seed
+    )
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()
     model, facts = fit_model(config, split, ckpt, callbacks or [])
@@ -448,6 +452,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         question_scores=questions.scores,
         class_table=questions.table,
         table_agreement=questions.agreement,
+        question_network=questions.network,
     )
 
 
@@ -479,6 +484,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         question_scores=trained.question_scores,
         class_table=trained.class_table,
         table_agreement=trained.table_agreement,
+        question_network=trained.question_network,
         input_example=input_example(
             split.train[0],
             cfg.context,

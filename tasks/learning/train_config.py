@@ -128,12 +128,27 @@ class NgramConfig(StrictModel):
     smoothing: float = Field(default=0.1, gt=0.0)  # add-epsilon on counts, for a finite log-loss
 
 
+class QuestionsConfig(StrictModel):
+    """The network of the allocator's two questions (tasks/learning/question_network.py): reuse
+    at a free, lifetime at an allocation. Trained beside the next-call model on the same
+    training runs (their events, capped as data.max_eval_tokens caps each run)."""
+
+    network: bool = True  # False: the questions are answered by the counters alone
+    units: int = Field(default=48, ge=1)
+    epochs: int = Field(default=2, ge=1)
+    batch_size: int = Field(default=32, ge=1)  # windows of question_network.WINDOW calls
+    learning_rate: float = Field(default=3e-3, gt=0.0)
+    # a sample of the training runs' calls (whole windows), for the night's time
+    max_train_calls: int | None = Field(default=None, gt=0)
+
+
 class TrainConfig(StrictModel):
     """configs/train.yaml."""
 
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     ngram: NgramConfig = Field(default_factory=NgramConfig)
+    questions: QuestionsConfig = Field(default_factory=QuestionsConfig)
     mode: Literal["sequence", "windows"] = "sequence"
     context: int = Field(default=100, ge=2)
     optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"

@@ -43,7 +43,7 @@ from tasks.allocators.report import Advice, AllocatorsOutcome, LastAdvice, last_
 from tasks.allocators.seeds import SeedsOutcome
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import BASELINES, MODEL, RegisteredModel, TrainResult
-from tasks.learning.reuse import reuse_lines
+from tasks.learning.reuse import question_lines
 from tasks.nightly.params import NightContext
 from tasks.registry.champion import current_champion
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, quiet_mlflow_env, resolve_target
@@ -137,8 +137,8 @@ class NightlySummary(BaseModel):
     best_baseline: str | None = None
     best_baseline_top1: float | None = None
     evaluation_markdown: str = ""
-    # the allocator's reuse question per evaluation table (tasks/learning/reuse.py: reuse_lines)
-    reuse_question: list[str] = Field(default_factory=list)
+    # the allocator's questions per evaluation table (tasks/learning/reuse.py: question_lines)
+    allocator_questions: list[str] = Field(default_factory=list)
     champion_before: str | None = None
     champion_after: str | None = None
     registration: str | None = None  # the registry's decision and its reason, when returned
@@ -215,12 +215,15 @@ class NightlySummary(BaseModel):
                 "",
                 self.evaluation_markdown.strip(),
             ]
-        if self.reuse_question:
+        if self.allocator_questions:
             lines += [
                 "",
-                "## The allocator's reuse question (model-free predictors)",
+                "## The allocator's questions: the network against the counters",
                 "",
-                *(f"- {line}" for line in self.reuse_question),
+                "Reuse: at a free, is its class requested again soon in the process? Lifetime: "
+                "at an allocation, how long will the block live? Every answer is causal.",
+                "",
+                *(f"- {line}" for line in self.allocator_questions),
             ]
         if self.whatif_at_budget and self.whatif_budget is not None:
             lines += ["", *self._bought()]
@@ -414,7 +417,7 @@ def summarize(
                 best_baseline=best.predictor,
                 best_baseline_top1=best.top1,
                 evaluation_markdown=evaluation_markdown(evaluation, notes),
-                reuse_question=reuse_lines(
+                allocator_questions=question_lines(
                     list(result.outcome.question_scores), result.outcome.table_agreement
                 ),
             )

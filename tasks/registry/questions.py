@@ -4,7 +4,9 @@
 Per evaluation table, every predictor's scores on every question as one MLflow table
 (`questions/<table>.json`: one row per question, workload and predictor), rather than hundreds
 of metrics; three headline metrics; and the layer's table file (`table/heapcast.hcltab`) written
-for this version, with its coverage and agreement (`questions/table_agreement.json`).
+for this version, with its coverage and agreement (`questions/table_agreement.json`), and the
+questions' network itself (`questions/network.keras`, tasks/learning/question_network.py
+load_question_network reads it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from tasks.learning.outcome import OVERALL, TrainOutcome
 from tasks.learning.table import model_version_number, write_layer_table
 
 TABLE_ARTIFACT = "table"
+NETWORK_ARTIFACT = "questions"
+NETWORK_FILE = "network.keras"
 TABLE_FILE = "heapcast.hcltab"
 TAG_TABLE = "heapcast.table"  # where the layer's table is, and what it is made from
 HEADLINE_TABLE = "unseen_programs"  # the table the issue's goals are about
@@ -42,12 +46,12 @@ def question_rows(outcome: TrainOutcome) -> dict[str, dict[str, list]]:
 
 
 def headline_metrics(outcome: TrainOutcome) -> dict[str, float]:
-    """At most three numbers: on programs never trained on, the reuse question's top-1 of the
-    counter the layer runs and of the table, and the table's coverage of those frees."""
+    """A few numbers: on programs never trained on, the reuse question's top-1 of the counter
+    the layer runs, of the table and of the network, and the table's coverage of those frees."""
     out: dict[str, float] = {}
     for s in outcome.question_scores:
         if (s.question, s.table, s.slice) == ("reuse", HEADLINE_TABLE, OVERALL) and (
-            s.predictor in ("class_online", "table")
+            s.predictor in ("class_online", "table", "network")
         ):
             out[f"reuse.{HEADLINE_TABLE}.top1/{OVERALL}.{s.predictor}"] = float(s.top1)
     for a in outcome.table_agreement:
@@ -66,6 +70,16 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
     headline = headline_metrics(outcome)
     if headline:
         mlflow.log_metrics(headline)
+    net = outcome.question_network
+    if net is not None:
+        mlflow.log_metrics(
+            {"questions.network.train_calls": net.train_calls,
+             "questions.network.seconds": net.seconds}
+        )  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="heapcast-questions-") as tmp:
+            path = Path(tmp) / NETWORK_FILE
+            net.model.save(path)
+            mlflow.log_artifact(str(path), NETWORK_ARTIFACT)
     if outcome.class_table is None:
         mlflow.set_tag(TAG_TABLE, "not made: training built no table")
         return
@@ -79,8 +93,13 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
             Path(tmp) / TABLE_FILE, outcome.class_table, model_version_number(version)
         )
         mlflow.log_artifact(str(path), TABLE_ARTIFACT)
+    made_from = (
+        "distilled from the questions' network (its mean answer at the training frees of "
+        "each size class)"
+        if net is not None
+        else "from the training runs' statistics (per size class)"
+    )
     mlflow.set_tag(
         TAG_TABLE,
-        f"{TABLE_ARTIFACT}/{TABLE_FILE}: the layer's table from the training runs' statistics "
-        f"(per size class), for model version {version}",
+        f"{TABLE_ARTIFACT}/{TABLE_FILE}: the layer's table {made_from}, for model version {version}",
     )

@@ -109,9 +109,9 @@ def test_a_trace_without_callers_still_scores_and_says_so():
     assert row.startswith(f"| unseen_programs | perl.x | {len(ans.rows)} | {len(ans.rows)} |")
 
 
-def test_the_nightly_summary_shows_the_reuse_question_per_table():
+def test_the_nightly_summary_shows_each_question_per_table():
     from tasks.learning.outcome import OVERALL, QuestionScores
-    from tasks.learning.reuse import reuse_lines
+    from tasks.learning.reuse import question_lines
     from tasks.learning.table import TableAgreement
     from tasks.nightly.summary import NightlySummary
 
@@ -121,17 +121,23 @@ def test_the_nightly_summary_shows_the_reuse_question_per_table():
         for q in ("reuse", "lifetime_calls")
         for t in ("unseen_runs", "unseen_programs")
         for sl in ("perl", OVERALL)
-        for p, top1 in (("majority", 0.4), ("class_online", 0.7), ("table", 0.6))
+        for p, top1 in (("majority", 0.4), ("class_online", 0.7), ("table", 0.6), ("network", 0.8))
     ]
-    agreement = (TableAgreement("unseen_programs", 1200, 0.95, 0.9, 0.8),)
-    lines = reuse_lines(scores, agreement)
-    # THEN one line per table, the pooled reuse question only, every predictor in it
-    assert len(lines) == 2 and lines[0].startswith("unseen_runs (1,200 frees, 300 without")
+    agreement = (TableAgreement("unseen_programs", 1200, 0.95, 0.9, 0.8, "network"),)
+    lines = question_lines(scores, agreement)
+    # THEN one line per question and table, pooled, every predictor in it
+    assert len(lines) == 4
+    assert lines[0].startswith("reuse, unseen_runs (1,200 frees, 300 without")
+    assert lines[2].startswith("lifetime_calls, unseen_runs (1,200 allocations, 300 without")
     assert "majority 0.4000 (0.500), class_online 0.7000 (0.500), table 0.6000" in lines[1]
-    assert "covers 95.0% of the frees and keeps as the class counter does on 90.0%" in lines[1]
-    assert "covers" not in lines[0]
-    md = NightlySummary(root="r", finished_at="now", stages=[], reuse_question=lines).markdown()
-    assert "## The allocator's reuse question (model-free predictors)" in md
+    assert "network 0.8000 (0.500)" in lines[1]
+    # the table is held to the network it was distilled from, on the reuse question only
+    assert "covers 95.0% of the frees and keeps as the network does on 90.0%" in lines[1]
+    assert "covers" not in lines[0] and "covers" not in lines[3]
+    md = NightlySummary(
+        root="r", finished_at="now", stages=[], allocator_questions=lines
+    ).markdown()
+    assert "## The allocator's questions: the network against the counters" in md
     assert f"- {lines[1]}" in md
 
 

@@ -67,13 +67,31 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     for facts in q.values():
         ((frees, no_site),) = facts  # one count per question, table and slice
         assert frees > 0 and no_site == frees  # synthetic traces have no callers
-    # the layer's table from the training runs' statistics: the reuse question's fourth predictor
-    reuse = {s.predictor for s in outcome.question_scores if s.question == "reuse"}
-    assert reuse == {"majority", "class_online", "site_online", "table"}
+    # the questions' network answers all three, and the layer's table distilled from it answers
+    # the reuse question
+    by_question = {}
+    for s in outcome.question_scores:
+        by_question.setdefault(s.question, set()).add(s.predictor)
+    assert by_question["reuse"] == {"majority", "class_online", "site_online", "table", "network"}
+    for q in ("lifetime_calls", "lifetime_time"):
+        assert by_question[q] == {"majority", "class_online", "site_online", "network"}
+    assert all(np.isfinite(s.log_loss) for s in outcome.question_scores)
     assert [a.table for a in outcome.table_agreement] == ["unseen_runs", "unseen_programs"]
     for a in outcome.table_agreement:
         assert a.positions > 0 and 0 < a.coverage <= 1 and 0 <= a.keep_agreement <= 1
+        assert a.against == "network"
     assert outcome.class_table is not None and outcome.class_table.covered().any()
+    assert outcome.question_network is not None and outcome.question_network.train_calls > 0
+
+
+def test_without_the_questions_network_the_counters_answer_and_the_table_follows_them(
+    events_root, tmp_path
+):
+    cfg = tiny_train_config(tmp_path / "ckpt", questions={"network": False})
+    outcome = evaluate.fn(train.fn(events_root, cfg))
+    assert outcome.question_network is None
+    assert "network" not in {s.predictor for s in outcome.question_scores}
+    assert {a.against for a in outcome.table_agreement} == {"class_online"}
 
 
 def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):

@@ -73,3 +73,40 @@ def test_question_scores_and_the_layer_table_are_logged_with_the_version(tmp_pat
     assert tag.startswith("table/heapcast.hcltab") and "training runs' statistics" in tag
     agreement = client.download_artifacts(run_id, "questions/table_agreement.json")
     assert json.loads(Path(agreement).read_text())["rows"][0]["coverage"] == 0.75
+
+
+def test_the_questions_network_is_logged_with_the_version_and_loads_back(tmp_path):
+    from mlflow import MlflowClient
+
+    from tasks.learning.question_network import (
+        N_FEATURES,
+        QuestionNetwork,
+        build_network,
+        load_question_network,
+    )
+
+    net = QuestionNetwork(build_network(8), train_calls=1234, epochs=1, seconds=0.5)
+    outcome = dataclasses.replace(
+        make_outcome(tiny_model(), 0.8),
+        question_scores=_questions(),
+        class_table=ClassTable(np.ones((32, REUSE_CLASSES)), np.full(REUSE_CLASSES, 0.2)),
+        question_network=net,
+    )
+    result = register_outcome(outcome, TrackingConfig(root=str(tmp_path)))
+    client, run_id = MlflowClient(), result.run_id
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["questions.network.train_calls"] == 1234
+    # the network itself, and the table named as distilled from it
+    path = client.download_artifacts(run_id, "questions/network.keras")
+    x = {
+        "tokens": np.array([[1, 33, 2]], np.int32),
+        "sites": np.zeros((1, 3), np.int32),
+        "features": np.random.default_rng(0).random((1, 3, N_FEATURES)).astype(np.float32),
+    }
+    want, got = net.model.predict(x, verbose=0), load_question_network(path).predict(x, verbose=0)
+    for q in want:
+        np.testing.assert_allclose(got[q], want[q], rtol=1e-5)
+    assert (
+        "distilled from the questions' network"
+        in client.get_run(run_id).data.tags["heapcast.table"]
+    )
