@@ -43,9 +43,9 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.lifetime import _online_by_due, known_at, lifetime_due
-from tasks.learning.reuse import SITE_VOCABULARY, ReuseAnswers, call_sites
-from tasks.learning.table import N_SIZE_CLASSES, ClassTable
+from tasks.learning.lifetime import _online_by_due, known_at, lifetime_answers, lifetime_due
+from tasks.learning.reuse import SITE_VOCABULARY, ReuseAnswers, call_sites, reuse_answers
+from tasks.learning.table import N_SIZE_CLASSES, SOON_CLASS, ClassTable
 from tasks.learning.train_config import QuestionsConfig
 
 PREDICTOR = "network"
@@ -292,3 +292,24 @@ def distilled_table(
 def load_question_network(path: str | Path) -> keras.Model:
     """The network as the registry logged it (questions/network.keras): for answering only."""
     return keras.models.load_model(path, compile=False)
+
+
+def soon_probability(table: pa.Table, model: keras.Model) -> np.ndarray:
+    """float64 per row of an events table (LABEL_COLUMNS, callers where traced): the network's
+    P(the class the row frees is requested again within REUSE_EDGES[SOON_CLASS] calls of the
+    process), NaN where the row frees no block of known size. Causal: its answer at the free."""
+    flat = {q: np.full(k, 1.0 / k) for q, k in QUESTION_CLASSES.items()}
+    answers = {  # the majority is not an input (only the class and site counters are)
+        "reuse": reuse_answers(table, flat["reuse"]),
+        **lifetime_answers(table, {q: flat[q] for q in ("lifetime_calls", "lifetime_time")}),
+    }
+    said = QuestionNetwork(model, 0, 0, 0.0).answer(question_inputs(table, answers))["reuse"]
+    _, free_cls = request_and_free_classes(table)
+    return np.where(free_cls >= 0, said[:, : SOON_CLASS + 1].sum(axis=1), np.nan)
+
+
+def keep_soon(table: pa.Table, model: keras.Model) -> np.ndarray:
+    """bool per row: the row frees a block and soon_probability >= 1/2 there (whatif's guided
+    policy `guided_questions`; the rule the layer applies to the table's keep score)."""
+    p = soon_probability(table, model)
+    return np.nan_to_num(p, nan=0.0) >= 0.5

@@ -14,6 +14,7 @@ the names are chosen for that order. The run's sections are `headline`, `log_los
     headline/whatif_<kind>.hit_rate.best_heuristic   what the predictions bought, written by
     headline/whatif_<kind>.hit_rate.gain             the whatif stage (tasks/whatif/night.py) on
     headline/whatif_<kind>.hit_rate.guided_model     the same run: the guided policy driven by
+    headline/whatif_<kind>.hit_rate.guided_questions (and by the questions' reuse network)
         the model against the best heuristic at the night's idle-byte budget, over all replayed
         runs; gain = guided minus best heuristic. kind: `causal` when the guided policy decided
         at each free from the prediction for the next call only (horizon 1), `optimistic` when
@@ -218,6 +219,9 @@ class WhatifHeadline:
     idle_budget: int
     best_heuristic: float  # hit rate
     guided_model: float | None  # hit rate; None when the model could not be loaded
+    # the guided policy driven by the questions' reuse network (always causal: it answers at the
+    # free itself); None when the version logged no network
+    guided_questions: float | None = None
 
     @property
     def kind(self) -> str:
@@ -230,6 +234,8 @@ def whatif_metrics(w: WhatifHeadline) -> dict[str, float]:
     if w.guided_model is not None:
         out[base + WHATIF_PREDICTOR] = float(w.guided_model)
         out[base + "gain"] = float(w.guided_model - w.best_heuristic)
+    if w.guided_questions is not None:
+        out[base + "guided_questions"] = float(w.guided_questions)
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 

@@ -80,7 +80,7 @@ peak_footprint, fault_bytes_avoided, oracle_gap; the `whatif.<metric>/<workload>
 metrics of runs logged before the headline) and `whatif/grid.json` (every row of the table),
 next to `whatif/pareto.png`, `whatif/whatif.md` and `whatif/whatif.csv`.
 Policies in the tables: none, seed002, seed001, lru, belady_optimistic, guided_model,
-guided_online, guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for
+guided_questions (the questions' reuse network, logged with the version), guided_online, guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for
 admit-mode configs; with params.horizon > 1, guided_model_optimistic and guided_online_optimistic
 instead), oracle (hit_rate only), best_heuristic; workload `all` pools every run.
 """
@@ -132,7 +132,10 @@ from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_
 ARTIFACT_KEY = "whatif"
 ALL = "all"  # the workload slice that pools every run
 THREAD_FUTURE = f"thread_future{OPTIMISTIC}"  # the true next calls of the freeing thread
-PREDICTORS = ("model", "online", "layer_online", THREAD_FUTURE)
+# questions: the allocator questions' own network (tasks/learning/question_network.py), logged
+# with the version; it answers the reuse question at the free itself (causal at every horizon)
+PREDICTORS = ("model", "questions", "online", "layer_online", THREAD_FUTURE)
+QUESTIONS_COLUMNS = ("lifetime_ns", "caller_module", "caller_offset")  # its inputs beyond COLUMNS
 BELADY = f"belady{OPTIMISTIC}"  # clairvoyant: keeps by the next request of each class
 CAUSAL_HORIZON = 1  # the prediction made at the free, for the next call: what a live cache has
 HEURISTICS = ("seed002", "seed001", "lru")
@@ -143,12 +146,14 @@ POLICY_ORDER = (
     "lru",
     "best_heuristic",
     "guided_model",
+    "guided_questions",
     "guided_online",
     "guided_layer_online",
     f"guided_model{OPTIMISTIC}",
     f"guided_online{OPTIMISTIC}",
     f"guided_{THREAD_FUTURE}",
     "guided_admit_model",
+    "guided_admit_questions",
     "guided_admit_online",
     "guided_admit_layer_online",
     f"guided_admit_model{OPTIMISTIC}",
@@ -254,6 +259,8 @@ class Predictor:
     context: int = 0
     batch_size: int = 64
     error: str | None = None
+    questions: Any = None  # the questions' network (keras.Model), when the version logged one
+    questions_error: str | None = None
 
 
 class AtBudget(StrictModel):
@@ -265,6 +272,8 @@ class AtBudget(StrictModel):
     best_heuristic: str | None = None  # seed002, seed001 or lru
     best_heuristic_hit_rate: float | None = None
     guided_hit_rate: float | None = None  # guided_model; None when the model could not load
+    # guided_questions: the questions' network; None when the version logged none
+    questions_hit_rate: float | None = None
     oracle_hit_rate: float | None = None
 
 
@@ -355,9 +364,24 @@ def load_predictor(ref: ModelRef) -> Predictor:
             raise ValueError(f"run {ref.run_id} has no config.json: the model's context is unknown")
         cfg = TrainConfig.model_validate(ref.config)
         model = as_sequence_model(load_version(ref.name, ref.version), cfg)
-        return Predictor(model, cfg.context, cfg.eval_batch_size)
+        predictor = Predictor(model, cfg.context, cfg.eval_batch_size)
     except Exception as err:  # noqa: BLE001 - reported in the artifact, not fatal
-        return Predictor(error=f"{type(err).__name__}: {err}"[:500])
+        predictor = Predictor(error=f"{type(err).__name__}: {err}"[:500])
+    try:
+        # deferred: imported on first use (MLflow, TensorFlow), for start-up time
+        import mlflow
+
+        from tasks.learning.question_network import load_question_network
+        from tasks.registry.questions import NETWORK_ARTIFACT, NETWORK_FILE
+
+        with tempfile.TemporaryDirectory(prefix="heapcast-questions-") as tmp:
+            path = mlflow.artifacts.download_artifacts(  # the tracking URI load_version used
+                run_id=ref.run_id, artifact_path=f"{NETWORK_ARTIFACT}/{NETWORK_FILE}", dst_path=tmp
+            )
+            predictor.questions = load_question_network(path)
+    except Exception as err:  # noqa: BLE001 - an older version logged none: said, not fatal
+        predictor.questions_error = f"{type(err).__name__}: {err}"[:300]
+    return predictor
 
 
 # ----------------------------------------------------------------------------- one run
@@ -398,6 +422,13 @@ def predictions_for(
         keep("model", pred.top)
     elif predictor is not None:
         notes.append(f"no `model` predictor: {predictor.error}")
+    if predictor is not None and predictor.questions is not None:
+        # deferred: imported on first use (TensorFlow), for start-up time
+        from tasks.learning.question_network import keep_soon
+
+        out["questions"] = keep_soon(table, predictor.questions)
+    elif predictor is not None:
+        notes.append(f"no `questions` predictor: {predictor.questions_error}")
     keep("online", OnlineCounter().predict(token_run, pos).top)
     out["layer_online"] = layer_rule_keep(table)  # causal at every horizon: the layer's own rule
     out[THREAD_FUTURE] = reuse_labels(table, horizon=GUIDED_HORIZON)
@@ -445,7 +476,8 @@ def replay_run(
 
     try:
         # Read once: the simulator's table and the model's tokens are the same rows.
-        table = read_events(root, workload, run, extra=("token",))
+        extra = ("token", *QUESTIONS_COLUMNS) if predictor and predictor.questions else ("token",)
+        table = read_events(root, workload, run, extra=extra)
         tokens = token_run(table, workload, run)
     except Exception as err:  # noqa: BLE001 - named in the artifact; the other runs go on
         return RunReplay(workload, run, error=f"{type(err).__name__}: {err}"[:500])
@@ -575,6 +607,7 @@ def at_budget(rep: pd.DataFrame) -> list[AtBudget]:
                 best_heuristic=str(best["heuristic"].iloc[0]) if len(best) else None,
                 best_heuristic_hit_rate=hit.get("best_heuristic"),
                 guided_hit_rate=hit.get("guided_model"),
+                questions_hit_rate=hit.get("guided_questions"),
                 oracle_hit_rate=hit.get("oracle"),
             )
         )
@@ -621,14 +654,18 @@ def whatif_headline(rep: pd.DataFrame, params: WhatifParams) -> WhatifHeadline |
         return None
     # the model's guided policy, named optimistic when it read predictions made after the free
     name = "guided_model" if params.horizon <= 1 else f"guided_model{OPTIMISTIC}"
+
     # a guided policy with no config under the budget is not compared at it: no figure
-    ok = name in at_all.index and not at_all.at[name, "over_budget"]
-    guided = at_all.at[name, "hit_rate"] if ok else None
+    def under_budget(label: str) -> float | None:
+        ok = label in at_all.index and not at_all.at[label, "over_budget"]
+        return float(at_all.at[label, "hit_rate"]) if ok else None
+
     return WhatifHeadline(
         horizon=params.horizon,
         idle_budget=params.idle_budget,
         best_heuristic=float(at_all.at["best_heuristic", "hit_rate"]),
-        guided_model=None if guided is None else float(guided),
+        guided_model=under_budget(name),
+        guided_questions=under_budget("guided_questions"),
     )
 
 

@@ -68,10 +68,12 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     assert summary.table_url == root.url_of("whatif", "heapcast-next-call-v1.parquet")
     assert set(zip(df["workload"], df["run"])) == set(evaluated[1:])
     guided = df[df["policy"] == "guided"]
+    # the questions' reuse network, logged with the version, guides a policy of its own
     assert sorted(set(guided["predictor"])) == [
         "layer_online",
         "model",
         "online",
+        "questions",
         "thread_future_optimistic",
     ]
     assert (df["model_run_id"] == model.run_id).all()
@@ -87,6 +89,11 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     head = "headline/whatif_causal.hit_rate."
     assert logged[head + "gain"] == pytest.approx(
         logged[head + "guided_model"] - logged[head + "best_heuristic"]
+    )
+    assert 0.0 <= logged[head + "guided_questions"] <= 1.0
+    assert (summary.at_budget[-1].workload, summary.at_budget[-1].questions_hit_rate) == (
+        "all",
+        logged[head + "guided_questions"],
     )
     assert not [k for k in logged if k.startswith("whatif.")]  # the detail is in tables
     artifacts = {a.path for a in client.list_artifacts(model.run_id, "whatif")}

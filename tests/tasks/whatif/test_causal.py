@@ -106,6 +106,36 @@ def test_decision_at_a_free_ignores_every_later_event_and_prediction(seed):
     assert changed_future + changed_peek > 0
 
 
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_the_reuse_networks_decision_at_a_free_ignores_every_later_event(seed):
+    import keras
+
+    from tasks.learning.question_network import build_network, soon_probability
+    from tasks.whatif.night import Predictor
+
+    # GIVEN the questions' network (untrained: random weights, so any path from a later call
+    # would show) as the night's `questions` predictor
+    keras.utils.set_random_seed(seed)
+    predictor = Predictor(questions=build_network(16))
+    rng = np.random.default_rng(200 + seed)
+    table = _trace(200 + seed)
+    time = table.column("time_ns").to_numpy()
+    keep, notes = predictions_for(table, _token_run(table), predictor, horizon=1)
+    p = soon_probability(table, predictor.questions)
+    assert keep["questions"].tolist() == (np.nan_to_num(p) >= 0.5).tolist()
+    assert any("no `model` predictor" in n for n in notes)
+    # WHEN every event after a free changes THEN its answer at that free does not
+    changed = 0
+    for i in _frees(table, rng, k=6):
+        other = _perturbed(table, time > time[i], rng)
+        again = predictions_for(other, _token_run(other), predictor, horizon=1)[0]
+        assert again["questions"][i] == keep["questions"][i], i
+        p2 = soon_probability(other, predictor.questions)
+        np.testing.assert_allclose(p2[i], p[i], rtol=1e-5)
+        changed += not np.allclose(np.nan_to_num(p2), np.nan_to_num(p))
+    assert changed  # the perturbation reaches the network's later answers (the test has teeth)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_causal_keep_equals_the_prediction_for_the_next_call(seed):
     """keep_at_free(next_call_top(top)) is predictions_from_topk at horizon 1: the same

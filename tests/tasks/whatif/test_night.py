@@ -273,7 +273,7 @@ def test_the_night_summary_prints_what_the_predictions_bought(replayed, tmp_path
     alpha = s.at_budget[0]
     row = next(line for line in md.splitlines() if line.startswith("| alpha |"))
     assert row == (
-        f"| alpha | {alpha.best_heuristic} {alpha.best_heuristic_hit_rate:.4f} | n/a | "
+        f"| alpha | {alpha.best_heuristic} {alpha.best_heuristic_hit_rate:.4f} | n/a | n/a | "
         f"{alpha.oracle_hit_rate:.4f} |"
     )
     assert any(line.startswith("| all |") for line in md.splitlines())
