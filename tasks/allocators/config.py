@@ -276,6 +276,12 @@ class RecommendationRule(StrictModel):
         "after the correction, gets more rounds (up to max_repetitions)",
     )
 
+    def for_objective(self, objective: str | None) -> RecommendationRule:
+        """This rule judged on `objective` (time or memory) instead of its own; None: as is."""
+        if objective is None or objective == self.objective:
+            return self
+        return self.model_copy(update={"objective": objective})
+
     @property
     def primary(self) -> str:
         """The metric the winner beats the baseline on."""
@@ -341,9 +347,16 @@ class AllocatorsConfig(StrictModel):
     )
     experiment: str = Field(default="heapcast-allocators", min_length=1)
     rule: RecommendationRule = RecommendationRule()
+    # per workload, the objective its recommendation is judged on where it is not the rule's: a
+    # service users run for days picks an allocator for the memory it holds, not for seconds
+    objectives: dict[Name, Literal["time", "memory"]] = Field(default_factory=dict)
     large_block_bytes: int = Field(default=128 * 1024, ge=1)
     tune: TuneConfig | None = None
     seeds: SeedCasesConfig | None = None
+
+    def rule_for(self, workload: str) -> RecommendationRule:
+        """The rule a workload's recommendation follows (`objectives` applied)."""
+        return self.rule.for_objective(self.objectives.get(workload))
 
     @model_validator(mode="after")
     def _seed_allocators_listed(self) -> AllocatorsConfig:

@@ -207,6 +207,12 @@ def select_cases(
     quick: bool = False,
 ) -> list[Case]:
     """The cases to measure: the catalog's selection, kept to the config's input names."""
+    unknown = sorted(set(config.objectives) - set(catalog.names()))
+    if unknown:
+        raise ValueError(
+            f"allocators config `objectives`: {', '.join(unknown)} is no workload of the catalog "
+            f"({', '.join(catalog.names())}); name a catalog workload or remove the entry"
+        )
     pairs = catalog.select(workloads, quick=quick)
     if config.inputs is not None:
         pairs = [(w, i) for w, i in pairs if i.name in config.inputs]
@@ -465,6 +471,7 @@ def measure_case(
         for i in range(warm):
             run_once(case, config.get(first), runner, input_dir, scratch / f"warmup-{i}", tracer)
         bound = max(reps, config.rounds_bound) if repetitions is None else reps
+        rule = config.rule_for(case.workload.name)  # the objective rounds are added for
         orders = round_orders(names, bound, config.order_seed)
         rep = 0
         while rep < bound:
@@ -472,12 +479,10 @@ def measure_case(
                 # past the planned rounds: only while the decision sits in the noise
                 ok = [s for s in samples if s.ok and s.wall_s is not None]
                 times = {
-                    n: np.array([getattr(s, config.rule.primary) for s in ok if s.allocator == n])
+                    n: np.array([getattr(s, rule.primary) for s in ok if s.allocator == n])
                     for n in names
                 }
-                open_ = undecided(
-                    times, config.baseline, config.rule.alpha, config.rule.promising_p
-                )
+                open_ = undecided(times, config.baseline, rule.alpha, rule.promising_p)
                 if not open_:
                     break
                 log.info(f"{case.label}: round {rep + 1} added, undecided: {', '.join(open_)}")

@@ -259,7 +259,11 @@ def _rec_cell(r: Recommendation) -> str:
             else ""
         )
         return f"**{r.allocator}**" + (f" ({r.note}{interval})" if r.note else "")
-    word = "faster" if r.margin >= 0 else "slower"
+    on_memory = r.objective == "memory"
+    if on_memory:
+        word = "less memory" if r.margin >= 0 else "more memory"
+    else:
+        word = "faster" if r.margin >= 0 else "slower"
     noise = "beyond noise" if r.beyond_noise else "within noise"
     p = f"p={r.p_value:.3f}" if r.p_value is not None else ""
     if r.p_adjusted is not None:
@@ -267,7 +271,11 @@ def _rec_cell(r: Recommendation) -> str:
     if r.margin_low is not None:
         p += f", margin {r.margin_low * 100:.1f}% to {r.margin_high * 100:.1f}%"
     overlap = "ranges overlap" if r.ranges_overlap else "ranges apart"
-    mem = f", {r.memory_vs_baseline:.2f}× memory" if r.memory_vs_baseline is not None else ""
+    mem = (
+        f", {r.memory_vs_baseline:.2f}× memory"
+        if r.memory_vs_baseline is not None and not on_memory  # on memory: the margin says it
+        else ""
+    )
     return (
         f"**{r.allocator}**: {abs(r.margin) * 100:.1f}% {word} than {r.baseline}{mem}; "
         f"{noise} ({p}, {overlap})"

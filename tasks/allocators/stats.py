@@ -193,15 +193,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def recommend(
-    m: Measurements, pairs: list[PairSummary], rule: RecommendationRule
+    m: Measurements,
+    pairs: list[PairSummary],
+    rule: RecommendationRule,
+    objectives: dict[str, str] | None = None,
 ) -> list[Recommendation]:
-    """One recommendation per case by `rule` (see the module); marks the pairs' `recommended`
-    and fills their ratios to the baseline."""
+    """One recommendation per case by `rule` (see the module), on the objective `objectives`
+    names for its workload (AllocatorsConfig.objectives) where it names one; marks the pairs'
+    `recommended` and fills their ratios to the baseline."""
     df = samples_frame(m)
     order = {a.name: i for i, a in enumerate(m.allocators)}
     recs = []
-    primary, (guard, tolerance) = rule.primary, rule.guard
+    general = rule
     for case in m.cases:
+        rule = general.for_objective((objectives or {}).get(case.workload))
+        primary, (guard, tolerance) = rule.primary, rule.guard
         cpairs = [p for p in pairs if p.case == case.label]
         base = next((p for p in cpairs if p.allocator == m.baseline), None)
         base_ok = base is not None and base.status == "ok"
@@ -234,7 +240,7 @@ def recommend(
             continue
         cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
 
-        def runs(name: str, cdf: pd.DataFrame = cdf) -> np.ndarray:
+        def runs(name: str, cdf: pd.DataFrame = cdf, primary: str = primary) -> np.ndarray:
             return cdf.loc[cdf["allocator"] == name, primary].to_numpy(float)
 
         smallest = min(p.median(guard) for p in cands)
@@ -247,7 +253,11 @@ def recommend(
         adjusted = holm(raw) if rule.correction == "holm" else dict(raw)
 
         def beats(
-            p: PairSummary, base: PairSummary | None = base, adjusted: dict = adjusted
+            p: PairSummary,
+            base: PairSummary | None = base,
+            adjusted: dict = adjusted,
+            primary: str = primary,
+            rule: RecommendationRule = rule,
         ) -> bool:
             """Below the baseline by median `primary`, beyond the noise by the rule."""
             base_ok = base is not None and base.status == "ok"
@@ -258,7 +268,11 @@ def recommend(
             return adjusted[p.allocator] < rule.alpha
 
         winners = [p for p in eligible if p.allocator != m.baseline and beats(p)]
-        key = lambda p: (p.median(primary), p.allocator != m.baseline, order[p.allocator])  # noqa: E731
+        key = lambda p, primary=primary: (  # noqa: E731
+            p.median(primary),
+            p.allocator != m.baseline,
+            order[p.allocator],
+        )
         if winners:
             winner = min(winners, key=key)
         elif base_ok:
@@ -313,4 +327,4 @@ def analyse(
 ) -> tuple[list[PairSummary], list[Recommendation]]:
     """summarize then recommend, by the config's rule."""
     pairs = summarize(m)
-    return pairs, recommend(m, pairs, config.rule)
+    return pairs, recommend(m, pairs, config.rule, config.objectives)

@@ -158,3 +158,50 @@ def test_no_clean_allocator_no_recommendation():
     _, (rec,) = analyse(m, CFG)
     assert rec.allocator is None and "no allocator ran cleanly" in rec.note
     assert rec.margin is None and rec.rule.startswith("the lowest median wall_s")
+
+
+def test_a_workload_judged_on_memory_gets_the_smallest_beyond_the_noise():
+    # GIVEN a service judged on memory (the project config's kv_service): glibc-arena2 holds
+    # 20% less at glibc's speed, tcmalloc 10% less; and a batch workload judged on time
+    assert CFG.objectives["kv_service"] == "memory" and CFG.rule.objective == "time"
+    service = {
+        "glibc": [(t, 236.0 + i) for i, t in enumerate(BASE)],
+        "glibc-arena2": [(t + 0.01, 189.0 + i) for i, t in enumerate(BASE)],
+        "tcmalloc": [(t, 212.0 + i) for i, t in enumerate(BASE)],
+    }
+    batch = {"glibc": runs_of(BASE, 100.0), "tcmalloc": runs_of(FAST, 100.0)}
+    m = make_measurements({}, cases={"kv_service": service, "batch": batch})
+    _, recs = analyse(m, CFG)
+    by_case = {r.case: r for r in recs}
+    # THEN the service gets arena2, its margin in memory; the batch workload tcmalloc, in time
+    kv, b = by_case["kv_service"], by_case["batch"]
+    assert (kv.objective, kv.allocator) == ("memory", "glibc-arena2")
+    assert kv.margin == pytest.approx(1 - 191.0 / 238.0) and kv.beyond_noise
+    assert (b.objective, b.allocator) == ("time", "tcmalloc")
+    assert b.margin == pytest.approx(1 - 0.80 / 1.00)
+    # AND without the entry the service is judged on time: nobody is faster, glibc stays
+    plain = CFG.model_copy(update={"objectives": {}})
+    _, recs = analyse(m, plain)
+    assert {r.case: r.allocator for r in recs}["kv_service"] == "glibc"
+
+
+def test_an_objective_for_a_workload_outside_the_catalog_is_refused_by_name():
+    from tasks.allocators.measure import select_cases
+    from tasks.replay.workloads import load_catalog
+
+    cfg = CFG.model_copy(update={"objectives": {"kv_servce": "memory"}})
+    with pytest.raises(ValueError, match="`objectives`: kv_servce is no workload of the catalog"):
+        select_cases(load_catalog(), cfg, ["kv_service"])
+
+
+def test_a_recommendation_on_memory_reads_as_memory_in_the_report():
+    from tasks.allocators.report import _rec_cell
+
+    service = {
+        "glibc": [(t, 236.0 + i) for i, t in enumerate(BASE)],
+        "glibc-arena2": [(t + 0.01, 189.0 + i) for i, t in enumerate(BASE)],
+    }
+    _, (rec,) = analyse(make_measurements({}, cases={"kv_service": service}), CFG)
+    cell = _rec_cell(rec)
+    assert cell.startswith("**glibc-arena2**: 19.7% less memory than glibc; beyond noise")
+    assert "faster" not in cell
