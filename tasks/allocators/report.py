@@ -302,6 +302,11 @@ def markdown(
         f"({', '.join(sources) or 'no source'}). {m.baseline} cell: median [min–max] and "
         f"memory; other cells: ratio of medians to {m.baseline}'s (below 1: less). ★ recommended.",
         f"Rule: {rule.describe()}.",
+        *(
+            f"{w}, judged on {o} (`objectives`): {config.rule_for(w).describe()}."
+            for w, o in sorted(config.objectives.items())
+            if o != rule.objective and w in {c.workload for c in m.cases}
+        ),
         "",
         "| workload | sizes % ≤64B/≤1K/<128K/≥128K | threads | median life | realloc | "
         + " | ".join(names)

@@ -205,3 +205,17 @@ def test_a_recommendation_on_memory_reads_as_memory_in_the_report():
     cell = _rec_cell(rec)
     assert cell.startswith("**glibc-arena2**: 19.7% less memory than glibc; beyond noise")
     assert "faster" not in cell
+
+
+def test_the_report_says_which_workload_is_judged_on_memory():
+    from tasks.allocators.report import markdown
+
+    service = {
+        "glibc": [(t, 236.0 + i) for i, t in enumerate(BASE)],
+        "glibc-arena2": [(t + 0.01, 189.0 + i) for i, t in enumerate(BASE)],
+    }
+    m = make_measurements({}, cases={"kv_service": service, "batch": service})
+    pairs, recs = analyse(m, CFG)
+    md = markdown(m, pairs, recs, {}, CFG)
+    assert "kv_service, judged on memory (`objectives`): the lowest median peak_rss_mb" in md
+    assert "batch, judged" not in md
