@@ -340,4 +340,7 @@ class TraceParams(StrictModel):
         default=None, description="catalog file; configs/workloads.yaml when empty"
     )
     max_parallel: int = Field(default=2, ge=1, le=16, description="replays at once")
-    caller: bool = Field(default=False, description="record each call's return address")
+    # on by default: the allocator questions' network and the per-site counters read the call
+    # site (tasks/learning/reuse.py call_sites); the tracer's cost with callers is measured by
+    # benchmarks/bench_tracer.py
+    caller: bool = Field(default=True, description="record each call's return address")
