@@ -37,7 +37,7 @@ QUESTIONS = ("lifetime_calls", "lifetime_time")
 
 
 @njit(cache=True)
-def _online_by_due(proc_start, ask_cls, site, due, label, n_sites, k, eps, out):
+def online_by_due(proc_start, ask_cls, site, due, label, n_sites, k, eps, out):
     """out[i] at every row asking (ask_cls[i] >= 0): the counters' distribution over k classes
     from the earlier asking rows of its process whose label[.] became known at a row <= i
     (due[.], -1: never). site[i] < 0: class counts only. Rows in process call order."""
@@ -118,7 +118,7 @@ def lifetime_answers(
         probs = {}
         for name, s in (("class_online", np.full(n, -1, np.int64)), ("site_online", site)):
             p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
-            _online_by_due(
+            online_by_due(
                 starts, ask, np.ascontiguousarray(s[order]), due, label, SITE_VOCABULARY,
                 LIFETIME_CLASSES, eps, p_ord,
             )  # fmt: skip

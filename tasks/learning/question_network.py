@@ -43,7 +43,7 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.lifetime import _online_by_due, known_at, lifetime_answers, lifetime_due
+from tasks.learning.lifetime import known_at, lifetime_answers, lifetime_due, online_by_due
 from tasks.learning.reuse import SITE_VOCABULARY, ReuseAnswers, call_sites, reuse_answers
 from tasks.learning.table import N_SIZE_CLASSES, SOON_CLASS, ClassTable
 from tasks.learning.train_config import QuestionsConfig
@@ -149,7 +149,7 @@ def _process_counter(starts: np.ndarray, label: np.ndarray, due: np.ndarray, k: 
     the labels of the process's earlier calls known by then (any class), smoothed."""
     ask = np.where(label != NO_LABEL, 0, -1).astype(np.int64)
     out = np.zeros((len(label), k), np.float64)
-    _online_by_due(
+    online_by_due(
         starts, ask, np.full(len(label), -1, np.int64), np.ascontiguousarray(due),
         np.maximum(label, 0).astype(np.int64), 1, k, 0.1, out,
     )  # fmt: skip
