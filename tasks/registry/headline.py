@@ -23,7 +23,7 @@ the names are chosen for that order. The run's sections are `headline`, `log_los
     log_loss/<table>.best_baseline, log_loss/<table>.model   (nats; lower is better)
     train/seconds, train/predictions_per_second              next to the curves train/<curve>
 
-Twelve charts in the first section: the model against its best baseline on each table and what
+Thirteen charts in the first section: the model against its best baseline on each table and what
 the predictions bought. The detail (every workload x predictor, every policy per workload) is
 in table artifacts the UI shows as tables: `evaluation/<table>.json` (`log_table` format) on
 the run, and `whatif/policies.json`, `whatif/grid.json` next to `whatif/pareto.png`.
