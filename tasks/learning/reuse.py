@@ -116,15 +116,17 @@ def call_sites(table: pa.Table, vocabulary: int = SITE_VOCABULARY) -> np.ndarray
     module = table.column("caller_module").combine_chunks()
     if pa.types.is_dictionary(module.type):
         module = module.cast(pa.string())
-    names, ids = np.unique(np.asarray(module.fill_null("").to_numpy(zero_copy_only=False), object),
-                           return_inverse=True)  # fmt: skip
-    name_hash = np.array([zlib.crc32(str(m).encode()) for m in names], np.uint64)  # per module
+    # the modules once each (Arrow's hash table, not Python strings per row), crc32 per module
+    coded = pc.dictionary_encode(module.fill_null(""))
+    names = coded.dictionary.to_pylist()
+    ids = coded.indices.to_numpy(zero_copy_only=False)
+    name_hash = np.array([zlib.crc32(m.encode()) for m in names], np.uint64)
     offset = table.column("caller_offset")
     valid = np.asarray(pc.is_valid(offset).to_numpy(zero_copy_only=False), bool)
     valid &= np.asarray(pc.is_valid(module).to_numpy(zero_copy_only=False), bool)
     off = offset.fill_null(0).to_numpy().astype(np.uint64)
     with np.errstate(over="ignore"):
-        h = (name_hash[ids.reshape(-1)] << np.uint64(32)) ^ off
+        h = (name_hash[ids] << np.uint64(32)) ^ off
         h = h * np.uint64(0x9E3779B97F4A7C15)
         h ^= h >> np.uint64(29)
     return np.where(valid, (h % np.uint64(vocabulary)).astype(np.int64), -1)
