@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 from keras import layers, ops
 
+from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 from tasks.learning.labels import (
     LIFETIME_CLASSES,
     NO_LABEL,
@@ -54,13 +55,15 @@ QUESTION_CLASSES = {
     "lifetime_calls": LIFETIME_CLASSES,
     "lifetime_time": LIFETIME_CLASSES,
 }
-COUNTERS = ("class_online", "site_online")  # the counters whose answers are inputs
-# and one counter more, of the process as a whole (any class): a new program's base rates, known
-# long before each class's counter has seen its first answers
-PROCESS_COUNTER = "process_online"
+# the counters whose answers are inputs, and one counter more of the process as a whole (any
+# class, _process_counter): a new program's base rates, known long before each class's counter
+# has seen its first answers
+COUNTERS = ("class_online", "site_online")
 WINDOW = 256  # calls per window (the state is reset at each)
-OTHER_TOKEN = 64  # a call that neither defines nor frees a known-size block (a failed malloc)
-N_INPUT_TOKENS = 65
+# the project's tokens (tasks/dataset/tokens.py), and one more: a call that neither defines nor
+# frees a known-size block (a failed malloc)
+OTHER_TOKEN = N_TOKENS
+N_INPUT_TOKENS = N_TOKENS + 1
 N_FEATURES = 3 + sum(k * (len(COUNTERS) + 1) for k in QUESTION_CLASSES.values())
 TIME_SCALE = 1.0 / 25.0  # log1p(ns) is at most ~25 for a 100-year gap: features stay in [0, 1]
 
@@ -84,7 +87,9 @@ def question_inputs(table: pa.Table, answers: dict[str, ReuseAnswers]) -> Questi
     n = table.num_rows
     order, starts = process_order(table)
     req_cls, free_cls = request_and_free_classes(table)
-    tokens = np.where(req_cls >= 0, req_cls, np.where(free_cls >= 0, 32 + free_cls, OTHER_TOKEN))
+    tokens = np.where(
+        req_cls >= 0, req_cls, np.where(free_cls >= 0, FREE_OFFSET + free_cls, OTHER_TOKEN)
+    )
     sites = call_sites(table) + 1
     t = table.column("time_ns").to_numpy().astype(np.int64)[order]
     gap = np.diff(t, prepend=t[:1] if n else t)
@@ -93,9 +98,7 @@ def question_inputs(table: pa.Table, answers: dict[str, ReuseAnswers]) -> Questi
     features[:, 0] = np.log1p(np.maximum(gap, 0)) * TIME_SCALE
     # the process's age and the share of its blocks freed so far: how a process that leaks at
     # exit (a short compiler run) looks, against one that frees (perl, cpython)
-    proc = np.cumsum(starts) - 1
-    first = np.flatnonzero(starts)
-    age = np.arange(n) - first[proc] if n else np.zeros(0, np.int64)
+    proc, first, age = _positions(starts)
     features[:, 1] = np.log1p(age) * TIME_SCALE
     allocs = _process_cumsum(req_cls[order] >= 0, starts, first, proc)
     frees = _process_cumsum(free_cls[order] >= 0, starts, first, proc)
@@ -124,6 +127,14 @@ def question_inputs(table: pa.Table, answers: dict[str, ReuseAnswers]) -> Questi
         labels,
         free_cls[order],
     )
+
+
+def _positions(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(process index of each call, each process's first call, each call's position in its
+    process), calls in process order."""
+    proc = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    return proc, first, np.arange(len(starts)) - first[proc]
 
 
 def _process_cumsum(flag: np.ndarray, starts, first, proc) -> np.ndarray:
@@ -159,11 +170,8 @@ def _process_counter(starts: np.ndarray, label: np.ndarray, due: np.ndarray, k: 
 def _windows(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """(window, slot) of each call, and the number of windows: each process cut into windows of
     WINDOW calls from its first call, so no window holds two processes."""
-    n = len(starts)
-    first = np.flatnonzero(starts)
-    proc = np.cumsum(starts) - 1
-    pos = np.arange(n) - first[proc]
-    length = np.diff(np.append(first, n))
+    proc, first, pos = _positions(starts)
+    length = np.diff(np.append(first, len(starts)))
     per = -(-length // WINDOW)
     offset = np.concatenate([[0], np.cumsum(per)[:-1]])
     return offset[proc] + pos // WINDOW, pos % WINDOW, int(per.sum())
