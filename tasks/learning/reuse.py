@@ -261,6 +261,7 @@ QUESTION_POSITIONS = {
     "lifetime_calls": "allocations",
     "lifetime_time": "allocations",
 }
+_AGAINST = {"class_online": "class counter", "network": "network"}  # what the table follows
 
 
 def question_lines(
@@ -292,5 +293,3 @@ def question_lines(
         lines.append(line)
     return lines
 
-
-_AGAINST = {"class_online": "class counter", "network": "network"}
