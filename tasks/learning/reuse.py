@@ -292,4 +292,3 @@ def question_lines(
             )
         lines.append(line)
     return lines
-
