@@ -64,6 +64,8 @@ examples:
       (peak 305.2 MB), 2 given back (152.6 MB), 5 calls passed through
   heapcast layer --policy guided --stats -- sqlite3 :memory: 'select 1'
       the guided policy (the thread's online counter), and each process's counters
+  heapcast layer --policy guided --predictor model -- ./app
+      guided by the champion's table (model:7: version 7's), fetched from the registry
   heapcast layer --policy guided --predictor table:model.hclt -- ./app
       guided by a table file from the model (refused with one line if it cannot be trusted)
   heapcast layer -O cap=64M -O min=64K -- ./app
@@ -230,8 +232,36 @@ def cmd_layer(args: argparse.Namespace) -> int:
         )
         return 2
     pred = args.predictor
+    model_option = []
+    if pred == "model" or pred.startswith("model:"):
+        # the registered version's table (native/TABLE.md), by alias or number, its version
+        # required by the layer (model=N): a file from another version is refused
+        from tasks.allocators.measure import scratch_parent  # deferred: start-up time
+        from tasks.core.config import default_root
+        from tasks.core.storage import Root
+        from tasks.registry.questions import fetch_table
+        from tasks.registry.tracking import tracking_for
+
+        which = pred.partition(":")[2] or "champion"
+        root = Root.from_url(args.root or default_root())
+        try:
+            got = fetch_table(tracking_for(root), which, scratch_parent(root) / "tables")
+        except FileNotFoundError as err:
+            print(f"heapcast layer: --predictor {pred}: {err}", file=sys.stderr)
+            return 2
+        if got is None:
+            print(
+                f"heapcast layer: --predictor {pred}: no registered version {which!r} under "
+                f"{root.url} (`make run` registers one; --root names another data root)",
+                file=sys.stderr,
+            )
+            return 2
+        pred, model_option = f"table:{got.path}", [f"model={got.version}"]
     if pred != "online" and not (pred.startswith("table:") and len(pred) > 6):
-        print(f"heapcast layer: --predictor {pred}: online or table:FILE", file=sys.stderr)
+        print(
+            f"heapcast layer: --predictor {pred}: online, model[:VERSION] or table:FILE",
+            file=sys.stderr,
+        )
         return 2
     if pred.startswith("table:"):
         table = Path(pred[6:]).resolve()
@@ -239,7 +269,7 @@ def cmd_layer(args: argparse.Namespace) -> int:
             print(f"heapcast layer: --predictor {pred}: no such file {table}", file=sys.stderr)
             return 2
         pred = f"table:{table}"
-    settings = [f"policy={args.policy}", f"predictor={pred}", *args.option]
+    settings = [f"policy={args.policy}", f"predictor={pred}", *model_option, *args.option]
     bad = [s for s in settings if "," in s or "=" not in s]
     if bad:
         print(f"heapcast layer: option {bad[0]!r}: NAME=VALUE, without commas", file=sys.stderr)
@@ -472,9 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--predictor",
         default="online",
-        metavar="online|table:FILE",
-        help="guided policy: the thread's online counter (default) or a table file from the model",
+        metavar="online|model[:VERSION]|table:FILE",
+        help="guided policy: the thread's online counter (default), the registered model's "
+        "table (model: the champion's; model:7 version 7's; --root's registry), or a table file",
     )
+    la.add_argument("--root", default=None, help="data root whose registry --predictor model reads")
     la.add_argument(
         "-O",
         "--option",

@@ -8,6 +8,7 @@ Results under `<root>/allocators/` (summary and samples Parquet, the markdown ta
 python -m flows.allocators                       # the workloads' medium inputs, runner auto
 python -m flows.allocators sqlite3 --runner local
 python -m flows.allocators --seeds [--quick]      # the seeds' two cases, mallocs and the layer
+python -m flows.allocators --seeds --table-model 7  # the layer guided by version 7's table
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from tasks.allocators import (
     measure_all,
     publish,
 )
+from tasks.allocators.measure import scratch_parent
+from tasks.allocators.model_table import with_model_table
 from tasks.allocators.seeds import (
     SeedsOutcome,
     log_on_model_run,
@@ -32,6 +35,7 @@ from tasks.allocators.seeds import (
     summarize_seed_cases,
 )
 from tasks.core.storage import Root
+from tasks.learning.outcome import RegisteredModel
 from tasks.registry.tracking import TrackingConfig, tracking_for
 from tasks.replay.images import build_images
 from tasks.replay.runners.select import resolve_runner_kind
@@ -43,6 +47,7 @@ def measure_allocators(
     """Measure the selected workloads under every configured allocator; publish the answers."""
     log = get_run_logger()
     config = load_allocators_config(params.config)
+    config = with_model_table(config, tracking, params.table_model, scratch_parent(root) / "tables")
     kind, why = resolve_runner_kind(params.runner)
     log.info(why)
     if kind == "docker":
@@ -55,13 +60,19 @@ def measure_seeds(
     params: AllocatorsParams,
     root: Root,
     tracking: TrackingConfig,
-    model_run_id: str | None = None,
+    model: RegisteredModel | None = None,
 ) -> SeedsOutcome:
     """The seeds' two cases under the mallocs and heapcast's layer (configs/allocators.yaml,
-    `seeds`; `params.quick`: its quick_repetitions), published like any allocators measurement,
-    summed up per case in ms and MB, and logged on the model's run when `model_run_id`."""
+    `seeds`; `params.quick`: its quick_repetitions), the table-guided layer reading `model`'s
+    table (else `params.table_model`'s), published like any allocators measurement, summed up
+    per case in ms and MB, and logged on `model`'s run when given."""
     log = get_run_logger()
-    config = load_allocators_config(params.config)
+    config = with_model_table(
+        load_allocators_config(params.config),
+        tracking,
+        model.version if model is not None else params.table_model,
+        scratch_parent(root) / "tables",
+    )
     seeds = seed_config(config)
     kind, why = resolve_runner_kind(params.runner)
     log.info(why)
@@ -76,9 +87,9 @@ def measure_seeds(
     outcome = summarize_seed_cases(measured, config, published)
     if published.mlflow_run_id is not None:  # the measurement's run, heapcast-allocators
         log_on_model_run(outcome.lines, tracking, published.mlflow_run_id)
-    if model_run_id is not None and params.mlflow:
-        log_on_model_run(outcome.lines, tracking, model_run_id)
-        outcome = outcome.model_copy(update={"model_run_id": model_run_id})
+    if model is not None and params.mlflow:
+        log_on_model_run(outcome.lines, tracking, model.run_id)
+        outcome = outcome.model_copy(update={"model_run_id": model.run_id})
     return outcome
 
 
@@ -116,6 +127,11 @@ if __name__ == "__main__":
     ap.add_argument(
         "--seeds", action="store_true", help="the seeds' two cases under the mallocs and the layer"
     )
+    ap.add_argument(
+        "--table-model",
+        default="champion",
+        help="the registered version whose table the table-guided layer reads (alias or number)",
+    )
     a = ap.parse_args()
     p = dict(
         workloads=a.workloads or None,
@@ -123,6 +139,7 @@ if __name__ == "__main__":
         runner=a.runner,
         config=a.config,
         mlflow=not a.no_mlflow,
+        table_model=a.table_model,
     )
     if a.root:
         p["root"] = a.root

@@ -112,7 +112,7 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
                     stages.seeds,
                     ctx.root,
                     ctx.tracking,
-                    model.run_id if model is not None else None,
+                    model,
                     return_state=True,
                 ),
                 SeedsOutcome,

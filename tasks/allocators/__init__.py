@@ -15,8 +15,10 @@ tasks.replay.runners.preload), then `stats` (checks and the rule) over `decide` 
 Holm's correction, the margin's interval), `heap` (features from the events), `report` (what is
 written). `tune` is `heapcast tune -- PROGRAM`: any program on this host, the same analysis.
 `seeds` measures the seeds' two cases (numpy_temporaries, numpy_training_loop) under the mallocs
-and heapcast's layer (`kind: layer` candidates) and says per case, in ms and MB, what the guided
-layer bought (flows.allocators `--seeds`, the night's `seeds` option).
+and heapcast's layer (`kind: layer` candidates; `layer-table` reads the registered model's table,
+`model_table` fetches it) and says per case, in ms and MB, what the model's table bought against
+the online counter and each against no prediction (flows.allocators `--seeds`, the night's
+`seeds` option).
 A flow composes:
 
     cfg = load_allocators_config()

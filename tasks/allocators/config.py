@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
+from tasks.learning.table import ModelTable
 from tasks.replay.runners.base import MEASURE_PLACEHOLDER
 from tasks.replay.runners.preload import PreloadSpec
 from tasks.replay.workloads import Name
@@ -66,6 +67,9 @@ LAYER_OPTIONS = {
 LAYER_POLICIES = {"seed002", "seed001", "guided", "off"}
 # Where a layer run writes its counters, in the run's measure folder.
 LAYER_STATS = "layer-stats"
+# Where a table-guided layer run finds the model's table: a copy in the run's measure folder
+# (every runner shows that folder to the program, so no runner needs a mount of its own).
+LAYER_TABLE = "heapcast.hcltab"
 
 
 def _int(text: str, what: str, lo: int) -> int:
@@ -150,6 +154,14 @@ class Allocator(StrictModel):
     library: str | None = None
     package: str | None = Field(default=None, description="the Debian package installing it")
     env: dict[str, str] = Field(default_factory=dict, description="allocator knobs")
+    table: Literal["model"] | None = Field(
+        default=None,
+        description="a guided layer's predictor: `model`, the registered model's table "
+        "(native/TABLE.md), which the stage fetches and hands to every run (with_model_table)",
+    )
+    # the table `table: model` reads, set by the stage (AllocatorsConfig.with_model_table);
+    # None: not given, and the candidate is reported unavailable rather than run unguided
+    model_table: ModelTable | None = Field(default=None, exclude=True)
 
     @field_validator("library")
     @classmethod
@@ -177,6 +189,26 @@ class Allocator(StrictModel):
             raise ValueError(
                 f"library {v!r} must be an absolute path (as the workload sees it: inside the "
                 "image for docker, on the host for local)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _table_for_a_guided_layer(self) -> Allocator:
+        if self.table is None:
+            return self
+        settings = dict(
+            p.partition("=")[::2] for p in self.env.get("HEAPCAST_LAYER", "").split(",")
+        )
+        if self.kind != "layer" or settings.get("policy") != "guided":
+            raise ValueError(
+                f"allocator {self.name!r}: `table: model` is a guided layer's predictor "
+                "(kind: layer, env.HEAPCAST_LAYER policy=guided)"
+            )
+        given = sorted({"predictor", "model"} & settings.keys())
+        if given:
+            raise ValueError(
+                f"allocator {self.name!r}: with `table: model` the stage sets "
+                f"{' and '.join(given)} (the model's table and its version); leave them out"
             )
         return self
 
@@ -235,18 +267,43 @@ class Allocator(StrictModel):
             env=tuple(sorted(self.layer_env().items())),
         )
 
+    def _with_table(self, folder: str) -> dict[str, str]:
+        """`env` with the model's table named (as `folder`/file) and its version required."""
+        env = dict(self.env)
+        t = self.model_table
+        if t is not None:
+            path = f"{folder}/{LAYER_TABLE}" if folder else str(t.path)
+            env["HEAPCAST_LAYER"] += f",predictor=table:{path},model={t.version}"
+        return env
+
     def layer_env(self) -> dict[str, str]:
         """The knobs as a run sets them: a layer's settings get `stats` into the run's measure
-        folder (MEASURE_PLACEHOLDER, filled by the runner), so its counters are collected."""
-        env = dict(self.env)
-        if self.kind == "layer":
-            env["HEAPCAST_LAYER"] += f",stats={MEASURE_PLACEHOLDER}/{LAYER_STATS}"
+        folder (MEASURE_PLACEHOLDER, filled by the runner), so its counters are collected, and a
+        table candidate's predictor is the copy of the model's table there (`LAYER_TABLE`)."""
+        if self.kind != "layer":
+            return dict(self.env)
+        env = self._with_table(MEASURE_PLACEHOLDER)
+        env["HEAPCAST_LAYER"] += f",stats={MEASURE_PLACEHOLDER}/{LAYER_STATS}"
         return env
 
     def line(self) -> str:
         """The exact line to paste in front of a command (empty for glibc as it is); a layer's
-        without the stage's `stats` setting."""
-        return replace(self.spec, env=tuple(sorted(self.env.items()))).line()
+        without the stage's `stats` setting, a table candidate's with the table on this host."""
+        return replace(self.spec, env=tuple(sorted(self._with_table("").items()))).line()
+
+    @property
+    def predictor(self) -> str | None:
+        """What a layer decides from, in words (None: not a layer)."""
+        if self.kind != "layer":
+            return None
+        settings = dict(p.partition("=")[::2] for p in self.env["HEAPCAST_LAYER"].split(","))
+        if settings.get("policy") != "guided":
+            return "no prediction"
+        if self.table is not None:
+            v = self.model_table.version if self.model_table is not None else None
+            return f"the model's table (v{v})" if v else "the model's table"
+        given = settings.get("predictor", "online")
+        return "online counter" if given == "online" else f"table {given.removeprefix('table:')}"
 
 
 class RecommendationRule(StrictModel):
@@ -328,9 +385,11 @@ class SeedCasesConfig(StrictModel):
     allocators: list[Name] = Field(min_length=2)
     repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
     quick_repetitions: int = Field(default=3, ge=1)
-    # what the guided layer bought: its median against each of these (same case, same night)
-    guided: Name = "layer-guided"
-    unguided: list[Name] = Field(default_factory=lambda: ["layer-seed002", "glibc"])
+    # what the predictions bought: per pair, the first's median minus the second's (ms, MB) with
+    # the rank test's p, same case, same night
+    compare: list[tuple[Name, Name]] = Field(
+        default_factory=lambda: [("layer-guided", "layer-seed002"), ("layer-guided", "glibc")]
+    )
 
 
 class AllocatorsConfig(StrictModel):
@@ -363,13 +422,13 @@ class AllocatorsConfig(StrictModel):
         if self.seeds is None or self.baseline not in self.names():
             return self  # an unknown baseline is said by _baseline_listed
         s = self.seeds
-        wanted = [*s.allocators, s.guided, *s.unguided]
-        unknown = sorted({n for n in wanted if n not in self.names()})
+        compared = {n for pair in s.compare for n in pair}
+        unknown = sorted({n for n in [*s.allocators, *compared] if n not in self.names()})
         if unknown:
             raise ValueError(
                 f"seeds: {', '.join(unknown)} not among the allocators ({', '.join(self.names())})"
             )
-        outside = sorted({n for n in (s.guided, *s.unguided, self.baseline)} - set(s.allocators))
+        outside = sorted((compared | {self.baseline}) - set(s.allocators))
         if outside:
             raise ValueError(f"seeds.allocators must include {', '.join(outside)} (compared)")
         return self
@@ -436,6 +495,23 @@ class AllocatorsConfig(StrictModel):
     def names(self) -> list[str]:
         return [a.name for a in self.allocators]
 
+    @property
+    def needs_table(self) -> bool:
+        """Whether a candidate reads the registered model's table (`table: model`)."""
+        return any(a.table is not None for a in self.allocators)
+
+    def with_model_table(self, table: ModelTable | None) -> AllocatorsConfig:
+        """This config with `table` handed to every `table: model` candidate (None: they stay
+        without one, and the stage reports them unavailable, saying why)."""
+        return self.model_copy(
+            update={
+                "allocators": [
+                    a.model_copy(update={"model_table": table}) if a.table is not None else a
+                    for a in self.allocators
+                ]
+            }
+        )
+
     def get(self, name: str) -> Allocator:
         for a in self.allocators:
             if a.name == name:
@@ -464,3 +540,9 @@ class AllocatorsParams(StrictModel):
         default=None, description="allocators config; configs/allocators.yaml when empty"
     )
     mlflow: bool = Field(default=True, description="log one MLflow run")
+    table_model: str = Field(
+        default="champion",
+        min_length=1,
+        description="the registered version whose table the table-guided layer reads (an alias "
+        "or a version number); the night measures the version it registered",
+    )

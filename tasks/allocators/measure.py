@@ -42,7 +42,13 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from tasks.allocators.config import LAYER_DIR, LAYER_STATS, Allocator, AllocatorsConfig
+from tasks.allocators.config import (
+    LAYER_DIR,
+    LAYER_STATS,
+    LAYER_TABLE,
+    Allocator,
+    AllocatorsConfig,
+)
 from tasks.allocators.decide import undecided
 from tasks.core.storage import Root
 from tasks.format.trace_reader import count_traces
@@ -125,6 +131,8 @@ class Sample(BaseModel):
     layer_bytes_advised: int | None = None
     layer_passed: int | None = None
     layer_double_frees: int | None = None
+    layer_table: int | None = None
+    layer_table_refused: int | None = None
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,
@@ -139,6 +147,8 @@ LAYER_COUNTERS = (
     "bytes_advised",
     "passed",
     "double_frees",
+    "table",  # processes that used a table (the model's, for a table candidate)
+    "table_refused",  # processes that refused the one they were given (one stderr line each)
 )
 
 
@@ -252,14 +262,24 @@ def check_allocators(
     runner: Runner, runner_kind: str, workload: Workload, allocators: list[Allocator]
 ) -> dict[str, AllocatorMissing]:
     """{allocator name: AllocatorMissing} for each allocator whose library is not where
-    `workload` runs (in its image, or on the host)."""
+    `workload` runs (in its image, or on the host), and each layer that reads the model's
+    table but was handed none (no registered version has one: run unguided, it would be
+    measured under a name that says otherwise)."""
     libs = [a.library for a in allocators if a.library and a.kind == "malloc"]
     missing = set(runner.missing_files(workload, libs)) if libs else set()
-    return {
+    out = {
         a.name: AllocatorMissing(missing_message(a, workload, runner_kind))
         for a in allocators
         if a.library in missing and a.kind == "malloc"
     }
+    for a in allocators:
+        if a.table is not None and a.model_table is None:
+            out[a.name] = AllocatorMissing(
+                f"allocator {a.name!r} reads the registered model's table, and none was given: "
+                "no version is registered yet, or the one named has no table (a night "
+                "registers a version and logs its table; name another with --table-model)"
+            )
+    return out
 
 
 def build_layers(allocators: list[Allocator]) -> None:
@@ -290,7 +310,7 @@ def run_logger():
         return logging.getLogger("heapcast.allocators")
 
 
-def _scratch_parent(root: Root) -> Path:
+def scratch_parent(root: Root) -> Path:
     """Scratch for inputs and run folders: the runners bind them, so a local path."""
     env = os.environ.get("HEAPCAST_SCRATCH")
     if env:
@@ -397,6 +417,8 @@ def run_once(
         dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
         for d in dirs.values():
             d.mkdir(parents=True)
+        if allocator.model_table is not None:  # the run's own copy, where its settings say
+            shutil.copyfile(allocator.model_table.path, dirs["measure"] / LAYER_TABLE)
         request = probed_request(
             RunRequest(
                 workload=case.workload,
@@ -420,8 +442,31 @@ def run_once(
             return None, None, f"cannot run here: {err}", None, {}
         events = count_traces(dirs["trace"]).events if tracer is not None else None
         layer = read_layer_stats(dirs["measure"] / LAYER_STATS) if allocator.kind == "layer" else {}
-        return result, events, None, verify_result(spec, request, result), layer
+        return (
+            result,
+            events,
+            table_error(allocator, layer),
+            verify_result(spec, request, result),
+            layer,
+        )
     return None, None, error, None, {}
+
+
+def table_error(allocator: Allocator, layer: dict[str, int]) -> str | None:
+    """Why a table candidate's run does not count (its layer refused the model's table, or no
+    process said it used it: the run was the online counter under the table's name), or None."""
+    if allocator.model_table is None or not layer:
+        return None
+    if layer.get("layer_table_refused", 0) or layer.get("layer_table", 0) < layer.get(
+        "layer_processes", 0
+    ):
+        return (
+            f"the layer did not use the model's table v{allocator.model_table.version} "
+            f"({allocator.model_table.path}) in every process: refused in "
+            f"{layer.get('layer_table_refused', 0)} of {layer.get('layer_processes', 0)} (the "
+            "run's stderr says why); its figures would be the online counter's"
+        )
+    return None
 
 
 def measure_case(
@@ -540,7 +585,7 @@ def measure_cases(
         raise FileNotFoundError(f"tracer {tracer_path} not found: build it with `make -C native`")
     started = datetime.now(UTC)
     t0 = time.monotonic()
-    scratch_parent = _scratch_parent(root)
+    scratch = scratch_parent(root)
     samples: list[Sample] = []
     unavailable: list[Unavailable] = []
     for case in cases:
@@ -550,7 +595,7 @@ def measure_cases(
             config,
             run_runner,
             kind,
-            scratch_parent,
+            scratch,
             repetitions=repetitions,
             warmup=warmup,
             tracer=tracer_path,

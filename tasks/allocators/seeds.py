@@ -1,14 +1,17 @@
 """The seeds' two cases measured for real (issue 21): seed 002's numpy temporaries and seed
 001's training loop, each under glibc, jemalloc, tcmalloc, mimalloc and heapcast's layer
-(seed002, seed001, guided), side by side in one measurement (`measure.measure_cases`: rotated
+(seed002, seed001, guided by the online counter, guided by the model's table), side by side in one measurement (`measure.measure_cases`: rotated
 rounds, every run verified by the probe, the layer's counters read), written like any
 allocators measurement (`report.publish`: Parquet under <root>/allocators/, MLflow's
 `heapcast-allocators`), then summed up per case in one line of ms and MB (`seed_lines`).
 
-What the guided layer bought is its median against each of `seeds.unguided` (layer-seed002: the
-same layer with no prediction; glibc), with the two-sided rank test's p (decide.mann_whitney_p)
-beside it. Its predictor is the online counter: no table distilled from the model exists yet, so
-the line says "online counter vs no prediction", never "the model's table".
+What the predictions bought is, per pair of `seeds.compare`, the first's median minus the
+second's, with the two-sided rank test's p (decide.mann_whitney_p) beside it: the layer guided by
+the registered model's table (layer-table, the version's `table/heapcast.hcltab`) against the
+same layer guided by the online counter (layer-guided), each against no prediction
+(layer-seed002) and glibc. Each layer is named with what it decides from
+(`Allocator.predictor`); the table's version is the one measured (tonight's in the night, the
+champion's on its own).
 
 With fewer than MIN_REPETITIONS rounds (the quick night) the line says how many, and that the
 rank test cannot reach p < 0.05 with so few.
@@ -29,8 +32,6 @@ from tasks.core.storage import Root
 from tasks.registry.tracking import TrackingConfig, configure
 from tasks.replay.workloads import load_catalog
 
-GUIDED_PREDICTOR = "online counter"  # what layer-guided predicts with (no model table yet)
-
 
 class AllocatorFigures(BaseModel):
     allocator: str
@@ -43,8 +44,9 @@ class AllocatorFigures(BaseModel):
 
 
 class Bought(BaseModel):
-    """The guided layer's median against `against`'s: negative ms / MB is what it saved."""
+    """`who`'s median against `against`'s: negative ms / MB is what `who` saved."""
 
+    who: str
     against: str
     wall_ms: float | None
     peak_rss_mb: float | None
@@ -55,8 +57,9 @@ class SeedLine(BaseModel):
     case: str
     repetitions: int
     figures: list[AllocatorFigures]
-    guided: str
+    predictors: dict[str, str]  # each layer's: what it decides from (Allocator.predictor)
     bought: list[Bought]
+    missing: list[str] = []  # compared pairs a side of which was not measured, said as such
 
     def text(self) -> str:
         few = (
@@ -75,16 +78,19 @@ class SeedLine(BaseModel):
                 cell += f" ({f.layer_hits:.0f} hits)"
             cells.append(cell)
         bought = [
-            f"{b.wall_ms:+.0f} ms {b.peak_rss_mb:+.1f} MB vs {b.against} (p={b.p_wall:.2g})"
+            f"{self._named(b.who)} {b.wall_ms:+.0f} ms {b.peak_rss_mb:+.1f} MB vs "
+            f"{self._named(b.against)} (p={b.p_wall:.2g})"
             for b in self.bought
             if b.wall_ms is not None and b.peak_rss_mb is not None
         ]
-        what = (
-            f"; {self.guided} ({GUIDED_PREDICTOR} vs no prediction): {', '.join(bought)}"
-            if bought
-            else f"; {self.guided}: nothing to compare (a side failed)"
-        )
+        what = f"; bought: {', '.join(bought)}" if bought else ""
+        if self.missing:
+            what += f"; nothing to compare for {', '.join(self.missing)} (a side not measured)"
         return f"{self.case}{few}: " + " | ".join(cells) + what
+
+    def _named(self, allocator: str) -> str:
+        p = self.predictors.get(allocator)
+        return f"{allocator} ({p})" if p else allocator
 
 
 def seed_config(config: AllocatorsConfig) -> AllocatorsConfig:
@@ -148,31 +154,34 @@ def seed_lines(m: Measurements, config: AllocatorsConfig) -> list[SeedLine]:
             for n in names
         ]
         by = {f.allocator: f for f in figures}
-        bought = []
-        g = by.get(s.guided)
-        for other in s.unguided:
-            o = by.get(other)
+        bought, missing = [], []
+        for who, other in s.compare:
+            g, o = by.get(who), by.get(other)
             if g is None or o is None or g.wall_ms is None or o.wall_ms is None:
+                missing.append(f"{who} vs {other}")
                 continue
             bought.append(
                 Bought(
+                    who=who,
                     against=other,
                     wall_ms=g.wall_ms - o.wall_ms,
                     peak_rss_mb=None
                     if g.peak_rss_mb is None or o.peak_rss_mb is None
                     else g.peak_rss_mb - o.peak_rss_mb,
                     p_wall=mann_whitney_p(
-                        [x.wall_s for x in ok[s.guided]], [x.wall_s for x in ok[other]]
+                        [x.wall_s for x in ok[who]], [x.wall_s for x in ok[other]]
                     ),
                 )
             )
+        predictors = {a.name: a.predictor for a in m.allocators if a.predictor is not None}
         out.append(
             SeedLine(
                 case=case.label,
                 repetitions=m.repetitions,
                 figures=figures,
-                guided=s.guided,
+                predictors=predictors,
                 bought=bought,
+                missing=missing,
             )
         )
     return out
@@ -188,7 +197,7 @@ class SeedsOutcome(BaseModel):
 
 
 def bought_metrics(lines: list[SeedLine]) -> dict[str, float]:
-    """`layer.<case>.<guided>_vs_<other>.wall_ms` / `.peak_rss_mb` (and each allocator's
+    """`layer.<case>.<who>_vs_<against>.wall_ms` / `.peak_rss_mb` (and each allocator's
     `layer.<case>.<allocator>.wall_ms` / `.peak_rss_mb`) for MLflow."""
     out: dict[str, float] = {}
     for line in lines:
@@ -198,7 +207,7 @@ def bought_metrics(lines: list[SeedLine]) -> dict[str, float]:
                 out[f"layer.{case}.{f.allocator}.wall_ms"] = f.wall_ms
                 out[f"layer.{case}.{f.allocator}.peak_rss_mb"] = f.peak_rss_mb
         for b in line.bought:
-            key = f"layer.{case}.{line.guided}_vs_{b.against}"
+            key = f"layer.{case}.{b.who}_vs_{b.against}"
             if b.wall_ms is not None:
                 out[f"{key}.wall_ms"] = b.wall_ms
             if b.peak_rss_mb is not None:
@@ -217,8 +226,8 @@ def summarize_seed_cases(
 @task(name="seed-cases-to-model-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10)
 def log_on_model_run(lines: list[SeedLine], tracking: TrackingConfig, run_id: str) -> None:
     """The figures on an MLflow run, the registered model's or the measurement's own (metrics
-    `layer.*`, and the lines as the tag `heapcast.layer.bought`, saying the predictor is the
-    online counter)."""
+    `layer.*`, and the lines, each layer named with what it decides from, as the tag
+    `heapcast.layer.bought`)."""
 
     configure(tracking)
     from mlflow.tracking import MlflowClient  # deferred: mlflow's import is slow
@@ -229,6 +238,5 @@ def log_on_model_run(lines: list[SeedLine], tracking: TrackingConfig, run_id: st
     client.set_tag(
         run_id,
         "heapcast.layer.bought",
-        f"{GUIDED_PREDICTOR} vs no prediction (layer-seed002), measured: "
-        + " || ".join(line.text() for line in lines),
+        "measured: " + " || ".join(line.text() for line in lines),
     )

@@ -115,6 +115,20 @@ def write_layer_table(path: Path, table: ClassTable, model_version: int) -> Path
 
 
 @dataclass(frozen=True)
+class ModelTable:
+    """A registered version's layer table, as a file on this host: what the allocators stage's
+    table-guided layer candidate reads (tasks.registry.questions.fetch_table downloads it)."""
+
+    path: Path
+    version: int  # the model version the file was written for (the layer's `model=` check)
+    run_id: str  # the version's MLflow run, where it was logged
+
+    def __post_init__(self) -> None:
+        if not 0 < self.version < 2**32:
+            raise ValueError(f"model version {self.version}: the layer's table needs 1..2^32-1")
+
+
+@dataclass(frozen=True)
 class TableAgreement:
     """The table at one evaluation table's reuse positions (frees)."""
 

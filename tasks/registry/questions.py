@@ -16,7 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tasks.learning.outcome import OVERALL, TrainOutcome
-from tasks.learning.table import model_version_number, write_layer_table
+from tasks.learning.table import ModelTable, model_version_number, write_layer_table
+from tasks.registry.tracking import TrackingConfig, configure, resolve_target
 
 TABLE_ARTIFACT = "table"
 NETWORK_ARTIFACT = "questions"
@@ -103,3 +104,37 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
         TAG_TABLE,
         f"{TABLE_ARTIFACT}/{TABLE_FILE}: the layer's table {made_from}, for model version {version}",
     )
+
+
+def fetch_table(tracking: TrackingConfig, model: str, dest: Path) -> ModelTable | None:
+    """The layer's table of the registered version `model` names (a version number, or an
+    alias such as `champion`), downloaded into the folder `dest` as `v<version>.hcltab`; None
+    when no such version is registered yet (a fresh store: nothing to read). A version whose
+    run logged no table (one registered before tables existed) raises, naming it."""
+    configure(tracking)
+    from mlflow import MlflowClient  # deferred: mlflow's import is slow
+    from mlflow.exceptions import MlflowException
+
+    target = resolve_target(tracking)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    try:
+        if model.isdigit():
+            version = client.get_model_version(tracking.model_name, model)
+        else:
+            version = client.get_model_version_by_alias(tracking.model_name, model)
+    except MlflowException:
+        return None  # no model, no such alias or version yet
+    number = model_version_number(str(version.version))
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="heapcast-table-") as tmp:
+        try:
+            got = client.download_artifacts(version.run_id, f"{TABLE_ARTIFACT}/{TABLE_FILE}", tmp)
+        except (MlflowException, OSError) as err:
+            raise FileNotFoundError(
+                f"model {tracking.model_name} v{number} (run {version.run_id}) has no "
+                f"{TABLE_ARTIFACT}/{TABLE_FILE}: registered before the layer's table was logged "
+                f"with each version; name a newer version ({err})"
+            ) from None
+        path = dest / f"v{number}.hcltab"
+        path.write_bytes(Path(got).read_bytes())
+    return ModelTable(path=path, version=number, run_id=version.run_id)

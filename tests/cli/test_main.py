@@ -97,6 +97,38 @@ def test_layer_refuses_a_missing_table_file_and_says_how(tmp_path):
     assert r.returncode == 2 and "give a program to run" in r.stderr
 
 
+def test_layer_reads_the_registered_models_table_by_alias_or_version(tmp_path):
+    """`--predictor model` fetches the champion's table from the root's registry and the layer
+    uses it (its stats say table=1); an empty registry is said, naming the root."""
+    import dataclasses
+
+    import numpy as np
+
+    from tasks.learning.labels import REUSE_CLASSES
+    from tasks.learning.table import ClassTable
+    from tasks.registry.register import register_outcome
+    from tasks.registry.tracking import TrackingConfig
+    from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+    empty = tmp_path / "empty"
+    r = heapcast("layer", "--policy", "guided", "--predictor", "model", "--root", str(empty),
+                 "--", "true", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "no registered version 'champion'" in r.stderr, r.stderr
+    data = tmp_path / "data"
+    outcome = dataclasses.replace(
+        make_outcome(tiny_model(), 0.8),
+        class_table=ClassTable(np.ones((32, REUSE_CLASSES)), np.full(REUSE_CLASSES, 0.2)),
+    )
+    version = register_outcome(outcome, TrackingConfig(root=str(data))).model_version
+    code = "b = [bytearray(1 << 20) for _ in range(50)]; print('ok')"
+    for which in ("model", f"model:{version}"):
+        r = heapcast("layer", "--policy", "guided", "--predictor", which, "--root", str(data),
+                     "--stats", "--", sys.executable, "-c", code, cwd=tmp_path)  # fmt: skip
+        assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+        assert "refused:" not in r.stderr
+        assert re.search(r"\btable=1\b", r.stderr) and "table_refused=0" in r.stderr, r.stderr
+
+
 def _tune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`heapcast tune` from this checkout (python -m cli.main), as a user runs it."""
     root = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ the probe, its counters read, and the seeds' cases summed up in one line of ms a
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -79,7 +80,7 @@ def test_the_layers_setting_on_a_malloc_candidate_is_refused():
 def test_a_seeds_section_naming_an_unknown_allocator_names_the_file_and_field(tmp_path):
     text = (LAYER_DIR.parent.parent / "configs" / "allocators.yaml").read_text()
     bad = tmp_path / "allocators.yaml"
-    bad.write_text(text.replace("guided: layer-guided", "guided: layer-nosuch"))
+    bad.write_text(text.replace("- [layer-table, layer-guided]", "- [layer-table, layer-nosuch]"))
     with pytest.raises(ConfigError, match="layer-nosuch not among the allocators"):
         load_config(type(CFG), bad)
 
@@ -118,30 +119,40 @@ def test_the_layers_counters_are_summed_over_the_processes(tmp_path):
     assert got["layer_bytes_given_back"] == 105 and got["layer_double_frees"] == 1
 
 
-def test_the_seed_summary_line_gives_ms_mb_and_what_the_guided_layer_bought():
+def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
+    from tasks.learning.table import ModelTable
+
+    cfg = CFG.with_model_table(ModelTable(path=Path("/t/v12.hcltab"), version=12, run_id="r"))
     runs = {
         "glibc": [(1.30, 100.0), (1.32, 101.0), (1.31, 100.0)],
         "tcmalloc": [(1.00, 110.0), (1.01, 110.0), (1.02, 111.0)],
         "layer-seed002": [(1.00, 104.0), (0.99, 104.0), (1.01, 104.0)],
         "layer-guided": [(0.95, 102.0), (0.96, 102.0), (0.94, 102.0)],
+        "layer-table": [(0.93, 101.0), (0.92, 101.0), (0.94, 101.0)],
     }
-    m = make_measurements(runs, case="numpy_temporaries/small")
-    (line,) = seed_lines(m, CFG)
+    m = make_measurements(runs, case="numpy_temporaries/small", config=cfg)
+    (line,) = seed_lines(m, cfg)
     text = line.text()
     assert text.startswith("numpy_temporaries/small, 3 rounds only (quick: too few")
     assert "glibc 1310 ms 100 MB" in text and "layer-guided 950 ms 102 MB" in text
-    assert "layer-guided (online counter vs no prediction): -50 ms -2.0 MB vs layer-seed002" in text
-    assert "-360 ms +2.0 MB vs glibc (p=0.1)" in text
+    # the model's table against the online counter, each layer named by what it decides from
+    assert (
+        "bought: layer-table (the model's table (v12)) -20 ms -1.0 MB vs layer-guided (online "
+        "counter) (p=0.2)" in text
+    )
+    assert "layer-guided (online counter) -50 ms -2.0 MB vs layer-seed002 (no prediction)" in text
+    assert "layer-guided (online counter) -360 ms +2.0 MB vs glibc (p=0.1)" in text
     page = NightlySummary(root="/r", finished_at="now", stages=[], seed_lines=[text]).markdown()
     assert "## What the layer bought, measured (seeds' cases; medians, ms and MB)" in page
     assert f"- {text}" in page
 
 
-def test_five_rounds_say_so_and_a_failed_guided_side_says_nothing_was_bought():
+def test_five_rounds_say_so_and_a_side_not_measured_is_said():
     five = [(1.0, 100.0)] * 5
     m = make_measurements({"glibc": five, "layer-seed002": five}, case="c")
     text = seed_lines(m, CFG)[0].text()
-    assert text.startswith("c, 5 rounds: ") and "layer-guided: nothing to compare" in text
+    assert text.startswith("c, 5 rounds: ") and "bought" not in text
+    assert "nothing to compare for layer-table vs layer-guided, " in text
 
 
 # ------------------------------------------------------------------ a real run, in a container

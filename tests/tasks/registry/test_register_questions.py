@@ -110,3 +110,37 @@ def test_the_questions_network_is_logged_with_the_version_and_loads_back(tmp_pat
         "distilled from the questions' network"
         in client.get_run(run_id).data.tags["heapcast.table"]
     )
+
+
+def test_the_layers_table_is_fetched_by_version_or_alias_for_the_allocators_stage(tmp_path):
+    """What the allocators stage's table-guided layer reads: the registered version's file,
+    by number or by the alias; nothing on a store with no version; a version that logged no
+    table named as such."""
+    import pytest
+
+    from tasks.registry.questions import fetch_table
+
+    tracking = TrackingConfig(root=str(tmp_path / "data"))
+    assert fetch_table(tracking, "champion", tmp_path / "t") is None  # nothing registered yet
+    counts = np.ones((32, REUSE_CLASSES))
+    with_table = dataclasses.replace(
+        make_outcome(tiny_model(), 0.8),
+        question_scores=_questions(),
+        class_table=ClassTable(counts, np.full(REUSE_CLASSES, 0.2)),
+    )
+    first = register_outcome(with_table, tracking)
+    by_alias = fetch_table(tracking, "champion", tmp_path / "t")  # the first version takes it
+    by_number = fetch_table(tracking, first.model_version, tmp_path / "n")
+    assert by_alias is not None and by_number is not None
+    assert by_alias.version == by_number.version == int(first.model_version)
+    assert (
+        by_alias.run_id == first.run_id and by_alias.path.name == f"v{first.model_version}.hcltab"
+    )
+    assert by_alias.path.read_bytes()[:8] == MAGIC
+    assert by_alias.path.read_bytes() == by_number.path.read_bytes()
+    assert fetch_table(tracking, "999", tmp_path / "t") is None  # no such version
+    # a version whose run logged no table (registered before tables were logged)
+    bare = register_outcome(make_outcome(tiny_model(), 0.7), tracking)
+    assert bare.model_version != first.model_version
+    with pytest.raises(FileNotFoundError, match=f"v{bare.model_version} .* has no table/heapcast"):
+        fetch_table(tracking, bare.model_version, tmp_path / "t")
