@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 
 from tasks.allocators.config import Allocator, load_allocators_config
 from tasks.allocators.measure import CaseInfo, Measurements, Sample, Unavailable, round_orders
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
+from tasks.learning.labels import REUSE_CLASSES
+from tasks.learning.table import N_SIZE_CLASSES, ClassTable, ModelTable, write_layer_table
 
 OK_HASH = "a" * 64
+
+
+def written_table(folder: Path, version: int) -> ModelTable:
+    """A real layer table file (every class: keep) written for model `version`."""
+    counts = np.zeros((N_SIZE_CLASSES, REUSE_CLASSES))
+    counts[:, 0] = 10.0  # every class requested again at once: keep
+    path = write_layer_table(
+        folder / f"v{version}.hcltab", ClassTable(counts, counts[0] / 10.0), version
+    )
+    return ModelTable(path=path, version=version, run_id="run")
 
 
 def make_measurements(

@@ -19,7 +19,7 @@ from tasks.nightly.summary import NightlySummary
 from tasks.replay.runners.base import SANDBOX_PATHS, program_env
 from tasks.replay.runners.preload import verify
 from tests.tasks.allocators.programs_build import measure_alloc_mix
-from tests.tasks.allocators.tables import make_measurements
+from tests.tasks.allocators.tables import make_measurements, written_table
 
 CFG = load_allocators_config()
 
@@ -226,8 +226,10 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     numpy_image, tmp_path
 ):
     """Both seeds' cases (numpy_temporaries, numpy_training_loop: seed 001's loop) under glibc,
-    layer-seed002 and layer-guided, one quick round: every run verified with the same output,
-    the layer's counters in the samples Parquet, a line per case, the figures on a model's run."""
+    layer-seed002, layer-guided and layer-table (a model's table copied into each container's
+    measure folder), one quick round: every run verified with the same output, the table used in
+    every process, the layer's counters in the samples Parquet, a line per case, the figures on
+    a model's run."""
     import mlflow
     import pyarrow.parquet as pq
 
@@ -239,19 +241,25 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     assert [i.name for i in w.inputs] == ["small", "medium"] and not any(i.quick for i in w.inputs)
     assert w.deterministic
     seeds = CFG.seeds.model_copy(
-        update={"allocators": ["glibc", "layer-seed002", "layer-guided"], "quick_repetitions": 1}
+        update={
+            "allocators": ["glibc", "layer-seed002", "layer-guided", "layer-table"],
+            "quick_repetitions": 1,
+        }
     )
-    cfg = CFG.model_copy(update={"seeds": seeds, "warmup": 0})
+    table = written_table(tmp_path, 5)
+    cfg = CFG.with_model_table(table).model_copy(update={"seeds": seeds, "warmup": 0})
     root = Root.from_url(str(tmp_path / "root"))
     m = measure_seed_cases.fn(root, cfg, True, "docker")
     assert {c.label for c in m.cases} == {"numpy_temporaries", "numpy_training_loop"}
-    assert m.repetitions == 1 and len(m.samples) == 2 * 3
+    assert m.repetitions == 1 and len(m.samples) == 2 * 4
     assert all(s.ok and s.applied for s in m.samples), [s.error for s in m.samples]
     for case in ("numpy_temporaries", "numpy_training_loop"):
         outputs = {s.stdout_sha256 for s in m.samples if s.case == case}
         assert len(outputs) == 1  # the layer never changes the output
         hits = [s.layer_hits for s in m.samples if s.case == case and s.allocator != "glibc"]
         assert all(h is not None and h > 0 for h in hits), (case, hits)
+        (t,) = [s for s in m.samples if s.case == case and s.allocator == "layer-table"]
+        assert t.layer_table == t.layer_processes >= 1 and t.layer_table_refused == 0
     tracking = TrackingConfig(root=str(tmp_path / "root"))
     out = write_outcome(root, m, seed_config(cfg), to_mlflow=False, tracking=tracking)
     samples = pq.read_table(out.samples_path).to_pandas()
@@ -259,14 +267,17 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     lines = seed_lines(m, cfg)
     assert [line.case for line in lines] == ["numpy_temporaries", "numpy_training_loop"]
     assert all(" ms " in line.text() and " MB" in line.text() for line in lines)
-    # the registered model's run gets the figures (what the online counter bought, said so)
+    assert "layer-table (the model's table (v5)) " in lines[0].text()
+    assert "vs layer-guided (online counter)" in lines[0].text()
+    # the registered model's run gets the figures, each layer named by what it decides from
     configure(tracking)
     with mlflow.start_run() as run:
         pass
     log_on_model_run.fn(lines, tracking, run.info.run_id)
     got = mlflow.get_run(run.info.run_id).data
     assert "layer.numpy_temporaries.layer-guided_vs_layer-seed002.wall_ms" in got.metrics
-    assert got.tags["heapcast.layer.bought"].startswith("online counter vs no prediction")
+    assert "layer.numpy_training_loop.layer-table_vs_layer-guided.peak_rss_mb" in got.metrics
+    assert got.tags["heapcast.layer.bought"].startswith("measured: numpy_temporaries, 1 round")
 
 
 def load_catalog_workload(name: str):

@@ -5,30 +5,17 @@ table's name, and a candidate with no table reported unavailable with the reason
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from tasks.allocators.config import LAYER_DIR, Allocator, load_allocators_config
 from tasks.allocators.measure import read_layer_stats, table_error
-from tasks.learning.labels import REUSE_CLASSES
-from tasks.learning.table import N_SIZE_CLASSES, ClassTable, ModelTable, write_layer_table
+from tasks.learning.table import ModelTable
 from tests.tasks.allocators.programs_build import measure_alloc_mix
+from tests.tasks.allocators.tables import written_table
 
 CFG = load_allocators_config()
 LAYER = {"kind": "layer", "library": "libheapcast_layer.so"}
-
-
-def written_table(folder: Path, version: int) -> ModelTable:
-    """A real table file (every class: keep) written for `version`."""
-    counts = np.zeros((N_SIZE_CLASSES, REUSE_CLASSES))
-    counts[:, 0] = 10.0  # every class requested again at once: keep
-    path = write_layer_table(
-        folder / f"v{version}.hcltab", ClassTable(counts, counts[0] / 10.0), version
-    )
-    return ModelTable(path=path, version=version, run_id="run")
 
 
 def test_the_table_candidate_names_the_model_table_and_its_version_in_every_run(tmp_path):
