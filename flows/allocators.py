@@ -73,7 +73,7 @@ def measure_seeds(
         model.version if model is not None else params.table_model,
         scratch_parent(root) / "tables",
     )
-    seeds = seed_config(config)
+    seeds = seed_config(config, params.quick)
     kind, why = resolve_runner_kind(params.runner)
     log.info(why)
     if kind == "docker":

@@ -385,6 +385,9 @@ class SeedCasesConfig(StrictModel):
     allocators: list[Name] = Field(min_length=2)
     repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
     quick_repetitions: int = Field(default=3, ge=1)
+    # the quick night's allocators (None: `allocators`): the layer's predictors and the reference
+    # mallocs that fit the night's minutes; the weekly flow measures them all
+    quick_allocators: list[Name] | None = Field(default=None, min_length=2)
     # what the predictions bought: per pair, the first's median minus the second's (ms, MB) with
     # the rank test's p, same case, same night
     compare: list[tuple[Name, Name]] = Field(
@@ -423,7 +426,9 @@ class AllocatorsConfig(StrictModel):
             return self  # an unknown baseline is said by _baseline_listed
         s = self.seeds
         compared = {n for pair in s.compare for n in pair}
-        unknown = sorted({n for n in [*s.allocators, *compared] if n not in self.names()})
+        unknown = sorted(
+            {n for n in [*s.allocators, *compared, *(s.quick_allocators or [])]} - set(self.names())
+        )
         if unknown:
             raise ValueError(
                 f"seeds: {', '.join(unknown)} not among the allocators ({', '.join(self.names())})"
@@ -431,6 +436,14 @@ class AllocatorsConfig(StrictModel):
         outside = sorted((compared | {self.baseline}) - set(s.allocators))
         if outside:
             raise ValueError(f"seeds.allocators must include {', '.join(outside)} (compared)")
+        if s.quick_allocators is not None:
+            extra = sorted(set(s.quick_allocators) - set(s.allocators))
+            if extra or self.baseline not in s.quick_allocators:
+                raise ValueError(
+                    "seeds.quick_allocators must be among seeds.allocators and include the "
+                    f"baseline {self.baseline!r}"
+                    + (f" ({', '.join(extra)} are not)" if extra else "")
+                )
         return self
 
     @model_validator(mode="after")

@@ -51,6 +51,7 @@ class Bought(BaseModel):
     wall_ms: float | None
     peak_rss_mb: float | None
     p_wall: float  # two-sided rank test of the two samples of wall time
+    p_rss: float | None = None  # ... and of peak RSS
 
 
 class SeedLine(BaseModel):
@@ -79,7 +80,8 @@ class SeedLine(BaseModel):
             cells.append(cell)
         bought = [
             f"{self._named(b.who)} {b.wall_ms:+.0f} ms {b.peak_rss_mb:+.1f} MB vs "
-            f"{self._named(b.against)} (p={b.p_wall:.2g})"
+            f"{self._named(b.against)} (p={b.p_wall:.2g}"
+            + (f", RSS p={b.p_rss:.2g})" if b.p_rss is not None else ")")
             for b in self.bought
             if b.wall_ms is not None and b.peak_rss_mb is not None
         ]
@@ -93,17 +95,19 @@ class SeedLine(BaseModel):
         return f"{allocator} ({p})" if p else allocator
 
 
-def seed_config(config: AllocatorsConfig) -> AllocatorsConfig:
-    """`config` kept to the seeds' allocators and inputs (its `seeds` section)."""
+def seed_config(config: AllocatorsConfig, quick: bool = False) -> AllocatorsConfig:
+    """`config` kept to the seeds' allocators and inputs (its `seeds` section; `quick`: its
+    `quick_allocators` when it names them)."""
     s = config.seeds
     if s is None:
         raise ValueError(
             "configs/allocators.yaml has no `seeds` section (workloads, inputs, allocators): "
             "add it to measure the seeds' cases"
         )
+    names = s.quick_allocators if quick and s.quick_allocators else s.allocators
     return config.model_copy(
         update={
-            "allocators": [config.get(n) for n in s.allocators],
+            "allocators": [config.get(n) for n in names],
             "inputs": s.inputs,
             "repetitions": s.repetitions,
             "max_repetitions": None,
@@ -115,9 +119,9 @@ def seed_config(config: AllocatorsConfig) -> AllocatorsConfig:
 def measure_seed_cases(
     root: Root, config: AllocatorsConfig, quick: bool, runner: str, catalog: str | None = None
 ) -> Measurements:
-    """The seeds' cases under the seeds' allocators (`seed_config(config)`), side by side:
-    `seeds.repetitions` rounds, `seeds.quick_repetitions` when `quick`."""
-    cfg = seed_config(config)
+    """The seeds' cases under the seeds' allocators (`seed_config(config, quick)`), side by
+    side: `seeds.repetitions` rounds, `seeds.quick_repetitions` when `quick`."""
+    cfg = seed_config(config, quick)
     assert config.seeds is not None  # seed_config said so otherwise
     reps = config.seeds.quick_repetitions if quick else config.seeds.repetitions
     cases = select_cases(load_catalog(catalog), cfg, config.seeds.workloads)
@@ -170,6 +174,9 @@ def seed_lines(m: Measurements, config: AllocatorsConfig) -> list[SeedLine]:
                     else g.peak_rss_mb - o.peak_rss_mb,
                     p_wall=mann_whitney_p(
                         [x.wall_s for x in ok[who]], [x.wall_s for x in ok[other]]
+                    ),
+                    p_rss=mann_whitney_p(
+                        [x.peak_rss_mb for x in ok[who]], [x.peak_rss_mb for x in ok[other]]
                     ),
                 )
             )

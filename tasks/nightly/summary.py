@@ -227,13 +227,20 @@ class NightlySummary(BaseModel):
             ]
         if self.whatif_at_budget and self.whatif_budget is not None:
             lines += ["", *self._bought()]
-        if self.seed_lines:
-            lines += [
-                "",
-                "## What the layer bought, measured (seeds' cases; medians, ms and MB)",
-                "",
-                *(f"- {line}" for line in self.seed_lines),
-            ]
+        lines += [
+            "",
+            "## What the layer bought, measured (seeds' cases; medians, ms and MB)",
+            "",
+            *(
+                [f"- {line}" for line in self.seed_lines]
+                if self.seed_lines
+                else [
+                    "Not measured tonight: the night's `seeds` option is off (the scheduled night "
+                    "turns it on; `make run`'s quick night leaves the seeds' cases out to stay "
+                    "within its minutes; `python -m flows.allocators --seeds` measures them)."
+                ]
+            ),
+        ]
         lines += ["", *advice_section(self.allocator_advice)]
         if self.heap_reports is not None:
             lines += ["", "## Heap reports (evaluation runs)", "", self.heap_reports.markdown()]

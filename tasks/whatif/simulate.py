@@ -150,24 +150,24 @@ _PF = 2 * MAX_TIERS + 9
 _GF = 22
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _chunk(s: int) -> int:
     """glibc's chunk size for a request of s bytes (64-bit)."""
     c = (s + 8 + 15) & ~15
     return c if c >= 32 else 32
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pages(x: int) -> int:
     return (x + PAGE - 1) // PAGE * PAGE
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mmap_bytes(s: int) -> int:
     return _pages(_chunk(s) + 8)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _usable(s: int, align: int, mmap_threshold: int) -> int:
     """glibc's malloc_usable_size of the block it hands out for s bytes (alignment `align`
     asked for; <= 16: none): mmapped (s >= the threshold), the mapping less the offset of the
@@ -180,13 +180,13 @@ def _usable(s: int, align: int, mmap_threshold: int) -> int:
     return _pages(_chunk(_chunk(s) + align + 32) + 8) - align
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fits(usable: int, s: int) -> bool:
     """The layer's hl_fits: at most half of the block, plus a page, wasted."""
     return usable >= s and usable - s < s + 4096
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sys_alloc(ps, g, p, s, mmap_threshold):
     g[G_SYS] += 1
     if s < mmap_threshold:
@@ -204,7 +204,7 @@ def _sys_alloc(ps, g, p, s, mmap_threshold):
         g[G_RSS] += f
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sys_release(ps, g, p, b, mmap_threshold):
     if b < mmap_threshold:
         ps[p, P_HEAP] -= _chunk(b)
@@ -214,7 +214,7 @@ def _sys_release(ps, g, p, b, mmap_threshold):
         g[G_RSS] -= f
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _unlink(nodes, ps, k):
     """Take node k out of its process's list (of its tier)."""
     p = nodes[k, N_PROC]
@@ -231,7 +231,7 @@ def _unlink(nodes, ps, k):
         ps[p, h + 1] = a
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _link(nodes, ps, k, tier):
     """Append node k at the tail (most recent end) of its process's list of `tier`."""
     p = nodes[k, N_PROC]
@@ -247,7 +247,7 @@ def _link(nodes, ps, k, tier):
     ps[p, h + 1] = k
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _remove(nodes, ch, ct, ps, g, k):
     """Take node k out of its class list and its process's list; recycle it."""
     p = nodes[k, N_PROC]
@@ -271,7 +271,7 @@ def _remove(nodes, ch, ct, ps, g, k):
     g[G_FREE_NODE] = k
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
     size = nodes[k, N_SIZE]
     p = nodes[k, N_PROC]
@@ -281,7 +281,7 @@ def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
     g[G_EVICT_BYTES] += size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _farthest_class(ch, nxt, p):
     """Belady: the non-empty class of process p whose next request is farthest (-1: none)."""
     best = -1
@@ -293,7 +293,7 @@ def _farthest_class(ch, nxt, p):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _simulate(
     kind,
     n_keep,

@@ -138,13 +138,16 @@ def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
     # the model's table against the online counter, each layer named by what it decides from
     assert (
         "bought: layer-table (the model's table (v12)) -20 ms -1.0 MB vs layer-guided (online "
-        "counter) (p=0.2)" in text
+        "counter) (p=0.2, RSS p=0.1)" in text
     )
     assert "layer-guided (online counter) -50 ms -2.0 MB vs layer-seed002 (no prediction)" in text
-    assert "layer-guided (online counter) -360 ms +2.0 MB vs glibc (p=0.1)" in text
+    assert "layer-guided (online counter) -360 ms +2.0 MB vs glibc (p=0.1, RSS p=0.1)" in text
     page = NightlySummary(root="/r", finished_at="now", stages=[], seed_lines=[text]).markdown()
     assert "## What the layer bought, measured (seeds' cases; medians, ms and MB)" in page
     assert f"- {text}" in page
+    # a night without the seeds' cases says so where their figures would be
+    quiet = NightlySummary(root="/r", finished_at="now", stages=[]).markdown()
+    assert "Not measured tonight: the night's `seeds` option is off" in quiet
 
 
 def test_five_rounds_say_so_and_a_side_not_measured_is_said():
@@ -284,3 +287,25 @@ def load_catalog_workload(name: str):
     from tasks.replay.workloads import load_catalog
 
     return load_catalog().get(name)
+
+
+def test_the_quick_nights_seed_allocators_are_a_subset_with_the_baseline(tmp_path):
+    from tasks.allocators.seeds import seed_config
+
+    quick = seed_config(CFG, quick=True).names()
+    assert quick == CFG.seeds.quick_allocators and "layer-table" in quick and "glibc" in quick
+    assert seed_config(CFG).names() == CFG.seeds.allocators  # the weekly flow: all of them
+    text = (LAYER_DIR.parent.parent / "configs" / "allocators.yaml").read_text()
+    for bad_list, message in (
+        ("[glibc, tcmalloc, layer-seed002, layer-guided, glibc-fixed]", "glibc-fixed are not"),
+        ("[tcmalloc, layer-seed002, layer-guided, layer-table]", "include the baseline 'glibc'"),
+    ):
+        bad = tmp_path / "allocators.yaml"
+        bad.write_text(
+            text.replace(
+                "quick_allocators: [glibc, tcmalloc, layer-seed002, layer-guided, layer-table]",
+                f"quick_allocators: {bad_list}",
+            )
+        )
+        with pytest.raises(ConfigError, match=message):
+            load_config(type(CFG), bad)
