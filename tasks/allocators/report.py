@@ -35,7 +35,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext, TaskRunContext
 from pydantic import BaseModel
 
-from tasks.allocators.config import AllocatorsConfig
+from tasks.allocators.config import MIN_REPETITIONS, AllocatorsConfig
 from tasks.allocators.heap import HeapFeatures, features_for
 from tasks.allocators.measure import Measurements, run_logger
 from tasks.allocators.stats import METRICS, PairSummary, Recommendation, analyse, samples_frame
@@ -78,6 +78,13 @@ class Advice(BaseModel):
     line: str | None
     report: str  # the night's markdown table
     experiment: str | None  # the MLflow experiment of the measurement's run
+    rounds: int | None = None  # the baseline's runs in that measurement (None: not recorded)
+
+    @property
+    def can_decide(self) -> bool:
+        """Whether the measurement had rounds enough for the rank test (a quick seeds
+        measurement has 3: it cannot put anything beyond the noise)."""
+        return self.rounds is None or self.rounds >= MIN_REPETITIONS
 
 
 class LastAdvice(BaseModel):
@@ -576,6 +583,7 @@ ADVICE_COLUMNS = (
     "best_challenger",
     "line",
     "experiment",
+    "runs",
 )
 
 
@@ -587,6 +595,7 @@ def _night_advice(root: Root, night: str, path: str) -> list[Advice]:
         rows = pf.read(columns=cols).to_pylist()
     report = root.url_of("allocators", "reports", f"night={night}", "allocators.md")
     out: dict[str, Advice] = {}
+    rounds = {r["case"]: r.get("runs") for r in rows if r["allocator"] == r["baseline"]}
     for row in rows:
         case = row["case"]
         rec = row["recommendation"]
@@ -606,13 +615,16 @@ def _night_advice(root: Root, night: str, path: str) -> list[Advice]:
             line=row.get("line") if row["allocator"] == rec else None,
             report=report,
             experiment=row.get("experiment"),
+            rounds=rounds.get(case),
         )
     return list(out.values())
 
 
 def last_advice(root: Root) -> LastAdvice:
     """The newest recommendation per case under `<root>/allocators/summary` (every night, newest
-    first); a table that cannot be read is a problem named with its path, never an error."""
+    first) among the measurements with rounds enough to decide (a quick seeds measurement's 3
+    rounds cannot: it is the case's advice only when nothing else measured it); a table that
+    cannot be read is a problem named with its path, never an error."""
     folder = root.join("allocators", "summary")
     fs = root.fs
     if not fs.isdir(folder):
@@ -638,5 +650,7 @@ def last_advice(root: Root) -> LastAdvice:
             )
             continue
         for a in found:
-            seen.setdefault(a.case, a)
+            held = seen.get(a.case)
+            if held is None or (not held.can_decide and a.can_decide):
+                seen[a.case] = a
     return LastAdvice(advice=sorted(seen.values(), key=lambda a: a.case), problems=problems)

@@ -308,6 +308,8 @@ def advice_line(a: Advice, last_night: str | None = None) -> str:
     """One case's recommendation: the candidate (or the baseline), its margin with interval,
     the line to paste."""
     when = "" if a.night == last_night else f" (measured {_when(a.night)})"
+    if not a.can_decide:
+        when += f" ({a.rounds} rounds only: too few to decide)"
     interval = (
         f" (interval {_pct(a.margin_low)} to {_pct(a.margin_high)})"
         if a.margin_low is not None and a.margin_high is not None

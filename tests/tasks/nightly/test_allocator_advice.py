@@ -89,3 +89,22 @@ def test_a_corrupt_table_is_one_line_and_the_others_still_count(measured):
     assert "## Allocator advice (last measured 2026-11-01 02:00 UTC)" in page
     assert "- sqlite3: glibc: nothing beyond the noise" in page
     assert "- git: glibc: nothing beyond the noise" in page
+
+
+def test_a_newer_measurement_too_short_to_decide_does_not_replace_a_decisive_one(measured):
+    """A quick seeds-style measurement (3 rounds: the rank test cannot decide) after the
+    5-round ones: the advice stays with the decisive measurement; a case only the short one
+    measured gets its answer, said to be too short to decide."""
+    root, cfg = measured
+    short = make_measurements(
+        {},
+        cases={
+            "sqlite3": {"glibc": runs_of(BASE[:3], 100.0), "jemalloc": runs_of(FAST[:3], 104.0)},
+            "perl": {"glibc": runs_of(BASE[:3], 80.0), "jemalloc": runs_of(FAST[:3], 80.0)},
+        },
+    ).model_copy(update={"night": "20261115T020000Z"})
+    write_outcome(root, short, cfg, to_mlflow=False)
+    page = night_of(root).markdown()
+    (sqlite3,) = [line for line in page.splitlines() if line.startswith("- sqlite3")]
+    assert sqlite3.startswith("- sqlite3 (measured 2026-11-08 02:00 UTC): **jemalloc**")
+    assert "- perl (3 rounds only: too few to decide): glibc: nothing beyond the noise" in page
