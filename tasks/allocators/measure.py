@@ -277,7 +277,8 @@ def check_allocators(
             out[a.name] = AllocatorMissing(
                 f"allocator {a.name!r} reads the registered model's table, and none was given: "
                 "no version is registered yet, or the one named has no table (a night "
-                "registers a version and logs its table; name another with --table-model)"
+                "registers a version and logs its table; `python -m flows.allocators` reads "
+                "the champion's, or --table-model's)"
             )
     return out
 
