@@ -196,9 +196,7 @@ class Allocator(StrictModel):
     def _table_for_a_guided_layer(self) -> Allocator:
         if self.table is None:
             return self
-        settings = dict(
-            p.partition("=")[::2] for p in self.env.get("HEAPCAST_LAYER", "").split(",")
-        )
+        settings = self.layer_settings
         if self.kind != "layer" or settings.get("policy") != "guided":
             raise ValueError(
                 f"allocator {self.name!r}: `table: model` is a guided layer's predictor "
@@ -267,6 +265,12 @@ class Allocator(StrictModel):
             env=tuple(sorted(self.layer_env().items())),
         )
 
+    @property
+    def layer_settings(self) -> dict[str, str]:
+        """The layer's settings as given (env.HEAPCAST_LAYER name=value pairs; {} for others)."""
+        given = self.env.get("HEAPCAST_LAYER", "")
+        return dict(p.partition("=")[::2] for p in given.split(",")) if given else {}
+
     def _with_table(self, folder: str) -> dict[str, str]:
         """`env` with the model's table named (as `folder`/file) and its version required."""
         env = dict(self.env)
@@ -296,7 +300,7 @@ class Allocator(StrictModel):
         """What a layer decides from, in words (None: not a layer)."""
         if self.kind != "layer":
             return None
-        settings = dict(p.partition("=")[::2] for p in self.env["HEAPCAST_LAYER"].split(","))
+        settings = self.layer_settings
         if settings.get("policy") != "guided":
             return "no prediction"
         if self.table is not None:
