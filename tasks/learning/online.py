@@ -568,16 +568,36 @@ _NO = np.bool_(False)
 
 
 @njit(cache=True)
-def _stream_push(ctab, ptab, meta, hist, n_seen, ext, fallback, y):
+def _stream_scratch(m):
+    """The buffers one streamed push or answer works in (m = len(ext)), allocated once per
+    stream or per batch of threads, not per call: (key ring, slots, top5, answer row, its four
+    features, and the empty outputs a push passes)."""
+    return (
+        np.zeros((_RING, m), np.uint64),
+        np.zeros(m, np.int64),
+        np.zeros(TOP_K, np.uint8),
+        np.zeros((1, TOP_K), np.uint8),
+        np.zeros(1, np.uint8),
+        np.zeros(1, np.uint8),
+        np.zeros(1, np.uint32),
+        np.zeros(1, np.uint32),
+        np.zeros(0, np.int64),
+        np.zeros((0, TOP_K), np.uint8),
+        np.zeros(0, np.float64),
+        np.zeros(0, np.uint8),
+        np.zeros(0, np.uint32),
+    )
+
+
+@njit(cache=True)
+def _stream_push(ctab, ptab, meta, hist, n_seen, ext, fallback, y, scratch):
     h = hist.shape[0] - 1
     hist[h] = y
     ctab, ptab = _reserve(ctab, ptab, meta, ext.shape[0])
-    e8 = np.zeros(0, np.uint8)
-    e32 = np.zeros(0, np.uint32)
-    _span(
+    ring, slots, top5, _, _, _, _, _, e64, etop, ef64, e8, e32 = scratch
+    _span_loop(
         hist, h - n_seen, n_seen, n_seen + 1, ctab, ptab, meta, ext, fallback, 0.1,
-        np.zeros(0, np.int64), _I0, _YES,
-        np.zeros((0, TOP_K), np.uint8), np.zeros(0, np.float64), e8, e8, e32, e32,
+        e64, _I0, _YES, etop, ef64, e8, e8, e32, e32, ring, slots, top5,
     )  # fmt: skip
     for j in range(h):
         hist[j] = hist[j + 1]
@@ -585,21 +605,16 @@ def _stream_push(ctab, ptab, meta, hist, n_seen, ext, fallback, y):
 
 
 @njit(cache=True)
-def _stream_answer(ctab, ptab, meta, hist, n_seen, ext, fallback, top5):
-    """(top1, order index, count of top1, total) for the next call, and top5 filled."""
+def _stream_answer(ctab, ptab, meta, hist, n_seen, ext, fallback, top5_out, scratch):
+    """(top1, order index, count of top1, total) for the next call, and top5_out filled."""
     h = hist.shape[0] - 1
-    top = np.zeros((1, TOP_K), np.uint8)
-    f_top1 = np.zeros(1, np.uint8)
-    f_order = np.zeros(1, np.uint8)
-    f_count = np.zeros(1, np.uint32)
-    f_total = np.zeros(1, np.uint32)
-    _span(
+    ring, slots, top5, top, f_top1, f_order, f_count, f_total, e64, _, ef64, _, _ = scratch
+    _span_loop(
         hist, h - n_seen, n_seen, n_seen + 1, ctab, ptab, meta, ext, fallback, 0.1,
-        np.zeros(0, np.int64), np.int64(h), _NO,
-        top, np.zeros(0, np.float64), f_top1, f_order, f_count, f_total,
+        e64, np.int64(h), _NO, top, ef64, f_top1, f_order, f_count, f_total, ring, slots, top5,
     )  # fmt: skip
     for j in range(TOP_K):
-        top5[j] = top[0, j]
+        top5_out[j] = top[0, j]
     return f_top1[0], f_order[0], f_count[0], f_total[0]
 
 
@@ -784,6 +799,7 @@ class OnlineState:
         self._ptab = np.zeros((1 << _STREAM_PAIR_LOG2, 2), np.uint64)
         self._meta = np.array([_STREAM_CTX_LOG2, 0, _STREAM_PAIR_LOG2, 0], np.int64)
         self._hist = np.zeros(max(self.orders, default=0) + 1, np.uint8)
+        self._scratch = _stream_scratch(len(self._ext))
         self.n_seen = 0
 
     def push(self, token: int) -> None:
@@ -800,6 +816,7 @@ class OnlineState:
             self._ext,
             self.fallback,
             np.uint8(token),
+            self._scratch,
         )
         self.n_seen += 1
 
@@ -814,6 +831,7 @@ class OnlineState:
             self._ext,
             self.fallback,
             np.zeros(TOP_K, np.uint8),
+            self._scratch,
         )
         return int(top1), int(order), int(count), int(total)
 
@@ -829,6 +847,7 @@ class OnlineState:
             self._ext,
             self.fallback,
             top5,
+            self._scratch,
         )
         return top5
 
@@ -860,12 +879,13 @@ def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback
     """For each b: thread idx[b] learns tokens[b], then out[b] = its (top1, order index, count,
     total) for the next call; OnlineState.push then .answer, for every thread in one call."""
     top5 = np.zeros(TOP_K, np.uint8)
+    scratch = _stream_scratch(ext.shape[0])
     for b in range(idx.shape[0]):
         t = idx[b]
         meta = metas[t]
         hist = hists[t]
         ctab, ptab = _stream_push(
-            ctabs[t], ptabs[t], meta, hist, n_seen[t], ext, fallback, tokens[b]
+            ctabs[t], ptabs[t], meta, hist, n_seen[t], ext, fallback, tokens[b], scratch
         )
         if ctab.shape[0] != ctabs[t].shape[0]:
             ctabs[t] = ctab
@@ -873,7 +893,7 @@ def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback
             ptabs[t] = ptab
         n_seen[t] += 1
         top1, order, count, total = _stream_answer(
-            ctab, ptab, meta, hist, n_seen[t], ext, fallback, top5
+            ctab, ptab, meta, hist, n_seen[t], ext, fallback, top5, scratch
         )
         out[b, 0] = top1
         out[b, 1] = order

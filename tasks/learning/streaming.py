@@ -39,7 +39,7 @@ import numpy as np
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.online import OnlineState, OnlineStreams
 from tasks.learning.sequences import TokenRun
-from tasks.learning.stepping import _step, step_weights
+from tasks.learning.stepping import step_calls, step_weights
 
 
 @dataclass
@@ -234,11 +234,14 @@ class StatefulStream:
         old = getattr(self, "_n_seen", None)
         n_seen = np.zeros(capacity, np.int64)
         hist = np.zeros((capacity, self._hist_len), np.uint8)
-        shape = (capacity, 2, len(w.units), max(w.units))
-        hs, cs = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        # per layer, the two staggered states of every slot (c: an LSTM's cell state)
+        hs = [np.zeros((capacity, 2, u), np.float32) for u in w.units]
+        cs = [np.zeros((capacity, 2, u), np.float32) for u in w.units]
         if old is not None:
             n = len(old)
-            n_seen[:n], hist[:n], hs[:n], cs[:n] = self._n_seen, self._hist, self._hs, self._cs
+            n_seen[:n], hist[:n] = self._n_seen, self._hist
+            for new, was in zip(hs + cs, self._hs + self._cs, strict=True):
+                new[:n] = was
         self._n_seen, self._hist, self._hs, self._cs = n_seen, hist, hs, cs
 
     def _slot(self, thread: Hashable) -> int:
@@ -252,8 +255,8 @@ class StatefulStream:
                     self._alloc(2 * len(self._n_seen))
             self._n_seen[i] = 0
             self._hist[i] = 0
-            self._hs[i] = 0.0
-            self._cs[i] = 0.0
+            for state in self._hs + self._cs:
+                state[i] = 0.0
             if self._online is not None:
                 self._online.reset(i)
             self._index[thread] = i
@@ -273,27 +276,25 @@ class StatefulStream:
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         """Observe one call per thread (its token), then {thread: float32 [64]}: its next call."""
         names = list(calls)
-        tokens = np.fromiter((int(calls[t]) for t in names), np.int64, len(names))
+        tokens = np.fromiter(map(int, calls.values()), np.int64, len(names))
         bad = np.flatnonzero((tokens < 0) | (tokens >= N_TOKENS))
         if len(bad):
             t = names[int(bad[0])]
             raise ValueError(f"thread {t!r}: token {calls[t]} is not in 0..{N_TOKENS - 1}")
-        idx = np.fromiter((self._slot(t) for t in names), np.int64, len(names))
+        # known threads through the dict alone: per thread, this is most of the Python left
+        slots = list(map(self._index.get, names))
+        if None in slots:
+            slots = list(map(self._slot, names))
+        idx = np.array(slots, np.int64)
         if self._online is not None:
             online = self._online.push_answer(idx, tokens)
         else:
             online = np.zeros((len(names), 4), np.int64)
-        out = np.empty((len(names), N_TOKENS), np.float32)
-        w = self.weights
-        _step(
-            idx, tokens.astype(np.uint8), online, self.context, self._n_seen, self._hist,
-            self._hs, self._cs, w.lstm, np.array(w.units, np.int64), w.group_col, w.group_off,
-            w.kernels, w.recurrent, w.bias_in, w.bias_rec, w.out_kernel, w.out_bias,
-            w.src_top_col, w.src_conf_col, w.src_conf_off, w.gate_h, w.gate_conf, w.gate_bias,
-            w.copy, w.ngram_keys, w.ngram_top1, w.ngram_count1, w.ngram_total, w.ngram_order,
-            w.count_buckets, w.share_buckets, out,
+        out = step_calls(
+            self.weights, self.context, self._n_seen, self._hist, self._hs, self._cs, idx,
+            tokens, online,
         )  # fmt: skip
-        return {t: out[b] for b, t in enumerate(names)}
+        return dict(zip(names, out, strict=True))
 
 
 def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:

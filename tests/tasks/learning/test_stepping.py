@@ -71,8 +71,18 @@ def _chunk_answers(model, toks: np.ndarray) -> np.ndarray:
     return out[np.arange(n), np.arange(n) - starts]
 
 
+@pytest.fixture(params=["one compiled call", "batched products"])
+def network_path(request, monkeypatch):
+    """Run a test through each of step_calls' two ways to step the network (FEW_THREADS decides
+    which one a batch takes)."""
+    from tasks.learning import stepping
+
+    monkeypatch.setattr(stepping, "FEW_THREADS", 10**6 if request.param.startswith("one") else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_stream_equals_the_chunk_the_tables_score_for_threads_of_any_age(variant):
+def test_stream_equals_the_chunk_the_tables_score_for_threads_of_any_age(variant, network_path):
     # GIVEN two threads, the second starting when the first is 9 calls old, fed call by call
     model = _model(*VARIANTS[variant])
     threads = {"old": _patterned(40, 2), "young": _patterned(31, 3)}
@@ -96,7 +106,7 @@ def test_stream_equals_the_chunk_the_tables_score_for_threads_of_any_age(variant
                 )
 
 
-def test_stream_gives_the_probabilities_predict_positions_scores():
+def test_stream_gives_the_probabilities_predict_positions_scores(network_path):
     # GIVEN a run of two threads scored as the tables score it
     from tasks.learning.model import predict_positions
 
