@@ -37,19 +37,17 @@ struct hcp_counter {
     uint64_t n_seen;
     uint8_t h1, h2; /* the previous token, the one before */
     uint8_t top0;
-    uint32_t tot0;
     uint32_t c0[HCP_TOKENS];
     uint8_t top1[HCP_TOKENS];
-    uint32_t tot1[HCP_TOKENS];
     uint32_t c1[HCP_TOKENS][HCP_TOKENS];
     uint8_t top2[HCP_TOKENS * HCP_TOKENS];
-    uint32_t tot2[HCP_TOKENS * HCP_TOKENS];
     uint32_t c2[HCP_TOKENS * HCP_TOKENS][HCP_TOKENS];
 };
 
 /* The answer for the next call: online_features' (top1, order, count, total), and the answering
  * context's count row (NULL when nothing answers). order: 1 = the two-token context, 2 = the
- * one-token context, 0 = the unigram or nothing. */
+ * one-token context, 0 = the unigram or nothing. total: hcp_answer's only (0 from
+ * hcp_answer_at). A context was seen iff its top-1's count is not 0. */
 struct hcp_answer {
     uint8_t top1, order;
     uint32_t count, total;
@@ -67,39 +65,40 @@ static inline struct hcp_answer hcp_answer_at(const struct hcp_counter *c, uint6
     struct hcp_answer a = {HCP_NONE, 0, 0, 0, NULL};
     if (seen >= 2) {
         unsigned ctx = h2 * HCP_TOKENS + h1;
-        if (c->tot2[ctx]) {
+        const uint32_t *row = c->c2[ctx];
+        if (row[c->top2[ctx]]) {
             a.top1 = c->top2[ctx];
             a.order = 1;
-            a.row = c->c2[ctx];
-            a.total = c->tot2[ctx];
-            a.count = a.row[a.top1];
+            a.row = row;
+            a.count = row[a.top1];
             return a;
         }
     }
     if (seen >= 1) {
-        if (c->tot1[h1]) {
+        if (c->c1[h1][c->top1[h1]]) {
             a.top1 = c->top1[h1];
             a.order = 2;
             a.row = c->c1[h1];
-            a.total = c->tot1[h1];
         } else {
             a.top1 = c->top0;
             a.row = c->c0;
-            a.total = c->tot0;
         }
         a.count = a.row[a.top1];
     }
     return a;
 }
 
-/* The answer for the thread's next call. */
+/* The answer for the thread's next call, with its total (the row's sum: counted here, not kept
+ * per row, since only the tests and tools ask it, never the layer's question). */
 static inline struct hcp_answer hcp_answer(const struct hcp_counter *c) {
-    return hcp_answer_at(c, c->n_seen, c->h2, c->h1);
+    struct hcp_answer a = hcp_answer_at(c, c->n_seen, c->h2, c->h1);
+    if (a.row)
+        for (unsigned t = 0; t < HCP_TOKENS; t++) a.total += a.row[t];
+    return a;
 }
 
-static inline void hcp_bump(uint32_t *row, uint32_t *total, uint8_t *top, unsigned y) {
+static inline void hcp_bump(uint32_t *row, uint8_t *top, unsigned y) {
     uint32_t v = ++row[y];
-    ++*total;
     if (v >= row[*top]) *top = (uint8_t)y; /* ties: the token that reached the count last */
 }
 
@@ -108,23 +107,25 @@ static inline void hcp_learn(struct hcp_counter *c, unsigned y) {
     /* locals: the rows are written through pointers that may alias the history bytes */
     uint64_t seen = c->n_seen;
     unsigned h1 = c->h1, h2 = c->h2;
-    hcp_bump(c->c0, &c->tot0, &c->top0, y);
+    hcp_bump(c->c0, &c->top0, y);
     if (HCP_LIKELY(seen >= 2)) {
         unsigned ctx = h2 * HCP_TOKENS + h1;
-        hcp_bump(c->c2[ctx], &c->tot2[ctx], &c->top2[ctx], y);
+        hcp_bump(c->c2[ctx], &c->top2[ctx], y);
     }
-    if (HCP_LIKELY(seen >= 1)) hcp_bump(c->c1[h1], &c->tot1[h1], &c->top1[h1], y);
+    if (HCP_LIKELY(seen >= 1)) hcp_bump(c->c1[h1], &c->top1[h1], y);
     c->h2 = (uint8_t)h1;
     c->h1 = (uint8_t)y;
     c->n_seen = seen + 1;
 }
 
-/* Is token y among the k most likely next tokens of the answering context? (seen after it at
- * least once, and fewer than k tokens counted strictly more often; ties count for y). */
+/* Is token y among the k (>= 1) most likely next tokens of the answering context? (seen after it
+ * at least once, and fewer than k tokens counted strictly more often; ties count for y). The
+ * top-1's count is the row's largest: y equal to it needs no scan, nor does k = 1 otherwise. */
 static inline int hcp_in_top(const struct hcp_answer *a, unsigned y, unsigned k) {
     if (a->row == NULL || a->row[y] == 0) return 0;
-    if (a->top1 == y) return 1;
     uint32_t v = a->row[y];
+    if (a->top1 == y || v == a->row[a->top1]) return 1;
+    if (k <= 1) return 0;
     unsigned above = 0;
     for (unsigned t = 0; t < HCP_TOKENS; t += 16) { /* 16 at a time: vectorised, early exit */
         for (unsigned j = 0; j < 16; j++) above += a->row[t + j] > v;
