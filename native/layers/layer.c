@@ -40,7 +40,11 @@
  *
  * Threads: one mutex over the kept blocks and the live set, taken only for blocks >= `min`,
  * whose real cost is an mmap or munmap (microseconds); syscalls (madvise) and the real
- * allocator are called outside it. The predictor is per thread (initial-exec TLS pointer to an
+ * allocator are called outside it. The mutex is glibc's adaptive kind (it spins a little before
+ * sleeping): its holds are tens of ns, and 8 threads freeing and taking 256 KiB blocks on 2 cores
+ * paid 310-440 ns a pair with the plain kind, 170-210 with it (benchmarks/bench_layer.py; glibc
+ * 27-30 there, since its dynamic mmap threshold keeps such blocks in its heap). One lock for the
+ * whole cache is still the layer's limit under many threads: see that benchmark's figures. The predictor is per thread (initial-exec TLS pointer to an
  * mmapped counter, unmapped by a pthread key destructor). fork: pthread_atfork holds the lock
  * across fork; the child keeps its copy of the kept blocks.
  * Start-up: while dlsym looks up the next allocator, ../bootstrap_pool.h serves allocations;
@@ -300,7 +304,7 @@ static void hl_resolve(void) {
 /* ------------------------------------------------------------------------------------------- */
 /* State (under hl_lock)                                                                          */
 
-static pthread_mutex_t hl_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t hl_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
 static size_t hl_active_min = SIZE_MAX; /* `min` once started and caching; SIZE_MAX: pass */
 static size_t hl_page = 4096;
 
