@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
+from threadpoolctl import ThreadpoolController
 
 from tasks.dataset.tokens import N_TOKENS
 
@@ -644,10 +645,8 @@ def step_calls(
 
 
 @functools.cache
-def _blas():
-    # deferred: imported on first use, for start-up time (it scans the loaded libraries once)
-    from threadpoolctl import ThreadpoolController
-
+def _blas() -> ThreadpoolController:
+    # made on first use: it scans the loaded libraries once
     return ThreadpoolController()
 
 
