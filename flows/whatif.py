@@ -41,7 +41,9 @@ def replay_for_model(
     """The model's evaluation runs (or params.runs) through the policy grid; the summary."""
     ref = model_ref(model, params, tracking)
     predictor = load_predictor(ref)
-    futures = [replay_run.submit(root, w, r, params, predictor) for w, r in ref.runs]
+    futures = [
+        replay_run.submit(root, w, r, params, predictor, ref.max_eval_tokens) for w, r in ref.runs
+    ]
     replays = [f.result() for f in futures]
     table = write_table(root, replays, ref)
     summary = summarize(replays, ref, params, table)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # table.py reads the events (labels -> sequences -> this module)
+    from tasks.learning.answers import RunAnswers
     from tasks.learning.question_network import QuestionNetwork
     from tasks.learning.table import ClassTable, TableAgreement
 
@@ -121,6 +122,9 @@ class TrainOutcome:
     table_agreement: tuple[TableAgreement, ...] = ()
     # the questions' network (tasks/learning/question_network.py), logged with the version
     question_network: QuestionNetwork | None = None
+    # what the model and the questions' network answered on each evaluation run, logged with
+    # the version for whatif to read (tasks/learning/answers.py)
+    answers: tuple[RunAnswers, ...] = ()
 
 
 Runs = tuple[tuple[str, str], ...]  # (workload, run)

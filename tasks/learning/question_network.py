@@ -312,12 +312,13 @@ def soon_probability(table: pa.Table, model: keras.Model) -> np.ndarray:
         **lifetime_answers(table, {q: flat[q] for q in ("lifetime_calls", "lifetime_time")}),
     }
     said = QuestionNetwork(model, 0, 0, 0.0).answer(question_inputs(table, answers))["reuse"]
+    return soon_of(table, said)
+
+
+def soon_of(table: pa.Table, reuse: np.ndarray) -> np.ndarray:
+    """float64 per row of `table`: from the network's reuse answer at each row (TABLE row order),
+    P(reuse within REUSE_EDGES[SOON_CLASS] calls) where the row frees a block of known size, NaN
+    elsewhere. The inputs are the class and site counters only (not the majority nor the
+    table), so the evaluation's answers (tasks/learning/questions.py) are these."""
     _, free_cls = request_and_free_classes(table)
-    return np.where(free_cls >= 0, said[:, : SOON_CLASS + 1].sum(axis=1), np.nan)
-
-
-def keep_soon(table: pa.Table, model: keras.Model) -> np.ndarray:
-    """bool per row: the row frees a block and soon_probability >= 1/2 there (whatif's guided
-    policy `guided_questions`; the rule the layer applies to the table's keep score)."""
-    p = soon_probability(table, model)
-    return np.nan_to_num(p, nan=0.0) >= 0.5
+    return np.where(free_cls >= 0, reuse[:, : SOON_CLASS + 1].sum(axis=1), np.nan)

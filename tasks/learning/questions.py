@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
+from tasks.learning.answers import RunAnswers, rows_digest
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
-from tasks.learning.labels import process_order
 from tasks.learning.lifetime import lifetime_answers, lifetime_majority
 from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.question_network import (
@@ -22,6 +22,7 @@ from tasks.learning.question_network import (
     QuestionNetwork,
     distilled_table,
     question_inputs,
+    soon_of,
     train_network,
 )
 from tasks.learning.reuse import (
@@ -32,7 +33,7 @@ from tasks.learning.reuse import (
     reuse_answers,
     score_answers,
 )
-from tasks.learning.sequences import Split
+from tasks.learning.sequences import Split, head_rows
 from tasks.learning.table import ClassTable, TableAgreement, class_table, table_agreement
 from tasks.learning.train_config import QuestionsConfig
 
@@ -47,6 +48,8 @@ class QuestionEvaluation:
     table: ClassTable
     agreement: tuple[TableAgreement, ...]
     network: QuestionNetwork | None = None
+    # the network's reuse answer at every evaluation run's frees (tasks/learning/answers.py)
+    answers: tuple[RunAnswers, ...] = ()
 
 
 def question_evaluation(
@@ -59,15 +62,12 @@ def question_evaluation(
     """Every predictor of the reuse and lifetime questions (tasks/learning/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
     majorities from its training runs, and the network (`network.network`) trained on them, the
-    layer's table distilled from it. `max_rows` caps each run's events (its first processes in
-    call order), as data.max_eval_tokens caps its tokens."""
+    layer's table distilled from it. `max_rows` caps each run's events to the rows of its tokens
+    that data.max_eval_tokens keeps (tasks.learning.sequences.head_rows), so that every answer
+    here is made on the calls the next-call model's evaluation scores."""
 
     def events(workload: str, run: str) -> pa.Table:
-        t = read_events(root, workload, run)
-        if max_rows is not None and t.num_rows > max_rows:
-            order, _ = process_order(t)
-            t = t.take(pa.array(np.sort(order[:max_rows])))
-        return t
+        return head_rows(read_events(root, workload, run), max_rows)
 
     train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
     majority = majority_of(train_events)
@@ -87,6 +87,7 @@ def question_evaluation(
     del train_events
     scores: list[QuestionScores] = []
     agreement: list[TableAgreement] = []
+    kept: dict[tuple[str, str], RunAnswers] = {}  # the network's answers, for whatif
     for table, runs in (
         (UNSEEN_RUNS, split.evaluation),
         (UNSEEN_PROGRAMS, split.unseen_programs),
@@ -104,6 +105,9 @@ def question_evaluation(
                 said = net.answer(question_inputs(t, answers))
                 for q, a in answers.items():
                     a.probs[PREDICTOR] = said[q][a.rows]
+                kept[(w, r)] = RunAnswers(
+                    w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])
+                )
             for q, a in answers.items():
                 by_q.setdefault(q, {}).setdefault(w, []).append(a)
         for q, by_workload in by_q.items():
@@ -124,4 +128,6 @@ def question_evaluation(
                     against,
                 )
             )
-    return QuestionEvaluation(tuple(scores), known, tuple(agreement), net)
+    return QuestionEvaluation(
+        tuple(scores), known, tuple(agreement), net, tuple(kept[k] for k in sorted(kept))
+    )

@@ -138,6 +138,22 @@ def token_run(table: pa.Table, workload: str, run: str) -> TokenRun:
     return TokenRun(workload, run, token, offsets)
 
 
+def head_rows(table: pa.Table, max_tokens: int | None) -> pa.Table:
+    """The rows of one run's events (columns pid, thread, seq; any row order) whose tokens are
+    `token_run(table, ...).head(max_tokens)`, in the table's row order: the part of a run the
+    evaluation scores when data.max_eval_tokens caps it, which every stage that reads the same
+    run beside the evaluation (the allocator's questions, whatif) reads too, so that their
+    answers are made on the same calls. None, or a cap the run fits in: the table itself."""
+    if max_tokens is None or table.num_rows <= max_tokens:
+        return table
+    pid = table.column("pid").to_numpy().astype(np.uint64)
+    thread = table.column("thread").to_numpy().astype(np.uint64)
+    order = np.lexsort((table.column("seq").to_numpy(), (pid << np.uint64(16)) | thread))
+    keep = np.zeros(table.num_rows, bool)
+    keep[order[:max_tokens]] = True
+    return table.filter(pa.array(keep))
+
+
 # --- the split ---------------------------------------------------------------------------------
 
 

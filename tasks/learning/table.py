@@ -140,6 +140,15 @@ class TableAgreement:
     against: str = "class_online"  # the predictor the table follows (the one it was made from)
 
 
+KEEP_AT = 0.5  # the layer keeps a freed block when P(reuse class <= SOON_CLASS) is at least this
+
+
+def keep_soon(soon: np.ndarray) -> np.ndarray:
+    """bool per row from P(reuse soon) per row (NaN where the row frees nothing): the layer's
+    rule, which whatif's `guided_questions` applies to the questions' network."""
+    return np.nan_to_num(soon, nan=0.0) >= KEEP_AT
+
+
 def table_agreement(
     table: str,
     covered: np.ndarray,
@@ -155,8 +164,8 @@ def table_agreement(
     if n == 0:
         return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"), against)
     t, c = table_probs[covered], counter_probs[covered]
-    keep_t = t[:, : SOON_CLASS + 1].sum(axis=1) >= 0.5
-    keep_c = c[:, : SOON_CLASS + 1].sum(axis=1) >= 0.5
+    keep_t = keep_soon(t[:, : SOON_CLASS + 1].sum(axis=1))
+    keep_c = keep_soon(c[:, : SOON_CLASS + 1].sum(axis=1))
     m = int(covered.sum())
     return TableAgreement(
         table,

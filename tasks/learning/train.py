@@ -27,6 +27,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 
 from tasks.core.config import PROJECT_DIR
 from tasks.core.storage import Root
+from tasks.learning.answers import RunAnswers, merged, tokens_digest
 from tasks.learning.baselines import Baselines
 from tasks.learning.evaluate import (
     HELDOUT_WORKLOADS,
@@ -63,6 +64,7 @@ class TrainedModel:
     class_table: ClassTable | None = None
     table_agreement: tuple[TableAgreement, ...] = ()
     question_network: QuestionNetwork | None = None
+    question_answers: tuple[RunAnswers, ...] = ()  # the network's, per evaluation run
 
 
 def checkpoint_dir(root: Root, cfg: TrainConfig, split: Split) -> Path:
@@ -315,7 +317,9 @@ def _epoch_recorder():
     return EpochRecorder()
 
 
-def evaluate_model(model: Any, cfg: TrainConfig, split: Split) -> tuple[Evaluation, Baselines]:
+def evaluate_model(
+    model: Any, cfg: TrainConfig, split: Split, keep: list[RunAnswers] | None = None
+) -> tuple[Evaluation, Baselines]:
     """Baselines fitted on split.train (n-gram order on split.validation); every predictor scored
     at eval_positions of each evaluation and held-out run."""
     # deferred: imported on first use, for start-up time
@@ -340,7 +344,7 @@ def evaluate_model(model: Any, cfg: TrainConfig, split: Split) -> tuple[Evaluati
         (UNSEEN_PROGRAMS, split.unseen_programs),
         (HELDOUT_WORKLOADS, split.heldout),
     )
-    _score_runs(builder, tables, seq_model, cfg, baselines)
+    _score_runs(builder, tables, seq_model, cfg, baselines, keep)
     return builder.build(), baselines
 
 
@@ -361,8 +365,16 @@ def score_model_on_unseen_runs(model: Any, cfg: TrainConfig, split: Split) -> Ev
     return builder.build()
 
 
-def _score_runs(builder, tables, seq_model, cfg: TrainConfig, baselines: Baselines | None):
-    """Every predictor's answers at eval_positions of each run of each (table, runs)."""
+def _score_runs(
+    builder,
+    tables,
+    seq_model,
+    cfg: TrainConfig,
+    baselines: Baselines | None,
+    keep: list[RunAnswers] | None = None,
+):
+    """Every predictor's answers at eval_positions of each run of each (table, runs); the
+    model's top-5 on each run appended to `keep` when given."""
     # deferred: imported on first use, for start-up time
     from tasks.learning.model import predict_positions
 
@@ -374,6 +386,10 @@ def _score_runs(builder, tables, seq_model, cfg: TrainConfig, baselines: Baselin
             answers = baselines.predict(run, pos) if baselines is not None else {}
             answers[MODEL] = predict_positions(seq_model, run, cfg.context, cfg.eval_batch_size)
             builder.add(table, run.workload, run.tokens[pos], answers)
+            if keep is not None:
+                keep.append(
+                    RunAnswers(run.workload, run.run, tokens_digest(run), top=answers[MODEL].top)
+                )
 
 
 def input_example(
@@ -453,6 +469,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         class_table=questions.table,
         table_agreement=questions.agreement,
         question_network=questions.network,
+        question_answers=questions.answers,
     )
 
 
@@ -460,7 +477,8 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
 def evaluate(trained: TrainedModel) -> TrainOutcome:
     """Score the model and the baselines on unseen runs, unseen programs, held-out workloads."""
     split, cfg = trained.split, trained.config
-    evaluation, _ = evaluate_model(trained.model, cfg, split)
+    tops: list[RunAnswers] = []  # the model's top-5 on each evaluation run, kept for whatif
+    evaluation, _ = evaluate_model(trained.model, cfg, split, keep=tops)
     dataset = DatasetRef(
         root=trained.root,
         train_runs=tuple((r.workload, r.run) for r in split.train),
@@ -485,6 +503,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         class_table=trained.class_table,
         table_agreement=trained.table_agreement,
         question_network=trained.question_network,
+        answers=merged(trained.question_answers, tops),
         input_example=input_example(
             split.train[0],
             cfg.context,

@@ -77,6 +77,7 @@ from tasks.learning.train import score_model_on_unseen_runs
 from tasks.learning.train_config import TrainConfig
 from tasks.registry import champion as champion_rules
 from tasks.registry import headline
+from tasks.registry.answers import log_answers
 from tasks.registry.questions import log_questions
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, configure, store_lock
 
@@ -842,6 +843,7 @@ def register_outcome(
         if tags.get(TAG_METRICS) != "logged":
             _log_metrics(client, run_id, outcome, scores, dataset, model_id)
             log_questions(outcome, version)
+            log_answers(outcome)  # whatif reads them instead of computing them again
             mlflow.set_tag(TAG_METRICS, "logged")
 
         # The version's evaluation, then the promotion decision on that same evaluation.

@@ -10,10 +10,15 @@ What the `whatif` flow (flows/whatif.py) composes, in order:
    tasks.registry.register), read once at the flow's edge.
 1. `model_ref(model, params, tracking) -> ModelRef`: the version, the runs to replay
    (`params.runs`; default: the model's evaluation runs) and its training config.
-2. `load_predictor(ref)`: the version's Keras model in sequence mode, with its training config
-   (config.json of its run), or why it could not be loaded (the other predictors still run).
+2. `load_predictor(ref)`: the version's predictors. Their answers on each run are read first
+   from those the evaluation logged with the version (tasks/registry/answers.py: the same
+   numbers on the same calls, checked by digest); only a run without them loads the networks
+   (the Keras model in sequence mode with its training config, the questions' network; once,
+   on first need), or says why they could not be loaded (the other predictors still run).
 3. `replay_run(root, workload, run, ...) -> RunReplay`, once per run: reads the run's events
-   once, prepares them once (tasks.whatif.events) and sweeps the policy grid (tasks.whatif.sweep;
+   once, as the model's evaluation scored them (data.max_eval_tokens: the rows of its first
+   calls, tasks.learning.sequences.head_rows), prepares them once (tasks.whatif.events) and
+   sweeps the policy grid (tasks.whatif.sweep;
    `default_grid()` unless `params.policies`). The guided configs are swept once per PREDICTOR,
    the `predictor` column naming it:
      - `model`:  the model's top-5 (tasks.learning.model.predict_positions);
@@ -90,8 +95,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,10 +115,12 @@ from pydantic import Field
 from tasks.core.config import StrictModel, default_root
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import list_runs
+from tasks.learning.answers import RunAnswers
 from tasks.learning.baselines import NONE, TOP_K
 from tasks.learning.online import OnlineCounter
 from tasks.learning.outcome import RegisteredModel
-from tasks.learning.sequences import eval_positions, token_run
+from tasks.learning.sequences import eval_positions, head_rows, token_run
+from tasks.learning.table import keep_soon
 from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
@@ -205,6 +214,11 @@ class WhatifParams(StrictModel):
     policies: list[PolicyConfig] | None = Field(
         default=None, description="the policy grid; empty: tasks.whatif.sweep.default_grid()"
     )
+    recompute: bool = Field(
+        default=False,
+        description="compute the model's and the questions' network's answers here rather than "
+        "read those the evaluation logged with the version (the same numbers on the same calls)",
+    )
 
     def grid(self) -> list[_Policy]:
         """The policies swept, always with the oracle's bound at exactly `idle_budget` (the
@@ -234,6 +248,14 @@ class ModelRef:
     def run_id(self) -> str:
         return self.model.run_id
 
+    @property
+    def max_eval_tokens(self) -> int | None:
+        """The calls of each run the model's evaluation scored (data.max_eval_tokens; None: all):
+        whatif replays the runs as the evaluation scored them."""
+        if self.config is None:
+            return None
+        return TrainConfig.model_validate(self.config).data.max_eval_tokens
+
 
 @dataclass
 class RunReplay:
@@ -250,17 +272,67 @@ class RunReplay:
         return self.error is None
 
 
-@dataclass
 class Predictor:
-    """The model as a next-call predictor: a sequence-mode Keras model and its config, or why
-    there is none."""
+    """The registered version's predictors for the replay: its two Keras networks (the next-call
+    model in sequence mode with its context, and the questions' network), each with why it is
+    missing, and the MLflow run whose logged answers (tasks/registry/answers.py) the replay reads
+    first. With a `loader` the networks are loaded once, on first need, by whichever replay
+    thread needs them first: a night whose every answer was logged never loads them (nor
+    TensorFlow)."""
 
-    model: Any = None
-    context: int = 0
-    batch_size: int = 64
-    error: str | None = None
-    questions: Any = None  # the questions' network (keras.Model), when the version logged one
-    questions_error: str | None = None
+    def __init__(
+        self,
+        model: Any = None,
+        context: int = 0,
+        batch_size: int = 64,
+        error: str | None = None,
+        questions: Any = None,
+        questions_error: str | None = None,
+        *,
+        run_id: str = "",
+        loader: Callable[[Predictor], None] | None = None,
+    ) -> None:
+        self._model, self.context, self.batch_size, self._error = model, context, batch_size, error
+        self._questions, self._questions_error = questions, questions_error
+        self.run_id = run_id  # where the evaluation's answers are logged ("": none to read)
+        self._loader = loader
+        self._lock = threading.Lock()
+
+    def _load(self) -> None:
+        with self._lock:
+            if self._loader is not None:
+                loader, self._loader = self._loader, None
+                loader(self)
+
+    def set_model(self, model: Any, context: int, batch_size: int) -> None:
+        self._model, self.context, self.batch_size = model, context, batch_size
+
+    def set_questions(self, questions: Any) -> None:
+        self._questions = questions
+
+    def fail(self, error: str | None = None, questions_error: str | None = None) -> None:
+        self._error = error or self._error
+        self._questions_error = questions_error or self._questions_error
+
+    @property
+    def model(self) -> Any:
+        self._load()
+        return self._model
+
+    @property
+    def error(self) -> str | None:
+        self._load()
+        return self._error
+
+    @property
+    def questions(self) -> Any:
+        self._load()
+        return self._questions
+
+    @property
+    def questions_error(self) -> str | None:
+        self._load()
+        return self._questions_error
 
 
 class AtBudget(StrictModel):
@@ -353,10 +425,16 @@ def model_ref(model: RegisteredModel, params: WhatifParams, tracking: TrackingCo
 
 @task(name="whatif-load-model", cache_policy=NO_CACHE)
 def load_predictor(ref: ModelRef) -> Predictor:
-    """The version as a sequence-mode model; a version that cannot be loaded gives a Predictor
-    with its error (the runs are still replayed, without the `model` predictor)."""
+    """The version's predictors: its networks loaded on first need (`_load_networks`), its
+    logged answers read per run. A network that cannot be loaded is named in the artifact and
+    the runs are still replayed without it."""
+    return Predictor(run_id=ref.run_id, loader=lambda p: _load_networks(ref, p))
+
+
+def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
+    """The version as a sequence-mode model and its questions' network, into `predictor`."""
     try:
-        # deferred: imported on first use, for start-up time
+        # deferred: imported on first use (TensorFlow), for start-up time
         from tasks.learning.model import as_sequence_model
         from tasks.registry.champion import load_version
 
@@ -364,9 +442,9 @@ def load_predictor(ref: ModelRef) -> Predictor:
             raise ValueError(f"run {ref.run_id} has no config.json: the model's context is unknown")
         cfg = TrainConfig.model_validate(ref.config)
         model = as_sequence_model(load_version(ref.name, ref.version), cfg)
-        predictor = Predictor(model, cfg.context, cfg.eval_batch_size)
+        predictor.set_model(model, cfg.context, cfg.eval_batch_size)
     except Exception as err:  # noqa: BLE001 - reported in the artifact, not fatal
-        predictor = Predictor(error=f"{type(err).__name__}: {err}"[:500])
+        predictor.fail(error=f"{type(err).__name__}: {err}"[:500])
     try:
         # deferred: imported on first use (MLflow, TensorFlow), for start-up time
         import mlflow
@@ -378,10 +456,9 @@ def load_predictor(ref: ModelRef) -> Predictor:
             path = mlflow.artifacts.download_artifacts(  # the tracking URI load_version used
                 run_id=ref.run_id, artifact_path=f"{NETWORK_ARTIFACT}/{NETWORK_FILE}", dst_path=tmp
             )
-            predictor.questions = load_question_network(path)
+            predictor.set_questions(load_question_network(path))
     except Exception as err:  # noqa: BLE001 - an older version logged none: said, not fatal
-        predictor.questions_error = f"{type(err).__name__}: {err}"[:300]
-    return predictor
+        predictor.fail(questions_error=f"{type(err).__name__}: {err}"[:300])
 
 
 # ----------------------------------------------------------------------------- one run
@@ -397,10 +474,17 @@ def _top_per_row(table, token_run, top_at_positions: np.ndarray) -> np.ndarray:
 
 
 def predictions_for(
-    table, token_run, predictor: Predictor | None, horizon: int
+    table,
+    token_run,
+    predictor: Predictor | None,
+    horizon: int,
+    answers: RunAnswers | None = None,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
-    """{predictor name: keep/drop per row of `table`} and notes on the predictors left out.
-    horizon 1: causal (keep_at_free, the top-5 made at the free); more: `<name>_optimistic`."""
+    """{predictor name: keep/drop per row of `table`} and notes on where the answers came from
+    and on the predictors left out. horizon 1: causal (keep_at_free, the top-5 made at the
+    free); more: `<name>_optimistic`. The model's and the questions' network's answers are the
+    ones `answers` (the evaluation's, logged with the version) holds for exactly these calls;
+    the networks compute any others."""
 
     def keep(name: str, top: np.ndarray) -> None:
         per_row = _top_per_row(table, token_run, top)
@@ -412,23 +496,36 @@ def predictions_for(
     out: dict[str, np.ndarray] = {}
     notes: list[str] = []
     pos = eval_positions(token_run)
-    if predictor is not None and predictor.model is not None:
-        # deferred: imported on first use, for start-up time
-        from tasks.learning.model import predict_positions
+    name = f"{token_run.workload}/{token_run.run}"
+    if predictor is not None:
+        top = answers.top_for(token_run) if answers is not None else None
+        if top is None and predictor.model is not None:
+            # deferred: imported on first use, for start-up time
+            from tasks.learning.model import predict_positions
 
-        pred = predict_positions(
-            predictor.model, token_run, predictor.context, predictor.batch_size
-        )
-        keep("model", pred.top)
-    elif predictor is not None:
-        notes.append(f"no `model` predictor: {predictor.error}")
-    if predictor is not None and predictor.questions is not None:
-        # deferred: imported on first use (TensorFlow), for start-up time
-        from tasks.learning.question_network import keep_soon
+            top = predict_positions(
+                predictor.model, token_run, predictor.context, predictor.batch_size
+            ).top
+            if answers is not None:
+                notes.append(f"{name}: `model` answered here (not the calls it was evaluated on)")
+        if top is not None:
+            keep("model", top)
+        else:
+            notes.append(f"no `model` predictor: {predictor.error}")
+        soon = answers.soon_for(table) if answers is not None else None
+        if soon is None and predictor.questions is not None:
+            # deferred: imported on first use (TensorFlow), for start-up time
+            from tasks.learning.question_network import soon_probability
 
-        out["questions"] = keep_soon(table, predictor.questions)
-    elif predictor is not None:
-        notes.append(f"no `questions` predictor: {predictor.questions_error}")
+            soon = soon_probability(table, predictor.questions)
+            if answers is not None:
+                notes.append(
+                    f"{name}: `questions` answered here (not the calls it was evaluated on)"
+                )
+        if soon is not None:
+            out["questions"] = keep_soon(soon)
+        else:
+            notes.append(f"no `questions` predictor: {predictor.questions_error}")
     keep("online", OnlineCounter().predict(token_run, pos).top)
     out["layer_online"] = layer_rule_keep(table)  # causal at every horizon: the layer's own rule
     out[THREAD_FUTURE] = reuse_labels(table, horizon=GUIDED_HORIZON)
@@ -443,6 +540,7 @@ def replay_events(
     horizon: int,
     workload: str = "",
     run: str = "",
+    answers: RunAnswers | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """One run's table through `policies`; the guided ones once per predictor."""
 
@@ -452,7 +550,7 @@ def replay_events(
     frames = [sweep_run(x, plain, workload=workload, run=run)]
     notes: list[str] = []
     if guided:
-        preds, notes = predictions_for(table, token_run, predictor, horizon)
+        preds, notes = predictions_for(table, token_run, predictor, horizon, answers)
         for name, keep in preds.items():
             frames.append(
                 sweep_run(x, guided, workload=workload, run=run, predictions=keep, predictor=name)
@@ -471,20 +569,31 @@ def replay_run(
     run: str,
     params: WhatifParams,
     predictor: Predictor | None = None,
+    max_tokens: int | None = None,
 ) -> RunReplay:
-    """One run through the grid; its events missing or unreadable: a RunReplay with the error."""
+    """One run through the grid; its events missing or unreadable: a RunReplay with the error.
+    `max_tokens`: the run is replayed as the model's evaluation scored it (the rows of its first
+    max_tokens calls, tasks.learning.sequences.head_rows), so the evaluation's answers apply."""
 
     try:
         # Read once: the simulator's table and the model's tokens are the same rows.
-        extra = ("token", *QUESTIONS_COLUMNS) if predictor and predictor.questions else ("token",)
-        table = read_events(root, workload, run, extra=extra)
+        extra = ("token", *QUESTIONS_COLUMNS) if predictor is not None else ("token",)
+        table = head_rows(read_events(root, workload, run, extra=extra), max_tokens)
         tokens = token_run(table, workload, run)
     except Exception as err:  # noqa: BLE001 - named in the artifact; the other runs go on
         return RunReplay(workload, run, error=f"{type(err).__name__}: {err}"[:500])
-    rows, notes = replay_events(
-        table, tokens, params.grid(), predictor, params.horizon, workload, run
+    answers, notes = None, []
+    if predictor is not None and predictor.run_id and not params.recompute:
+        # deferred: imported on first use (MLflow), for start-up time
+        from tasks.registry.answers import fetch_answers
+
+        answers, why = fetch_answers(predictor.run_id, workload, run)
+        if answers is None:
+            notes.append(f"{workload}/{run}: the networks answered here ({why})")
+    rows, more = replay_events(
+        table, tokens, params.grid(), predictor, params.horizon, workload, run, answers
     )
-    return RunReplay(workload, run, rows=rows, notes=notes)
+    return RunReplay(workload, run, rows=rows, notes=notes + more)
 
 
 # ----------------------------------------------------------------------------- results
@@ -716,6 +825,19 @@ def summary_markdown(
         "process). Rows named *_optimistic are not achievable by a live cache. Oracle: the "
         "bound no policy passes at that budget. Page-fault bytes avoided: against no cache "
         "(the fault model in tasks/whatif/simulate.py).",
+        "",
+    ]
+    if ref.max_eval_tokens is not None:
+        lines += [
+            f"Each run is replayed as the model's evaluation scored it: the calls of its first "
+            f"{ref.max_eval_tokens:,} tokens (data.max_eval_tokens of the model's config; a "
+            "small version of the runs).",
+            "",
+        ]
+    lines += [
+        "The `model` and `questions` answers are those the evaluation made on the same calls "
+        "and logged with the version (answers/), unless a note below says they were computed "
+        "here" + (" (params.recompute: computed here)." if params.recompute else "."),
         "",
     ]
     if table_url:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -38,9 +39,12 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = Root.from_url(str(tmp_path / "data"))
     write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=2000)
-    trained = train_flow(
-        TrainParams(root=root.url, config=str(QUICK_CONFIG), overrides=TINY_TRAINING_BETA_HELD_OUT)
-    )
+    # each evaluation run capped, as the quick night caps them: whatif replays the same calls
+    overrides = {
+        **TINY_TRAINING_BETA_HELD_OUT,
+        "data": {**TINY_TRAINING_BETA_HELD_OUT["data"], "max_eval_tokens": 1500},
+    }
+    trained = train_flow(TrainParams(root=root.url, config=str(QUICK_CONFIG), overrides=overrides))
     model = trained.model  # the typed reference registration handed on
     assert (model.name, model.version) == ("heapcast-next-call", "1")
     d = trained.outcome.dataset
@@ -106,3 +110,18 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     assert ("beta", "guided_model") in rows and ("all", "oracle") in rows
     assert ("all", "guided_thread_future_optimistic") in rows
     assert not [w for w, _ in rows if w == "alpha"]  # run gone
+
+    # the networks' answers were the evaluation's, logged with the version, read back for every
+    # replayed run on exactly the calls the evaluation scored (the first 1500 of each)
+    logged = {a.path for a in client.list_artifacts(model.run_id, "answers/beta")}
+    assert logged and {f"answers/beta/{r}.npz" for w, r in evaluated[1:]} == logged
+    assert "answered here" not in page and "first 1,500 tokens" in page
+    # and they are the very answers the networks give when asked again
+    again = whatif(WhatifParams(root=root.url, policies=GRID, idle_budget=1 << 16, recompute=True))
+    assert again.runs_ok == summary.runs_ok
+    df2 = pq.read_table(tmp_path / "data" / "whatif" / "heapcast-next-call-v1.parquet").to_pandas()
+    cols = [c for c in df.columns if c != "created_at"]
+    pd.testing.assert_frame_equal(
+        df[cols].sort_values(["workload", "run", "config", "predictor"]).reset_index(drop=True),
+        df2[cols].sort_values(["workload", "run", "config", "predictor"]).reset_index(drop=True),
+    )
