@@ -6,7 +6,7 @@
 # engine can run here, the runner falls back to bubblewrap and the trace stage says why.
 run: setup
 	@scripts/engine.sh up >/dev/null || echo "heapcast: no container engine could start here (above); the quick night replays with the local (bubblewrap) runner"
-	.venv/bin/heapcast run --quick
+	.venv/bin/heapcast run --quick --seeds
 
 test: setup lint
 	scripts/engine.sh up

@@ -236,8 +236,8 @@ class NightlySummary(BaseModel):
                 if self.seed_lines
                 else [
                     "Not measured tonight: the night's `seeds` option is off (the scheduled night "
-                    "turns it on; `make run`'s quick night leaves the seeds' cases out to stay "
-                    "within its minutes; `python -m flows.allocators --seeds` measures them)."
+                    "and `make run`'s quick night, with fewer rounds, turn it on; "
+                    "`python -m flows.allocators --seeds` measures them)."
                 ]
             ),
         ]
