@@ -25,7 +25,9 @@ import pyarrow.compute as pc
 from numba import njit
 
 from tasks.learning.labels import (
+    LIFETIME_CALL_EDGES,
     LIFETIME_CLASSES,
+    LIFETIME_NS_EDGES,
     NO_LABEL,
     allocator_labels,
     process_order,
@@ -95,6 +97,29 @@ def known_at(defined: np.ndarray, distance: np.ndarray, starts: np.ndarray) -> n
     proc_end = np.flatnonzero(np.append(starts[1:], True))  # last row of each process
     at = np.arange(n) + np.minimum(distance, n)
     return np.where(defined & (at <= proc_end[proc]), at, -1)
+
+
+def outlived_at(
+    table: pa.Table, order: np.ndarray, starts: np.ndarray, question: str
+) -> np.ndarray:
+    """int64 [n, edges] in process order: the first row of its process at which each row's block
+    (if still live) has outlived each edge of `question`'s classes, in calls (row + edge + 1) or
+    in time (the first call later than its time + edge); -1 past the process's end. What a
+    program that watches itself knows of a block before its free: its class is above that
+    edge's (tasks/learning/hedge.py censored_events)."""
+    n = len(order)
+    proc = np.cumsum(starts) - 1
+    proc_end = np.flatnonzero(np.append(starts[1:], True))[proc]
+    if question == "lifetime_calls":
+        at = np.arange(n)[:, None] + np.asarray(LIFETIME_CALL_EDGES, np.int64)[None, :] + 1
+    else:
+        t = table.column("time_ns").to_numpy().astype(np.int64)[order]
+        rel = t - t[np.flatnonzero(starts)][proc]  # time since the process's first call
+        span = int(rel.max(initial=0)) + 1 + int(max(LIFETIME_NS_EDGES))
+        key = proc * span + rel  # sorted: processes in order, each in time order
+        want = key[:, None] + np.asarray(LIFETIME_NS_EDGES, np.int64)[None, :]
+        at = np.searchsorted(key, want, side="right")
+    return np.where(at <= proc_end[:, None], at, -1)
 
 
 def lifetime_answers(

@@ -105,7 +105,7 @@ def question_inputs(table: pa.Table, answers: dict[str, ReuseAnswers]) -> Questi
     features[:, 2] = frees / np.maximum(allocs, 1)
     labels: dict[str, np.ndarray] = {}
     col = 3
-    due = _label_known_at(table, order, starts)
+    due = label_known_at(table, order, starts)
     for q, k in QUESTION_CLASSES.items():
         a = answers[q]
         lab = np.full(n, NO_LABEL, np.int32)
@@ -144,7 +144,7 @@ def _process_cumsum(flag: np.ndarray, starts, first, proc) -> np.ndarray:
     return c - before[proc]
 
 
-def _label_known_at(table: pa.Table, order: np.ndarray, starts: np.ndarray) -> dict:
+def label_known_at(table: pa.Table, order: np.ndarray, starts: np.ndarray) -> dict:
     """{question: int64 [n] in process order}: the row where each call's label becomes known to
     a program that watches itself (-1: never within its process). Reuse: at the next request of
     the class, or once the last edge has passed without one ("later")."""

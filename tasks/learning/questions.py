@@ -15,12 +15,22 @@ import pyarrow as pa
 from tasks.core.storage import Root
 from tasks.learning.answers import RunAnswers, rows_digest
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
-from tasks.learning.lifetime import lifetime_answers, lifetime_majority
+from tasks.learning.hedge import (
+    EXPERTS,
+    HEDGED,
+    censored_events,
+    due_events,
+    hedge_keys,
+    hedged,
+)
+from tasks.learning.labels import process_order, request_and_free_classes
+from tasks.learning.lifetime import lifetime_answers, lifetime_majority, outlived_at
 from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.question_network import (
     PREDICTOR,
     QuestionNetwork,
     distilled_table,
+    label_known_at,
     question_inputs,
     soon_of,
     train_network,
@@ -28,6 +38,7 @@ from tasks.learning.question_network import (
 from tasks.learning.reuse import (
     QUESTION,
     ReuseAnswers,
+    call_sites,
     majority_of,
     read_events,
     reuse_answers,
@@ -103,8 +114,23 @@ def question_evaluation(
             }
             if net is not None:
                 said = net.answer(question_inputs(t, answers))
+                order, starts = process_order(t)
+                due = label_known_at(t, order, starts)
+                req_cls, free_cls = request_and_free_classes(t)
+                keys = hedge_keys(call_sites(t), np.maximum(req_cls, free_cls))
                 for q, a in answers.items():
                     a.probs[PREDICTOR] = said[q][a.rows]
+                    # the network corrected inside the run by what each predictor got right:
+                    # a lifetime is known in part before the free (the block outlived an edge)
+                    learnt = (
+                        due_events(due[q])
+                        if q == QUESTION
+                        else censored_events(starts, outlived_at(t, order, starts, q), due[q])
+                    )
+                    a.probs[HEDGED] = hedged(
+                        order, starts, learnt, a.rows, a.labels, [a.probs[e] for e in EXPERTS],
+                        keys=keys[a.rows],
+                    )  # fmt: skip
                 kept[(w, r)] = RunAnswers(
                     w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])
                 )

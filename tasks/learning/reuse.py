@@ -16,6 +16,9 @@ a known size of an evaluation run, from the calls before it only:
 - network: the questions' own recurrent network (tasks/learning/question_network.py), trained on
   the training runs, reading the process's calls and these counters' answers; added by
   tasks/learning/questions.py when the config trains it.
+- network_hedged: the network and the two counters mixed inside the run, per call site and
+  class, by how well each has answered there so far (tasks/learning/hedge.py): on a program
+  whose habits the network never saw, it follows the counter where the counter is right.
 
 The call site is caller_module + caller_offset (the module's path and the offset in it, which
 survive ASLR), hashed to SITE_VOCABULARY buckets. Compiled (numba), one pass per run.
@@ -38,6 +41,7 @@ from numba import njit
 
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import read_run
+from tasks.learning.hedge import HEDGED
 from tasks.learning.labels import (
     LABEL_COLUMNS,
     NO_LABEL,
@@ -51,7 +55,7 @@ from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
-PREDICTORS = ("majority", "class_online", "site_online", "table", "network")
+PREDICTORS = ("majority", "class_online", "site_online", "table", "network", HEDGED)
 # the table (tasks/learning/table.py) answers the reuse question only
 SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32

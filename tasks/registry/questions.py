@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from tasks.learning.hedge import HEDGED
 from tasks.learning.outcome import OVERALL, TrainOutcome
 from tasks.learning.table import ModelTable, model_version_number, write_layer_table
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target
@@ -52,7 +53,7 @@ def headline_metrics(outcome: TrainOutcome) -> dict[str, float]:
     out: dict[str, float] = {}
     for s in outcome.question_scores:
         if (s.question, s.table, s.slice) == ("reuse", HEADLINE_TABLE, OVERALL) and (
-            s.predictor in ("class_online", "table", "network")
+            s.predictor in ("class_online", "table", "network", HEDGED)
         ):
             out[f"reuse.{HEADLINE_TABLE}.top1/{OVERALL}.{s.predictor}"] = float(s.top1)
     for a in outcome.table_agreement:

@@ -9,6 +9,7 @@ pytest.importorskip("keras")
 
 from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
+from tasks.learning.hedge import HEDGED  # noqa: E402
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
@@ -72,9 +73,16 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     by_question = {}
     for s in outcome.question_scores:
         by_question.setdefault(s.question, set()).add(s.predictor)
-    assert by_question["reuse"] == {"majority", "class_online", "site_online", "table", "network"}
+    assert by_question["reuse"] == {
+        "majority",
+        "class_online",
+        "site_online",
+        "table",
+        "network",
+        HEDGED,
+    }
     for q in ("lifetime_calls", "lifetime_time"):
-        assert by_question[q] == {"majority", "class_online", "site_online", "network"}
+        assert by_question[q] == {"majority", "class_online", "site_online", "network", HEDGED}
     assert all(np.isfinite(s.log_loss) for s in outcome.question_scores)
     assert [a.table for a in outcome.table_agreement] == ["unseen_runs", "unseen_programs"]
     for a in outcome.table_agreement:

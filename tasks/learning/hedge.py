@@ -1,0 +1,183 @@
+"""The questions' network corrected inside the run: a per-process mixture of the network and the
+online counters, weighted by how well each has answered this process so far.
+
+Why: the network learns, from other programs' traces, when to trust the counters (its inputs);
+on a program unlike those (perl's lifetimes after make's and git's, whose blocks are often never
+freed), its priors can be worse than a counter that has watched this very process. A program
+that watches itself can tell: once a call's answer becomes known (labels.py; at the free for a
+lifetime, at the next request of the class for reuse), each predictor's probability of the true
+class is its likelihood. The mixture's weights are the predictors' posterior given the labels
+known so far (Bayes' rule over experts, with a small fixed share so that a weight can recover):
+its log-loss on a process is at most the best predictor's plus log(number of predictors), plus
+the share's small cost per update, whatever the process.
+
+Causal: the answer at a call reads the predictors' answers at that call and the labels known
+before it (due <= the call), nothing later; tests/tasks/learning/test_hedge.py changes the later
+labels. The predictor's name in the tables is HEDGED.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tasks.dataset.tokens import MAX_SIZE_CLASS
+
+HEDGED = "network_hedged"
+EXPERTS = ("network", "site_online", "class_online")  # the mixture's predictors, in this order
+# fixed share: each update moves this much weight back to every predictor evenly, so a weight
+# can recover when a site's behaviour changes (0.02-0.1 gave the same tables within 0.01 on the
+# quick night; 0 let a process commit to one predictor early and lose up to 0.14 in log-loss)
+SHARE = 0.05
+FLOOR = 1e-6  # a probability is never taken below this (a predictor's one miss is not fatal)
+
+
+@njit(cache=True)
+def _share(logw, fac, share, w):
+    """logw += fac, normalised, then the fixed share moved back evenly."""
+    n_exp = logw.shape[0]
+    top = -1e300
+    for e in range(n_exp):
+        logw[e] += fac[e]
+        top = max(top, logw[e])
+    tot = 0.0
+    for e in range(n_exp):
+        w[e] = np.exp(logw[e] - top)
+        tot += w[e]
+    for e in range(n_exp):
+        logw[e] = np.log((1.0 - share) * w[e] / tot + share / n_exp)
+
+
+@njit(cache=True)
+def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, share, floor, out):
+    """out[i] at every row asking (ask[i]): the experts' answers at i mixed by their posterior
+    weights given what is known by row i of the process's earlier asking rows of the same key
+    (key[i]: its call site and class); a key's weights start from the whole process's (which
+    every event updates) the first time it is met. An event (ev_row, ev_f, ev_j), sorted by row,
+    says at row ev_row what became known of row ev_f's class: ev_j >= 0, that it is above class
+    ev_j (a block still live past an edge; each expert's factor P(> j) / P(> j - 1)); ev_j < 0,
+    that it is label[ev_f] (P(label) / P(> label - 1)). The factors of one row telescope to its
+    whole likelihood. experts float64 [E, n, k]; rows in process call order."""
+    n_exp, n, k = experts.shape
+    logp = np.zeros(n_exp)  # the process's weights
+    logws = np.zeros((n_keys, n_exp))  # each key's
+    seen = np.zeros(n_keys, np.bool_)
+    fac = np.empty(n_exp)
+    w = np.empty(n_exp)
+    p = 0
+    for i in range(n):
+        if proc_start[i]:
+            logp[:] = 0.0
+            seen[:] = False
+        while p < ev_row.shape[0] and ev_row[p] <= i:
+            f, j = ev_f[p], ev_j[p]
+            for e in range(n_exp):
+                if j >= 0:  # P(> j) / P(> j - 1)
+                    num = 0.0
+                    for c in range(j + 1, k):
+                        num += experts[e, f, c]
+                    den = num + experts[e, f, j]
+                else:  # P(label) / P(> label - 1)
+                    num = experts[e, f, label[f]]
+                    den = 0.0
+                    for c in range(label[f], k):
+                        den += experts[e, f, c]
+                fac[e] = np.log(max(num, floor)) - np.log(max(den, floor))
+            kf = key[f]
+            if not seen[kf]:
+                seen[kf] = True
+                logws[kf, :] = logp
+            _share(logws[kf], fac, share, w)
+            _share(logp, fac, share, w)
+            p += 1
+        if ask[i]:
+            ki = key[i]
+            if not seen[ki]:
+                seen[ki] = True
+                logws[ki, :] = logp
+            logw = logws[ki]
+            top = -1e300
+            for e in range(n_exp):
+                top = max(top, logw[e])
+            tot = 0.0
+            for e in range(n_exp):
+                w[e] = np.exp(logw[e] - top)
+                tot += w[e]
+            for j in range(k):
+                s = 0.0
+                for e in range(n_exp):
+                    s += w[e] * experts[e, i, j]
+                out[i, j] = s / tot
+
+
+def hedge_keys(sites: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """int64 per row: whose weights answer it, from its call site (reuse.call_sites; -1: none)
+    and its size class (-1: none): a row without a site has its class's weights. Which
+    predictor to trust differs by site: a program's parser and its interpreter loop do not keep
+    their blocks alike."""
+    return (sites + 1) * (MAX_SIZE_CLASS + 1) + np.maximum(classes, 0)
+
+
+def due_events(due: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, of row, -1) events: each row's class known whole at due[row] (-1: never)."""
+    f = np.flatnonzero(due >= 0)
+    f = f[np.argsort(due[f], kind="stable")]
+    return due[f].astype(np.int64), f.astype(np.int64), np.full(len(f), -1, np.int64)
+
+
+def censored_events(
+    starts: np.ndarray, crossing: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Events of a lifetime, rows in process order: crossing[f, j] is the first row at which row
+    f's block has outlived edge j (-1: none in its process), end[f] the row of its free (-1: never
+    freed). Until its free, a block still live past edge j is known to be above class j; at its
+    free, its class. Crossings at or before the free only; at one row, crossings first."""
+    n, m = crossing.shape
+    proc_end = np.flatnonzero(np.append(starts[1:], True))[np.cumsum(starts) - 1]
+    f = np.repeat(np.arange(n), m)
+    j = np.tile(np.arange(m), n)
+    r = crossing.reshape(-1)
+    ok = (r >= 0) & (r <= proc_end[f]) & ((end[f] < 0) | (end[f] >= r))
+    fin = np.flatnonzero(end >= 0)
+    row = np.concatenate([r[ok], end[fin]])
+    of = np.concatenate([f[ok], fin])
+    jj = np.concatenate([j[ok], np.full(len(fin), -1)])
+    o = np.lexsort((jj < 0, row))  # by row, crossings before the end
+    return row[o].astype(np.int64), of[o].astype(np.int64), jj[o].astype(np.int64)
+
+
+def hedged(
+    order: np.ndarray,
+    starts: np.ndarray,
+    events: tuple[np.ndarray, np.ndarray, np.ndarray],
+    rows: np.ndarray,
+    labels: np.ndarray,
+    experts: list[np.ndarray],
+    share: float = SHARE,
+    keys: np.ndarray | None = None,
+) -> np.ndarray:
+    """float64 [m, k] at `rows` (table order, with their `labels`): the mixture of `experts`
+    (each float64 [m, k] at `rows`), weights per process from what is known so far. `order`,
+    `starts`: labels.process_order; `events`: due_events or censored_events (rows in process
+    order)."""
+    n, k = len(order), experts[0].shape[1]
+    where = np.empty(n, np.int64)
+    where[order] = np.arange(n)  # each table row's place in process order
+    at = where[rows]
+    ask = np.zeros(n, np.bool_)
+    ask[at] = True
+    lab = np.zeros(n, np.int64)
+    lab[at] = labels
+    stack = np.zeros((len(experts), n, k), np.float64)
+    for e, p in enumerate(experts):
+        stack[e, at] = p
+    out = np.zeros((n, k), np.float64)
+    ev_row, ev_f, ev_j = (np.ascontiguousarray(a[ask[events[1]]]) for a in events)  # asked only
+    key = np.zeros(n, np.int64)
+    if keys is not None:
+        key[at] = keys
+    _hedge(
+        np.ascontiguousarray(starts), ask, key, int(key.max(initial=0)) + 1, ev_row, ev_f, ev_j,
+        lab, stack, share, FLOOR, out,
+    )  # fmt: skip
+    return out[at]
