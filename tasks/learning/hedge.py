@@ -33,19 +33,28 @@ FLOOR = 1e-6  # a probability is never taken below this (a predictor's one miss 
 
 
 @njit(cache=True)
+def _weights(logw, w):
+    """w = the normalised weights of the log-weights logw."""
+    top = -1e300
+    for e in range(logw.shape[0]):
+        top = max(top, logw[e])
+    tot = 0.0
+    for e in range(logw.shape[0]):
+        w[e] = np.exp(logw[e] - top)
+        tot += w[e]
+    for e in range(logw.shape[0]):
+        w[e] /= tot
+
+
+@njit(cache=True)
 def _share(logw, fac, share, w):
     """logw += fac, normalised, then the fixed share moved back evenly."""
     n_exp = logw.shape[0]
-    top = -1e300
     for e in range(n_exp):
         logw[e] += fac[e]
-        top = max(top, logw[e])
-    tot = 0.0
+    _weights(logw, w)
     for e in range(n_exp):
-        w[e] = np.exp(logw[e] - top)
-        tot += w[e]
-    for e in range(n_exp):
-        logw[e] = np.log((1.0 - share) * w[e] / tot + share / n_exp)
+        logw[e] = np.log((1.0 - share) * w[e] + share / n_exp)
 
 
 @njit(cache=True)
@@ -95,19 +104,12 @@ def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, sha
             if not seen[ki]:
                 seen[ki] = True
                 logws[ki, :] = logp
-            logw = logws[ki]
-            top = -1e300
-            for e in range(n_exp):
-                top = max(top, logw[e])
-            tot = 0.0
-            for e in range(n_exp):
-                w[e] = np.exp(logw[e] - top)
-                tot += w[e]
+            _weights(logws[ki], w)
             for j in range(k):
                 s = 0.0
                 for e in range(n_exp):
                     s += w[e] * experts[e, i, j]
-                out[i, j] = s / tot
+                out[i, j] = s
 
 
 def hedge_keys(sites: np.ndarray, classes: np.ndarray) -> np.ndarray:
