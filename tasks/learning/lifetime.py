@@ -11,6 +11,10 @@ never freed a class of its own? The same three predictors answer at every alloca
   the end of the process tells it): a reason a model can beat them there;
 - site_online: the same keyed by the allocation's call site and class, TCMalloc's counters per
   allocation stack; a site never seen, or a call without a site, answers as class_online.
+- site_survival: per call site and class, what is known of the process's earlier blocks by
+  then, the still-live ones included: a block live past an edge is known to be above that
+  edge's class (censored), so the discrete Kaplan-Meier hazards learn long lives, and "never
+  freed", before any such block is freed, which the two counters above never do (_survival).
 
 Where a free lands: the dataset's lifetime_calls counts calls of the process from the
 allocation to the free, so the free is that many calls later in the process's call order
@@ -24,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
+from tasks.learning.hedge import censored_events, hedge_keys
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
     LIFETIME_CLASSES,
@@ -122,6 +127,57 @@ def outlived_at(
     return np.where(at <= proc_end[:, None], at, -1)
 
 
+SURVIVAL = "site_survival"
+SURVIVAL_EPS = 4.0  # blocks' worth of the process's hazards in a site's own estimate
+
+
+@njit(cache=True)
+def _survival(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, k, eps, out):
+    """out[i] at every allocation row i (ask[i] >= 0): from the process's earlier allocations of
+    i's key, what became known of them by row i (events as tasks/learning/hedge.py's
+    censored_events: ev_j >= 0, the block outlived edge ev_j; ev_j < 0, its free with its class),
+    the discrete Kaplan-Meier estimate: for each class j below the last edge, the hazard
+    ended[j] / (ended[j] + outlived[j]) (a block still inside class j's interval counts for
+    neither), each shrunk toward the process's own hazard with `eps` blocks' weight; past the
+    last edge, the blocks freed so far against those not (yet) freed split the rest between
+    "later" and "never freed". Rows in process call order."""
+    ended = np.zeros((n_keys, k))
+    outlived = np.zeros((n_keys, k))
+    p_ended = np.zeros(k)
+    p_outlived = np.zeros(k)
+    p = 0
+    for i in range(ask.shape[0]):
+        if proc_start[i]:
+            ended[:, :] = 0.0
+            outlived[:, :] = 0.0
+            p_ended[:] = 0.0
+            p_outlived[:] = 0.0
+        while p < ev_row.shape[0] and ev_row[p] <= i:
+            f, j = ev_f[p], ev_j[p]
+            if ask[f] >= 0:
+                if j >= 0:
+                    outlived[key[f], j] += 1.0
+                    p_outlived[j] += 1.0
+                else:
+                    ended[key[f], label[f]] += 1.0
+                    p_ended[label[f]] += 1.0
+            p += 1
+        if ask[i] >= 0:
+            ki = key[i]
+            alive = 1.0
+            for j in range(k - 2):
+                prior = (p_ended[j] + 0.5) / (p_ended[j] + p_outlived[j] + 1.0)
+                h = (ended[ki, j] + eps * prior) / (ended[ki, j] + outlived[ki, j] + eps)
+                out[i, j] = alive * h
+                alive *= 1.0 - h
+            j = k - 2  # past the last edge: freed since, or not (yet)
+            prior = min((p_ended[j] + 0.5) / (p_outlived[j - 1] + 1.0), 1.0)
+            freed = (ended[ki, j] + eps * prior) / (outlived[ki, j - 1] + eps)
+            freed = min(max(freed, 1e-3), 1.0 - 1e-3)
+            out[i, j] = alive * freed
+            out[i, k - 1] = alive * (1.0 - freed)
+
+
 def lifetime_answers(
     table: pa.Table, majority: dict[str, np.ndarray], eps: float = 0.1
 ) -> dict[str, ReuseAnswers]:
@@ -150,6 +206,17 @@ def lifetime_answers(
             p = np.empty_like(p_ord)
             p[order] = p_ord
             probs[name] = p[rows]
+        # the censoring-aware counter: what is known of the earlier blocks, freed or still live
+        events = censored_events(starts, outlived_at(table, order, starts, question), due)
+        p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
+        key = hedge_keys(site, req_cls)[order]
+        _survival(
+            starts, ask, key, int(key.max(initial=0)) + 1, *events, label, LIFETIME_CLASSES,
+            SURVIVAL_EPS, p_ord,
+        )  # fmt: skip
+        p = np.empty_like(p_ord)
+        p[order] = p_ord
+        probs[SURVIVAL] = p[rows]
         probs["majority"] = np.broadcast_to(majority[question], (len(rows), LIFETIME_CLASSES))
         out[question] = ReuseAnswers(rows, lab[rows], probs, int((site[rows] < 0).sum()))
     return out

@@ -55,7 +55,10 @@ from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
-PREDICTORS = ("majority", "class_online", "site_online", "table", "network", HEDGED)
+# site_survival: the lifetime question's censoring-aware counter (tasks/learning/lifetime.py)
+PREDICTORS = (
+    "majority", "class_online", "site_online", "site_survival", "table", "network", HEDGED,
+)  # fmt: skip
 # the table (tasks/learning/table.py) answers the reuse question only
 SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32

@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from tasks.learning.labels import LIFETIME_CALL_EDGES, LIFETIME_CLASSES, LIFETIME_NS_EDGES
-from tasks.learning.lifetime import lifetime_answers, lifetime_majority
+from tasks.format.trace_reader import Op
+from tasks.learning.labels import (
+    LIFETIME_CALL_EDGES,
+    LIFETIME_CLASSES,
+    LIFETIME_NS_EDGES,
+    process_order,
+)
+from tasks.learning.lifetime import SURVIVAL, lifetime_answers, lifetime_majority
 from tasks.learning.reuse import call_sites
 from tests.tasks.learning.test_labels import _bucket, _cls, _events, _reference
 from tests.tasks.learning.test_reuse import _with_callers
@@ -78,3 +84,63 @@ def test_a_lifetime_answer_does_not_read_the_calls_after_it():
         np.testing.assert_array_equal(a[q].rows[early_a], b[q].rows[early_b])
         for name in ("class_online", "site_online"):
             np.testing.assert_array_equal(a[q].probs[name][early_a], b[q].probs[name][early_b])
+
+
+def test_the_survival_counter_reads_only_what_is_known_before_the_call():
+    # GIVEN a run, and the same run where every block still live at row `cut` of its process
+    # lives longer or is never freed (all that changes is known only after the cut)
+    t = _with_callers(_events(11, n=400), 11)
+    order, starts = process_order(t)
+    where = np.empty(len(order), np.int64)
+    where[order] = np.arange(len(order))
+    cut = 250
+    calls = t.column("lifetime_calls")
+    never = np.asarray(calls.is_null().to_numpy(zero_copy_only=False), bool)
+    life = calls.fill_null(0).to_numpy()
+    later = ~never & (where + life > cut)  # freed after the cut (process rows ~ table rows here)
+    longer = pa.array(np.where(later, life + 5000, life), mask=never | (later & (life % 2 == 0)))
+    ns = t.column("lifetime_ns")
+    ns2 = pa.array(
+        np.where(later, ns.fill_null(0).to_numpy() * 1000, ns.fill_null(0).to_numpy()),
+        mask=never | (later & (life % 2 == 0)),
+    )
+    u = t.set_column(t.column_names.index("lifetime_calls"), "lifetime_calls", longer)
+    u = u.set_column(u.column_names.index("lifetime_ns"), "lifetime_ns", ns2)
+    maj = lifetime_majority([t])
+    a, b = lifetime_answers(t, maj), lifetime_answers(u, maj)
+    # THEN every answer at or before the cut is the same
+    for q in ("lifetime_calls",):
+        early = where[a[q].rows] <= cut
+        np.testing.assert_array_equal(a[q].rows, b[q].rows)
+        np.testing.assert_array_equal(a[q].probs[SURVIVAL][early], b[q].probs[SURVIVAL][early])
+        assert not np.array_equal(a[q].probs[SURVIVAL][~early], b[q].probs[SURVIVAL][~early])
+
+
+def test_the_survival_counter_learns_long_lives_before_any_free():
+    # GIVEN one process and one call site whose 64-byte blocks are never freed
+    n = 2000
+    t = pa.table(
+        {
+            "pid": pa.array(np.full(n, 7, np.uint32)),
+            "thread": pa.array(np.zeros(n, np.uint16)),
+            "seq": pa.array(np.arange(n, dtype=np.uint64)),
+            "time_ns": pa.array(np.arange(n, dtype=np.int64) * 1000),
+            "op": pa.array(np.full(n, int(Op.MALLOC), np.uint8)),
+            "size": pa.array(np.full(n, 64, np.uint64)),
+            "addr": pa.array(0x1000 + np.arange(n, dtype=np.uint64) * 64),
+            "freed_size": pa.nulls(n, pa.uint64()),
+            "lifetime_ns": pa.nulls(n, pa.int64()),
+            "lifetime_calls": pa.nulls(n, pa.int64()),
+        }
+    )
+    got = lifetime_answers(t, lifetime_majority([t]))["lifetime_calls"]
+    # THEN the counters of freed blocks never learn a thing, the survival counter does: blocks
+    # have outlived 16 and 256 calls, so those classes are all but ruled out (what lies past
+    # the oldest block's age, 2000 calls, it cannot know yet)
+    last = got.probs[SURVIVAL][-1]
+    assert last[:2].sum() < 0.01 and last[2:].sum() > 0.99
+    np.testing.assert_allclose(got.probs["site_online"][-1], 1 / LIFETIME_CLASSES)
+    # at the first call it knows nothing: even hazards, 1/2 a class
+    np.testing.assert_allclose(
+        got.probs[SURVIVAL][0], [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 32]
+    )

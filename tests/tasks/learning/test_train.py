@@ -10,6 +10,7 @@ pytest.importorskip("keras")
 from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.hedge import HEDGED  # noqa: E402
+from tasks.learning.lifetime import SURVIVAL  # noqa: E402
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
@@ -82,7 +83,10 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
         HEDGED,
     }
     for q in ("lifetime_calls", "lifetime_time"):
-        assert by_question[q] == {"majority", "class_online", "site_online", "network", HEDGED}
+        # and the lifetime's censoring-aware counter
+        assert by_question[q] == {
+            "majority", "class_online", "site_online", SURVIVAL, "network", HEDGED
+        }  # fmt: skip
     assert all(np.isfinite(s.log_loss) for s in outcome.question_scores)
     assert [a.table for a in outcome.table_agreement] == ["unseen_runs", "unseen_programs"]
     for a in outcome.table_agreement:
