@@ -218,7 +218,9 @@ def lifetime_answers(
         p[order] = p_ord
         probs[SURVIVAL] = p[rows]
         probs["majority"] = np.broadcast_to(majority[question], (len(rows), LIFETIME_CLASSES))
-        out[question] = ReuseAnswers(rows, lab[rows], probs, int((site[rows] < 0).sum()))
+        out[question] = ReuseAnswers(
+            rows, lab[rows], probs, int((site[rows] < 0).sum()), learnt=events
+        )
     return out
 
 

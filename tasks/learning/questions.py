@@ -18,13 +18,12 @@ from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_R
 from tasks.learning.hedge import (
     EXPERTS,
     HEDGED,
-    censored_events,
     due_events,
     hedge_keys,
     hedged,
 )
 from tasks.learning.labels import process_order, request_and_free_classes
-from tasks.learning.lifetime import lifetime_answers, lifetime_majority, outlived_at
+from tasks.learning.lifetime import lifetime_answers, lifetime_majority
 from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.question_network import (
     PREDICTOR,
@@ -115,18 +114,14 @@ def question_evaluation(
             if net is not None:
                 said = net.answer(question_inputs(t, answers))
                 order, starts = process_order(t)
-                due = label_known_at(t, order, starts)
+                due = label_known_at(t, order, starts)[QUESTION]
                 req_cls, free_cls = request_and_free_classes(t)
                 keys = hedge_keys(call_sites(t), np.maximum(req_cls, free_cls))
                 for q, a in answers.items():
                     a.probs[PREDICTOR] = said[q][a.rows]
                     # the network corrected inside the run by what each predictor got right:
-                    # a lifetime is known in part before the free (the block outlived an edge)
-                    learnt = (
-                        due_events(due[q])
-                        if q == QUESTION
-                        else censored_events(starts, outlived_at(t, order, starts, q), due[q])
-                    )
+                    # a lifetime is known in part before the free (the lifetime counters' events)
+                    learnt = a.learnt if a.learnt is not None else due_events(due)
                     a.probs[HEDGED] = hedged(
                         order, starts, learnt, a.rows, a.labels, [a.probs[e] for e in EXPERTS],
                         keys=keys[a.rows],

@@ -148,6 +148,9 @@ class ReuseAnswers:
     probs: dict[str, np.ndarray]  # predictor -> float64 [m, REUSE_CLASSES]
     without_site: int  # scored rows with no call site
     table_covered: np.ndarray | None = None  # bool [m]: the table has the free's class
+    # when each answer's label became known, in part or whole (hedge.py's events, process
+    # order): the lifetime counters' own, which the hedged network reads too
+    learnt: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def reuse_answers(

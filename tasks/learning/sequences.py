@@ -114,16 +114,20 @@ def read_run(root: Root, workload: str, run: str) -> TokenRun:
     return token_run(read_events_run(root, workload, run, COLUMNS), workload, run)
 
 
+def thread_key(table: pa.Table) -> np.ndarray:
+    """uint64 per row: its thread, (pid << 16) | thread (a run's threads in this key's order)."""
+    pid = table.column("pid").to_numpy().astype(np.uint64)
+    return (pid << np.uint64(16)) | table.column("thread").to_numpy().astype(np.uint64)
+
+
 def token_run(table: pa.Table, workload: str, run: str) -> TokenRun:
     """The tokens of one run's events (columns pid, thread, seq, token; any row order), per
     thread (per (pid, thread)), each thread ordered by seq."""
     if table.num_rows == 0:
         raise ValueError(f"run {workload}/{run} has no events")
-    pid = table.column("pid").to_numpy().astype(np.uint64)
-    thread = table.column("thread").to_numpy().astype(np.uint64)
     seq = table.column("seq").to_numpy()
     token = table.column("token").to_numpy().astype(np.uint8)
-    key = (pid << np.uint64(16)) | thread
+    key = thread_key(table)
     # Parts arrive in call order (a process's calls in time order, threads interleaved): sort
     # only when needed (a stable lexsort otherwise).
     if len(key) > 1 and not (
@@ -146,9 +150,7 @@ def head_rows(table: pa.Table, max_tokens: int | None) -> pa.Table:
     answers are made on the same calls. None, or a cap the run fits in: the table itself."""
     if max_tokens is None or table.num_rows <= max_tokens:
         return table
-    pid = table.column("pid").to_numpy().astype(np.uint64)
-    thread = table.column("thread").to_numpy().astype(np.uint64)
-    order = np.lexsort((table.column("seq").to_numpy(), (pid << np.uint64(16)) | thread))
+    order = np.lexsort((table.column("seq").to_numpy(), thread_key(table)))
     keep = np.zeros(table.num_rows, bool)
     keep[order[:max_tokens]] = True
     return table.filter(pa.array(keep))
