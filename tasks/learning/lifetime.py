@@ -128,19 +128,22 @@ def outlived_at(
 
 
 SURVIVAL = "site_survival"
+NETWORK_SURVIVAL = "network_survival"  # the same, from the network's answer (questions.py)
 SURVIVAL_EPS = 4.0  # blocks' worth of the process's hazards in a site's own estimate
 
 
 @njit(cache=True)
-def _survival(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, k, eps, out):
+def _survival(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, k, eps, prior, out):
     """out[i] at every allocation row i (ask[i] >= 0): from the process's earlier allocations of
     i's key, what became known of them by row i (events as tasks/learning/hedge.py's
     censored_events: ev_j >= 0, the block outlived edge ev_j; ev_j < 0, its free with its class),
     the discrete Kaplan-Meier estimate: for each class j below the last edge, the hazard
     ended[j] / (ended[j] + outlived[j]) (a block still inside class j's interval counts for
-    neither), each shrunk toward the process's own hazard with `eps` blocks' weight; past the
-    last edge, the blocks freed so far against those not (yet) freed split the rest between
-    "later" and "never freed". Rows in process call order."""
+    neither), each shrunk toward a prior hazard with `eps` blocks' weight; past the last edge,
+    the blocks freed so far against those not (yet) freed split the rest between "later" and
+    "never freed", shrunk the same way. The prior: row i's own distribution prior[i] where it
+    has one (a row of prior summing to > 0: the network's answer at i), else the process's
+    hazards so far. Rows in process call order; prior float64 [n, k] or [0, k] for none."""
     ended = np.zeros((n_keys, k))
     outlived = np.zeros((n_keys, k))
     p_ended = np.zeros(k)
@@ -164,18 +167,79 @@ def _survival(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, k, eps, o
             p += 1
         if ask[i] >= 0:
             ki = key[i]
+            given = False
+            if prior.shape[0] > 0:
+                given = prior[i].sum() > 0.0
             alive = 1.0
             for j in range(k - 2):
-                prior = (p_ended[j] + 0.5) / (p_ended[j] + p_outlived[j] + 1.0)
-                h = (ended[ki, j] + eps * prior) / (ended[ki, j] + outlived[ki, j] + eps)
+                if given:  # the prior's hazard: P(j) / P(>= j), kept off 0 and 1
+                    rest = 0.0
+                    for c in range(j, k):
+                        rest += prior[i, c]
+                    h0 = min(max(prior[i, j] / max(rest, 1e-12), 1e-6), 1.0 - 1e-6)
+                else:
+                    h0 = (p_ended[j] + 0.5) / (p_ended[j] + p_outlived[j] + 1.0)
+                h = (ended[ki, j] + eps * h0) / (ended[ki, j] + outlived[ki, j] + eps)
                 out[i, j] = alive * h
                 alive *= 1.0 - h
             j = k - 2  # past the last edge: freed since, or not (yet)
-            prior = min((p_ended[j] + 0.5) / (p_outlived[j - 1] + 1.0), 1.0)
-            freed = (ended[ki, j] + eps * prior) / (outlived[ki, j - 1] + eps)
+            if given:
+                tail = max(prior[i, j] + prior[i, j + 1], 1e-12)
+                f0 = min(max(prior[i, j] / tail, 1e-3), 1.0 - 1e-3)
+            else:
+                f0 = min((p_ended[j] + 0.5) / (p_outlived[j - 1] + 1.0), 1.0)
+            freed = (ended[ki, j] + eps * f0) / (outlived[ki, j - 1] + eps)
             freed = min(max(freed, 1e-3), 1.0 - 1e-3)
             out[i, j] = alive * freed
             out[i, k - 1] = alive * (1.0 - freed)
+
+
+def _survival_at(
+    order: np.ndarray,
+    starts: np.ndarray,
+    req_cls: np.ndarray,
+    site: np.ndarray,
+    label: np.ndarray,
+    events: tuple[np.ndarray, np.ndarray, np.ndarray],
+    prior: np.ndarray | None = None,
+) -> np.ndarray:
+    """float64 [n, LIFETIME_CLASSES] in table order: _survival over one run (req_cls, site,
+    label, prior per row in table order; events in process order)."""
+    n = len(order)
+    key = hedge_keys(site, req_cls)[order]
+    ask = np.ascontiguousarray(req_cls[order])
+    lab = np.ascontiguousarray(np.maximum(label[order], 0).astype(np.int64))
+    pri = np.zeros((0, LIFETIME_CLASSES)) if prior is None else np.ascontiguousarray(prior[order])
+    p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
+    _survival(
+        np.ascontiguousarray(starts), ask, key, int(key.max(initial=0)) + 1, *events, lab,
+        LIFETIME_CLASSES, SURVIVAL_EPS, pri, p_ord,
+    )  # fmt: skip
+    p = np.empty_like(p_ord)
+    p[order] = p_ord
+    return p
+
+
+def network_survival(
+    order: np.ndarray,
+    starts: np.ndarray,
+    req_cls: np.ndarray,
+    site: np.ndarray,
+    answers: ReuseAnswers,
+    network: np.ndarray,
+) -> np.ndarray:
+    """float64 [m, k] at answers.rows (one lifetime question's, with its learnt events): the
+    network's answer at each allocation as the prior of site_survival's estimate, which the
+    process's own blocks of that site and class then correct. Why: the network knows from other
+    programs what a process's own short history cannot (blocks freed at exit, a phase to come);
+    the site's blocks say where this program departs from it. Causal as site_survival is."""
+    n = len(order)
+    label = np.zeros(n, np.int64)
+    label[answers.rows] = answers.labels
+    prior = np.zeros((n, LIFETIME_CLASSES), np.float64)
+    prior[answers.rows] = network
+    assert answers.learnt is not None, "a lifetime question's answers carry their events"
+    return _survival_at(order, starts, req_cls, site, label, answers.learnt, prior)[answers.rows]
 
 
 def lifetime_answers(
@@ -208,15 +272,7 @@ def lifetime_answers(
             probs[name] = p[rows]
         # the censoring-aware counter: what is known of the earlier blocks, freed or still live
         events = censored_events(starts, outlived_at(table, order, starts, question), due)
-        p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
-        key = hedge_keys(site, req_cls)[order]
-        _survival(
-            starts, ask, key, int(key.max(initial=0)) + 1, *events, label, LIFETIME_CLASSES,
-            SURVIVAL_EPS, p_ord,
-        )  # fmt: skip
-        p = np.empty_like(p_ord)
-        p[order] = p_ord
-        probs[SURVIVAL] = p[rows]
+        probs[SURVIVAL] = _survival_at(order, starts, req_cls, site, lab, events)[rows]
         probs["majority"] = np.broadcast_to(majority[question], (len(rows), LIFETIME_CLASSES))
         out[question] = ReuseAnswers(
             rows, lab[rows], probs, int((site[rows] < 0).sum()), learnt=events

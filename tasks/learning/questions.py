@@ -23,7 +23,12 @@ from tasks.learning.hedge import (
     hedged,
 )
 from tasks.learning.labels import process_order, request_and_free_classes
-from tasks.learning.lifetime import lifetime_answers, lifetime_majority
+from tasks.learning.lifetime import (
+    NETWORK_SURVIVAL,
+    lifetime_answers,
+    lifetime_majority,
+    network_survival,
+)
 from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.question_network import (
     PREDICTOR,
@@ -116,15 +121,22 @@ def question_evaluation(
                 order, starts = process_order(t)
                 due = label_known_at(t, order, starts)[QUESTION]
                 req_cls, free_cls = request_and_free_classes(t)
-                keys = hedge_keys(call_sites(t), np.maximum(req_cls, free_cls))
+                sites = call_sites(t)
                 for q, a in answers.items():
                     a.probs[PREDICTOR] = said[q][a.rows]
+                    if q != QUESTION:
+                        a.probs[NETWORK_SURVIVAL] = network_survival(
+                            order, starts, req_cls, sites, a, a.probs[PREDICTOR]
+                        )
                     # the network corrected inside the run by what each predictor got right:
                     # a lifetime is known in part before the free (the lifetime counters' events)
                     learnt = a.learnt if a.learnt is not None else due_events(due)
+                    # keyed by the class the question is about: the freed block's for reuse,
+                    # the requested one's for a lifetime (they differ at a realloc)
+                    keys = hedge_keys(sites, free_cls if q == QUESTION else req_cls)
                     a.probs[HEDGED] = hedged(
-                        order, starts, learnt, a.rows, a.labels, [a.probs[e] for e in EXPERTS],
-                        keys=keys[a.rows],
+                        order, starts, learnt, a.rows, a.labels,
+                        [a.probs[e] for e in EXPERTS if e in a.probs], keys=keys[a.rows],
                     )  # fmt: skip
                 kept[(w, r)] = RunAnswers(
                     w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])

@@ -16,9 +16,10 @@ a known size of an evaluation run, from the calls before it only:
 - network: the questions' own recurrent network (tasks/learning/question_network.py), trained on
   the training runs, reading the process's calls and these counters' answers; added by
   tasks/learning/questions.py when the config trains it.
-- network_hedged: the network and the two counters mixed inside the run, per call site and
-  class, by how well each has answered there so far (tasks/learning/hedge.py): on a program
-  whose habits the network never saw, it follows the counter where the counter is right.
+- network_hedged: the network and the two counters (for a lifetime, also network_survival)
+  mixed inside the run, per call site and class, by how well each has answered there so far
+  (tasks/learning/hedge.py): on a program whose habits the network never saw, it follows the
+  counter where the counter is right.
 
 The call site is caller_module + caller_offset (the module's path and the offset in it, which
 survive ASLR), hashed to SITE_VOCABULARY buckets. Compiled (numba), one pass per run.
@@ -55,9 +56,11 @@ from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
-# site_survival: the lifetime question's censoring-aware counter (tasks/learning/lifetime.py)
+# site_survival, network_survival: the lifetime questions' censoring-aware estimates
+# (tasks/learning/lifetime.py)
 PREDICTORS = (
-    "majority", "class_online", "site_online", "site_survival", "table", "network", HEDGED,
+    "majority", "class_online", "site_online", "site_survival", "table", "network",
+    "network_survival", HEDGED,
 )  # fmt: skip
 # the table (tasks/learning/table.py) answers the reuse question only
 SITE_VOCABULARY = 4096

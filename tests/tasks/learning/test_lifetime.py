@@ -11,8 +11,14 @@ from tasks.learning.labels import (
     LIFETIME_CLASSES,
     LIFETIME_NS_EDGES,
     process_order,
+    request_and_free_classes,
 )
-from tasks.learning.lifetime import SURVIVAL, lifetime_answers, lifetime_majority
+from tasks.learning.lifetime import (
+    SURVIVAL,
+    lifetime_answers,
+    lifetime_majority,
+    network_survival,
+)
 from tasks.learning.reuse import call_sites
 from tests.tasks.learning.test_labels import _bucket, _cls, _events, _reference
 from tests.tasks.learning.test_reuse import _with_callers
@@ -116,10 +122,9 @@ def test_the_survival_counter_reads_only_what_is_known_before_the_call():
         assert not np.array_equal(a[q].probs[SURVIVAL][~early], b[q].probs[SURVIVAL][~early])
 
 
-def test_the_survival_counter_learns_long_lives_before_any_free():
-    # GIVEN one process and one call site whose 64-byte blocks are never freed
-    n = 2000
-    t = pa.table(
+def _never_freed(n: int) -> pa.Table:
+    """One process, one call site, n 64-byte blocks never freed."""
+    return pa.table(
         {
             "pid": pa.array(np.full(n, 7, np.uint32)),
             "thread": pa.array(np.zeros(n, np.uint16)),
@@ -133,6 +138,11 @@ def test_the_survival_counter_learns_long_lives_before_any_free():
             "lifetime_calls": pa.nulls(n, pa.int64()),
         }
     )
+
+
+def test_the_survival_counter_learns_long_lives_before_any_free():
+    # GIVEN one process and one call site whose 64-byte blocks are never freed
+    t = _never_freed(2000)
     got = lifetime_answers(t, lifetime_majority([t]))["lifetime_calls"]
     # THEN the counters of freed blocks never learn a thing, the survival counter does: blocks
     # have outlived 16 and 256 calls, so those classes are all but ruled out (what lies past
@@ -144,3 +154,53 @@ def test_the_survival_counter_learns_long_lives_before_any_free():
     np.testing.assert_allclose(
         got.probs[SURVIVAL][0], [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 32]
     )
+
+
+def _network_survival(t: pa.Table, question: str, network: np.ndarray) -> np.ndarray:
+    a = lifetime_answers(t, lifetime_majority([t]))[question]
+    order, starts = process_order(t)
+    req_cls, _ = request_and_free_classes(t)
+    return network_survival(order, starts, req_cls, call_sites(t), a, network)
+
+
+def test_the_network_survival_starts_from_the_network_and_learns_the_sites_own_lives():
+    # GIVEN a network sure that every block is freed within 16 calls (class 0), at a site whose
+    # blocks are never freed
+    t = _never_freed(2000)
+    net = np.tile([0.97, 0.01, 0.01, 0.005, 0.0025, 0.0025], (t.num_rows, 1))
+    got = _network_survival(t, "lifetime_calls", net)
+    # THEN at the first call, with nothing known of the site, it answers as the network
+    np.testing.assert_allclose(got[0], net[0], atol=1e-6)
+    # and once the site's blocks have outlived 16 and 256 calls, it no longer believes it
+    assert got[-1][:2].sum() < 0.01 and got[-1][2:].sum() > 0.99
+
+
+def test_the_network_survival_reads_only_what_is_known_before_the_call():
+    # GIVEN a run, the network's answers at its allocations, and the same run where every block
+    # freed after row `cut` of its process lives longer (known only after the cut), with the
+    # network's answers after the cut changed too
+    t = _with_callers(_events(12, n=400), 12)
+    order, starts = process_order(t)
+    where = np.empty(len(order), np.int64)
+    where[order] = np.arange(len(order))
+    cut = 250
+    calls = t.column("lifetime_calls")
+    never = np.asarray(calls.is_null().to_numpy(zero_copy_only=False), bool)
+    life = calls.fill_null(0).to_numpy()
+    later = ~never & (where + life > cut)
+    u = t.set_column(
+        t.column_names.index("lifetime_calls"),
+        "lifetime_calls",
+        pa.array(np.where(later, life + 5000, life), mask=never),
+    )
+    rows = lifetime_answers(t, lifetime_majority([t]))["lifetime_calls"].rows
+    rng = np.random.default_rng(0)
+    net = rng.dirichlet(np.ones(LIFETIME_CLASSES), len(rows))
+    net2 = np.where((where[rows] > cut)[:, None], net[::-1], net)
+    a = _network_survival(t, "lifetime_calls", net)
+    b = _network_survival(u, "lifetime_calls", net2)
+    # THEN every answer at or before the cut is the same, and some later ones differ
+    early = where[rows] <= cut
+    np.testing.assert_array_equal(a[early], b[early])
+    assert not np.array_equal(a[~early], b[~early])
+    np.testing.assert_allclose(a.sum(axis=1), 1.0)

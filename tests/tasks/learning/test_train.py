@@ -10,7 +10,7 @@ pytest.importorskip("keras")
 from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.hedge import HEDGED  # noqa: E402
-from tasks.learning.lifetime import SURVIVAL  # noqa: E402
+from tasks.learning.lifetime import NETWORK_SURVIVAL, SURVIVAL  # noqa: E402
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
@@ -83,9 +83,10 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
         HEDGED,
     }
     for q in ("lifetime_calls", "lifetime_time"):
-        # and the lifetime's censoring-aware counter
+        # and the lifetime's censoring-aware counter, alone and from the network's answer
         assert by_question[q] == {
-            "majority", "class_online", "site_online", SURVIVAL, "network", HEDGED
+            "majority", "class_online", "site_online", SURVIVAL, "network", NETWORK_SURVIVAL,
+            HEDGED,
         }  # fmt: skip
     assert all(np.isfinite(s.log_loss) for s in outcome.question_scores)
     assert [a.table for a in outcome.table_agreement] == ["unseen_runs", "unseen_programs"]
