@@ -36,8 +36,7 @@ from tasks.learning.reuse import call_sites, read_events  # noqa: E402
 from tasks.learning.sequences import head_rows  # noqa: E402
 from tasks.learning.table import keep_soon  # noqa: E402
 from tasks.registry.answers import fetch_answers  # noqa: E402
-from tasks.registry.tracking import tracking_for  # noqa: E402
-from tasks.whatif.night import WhatifParams, model_ref, resolve_model  # noqa: E402
+from tasks.whatif.night import WhatifParams, registered_ref  # noqa: E402
 
 TABLES = (
     ("unseen_runs", "eval_runs"),
@@ -60,10 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/results/table_bound.json"))
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
-    tracking = tracking_for(root)
-    params = WhatifParams(root=root.url)
-    model = resolve_model.fn(params, tracking)
-    ref = model_ref.fn(model, params, tracking)
+    ref = registered_ref(WhatifParams(root=root.url))
+    model = ref.model
 
     import mlflow  # deferred: start-up time
 

@@ -32,13 +32,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.registry.tracking import tracking_for  # noqa: E402
 from tasks.whatif.night import (  # noqa: E402
     WhatifParams,
     load_predictor,
-    model_ref,
+    registered_ref,
     replay_run,
-    resolve_model,
     smallest_run_per_workload,
 )
 
@@ -59,11 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/results/whatif_answers.json"))
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
-    tracking = tracking_for(root)
     logged = WhatifParams(root=root.url)
     again = WhatifParams(root=root.url, recompute=True)
-    model = resolve_model.fn(logged, tracking)
-    ref = model_ref.fn(model, logged, tracking)
+    ref = registered_ref(logged)
     predictor = load_predictor.fn(ref)
     t0 = time.perf_counter()
     if predictor.model is None or predictor.questions is None:  # loads both, once

@@ -37,7 +37,6 @@ from tasks.core.storage import Root  # noqa: E402
 from tasks.learning.model import predict_positions  # noqa: E402
 from tasks.learning.online import OnlineCounter  # noqa: E402
 from tasks.learning.sequences import eval_positions, read_run  # noqa: E402
-from tasks.registry.tracking import tracking_for  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
 from tasks.whatif.guided import (  # noqa: E402
     keep_at_free,
@@ -51,7 +50,7 @@ from tasks.whatif.night import (  # noqa: E402
     WhatifParams,
     _top_per_row,
     load_predictor,
-    resolve_model,
+    registered_ref,
 )
 from tasks.whatif.policies import (  # noqa: E402
     GuidedConfig,
@@ -138,7 +137,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/results/whatif_causal.json"))
     a = ap.parse_args()
     root = Root.from_url(a.root)
-    ref = resolve_model.fn(WhatifParams(root=a.root, model=a.model), tracking_for(root))
+    ref = registered_ref(WhatifParams(root=a.root, model=a.model))
     predictor = load_predictor.fn(ref)
     df = replay(root, ref, predictor)
     rows = against_heuristics(df)

@@ -125,7 +125,7 @@ from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
 from tasks.registry.headline import whatif_metrics as headline_metrics
-from tasks.registry.tracking import TrackingConfig, configure, resolve_target
+from tasks.registry.tracking import TrackingConfig, configure, resolve_target, tracking_for
 from tasks.whatif.events import prepare, read_events
 from tasks.whatif.guided import (
     align_token_run,
@@ -421,6 +421,13 @@ def model_ref(model: RegisteredModel, params: WhatifParams, tracking: TrackingCo
     config (config.json of its run)."""
     runs = parse_runs(params.runs) if params.runs is not None else list(model.evaluation_runs)
     return ModelRef(model, tuple(runs), champion_config(_client(tracking), model))
+
+
+def registered_ref(params: WhatifParams) -> ModelRef:
+    """The version `params.model` names, resolved as the whatif flow does at its edge, outside a
+    flow (the benchmarks that read a version's runs and answers)."""
+    tracking = tracking_for(Root.from_url(params.root))
+    return model_ref.fn(resolve_model.fn(params, tracking), params, tracking)
 
 
 @task(name="whatif-load-model", cache_policy=NO_CACHE)
