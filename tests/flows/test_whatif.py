@@ -23,7 +23,7 @@ from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams
 from tasks.registry.tracking import configure, resolve_target, tracking_for
-from tasks.whatif.night import ARTIFACT_KEY, WhatifParams
+from tasks.whatif.night import ARTIFACT_KEY, WhatifParams, registered_ref
 from tests.flows.flow_harness import TINY_TRAINING_BETA_HELD_OUT, latest_artifact
 
 GRID = [
@@ -116,6 +116,10 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     logged = {a.path for a in client.list_artifacts(model.run_id, "answers/beta")}
     assert logged and {f"answers/beta/{r}.npz" for w, r in evaluated[1:]} == logged
     assert "answered here" not in page and "first 1,500 tokens" in page
+    # outside a flow (the benchmarks), the same version, runs and cap
+    ref = registered_ref(WhatifParams(root=root.url))
+    assert (ref.version, ref.run_id, ref.max_eval_tokens) == ("1", model.run_id, 1500)
+    assert sorted(ref.runs) == sorted(evaluated)
     # and they are the very answers the networks give when asked again
     again = whatif(WhatifParams(root=root.url, policies=GRID, idle_budget=1 << 16, recompute=True))
     assert again.runs_ok == summary.runs_ok
