@@ -233,12 +233,13 @@ def network_survival(
     process's own blocks of that site and class then correct. Why: the network knows from other
     programs what a process's own short history cannot (blocks freed at exit, a phase to come);
     the site's blocks say where this program departs from it. Causal as site_survival is."""
+    if answers.learnt is None:
+        raise ValueError("network_survival needs a lifetime question's answers (with its events)")
     n = len(order)
     label = np.zeros(n, np.int64)
     label[answers.rows] = answers.labels
     prior = np.zeros((n, LIFETIME_CLASSES), np.float64)
     prior[answers.rows] = network
-    assert answers.learnt is not None, "a lifetime question's answers carry their events"
     return _survival_at(order, starts, req_cls, site, label, answers.learnt, prior)[answers.rows]
 
 

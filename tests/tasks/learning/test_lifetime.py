@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from tasks.format.trace_reader import Op
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
     LIFETIME_CLASSES,
     LIFETIME_NS_EDGES,
+    REUSE_CLASSES,
     process_order,
     request_and_free_classes,
 )
@@ -19,7 +21,7 @@ from tasks.learning.lifetime import (
     lifetime_majority,
     network_survival,
 )
-from tasks.learning.reuse import call_sites
+from tasks.learning.reuse import call_sites, reuse_answers
 from tests.tasks.learning.test_labels import _bucket, _cls, _events, _reference
 from tests.tasks.learning.test_reuse import _with_callers
 
@@ -204,3 +206,15 @@ def test_the_network_survival_reads_only_what_is_known_before_the_call():
     np.testing.assert_array_equal(a[early], b[early])
     assert not np.array_equal(a[~early], b[~early])
     np.testing.assert_allclose(a.sum(axis=1), 1.0)
+
+
+def test_the_network_survival_refuses_answers_that_are_not_a_lifetimes():
+    # GIVEN the reuse question's answers, which carry no lifetime events
+    t = _with_callers(_events(13, n=200), 13)
+    reuse = reuse_answers(t, np.full(REUSE_CLASSES, 1.0 / REUSE_CLASSES))
+    order, starts = process_order(t)
+    req_cls, _ = request_and_free_classes(t)
+    net = np.full((len(reuse.rows), LIFETIME_CLASSES), 1.0 / LIFETIME_CLASSES)
+    # THEN it says what it needs rather than answer from nothing
+    with pytest.raises(ValueError, match="lifetime question"):
+        network_survival(order, starts, req_cls, call_sites(t), reuse, net)
