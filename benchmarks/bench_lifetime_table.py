@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
 from tasks.learning.labels import LIFETIME_CLASSES, request_and_free_classes  # noqa: E402
-from tasks.learning.lifetime import QUESTIONS, lifetime_answers  # noqa: E402
-from tasks.learning.reuse import MIN_PROB, call_sites, read_events, reuse_answers  # noqa: E402
+from tasks.learning.lifetime import QUESTIONS  # noqa: E402
+from tasks.learning.reuse import MIN_PROB, call_sites, read_events  # noqa: E402
 from tasks.learning.sequences import head_rows  # noqa: E402
 from tasks.whatif.night import WhatifParams, parse_runs, registered_ref  # noqa: E402
 
@@ -52,18 +52,10 @@ COUNTERS = ("class_online", "site_online", "site_survival")
 
 def answered(root: Root, network, w: str, r: str, cap: int | None) -> dict:
     """One run's allocations: their keys, true classes, the network's and the counters' answers."""
-    from tasks.learning.question_network import (  # deferred: Keras' start-up
-        QuestionNetwork,
-        question_inputs,
-    )
+    from tasks.learning.question_network import network_answers  # deferred: Keras' start-up
 
     t = head_rows(read_events(root, w, r), cap)
-    flat = np.full(LIFETIME_CLASSES, 1.0 / LIFETIME_CLASSES)
-    answers = {
-        "reuse": reuse_answers(t, np.full(5, 0.2)),
-        **lifetime_answers(t, {q: flat for q in QUESTIONS}),
-    }
-    said = QuestionNetwork(network, 0, 0, 0.0).answer(question_inputs(t, answers))
+    answers, said = network_answers(t, network)
     req, _ = request_and_free_classes(t)
     site = call_sites(t) + 1
     out = {}

@@ -302,17 +302,24 @@ def load_question_network(path: str | Path) -> keras.Model:
     return keras.models.load_model(path, compile=False)
 
 
-def soon_probability(table: pa.Table, model: keras.Model) -> np.ndarray:
-    """float64 per row of an events table (LABEL_COLUMNS, callers where traced): the network's
-    P(the class the row frees is requested again within REUSE_EDGES[SOON_CLASS] calls of the
-    process), NaN where the row frees no block of known size. Causal: its answer at the free."""
+def network_answers(
+    table: pa.Table, model: keras.Model
+) -> tuple[dict[str, ReuseAnswers], dict[str, np.ndarray]]:
+    """A logged network's answers on an events table (LABEL_COLUMNS, callers where traced):
+    (the counters' answers it reads, {question: its answer at every row, TABLE row order})."""
     flat = {q: np.full(k, 1.0 / k) for q, k in QUESTION_CLASSES.items()}
     answers = {  # the majority is not an input (only the class and site counters are)
         "reuse": reuse_answers(table, flat["reuse"]),
         **lifetime_answers(table, {q: flat[q] for q in ("lifetime_calls", "lifetime_time")}),
     }
-    said = QuestionNetwork(model, 0, 0, 0.0).answer(question_inputs(table, answers))["reuse"]
-    return soon_of(table, said)
+    return answers, QuestionNetwork(model, 0, 0, 0.0).answer(question_inputs(table, answers))
+
+
+def soon_probability(table: pa.Table, model: keras.Model) -> np.ndarray:
+    """float64 per row of an events table (LABEL_COLUMNS, callers where traced): the network's
+    P(the class the row frees is requested again within REUSE_EDGES[SOON_CLASS] calls of the
+    process), NaN where the row frees no block of known size. Causal: its answer at the free."""
+    return soon_of(table, network_answers(table, model)[1]["reuse"])
 
 
 def soon_of(table: pa.Table, reuse: np.ndarray) -> np.ndarray:

@@ -94,18 +94,24 @@ def test_a_lifetime_answer_does_not_read_the_calls_after_it():
             np.testing.assert_array_equal(a[q].probs[name][early_a], b[q].probs[name][early_b])
 
 
+def _freed_after(t: pa.Table, cut: int) -> tuple[np.ndarray, ...]:
+    """(each row's place in its process's call order, never freed, lifetime in calls, freed
+    after row `cut` of the process) per row of `t` (process rows ~ table rows here)."""
+    order, _ = process_order(t)
+    where = np.empty(len(order), np.int64)
+    where[order] = np.arange(len(order))
+    calls = t.column("lifetime_calls")
+    never = np.asarray(calls.is_null().to_numpy(zero_copy_only=False), bool)
+    life = calls.fill_null(0).to_numpy()
+    return where, never, life, ~never & (where + life > cut)
+
+
 def test_the_survival_counter_reads_only_what_is_known_before_the_call():
     # GIVEN a run, and the same run where every block still live at row `cut` of its process
     # lives longer or is never freed (all that changes is known only after the cut)
     t = _with_callers(_events(11, n=400), 11)
-    order, starts = process_order(t)
-    where = np.empty(len(order), np.int64)
-    where[order] = np.arange(len(order))
     cut = 250
-    calls = t.column("lifetime_calls")
-    never = np.asarray(calls.is_null().to_numpy(zero_copy_only=False), bool)
-    life = calls.fill_null(0).to_numpy()
-    later = ~never & (where + life > cut)  # freed after the cut (process rows ~ table rows here)
+    where, never, life, later = _freed_after(t, cut)
     longer = pa.array(np.where(later, life + 5000, life), mask=never | (later & (life % 2 == 0)))
     ns = t.column("lifetime_ns")
     ns2 = pa.array(
@@ -182,14 +188,8 @@ def test_the_network_survival_reads_only_what_is_known_before_the_call():
     # freed after row `cut` of its process lives longer (known only after the cut), with the
     # network's answers after the cut changed too
     t = _with_callers(_events(12, n=400), 12)
-    order, starts = process_order(t)
-    where = np.empty(len(order), np.int64)
-    where[order] = np.arange(len(order))
     cut = 250
-    calls = t.column("lifetime_calls")
-    never = np.asarray(calls.is_null().to_numpy(zero_copy_only=False), bool)
-    life = calls.fill_null(0).to_numpy()
-    later = ~never & (where + life > cut)
+    where, never, life, later = _freed_after(t, cut)
     u = t.set_column(
         t.column_names.index("lifetime_calls"),
         "lifetime_calls",
