@@ -93,7 +93,7 @@ def run_wait4(argv: list[str], env: dict[str, str]) -> tuple[str, int, int]:
 
 def pair_costs(work: Path, reps: int, pairs: int) -> dict:
     loop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop")
-    arms = ["glibc", "layer-off", "layer-seed002", "layer-guided"]
+    arms = ["glibc", "layer-off", "layer-seed002", "layer-seed001", "layer-guided"]
     cases = {
         "1 thread, 64 B": (1, 64, pairs),
         "8 threads, 64 B": (8, 64, pairs // 4),

@@ -27,26 +27,41 @@
  *  - off: everything passes through (the loading cost alone).
  * Requests are served from the kept blocks by one rule: the most recently kept block that fits
  * (usable >= n and usable - n < n + 4096: at most half a block plus a page wasted) and has the
- * alignment asked for; calloc clears the n bytes. No fit: the next allocator.
+ * alignment asked for (the thread's front first, then the shared cache); calloc clears the n
+ * bytes. No fit: the next allocator.
  *
  * Ownership: the layer makes no blocks of its own; every block is the next allocator's, so
  * realloc, malloc_usable_size & co. of any pointer go there. The layer knows which large blocks
- * it handed out (a set of live blocks >= `min`, with their requested sizes, under one lock):
- * only those are ever kept. A free of anything else (a foreign pointer, a block made before the
- * layer started, a double free) goes to the real free as the program made it; a block freed
- * while it is kept (a double free) leaves the cache and both frees reach the real free, which
- * reports it as it would without the layer. Blocks below `min` (the tight loops) never take the
+ * it handed out (a set of live blocks >= `min`, with their requested sizes): only those are
+ * ever kept. A free of anything else (a foreign pointer, a block made before the layer started,
+ * a double free) goes to the real free as the program made it; a block freed while it is kept
+ * (a double free, from any thread) leaves the cache and both frees reach the real free, which
+ * reports it as it would without the layer. Blocks below `min` (the tight loops) never take a
  * lock: malloc adds one compare, free one malloc_usable_size.
  *
- * Threads: one mutex over the kept blocks and the live set, taken only for blocks >= `min`,
- * whose real cost is an mmap or munmap (microseconds); syscalls (madvise) and the real
- * allocator are called outside it. The mutex is glibc's adaptive kind (it spins a little before
- * sleeping): its holds are tens of ns, and 8 threads freeing and taking 256 KiB blocks on 2 cores
- * paid 310-440 ns a pair with the plain kind, 170-210 with it (benchmarks/bench_layer.py; glibc
- * 27-30 there, since its dynamic mmap threshold keeps such blocks in its heap). One lock for the
- * whole cache is still the layer's limit under many threads: see that benchmark's figures. The predictor is per thread (initial-exec TLS pointer to an
- * mmapped counter, unmapped by a pthread key destructor). fork: pthread_atfork holds the lock
- * across fork; the child keeps its copy of the kept blocks.
+ * Threads (locks are taken only for blocks >= `min`, whose real cost is an mmap or munmap;
+ * syscalls (madvise) and the real allocator are called outside them; glibc's adaptive mutexes,
+ * which spin a little before sleeping):
+ *  - seed002: one lock over the kept blocks and the live set, as its rule (the n largest in the
+ *    process) needs the whole cache at every free. 8 threads freeing and taking 256 KiB blocks
+ *    on 2 cores pay ~190-250 ns a pair there (glibc ~25-35: its dynamic mmap threshold keeps
+ *    such blocks in its heap; benchmarks/bench_layer.py).
+ *  - seed001, guided: the block a thread kept last waits in the thread's own front (TLS), and
+ *    the thread's next request that it fits takes it back under one of 16 live-set shards'
+ *    locks (by address), never the shared cache's: ~50-70 ns a pair in the same loop (it was
+ *    ~160-280 with one lock). Its live-set slot carries the front's ticket: a second free by
+ *    any thread finds it there (double free, as above), and the front, finding its ticket gone,
+ *    forgets the block without touching it. An older front block moves to the shared cache
+ *    (hl_lock, then a shard's: the one order), under the same rules as any kept block. A front
+ *    counts against the cap through the thread's reservation (the largest block its front
+ *    held); its block is not advised, and decays at the thread's next large call; a thread's
+ *    exit (pthread key destructor) gives it back. So with several threads a block one thread
+ *    keeps in its front is not there for another (the simulator's one cache is exact for one
+ *    thread).
+ * The predictor is per thread (initial-exec TLS pointer to an mmapped counter, unmapped by the
+ * same destructor). fork: pthread_atfork holds every lock across fork; the child keeps its copy
+ * of the shared cache and of the forking thread's front (the other threads' fronts stay out of
+ * reach there: at most one block each, never handed out).
  * Start-up: while dlsym looks up the next allocator, ../bootstrap_pool.h serves allocations;
  * every entry point checks for a function not yet looked up (pool, or ENOMEM for a realloc of a
  * block the pool did not make). Calls before the constructor pass through.
@@ -319,83 +334,126 @@ static struct hl_kept hl_kept[HL_MAX_KEPT];
 static int hl_nkept;
 static uint64_t hl_stamp;
 static size_t hl_bytes_kept;
+static size_t hl_front_bytes; /* the threads' front reservations, counted against the cap */
 
 static struct {
     uint64_t hits, misses, kept, bytes_kept_peak, given_back, bytes_given_back, bytes_advised;
     uint64_t passed, double_frees, untracked, decayed, table_refused;
 } hl_stats;
+/* passed is counted outside hl_lock too (a free the policy declines takes only its shard's) */
+#define HL_COUNT(field) __atomic_fetch_add(&hl_stats.field, 1, __ATOMIC_RELAXED)
 
-/* Live set: the large blocks handed out (key: address, value: requested size), open addressing
- * with linear probing, load <= 1/2, backward-shift deletion; grown by mmap (never malloc). If it
- * cannot grow, the layer stops keeping blocks (hl_active_min = SIZE_MAX). */
+/* Live set: the large blocks handed out (key: address, value: requested size) and the blocks
+ * kept in a thread's front (ticket != 0), in HL_SHARDS shards by address, each under its own
+ * lock: threads freeing and taking different blocks rarely meet. Open addressing with linear
+ * probing, load <= 1/2, backward-shift deletion; grown by mmap (never malloc). If a shard cannot
+ * grow, the layer stops keeping blocks (hl_active_min = SIZE_MAX). */
 struct hl_live_slot {
     uintptr_t p;
     size_t req;
+    uint64_t ticket; /* 0: the program's; else in the front of the thread that holds this ticket */
 };
-#define HL_LIVE_START 1024
-static struct hl_live_slot hl_live_static[HL_LIVE_START];
-static struct hl_live_slot *hl_live = hl_live_static;
-static size_t hl_live_cap = HL_LIVE_START, hl_live_n;
+#define HL_SHARDS 16
+#define HL_SHARD_START 128
+struct hl_shard {
+    pthread_mutex_t lock;
+    struct hl_live_slot *t;
+    size_t cap, n;
+    uint64_t hits, kept; /* the fronts' (the shared cache's are in hl_stats) */
+    struct hl_live_slot first[HL_SHARD_START];
+} __attribute__((aligned(64)));
+static struct hl_shard hl_shards[HL_SHARDS];
 
+static inline uint64_t hl_mix(uintptr_t p) { return (uint64_t)p * 0x9E3779B97F4A7C15ull; }
+static inline struct hl_shard *hl_shard_of(const void *p) {
+    return &hl_shards[hl_mix((uintptr_t)p) >> 60]; /* the top bits; slots use bits 20 and up */
+}
 static inline size_t hl_hash(uintptr_t p, size_t cap) {
-    return (size_t)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+    return (size_t)(hl_mix(p) >> 20) & (cap - 1);
 }
 
-static void hl_live_put_in(struct hl_live_slot *t, size_t cap, uintptr_t p, size_t req) {
-    size_t i = hl_hash(p, cap);
-    while (t[i].p && t[i].p != p) i = (i + 1) & (cap - 1);
-    t[i].p = p;
-    t[i].req = req;
+static void hl_shards_init(void) {
+    for (int i = 0; i < HL_SHARDS; i++) {
+        struct hl_shard *s = &hl_shards[i];
+        s->lock = (pthread_mutex_t)PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+        s->t = s->first;
+        s->cap = HL_SHARD_START;
+    }
 }
 
-static int hl_live_add(void *p, size_t req) {
-    if ((hl_live_n + 1) * 2 > hl_live_cap) {
-        size_t cap = hl_live_cap * 2;
-        void *m = mmap(NULL, cap * sizeof *hl_live, PROT_READ | PROT_WRITE,
+/* Fronts on (seed001, guided): each shard has its own lock, taken after hl_lock where both are
+ * held. Off (seed002, whose rule needs hl_lock at every free anyway): hl_lock covers the live
+ * set too, so that a call takes one lock, not two. */
+static int hl_sharded;
+
+static inline pthread_mutex_t *hl_live_lock(struct hl_shard *s) { /* no lock held */
+    pthread_mutex_t *m = hl_sharded ? &s->lock : &hl_lock;
+    pthread_mutex_lock(m);
+    return m;
+}
+
+static inline void hl_nested_lock(struct hl_shard *s) { /* hl_lock held */
+    if (hl_sharded) pthread_mutex_lock(&s->lock);
+}
+
+static inline void hl_nested_unlock(struct hl_shard *s) {
+    if (hl_sharded) pthread_mutex_unlock(&s->lock);
+}
+
+static struct hl_live_slot *hl_live_find(struct hl_shard *s, const void *p) {
+    size_t mask = s->cap - 1, i = hl_hash((uintptr_t)p, s->cap);
+    for (; s->t[i].p; i = (i + 1) & mask)
+        if (s->t[i].p == (uintptr_t)p) return &s->t[i];
+    return NULL;
+}
+
+/* Add p as the program's (under s->lock); 0 if the shard cannot grow. */
+static int hl_live_add(struct hl_shard *s, void *p, size_t req) {
+    if ((s->n + 1) * 2 > s->cap) {
+        size_t cap = s->cap * 2;
+        void *m = mmap(NULL, cap * sizeof *s->t, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return 0;
         struct hl_live_slot *t = m;
-        for (size_t i = 0; i < hl_live_cap; i++)
-            if (hl_live[i].p) hl_live_put_in(t, cap, hl_live[i].p, hl_live[i].req);
-        if (hl_live != hl_live_static) munmap(hl_live, hl_live_cap * sizeof *hl_live);
-        hl_live = t;
-        hl_live_cap = cap;
+        for (size_t i = 0; i < s->cap; i++) {
+            if (!s->t[i].p) continue;
+            size_t j = hl_hash(s->t[i].p, cap);
+            while (t[j].p) j = (j + 1) & (cap - 1);
+            t[j] = s->t[i];
+        }
+        if (s->t != s->first) munmap(s->t, s->cap * sizeof *s->t);
+        s->t = t;
+        s->cap = cap;
     }
-    size_t i = hl_hash((uintptr_t)p, hl_live_cap);
-    while (hl_live[i].p && hl_live[i].p != (uintptr_t)p) i = (i + 1) & (hl_live_cap - 1);
-    if (!hl_live[i].p) hl_live_n++;
-    hl_live[i].p = (uintptr_t)p;
-    hl_live[i].req = req;
+    size_t mask = s->cap - 1, i = hl_hash((uintptr_t)p, s->cap);
+    while (s->t[i].p && s->t[i].p != (uintptr_t)p) i = (i + 1) & mask;
+    if (!s->t[i].p) s->n++;
+    s->t[i] = (struct hl_live_slot){(uintptr_t)p, req, 0};
     return 1;
 }
 
-/* Remove p; its requested size, or 0 if p is not a live block of ours. */
-static size_t hl_live_take(void *p) {
-    size_t mask = hl_live_cap - 1, i = hl_hash((uintptr_t)p, hl_live_cap);
-    while (hl_live[i].p != (uintptr_t)p) {
-        if (!hl_live[i].p) return 0;
-        i = (i + 1) & mask;
-    }
-    size_t req = hl_live[i].req;
-    hl_live_n--;
-    for (size_t j = (i + 1) & mask; hl_live[j].p; j = (j + 1) & mask) {
-        size_t home = hl_hash(hl_live[j].p, hl_live_cap);
+/* Remove the slot e (under s->lock). */
+static void hl_live_remove(struct hl_shard *s, struct hl_live_slot *e) {
+    size_t mask = s->cap - 1, i = (size_t)(e - s->t);
+    s->n--;
+    for (size_t j = (i + 1) & mask; s->t[j].p; j = (j + 1) & mask) {
+        size_t home = hl_hash(s->t[j].p, s->cap);
         /* move j into the hole at i unless its home lies cyclically in (i, j] */
         if (((j - home) & mask) >= ((j - i) & mask)) {
-            hl_live[i] = hl_live[j];
+            s->t[i] = s->t[j];
             i = j;
         }
     }
-    hl_live[i].p = 0;
-    return req ? req : 1;
+    s->t[i].p = 0;
 }
 
-/* A large block handed to the program (lock not held). */
+/* A large block handed to the program (no lock held). */
 static void hl_track(void *p, size_t req) {
     if (p == NULL) return;
-    pthread_mutex_lock(&hl_lock);
-    if (!hl_live_add(p, req)) hl_active_min = SIZE_MAX; /* no memory for the set: step aside */
-    pthread_mutex_unlock(&hl_lock);
+    struct hl_shard *s = hl_shard_of(p);
+    pthread_mutex_t *m = hl_live_lock(s);
+    if (!hl_live_add(s, p, req)) hl_active_min = SIZE_MAX; /* no memory for the set: step aside */
+    pthread_mutex_unlock(m);
 }
 
 static inline uint64_t hl_now(void) {
@@ -405,32 +463,74 @@ static inline uint64_t hl_now(void) {
 }
 
 /* ------------------------------------------------------------------------------------------- */
-/* Per-thread predictor                                                                           */
+/* Per thread: the predictor and the front                                                       */
 
 static pthread_key_t hl_key;
 static int hl_key_ok;
 static __thread struct hcp_counter *hl_counter;
-static __thread int hl_thread_state; /* 0 new, 1 registered, 2 exited */
+static __thread int hl_thread_state; /* 0 new, 1 being registered, 2 registered, 3 exited */
 static uint8_t hl_table[HCP_TOKENS][HCP_TOKENS];
 static int hl_use_table;
 
+/* seed001, guided: the block a thread kept last waits in the thread's own front, outside the
+ * shared cache, and the thread's next request that it fits takes it back under its shard's lock
+ * alone (the tight loop of one thread, and of many threads at once, never meets the others).
+ * Its live-set slot carries the front's ticket, so a second free of it by any thread is seen
+ * (a double free: the slot goes, both frees reach the real free) and the front, finding its
+ * ticket gone, forgets the block without touching it. A front's block counts against the cap
+ * through the thread's reservation (the largest front block it held, in hl_front_bytes). */
+struct hl_front {
+    void *p;
+    size_t usable;
+    uint64_t ticket, since;
+    size_t reserved; /* this thread's share of hl_front_bytes */
+};
+static __thread struct hl_front hl_front;
+static __thread uint64_t hl_ticket_next; /* thread id << 40 | sequence; 0: no id yet */
+static uint32_t hl_thread_ids;
+
+static inline uint64_t hl_new_ticket(void) {
+    if (HL_UNLIKELY(hl_ticket_next == 0))
+        hl_ticket_next = ((uint64_t)__atomic_add_fetch(&hl_thread_ids, 1, __ATOMIC_RELAXED) << 40) | 1;
+    return hl_ticket_next++;
+}
+
+static void hl_front_flush(void);
+
 static void hl_thread_exit(void *v) {
-    struct hcp_counter *c = v;
-    hl_thread_state = 2;
+    (void)v;
+    hl_front_flush();
+    hl_thread_state = 3;
+    struct hcp_counter *c = hl_counter;
     hl_counter = NULL;
     if (c) munmap(c, sizeof *c);
 }
 
-static struct hcp_counter *hl_thread_counter(void) {
-    if (HL_LIKELY(hl_counter != NULL)) return hl_counter;
-    if (hl_thread_state != 0) return NULL; /* exited, or being registered (re-entry) */
+/* The thread's counter (guided) and its key, whose destructor gives its front back at exit. */
+static void hl_thread_register(void) {
+    if (hl_thread_state != 0) return; /* registered, exited, or being registered (re-entry) */
     hl_thread_state = 1;
-    void *m = mmap(NULL, sizeof(struct hcp_counter), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return NULL;
-    if (hl_key_ok) pthread_setspecific(hl_key, m); /* may calloc (keys >= 32): state 1 guards */
-    hl_counter = m;
-    return m;
+    if (hl_set.policy == HL_GUIDED) {
+        void *m = mmap(NULL, sizeof(struct hcp_counter), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m != MAP_FAILED) hl_counter = m;
+    }
+    /* non-NULL, so that the destructor runs; may calloc (keys >= 32): state 1 guards */
+    if (hl_key_ok) pthread_setspecific(hl_key, hl_counter ? (void *)hl_counter : (void *)&hl_front);
+    hl_thread_state = 2;
+}
+
+static inline struct hcp_counter *hl_thread_counter(void) {
+    if (HL_LIKELY(hl_counter != NULL)) return hl_counter;
+    hl_thread_register();
+    return hl_counter;
+}
+
+/* The thread may keep a block in its front: a policy with pools and a destructor to empty it. */
+static inline int hl_front_open(void) {
+    if (hl_set.policy != HL_SEED001 && hl_set.policy != HL_GUIDED) return 0;
+    if (HL_UNLIKELY(hl_thread_state != 2)) hl_thread_register();
+    return hl_thread_state == 2 && hl_key_ok;
 }
 
 /* Token stream: the thread's calls on large blocks. */
@@ -466,7 +566,7 @@ static void hl_drop(int i, int decayed) {
 #define HL_OUT_MAX 8
 struct hl_out {
     int n;
-    void *p[HL_OUT_MAX];
+    void *p[HL_OUT_MAX + 1]; /* loops stop at HL_OUT_MAX: the spare is for the block at hand */
 };
 
 /* seed001/guided: blocks idle longer than `decay` go back (at most HL_OUT_MAX per call). */
@@ -489,14 +589,135 @@ static void hl_release(struct hl_out *out) {
 
 static void hl_advise_idle(uint64_t now);
 
+/* The index of the kept block that goes back first to make room: the oldest (seed002: the
+ * smallest). hl_nkept > 0, under hl_lock. */
+static int hl_victim(void) {
+    int v = 0;
+    for (int i = 1; i < hl_nkept; i++)
+        if (hl_set.policy == HL_SEED002 ? hl_kept[i].usable < hl_kept[v].usable
+                                       : hl_kept[i].stamp < hl_kept[v].stamp)
+            v = i;
+    return v;
+}
+
+static inline void hl_note_peak(void) {
+    if (hl_bytes_kept + hl_front_bytes > hl_stats.bytes_kept_peak)
+        hl_stats.bytes_kept_peak = hl_bytes_kept + hl_front_bytes;
+}
+
+/* The front f still holds its block (its ticket is in the live set): 1, and the block is the
+ * program's again (req > 0) or out of the live set (req == 0); 0 if a second free took it. */
+static int hl_front_claim(const struct hl_front *f, size_t req) {
+    struct hl_shard *s = hl_shard_of(f->p);
+    pthread_mutex_lock(&s->lock);
+    struct hl_live_slot *e = hl_live_find(s, f->p);
+    int ours = e != NULL && e->ticket == f->ticket;
+    if (ours && req) {
+        e->ticket = 0;
+        e->req = req;
+        s->hits++;
+    } else if (ours) {
+        hl_live_remove(s, e);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ours;
+}
+
+/* The front's block goes back to the next allocator (idle past `decay`, or the thread exits). */
+static void hl_front_give_back(const struct hl_front *f, int decayed) {
+    if (!hl_front_claim(f, 0)) return;
+    pthread_mutex_lock(&hl_lock);
+    hl_stats.given_back++;
+    hl_stats.bytes_given_back += f->usable;
+    hl_stats.decayed += (uint64_t)decayed;
+    pthread_mutex_unlock(&hl_lock);
+    hl_real.free(f->p);
+}
+
+/* f leaves its thread's front for the shared cache (a newer block takes its place), as any
+ * kept block enters it: idle blocks decay, the oldest make room under the cap, or it goes back. */
+static void hl_front_to_shared(const struct hl_front *f, uint64_t now) {
+    struct hl_out out = {0};
+    pthread_mutex_lock(&hl_lock);
+    if (hl_front_claim(f, 0)) {
+        hl_decay(&out, now);
+        while (hl_nkept > 0 && out.n < HL_OUT_MAX &&
+               (hl_bytes_kept + hl_front_bytes + f->usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT)) {
+            int v = hl_victim();
+            out.p[out.n++] = hl_kept[v].p;
+            hl_drop(v, 0);
+        }
+        if (hl_bytes_kept + hl_front_bytes + f->usable <= hl_set.cap && hl_nkept < HL_MAX_KEPT) {
+            hl_kept[hl_nkept++] = (struct hl_kept){f->p, f->usable, ++hl_stamp, f->since, 0};
+            hl_bytes_kept += f->usable;
+            hl_note_peak();
+        } else {
+            out.p[out.n++] = f->p;
+            hl_stats.given_back++;
+            hl_stats.bytes_given_back += f->usable;
+        }
+    }
+    pthread_mutex_unlock(&hl_lock);
+    hl_release(&out);
+}
+
+/* The thread exits: its front's block goes back, its reservation is freed. */
+static void hl_front_flush(void) {
+    struct hl_front f = hl_front;
+    hl_front.p = NULL;
+    if (f.p) hl_front_give_back(&f, 0);
+    if (hl_front.reserved) {
+        pthread_mutex_lock(&hl_lock);
+        hl_front_bytes -= hl_front.reserved;
+        pthread_mutex_unlock(&hl_lock);
+        hl_front.reserved = 0;
+    }
+}
+
+/* Room under the cap for this thread's front to hold `usable` bytes: its reservation grows to
+ * that, the shared cache's oldest going back if needed (no lock held); 1 if reserved. */
+static int hl_reserve(size_t usable) {
+    struct hl_out out = {0};
+    size_t extra = usable - hl_front.reserved;
+    pthread_mutex_lock(&hl_lock);
+    while (hl_nkept > 0 && out.n < HL_OUT_MAX && hl_bytes_kept + hl_front_bytes + extra > hl_set.cap) {
+        int v = hl_victim();
+        out.p[out.n++] = hl_kept[v].p;
+        hl_drop(v, 0);
+    }
+    int ok = hl_bytes_kept + hl_front_bytes + extra <= hl_set.cap;
+    if (ok) {
+        hl_front_bytes += extra;
+        hl_front.reserved = usable;
+        hl_note_peak();
+    }
+    pthread_mutex_unlock(&hl_lock);
+    hl_release(&out);
+    return ok;
+}
+
 /* A kept block for n bytes at an address multiple of `align` (power of two, or 0), taken out of
- * the kept blocks and made live; NULL if none fits. */
+ * the kept blocks and made live; NULL if none fits. The thread's front first (its most recent
+ * kept block), then the shared cache. */
 static void *hl_take(size_t n, size_t align) {
     if (n < hl_active_min) return NULL;
     uintptr_t mask = align > 1 ? (uintptr_t)(align - 1) : 0;
     struct hl_out out = {0};
     void *p = NULL;
     uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
+    if (hl_front.p != NULL) {
+        struct hl_front f = hl_front;
+        if (now - f.since > hl_set.decay_ns) {
+            hl_front.p = NULL;
+            hl_front_give_back(&f, 1);
+        } else if (hl_fits(f.usable, n) && ((uintptr_t)f.p & mask) == 0) {
+            hl_front.p = NULL;
+            if (hl_front_claim(&f, n)) {
+                hl_advise_idle(now);
+                return f.p;
+            }
+        }
+    }
     pthread_mutex_lock(&hl_lock);
     hl_decay(&out, now);
     int best = -1;
@@ -509,10 +730,14 @@ static void *hl_take(size_t n, size_t align) {
         hl_bytes_kept -= hl_kept[best].usable;
         hl_kept[best] = hl_kept[--hl_nkept];
         hl_stats.hits++;
-        if (!hl_live_add(p, n)) hl_active_min = SIZE_MAX;
+        /* live before hl_lock goes: a second free of p meanwhile looks in the cache, then here */
+        struct hl_shard *s = hl_shard_of(p);
+        hl_nested_lock(s);
+        if (!hl_live_add(s, p, n)) hl_active_min = SIZE_MAX;
+        hl_nested_unlock(s);
     } else {
         hl_stats.misses++;
-        hl_stats.passed++;
+        HL_COUNT(passed);
     }
     pthread_mutex_unlock(&hl_lock);
     hl_release(&out);
@@ -592,30 +817,85 @@ static void hl_free_large(void *p, size_t usable) {
     void (*real_free)(void *) = hl_real.free;
     int advised = hl_set.madv_ns == 0;
     uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
-    pthread_mutex_lock(&hl_lock);
-    size_t req = hl_live_take(p);
-    if (req == 0) {
+    /* the front: seed001/guided, a block the thread's reservation covers (madv=0 advises every
+     * kept block at once: the shared path) */
+    int front = !advised && usable <= hl_set.cap && hl_front_open() &&
+                (usable <= hl_front.reserved || hl_reserve(usable));
+    struct hl_shard *s = hl_shard_of(p);
+again:;
+    pthread_mutex_t *m = hl_live_lock(s);
+    struct hl_live_slot *e = hl_live_find(s, p);
+    if (HL_UNLIKELY(e == NULL || e->ticket != 0)) {
         /* not a live block of ours: a foreign pointer, a block from before the start, or a
-         * double free. If it is kept, the program freed it twice: the block leaves the cache
-         * and both frees reach the real free, which reports it as it would without the layer. */
-        int twice = hl_unkeep(p);
+         * double free. If it is kept (in a front or the shared cache), the program freed it
+         * twice: the block leaves the cache and both frees reach the real free, which reports
+         * it as it would without the layer. */
+        int twice = e != NULL;
+        if (twice) hl_live_remove(s, e); /* its front, finding its ticket gone, forgets it */
+        if (hl_sharded) {
+            pthread_mutex_unlock(m);
+            pthread_mutex_lock(&hl_lock);
+        }
+        if (!twice && !(twice = hl_unkeep(p)) && hl_sharded) {
+            /* a shared take may be making p live (it holds hl_lock, then p's shard): look again */
+            hl_nested_lock(s);
+            int live = hl_live_find(s, p) != NULL;
+            hl_nested_unlock(s);
+            if (live) {
+                pthread_mutex_unlock(&hl_lock);
+                goto again;
+            }
+        }
         if (twice) hl_stats.double_frees++;
         else hl_stats.untracked++;
-        hl_stats.passed++;
+        HL_COUNT(passed);
         pthread_mutex_unlock(&hl_lock);
         if (twice) real_free(p);
         real_free(p);
         return;
     }
-    /* one lock hold for the whole decision (the predictor is this thread's: no sharing) */
+    size_t req = e->req ? e->req : 1;
     int keep = usable <= hl_set.cap;
-    if (hl_set.policy == HL_GUIDED) keep = hl_predict_reuse(req) && keep;
+    if (hl_set.policy == HL_GUIDED) keep = hl_predict_reuse(req) && keep; /* this thread's */
     if (hl_set.policy == HL_SEED002 && hl_set.n == 0) keep = 0;
+    if (keep && front) {
+        e->ticket = hl_new_ticket();
+        s->kept++;
+        struct hl_front old = hl_front;
+        hl_front = (struct hl_front){p, usable, e->ticket, now, hl_front.reserved};
+        pthread_mutex_unlock(m);
+        if (old.p) hl_front_to_shared(&old, now);
+        hl_advise_idle(now);
+        return;
+    }
     if (!keep) {
-        hl_stats.passed++;
-        pthread_mutex_unlock(&hl_lock);
+        hl_live_remove(s, e);
+        pthread_mutex_unlock(m);
+        HL_COUNT(passed);
         real_free(p);
         return;
+    }
+    if (!hl_sharded) {
+        hl_live_remove(s, e); /* m is hl_lock: held on to the end */
+    } else {
+        /* the shared cache: p leaves the live set under hl_lock (taken before its shard's, the
+         * one order), so that a second free of p finds it live or kept, never neither */
+        pthread_mutex_unlock(m);
+        if (hl_front.p) { /* the thread's front holds an older block: it goes first, in order */
+            struct hl_front old = hl_front;
+            hl_front.p = NULL;
+            hl_front_to_shared(&old, now);
+        }
+        pthread_mutex_lock(&hl_lock);
+        hl_nested_lock(s);
+        e = hl_live_find(s, p);
+        int ours = e != NULL && e->ticket == 0;
+        if (ours) hl_live_remove(s, e);
+        hl_nested_unlock(s);
+        if (!ours) { /* a second free came first: this one is the second */
+            pthread_mutex_unlock(&hl_lock);
+            goto again;
+        }
     }
     if (advised) { /* madv=0: advise before other threads can take it, outside the lock */
         pthread_mutex_unlock(&hl_lock);
@@ -640,23 +920,20 @@ static void hl_free_large(void *p, size_t usable) {
     }
     /* the cap (and the table's size): the oldest go back (seed002: the smallest) */
     while (keep && hl_nkept > 0 && out.n < HL_OUT_MAX &&
-           (hl_bytes_kept + usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT)) {
-        int v = 0;
-        for (int i = 1; i < hl_nkept; i++)
-            if (hl_set.policy == HL_SEED002 ? hl_kept[i].usable < hl_kept[v].usable
-                                           : hl_kept[i].stamp < hl_kept[v].stamp)
-                v = i;
+           (hl_bytes_kept + hl_front_bytes + usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT)) {
+        int v = hl_victim();
         out.p[out.n++] = hl_kept[v].p;
         hl_drop(v, 0);
     }
-    if (keep && (hl_bytes_kept + usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT)) keep = 0;
+    if (keep && (hl_bytes_kept + hl_front_bytes + usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT))
+        keep = 0;
     if (keep) {
         hl_kept[hl_nkept++] = (struct hl_kept){p, usable, ++hl_stamp, now, advised};
         hl_bytes_kept += usable;
         hl_stats.kept++;
-        if (hl_bytes_kept > hl_stats.bytes_kept_peak) hl_stats.bytes_kept_peak = hl_bytes_kept;
+        hl_note_peak();
     } else {
-        hl_stats.passed++;
+        HL_COUNT(passed);
     }
     pthread_mutex_unlock(&hl_lock);
     if (!keep) real_free(p);
@@ -752,10 +1029,18 @@ HL_EXPORT void *realloc(void *old, size_t n) {
     size_t req = 0;
     int kept = 0;
     if (usable >= hl_active_min) {
-        pthread_mutex_lock(&hl_lock);
-        req = hl_live_take(old);
-        if (req == 0) kept = hl_unkeep(old); /* realloc of a freed block the cache holds */
-        pthread_mutex_unlock(&hl_lock);
+        struct hl_shard *s = hl_shard_of(old);
+        pthread_mutex_t *m = hl_live_lock(s);
+        struct hl_live_slot *e = hl_live_find(s, old);
+        if (e != NULL && e->ticket != 0) kept = 1; /* realloc of a freed block a front holds */
+        else if (e != NULL) req = e->req ? e->req : 1;
+        if (e != NULL) hl_live_remove(s, e);
+        pthread_mutex_unlock(m);
+        if (e == NULL) {
+            pthread_mutex_lock(&hl_lock);
+            kept = hl_unkeep(old); /* realloc of a freed block the shared cache holds */
+            pthread_mutex_unlock(&hl_lock);
+        }
     }
     if (HL_UNLIKELY(kept)) {
         /* the program freed old and then reallocs it: the free the cache held back reaches
@@ -906,11 +1191,19 @@ static const char *hl_load_table(const char *path) {
 /* ------------------------------------------------------------------------------------------- */
 /* Start, fork, exit                                                                              */
 
-static void hl_fork_prepare(void) { pthread_mutex_lock(&hl_lock); }
-static void hl_fork_parent(void) { pthread_mutex_unlock(&hl_lock); }
-static void hl_fork_child(void) { pthread_mutex_unlock(&hl_lock); }
+/* fork: every lock held across it, in the one order (hl_lock, then the shards); see Threads. */
+static void hl_fork_prepare(void) {
+    pthread_mutex_lock(&hl_lock);
+    for (int i = 0; i < HL_SHARDS; i++) pthread_mutex_lock(&hl_shards[i].lock);
+}
+static void hl_fork_parent(void) {
+    for (int i = HL_SHARDS - 1; i >= 0; i--) pthread_mutex_unlock(&hl_shards[i].lock);
+    pthread_mutex_unlock(&hl_lock);
+}
+static void hl_fork_child(void) { hl_fork_parent(); }
 
 __attribute__((constructor)) static void hl_init(void) {
+    hl_shards_init();
     hl_resolve();
     long page = sysconf(_SC_PAGESIZE);
     if (page > 0) hl_page = (size_t)page;
@@ -929,7 +1222,10 @@ __attribute__((constructor)) static void hl_init(void) {
             hl_use_table = 1;
         }
     }
-    if (hl_set.policy == HL_GUIDED) hl_key_ok = pthread_key_create(&hl_key, hl_thread_exit) == 0;
+    if (hl_set.policy == HL_GUIDED || hl_set.policy == HL_SEED001) {
+        hl_key_ok = pthread_key_create(&hl_key, hl_thread_exit) == 0;
+        hl_sharded = 1;
+    }
     pthread_atfork(hl_fork_prepare, hl_fork_parent, hl_fork_child);
     if (hl_set.policy != HL_OFF && hl_real.malloc_usable_size && hl_real.free)
         __atomic_store_n(&hl_active_min, hl_set.min, __ATOMIC_RELEASE);
@@ -944,16 +1240,23 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("pid", getpid());
     F("policy", hl_set.policy);
     F("table", hl_use_table);
-    F("hits", hl_stats.hits);
+    uint64_t front_hits = 0, front_kept = 0;
+    for (int i = 0; i < HL_SHARDS; i++) {
+        pthread_mutex_lock(&hl_shards[i].lock);
+        front_hits += hl_shards[i].hits;
+        front_kept += hl_shards[i].kept;
+        pthread_mutex_unlock(&hl_shards[i].lock);
+    }
+    F("hits", hl_stats.hits + front_hits);
     F("misses", hl_stats.misses);
-    F("kept", hl_stats.kept);
+    F("kept", hl_stats.kept + front_kept);
     F("bytes_kept_peak", hl_stats.bytes_kept_peak);
     F("bytes_kept_at_exit", hl_bytes_kept);
     F("given_back", hl_stats.given_back);
     F("bytes_given_back", hl_stats.bytes_given_back);
     F("bytes_advised", hl_stats.bytes_advised);
     F("decayed", hl_stats.decayed);
-    F("passed", hl_stats.passed);
+    F("passed", __atomic_load_n(&hl_stats.passed, __ATOMIC_RELAXED));
     F("double_frees", hl_stats.double_frees);
     /* frees of blocks >= min it did not hand out: made before it started, asked for below min,
      * or not the allocator's at all (a foreign pointer) */

@@ -102,3 +102,51 @@ def test_foreign_pointer_goes_to_the_real_free(program, name):
     under = _run([exe], NATIVE / "build" / lib, env)
     assert plain.stdout == "unmapped\n"  # glibc unmaps what looks like its mmapped chunk
     assert under.stdout == plain.stdout and under.returncode == plain.returncode == 0
+
+
+# Threads (heapcast's layer keeps a thread's last kept block in that thread's front, outside
+# the shared cache, for seed001 and guided): a block must never have two owners across threads.
+
+
+@pytest.mark.parametrize("size", ["300000", str(40 << 20)])
+def test_double_free_from_another_thread_is_passed_through_as_under_glibc(layer, program, size):
+    """Thread A frees a block (into A's front) and stays alive; another thread frees it again."""
+    lib, env = layer
+    exe = program("fronts")
+    plain = _run([exe, "doublefree", size], None)
+    under = _run([exe, "doublefree", size], lib, env)
+    assert plain.returncode < 0, (plain.returncode, plain.stdout, plain.stderr)
+    assert "same" not in under.stdout
+    assert under.returncode == plain.returncode, (under.returncode, under.stdout, under.stderr)
+
+
+def test_blocks_traded_between_threads_have_one_owner(layer, program):
+    """8 threads stamp their blocks, trade them and free the blocks others made (three sizes,
+    so fronts fill, miss and spill into the shared cache): every stamp survives intact."""
+    lib, env = layer
+    exe = program("fronts")
+    r = _run([exe, "relay", "200000", "8", "3000"], lib, env)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert r.stdout == "ok 23996\n"  # 8 x 3000 blocks, less the 4 left in the mailbox
+
+
+@pytest.mark.parametrize("policy", ["seed001", "guided"])
+def test_a_thread_gives_its_front_back_when_it_exits(program, policy, tmp_path):
+    """Threads that each keep one block and exit: every block goes back to the real free, none
+    stays held for a thread that is gone."""
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "layer"], check=True)
+    exe = program("fronts")
+    stats = tmp_path / "stats"
+    r = _run(
+        [exe, "exit", "300000", "5"],
+        NATIVE / "build" / "libheapcast_layer.so",
+        {"HEAPCAST_LAYER": f"policy={policy},stats={stats}"},
+    )
+    assert r.returncode == 0 and r.stdout == "done\n", (r.returncode, r.stderr)
+    row = dict(f.split("=") for f in stats.read_text().split())
+    assert (row["kept"], row["hits"], row["given_back"], row["bytes_kept_at_exit"]) == (
+        "5",
+        "0",
+        "5",
+        "0",
+    ), row

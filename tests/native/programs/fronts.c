@@ -1,0 +1,153 @@
+/* Large blocks across threads, for the heapcast layer's per-thread fronts (seed001, guided: the
+ * block a thread kept last waits in that thread's own slot, outside the shared cache).
+ * usage:
+ *   fronts doublefree SIZE   thread A mallocs, writes and frees a block (into A's front) and
+ *                            stays alive; main frees the block again: a double free from another
+ *                            thread. Then A and main each malloc SIZE and print "same" or
+ *                            "distinct" if the program survives (glibc kills it at the second
+ *                            free; a layer must pass it through, never hand the block out twice).
+ *   fronts exit SIZE N       N threads one after another: each mallocs, writes and frees a block
+ *                            of SIZE, and exits. Prints "done".
+ *   fronts relay SIZE N ITERS  N threads, ITERS rounds each: malloc SIZE, stamp the block with
+ *                            (thread, round, length) at both ends (SIZE, 1.5 or 2 x SIZE), trade it through a shared mailbox
+ *                            for a block another thread stamped, check that block's stamps and
+ *                            free it (so most frees are of blocks another thread made). A block
+ *                            handed to two owners at once shows as a broken stamp. Prints
+ *                            "ok CHECKED" or "broken ..." (exit 1). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t size;
+
+/* doublefree ------------------------------------------------------------------------------- */
+static pthread_barrier_t bar;
+static char *shared;
+
+static void *first_owner(void *arg) {
+    shared = malloc(size);
+    if (!shared) exit(2);
+    memset(shared, 1, size);
+    free(shared);
+    pthread_barrier_wait(&bar); /* main frees it again */
+    pthread_barrier_wait(&bar);
+    *(char **)arg = malloc(size);
+    return NULL;
+}
+
+static int doublefree(void) {
+    pthread_t t;
+    char *q = NULL;
+    pthread_barrier_init(&bar, NULL, 2);
+    pthread_create(&t, NULL, first_owner, &q);
+    pthread_barrier_wait(&bar);
+    free(shared); /* the second free, from another thread */
+    pthread_barrier_wait(&bar);
+    pthread_join(t, NULL);
+    char *r = malloc(size);
+    if (!q || !r) return 2;
+    printf("%s\n", q == r ? "same" : "distinct");
+    fflush(stdout);
+    return q == r ? 1 : 0;
+}
+
+/* exit ------------------------------------------------------------------------------------- */
+static void *one_block(void *arg) {
+    char *p = malloc(size);
+    if (!p) exit(2);
+    memset(p, 3, size);
+    free(p);
+    return arg;
+}
+
+static int exits(int n) {
+    for (int i = 0; i < n; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, one_block, NULL);
+        pthread_join(t, NULL);
+    }
+    printf("done\n");
+    return 0;
+}
+
+/* relay ------------------------------------------------------------------------------------ */
+#define BOX 4
+static pthread_mutex_t box_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *box[BOX];
+static long rounds;
+static long checked;
+static int broken;
+
+struct stamp {
+    long thread, round;
+    size_t len;
+};
+
+static void stamp(char *p, size_t len, long thread, long round) {
+    struct stamp s = {thread, round, len};
+    memcpy(p, &s, sizeof s);
+    memcpy(p + len - sizeof s, &s, sizeof s);
+}
+
+static int stamped_once(const char *p) {
+    struct stamp a, b;
+    memcpy(&a, p, sizeof a);
+    memcpy(&b, p + a.len - sizeof b, sizeof b);
+    return a.thread == b.thread && a.round == b.round && a.len == b.len;
+}
+
+static void *relay(void *arg) {
+    long me = (long)arg, mine = 0;
+    for (long i = 0; i < rounds; i++) {
+        size_t len = size + (size_t)((i + me) % 3) * (size / 2); /* three sizes: not all fit */
+        char *p = malloc(len);
+        if (!p) exit(2);
+        stamp(p, len, me, i);
+        pthread_mutex_lock(&box_lock);
+        char *q = box[i % BOX];
+        box[i % BOX] = p;
+        pthread_mutex_unlock(&box_lock);
+        if (q == NULL) continue;
+        if (!stamped_once(q)) __atomic_store_n(&broken, 1, __ATOMIC_RELAXED);
+        struct stamp was;
+        memcpy(&was, q, sizeof was);
+        stamp(q, was.len, -1, -1); /* unstamped before it goes: a later owner stamps anew */
+        free(q);
+        mine++;
+    }
+    __atomic_fetch_add(&checked, mine, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static int relays(int n) {
+    pthread_t t[64];
+    for (long i = 0; i < n; i++) pthread_create(&t[i], NULL, relay, (void *)i);
+    for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < BOX; i++) {
+        if (box[i] && !stamped_once(box[i])) broken = 1;
+        free(box[i]);
+    }
+    if (broken) {
+        printf("broken stamps\n");
+        return 1;
+    }
+    printf("ok %ld\n", checked);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    size = (size_t)strtoull(argv[2], NULL, 10);
+    if (size < 2 * sizeof(struct stamp)) return 2;
+    if (!strcmp(argv[1], "doublefree")) return doublefree();
+    if (!strcmp(argv[1], "exit") && argc == 4) return exits(atoi(argv[3]));
+    if (!strcmp(argv[1], "relay") && argc == 5) {
+        int n = atoi(argv[3]);
+        rounds = atol(argv[4]);
+        if (n < 1 || n > 64) return 2;
+        return relays(n);
+    }
+    return 2;
+}
