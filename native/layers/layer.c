@@ -44,12 +44,12 @@
  * which spin a little before sleeping):
  *  - seed002: one lock over the kept blocks and the live set, as its rule (the n largest in the
  *    process) needs the whole cache at every free. 8 threads freeing and taking 256 KiB blocks
- *    on 2 cores pay ~190-250 ns a pair there (glibc ~25-35: its dynamic mmap threshold keeps
+ *    on 2 cores pay ~90-250 ns a pair there (glibc ~25-35: its dynamic mmap threshold keeps
  *    such blocks in its heap; benchmarks/bench_layer.py).
  *  - seed001, guided: the block a thread kept last waits in the thread's own front (TLS), and
  *    the thread's next request that it fits takes it back under one of 16 live-set shards'
- *    locks (by address), never the shared cache's: ~50-70 ns a pair in the same loop (it was
- *    ~160-280 with one lock). Its live-set slot carries the front's ticket: a second free by
+ *    locks (by address), never the shared cache's: ~45-75 ns a pair in the same loop (it was
+ *    ~160-330 with one lock). Its live-set slot carries the front's ticket: a second free by
  *    any thread finds it there (double free, as above), and the front, finding its ticket gone,
  *    forgets the block without touching it. An older front block moves to the shared cache
  *    (hl_lock, then a shard's: the one order), under the same rules as any kept block. A front
@@ -83,11 +83,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -353,10 +355,49 @@ struct hl_live_slot {
     size_t req;
     uint64_t ticket; /* 0: the program's; else in the front of the thread that holds this ticket */
 };
+/* A shard's lock: a futex word (0 free, 1 held, 2 held and someone may sleep: U. Drepper,
+ * "Futexes Are Tricky", mutex 2) that spins a little before sleeping, as glibc's adaptive
+ * mutex does, at half its cost on the hot path (a pair of calls: ~5-9 ns less here). Its holds
+ * are one probe of a shard's table. */
+struct hl_spin {
+    int w;
+};
+
+static inline void hl_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline int hl_spin_try(struct hl_spin *l) {
+    int free_ = 0;
+    return __atomic_compare_exchange_n(&l->w, &free_, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+static __attribute__((noinline)) void hl_spin_wait(struct hl_spin *l) {
+    for (int i = 0; i < 100; i++) {
+        hl_relax();
+        if (__atomic_load_n(&l->w, __ATOMIC_RELAXED) == 0 && hl_spin_try(l)) return;
+    }
+    while (__atomic_exchange_n(&l->w, 2, __ATOMIC_ACQUIRE) != 0)
+        syscall(SYS_futex, &l->w, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+}
+
+static inline void hl_spin_lock(struct hl_spin *l) {
+    if (HL_UNLIKELY(!hl_spin_try(l))) hl_spin_wait(l);
+}
+
+static inline void hl_spin_unlock(struct hl_spin *l) {
+    if (HL_UNLIKELY(__atomic_exchange_n(&l->w, 0, __ATOMIC_RELEASE) == 2))
+        syscall(SYS_futex, &l->w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 #define HL_SHARDS 16
 #define HL_SHARD_START 128
 struct hl_shard {
-    pthread_mutex_t lock;
+    struct hl_spin lock;
     struct hl_live_slot *t;
     size_t cap, n;
     uint64_t hits, kept; /* the fronts' (the shared cache's are in hl_stats) */
@@ -375,7 +416,6 @@ static inline size_t hl_hash(uintptr_t p, size_t cap) {
 static void hl_shards_init(void) {
     for (int i = 0; i < HL_SHARDS; i++) {
         struct hl_shard *s = &hl_shards[i];
-        s->lock = (pthread_mutex_t)PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
         s->t = s->first;
         s->cap = HL_SHARD_START;
     }
@@ -386,18 +426,23 @@ static void hl_shards_init(void) {
  * set too, so that a call takes one lock, not two. */
 static int hl_sharded;
 
-static inline pthread_mutex_t *hl_live_lock(struct hl_shard *s) { /* no lock held */
-    pthread_mutex_t *m = hl_sharded ? &s->lock : &hl_lock;
-    pthread_mutex_lock(m);
-    return m;
+/* The lock over s's slots, taken with no lock held; hl_live_unlock gives it back. */
+static inline void hl_live_lock(struct hl_shard *s) {
+    if (hl_sharded) hl_spin_lock(&s->lock);
+    else pthread_mutex_lock(&hl_lock);
+}
+
+static inline void hl_live_unlock(struct hl_shard *s) {
+    if (hl_sharded) hl_spin_unlock(&s->lock);
+    else pthread_mutex_unlock(&hl_lock);
 }
 
 static inline void hl_nested_lock(struct hl_shard *s) { /* hl_lock held */
-    if (hl_sharded) pthread_mutex_lock(&s->lock);
+    if (hl_sharded) hl_spin_lock(&s->lock);
 }
 
 static inline void hl_nested_unlock(struct hl_shard *s) {
-    if (hl_sharded) pthread_mutex_unlock(&s->lock);
+    if (hl_sharded) hl_spin_unlock(&s->lock);
 }
 
 static struct hl_live_slot *hl_live_find(struct hl_shard *s, const void *p) {
@@ -451,9 +496,9 @@ static void hl_live_remove(struct hl_shard *s, struct hl_live_slot *e) {
 static void hl_track(void *p, size_t req) {
     if (p == NULL) return;
     struct hl_shard *s = hl_shard_of(p);
-    pthread_mutex_t *m = hl_live_lock(s);
+    hl_live_lock(s);
     if (!hl_live_add(s, p, req)) hl_active_min = SIZE_MAX; /* no memory for the set: step aside */
-    pthread_mutex_unlock(m);
+    hl_live_unlock(s);
 }
 
 static inline uint64_t hl_now(void) {
@@ -609,7 +654,7 @@ static inline void hl_note_peak(void) {
  * program's again (req > 0) or out of the live set (req == 0); 0 if a second free took it. */
 static int hl_front_claim(const struct hl_front *f, size_t req) {
     struct hl_shard *s = hl_shard_of(f->p);
-    pthread_mutex_lock(&s->lock);
+    hl_spin_lock(&s->lock);
     struct hl_live_slot *e = hl_live_find(s, f->p);
     int ours = e != NULL && e->ticket == f->ticket;
     if (ours && req) {
@@ -619,7 +664,7 @@ static int hl_front_claim(const struct hl_front *f, size_t req) {
     } else if (ours) {
         hl_live_remove(s, e);
     }
-    pthread_mutex_unlock(&s->lock);
+    hl_spin_unlock(&s->lock);
     return ours;
 }
 
@@ -823,7 +868,7 @@ static void hl_free_large(void *p, size_t usable) {
                 (usable <= hl_front.reserved || hl_reserve(usable));
     struct hl_shard *s = hl_shard_of(p);
 again:;
-    pthread_mutex_t *m = hl_live_lock(s);
+    hl_live_lock(s);
     struct hl_live_slot *e = hl_live_find(s, p);
     if (HL_UNLIKELY(e == NULL || e->ticket != 0)) {
         /* not a live block of ours: a foreign pointer, a block from before the start, or a
@@ -833,7 +878,7 @@ again:;
         int twice = e != NULL;
         if (twice) hl_live_remove(s, e); /* its front, finding its ticket gone, forgets it */
         if (hl_sharded) {
-            pthread_mutex_unlock(m);
+            hl_live_unlock(s);
             pthread_mutex_lock(&hl_lock);
         }
         if (!twice && !(twice = hl_unkeep(p)) && hl_sharded) {
@@ -863,24 +908,24 @@ again:;
         s->kept++;
         struct hl_front old = hl_front;
         hl_front = (struct hl_front){p, usable, e->ticket, now, hl_front.reserved};
-        pthread_mutex_unlock(m);
+        hl_live_unlock(s);
         if (old.p) hl_front_to_shared(&old, now);
         hl_advise_idle(now);
         return;
     }
     if (!keep) {
         hl_live_remove(s, e);
-        pthread_mutex_unlock(m);
+        hl_live_unlock(s);
         HL_COUNT(passed);
         real_free(p);
         return;
     }
     if (!hl_sharded) {
-        hl_live_remove(s, e); /* m is hl_lock: held on to the end */
+        hl_live_remove(s, e); /* hl_live_lock took hl_lock: held on to the end */
     } else {
         /* the shared cache: p leaves the live set under hl_lock (taken before its shard's, the
          * one order), so that a second free of p finds it live or kept, never neither */
-        pthread_mutex_unlock(m);
+        hl_live_unlock(s);
         if (hl_front.p) { /* the thread's front holds an older block: it goes first, in order */
             struct hl_front old = hl_front;
             hl_front.p = NULL;
@@ -1030,12 +1075,12 @@ HL_EXPORT void *realloc(void *old, size_t n) {
     int kept = 0;
     if (usable >= hl_active_min) {
         struct hl_shard *s = hl_shard_of(old);
-        pthread_mutex_t *m = hl_live_lock(s);
+        hl_live_lock(s);
         struct hl_live_slot *e = hl_live_find(s, old);
         if (e != NULL && e->ticket != 0) kept = 1; /* realloc of a freed block a front holds */
         else if (e != NULL) req = e->req ? e->req : 1;
         if (e != NULL) hl_live_remove(s, e);
-        pthread_mutex_unlock(m);
+        hl_live_unlock(s);
         if (e == NULL) {
             pthread_mutex_lock(&hl_lock);
             kept = hl_unkeep(old); /* realloc of a freed block the shared cache holds */
@@ -1194,10 +1239,10 @@ static const char *hl_load_table(const char *path) {
 /* fork: every lock held across it, in the one order (hl_lock, then the shards); see Threads. */
 static void hl_fork_prepare(void) {
     pthread_mutex_lock(&hl_lock);
-    for (int i = 0; i < HL_SHARDS; i++) pthread_mutex_lock(&hl_shards[i].lock);
+    for (int i = 0; i < HL_SHARDS; i++) hl_spin_lock(&hl_shards[i].lock);
 }
 static void hl_fork_parent(void) {
-    for (int i = HL_SHARDS - 1; i >= 0; i--) pthread_mutex_unlock(&hl_shards[i].lock);
+    for (int i = HL_SHARDS - 1; i >= 0; i--) hl_spin_unlock(&hl_shards[i].lock);
     pthread_mutex_unlock(&hl_lock);
 }
 static void hl_fork_child(void) { hl_fork_parent(); }
@@ -1242,10 +1287,10 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("table", hl_use_table);
     uint64_t front_hits = 0, front_kept = 0;
     for (int i = 0; i < HL_SHARDS; i++) {
-        pthread_mutex_lock(&hl_shards[i].lock);
+        hl_spin_lock(&hl_shards[i].lock);
         front_hits += hl_shards[i].hits;
         front_kept += hl_shards[i].kept;
-        pthread_mutex_unlock(&hl_shards[i].lock);
+        hl_spin_unlock(&hl_shards[i].lock);
     }
     F("hits", hl_stats.hits + front_hits);
     F("misses", hl_stats.misses);
