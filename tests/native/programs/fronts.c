@@ -6,6 +6,9 @@
  *                            thread. Then A and main each malloc SIZE and print "same" or
  *                            "distinct" if the program survives (glibc kills it at the second
  *                            free; a layer must pass it through, never hand the block out twice).
+ *   fronts idle SIZE         thread A mallocs, writes and frees a block (into A's front) and
+ *                            waits; meanwhile main mallocs SIZE, writes it and frees it.
+ *                            Prints "done".
  *   fronts exit SIZE N       N threads one after another: each mallocs, writes and frees a block
  *                            of SIZE, and exits. Prints "done".
  *   fronts relay SIZE N ITERS  N threads, ITERS rounds each: malloc SIZE, stamp the block with
@@ -51,6 +54,32 @@ static int doublefree(void) {
     printf("%s\n", q == r ? "same" : "distinct");
     fflush(stdout);
     return q == r ? 1 : 0;
+}
+
+/* idle ------------------------------------------------------------------------------------- */
+static void *idle_owner(void *arg) {
+    char *p = malloc(size);
+    if (!p) exit(2);
+    memset(p, 4, size);
+    free(p);
+    pthread_barrier_wait(&bar); /* main takes its block meanwhile */
+    pthread_barrier_wait(&bar);
+    return arg;
+}
+
+static int idle(void) {
+    pthread_t t;
+    pthread_barrier_init(&bar, NULL, 2);
+    pthread_create(&t, NULL, idle_owner, NULL);
+    pthread_barrier_wait(&bar);
+    char *q = malloc(size);
+    if (!q) return 2;
+    memset(q, 5, size);
+    free(q);
+    pthread_barrier_wait(&bar);
+    pthread_join(t, NULL);
+    printf("done\n");
+    return 0;
 }
 
 /* exit ------------------------------------------------------------------------------------- */
@@ -142,6 +171,7 @@ int main(int argc, char **argv) {
     size = (size_t)strtoull(argv[2], NULL, 10);
     if (size < 2 * sizeof(struct stamp)) return 2;
     if (!strcmp(argv[1], "doublefree")) return doublefree();
+    if (!strcmp(argv[1], "idle")) return idle();
     if (!strcmp(argv[1], "exit") && argc == 4) return exits(atoi(argv[3]));
     if (!strcmp(argv[1], "relay") && argc == 5) {
         int n = atoi(argv[3]);
