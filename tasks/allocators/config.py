@@ -63,6 +63,7 @@ LAYER_OPTIONS = {
     "horizon",
     "predictor",
     "model",
+    "follow",
 }
 LAYER_POLICIES = {"seed002", "seed001", "guided", "off"}
 # Where a layer run writes its counters, in the run's measure folder.

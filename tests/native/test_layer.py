@@ -333,3 +333,42 @@ def test_many_live_blocks(heapcast_layer, tmp_path):
     # going back; the 5000 new arrays then hit what is kept
     assert main["kept"] >= 10000 and main["given_back"] >= 9000 and main["hits"] >= 500, main
     assert main["untracked"] == 0 and main["double_frees"] == 0
+
+
+# --- glibc's dynamic mmap threshold ----------------------------------------------------------------
+
+
+def _placed(exe, lib, setting=None, *args, **extra) -> str:
+    r = subprocess.run(
+        [str(exe), *args], env=_env(lib, setting, **extra), capture_output=True, text=True
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    return r.stdout.strip()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_layer_raises_glibcs_mmap_threshold_as_glibc_would(heapcast_layer, program, policy):
+    """A 600000-byte block freed (the layer keeps it), then one of 200000 that it cannot serve:
+    glibc alone serves that from its heap, having raised its threshold at the free; so must
+    glibc under the layer, which kept the free from it (follow=0 shows the frozen threshold)."""
+    exe = program("threshold")
+    assert _placed(exe, None) == "heap"
+    assert _placed(exe, heapcast_layer, f"policy={policy}") == "heap"
+    assert _placed(exe, heapcast_layer, f"policy={policy},follow=0") == "mmap"
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {"MALLOC_MMAP_THRESHOLD_": "131072"},
+        {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"},
+        {"MALLOC_TRIM_THRESHOLD_": "1048576"},
+        "mallopt",
+    ],
+)
+def test_a_threshold_fixed_by_the_user_or_the_program_stays_fixed(heapcast_layer, program, how):
+    exe = program("threshold")
+    args, extra = (["mallopt"], {}) if how == "mallopt" else ([], how)
+    # glibc stops following once any of them is fixed: the block of 200000 is mmapped
+    assert _placed(exe, None, None, *args, **extra) == "mmap"
+    assert _placed(exe, heapcast_layer, "policy=seed001", *args, **extra) == "mmap"

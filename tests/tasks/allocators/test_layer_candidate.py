@@ -4,13 +4,14 @@ the probe, its counters read, and the seeds' cases summed up in one line of ms a
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from tasks.allocators.config import LAYER_DIR, Allocator, load_allocators_config
+from tasks.allocators.config import LAYER_DIR, LAYER_OPTIONS, Allocator, load_allocators_config
 from tasks.allocators.measure import read_layer_stats
 from tasks.allocators.seeds import seed_lines
 from tasks.core.config import ConfigError, load_config
@@ -22,6 +23,15 @@ from tests.tasks.allocators.programs_build import measure_alloc_mix
 from tests.tasks.allocators.tables import make_measurements, written_table
 
 CFG = load_allocators_config()
+LAYER_C = Path(__file__).resolve().parents[3] / "native" / "layers" / "layer.c"
+
+
+def test_a_candidate_may_give_every_layer_option_but_stats():
+    """The stage's list is the layer's own table (HL_OPTIONS), less the option it sets itself."""
+    text = LAYER_C.read_text()
+    table = text[text.index("#define HL_OPTIONS(X)") : text.index("enum hl_policy")]
+    names = set(re.findall(r"X\((\w+),", table))
+    assert LAYER_OPTIONS == names - {"stats"}
 
 
 def test_the_layers_policies_are_candidates_with_their_counters_collected():
