@@ -1407,14 +1407,17 @@ static const char *hl_load_table(const char *path) {
 /* ------------------------------------------------------------------------------------------- */
 /* Start, fork, exit                                                                              */
 
-/* fork: every lock held across it, in the one order (hl_lock, then the shards); see Threads. */
+/* fork: every lock held across it, in the one order (hl_follow_lock, hl_lock, the shards), so
+ * that the child finds none held by a thread it does not have; see Threads. */
 static void hl_fork_prepare(void) {
+    pthread_mutex_lock(&hl_follow_lock); /* never taken while the others are held: first */
     pthread_mutex_lock(&hl_lock);
     for (int i = 0; i < HL_SHARDS; i++) hl_spin_lock(&hl_shards[i].lock);
 }
 static void hl_fork_parent(void) {
     for (int i = HL_SHARDS - 1; i >= 0; i--) hl_spin_unlock(&hl_shards[i].lock);
     pthread_mutex_unlock(&hl_lock);
+    pthread_mutex_unlock(&hl_follow_lock);
 }
 static void hl_fork_child(void) {
     /* the other threads are gone: their hint slots are free again (their fronts' blocks stay
