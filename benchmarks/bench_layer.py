@@ -4,10 +4,9 @@ Part 1, cost per call (benchmarks/programs/pairloop.c): a tight loop of malloc(S
 1 and 8 threads, the threads' own CPU time per pair (time spent waiting for a core on a shared
 machine is not counted), under glibc (no preload) and the layer (policy off: loading alone;
 seed002, one lock; seed001 and guided, per-thread fronts). Added cost = the layer's minimum over
-rounds - glibc's minimum. SIZE 64: the
-tight loop of small blocks the layer must not slow (goal <= 20 ns); SIZE 256 KiB: a tight loop
-of large blocks, which glibc serves with mmap/munmap and the layer from its cache. The
-predictor's own cost (tests/native/programs/predict_tokens.c bench: learn + the guided policy's
+rounds - glibc's minimum. SIZE 64: the tight loop of small blocks the layer must not slow (goal
+<= 20 ns); SIZE 256 KiB: a tight loop of large blocks, which glibc serves with mmap/munmap and
+the layer from its cache. The predictor's own cost (tests/native/programs/predict_tokens.c bench: learn + the guided policy's
 question, per call; goal <= 10 ns).
 
 Part 2, seed 002's numpy case: `(a * b) ** 2 + 3` on two 10 M-element float64 arrays, 60

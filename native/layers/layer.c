@@ -454,11 +454,16 @@ static inline void hl_nested_unlock(struct hl_shard *s) {
     if (hl_sharded) hl_spin_unlock(&s->lock);
 }
 
+/* The slot of p in t (cap slots), or the empty slot where it would go. */
+static inline size_t hl_probe(const struct hl_live_slot *t, size_t cap, uintptr_t p) {
+    size_t i = hl_hash(p, cap);
+    while (t[i].p && t[i].p != p) i = (i + 1) & (cap - 1);
+    return i;
+}
+
 static struct hl_live_slot *hl_live_find(struct hl_shard *s, const void *p) {
-    size_t mask = s->cap - 1, i = hl_hash((uintptr_t)p, s->cap);
-    for (; s->t[i].p; i = (i + 1) & mask)
-        if (s->t[i].p == (uintptr_t)p) return &s->t[i];
-    return NULL;
+    struct hl_live_slot *e = &s->t[hl_probe(s->t, s->cap, (uintptr_t)p)];
+    return e->p ? e : NULL;
 }
 
 /* Add p as the program's (under s->lock); 0 if the shard cannot grow. */
@@ -469,18 +474,13 @@ static int hl_live_add(struct hl_shard *s, void *p, size_t req) {
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return 0;
         struct hl_live_slot *t = m;
-        for (size_t i = 0; i < s->cap; i++) {
-            if (!s->t[i].p) continue;
-            size_t j = hl_hash(s->t[i].p, cap);
-            while (t[j].p) j = (j + 1) & (cap - 1);
-            t[j] = s->t[i];
-        }
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->t[i].p) t[hl_probe(t, cap, s->t[i].p)] = s->t[i];
         if (s->t != s->first) munmap(s->t, s->cap * sizeof *s->t);
         s->t = t;
         s->cap = cap;
     }
-    size_t mask = s->cap - 1, i = hl_hash((uintptr_t)p, s->cap);
-    while (s->t[i].p && s->t[i].p != (uintptr_t)p) i = (i + 1) & mask;
+    size_t i = hl_probe(s->t, s->cap, (uintptr_t)p);
     if (!s->t[i].p) s->n++;
     s->t[i] = (struct hl_live_slot){(uintptr_t)p, req, 0};
     return 1;
@@ -717,6 +717,20 @@ static int hl_victim(void) {
     return v;
 }
 
+/* Room under the cap for `extra` more bytes (and, with `slot`, a free entry in hl_kept): the
+ * oldest kept blocks (seed002: the smallest) go back into out until there is; 1 if there is.
+ * Under hl_lock. */
+static int hl_make_room(size_t extra, int slot, struct hl_out *out) {
+#define HL_FULL (hl_bytes_kept + hl_front_bytes + extra > hl_set.cap || (slot && hl_nkept >= HL_MAX_KEPT))
+    while (hl_nkept > 0 && out->n < HL_OUT_MAX && HL_FULL) {
+        int v = hl_victim();
+        out->p[out->n++] = hl_kept[v].p;
+        hl_drop(v, 0);
+    }
+    return !HL_FULL;
+#undef HL_FULL
+}
+
 static inline void hl_note_peak(void) {
     if (hl_bytes_kept + hl_front_bytes > hl_stats.bytes_kept_peak)
         hl_stats.bytes_kept_peak = hl_bytes_kept + hl_front_bytes;
@@ -758,13 +772,7 @@ static void hl_front_to_shared(const struct hl_front *f, uint64_t now) {
     pthread_mutex_lock(&hl_lock);
     if (hl_front_claim(f, 0)) {
         hl_decay(&out, now);
-        while (hl_nkept > 0 && out.n < HL_OUT_MAX &&
-               (hl_bytes_kept + hl_front_bytes + f->usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT)) {
-            int v = hl_victim();
-            out.p[out.n++] = hl_kept[v].p;
-            hl_drop(v, 0);
-        }
-        if (hl_bytes_kept + hl_front_bytes + f->usable <= hl_set.cap && hl_nkept < HL_MAX_KEPT) {
+        if (hl_make_room(f->usable, 1, &out)) {
             hl_kept[hl_nkept++] = (struct hl_kept){f->p, f->usable, ++hl_stamp, f->since, 0};
             hl_bytes_kept += f->usable;
             hl_note_peak();
@@ -799,12 +807,7 @@ static int hl_reserve(size_t usable) {
     struct hl_out out = {0};
     size_t extra = usable - hl_front.reserved;
     pthread_mutex_lock(&hl_lock);
-    while (hl_nkept > 0 && out.n < HL_OUT_MAX && hl_bytes_kept + hl_front_bytes + extra > hl_set.cap) {
-        int v = hl_victim();
-        out.p[out.n++] = hl_kept[v].p;
-        hl_drop(v, 0);
-    }
-    int ok = hl_bytes_kept + hl_front_bytes + extra <= hl_set.cap;
+    int ok = hl_make_room(extra, 0, &out);
     if (ok) {
         hl_front_bytes += extra;
         hl_front.reserved = usable;
@@ -830,17 +833,8 @@ static void *hl_steal(size_t n, uintptr_t mask) {
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if ((seq & 1) || __atomic_load_n(&h->seq, __ATOMIC_RELAXED) != seq) continue;
         if (p == NULL || !hl_fits(usable, n) || ((uintptr_t)p & mask) != 0) continue;
-        struct hl_shard *s = hl_shard_of(p);
-        hl_spin_lock(&s->lock);
-        struct hl_live_slot *e = hl_live_find(s, p);
-        int ours = e != NULL && e->ticket == ticket;
-        if (ours) {
-            e->ticket = 0;
-            e->req = n;
-            s->hits++;
-        }
-        hl_spin_unlock(&s->lock);
-        if (ours) return p;
+        struct hl_front f = {.p = p, .usable = usable, .ticket = ticket};
+        if (hl_front_claim(&f, n)) return p; /* as its owner would take it back */
     }
     return NULL;
 }
@@ -1070,14 +1064,7 @@ again:;
         }
     }
     /* the cap (and the table's size): the oldest go back (seed002: the smallest) */
-    while (keep && hl_nkept > 0 && out.n < HL_OUT_MAX &&
-           (hl_bytes_kept + hl_front_bytes + usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT)) {
-        int v = hl_victim();
-        out.p[out.n++] = hl_kept[v].p;
-        hl_drop(v, 0);
-    }
-    if (keep && (hl_bytes_kept + hl_front_bytes + usable > hl_set.cap || hl_nkept >= HL_MAX_KEPT))
-        keep = 0;
+    keep = keep && hl_make_room(usable, 1, &out);
     if (keep) {
         hl_kept[hl_nkept++] = (struct hl_kept){p, usable, ++hl_stamp, now, advised};
         hl_bytes_kept += usable;
