@@ -56,6 +56,7 @@ LAYER_OPTIONS = {
     "policy",
     "min",
     "cap",
+    "scope",
     "n",
     "madv",
     "decay",

@@ -131,6 +131,8 @@ class Sample(BaseModel):
     layer_bytes_advised: int | None = None
     layer_passed: int | None = None
     layer_double_frees: int | None = None
+    layer_outgrown: int | None = None  # frees left to the allocator: the program outgrew them
+    layer_heap: int | None = None  # frees left to glibc's heap (scope=mapped)
     layer_table: int | None = None
     layer_table_refused: int | None = None
 
@@ -147,6 +149,8 @@ LAYER_COUNTERS = (
     "bytes_advised",
     "passed",
     "double_frees",
+    "outgrown",
+    "heap",
     "table",  # processes that used a table (the model's, for a table candidate)
     "table_refused",  # processes that refused the one they were given (one stderr line each)
 )

@@ -27,10 +27,13 @@ from tests.native.tracer_harness import NATIVE
 POLICIES = ("seed002", "seed001", "guided")
 BIG = ["300000", "1000000", "2500000"]
 
+# seed 002's expression on 40 MB arrays: above glibc's largest mmap threshold (32 MiB), so glibc
+# maps and unmaps every temporary, and the layer keeps them (below it, once a free reaches
+# glibc, glibc serves them from its heap and the layer leaves them to it: scope=mapped)
 NUMPY_SEED002 = (
     "import numpy as np\n"
-    "a = np.linspace(0.0, 1.0, 2_000_000)\n"
-    "b = np.linspace(1.0, 2.0, 2_000_000)\n"
+    "a = np.linspace(0.0, 1.0, 5_000_000)\n"
+    "b = np.linspace(1.0, 2.0, 5_000_000)\n"
     "s = 0.0\n"
     "for i in range(20):\n"
     "    c = (a * b) ** 2 + 3\n"
@@ -128,11 +131,11 @@ def test_numpy_seed002_expression_same_output(heapcast_layer, policy, tmp_path):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_sqlite3_same_output(heapcast_layer, policy, tmp_path):
     sqlite3 = need_tool("sqlite3")
-    # min=4K: sqlite's page cache and sorter blocks go through the layer too
+    # min=4K, scope=all: sqlite's page cache and sorter blocks (glibc's heap) go through it too
     rows = _same_under_layer(
         [sqlite3, ":memory:"],
         heapcast_layer,
-        f"policy={policy},min=4K",
+        f"policy={policy},min=4K,scope=all",
         tmp_path,
         stdin=(tmp_path / generate_input("sql", 1, 20_000, tmp_path)[0]).read_text(),
     )
@@ -326,7 +329,7 @@ def test_many_live_blocks(heapcast_layer, tmp_path):
         "print(t, sum(float(a[0]) for a in arrs), len(arrs))\n"
     )
     rows = _same_under_layer(
-        [sys.executable, "-c", code], heapcast_layer, "policy=seed001,min=4K", tmp_path
+        [sys.executable, "-c", code], heapcast_layer, "policy=seed001,min=4K,scope=all", tmp_path
     )
     main = max(rows, key=lambda r: r["kept"])
     # the 10000 frees are kept up to the cache's 512 entries (layer.c HL_MAX_KEPT), the oldest
@@ -372,3 +375,59 @@ def test_a_threshold_fixed_by_the_user_or_the_program_stays_fixed(heapcast_layer
     # glibc stops following once any of them is fixed: the block of 200000 is mmapped
     assert _placed(exe, None, None, *args, **extra) == "mmap"
     assert _placed(exe, heapcast_layer, "policy=seed001", *args, **extra) == "mmap"
+
+
+# --- what the layer keeps: glibc's mapped blocks, not an outgrown one ------------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_blocks_from_glibcs_heap_are_left_to_glibc(heapcast_layer, program, policy, tmp_path):
+    """With glibc's threshold above the blocks (1 MiB, fixed), glibc serves them from its heap
+    and reuses them itself: the layer keeps none of them by default (scope=mapped), and says
+    so (`heap`); scope=all keeps and reuses them. Output unchanged either way."""
+    exe = program("bigblocks")
+    argv = [exe, "12", "1", "200000", "300000", "400000"]
+    fixed = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+    rows = _same_under_layer(argv, heapcast_layer, f"policy={policy}", tmp_path, **fixed)
+    assert len(rows) == 1, rows
+    # 3 blocks a round, 12 rounds; block 0 is grown by realloc (its free is of the grown one)
+    assert rows[0]["kept"] == 0 and rows[0]["hits"] == 0 and rows[0]["heap"] >= 30, rows
+    every = _same_under_layer(argv, heapcast_layer, f"policy={policy},scope=all", tmp_path, **fixed)
+    assert every[0]["heap"] == 0 and every[0]["kept"] > 0 and every[0]["hits"] > 0, every
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_mapped_blocks_are_kept(heapcast_layer, program, policy, tmp_path):
+    """With glibc's threshold fixed below them (128 KiB), every block is mapped: kept, reused."""
+    exe = program("bigblocks")
+    argv = [exe, "12", "1", "200000", "300000", "400000"]
+    rows = _same_under_layer(
+        argv, heapcast_layer, f"policy={policy}", tmp_path, MALLOC_MMAP_THRESHOLD_="131072"
+    )
+    assert rows[0]["heap"] == 0 and rows[0]["hits"] >= 20, rows
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_block_the_program_outgrew_is_not_kept(heapcast_layer, program, policy, tmp_path):
+    """A buffer grown by malloc, copy and free (perl's strings, C++ vectors): a freed block a
+    little too small for the request just made is given back (`outgrown`), never held: kept,
+    a chain of them was perl's 1.4 MB beside its 10 MB. A block that still fits what comes
+    next is kept: a round's last block serves the next round, and then every other step (the
+    block in hand is larger than the next request, so it is kept, and the step after takes it)."""
+    exe = program("grow")
+    rounds, steps = 6, 10
+    rows = _same_under_layer(
+        [exe, str(rounds), str(steps), "300000"],
+        heapcast_layer,
+        f"policy={policy}",
+        tmp_path,
+        MALLOC_MMAP_THRESHOLD_="131072",  # every block mapped: kept but for the rule
+    )
+    assert len(rows) == 1, rows
+    s = rows[0]
+    assert s["outgrown"] >= steps and s["heap"] == 0, s  # the first round: every step
+    final = int(300000 * (17 / 16) ** steps) + 4096
+    assert s["bytes_kept_peak"] <= final, s  # one block at most: never a chain
+    if policy != "guided":  # guided also declines what its counter does not predict
+        assert s["kept"] + s["outgrown"] == rounds * (steps + 1), s  # each large free
+        assert s["hits"] >= rounds - 1, s
