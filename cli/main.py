@@ -299,7 +299,8 @@ def cmd_layer(args: argparse.Namespace) -> int:
         f"{len(rows)} process(es): {total('hits')} hits, {total('misses')} misses, "
         f"{total('kept')} blocks kept (peak {max((int(r['bytes_kept_peak']) for r in rows), default=0) / mb:.1f} MB), "
         f"{total('given_back')} given back ({total('bytes_given_back') / mb:.1f} MB), "
-        f"{total('passed')} calls passed through",
+        f"{total('passed')} calls passed through ({total('heap')} frees left to glibc's heap, "
+        f"{total('outgrown')} of blocks the program outgrew)",
         file=sys.stderr,
     )
     if args.stats:

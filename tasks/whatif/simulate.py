@@ -10,7 +10,11 @@ process's cache, unless the policy is `none` or s < min_size: it takes the most 
 block of the same size class (token rule, min(bit_length, 31)) whose size b >= s, scanning at
 most SCAN_LIMIT (64) blocks of that class. SEED002 instead follows the rules of heapcast's layer
 (native/layers/layer.c with policy=seed002,madv=off; layers/cache002.c, the first seed-002
-layer, has the same) exactly:
+layer, has the same) exactly, under a fixed mmap threshold (where every block the layer sees is
+mmapped, so its scope rule keeps them all) and with one exception, the layer's outgrown rule (a
+block freed just after its thread asked for a larger one is given back), which needs each
+thread's last two requests and is not replayed: where it fires (the layer's `outgrown` count),
+the simulated cache keeps blocks the layer gave back:
 every block carries glibc's usable size (`_usable`: mmapped, the mapping less the pointer's
 offset in it; on the heap chunk(s) - 8) and its address's alignment (the traced address's
 lowest set bit); a request takes the most recently cached block of any class whose usable
