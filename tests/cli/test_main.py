@@ -69,10 +69,11 @@ def test_inspect_names_a_bad_file_and_fails(tmp_path):
 
 
 def test_layer_keeps_output_and_exit_code_and_says_what_it_did(tmp_path):
-    # GIVEN a numpy program making and dropping large temporaries, exiting with 5
+    # GIVEN a numpy program making and dropping large temporaries (40 MB: glibc maps every
+    # one, above its largest mmap threshold), exiting with 5
     code = (
         "import sys, numpy as np\n"
-        "a = np.linspace(0.0, 1.0, 1_000_000)\n"
+        "a = np.linspace(0.0, 1.0, 5_000_000)\n"
         "s = sum(float(((a * i) ** 2 + 3)[::991].sum()) for i in range(20))\n"
         "print(repr(s))\n"
         "sys.exit(5)\n"
