@@ -125,6 +125,10 @@ class SimInput:
     # int64 alignment of the address the row's request got in the traced run (its lowest set
     # bit; 0: no address): what the system allocator hands out for it
     addr_align: np.ndarray | None = None
+    # int32 the row's thread, 0..n_threads-1 over (process, thread) pairs: the layer's outgrown
+    # rule is the freeing thread's (None: one thread per process)
+    thread: np.ndarray | None = None
+    n_threads: int = 0
     time_basis: str = "ns"
     workload: str = ""
     run: str = ""
@@ -248,6 +252,10 @@ def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
         _FREES,
     )
     row = np.arange(n, dtype=np.int64) if order is None else order.astype(np.int64)
+    pair = np.stack([proc.astype(np.int64), col("thread").astype(np.int64, copy=False)], axis=1)
+    _, thread = np.unique(pair, axis=0, return_inverse=True)
+    thread = np.asarray(thread, np.int32).reshape(-1)
+    n_threads = int(thread.max()) + 1 if n else 0
     a = col("addr").astype(np.uint64, copy=False)
     addr_align = (a & (~a + np.uint64(1))).astype(np.int64)  # lowest set bit (0 for 0)
     addr_align[addr_align < 0] = 1 << 62
@@ -266,6 +274,7 @@ def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
         cls_req, cls_free = cls_req[merge], cls_free[merge]
         partner = partner[merge]
         align_req, addr_align = align_req[merge], addr_align[merge]
+        thread = thread[merge]
         partner = np.where(partner >= 0, inv[np.maximum(partner, 0)], -1)
     time_basis = "ns"
     if n and time[-1] == time[0]:
@@ -284,6 +293,8 @@ def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
         row=row,
         align_req=np.ascontiguousarray(align_req, np.int64),
         addr_align=np.ascontiguousarray(addr_align, np.int64),
+        thread=np.ascontiguousarray(thread, np.int32),
+        n_threads=n_threads,
         time_basis=time_basis,
         workload=workload,
         run=run,

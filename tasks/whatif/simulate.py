@@ -11,10 +11,9 @@ block of the same size class (token rule, min(bit_length, 31)) whose size b >= s
 most SCAN_LIMIT (64) blocks of that class. SEED002 instead follows the rules of heapcast's layer
 (native/layers/layer.c with policy=seed002,madv=off; layers/cache002.c, the first seed-002
 layer, has the same) exactly, under a fixed mmap threshold (where every block the layer sees is
-mmapped, so its scope rule keeps them all) and with one exception, the layer's outgrown rule (a
-block freed just after its thread asked for a larger one is given back), which needs each
-thread's last two requests and is not replayed: where it fires (the layer's `outgrown` count),
-the simulated cache keeps blocks the layer gave back:
+mmapped, so its scope rule keeps them all), outgrown rule included (a freed block is not kept
+when its thread's last request >= min_size was larger than its usable size and the thread's
+request before that made it; the layer compares addresses, the simulator blocks):
 every block carries glibc's usable size (`_usable`: mmapped, the mapping less the pointer's
 offset in it; on the heap chunk(s) - 8) and its address's alignment (the traced address's
 lowest set bit); a request takes the most recently cached block of any class whose usable
@@ -322,6 +321,8 @@ def _simulate(
     first_req,
     align_req,
     addr_align,
+    thread,
+    n_threads,
 ):
     n = len(req)
     g = np.zeros(_GF, np.int64)
@@ -336,6 +337,11 @@ def _simulate(
     layer = kind == K_SEED002  # the rules of native/layers/layer.c, policy=seed002
     blk_u = np.zeros(n if layer else 1, np.int64)  # seed002: its usable size
     blk_al = np.zeros(n if layer else 1, np.int64)  # seed002: its address's alignment
+    # seed002, the outgrown rule: per thread, its last request >= min_size and the rows whose
+    # requests got its last two blocks (-1: none)
+    t_req = np.zeros(n_threads if layer else 1, np.int64)
+    t_last = np.full(n_threads if layer else 1, -1, np.int64)
+    t_prev = np.full(n_threads if layer else 1, -1, np.int64)
     integral = 0.0
     foot_integral = 0.0
     live_integral = 0.0
@@ -433,6 +439,11 @@ def _simulate(
             if layer:
                 blk_u[i] = bu
                 blk_al[i] = bal
+                if s >= min_size:
+                    th = thread[i]
+                    t_req[th] = s
+                    t_prev[th] = t_last[th]
+                    t_last[th] = i
             ps[p, P_LIVE_REQ] += s
             ps[p, P_LIVE_BLK] += b
             g[G_LIVE_REQ] += s
@@ -465,7 +476,10 @@ def _simulate(
             if sysrealloc:
                 pass  # the system reallocated the block: nothing to release or keep
             elif layer and bu >= min_size and w >= min_size:  # usable sizes; blocks it made
-                if ps[p, P_COUNT] < n_keep:
+                th = thread[i]
+                if a >= 0 and a == t_prev[th] and t_req[th] > bu:
+                    pass  # outgrown: the thread just asked for more than this block holds
+                elif ps[p, P_COUNT] < n_keep:
                     keep = True
                 else:
                     small = -1
@@ -651,6 +665,8 @@ def run_kernel(
         first,
         _or_zeros(x.align_req, x.n),
         _or_zeros(x.addr_align, x.n, 16),
+        x.thread if x.thread is not None else x.proc,
+        x.n_threads if x.thread is not None else x.n_proc,
     )
 
 

@@ -181,6 +181,9 @@ class _Proc:
         self.cache: list[list[int]] = []
         self.blocks: dict[int, int] = {}  # addr -> block size
         self.ublocks: dict[int, tuple[int, int]] = {}  # addr -> (usable size, alignment)
+        self.ids: dict[int, int] = {}  # addr -> the block's number (seed002's outgrown rule)
+        # thread -> (its last request >= min_size, its last block's number, the one before)
+        self.threads: dict[int, tuple[int, int, int]] = {}
         self.live_req = 0
         self.live_blk = 0
         self.heap = 0
@@ -329,6 +332,10 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                 sys_alloc(P, s)
             P.blocks[r["addr"]] = b
             P.ublocks[r["addr"]] = ub
+            P.ids[r["addr"]] = bid = next(order)
+            if kind == "seed002" and s >= min_size:
+                before = P.threads.get(r["thread"], (0, -1, -1))[1]
+                P.threads[r["thread"]] = (s, bid, before)
             P.live_req += s
             P.live_blk += b
             tot["live_req"] += s
@@ -342,6 +349,7 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             w = r["freed_size"]
             b = P.blocks.pop(freed_addr)
             u, al = P.ublocks.pop(freed_addr)
+            bid = P.ids.pop(freed_addr)
             assert kind == "seed002" or (b >= w and cls(b) == cls(w))
             c = cls(w)
             S["frees"] += 1
@@ -353,7 +361,12 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             if sysrealloc:
                 pass
             elif kind == "seed002":
-                if u >= min_size and w >= min_size:  # the layer keeps only blocks it made
+                t_req, _, t_prev = P.threads.get(r["thread"], (0, -1, -1))
+                if u < min_size or w < min_size:  # the layer keeps only blocks it made
+                    pass
+                elif bid == t_prev and t_req > u:  # outgrown: its thread just asked for more
+                    pass
+                else:
                     if len(P.cache) < policy.n:
                         keep = True
                     else:

@@ -85,3 +85,21 @@ def test_simulated_hits_equal_the_layers_counters(tools, tmp_path, n, threads, s
     defined = np.asarray(table.column("addr").to_numpy() != 0)
     large = int(((req >= MMAP_THRESHOLD) & defined).sum())
     assert measured["hits"] + measured["misses"] == large, (large, measured)
+
+
+def test_simulated_cache_gives_back_what_the_program_outgrew(tools, tmp_path):
+    """GIVEN grow (tests/native/programs/grow.c: a buffer grown by malloc, copy and free, round
+    after round), traced, and run under the layer, whose outgrown rule gives back each block
+    freed just after its thread asked for a larger one
+    THEN the simulator replays the rule: the same hits and the same blocks kept."""
+    layer, tracer, _ = tools
+    exe = tmp_path / "grow"
+    src = PROJECT / "tests" / "native" / "programs" / "grow.c"
+    subprocess.run(["gcc", "-O1", "-fno-builtin", "-o", str(exe), str(src)], check=True)
+    argv = [str(exe), "6", "10", "300000"]
+    measured = measure_layer(argv, n=4, layer=layer)
+    assert measured["same_output"], measured["with"]["stderr_tail"]
+    (stats,) = measured["with"]["stats"]
+    assert stats["outgrown"] >= 10, stats  # the rule fired: every step of the first round
+    sim = simulate(prepare(_traced(argv, tracer, tmp_path / "trace")), Seed002Config(n=4))
+    assert (sim["hits"], sim["cached_frees"]) == (stats["hits"], stats["kept"]), (sim, stats)
