@@ -382,18 +382,33 @@ def test_a_threshold_fixed_by_the_user_or_the_program_stays_fixed(heapcast_layer
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_blocks_from_glibcs_heap_are_left_to_glibc(heapcast_layer, program, policy, tmp_path):
-    """With glibc's threshold above the blocks (1 MiB, fixed), glibc serves them from its heap
-    and reuses them itself: the layer keeps none of them by default (scope=mapped), and says
-    so (`heap`); scope=all keeps and reuses them. Output unchanged either way."""
+    """With glibc's mmap threshold above the blocks (1 MiB) and its trim threshold far above
+    (64 MiB), glibc serves them from its heap and keeps the memory there: the layer keeps none
+    of them by default (scope=mapped), and says so (`heap`); scope=all keeps and reuses them.
+    Output unchanged either way."""
     exe = program("bigblocks")
     argv = [exe, "12", "1", "200000", "300000", "400000"]
-    fixed = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+    fixed = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "67108864"}
     rows = _same_under_layer(argv, heapcast_layer, f"policy={policy}", tmp_path, **fixed)
     assert len(rows) == 1, rows
     # 3 blocks a round, 12 rounds; block 0 is grown by realloc (its free is of the grown one)
     assert rows[0]["kept"] == 0 and rows[0]["hits"] == 0 and rows[0]["heap"] >= 30, rows
     every = _same_under_layer(argv, heapcast_layer, f"policy={policy},scope=all", tmp_path, **fixed)
     assert every[0]["heap"] == 0 and every[0]["kept"] > 0 and every[0]["hits"] > 0, every
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_heap_blocks_are_kept_once_glibc_trims_its_heap(heapcast_layer, program, policy, tmp_path):
+    """The same blocks with glibc's trim threshold at its 128 KiB default: freeing a round's
+    blocks grows the heap's top past it and glibc gives the memory back to the kernel (lowers
+    its break), to fault it in again next round. From the first such free on, the layer keeps
+    heap blocks too: few are left to glibc, and the rounds after reuse the kept ones."""
+    exe = program("bigblocks")
+    argv = [exe, "12", "1", "200000", "300000", "400000"]
+    fixed = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+    rows = _same_under_layer(argv, heapcast_layer, f"policy={policy}", tmp_path, **fixed)
+    assert len(rows) == 1, rows
+    assert rows[0]["heap"] <= 6 and rows[0]["hits"] >= 20, rows
 
 
 @pytest.mark.parametrize("policy", POLICIES)
