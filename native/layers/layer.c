@@ -918,6 +918,10 @@ static void *hl_take(size_t n, size_t align) {
             }
         }
     }
+    /* an empty shared cache is not locked for: where the rules leave most blocks to glibc's
+     * heap (a policy that declines, scope), 8 threads missing here met on hl_lock at every
+     * call (guided's 256 KiB pair: 65 -> 210 ns). A block kept meanwhile is missed once. */
+    if (__atomic_load_n(&hl_nkept, __ATOMIC_RELAXED) == 0) goto shared_done;
     pthread_mutex_lock(&hl_lock);
     hl_decay(&out, now);
     int best = -1;
@@ -937,6 +941,7 @@ static void *hl_take(size_t n, size_t align) {
         hl_nested_unlock(s);
     }
     pthread_mutex_unlock(&hl_lock);
+shared_done:
     if (p == NULL && hl_sharded) p = hl_steal(n, mask);
     if (p == NULL) {
         HL_COUNT(misses);
