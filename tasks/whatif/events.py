@@ -252,8 +252,9 @@ def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
         _FREES,
     )
     row = np.arange(n, dtype=np.int64) if order is None else order.astype(np.int64)
-    pair = np.stack([proc.astype(np.int64), col("thread").astype(np.int64, copy=False)], axis=1)
-    _, thread = np.unique(pair, axis=0, return_inverse=True)
+    # (process, thread) as one key: thread numbers are 16 bits in the raw format (FORMAT.md)
+    pair = (proc.astype(np.int64) << 32) | col("thread").astype(np.int64, copy=False)
+    _, thread = np.unique(pair, return_inverse=True)
     thread = np.asarray(thread, np.int32).reshape(-1)
     n_threads = int(thread.max()) + 1 if n else 0
     a = col("addr").astype(np.uint64, copy=False)
