@@ -884,6 +884,7 @@ def prepare_input_dir(generator: str, seed: int, size: int, scratch: Path) -> Pa
 
 # Workloads where the choice of allocator matters (issue 22); registered below, after the others.
 #   keras_gru          train.py: a small Keras GRU trained on token windows    [windows]
+#   keras_video        train.py: a small Keras video classifier, batches decoded [steps]
 
 _KERAS_GRU_TEMPLATE = '''\
 """heapcast workload (generated, seed {seed}, size {size}): Keras training (seed 003).
@@ -949,6 +950,94 @@ def gen_keras_gru(seed: int, size: int, dest: Path) -> list[str]:
 
 
 GENERATORS["keras_gru"] = gen_keras_gru
+
+
+_KERAS_VIDEO_TEMPLATE = '''\
+"""heapcast workload (generated, seed {seed}, size {size}): seed 003's case in its own shape,
+video classification training in TensorFlow/Keras.
+
+Each of {steps} steps decodes a batch of {batch} clips of {frames} frames ({height}x{width}, RGB)
+from a small library of seeded uint8 videos, as an input pipeline does: the clips stacked,
+converted to float32 ({batch_mb:.1f} MB), normalised in place and half of them flipped, then one
+training step of a small 3D convolutional classifier over it. The batch is above glibc's largest
+dynamic mmap threshold (32 MiB): under glibc every batch is a fresh mapping, zero-filled page by
+page, where an allocator that keeps large blocks hands the last one back. Op determinism is on,
+so the printed loss is the same run to run and under any allocator.
+"""
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU alone, same on any host
+
+import numpy as np
+import keras
+import tensorflow as tf
+
+SEED = {seed}
+STEPS, B, T, H, W, CLASSES = {steps}, {batch}, {frames}, {height}, {width}, {classes}
+keras.utils.set_random_seed(SEED)
+tf.config.experimental.enable_op_determinism()
+rng = np.random.default_rng(SEED)
+videos = rng.integers(0, 256, size=({videos}, 2 * T, H, W, 3), dtype=np.uint8)
+
+
+class Clips(keras.utils.PyDataset):
+    """Batch i: clips cut from the videos at seeded offsets, normalised, half flipped."""
+
+    def __len__(self):
+        return STEPS
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng(SEED * 100003 + i)
+        which = rng.integers(0, len(videos), size=B)
+        start = rng.integers(0, T, size=B)
+        clips = np.stack([videos[v, s : s + T] for v, s in zip(which, start)])
+        x = clips.astype(np.float32)
+        x /= 255.0
+        x -= 0.45
+        x /= 0.225
+        flip = rng.random(B) < 0.5
+        x[flip] = x[flip][:, :, :, ::-1]
+        return x, (which % CLASSES).astype(np.int32)
+
+
+model = keras.Sequential(
+    [
+        keras.Input(shape=(T, H, W, 3)),
+        keras.layers.AveragePooling3D((2, 4, 4)),
+        keras.layers.Conv3D(8, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling3D(),
+        keras.layers.Dense(CLASSES, activation="softmax"),
+    ]
+)
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+history = model.fit(Clips(), epochs=1, verbose=0)
+print("heapcast keras video done", STEPS, f"{{history.history['loss'][-1]:.4f}}")
+'''
+
+
+def gen_keras_video(seed: int, size: int, dest: Path) -> list[str]:
+    """Seed 003's case in its shape: Keras training of a small video classifier, `size` steps
+    over batches of 16 clips of 16 frames of 112x112 (38.5 MB in float32 each)."""
+    batch, frames, height, width = 16, 16, 112, 112
+    text = _KERAS_VIDEO_TEMPLATE.format(
+        seed=seed,
+        size=size,
+        steps=size,
+        batch=batch,
+        frames=frames,
+        height=height,
+        width=width,
+        classes=3,
+        videos=6,
+        batch_mb=batch * frames * height * width * 3 * 4 / 1e6,
+    )
+    (dest / "train.py").write_text(text)
+    return ["train.py"]
+
+
+GENERATORS["keras_video"] = gen_keras_video
 
 
 _NUMPY_TRAINING_LOOP_TEMPLATE = (

@@ -10,6 +10,7 @@ from tasks.replay.workloads import load_catalog
 WHERE_IT_MATTERS = {
     "numpy_temporaries",
     "keras_gru",
+    "keras_video",
     "larson",
     "cache_scratch",
     "xmalloc_test",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from tests.conftest import in_ci, need_tool
 NEW = {
     "numpy_temporaries": "cpython",
     "keras_gru": "tensorflow",
+    "keras_video": "tensorflow",
     "larson": "larson",
     "cache_scratch": "cache_scratch",
     "xmalloc_test": "xmalloc_test",
@@ -70,7 +73,7 @@ def test_new_workloads_have_their_program_two_inputs_and_stay_out_of_the_quick_s
     assert not quick & set(NEW)
 
 
-@pytest.mark.parametrize("name", ["numpy_temporaries", "keras_gru"])
+@pytest.mark.parametrize("name", ["numpy_temporaries", "keras_gru", "keras_video"])
 def test_new_generators_write_the_same_bytes_for_the_same_seed(name, tmp_path):
     w = load_catalog().get(name)
     inp = w.input("small")
@@ -95,6 +98,24 @@ def test_numpy_temporaries_prints_the_same_checksum_under_glibc_and_tcmalloc(tmp
     ]
     assert re.fullmatch(r"heapcast numpy temporaries done -?\d+(\.\d+)?(e[+-]?\d+)?\n", outs[0])
     assert outs[0] == outs[1]
+
+
+def test_keras_video_prints_the_same_loss_under_glibc_and_tcmalloc(tmp_path):
+    # GIVEN seed 003's video case at 3 steps, run as its container runs it (heapcast's own
+    # Python environment on the path, numpy's huge pages off)
+    _need_file(TCMALLOC, "libtcmalloc-minimal4")
+    generate_input("keras_video", 5, 3, tmp_path)
+    purelib = sysconfig.get_paths()["purelib"]
+    env = {"PYTHONPATH": purelib, "NUMPY_MADVISE_HUGEPAGE": "0", "PYTHONHASHSEED": "0"}
+    cmd = [sys.executable, "-S", str(tmp_path / "train.py")]
+    # WHEN it trains under glibc and under tcmalloc
+    runs = [
+        subprocess.run(cmd, env={**_under(lib), **env}, capture_output=True, text=True, check=True)
+        for lib in (None, TCMALLOC)
+    ]
+    # THEN the loss it prints is the same (the allocators stage compares outputs)
+    assert re.fullmatch(r"heapcast keras video done 3 \d+\.\d{4}\n", runs[0].stdout)
+    assert runs[0].stdout == runs[1].stdout
 
 
 @pytest.fixture(scope="module")
