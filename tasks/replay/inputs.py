@@ -959,10 +959,13 @@ video classification training in TensorFlow/Keras.
 Each of {steps} steps decodes a batch of {batch} clips of {frames} frames ({height}x{width}, RGB)
 from a small library of seeded uint8 videos, as an input pipeline does: the clips stacked,
 converted to float32 ({batch_mb:.1f} MB), normalised in place and half of them flipped, then one
-training step of a small 3D convolutional classifier over it. The batch is above glibc's largest
-dynamic mmap threshold (32 MiB): under glibc every batch is a fresh mapping, zero-filled page by
-page, where an allocator that keeps large blocks hands the last one back. Op determinism is on,
-so the printed loss is the same run to run and under any allocator.
+training step of a small 3D convolutional classifier over it. Keras feeds the batches through
+a tf.data generator dataset, whose kernel (on Python 3.11) fixes glibc's mmap threshold at
+128 KiB with mallopt: from then on every block of 128 KiB or more, each tensor and each batch,
+is a fresh mapping under glibc, zero-filled page by page, where an allocator that keeps freed
+blocks (or ignores mallopt) hands the last one back. The batch is above glibc's largest dynamic
+threshold (32 MiB) besides. Op determinism is on, so the printed loss is the same run to run
+and under any allocator.
 """
 import os
 
