@@ -18,16 +18,27 @@
  * statically linked, setuid, or started by a parent that cleared its environment never loads
  * the probe and leaves no line.
  *
- * Held to an allocator's standard, since it runs inside other programs: no interposed symbol,
- * no allocation of its own, one write(2) per line on an O_APPEND descriptor (lines of several
- * processes never interleave), errors ignored (the program's output and exit code never change),
- * nothing at all without HEAPCAST_PROBE_OUT.
+ *   mallopt pid mallopt.<param>        (the program fixed one of glibc's knobs itself)
+ *
+ * A knob set in the environment holds only until the program sets the same one by mallopt:
+ * TensorFlow's generator dataset fixes M_MMAP_THRESHOLD at 128 KiB on Python 3.11, and a
+ * GLIBC_TUNABLES mmap_threshold measured there would be measured under a wrong name. So the
+ * probe passes mallopt on (to the next definition: the allocator's, or glibc's) and writes a
+ * `mallopt` line for each call on a parameter a glibc knob sets; calls made before the probe's
+ * constructor are written with its start line.
+ *
+ * Held to an allocator's standard, since it runs inside other programs: one interposed symbol,
+ * mallopt, which only passes the call on after noting it; no allocation of its own, one
+ * write(2) per line on an O_APPEND descriptor (lines of several processes never interleave),
+ * errors ignored (the program's output and exit code never change), nothing written without
+ * HEAPCAST_PROBE_OUT.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <malloc.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +155,51 @@ static void mimalloc_opts(struct line *l) {
     if (version) add_num(l, "mimalloc.version", version());
 }
 
+/* glibc's mallopt parameters that a knob of the environment also sets (GLIBC_TUNABLES
+ * glibc.malloc.<name>, MALLOC_<NAME>_): the names tasks/replay/runners/preload.py compares. */
+static const struct {
+    int param;
+    const char *key;
+} MALLOPT_KNOBS[] = {
+    {M_TRIM_THRESHOLD, "mallopt.trim_threshold"}, {M_TOP_PAD, "mallopt.top_pad"},
+    {M_MMAP_THRESHOLD, "mallopt.mmap_threshold"}, {M_MMAP_MAX, "mallopt.mmap_max"},
+    {M_ARENA_TEST, "mallopt.arena_test"},         {M_ARENA_MAX, "mallopt.arena_max"},
+};
+#define N_MALLOPT_KNOBS (sizeof MALLOPT_KNOBS / sizeof MALLOPT_KNOBS[0])
+/* calls before the constructor knew where to write: the last value per knob, 1 + set */
+static int early_set[N_MALLOPT_KNOBS];
+static int early_value[N_MALLOPT_KNOBS];
+
+static void add_early_mallopts(struct line *l) {
+    for (size_t i = 0; i < N_MALLOPT_KNOBS; i++)
+        if (__atomic_load_n(&early_set[i], __ATOMIC_ACQUIRE))
+            add_num(l, MALLOPT_KNOBS[i].key, __atomic_load_n(&early_value[i], __ATOMIC_RELAXED));
+}
+
+__attribute__((visibility("default"))) int mallopt(int param, int value) {
+    static int (*next)(int, int);
+    int (*f)(int, int) = __atomic_load_n(&next, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = (int (*)(int, int))dlsym(RTLD_NEXT, "mallopt");
+        __atomic_store_n(&next, f, __ATOMIC_RELEASE);
+    }
+    for (size_t i = 0; i < N_MALLOPT_KNOBS; i++) {
+        if (MALLOPT_KNOBS[i].param != param) continue;
+        if (out_path[0]) {
+            struct line l = {.n = 0};
+            memcpy(l.buf, "mallopt", 7);
+            l.n = 7;
+            add_num(&l, "pid", getpid());
+            add_num(&l, MALLOPT_KNOBS[i].key, value);
+            emit(&l);
+        } else {
+            __atomic_store_n(&early_value[i], value, __ATOMIC_RELAXED);
+            __atomic_store_n(&early_set[i], 1, __ATOMIC_RELEASE);
+        }
+    }
+    return f ? f(param, value) : 0;
+}
+
 __attribute__((constructor)) static void probe_start(void) {
     const char *out = getenv("HEAPCAST_PROBE_OUT");
     if (!out || !*out || strlen(out) >= sizeof out_path) return;
@@ -172,6 +228,7 @@ __attribute__((constructor)) static void probe_start(void) {
     jemalloc_opts(&l);
     tcmalloc_opts(&l);
     mimalloc_opts(&l);
+    add_early_mallopts(&l);
     emit(&l);
 }
 

@@ -14,6 +14,8 @@ why:
 - no process loaded the probe (a static or setuid program, or the environment dropped first);
 - a process ran with AT_SECURE (setuid), or with another malloc than the library's;
 - a knob missing or different in a process, or not in force by the allocator's own answer;
+- one of glibc's knobs set again by the program itself with mallopt, to another value (the
+  probe's `mallopt` lines: TensorFlow's generator dataset fixes the mmap threshold);
 - less than half of the program's CPU time ran in processes that loaded it (a child started
   with a cleared environment, or a static one, did the work). Programs under MIN_CPU_S of CPU
   are judged by the other checks alone.
@@ -135,11 +137,11 @@ def preload_refused(log_tail: str) -> str | None:
 
 
 def parse_probe(text: str) -> list[dict[str, str]]:
-    """The probe's lines as dicts (`kind`: start or exit, then its fields)."""
+    """The probe's lines as dicts (`kind`: start, exit or mallopt, then its fields)."""
     out = []
     for line in text.splitlines():
         kind, *fields = line.split("\t")
-        if kind in ("start", "exit"):
+        if kind in ("start", "exit", "mallopt"):
             rec = {"kind": kind}
             rec.update(f.split("=", 1) for f in fields if "=" in f)
             out.append(rec)
@@ -165,6 +167,43 @@ def _in_force(key: str, value: str, rec: dict[str, str]) -> str | None:
             return "TCMALLOC_RELEASE_RATE set, but no tcmalloc answered in the process"
         if abs(float(got) - float(value)) > 1e-6 * max(1.0, abs(float(value))):
             return f"tcmalloc's release rate is {got}, not {value}"
+    return None
+
+
+# glibc's knobs that the program can set again itself by mallopt (the probe's `mallopt.<name>`):
+# the environment variable or GLIBC_TUNABLES name -> that name
+_MALLOPT_NAMES = ("trim_threshold", "top_pad", "mmap_threshold", "mmap_max")  # MALLOC_<N>_
+MALLOPT_KNOBS = {
+    **{f"MALLOC_{n.upper()}_": n for n in _MALLOPT_NAMES},
+    "MALLOC_ARENA_TEST": "arena_test",
+    "MALLOC_ARENA_MAX": "arena_max",
+    **{f"glibc.malloc.{n}": n for n in (*_MALLOPT_NAMES, "arena_test", "arena_max")},
+}
+
+
+def _glibc_knobs(key: str, value: str) -> list[tuple[str, str, str]]:
+    """(how the user set it, mallopt name, value) for each of glibc's knobs in `key`=`value`
+    that the program could set again by mallopt."""
+    if key == "GLIBC_TUNABLES":
+        pairs = (t.partition("=") for t in value.split(":"))
+        return [(f"{n}={v}", MALLOPT_KNOBS[n], v) for n, _, v in pairs if n in MALLOPT_KNOBS]
+    return [(f"{key}={value}", MALLOPT_KNOBS[key], value)] if key in MALLOPT_KNOBS else []
+
+
+def _overridden(key: str, value: str, recs: list[dict[str, str]]) -> str | None:
+    """Why knob `key`=`value` was not in force: a process of the run set the same parameter to
+    another value by mallopt (TensorFlow's generator dataset fixes M_MMAP_THRESHOLD at 128 KiB);
+    None if none did."""
+    exes = {r.get("pid"): r.get("exe", "?") for r in recs if r["kind"] == "start"}
+    for asked, name, want in _glibc_knobs(key, value):
+        for r in recs:
+            got = r.get(f"mallopt.{name}")
+            if got is not None and got != want:
+                who = f"pid {r.get('pid')} ({exes.get(r.get('pid'), '?')})"
+                return (
+                    f"{who} set M_{name.upper()} to {got} itself (mallopt), so {asked} was not "
+                    "in force"
+                )
     return None
 
 
@@ -212,6 +251,10 @@ def verify(
             why = _in_force(key, value, r)
             if why:
                 return no(f"{who}: {why}")
+    for key, value in spec.env:
+        why = _overridden(key, value, recs)
+        if why:
+            return no(why)
     cpu_ns = sum(max(0, int(r.get("cpu_ns", "0"))) for r in recs if r["kind"] == "exit")
     share = None
     if tree_cpu_s is not None and tree_cpu_s >= MIN_CPU_S:

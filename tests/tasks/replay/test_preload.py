@@ -1,16 +1,19 @@
 """Loading verified positively (tasks.replay.runners.preload): real programs run on this host
 under each allocator with the probe; a static program, a program that clears its environment
-before exec'ing its worker, a refused library and a knob changed on the way are "not applied"."""
+before exec'ing its worker, a refused library, a knob changed on the way and a glibc knob the
+program sets again itself by mallopt are "not applied"."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from tasks.replay.runners.preload import PreloadSpec, run_preloaded, verify
+from tasks.core.config import PROJECT_DIR
+from tasks.replay.runners.preload import PreloadSpec, build_probe, run_preloaded, verify
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 JEMALLOC = f"{LIB}/libjemalloc.so.2"
@@ -104,3 +107,76 @@ def test_verify_reads_the_allocator_s_own_answer():
     assert "setuid" in verify(spec, setuid, None).reason
     glibc = line.replace(JEMALLOC, "/lib/x86_64-linux-gnu/libc.so.6")
     assert "not libjemalloc.so.2" in verify(spec, glibc, None).reason
+
+
+# tests/native/programs/threshold.c: with "mallopt" it fixes M_MMAP_THRESHOLD at 128 KiB itself,
+# as TensorFlow's generator dataset does, then prints where a 200 kB block came from
+THRESHOLD_C = PROJECT_DIR / "tests" / "native" / "programs" / "threshold.c"
+FIXED = PreloadSpec(
+    "glibc-fixed",
+    env=(("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=4194304"),),
+)
+
+
+@pytest.fixture(scope="module")
+def threshold_program(tmp_path_factory):
+    out = tmp_path_factory.mktemp("threshold") / "threshold"
+    subprocess.run(["gcc", "-O2", "-o", str(out), str(THRESHOLD_C)], check=True)
+    return str(out)
+
+
+def test_a_glibc_knob_the_program_sets_again_by_mallopt_is_not_applied(threshold_program, tmp_path):
+    # WHEN the program fixes the mmap threshold itself under a candidate that tunes it
+    r = run_preloaded([threshold_program, "mallopt"], FIXED, tmp_path / "mallopt")
+    # THEN the run is not measured under glibc-fixed's name, and the reason names the call
+    assert r.exit_code == 0
+    assert not r.verification.applied
+    assert re.fullmatch(
+        rf"pid \d+ \({re.escape(threshold_program)}\) set M_MMAP_THRESHOLD to 131072 itself "
+        r"\(mallopt\), so glibc.malloc.mmap_threshold=4194304 was not in force",
+        r.verification.reason,
+    ), r.verification.reason
+    # the same program leaving the threshold alone is applied, and so is plain glibc under it
+    assert run_preloaded([threshold_program], FIXED, tmp_path / "alone").verification.applied
+    plain = run_preloaded([threshold_program, "mallopt"], PreloadSpec("glibc"), tmp_path / "plain")
+    assert plain.verification.applied
+
+
+def test_the_probe_passes_the_program_s_mallopt_on_to_glibc(threshold_program, tmp_path):
+    # GIVEN the probe preloaded, as in every measured run
+    env = {"LD_PRELOAD": str(build_probe()), "HEAPCAST_PROBE_OUT": str(tmp_path / "probe")}
+    out = {
+        arg: subprocess.run(
+            [threshold_program, *arg], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        for arg in ((), ("mallopt",))
+    }
+    # THEN glibc still follows its dynamic threshold, or keeps the one the program fixed
+    assert out == {(): "heap\n", ("mallopt",): "mmap\n"}
+    lines = (tmp_path / "probe").read_text().splitlines()
+    assert [ln.split("\t")[0] for ln in lines] == ["start", "exit", "start", "mallopt", "exit"]
+    assert lines[3].endswith("\tmallopt.mmap_threshold=131072")
+
+
+def test_a_mallopt_made_before_the_probe_started_is_on_its_start_line(tmp_path):
+    # GIVEN a program linked with a library whose constructor, run before the probe's, caps
+    # the arenas by mallopt
+    lib = tmp_path / "libearly.so"
+    src = "#include <malloc.h>\n__attribute__((constructor)) static void early(void) { mallopt(M_ARENA_MAX, 2); }\n"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(lib), "-x", "c", "-"], input=src.encode(), check=True
+    )
+    prog = tmp_path / "early"
+    subprocess.run(
+        ["gcc", "-o", str(prog), "-x", "c", "-", "-Wl,--no-as-needed", f"-L{tmp_path}", "-learly",
+         f"-Wl,-rpath,{tmp_path}"],
+        input=b"int main(void) { return 0; }\n",
+        check=True,
+    )  # fmt: skip
+    # WHEN it runs under MALLOC_ARENA_MAX=4
+    r = run_preloaded(
+        [str(prog)], PreloadSpec("arena4", env=(("MALLOC_ARENA_MAX", "4"),)), tmp_path / "run"
+    )
+    # THEN the call is seen, and the knob was not in force
+    assert not r.verification.applied
+    assert "set M_ARENA_MAX to 2 itself (mallopt), so MALLOC_ARENA_MAX=4" in r.verification.reason
