@@ -166,9 +166,12 @@ static const struct {
     {M_ARENA_TEST, "mallopt.arena_test"},         {M_ARENA_MAX, "mallopt.arena_max"},
 };
 #define N_MALLOPT_KNOBS (sizeof MALLOPT_KNOBS / sizeof MALLOPT_KNOBS[0])
-/* calls before the constructor knew where to write: the last value per knob, 1 + set */
+/* calls before the constructor knew where to write: per knob, set (1) and its last value */
 static int early_set[N_MALLOPT_KNOBS];
 static int early_value[N_MALLOPT_KNOBS];
+/* the value of each knob's last line, so that a program repeating a call writes one line */
+static int written_set[N_MALLOPT_KNOBS];
+static int written_value[N_MALLOPT_KNOBS];
 
 static void add_early_mallopts(struct line *l) {
     for (size_t i = 0; i < N_MALLOPT_KNOBS; i++)
@@ -186,6 +189,11 @@ __attribute__((visibility("default"))) int mallopt(int param, int value) {
     for (size_t i = 0; i < N_MALLOPT_KNOBS; i++) {
         if (MALLOPT_KNOBS[i].param != param) continue;
         if (out_path[0]) {
+            if (__atomic_load_n(&written_set[i], __ATOMIC_ACQUIRE) &&
+                __atomic_load_n(&written_value[i], __ATOMIC_RELAXED) == value)
+                continue;
+            __atomic_store_n(&written_value[i], value, __ATOMIC_RELAXED);
+            __atomic_store_n(&written_set[i], 1, __ATOMIC_RELEASE);
             struct line l = {.n = 0};
             memcpy(l.buf, "mallopt", 7);
             l.n = 7;

@@ -190,6 +190,14 @@ def _glibc_knobs(key: str, value: str) -> list[tuple[str, str, str]]:
     return [(f"{key}={value}", MALLOPT_KNOBS[key], value)] if key in MALLOPT_KNOBS else []
 
 
+def _same_number(a: str, b: str) -> bool:
+    """Whether two knob values are the same number (a tunable may be written 0x400000)."""
+    try:
+        return int(a, 0) == int(b, 0)
+    except ValueError:
+        return a == b
+
+
 def _overridden(key: str, value: str, recs: list[dict[str, str]]) -> str | None:
     """Why knob `key`=`value` was not in force: a process of the run set the same parameter to
     another value by mallopt (TensorFlow's generator dataset fixes M_MMAP_THRESHOLD at 128 KiB);
@@ -198,7 +206,7 @@ def _overridden(key: str, value: str, recs: list[dict[str, str]]) -> str | None:
     for asked, name, want in _glibc_knobs(key, value):
         for r in recs:
             got = r.get(f"mallopt.{name}")
-            if got is not None and got != want:
+            if got is not None and not _same_number(got, want):
                 who = f"pid {r.get('pid')} ({exes.get(r.get('pid'), '?')})"
                 return (
                     f"{who} set M_{name.upper()} to {got} itself (mallopt), so {asked} was not "

@@ -180,3 +180,36 @@ def test_a_mallopt_made_before_the_probe_started_is_on_its_start_line(tmp_path):
     # THEN the call is seen, and the knob was not in force
     assert not r.verification.applied
     assert "set M_ARENA_MAX to 2 itself (mallopt), so MALLOC_ARENA_MAX=4" in r.verification.reason
+
+
+def test_a_mallopt_to_the_knob_s_own_value_keeps_it_applied():
+    # GIVEN a tunable written in hex, and a program that sets the same threshold again
+    spec = PreloadSpec("hex", env=(("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=0x400000"),))
+    start = (
+        "start\tpid=7\tppid=1\tsecure=0\texe=/bin/x\tmalloc=/lib/x86_64-linux-gnu/libc.so.6"
+        "\tenv.GLIBC_TUNABLES=glibc.malloc.mmap_threshold=0x400000\n"
+    )
+    same = start + "mallopt\tpid=7\tmallopt.mmap_threshold=4194304\n"
+    assert verify(spec, same, None).applied
+    # a call on another knob than the one measured leaves it applied too
+    other = start + "mallopt\tpid=7\tmallopt.arena_max=1\n"
+    assert verify(spec, other, None).applied
+    moved = start + "mallopt\tpid=7\tmallopt.mmap_threshold=131072\n"
+    assert "set M_MMAP_THRESHOLD to 131072" in verify(spec, moved, None).reason
+
+
+def test_a_call_repeated_with_the_same_value_writes_one_line(tmp_path):
+    prog = tmp_path / "repeat"
+    src = (
+        "#include <malloc.h>\nint main(void) { for (int i = 0; i < 1000; i++) "
+        "mallopt(M_MMAP_THRESHOLD, 131072); mallopt(M_MMAP_THRESHOLD, 262144); return 0; }\n"
+    )
+    subprocess.run(["gcc", "-o", str(prog), "-x", "c", "-"], input=src.encode(), check=True)
+    out = tmp_path / "probe"
+    env = {"LD_PRELOAD": str(build_probe()), "HEAPCAST_PROBE_OUT": str(out)}
+    subprocess.run([str(prog)], env=env, check=True)
+    calls = [ln for ln in out.read_text().splitlines() if ln.startswith("mallopt")]
+    assert [c.split("\t")[-1] for c in calls] == [
+        "mallopt.mmap_threshold=131072",
+        "mallopt.mmap_threshold=262144",
+    ]
