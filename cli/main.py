@@ -303,6 +303,16 @@ def cmd_layer(args: argparse.Namespace) -> int:
         f"{total('outgrown')} of blocks the program outgrew)",
         file=sys.stderr,
     )
+    fixed = {
+        int(r["program_mmap_threshold"]) for r in rows if int(r.get("program_mmap_threshold", 0))
+    }
+    if fixed:  # what makes glibc slow there, and why the layer's own following is off
+        print(
+            "heapcast layer: the program fixed glibc's mmap threshold itself (mallopt "
+            f"M_MMAP_THRESHOLD={', '.join(map(str, sorted(fixed)))}): glibc maps every block from "
+            "there up afresh, and the layer leaves the threshold where the program put it",
+            file=sys.stderr,
+        )
     if args.stats:
         for line in lines:
             print(f"heapcast layer: {line}", file=sys.stderr)

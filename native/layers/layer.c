@@ -1202,11 +1202,17 @@ static void hl_follow(size_t usable) {
     pthread_mutex_unlock(&hl_follow_lock);
 }
 
+/* the mmap threshold the program fixed itself (0: none), for the stats: TensorFlow's generator
+ * dataset fixes it at 128 KiB, and every block glibc serves from there up is a fresh mapping */
+static int hl_program_threshold;
+
 /* The program sets a threshold of its own: glibc stops following, and so does the layer. */
 HL_EXPORT int mallopt(int param, int value) {
     int (*f)(int, int) = HL_REAL(mallopt);
     if (param == M_MMAP_THRESHOLD || param == M_TRIM_THRESHOLD || param == M_TOP_PAD ||
         param == M_MMAP_MAX) {
+        if (param == M_MMAP_THRESHOLD)
+            __atomic_store_n(&hl_program_threshold, value, __ATOMIC_RELAXED);
         pthread_mutex_lock(&hl_follow_lock);
         __atomic_store_n(&hl_follow_at, 0, __ATOMIC_RELAXED);
         int rc = f ? f(param, value) : 0;
@@ -1557,6 +1563,7 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("untracked", hl_stats.untracked);
     F("table_refused", hl_stats.table_refused);
     F("mmap_threshold", __atomic_load_n(&hl_follow_at, __ATOMIC_RELAXED)); /* 0: not followed */
+    F("program_mmap_threshold", __atomic_load_n(&hl_program_threshold, __ATOMIC_RELAXED));
 #undef F
     pthread_mutex_unlock(&hl_lock);
     p[-1] = '\n';

@@ -89,6 +89,21 @@ def test_layer_keeps_output_and_exit_code_and_says_what_it_did(tmp_path):
     assert m and int(m.group(1)) >= 1 and int(m.group(2)) >= 10, line
 
 
+def test_layer_says_when_the_program_fixed_glibc_s_mmap_threshold(tmp_path):
+    # GIVEN tests/native/programs/threshold.c, which with "mallopt" fixes the threshold at
+    # 128 KiB itself, as TensorFlow's generator dataset does
+    prog = tmp_path / "threshold"
+    src = Path(__file__).parents[1] / "native" / "programs" / "threshold.c"
+    subprocess.run(["gcc", "-O2", "-o", str(prog), str(src)], check=True)
+    # WHEN it runs under the layer with and without the call
+    fixed = heapcast("layer", "--policy", "seed001", "--", str(prog), "mallopt", cwd=tmp_path)
+    alone = heapcast("layer", "--policy", "seed001", "--", str(prog), cwd=tmp_path)
+    # THEN glibc keeps the program's threshold (a 200 kB block is mapped), and one line says so
+    assert (fixed.returncode, fixed.stdout, alone.stdout) == (0, "mmap\n", "heap\n")
+    said = "heapcast layer: the program fixed glibc's mmap threshold itself (mallopt M_MMAP_THRESHOLD=131072)"
+    assert said in fixed.stderr and "mallopt" not in alone.stderr
+
+
 def test_layer_refuses_a_missing_table_file_and_says_how(tmp_path):
     r = heapcast("layer", "--predictor", "table:missing.hclt", "--", "true", cwd=tmp_path)
     assert r.returncode == 2
