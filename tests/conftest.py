@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="heapcast-test-pre
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from tasks.core.config import apply_embedded_defaults  # noqa: E402
+from tests.native.tracer_harness import NATIVE, PROGRAMS  # noqa: E402
 
 apply_embedded_defaults()
 
@@ -60,3 +64,39 @@ def engine() -> str:
             pytest.fail(msg + " (CI=true: the engine is required)")
         pytest.skip(msg)
     return host
+
+
+@pytest.fixture(scope="session")
+def program(tmp_path_factory) -> Callable[..., Path]:
+    """Compiles tests/native/programs/<name>.c once (per set of extra gcc flags, e.g.
+    "-rdynamic") and returns the executable's path.
+
+    -fno-builtin: gcc otherwise deletes malloc/free pairs whose block is unused, and the tests
+    count exactly those calls."""
+    bin_dir = tmp_path_factory.mktemp("programs")
+    built: dict[tuple[str, ...], Path] = {}
+
+    def build(name: str, *flags: str) -> Path:
+        key = (name, *flags)
+        if key not in built:
+            exe = bin_dir / (name + "".join(f.replace("/", "_") for f in flags))
+            subprocess.run(
+                [
+                    "gcc",
+                    "-O1",
+                    "-g",
+                    "-fno-builtin",
+                    "-Wall",
+                    "-pthread",
+                    f"-I{NATIVE}",
+                    "-o",
+                    str(exe),
+                    str(PROGRAMS / f"{name}.c"),
+                    *flags,
+                ],
+                check=True,
+            )
+            built[key] = exe
+        return built[key]
+
+    return build

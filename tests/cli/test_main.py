@@ -89,12 +89,10 @@ def test_layer_keeps_output_and_exit_code_and_says_what_it_did(tmp_path):
     assert m and int(m.group(1)) >= 1 and int(m.group(2)) >= 10, line
 
 
-def test_layer_says_when_the_program_fixed_glibc_s_mmap_threshold(tmp_path):
+def test_layer_says_when_the_program_fixed_glibc_s_mmap_threshold(program, tmp_path):
     # GIVEN tests/native/programs/threshold.c, which with "mallopt" fixes the threshold at
     # 128 KiB itself, as TensorFlow's generator dataset does
-    prog = tmp_path / "threshold"
-    src = Path(__file__).parents[1] / "native" / "programs" / "threshold.c"
-    subprocess.run(["gcc", "-O2", "-o", str(prog), str(src)], check=True)
+    prog = program("threshold")
     # WHEN it runs under the layer with and without the call
     fixed = heapcast("layer", "--policy", "seed001", "--", str(prog), "mallopt", cwd=tmp_path)
     alone = heapcast("layer", "--policy", "seed001", "--", str(prog), cwd=tmp_path)

@@ -1,5 +1,6 @@
-"""Fixtures for the tracer tests: build libheapcast.so once, compile the small C programs in
-programs/, run a command under LD_PRELOAD and read back its traces (tracer_harness.py)."""
+"""Fixtures for the tracer tests: build libheapcast.so once, run a command under LD_PRELOAD and
+read back its traces (tracer_harness.py); the small C programs in programs/ are compiled by
+tests/conftest.py's `program`, which the probe's and the CLI's tests use too."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import pytest
 from tasks.format.trace_reader import Trace
 from tests.native.tracer_harness import (
     NATIVE,
-    PROGRAMS,
     TracedRun,
     read_traces,
     tracer_env,
@@ -30,42 +30,6 @@ def libheapcast() -> Path:
     lib = NATIVE / "build" / "libheapcast.so"
     assert lib.is_file()
     return lib
-
-
-@pytest.fixture(scope="session")
-def program(tmp_path_factory) -> Callable[..., Path]:
-    """Compiles tests/native/programs/<name>.c once (per set of extra gcc flags, e.g.
-    "-rdynamic") and returns the executable's path.
-
-    -fno-builtin: gcc otherwise deletes malloc/free pairs whose block is unused, and the tests
-    count exactly those calls."""
-    bin_dir = tmp_path_factory.mktemp("programs")
-    built: dict[tuple[str, ...], Path] = {}
-
-    def build(name: str, *flags: str) -> Path:
-        key = (name, *flags)
-        if key not in built:
-            exe = bin_dir / (name + "".join(f.replace("/", "_") for f in flags))
-            subprocess.run(
-                [
-                    "gcc",
-                    "-O1",
-                    "-g",
-                    "-fno-builtin",
-                    "-Wall",
-                    "-pthread",
-                    f"-I{NATIVE}",
-                    "-o",
-                    str(exe),
-                    str(PROGRAMS / f"{name}.c"),
-                    *flags,
-                ],
-                check=True,
-            )
-            built[key] = exe
-        return built[key]
-
-    return build
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from tasks.core.config import PROJECT_DIR
 from tasks.replay.runners.preload import PreloadSpec, build_probe, run_preloaded, verify
 
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -109,9 +108,9 @@ def test_verify_reads_the_allocator_s_own_answer():
     assert "not libjemalloc.so.2" in verify(spec, glibc, None).reason
 
 
-# tests/native/programs/threshold.c: with "mallopt" it fixes M_MMAP_THRESHOLD at 128 KiB itself,
-# as TensorFlow's generator dataset does, then prints where a 200 kB block came from
-THRESHOLD_C = PROJECT_DIR / "tests" / "native" / "programs" / "threshold.c"
+# tests/native/programs/threshold.c (tests/conftest.py's `program` compiles it): with "mallopt"
+# it fixes M_MMAP_THRESHOLD at 128 KiB itself, as TensorFlow's generator dataset does, then
+# prints where a 200 kB block came from
 FIXED = PreloadSpec(
     "glibc-fixed",
     env=(("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=4194304"),),
@@ -119,10 +118,8 @@ FIXED = PreloadSpec(
 
 
 @pytest.fixture(scope="module")
-def threshold_program(tmp_path_factory):
-    out = tmp_path_factory.mktemp("threshold") / "threshold"
-    subprocess.run(["gcc", "-O2", "-o", str(out), str(THRESHOLD_C)], check=True)
-    return str(out)
+def threshold_program(program):
+    return str(program("threshold"))
 
 
 def test_a_glibc_knob_the_program_sets_again_by_mallopt_is_not_applied(threshold_program, tmp_path):
