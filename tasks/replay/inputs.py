@@ -886,16 +886,8 @@ def prepare_input_dir(generator: str, seed: int, size: int, scratch: Path) -> Pa
 #   keras_gru          train.py: a small Keras GRU trained on token windows    [windows]
 #   keras_video        train.py: a small Keras video classifier, batches decoded [steps]
 
-_KERAS_GRU_TEMPLATE = '''\
-"""heapcast workload (generated, seed {seed}, size {size}): Keras training (seed 003).
-
-A small recurrent network like heapcast's own predictor: an embedding of 64 heap-call tokens, a
-GRU of 64 and one of 32 units, a softmax over the next token, trained for {epochs} epoch(s) on
-{windows} windows of {window} tokens drawn from a seeded Markov chain. TensorFlow allocates and
-frees tensors from many threads on every step: the seed's training slowed by the system
-allocator. Op determinism is on, so the printed losses are the same run to run and under any
-allocator.
-"""
+# What both Keras workloads start with: TensorFlow on the CPU, quiet, seeded, deterministic ops.
+_KERAS_PREAMBLE = """\
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -911,7 +903,22 @@ keras.utils.set_random_seed(SEED)
 tf.config.experimental.enable_op_determinism()
 
 rng = np.random.default_rng(SEED)
-# a Markov chain over 64 tokens whose rows favour a few successors, as heap calls do
+"""
+
+_KERAS_GRU_TEMPLATE = (
+    '''\
+"""heapcast workload (generated, seed {seed}, size {size}): Keras training (seed 003).
+
+A small recurrent network like heapcast's own predictor: an embedding of 64 heap-call tokens, a
+GRU of 64 and one of 32 units, a softmax over the next token, trained for {epochs} epoch(s) on
+{windows} windows of {window} tokens drawn from a seeded Markov chain. TensorFlow allocates and
+frees tensors from many threads on every step: the seed's training slowed by the system
+allocator. Op determinism is on, so the printed losses are the same run to run and under any
+allocator.
+"""
+'''
+    + _KERAS_PREAMBLE
+    + """# a Markov chain over 64 tokens whose rows favour a few successors, as heap calls do
 weights = rng.random((64, 64)) ** 8
 cum = np.cumsum(weights / weights.sum(axis=1, keepdims=True), axis=1)
 length = {windows} + {window}
@@ -936,7 +943,8 @@ model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 history = model.fit(x, y, batch_size=128, epochs={epochs}, shuffle=True, verbose=0)
 losses = " ".join(f"{{v:.4f}}" for v in history.history["loss"])
 print("heapcast keras gru done", {windows}, {epochs}, losses)
-'''
+"""
+)
 
 
 def gen_keras_gru(seed: int, size: int, dest: Path) -> list[str]:
@@ -952,7 +960,8 @@ def gen_keras_gru(seed: int, size: int, dest: Path) -> list[str]:
 GENERATORS["keras_gru"] = gen_keras_gru
 
 
-_KERAS_VIDEO_TEMPLATE = '''\
+_KERAS_VIDEO_TEMPLATE = (
+    '''\
 """heapcast workload (generated, seed {seed}, size {size}): seed 003's case in its own shape,
 video classification training in TensorFlow/Keras.
 
@@ -967,21 +976,9 @@ blocks (or ignores mallopt) hands the last one back. The batch is above glibc's 
 threshold (32 MiB) besides. Op determinism is on, so the printed loss is the same run to run
 and under any allocator.
 """
-import os
-
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU alone, same on any host
-
-import numpy as np
-import keras
-import tensorflow as tf
-
-SEED = {seed}
-STEPS, B, T, H, W, CLASSES = {steps}, {batch}, {frames}, {height}, {width}, {classes}
-keras.utils.set_random_seed(SEED)
-tf.config.experimental.enable_op_determinism()
-rng = np.random.default_rng(SEED)
+'''
+    + _KERAS_PREAMBLE
+    + '''STEPS, B, T, H, W, CLASSES = {steps}, {batch}, {frames}, {height}, {width}, {classes}
 videos = rng.integers(0, 256, size=({videos}, 2 * T, H, W, 3), dtype=np.uint8)
 
 
@@ -1018,6 +1015,7 @@ model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 history = model.fit(Clips(), epochs=1, verbose=0)
 print("heapcast keras video done", STEPS, f"{{history.history['loss'][-1]:.4f}}")
 '''
+)
 
 
 def gen_keras_video(seed: int, size: int, dest: Path) -> list[str]:
