@@ -298,7 +298,9 @@ def cmd_layer(args: argparse.Namespace) -> int:
         f"heapcast layer ({args.policy}, {args.predictor.split(':')[0]}): "
         f"{len(rows)} process(es): {total('hits')} hits, {total('misses')} misses, "
         f"{total('kept')} blocks kept (peak {max((int(r['bytes_kept_peak']) for r in rows), default=0) / mb:.1f} MB), "
-        f"{total('given_back')} given back ({total('bytes_given_back') / mb:.1f} MB), "
+        f"{total('given_back')} given back ({total('bytes_given_back') / mb:.1f} MB; "
+        f"{total('bounded')} to stay within the program's own peak of "
+        f"{max((int(r.get('live_peak', 0)) for r in rows), default=0) / mb:.1f} MB live), "
         f"{total('passed')} calls passed through ({total('heap')} frees left to glibc's heap, "
         f"{total('outgrown')} of blocks the program outgrew)",
         file=sys.stderr,

@@ -37,6 +37,11 @@
  * got: grown by malloc, copy and free; `outgrown`).
  * Both keep the cache from holding memory the program would not have held under glibc: small
  * programs held 4-24% more, a threaded stress 25-40% more (hl_in_scope, hl_free_large).
+ * And a bound (`peak`, default 4%): at a miss that maps new memory, kept blocks go back until
+ * the large blocks live plus those kept (fronts included) are within the program's own peak of
+ * live large blocks plus 4%, which is what glibc, unmapping each at its free, holds at most
+ * (hl_bound). A training step's freed tensors, kept while the next step's grew, had made
+ * keras_video peak at 1.09x glibc's memory. `bounded` in the stats counts those given back.
  *
  * Ownership: the layer makes no blocks of its own; every block is the next allocator's, so
  * realloc, malloc_usable_size & co. of any pointer go there. The layer knows which large blocks
@@ -129,6 +134,7 @@
     X(predictor, "online", "guided: online (the thread's counter) | table:FILE (TABLE.md)")       \
     X(model, "0", "table: the model version the file must come from (0: any)")                    \
     X(follow, "1", "1: raise glibc's mmap threshold as glibc would on the frees it keeps; 0: no") \
+    X(peak, "4", "kept blocks never lift live + kept above the live blocks' peak + this % (off)") \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
 
 enum hl_policy { HL_OFF, HL_SEED002, HL_SEED001, HL_GUIDED };
@@ -143,10 +149,11 @@ struct hl_settings {
     uint32_t model;
     int follow;      /* raise glibc's mmap threshold as glibc would (hl_follow) */
     int scope_all;   /* keep blocks from glibc's heap too (scope=all) */
+    int peak;        /* hl_bound's headroom in % of the live blocks' peak; -1: no bound */
     char table[512]; /* table file path ("" = online counter) */
     char stats[512]; /* "" none, "1" stderr, else a path */
 };
-static struct hl_settings hl_set = {.policy = HL_OFF, .min = SIZE_MAX};
+static struct hl_settings hl_set = {.policy = HL_OFF, .min = SIZE_MAX, .peak = -1};
 
 /* The one output path (stats, refusals): write(2) of a stack buffer, EINTR and partial writes
  * handled, errno kept. Never mallocs. */
@@ -238,6 +245,10 @@ static int hl_apply(struct hl_settings *st, const char *name, const char *v) {
     if (!strcmp(name, "scope")) {
         if (!strcmp(v, "mapped") || !strcmp(v, "all")) return st->scope_all = v[0] == 'a', 1;
         return 0;
+    }
+    if (!strcmp(name, "peak")) {
+        if (!strcmp(v, "off")) return st->peak = -1, 1;
+        return hl_parse_int(v, 0, 1000, &x) ? (st->peak = (int)x, 1) : 0;
     }
     if (!strcmp(name, "follow")) return hl_parse_int(v, 0, 1, &x) ? (st->follow = (int)x, 1) : 0;
     if (!strcmp(name, "predictor")) {
@@ -363,7 +374,8 @@ static size_t hl_front_bytes; /* the threads' front reservations, counted agains
 
 static struct {
     uint64_t hits, misses, kept, bytes_kept_peak, given_back, bytes_given_back, bytes_advised;
-    uint64_t passed, double_frees, untracked, decayed, table_refused, outgrown, heap;
+    uint64_t passed, double_frees, untracked, decayed, table_refused, outgrown, heap, bounded;
+    uint64_t live_peak; /* bytes: the program's large blocks live at once, at most (hl_bound) */
 } hl_stats;
 /* passed and misses are counted outside hl_lock too (a free the policy declines takes only its
  * shard's lock; a miss is known after the other threads' fronts are asked) */
@@ -376,7 +388,7 @@ static struct {
  * grow, the layer stops keeping blocks (hl_active_min = SIZE_MAX). */
 struct hl_live_slot {
     uintptr_t p;
-    size_t req;
+    size_t req, usable;
     uint64_t ticket; /* 0: the program's; else in the front of the thread that holds this ticket */
 };
 /* A shard's lock: a futex word (0 free, 1 held, 2 held and someone may sleep: U. Drepper,
@@ -425,6 +437,7 @@ struct hl_shard {
     struct hl_live_slot *t;
     size_t cap, n;
     uint64_t hits, kept; /* the fronts' (the shared cache's are in hl_stats) */
+    size_t live, fronted; /* bytes (usable) of its slots: the program's, in a thread's front */
     struct hl_live_slot first[HL_SHARD_START];
 } __attribute__((aligned(64)));
 static struct hl_shard hl_shards[HL_SHARDS];
@@ -481,8 +494,20 @@ static struct hl_live_slot *hl_live_find(struct hl_shard *s, const void *p) {
     return e->p ? e : NULL;
 }
 
+/* A shard's byte counts move under its lock and are read without it (hl_bound): one writer,
+ * relaxed stores (plain moves on x86-64, no lock prefix). */
+static inline void hl_bytes_move(size_t *from, size_t *to, size_t n) {
+    if (from) __atomic_store_n(from, *from - n, __ATOMIC_RELAXED);
+    if (to) __atomic_store_n(to, *to + n, __ATOMIC_RELAXED);
+}
+
+/* A slot leaves s's byte counts (it is removed, or replaced). */
+static inline void hl_unaccount(struct hl_shard *s, const struct hl_live_slot *e) {
+    hl_bytes_move(e->ticket ? &s->fronted : &s->live, NULL, e->usable);
+}
+
 /* Add p as the program's (under s->lock); 0 if the shard cannot grow. */
-static int hl_live_add(struct hl_shard *s, void *p, size_t req) {
+static int hl_live_add(struct hl_shard *s, void *p, size_t req, size_t usable) {
     if ((s->n + 1) * 2 > s->cap) {
         size_t cap = s->cap * 2;
         void *m = mmap(NULL, cap * sizeof *s->t, PROT_READ | PROT_WRITE,
@@ -497,13 +522,16 @@ static int hl_live_add(struct hl_shard *s, void *p, size_t req) {
     }
     size_t i = hl_probe(s->t, s->cap, (uintptr_t)p);
     if (!s->t[i].p) s->n++;
-    s->t[i] = (struct hl_live_slot){(uintptr_t)p, req, 0};
+    else hl_unaccount(s, &s->t[i]);
+    s->t[i] = (struct hl_live_slot){(uintptr_t)p, req, usable, 0};
+    hl_bytes_move(NULL, &s->live, usable);
     return 1;
 }
 
 /* Remove the slot e (under s->lock). */
 static void hl_live_remove(struct hl_shard *s, struct hl_live_slot *e) {
     size_t mask = s->cap - 1, i = (size_t)(e - s->t);
+    hl_unaccount(s, e);
     s->n--;
     for (size_t j = (i + 1) & mask; s->t[j].p; j = (j + 1) & mask) {
         size_t home = hl_hash(s->t[j].p, s->cap);
@@ -553,14 +581,20 @@ static void hl_pass_free(void *p) {
 static __thread size_t hl_last_req;
 static __thread void *hl_last_p, *hl_prev_p;
 
-/* A large block handed to the program (no lock held). */
+static void hl_bound(void);
+
+/* A large block the next allocator made, handed to the program (no lock held). */
 static void hl_track(void *p, size_t req) {
     if (p == NULL) return;
     hl_last_p = p;
+    size_t usable = hl_real.malloc_usable_size(p);
     struct hl_shard *s = hl_shard_of(p);
     hl_live_lock(s);
-    if (!hl_live_add(s, p, req)) hl_active_min = SIZE_MAX; /* no memory for the set: step aside */
+    if (!hl_live_add(s, p, req, usable)) hl_active_min = SIZE_MAX; /* no memory for the set */
     hl_live_unlock(s);
+    /* a mapped block is new memory; a heap block is not, and giving kept blocks back to glibc's
+     * heap then frees no page (bigblocks, heap in scope once trimmed: 4.9 MB against 4.0) */
+    if (hl_set.peak >= 0 && (!hl_glibc_next || (((const size_t *)p)[-1] & 2) != 0)) hl_bound();
 }
 
 static inline uint64_t hl_now(void) {
@@ -788,6 +822,44 @@ static int hl_make_room(size_t extra, int slot, struct hl_out *out) {
 #undef HL_FULL
 }
 
+/* The cache's bound on the program's footprint. Under glibc, a mapped block's memory goes back
+ * at its free: the program's large blocks take what is live of them, at most their peak, and
+ * whatever the cache keeps comes on top of that. keras_video (seed 003's case: TensorFlow fixes
+ * glibc's threshold at 128 KiB, so every tensor is mapped) peaked at 1.09x glibc's memory under
+ * the layer, one step's freed tensors kept while the next step's grew beside them. So at a miss
+ * that maps a block (new memory: hl_track), the oldest kept blocks
+ * (seed002: the smallest) go back until live + kept (fronts included) is within the live
+ * blocks' peak so far plus `peak` percent (at most HL_OUT_MAX a call; the next miss goes on). A
+ * hit or a keep only moves a block between live and kept: the sum grows at such a miss alone.
+ * The shards' counts are read without their locks (a count a moment old moves the bound by a
+ * block). When the shared cache is not enough, the threads' fronts give theirs back too
+ * (hl_bound_fronts). Not counted on either side: blocks below `min`, and glibc's heap. The
+ * high-water mark of live blocks is taken at these misses: the bound can only be stricter. */
+static void hl_bound_fronts(size_t over);
+static void hl_bound(void) {
+    struct hl_out out = {0};
+    pthread_mutex_lock(&hl_lock);
+    size_t live = 0, fronted = 0;
+    for (int i = 0; i < HL_SHARDS; i++) {
+        live += __atomic_load_n(&hl_shards[i].live, __ATOMIC_RELAXED);
+        fronted += __atomic_load_n(&hl_shards[i].fronted, __ATOMIC_RELAXED);
+    }
+    if (live > hl_stats.live_peak) hl_stats.live_peak = live;
+    size_t limit = hl_stats.live_peak + hl_stats.live_peak / 100 * (size_t)hl_set.peak;
+    size_t total = live + fronted + hl_bytes_kept;
+    size_t over = total > limit ? total - limit : 0;
+    while (over > 0 && hl_nkept > 0 && out.n < HL_OUT_MAX) {
+        int v = hl_victim();
+        over -= over < hl_kept[v].usable ? over : hl_kept[v].usable;
+        out.p[out.n++] = hl_kept[v].p;
+        hl_drop(v, 0);
+        HL_COUNT(bounded);
+    }
+    pthread_mutex_unlock(&hl_lock);
+    hl_release(&out);
+    if (over > 0 && hl_sharded) hl_bound_fronts(over);
+}
+
 static inline void hl_note_peak(void) {
     if (hl_bytes_kept + hl_front_bytes > hl_stats.bytes_kept_peak)
         hl_stats.bytes_kept_peak = hl_bytes_kept + hl_front_bytes;
@@ -801,6 +873,7 @@ static int hl_front_claim(const struct hl_front *f, size_t req) {
     struct hl_live_slot *e = hl_live_find(s, f->p);
     int ours = e != NULL && e->ticket == f->ticket;
     if (ours && req) {
+        hl_bytes_move(&s->fronted, &s->live, e->usable);
         e->ticket = 0;
         e->req = req;
         s->hits++;
@@ -875,25 +948,61 @@ static int hl_reserve(size_t usable) {
     return ok;
 }
 
-/* Nothing fits in the shared cache: a fitting block from another thread's front, made live for
- * n bytes; NULL if none. The hints are read without a lock (a torn or stale one is skipped);
- * the block's shard and its front's ticket decide. */
-static void *hl_steal(size_t n, uintptr_t mask) {
+/* Another thread's front as its hint says (read without a lock): 1 and *f if it names a block,
+ * 0 if it names none or was torn (being written). Stale is possible: the block's shard and its
+ * ticket decide (hl_front_claim). */
+static int hl_hint_read(const struct hl_hint *h, struct hl_front *f) {
+    uint64_t seq = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
+    void *p = __atomic_load_n(&h->p, __ATOMIC_RELAXED);
+    size_t usable = __atomic_load_n(&h->usable, __ATOMIC_RELAXED);
+    uint64_t ticket = __atomic_load_n(&h->ticket, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if ((seq & 1) || __atomic_load_n(&h->seq, __ATOMIC_RELAXED) != seq || p == NULL) return 0;
+    *f = (struct hl_front){.p = p, .usable = usable, .ticket = ticket};
+    return 1;
+}
+
+/* The other live threads' hint slots, as a bit set. */
+static inline uint64_t hl_other_hints(void) {
     uint64_t used = __atomic_load_n(&hl_hints_used, __ATOMIC_ACQUIRE);
-    if (hl_hint_slot >= 0) used &= ~((uint64_t)1 << hl_hint_slot);
-    for (; used; used &= used - 1) {
-        struct hl_hint *h = &hl_hints[__builtin_ctzll(used)];
-        uint64_t seq = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
-        void *p = __atomic_load_n(&h->p, __ATOMIC_RELAXED);
-        size_t usable = __atomic_load_n(&h->usable, __ATOMIC_RELAXED);
-        uint64_t ticket = __atomic_load_n(&h->ticket, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if ((seq & 1) || __atomic_load_n(&h->seq, __ATOMIC_RELAXED) != seq) continue;
-        if (p == NULL || !hl_fits(usable, n) || ((uintptr_t)p & mask) != 0) continue;
-        struct hl_front f = {.p = p, .usable = usable, .ticket = ticket};
-        if (hl_front_claim(&f, n)) return p; /* as its owner would take it back */
+    return hl_hint_slot >= 0 ? used & ~((uint64_t)1 << hl_hint_slot) : used;
+}
+
+/* Nothing fits in the shared cache: a fitting block from another thread's front, made live for
+ * n bytes; NULL if none. */
+static void *hl_steal(size_t n, uintptr_t mask) {
+    for (uint64_t used = hl_other_hints(); used; used &= used - 1) {
+        struct hl_front f;
+        if (!hl_hint_read(&hl_hints[__builtin_ctzll(used)], &f)) continue;
+        if (!hl_fits(f.usable, n) || ((uintptr_t)f.p & mask) != 0) continue;
+        if (hl_front_claim(&f, n)) return f.p; /* as its owner would take it back */
     }
     return NULL;
+}
+
+/* hl_bound, the shared cache emptied and still `over` bytes above the bound: the fronts' blocks
+ * go back, this thread's first, then the others' (as a double free takes one: the ticket
+ * leaves the live set, and the owner, finding it gone, forgets the block). Without this, every
+ * thread's front held its last block on top of the peak (guided on tests' phases: +2 MiB). */
+static void hl_bound_fronts(size_t over) {
+    struct hl_front f = hl_front;
+    if (f.p != NULL) {
+        hl_front_clear();
+        over -= over < f.usable ? over : f.usable;
+        HL_COUNT(bounded);
+        hl_front_give_back(&f, 0);
+    }
+    for (uint64_t used = hl_other_hints(); over > 0 && used; used &= used - 1) {
+        if (!hl_hint_read(&hl_hints[__builtin_ctzll(used)], &f)) continue;
+        if (!hl_front_claim(&f, 0)) continue;
+        over -= over < f.usable ? over : f.usable;
+        HL_COUNT(bounded);
+        pthread_mutex_lock(&hl_lock);
+        hl_stats.given_back++;
+        hl_stats.bytes_given_back += f.usable;
+        pthread_mutex_unlock(&hl_lock);
+        hl_real.free(f.p);
+    }
 }
 
 /* A kept block for n bytes at an address multiple of `align` (power of two, or 0), taken out of
@@ -931,13 +1040,14 @@ static void *hl_take(size_t n, size_t align) {
             best = i;
     if (best >= 0) {
         p = hl_kept[best].p;
-        hl_bytes_kept -= hl_kept[best].usable;
+        size_t usable = hl_kept[best].usable;
+        hl_bytes_kept -= usable;
         hl_kept[best] = hl_kept[--hl_nkept];
         hl_stats.hits++;
         /* live before hl_lock goes: a second free of p meanwhile looks in the cache, then here */
         struct hl_shard *s = hl_shard_of(p);
         hl_nested_lock(s);
-        if (!hl_live_add(s, p, n)) hl_active_min = SIZE_MAX;
+        if (!hl_live_add(s, p, n, usable)) hl_active_min = SIZE_MAX;
         hl_nested_unlock(s);
     }
     pthread_mutex_unlock(&hl_lock);
@@ -1075,6 +1185,7 @@ again:;
     if (hl_set.policy == HL_GUIDED) keep = hl_predict_reuse(req) && keep; /* this thread's */
     if (hl_set.policy == HL_SEED002 && hl_set.n == 0) keep = 0;
     if (keep && front) {
+        hl_bytes_move(&s->live, &s->fronted, e->usable);
         e->ticket = hl_new_ticket();
         s->kept++;
         struct hl_front old = hl_front;
@@ -1561,6 +1672,9 @@ __attribute__((destructor)) static void hl_fini(void) {
     /* frees of blocks >= min it did not hand out: made before it started, asked for below min,
      * or not the allocator's at all (a foreign pointer) */
     F("untracked", hl_stats.untracked);
+    /* blocks given back to keep live + kept within the live blocks' peak (hl_bound), and it */
+    F("bounded", hl_stats.bounded);
+    F("live_peak", hl_stats.live_peak);
     F("table_refused", hl_stats.table_refused);
     F("mmap_threshold", __atomic_load_n(&hl_follow_at, __ATOMIC_RELAXED)); /* 0: not followed */
     F("program_mmap_threshold", __atomic_load_n(&hl_program_threshold, __ATOMIC_RELAXED));

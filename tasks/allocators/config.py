@@ -65,6 +65,7 @@ LAYER_OPTIONS = {
     "predictor",
     "model",
     "follow",
+    "peak",
 }
 LAYER_POLICIES = {"seed002", "seed001", "guided", "off"}
 # Where a layer run writes its counters, in the run's measure folder.

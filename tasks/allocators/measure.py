@@ -133,6 +133,7 @@ class Sample(BaseModel):
     layer_double_frees: int | None = None
     layer_outgrown: int | None = None  # frees left to the allocator: the program outgrew them
     layer_heap: int | None = None  # frees left to glibc's heap (scope=mapped)
+    layer_bounded: int | None = None  # kept blocks given back to stay within the live peak
     layer_table: int | None = None
     layer_table_refused: int | None = None
 
@@ -151,6 +152,7 @@ LAYER_COUNTERS = (
     "double_frees",
     "outgrown",
     "heap",
+    "bounded",  # kept blocks given back at a miss: live + kept within the live blocks' peak
     "table",  # processes that used a table (the model's, for a table candidate)
     "table_refused",  # processes that refused the one they were given (one stderr line each)
 )

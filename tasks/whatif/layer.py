@@ -1,7 +1,7 @@
 """heapcast's allocator layer (native/layers/layer.c) as the seed-002 policy: build it, and
 measure a command with and without.
 
-The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,stats=PATH (`layer_env`):
+The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=off,stats=PATH (`layer_env`):
 the rules the simulator's `seed002` replays (tasks/whatif/simulate.py), so its counters (`hits`,
 `misses`, `kept`, `bytes_kept_peak`, `bytes_kept_at_exit`, `given_back`, `passed`, one line per
 process) are the measured side of the simulated hits.
@@ -137,8 +137,9 @@ def run_measured(
 def layer_env(n: int, min_size: int, madv_free: bool = False, stats: str | None = None) -> str:
     """HEAPCAST_LAYER for the seed-002 policy (n = 0: loaded, keeping nothing); madv_free:
     madvise(MADV_FREE) a block as it is kept (madv=0), else never (madv=off, the simulator's
-    fault model: a kept block keeps its pages)."""
-    opts = f"policy=seed002,n={n},min={min_size},madv={'0' if madv_free else 'off'}"
+    fault model: a kept block keeps its pages). peak=off: the simulator does not replay the
+    layer's bound on live + kept (hl_bound), so the measured arm runs without it too."""
+    opts = f"policy=seed002,n={n},min={min_size},madv={'0' if madv_free else 'off'},peak=off"
     return opts + (f",stats={stats}" if stats else "")
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tasks.format.trace_reader import Op, read_trace
 from tests.conftest import need_tool
 
@@ -100,6 +102,19 @@ def test_layer_says_when_the_program_fixed_glibc_s_mmap_threshold(program, tmp_p
     assert (fixed.returncode, fixed.stdout, alone.stdout) == (0, "mmap\n", "heap\n")
     said = "heapcast layer: the program fixed glibc's mmap threshold itself (mallopt M_MMAP_THRESHOLD=131072)"
     assert said in fixed.stderr and "mallopt" not in alone.stderr
+
+
+def test_layer_says_what_it_gave_back_to_stay_within_the_programs_peak(program, tmp_path):
+    # GIVEN tests/native/programs/phases.c: 8 blocks of 2 MiB live, then 8 of 5 MiB, in turns,
+    # every block mapped (glibc's threshold fixed at 128 KiB, as TensorFlow fixes it)
+    argv = ["env", "MALLOC_MMAP_THRESHOLD_=131072", str(program("phases")), "4", "8"]
+    argv += [str(2 << 20), "8", str(5 << 20)]
+    # WHEN it runs under the layer
+    r = heapcast("layer", "--policy", "seed001", "--", *argv, cwd=tmp_path)
+    # THEN the summary says how many kept blocks went back for the bound, and the peak: B's 40 MiB
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"; (\d+) to stay within the program's own peak of ([\d.]+) MB live\)", r.stderr)
+    assert m and int(m[1]) > 0 and float(m[2]) == pytest.approx(8 * 5 * 2**20 / 1e6, abs=0.1)
 
 
 def test_layer_refuses_a_missing_table_file_and_says_how(tmp_path):

@@ -159,7 +159,8 @@ def test_fork_beside_a_working_thread(heapcast_layer, program, policy, tmp_path)
 
 
 def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
-    """Same program, same rules: the layer's seed002 hits what cache002 hits."""
+    """Same program, same rules (cache002 has no bound on live + kept: peak=off): the layer's
+    seed002 hits what cache002 hits."""
     exe = program("bigblocks")
     argv = [str(exe), "30", "1", *BIG, "700000"]
     base = _env(None, MALLOC_MMAP_THRESHOLD_="131072")
@@ -172,7 +173,7 @@ def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
     ours = tmp_path / "ours"
     subprocess.run(argv, check=True, capture_output=True, env=base | {
         "LD_PRELOAD": str(heapcast_layer),
-        "HEAPCAST_LAYER": f"policy=seed002,n=4,madv=off,stats={ours}",
+        "HEAPCAST_LAYER": f"policy=seed002,n=4,madv=off,peak=off,stats={ours}",
     })  # fmt: skip
     (theirs,) = _stats(c2)
     (mine,) = _stats(ours)
@@ -185,7 +186,16 @@ def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
 
 @pytest.mark.parametrize(
     "setting",
-    ["policy=bogus", "cap=12Q", "frobnicate=1", "policy", "n=65", "predictor=table:", "min=0"],
+    [
+        "policy=bogus",
+        "cap=12Q",
+        "frobnicate=1",
+        "policy",
+        "n=65",
+        "predictor=table:",
+        "min=0",
+        "peak=-1",
+    ],
 )
 def test_a_setting_it_cannot_parse_passes_through(heapcast_layer, program, setting, tmp_path):
     exe = program("bigblocks")
@@ -413,11 +423,13 @@ def test_heap_blocks_are_kept_once_glibc_trims_its_heap(heapcast_layer, program,
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_mapped_blocks_are_kept(heapcast_layer, program, policy, tmp_path):
-    """With glibc's threshold fixed below them (128 KiB), every block is mapped: kept, reused."""
+    """With glibc's threshold fixed below them (128 KiB), every block is mapped: kept, reused.
+    (Without the bound on live + kept, peak=off: the rounds' sizes drift, and a block kept
+    that misfits is given back at the next miss; that rule has its own test below.)"""
     exe = program("bigblocks")
     argv = [exe, "12", "1", "200000", "300000", "400000"]
     rows = _same_under_layer(
-        argv, heapcast_layer, f"policy={policy}", tmp_path, MALLOC_MMAP_THRESHOLD_="131072"
+        argv, heapcast_layer, f"policy={policy},peak=off", tmp_path, MALLOC_MMAP_THRESHOLD_="131072"
     )
     assert rows[0]["heap"] == 0 and rows[0]["hits"] >= 20, rows
 
@@ -446,3 +458,53 @@ def test_a_block_the_program_outgrew_is_not_kept(heapcast_layer, program, policy
     if policy != "guided":  # guided also declines what its counter does not predict
         assert s["kept"] + s["outgrown"] == rounds * (steps + 1), s  # each large free
         assert s["hits"] >= rounds - 1, s
+
+
+# --- the bound: kept blocks never lift the program's footprint over its own peak ------------------
+
+MiB = 1 << 20
+# phase A holds 8 blocks of 2 MiB, phase B 8 of 5 MiB, in turns; glibc's threshold fixed at
+# 128 KiB, as TensorFlow's generator dataset fixes it (keras_video): every block is mapped, so
+# under glibc the program takes what it has live, at most B's 40 MiB
+PHASES = ["4", "8", str(2 * MiB), "8", str(5 * MiB)]
+LIVE_PEAK = 8 * 5 * MiB
+
+
+def _maxrss_kib(argv, env) -> tuple[int, str]:
+    """The peak resident set of one run of `phases` (its own VmHWM, in KiB), and its stdout."""
+    r = subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    (kib,) = [int(ln.split()[1]) for ln in r.stderr.splitlines() if ln.startswith("VmHWM:")]
+    return kib, r.stdout
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_kept_blocks_stay_within_the_programs_own_peak(heapcast_layer, program, policy, tmp_path):
+    """Without the bound (peak=off), seed001 keeps A's blocks through B (16 MiB on B's 40) and
+    seed002 its 4 largest (8 MiB): the program's peak memory grows by them. With it (the
+    default, 4%), a miss gives the oldest kept blocks back until live + kept is within the live
+    blocks' peak: the peak stays glibc's, within 4% of 40 MiB and the library's own pages, and
+    the cache still serves each round (B's blocks kept through A as far as the bound allows)."""
+    exe = program("phases")
+    fixed = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    glibc, expected = _maxrss_kib([exe, *PHASES], _env(None, **fixed))
+    stats = tmp_path / "stats"
+    rss, out = _maxrss_kib(
+        [exe, *PHASES], _env(heapcast_layer, f"policy={policy},stats={stats}", **fixed)
+    )
+    assert out == expected
+    (s,) = _stats(stats)
+    assert LIVE_PEAK <= s["live_peak"] <= LIVE_PEAK + 8 * 4096, s  # usable sizes: page-rounded
+    assert rss <= glibc + (LIVE_PEAK * 4 // 100 + MiB) // 1024, (rss, glibc, s)
+    if policy != "guided":  # guided keeps only what its counter predicts
+        assert s["bounded"] > 0 and s["hits"] >= 3, s
+    if policy == "guided":
+        return
+    stats.unlink()
+    unbound, _ = _maxrss_kib(
+        [exe, *PHASES], _env(heapcast_layer, f"policy={policy},peak=off,stats={stats}", **fixed)
+    )
+    (s,) = _stats(stats)
+    assert s["bounded"] == 0, s
+    held = 16 * MiB if policy == "seed001" else 8 * MiB
+    assert unbound >= glibc + (held - MiB) // 1024, (unbound, glibc, s)

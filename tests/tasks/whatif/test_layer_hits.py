@@ -4,7 +4,7 @@ the same hits as the layer's own counters on a real program.
 GIVEN bigblocks (tests/native/programs/bigblocks.c: malloc, calloc, posix_memalign, realloc
       and frees of large blocks in varying orders, small blocks between), traced with the
       tracer, and the same command run under the layer (HEAPCAST_LAYER=policy=seed002,n=N,
-      min=131072,madv=off,stats=PATH) by tasks.whatif.layer.measure_layer
+      min=131072,madv=off,peak=off,stats=PATH) by tasks.whatif.layer.measure_layer
 WHEN  the trace is simulated with Seed002Config(n=N)
 THEN  the simulated hits equal the layer's `hits` and the simulated requests >= min the
       layer's hits + misses; output and exit code are unchanged under the layer.
@@ -58,8 +58,10 @@ def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
 
 
 def test_layer_env_names_the_seed002_policy():
-    assert layer_env(4, 131072) == "policy=seed002,n=4,min=131072,madv=off"
-    assert layer_env(0, 65536, True, "/x/s") == "policy=seed002,n=0,min=65536,madv=0,stats=/x/s"
+    assert layer_env(4, 131072) == "policy=seed002,n=4,min=131072,madv=off,peak=off"
+    assert layer_env(0, 65536, True, "/x/s") == (
+        "policy=seed002,n=0,min=65536,madv=0,peak=off,stats=/x/s"
+    )
 
 
 @pytest.mark.parametrize(
