@@ -50,7 +50,8 @@
  * a double free) goes to the real free as the program made it; a block freed while it is kept
  * (a double free, from any thread) leaves the cache and both frees reach the real free, which
  * reports it as it would without the layer. Blocks below `min` (the tight loops) never take a
- * lock: malloc adds one compare, free one malloc_usable_size.
+ * lock: malloc adds one compare, free one malloc_usable_size. Nor do blocks out of scope (glibc's
+ * heap): untracked, their frees go straight to glibc (hl_track, hl_free_large).
  *
  * Threads (locks are taken only for blocks >= `min`, whose real cost is an mmap or munmap;
  * syscalls (madvise) and the real allocator are called outside them; each spins a little
@@ -101,6 +102,7 @@
 #include <linux/futex.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -373,13 +375,39 @@ static size_t hl_bytes_kept;
 static size_t hl_front_bytes; /* the threads' front reservations, counted against the cap */
 
 static struct {
-    uint64_t hits, misses, kept, bytes_kept_peak, given_back, bytes_given_back, bytes_advised;
-    uint64_t passed, double_frees, untracked, decayed, table_refused, outgrown, heap, bounded;
+    uint64_t hits, kept, bytes_kept_peak, given_back, bytes_given_back, bytes_advised;
+    uint64_t double_frees, untracked, decayed, table_refused;
     uint64_t live_peak; /* bytes: the program's large blocks live at once, at most (hl_bound) */
 } hl_stats;
-/* passed and misses are counted outside hl_lock too (a free the policy declines takes only its
- * shard's lock; a miss is known after the other threads' fronts are asked) */
-#define HL_COUNT(field) __atomic_fetch_add(&hl_stats.field, 1, __ATOMIC_RELAXED)
+/* The counters taken outside hl_lock (a free the policy declines takes only its shard's lock, or
+ * none for glibc's heap; a miss is known after the other threads' fronts are asked), striped by
+ * thread: one counter line for all made 8 threads passing 256 KiB heap blocks meet on it at
+ * every call. Summed at exit. */
+#define HL_STRIPES 16
+struct hl_stripe {
+    /* calls passed through, one counter each (the stats' `passed` is their sum): misses, and
+     * frees left to glibc's heap, of outgrown blocks, or declined otherwise (policy, cap, a
+     * double free, a block the layer did not hand out) */
+    uint64_t misses, heap, outgrown, declined;
+    uint64_t bounded;
+} __attribute__((aligned(64)));
+static struct hl_stripe hl_stripes[HL_STRIPES];
+static uint32_t hl_stripe_next;
+static __thread struct hl_stripe *hl_my_stripe;
+static inline struct hl_stripe *hl_stripe_of_thread(void) {
+    if (HL_UNLIKELY(hl_my_stripe == NULL))
+        hl_my_stripe = &hl_stripes[__atomic_fetch_add(&hl_stripe_next, 1, __ATOMIC_RELAXED) %
+                                   HL_STRIPES];
+    return hl_my_stripe;
+}
+#define HL_COUNT(field) __atomic_fetch_add(&hl_stripe_of_thread()->field, 1, __ATOMIC_RELAXED)
+static uint64_t hl_striped(size_t offset) { /* a field's sum over the stripes */
+    uint64_t n = 0;
+    for (int i = 0; i < HL_STRIPES; i++)
+        n += __atomic_load_n((uint64_t *)((char *)&hl_stripes[i] + offset), __ATOMIC_RELAXED);
+    return n;
+}
+#define HL_STRIPED(field) hl_striped(offsetof(struct hl_stripe, field))
 
 /* Live set: the large blocks handed out (key: address, value: requested size) and the blocks
  * kept in a thread's front (ticket != 0), in HL_SHARDS shards by address, each under its own
@@ -587,6 +615,10 @@ static void hl_bound(void);
 static void hl_track(void *p, size_t req) {
     if (p == NULL) return;
     hl_last_p = p;
+    /* a block out of scope (glibc's heap) is never kept: its free goes straight to glibc
+     * (hl_free_large), so it is not tracked either. Scope only widens (hl_trimmed), so it was
+     * out of scope when made if it is at its free. */
+    if (!hl_in_scope(p)) return;
     size_t usable = hl_real.malloc_usable_size(p);
     struct hl_shard *s = hl_shard_of(p);
     hl_live_lock(s);
@@ -748,12 +780,18 @@ static inline void hl_learn_alloc(size_t req) {
     if (c) hcp_learn(c, hcp_class(req));
 }
 
+/* guided: a free of a block of `size` bytes, learned. */
+static inline struct hcp_counter *hl_learn_free(size_t size) {
+    struct hcp_counter *c = hl_thread_counter();
+    if (c) hcp_learn(c, HCP_FREE + hcp_class(size));
+    return c;
+}
+
 /* guided: learn the free, then ask whether an allocation of its class comes soon. */
 static int hl_predict_reuse(size_t req) {
-    struct hcp_counter *c = hl_thread_counter();
     unsigned cls = hcp_class(req);
+    struct hcp_counter *c = hl_learn_free(req);
     if (c == NULL) return 0;
-    hcp_learn(c, HCP_FREE + cls);
     if (hl_use_table) return (unsigned)hl_table[HCP_FREE + cls][cls] * (unsigned)hl_set.topk >= 255u;
     return hcp_soon(c, cls, (unsigned)hl_set.topk, (unsigned)hl_set.horizon);
 }
@@ -1013,8 +1051,12 @@ static void *hl_take(size_t n, size_t align) {
     uintptr_t mask = align > 1 ? (uintptr_t)(align - 1) : 0;
     struct hl_out out = {0};
     void *p = NULL;
-    uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
+    /* the clock only where something is kept (decay, advice): a thread whose blocks all come
+     * from glibc's heap reads none */
+    int timed = !(hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0);
+    uint64_t now = 0;
     if (hl_front.p != NULL) {
+        if (timed) now = hl_now();
         struct hl_front f = hl_front;
         if (now - f.since > hl_set.decay_ns) {
             hl_front_clear();
@@ -1031,6 +1073,7 @@ static void *hl_take(size_t n, size_t align) {
      * heap (a policy that declines, scope), 8 threads missing here met on hl_lock at every
      * call (guided's 256 KiB pair: 65 -> 210 ns). A block kept meanwhile is missed once. */
     if (__atomic_load_n(&hl_nkept, __ATOMIC_RELAXED) == 0) goto shared_done;
+    if (timed && now == 0) now = hl_now();
     pthread_mutex_lock(&hl_lock);
     hl_decay(&out, now);
     int best = -1;
@@ -1055,10 +1098,9 @@ shared_done:
     if (p == NULL && hl_sharded) p = hl_steal(n, mask);
     if (p == NULL) {
         HL_COUNT(misses);
-        HL_COUNT(passed);
     }
     hl_release(&out);
-    hl_advise_idle(now);
+    if (now) hl_advise_idle(now);
     if (p) hl_last_p = p;
     return p;
 }
@@ -1134,15 +1176,26 @@ static int hl_unkeep(void *p) {
 static void hl_free_large(void *p, size_t usable) {
     void (*real_free)(void *) = hl_real.free;
     int advised = hl_set.madv_ns == 0;
-    uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
     /* Outgrown: the thread's last request was larger than this block, and this block is what
      * its request before got: the program grows a buffer by malloc, copy and free (strings,
      * vectors, hash tables). The block cannot serve that size, and the next step asks for more
      * still: kept, such blocks were never reused (perl: 1.4 MB kept beside its 10 MB peak; with
      * the rule, 11 kept and 11 reused). */
     int outgrown = p == hl_prev_p && hl_last_req > usable;
-    int heap = !hl_in_scope(p);
-    int wanted = usable <= hl_set.cap && !outgrown && !heap;
+    if (!hl_in_scope(p)) {
+        /* glibc's heap, untracked (hl_track): no lock, no live set. 8 threads taking and
+         * freeing 256 KiB heap blocks paid ~150-250 ns a pair for their tracking, against
+         * glibc's ~27. guided's counter learns the free by its usable size (the requested one
+         * is in the live set only): the same class but where a request sits just under a
+         * power of two. */
+        if (hl_set.policy == HL_GUIDED) hl_learn_free(usable);
+        if (outgrown) HL_COUNT(outgrown);
+        else HL_COUNT(heap);
+        hl_pass_free(p);
+        return;
+    }
+    uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
+    int wanted = usable <= hl_set.cap && !outgrown;
     /* the front: seed001/guided, a block the thread's reservation covers (madv=0 advises every
      * kept block at once: the shared path) */
     int front = wanted && !advised && hl_front_open() &&
@@ -1174,7 +1227,7 @@ again:;
         }
         if (twice) hl_stats.double_frees++;
         else hl_stats.untracked++;
-        HL_COUNT(passed);
+        HL_COUNT(declined);
         pthread_mutex_unlock(&hl_lock);
         if (twice) real_free(p);
         real_free(p);
@@ -1198,9 +1251,8 @@ again:;
     if (!keep) {
         hl_live_remove(s, e);
         hl_live_unlock(s);
-        HL_COUNT(passed);
         if (outgrown) HL_COUNT(outgrown);
-        else if (heap) HL_COUNT(heap);
+        else HL_COUNT(declined);
         hl_pass_free(p);
         return;
     }
@@ -1255,7 +1307,7 @@ again:;
         hl_stats.kept++;
         hl_note_peak();
     } else {
-        HL_COUNT(passed);
+        HL_COUNT(declined);
     }
     pthread_mutex_unlock(&hl_lock);
     if (!keep) hl_pass_free(p);
@@ -1421,7 +1473,7 @@ HL_EXPORT void *realloc(void *old, size_t n) {
     }
     size_t req = 0;
     int kept = 0;
-    if (usable >= hl_active_min) {
+    if (usable >= hl_active_min && hl_in_scope(old)) { /* out of scope: untracked, never kept */
         struct hl_shard *s = hl_shard_of(old);
         hl_live_lock(s);
         struct hl_live_slot *e = hl_live_find(s, old);
@@ -1656,7 +1708,7 @@ __attribute__((destructor)) static void hl_fini(void) {
         hl_spin_unlock(&hl_shards[i].lock);
     }
     F("hits", hl_stats.hits + front_hits);
-    F("misses", __atomic_load_n(&hl_stats.misses, __ATOMIC_RELAXED));
+    F("misses", HL_STRIPED(misses));
     F("kept", hl_stats.kept + front_kept);
     F("bytes_kept_peak", hl_stats.bytes_kept_peak);
     F("bytes_kept_at_exit", hl_bytes_kept);
@@ -1664,16 +1716,16 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("bytes_given_back", hl_stats.bytes_given_back);
     F("bytes_advised", hl_stats.bytes_advised);
     F("decayed", hl_stats.decayed);
-    F("passed", __atomic_load_n(&hl_stats.passed, __ATOMIC_RELAXED));
+    F("passed", HL_STRIPED(misses) + HL_STRIPED(heap) + HL_STRIPED(outgrown) + HL_STRIPED(declined));
     F("double_frees", hl_stats.double_frees);
     /* frees the layer left to the next allocator by its rules: outgrown blocks, glibc's heap */
-    F("outgrown", __atomic_load_n(&hl_stats.outgrown, __ATOMIC_RELAXED));
-    F("heap", __atomic_load_n(&hl_stats.heap, __ATOMIC_RELAXED));
+    F("outgrown", HL_STRIPED(outgrown));
+    F("heap", HL_STRIPED(heap));
     /* frees of blocks >= min it did not hand out: made before it started, asked for below min,
      * or not the allocator's at all (a foreign pointer) */
     F("untracked", hl_stats.untracked);
     /* blocks given back to keep live + kept within the live blocks' peak (hl_bound), and it */
-    F("bounded", hl_stats.bounded);
+    F("bounded", HL_STRIPED(bounded));
     F("live_peak", hl_stats.live_peak);
     F("table_refused", hl_stats.table_refused);
     F("mmap_threshold", __atomic_load_n(&hl_follow_at, __ATOMIC_RELAXED)); /* 0: not followed */
