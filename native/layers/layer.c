@@ -50,7 +50,8 @@
  * a double free) goes to the real free as the program made it; a block freed while it is kept
  * (a double free, from any thread) leaves the cache and both frees reach the real free, which
  * reports it as it would without the layer. Blocks below `min` (the tight loops) never take a
- * lock: malloc adds one compare, free one malloc_usable_size. Nor do blocks out of scope (glibc's
+ * lock: malloc adds one compare, free one read of glibc's size word before the block (over
+ * another allocator, malloc_usable_size). Nor do blocks out of scope (glibc's
  * heap): untracked, their frees go straight to glibc (hl_track, hl_free_large).
  *
  * Threads (locks are taken only for blocks >= `min`, whose real cost is an mmap or munmap;
@@ -1408,10 +1409,19 @@ HL_EXPORT void free(void *p) {
     if (p == NULL || HL_UNLIKELY(hc_in_pool(p))) return;
     void (*real_free)(void *) = HL_REAL(free);
     if (HL_UNLIKELY(!real_free)) return; /* cannot happen: p came from somewhere */
-    if (hl_active_min != SIZE_MAX) {
+    size_t min = hl_active_min;
+    if (min != SIZE_MAX) {
+        /* over glibc, the chunk's size word before the block (its size, header included, and 3
+         * flag bits) tells a small block at once: most frees are of small blocks, and
+         * malloc_usable_size cost each ~3 ns (numpy_stack, 0.6 M frees: +1.8% time) */
+        size_t small = min < HL_FOLLOW_MIN ? min : HL_FOLLOW_MIN;
+        if (hl_glibc_next && (((const size_t *)p)[-1] & ~(size_t)7) < small) {
+            real_free(p);
+            return;
+        }
         size_t usable = hl_real.malloc_usable_size(p);
         if (usable >= HL_FOLLOW_MIN) hl_follow(usable);
-        if (usable >= hl_active_min) {
+        if (usable >= min) {
             hl_free_large(p, usable);
             return;
         }
