@@ -837,13 +837,17 @@ static void hl_release(struct hl_out *out) {
 static void hl_advise_idle(uint64_t now);
 
 /* The index of the kept block that goes back first to make room: the oldest (seed002: the
- * smallest). hl_nkept > 0, under hl_lock. */
+ * smallest, the oldest of equals, as tasks/whatif/simulate.py replays it). hl_nkept > 0, under
+ * hl_lock. */
 static int hl_victim(void) {
     int v = 0;
-    for (int i = 1; i < hl_nkept; i++)
-        if (hl_set.policy == HL_SEED002 ? hl_kept[i].usable < hl_kept[v].usable
-                                       : hl_kept[i].stamp < hl_kept[v].stamp)
+    for (int i = 1; i < hl_nkept; i++) {
+        int older = hl_kept[i].stamp < hl_kept[v].stamp;
+        if (hl_set.policy == HL_SEED002 ? hl_kept[i].usable < hl_kept[v].usable ||
+                                              (hl_kept[i].usable == hl_kept[v].usable && older)
+                                        : older)
             v = i;
+    }
     return v;
 }
 

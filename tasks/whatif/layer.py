@@ -1,7 +1,7 @@
 """heapcast's allocator layer (native/layers/layer.c) as the seed-002 policy: build it, and
 measure a command with and without.
 
-The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=off,stats=PATH (`layer_env`):
+The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=4,stats=PATH (`layer_env`):
 the rules the simulator's `seed002` replays (tasks/whatif/simulate.py), so its counters (`hits`,
 `misses`, `kept`, `bytes_kept_peak`, `bytes_kept_at_exit`, `given_back`, `passed`, one line per
 process) are the measured side of the simulated hits.
@@ -50,7 +50,7 @@ from tasks.replay.runners.preload import (
     verify_result,
 )
 from tasks.replay.workloads import Workload, WorkloadInput
-from tasks.whatif.policies import MMAP_THRESHOLD
+from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 LAYER_RELPATH = Path("build") / "libheapcast_layer.so"
@@ -134,12 +134,19 @@ def run_measured(
     }
 
 
-def layer_env(n: int, min_size: int, madv_free: bool = False, stats: str | None = None) -> str:
+def layer_env(
+    n: int,
+    min_size: int,
+    madv_free: bool = False,
+    stats: str | None = None,
+    peak: int | None = Seed002Config().peak,
+) -> str:
     """HEAPCAST_LAYER for the seed-002 policy (n = 0: loaded, keeping nothing); madv_free:
     madvise(MADV_FREE) a block as it is kept (madv=0), else never (madv=off, the simulator's
-    fault model: a kept block keeps its pages). peak=off: the simulator does not replay the
-    layer's bound on live + kept (hl_bound), so the measured arm runs without it too."""
-    opts = f"policy=seed002,n={n},min={min_size},madv={'0' if madv_free else 'off'},peak=off"
+    fault model: a kept block keeps its pages); peak: the bound on live + kept, as
+    Seed002Config.peak (None: peak=off), which the simulator replays."""
+    opts = f"policy=seed002,n={n},min={min_size},madv={'0' if madv_free else 'off'}"
+    opts += f",peak={'off' if peak is None else peak}"
     return opts + (f",stats={stats}" if stats else "")
 
 
@@ -168,8 +175,10 @@ def measure_layer(
     layer: str | Path | None = None,
     timeout: float = 600,
     cwd: str | Path | None = None,
+    peak: int | None = Seed002Config().peak,
 ) -> dict[str, Any]:
-    """The command without and with the layer (N = n, blocks >= min_size): faults, RSS, times.
+    """The command without and with the layer (N = n, blocks >= min_size, the bound `peak`):
+    faults, RSS, times.
 
     `env`: added to os.environ for both runs (an LD_PRELOAD there stays, after the layer).
     Returns {"without": {...}, "with": {... "stats": [per process]}, "minor_faults_without",
@@ -185,7 +194,7 @@ def measure_layer(
         stats_path = Path(tmp) / "stats"
         with_env = dict(base)
         with_env["LD_PRELOAD"] = " ".join(p for p in (str(lib), base.get("LD_PRELOAD", "")) if p)
-        with_env["HEAPCAST_LAYER"] = layer_env(n, min_size, madv_free, str(stats_path))
+        with_env["HEAPCAST_LAYER"] = layer_env(n, min_size, madv_free, str(stats_path), peak)
         with_layer = run_measured(argv, with_env, timeout, cwd)
         with_layer["stats"] = parse_stats(stats_path.read_text()) if stats_path.exists() else []
     page = os.sysconf("SC_PAGE_SIZE")

@@ -82,6 +82,9 @@ class Seed002Config(_Policy):
     kind: Literal["seed002"] = "seed002"
     n: int = Field(default=4, ge=1, le=4096)
     min_size: int = Field(default=MMAP_THRESHOLD, ge=0)
+    # the layer's bound on live + kept, in % over the live blocks' peak (layer.c `peak`, default
+    # 4); None: no bound (peak=off)
+    peak: int | None = Field(default=4, ge=0, le=1000)
 
     @property
     def param(self) -> float:

@@ -20,7 +20,10 @@ lowest set bit); a request takes the most recently cached block of any class who
 size u fits (u >= s and u - s < s + 4096) and, for an aligned request (the row's `alignment`;
 valloc/pvalloc: a page), whose address has that alignment; a freed block is offered to the
 cache by its usable size, if the layer handed it out (requested >= min_size: the layer tracks
-only those), and the smallest usable size is evicted (policies.py). Found: a HIT,
+only those), and the smallest usable size is evicted (policies.py); and the layer's bound
+(hl_bound, Seed002Config.peak; None: peak=off): at a miss that maps a block, the smallest kept
+blocks (the oldest of equals, at most 8) go until the usable bytes of the live blocks it tracks
+plus those kept are within the live ones' peak plus `peak` percent. Found: a HIT,
 the program holds b bytes. Else the
 system allocator serves it (a MISS), and the block is s bytes. A free (free, or realloc's old
 block) hands the block (b bytes: the block the request got, known through the row's partner;
@@ -285,6 +288,34 @@ def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
 
 
 @njit(cache=True, nogil=True)
+def _bound(nodes, ch, ct, ps, g, p, lay_live, lay_peak, peak_pct, mmap_threshold):
+    """seed002, the layer's bound (native/layers/layer.c hl_bound) at a miss that maps a block:
+    the smallest kept blocks (the oldest of equals) go, at most 8, until the live tracked blocks
+    and the kept ones are within the live ones' peak plus peak_pct percent."""
+    live = lay_live[p]
+    if live > lay_peak[p]:
+        lay_peak[p] = live
+    limit = lay_peak[p] + lay_peak[p] // 100 * peak_pct
+    kept = 0
+    k = ps[p, P_GHEAD]
+    while k >= 0:
+        kept += nodes[k, N_USABLE]
+        k = nodes[k, N_GNEXT]
+    over = live + kept - limit
+    out = 0
+    while over > 0 and ps[p, P_GHEAD] >= 0 and out < 8:
+        small = -1
+        k = ps[p, P_GHEAD]
+        while k >= 0:  # the smallest, the oldest of equals
+            if small < 0 or nodes[k, N_USABLE] < nodes[small, N_USABLE]:
+                small = k
+            k = nodes[k, N_GNEXT]
+        over -= nodes[small, N_USABLE]
+        _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
+        out += 1
+
+
+@njit(cache=True, nogil=True)
 def _farthest_class(ch, nxt, p):
     """Belady: the non-empty class of process p whose next request is farthest (-1: none)."""
     best = -1
@@ -323,6 +354,7 @@ def _simulate(
     addr_align,
     thread,
     n_threads,
+    peak_pct,
 ):
     n = len(req)
     g = np.zeros(_GF, np.int64)
@@ -342,6 +374,10 @@ def _simulate(
     t_req = np.zeros(n_threads if layer else 1, np.int64)
     t_last = np.full(n_threads if layer else 1, -1, np.int64)
     t_prev = np.full(n_threads if layer else 1, -1, np.int64)
+    # seed002, the bound (layer.c's hl_bound, peak_pct >= 0): per process, the usable bytes of
+    # the blocks it tracks (requested >= min_size) that are live, and their peak
+    lay_live = np.zeros(n_proc if layer else 1, np.int64)
+    lay_peak = np.zeros(n_proc if layer else 1, np.int64)
     integral = 0.0
     foot_integral = 0.0
     live_integral = 0.0
@@ -420,6 +456,8 @@ def _simulate(
                 sysrealloc = True
                 a = partner[i]
                 bo = blk[a] if a >= 0 else freed[i]
+                if layer and freed[i] >= min_size:  # the layer drops old, then reallocs
+                    lay_live[p] -= blk_u[a] if a >= 0 else _usable(freed[i], 0, mmap_threshold)
                 if bo >= mmap_threshold and s >= mmap_threshold:  # mremap: new pages only
                     g[G_SYS] += 1
                     d = _mmap_bytes(s) - _mmap_bytes(bo)
@@ -440,6 +478,11 @@ def _simulate(
                 blk_u[i] = bu
                 blk_al[i] = bal
                 if s >= min_size:
+                    lay_live[p] += bu
+                    if hit < 0 and s >= mmap_threshold and peak_pct >= 0:
+                        _bound(
+                            nodes, ch, ct, ps, g, p, lay_live, lay_peak, peak_pct, mmap_threshold
+                        )
                     th = thread[i]
                     t_req[th] = s
                     t_prev[th] = t_last[th]
@@ -467,6 +510,8 @@ def _simulate(
             if layer:
                 bu = blk_u[a] if a >= 0 else _usable(w, 0, mmap_threshold)
                 bal = blk_al[a] if a >= 0 else 16
+                if w >= min_size and not sysrealloc:
+                    lay_live[p] -= bu
             c = cls_free[i]
             ps[p, P_LIVE_REQ] -= w
             ps[p, P_LIVE_BLK] -= b
@@ -667,6 +712,7 @@ def run_kernel(
         _or_zeros(x.addr_align, x.n, 16),
         x.thread if x.thread is not None else x.proc,
         x.n_threads if x.thread is not None else x.n_proc,
+        -1 if getattr(policy, "peak", None) is None else policy.peak,  # type: ignore[attr-defined]
     )
 
 

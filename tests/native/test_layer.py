@@ -472,7 +472,9 @@ LIVE_PEAK = 8 * 5 * MiB
 
 def _maxrss_kib(argv, env) -> tuple[int, str]:
     """The peak resident set of one run of `phases` (its own VmHWM, in KiB), and its stdout."""
-    r = subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [str(a) for a in argv], env=env | {"PHASES_VMHWM": "1"}, capture_output=True, text=True
+    )
     assert r.returncode == 0, (r.returncode, r.stderr)
     (kib,) = [int(ln.split()[1]) for ln in r.stderr.splitlines() if ln.startswith("VmHWM:")]
     return kib, r.stdout

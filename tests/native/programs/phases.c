@@ -4,8 +4,9 @@
  * serve A's from B's (the layer's fit rule), so a cache that keeps one phase's blocks through
  * the other holds them on top of what the program itself has live. Every page of each block is
  * written, so what the program holds is resident. Prints one checksum line, the same under any
- * allocator, and on stderr its peak resident set (VmHWM: the process's own, where a parent's
- * rusage would count the pages of the process it was forked from). usage: phases ROUNDS NA SA NB SB */
+ * allocator; with PHASES_VMHWM=1 in its environment, also on stderr its peak resident set
+ * (VmHWM: the process's own, where a parent's rusage would count the pages of the process it
+ * was forked from). usage: phases ROUNDS NA SA NB SB */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +44,8 @@ int main(int argc, char **argv) {
         sum += phase(nb, sb, (uint64_t)r + 7);
     }
     printf("%llu\n", (unsigned long long)sum);
-    FILE *f = fopen("/proc/self/status", "r");
+    const char *hwm = getenv("PHASES_VMHWM");
+    FILE *f = hwm && !strcmp(hwm, "1") ? fopen("/proc/self/status", "r") : NULL;
     char line[256];
     while (f && fgets(line, sizeof line, f))
         if (!strncmp(line, "VmHWM:", 6)) fputs(line, stderr);

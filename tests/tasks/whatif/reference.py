@@ -186,6 +186,8 @@ class _Proc:
         self.threads: dict[int, tuple[int, int, int]] = {}
         self.live_req = 0
         self.live_blk = 0
+        self.lay_live = 0  # seed002's bound: usable bytes of live blocks requested >= min_size
+        self.lay_peak = 0  # ... and their peak, taken at the misses that map a block
         self.heap = 0
         self.hwm = 0
         self.mapped = 0
@@ -259,6 +261,18 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
         S["evictions"] += 1
         S["evicted_bytes"] += e[0]
 
+    def bound(P: _Proc) -> None:
+        # the layer's hl_bound: live + kept (usable sizes) within the live peak + peak %
+        P.lay_peak = max(P.lay_peak, P.lay_live)
+        limit = P.lay_peak + P.lay_peak // 100 * policy.peak
+        over = P.lay_live + sum(e[6] for e in P.cache) - limit
+        for _ in range(8):
+            if over <= 0 or not P.cache:
+                break
+            small = min(P.cache, key=lambda e: e[6])  # first (oldest) of the smallest
+            over -= small[6]
+            evict(P, small)
+
     def next_request(k: int, p: int, c: int) -> float:
         for r in seq[k + 1 :]:
             if r["_p"] == p and r["op"] in _DEFINING and r["addr"] != 0 and cls(r["size"]) == c:
@@ -317,6 +331,8 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                 ub = (usable(s, 0), lowbit(r["addr"]))
                 sysrealloc = True
                 bo = P.blocks[r["freed_addr"]]
+                if kind == "seed002" and r["freed_size"] >= min_size:
+                    P.lay_live -= P.ublocks[r["freed_addr"]][0]  # the layer drops it first
                 if bo >= M and s >= M:
                     S["system_allocations"] += 1
                     dlt = mmap_bytes(s) - mmap_bytes(bo)
@@ -336,6 +352,9 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             if kind == "seed002" and s >= min_size:
                 before = P.threads.get(r["thread"], (0, -1, -1))[1]
                 P.threads[r["thread"]] = (s, bid, before)
+                P.lay_live += ub[0]
+                if hit is None and s >= M and policy.peak is not None:  # a mapped miss
+                    bound(P)
             P.live_req += s
             P.live_blk += b
             tot["live_req"] += s
@@ -358,6 +377,8 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             tot["live_req"] -= w
             tot["live_blk"] -= b
             keep = False
+            if kind == "seed002" and not sysrealloc and w >= min_size:
+                P.lay_live -= u
             if sysrealloc:
                 pass
             elif kind == "seed002":

@@ -4,7 +4,7 @@ the same hits as the layer's own counters on a real program.
 GIVEN bigblocks (tests/native/programs/bigblocks.c: malloc, calloc, posix_memalign, realloc
       and frees of large blocks in varying orders, small blocks between), traced with the
       tracer, and the same command run under the layer (HEAPCAST_LAYER=policy=seed002,n=N,
-      min=131072,madv=off,peak=off,stats=PATH) by tasks.whatif.layer.measure_layer
+      min=131072,madv=off,peak=4,stats=PATH) by tasks.whatif.layer.measure_layer
 WHEN  the trace is simulated with Seed002Config(n=N)
 THEN  the simulated hits equal the layer's `hits` and the simulated requests >= min the
       layer's hits + misses; output and exit code are unchanged under the layer.
@@ -58,8 +58,8 @@ def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
 
 
 def test_layer_env_names_the_seed002_policy():
-    assert layer_env(4, 131072) == "policy=seed002,n=4,min=131072,madv=off,peak=off"
-    assert layer_env(0, 65536, True, "/x/s") == (
+    assert layer_env(4, 131072) == "policy=seed002,n=4,min=131072,madv=off,peak=4"
+    assert layer_env(0, 65536, True, "/x/s", peak=None) == (
         "policy=seed002,n=0,min=65536,madv=0,peak=off,stats=/x/s"
     )
 
@@ -87,6 +87,25 @@ def test_simulated_hits_equal_the_layers_counters(tools, tmp_path, n, threads, s
     defined = np.asarray(table.column("addr").to_numpy() != 0)
     large = int(((req >= MMAP_THRESHOLD) & defined).sum())
     assert measured["hits"] + measured["misses"] == large, (large, measured)
+
+
+@pytest.mark.parametrize("peak", [4, None])
+def test_simulated_hits_equal_the_layers_counters_under_its_bound(tools, tmp_path, peak):
+    """GIVEN phases (tests/native/programs/phases.c: 8 blocks of 2 MiB live, then 8 of 5 MiB,
+    in turns), where the layer's bound gives kept blocks back at misses (hl_bound), traced, and
+    run under the layer with the bound (peak=4) and without (peak=off)
+    THEN the simulator with the same Seed002Config.peak has the same hits and blocks kept."""
+    layer, tracer, _ = tools
+    exe = tmp_path / "phases"
+    src = PROJECT / "tests" / "native" / "programs" / "phases.c"
+    subprocess.run(["gcc", "-O1", "-fno-builtin", "-o", str(exe), str(src)], check=True)
+    argv = [str(exe), "4", "8", str(2 << 20), "8", str(5 << 20)]
+    measured = measure_layer(argv, n=4, layer=layer, peak=peak)
+    assert measured["same_output"], measured["with"]["stderr_tail"]
+    (stats,) = measured["with"]["stats"]
+    assert (stats["bounded"] > 0) == (peak is not None), stats
+    sim = simulate(prepare(_traced(argv, tracer, tmp_path / "trace")), Seed002Config(peak=peak))
+    assert (sim["hits"], sim["cached_frees"]) == (stats["hits"], stats["kept"]), (sim, stats)
 
 
 def test_simulated_cache_gives_back_what_the_program_outgrew(tools, tmp_path):

@@ -47,6 +47,7 @@ POLICIES = [
     NoneConfig(),
     Seed002Config(n=1),
     Seed002Config(n=4),
+    Seed002Config(n=4, peak=None),  # without the layer's bound on live + kept
     Seed002Config(n=3, min_size=0),
     Seed001Config(decay_ns=5),
     Seed001Config(decay_ns=60, min_size=1000),
