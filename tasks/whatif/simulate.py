@@ -288,6 +288,19 @@ def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
 
 
 @njit(cache=True, nogil=True)
+def _smallest(nodes, ps, p):
+    """seed002: the process's kept block of the smallest usable size, the oldest of equals
+    (-1: none)."""
+    small = -1
+    k = ps[p, P_GHEAD]
+    while k >= 0:
+        if small < 0 or nodes[k, N_USABLE] < nodes[small, N_USABLE]:
+            small = k
+        k = nodes[k, N_GNEXT]
+    return small
+
+
+@njit(cache=True, nogil=True)
 def _bound(nodes, ch, ct, ps, g, p, lay_live, lay_peak, peak_pct, mmap_threshold):
     """seed002, the layer's bound (native/layers/layer.c hl_bound) at a miss that maps a block:
     the smallest kept blocks (the oldest of equals) go, at most 8, until the live tracked blocks
@@ -304,12 +317,7 @@ def _bound(nodes, ch, ct, ps, g, p, lay_live, lay_peak, peak_pct, mmap_threshold
     over = live + kept - limit
     out = 0
     while over > 0 and ps[p, P_GHEAD] >= 0 and out < 8:
-        small = -1
-        k = ps[p, P_GHEAD]
-        while k >= 0:  # the smallest, the oldest of equals
-            if small < 0 or nodes[k, N_USABLE] < nodes[small, N_USABLE]:
-                small = k
-            k = nodes[k, N_GNEXT]
+        small = _smallest(nodes, ps, p)
         over -= nodes[small, N_USABLE]
         _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
         out += 1
@@ -527,12 +535,7 @@ def _simulate(
                 elif ps[p, P_COUNT] < n_keep:
                     keep = True
                 else:
-                    small = -1
-                    k = ps[p, P_GHEAD]
-                    while k >= 0:  # the smallest, the oldest of equals
-                        if small < 0 or nodes[k, N_USABLE] < nodes[small, N_USABLE]:
-                            small = k
-                        k = nodes[k, N_GNEXT]
+                    small = _smallest(nodes, ps, p)
                     if bu >= nodes[small, N_USABLE]:
                         _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
                         keep = True
