@@ -586,9 +586,18 @@ static void hl_live_remove(struct hl_shard *s, struct hl_live_slot *e) {
  * blocks crossing arenas through the cache. */
 static int hl_glibc_next;
 static int hl_trimmed; /* glibc lowered its break at a large free the layer passed on */
+
+/* glibc's size word before a block: its chunk's size, header included, in all but the 3 low
+ * bits, which are flags (2: IS_MMAPPED). Read only when the next allocator is glibc's. */
+static inline size_t hl_chunk_word(const void *p) { return ((const size_t *)p)[-1]; }
+
+/* p is memory of its own mapping (over another allocator the layer cannot tell: as if so) */
+static inline int hl_mapped(const void *p) {
+    return !hl_glibc_next || (hl_chunk_word(p) & 2) != 0;
+}
+
 static inline int hl_in_scope(const void *p) {
-    return hl_set.scope_all || !hl_glibc_next || (((const size_t *)p)[-1] & 2) != 0 ||
-           __atomic_load_n(&hl_trimmed, __ATOMIC_RELAXED);
+    return hl_set.scope_all || hl_mapped(p) || __atomic_load_n(&hl_trimmed, __ATOMIC_RELAXED);
 }
 
 /* A large free the layer does not keep goes to the next allocator. glibc may then give heap
@@ -627,7 +636,7 @@ static void hl_track(void *p, size_t req) {
     hl_live_unlock(s);
     /* a mapped block is new memory; a heap block is not, and giving kept blocks back to glibc's
      * heap then frees no page (bigblocks, heap in scope once trimmed: 4.9 MB against 4.0) */
-    if (hl_set.peak >= 0 && (!hl_glibc_next || (((const size_t *)p)[-1] & 2) != 0)) hl_bound();
+    if (hl_set.peak >= 0 && hl_mapped(p)) hl_bound();
 }
 
 static inline uint64_t hl_now(void) {
@@ -927,15 +936,17 @@ static int hl_front_claim(const struct hl_front *f, size_t req) {
     return ours;
 }
 
-/* The front's block goes back to the next allocator (idle past `decay`, or the thread exits). */
-static void hl_front_give_back(const struct hl_front *f, int decayed) {
-    if (!hl_front_claim(f, 0)) return;
+/* The front's block goes back to the next allocator (idle past `decay`, the thread exits, or
+ * hl_bound; f may be another thread's front); 0 if a second free took it first. */
+static int hl_front_give_back(const struct hl_front *f, int decayed) {
+    if (!hl_front_claim(f, 0)) return 0;
     pthread_mutex_lock(&hl_lock);
     hl_stats.given_back++;
     hl_stats.bytes_given_back += f->usable;
     hl_stats.decayed += (uint64_t)decayed;
     pthread_mutex_unlock(&hl_lock);
     hl_real.free(f->p);
+    return 1;
 }
 
 /* f leaves its thread's front for the shared cache (a newer block takes its place), as any
@@ -1027,25 +1038,20 @@ static void *hl_steal(size_t n, uintptr_t mask) {
  * go back, this thread's first, then the others' (as a double free takes one: the ticket
  * leaves the live set, and the owner, finding it gone, forgets the block). Without this, every
  * thread's front held its last block on top of the peak (guided on tests' phases: +2 MiB). */
+static size_t hl_bound_give_back(const struct hl_front *f, size_t over) {
+    if (!hl_front_give_back(f, 0)) return over; /* a second free took it first */
+    HL_COUNT(bounded);
+    return over - (over < f->usable ? over : f->usable);
+}
+
 static void hl_bound_fronts(size_t over) {
     struct hl_front f = hl_front;
     if (f.p != NULL) {
         hl_front_clear();
-        over -= over < f.usable ? over : f.usable;
-        HL_COUNT(bounded);
-        hl_front_give_back(&f, 0);
+        over = hl_bound_give_back(&f, over);
     }
-    for (uint64_t used = hl_other_hints(); over > 0 && used; used &= used - 1) {
-        if (!hl_hint_read(&hl_hints[__builtin_ctzll(used)], &f)) continue;
-        if (!hl_front_claim(&f, 0)) continue;
-        over -= over < f.usable ? over : f.usable;
-        HL_COUNT(bounded);
-        pthread_mutex_lock(&hl_lock);
-        hl_stats.given_back++;
-        hl_stats.bytes_given_back += f.usable;
-        pthread_mutex_unlock(&hl_lock);
-        hl_real.free(f.p);
-    }
+    for (uint64_t used = hl_other_hints(); over > 0 && used; used &= used - 1)
+        if (hl_hint_read(&hl_hints[__builtin_ctzll(used)], &f)) over = hl_bound_give_back(&f, over);
 }
 
 /* A kept block for n bytes at an address multiple of `align` (power of two, or 0), taken out of
@@ -1419,7 +1425,7 @@ HL_EXPORT void free(void *p) {
          * flag bits) tells a small block at once: most frees are of small blocks, and
          * malloc_usable_size cost each ~3 ns (numpy_stack, 0.6 M frees: +1.8% time) */
         size_t small = min < HL_FOLLOW_MIN ? min : HL_FOLLOW_MIN;
-        if (hl_glibc_next && (((const size_t *)p)[-1] & ~(size_t)7) < small) {
+        if (hl_glibc_next && (hl_chunk_word(p) & ~(size_t)7) < small) {
             real_free(p);
             return;
         }
@@ -1738,7 +1744,8 @@ __attribute__((destructor)) static void hl_fini(void) {
     /* frees of blocks >= min it did not hand out: made before it started, asked for below min,
      * or not the allocator's at all (a foreign pointer) */
     F("untracked", hl_stats.untracked);
-    /* blocks given back to keep live + kept within the live blocks' peak (hl_bound), and it */
+    /* blocks given back to keep live + kept within the live blocks' peak (hl_bound), and that
+     * peak in bytes */
     F("bounded", HL_STRIPED(bounded));
     F("live_peak", hl_stats.live_peak);
     F("table_refused", hl_stats.table_refused);

@@ -36,16 +36,13 @@ NATIVE = PROJECT / "native"
 
 
 @pytest.fixture(scope="module")
-def tools(tmp_path_factory) -> tuple[Path, Path, Path]:
+def tools(program) -> tuple[Path, Path, Path]:
     """(the layer, the tracer, bigblocks)."""
     if shutil.which("make") is None or shutil.which("gcc") is None:
         pytest.fail("the layer tests need gcc and make (apt-get install build-essential)")
     layer = build_layer()
     subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
-    exe = tmp_path_factory.mktemp("programs") / "bigblocks"
-    src = PROJECT / "tests" / "native" / "programs" / "bigblocks.c"
-    subprocess.run(["gcc", "-O1", "-fno-builtin", "-pthread", "-o", str(exe), str(src)], check=True)
-    return layer, NATIVE / "build" / "libheapcast.so", exe
+    return layer, NATIVE / "build" / "libheapcast.so", program("bigblocks")
 
 
 def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
@@ -90,16 +87,13 @@ def test_simulated_hits_equal_the_layers_counters(tools, tmp_path, n, threads, s
 
 
 @pytest.mark.parametrize("peak", [4, None])
-def test_simulated_hits_equal_the_layers_counters_under_its_bound(tools, tmp_path, peak):
+def test_simulated_hits_equal_the_layers_counters_under_its_bound(tools, program, tmp_path, peak):
     """GIVEN phases (tests/native/programs/phases.c: 8 blocks of 2 MiB live, then 8 of 5 MiB,
     in turns), where the layer's bound gives kept blocks back at misses (hl_bound), traced, and
     run under the layer with the bound (peak=4) and without (peak=off)
     THEN the simulator with the same Seed002Config.peak has the same hits and blocks kept."""
     layer, tracer, _ = tools
-    exe = tmp_path / "phases"
-    src = PROJECT / "tests" / "native" / "programs" / "phases.c"
-    subprocess.run(["gcc", "-O1", "-fno-builtin", "-o", str(exe), str(src)], check=True)
-    argv = [str(exe), "4", "8", str(2 << 20), "8", str(5 << 20)]
+    argv = [str(program("phases")), "4", "8", str(2 << 20), "8", str(5 << 20)]
     measured = measure_layer(argv, n=4, layer=layer, peak=peak)
     assert measured["same_output"], measured["with"]["stderr_tail"]
     (stats,) = measured["with"]["stats"]
@@ -108,16 +102,13 @@ def test_simulated_hits_equal_the_layers_counters_under_its_bound(tools, tmp_pat
     assert (sim["hits"], sim["cached_frees"]) == (stats["hits"], stats["kept"]), (sim, stats)
 
 
-def test_simulated_cache_gives_back_what_the_program_outgrew(tools, tmp_path):
+def test_simulated_cache_gives_back_what_the_program_outgrew(tools, program, tmp_path):
     """GIVEN grow (tests/native/programs/grow.c: a buffer grown by malloc, copy and free, round
     after round), traced, and run under the layer, whose outgrown rule gives back each block
     freed just after its thread asked for a larger one
     THEN the simulator replays the rule: the same hits and the same blocks kept."""
     layer, tracer, _ = tools
-    exe = tmp_path / "grow"
-    src = PROJECT / "tests" / "native" / "programs" / "grow.c"
-    subprocess.run(["gcc", "-O1", "-fno-builtin", "-o", str(exe), str(src)], check=True)
-    argv = [str(exe), "6", "10", "300000"]
+    argv = [str(program("grow")), "6", "10", "300000"]
     measured = measure_layer(argv, n=4, layer=layer)
     assert measured["same_output"], measured["with"]["stderr_tail"]
     (stats,) = measured["with"]["stats"]
