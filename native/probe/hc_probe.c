@@ -65,6 +65,12 @@ struct line {
     size_t n;
 };
 
+/* A new line of this kind (start, exit, mallopt): its first field. */
+static void begin(struct line *l, const char *kind) {
+    l->n = strlen(kind);
+    memcpy(l->buf, kind, l->n);
+}
+
 /* Append "\tkey=value", tabs and newlines in the value replaced, silently cut at the buffer. */
 static void add(struct line *l, const char *key, const char *value) {
     size_t room = sizeof(l->buf) - 2 - l->n; /* keep space for "\n" */
@@ -194,9 +200,8 @@ __attribute__((visibility("default"))) int mallopt(int param, int value) {
                 continue;
             __atomic_store_n(&written_value[i], value, __ATOMIC_RELAXED);
             __atomic_store_n(&written_set[i], 1, __ATOMIC_RELEASE);
-            struct line l = {.n = 0};
-            memcpy(l.buf, "mallopt", 7);
-            l.n = 7;
+            struct line l;
+            begin(&l, "mallopt");
             add_num(&l, "pid", getpid());
             add_num(&l, MALLOPT_KNOBS[i].key, value);
             emit(&l);
@@ -214,9 +219,8 @@ __attribute__((constructor)) static void probe_start(void) {
     memcpy(out_path, out, strlen(out) + 1);
     start_pid = getpid();
     start_cpu_ns = cpu_ns();
-    struct line l = {.n = 0};
-    memcpy(l.buf, "start", 5);
-    l.n = 5;
+    struct line l;
+    begin(&l, "start");
     add_num(&l, "pid", start_pid);
     add_num(&l, "ppid", getppid());
     add_num(&l, "secure", (long long)getauxval(AT_SECURE));
@@ -242,9 +246,8 @@ __attribute__((constructor)) static void probe_start(void) {
 
 __attribute__((destructor)) static void probe_exit(void) {
     if (!out_path[0]) return;
-    struct line l = {.n = 0};
-    memcpy(l.buf, "exit", 4);
-    l.n = 4;
+    struct line l;
+    begin(&l, "exit");
     pid_t pid = getpid();
     /* a forked child (no exec) runs this image too; its CPU clock started at 0 at the fork */
     bool forked = pid != start_pid;
