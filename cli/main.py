@@ -305,6 +305,18 @@ def cmd_layer(args: argparse.Namespace) -> int:
         f"{total('outgrown')} of blocks the program outgrew)",
         file=sys.stderr,
     )
+    # the proof (layer.c hl_ghost_hit): processes that freed blocks the layer would have kept,
+    # but did not ask again for them often enough
+    aside = [r for r in rows if r.get("proven") == "0" and int(r.get("unproven", 0))]
+    if aside:
+        some = "" if len(aside) == len(rows) else f" in {len(aside)} of {len(rows)} processes"
+        reuses = sum(int(r.get("proof_hits", 0)) for r in aside)
+        print(
+            f"heapcast layer: stepped aside{some}: {reuses} of its requests could have reused a "
+            f"block it freed, fewer than the {aside[0].get('proof', '?')} the layer waits "
+            "for (-O proof=0 keeps from the start)",
+            file=sys.stderr,
+        )
     fixed = {
         int(r["program_mmap_threshold"]) for r in rows if int(r.get("program_mmap_threshold", 0))
     }

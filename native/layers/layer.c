@@ -138,6 +138,7 @@
     X(model, "0", "table: the model version the file must come from (0: any)")                    \
     X(follow, "1", "1: raise glibc's mmap threshold as glibc would on the frees it keeps; 0: no") \
     X(peak, "4", "kept blocks never lift live + kept above the live blocks' peak + this % (off)") \
+    X(proof, "4", "keep nothing until N requests could have reused a block passed on (0: at once)") \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
 
 enum hl_policy { HL_OFF, HL_SEED002, HL_SEED001, HL_GUIDED };
@@ -153,6 +154,7 @@ struct hl_settings {
     int follow;      /* raise glibc's mmap threshold as glibc would (hl_follow) */
     int scope_all;   /* keep blocks from glibc's heap too (scope=all) */
     int peak;        /* hl_bound's headroom in % of the live blocks' peak; -1: no bound */
+    int proof;       /* hl_ghost_hit: reuses seen before anything is kept */
     char table[512]; /* table file path ("" = online counter) */
     char stats[512]; /* "" none, "1" stderr, else a path */
 };
@@ -253,6 +255,8 @@ static int hl_apply(struct hl_settings *st, const char *name, const char *v) {
         if (!strcmp(v, "off")) return st->peak = -1, 1;
         return hl_parse_int(v, 0, 1000, &x) ? (st->peak = (int)x, 1) : 0;
     }
+    if (!strcmp(name, "proof"))
+        return hl_parse_int(v, 0, 1 << 20, &x) ? (st->proof = (int)x, 1) : 0;
     if (!strcmp(name, "follow")) return hl_parse_int(v, 0, 1, &x) ? (st->follow = (int)x, 1) : 0;
     if (!strcmp(name, "predictor")) {
         if (!strcmp(v, "online")) return st->table[0] = '\0', 1;
@@ -300,10 +304,10 @@ static int hl_read_settings(struct hl_settings *st) {
         }
         if (!eq || !known || !hl_apply(st, item, eq + 1)) {
             if (eq) *eq = '=';
-            hl_say("cannot parse HEAPCAST_LAYER item '", item,
-                   "' (options: policy min cap scope n madv decay topk horizon predictor model "
-                   "follow stats)",
+#define X(name, dflt, doc) " " #name
+            hl_say("cannot parse HEAPCAST_LAYER item '", item, "' (options:" HL_OPTIONS(X) ")",
                    "; running as a pass-through");
+#undef X
             return 0;
         }
     }
@@ -389,7 +393,7 @@ struct hl_stripe {
     /* calls passed through, one counter each (the stats' `passed` is their sum): misses, and
      * frees left to glibc's heap, of outgrown blocks, or declined otherwise (policy, cap, a
      * double free, a block the layer did not hand out) */
-    uint64_t misses, heap, outgrown, declined;
+    uint64_t misses, heap, outgrown, declined, unproven;
     uint64_t bounded;
 } __attribute__((aligned(64)));
 static struct hl_stripe hl_stripes[HL_STRIPES];
@@ -819,6 +823,55 @@ static void hl_drop(int i, int decayed) {
     hl_kept[i] = hl_kept[--hl_nkept];
 }
 
+/* The proof. A cache pays only where the program asks again for what it freed, and a program
+ * that seldom does paid for the blocks the layer kept anyway: sqlite3 (6 large calls, 1 reuse)
+ * held 0.5 MB kept beside its 4.4 MB while its small blocks peaked, numpy_stack (12 large calls,
+ * 1 reuse) likewise. So the layer keeps nothing until the process has made `proof` (4) requests
+ * that a large block it passed on could have served: until then, each free it would have kept
+ * goes to the next allocator and is remembered (its address and usable size, the last
+ * HL_GHOSTS), and each miss looks for a remembered block that fits by the cache's own rule
+ * (hl_fits, the alignment). Where the proof never comes, the layer has stepped aside on its
+ * own (the stats: proven=0), and the program holds what it would under glibc; where it comes,
+ * the layer has given up `proof` hits (a seed's case: 2 of its ~150 iterations' reuses).
+ * ARC's ghost lists and TinyLFU's doorkeeper admit blocks on the same kind of evidence.
+ * Process-wide, under hl_lock (only until proven); tasks/whatif/simulate.py replays it. */
+#define HL_GHOSTS 8
+static struct {
+    uintptr_t p;
+    size_t usable;
+} hl_ghost[HL_GHOSTS]; /* oldest first */
+static int hl_nghost;
+static int hl_proven; /* read without the lock: a stale 0 remembers one more block */
+static uint64_t hl_proof_hits;
+
+static inline int hl_unproven(void) { return !__atomic_load_n(&hl_proven, __ATOMIC_RELAXED); }
+
+static void hl_ghost_drop(int i) {
+    for (hl_nghost--; i < hl_nghost; i++) hl_ghost[i] = hl_ghost[i + 1];
+}
+
+/* a free the layer would have kept, passed on before the proof */
+static void hl_ghost_add(const void *p, size_t usable) {
+    pthread_mutex_lock(&hl_lock);
+    if (hl_nghost == HL_GHOSTS) hl_ghost_drop(0);
+    hl_ghost[hl_nghost].p = (uintptr_t)p;
+    hl_ghost[hl_nghost++].usable = usable;
+    pthread_mutex_unlock(&hl_lock);
+}
+
+/* a miss before the proof: the most recent remembered block that would have served it counts */
+static void hl_ghost_hit(size_t n, uintptr_t mask) {
+    pthread_mutex_lock(&hl_lock);
+    for (int i = hl_nghost - 1; i >= 0; i--)
+        if (hl_fits(hl_ghost[i].usable, n) && (hl_ghost[i].p & mask) == 0) {
+            hl_ghost_drop(i);
+            if (++hl_proof_hits >= (uint64_t)hl_set.proof)
+                __atomic_store_n(&hl_proven, 1, __ATOMIC_RELAXED);
+            break;
+        }
+    pthread_mutex_unlock(&hl_lock);
+}
+
 #define HL_OUT_MAX 8
 struct hl_out {
     int n;
@@ -1109,6 +1162,7 @@ shared_done:
     if (p == NULL && hl_sharded) p = hl_steal(n, mask);
     if (p == NULL) {
         HL_COUNT(misses);
+        if (hl_unproven()) hl_ghost_hit(n, mask);
     }
     hl_release(&out);
     if (now) hl_advise_idle(now);
@@ -1207,9 +1261,10 @@ static void hl_free_large(void *p, size_t usable) {
     }
     uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
     int wanted = usable <= hl_set.cap && !outgrown;
+    int unproven = wanted && hl_unproven(); /* passed on, remembered (hl_ghost_add) */
     /* the front: seed001/guided, a block the thread's reservation covers (madv=0 advises every
      * kept block at once: the shared path) */
-    int front = wanted && !advised && hl_front_open() &&
+    int front = wanted && !unproven && !advised && hl_front_open() &&
                 (usable <= hl_front.reserved || hl_reserve(usable));
     struct hl_shard *s = hl_shard_of(p);
 again:;
@@ -1248,6 +1303,7 @@ again:;
     int keep = wanted;
     if (hl_set.policy == HL_GUIDED) keep = hl_predict_reuse(req) && keep; /* this thread's */
     if (hl_set.policy == HL_SEED002 && hl_set.n == 0) keep = 0;
+    if (unproven) keep = 0;
     if (keep && front) {
         hl_bytes_move(&s->live, &s->fronted, e->usable);
         e->ticket = hl_new_ticket();
@@ -1262,8 +1318,14 @@ again:;
     if (!keep) {
         hl_live_remove(s, e);
         hl_live_unlock(s);
-        if (outgrown) HL_COUNT(outgrown);
-        else HL_COUNT(declined);
+        if (unproven) {
+            HL_COUNT(unproven);
+            hl_ghost_add(p, usable);
+        } else if (outgrown) {
+            HL_COUNT(outgrown);
+        } else {
+            HL_COUNT(declined);
+        }
         hl_pass_free(p);
         return;
     }
@@ -1689,6 +1751,7 @@ __attribute__((constructor)) static void hl_init(void) {
         return; /* pass-through (said on stderr) */
     }
     hl_set = st;
+    hl_proven = hl_set.proof == 0;
     void *lm = dlsym(RTLD_NEXT, "__libc_malloc");
     hl_glibc_next = lm != NULL && lm == (void *)hl_real.malloc;
     if (hl_set.policy == HL_GUIDED && hl_set.table[0]) {
@@ -1736,7 +1799,8 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("bytes_given_back", hl_stats.bytes_given_back);
     F("bytes_advised", hl_stats.bytes_advised);
     F("decayed", hl_stats.decayed);
-    F("passed", HL_STRIPED(misses) + HL_STRIPED(heap) + HL_STRIPED(outgrown) + HL_STRIPED(declined));
+    F("passed", HL_STRIPED(misses) + HL_STRIPED(heap) + HL_STRIPED(outgrown) +
+                    HL_STRIPED(declined) + HL_STRIPED(unproven));
     F("double_frees", hl_stats.double_frees);
     /* frees the layer left to the next allocator by its rules: outgrown blocks, glibc's heap */
     F("outgrown", HL_STRIPED(outgrown));
@@ -1749,6 +1813,12 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("bounded", HL_STRIPED(bounded));
     F("live_peak", hl_stats.live_peak);
     F("table_refused", hl_stats.table_refused);
+    /* the proof (hl_ghost_hit): 1 once the layer keeps blocks; the reuses it saw of blocks
+     * passed on before (at most `proof`), and the frees it passed on meanwhile */
+    F("proof", hl_set.proof);
+    F("proven", __atomic_load_n(&hl_proven, __ATOMIC_RELAXED));
+    F("proof_hits", hl_proof_hits);
+    F("unproven", HL_STRIPED(unproven));
     F("mmap_threshold", __atomic_load_n(&hl_follow_at, __ATOMIC_RELAXED)); /* 0: not followed */
     F("program_mmap_threshold", __atomic_load_n(&hl_program_threshold, __ATOMIC_RELAXED));
 #undef F

@@ -66,6 +66,7 @@ LAYER_OPTIONS = {
     "model",
     "follow",
     "peak",
+    "proof",
 }
 LAYER_POLICIES = {"seed002", "seed001", "guided", "off"}
 # Where a layer run writes its counters, in the run's measure folder.

@@ -1,8 +1,9 @@
 """heapcast's allocator layer (native/layers/layer.c) as the seed-002 policy: build it, and
 measure a command with and without.
 
-The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=4,stats=PATH (`layer_env`):
-the rules the simulator's `seed002` replays (tasks/whatif/simulate.py), so its counters (`hits`,
+The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=4,proof=4,stats=PATH
+(`layer_env` of a `Seed002Config`): the rules the simulator's `seed002` replays with the same
+config (tasks/whatif/simulate.py), so its counters (`hits`,
 `misses`, `kept`, `bytes_kept_peak`, `bytes_kept_at_exit`, `given_back`, `passed`, one line per
 process) are the measured side of the simulated hits.
 
@@ -12,8 +13,7 @@ native/build/libheapcast_layer.so preloaded, and returns the page faults, peak R
 same and exited the same (`max_rss_kb` is ru_maxrss, which Linux carries over from the forked
 caller into the exec'd command: it means something only when the caller is smaller than the
 command). Minor faults x the page size is the measured counterpart of the
-simulator's `fault_bytes_avoided` (tasks/whatif/simulate.py) for the `seed002` policy with the
-same N and min_size.
+simulator's `fault_bytes_avoided` (tasks/whatif/simulate.py) for the same `Seed002Config`.
 
 `measure_layer_workload(workload, input, runner)` does the same for a catalog workload through
 the replay runners and their verified preload (tasks.replay.runners.preload: the runner shows the
@@ -135,18 +135,18 @@ def run_measured(
 
 
 def layer_env(
-    n: int,
-    min_size: int,
+    policy: Seed002Config = Seed002Config(),
     madv_free: bool = False,
     stats: str | None = None,
-    peak: int | None = Seed002Config().peak,
+    keep: bool = True,
 ) -> str:
-    """HEAPCAST_LAYER for the seed-002 policy (n = 0: loaded, keeping nothing); madv_free:
-    madvise(MADV_FREE) a block as it is kept (madv=0), else never (madv=off, the simulator's
-    fault model: a kept block keeps its pages); peak: the bound on live + kept, as
-    Seed002Config.peak (None: peak=off), which the simulator replays."""
-    opts = f"policy=seed002,n={n},min={min_size},madv={'0' if madv_free else 'off'}"
-    opts += f",peak={'off' if peak is None else peak}"
+    """HEAPCAST_LAYER for the layer under the rules the simulator replays as `policy` (its n,
+    min_size, bound `peak` (None: peak=off) and `proof`); keep=False: loaded, keeping nothing
+    (n=0); madv_free: madvise(MADV_FREE) a block as it is kept (madv=0), else never (madv=off,
+    the simulator's fault model: a kept block keeps its pages)."""
+    opts = f"policy=seed002,n={policy.n if keep else 0},min={policy.min_size}"
+    opts += f",madv={'0' if madv_free else 'off'}"
+    opts += f",peak={'off' if policy.peak is None else policy.peak},proof={policy.proof}"
     return opts + (f",stats={stats}" if stats else "")
 
 
@@ -168,17 +168,16 @@ def measure_layer(
     argv: list[str],
     env: dict[str, str] | None = None,
     *,
-    n: int = 4,
-    min_size: int = MMAP_THRESHOLD,
+    policy: Seed002Config = Seed002Config(),
+    keep: bool = True,
     madv_free: bool = False,
     static_threshold: bool = True,
     layer: str | Path | None = None,
     timeout: float = 600,
     cwd: str | Path | None = None,
-    peak: int | None = Seed002Config().peak,
 ) -> dict[str, Any]:
-    """The command without and with the layer (N = n, blocks >= min_size, the bound `peak`):
-    faults, RSS, times.
+    """The command without and with the layer (the rules of `policy`; keep=False: loaded,
+    keeping nothing): faults, RSS, times.
 
     `env`: added to os.environ for both runs (an LD_PRELOAD there stays, after the layer).
     Returns {"without": {...}, "with": {... "stats": [per process]}, "minor_faults_without",
@@ -194,7 +193,7 @@ def measure_layer(
         stats_path = Path(tmp) / "stats"
         with_env = dict(base)
         with_env["LD_PRELOAD"] = " ".join(p for p in (str(lib), base.get("LD_PRELOAD", "")) if p)
-        with_env["HEAPCAST_LAYER"] = layer_env(n, min_size, madv_free, str(stats_path), peak)
+        with_env["HEAPCAST_LAYER"] = layer_env(policy, madv_free, str(stats_path), keep)
         with_layer = run_measured(argv, with_env, timeout, cwd)
         with_layer["stats"] = parse_stats(stats_path.read_text()) if stats_path.exists() else []
     page = os.sysconf("SC_PAGE_SIZE")
@@ -204,8 +203,8 @@ def measure_layer(
     )
     return {
         "argv": [str(a) for a in argv],
-        "n": n,
-        "min_size": min_size,
+        "n": policy.n if keep else 0,
+        "min_size": policy.min_size,
         "madv_free": madv_free,
         "static_threshold": static_threshold,
         "without": without,
@@ -233,7 +232,7 @@ STATS_FILE = "layer.stats"
 
 
 def _arm_workload(
-    workload, arm: str, n: int, min_size: int, static_threshold: bool, stats: str | None = None
+    workload, arm: str, policy: Seed002Config, static_threshold: bool, stats: str | None = None
 ):
     """The workload with the arm's variables added to its environment (the runners pass a
     workload's `env` to the program and nothing of the caller's); `stats`: where the layer
@@ -242,7 +241,7 @@ def _arm_workload(
     if static_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     if arm != "plain":
-        env["HEAPCAST_LAYER"] = layer_env(n if arm == "layer" else 0, min_size, stats=stats)
+        env["HEAPCAST_LAYER"] = layer_env(policy, stats=stats, keep=arm == "layer")
     return workload.model_copy(update={"env": env})
 
 
@@ -253,8 +252,7 @@ def measure_layer_workload(
     *,
     repetitions: int = 3,
     warmup: int = 1,
-    n: int = 4,
-    min_size: int = MMAP_THRESHOLD,
+    policy: Seed002Config = Seed002Config(),
     static_threshold: bool = True,
     arms: tuple[str, ...] = ARMS,
     layer: str | Path | None = None,
@@ -293,7 +291,7 @@ def measure_layer_workload(
                 d.mkdir(parents=True)
             trace_seen = str(SANDBOX_TRACE if sandboxed else dirs["trace"].resolve())
             stats_seen = f"{trace_seen}/{STATS_FILE}" if arm != "plain" else None
-            w = _arm_workload(workload, arm, n, min_size, static_threshold, stats_seen)
+            w = _arm_workload(workload, arm, policy, static_threshold, stats_seen)
             spec = PreloadSpec(name=arm, host_library=lib if arm != "plain" else None)
             request = probed_request(
                 RunRequest(
@@ -352,8 +350,8 @@ def measure_layer_workload(
         "workload": workload.name,
         "input": inp.name,
         "runner": runner.kind,
-        "n": n,
-        "min_size": min_size,
+        "n": policy.n,
+        "min_size": policy.min_size,
         "static_threshold": static_threshold,
         "repetitions": repetitions,
         "page_size": page,

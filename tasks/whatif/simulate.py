@@ -23,7 +23,10 @@ cache by its usable size, if the layer handed it out (requested >= min_size: the
 only those), and the smallest usable size is evicted (policies.py); and the layer's bound
 (hl_bound, Seed002Config.peak; None: peak=off): at a miss that maps a block, the smallest kept
 blocks (the oldest of equals, at most 8) go until the usable bytes of the live blocks it tracks
-plus those kept are within the live ones' peak plus `peak` percent. Found: a HIT,
+plus those kept are within the live ones' peak plus `peak` percent; and its proof
+(hl_ghost_hit, Seed002Config.proof; 0: none): a process keeps nothing until `proof` of its misses
+could have been served (by the same fit and alignment) by one of the last 8 blocks it passed on
+that it would have kept. Found: a HIT,
 the program holds b bytes. Else the
 system allocator serves it (a MISS), and the block is s bytes. A free (free, or realloc's old
 block) hands the block (b bytes: the block the request got, known through the row's partner;
@@ -102,6 +105,7 @@ from tasks.whatif.policies import (
 
 PAGE = 4096
 SCAN_LIMIT = 64
+GHOSTS = 8  # seed002's proof: blocks remembered at most (layer.c HL_GHOSTS)
 
 K_NONE, K_SEED002, K_SEED001, K_LRU, K_GUIDED, K_BELADY = range(6)
 
@@ -324,6 +328,15 @@ def _bound(nodes, ch, ct, ps, g, p, lay_live, lay_peak, peak_pct, mmap_threshold
 
 
 @njit(cache=True, nogil=True)
+def _ghost_drop(gh_u, gh_al, gh_n, p, j):
+    """seed002's proof: process p forgets its j-th remembered block (layer.c hl_ghost_drop)."""
+    gh_n[p] -= 1
+    for i in range(j, gh_n[p]):
+        gh_u[p, i] = gh_u[p, i + 1]
+        gh_al[p, i] = gh_al[p, i + 1]
+
+
+@njit(cache=True, nogil=True)
 def _farthest_class(ch, nxt, p):
     """Belady: the non-empty class of process p whose next request is farthest (-1: none)."""
     best = -1
@@ -363,6 +376,7 @@ def _simulate(
     thread,
     n_threads,
     peak_pct,
+    proof,
 ):
     n = len(req)
     g = np.zeros(_GF, np.int64)
@@ -386,6 +400,15 @@ def _simulate(
     # the blocks it tracks (requested >= min_size) that are live, and their peak
     lay_live = np.zeros(n_proc if layer else 1, np.int64)
     lay_peak = np.zeros(n_proc if layer else 1, np.int64)
+    # seed002, the proof (layer.c's hl_ghost_hit): per process, the last GHOSTS blocks it passed
+    # on before it (usable size, alignment; oldest first), the misses they could have served,
+    # and whether it keeps yet
+    n_lay = n_proc if layer else 1
+    gh_u = np.zeros((n_lay, GHOSTS), np.int64)
+    gh_al = np.zeros((n_lay, GHOSTS), np.int64)
+    gh_n = np.zeros(n_lay, np.int64)
+    gh_hits = np.zeros(n_lay, np.int64)
+    proven = np.full(n_lay, proof == 0)
     integral = 0.0
     foot_integral = 0.0
     live_integral = 0.0
@@ -485,6 +508,17 @@ def _simulate(
             if layer:
                 blk_u[i] = bu
                 blk_al[i] = bal
+                if s >= min_size and hit < 0 and not proven[p]:
+                    # the proof: the newest remembered block that would have served it
+                    j = gh_n[p] - 1
+                    while j >= 0:
+                        if _fits(gh_u[p, j], s) and (ar <= 1 or gh_al[p, j] % ar == 0):
+                            break
+                        j -= 1
+                    if j >= 0:
+                        _ghost_drop(gh_u, gh_al, gh_n, p, j)
+                        gh_hits[p] += 1
+                        proven[p] = gh_hits[p] >= proof
                 if s >= min_size:
                     lay_live[p] += bu
                     if hit < 0 and s >= mmap_threshold and peak_pct >= 0:
@@ -532,6 +566,12 @@ def _simulate(
                 th = thread[i]
                 if a >= 0 and a == t_prev[th] and t_req[th] > bu:
                     pass  # outgrown: the thread just asked for more than this block holds
+                elif not proven[p]:  # passed on, remembered (the last GHOSTS)
+                    if gh_n[p] == GHOSTS:
+                        _ghost_drop(gh_u, gh_al, gh_n, p, 0)
+                    gh_u[p, gh_n[p]] = bu
+                    gh_al[p, gh_n[p]] = bal
+                    gh_n[p] += 1
                 elif ps[p, P_COUNT] < n_keep:
                     keep = True
                 else:
@@ -716,6 +756,7 @@ def run_kernel(
         x.thread if x.thread is not None else x.proc,
         x.n_threads if x.thread is not None else x.n_proc,
         -1 if getattr(policy, "peak", None) is None else policy.peak,  # type: ignore[attr-defined]
+        getattr(policy, "proof", 0),
     )
 
 

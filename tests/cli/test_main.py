@@ -110,11 +110,27 @@ def test_layer_says_what_it_gave_back_to_stay_within_the_programs_peak(program, 
     argv = ["env", "MALLOC_MMAP_THRESHOLD_=131072", str(program("phases")), "4", "8"]
     argv += [str(2 << 20), "8", str(5 << 20)]
     # WHEN it runs under the layer
-    r = heapcast("layer", "--policy", "seed001", "--", *argv, cwd=tmp_path)
+    r = heapcast("layer", "--policy", "seed001", "-O", "proof=0", "--", *argv, cwd=tmp_path)
     # THEN the summary says how many kept blocks went back for the bound, and the peak: B's 40 MiB
     assert r.returncode == 0, r.stderr
     m = re.search(r"; (\d+) to stay within the program's own peak of ([\d.]+) MB live\)", r.stderr)
     assert m and int(m[1]) > 0 and float(m[2]) == pytest.approx(8 * 5 * 2**20 / 1e6, abs=0.1)
+
+
+def test_layer_says_it_stepped_aside_where_the_program_reuses_nothing(program, tmp_path):
+    # GIVEN phases.c, whose 2 MiB and 5 MiB blocks never fit each other's requests
+    argv = ["env", "MALLOC_MMAP_THRESHOLD_=131072", str(program("phases")), "4", "8"]
+    argv += [str(2 << 20), "8", str(5 << 20)]
+    # WHEN it runs under the layer's default proof, then with proof=0
+    r = heapcast("layer", "--policy", "seed001", "--", *argv, cwd=tmp_path)
+    eager = heapcast("layer", "--policy", "seed001", "-O", "proof=0", "--", *argv, cwd=tmp_path)
+    # THEN the layer kept nothing and says why and how to make it keep; with proof=0 it kept
+    assert r.returncode == 0 == eager.returncode, r.stderr
+    assert r.stdout == eager.stdout
+    assert ": stepped aside: 0 of its requests could have reused a block it freed, fewer than " \
+        "the 4 the layer waits for (-O proof=0 keeps from the start)" in r.stderr  # fmt: skip
+    assert " 0 blocks kept " in r.stderr
+    assert "stepped aside" not in eager.stderr and " 0 blocks kept " not in eager.stderr
 
 
 def test_layer_refuses_a_missing_table_file_and_says_how(tmp_path):

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.whatif.layer import build_layer, measure_layer, run_measured
+from tasks.whatif.policies import Seed002Config
 from tests.native.tracer_harness import NATIVE
 
 BIG = ["300000", "1000000", "2500000"]
@@ -63,17 +64,18 @@ def test_threads_and_madv_free(layer, program):
 def test_default_glibc_threshold_blocks_above_32_mib(layer, program):
     # glibc never raises its mmap threshold above 32 MiB: such blocks fault every time
     exe = program("bigblocks")
-    m = measure_layer([exe, "6", "1", str(34 << 20)], layer=layer, static_threshold=False)
+    # (20 rounds: the layer keeps none until its proof, the first few rounds' reuses)
+    m = measure_layer([exe, "20", "1", str(34 << 20)], layer=layer, static_threshold=False)
     _same(m)
     assert m["minor_faults_with"] < 0.5 * m["minor_faults_without"], m
 
 
 def test_disabled_and_edge_settings(layer, program):
     exe = program("bigblocks")
-    m = measure_layer([exe, "5", "1", *BIG], layer=layer, n=0)
+    m = measure_layer([exe, "5", "1", *BIG], layer=layer, keep=False)
     _same(m)
     assert m["hits"] == 0
-    m = measure_layer([exe, "5", "2", *BIG], layer=layer, n=64, min_size=1)
+    m = measure_layer([exe, "5", "2", *BIG], layer=layer, policy=Seed002Config(n=64, min_size=1))
     _same(m)
     env = dict(os.environ, LD_PRELOAD=str(layer), HEAPCAST_CACHE_N="junk")
     r = run_measured([exe, "3", "1", *BIG], env)
@@ -119,7 +121,7 @@ def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp
     subprocess.run(argv, env=env, check=True, capture_output=True)
     table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
     sim = simulate(table, Seed002Config(n=4))
-    m = measure_layer(argv, layer=layer, n=4)
+    m = measure_layer(argv, layer=layer, policy=Seed002Config(n=4))
     _same(m)
     # the simulator follows the layer's rules (usable sizes, fit, alignment, eviction): the
     # same hits; every page of the program's blocks is first touched by a write, as the fault
@@ -129,7 +131,7 @@ def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp
     assert 0.9 < ratio < 1.1, (sim["fault_bytes_avoided"], m["fault_bytes_avoided"])
     # read before written (BIGBLOCKS_READ_FIRST=1), a fresh calloc'd page faults twice (the
     # zero page, then copy-on-write): the layer saves more than the model counts
-    rf = measure_layer(argv, {"BIGBLOCKS_READ_FIRST": "1"}, layer=layer, n=4)
+    rf = measure_layer(argv, {"BIGBLOCKS_READ_FIRST": "1"}, layer=layer, policy=Seed002Config(n=4))
     _same(rf)
     assert rf["hits"] == m["hits"]
     assert rf["fault_bytes_avoided"] > 1.1 * m["fault_bytes_avoided"]
@@ -171,13 +173,15 @@ def test_simulator_holds_to_the_layer_on_a_hand_made_sequence(layer, libheapcast
     )
     subprocess.run(argv, env=env, check=True, capture_output=True)
     table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
-    sim = simulate(table, Seed002Config(n=n))
-    m = measure_layer(argv, layer=layer, n=n)
+    # kept from the first free (proof=0): the sequence reuses a few blocks, each a rule's case
+    policy = Seed002Config(n=n, proof=0)
+    sim = simulate(table, policy)
+    m = measure_layer(argv, layer=layer, policy=policy)
     _same(m)
     assert sim["hits"] == m["hits"] >= 4
     # the saving measured against the layer loaded but keeping nothing (n = 0), as the
     # simulator models the cache, not the loading of the library (~20 pages of its own)
-    off = measure_layer(argv, layer=layer, n=0)
+    off = measure_layer(argv, layer=layer, policy=policy, keep=False)
     measured = (off["minor_faults_with"] - m["minor_faults_with"]) * m["page_size"]
     # ~450 pages saved; a few pages apart (the realloc's partly written page, page tables)
     assert abs(sim["fault_bytes_avoided"] - measured) < 0.05 * measured, (

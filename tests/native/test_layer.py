@@ -5,7 +5,8 @@ with numpy on seed 002's expression, sqlite3, a threaded C program, fork beside 
 thread) and reuses blocks (its counters at exit). The predictor equals the project's online
 counter (tasks/learning/online.py, orders (2, 1)) on a token sequence. A setting it cannot
 parse, or a table file it cannot trust, is said in one line on stderr and never stops the
-program. seed002 is cache002's policy: the same hits on the same program.
+program. seed002 is cache002's policy: the same hits on the same program. The layer keeps
+nothing until reuse is proven (`proof`), and steps aside where it is not.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def _env(lib: Path | None, setting: str | None = None, **extra: str) -> dict[str
     if lib is not None:
         env["LD_PRELOAD"] = str(lib)
     if setting is not None:
-        env["HEAPCAST_LAYER"] = setting
+        # the layer keeps from the first free here (proof=0) unless a test sets its proof: these
+        # small programs reuse a block a few times only, and the proof would keep nothing there
+        # (test_the_layer_keeps_nothing_until_reuse_is_proven tests the proof itself)
+        proof = "" if "proof=" in setting or "=" not in setting else ",proof=0"
+        env["HEAPCAST_LAYER"] = setting + proof
     env.update(extra)
     return env
 
@@ -158,6 +163,38 @@ def test_fork_beside_a_working_thread(heapcast_layer, program, policy, tmp_path)
     assert len(rows) == 1 and rows[0]["hits"] > 100, rows
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_layer_keeps_nothing_until_reuse_is_proven(heapcast_layer, program, policy, tmp_path):
+    """GIVEN bigblocks, 30 rounds of the same large blocks, every one mapped (glibc's threshold
+    fixed), and sqlite3 on a generated input (6 large calls, one of them a request a block it
+    freed could serve)
+    WHEN each runs under the layer's default proof (4), and bigblocks with proof=0
+    THEN bigblocks: the layer keeps once its 4th miss could have been served by a block it passed
+    on; it then reuses, giving up fewer hits than rounds. sqlite3: nothing kept, ever (it
+    stepped aside), and the output is the same."""
+    argv = [str(program("bigblocks")), "30", "1", *BIG, "700000"]
+    fixed = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    (proven,) = _same_under_layer(
+        argv, heapcast_layer, f"policy={policy},proof=4", tmp_path, **fixed
+    )
+    (eager,) = _same_under_layer(
+        argv, heapcast_layer, f"policy={policy},proof=0", tmp_path, **fixed
+    )
+    assert (proven["proven"], proven["proof_hits"], eager["proven"]) == (1, 4, 1), proven
+    assert proven["unproven"] >= 4 and eager["unproven"] == eager["proof_hits"] == 0, proven
+    assert 0 < proven["hits"] < eager["hits"] < proven["hits"] + 30, (proven, eager)
+    sqlite3 = need_tool("sqlite3")
+    (aside,) = _same_under_layer(
+        [sqlite3, "-bail", ":memory:"],
+        heapcast_layer,
+        f"policy={policy},proof=4",
+        tmp_path,
+        stdin=(tmp_path / generate_input("sql", 2, 12_000, tmp_path)[0]).read_text(),
+    )
+    assert (aside["proven"], aside["kept"], aside["hits"], aside["bytes_kept_peak"]) == (0, 0, 0, 0)
+    assert aside["unproven"] >= 1 and aside["proof_hits"] < 4, aside
+
+
 def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
     """Same program, same rules (cache002 has no bound on live + kept: peak=off): the layer's
     seed002 hits what cache002 hits."""
@@ -173,7 +210,7 @@ def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
     ours = tmp_path / "ours"
     subprocess.run(argv, check=True, capture_output=True, env=base | {
         "LD_PRELOAD": str(heapcast_layer),
-        "HEAPCAST_LAYER": f"policy=seed002,n=4,madv=off,peak=off,stats={ours}",
+        "HEAPCAST_LAYER": f"policy=seed002,n=4,madv=off,peak=off,proof=0,stats={ours}",
     })  # fmt: skip
     (theirs,) = _stats(c2)
     (mine,) = _stats(ours)

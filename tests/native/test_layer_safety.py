@@ -23,7 +23,11 @@ from tests.native.tracer_harness import NATIVE
 LAYERS = {
     "cache002": ("cache002", "libcache002.so", {"HEAPCAST_CACHE_N": "4"}),
     **{
-        f"layer-{policy}": ("layer", "libheapcast_layer.so", {"HEAPCAST_LAYER": f"policy={policy}"})
+        f"layer-{policy}": (
+            "layer",
+            "libheapcast_layer.so",
+            {"HEAPCAST_LAYER": f"policy={policy},proof=0"},
+        )
         for policy in ("seed002", "seed001", "guided")
     },
 }
@@ -140,7 +144,7 @@ def test_an_exiting_thread_leaves_its_front_to_the_next(program, policy, tmp_pat
     r = _run(
         [exe, "exit", "300000", "5"],
         NATIVE / "build" / "libheapcast_layer.so",
-        {"HEAPCAST_LAYER": f"policy={policy},stats={stats}"},
+        {"HEAPCAST_LAYER": f"policy={policy},proof=0,stats={stats}"},
     )
     assert r.returncode == 0 and r.stdout == "done\n", (r.returncode, r.stderr)
     row = {k: int(v) for k, v in (f.split("=") for f in stats.read_text().split())}
@@ -158,7 +162,7 @@ def test_a_block_in_an_idle_threads_front_serves_another_thread(program, policy,
     r = _run(
         [exe, "idle", "300000"],
         NATIVE / "build" / "libheapcast_layer.so",
-        {"HEAPCAST_LAYER": f"policy={policy},stats={stats}"},
+        {"HEAPCAST_LAYER": f"policy={policy},proof=0,stats={stats}"},
     )
     assert r.returncode == 0 and r.stdout == "done\n", (r.returncode, r.stderr)
     row = {k: int(v) for k, v in (f.split("=") for f in stats.read_text().split())}

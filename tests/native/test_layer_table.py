@@ -23,7 +23,7 @@ def _table(soon: bool) -> ClassTable:
 
 
 def _run(layer: Path, exe: Path, table: Path, model: int, stats: Path):
-    setting = f"policy=guided,predictor=table:{table},model={model},stats={stats}"
+    setting = f"policy=guided,predictor=table:{table},model={model},proof=0,stats={stats}"
     return subprocess.run(
         [exe, "5", "1", *BIG], capture_output=True, text=True, env=_env(layer, setting)
     )

@@ -213,8 +213,12 @@ def test_heapcast_tune_measures_a_layer_candidate_verified_with_its_counters(tmp
 
     build_layers([CFG.get("layer-seed002")])
     prog = tmp_path / "prog.py"
-    # 8 MiB blocks: above the layer's 128 KiB and glibc's first mmap threshold
-    prog.write_text("for i in range(40):\n    b = bytearray(8 << 20)\nprint('done')\n")
+    # 8 MiB blocks, every one mapped: the program fixes glibc's mmap threshold at 128 KiB (as
+    # TensorFlow does), so glibc's heap never takes them and the layer's proof comes at once
+    prog.write_text(
+        "import ctypes\nctypes.CDLL(None).mallopt(-3, 131072)  # M_MMAP_THRESHOLD\n"
+        "for i in range(40):\n    b = bytearray(8 << 20)\nprint('done')\n"
+    )
     out = tune(
         [sys.executable, str(prog)],
         CFG,

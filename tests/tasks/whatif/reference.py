@@ -188,6 +188,11 @@ class _Proc:
         self.live_blk = 0
         self.lay_live = 0  # seed002's bound: usable bytes of live blocks requested >= min_size
         self.lay_peak = 0  # ... and their peak, taken at the misses that map a block
+        # seed002's proof: the blocks it passed on before it (usable, alignment), oldest first,
+        # the misses they could have served, and whether it keeps yet
+        self.ghosts: list[tuple[int, int]] = []
+        self.proof_hits = 0
+        self.proven = False
         self.heap = 0
         self.hwm = 0
         self.mapped = 0
@@ -215,6 +220,8 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             r["time_ns"] = k
     last = {r["_p"]: k for k, r in enumerate(seq)}
     procs = [_Proc() for _ in pids]
+    for q in procs:
+        q.proven = getattr(policy, "proof", 0) == 0
     S = dict(
         allocations=0, hits=0, hit_bytes=0, waste_bytes=0, frees=0, cached_frees=0,
         evictions=0, evicted_bytes=0, system_allocations=0, fault_bytes_mmap=0,
@@ -349,6 +356,16 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             P.blocks[r["addr"]] = b
             P.ublocks[r["addr"]] = ub
             P.ids[r["addr"]] = bid = next(order)
+            if kind == "seed002" and s >= min_size and hit is None and not P.proven:
+                # the layer's proof: the newest remembered block that would have served it
+                g = next(
+                    (g for g in P.ghosts[::-1] if fits(g[0], s) and (ar <= 1 or g[1] % ar == 0)),
+                    None,
+                )
+                if g is not None:
+                    P.ghosts.remove(g)
+                    P.proof_hits += 1
+                    P.proven = P.proof_hits >= policy.proof
             if kind == "seed002" and s >= min_size:
                 before = P.threads.get(r["thread"], (0, -1, -1))[1]
                 P.threads[r["thread"]] = (s, bid, before)
@@ -387,6 +404,8 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                     pass
                 elif bid == t_prev and t_req > u:  # outgrown: its thread just asked for more
                     pass
+                elif not P.proven:  # passed on, remembered (the last 8)
+                    P.ghosts = [*P.ghosts, (u, al)][-8:]
                 else:
                     if len(P.cache) < policy.n:
                         keep = True

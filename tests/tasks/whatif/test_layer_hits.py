@@ -4,8 +4,8 @@ the same hits as the layer's own counters on a real program.
 GIVEN bigblocks (tests/native/programs/bigblocks.c: malloc, calloc, posix_memalign, realloc
       and frees of large blocks in varying orders, small blocks between), traced with the
       tracer, and the same command run under the layer (HEAPCAST_LAYER=policy=seed002,n=N,
-      min=131072,madv=off,peak=4,stats=PATH) by tasks.whatif.layer.measure_layer
-WHEN  the trace is simulated with Seed002Config(n=N)
+      min=131072,madv=off,peak=4,proof=4,stats=PATH) by tasks.whatif.layer.measure_layer
+WHEN  the trace is simulated with the same Seed002Config (n, and the proof: 0, 2 or 4)
 THEN  the simulated hits equal the layer's `hits` and the simulated requests >= min the
       layer's hits + misses; output and exit code are unchanged under the layer.
 One thread: with several, the interleaving of the threads' calls differs from run to run (two
@@ -55,28 +55,31 @@ def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
 
 
 def test_layer_env_names_the_seed002_policy():
-    assert layer_env(4, 131072) == "policy=seed002,n=4,min=131072,madv=off,peak=4"
-    assert layer_env(0, 65536, True, "/x/s", peak=None) == (
-        "policy=seed002,n=0,min=65536,madv=0,peak=off,stats=/x/s"
+    assert layer_env() == "policy=seed002,n=4,min=131072,madv=off,peak=4,proof=4"
+    policy = Seed002Config(n=2, min_size=65536, peak=None, proof=0)
+    assert layer_env(policy, True, "/x/s", keep=False) == (
+        "policy=seed002,n=0,min=65536,madv=0,peak=off,proof=0,stats=/x/s"
     )
 
 
 @pytest.mark.parametrize(
-    ("n", "threads", "sizes"),
+    ("n", "threads", "sizes", "proof"),
     [
-        (4, 1, ["300000", "1000000", "2500000"]),
-        (1, 1, ["200000", "700000"]),
-        (2, 1, ["150000", "300000", "1000000", "2500000"]),
+        (4, 1, ["300000", "1000000", "2500000"], 4),
+        (4, 1, ["300000", "1000000", "2500000"], 0),
+        (1, 1, ["200000", "700000"], 4),
+        (2, 1, ["150000", "300000", "1000000", "2500000"], 2),
     ],
 )
-def test_simulated_hits_equal_the_layers_counters(tools, tmp_path, n, threads, sizes):
+def test_simulated_hits_equal_the_layers_counters(tools, tmp_path, n, threads, sizes, proof):
     layer, tracer, exe = tools
     argv = [str(exe), "25", str(threads), *sizes]
-    measured = measure_layer(argv, n=n, layer=layer)
+    policy = Seed002Config(n=n, proof=proof)
+    measured = measure_layer(argv, policy=policy, layer=layer)
     assert measured["same_output"], measured["with"]["stderr_tail"]
     assert len(measured["with"]["stats"]) == 1 and set(STAT_KEYS) <= measured.keys()
     table = _traced(argv, tracer, tmp_path / "trace")
-    sim = simulate(prepare(table), Seed002Config(n=n))
+    sim = simulate(prepare(table), policy)
     req = table.column("size").to_numpy()
     assert measured["hits"] > 0
     assert sim["hits"] == measured["hits"], (sim["hits"], measured)
@@ -90,15 +93,18 @@ def test_simulated_hits_equal_the_layers_counters(tools, tmp_path, n, threads, s
 def test_simulated_hits_equal_the_layers_counters_under_its_bound(tools, program, tmp_path, peak):
     """GIVEN phases (tests/native/programs/phases.c: 8 blocks of 2 MiB live, then 8 of 5 MiB,
     in turns), where the layer's bound gives kept blocks back at misses (hl_bound), traced, and
-    run under the layer with the bound (peak=4) and without (peak=off)
-    THEN the simulator with the same Seed002Config.peak has the same hits and blocks kept."""
+    run under the layer with the bound (peak=4) and without (peak=off), keeping from the first
+    free (proof=0: no request of phases could reuse a block of the other phase, so its proof
+    never comes)
+    THEN the simulator with the same Seed002Config has the same hits and blocks kept."""
     layer, tracer, _ = tools
     argv = [str(program("phases")), "4", "8", str(2 << 20), "8", str(5 << 20)]
-    measured = measure_layer(argv, n=4, layer=layer, peak=peak)
+    policy = Seed002Config(peak=peak, proof=0)
+    measured = measure_layer(argv, policy=policy, layer=layer)
     assert measured["same_output"], measured["with"]["stderr_tail"]
     (stats,) = measured["with"]["stats"]
     assert (stats["bounded"] > 0) == (peak is not None), stats
-    sim = simulate(prepare(_traced(argv, tracer, tmp_path / "trace")), Seed002Config(peak=peak))
+    sim = simulate(prepare(_traced(argv, tracer, tmp_path / "trace")), policy)
     assert (sim["hits"], sim["cached_frees"]) == (stats["hits"], stats["kept"]), (sim, stats)
 
 
@@ -109,7 +115,7 @@ def test_simulated_cache_gives_back_what_the_program_outgrew(tools, program, tmp
     THEN the simulator replays the rule: the same hits and the same blocks kept."""
     layer, tracer, _ = tools
     argv = [str(program("grow")), "6", "10", "300000"]
-    measured = measure_layer(argv, n=4, layer=layer)
+    measured = measure_layer(argv, layer=layer)
     assert measured["same_output"], measured["with"]["stderr_tail"]
     (stats,) = measured["with"]["stats"]
     assert stats["outgrown"] >= 10, stats  # the rule fired: every step of the first round

@@ -49,6 +49,9 @@ POLICIES = [
     Seed002Config(n=4),
     Seed002Config(n=4, peak=None),  # without the layer's bound on live + kept
     Seed002Config(n=3, min_size=0),
+    Seed002Config(n=4, proof=0),  # kept from the first free (no proof)
+    Seed002Config(n=1, proof=1),
+    Seed002Config(n=3, min_size=0, proof=2),
     Seed001Config(decay_ns=5),
     Seed001Config(decay_ns=60, min_size=1000),
     LruConfig(budget=4096),
@@ -229,7 +232,7 @@ def test_fault_accounting_large_blocks():
     assert none["fault_bytes_heap"] == 4096
     assert none["max_rss"] == mmap_one + 4096
     assert none["live_peak"] == 200_100 == none["peak_footprint"] == none["ideal_rss"]
-    s2 = simulate(t, Seed002Config(n=4))
+    s2 = simulate(t, Seed002Config(n=4, proof=0))
     assert s2["hits"] == 1 and s2["allocations"] == 3
     assert s2["fault_bytes_mmap"] == mmap_one
     assert s2["fault_bytes_avoided"] == mmap_one
@@ -303,7 +306,7 @@ def test_seed002_follows_the_layers_rules():
         ]
     )
     t = _aligned(t, {9: 64, 11: 64}, {9: Op.POSIX_MEMALIGN, 11: Op.POSIX_MEMALIGN})
-    r = simulate(t, Seed002Config(n=4))
+    r = simulate(t, Seed002Config(n=4, proof=0))
     assert r["hits"] == 3
     assert r["allocations"] == 7
     # the old rule (same class, requested size b >= s) would hit only at row 11 (row 8's
@@ -312,11 +315,34 @@ def test_seed002_follows_the_layers_rules():
     want_avoided = mmap_one(302_000) + mmap_one(400_000) + mmap_one(199_000)
     assert r["fault_bytes_avoided"] == want_avoided
     # n = 1: eviction by usable size; the 303100 block (larger) replaces the 300000 one
-    r1 = simulate(t, Seed002Config(n=1))
-    want = reference(t, Seed002Config(n=1))
+    r1 = simulate(t, Seed002Config(n=1, proof=0))
+    want = reference(t, Seed002Config(n=1, proof=0))
     assert r1["hits"] == want["hits"] and r1["fault_bytes"] == want["fault_bytes"]
-    want4 = reference(t, Seed002Config(n=4))
+    want4 = reference(t, Seed002Config(n=4, proof=0))
     assert r["hits"] == want4["hits"] and r["fault_bytes"] == want4["fault_bytes"]
+
+
+def test_seed002_keeps_nothing_until_its_proof():
+    """The layer's proof (layer.c hl_ghost_hit): nothing is kept until `proof` misses could have
+    been served by a block passed on before (the last 8, by the cache's own fit); then it keeps
+    (without the bound, which would give row 1's block back at row 2's miss)."""
+    base = 0x7F0000000000
+    t = _events(
+        [
+            (MALLOC, 300_000, base + 0x10, None),  # 0: miss
+            (FREE, 0, base + 0x10, 300_000),  # 1: passed on, remembered
+            (MALLOC, 900_000, base + 0x10, None),  # 2: miss; the 300000 block would not fit
+            (MALLOC, 300_000, base + 0x1010, None),  # 3: miss it would have served: proof 1
+            (FREE, 0, base + 0x1010, 300_000),  # 4: passed on, remembered
+            (MALLOC, 301_000, base + 0x2010, None),  # 5: miss it would have served: proof 2
+            (FREE, 0, base + 0x2010, 301_000),  # 6: kept
+            (MALLOC, 300_500, base + 0x3010, None),  # 7: HIT
+        ]
+    )
+    for proof, hits in ((0, 3), (1, 2), (2, 1), (3, 0)):
+        got = simulate(t, Seed002Config(n=4, proof=proof, peak=None))
+        assert got["hits"] == hits, (proof, got["hits"])
+        assert reference(t, Seed002Config(n=4, proof=proof, peak=None))["hits"] == hits
 
 
 def test_seed002_keeps_only_blocks_the_layer_handed_out():
@@ -330,9 +356,9 @@ def test_seed002_keeps_only_blocks_the_layer_handed_out():
             (MALLOC, 131_072, 0x5010, None),  # would fit 131080: a miss all the same
         ]
     )
-    r = simulate(t, Seed002Config(n=4))
+    r = simulate(t, Seed002Config(n=4, proof=0))
     assert r["hits"] == 0 and r["cached_frees"] == 0
-    want = reference(t, Seed002Config(n=4))
+    want = reference(t, Seed002Config(n=4, proof=0))
     assert want["hits"] == 0
 
 
