@@ -134,6 +134,10 @@ class Sample(BaseModel):
     layer_outgrown: int | None = None  # frees left to the allocator: the program outgrew them
     layer_heap: int | None = None  # frees left to glibc's heap (scope=mapped)
     layer_bounded: int | None = None  # kept blocks given back to stay within the live peak
+    # processes whose proof came (they kept blocks; the others stepped aside), and the frees
+    # passed on while the proof was awaited
+    layer_proven: int | None = None
+    layer_unproven: int | None = None
     layer_table: int | None = None
     layer_table_refused: int | None = None
 
@@ -153,6 +157,8 @@ LAYER_COUNTERS = (
     "outgrown",
     "heap",
     "bounded",  # kept blocks given back at a miss: live + kept within the live blocks' peak
+    "proven",  # processes that kept blocks once reuse was proven (layer.c hl_ghost_hit)
+    "unproven",  # frees passed on before the proof
     "table",  # processes that used a table (the model's, for a table candidate)
     "table_refused",  # processes that refused the one they were given (one stderr line each)
 )

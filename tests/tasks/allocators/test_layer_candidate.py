@@ -119,14 +119,18 @@ def test_the_layers_counters_are_summed_over_the_processes(tmp_path):
     assert read_layer_stats(stats) == {}
     stats.write_text(
         "pid=7 policy=1 table=0 hits=80 misses=68 kept=148 bytes_kept_peak=4096 given_back=64 "
-        "bytes_given_back=100 bytes_advised=0 decayed=0 passed=9 double_frees=0 untracked=1\n"
+        "bytes_given_back=100 bytes_advised=0 decayed=0 passed=9 double_frees=0 untracked=1 "
+        "proof=4 proven=1 proof_hits=4 unproven=6\n"
         "pid=9 policy=1 table=0 hits=2 misses=1 kept=3 bytes_kept_peak=8192 given_back=1 "
-        "bytes_given_back=5 bytes_advised=7 decayed=0 passed=1 double_frees=1 untracked=0\n"
+        "bytes_given_back=5 bytes_advised=7 decayed=0 passed=1 double_frees=1 untracked=0 "
+        "proof=4 proven=0 proof_hits=1 unproven=2\n"
     )
     got = read_layer_stats(stats)
     assert got["layer_processes"] == 2 and got["layer_hits"] == 82 and got["layer_kept"] == 151
     assert got["layer_bytes_kept_peak"] == 8192  # the largest, not the sum
     assert got["layer_bytes_given_back"] == 105 and got["layer_double_frees"] == 1
+    # one of the two processes had its proof (the other stepped aside), 8 frees passed meanwhile
+    assert (got["layer_proven"], got["layer_unproven"]) == (1, 8)
 
 
 def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
