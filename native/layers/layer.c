@@ -624,6 +624,7 @@ static __thread size_t hl_last_req;
 static __thread void *hl_last_p, *hl_prev_p;
 
 static void hl_bound(void);
+static inline void hl_learn_request(size_t req);
 
 /* A large block the next allocator made, handed to the program (no lock held). */
 static void hl_track(void *p, size_t req) {
@@ -633,6 +634,7 @@ static void hl_track(void *p, size_t req) {
      * (hl_free_large), so it is not tracked either. Scope only widens (hl_trimmed), so it was
      * out of scope when made if it is at its free. */
     if (!hl_in_scope(p)) return;
+    hl_learn_request(req);
     size_t usable = hl_real.malloc_usable_size(p);
     struct hl_shard *s = hl_shard_of(p);
     hl_live_lock(s);
@@ -783,12 +785,18 @@ static inline int hl_front_open(void) {
     return hl_thread_state == 2 && hl_hint_slot >= 0; /* a destructor and a hint slot */
 }
 
-/* A request >= min begins: the outgrown rule's history, and guided's token stream (the
- * thread's calls on large blocks). */
+/* A request >= min begins: the outgrown rule's history. */
 static inline void hl_learn_alloc(size_t req) {
     hl_last_req = req;
     hl_prev_p = hl_last_p;
     hl_last_p = NULL;
+}
+
+/* guided's token stream: the thread's calls on the large blocks in scope, the only ones it can
+ * keep. A request is learned once its block is known to be one (a hit in hl_take, a block in
+ * scope in hl_track); a block glibc serves from its heap is neither learned nor predicted, at
+ * its request or its free: 8 threads passing 256 KiB heap blocks paid ~12 ns a pair for it. */
+static inline void hl_learn_request(size_t req) {
     if (hl_set.policy != HL_GUIDED) return;
     struct hcp_counter *c = hl_thread_counter();
     if (c) hcp_learn(c, hcp_class(req));
@@ -1129,6 +1137,7 @@ static void *hl_take(size_t n, size_t align) {
             hl_front_clear();
             if (hl_front_claim(&f, n)) {
                 hl_advise_idle(now);
+                hl_learn_request(n);
                 return hl_last_p = f.p;
             }
         }
@@ -1166,7 +1175,10 @@ shared_done:
     }
     hl_release(&out);
     if (now) hl_advise_idle(now);
-    if (p) hl_last_p = p;
+    if (p) {
+        hl_last_p = p;
+        hl_learn_request(n);
+    }
     return p;
 }
 
@@ -1248,12 +1260,9 @@ static void hl_free_large(void *p, size_t usable) {
      * the rule, 11 kept and 11 reused). */
     int outgrown = p == hl_prev_p && hl_last_req > usable;
     if (!hl_in_scope(p)) {
-        /* glibc's heap, untracked (hl_track): no lock, no live set. 8 threads taking and
-         * freeing 256 KiB heap blocks paid ~150-250 ns a pair for their tracking, against
-         * glibc's ~27. guided's counter learns the free by its usable size (the requested one
-         * is in the live set only): the same class but where a request sits just under a
-         * power of two. */
-        if (hl_set.policy == HL_GUIDED) hl_learn_free(usable);
+        /* glibc's heap, untracked (hl_track): no lock, no live set, nothing learned (guided:
+         * hl_learn_request). 8 threads taking and freeing 256 KiB heap blocks paid ~150-250 ns
+         * a pair for their tracking, against glibc's ~27. */
         if (outgrown) HL_COUNT(outgrown);
         else HL_COUNT(heap);
         hl_pass_free(p);
