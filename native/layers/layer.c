@@ -22,8 +22,9 @@
  *  - guided: seed001's pools, but a freed block of class c is kept only when the thread's
  *    predictor says an allocation of class c comes soon: c is among the `topk` most likely calls
  *    at one of the next `horizon` calls of the thread (predictor.h: the online counter over the
- *    thread's large-block calls, predict then update, rolled forward with its own top-1; or a
- *    table file, `predictor=table:FILE`, ../TABLE.md). Causal: only the thread's past is used.
+ *    thread's calls on large blocks in scope, predict then update, rolled forward with its own
+ *    top-1; or a table file, `predictor=table:FILE`, ../TABLE.md). Causal: only the thread's
+ *    past is used.
  *  - off: everything passes through (the loading cost alone).
  * Requests are served from the kept blocks by one rule: the most recently kept block that fits
  * (usable >= n and usable - n < n + 4096: at most half a block plus a page wasted) and has the
