@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +63,11 @@ PREDICTORS = (
     "majority", "class_online", "site_online", "site_survival", "table", "network",
     "network_survival", HEDGED,
 )  # fmt: skip
+# what the model answers (the network, and the network corrected inside the run) and what it is
+# held against (the issue's baselines: the counters and the majority); the table, the network's
+# distillation for the layer, is neither
+MODEL_PREDICTORS = ("network", "network_survival", HEDGED)
+BASELINE_PREDICTORS = ("majority", "class_online", "site_online", "site_survival")
 # the table (tasks/learning/table.py) answers the reuse question only
 SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32
@@ -275,6 +281,34 @@ QUESTION_POSITIONS = {
     "lifetime_time": "allocations",
 }
 _AGAINST = {"class_online": "class counter", "network": "network"}  # what the table follows
+
+
+def program_lines(scores: list[QuestionScores], table: str = "unseen_programs") -> list[str]:
+    """Per program of `table` (one never trained on, by default) and question: the model's best
+    answer against the best baseline, in top-1 and in log-loss, and which leads; the question's
+    every predictor is in the table's rows (MLflow `questions/<table>.json`)."""
+    rows: dict[tuple[str, str], list[QuestionScores]] = {}
+    for s in scores:
+        if s.table == table and s.slice != OVERALL:
+            rows.setdefault((s.slice, s.question), []).append(s)
+    lines = []
+    for (program, question), got in sorted(rows.items()):
+        model = [s for s in got if s.predictor in MODEL_PREDICTORS]
+        base = [s for s in got if s.predictor in BASELINE_PREDICTORS]
+        if not model or not base:
+            continue
+        cells = []
+        for label, key, best in (("top-1", "top1", max), ("log-loss", "log_loss", min)):
+            m = best(model, key=attrgetter(key))
+            b = best(base, key=attrgetter(key))
+            mv, bv = getattr(m, key), getattr(b, key)
+            lead = "model ahead" if best(mv, bv) == mv != bv else "baseline ahead or even"
+            cells.append(f"{label} {m.predictor} {mv:.3f} against {b.predictor} {bv:.3f} ({lead})")
+        lines.append(
+            f"{program}, {question} ({got[0].positions:,} "
+            f"{QUESTION_POSITIONS.get(question, 'positions')}): {'; '.join(cells)}"
+        )
+    return lines
 
 
 def question_lines(

@@ -43,7 +43,7 @@ from tasks.allocators.report import Advice, AllocatorsOutcome, LastAdvice, last_
 from tasks.allocators.seeds import SeedsOutcome
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import BASELINES, MODEL, RegisteredModel, TrainResult
-from tasks.learning.reuse import question_lines
+from tasks.learning.reuse import program_lines, question_lines
 from tasks.nightly.params import NightContext
 from tasks.registry.champion import current_champion
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, quiet_mlflow_env, resolve_target
@@ -139,6 +139,8 @@ class NightlySummary(BaseModel):
     evaluation_markdown: str = ""
     # the allocator's questions per evaluation table (tasks/learning/reuse.py: question_lines)
     allocator_questions: list[str] = Field(default_factory=list)
+    # ... and per program never trained on (tasks/learning/reuse.py: program_lines)
+    program_questions: list[str] = Field(default_factory=list)
     champion_before: str | None = None
     champion_after: str | None = None
     registration: str | None = None  # the registry's decision and its reason, when returned
@@ -224,6 +226,15 @@ class NightlySummary(BaseModel):
                 "at an allocation, how long will the block live? Every answer is causal.",
                 "",
                 *(f"- {line}" for line in self.allocator_questions),
+            ]
+        if self.program_questions:
+            lines += [
+                "",
+                "Per program never trained on, the best of the model's answers (network, "
+                "network_survival, network_hedged) against the best baseline (majority, "
+                "class_online, site_online, site_survival):",
+                "",
+                *(f"- {line}" for line in self.program_questions),
             ]
         if self.whatif_at_budget and self.whatif_budget is not None:
             lines += ["", *self._bought()]
@@ -438,6 +449,7 @@ def summarize(
                 allocator_questions=question_lines(
                     list(result.outcome.question_scores), result.outcome.table_agreement
                 ),
+                program_questions=program_lines(list(result.outcome.question_scores)),
             )
             detail = (
                 f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "

@@ -165,3 +165,37 @@ def test_the_layer_table_counts_each_classes_training_frees_and_answers_them():
     soon = probs[:, : SOON_CLASS + 1].sum(axis=1)
     assert np.array_equal(scores[FREE_TOKEN + np.arange(32), np.arange(32)], np.rint(soon * 255))
     assert scores.sum() == scores[FREE_TOKEN + np.arange(32), np.arange(32)].sum()
+
+
+def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
+    from tasks.learning.outcome import OVERALL, QuestionScores
+    from tasks.learning.reuse import program_lines
+    from tasks.nightly.summary import NightlySummary
+
+    # GIVEN two programs never trained on: on perl the hedged network leads both metrics; on
+    # redis a counter has the better log-loss, and the network ties the best top-1
+    def row(program, predictor, top1, log_loss, table="unseen_programs"):
+        return QuestionScores("reuse", predictor, program, table, 500, top1, log_loss)
+
+    scores = [
+        row("perl", "majority", 0.5, 1.4), row("perl", "site_online", 0.61, 1.27),
+        row("perl", "network", 0.60, 1.05), row("perl", "network_hedged", 0.62, 1.06),
+        row("redis", "class_online", 0.84, 0.43), row("redis", "site_online", 0.90, 0.26),
+        row("redis", "network_hedged", 0.90, 0.30), row("redis", "table", 0.99, 0.01),
+        row(OVERALL, "network", 0.99, 0.01), row("gcc", "network", 0.99, 0.01, "unseen_runs"),
+    ]  # fmt: skip
+    lines = program_lines(scores)
+    # THEN a line per program of the unseen-programs table, the table's answer left out (it is
+    # neither the model's nor a baseline), pooled rows and other tables too
+    assert lines == [
+        "perl, reuse (500 frees): top-1 network_hedged 0.620 against site_online 0.610 (model "
+        "ahead); log-loss network 1.050 against site_online 1.270 (model ahead)",
+        "redis, reuse (500 frees): top-1 network_hedged 0.900 against site_online 0.900 "
+        "(baseline ahead or even); log-loss network_hedged 0.300 against site_online 0.260 "
+        "(baseline ahead or even)",
+    ]
+    md = NightlySummary(
+        root="r", finished_at="now", stages=[], allocator_questions=["x"], program_questions=lines
+    ).markdown()
+    assert "Per program never trained on, the best of the model's answers" in md
+    assert f"- {lines[1]}" in md
