@@ -1,7 +1,7 @@
 """heapcast's allocator layer (native/layers/layer.c) as the seed-002 policy: build it, and
 measure a command with and without.
 
-The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=4,proof=4,stats=PATH
+The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=4,proof=2,stats=PATH
 (`layer_env` of a `Seed002Config`): the rules the simulator's `seed002` replays with the same
 config (tasks/whatif/simulate.py), so its counters (`hits`,
 `misses`, `kept`, `bytes_kept_peak`, `bytes_kept_at_exit`, `given_back`, `passed`, one line per

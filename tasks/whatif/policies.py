@@ -85,9 +85,9 @@ class Seed002Config(_Policy):
     # the layer's bound on live + kept, in % over the live blocks' peak (layer.c `peak`, default
     # 4); None: no bound (peak=off)
     peak: int | None = Field(default=4, ge=0, le=1000)
-    # the layer's proof (layer.c `proof`, default 4): nothing is kept until that many requests
+    # the layer's proof (layer.c `proof`, default 2): nothing is kept until that many requests
     # could have reused a block passed on before (0: kept from the start)
-    proof: int = Field(default=4, ge=0, le=1 << 20)
+    proof: int = Field(default=2, ge=0, le=1 << 20)
 
     @property
     def param(self) -> float:

@@ -128,7 +128,7 @@ def test_layer_says_it_stepped_aside_where_the_program_reuses_nothing(program, t
     assert r.returncode == 0 == eager.returncode, r.stderr
     assert r.stdout == eager.stdout
     assert ": stepped aside: 0 of its requests could have reused a block it freed, fewer than " \
-        "the 4 the layer waits for (-O proof=0 keeps from the start)" in r.stderr  # fmt: skip
+        "the 2 the layer waits for (-O proof=0 keeps from the start)" in r.stderr  # fmt: skip
     assert " 0 blocks kept " in r.stderr
     assert "stepped aside" not in eager.stderr and " 0 blocks kept " not in eager.stderr
 

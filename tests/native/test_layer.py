@@ -168,7 +168,7 @@ def test_the_layer_keeps_nothing_until_reuse_is_proven(heapcast_layer, program, 
     """GIVEN bigblocks, 30 rounds of the same large blocks, every one mapped (glibc's threshold
     fixed), and sqlite3 on a generated input (6 large calls, one of them a request a block it
     freed could serve)
-    WHEN each runs under the layer's default proof (4), and bigblocks with proof=0
+    WHEN each runs under the layer with proof=4 (2 is the default), and bigblocks with proof=0
     THEN bigblocks: the layer keeps once its 4th miss could have been served by a block it passed
     on; it then reuses, giving up fewer hits than rounds. sqlite3: nothing kept, ever (it
     stepped aside), and the output is the same."""

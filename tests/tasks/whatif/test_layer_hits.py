@@ -4,7 +4,7 @@ the same hits as the layer's own counters on a real program.
 GIVEN bigblocks (tests/native/programs/bigblocks.c: malloc, calloc, posix_memalign, realloc
       and frees of large blocks in varying orders, small blocks between), traced with the
       tracer, and the same command run under the layer (HEAPCAST_LAYER=policy=seed002,n=N,
-      min=131072,madv=off,peak=4,proof=4,stats=PATH) by tasks.whatif.layer.measure_layer
+      min=131072,madv=off,peak=4,proof=2,stats=PATH) by tasks.whatif.layer.measure_layer
 WHEN  the trace is simulated with the same Seed002Config (n, and the proof: 0, 2 or 4)
 THEN  the simulated hits equal the layer's `hits` and the simulated requests >= min the
       layer's hits + misses; output and exit code are unchanged under the layer.
@@ -55,7 +55,7 @@ def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
 
 
 def test_layer_env_names_the_seed002_policy():
-    assert layer_env() == "policy=seed002,n=4,min=131072,madv=off,peak=4,proof=4"
+    assert layer_env() == "policy=seed002,n=4,min=131072,madv=off,peak=4,proof=2"
     policy = Seed002Config(n=2, min_size=65536, peak=None, proof=0)
     assert layer_env(policy, True, "/x/s", keep=False) == (
         "policy=seed002,n=0,min=65536,madv=0,peak=off,proof=0,stats=/x/s"

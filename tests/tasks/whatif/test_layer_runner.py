@@ -14,8 +14,8 @@ from tasks.replay.workloads import load_catalog
 from tasks.whatif.layer import ARMS, STAT_KEYS, build_layer, measure_layer_workload
 from tasks.whatif.policies import Seed002Config
 
-# kept from the first free (proof=0): perl's medium input asks again for a freed block about 3
-# times before the layer would have its proof (4), so under the default it keeps nothing
+# kept from the first free (proof=0): the test counts the faults that perl's ~10 reuses save;
+# under the default proof (2) the first reuses are only counted, not served
 EAGER = Seed002Config(proof=0)
 
 
