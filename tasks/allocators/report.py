@@ -289,6 +289,29 @@ def _rec_cell(r: Recommendation) -> str:
     )
 
 
+def stepped_aside(m: Measurements) -> list[str]:
+    """Per workload and layer candidate whose runs kept nothing because no process gave the
+    layer its proof (layer.c hl_ghost_hit): in how many runs, and in how many processes."""
+    runs: dict[tuple[str, str], list] = {}
+    for s in m.samples:
+        if s.ok and s.layer_processes and s.layer_proven is not None:
+            runs.setdefault((s.case, s.allocator), []).append(s)
+    out = []
+    for (case, allocator), got in sorted(runs.items()):
+        aside = [
+            s for s in got if (s.layer_unproven or 0) > 0 and s.layer_proven < s.layer_processes
+        ]
+        if not aside:
+            continue
+        procs = sum(s.layer_processes - s.layer_proven for s in aside)
+        total = sum(s.layer_processes for s in aside)
+        out.append(
+            f"{case} under {allocator}: in {len(aside)} of {len(got)} runs "
+            f"({procs} of {total} processes kept nothing)"
+        )
+    return out
+
+
 def markdown(
     m: Measurements,
     pairs: list[PairSummary],
@@ -340,6 +363,15 @@ def markdown(
         lines.append(
             f"| {c.label} | " + " | ".join(heap + cells) + f" | {_rec_cell(rec) if rec else '-'} |"
         )
+    aside = stepped_aside(m)
+    if aside:
+        lines += [
+            "",
+            "Where heapcast's layer stepped aside (it keeps nothing until the program has asked "
+            "again for blocks it freed: `proof` in native/README.md):",
+            "",
+            *(f"- {line}" for line in aside),
+        ]
     problems = [p for p in pairs if p.status != "ok"]
     unchecked = sorted({(p.case, p.output) for p in pairs if p.output.startswith("unchecked:")})
     if problems:
