@@ -1834,7 +1834,8 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("live_peak", hl_stats.live_peak);
     F("table_refused", hl_stats.table_refused);
     /* the proof (hl_ghost_hit): 1 once the layer keeps blocks; the reuses it saw of blocks
-     * passed on before (at most `proof`), and the frees it passed on meanwhile */
+     * passed on before (`proof`, or a count more where threads raced the first keeps), and the
+     * frees it passed on meanwhile */
     F("proof", hl_set.proof);
     F("proven", __atomic_load_n(&hl_proven, __ATOMIC_RELAXED));
     F("proof_hits", hl_proof_hits);
