@@ -627,15 +627,15 @@ static __thread void *hl_last_p, *hl_prev_p;
 static void hl_bound(void);
 static inline void hl_learn_request(size_t req);
 
-/* A large block the next allocator made, handed to the program (no lock held). */
-static void hl_track(void *p, size_t req) {
-    if (p == NULL) return;
+/* A large block of the next allocator's is the program's (no lock held): entered in the live
+ * set if in scope; 1 if it was. */
+static int hl_live_track(void *p, size_t req) {
+    if (p == NULL) return 0;
     hl_last_p = p;
     /* a block out of scope (glibc's heap) is never kept: its free goes straight to glibc
      * (hl_free_large), so it is not tracked either. Scope only widens (hl_trimmed), so it was
      * out of scope when made if it is at its free. */
-    if (!hl_in_scope(p)) return;
-    hl_learn_request(req);
+    if (!hl_in_scope(p)) return 0;
     size_t usable = hl_real.malloc_usable_size(p);
     struct hl_shard *s = hl_shard_of(p);
     hl_live_lock(s);
@@ -644,6 +644,13 @@ static void hl_track(void *p, size_t req) {
     /* a mapped block is new memory; a heap block is not, and giving kept blocks back to glibc's
      * heap then frees no page (bigblocks, heap in scope once trimmed: 4.9 MB against 4.0) */
     if (hl_set.peak >= 0 && hl_mapped(p)) hl_bound();
+    return 1;
+}
+
+/* A large block the next allocator made for a request of req bytes: tracked, and learned
+ * (guided) if in scope. */
+static void hl_track(void *p, size_t req) {
+    if (hl_live_track(p, req)) hl_learn_request(req);
 }
 
 static inline uint64_t hl_now(void) {
@@ -1596,7 +1603,7 @@ HL_EXPORT void *realloc(void *old, size_t n) {
     }
     void *q = real_realloc(old, n);
     if (q == NULL) {
-        if (req) hl_track(old, req); /* failed: old stays the program's */
+        if (req) hl_live_track(old, req); /* failed: old stays the program's, asked for before */
         return NULL;
     }
     if (n >= hl_active_min) hl_track(q, n);
