@@ -412,6 +412,66 @@ def context_keys(tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int):
         yield k, out, pos_in_thread >= k - 1
 
 
+def _check_order(max_order: int) -> None:
+    if not 1 <= max_order <= NGRAM_MAX_ORDER:
+        raise ValueError(f"n-gram feature order {max_order}: expected 1..{NGRAM_MAX_ORDER}")
+
+
+def _order_pairs(
+    tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int, pair_of_positions: bool
+):
+    """Yield (k, key, valid, (ctx, tok, counts, pair_of)) for k = 1..max_order: context_keys'
+    key and valid, and the distinct (context, next token) pairs of the counted positions (the
+    context in the thread and a next call in it), sorted by context then token, with their
+    counts and, if asked, each position's pair index (-1: not counted; else None)."""
+    n = len(tokens)
+    nxt = np.zeros(n, np.int64)
+    nxt[:-1] = tokens[1:]
+    has_next = np.zeros(n, bool)
+    has_next[:-1] = pos_in_thread[1:] >= 1
+    for k, key, valid in context_keys(tokens, pos_in_thread, max_order):
+        ok = np.flatnonzero(valid & has_next)
+        kk, nn = key[ok], nxt[ok]
+        o = np.lexsort((nn, kk))
+        kk, nn = kk[o], nn[o]
+        new = np.ones(len(kk), bool)
+        new[1:] = (kk[1:] != kk[:-1]) | (nn[1:] != nn[:-1])
+        starts = np.flatnonzero(new)
+        counts = np.diff(np.append(starts, len(kk)))
+        pair_of = None
+        if pair_of_positions:
+            pair_of = np.full(n, -1, np.int64)
+            pair_of[ok[o]] = np.cumsum(new) - 1
+        yield k, key, valid, (kk[starts], nn[starts].astype(np.int32), counts, pair_of)
+
+
+def _summarise(ctx: np.ndarray, tok: np.ndarray, counts: np.ndarray) -> tuple:
+    """Distinct (context, token) pairs sorted by context then token, with counts > 0 ->
+    per context: (keys, top1, count1, total, top2, count2); ties go to the lower token."""
+    keys, first, n_per = np.unique(ctx, return_index=True, return_counts=True)
+    group = np.repeat(np.arange(len(keys)), n_per)
+    order = np.lexsort((tok, -counts, group))  # by context, count desc, token asc
+    rank = np.arange(len(order)) - first[group[order]]
+    top1 = np.full(len(keys), N_TOKENS, np.int32)
+    top2 = np.full(len(keys), N_TOKENS, np.int32)
+    c1 = np.zeros(len(keys), np.int32)
+    c2 = np.zeros(len(keys), np.int32)
+    g, r = group[order], rank
+    top1[g[r == 0]], c1[g[r == 0]] = tok[order][r == 0], counts[order][r == 0]
+    top2[g[r == 1]], c2[g[r == 1]] = tok[order][r == 1], counts[order][r == 1]
+    total = np.add.reduceat(counts, first).astype(np.int32) if len(first) else c1
+    return keys, top1, c1, total, top2, c2
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The indices lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... in one array (ranges sorted, apart)."""
+    n = hi - lo
+    if not n.sum():
+        return np.zeros(0, np.int64)
+    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+    return starts + np.arange(n.sum())
+
+
 @dataclass(frozen=True)
 class NGramTable:
     """Exact-context counts of every order 1..max_order, one sorted key array for all orders."""
@@ -426,36 +486,47 @@ class NGramTable:
 
     @classmethod
     def fit(cls, tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int) -> NGramTable:
-        if not 1 <= max_order <= NGRAM_MAX_ORDER:
-            raise ValueError(f"n-gram feature order {max_order}: expected 1..{NGRAM_MAX_ORDER}")
+        _check_order(max_order)
         parts = []
-        nxt = np.zeros(len(tokens), np.int64)
-        nxt[:-1] = tokens[1:]
-        has_next = np.zeros(len(tokens), bool)
-        has_next[:-1] = pos_in_thread[1:] >= 1
-        for _k, key, valid in context_keys(tokens, pos_in_thread, max_order):
-            ok = valid & has_next
-            kk, nn = key[ok], nxt[ok]
-            o = np.lexsort((nn, kk))
-            kk, nn = kk[o], nn[o]
-            new = np.ones(len(kk), bool)
-            new[1:] = (kk[1:] != kk[:-1]) | (nn[1:] != nn[:-1])
-            starts = np.flatnonzero(new)
-            counts = np.diff(np.append(starts, len(kk)))
-            ctx, tok = kk[starts], nn[starts].astype(np.int32)
-            keys, first, n_per = np.unique(ctx, return_index=True, return_counts=True)
-            group = np.repeat(np.arange(len(keys)), n_per)
-            order = np.lexsort((tok, -counts, group))  # by context, count desc, token asc
-            rank = np.arange(len(order)) - first[group[order]]
-            top1 = np.full(len(keys), N_TOKENS, np.int32)
-            top2 = np.full(len(keys), N_TOKENS, np.int32)
-            c1 = np.zeros(len(keys), np.int32)
-            c2 = np.zeros(len(keys), np.int32)
-            g, r = group[order], rank
-            top1[g[r == 0]], c1[g[r == 0]] = tok[order][r == 0], counts[order][r == 0]
-            top2[g[r == 1]], c2[g[r == 1]] = tok[order][r == 1], counts[order][r == 1]
-            total = np.add.reduceat(counts, first).astype(np.int32) if len(first) else c1
-            parts.append((keys, top1, c1, total, top2, c2))
+        for _k, _key, _valid, pairs in _order_pairs(tokens, pos_in_thread, max_order, False):
+            ctx, tok, counts, _ = pairs
+            parts.append(_summarise(ctx, tok, counts))
+        return cls._from_parts(parts, max_order)
+
+    @classmethod
+    def fit_leaving_out(
+        cls, tokens: np.ndarray, pos_in_thread: np.ndarray, group: np.ndarray, max_order: int
+    ) -> dict[int, NGramTable]:
+        """For each value g of `group` (one per position; a workload, say): the table `fit`
+        gives on the positions of the OTHER groups, restricted to the contexts g's positions
+        look up, so that `features` on g's positions answers exactly as that table would.
+
+        One pass over the whole: each order's (context, next) pairs are counted once, and g's
+        own counts are subtracted from the pairs of the contexts it looks up. Fitting a table on
+        the others for every group costs a sort of almost everything per group instead.
+        """
+        _check_order(max_order)
+        group = np.asarray(group)
+        groups = np.unique(group)
+        members = {int(g): group == g for g in groups}
+        parts: dict[int, list] = {int(g): [] for g in groups}
+        for _k, key, valid, pairs in _order_pairs(tokens, pos_in_thread, max_order, True):
+            ctx, tok, counts, pair_of = pairs
+            counted = pair_of >= 0
+            for g, mine in members.items():
+                asked = np.unique(key[mine & valid])
+                lo = np.searchsorted(ctx, asked, "left")
+                hi = np.searchsorted(ctx, asked, "right")
+                sel = _ranges(lo, hi)  # the pairs of the contexts g looks up, in pair order
+                left = counts[sel].astype(np.int64)
+                own, n_own = np.unique(pair_of[mine & counted], return_counts=True)
+                left[np.searchsorted(sel, own)] -= n_own  # g's own pairs are among them
+                keep = left > 0
+                parts[g].append(_summarise(ctx[sel][keep], tok[sel][keep], left[keep]))
+        return {g: cls._from_parts(p, max_order) for g, p in parts.items()}
+
+    @classmethod
+    def _from_parts(cls, parts: list, max_order: int) -> NGramTable:
         cat = [np.concatenate(p) for p in zip(*parts)]
         o = np.argsort(cat[0], kind="stable")
         return cls(*(a[o] for a in cat), max_order=max_order)

@@ -168,6 +168,28 @@ def test_ngram_table_features_match_a_reference_with_and_without_leave_one_out(o
     )
 
 
+@pytest.mark.parametrize("order", [3, 12])
+def test_tables_leaving_out_a_group_answer_as_tables_fitted_without_it(order):
+    # what cross-fitting relies on: each group's table from one pass over everything answers, on
+    # the group's own positions, exactly as a table fitted on the other groups alone; groups of
+    # several threads, a group sharing every context with the others, one sharing none
+    rng = np.random.default_rng(7)
+    groups = [_threads(rng, 3, 90, 3), _threads(rng, 2, 70, 3), _threads(rng, 1, 50, 4)]
+    groups.append([np.full(40, 9, np.uint8)])  # token 9: no other group has its contexts
+    tokens, pos = _flat([t for g in groups for t in g])
+    group = np.repeat(np.arange(len(groups)), [sum(len(t) for t in g) for g in groups])
+    tables = NGramTable.fit_leaving_out(tokens, pos, group, order)
+    assert sorted(tables) == [0, 1, 2, 3]
+    for g, mine in enumerate(groups):
+        others = [t for h, o in enumerate(groups) if h != g for t in o]
+        alone = NGramTable.fit(*_flat(others), order)
+        got = tables[g].features(*_flat(mine), leave_one_out=False)
+        assert np.array_equal(got, alone.features(*_flat(mine), leave_one_out=False))
+        assert np.array_equal(got, _reference_features(others, mine, order, False))
+    assert (tables[3].features(*_flat(groups[3]), leave_one_out=False)[:, 1] == 0).all()
+    assert (tables[0].features(*_flat(groups[0]), leave_one_out=False)[:, 1] > 1).any()
+
+
 def test_ngram_lookup_layer_matches_numpy_with_hashed_orders():
     rng = np.random.default_rng(4)
     threads = _threads(rng, 3, 150, 3)
