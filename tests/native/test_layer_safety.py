@@ -113,25 +113,39 @@ def test_foreign_pointer_goes_to_the_real_free(program, name):
 
 
 @pytest.mark.parametrize("size", ["300000", str(40 << 20)])
-def test_double_free_from_another_thread_is_passed_through_as_under_glibc(layer, program, size):
-    """Thread A frees a block (into A's front) and stays alive; another thread frees it again."""
+@pytest.mark.parametrize("mode", ["doublefree", "late"])
+def test_double_free_from_another_thread_is_passed_through_as_under_glibc(
+    layer, program, size, mode
+):
+    """Thread A frees a block (into A's front) and stays alive; another thread frees it again.
+    late: A is main, alone when it kept the block (the layer took no lock: one thread), and the
+    thread that frees it again starts after."""
     lib, env = layer
     exe = program("fronts")
-    plain = _run([exe, "doublefree", size], None)
-    under = _run([exe, "doublefree", size], lib, env)
+    plain = _run([exe, mode, size], None)
+    under = _run([exe, mode, size], lib, env)
     assert plain.returncode < 0, (plain.returncode, plain.stdout, plain.stderr)
     assert "same" not in under.stdout
-    assert under.returncode == plain.returncode, (under.returncode, under.stdout, under.stderr)
+    if mode == "late":
+        # the signal depends on what lies at the address by the second free: glibc alone has
+        # unmapped the block and the new thread's stack often takes its place (an abort); kept,
+        # it is still mapped there and glibc faults on its header. Killed either way.
+        assert under.returncode < 0, (under.returncode, under.stdout, under.stderr)
+    else:
+        assert under.returncode == plain.returncode, (under.returncode, under.stderr)
 
 
 def test_blocks_traded_between_threads_have_one_owner(layer, program):
     """8 threads stamp their blocks, trade them and free the blocks others made (three sizes,
-    so fronts fill, miss and spill into the shared cache): every stamp survives intact."""
+    so fronts fill, miss and spill into the shared cache), starting on those main kept alone:
+    every stamp survives intact."""
     lib, env = layer
     exe = program("fronts")
     r = _run([exe, "relay", "200000", "8", "3000"], lib, env)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
-    assert r.stdout == "ok 23996\n"  # 8 x 3000 blocks, less the 4 left in the mailbox
+    # main's 3000 rounds alone first (no locks: one thread), then 8 x 3000 with them; less the 4
+    # left in the mailbox
+    assert r.stdout == "ok 26996\n"
 
 
 @pytest.mark.parametrize("policy", ["seed001", "guided"])

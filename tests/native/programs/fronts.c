@@ -16,7 +16,12 @@
  *                            for a block another thread stamped, check that block's stamps and
  *                            free it (so most frees are of blocks another thread made). A block
  *                            handed to two owners at once shows as a broken stamp. Prints
- *                            "ok CHECKED" or "broken ..." (exit 1). */
+ *                            "ok CHECKED" or "broken ..." (exit 1). Main relays ITERS rounds
+ *                            first, alone: the threads start on what it kept with the process
+ *                            single-threaded (no locks taken; see hl_single_threaded).
+ *   fronts late SIZE         main mallocs, writes and frees a block alone (into its front, no
+ *                            lock taken), then a thread frees it again and mallocs SIZE, as
+ *                            does main; prints "same" or "distinct" as doublefree. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -48,6 +53,30 @@ static int doublefree(void) {
     pthread_barrier_wait(&bar);
     free(shared); /* the second free, from another thread */
     pthread_barrier_wait(&bar);
+    pthread_join(t, NULL);
+    char *r = malloc(size);
+    if (!q || !r) return 2;
+    printf("%s\n", q == r ? "same" : "distinct");
+    fflush(stdout);
+    return q == r ? 1 : 0;
+}
+
+static char *late_block;
+
+static void *second_free(void *arg) {
+    free(late_block); /* the second free, from a thread that did not exist at the first */
+    *(char **)arg = malloc(size);
+    return NULL;
+}
+
+static int late(void) {
+    late_block = malloc(size);
+    if (!late_block) return 2;
+    memset(late_block, 6, size);
+    free(late_block); /* kept with the process single-threaded */
+    pthread_t t;
+    char *q = NULL;
+    pthread_create(&t, NULL, second_free, &q);
     pthread_join(t, NULL);
     char *r = malloc(size);
     if (!q || !r) return 2;
@@ -152,6 +181,7 @@ static void *relay(void *arg) {
 
 static int relays(int n) {
     pthread_t t[64];
+    relay((void *)(long)n); /* main alone first: a single-threaded process */
     for (long i = 0; i < n; i++) pthread_create(&t[i], NULL, relay, (void *)i);
     for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
     for (int i = 0; i < BOX; i++) {
@@ -172,6 +202,7 @@ int main(int argc, char **argv) {
     if (size < 2 * sizeof(struct stamp)) return 2;
     if (!strcmp(argv[1], "doublefree")) return doublefree();
     if (!strcmp(argv[1], "idle")) return idle();
+    if (!strcmp(argv[1], "late")) return late();
     if (!strcmp(argv[1], "exit") && argc == 4) return exits(atoi(argv[3]));
     if (!strcmp(argv[1], "relay") && argc == 5) {
         int n = atoi(argv[3]);
