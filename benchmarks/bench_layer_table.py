@@ -3,7 +3,7 @@
 Part 1, on a data root (default: the quick config's split of /work/main/data): the table built
 from the split's training runs, at every evaluation free of the three tables: its coverage,
 its agreement with the per-process class counter (the layer's keep decision, keep = P(reused
-within 16 calls) >= 1/2, and the reuse class's top-1), and the reuse question's top-1 and
+within 4096 calls) >= 1/2, and the reuse class's top-1), and the reuse question's top-1 and
 log-loss of every model-free predictor, the table among them (question_evaluation: the same
 code as the train task).
 

@@ -91,7 +91,7 @@
  *
  * Table file (predictor=table:FILE, model=N): the format, what it answers and the refusal rules
  * are in ../TABLE.md (the one description; tasks/learning/table.py writes it). In short: a
- * 32-byte header (magic "HCLTAB\0\1", format 1, model version, 64, 4096, FNV-1a 64) and a
+ * 32-byte header (magic "HCLTAB\0\1", format 2, model version, 64, 4096, FNV-1a 64) and a
  * uint8[64][64] keep score, of which a free of class c reads [32 + c][c]. A file it cannot trust
  * is refused with one line on stderr, and the online counter is used.
  *
@@ -1743,7 +1743,7 @@ HL_EXPORT size_t malloc_usable_size(void *p) {
 /* Table file                                                                                     */
 
 #define HL_TABLE_MAGIC "HCLTAB\0\1"
-#define HL_TABLE_VERSION 1u
+#define HL_TABLE_VERSION 2u
 #define HL_FALLBACK "; the guided policy uses the online counter"
 
 static uint64_t hl_fnv1a(const unsigned char *p, size_t n) {
@@ -1770,7 +1770,7 @@ static const char *hl_load_table(const char *path) {
     memcpy(&tokens, head + 16, 4);
     memcpy(&bytes, head + 20, 4);
     memcpy(&sum, head + 24, 8);
-    if (version != HL_TABLE_VERSION) return "has another format version (this layer reads 1)" HL_FALLBACK;
+    if (version != HL_TABLE_VERSION) return "has another format version (this layer reads 2)" HL_FALLBACK;
     if (tokens != HCP_TOKENS || bytes != HCP_TOKENS * HCP_TOKENS)
         return "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
     if (b != (ssize_t)bytes) return "has a payload of the wrong length (truncated or extended)" HL_FALLBACK;

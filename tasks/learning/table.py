@@ -7,8 +7,8 @@ module holds, per size class, the sum of those answers over the training runs' f
 (`ClassTable`, question_network.distilled_table; without a network, `class_table` counts the
 frees' true reuse classes instead), answers the question from it at the evaluation positions
 (the predictor `table` of the three tables, tasks/learning/reuse.py), and writes the layer's
-file: the keep score P(reuse class <= SOON_CLASS | a free of class c) in the entry the layer
-reads.
+file: the keep score P(reuse class <= LAYER_SOON_CLASS | a free of class c) in the entry the
+layer reads.
 
 Its key is the size class alone (the free's token, which is the layer's one-token context at a
 free); a call-site key waits for a layer that knows its callers.
@@ -33,9 +33,16 @@ from tasks.learning.labels import (
 N_SIZE_CLASSES = 32
 N_TOKENS = 64  # the project's tokens: allocations 0..31, frees 32 + class
 FREE_TOKEN = 32
-SOON_CLASS = 1  # "soon": reuse class <= 1, the class requested again within REUSE_EDGES[1] calls
+SOON_CLASS = 1  # whatif's "soon": reuse class <= 1, the class requested again within 16 calls
+# The layer's "soon": reuse class <= 3, requested again within REUSE_EDGES[3] = 4096 calls of the
+# process. The layer keeps blocks of 128 KiB and more until reused or idle for a second, and a
+# reuse saves a mapping and its page faults; within 16 calls (format 1) asked for what the
+# layer never needs: the full config's table (v2) kept nothing of 128 KiB-1 MiB (P 0.02-0.17),
+# where the online counter reused 1134 blocks on freeciv, a program it never saw (9% fewer
+# minor faults than glibc).
+LAYER_SOON_CLASS = 3
 MAGIC = b"HCLTAB\x00\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the score is P(reuse within 4096 calls); 1 (refused): within 16
 HEADER = struct.Struct("<8sIIIIQ")  # magic, version, model version, n_tokens, payload bytes, FNV
 PAYLOAD_BYTES = N_TOKENS * N_TOKENS
 
@@ -61,9 +68,9 @@ class ClassTable:
 
     def keep_scores(self) -> np.ndarray:
         """uint8 [N_TOKENS, N_TOKENS]: the layer's payload. Entry [FREE_TOKEN + c][c] is
-        255 * P(reuse class <= SOON_CLASS) of class c; the layer asks no other entry, so the
-        others are 0."""
-        soon = self.reuse_probs()[:, : SOON_CLASS + 1].sum(axis=1)
+        255 * P(reuse class <= LAYER_SOON_CLASS) of class c; the layer asks no other entry, so
+        the others are 0."""
+        soon = self.reuse_probs()[:, : LAYER_SOON_CLASS + 1].sum(axis=1)
         scores = np.zeros((N_TOKENS, N_TOKENS), np.uint8)
         c = np.arange(N_SIZE_CLASSES)
         scores[FREE_TOKEN + c, c] = np.rint(np.clip(soon, 0.0, 1.0) * 255).astype(np.uint8)
@@ -140,7 +147,7 @@ class TableAgreement:
     against: str = "class_online"  # the predictor the table follows (the one it was made from)
 
 
-KEEP_AT = 0.5  # the layer keeps a freed block when P(reuse class <= SOON_CLASS) is at least this
+KEEP_AT = 0.5  # keep a freed block when P(reuse soon) is at least this (the layer; whatif)
 
 
 def keep_soon(soon: np.ndarray) -> np.ndarray:
@@ -158,14 +165,14 @@ def table_agreement(
 ) -> TableAgreement:
     """Coverage and agreement with the predictor `against` (its answers `counter_probs`: the
     network the table is distilled from, else the layer's online class counter) at one
-    evaluation table's frees; keep = P(reuse class <= SOON_CLASS) >= 1/2 (the layer's rule at
-    topk=2)."""
+    evaluation table's frees; keep = P(reuse class <= LAYER_SOON_CLASS) >= 1/2 (the layer's
+    rule at topk=2)."""
     n = len(covered)
     if n == 0:
         return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"), against)
     t, c = table_probs[covered], counter_probs[covered]
-    keep_t = keep_soon(t[:, : SOON_CLASS + 1].sum(axis=1))
-    keep_c = keep_soon(c[:, : SOON_CLASS + 1].sum(axis=1))
+    keep_t = keep_soon(t[:, : LAYER_SOON_CLASS + 1].sum(axis=1))
+    keep_c = keep_soon(c[:, : LAYER_SOON_CLASS + 1].sum(axis=1))
     m = int(covered.sum())
     return TableAgreement(
         table,

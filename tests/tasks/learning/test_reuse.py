@@ -142,7 +142,7 @@ def test_the_nightly_summary_shows_each_question_per_table():
 
 
 def test_the_layer_table_counts_each_classes_training_frees_and_answers_them():
-    from tasks.learning.table import FREE_TOKEN, SOON_CLASS, class_table
+    from tasks.learning.table import FREE_TOKEN, LAYER_SOON_CLASS, class_table
 
     # GIVEN two training runs and their reuse labels, computed call by call in Python
     runs = [_events(11, n=300), _events(12, n=300)]
@@ -160,9 +160,9 @@ def test_the_layer_table_counts_each_classes_training_frees_and_answers_them():
     probs = table.reuse_probs()
     unseen = ~expected.any(axis=1)
     assert unseen.any() and np.allclose(probs[unseen], majority)
-    # AND the layer's entry of each class is its share of frees reused soon
+    # AND the layer's entry of each class is its share of frees reused within 4096 calls
     scores = table.keep_scores()
-    soon = probs[:, : SOON_CLASS + 1].sum(axis=1)
+    soon = probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1)
     assert np.array_equal(scores[FREE_TOKEN + np.arange(32), np.arange(32)], np.rint(soon * 255))
     assert scores.sum() == scores[FREE_TOKEN + np.arange(32), np.arange(32)].sum()
 
