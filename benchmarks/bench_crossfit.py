@@ -1,16 +1,19 @@
 """Cross-fitted n-gram features (tasks/learning/train.py crossfit_features) against the way they
-were made before 4e2a04a, side by side on the same training runs: one table fitted on the other
-workloads for every workload (a sort of nearly every training token per workload), against one
-pass over all of them (NGramTable.fit_leaving_out). Both must give the same features.
+were made before 4e2a04a, side by side on the same training runs: the training runs' table and
+then one table fitted on the other workloads for every workload (a sort of nearly every training
+token per workload), against one pass over all of them for every table
+(train.training_tables, NGramTable.fit_leaving_out). Both must give the same features.
 
     .venv/bin/python benchmarks/bench_crossfit.py --root data --config configs/train-quick.yaml
 
-On the full night's data with the quick config (16 training runs, 1.5 M tokens): 44.0 s against
-5.1 s (8.6x), the same features (benchmarks/results/crossfit.json).
+On the full night's data with the quick config (16 training runs, 1.5 M tokens), the training
+table included on both sides: 42.5 s against 5.9 s (7.2x), the same features
+(benchmarks/results/crossfit.json). Before the training table shared the pass (the cross-fit
+alone): 44.0 s against 5.1 s.
 
-On the full night's data with configs/train.yaml (14 training workloads, 11.0 M tokens), one
-run each: 494 s against 65 s, the same features, no higher peak RSS. Writes
-benchmarks/results/crossfit.json.
+On the full night's data with configs/train.yaml (14 training workloads, 11.0 M tokens), the
+cross-fit alone, one run each: 494 s against 65 s, the same features, no higher peak RSS (the
+training table, fitted apart then, took 33 s more). Writes benchmarks/results/crossfit.json.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ import numpy as np  # noqa: E402
 from tasks.core.storage import Root  # noqa: E402
 from tasks.learning.model import NGramTable  # noqa: E402
 from tasks.learning.sequences import concat_runs, load_split  # noqa: E402
-from tasks.learning.train import crossfit_features  # noqa: E402
+from tasks.learning.train import crossfit_features, training_tables  # noqa: E402
 from tasks.learning.train_config import load_train_config  # noqa: E402
 
 
 def refit_per_workload(feats: np.ndarray, runs: list, cfg) -> int:
-    """The reference: crossfit_features as it was, a table fitted on the others per workload."""
+    """The reference: the training table, then crossfit_features as it was, a table fitted on
+    the others per workload."""
+    whole = concat_runs(runs)
+    NGramTable.fit(whole.tokens, whole.position_in_thread(), cfg.model.ngram_order)
     workloads = sorted({r.workload for r in runs})
     if len(workloads) < 2:
         return 0
@@ -71,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     row = {"root": a.root, "config": a.config, "runs": len(runs), "tokens": n}
     row["workloads"] = len({r.workload for r in runs})
     got = {}
-    for name, fn in (("refit_per_workload", refit_per_workload), ("one_pass", crossfit_features)):
+
+    def one_pass(feats: np.ndarray, runs: list, cfg) -> int:
+        whole = concat_runs(runs)
+        _, others = training_tables(runs, whole, whole.position_in_thread(), cfg)
+        return crossfit_features(feats, runs, cfg, others) if others is not None else 0
+
+    for name, fn in (("refit_per_workload", refit_per_workload), ("one_pass", one_pass)):
         feats = start.copy()
         t0 = time.perf_counter()
         row[f"{name}_replaced"] = fn(feats, runs, cfg)

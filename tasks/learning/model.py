@@ -496,34 +496,40 @@ class NGramTable:
     @classmethod
     def fit_leaving_out(
         cls, tokens: np.ndarray, pos_in_thread: np.ndarray, group: np.ndarray, max_order: int
-    ) -> dict[int, NGramTable]:
-        """For each value g of `group` (one per position; a workload, say): the table `fit`
-        gives on the positions of the OTHER groups, restricted to the contexts g's positions
-        look up, so that `features` on g's positions answers exactly as that table would.
+    ) -> tuple[NGramTable, dict[int, NGramTable]]:
+        """The table `fit` gives on every position, and for each value g of `group` (one per
+        position; a workload, say) the table `fit` gives on the positions of the OTHER groups,
+        restricted to the contexts g's positions look up, so that `features` on g's positions
+        answers exactly as that table would.
 
-        One pass over the whole: each order's (context, next) pairs are counted once, and g's
-        own counts are subtracted from the pairs of the contexts it looks up. Fitting a table on
-        the others for every group costs a sort of almost everything per group instead.
+        One pass over the whole: each order's (context, next) pairs are counted once, for the
+        whole table and for every group, whose own counts are subtracted from the pairs of the
+        contexts it looks up. Fitting a table on the others for every group costs a sort of
+        almost everything per group instead.
         """
         _check_order(max_order)
         group = np.asarray(group)
-        groups = np.unique(group)
-        members = {int(g): group == g for g in groups}
-        parts: dict[int, list] = {int(g): [] for g in groups}
+        members = {int(g): np.flatnonzero(group == g) for g in np.unique(group)}
+        whole: list = []
+        parts: dict[int, list] = {g: [] for g in members}
         for _k, key, valid, pairs in _order_pairs(tokens, pos_in_thread, max_order, True):
             ctx, tok, counts, pair_of = pairs
-            counted = pair_of >= 0
+            whole.append(_summarise(ctx, tok, counts))
             for g, mine in members.items():
-                asked = np.unique(key[mine & valid])
+                asked = np.unique(key[mine[valid[mine]]])
                 lo = np.searchsorted(ctx, asked, "left")
                 hi = np.searchsorted(ctx, asked, "right")
                 sel = _ranges(lo, hi)  # the pairs of the contexts g looks up, in pair order
                 left = counts[sel].astype(np.int64)
-                own, n_own = np.unique(pair_of[mine & counted], return_counts=True)
+                own, n_own = np.unique(pair_of[mine], return_counts=True)
+                if len(own) and own[0] < 0:  # positions not counted (no context or no next)
+                    own, n_own = own[1:], n_own[1:]
                 left[np.searchsorted(sel, own)] -= n_own  # g's own pairs are among them
                 keep = left > 0
                 parts[g].append(_summarise(ctx[sel][keep], tok[sel][keep], left[keep]))
-        return {g: cls._from_parts(p, max_order) for g, p in parts.items()}
+        return cls._from_parts(whole, max_order), {
+            g: cls._from_parts(p, max_order) for g, p in parts.items()
+        }
 
     @classmethod
     def _from_parts(cls, parts: list, max_order: int) -> NGramTable:

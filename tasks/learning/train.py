@@ -18,7 +18,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prefect import task
@@ -43,6 +43,9 @@ from tasks.learning.reuse import question_markdown
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
 from tasks.learning.table import ClassTable, TableAgreement
 from tasks.learning.train_config import TrainConfig
+
+if TYPE_CHECKING:  # deferred at run time: the model module imports Keras at its top
+    from tasks.learning.model import NGramTable
 
 
 @dataclass
@@ -104,42 +107,50 @@ def _read_history(path: Path) -> dict[str, list[float]]:
     return {k: [float(r[k]) for r in rows] for k in keys}
 
 
-def crossfit_features(feats: np.ndarray, runs: list, cfg: TrainConfig) -> int:
+def training_tables(
+    runs: list[TokenRun], whole: TokenRun, pos: np.ndarray, cfg: TrainConfig
+) -> tuple[NGramTable, dict[str, NGramTable] | None]:
+    """The n-gram table of the training runs (`whole`: their concatenation, `pos` its positions
+    in thread), and, where `cfg.model.ngram_crossfit` asks for it and there are two training
+    workloads or more, each workload's table of the other workloads (crossfit_features), all
+    from one count of the runs' (context, next) pairs (NGramTable.fit_leaving_out)."""
+    # deferred: imported on first use, for start-up time
+    from tasks.learning.model import NGramTable
+
+    order = cfg.model.ngram_order
+    workloads = sorted({r.workload for r in runs})
+    if cfg.model.ngram_crossfit <= 0 or len(workloads) < 2:
+        return NGramTable.fit(whole.tokens, pos, order), None
+    group = np.repeat([workloads.index(r.workload) for r in runs], [r.n_tokens for r in runs])
+    table, others = NGramTable.fit_leaving_out(whole.tokens, pos, group, order)
+    return table, {w: others[g] for g, w in enumerate(workloads)}
+
+
+def crossfit_features(
+    feats: np.ndarray, runs: list[TokenRun], cfg: TrainConfig, others: dict[str, NGramTable]
+) -> int:
     """Replace, in place, the n-gram features of a `cfg.model.ngram_crossfit` share of the
     training positions (blocks of ten contexts, seeded) by those of a table fitted on the other
-    training workloads only; returns how many positions were replaced.
+    training workloads only (`others`, per workload: training_tables); returns how many
+    positions were replaced.
 
     Leave-one-out features on the table's own runs say what the n-gram knows about a workload it
     was trained on; on a program it never saw, its contexts come from other programs and are
     often confidently wrong. Trained on the first kind alone, the network trusts them on the
     second (benchmarks/results/model_variants.json); cross-fitted blocks teach it when not to.
     """
-    # deferred: imported on first use, for start-up time
-    from tasks.learning.model import NGramTable
-
-    workloads = sorted({r.workload for r in runs})
-    if len(workloads) < 2:
-        return 0
     rng = np.random.default_rng(cfg.seed)
     block = 10 * cfg.context
     starts = np.cumsum([0] + [r.n_tokens for r in runs])
-    whole = concat_runs(runs)
-    group = np.repeat([workloads.index(r.workload) for r in runs], [r.n_tokens for r in runs])
-    # one pass for every workload's table of the others (NGramTable.fit_leaving_out): fitting
-    # each on the others' tokens sorted nearly all of them once per workload, most of a full
-    # night's train stage before the first epoch
-    tables = NGramTable.fit_leaving_out(
-        whole.tokens, whole.position_in_thread(), group, cfg.model.ngram_order
-    )
     replaced = 0
-    for g, w in enumerate(workloads):
+    for w in sorted(others):
         for i in (i for i, r in enumerate(runs) if r.workload == w):
             r, s0 = runs[i], int(starts[i])
             n_blocks = -(-r.n_tokens // block)
             chosen = np.flatnonzero(rng.random(n_blocks) < cfg.model.ngram_crossfit)
             if not len(chosen):
                 continue
-            out = tables[g].features(r.tokens, r.position_in_thread(), leave_one_out=False)
+            out = others[w].features(r.tokens, r.position_in_thread(), leave_one_out=False)
             rows = (chosen[:, None] * block + np.arange(block)[None, :]).ravel()
             rows = rows[rows < r.n_tokens]
             feats[s0 + rows] = out[rows]
@@ -162,7 +173,6 @@ def fit_model(
     import keras
 
     from tasks.learning.model import (
-        NGramTable,
         build_hybrid,
         build_model,
         online_feature_matrix,
@@ -180,10 +190,10 @@ def fit_model(
         # the table from the training runs only; leave-one-out features on those runs,
         # plain lookups on validation (not in the table), as the in-graph layer computes
         pos_train = train_run.position_in_thread()
-        table = NGramTable.fit(train_run.tokens, pos_train, cfg.model.ngram_order)
+        table, others = training_tables(split.train, train_run, pos_train, cfg)
         train_feats = table.features(train_run.tokens, pos_train, leave_one_out=True)
-        if cfg.model.ngram_crossfit > 0:
-            crossfit_features(train_feats, split.train, cfg)
+        if others is not None:
+            crossfit_features(train_feats, split.train, cfg, others)
         val_feats = table.features(
             val_run.tokens, val_run.position_in_thread(), leave_one_out=False
         )

@@ -178,8 +178,12 @@ def test_tables_leaving_out_a_group_answer_as_tables_fitted_without_it(order):
     groups.append([np.full(40, 9, np.uint8)])  # token 9: no other group has its contexts
     tokens, pos = _flat([t for g in groups for t in g])
     group = np.repeat(np.arange(len(groups)), [sum(len(t) for t in g) for g in groups])
-    tables = NGramTable.fit_leaving_out(tokens, pos, group, order)
+    whole, tables = NGramTable.fit_leaving_out(tokens, pos, group, order)
     assert sorted(tables) == [0, 1, 2, 3]
+    # the same pass gives the table of everything, as `fit` does
+    every = NGramTable.fit(tokens, pos, order)
+    for name in ("keys", "top1", "count1", "total", "top2", "count2"):
+        assert np.array_equal(getattr(whole, name), getattr(every, name)), name
     for g, mine in enumerate(groups):
         others = [t for h, o in enumerate(groups) if h != g for t in o]
         alone = NGramTable.fit(*_flat(others), order)

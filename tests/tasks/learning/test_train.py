@@ -177,7 +177,7 @@ def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_pa
 def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_path):
     from tasks.learning.model import NGramTable
     from tasks.learning.sequences import concat_runs
-    from tasks.learning.train import crossfit_features
+    from tasks.learning.train import crossfit_features, training_tables
 
     cfg = tiny_train_config(
         tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_crossfit": 0.5}
@@ -185,10 +185,12 @@ def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_
     runs = load_split(events_root, cfg.data).train
     whole = concat_runs(runs)
     pos = whole.position_in_thread()
-    table = NGramTable.fit(whole.tokens, pos, cfg.model.ngram_order)
+    table, others = training_tables(runs, whole, pos, cfg)
     loo = table.features(whole.tokens, pos, leave_one_out=True)
+    fitted = NGramTable.fit(whole.tokens, pos, cfg.model.ngram_order)  # as fit gives it
+    assert np.array_equal(loo, fitted.features(whole.tokens, pos, leave_one_out=True))
     feats = loo.copy()
-    replaced = crossfit_features(feats, runs, cfg)
+    replaced = crossfit_features(feats, runs, cfg, others)
     # about half the positions, in blocks, now hold what a table WITHOUT their workload says
     assert 0.2 * len(feats) < replaced < 0.8 * len(feats)
     changed = (feats != loo).any(axis=1)
@@ -207,7 +209,8 @@ def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_
     assert changed.any()
     # one training workload: nothing to cross-fit from
     single = [r for r in runs if r.workload == runs[0].workload]
-    assert crossfit_features(loo[: sum(r.n_tokens for r in single)].copy(), single, cfg) == 0
+    one = concat_runs(single)
+    assert training_tables(single, one, one.position_in_thread(), cfg)[1] is None
 
 
 def test_an_online_hybrid_champion_is_rescored_exactly_as_it_was_scored(events_root, tmp_path):
