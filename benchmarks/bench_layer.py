@@ -115,9 +115,8 @@ def pair_costs(work: Path, reps: int, pairs: int) -> dict:
         samples: dict[str, list[float]] = {a: [] for a in arms}
         for rep in range(reps):
             for arm in rotation(arms, rep):
-                env = arm_env(arm) | extra
-                if arm == "glibc" and extra:
-                    env = arm_env(arm)  # glibc at its best: its own threshold, its heap
+                # glibc at its best: its own threshold, its heap
+                env = arm_env(arm) if arm == "glibc" else arm_env(arm) | extra
                 text, _, _ = run_wait4([str(loop), str(threads), str(iters), str(size)], env)
                 samples[arm].append(float(text.split("=")[1]))
         base = min(samples["glibc"])

@@ -44,7 +44,7 @@ from tasks.core.storage import Root  # noqa: E402
 from tasks.learning.labels import request_and_free_classes  # noqa: E402
 from tasks.learning.reuse import call_sites, read_events  # noqa: E402
 from tasks.learning.sequences import head_rows  # noqa: E402
-from tasks.learning.table import LAYER_SOON_CLASS, keep_soon  # noqa: E402
+from tasks.learning.table import HEADER, LAYER_SOON_CLASS, keep_soon  # noqa: E402
 from tasks.whatif.night import WhatifParams, registered_ref  # noqa: E402
 
 TABLES = (
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     registered = {r["table"]: r["keep_agreement"] for r in logged["rows"]}
     # the registered table's format says at which horizon its agreement was logged (1: 16 calls)
     head = Path(mlflow.artifacts.download_artifacts(f"runs:/{ref.run_id}/table/heapcast.hcltab"))
-    table_format = int.from_bytes(head.read_bytes()[8:12], "little")
+    table_format = HEADER.unpack_from(head.read_bytes())[1]
     from tasks.learning.question_network import load_question_network, network_answers
 
     network = load_question_network(
