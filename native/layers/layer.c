@@ -57,7 +57,8 @@
  *
  * Threads (locks are taken only for blocks >= `min`, whose real cost is an mmap or munmap;
  * syscalls (madvise) and the real allocator are called outside them; each spins a little
- * before it sleeps: glibc's adaptive mutex for the shared cache, a futex word for a shard):
+ * before it waits: glibc's adaptive mutex for the shared cache (sleeps), a test-and-set word
+ * for a shard (yields its core)):
  *  - seed002: one lock over the kept blocks and the live set, as its rule (the n largest in the
  *    process) needs the whole cache at every free. 8 threads freeing and taking 256 KiB blocks
  *    on 2 cores pay ~90-250 ns a pair there (glibc ~25-35: its dynamic mmap threshold keeps
@@ -101,15 +102,14 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -425,10 +425,15 @@ struct hl_live_slot {
     size_t req, usable;
     uint64_t ticket; /* 0: the program's; else in the front of the thread that holds this ticket */
 };
-/* A shard's lock: a futex word (0 free, 1 held, 2 held and someone may sleep: U. Drepper,
- * "Futexes Are Tricky", mutex 2) that spins a little before sleeping, as glibc's adaptive
- * mutex does, at half its cost on the hot path (a pair of calls: ~5-9 ns less here). Its holds
- * are one probe of a shard's table. */
+/* A shard's lock: a test-and-set word (0 free, 1 held) whose unlock is a plain release store,
+ * as snmalloc's and rpmalloc's locks are. Its holds are one probe of a shard's table, and each
+ * atomic read-modify-write costs ~4.7 ns here: the futex word it replaces (U. Drepper, "Futexes
+ * Are Tricky", mutex 2) needed one to give the lock back, so that a sleeper is woken, and a kept
+ * pair takes the lock twice (256 KiB kept pairs, guided, 8 threads: 49.8 -> 40.1 ns, 1 thread:
+ * 44.4 -> 35.3; benchmarks/results/layer_unlock.md).
+ * A waiter spins a little, as glibc's adaptive mutex does, then yields its core: on 2 cores
+ * with 8 threads the holder may be the one waiting for a core, and spinning would keep it
+ * waiting. */
 struct hl_spin {
     int w;
 };
@@ -447,12 +452,11 @@ static inline int hl_spin_try(struct hl_spin *l) {
 }
 
 static __attribute__((noinline)) void hl_spin_wait(struct hl_spin *l) {
-    for (int i = 0; i < 100; i++) {
-        hl_relax();
+    for (unsigned i = 0;; i++) {
+        if (i < 100) hl_relax();
+        else sched_yield();
         if (__atomic_load_n(&l->w, __ATOMIC_RELAXED) == 0 && hl_spin_try(l)) return;
     }
-    while (__atomic_exchange_n(&l->w, 2, __ATOMIC_ACQUIRE) != 0)
-        syscall(SYS_futex, &l->w, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
 }
 
 /* A process that has never started a thread takes no shard lock: glibc says so in
@@ -497,11 +501,9 @@ static inline void hl_spin_lock(struct hl_spin *l) {
     if (HL_UNLIKELY(!hl_spin_try(l))) hl_spin_wait(l);
 }
 
-static inline void hl_spin_unlock(struct hl_spin *l) {
-    if (__atomic_load_n(&l->w, __ATOMIC_RELAXED) == 0) return; /* not taken: one thread */
-    if (HL_UNLIKELY(__atomic_exchange_n(&l->w, 0, __ATOMIC_RELEASE) == 2))
-        syscall(SYS_futex, &l->w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-}
+/* A lock not taken (one thread) is 0 already, and storing 0 again is harmless: no other thread
+ * exists to hold it. */
+static inline void hl_spin_unlock(struct hl_spin *l) { __atomic_store_n(&l->w, 0, __ATOMIC_RELEASE); }
 
 #define HL_SHARDS 16
 #define HL_SHARD_START 128
