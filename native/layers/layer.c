@@ -102,6 +102,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -396,6 +397,7 @@ struct hl_stripe {
      * double free, a block the layer did not hand out) */
     uint64_t misses, heap, outgrown, declined, unproven;
     uint64_t bounded;
+    uint64_t sited; /* guided with a table: frees its call-site entries answered */
 } __attribute__((aligned(64)));
 static struct hl_stripe hl_stripes[HL_STRIPES];
 static uint32_t hl_stripe_next;
@@ -858,12 +860,102 @@ static inline struct hcp_counter *hl_learn_free(size_t size) {
     return c;
 }
 
-/* guided: learn the free, then ask whether an allocation of its class comes soon. */
-static int hl_predict_reuse(size_t req) {
+/* ------------------------------------------------------------------------------------------- */
+/* Call sites (table format 3)                                                                    */
+
+/* The table's call-site key of a free (tasks/learning/sites.py, native/TABLE.md): the module
+ * holding the free's return address, found as the tracer records it (dl_iterate_phdr's list,
+ * the main program named by /proc/self/exe's target), crc32(path) << 32 xor (address - load
+ * bias), mixed and taken modulo HL_SITES. Finding the module walks the loader's list under its
+ * lock (~1 us), so each return address's answer is remembered in a direct-mapped cache of words
+ * (address << 16 | (site + 1) << 1 | 1) written and read whole, without a lock: a word is never
+ * torn, and one overwritten is found again. Asked only at the guided policy's large frees with
+ * a table of sites, before any lock of the layer is taken (the loader's lock is taken inside,
+ * and a thread holding it may be allocating). Known limits: a module unloaded and another
+ * loaded at its addresses keeps the first's answers (as the tracer's module map does,
+ * FORMAT.md); a library dlopen'ed by a relative name is hashed by that name, where the tracer
+ * makes it absolute (such a free answers by class). */
+#define HL_SITES 4096u  /* tasks/learning/sites.py SITE_VOCABULARY */
+#define HL_CLASSES 32u  /* size classes: a free's token is HCP_FREE + class */
+static uint8_t hl_site_score[HL_SITES][HL_CLASSES];
+static uint8_t hl_site_known[HL_SITES * HL_CLASSES / 8]; /* bit site * 32 + class */
+static int hl_use_sites;
+static char hl_exe[4096]; /* /proc/self/exe's target, read at start */
+static size_t hl_exe_len;
+#define HL_SITE_CACHE_BITS 10
+static uint64_t hl_site_cache[1u << HL_SITE_CACHE_BITS];
+
+static uint32_t hl_crc32(const char *s, size_t n) { /* zlib's crc32: reflected 0xEDB88320 */
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= (unsigned char)s[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+struct hl_site_query {
+    uintptr_t addr;
+    int first; /* the next module the loader lists is its first: the main program */
+    int site;
+};
+
+static int hl_site_module(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct hl_site_query *q = data;
+    int first = q->first;
+    q->first = 0;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (unsigned i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        if (ph->p_vaddr < lo) lo = ph->p_vaddr;
+        if (ph->p_vaddr + ph->p_memsz > hi) hi = ph->p_vaddr + ph->p_memsz;
+    }
+    uintptr_t bias = (uintptr_t)info->dlpi_addr;
+    if (hi <= lo || q->addr < bias + lo || q->addr >= bias + hi) return 0;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    size_t len = strlen(name);
+    if (len == 0 && first) {
+        name = hl_exe;
+        len = hl_exe_len;
+    }
+    uint64_t h = ((uint64_t)hl_crc32(name, len) << 32) ^ (uint64_t)(q->addr - bias);
+    h *= 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    q->site = (int)(h % HL_SITES);
+    return 1;
+}
+
+/* The call-site key of a free returning to `ret`; -1 where no module holds it. No lock held. */
+static int hl_site_of(const void *ret) {
+    uintptr_t a = (uintptr_t)ret;
+    if (a == 0) return -1;
+    uint64_t *slot = &hl_site_cache[(uint64_t)a * 0x9E3779B97F4A7C15ull >> (64 - HL_SITE_CACHE_BITS)];
+    uint64_t w = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    if ((w & 1) && (w >> 16) == (uint64_t)a) return (int)((w >> 1) & 0x7FFF) - 1;
+    struct hl_site_query q = {a, 1, -1};
+    dl_iterate_phdr(hl_site_module, &q);
+    if ((uint64_t)a >> 48 == 0) /* user addresses fit 48 bits: else asked again next time */
+        __atomic_store_n(slot, (uint64_t)a << 16 | (uint64_t)(q.site + 1) << 1 | 1, __ATOMIC_RELAXED);
+    return q.site;
+}
+
+/* guided: learn the free, then ask whether an allocation of its class comes soon. `site`: the
+ * free's call-site key (hl_site_of), -1 if none or not asked. */
+static int hl_predict_reuse(size_t req, int site) {
     unsigned cls = hcp_class(req);
     struct hcp_counter *c = hl_learn_free(req);
     if (c == NULL) return 0;
-    if (hl_use_table) return (unsigned)hl_table[HCP_FREE + cls][cls] * (unsigned)hl_set.topk >= 255u;
+    if (hl_use_table) {
+        unsigned score = hl_table[HCP_FREE + cls][cls];
+        unsigned bit = (unsigned)site * HL_CLASSES + cls;
+        if (site >= 0 && cls < HL_CLASSES && (hl_site_known[bit >> 3] >> (bit & 7) & 1u)) {
+            score = hl_site_score[site][cls];
+            HL_COUNT(sited);
+        }
+        return score * (unsigned)hl_set.topk >= 255u;
+    }
     return hcp_soon(c, cls, (unsigned)hl_set.topk, (unsigned)hl_set.horizon);
 }
 
@@ -1308,8 +1400,8 @@ static int hl_unkeep(void *p) {
     return 0;
 }
 
-/* The program frees p (usable >= min). */
-static void hl_free_large(void *p, size_t usable) {
+/* The program frees p (usable >= min), returning to `caller`. */
+static void hl_free_large(void *p, size_t usable, const void *caller) {
     void (*real_free)(void *) = hl_real.free;
     int advised = hl_set.madv_ns == 0;
     /* Outgrown: the thread's last request was larger than this block, and this block is what
@@ -1328,6 +1420,7 @@ static void hl_free_large(void *p, size_t usable) {
         return;
     }
     uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
+    int site = hl_use_sites ? hl_site_of(caller) : -1; /* before any lock: see Call sites */
     int wanted = usable <= hl_set.cap && !outgrown;
     int unproven = wanted && hl_unproven(); /* passed on, remembered (hl_ghost_add) */
     /* the front: seed001/guided, a block the thread's reservation covers (madv=0 advises every
@@ -1369,7 +1462,7 @@ again:;
     }
     size_t req = e->req ? e->req : 1;
     int keep = wanted;
-    if (hl_set.policy == HL_GUIDED) keep = hl_predict_reuse(req) && keep; /* this thread's */
+    if (hl_set.policy == HL_GUIDED) keep = hl_predict_reuse(req, site) && keep; /* this thread's */
     if (hl_set.policy == HL_SEED002 && hl_set.n == 0) keep = 0;
     if (unproven) keep = 0;
     if (keep && front) {
@@ -1545,7 +1638,8 @@ HL_EXPORT void *malloc(size_t n) {
     return hl_malloc_large(n);
 }
 
-HL_EXPORT void free(void *p) {
+/* free's body; `caller`: where the program's call returns (the table's call-site key) */
+static inline __attribute__((always_inline)) void hl_free_from(void *p, const void *caller) {
     if (p == NULL || HL_UNLIKELY(hc_in_pool(p))) return;
     void (*real_free)(void *) = HL_REAL(free);
     if (HL_UNLIKELY(!real_free)) return; /* cannot happen: p came from somewhere */
@@ -1562,12 +1656,14 @@ HL_EXPORT void free(void *p) {
         size_t usable = hl_real.malloc_usable_size(p);
         if (usable >= HL_FOLLOW_MIN) hl_follow(usable);
         if (usable >= min) {
-            hl_free_large(p, usable);
+            hl_free_large(p, usable, caller);
             return;
         }
     }
     real_free(p);
 }
+
+HL_EXPORT void free(void *p) { hl_free_from(p, __builtin_return_address(0)); }
 
 HL_EXPORT void *calloc(size_t m, size_t n) {
     size_t total;
@@ -1597,7 +1693,7 @@ HL_EXPORT void *realloc(void *old, size_t n) {
         return q;
     }
     if (n == 0) {
-        free(old);
+        hl_free_from(old, __builtin_return_address(0));
         return NULL;
     }
     void *(*real_realloc)(void *, size_t) = HL_REAL(realloc);
@@ -1617,7 +1713,7 @@ HL_EXPORT void *realloc(void *old, size_t n) {
         void *q = hl_take(n, 0);
         if (q) {
             memcpy(q, old, usable < n ? usable : n);
-            free(old);
+            hl_free_from(old, __builtin_return_address(0));
             return q;
         }
     }
@@ -1745,7 +1841,8 @@ HL_EXPORT size_t malloc_usable_size(void *p) {
 /* Table file                                                                                     */
 
 #define HL_TABLE_MAGIC "HCLTAB\0\1"
-#define HL_TABLE_VERSION 2u
+#define HL_CLASS_BYTES (HCP_TOKENS * HCP_TOKENS)
+#define HL_SITE_BYTES (HL_SITES * HL_CLASSES + HL_SITES * HL_CLASSES / 8)
 #define HL_FALLBACK "; the guided policy uses the online counter"
 
 static uint64_t hl_fnv1a(const unsigned char *p, size_t n) {
@@ -1754,14 +1851,21 @@ static uint64_t hl_fnv1a(const unsigned char *p, size_t n) {
     return h;
 }
 
-/* Load the table into hl_table; NULL, or why it is refused. */
+/* Load the table into hl_table (and, format 3, the call-site entries); NULL, or why it is
+ * refused. Format 2: the class scores alone; 3: then the sites' scores and known bits. */
 static const char *hl_load_table(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return "cannot be opened" HL_FALLBACK;
     unsigned char head[32];
-    static unsigned char payload[HCP_TOKENS * HCP_TOKENS + 1];
+    static unsigned char payload[HL_CLASS_BYTES + HL_SITE_BYTES + 1];
     ssize_t a = read(fd, head, sizeof head);
-    ssize_t b = a == (ssize_t)sizeof head ? read(fd, payload, sizeof payload) : -1;
+    ssize_t b = 0;
+    if (a == (ssize_t)sizeof head) {
+        for (ssize_t got; (size_t)b < sizeof payload; b += got) {
+            got = read(fd, payload + b, sizeof payload - (size_t)b);
+            if (got <= 0) break;
+        }
+    }
     close(fd);
     if (a != (ssize_t)sizeof head) return "is shorter than its 32-byte header" HL_FALLBACK;
     if (memcmp(head, HL_TABLE_MAGIC, 8) != 0) return "is not a heapcast layer table (magic)" HL_FALLBACK;
@@ -1772,14 +1876,22 @@ static const char *hl_load_table(const char *path) {
     memcpy(&tokens, head + 16, 4);
     memcpy(&bytes, head + 20, 4);
     memcpy(&sum, head + 24, 8);
-    if (version != HL_TABLE_VERSION) return "has another format version (this layer reads 2)" HL_FALLBACK;
-    if (tokens != HCP_TOKENS || bytes != HCP_TOKENS * HCP_TOKENS)
-        return "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
+    if (version != 2u && version != 3u)
+        return "has another format version (this layer reads 2 and 3)" HL_FALLBACK;
+    uint32_t shape = version == 3u ? HL_CLASS_BYTES + HL_SITE_BYTES : HL_CLASS_BYTES;
+    if (tokens != HCP_TOKENS || bytes != shape)
+        return version == 3u ? "has another shape (64 tokens, 151552 payload bytes expected)" HL_FALLBACK
+                             : "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
     if (b != (ssize_t)bytes) return "has a payload of the wrong length (truncated or extended)" HL_FALLBACK;
     if (hl_fnv1a(payload, bytes) != sum) return "is corrupt (payload checksum)" HL_FALLBACK;
     if (model == 0) return "names no model version" HL_FALLBACK;
     if (hl_set.model && model != hl_set.model) return "comes from another model version" HL_FALLBACK;
     memcpy(hl_table, payload, sizeof hl_table);
+    if (version == 3u) {
+        memcpy(hl_site_score, payload + HL_CLASS_BYTES, sizeof hl_site_score);
+        memcpy(hl_site_known, payload + HL_CLASS_BYTES + sizeof hl_site_score, sizeof hl_site_known);
+        for (size_t i = 0; i < sizeof hl_site_known; i++) hl_use_sites |= hl_site_known[i] != 0;
+    }
     return NULL;
 }
 
@@ -1823,6 +1935,8 @@ __attribute__((constructor)) static void hl_init(void) {
     void *lm = dlsym(RTLD_NEXT, "__libc_malloc");
     hl_glibc_next = lm != NULL && lm == (void *)hl_real.malloc;
     if (hl_set.policy == HL_GUIDED && hl_set.table[0]) {
+        ssize_t n = readlink("/proc/self/exe", hl_exe, sizeof hl_exe - 1); /* as the tracer */
+        hl_exe_len = n > 0 ? (size_t)n : 0;
         const char *why = hl_load_table(hl_set.table);
         if (why) {
             hl_stats.table_refused = 1;
@@ -1881,6 +1995,7 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("bounded", HL_STRIPED(bounded));
     F("live_peak", hl_stats.live_peak);
     F("table_refused", hl_stats.table_refused);
+    F("table_sites", HL_STRIPED(sited));
     /* the proof (hl_ghost_hit): 1 once the layer keeps blocks; the reuses it saw of blocks
      * passed on before (`proof`, or a count more where threads raced the first keeps), and the
      * frees it passed on meanwhile */

@@ -140,6 +140,7 @@ class Sample(BaseModel):
     layer_unproven: int | None = None
     layer_table: int | None = None
     layer_table_refused: int | None = None
+    layer_table_sites: int | None = None  # frees a table's call-site entries answered
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,
@@ -161,6 +162,7 @@ LAYER_COUNTERS = (
     "unproven",  # frees passed on before the proof
     "table",  # processes that used a table (the model's, for a table candidate)
     "table_refused",  # processes that refused the one they were given (one stderr line each)
+    "table_sites",  # frees the table answered by call site and class (format 3), not by class
 )
 
 

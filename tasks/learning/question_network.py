@@ -285,16 +285,20 @@ def train_network(
 def distilled_table(
     inputs: list[QuestionInputs], answers: list[dict[str, np.ndarray]], majority: np.ndarray
 ) -> ClassTable:
-    """The layer's table distilled from the network: per size class, the sum of the network's
-    reuse distributions at the training frees of that class (ClassTable smooths them into the
-    mean), so the table answers each class as the network does on average."""
+    """The layer's table distilled from the network: per size class, and per call site and size
+    class where the free had a site, the sum of the network's reuse distributions at the
+    training frees with that key (ClassTable smooths them into the mean), so the table answers
+    each key as the network does on average there."""
     sums = np.zeros((N_SIZE_CLASSES, REUSE_CLASSES))
+    by_site = np.zeros((SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES))
     for inp, ans in zip(inputs, answers, strict=True):
         cls = inp.free_class  # process order
         p = ans["reuse"][inp.order]  # process order
         at = (cls >= 0) & (inp.labels["reuse"] != NO_LABEL)
         np.add.at(sums, cls[at], p[at])
-    return ClassTable(sums, np.asarray(majority, float))
+        has = at & (inp.sites > 0)  # sites: call site + 1, 0 where none
+        np.add.at(by_site, (inp.sites[has] - 1, cls[has]), p[has])
+    return ClassTable(sums, np.asarray(majority, float), by_site)
 
 
 def load_question_network(path: str | Path) -> keras.Model:

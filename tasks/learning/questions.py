@@ -159,6 +159,7 @@ def question_evaluation(
                     np.concatenate([a.probs["table"] for a in frees]),
                     np.concatenate([a.probs[against] for a in frees]),
                     against,
+                    np.concatenate([a.table_at_site for a in frees]),
                 )
             )
     return QuestionEvaluation(

@@ -21,8 +21,8 @@ a known size of an evaluation run, from the calls before it only:
   (tasks/learning/hedge.py): on a program whose habits the network never saw, it follows the
   counter where the counter is right.
 
-The call site is caller_module + caller_offset (the module's path and the offset in it, which
-survive ASLR), hashed to SITE_VOCABULARY buckets. Compiled (numba), one pass per run.
+The call site is caller_module + caller_offset, hashed to SITE_VOCABULARY buckets
+(tasks/learning/sites.py, the layer's key too). Compiled (numba), one pass per run.
 
 Metric keys: `<question>.<table>.<metric>/<slice>.<predictor>` (question: reuse, lifetime_calls,
 lifetime_time), the registry's scheme (`<table>.<metric>/<slice>.<predictor>`) with the question
@@ -32,13 +32,11 @@ in front. `question_evaluation` scores both questions' predictors (tasks/learnin
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from numba import njit
 
 from tasks.core.storage import Root
@@ -54,6 +52,7 @@ from tasks.learning.labels import (
     request_and_free_classes,
 )
 from tasks.learning.outcome import OVERALL, QuestionScores
+from tasks.learning.sites import SITE_VOCABULARY, call_sites
 from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
@@ -69,7 +68,6 @@ PREDICTORS = (
 MODEL_PREDICTORS = ("network", "network_survival", HEDGED)
 BASELINE_PREDICTORS = ("majority", "class_online", "site_online", "site_survival")
 # the table (tasks/learning/table.py) answers the reuse question only
-SITE_VOCABULARY = 4096
 N_SIZE_CLASSES = 32
 MIN_PROB = 1e-7  # the log-loss clip of tasks.learning.evaluate
 
@@ -123,31 +121,6 @@ def _online_reuse(proc_start, free_cls, req_cls, site, n_sites, eps, edges, out)
             head[c] = i
 
 
-def call_sites(table: pa.Table, vocabulary: int = SITE_VOCABULARY) -> np.ndarray:
-    """int64 [n]: each row's call site (caller_module + caller_offset) hashed to 0..vocabulary-1;
-    -1 where the row has none (a trace without callers, an address in no module)."""
-    n = table.num_rows
-    if "caller_module" not in table.column_names or "caller_offset" not in table.column_names:
-        return np.full(n, -1, np.int64)
-    module = table.column("caller_module").combine_chunks()
-    if pa.types.is_dictionary(module.type):
-        module = module.cast(pa.string())
-    # the modules once each (Arrow's hash table, not Python strings per row), crc32 per module
-    coded = pc.dictionary_encode(module.fill_null(""))
-    names = coded.dictionary.to_pylist()
-    ids = coded.indices.to_numpy(zero_copy_only=False)
-    name_hash = np.array([zlib.crc32(m.encode()) for m in names], np.uint64)
-    offset = table.column("caller_offset")
-    valid = np.asarray(pc.is_valid(offset).to_numpy(zero_copy_only=False), bool)
-    valid &= np.asarray(pc.is_valid(module).to_numpy(zero_copy_only=False), bool)
-    off = offset.fill_null(0).to_numpy().astype(np.uint64)
-    with np.errstate(over="ignore"):
-        h = (name_hash[ids] << np.uint64(32)) ^ off
-        h = h * np.uint64(0x9E3779B97F4A7C15)
-        h ^= h >> np.uint64(29)
-    return np.where(valid, (h % np.uint64(vocabulary)).astype(np.int64), -1)
-
-
 @dataclass(frozen=True)
 class ReuseAnswers:
     """The predictors' answers at a run's scored frees (rows in the table's order)."""
@@ -157,6 +130,7 @@ class ReuseAnswers:
     probs: dict[str, np.ndarray]  # predictor -> float64 [m, REUSE_CLASSES]
     without_site: int  # scored rows with no call site
     table_covered: np.ndarray | None = None  # bool [m]: the table has the free's class
+    table_at_site: np.ndarray | None = None  # bool [m]: the table answered by call site
     # when each answer's label became known, in part or whole (hedge.py's events, process
     # order): the lifetime counters' own, which the hedged network reads too
     learnt: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -185,12 +159,14 @@ def reuse_answers(
     rows = np.flatnonzero(labels != NO_LABEL)
     probs = {name: out[name][rows] for name in out}
     probs["majority"] = np.broadcast_to(majority, (len(rows), REUSE_CLASSES))
-    covered = None
+    covered = at_site = None
     if known is not None:
         cls = free_cls[rows]
-        probs["table"] = known.reuse_probs(eps)[cls]
+        probs["table"], at_site = known.answer(site[rows], cls, eps)
         covered = known.covered()[cls]
-    return ReuseAnswers(rows, labels[rows], probs, int((site[rows] < 0).sum()), covered)
+    return ReuseAnswers(
+        rows, labels[rows], probs, int((site[rows] < 0).sum()), covered, table_at_site=at_site
+    )
 
 
 def majority_of(tables: list[pa.Table], eps: float = 0.1) -> np.ndarray:
@@ -337,5 +313,10 @@ def question_lines(
                 f"; the table covers {a.coverage:.1%} of the frees and keeps as the "
                 f"{_AGAINST.get(a.against, a.against)} does on {a.keep_agreement:.1%} of those"
             )
+            if a.site_coverage > 0:  # NaN or 0: no call site it knows
+                line += (
+                    f" ({a.site_coverage:.1%} of the frees answered by call site, "
+                    f"{a.keep_agreement_at_sites:.1%} agreement there)"
+                )
         lines.append(line)
     return lines

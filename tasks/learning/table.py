@@ -10,8 +10,11 @@ frees' true reuse classes instead), answers the question from it at the evaluati
 file: the keep score P(reuse class <= LAYER_SOON_CLASS | a free of class c) in the entry the
 layer reads.
 
-Its key is the size class alone (the free's token, which is the layer's one-token context at a
-free); a call-site key waits for a layer that knows its callers.
+Its keys (format 3): the free's call site and size class where the training frees had that site
+(tasks/learning/sites.py: the hash the layer computes from the free's return address), else the
+size class alone (the free's token, the layer's one-token context at a free). A site answers only
+where training saw it: on a program never trained on, most frees fall back to their class
+(`TableAgreement.site_coverage` says how many did not).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from numba import njit
 
 from tasks.learning.labels import (
     NO_LABEL,
@@ -29,6 +33,7 @@ from tasks.learning.labels import (
     allocator_labels,
     request_and_free_classes,
 )
+from tasks.learning.sites import SITE_VOCABULARY, call_sites
 
 N_SIZE_CLASSES = 32
 N_TOKENS = 64  # the project's tokens: allocations 0..31, frees 32 + class
@@ -42,9 +47,14 @@ SOON_CLASS = 1  # whatif's "soon": reuse class <= 1, the class requested again w
 # minor faults than glibc).
 LAYER_SOON_CLASS = 3
 MAGIC = b"HCLTAB\x00\x01"
-FORMAT_VERSION = 2  # 2: the score is P(reuse within 4096 calls); 1 (refused): within 16
+# 3: call-site keys after the class scores; 2: class scores only, P(reuse within 4096 calls);
+# 1 (refused): within 16 calls
+FORMAT_VERSION = 3
 HEADER = struct.Struct("<8sIIIIQ")  # magic, version, model version, n_tokens, payload bytes, FNV
-PAYLOAD_BYTES = N_TOKENS * N_TOKENS
+CLASS_BYTES = N_TOKENS * N_TOKENS  # uint8 [64][64] keep scores by token (class)
+SITE_BYTES = SITE_VOCABULARY * N_SIZE_CLASSES  # uint8 [sites][32] keep scores by site and class
+KNOWN_BYTES = SITE_BYTES // 8  # bit s * 32 + c (little-endian bit order): that entry answers
+PAYLOAD_BYTES = CLASS_BYTES + SITE_BYTES + KNOWN_BYTES
 
 
 @dataclass(frozen=True)
@@ -54,10 +64,34 @@ class ClassTable:
 
     reuse_counts: np.ndarray  # float64 [N_SIZE_CLASSES, REUSE_CLASSES]
     majority: np.ndarray  # float64 [REUSE_CLASSES]: the answer for a class never freed in training
+    # float64 [SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES]: the same, per call site and class
+    # of the training frees that had a call site; None: no site keys (a trace without callers)
+    site_counts: np.ndarray | None = None
 
     def covered(self) -> np.ndarray:
         """bool [N_SIZE_CLASSES]: the classes some training free answers for."""
         return self.reuse_counts.sum(axis=1) > 0
+
+    def site_known(self) -> np.ndarray:
+        """bool [SITE_VOCABULARY, N_SIZE_CLASSES]: the (site, class) keys some training free
+        answers for."""
+        if self.site_counts is None:
+            return np.zeros((SITE_VOCABULARY, N_SIZE_CLASSES), bool)
+        return self.site_counts.sum(axis=2) > 0
+
+    def answer(self, site: np.ndarray, cls: np.ndarray, eps: float = 0.1):
+        """At frees of size class `cls` (>= 0) from call site `site` (-1: none): the reuse
+        classes as the layer's table answers them, by site and class where that key is known,
+        else by class; and bool [n] where the site answered."""
+        probs = self.reuse_probs(eps)[cls]
+        at_site = np.zeros(len(cls), bool)
+        if self.site_counts is not None:
+            has = site >= 0
+            at_site[has] = self.site_known()[site[has], cls[has]]
+            c = self.site_counts[site[at_site], cls[at_site]]
+            probs = probs.copy()
+            probs[at_site] = (c + eps) / (c.sum(axis=1, keepdims=True) + eps * REUSE_CLASSES)
+        return probs, at_site
 
     def reuse_probs(self, eps: float = 0.1) -> np.ndarray:
         """float64 [N_SIZE_CLASSES, REUSE_CLASSES]: each class's reuse classes, smoothed as the
@@ -73,27 +107,60 @@ class ClassTable:
         soon = self.reuse_probs()[:, : LAYER_SOON_CLASS + 1].sum(axis=1)
         scores = np.zeros((N_TOKENS, N_TOKENS), np.uint8)
         c = np.arange(N_SIZE_CLASSES)
-        scores[FREE_TOKEN + c, c] = np.rint(np.clip(soon, 0.0, 1.0) * 255).astype(np.uint8)
+        scores[FREE_TOKEN + c, c] = _score(soon)
         return scores
+
+    def site_scores(self, eps: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+        """uint8 [SITE_VOCABULARY, N_SIZE_CLASSES] keep scores by call site and class (0 where
+        unknown) and bool [SITE_VOCABULARY, N_SIZE_CLASSES]: known."""
+        known = self.site_known()
+        if self.site_counts is None:
+            return np.zeros(known.shape, np.uint8), known
+        c = self.site_counts
+        p = (c + eps) / (c.sum(axis=2, keepdims=True) + eps * REUSE_CLASSES)
+        soon = p[:, :, : LAYER_SOON_CLASS + 1].sum(axis=2)
+        return np.where(known, _score(soon), 0).astype(np.uint8), known
+
+
+def _score(p: np.ndarray) -> np.ndarray:
+    """uint8 keep scores from probabilities: 255 * p, rounded."""
+    return np.rint(np.clip(p, 0.0, 1.0) * 255).astype(np.uint8)
 
 
 def class_table(tables: list[pa.Table], majority: np.ndarray) -> ClassTable:
-    """The reuse classes of the training runs' frees per size class (`tables`: their events)."""
+    """The reuse classes of the training runs' frees per size class, and per call site and class
+    where the free has a site (`tables`: their events, callers where traced)."""
     counts = np.zeros(N_SIZE_CLASSES * REUSE_CLASSES)
+    by_site = np.zeros(SITE_VOCABULARY * N_SIZE_CLASSES * REUSE_CLASSES)
     for t in tables:
         label = allocator_labels(t).reuse
         _, free_cls = request_and_free_classes(t)
+        site = call_sites(t)
         at = (label != NO_LABEL) & (free_cls >= 0)
         key = free_cls[at] * REUSE_CLASSES + label[at]
-        counts += np.bincount(key, minlength=N_SIZE_CLASSES * REUSE_CLASSES)
-    return ClassTable(counts.reshape(N_SIZE_CLASSES, REUSE_CLASSES), np.asarray(majority, float))
+        counts += np.bincount(key, minlength=len(counts))
+        s = site[at]
+        has = s >= 0
+        by_site += np.bincount(
+            s[has] * (N_SIZE_CLASSES * REUSE_CLASSES) + key[has], minlength=len(by_site)
+        )
+    return ClassTable(
+        counts.reshape(N_SIZE_CLASSES, REUSE_CLASSES),
+        np.asarray(majority, float),
+        by_site.reshape(SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES),
+    )
 
 
 def fnv1a64(data: bytes) -> int:
-    """FNV-1a 64 (the layer's checksum), vectorless but on 4 KiB only."""
-    h = 0xCBF29CE484222325
+    """FNV-1a 64 (the layer's checksum): sequential by nature, so compiled (148 KiB)."""
+    return int(_fnv1a64(np.frombuffer(data, np.uint8)))
+
+
+@njit(cache=True)
+def _fnv1a64(data):
+    h = np.uint64(0xCBF29CE484222325)
     for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ np.uint64(b)) * np.uint64(0x100000001B3)
     return h
 
 
@@ -112,7 +179,13 @@ def write_layer_table(path: Path, table: ClassTable, model_version: int) -> Path
     """The layer's file (native/TABLE.md) for `model_version`; returns `path`."""
     if not 0 < model_version < 2**32:
         raise ValueError(f"model version {model_version}: the layer's table needs 1..2^32-1")
-    payload = table.keep_scores().tobytes()
+    site, known = table.site_scores()
+    payload = (
+        table.keep_scores().tobytes()
+        + site.tobytes()
+        + np.packbits(known.ravel(), bitorder="little").tobytes()
+    )
+    assert len(payload) == PAYLOAD_BYTES
     head = HEADER.pack(
         MAGIC, FORMAT_VERSION, model_version, N_TOKENS, PAYLOAD_BYTES, fnv1a64(payload)
     )
@@ -145,6 +218,10 @@ class TableAgreement:
     keep_agreement: float  # on covered positions: the layer's keep decision, table vs `against`
     top1_agreement: float  # on covered positions: the reuse class top-1, table vs `against`
     against: str = "class_online"  # the predictor the table follows (the one it was made from)
+    # share of positions the table answers by call site and class (a key training saw), and
+    # the keep agreement on those; the rest answer by class
+    site_coverage: float = float("nan")
+    keep_agreement_at_sites: float = float("nan")
 
 
 KEEP_AT = 0.5  # keep a freed block when P(reuse soon) is at least this (the layer; whatif)
@@ -162,23 +239,28 @@ def table_agreement(
     table_probs: np.ndarray,
     counter_probs: np.ndarray,
     against: str = "class_online",
+    at_site: np.ndarray | None = None,
 ) -> TableAgreement:
     """Coverage and agreement with the predictor `against` (its answers `counter_probs`: the
     network the table is distilled from, else the layer's online class counter) at one
     evaluation table's frees; keep = P(reuse class <= LAYER_SOON_CLASS) >= 1/2 (the layer's
-    rule at topk=2)."""
+    rule at topk=2); `at_site`: where the table answered by call site."""
     n = len(covered)
     if n == 0:
         return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"), against)
-    t, c = table_probs[covered], counter_probs[covered]
-    keep_t = keep_soon(t[:, : LAYER_SOON_CLASS + 1].sum(axis=1))
-    keep_c = keep_soon(c[:, : LAYER_SOON_CLASS + 1].sum(axis=1))
+    same = keep_soon(table_probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1)) == keep_soon(
+        counter_probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1)
+    )
+    top = table_probs.argmax(axis=1) == counter_probs.argmax(axis=1)
     m = int(covered.sum())
+    sites = at_site if at_site is not None else np.zeros(n, bool)
     return TableAgreement(
         table,
         n,
         m / n,
-        float((keep_t == keep_c).mean()) if m else float("nan"),
-        float((t.argmax(axis=1) == c.argmax(axis=1)).mean()) if m else float("nan"),
+        float(same[covered].mean()) if m else float("nan"),
+        float(top[covered].mean()) if m else float("nan"),
         against,
+        float(sites.mean()),
+        float(same[sites].mean()) if sites.any() else float("nan"),
     )

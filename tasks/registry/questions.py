@@ -11,6 +11,7 @@ load_question_network reads it).
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -59,6 +60,9 @@ def headline_metrics(outcome: TrainOutcome) -> dict[str, float]:
     for a in outcome.table_agreement:
         if a.table == HEADLINE_TABLE:
             out[f"table.{HEADLINE_TABLE}.coverage"] = float(a.coverage)
+            # the share the table answers by call site (format 3); NaN: no site keys
+            if math.isfinite(a.site_coverage):
+                out[f"table.{HEADLINE_TABLE}.site_coverage"] = float(a.site_coverage)
     return out
 
 
@@ -97,9 +101,9 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
         mlflow.log_artifact(str(path), TABLE_ARTIFACT)
     made_from = (
         "distilled from the questions' network (its mean answer at the training frees of "
-        "each size class)"
+        "each call site and size class, and of each size class)"
         if net is not None
-        else "from the training runs' statistics (per size class)"
+        else "from the training runs' statistics (per call site and size class, and per size class)"
     )
     mlflow.set_tag(
         TAG_TABLE,

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.learning.labels import REUSE_CLASSES
+from tasks.dataset.convert import events_from_trace
+from tasks.learning.labels import REUSE_CLASSES, request_and_free_classes
+from tasks.learning.sites import SITE_VOCABULARY, call_sites
 from tasks.learning.table import ClassTable, write_layer_table
 from tests.native.test_layer import BIG, _env, _stats, heapcast_layer  # noqa: F401 (fixture)
 
@@ -59,3 +61,52 @@ def test_a_table_of_another_model_version_is_refused_in_one_line(heapcast_layer,
     ]
     (row,) = _stats(stats)
     assert row["table"] == 0 and row["table_refused"] == 1
+
+
+def _site_table(keys: set[tuple[int, int]]) -> ClassTable:
+    """Every class never reused (the class scores keep nothing), except the (site, class) keys
+    given, whose training frees were all reused within 1 call."""
+    counts = np.zeros((32, REUSE_CLASSES))
+    counts[:, REUSE_CLASSES - 1] = 100.0
+    sites = np.zeros((SITE_VOCABULARY, 32, REUSE_CLASSES))
+    for s, c in keys:
+        sites[s, c, 0] = 100.0
+    return ClassTable(counts, MAJORITY, sites)
+
+
+def test_the_layer_finds_the_call_sites_the_dataset_names(
+    heapcast_layer,  # noqa: F811
+    program,
+    run_traced,
+    tmp_path,
+):
+    # GIVEN the program's frees traced with callers, and their call-site keys as the dataset
+    # and the training name them (module path + offset, hashed: tasks/learning/sites.py)
+    exe = program("bigblocks")
+    run = run_traced([exe, "5", "1", *BIG], HEAPCAST_CALLER="1")
+    assert run.proc.returncode == 0, run.proc.stderr
+    (trace,) = run.traces
+    events = events_from_trace(trace)
+    _, free_cls = request_and_free_classes(events)
+    site = call_sites(events)
+    at = (free_cls >= 0) & (free_cls >= 18)  # the large blocks' frees (BIG: 300 kB and up)
+    keys = {(int(s), int(c)) for s, c in zip(site[at], free_cls[at], strict=True)}
+    assert keys and all(s >= 0 for s, _ in keys)
+    kept, sited = {}, {}
+    for name, ks in (
+        ("named", keys),
+        ("elsewhere", {((s + 1) % SITE_VOCABULARY, c) for s, c in keys}),
+    ):
+        # WHEN a format 3 table whose classes keep nothing, but whose entries at those keys
+        # (or, as a control, at the next site bucket) keep, guides the layer
+        table = write_layer_table(tmp_path / f"{name}.hcltab", _site_table(ks), 7)
+        stats = tmp_path / f"stats-{name}"
+        r = _run(heapcast_layer, exe, table, 7, stats)
+        assert r.returncode == 0 and r.stderr == "" and r.stdout == run.proc.stdout
+        (row,) = _stats(stats)
+        assert row["table"] == 1
+        kept[name], sited[name] = row["kept"], row["table_sites"]
+    # THEN the layer computed the same keys from its frees' return addresses: it answered them
+    # by site and kept the blocks; at keys it never computes, it answered by class, keeping none
+    assert sited["named"] > 0 and kept["named"] > 0
+    assert sited["elsewhere"] == 0 and kept["elsewhere"] == 0

@@ -199,3 +199,53 @@ def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
     ).markdown()
     assert "Per program never trained on, the best of the model's answers" in md
     assert f"- {lines[1]}" in md
+
+
+def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
+    from tasks.learning.table import (
+        CLASS_BYTES,
+        HEADER,
+        LAYER_SOON_CLASS,
+        SITE_BYTES,
+        class_table,
+        write_layer_table,
+    )
+
+    # GIVEN training runs with callers (some calls without), and the reuse labels and sites of
+    # their frees, counted call by call in Python
+    runs = [_with_callers(_events(21, n=400), 1), _with_callers(_events(22, n=400), 2)]
+    expected: dict[tuple[int, int], np.ndarray] = {}
+    for t in runs:
+        reuse, _, _ = _reference(t)
+        site = call_sites(t)
+        for r, label, s in zip(t.to_pylist(), reuse, site, strict=True):
+            if label is not None and label >= 0 and s >= 0:
+                key = (int(s), _cls(r["freed_size"]))
+                expected.setdefault(key, np.zeros(REUSE_CLASSES))[label] += 1
+    table = class_table(runs, majority_of(runs))
+    # THEN the table holds each (site, class)'s frees by reuse class, and knows those keys only
+    assert expected and table.site_counts is not None
+    known = table.site_known()
+    assert {(int(s), int(c)) for s, c in zip(*np.nonzero(known), strict=True)} == set(expected)
+    for (s, c), counts in expected.items():
+        np.testing.assert_array_equal(table.site_counts[s, c], counts)
+    # AND answers a free at a known key by it, any other by its class (a site never seen, or none)
+    (s0, c0) = next(iter(expected))
+    unseen = next(s for s in range(4096) if not known[s, c0])
+    probs, at_site = table.answer(np.array([s0, unseen, -1]), np.array([c0, c0, c0]))
+    assert at_site.tolist() == [True, False, False]
+    want = (expected[(s0, c0)] + 0.1) / (expected[(s0, c0)].sum() + 0.1 * REUSE_CLASSES)
+    np.testing.assert_allclose(probs[0], want)
+    np.testing.assert_allclose(probs[1], table.reuse_probs()[c0])
+    np.testing.assert_allclose(probs[2], table.reuse_probs()[c0])
+    # AND the layer's file (format 3) carries the site scores and which keys are known
+    raw = write_layer_table(tmp_path / "t.hcltab", table, 4).read_bytes()
+    assert HEADER.unpack_from(raw)[1] == 3
+    body = raw[HEADER.size :]
+    scores = np.frombuffer(body[CLASS_BYTES : CLASS_BYTES + SITE_BYTES], np.uint8).reshape(4096, 32)
+    bits = np.unpackbits(
+        np.frombuffer(body[CLASS_BYTES + SITE_BYTES :], np.uint8), bitorder="little"
+    )
+    np.testing.assert_array_equal(bits.reshape(4096, 32).astype(bool), known)
+    assert scores[s0, c0] == round(255 * want[: LAYER_SOON_CLASS + 1].sum())
+    assert not scores[~known].any()

@@ -1,0 +1,44 @@
+"""The call site of an events row, as the predictors and the layer's table key it.
+
+The call site is caller_module + caller_offset (the module's path and the caller's address in
+it, which survive ASLR: native/FORMAT.md, Modules), hashed to SITE_VOCABULARY buckets:
+crc32(path) << 32 xor offset, times 0x9E3779B97F4A7C15, xor its own bits shifted right by 29,
+modulo SITE_VOCABULARY. The allocator layer computes the same hash from the return address of
+the free it is asked about (native/layers/layer.c, hl_site_of; native/TABLE.md), so that a table
+keyed here answers there; tests/native/test_layer_table.py holds the two together.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SITE_VOCABULARY = 4096
+
+
+def call_sites(table: pa.Table, vocabulary: int = SITE_VOCABULARY) -> np.ndarray:
+    """int64 [n]: each row's call site (caller_module + caller_offset) hashed to 0..vocabulary-1;
+    -1 where the row has none (a trace without callers, an address in no module)."""
+    n = table.num_rows
+    if "caller_module" not in table.column_names or "caller_offset" not in table.column_names:
+        return np.full(n, -1, np.int64)
+    module = table.column("caller_module").combine_chunks()
+    if pa.types.is_dictionary(module.type):
+        module = module.cast(pa.string())
+    # the modules once each (Arrow's hash table, not Python strings per row), crc32 per module
+    coded = pc.dictionary_encode(module.fill_null(""))
+    names = coded.dictionary.to_pylist()
+    ids = coded.indices.to_numpy(zero_copy_only=False)
+    name_hash = np.array([zlib.crc32(m.encode()) for m in names], np.uint64)
+    offset = table.column("caller_offset")
+    valid = np.asarray(pc.is_valid(offset).to_numpy(zero_copy_only=False), bool)
+    valid &= np.asarray(pc.is_valid(module).to_numpy(zero_copy_only=False), bool)
+    off = offset.fill_null(0).to_numpy().astype(np.uint64)
+    with np.errstate(over="ignore"):
+        h = (name_hash[ids] << np.uint64(32)) ^ off
+        h = h * np.uint64(0x9E3779B97F4A7C15)
+        h ^= h >> np.uint64(29)
+    return np.where(valid, (h % np.uint64(vocabulary)).astype(np.int64), -1)
