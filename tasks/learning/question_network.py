@@ -311,12 +311,21 @@ def network_answers(
 ) -> tuple[dict[str, ReuseAnswers], dict[str, np.ndarray]]:
     """A logged network's answers on an events table (LABEL_COLUMNS, callers where traced):
     (the counters' answers it reads, {question: its answer at every row, TABLE row order})."""
+    answers, _, said = answered_inputs(table, model)
+    return answers, said
+
+
+def answered_inputs(
+    table: pa.Table, model: keras.Model
+) -> tuple[dict[str, ReuseAnswers], QuestionInputs, dict[str, np.ndarray]]:
+    """network_answers, and the inputs the network read (what `distilled_table` needs)."""
     flat = {q: np.full(k, 1.0 / k) for q, k in QUESTION_CLASSES.items()}
     answers = {  # the majority is not an input (only the class and site counters are)
         "reuse": reuse_answers(table, flat["reuse"]),
         **lifetime_answers(table, {q: flat[q] for q in ("lifetime_calls", "lifetime_time")}),
     }
-    return answers, QuestionNetwork(model, 0, 0, 0.0).answer(question_inputs(table, answers))
+    inputs = question_inputs(table, answers)
+    return answers, inputs, QuestionNetwork(model, 0, 0, 0.0).answer(inputs)
 
 
 def soon_probability(table: pa.Table, model: keras.Model) -> np.ndarray:
