@@ -30,7 +30,7 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.labels import request_and_free_classes  # noqa: E402
+from tasks.learning.labels import NO_LABEL, allocator_labels, request_and_free_classes  # noqa: E402
 from tasks.learning.reuse import majority_of, read_events  # noqa: E402
 from tasks.learning.sequences import head_rows  # noqa: E402
 from tasks.learning.sites import call_sites  # noqa: E402
@@ -51,6 +51,12 @@ TABLES = (
 
 def _keep(probs: np.ndarray) -> np.ndarray:
     return keep_soon(probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1))
+
+
+def _right(keep: np.ndarray, soon: np.ndarray, where: np.ndarray) -> float | None:
+    """The share of the frees at `where` (labelled ones) whose keep decision the truth bears out
+    (soon: 1 reused within 4096 calls, 0 not)."""
+    return float((keep[where] == (soon[where] == 1)).mean()) if where.any() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,10 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.learning.question_network import network_answers
 
     for table, field in TABLES:
-        net_keep, t_keep, c_keep, at_site, covered = [], [], [], [], []
+        net_keep, t_keep, c_keep, at_site, covered, soon, o_keep = [], [], [], [], [], [], []
         for w, r in sorted(set(getattr(model, field))):
             t = events(w, r)
-            reuse = network_answers(t, network)[1]["reuse"]
+            counters, said = network_answers(t, network)
+            reuse = said["reuse"]
+            # the per-process class counter (the online counter of the reuse question), at the
+            # labelled frees it answers
+            ra = counters["reuse"]
+            online = np.zeros(t.num_rows, bool)
+            online[ra.rows] = _keep(ra.probs["class_online"])
             _, free = request_and_free_classes(t)
             at = free >= 0
             cls, site = free[at], call_sites(t)[at]
@@ -124,12 +136,18 @@ def main(argv: list[str] | None = None) -> int:
             t_keep.append(_keep(probs))
             at_site.append(s)
             c_keep.append(_keep(by_class.answer(site, cls)[0]))
+            o_keep.append(online[at])
             covered.append(sited.covered()[cls])
+            label = allocator_labels(t).reuse[at]  # the truth, where the free has a label
+            soon.append(np.where(label == NO_LABEL, -1, label <= LAYER_SOON_CLASS))
         if not net_keep:
             continue
-        k, tk, ck, s, cov = (
-            np.concatenate(x) for x in (net_keep, t_keep, c_keep, at_site, covered)
+        k, tk, ck, s, cov, y, ok = (
+            np.concatenate(x) for x in (net_keep, t_keep, c_keep, at_site, covered, soon, o_keep)
         )
+        lab = y >= 0
+        hybrid = np.where(s, tk, ok)  # the table where it knows the site, the counter elsewhere
+
         row = {
             "table": table,
             "frees": int(len(k)),
@@ -139,6 +157,21 @@ def main(argv: list[str] | None = None) -> int:
             "agreement_by_site_then_class": float((tk == k)[cov].mean()),
             "agreement_at_sites": float((tk == k)[s].mean()) if s.any() else None,
             "agreement_by_class_alone": float((ck == k)[cov].mean()),
+            # the frees answered by class (a site training never saw): the network's keeps there
+            "network_keeps_at_unknown_sites": float(k[~s].mean()) if (~s).any() else None,
+            "truly_soon_at_sites": float((y[s & lab] == 1).mean()) if (s & lab).any() else None,
+            "truly_soon_at_unknown_sites": float((y[~s & lab] == 1).mean())
+            if (~s & lab).any()
+            else None,
+            # the keep decision against the truth (reused within 4096 calls), labelled frees
+            "right_network": _right(k, y, lab),
+            "right_table": _right(tk, y, lab),
+            "right_class_alone": _right(ck, y, lab),
+            "right_network_at_unknown_sites": _right(k, y, lab & ~s),
+            "right_table_at_unknown_sites": _right(tk, y, lab & ~s),
+            "right_class_online": _right(ok, y, lab),
+            "right_sites_then_class_online": _right(hybrid, y, lab),
+            "agreement_sites_then_class_online": float((hybrid == k)[lab].mean()),
         }
         out["tables"].append(row)
         print(

@@ -948,14 +948,18 @@ static int hl_predict_reuse(size_t req, int site, int *by_site) {
     unsigned cls = hcp_class(req);
     struct hcp_counter *c = hl_learn_free(req);
     if (c == NULL) return 0;
-    if (hl_use_table) {
-        unsigned score = hl_table[HCP_FREE + cls][cls];
+    if (hl_use_sites) {
+        /* format 3: the (site, class) entry where training saw that key; elsewhere the thread's
+         * own past, not the class's average over other programs: at sites training never saw,
+         * the full night's network kept 7% of frees and 40% came back soon, where the class
+         * said keep (benchmarks/results/table_sites.json) */
         unsigned bit = (unsigned)site * HL_CLASSES + cls;
         if (site >= 0 && cls < HL_CLASSES && (hl_site_known[bit >> 3] >> (bit & 7) & 1u)) {
-            score = hl_site_score[site][cls];
             *by_site = 1;
+            return (unsigned)hl_site_score[site][cls] * (unsigned)hl_set.topk >= 255u;
         }
-        return score * (unsigned)hl_set.topk >= 255u;
+    } else if (hl_use_table) { /* format 2, or no site known: the class's score */
+        return (unsigned)hl_table[HCP_FREE + cls][cls] * (unsigned)hl_set.topk >= 255u;
     }
     return hcp_soon(c, cls, (unsigned)hl_set.topk, (unsigned)hl_set.horizon);
 }

@@ -162,7 +162,7 @@ def reuse_answers(
     covered = at_site = None
     if known is not None:
         cls = free_cls[rows]
-        probs["table"], at_site = known.answer(site[rows], cls, eps)
+        probs["table"], at_site = known.answer(site[rows], cls, eps, probs["class_online"])
         covered = known.covered()[cls]
     return ReuseAnswers(
         rows, labels[rows], probs, int((site[rows] < 0).sum()), covered, table_at_site=at_site

@@ -11,10 +11,15 @@ file: the keep score P(reuse class <= LAYER_SOON_CLASS | a free of class c) in t
 layer reads.
 
 Its keys (format 3): the free's call site and size class where the training frees had that site
-(tasks/learning/sites.py: the hash the layer computes from the free's return address), else the
-size class alone (the free's token, the layer's one-token context at a free). A site answers only
-where training saw it: on a program never trained on, most frees fall back to their class
-(`TableAgreement.site_coverage` says how many did not).
+(tasks/learning/sites.py: the hash the layer computes from the free's return address). A site
+answers only where training saw it; elsewhere the layer asks its online counter (the thread's
+own past), and the evaluation the per-process class counter in its place (`class_online`: the
+reuse question's online counter). On the full night's champion, at sites training never saw, the
+network keeps 7% of frees and 40% are reused soon, where the class alone says keep: the counter
+there is right on 94.5% of the unseen runs' frees, the class on 92.2%
+(benchmarks/results/table_sites.json). A table without site keys (format 2, a trace without
+callers) answers by the size class alone (the free's token, the layer's one-token context).
+`TableAgreement.site_coverage` says how many frees a site answered.
 """
 
 from __future__ import annotations
@@ -79,12 +84,22 @@ class ClassTable:
             return np.zeros((SITE_VOCABULARY, N_SIZE_CLASSES), bool)
         return self.site_counts.sum(axis=2) > 0
 
-    def answer(self, site: np.ndarray, cls: np.ndarray, eps: float = 0.1):
+    def answer(
+        self,
+        site: np.ndarray,
+        cls: np.ndarray,
+        eps: float = 0.1,
+        counter: np.ndarray | None = None,
+    ):
         """At frees of size class `cls` (>= 0) from call site `site` (-1: none): the reuse
-        classes as the layer's table answers them, by site and class where that key is known,
-        else by class; and bool [n] where the site answered."""
+        classes as the layer's table answers them, by site and class where that key is known;
+        elsewhere, in a table with site keys, the online counter's answer (`counter`, float
+        [n, REUSE_CLASSES]: the layer asks its own there), else by class. Also bool [n]: where
+        the site answered."""
         probs = self.reuse_probs(eps)[cls]
         at_site = np.zeros(len(cls), bool)
+        if self.site_counts is not None and counter is not None:
+            probs = np.array(counter, dtype=np.float64)
         if self.site_counts is not None:
             has = site >= 0
             at_site[has] = self.site_known()[site[has], cls[has]]

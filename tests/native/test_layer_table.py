@@ -63,14 +63,14 @@ def test_a_table_of_another_model_version_is_refused_in_one_line(heapcast_layer,
     assert row["table"] == 0 and row["table_refused"] == 1
 
 
-def _site_table(keys: set[tuple[int, int]]) -> ClassTable:
-    """Every class never reused (the class scores keep nothing), except the (site, class) keys
-    given, whose training frees were all reused within 1 call."""
+def _site_table(keys: set[tuple[int, int]], classes_soon: bool) -> ClassTable:
+    """The (site, class) keys given never reused (their entries keep nothing); every class
+    reused within 1 call (classes_soon: the class scores keep all) or never."""
     counts = np.zeros((32, REUSE_CLASSES))
-    counts[:, REUSE_CLASSES - 1] = 100.0
+    counts[:, 0 if classes_soon else REUSE_CLASSES - 1] = 100.0
     sites = np.zeros((SITE_VOCABULARY, 32, REUSE_CLASSES))
     for s, c in keys:
-        sites[s, c, 0] = 100.0
+        sites[s, c, REUSE_CLASSES - 1] = 100.0
     return ClassTable(counts, MAJORITY, sites)
 
 
@@ -89,24 +89,25 @@ def test_the_layer_finds_the_call_sites_the_dataset_names(
     events = events_from_trace(trace)
     _, free_cls = request_and_free_classes(events)
     site = call_sites(events)
-    at = (free_cls >= 0) & (free_cls >= 18)  # the large blocks' frees (BIG: 300 kB and up)
+    at = free_cls >= 18  # the large blocks' frees (BIG: 300 kB and up)
     keys = {(int(s), int(c)) for s, c in zip(site[at], free_cls[at], strict=True)}
     assert keys and all(s >= 0 for s, _ in keys)
+    elsewhere = {((s + 1) % SITE_VOCABULARY, c) for s, c in keys} - keys
     kept, sited = {}, {}
-    for name, ks in (
-        ("named", keys),
-        ("elsewhere", {((s + 1) % SITE_VOCABULARY, c) for s, c in keys}),
-    ):
-        # WHEN a format 3 table whose classes keep nothing, but whose entries at those keys
-        # (or, as a control, at the next site bucket) keep, guides the layer
-        table = write_layer_table(tmp_path / f"{name}.hcltab", _site_table(ks), 7)
+    for name, ks, soon in (("named", keys, True), ("elsewhere", elsewhere, False)):
+        # WHEN a format 3 table whose entries at those keys say "never reused", while every
+        # class says "soon", guides the layer; and, as a control, one whose entries sit at the
+        # next site bucket, every class saying "never"
+        table = write_layer_table(tmp_path / f"{name}.hcltab", _site_table(ks, soon), 7)
         stats = tmp_path / f"stats-{name}"
         r = _run(heapcast_layer, exe, table, 7, stats)
         assert r.returncode == 0 and r.stderr == "" and r.stdout == run.proc.stdout
         (row,) = _stats(stats)
         assert row["table"] == 1
         kept[name], sited[name] = row["kept"], row["table_sites"]
-    # THEN the layer computed the same keys from its frees' return addresses: it answered them
-    # by site and kept the blocks; at keys it never computes, it answered by class, keeping none
-    assert sited["named"] > 0 and kept["named"] > 0
-    assert sited["elsewhere"] == 0 and kept["elsewhere"] == 0
+    # THEN the layer computed the same keys from its frees' return addresses: it answered every
+    # large free by its site's entry and kept nothing
+    assert sited["named"] > 0 and kept["named"] == 0
+    # AND at keys it never computes, no entry answered: it asked its online counter there,
+    # which keeps blocks this program reuses (the classes' "never" is not asked)
+    assert sited["elsewhere"] == 0 and kept["elsewhere"] > 0

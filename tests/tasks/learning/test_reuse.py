@@ -207,6 +207,7 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
         HEADER,
         LAYER_SOON_CLASS,
         SITE_BYTES,
+        ClassTable,
         class_table,
         write_layer_table,
     )
@@ -229,15 +230,23 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
     assert {(int(s), int(c)) for s, c in zip(*np.nonzero(known), strict=True)} == set(expected)
     for (s, c), counts in expected.items():
         np.testing.assert_array_equal(table.site_counts[s, c], counts)
-    # AND answers a free at a known key by it, any other by its class (a site never seen, or none)
+    # AND answers a free at a known key by it, any other (a site never seen, or none) as the
+    # online counter does there, as the layer asks its own
     (s0, c0) = next(iter(expected))
     unseen = next(s for s in range(4096) if not known[s, c0])
-    probs, at_site = table.answer(np.array([s0, unseen, -1]), np.array([c0, c0, c0]))
+    counter = np.array([[0.1, 0.1, 0.1, 0.1, 0.6], [0.6, 0.1, 0.1, 0.1, 0.1], [0.2] * 5])
+    probs, at_site = table.answer(np.array([s0, unseen, -1]), np.array([c0, c0, c0]), 0.1, counter)
     assert at_site.tolist() == [True, False, False]
     want = (expected[(s0, c0)] + 0.1) / (expected[(s0, c0)].sum() + 0.1 * REUSE_CLASSES)
     np.testing.assert_allclose(probs[0], want)
-    np.testing.assert_allclose(probs[1], table.reuse_probs()[c0])
-    np.testing.assert_allclose(probs[2], table.reuse_probs()[c0])
+    np.testing.assert_allclose(probs[1:], counter[1:])
+    # AND without a counter's answers, or in a table without site keys, by the class
+    probs, _ = table.answer(np.array([unseen]), np.array([c0]))
+    np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
+    no_sites = ClassTable(table.reuse_counts, table.majority)
+    probs, at_site = no_sites.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
+    assert not at_site.any()
+    np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
     # AND the layer's file (format 3) carries the site scores and which keys are known
     raw = write_layer_table(tmp_path / "t.hcltab", table, 4).read_bytes()
     assert HEADER.unpack_from(raw)[1] == 3
