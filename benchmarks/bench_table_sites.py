@@ -1,15 +1,18 @@
 """The layer's table with call-site keys (format 3), distilled from a registered version's
-questions' network: how much of each evaluation table it answers by call site, and how often it
-keeps a freed block where the network does, against the table keyed by size class alone.
+questions' network: how much of each evaluation table it answers by call site, how often it
+keeps a freed block where the network does, and how often each keep decision is right.
 
 The issue's goal: the table agrees with the network on >= 95% of the evaluation positions it
 covers, and covers >= 90% of them. A (site, class) key answers only where a training free had
-it; the rest of the frees answer by their class (TABLE.md). This script distills both tables the
+it; at the other frees the layer asks its online counter (TABLE.md), for which the evaluation's
+per-process class counter (`class_online`) stands in here. This script distills the table the
 way training does (question_network.distilled_table over the version's training runs, the
-network's answers there), from the version's logged network, and scores them on the three
-evaluation tables' frees at the layer's horizon (reuse within 4096 calls: table.LAYER_SOON_CLASS).
-It also writes the format 3 file for the version (`--table-out`), for real runs under the layer
-(`heapcast layer --predictor table:FILE`, or the allocators stage).
+network's answers there), from the version's logged network, and scores it on the three
+evaluation tables' frees at the layer's horizon (reuse within 4096 calls: table.LAYER_SOON_CLASS):
+agreement with the network (where a site answered, and overall), against a table keyed by size
+class alone and the counter alone; and each keep decision (network, table, class, counter)
+against the truth. It also writes the format 3 file for the version (`--table-out`), for real
+runs under the layer (`heapcast layer --predictor table:FILE`, or the allocators stage).
 
     .venv/bin/python benchmarks/bench_table_sites.py --root data [--model champion]
 
@@ -30,7 +33,7 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.labels import NO_LABEL, allocator_labels, request_and_free_classes  # noqa: E402
+from tasks.learning.labels import request_and_free_classes  # noqa: E402
 from tasks.learning.reuse import majority_of, read_events  # noqa: E402
 from tasks.learning.sequences import head_rows  # noqa: E402
 from tasks.learning.sites import call_sites  # noqa: E402
@@ -53,10 +56,43 @@ def _keep(probs: np.ndarray) -> np.ndarray:
     return keep_soon(probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1))
 
 
+NAMES = ("network", "table", "class", "class_online")  # the keep decisions scored
+LARGE_CLASS = 18  # size classes of blocks of 128 KiB and more (bit length 18)
+
+
 def _right(keep: np.ndarray, soon: np.ndarray, where: np.ndarray) -> float | None:
-    """The share of the frees at `where` (labelled ones) whose keep decision the truth bears out
-    (soon: 1 reused within 4096 calls, 0 not)."""
-    return float((keep[where] == (soon[where] == 1)).mean()) if where.any() else None
+    """The share of the frees at `where` whose keep decision the truth bears out (soon: reused
+    within 4096 calls)."""
+    return float((keep[where] == soon[where]).mean()) if where.any() else None
+
+
+def _scores(c: dict[str, np.ndarray], where: np.ndarray) -> dict:
+    """At the frees `where`: the table's site coverage, its and the others' agreement with the
+    network, and each keep decision against the truth (reused within 4096 calls)."""
+    k, s, y = c["network"][where], c["at_site"][where], c["soon"][where]
+    if not len(k):
+        return {"frees": 0}
+    every = np.ones(len(k), bool)
+
+    def share(x: np.ndarray) -> float | None:
+        return float(x.mean()) if len(x) else None
+
+    return {
+        "frees": int(len(k)),
+        "network_keeps": float(k.mean()),
+        # the table answers by call site where training saw (site, class), else the counter
+        "site_coverage": float(s.mean()),
+        "agreement": float((c["table"][where] == k).mean()),
+        "agreement_at_sites": share((c["table"][where] == k)[s]),
+        "agreement_by_class_alone": float((c["class"][where] == k).mean()),
+        "agreement_class_online": float((c["class_online"][where] == k).mean()),
+        # at sites training never saw: how often the network keeps, and the truth
+        "network_keeps_at_unknown_sites": share(k[~s]),
+        "truly_soon_at_sites": share(y[s]),
+        "truly_soon_at_unknown_sites": share(y[~s]),
+        **{f"right_{n}": _right(c[n][where], y, every) for n in NAMES},
+        **{f"right_{n}_at_unknown_sites": _right(c[n][where], y, ~s) for n in NAMES},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,68 +154,45 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.learning.question_network import network_answers
 
     for table, field in TABLES:
-        net_keep, t_keep, c_keep, at_site, covered, soon, o_keep = [], [], [], [], [], [], []
+        cols: dict[str, list[np.ndarray]] = {}
         for w, r in sorted(set(getattr(model, field))):
             t = events(w, r)
             counters, said = network_answers(t, network)
-            reuse = said["reuse"]
-            # the per-process class counter (the online counter of the reuse question), at the
-            # labelled frees it answers
+            # the labelled frees (a free of known size), where the counters answer too
             ra = counters["reuse"]
-            online = np.zeros(t.num_rows, bool)
-            online[ra.rows] = _keep(ra.probs["class_online"])
             _, free = request_and_free_classes(t)
-            at = free >= 0
-            cls, site = free[at], call_sites(t)[at]
-            net_keep.append(_keep(reuse[at]))
-            probs, s = sited.answer(site, cls)
-            t_keep.append(_keep(probs))
-            at_site.append(s)
-            c_keep.append(_keep(by_class.answer(site, cls)[0]))
-            o_keep.append(online[at])
-            covered.append(sited.covered()[cls])
-            label = allocator_labels(t).reuse[at]  # the truth, where the free has a label
-            soon.append(np.where(label == NO_LABEL, -1, label <= LAYER_SOON_CLASS))
-        if not net_keep:
+            rows = ra.rows[free[ra.rows] >= 0]
+            at = np.isin(ra.rows, rows)
+            cls, site = free[rows], call_sites(t)[rows]
+            online = ra.probs["class_online"][at]
+            table_probs, by_site = sited.answer(site, cls, counter=online)
+            for key, v in (
+                ("network", _keep(said["reuse"][rows])),
+                ("table", _keep(table_probs)),
+                ("class", _keep(by_class.answer(site, cls)[0])),
+                ("class_online", _keep(online)),
+                ("at_site", by_site),
+                ("soon", ra.labels[at] <= LAYER_SOON_CLASS),  # the truth
+                ("cls", cls),
+            ):
+                cols.setdefault(key, []).append(v)
+        if not cols:
             continue
-        k, tk, ck, s, cov, y, ok = (
-            np.concatenate(x) for x in (net_keep, t_keep, c_keep, at_site, covered, soon, o_keep)
-        )
-        lab = y >= 0
-        hybrid = np.where(s, tk, ok)  # the table where it knows the site, the counter elsewhere
-
-        row = {
-            "table": table,
-            "frees": int(len(k)),
-            "network_keeps": float(k.mean()),
-            "coverage": float(cov.mean()),
-            "site_coverage": float(s.mean()),
-            "agreement_by_site_then_class": float((tk == k)[cov].mean()),
-            "agreement_at_sites": float((tk == k)[s].mean()) if s.any() else None,
-            "agreement_by_class_alone": float((ck == k)[cov].mean()),
-            # the frees answered by class (a site training never saw): the network's keeps there
-            "network_keeps_at_unknown_sites": float(k[~s].mean()) if (~s).any() else None,
-            "truly_soon_at_sites": float((y[s & lab] == 1).mean()) if (s & lab).any() else None,
-            "truly_soon_at_unknown_sites": float((y[~s & lab] == 1).mean())
-            if (~s & lab).any()
-            else None,
-            # the keep decision against the truth (reused within 4096 calls), labelled frees
-            "right_network": _right(k, y, lab),
-            "right_table": _right(tk, y, lab),
-            "right_class_alone": _right(ck, y, lab),
-            "right_network_at_unknown_sites": _right(k, y, lab & ~s),
-            "right_table_at_unknown_sites": _right(tk, y, lab & ~s),
-            "right_class_online": _right(ok, y, lab),
-            "right_sites_then_class_online": _right(hybrid, y, lab),
-            "agreement_sites_then_class_online": float((hybrid == k)[lab].mean()),
-        }
+        c = {key: np.concatenate(v) for key, v in cols.items()}
+        row = {"table": table, **_scores(c, np.ones(len(c["network"]), bool))}
+        # the frees the layer decides on: blocks of 128 KiB and more (its `min`)
+        row["large_blocks"] = _scores(c, c["cls"] >= LARGE_CLASS)
         out["tables"].append(row)
-        print(
-            f"{table}: {len(k):,} frees, the network keeps {row['network_keeps']:.1%}; the table "
-            f"answers {row['site_coverage']:.1%} by call site; keeps as the network does on "
-            f"{row['agreement_by_site_then_class']:.1%} (by class alone "
-            f"{row['agreement_by_class_alone']:.1%}; at sites {row['agreement_at_sites']})"
-        )
+        for name, r in ((table, row), (f"{table}, blocks >= 128 KiB", row["large_blocks"])):
+            if not r["frees"]:
+                continue
+            print(
+                f"{name}: {r['frees']:,} frees, the network keeps {r['network_keeps']:.1%}; the "
+                f"table answers {r['site_coverage']:.1%} by call site and keeps as the network "
+                f"does on {r['agreement']:.1%} (a table by class alone "
+                f"{r['agreement_by_class_alone']:.1%}); right on "
+                + ", ".join(f"{r['right_' + n]:.1%} ({n})" for n in NAMES)
+            )
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 

@@ -877,9 +877,27 @@ static inline struct hcp_counter *hl_learn_free(size_t size) {
  * makes it absolute (such a free answers by class). */
 #define HL_SITES 4096u  /* tasks/learning/sites.py SITE_VOCABULARY */
 #define HL_CLASSES 32u  /* size classes: a free's token is HCP_FREE + class */
-static uint8_t hl_site_score[HL_SITES][HL_CLASSES];
-static uint8_t hl_site_known[HL_SITES * HL_CLASSES / 8]; /* bit site * 32 + class */
-static int hl_use_sites;
+/* The table's (site, class) entries the layer can ask (classes of blocks >= min / 2), in an
+ * open-addressing set of words ((site * 32 + class + 1) << 8 | score; 0: empty), at most half
+ * full, mmap'd to its size: the file's entries for small blocks are never asked, and a dense
+ * [4096][32] array touched whole cost every process ~75 page faults and ~0.3 MB (perl: 5.8 ->
+ * 6.4 MB peak). Built once in the constructor, read-only after. */
+static uint32_t *hl_site_set;
+static uint32_t hl_site_bits; /* the set has 1 << hl_site_bits words */
+static int hl_use_sites;      /* format 3 with site entries: unknown keys ask the counter */
+
+static inline uint32_t hl_site_slot(uint32_t key) { return (key * 0x9E3779B1u) >> (32 - hl_site_bits); }
+
+/* The keep score of (site, class), or -1 if the table has none. */
+static inline int hl_site_score(int site, unsigned cls) {
+    if (hl_site_set == NULL || site < 0 || cls >= HL_CLASSES) return -1;
+    uint32_t key = (uint32_t)site * HL_CLASSES + cls + 1, mask = (1u << hl_site_bits) - 1;
+    for (uint32_t i = hl_site_slot(key);; i = (i + 1) & mask) {
+        uint32_t w = hl_site_set[i];
+        if (w == 0) return -1;
+        if (w >> 8 == key) return (int)(w & 0xFF);
+    }
+}
 static char hl_exe[4096]; /* /proc/self/exe's target, read at start */
 static size_t hl_exe_len;
 #define HL_SITE_CACHE_BITS 10
@@ -893,6 +911,18 @@ static uint32_t hl_crc32(const char *s, size_t n) { /* zlib's crc32: reflected 0
     }
     return ~c;
 }
+
+/* The key of a call from `offset` bytes past the load bias of the module at `path`. */
+static int hl_site_key(const char *path, size_t len, uintptr_t offset) {
+    uint64_t h = ((uint64_t)hl_crc32(path, len) << 32) ^ (uint64_t)offset;
+    h *= 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    return (int)(h % HL_SITES);
+}
+
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+extern int _dl_find_object(void *, struct dl_find_object *) __attribute__((weak));
+#endif
 
 struct hl_site_query {
     uintptr_t addr;
@@ -920,10 +950,7 @@ static int hl_site_module(struct dl_phdr_info *info, size_t size, void *data) {
         name = hl_exe;
         len = hl_exe_len;
     }
-    uint64_t h = ((uint64_t)hl_crc32(name, len) << 32) ^ (uint64_t)(q->addr - bias);
-    h *= 0x9E3779B97F4A7C15ull;
-    h ^= h >> 29;
-    q->site = (int)(h % HL_SITES);
+    q->site = hl_site_key(name, len, q->addr - bias);
     return 1;
 }
 
@@ -935,7 +962,25 @@ static int hl_site_of(const void *ret) {
     uint64_t w = __atomic_load_n(slot, __ATOMIC_RELAXED);
     if ((w & 1) && (w >> 16) == (uint64_t)a) return (int)((w >> 1) & 0x7FFF) - 1;
     struct hl_site_query q = {a, 1, -1};
-    dl_iterate_phdr(hl_site_module, &q);
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+    /* glibc 2.35+: the loader's own lock-free lookup (made for unwinders), reading only its
+     * tables; dl_iterate_phdr reads every module's program headers, pages a process may never
+     * have touched: perl under the table paid ~30 page faults more than under the counter */
+    if (_dl_find_object != NULL) {
+        struct dl_find_object fo;
+        if (_dl_find_object((void *)a, &fo) == 0 && fo.dlfo_link_map != NULL) {
+            const struct link_map *lm = fo.dlfo_link_map;
+            const char *name = lm->l_name ? lm->l_name : "";
+            size_t len = strlen(name);
+            if (len == 0) { /* the main program */
+                name = hl_exe;
+                len = hl_exe_len;
+            }
+            q.site = hl_site_key(name, len, a - (uintptr_t)lm->l_addr);
+        }
+    } else
+#endif
+        dl_iterate_phdr(hl_site_module, &q);
     if ((uint64_t)a >> 48 == 0) /* user addresses fit 48 bits: else asked again next time */
         __atomic_store_n(slot, (uint64_t)a << 16 | (uint64_t)(q.site + 1) << 1 | 1, __ATOMIC_RELAXED);
     return q.site;
@@ -952,13 +997,13 @@ static int hl_predict_reuse(size_t req, int site, int *by_site) {
         /* format 3: the (site, class) entry where training saw that key; elsewhere the thread's
          * own past, not the class's average over other programs: at sites training never saw,
          * the full night's network kept 7% of frees and 40% came back soon, where the class
-         * said keep (benchmarks/results/table_sites.json) */
-        unsigned bit = (unsigned)site * HL_CLASSES + cls;
-        if (site >= 0 && cls < HL_CLASSES && (hl_site_known[bit >> 3] >> (bit & 7) & 1u)) {
+         * said keep (benchmarks/results/table_sites_full.json) */
+        int score = hl_site_score(site, cls);
+        if (score >= 0) {
             *by_site = 1;
-            return (unsigned)hl_site_score[site][cls] * (unsigned)hl_set.topk >= 255u;
+            return (unsigned)score * (unsigned)hl_set.topk >= 255u;
         }
-    } else if (hl_use_table) { /* format 2, or no site known: the class's score */
+    } else if (hl_use_table) { /* format 2, or a file without site entries: the class score */
         return (unsigned)hl_table[HCP_FREE + cls][cls] * (unsigned)hl_set.topk >= 255u;
     }
     return hcp_soon(c, cls, (unsigned)hl_set.topk, (unsigned)hl_set.horizon);
@@ -1425,7 +1470,8 @@ static void hl_free_large(void *p, size_t usable, const void *caller) {
         return;
     }
     uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
-    int site = hl_use_sites ? hl_site_of(caller) : -1; /* before any lock: see Call sites */
+    /* before any lock (see Call sites); only where the table has an entry it can ask */
+    int site = hl_site_set != NULL ? hl_site_of(caller) : -1;
     int wanted = usable <= hl_set.cap && !outgrown;
     int unproven = wanted && hl_unproven(); /* passed on, remembered (hl_ghost_add) */
     /* the front: seed001/guided, a block the thread's reservation covers (madv=0 advises every
@@ -1851,57 +1897,155 @@ HL_EXPORT size_t malloc_usable_size(void *p) {
 
 #define HL_TABLE_MAGIC "HCLTAB\0\1"
 #define HL_CLASS_BYTES (HCP_TOKENS * HCP_TOKENS)
-#define HL_SITE_BYTES (HL_SITES * HL_CLASSES + HL_SITES * HL_CLASSES / 8)
+#define HL_MAX_SITE_ENTRIES (HL_SITES * HL_CLASSES)
 #define HL_FALLBACK "; the guided policy uses the online counter"
 
-static uint64_t hl_fnv1a(const unsigned char *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
+static uint64_t hl_fnv1a(uint64_t h, const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
 }
 
-/* Load the table into hl_table (and, format 3, the call-site entries); NULL, or why it is
- * refused. Format 2: the class scores alone; 3: then the sites' scores and known bits. */
+/* The payload's bytes [from, from + n) read in chunks through buf (no allocation, nothing kept
+ * but what `take` does with them); the FNV-1a of what was read goes on from *sum. Returns the
+ * bytes read. take(ctx, offset, bytes, count) gets each chunk. */
+static size_t hl_read_payload(int fd, size_t from, size_t n, uint64_t *sum, unsigned char *buf,
+                              size_t cap, void (*take)(void *, size_t, const unsigned char *, size_t),
+                              void *ctx) {
+    size_t done = 0;
+    while (done < n) {
+        size_t want = n - done < cap ? n - done : cap;
+        ssize_t got = pread(fd, buf, want, (off_t)(32 + from + done));
+        if (got <= 0) break;
+        *sum = hl_fnv1a(*sum, buf, (size_t)got);
+        if (take) take(ctx, from + done, buf, (size_t)got);
+        done += (size_t)got;
+    }
+    return done;
+}
+
+struct hl_site_load {
+    unsigned cmin;   /* the smallest class the layer can ask (blocks >= min / 2) */
+    uint32_t last;   /* the previous entry's key + 1: keys must rise */
+    int disorder;    /* a key did not rise, or is out of range */
+    size_t asked;    /* entries of classes >= cmin */
+    int insert;      /* second pass: into hl_site_set */
+    unsigned char part[4];
+    size_t have;     /* bytes of a word split across chunks */
+};
+
+static void hl_take_sites(void *ctx, size_t off, const unsigned char *p, size_t n) {
+    (void)off;
+    struct hl_site_load *l = ctx;
+    for (size_t i = 0; i < n; i++) {
+        l->part[l->have++] = p[i];
+        if (l->have < 4) continue;
+        l->have = 0;
+        uint32_t w = (uint32_t)l->part[0] | (uint32_t)l->part[1] << 8 | (uint32_t)l->part[2] << 16 |
+                     (uint32_t)l->part[3] << 24;
+        uint32_t key = w >> 8; /* site * 32 + class */
+        if (key >= HL_MAX_SITE_ENTRIES || key + 1 <= l->last) l->disorder = 1;
+        l->last = key + 1;
+        if (key % HL_CLASSES < l->cmin) continue;
+        l->asked++;
+        if (!l->insert) continue;
+        uint32_t k = key + 1, mask = (1u << hl_site_bits) - 1, i2 = hl_site_slot(k);
+        while (hl_site_set[i2] != 0) i2 = (i2 + 1) & mask;
+        hl_site_set[i2] = k << 8 | (w & 0xFF);
+    }
+}
+
+static void hl_take_classes(void *ctx, size_t off, const unsigned char *p, size_t n) {
+    (void)ctx;
+    memcpy((unsigned char *)hl_table + off, p, n);
+}
+
+/* Load the table: the class scores into hl_table and, format 3, the site entries the layer can
+ * ask into hl_site_set; NULL, or why it is refused. The file is read twice in 4 KiB chunks on
+ * the stack (the checksum, then the entries), never copied whole. */
 static const char *hl_load_table(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return "cannot be opened" HL_FALLBACK;
-    unsigned char head[32];
-    static unsigned char payload[HL_CLASS_BYTES + HL_SITE_BYTES + 1];
-    ssize_t a = read(fd, head, sizeof head);
-    ssize_t b = 0;
-    if (a == (ssize_t)sizeof head) {
-        for (ssize_t got; (size_t)b < sizeof payload; b += got) {
-            got = read(fd, payload + b, sizeof payload - (size_t)b);
-            if (got <= 0) break;
-        }
+    unsigned char head[32], buf[4096];
+    ssize_t a = pread(fd, head, sizeof head, 0);
+    const char *why = NULL;
+    uint32_t version = 0, model = 0, tokens = 0, bytes = 0;
+    uint64_t sum = 0, got = 0xcbf29ce484222325ull;
+    struct hl_site_load l = {0};
+    if (a != (ssize_t)sizeof head) {
+        why = "is shorter than its 32-byte header" HL_FALLBACK;
+        goto out;
     }
-    close(fd);
-    if (a != (ssize_t)sizeof head) return "is shorter than its 32-byte header" HL_FALLBACK;
-    if (memcmp(head, HL_TABLE_MAGIC, 8) != 0) return "is not a heapcast layer table (magic)" HL_FALLBACK;
-    uint32_t version, model, tokens, bytes;
-    uint64_t sum;
+    if (memcmp(head, HL_TABLE_MAGIC, 8) != 0) {
+        why = "is not a heapcast layer table (magic)" HL_FALLBACK;
+        goto out;
+    }
     memcpy(&version, head + 8, 4);
     memcpy(&model, head + 12, 4);
     memcpy(&tokens, head + 16, 4);
     memcpy(&bytes, head + 20, 4);
     memcpy(&sum, head + 24, 8);
-    if (version != 2u && version != 3u)
-        return "has another format version (this layer reads 2 and 3)" HL_FALLBACK;
-    uint32_t shape = version == 3u ? HL_CLASS_BYTES + HL_SITE_BYTES : HL_CLASS_BYTES;
-    if (tokens != HCP_TOKENS || bytes != shape)
-        return version == 3u ? "has another shape (64 tokens, 151552 payload bytes expected)" HL_FALLBACK
-                             : "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
-    if (b != (ssize_t)bytes) return "has a payload of the wrong length (truncated or extended)" HL_FALLBACK;
-    if (hl_fnv1a(payload, bytes) != sum) return "is corrupt (payload checksum)" HL_FALLBACK;
-    if (model == 0) return "names no model version" HL_FALLBACK;
-    if (hl_set.model && model != hl_set.model) return "comes from another model version" HL_FALLBACK;
-    memcpy(hl_table, payload, sizeof hl_table);
-    if (version == 3u) {
-        memcpy(hl_site_score, payload + HL_CLASS_BYTES, sizeof hl_site_score);
-        memcpy(hl_site_known, payload + HL_CLASS_BYTES + sizeof hl_site_score, sizeof hl_site_known);
-        for (size_t i = 0; i < sizeof hl_site_known; i++) hl_use_sites |= hl_site_known[i] != 0;
+    if (version != 2u && version != 3u) {
+        why = "has another format version (this layer reads 2 and 3)" HL_FALLBACK;
+        goto out;
     }
-    return NULL;
+    size_t sites = bytes >= HL_CLASS_BYTES ? bytes - HL_CLASS_BYTES : 0;
+    if (tokens != HCP_TOKENS || bytes < HL_CLASS_BYTES || (version == 2u && sites != 0) ||
+        sites % 4 != 0 || sites / 4 > HL_MAX_SITE_ENTRIES) {
+        why = version == 3u ? "has another shape (64 tokens, 4096 payload bytes and 4 per site entry expected)" HL_FALLBACK
+                            : "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
+        goto out;
+    }
+    size_t min = hl_set.min / 2;
+    l.cmin = hcp_class(min);
+    size_t n = hl_read_payload(fd, 0, HL_CLASS_BYTES, &got, buf, sizeof buf, NULL, NULL);
+    n += hl_read_payload(fd, HL_CLASS_BYTES, sites, &got, buf, sizeof buf, hl_take_sites, &l);
+    if (n != bytes || pread(fd, buf, 1, (off_t)(32 + bytes)) != 0) {
+        why = "has a payload of the wrong length (truncated or extended)" HL_FALLBACK;
+        goto out;
+    }
+    if (got != sum) {
+        why = "is corrupt (payload checksum)" HL_FALLBACK;
+        goto out;
+    }
+    if (l.disorder) {
+        why = "is corrupt (site entries out of order)" HL_FALLBACK;
+        goto out;
+    }
+    if (model == 0) {
+        why = "names no model version" HL_FALLBACK;
+        goto out;
+    }
+    if (hl_set.model && model != hl_set.model) {
+        why = "comes from another model version" HL_FALLBACK;
+        goto out;
+    }
+    /* accepted: the classes' scores, then the set of the entries it can ask (the file read
+     * again; a file changed between the reads makes the sum differ: refused, nothing kept) */
+    uint64_t again = 0xcbf29ce484222325ull;
+    hl_read_payload(fd, 0, HL_CLASS_BYTES, &again, buf, sizeof buf, hl_take_classes, NULL);
+    if (l.asked > 0) {
+        for (hl_site_bits = 4; (1u << hl_site_bits) < 2 * l.asked; hl_site_bits++) {
+        }
+        size_t size = (sizeof *hl_site_set) << hl_site_bits;
+        void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m != MAP_FAILED) {
+            hl_site_set = m;
+            struct hl_site_load fill = {.cmin = l.cmin, .insert = 1};
+            hl_read_payload(fd, HL_CLASS_BYTES, sites, &again, buf, sizeof buf, hl_take_sites, &fill);
+            if (again != sum || fill.asked != l.asked) {
+                munmap(m, size);
+                hl_site_set = NULL;
+                memset(hl_table, 0, sizeof hl_table);
+                why = "changed while it was read" HL_FALLBACK;
+                goto out;
+            }
+            mprotect(m, size, PROT_READ);
+        }
+    }
+    hl_use_sites = sites > 0; /* entries in the file: a key it lacks asks the counter */
+out:
+    close(fd);
+    return why;
 }
 
 /* ------------------------------------------------------------------------------------------- */

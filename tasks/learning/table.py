@@ -17,7 +17,7 @@ own past), and the evaluation the per-process class counter in its place (`class
 reuse question's online counter). On the full night's champion, at sites training never saw, the
 network keeps 7% of frees and 40% are reused soon, where the class alone says keep: the counter
 there is right on 94.5% of the unseen runs' frees, the class on 92.2%
-(benchmarks/results/table_sites.json). A table without site keys (format 2, a trace without
+(benchmarks/results/table_sites_full.json). A table without site keys (format 2, a trace without
 callers) answers by the size class alone (the free's token, the layer's one-token context).
 `TableAgreement.site_coverage` says how many frees a site answered.
 """
@@ -57,9 +57,9 @@ MAGIC = b"HCLTAB\x00\x01"
 FORMAT_VERSION = 3
 HEADER = struct.Struct("<8sIIIIQ")  # magic, version, model version, n_tokens, payload bytes, FNV
 CLASS_BYTES = N_TOKENS * N_TOKENS  # uint8 [64][64] keep scores by token (class)
-SITE_BYTES = SITE_VOCABULARY * N_SIZE_CLASSES  # uint8 [sites][32] keep scores by site and class
-KNOWN_BYTES = SITE_BYTES // 8  # bit s * 32 + c (little-endian bit order): that entry answers
-PAYLOAD_BYTES = CLASS_BYTES + SITE_BYTES + KNOWN_BYTES
+# then one little-endian uint32 per known (site, class): (site * 32 + class) << 8 | keep score,
+# keys rising (TABLE.md)
+SITE_ENTRY = np.dtype("<u4")
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,15 @@ def class_table(tables: list[pa.Table], majority: np.ndarray) -> ClassTable:
     )
 
 
+def site_entries(table: ClassTable) -> np.ndarray:
+    """The file's site entries: (site * 32 + class) << 8 | keep score per known key, keys rising."""
+    scores, known = table.site_scores()
+    keys = np.flatnonzero(known.ravel())  # site * 32 + class, rising
+    return ((keys.astype(np.uint32) << 8) | scores.ravel()[keys]).astype(SITE_ENTRY)
+
+
 def fnv1a64(data: bytes) -> int:
-    """FNV-1a 64 (the layer's checksum): sequential by nature, so compiled (148 KiB)."""
+    """FNV-1a 64 (the layer's checksum): sequential by nature, so compiled."""
     return int(_fnv1a64(np.frombuffer(data, np.uint8)))
 
 
@@ -194,15 +201,9 @@ def write_layer_table(path: Path, table: ClassTable, model_version: int) -> Path
     """The layer's file (native/TABLE.md) for `model_version`; returns `path`."""
     if not 0 < model_version < 2**32:
         raise ValueError(f"model version {model_version}: the layer's table needs 1..2^32-1")
-    site, known = table.site_scores()
-    payload = (
-        table.keep_scores().tobytes()
-        + site.tobytes()
-        + np.packbits(known.ravel(), bitorder="little").tobytes()
-    )
-    assert len(payload) == PAYLOAD_BYTES
+    payload = table.keep_scores().tobytes() + site_entries(table).tobytes()
     head = HEADER.pack(
-        MAGIC, FORMAT_VERSION, model_version, N_TOKENS, PAYLOAD_BYTES, fnv1a64(payload)
+        MAGIC, FORMAT_VERSION, model_version, N_TOKENS, len(payload), fnv1a64(payload)
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(head + payload)

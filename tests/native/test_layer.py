@@ -267,7 +267,9 @@ def write_table(path: Path, *, magic=b"HCLTAB\x00\x01", version=2, model=3, payl
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     path.write_bytes(
         magic
-        + struct.pack("<IIIIQ", version, model, 64, 4096, h if checksum is None else checksum)
+        + struct.pack(
+            "<IIIIQ", version, model, 64, len(payload), h if checksum is None else checksum
+        )
         + payload
     )
 
@@ -279,6 +281,11 @@ def write_table(path: Path, *, magic=b"HCLTAB\x00\x01", version=2, model=3, payl
         ("version", "has another format version (this layer reads 2 and 3)"),
         ("truncated", "has a payload of the wrong length (truncated or extended)"),
         ("checksum", "is corrupt (payload checksum)"),
+        ("disorder", "is corrupt (site entries out of order)"),
+        (
+            "shape",
+            "has another shape (64 tokens, 4096 payload bytes and 4 per site entry expected)",
+        ),
         ("model", "comes from another model version"),
         ("missing", "cannot be opened"),
         ("short", "is shorter than its 32-byte header"),
@@ -296,6 +303,13 @@ def test_a_table_it_cannot_trust_is_refused(heapcast_layer, program, kind, reaso
         table.write_bytes(raw[:-100])
     elif kind == "checksum":
         table.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    elif kind in ("disorder", "shape"):
+        # format 3: the class scores, then (site * 32 + class) << 8 | score words, keys rising;
+        # here falling (site 9 before site 3, class 20), or a word cut short
+        words = struct.pack("<II", (9 * 32 + 20) << 8 | 255, (3 * 32 + 20) << 8 | 255)
+        write_table(
+            table, version=3, payload=raw[32:] + (words if kind == "disorder" else words[:6])
+        )
     elif kind == "missing":
         table.unlink()
     elif kind == "short":

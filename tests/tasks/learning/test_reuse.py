@@ -206,7 +206,6 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
         CLASS_BYTES,
         HEADER,
         LAYER_SOON_CLASS,
-        SITE_BYTES,
         ClassTable,
         class_table,
         write_layer_table,
@@ -247,14 +246,13 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
     probs, at_site = no_sites.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
     assert not at_site.any()
     np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
-    # AND the layer's file (format 3) carries the site scores and which keys are known
+    # AND the layer's file (format 3) carries the known keys' scores, keys rising
     raw = write_layer_table(tmp_path / "t.hcltab", table, 4).read_bytes()
     assert HEADER.unpack_from(raw)[1] == 3
-    body = raw[HEADER.size :]
-    scores = np.frombuffer(body[CLASS_BYTES : CLASS_BYTES + SITE_BYTES], np.uint8).reshape(4096, 32)
-    bits = np.unpackbits(
-        np.frombuffer(body[CLASS_BYTES + SITE_BYTES :], np.uint8), bitorder="little"
-    )
-    np.testing.assert_array_equal(bits.reshape(4096, 32).astype(bool), known)
-    assert scores[s0, c0] == round(255 * want[: LAYER_SOON_CLASS + 1].sum())
-    assert not scores[~known].any()
+    assert HEADER.unpack_from(raw)[4] == len(raw) - HEADER.size == CLASS_BYTES + 4 * known.sum()
+    words = np.frombuffer(raw[HEADER.size + CLASS_BYTES :], "<u4")
+    keys = words >> 8
+    assert (np.diff(keys.astype(np.int64)) > 0).all()
+    np.testing.assert_array_equal(keys, np.flatnonzero(known.ravel()))
+    at = np.flatnonzero(keys == s0 * 32 + c0)[0]
+    assert words[at] & 0xFF == round(255 * want[: LAYER_SOON_CLASS + 1].sum())

@@ -66,7 +66,9 @@ def test_question_scores_and_the_layer_table_are_logged_with_the_version(tmp_pat
     # the layer's table, written for this very version, named for what it is made from
     raw = Path(client.download_artifacts(run_id, "table/heapcast.hcltab")).read_bytes()
     magic, fmt, model, tokens, size, _ = struct.unpack_from("<8sIIIIQ", raw)
-    assert (magic, fmt, tokens, size, len(raw)) == (MAGIC, 3, 64, 151552, 32 + 151552)
+    # format 3: the class scores, then one word per known (call site, class): none here, the
+    # test's runs have no callers
+    assert (magic, fmt, tokens, size, len(raw)) == (MAGIC, 3, 64, 4096, 32 + 4096)
     assert model == int(result.model_version)
     # class 20's score: P(reuse within 4096 calls), reuse classes 0..3 each smoothed by 0.1
     assert raw[32 + (32 + 20) * 64 + 20] == round(255 * (9.0 + 4 * 0.1) / (10 + 5 * 0.1))
