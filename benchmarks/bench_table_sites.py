@@ -16,7 +16,8 @@ runs under the layer (`heapcast layer --predictor table:FILE`, or the allocators
 
     .venv/bin/python benchmarks/bench_table_sites.py --root data [--model champion]
 
-Writes benchmarks/results/table_sites.json (--out).
+Writes benchmarks/results/table_sites.json (--out); the full night's figures and real runs under the
+layer: benchmarks/results/table_sites_full.json, table_sites.md.
 """
 
 from __future__ import annotations
