@@ -23,7 +23,8 @@ config; benchmarks/results/table_bound_full.json), at the layer's horizon: at be
 86.0% (unseen runs), 72.7% (unseen programs), 94.2% (held-out workloads); by call site and class
 98.9%, 98.2%, 98.2%. The network keeps 86.0%, 70.4% and 94.2% of those frees: a size-class
 table does little better than keeping every block. So no table keyed by size class alone can
-reach the 95% goal there; one keyed by call site could, once the layer knows its callers. The
+reach the 95% goal there; one keyed by call site could (the layer knows its callers since table
+format 3: bench_table_sites.py measures the table it gets, results/table_sites.md). The
 quick night's (benchmarks/results/table_bound.json) registered table agrees on 97.4%, 100% and
 98.6%, exactly the share the network keeps there: agreement without information.
 """

@@ -45,6 +45,7 @@
 #endif
 
 #include "bootstrap_pool.h"
+#include "module_range.h"
 #include "heapcast_format.h"
 
 #define HC_EXPORT __attribute__((visibility("default")))
@@ -535,14 +536,8 @@ static int hc_module_cb(struct dl_phdr_info *info, size_t size, void *data) {
         hc_mod_subs = info->dlpi_subs;
         hc_mod_counted = 1;
     }
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (unsigned i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type != PT_LOAD) continue;
-        if (ph->p_vaddr < lo) lo = ph->p_vaddr;
-        if (ph->p_vaddr + ph->p_memsz > hi) hi = ph->p_vaddr + ph->p_memsz;
-    }
-    if (hi <= lo) return 0;
+    uint64_t lo, hi;
+    if (!hc_module_range(info, &lo, &hi)) return 0;
     uint64_t bias = (uint64_t)info->dlpi_addr, start = bias + lo, end = bias + hi;
     if (!hc_mod_insert(start, end)) return 0;
 

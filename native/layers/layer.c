@@ -115,6 +115,7 @@
 #include <unistd.h>
 
 #include "../bootstrap_pool.h"
+#include "../module_range.h"
 #include "predictor.h"
 
 #define HL_EXPORT __attribute__((visibility("default")))
@@ -935,15 +936,8 @@ static int hl_site_module(struct dl_phdr_info *info, size_t size, void *data) {
     struct hl_site_query *q = data;
     int first = q->first;
     q->first = 0;
-    uintptr_t lo = UINTPTR_MAX, hi = 0;
-    for (unsigned i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type != PT_LOAD) continue;
-        if (ph->p_vaddr < lo) lo = ph->p_vaddr;
-        if (ph->p_vaddr + ph->p_memsz > hi) hi = ph->p_vaddr + ph->p_memsz;
-    }
-    uintptr_t bias = (uintptr_t)info->dlpi_addr;
-    if (hi <= lo || q->addr < bias + lo || q->addr >= bias + hi) return 0;
+    uint64_t lo, hi, bias = (uint64_t)info->dlpi_addr;
+    if (!hc_module_range(info, &lo, &hi) || q->addr < bias + lo || q->addr >= bias + hi) return 0;
     const char *name = info->dlpi_name ? info->dlpi_name : "";
     size_t len = strlen(name);
     if (len == 0 && first) {
