@@ -19,6 +19,9 @@ import argparse
 import os
 import sys
 
+# what each library is built from (no Prefect: read at once)
+from tasks.core.native_sources import LAYER_SOURCES, TRACER_SOURCES
+
 EPILOG = """\
 examples:
   heapcast trace -o traces -- sqlite3 :memory: 'select 1'
@@ -100,11 +103,6 @@ examples:
       count blocks freed within 8 calls as temporaries
 """
 
-# The tracer is built from these files (as tasks.format.build.SOURCES; that module imports
-# Prefect, so it is imported only when the library is missing or older than a source).
-_TRACER_SOURCES = ("heapcast.c", "heapcast_format.h", "bootstrap_pool.h", "Makefile")
-# The allocator layer's sources (native/Makefile's `layer` target).
-_LAYER_SOURCES = ("layers/layer.c", "layers/predictor.h", "bootstrap_pool.h", "Makefile")
 _LAYER_POLICIES = ("seed002", "seed001", "guided", "off")
 
 
@@ -125,7 +123,7 @@ def _tracer_library() -> str | None:
     lib = native / "build" / "libheapcast.so"
     try:
         built = lib.stat().st_mtime_ns
-        if all((native / s).stat().st_mtime_ns <= built for s in _TRACER_SOURCES):
+        if all((native / s).stat().st_mtime_ns <= built for s in TRACER_SOURCES):
             return str(lib)
     except FileNotFoundError:
         pass
@@ -195,7 +193,7 @@ def _layer_library() -> str | None:
     lib = native / "build" / "libheapcast_layer.so"
     try:
         built = lib.stat().st_mtime_ns
-        if all((native / s).stat().st_mtime_ns <= built for s in _LAYER_SOURCES):
+        if all((native / s).stat().st_mtime_ns <= built for s in LAYER_SOURCES):
             return str(lib)
     except FileNotFoundError:
         pass

@@ -56,9 +56,8 @@
  * heap): untracked, their frees go straight to glibc (hl_track, hl_free_large).
  *
  * Threads (locks are taken only for blocks >= `min`, whose real cost is an mmap or munmap;
- * syscalls (madvise) and the real allocator are called outside them; each spins a little
- * before it waits: glibc's adaptive mutex for the shared cache (sleeps), a test-and-set word
- * for a shard (yields its core)):
+ * syscalls (madvise) and the real allocator are called outside them; each, the shared cache's
+ * and a shard's, is a test-and-set word that spins a little and then yields its core):
  *  - seed002: one lock over the kept blocks and the live set, as its rule (the n largest in the
  *    process) needs the whole cache at every free. 8 threads freeing and taking 256 KiB blocks
  *    on 2 cores pay ~90-250 ns a pair there (glibc ~25-35: its dynamic mmap threshold keeps
@@ -365,7 +364,6 @@ static void hl_resolve(void) {
 /* ------------------------------------------------------------------------------------------- */
 /* State (under hl_lock)                                                                          */
 
-static pthread_mutex_t hl_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
 static size_t hl_active_min = SIZE_MAX; /* `min` once started and caching; SIZE_MAX: pass */
 static size_t hl_page = 4096;
 
@@ -476,27 +474,17 @@ static inline int hl_single_threaded(void) {
            __atomic_load_n(&__libc_single_threaded, __ATOMIC_RELAXED);
 }
 
-/* hl_lock, skipped likewise while the process has one thread (seed002 takes it at every large
- * call: a kept pair, main alone, 34.5 -> 26.4 ns). A pthread mutex's word is not ours to read, so
- * whether this hold skipped it is remembered instead: in a plain variable, written only while
- * one thread exists and read as 0 by every thread after it started another. */
-static int hl_lock_skipped;
-
-static inline void hl_lock_take(void) {
-    if (hl_single_threaded()) {
-        hl_lock_skipped = 1;
-        return;
-    }
-    pthread_mutex_lock(&hl_lock);
-}
-
-static inline void hl_lock_give(void) {
-    if (hl_lock_skipped) {
-        hl_lock_skipped = 0;
-        return;
-    }
-    pthread_mutex_unlock(&hl_lock);
-}
+/* hl_lock, the shared cache's (and seed002's live set's): a lock of the same kind, skipped
+ * likewise while the process has one thread (seed002 takes it at every large call: a kept
+ * pair, main alone, 34.5 -> 26.4 ns). It was glibc's adaptive mutex, whose lock and unlock are
+ * each a read-modify-write: seed002's kept pairs, 43.5 -> 32.1 ns with 1 thread
+ * (benchmarks/results/layer_unlock.md). Its holds are longer than a shard's (the decay and
+ * make-room scans of up to HL_MAX_KEPT blocks), which the waiters' yield covers. */
+static struct hl_spin hl_lock;
+static inline void hl_spin_lock(struct hl_spin *l);
+static inline void hl_spin_unlock(struct hl_spin *l);
+static inline void hl_lock_take(void) { hl_spin_lock(&hl_lock); }
+static inline void hl_lock_give(void) { hl_spin_unlock(&hl_lock); }
 
 static inline void hl_spin_lock(struct hl_spin *l) {
     if (hl_single_threaded()) return;

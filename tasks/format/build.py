@@ -8,10 +8,11 @@ from pathlib import Path
 
 from prefect import task
 
+from tasks.core.native_sources import TRACER_SOURCES
+
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 LIB_RELPATH = Path("build") / "libheapcast.so"
-# What the library is built from; the Makefile lists the same files as its prerequisites.
-SOURCES = ("heapcast.c", "heapcast_format.h", "bootstrap_pool.h", "Makefile")
+SOURCES = TRACER_SOURCES  # what the library is built from
 
 
 class TracerBuildError(RuntimeError):

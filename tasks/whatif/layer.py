@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.core.native_sources import LAYER_SOURCES
 from tasks.replay.inputs import prepare_input_dir
 from tasks.replay.runners.base import SANDBOX_TRACE, EngineError, Runner, RunRequest
 from tasks.replay.runners.preload import (
@@ -54,7 +55,7 @@ from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 LAYER_RELPATH = Path("build") / "libheapcast_layer.so"
-SOURCES = ("layers/layer.c", "layers/predictor.h", "bootstrap_pool.h", "Makefile")
+SOURCES = LAYER_SOURCES
 MAKE_TARGET = "layer"
 # the layer's counters compared with the simulator's (native/layers/layer.c, hl_fini)
 STAT_KEYS = (
