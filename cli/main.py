@@ -20,7 +20,7 @@ import os
 import sys
 
 # what each library is built from (no Prefect: read at once)
-from tasks.core.native_sources import LAYER_SOURCES, TRACER_SOURCES
+from tasks.format.native_sources import LAYER_SOURCES, TRACER_SOURCES
 
 EPILOG = """\
 examples:

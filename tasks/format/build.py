@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.core.native_sources import TRACER_SOURCES
+from tasks.format.native_sources import TRACER_SOURCES
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 LIB_RELPATH = Path("build") / "libheapcast.so"

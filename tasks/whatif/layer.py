@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.native_sources import LAYER_SOURCES
+from tasks.format.native_sources import LAYER_SOURCES
 from tasks.replay.inputs import prepare_input_dir
 from tasks.replay.runners.base import SANDBOX_TRACE, EngineError, Runner, RunRequest
 from tasks.replay.runners.preload import (
