@@ -462,29 +462,17 @@ static __attribute__((noinline)) void hl_spin_wait(struct hl_spin *l) {
 /* A process that has never started a thread takes no shard lock: glibc says so in
  * __libc_single_threaded (2.32+; weak, so that an older glibc just takes the locks), false from
  * the first pthread_create on, and its own malloc skips its arena locks on the same word. Each
- * lock and unlock is an atomic read-modify-write, ~4.7 ns here: a kept block's pair took four
- * (256 KiB, main alone: seed001 39.1 -> 26.5 ns, glibc 11.6). A lock not taken leaves its word 0, and the unlock
- * gives back only a word that is not (a lock taken before a fork is given back in the child,
- * whatever the word says then). A program that makes threads with a bare clone() breaks glibc's
- * own malloc in the same way. */
+ * lock was an atomic read-modify-write, ~4.7 ns here: a kept block's pair took four (256 KiB,
+ * main alone: seed001 39.1 -> 26.5 ns, glibc 11.6). A lock not taken leaves its word 0, which
+ * the unlock's store leaves as it is (a lock taken before a fork is given back in the child
+ * likewise). A program that makes threads with a bare clone() breaks glibc's own malloc in the
+ * same way. */
 extern char __libc_single_threaded __attribute__((weak));
 
 static inline int hl_single_threaded(void) {
     return &__libc_single_threaded != NULL &&
            __atomic_load_n(&__libc_single_threaded, __ATOMIC_RELAXED);
 }
-
-/* hl_lock, the shared cache's (and seed002's live set's): a lock of the same kind, skipped
- * likewise while the process has one thread (seed002 takes it at every large call: a kept
- * pair, main alone, 34.5 -> 26.4 ns). It was glibc's adaptive mutex, whose lock and unlock are
- * each a read-modify-write: seed002's kept pairs, 43.5 -> 32.1 ns with 1 thread
- * (benchmarks/results/layer_unlock.md). Its holds are longer than a shard's (the decay and
- * make-room scans of up to HL_MAX_KEPT blocks), which the waiters' yield covers. */
-static struct hl_spin hl_lock;
-static inline void hl_spin_lock(struct hl_spin *l);
-static inline void hl_spin_unlock(struct hl_spin *l);
-static inline void hl_lock_take(void) { hl_spin_lock(&hl_lock); }
-static inline void hl_lock_give(void) { hl_spin_unlock(&hl_lock); }
 
 static inline void hl_spin_lock(struct hl_spin *l) {
     if (hl_single_threaded()) return;
@@ -494,6 +482,16 @@ static inline void hl_spin_lock(struct hl_spin *l) {
 /* A lock not taken (one thread) is 0 already, and storing 0 again is harmless: no other thread
  * exists to hold it. */
 static inline void hl_spin_unlock(struct hl_spin *l) { __atomic_store_n(&l->w, 0, __ATOMIC_RELEASE); }
+
+/* hl_lock, the shared cache's (and seed002's live set's): a lock of the same kind, skipped
+ * likewise while the process has one thread (seed002 takes it at every large call: a kept
+ * pair, main alone, 34.5 -> 26.4 ns). It was glibc's adaptive mutex, whose lock and unlock are
+ * each a read-modify-write: seed002's kept pairs, 45.2 -> 33.1 ns with 1 thread
+ * (benchmarks/results/layer_unlock.md). Its holds are longer than a shard's (the decay and
+ * make-room scans of up to HL_MAX_KEPT blocks), which the waiters' yield covers. */
+static struct hl_spin hl_lock;
+static inline void hl_lock_take(void) { hl_spin_lock(&hl_lock); }
+static inline void hl_lock_give(void) { hl_spin_unlock(&hl_lock); }
 
 #define HL_SHARDS 16
 #define HL_SHARD_START 128
@@ -853,17 +851,18 @@ static inline struct hcp_counter *hl_learn_free(size_t size) {
 /* Call sites (table format 3)                                                                    */
 
 /* The table's call-site key of a free (tasks/learning/sites.py, native/TABLE.md): the module
- * holding the free's return address, found as the tracer records it (dl_iterate_phdr's list,
- * the main program named by /proc/self/exe's target), crc32(path) << 32 xor (address - load
- * bias), mixed and taken modulo HL_SITES. Finding the module walks the loader's list under its
- * lock (~1 us), so each return address's answer is remembered in a direct-mapped cache of words
- * (address << 16 | (site + 1) << 1 | 1) written and read whole, without a lock: a word is never
- * torn, and one overwritten is found again. Asked only at the guided policy's large frees with
- * a table of sites, before any lock of the layer is taken (the loader's lock is taken inside,
- * and a thread holding it may be allocating). Known limits: a module unloaded and another
- * loaded at its addresses keeps the first's answers (as the tracer's module map does,
- * FORMAT.md); a library dlopen'ed by a relative name is hashed by that name, where the tracer
- * makes it absolute (such a free answers by class). */
+ * holding the free's return address, named as the tracer names it (the loader's name, the main
+ * program by /proc/self/exe's target), crc32(path) << 32 xor (address - load bias), mixed and
+ * taken modulo HL_SITES. The module is found by glibc's _dl_find_object (2.35+), else by
+ * walking dl_iterate_phdr's list under the loader's lock, and each return address's answer is
+ * remembered in a direct-mapped cache of words (address << 16 | (site + 1) << 1 | 1) written
+ * and read whole, without a lock: a word is never torn, and one overwritten is found again.
+ * Asked only at the guided policy's large frees with a table of sites, before any lock of the
+ * layer is taken (the loader's lock may be taken inside, and a thread holding it may be
+ * allocating). Known limits: a module unloaded and another loaded at its addresses keeps the
+ * first's answers (as the tracer's module map does, FORMAT.md); a library dlopen'ed by a
+ * relative name is hashed by that name, where the tracer makes it absolute (such a free finds
+ * no entry and asks the counter). */
 #define HL_SITES 4096u  /* tasks/learning/sites.py SITE_VOCABULARY */
 #define HL_CLASSES 32u  /* size classes: a free's token is HCP_FREE + class */
 /* The table's (site, class) entries the layer can ask (classes of blocks >= min / 2), in an
@@ -901,9 +900,15 @@ static uint32_t hl_crc32(const char *s, size_t n) { /* zlib's crc32: reflected 0
     return ~c;
 }
 
-/* The key of a call from `offset` bytes past the load bias of the module at `path`. */
-static int hl_site_key(const char *path, size_t len, uintptr_t offset) {
-    uint64_t h = ((uint64_t)hl_crc32(path, len) << 32) ^ (uint64_t)offset;
+/* The key of a call from `offset` bytes past the load bias of the module the loader names
+ * `name` ("" for the main program, which is named by its path as the tracer names it). */
+static int hl_site_key(const char *name, uintptr_t offset) {
+    size_t len = strlen(name);
+    if (len == 0) {
+        name = hl_exe;
+        len = hl_exe_len;
+    }
+    uint64_t h = ((uint64_t)hl_crc32(name, len) << 32) ^ (uint64_t)offset;
     h *= 0x9E3779B97F4A7C15ull;
     h ^= h >> 29;
     return (int)(h % HL_SITES);
@@ -915,24 +920,15 @@ extern int _dl_find_object(void *, struct dl_find_object *) __attribute__((weak)
 
 struct hl_site_query {
     uintptr_t addr;
-    int first; /* the next module the loader lists is its first: the main program */
     int site;
 };
 
 static int hl_site_module(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size;
     struct hl_site_query *q = data;
-    int first = q->first;
-    q->first = 0;
     uint64_t lo, hi, bias = (uint64_t)info->dlpi_addr;
     if (!hc_module_range(info, &lo, &hi) || q->addr < bias + lo || q->addr >= bias + hi) return 0;
-    const char *name = info->dlpi_name ? info->dlpi_name : "";
-    size_t len = strlen(name);
-    if (len == 0 && first) {
-        name = hl_exe;
-        len = hl_exe_len;
-    }
-    q->site = hl_site_key(name, len, q->addr - bias);
+    q->site = hl_site_key(info->dlpi_name ? info->dlpi_name : "", q->addr - bias);
     return 1;
 }
 
@@ -943,7 +939,7 @@ static int hl_site_of(const void *ret) {
     uint64_t *slot = &hl_site_cache[(uint64_t)a * 0x9E3779B97F4A7C15ull >> (64 - HL_SITE_CACHE_BITS)];
     uint64_t w = __atomic_load_n(slot, __ATOMIC_RELAXED);
     if ((w & 1) && (w >> 16) == (uint64_t)a) return (int)((w >> 1) & 0x7FFF) - 1;
-    struct hl_site_query q = {a, 1, -1};
+    struct hl_site_query q = {a, -1};
 #ifdef DLFO_STRUCT_HAS_EH_DBASE
     /* glibc 2.35+: the loader's own lock-free lookup (made for unwinders), reading only its
      * tables; dl_iterate_phdr reads every module's program headers, pages a process may never
@@ -952,13 +948,7 @@ static int hl_site_of(const void *ret) {
         struct dl_find_object fo;
         if (_dl_find_object((void *)a, &fo) == 0 && fo.dlfo_link_map != NULL) {
             const struct link_map *lm = fo.dlfo_link_map;
-            const char *name = lm->l_name ? lm->l_name : "";
-            size_t len = strlen(name);
-            if (len == 0) { /* the main program */
-                name = hl_exe;
-                len = hl_exe_len;
-            }
-            q.site = hl_site_key(name, len, a - (uintptr_t)lm->l_addr);
+            q.site = hl_site_key(lm->l_name ? lm->l_name : "", a - (uintptr_t)lm->l_addr);
         }
     } else
 #endif
@@ -1942,8 +1932,10 @@ static void hl_take_classes(void *ctx, size_t off, const unsigned char *p, size_
 }
 
 /* Load the table: the class scores into hl_table and, format 3, the site entries the layer can
- * ask into hl_site_set; NULL, or why it is refused. The file is read twice in 4 KiB chunks on
- * the stack (the checksum, then the entries), never copied whole. */
+ * ask into hl_site_set; NULL, or why it is refused. Read in 4 KiB chunks on the stack, never
+ * copied whole: the class scores go straight to hl_table (read only once hl_use_table is set,
+ * on success), the site entries are read once to check and count them, then again into a set
+ * sized to them. */
 static const char *hl_load_table(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return "cannot be opened" HL_FALLBACK;
@@ -1977,9 +1969,9 @@ static const char *hl_load_table(const char *path) {
                             : "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
         goto out;
     }
-    size_t min = hl_set.min / 2;
-    l.cmin = hcp_class(min);
-    size_t n = hl_read_payload(fd, 0, HL_CLASS_BYTES, &got, buf, sizeof buf, NULL, NULL);
+    l.cmin = hcp_class(hl_set.min / 2);
+    size_t n = hl_read_payload(fd, 0, HL_CLASS_BYTES, &got, buf, sizeof buf, hl_take_classes, NULL);
+    uint64_t after_classes = got;
     n += hl_read_payload(fd, HL_CLASS_BYTES, sites, &got, buf, sizeof buf, hl_take_sites, &l);
     if (n != bytes || pread(fd, buf, 1, (off_t)(32 + bytes)) != 0) {
         why = "has a payload of the wrong length (truncated or extended)" HL_FALLBACK;
@@ -2001,10 +1993,8 @@ static const char *hl_load_table(const char *path) {
         why = "comes from another model version" HL_FALLBACK;
         goto out;
     }
-    /* accepted: the classes' scores, then the set of the entries it can ask (the file read
-     * again; a file changed between the reads makes the sum differ: refused, nothing kept) */
-    uint64_t again = 0xcbf29ce484222325ull;
-    hl_read_payload(fd, 0, HL_CLASS_BYTES, &again, buf, sizeof buf, hl_take_classes, NULL);
+    /* accepted: the set of the entries it can ask, the entries read again (a file changed
+     * between the reads makes the sum differ: refused, nothing kept) */
     if (l.asked > 0) {
         for (hl_site_bits = 4; (1u << hl_site_bits) < 2 * l.asked; hl_site_bits++) {
         }
@@ -2013,11 +2003,11 @@ static const char *hl_load_table(const char *path) {
         if (m != MAP_FAILED) {
             hl_site_set = m;
             struct hl_site_load fill = {.cmin = l.cmin, .insert = 1};
+            uint64_t again = after_classes;
             hl_read_payload(fd, HL_CLASS_BYTES, sites, &again, buf, sizeof buf, hl_take_sites, &fill);
             if (again != sum || fill.asked != l.asked) {
                 munmap(m, size);
                 hl_site_set = NULL;
-                memset(hl_table, 0, sizeof hl_table);
                 why = "changed while it was read" HL_FALLBACK;
                 goto out;
             }
