@@ -45,7 +45,7 @@ from tasks.core.storage import Root  # noqa: E402
 from tasks.learning.labels import request_and_free_classes  # noqa: E402
 from tasks.learning.reuse import call_sites, read_events  # noqa: E402
 from tasks.learning.sequences import head_rows  # noqa: E402
-from tasks.learning.table import HEADER, LAYER_SOON_CLASS, keep_soon  # noqa: E402
+from tasks.learning.table import HEADER, keep_soon, soon_of_reuse  # noqa: E402
 from tasks.whatif.night import WhatifParams, registered_ref  # noqa: E402
 
 TABLES = (
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             reuse = network_answers(t, network)[1]["reuse"]
             _, free = request_and_free_classes(t)
             at = free >= 0
-            keep.append(keep_soon(reuse[at, : LAYER_SOON_CLASS + 1].sum(axis=1)))
+            keep.append(keep_soon(soon_of_reuse(reuse[at])))
             cls.append(free[at])
             site.append(call_sites(t)[at] + 1)
         if not keep:

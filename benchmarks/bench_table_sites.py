@@ -40,8 +40,8 @@ from tasks.learning.sequences import head_rows  # noqa: E402
 from tasks.learning.sites import call_sites  # noqa: E402
 from tasks.learning.table import (  # noqa: E402
     LAYER_SOON_CLASS,
-    ClassTable,
     keep_soon,
+    soon_of_reuse,
     write_layer_table,
 )
 from tasks.whatif.night import WhatifParams, parse_runs, registered_ref  # noqa: E402
@@ -54,7 +54,7 @@ TABLES = (
 
 
 def _keep(probs: np.ndarray) -> np.ndarray:
-    return keep_soon(probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1))
+    return keep_soon(soon_of_reuse(probs))
 
 
 NAMES = ("network", "table", "class", "class_online")  # the keep decisions scored
@@ -139,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         inputs.append(inp)
         said.append(ans)
     sited = distilled_table(inputs, said, majority_of(train))
-    by_class = ClassTable(sited.reuse_counts, sited.majority)  # the same, without sites
     distill_s = time.perf_counter() - t0
     del inputs, said, train
     if a.table_out:
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, v in (
                 ("network", _keep(said["reuse"][rows])),
                 ("table", _keep(table_probs)),
-                ("class", _keep(by_class.answer(site, cls)[0])),
+                ("class", _keep(sited.reuse_probs()[cls])),  # a table by class alone
                 ("class_online", _keep(online)),
                 ("at_site", by_site),
                 ("soon", ra.labels[at] <= LAYER_SOON_CLASS),  # the truth

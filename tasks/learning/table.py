@@ -93,33 +93,33 @@ class ClassTable:
     ):
         """At frees of size class `cls` (>= 0) from call site `site` (-1: none): the reuse
         classes as the layer's table answers them, by site and class where that key is known;
-        elsewhere, in a table with site keys, the online counter's answer (`counter`, float
-        [n, REUSE_CLASSES]: the layer asks its own there), else by class. Also bool [n]: where
-        the site answered."""
-        probs = self.reuse_probs(eps)[cls]
-        at_site = np.zeros(len(cls), bool)
-        if self.site_counts is not None and counter is not None:
+        elsewhere, in a table with site keys (a file with site entries), the online counter's
+        answer (`counter`, float [n, REUSE_CLASSES]: the layer asks its own there), else by
+        class. Also bool [n]: where the site answered."""
+        known = self.site_known()
+        sited = bool(known.any())  # as the layer: a file without entries answers by class
+        if sited and counter is not None:
             probs = np.array(counter, dtype=np.float64)
-        if self.site_counts is not None:
+        else:
+            probs = self.reuse_probs(eps)[cls]
+        at_site = np.zeros(len(cls), bool)
+        if sited:
             has = site >= 0
-            at_site[has] = self.site_known()[site[has], cls[has]]
-            c = self.site_counts[site[at_site], cls[at_site]]
-            probs = probs.copy()
-            probs[at_site] = (c + eps) / (c.sum(axis=1, keepdims=True) + eps * REUSE_CLASSES)
+            at_site[has] = known[site[has], cls[has]]
+            probs[at_site] = _smoothed(self.site_counts[site[at_site], cls[at_site]], eps)
         return probs, at_site
 
     def reuse_probs(self, eps: float = 0.1) -> np.ndarray:
         """float64 [N_SIZE_CLASSES, REUSE_CLASSES]: each class's reuse classes, smoothed as the
         counters smooth theirs; the majority for a class with no training free."""
-        c = self.reuse_counts
-        p = (c + eps) / (c.sum(axis=1, keepdims=True) + eps * REUSE_CLASSES)
+        p = _smoothed(self.reuse_counts, eps)
         return np.where(self.covered()[:, None], p, self.majority[None, :])
 
     def keep_scores(self) -> np.ndarray:
         """uint8 [N_TOKENS, N_TOKENS]: the layer's payload. Entry [FREE_TOKEN + c][c] is
         255 * P(reuse class <= LAYER_SOON_CLASS) of class c; the layer asks no other entry, so
         the others are 0."""
-        soon = self.reuse_probs()[:, : LAYER_SOON_CLASS + 1].sum(axis=1)
+        soon = soon_of_reuse(self.reuse_probs())
         scores = np.zeros((N_TOKENS, N_TOKENS), np.uint8)
         c = np.arange(N_SIZE_CLASSES)
         scores[FREE_TOKEN + c, c] = _score(soon)
@@ -131,10 +131,19 @@ class ClassTable:
         known = self.site_known()
         if self.site_counts is None:
             return np.zeros(known.shape, np.uint8), known
-        c = self.site_counts
-        p = (c + eps) / (c.sum(axis=2, keepdims=True) + eps * REUSE_CLASSES)
-        soon = p[:, :, : LAYER_SOON_CLASS + 1].sum(axis=2)
+        soon = soon_of_reuse(_smoothed(self.site_counts, eps))
         return np.where(known, _score(soon), 0).astype(np.uint8), known
+
+
+def _smoothed(counts: np.ndarray, eps: float) -> np.ndarray:
+    """Reuse-class counts (last axis) as distributions, smoothed as the counters smooth theirs."""
+    return (counts + eps) / (counts.sum(axis=-1, keepdims=True) + eps * REUSE_CLASSES)
+
+
+def soon_of_reuse(probs: np.ndarray) -> np.ndarray:
+    """P(reuse class <= LAYER_SOON_CLASS) from reuse distributions (last axis): the layer's
+    question, reuse within 4096 calls."""
+    return probs[..., : LAYER_SOON_CLASS + 1].sum(axis=-1)
 
 
 def _score(p: np.ndarray) -> np.ndarray:
@@ -235,7 +244,8 @@ class TableAgreement:
     top1_agreement: float  # on covered positions: the reuse class top-1, table vs `against`
     against: str = "class_online"  # the predictor the table follows (the one it was made from)
     # share of positions the table answers by call site and class (a key training saw), and
-    # the keep agreement on those; the rest answer by class
+    # the keep agreement on those; the rest answer as the online counter (by class in a table
+    # without site keys)
     site_coverage: float = float("nan")
     keep_agreement_at_sites: float = float("nan")
 
@@ -264,9 +274,7 @@ def table_agreement(
     n = len(covered)
     if n == 0:
         return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"), against)
-    same = keep_soon(table_probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1)) == keep_soon(
-        counter_probs[:, : LAYER_SOON_CLASS + 1].sum(axis=1)
-    )
+    same = keep_soon(soon_of_reuse(table_probs)) == keep_soon(soon_of_reuse(counter_probs))
     top = table_probs.argmax(axis=1) == counter_probs.argmax(axis=1)
     m = int(covered.sum())
     sites = at_site if at_site is not None else np.zeros(n, bool)

@@ -246,6 +246,11 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
     probs, at_site = no_sites.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
     assert not at_site.any()
     np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
+    # AND, as the layer, a table whose file has no site entry (traces without callers) too
+    empty = ClassTable(table.reuse_counts, table.majority, np.zeros_like(table.site_counts))
+    probs, at_site = empty.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
+    assert not at_site.any()
+    np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
     # AND the layer's file (format 3) carries the known keys' scores, keys rising
     raw = write_layer_table(tmp_path / "t.hcltab", table, 4).read_bytes()
     assert HEADER.unpack_from(raw)[1] == 3
