@@ -10,7 +10,10 @@ its mmap threshold at the first free and serves them from its heap, which the la
 it (its cost of passing them on); "kept": glibc's threshold fixed at 128 KiB under the layer, so
 that every block is mapped and the layer keeps it, against glibc at its heap (the layer's cost of
 keeping; goal <= 20 ns). The predictor's own cost (tests/native/programs/predict_tokens.c
-bench: learn + the guided policy's question, per call; goal <= 10 ns).
+bench: learn + the guided policy's question, per call; goal <= 10 ns). The floor of seed002's
+rule (benchmarks/programs/lockfloor.c): two holds a pair of one lock shared by all threads, of
+the layer's own kind, with one increment each and no allocation, against a lock per thread;
+whatever needs the whole process's cache at every large call pays at least its shared row.
 
 Part 2, seed 002's numpy case: `(a * b) ** 2 + 3` on two 10 M-element float64 arrays, 60
 iterations timed inside the process after 5 of warm-up (wall and the process's CPU time: on a
@@ -106,6 +109,7 @@ def pair_costs(work: Path, reps: int, pairs: int) -> dict:
         "1 thread, 256 KiB": (1, 256 << 10, pairs // 40, {}),
         "8 threads, 256 KiB": (8, 256 << 10, pairs // 160, {}),
         "1 thread, 256 KiB kept": (1, 256 << 10, pairs // 40, mapped),
+        "2 threads, 256 KiB kept": (2, 256 << 10, pairs // 80, mapped),
         "8 threads, 256 KiB kept": (8, 256 << 10, pairs // 160, mapped),
         # the process never starts a thread: glibc takes no arena lock, the layer no shard lock
         "main alone, 256 KiB kept": (0, 256 << 10, pairs // 40, mapped),
@@ -136,6 +140,28 @@ def pair_costs(work: Path, reps: int, pairs: int) -> dict:
         ns.append(float(text.split()[0].split("=")[1]))
     out["predictor ns per call (learn + guided question)"] = {"min": min(ns), "all": ns}
     print("predictor", min(ns), flush=True)
+    out["floor: one lock for the process, two holds a pair"] = lock_floor(work, reps, pairs)
+    return out
+
+
+def lock_floor(work: Path, reps: int, pairs: int) -> dict:
+    """ns a pair of lockfloor.c, one lock shared by all threads against one per thread (min
+    over alternating rounds): the cost of seed002's one lock before any of its work."""
+    prog = compile_c(REPO / "benchmarks" / "programs" / "lockfloor.c", work / "lockfloor")
+    out = {}
+    for threads in (1, 2, 8):
+        samples: dict[str, list[float]] = {"shared": [], "per thread": []}
+        for rep in range(reps):
+            for arm in rotation(list(samples), rep):
+                text = subprocess.run(
+                    [str(prog), str(threads), str(pairs), "0" if arm == "shared" else "1"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                samples[arm].append(float(text.split("=")[1]))
+        out[f"{threads} thread(s)"] = {a: round(min(v), 2) for a, v in samples.items()}
+        print("floor", threads, out[f"{threads} thread(s)"], flush=True)
     return out
 
 
