@@ -538,23 +538,37 @@ class NGramTable:
         return cls(*(a[o] for a in cat), max_order=max_order)
 
     def features(
-        self, tokens: np.ndarray, pos_in_thread: np.ndarray, leave_one_out: bool
+        self,
+        tokens: np.ndarray,
+        pos_in_thread: np.ndarray,
+        leave_one_out: bool,
+        rows: np.ndarray | None = None,
     ) -> np.ndarray:
         """uint8 [n, NGRAM_FEATURES] for each index i: the back-off answer about token i+1.
 
         leave_one_out: `tokens` are the table's own training tokens; subtract each position's
-        own (context, next) occurrence first (see the section's comment)."""
+        own (context, next) occurrence first (see the section's comment).
+        rows: only these indices (sorted or not), in their order: [len(rows), NGRAM_FEATURES],
+        the same rows as the whole answer's. The contexts still come from all of `tokens`; the
+        lookups, most of the time, only for the rows asked (train.training_features asks each
+        training position of one table only)."""
         n = len(tokens)
-        top = np.full(n, N_TOKENS, np.int64)
-        order = np.zeros(n, np.int64)
-        c1 = np.zeros(n, np.int64)
-        tot = np.ones(n, np.int64)
         nxt = np.zeros(n, np.int64)
         nxt[:-1] = tokens[1:]
         counted = np.zeros(n, bool)
         counted[:-1] = pos_in_thread[1:] >= 1
+        if rows is not None:
+            rows = np.asarray(rows, np.int64)
+            nxt, counted = nxt[rows], counted[rows]
+        r = len(nxt)
+        top = np.full(r, N_TOKENS, np.int64)
+        order = np.zeros(r, np.int64)
+        c1 = np.zeros(r, np.int64)
+        tot = np.ones(r, np.int64)
         m = len(self.keys)
         for k, key, valid in context_keys(tokens, pos_in_thread, self.max_order):
+            if rows is not None:
+                key, valid = key[rows], valid[rows]
             i = np.minimum(np.searchsorted(self.keys, key), max(m - 1, 0))
             if not m:
                 break

@@ -126,36 +126,74 @@ def training_tables(
     return table, {w: others[g] for g, w in enumerate(workloads)}
 
 
+def crossfit_rows(
+    runs: list[TokenRun], cfg: TrainConfig, others: dict[str, NGramTable]
+) -> dict[int, np.ndarray]:
+    """The positions whose n-gram features come from the other workloads' table (`others`, per
+    workload: training_tables): per run index, the rows of a `cfg.model.ngram_crossfit` share of
+    its blocks of ten contexts, drawn with cfg.seed, workload by workload."""
+    rng = np.random.default_rng(cfg.seed)
+    block = 10 * cfg.context
+    chosen_rows: dict[int, np.ndarray] = {}
+    for w in sorted(others):
+        for i in (i for i, r in enumerate(runs) if r.workload == w):
+            n = runs[i].n_tokens
+            chosen = np.flatnonzero(rng.random(-(-n // block)) < cfg.model.ngram_crossfit)
+            if not len(chosen):
+                continue
+            rows = (chosen[:, None] * block + np.arange(block)[None, :]).ravel()
+            chosen_rows[i] = rows[rows < n]
+    return chosen_rows
+
+
 def crossfit_features(
     feats: np.ndarray, runs: list[TokenRun], cfg: TrainConfig, others: dict[str, NGramTable]
 ) -> int:
-    """Replace, in place, the n-gram features of a `cfg.model.ngram_crossfit` share of the
-    training positions (blocks of ten contexts, seeded) by those of a table fitted on the other
-    training workloads only (`others`, per workload: training_tables); returns how many
-    positions were replaced.
+    """Replace, in place, the n-gram features of the cross-fitted positions (crossfit_rows) by
+    those of a table fitted on the other training workloads only; returns how many positions
+    were replaced.
 
     Leave-one-out features on the table's own runs say what the n-gram knows about a workload it
     was trained on; on a program it never saw, its contexts come from other programs and are
     often confidently wrong. Trained on the first kind alone, the network trusts them on the
     second (benchmarks/results/model_variants.json); cross-fitted blocks teach it when not to.
     """
-    rng = np.random.default_rng(cfg.seed)
-    block = 10 * cfg.context
     starts = np.cumsum([0] + [r.n_tokens for r in runs])
     replaced = 0
-    for w in sorted(others):
-        for i in (i for i, r in enumerate(runs) if r.workload == w):
-            r, s0 = runs[i], int(starts[i])
-            n_blocks = -(-r.n_tokens // block)
-            chosen = np.flatnonzero(rng.random(n_blocks) < cfg.model.ngram_crossfit)
-            if not len(chosen):
-                continue
-            out = others[w].features(r.tokens, r.position_in_thread(), leave_one_out=False)
-            rows = (chosen[:, None] * block + np.arange(block)[None, :]).ravel()
-            rows = rows[rows < r.n_tokens]
-            feats[s0 + rows] = out[rows]
-            replaced += len(rows)
+    for i, rows in crossfit_rows(runs, cfg, others).items():
+        r = runs[i]
+        feats[starts[i] + rows] = others[r.workload].features(
+            r.tokens, r.position_in_thread(), leave_one_out=False, rows=rows
+        )
+        replaced += len(rows)
     return replaced
+
+
+def training_features(
+    table: NGramTable,
+    others: dict[str, NGramTable] | None,
+    runs: list[TokenRun],
+    whole: TokenRun,
+    pos: np.ndarray,
+    cfg: TrainConfig,
+) -> np.ndarray:
+    """The training positions' n-gram features: the cross-fitted rows' (crossfit_features) from
+    the other workloads' tables, every other row's leave-one-out from `table`, each row looked up
+    in its one table only (before, every row was looked up in both, and half of each thrown
+    away: ~60 s of the full config's train stage). The same features as the leave-one-out of
+    all rows overwritten by crossfit_features (tests/tasks/learning/test_train.py)."""
+    from tasks.learning.model import NGRAM_FEATURES  # deferred, as in training_tables
+
+    feats = np.empty((whole.n_tokens, NGRAM_FEATURES), np.uint8)
+    own = np.ones(whole.n_tokens, bool)
+    if others is not None:
+        starts = np.cumsum([0] + [r.n_tokens for r in runs])
+        for i, rows in crossfit_rows(runs, cfg, others).items():
+            own[starts[i] + rows] = False
+        crossfit_features(feats, runs, cfg, others)
+    own_rows = np.flatnonzero(own)
+    feats[own_rows] = table.features(whole.tokens, pos, leave_one_out=True, rows=own_rows)
+    return feats
 
 
 def fit_model(
@@ -191,9 +229,7 @@ def fit_model(
         # plain lookups on validation (not in the table), as the in-graph layer computes
         pos_train = train_run.position_in_thread()
         table, others = training_tables(split.train, train_run, pos_train, cfg)
-        train_feats = table.features(train_run.tokens, pos_train, leave_one_out=True)
-        if others is not None:
-            crossfit_features(train_feats, split.train, cfg, others)
+        train_feats = training_features(table, others, split.train, train_run, pos_train, cfg)
         val_feats = table.features(
             val_run.tokens, val_run.position_in_thread(), leave_one_out=False
         )

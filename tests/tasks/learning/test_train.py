@@ -177,7 +177,7 @@ def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_pa
 def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_path):
     from tasks.learning.model import NGramTable
     from tasks.learning.sequences import concat_runs
-    from tasks.learning.train import crossfit_features, training_tables
+    from tasks.learning.train import crossfit_features, training_features, training_tables
 
     cfg = tiny_train_config(
         tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_crossfit": 0.5}
@@ -185,12 +185,12 @@ def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_
     runs = load_split(events_root, cfg.data).train
     whole = concat_runs(runs)
     pos = whole.position_in_thread()
-    table, others = training_tables(runs, whole, pos, cfg)
+    table, others_ = training_tables(runs, whole, pos, cfg)
     loo = table.features(whole.tokens, pos, leave_one_out=True)
     fitted = NGramTable.fit(whole.tokens, pos, cfg.model.ngram_order)  # as fit gives it
     assert np.array_equal(loo, fitted.features(whole.tokens, pos, leave_one_out=True))
     feats = loo.copy()
-    replaced = crossfit_features(feats, runs, cfg, others)
+    replaced = crossfit_features(feats, runs, cfg, others_)
     # about half the positions, in blocks, now hold what a table WITHOUT their workload says
     assert 0.2 * len(feats) < replaced < 0.8 * len(feats)
     changed = (feats != loo).any(axis=1)
@@ -207,6 +207,11 @@ def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_
         assert (took | kept).all()  # every row is one or the other, never a mix
         start += r.n_tokens
     assert changed.any()
+    # what training uses: each row looked up in its one table only, the same features
+    got = training_features(table, others_, runs, whole, pos, cfg)
+    assert np.array_equal(got, feats)
+    rows = np.flatnonzero(changed)[::-3]  # any rows, in any order
+    assert np.array_equal(table.features(whole.tokens, pos, True, rows=rows), loo[rows])
     # one training workload: nothing to cross-fit from
     single = [r for r in runs if r.workload == runs[0].workload]
     one = concat_runs(single)
