@@ -90,10 +90,11 @@
  * key=value pairs per process, written with write(2) from a stack buffer (no malloc).
  *
  * Table file (predictor=table:FILE, model=N): the format, what it answers and the refusal rules
- * are in ../TABLE.md (the one description; tasks/learning/table.py writes it). In short: a
- * 32-byte header (magic "HCLTAB\0\1", format 2, model version, 64, 4096, FNV-1a 64) and a
- * uint8[64][64] keep score, of which a free of class c reads [32 + c][c]. A file it cannot trust
- * is refused with one line on stderr, and the online counter is used.
+ * are in ../TABLE.md (the one description; tasks/learning/table.py writes it). In short (format
+ * 3): a header, a keep score per size class, and (call site, class) entries in rising order; a
+ * free whose (site, class) the table has reads that entry, any other asks the online counter (a
+ * file without entries, or format 2: the class's score). A file it cannot trust is refused with
+ * one line on stderr, and the online counter is used.
  *
  * Not async-signal-safe (neither is glibc's malloc).
  */
@@ -386,10 +387,16 @@ static struct {
     uint64_t live_peak; /* bytes: the program's large blocks live at once, at most (hl_bound) */
 } hl_stats;
 /* The counters taken outside hl_lock (a free the policy declines takes only its shard's lock, or
- * none for glibc's heap; a miss is known after the other threads' fronts are asked), striped by
- * thread: one counter line for all made 8 threads passing 256 KiB heap blocks meet on it at
- * every call. Summed at exit. */
-#define HL_STRIPES 16
+ * none for glibc's heap; a miss is known after the other threads' fronts are asked), one stripe
+ * of them per thread: one counter line for all made 8 threads passing 256 KiB heap blocks meet
+ * on it at every call. A thread owns its stripe (claimed at its first count from a mask, given
+ * back by its key's destructor, hl_thread_exit), so it counts with a plain load and store: the
+ * atomic add it replaces (~4.7 ns here, one at each large call passed on) was half of what the
+ * layer added to glibc's own large heap blocks (perf: 74-77% of hl_take's and hl_free_large's
+ * samples on it). A thread finding none free (HL_STRIPES live threads) or without a destructor
+ * shares the last stripe, counting atomically. Summed at exit; a stripe given back keeps its
+ * counts, and its next owner adds to them (the mask's release and acquire order the two). */
+#define HL_STRIPES 64 /* owned; hl_stripes[HL_STRIPES] is the shared one */
 struct hl_stripe {
     /* calls passed through, one counter each (the stats' `passed` is their sum): misses, and
      * frees left to glibc's heap, of outgrown blocks, or declined otherwise (policy, cap, a
@@ -397,19 +404,60 @@ struct hl_stripe {
     uint64_t misses, heap, outgrown, declined, unproven;
     uint64_t bounded;
 } __attribute__((aligned(64)));
-static struct hl_stripe hl_stripes[HL_STRIPES];
-static uint32_t hl_stripe_next;
+static struct hl_stripe hl_stripes[HL_STRIPES + 1];
+static uint64_t hl_stripes_owned; /* bit i: stripe i belongs to a live thread */
 static __thread struct hl_stripe *hl_my_stripe;
-static inline struct hl_stripe *hl_stripe_of_thread(void) {
-    if (HL_UNLIKELY(hl_my_stripe == NULL))
-        hl_my_stripe = &hl_stripes[__atomic_fetch_add(&hl_stripe_next, 1, __ATOMIC_RELAXED) %
-                                   HL_STRIPES];
+static __thread int hl_my_stripe_slot = -1;
+static pthread_key_t hl_key; /* its destructor: hl_thread_exit */
+static int hl_key_ok;
+
+/* A free bit of *used, now set, or -1 (all set). */
+static int hl_slot_claim(uint64_t *used) {
+    uint64_t u = __atomic_load_n(used, __ATOMIC_RELAXED);
+    while (u != ~(uint64_t)0) {
+        int i = __builtin_ctzll(~u);
+        if (__atomic_compare_exchange_n(used, &u, u | (uint64_t)1 << i, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            return i;
+    }
+    return -1;
+}
+
+static __attribute__((noinline)) struct hl_stripe *hl_stripe_claim(void) {
+    hl_my_stripe = &hl_stripes[HL_STRIPES]; /* first: a count made meanwhile (re-entry) shares */
+    /* own one only where the destructor will give it back: a thread's key value is NULL until
+     * set (pthread_setspecific may calloc: a small block, never counted) */
+    if (!hl_key_ok || (pthread_getspecific(hl_key) == NULL &&
+                       pthread_setspecific(hl_key, (void *)&hl_my_stripe) != 0))
+        return hl_my_stripe;
+    int i = hl_slot_claim(&hl_stripes_owned);
+    if (i >= 0) {
+        hl_my_stripe_slot = i;
+        hl_my_stripe = &hl_stripes[i];
+    }
     return hl_my_stripe;
 }
-#define HL_COUNT(field) __atomic_fetch_add(&hl_stripe_of_thread()->field, 1, __ATOMIC_RELAXED)
+
+static void hl_stripe_release(void) { /* at the thread's exit: later counts share */
+    int i = hl_my_stripe_slot;
+    hl_my_stripe = &hl_stripes[HL_STRIPES];
+    hl_my_stripe_slot = -1;
+    if (i >= 0) __atomic_fetch_and(&hl_stripes_owned, ~((uint64_t)1 << i), __ATOMIC_RELEASE);
+}
+
+static inline void hl_count(size_t offset) {
+    struct hl_stripe *s = hl_my_stripe;
+    if (HL_UNLIKELY(s == NULL)) s = hl_stripe_claim();
+    uint64_t *f = (uint64_t *)((char *)s + offset);
+    if (HL_LIKELY(s != &hl_stripes[HL_STRIPES]))
+        __atomic_store_n(f, __atomic_load_n(f, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_add(f, 1, __ATOMIC_RELAXED);
+}
+#define HL_COUNT(field) hl_count(offsetof(struct hl_stripe, field))
 static uint64_t hl_striped(size_t offset) { /* a field's sum over the stripes */
     uint64_t n = 0;
-    for (int i = 0; i < HL_STRIPES; i++)
+    for (int i = 0; i <= HL_STRIPES; i++)
         n += __atomic_load_n((uint64_t *)((char *)&hl_stripes[i] + offset), __ATOMIC_RELAXED);
     return n;
 }
@@ -692,8 +740,6 @@ static inline uint64_t hl_now(void) {
 /* ------------------------------------------------------------------------------------------- */
 /* Per thread: the predictor and the front                                                       */
 
-static pthread_key_t hl_key;
-static int hl_key_ok;
 static __thread struct hcp_counter *hl_counter;
 static __thread int hl_thread_state; /* 0 new, 1 being registered, 2 registered, 3 exited */
 static uint8_t hl_table[HCP_TOKENS][HCP_TOKENS];
@@ -756,17 +802,6 @@ static inline void hl_front_set(void *p, size_t usable, uint64_t ticket, uint64_
 
 static inline void hl_front_clear(void) { hl_front_set(NULL, 0, 0, 0); }
 
-static int hl_hint_claim(void) {
-    uint64_t used = __atomic_load_n(&hl_hints_used, __ATOMIC_RELAXED);
-    while (used != ~(uint64_t)0) {
-        int i = __builtin_ctzll(~used);
-        if (__atomic_compare_exchange_n(&hl_hints_used, &used, used | (uint64_t)1 << i, 0,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-            return i;
-    }
-    return -1;
-}
-
 static void hl_hint_release(void) {
     if (hl_hint_slot < 0) return;
     hl_hint_write(NULL, 0, 0);
@@ -786,6 +821,7 @@ static void hl_thread_exit(void *v) {
     (void)v;
     hl_front_flush();
     hl_hint_release();
+    hl_stripe_release();
     hl_thread_state = 3;
     struct hcp_counter *c = hl_counter;
     hl_counter = NULL;
@@ -806,7 +842,7 @@ static void hl_thread_register(void) {
     if (hl_key_ok &&
         pthread_setspecific(hl_key, hl_counter ? (void *)hl_counter : (void *)&hl_front) == 0 &&
         hl_sharded)
-        hl_hint_slot = hl_hint_claim();
+        hl_hint_slot = hl_slot_claim(&hl_hints_used);
     hl_thread_state = 2;
 }
 
@@ -2042,6 +2078,10 @@ static void hl_fork_child(void) {
                      __ATOMIC_RELAXED);
     for (int i = 0; i < HL_HINTS; i++)
         if (i != hl_hint_slot) hl_hints[i].p = NULL;
+    /* and their stripes, whose counts stay (the child's stats count the parent's calls too) */
+    __atomic_store_n(&hl_stripes_owned,
+                     hl_my_stripe_slot >= 0 ? (uint64_t)1 << hl_my_stripe_slot : 0,
+                     __ATOMIC_RELAXED);
     hl_fork_parent();
 }
 

@@ -561,3 +561,28 @@ def test_kept_blocks_stay_within_the_programs_own_peak(heapcast_layer, program, 
     assert s["bounded"] == 0, s
     held = 16 * MiB if policy == "seed001" else 8 * MiB
     assert unbound >= glibc + (held - MiB) // 1024, (unbound, glibc, s)
+
+
+# --- its counters ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", ["policy=seed002,n=0", "policy=seed001", "policy=guided"])
+def test_every_large_call_is_counted_once_across_many_threads(
+    heapcast_layer, program, setting, tmp_path
+):
+    """100 threads alive at once (more than the layer's 64 per-thread counters: the rest share
+    one, counted atomically), then 150 started one after another (each gives its counter back at
+    exit and the next takes it, keeping its counts): every large request is a hit or a miss, and
+    every large free is kept or passed on, each counted once in the stats. Counts lost by two
+    threads owning one counter, or by a counter handed over, make the sums fall short."""
+    exe = program("passcount")
+    rows = _same_under_layer(
+        [exe, "100", "150", "1000", "262144"], heapcast_layer, setting, tmp_path
+    )
+    pairs = 250 * 1000
+    assert len(rows) == 1, rows
+    s = rows[0]
+    assert s["hits"] + s["misses"] == pairs, s
+    assert s["kept"] + s["passed"] - s["misses"] == pairs, s
+    if "n=0" in setting:  # keeps nothing: every call passed on
+        assert s["hits"] == 0 and s["passed"] == 2 * pairs, s
