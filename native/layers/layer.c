@@ -423,19 +423,22 @@ static int hl_slot_claim(uint64_t *used) {
     return -1;
 }
 
+static uint64_t hl_stripe_sharers; /* threads that count on the shared stripe (stats) */
+
 static __attribute__((noinline)) struct hl_stripe *hl_stripe_claim(void) {
     hl_my_stripe = &hl_stripes[HL_STRIPES]; /* first: a count made meanwhile (re-entry) shares */
     /* own one only where the destructor will give it back: a thread's key value is NULL until
      * set (pthread_setspecific may calloc: a small block, never counted) */
-    if (!hl_key_ok || (pthread_getspecific(hl_key) == NULL &&
-                       pthread_setspecific(hl_key, (void *)&hl_my_stripe) != 0))
+    int i = -1;
+    if (hl_key_ok && (pthread_getspecific(hl_key) != NULL ||
+                      pthread_setspecific(hl_key, (void *)&hl_my_stripe) == 0))
+        i = hl_slot_claim(&hl_stripes_owned);
+    if (i < 0) {
+        __atomic_fetch_add(&hl_stripe_sharers, 1, __ATOMIC_RELAXED);
         return hl_my_stripe;
-    int i = hl_slot_claim(&hl_stripes_owned);
-    if (i >= 0) {
-        hl_my_stripe_slot = i;
-        hl_my_stripe = &hl_stripes[i];
     }
-    return hl_my_stripe;
+    hl_my_stripe_slot = i;
+    return hl_my_stripe = &hl_stripes[i];
 }
 
 static void hl_stripe_release(void) { /* at the thread's exit: later counts share */
@@ -2110,10 +2113,9 @@ __attribute__((constructor)) static void hl_init(void) {
             hl_use_table = 1;
         }
     }
-    if (hl_set.policy == HL_GUIDED || hl_set.policy == HL_SEED001) {
-        hl_key_ok = pthread_key_create(&hl_key, hl_thread_exit) == 0;
-        hl_sharded = 1;
-    }
+    /* every policy: the key's destructor gives a thread's counter stripe back (hl_stripe_claim) */
+    hl_key_ok = pthread_key_create(&hl_key, hl_thread_exit) == 0;
+    if (hl_set.policy == HL_GUIDED || hl_set.policy == HL_SEED001) hl_sharded = 1;
     pthread_atfork(hl_fork_prepare, hl_fork_parent, hl_fork_child);
     if (hl_set.policy != HL_OFF && hl_set.follow && !hl_threshold_fixed())
         hl_follow_at = HL_FOLLOW_MIN;
@@ -2171,6 +2173,9 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("unproven", HL_STRIPED(unproven));
     F("mmap_threshold", __atomic_load_n(&hl_follow_at, __ATOMIC_RELAXED)); /* 0: not followed */
     F("program_mmap_threshold", __atomic_load_n(&hl_program_threshold, __ATOMIC_RELAXED));
+    /* threads that counted their calls on the one shared stripe, atomically (hl_stripe_claim):
+     * those beyond HL_STRIPES alive at once */
+    F("threads_sharing_counters", __atomic_load_n(&hl_stripe_sharers, __ATOMIC_RELAXED));
 #undef F
     hl_lock_give();
     p[-1] = '\n';

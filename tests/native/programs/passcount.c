@@ -1,10 +1,10 @@
 /* Large calls the layer passes on, counted: LIVE threads alive at once (a barrier holds them
- * until all have started), then CHURN threads one after another (each exits before the next
- * starts), each making ITERS malloc(SIZE)/free pairs; main makes none. Prints the pairs made.
- * Under heapcast's layer with a policy that keeps nothing, every pair is two calls passed on,
- * each counted once in the stats (`passed`): the layer's per-thread counters, their owners'
- * exits and a thread count above what it has counters for may lose none.
- * Usage: passcount LIVE CHURN ITERS SIZE */
+ * until each has made its first pair), then CHURN threads one after another (each exits before
+ * the next starts), each making ITERS malloc(SIZE)/free pairs; main makes none. Prints the
+ * pairs made. Under heapcast's layer with a policy that keeps nothing, every pair is two calls
+ * passed on, each counted once in the stats (`passed`): the layer's per-thread counters, their
+ * owners' exits and a thread count above what it has counters for may lose none.
+ * Usage: passcount LIVE CHURN ITERS SIZE (ITERS >= 1) */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -15,15 +15,19 @@ static size_t size;
 static pthread_barrier_t all_started;
 static int use_barrier;
 
+static void pair(long i) {
+    volatile char *p = malloc(size);
+    if (!p) exit(3);
+    p[0] = (char)i;
+    free((void *)p);
+}
+
 static void *work(void *arg) {
     (void)arg;
+    pair(0);
+    /* every live thread has made a pair before any goes on (and exits) */
     if (use_barrier) pthread_barrier_wait(&all_started);
-    for (long i = 0; i < iters; i++) {
-        volatile char *p = malloc(size);
-        if (!p) exit(3);
-        p[0] = (char)i;
-        free((void *)p);
-    }
+    for (long i = 1; i < iters; i++) pair(i);
     return NULL;
 }
 
@@ -35,7 +39,11 @@ int main(int argc, char **argv) {
     int live = atoi(argv[1]), churn = atoi(argv[2]);
     iters = atol(argv[3]);
     size = (size_t)atol(argv[4]);
-    pthread_t *t = calloc((size_t)(live > 0 ? live : 1), sizeof *t);
+    if (live < 1 || churn < 0 || iters < 1) {
+        fprintf(stderr, "passcount: LIVE >= 1, CHURN >= 0, ITERS >= 1\n");
+        return 2;
+    }
+    pthread_t *t = calloc((size_t)live, sizeof *t);
     if (!t) return 3;
     use_barrier = 1;
     pthread_barrier_init(&all_started, NULL, (unsigned)live);
