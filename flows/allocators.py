@@ -7,8 +7,9 @@ Results under `<root>/allocators/` (summary and samples Parquet, the markdown ta
 
 python -m flows.allocators                       # the workloads' medium inputs, runner auto
 python -m flows.allocators sqlite3 --runner local
-python -m flows.allocators --seeds [--quick]      # the seeds' two cases, mallocs and the layer
+python -m flows.allocators --seeds [--quick]      # the layer's cases, mallocs and the layer
 python -m flows.allocators --seeds --table-model 7  # the layer guided by version 7's table
+python -m flows.allocators --seeds --table-file T   # ... by a table file (native/TABLE.md)
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def measure_allocators(
     """Measure the selected workloads under every configured allocator; publish the answers."""
     log = get_run_logger()
     config = load_allocators_config(params.config)
-    config = with_model_table(config, tracking, params.table_model, scratch_parent(root) / "tables")
+    config = with_model_table(
+        config, tracking, params.table_model, scratch_parent(root) / "tables", params.table_file
+    )
     kind, why = resolve_runner_kind(params.runner)
     log.info(why)
     if kind == "docker":
@@ -62,7 +65,7 @@ def measure_seeds(
     tracking: TrackingConfig,
     model: RegisteredModel | None = None,
 ) -> SeedsOutcome:
-    """The seeds' two cases under the mallocs and heapcast's layer (configs/allocators.yaml,
+    """The layer's cases under the mallocs and heapcast's layer (configs/allocators.yaml,
     `seeds`; `params.quick`: its quick_repetitions), the table-guided layer reading `model`'s
     table (else `params.table_model`'s), published like any allocators measurement, summed up
     per case in ms and MB, and logged on `model`'s run when given."""
@@ -72,6 +75,7 @@ def measure_seeds(
         tracking,
         model.version if model is not None else params.table_model,
         scratch_parent(root) / "tables",
+        params.table_file,
     )
     seeds = seed_config(config, params.quick)
     kind, why = resolve_runner_kind(params.runner)
@@ -111,7 +115,7 @@ def allocators(params: AllocatorsParams = AllocatorsParams()) -> AllocatorsOutco
 
 @flow(name="seed-cases")
 def seed_cases(params: AllocatorsParams = AllocatorsParams()) -> SeedsOutcome:
-    """The seeds' two cases under the mallocs and heapcast's layer (weekly, prefect.yaml)."""
+    """The layer's cases under the mallocs and heapcast's layer (weekly, prefect.yaml)."""
     root = Root.from_url(params.root)  # resolved once, here; the tasks take the Root
     return measure_seeds(params, root, tracking_for(root))
 
@@ -125,12 +129,18 @@ if __name__ == "__main__":
     ap.add_argument("--config", default=None, help="allocators config (configs/allocators.yaml)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
     ap.add_argument(
-        "--seeds", action="store_true", help="the seeds' two cases under the mallocs and the layer"
+        "--seeds", action="store_true", help="the layer's cases under the mallocs and the layer"
     )
     ap.add_argument(
         "--table-model",
         default="champion",
         help="the registered version whose table the table-guided layer reads (alias or number)",
+    )
+    ap.add_argument(
+        "--table-file",
+        default=None,
+        help="a layer table file the table-guided layer reads instead of a registered version's "
+        "(its model version from its header; e.g. bench_table_sites.py --table-out)",
     )
     a = ap.parse_args()
     p = dict(
@@ -140,6 +150,7 @@ if __name__ == "__main__":
         config=a.config,
         mlflow=not a.no_mlflow,
         table_model=a.table_model,
+        table_file=a.table_file,
     )
     if a.root:
         p["root"] = a.root

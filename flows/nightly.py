@@ -102,7 +102,7 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
         if stages.allocators is not None
         else []
     )
-    # Only with the `seeds` option: what heapcast's layer buys on the seeds' two cases, measured
+    # Only with the `seeds` option: what heapcast's layer buys on the layer's cases, measured
     # (logged on tonight's model's run when one was registered).
     if stages.seeds is not None:
         measured.append(
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
     ap.add_argument("--allocators", action="store_true", help="also run the allocators stage, last")
     ap.add_argument(
-        "--seeds", action="store_true", help="also measure the seeds' two cases under the layer"
+        "--seeds", action="store_true", help="also measure the layer's cases under the layer"
     )
     a = ap.parse_args(argv)
     params = NightlyParams(

@@ -14,7 +14,8 @@ Open `measure` first (how runs are made side by side, each verified in force by
 tasks.replay.runners.preload), then `stats` (checks and the rule) over `decide` (the rank test,
 Holm's correction, the margin's interval), `heap` (features from the events), `report` (what is
 written). `tune` is `heapcast tune -- PROGRAM`: any program on this host, the same analysis.
-`seeds` measures the seeds' two cases (numpy_temporaries, numpy_training_loop) under the mallocs
+`seeds` measures the layer's cases (the seeds' numpy_temporaries and numpy_training_loop, and
+numpy_pipeline: a reader thread's chunks freed by the main thread) under the mallocs
 and heapcast's layer (`kind: layer` candidates; `layer-table` reads the registered model's table,
 `model_table` fetches it) and says per case, in ms and MB, what the model's table bought against
 the online counter and each against no prediction (flows.allocators `--seeds`, the night's

@@ -384,7 +384,8 @@ class TuneConfig(StrictModel):
 
 
 class SeedCasesConfig(StrictModel):
-    """The seeds' two cases (issue 21) measured side by side: the four mallocs and the layer's
+    """The layer's cases (issue 21: the seeds' two, and a reader thread's chunks freed by the main
+    thread) measured side by side: the four mallocs and the layer's
     policies, `repetitions` rotated rounds (the weekly flow), `quick_repetitions` in the quick
     night (fewer than a rank test needs: the summary says so)."""
 
@@ -566,4 +567,10 @@ class AllocatorsParams(StrictModel):
         min_length=1,
         description="the registered version whose table the table-guided layer reads (an alias "
         "or a version number); the night measures the version it registered",
+    )
+    table_file: str | None = Field(
+        default=None,
+        description="a layer table file (native/TABLE.md) the table-guided layer reads instead "
+        "of a registered version's, its model version from its header: a table distilled apart "
+        "(benchmarks/bench_table_sites.py --table-out) measured without touching the registry",
     )

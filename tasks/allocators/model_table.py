@@ -24,12 +24,24 @@ from tasks.registry.tracking import TrackingConfig
 
 @task(name="fetch-model-table", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def with_model_table(
-    config: AllocatorsConfig, tracking: TrackingConfig, model: str, dest: Path
+    config: AllocatorsConfig,
+    tracking: TrackingConfig,
+    model: str,
+    dest: Path,
+    table_file: str | None = None,
 ) -> AllocatorsConfig:
     """`config` with version `model`'s table (a version number or an alias) handed to its
-    `table: model` candidates, downloaded under `dest`; as it is when none reads one."""
+    `table: model` candidates, downloaded under `dest`, or the file `table_file` (checked as the
+    layer checks it: a file it would refuse stops here, naming the file); as it is when none
+    reads one."""
     if not config.needs_table:
         return config
+    if table_file is not None:
+        from tasks.learning.table import read_table_file  # deferred, as fetch_table below
+
+        table = read_table_file(Path(table_file))
+        run_logger().info(f"the layer's table: {table.path} (model v{table.version}), a file")
+        return config.with_model_table(table)
     from tasks.registry.questions import fetch_table  # deferred: MLflow's import is slow
 
     log = run_logger()

@@ -1,6 +1,9 @@
-"""The seeds' two cases measured for real (issue 21): seed 002's numpy temporaries and seed
-001's training loop, each under glibc, jemalloc, tcmalloc, mimalloc and heapcast's layer
-(seed002, seed001, guided by the online counter, guided by the model's table), side by side in one measurement (`measure.measure_cases`: rotated
+"""The layer's cases measured for real (issue 21): seed 002's numpy temporaries, seed 001's
+training loop, and numpy_pipeline (a reader thread's chunks freed by the main thread, which
+never asks for a block that large: the freeing thread's own counter never keeps one, a
+prediction of the process's reuse does), each under glibc, jemalloc, tcmalloc, mimalloc and
+heapcast's layer (seed002, seed001, guided by the online counter, guided by the model's table),
+side by side in one measurement (`measure.measure_cases`: rotated
 rounds, every run verified by the probe, the layer's counters read), written like any
 allocators measurement (`report.publish`: Parquet under <root>/allocators/, MLflow's
 `heapcast-allocators`), then summed up per case in one line of ms and MB (`seed_lines`).

@@ -233,6 +233,36 @@ class ModelTable:
             raise ValueError(f"model version {self.version}: the layer's table needs 1..2^32-1")
 
 
+def read_table_file(path: Path) -> ModelTable:
+    """A layer table file someone hands in (the allocators stage's `table_file`), checked as the
+    layer checks it (native/TABLE.md): magic, a format the layer reads (2 or 3), 64 tokens, the
+    payload's length and FNV-1a hash; its model version from the header. A file the layer would
+    refuse raises ValueError naming the file and what is wrong: measured, it would have run as
+    the online counter under the table's name."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"layer table {path}: cannot be read ({err.strerror})") from None
+    what = f"layer table {path}"
+    if len(data) < HEADER.size or data[:8] != MAGIC:
+        raise ValueError(
+            f"{what}: not a table (no HCLTAB header); write one with write_layer_table"
+        )
+    magic, fmt, version, n_tokens, n_payload, fnv = HEADER.unpack_from(data)
+    if fmt not in (2, FORMAT_VERSION):
+        raise ValueError(f"{what}: format {fmt}, the layer reads 2 and {FORMAT_VERSION}")
+    if n_tokens != N_TOKENS:
+        raise ValueError(f"{what}: {n_tokens} tokens, the layer's are {N_TOKENS}")
+    payload = data[HEADER.size :]
+    if len(payload) != n_payload or fnv1a64(payload) != fnv:
+        raise ValueError(
+            f"{what}: its payload does not match its header ({len(payload)} bytes for "
+            f"{n_payload}, or another hash): cut or changed; write it again"
+        )
+    return ModelTable(path=path, version=version, run_id="")
+
+
 @dataclass(frozen=True)
 class TableAgreement:
     """The table at one evaluation table's reuse positions (frees)."""

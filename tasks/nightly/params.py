@@ -11,7 +11,7 @@ plus two settings that apply to every stage at once:
 `allocators` (off by default) adds the `allocators` stage to the night: every workload under every
 allocator of configs/allocators.yaml, measured. It has a weekly deployment of its own; the option
 is for a night that should answer the allocator question too (it adds the replays' time, several
-times over). `seeds` (off by default) measures only the seeds' two cases under the mallocs and
+times over). `seeds` (off by default) measures only the layer's cases under the mallocs and
 heapcast's layer, with fewer rounds in the quick night (the summary says how many).
 
 Where the stages run is configuration, not code: the Dask scheduler comes from the dataset
@@ -67,9 +67,9 @@ class NightlyParams(StrictModel):
 
     seeds: bool = Field(
         default=False,
-        description="also measure the seeds' two cases (numpy_temporaries, numpy_training_loop) "
+        description="also measure the layer's cases (numpy_temporaries, numpy_training_loop, numpy_pipeline) "
         "under glibc, jemalloc, tcmalloc, mimalloc and heapcast's layer (configs/allocators.yaml "
-        "`seeds`; quick: its quick_repetitions); off by default: 42 container runs at 3 rounds, "
+        "`seeds`; quick: its quick_repetitions); off by default: 63 container runs at 3 rounds, "
         "over a minute on an idle 2-core machine",
     )
 

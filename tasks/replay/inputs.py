@@ -14,6 +14,7 @@ Generators (the meaning of `size` in brackets):
   c_project       Makefile, common.h, *.c: a C project for make -j2         [files]
   numpy_script    workload.py: numpy arrays, reductions, sorts, linalg      [work units]
   numpy_temporaries workload.py: seed 002's (a * b) ** 2 + 3, large temporaries [k elements]
+  numpy_pipeline  workload.py: a reader thread's chunks, freed by the main thread [k elements]
   none            nothing; the command takes {seed} and {size} itself
 """
 
@@ -1095,3 +1096,65 @@ def gen_numpy_training_loop(seed: int, size: int, dest: Path) -> list[str]:
 
 
 GENERATORS["numpy_training_loop"] = gen_numpy_training_loop
+
+
+_NUMPY_PIPELINE_TEMPLATE = (
+    '''\
+"""heapcast workload (generated, seed {seed}, size {size}): a producer/consumer pipeline, the
+shape of a data loader. A reader thread makes {chunks} chunks of {size} thousand float64 values
+(40 MB at 5000) and hands each through a queue of {depth} to the main thread, which reduces it
+and drops it: every chunk is allocated in the reader and freed in the main thread. Above glibc's
+largest dynamic mmap threshold (32 MiB), glibc maps and zero-fills each chunk; an allocator that
+keeps the freed chunk hands it to the reader's next request. The freeing thread itself never
+asks for a block that large, so a predictor of the freeing thread's own calls never keeps it; a
+prediction of the process's reuse does. numpy imported from its folder, as in numpy_temporaries.
+"""
+import importlib.util
+import queue
+import sys
+import threading
+
+'''
+    + _NUMPY_FROM_ITS_FOLDER
+    + """
+n = {size} * 1000
+chunks = queue.Queue(maxsize={depth})
+
+
+def reader():
+    for i in range({chunks}):
+        # no reference kept here: the consumer's drop frees the chunk
+        chunks.put(np.full(n, float((i * {step}) % 11)))
+    chunks.put(None)
+
+
+t = threading.Thread(target=reader)
+t.start()
+total = 0.0
+while (chunk := chunks.get()) is not None:
+    total += float(chunk[::4099].sum())
+    del chunk
+t.join()
+print("heapcast numpy pipeline done", {chunks}, round(total, 3))
+sys.exit(0)
+"""
+)
+
+
+def gen_numpy_pipeline(seed: int, size: int, dest: Path) -> list[str]:
+    """A reader thread allocates large chunks, the main thread frees them (size: thousands of
+    float64 values per chunk)."""
+    rng = random.Random(seed)
+    text = _NUMPY_PIPELINE_TEMPLATE.format(
+        seed=seed,
+        size=size,
+        chunks=40,
+        depth=2,
+        step=rng.randint(1, 10),
+        numpy_dir=DEBIAN_NUMPY_DIR,
+    )
+    (dest / "workload.py").write_text(text)
+    return ["workload.py"]
+
+
+GENERATORS["numpy_pipeline"] = gen_numpy_pipeline

@@ -109,3 +109,40 @@ def test_the_table_guided_layer_measured_on_this_host(alloc_catalog, tmp_path):
     assert not w.ok and "did not use the model's table v8" in w.error and w.layer_table_refused
     assert [u.allocator for u in m.unavailable] == ["layer-table-none"]
     assert "reads the registered model's table, and none was given" in m.unavailable[0].message
+
+
+def test_a_table_file_is_measured_as_the_layer_reads_it_and_a_refused_one_stops_the_stage(
+    tmp_path,
+):
+    """`--table-file` (AllocatorsParams.table_file): a table distilled apart is handed to the
+    table candidates with the model version its header names, the registry untouched (no
+    tracking server here); a file the layer would refuse (cut, changed, not a table, an older
+    format) stops the stage with one message naming it, before any run measures the online
+    counter under the table's name."""
+    from tasks.allocators.model_table import with_model_table
+    from tasks.learning.table import HEADER, read_table_file
+    from tasks.registry.tracking import TrackingConfig
+
+    t = written_table(tmp_path, 9)
+    nowhere = TrackingConfig(root=str(tmp_path / "no-store"))
+    got = with_model_table.fn(CFG, nowhere, "champion", tmp_path / "dest", str(t.path))
+    assert got.get("layer-table").predictor == "the model's table (v9)"
+    assert got.get("layer-table").model_table.path == t.path
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "no-store").exists()
+    assert read_table_file(t.path).version == 9
+    data = t.path.read_bytes()
+    bad = {
+        "cut.hcltab": (data[:-1], "does not match its header"),
+        "changed.hcltab": (data[:-1] + bytes([data[-1] ^ 1]), "does not match its header"),
+        "other.hcltab": (b"not a table at all, not even close" * 2, "not a table"),
+        "format1.hcltab": (data[:8] + (1).to_bytes(4, "little") + data[12:], "format 1"),
+        "tokens.hcltab": (data[:16] + (63).to_bytes(4, "little") + data[20:], "63 tokens"),
+    }
+    assert HEADER.size == 32
+    for name, (content, message) in bad.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=message) as err:
+            with_model_table.fn(CFG, nowhere, "champion", tmp_path / "dest", str(tmp_path / name))
+        assert str(tmp_path / name) in str(err.value)
+    with pytest.raises(ValueError, match="cannot be read"):
+        read_table_file(tmp_path / "missing.hcltab")

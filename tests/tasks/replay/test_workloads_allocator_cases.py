@@ -21,10 +21,12 @@ from tasks.replay.runners.base import SANDBOX, RunRequest
 from tasks.replay.runners.local_runner import bwrap_argv
 from tasks.replay.workloads import IMAGES_DIR, RUNNER_FOLDERS, load_catalog, parse_catalog
 from tests.conftest import in_ci, need_tool
+from tests.native.tracer_harness import NATIVE
 
 # workload -> its `program`
 NEW = {
     "numpy_temporaries": "cpython",
+    "numpy_pipeline": "cpython",
     "keras_gru": "tensorflow",
     "keras_video": "tensorflow",
     "larson": "larson",
@@ -73,7 +75,9 @@ def test_new_workloads_have_their_program_two_inputs_and_stay_out_of_the_quick_s
     assert not quick & set(NEW)
 
 
-@pytest.mark.parametrize("name", ["numpy_temporaries", "keras_gru", "keras_video"])
+@pytest.mark.parametrize(
+    "name", ["numpy_temporaries", "numpy_pipeline", "keras_gru", "keras_video"]
+)
 def test_new_generators_write_the_same_bytes_for_the_same_seed(name, tmp_path):
     w = load_catalog().get(name)
     inp = w.input("small")
@@ -98,6 +102,46 @@ def test_numpy_temporaries_prints_the_same_checksum_under_glibc_and_tcmalloc(tmp
     ]
     assert re.fullmatch(r"heapcast numpy temporaries done -?\d+(\.\d+)?(e[+-]?\d+)?\n", outs[0])
     assert outs[0] == outs[1]
+
+
+@pytest.fixture(scope="module")
+def heapcast_layer() -> Path:
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "layer"], check=True)
+    return NATIVE / "build" / "libheapcast_layer.so"
+
+
+def test_numpy_pipeline_frees_the_readers_chunks_in_the_main_thread_and_prints_one_total(
+    heapcast_layer, tmp_path
+):
+    """The case's point, on the host: every chunk is allocated by the reader thread and freed by
+    the main thread, so heapcast's layer guided by the online counter (the freeing thread's own
+    calls) keeps none, where the layer keeping every block (seed001) reuses nearly all; the output is the same under glibc, tcmalloc and the layer."""
+    _need_file(DEBIAN_NUMPY, "python3-numpy")
+    _need_file(TCMALLOC, "libtcmalloc-minimal4")
+    w = load_catalog().get("numpy_pipeline")
+    generate_input(w.generator, 5, 4200, tmp_path)  # 33.6 MB chunks: above 32 MiB
+    cmd = [str(DEBIAN_PYTHON), "-S", str(tmp_path / "workload.py"), str(DEBIAN_NUMPY)]
+    base = {**w.env}
+    outs, hits = [], {}
+    for name, lib, policy in [
+        ("glibc", None, None),
+        ("tcmalloc", TCMALLOC, None),
+        ("counter", heapcast_layer, "guided,predictor=online"),
+        ("keep", heapcast_layer, "seed001"),
+    ]:
+        env = {**_under(lib), **base}
+        stats = tmp_path / f"{name}.stats"
+        if policy:
+            env["HEAPCAST_LAYER"] = f"policy={policy},proof=0,stats={stats}"
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        outs.append(run.stdout)
+        if policy:
+            line = dict(f.split("=", 1) for f in stats.read_text().split())
+            hits[name] = int(line["hits"])
+    assert re.fullmatch(r"heapcast numpy pipeline done 40 \d+\.\d+\n", outs[0]), outs[0]
+    assert len(set(outs)) == 1
+    # the first two chunks (three where the reader's request beats a free) are new mappings
+    assert hits["counter"] == 0 and 30 <= hits["keep"] <= 38, hits
 
 
 def test_keras_video_prints_the_same_loss_under_glibc_and_tcmalloc(tmp_path):
