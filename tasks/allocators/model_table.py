@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.allocators.config import AllocatorsConfig
 from tasks.allocators.measure import run_logger
+from tasks.learning.table import read_table_file
 from tasks.registry.tracking import TrackingConfig
 
 
@@ -37,8 +38,6 @@ def with_model_table(
     if not config.needs_table:
         return config
     if table_file is not None:
-        from tasks.learning.table import read_table_file  # deferred, as fetch_table below
-
         table = read_table_file(Path(table_file))
         run_logger().info(f"the layer's table: {table.path} (model v{table.version}), a file")
         return config.with_model_table(table)

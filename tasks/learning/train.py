@@ -182,7 +182,8 @@ def training_features(
     in its one table only (before, every row was looked up in both, and half of each thrown
     away: ~60 s of the full config's train stage). The same features as the leave-one-out of
     all rows overwritten by crossfit_features (tests/tasks/learning/test_train.py)."""
-    from tasks.learning.model import NGRAM_FEATURES  # deferred, as in training_tables
+    # deferred: imported on first use, for start-up time (as in training_tables)
+    from tasks.learning.model import NGRAM_FEATURES
 
     feats = np.empty((whole.n_tokens, NGRAM_FEATURES), np.uint8)
     own = np.ones(whole.n_tokens, bool)
