@@ -648,6 +648,12 @@ _spec.loader.exec_module(np)
 """
 
 
+def _numpy_workload(dest: Path, template: str, **fields: object) -> list[str]:
+    """workload.py from one of the numpy templates (numpy imported from Debian's folder)."""
+    (dest / "workload.py").write_text(template.format(numpy_dir=DEBIAN_NUMPY_DIR, **fields))
+    return ["workload.py"]
+
+
 _NUMPY_TEMPLATE = (
     '''\
 """heapcast workload (generated, seed {seed}, size {size}): Debian's numpy, every object on malloc.
@@ -827,15 +833,14 @@ def gen_numpy_temporaries(seed: int, size: int, dest: Path) -> list[str]:
     """Seed 002's case: large numpy temporaries allocated and freed every iteration (size:
     thousands of elements per array)."""
     rng = random.Random(seed)
-    text = _NUMPY_TEMPORARIES_TEMPLATE.format(
+    return _numpy_workload(
+        dest,
+        _NUMPY_TEMPORARIES_TEMPLATE,
         seed=seed,
         size=size,
         iterations=30,
         factor=round(1.0 + rng.random(), 3),
-        numpy_dir=DEBIAN_NUMPY_DIR,
     )
-    (dest / "workload.py").write_text(text)
-    return ["workload.py"]
 
 
 def gen_none(seed: int, size: int, dest: Path) -> list[str]:
@@ -1082,17 +1087,16 @@ def gen_numpy_training_loop(seed: int, size: int, dest: Path) -> list[str]:
     """Seed 001's case: a training loop allocating and freeing same-shaped tensors every step
     (size: thousands of rows in the batch; each activation is rows x 64 float64)."""
     rng = random.Random(seed)
-    text = _NUMPY_TRAINING_LOOP_TEMPLATE.format(
+    return _numpy_workload(
+        dest,
+        _NUMPY_TRAINING_LOOP_TEMPLATE,
         seed=seed,
         size=size,
         steps=20,
         features=16,
         hidden=64,
         factor=round(0.5 + rng.random(), 3),
-        numpy_dir=DEBIAN_NUMPY_DIR,
     )
-    (dest / "workload.py").write_text(text)
-    return ["workload.py"]
 
 
 GENERATORS["numpy_training_loop"] = gen_numpy_training_loop
@@ -1145,16 +1149,15 @@ def gen_numpy_pipeline(seed: int, size: int, dest: Path) -> list[str]:
     """A reader thread allocates large chunks, the main thread frees them (size: thousands of
     float64 values per chunk)."""
     rng = random.Random(seed)
-    text = _NUMPY_PIPELINE_TEMPLATE.format(
+    return _numpy_workload(
+        dest,
+        _NUMPY_PIPELINE_TEMPLATE,
         seed=seed,
         size=size,
         chunks=40,
         depth=2,
         step=rng.randint(1, 10),
-        numpy_dir=DEBIAN_NUMPY_DIR,
     )
-    (dest / "workload.py").write_text(text)
-    return ["workload.py"]
 
 
 GENERATORS["numpy_pipeline"] = gen_numpy_pipeline
