@@ -35,12 +35,15 @@ def with_model_table(
     `table: model` candidates, downloaded under `dest`, or the file `table_file` (checked as the
     layer checks it: a file it would refuse stops here, naming the file); as it is when none
     reads one."""
-    if not config.needs_table:
-        return config
-    if table_file is not None:
+    if table_file is not None:  # checked even where no candidate reads it: a typo says so
         table = read_table_file(Path(table_file))
+        if not config.needs_table:
+            run_logger().warning(f"{table.path}: no candidate of this config reads a table")
+            return config
         run_logger().info(f"the layer's table: {table.path} (model v{table.version}), a file")
         return config.with_model_table(table)
+    if not config.needs_table:
+        return config
     from tasks.registry.questions import fetch_table  # deferred: MLflow's import is slow
 
     log = run_logger()

@@ -146,3 +146,9 @@ def test_a_table_file_is_measured_as_the_layer_reads_it_and_a_refused_one_stops_
         assert str(tmp_path / name) in str(err.value)
     with pytest.raises(ValueError, match="cannot be read"):
         read_table_file(tmp_path / "missing.hcltab")
+    # a config without table candidates still has the file checked (a typo is not ignored)
+    plain = CFG.model_copy(update={"allocators": [CFG.get("glibc"), CFG.get("layer-guided")]})
+    assert not plain.needs_table
+    assert with_model_table.fn(plain, nowhere, "champion", tmp_path, str(t.path)) is plain
+    with pytest.raises(ValueError, match="cannot be read"):
+        with_model_table.fn(plain, nowhere, "champion", tmp_path, str(tmp_path / "typo"))
