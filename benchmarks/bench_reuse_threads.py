@@ -54,7 +54,7 @@ def soon_after(req_key: np.ndarray, req_pos: np.ndarray, key: np.ndarray, pos: n
     q = key * big + pos
     i = np.searchsorted(req, q, side="right")  # the first request after the free, if its key
     nxt = np.where(i < len(req), req[np.minimum(i, len(req) - 1)], -1)
-    return (nxt // big == key) & (nxt - q <= SOON) & (nxt > q)
+    return (nxt // big == key) & (nxt - q <= SOON)
 
 
 def run_figures(table) -> dict[str, int]:

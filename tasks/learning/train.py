@@ -147,20 +147,26 @@ def crossfit_rows(
 
 
 def crossfit_features(
-    feats: np.ndarray, runs: list[TokenRun], cfg: TrainConfig, others: dict[str, NGramTable]
+    feats: np.ndarray,
+    runs: list[TokenRun],
+    cfg: TrainConfig,
+    others: dict[str, NGramTable],
+    chosen: dict[int, np.ndarray] | None = None,
 ) -> int:
-    """Replace, in place, the n-gram features of the cross-fitted positions (crossfit_rows) by
-    those of a table fitted on the other training workloads only; returns how many positions
-    were replaced.
+    """Replace, in place, the n-gram features of the cross-fitted positions (`chosen`, else
+    crossfit_rows) by those of a table fitted on the other training workloads only; returns how
+    many positions were replaced.
 
     Leave-one-out features on the table's own runs say what the n-gram knows about a workload it
     was trained on; on a program it never saw, its contexts come from other programs and are
     often confidently wrong. Trained on the first kind alone, the network trusts them on the
     second (benchmarks/results/model_variants.json); cross-fitted blocks teach it when not to.
     """
+    if chosen is None:
+        chosen = crossfit_rows(runs, cfg, others)
     starts = np.cumsum([0] + [r.n_tokens for r in runs])
     replaced = 0
-    for i, rows in crossfit_rows(runs, cfg, others).items():
+    for i, rows in chosen.items():
         r = runs[i]
         feats[starts[i] + rows] = others[r.workload].features(
             r.tokens, r.position_in_thread(), leave_one_out=False, rows=rows
@@ -180,7 +186,7 @@ def training_features(
     """The training positions' n-gram features: the cross-fitted rows' (crossfit_features) from
     the other workloads' tables, every other row's leave-one-out from `table`, each row looked up
     in its one table only (before, every row was looked up in both, and half of each thrown
-    away: ~60 s of the full config's train stage). The same features as the leave-one-out of
+    away: ~30 s of the full config's train stage). The same features as the leave-one-out of
     all rows overwritten by crossfit_features (tests/tasks/learning/test_train.py)."""
     # deferred: imported on first use, for start-up time (as in training_tables)
     from tasks.learning.model import NGRAM_FEATURES
@@ -188,10 +194,11 @@ def training_features(
     feats = np.empty((whole.n_tokens, NGRAM_FEATURES), np.uint8)
     own = np.ones(whole.n_tokens, bool)
     if others is not None:
+        chosen = crossfit_rows(runs, cfg, others)
         starts = np.cumsum([0] + [r.n_tokens for r in runs])
-        for i, rows in crossfit_rows(runs, cfg, others).items():
+        for i, rows in chosen.items():
             own[starts[i] + rows] = False
-        crossfit_features(feats, runs, cfg, others)
+        crossfit_features(feats, runs, cfg, others, chosen)
     own_rows = np.flatnonzero(own)
     feats[own_rows] = table.features(whole.tokens, pos, leave_one_out=True, rows=own_rows)
     return feats
