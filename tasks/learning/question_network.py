@@ -35,17 +35,23 @@ import pyarrow as pa
 from keras import layers, ops
 
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
+from tasks.learning.counters import online_by_due
 from tasks.learning.labels import (
     LIFETIME_CLASSES,
     NO_LABEL,
     REUSE_CLASSES,
-    REUSE_EDGES,
     allocator_labels,
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.lifetime import known_at, lifetime_answers, lifetime_due, online_by_due
-from tasks.learning.reuse import SITE_VOCABULARY, ReuseAnswers, call_sites, reuse_answers
+from tasks.learning.lifetime import lifetime_answers, lifetime_due
+from tasks.learning.reuse import (
+    SITE_VOCABULARY,
+    ReuseAnswers,
+    call_sites,
+    reuse_answers,
+    reuse_due,
+)
 from tasks.learning.table import N_SIZE_CLASSES, SOON_CLASS, ClassTable
 from tasks.learning.train_config import QuestionsConfig
 
@@ -148,9 +154,7 @@ def label_known_at(table: pa.Table, order: np.ndarray, starts: np.ndarray) -> di
     """{question: int64 [n] in process order}: the row where each call's label becomes known to
     a program that watches itself (-1: never within its process). Reuse: at the next request of
     the class, or once the last edge has passed without one ("later")."""
-    dist = allocator_labels(table).reuse_calls[order]
-    later = REUSE_EDGES[-1] + 1
-    reuse = known_at(np.ones(len(order), bool), np.minimum(dist, later), starts)
+    reuse = reuse_due(allocator_labels(table).reuse_calls[order], starts)
     life = lifetime_due(table, order, starts)
     return {"reuse": reuse, "lifetime_calls": life, "lifetime_time": life}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from tasks.format.trace_reader import Op
 from tasks.learning.labels import REUSE_CLASSES, REUSE_EDGES
 from tasks.learning.reuse import (
     call_sites,
@@ -39,14 +40,15 @@ def _online_reference(t: pa.Table, by_site: bool, eps: float = 0.1) -> dict[int,
         counts_c = [0] * REUSE_CLASSES
         counts_s = [0] * REUSE_CLASSES
         earlier = [j for j in range(i) if rows[j]["pid"] == r["pid"]]
-        for f in earlier:  # an earlier free of class c, counted if its request came before i
-            rf = rows[f]
+        upto = [*earlier, i]  # a request at row i itself (a realloc's) is known at row i
+        for f in earlier:  # an earlier free of class c, counted once its class is known at i:
+            rf = rows[f]  # its request came by row i, or the last edge passed without one
             if rf["freed_size"] is None or rf["op"] not in (3, 4, 5) or _cls(rf["freed_size"]) != c:
                 continue
             req = next(
                 (
                     j
-                    for j in earlier
+                    for j in upto
                     if j > f
                     and rows[j]["op"] in defining
                     and rows[j]["addr"] != 0
@@ -54,9 +56,13 @@ def _online_reference(t: pa.Table, by_site: bool, eps: float = 0.1) -> dict[int,
                 ),
                 None,
             )
-            if req is None:
+            waited = len(earlier) - earlier.index(f)  # process calls from f to i
+            if req is not None:
+                b = _bucket(upto.index(req) - upto.index(f), REUSE_EDGES)
+            elif waited > REUSE_EDGES[-1]:
+                b = REUSE_CLASSES - 1  # "later or never", whatever comes after
+            else:
                 continue
-            b = _bucket(earlier.index(req) - earlier.index(f), REUSE_EDGES)  # process calls
             counts_c[b] += 1
             if sites[f] >= 0 and sites[f] == sites[i]:
                 counts_s[b] += 1
@@ -78,6 +84,46 @@ def test_online_counters_equal_the_plain_python_reference():
     assert got.labels.tolist() == [reuse[i] for i in got.rows]
     assert 0 < got.without_site < len(got.rows)
     assert not np.allclose(got.probs["class_online"], got.probs["site_online"])
+
+
+def test_a_class_never_requested_again_is_learnt_as_later_once_the_last_edge_has_passed():
+    # GIVEN one process: a free of class 7 never followed by a request of 7, REUSE_EDGES[-1] + 10
+    # mallocs of class 2, then two frees of class 7, a malloc of 7 between them
+    quiet = REUSE_EDGES[-1] + 10
+    op = [int(Op.FREE), *[int(Op.MALLOC)] * quiet, int(Op.FREE), int(Op.MALLOC), int(Op.FREE)]
+    n = len(op)
+    size = [0, *[3] * quiet, 0, 100, 0]
+    freed = [100, *[None] * quiet, 100, None, 100]
+    t = pa.table(
+        {
+            "pid": pa.array(np.full(n, 7, np.uint32)),
+            "thread": pa.array(np.zeros(n, np.uint16)),
+            "seq": pa.array(np.arange(n, dtype=np.uint64)),
+            "time_ns": pa.array(np.arange(n, dtype=np.int64)),
+            "op": pa.array(np.array(op, np.uint8)),
+            "size": pa.array(np.array(size, np.uint64)),
+            "addr": pa.array(0x1000 + np.arange(n, dtype=np.uint64) * 16),
+            "freed_size": pa.array(freed, pa.uint64()),
+            "lifetime_ns": pa.array([None] * n, pa.int64()),
+            "lifetime_calls": pa.array([None] * n, pa.int64()),
+        }
+    )
+    eps = 0.1
+    got = reuse_answers(t, np.full(REUSE_CLASSES, 1 / REUSE_CLASSES), eps=eps)
+    assert got.rows.tolist() == [0, quiet + 1, quiet + 3]
+    assert got.labels.tolist() == [REUSE_CLASSES - 1, 0, REUSE_CLASSES - 1]
+    later = np.full(REUSE_CLASSES, eps / (1 + eps * REUSE_CLASSES))
+    later[-1] = (1 + eps) / (1 + eps * REUSE_CLASSES)
+    for name in ("class_online", "site_online"):
+        p = got.probs[name]
+        # THEN nothing is known at the first free; at the second, the first is known to be
+        # "later or never" (its last edge passed with no request), not left uncounted
+        np.testing.assert_allclose(p[0], 1 / REUSE_CLASSES)
+        np.testing.assert_allclose(p[1], later)
+        # and at the third, the second is known too (requested at the next call: class 0)
+        want = np.full(REUSE_CLASSES, eps)
+        want[[0, -1]] += 1
+        np.testing.assert_allclose(p[2], want / want.sum())
 
 
 def test_an_answer_does_not_read_the_calls_after_it():
