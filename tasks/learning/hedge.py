@@ -70,10 +70,17 @@ def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, sha
     (key[i]: its call site and class); a key's weights start from the whole process's (which
     every event updates) the first time it is met. An event (ev_row, ev_f, ev_j), sorted by row,
     says at row ev_row what became known of row ev_f's class: ev_j >= 0, that it is above class
-    ev_j (a block still live past an edge; each expert's factor P(> j) / P(> j - 1)); ev_j < 0,
-    that it is label[ev_f] (P(label) / P(> label - 1)). The factors of one row telescope to its
-    whole likelihood. experts float64 [E, n, k]; rows in process call order."""
+    ev_j (a block still live past an edge; each expert's factor P(> j) / P(> known before)); ev_j
+    < 0, that it is label[ev_f] (P(label) / P(> known before)). The factors of one row telescope
+    to its whole likelihood, P(label), whether or not it had crossings before its label (until
+    2026-11-26 a label alone counted P(label) / P(>= label): a reuse label, which came without
+    crossings, taught nothing when it was "later or never"). experts float64 [E, n, k]; rows in
+    process call order."""
     n_exp, n, k = experts.shape
+    # the class each row is known to be above so far (-1: nothing known): an event's factor is
+    # the probability of what it tells GIVEN what was known before, so the factors of one row
+    # multiply to its whole likelihood however its knowledge arrived (in steps, or at once)
+    above = np.full(n, -1, np.int64)
     logp = np.zeros(n_exp)  # the process's weights
     logws = np.zeros((n_keys, n_exp))  # each key's
     seen = np.zeros(n_keys, np.bool_)
@@ -87,17 +94,17 @@ def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, sha
         while p < ev_row.shape[0] and ev_row[p] <= i:
             f, j = ev_f[p], ev_j[p]
             for e in range(n_exp):
-                if j >= 0:  # P(> j) / P(> j - 1)
+                den = 0.0  # P(> what was known)
+                for c in range(above[f] + 1, k):
+                    den += experts[e, f, c]
+                if j >= 0:  # P(> j) / P(> known)
                     num = 0.0
                     for c in range(j + 1, k):
                         num += experts[e, f, c]
-                    den = num + experts[e, f, j]
-                else:  # P(label) / P(> label - 1)
+                else:  # P(label) / P(> known)
                     num = experts[e, f, label[f]]
-                    den = 0.0
-                    for c in range(label[f], k):
-                        den += experts[e, f, c]
                 fac[e] = np.log(max(num, floor)) - np.log(max(den, floor))
+            above[f] = j if j >= 0 else k - 1
             kf = key[f]
             if not seen[kf]:
                 seen[kf] = True

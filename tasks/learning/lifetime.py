@@ -182,8 +182,8 @@ def network_survival(
     process's own blocks of that site and class then correct. Why: the network knows from other
     programs what a process's own short history cannot (blocks freed at exit, a phase to come);
     the site's blocks say where this program departs from it. Causal as site_survival is."""
-    if answers.learnt is None:
-        raise ValueError("network_survival needs a lifetime question's answers (with its events)")
+    if any(p.shape[1] != LIFETIME_CLASSES for p in (network, *answers.probs.values())):
+        raise ValueError("network_survival needs a lifetime question's answers and network's")
     n = len(order)
     label = np.zeros(n, np.int64)
     label[answers.rows] = answers.labels

@@ -18,7 +18,6 @@ from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_R
 from tasks.learning.hedge import (
     EXPERTS,
     HEDGED,
-    due_events,
     hedge_keys,
     hedged,
 )
@@ -34,7 +33,6 @@ from tasks.learning.question_network import (
     PREDICTOR,
     QuestionNetwork,
     distilled_table,
-    label_known_at,
     question_inputs,
     soon_of,
     train_network,
@@ -119,7 +117,6 @@ def question_evaluation(
             if net is not None:
                 said = net.answer(question_inputs(t, answers))
                 order, starts = process_order(t)
-                due = label_known_at(t, order, starts)[QUESTION]
                 req_cls, free_cls = request_and_free_classes(t)
                 sites = call_sites(t)
                 for q, a in answers.items():
@@ -128,14 +125,14 @@ def question_evaluation(
                         a.probs[NETWORK_SURVIVAL] = network_survival(
                             order, starts, req_cls, sites, a, a.probs[PREDICTOR]
                         )
-                    # the network corrected inside the run by what each predictor got right:
-                    # a lifetime is known in part before the free (the lifetime counters' events)
-                    learnt = a.learnt if a.learnt is not None else due_events(due)
+                    # the network corrected inside the run by what each predictor got right,
+                    # as each answer's class becomes known, in part before the whole (a block
+                    # still live past an edge; a freed class not requested by an edge)
                     # keyed by the class the question is about: the freed block's for reuse,
                     # the requested one's for a lifetime (they differ at a realloc)
                     keys = hedge_keys(sites, free_cls if q == QUESTION else req_cls)
                     a.probs[HEDGED] = hedged(
-                        order, starts, learnt, a.rows, a.labels,
+                        order, starts, a.learnt, a.rows, a.labels,
                         [a.probs[e] for e in EXPERTS if e in a.probs], keys=keys[a.rows],
                     )  # fmt: skip
                 kept[(w, r)] = RunAnswers(

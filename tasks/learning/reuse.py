@@ -44,7 +44,7 @@ import pyarrow as pa
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import read_run
 from tasks.learning.counters import known_at, online_by_due
-from tasks.learning.hedge import HEDGED
+from tasks.learning.hedge import HEDGED, censored_events
 from tasks.learning.labels import (
     LABEL_COLUMNS,
     NO_LABEL,
@@ -84,6 +84,22 @@ def reuse_due(reuse_calls: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return known_at(np.ones(len(starts), bool), np.minimum(reuse_calls, later), starts)
 
 
+def reuse_learnt(
+    reuse_calls: np.ndarray, asked: np.ndarray, starts: np.ndarray, due: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a program that watches itself learns of each asked free's reuse class, and when
+    (hedge.py's events, rows in process order): with no request of its class by edge j's row
+    (the free's row + REUSE_EDGES[j] + 1), that its class is above j; at `due` (reuse_due), its
+    class. The hedge weighs its predictors by these as they come: a free whose class is
+    requested again late tells early that it was not soon."""
+    n = len(starts)
+    edges = np.asarray(REUSE_EDGES, np.int64)
+    crossing = np.arange(n, dtype=np.int64)[:, None] + edges[None, :] + 1
+    crossing = np.where(asked[:, None] & (reuse_calls[:, None] > edges[None, :]), crossing, -1)
+    end = np.where(asked, due, -1)
+    return censored_events(starts, crossing, end)
+
+
 @dataclass(frozen=True)
 class ReuseAnswers:
     """The predictors' answers at a run's scored frees (rows in the table's order)."""
@@ -92,11 +108,11 @@ class ReuseAnswers:
     labels: np.ndarray  # int8 [m]
     probs: dict[str, np.ndarray]  # predictor -> float64 [m, REUSE_CLASSES]
     without_site: int  # scored rows with no call site
+    # when each answer's label became known, in part or whole (hedge.py's events, process
+    # order): reuse_learnt, or the lifetime counters' own; the hedged network reads them
+    learnt: tuple[np.ndarray, np.ndarray, np.ndarray]
     table_covered: np.ndarray | None = None  # bool [m]: the table has the free's class
     table_at_site: np.ndarray | None = None  # bool [m]: the table answered by call site
-    # when each answer's label became known, in part or whole (hedge.py's events, process
-    # order): the lifetime counters' own, which the hedged network reads too
-    learnt: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def reuse_answers(
@@ -130,8 +146,9 @@ def reuse_answers(
         cls = free_cls[rows]
         probs["table"], at_site = known.answer(site[rows], cls, eps, probs["class_online"])
         covered = known.covered()[cls]
+    learnt = reuse_learnt(every.reuse_calls[order], ask >= 0, starts, due)
     return ReuseAnswers(
-        rows, labels[rows], probs, int((site[rows] < 0).sum()), covered, table_at_site=at_site
+        rows, labels[rows], probs, int((site[rows] < 0).sum()), learnt, covered, at_site
     )
 
 

@@ -104,3 +104,27 @@ def test_a_lifetime_is_known_in_part_while_the_block_lives():
     # comes after the free (it did not outlive that edge); block 1: above 0 and 1, row 30 is past
     # the process
     assert list(zip(row, of, j)) == [(5, 0, 0), (6, 1, 0), (8, 0, 1), (10, 0, -1), (15, 1, 1)]
+
+
+def test_a_class_known_at_once_counts_its_whole_likelihood():
+    # GIVEN one process whose every label is the last class, known whole a few rows later with
+    # nothing known before (a reuse class "later or never" without its crossings); expert 0
+    # puts 0.9 on that class, expert 1 0.9 on the first
+    rng = np.random.default_rng(3)
+    order, starts, due, rows, _ = _process(rng, procs=1)
+    labels = np.full(len(rows), 4)
+    right = _experts(rng, labels, 5, 0.9)
+    wrong = _experts(rng, np.zeros(len(rows), np.int64), 5, 0.9)
+    mixed = hedged(order, starts, due_events(due), rows, labels, [right, wrong])
+    # THEN the right expert earns the weight (a label alone is P(label), not P(label | >= label),
+    # which is 1 for the last class and taught nothing: the mixture stayed at 0.77 nats, the
+    # two experts' mean), so the mixture follows it, up to what the fixed share keeps back
+    assert _loss(mixed[100:], labels[100:]) < _loss(right, labels) + 0.05
+    # and crossings then the label teach it as well (each step its share of the likelihood)
+    crossing = np.full((len(rows), 4), -1)
+    known = due >= 0
+    crossing[known] = due[known, None]  # all four edges passed at the row the label is known
+    stepwise = hedged(
+        order, starts, censored_events(starts, crossing, due), rows, labels, [right, wrong]
+    )
+    assert _loss(stepwise[100:], labels[100:]) < _loss(right, labels) + 0.1

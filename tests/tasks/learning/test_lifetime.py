@@ -209,7 +209,7 @@ def test_the_network_survival_reads_only_what_is_known_before_the_call():
 
 
 def test_the_network_survival_refuses_answers_that_are_not_a_lifetimes():
-    # GIVEN the reuse question's answers, which carry no lifetime events
+    # GIVEN the reuse question's answers (their own classes and events, not a lifetime's)
     t = _with_callers(_events(13, n=200), 13)
     reuse = reuse_answers(t, np.full(REUSE_CLASSES, 1.0 / REUSE_CLASSES))
     order, starts = process_order(t)

@@ -124,6 +124,13 @@ def test_a_class_never_requested_again_is_learnt_as_later_once_the_last_edge_has
         want = np.full(REUSE_CLASSES, eps)
         want[[0, -1]] += 1
         np.testing.assert_allclose(p[2], want / want.sum())
+    # AND what the hedge learns, and when: the first free is above each class as its edge passes
+    # with no request, then known "later" at the last; the second is known at its request
+    row, of, j = got.learnt
+    first = [(int(r), int(c)) for r, f, c in zip(row, of, j) if f == 0]
+    assert first == [(e + 1, k) for k, e in enumerate(REUSE_EDGES)] + [(REUSE_EDGES[-1] + 1, -1)]
+    second = [(int(r), int(c)) for r, f, c in zip(row, of, j) if f == quiet + 1]
+    assert second == [(quiet + 2, -1)]
 
 
 def test_an_answer_does_not_read_the_calls_after_it():
