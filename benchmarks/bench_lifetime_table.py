@@ -91,14 +91,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlflow  # deferred: start-up time
 
-    from tasks.learning.question_network import load_question_network  # deferred: Keras
-    from tasks.registry.questions import NETWORK_FILE  # deferred: Keras, through the registry
+    from tasks.registry.questions import fetch_question_network  # deferred: Keras
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = mlflow.artifacts.download_artifacts(
-            f"runs:/{ref.run_id}/questions/{NETWORK_FILE}", dst_path=tmp
-        )
-        network = load_question_network(path)
+        network = fetch_question_network(ref.run_id, Path(tmp))
     logged = mlflow.MlflowClient().get_run(ref.run_id).data.params
     train = parse_runs(logged.get("dataset.train_runs", ""))
     cap = ref.max_eval_tokens

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -79,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     # the registered table's format says at which horizon its agreement was logged (1: 16 calls)
     head = Path(mlflow.artifacts.download_artifacts(f"runs:/{ref.run_id}/table/heapcast.hcltab"))
     table_format = HEADER.unpack_from(head.read_bytes())[1]
-    from tasks.learning.question_network import load_question_network, network_answers
+    from tasks.learning.question_network import network_answers
+    from tasks.registry.questions import fetch_question_network
 
-    network = load_question_network(
-        mlflow.artifacts.download_artifacts(f"runs:/{ref.run_id}/questions/network.keras")
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        network = fetch_question_network(ref.run_id, Path(tmp))
     out = {
         "model": f"{ref.name} v{ref.version}",
         "registered_table_format": table_format,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -110,15 +111,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlflow  # deferred: start-up time
 
-    from tasks.learning.question_network import (
-        answered_inputs,
-        distilled_table,
-        load_question_network,
-    )
+    from tasks.learning.question_network import answered_inputs, distilled_table
+    from tasks.registry.questions import fetch_question_network
 
-    network = load_question_network(
-        mlflow.artifacts.download_artifacts(f"runs:/{ref.run_id}/questions/network.keras")
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        network = fetch_question_network(ref.run_id, Path(tmp))
 
     # the training runs as registration logged them (dataset.train_runs, cut at 6000 characters)
     logged = mlflow.get_run(ref.run_id).data.params.get("dataset.train_runs", "")

@@ -65,6 +65,11 @@ QUESTION_CLASSES = {
 # class, _process_counter): a new program's base rates, known long before each class's counter
 # has seen its first answers
 COUNTERS = ("class_online", "site_online")
+# What the network's inputs mean, versioned: a network is answered only with the inputs it was
+# trained on (the registry tags each logged network; tasks/registry/questions.py refuses another).
+# 1: the reuse counters counted a free only at the next request of its class;
+# 2 (2026-11-26): they count it "later or never" once the last edge has passed without one.
+INPUTS_VERSION = 2
 WINDOW = 256  # calls per window (the state is reset at each)
 # the project's tokens (tasks/dataset/tokens.py), and one more: a call that neither defines nor
 # frees a known-size block (a failed malloc)

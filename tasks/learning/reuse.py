@@ -256,17 +256,24 @@ def program_lines(scores: list[QuestionScores], table: str = "unseen_programs") 
         base = [s for s in got if s.predictor in BASELINE_PREDICTORS]
         if not model or not base:
             continue
-        cells = []
+        cells, alone = [], []
+        hedged = next((s for s in got if s.predictor == HEDGED), None)
         for label, key, best in (("top-1", "top1", max), ("log-loss", "log_loss", min)):
             m = best(model, key=attrgetter(key))
             b = best(base, key=attrgetter(key))
             mv, bv = getattr(m, key), getattr(b, key)
             lead = "model ahead" if best(mv, bv) == mv != bv else "baseline ahead or even"
             cells.append(f"{label} {m.predictor} {mv:.3f} against {b.predictor} {bv:.3f} ({lead})")
-        lines.append(
+            if hedged is not None:  # the one answer the model gives, without picking per cell
+                hv = getattr(hedged, key)
+                alone.append(f"{label} {'ahead' if best(hv, bv) == hv != bv else 'not ahead'}")
+        line = (
             f"{program}, {question} ({got[0].positions:,} "
             f"{QUESTION_POSITIONS.get(question, 'positions')}): {'; '.join(cells)}"
         )
+        if alone:
+            line += f"; {HEDGED} alone: {', '.join(alone)}"
+        lines.append(line)
     return lines
 
 

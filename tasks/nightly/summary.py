@@ -232,7 +232,8 @@ class NightlySummary(BaseModel):
                 "",
                 "Per program never trained on, the best of the model's answers (network, "
                 "network_survival, network_hedged) against the best baseline (majority, "
-                "class_online, site_online, site_survival):",
+                "class_online, site_online, site_survival), and whether network_hedged alone "
+                "(the one answer, not picked per cell) is ahead of that baseline:",
                 "",
                 *(f"- {line}" for line in self.program_questions),
             ]

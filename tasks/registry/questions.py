@@ -26,6 +26,9 @@ NETWORK_ARTIFACT = "questions"
 NETWORK_FILE = "network.keras"
 TABLE_FILE = "heapcast.hcltab"
 TAG_TABLE = "heapcast.table"  # where the layer's table is, and what it is made from
+# the inputs the logged questions' network was trained on (question_network.INPUTS_VERSION);
+# a network logged before the tag existed reads version 1
+TAG_NETWORK_INPUTS = "heapcast.questions_inputs"
 HEADLINE_TABLE = "unseen_programs"  # the table the issue's goals are about
 
 
@@ -86,6 +89,9 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
             path = Path(tmp) / NETWORK_FILE
             net.model.save(path)
             mlflow.log_artifact(str(path), NETWORK_ARTIFACT)
+        from tasks.learning.question_network import INPUTS_VERSION  # deferred: Keras
+
+        mlflow.set_tag(TAG_NETWORK_INPUTS, str(INPUTS_VERSION))
     if outcome.class_table is None:
         mlflow.set_tag(TAG_TABLE, "not made: training built no table")
         return
@@ -143,3 +149,27 @@ def fetch_table(tracking: TrackingConfig, model: str, dest: Path) -> ModelTable 
         path = dest / f"v{number}.hcltab"
         path.write_bytes(Path(got).read_bytes())
     return ModelTable(path=path, version=number, run_id=version.run_id)
+
+
+def fetch_question_network(run_id: str, dest: Path):
+    """The questions' network a version's run logged (`questions/network.keras`), downloaded
+    into the folder `dest` and loaded for answering: a keras.Model. A network trained on other
+    inputs than this code computes (TAG_NETWORK_INPUTS against INPUTS_VERSION) raises, naming
+    the run and what to do, rather than answer from inputs it never saw. The tracking URI is the
+    caller's (mlflow.set_tracking_uri, or a store `configure` set up)."""
+    import mlflow  # deferred: start-up time
+
+    from tasks.learning.question_network import INPUTS_VERSION, load_question_network
+
+    logged = mlflow.get_run(run_id).data.tags.get(TAG_NETWORK_INPUTS, "1")
+    if logged != str(INPUTS_VERSION):
+        raise ValueError(
+            f"run {run_id}: its questions' network was trained on inputs v{logged}, this code "
+            f"computes v{INPUTS_VERSION} (question_network.INPUTS_VERSION): answer with a "
+            "version this code trained (the train flow, or make run)"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    path = mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path=f"{NETWORK_ARTIFACT}/{NETWORK_FILE}", dst_path=str(dest)
+    )
+    return load_question_network(path)

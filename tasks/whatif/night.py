@@ -454,16 +454,11 @@ def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
         predictor.fail(error=f"{type(err).__name__}: {err}"[:500])
     try:
         # deferred: imported on first use (MLflow, TensorFlow), for start-up time
-        import mlflow
-
-        from tasks.learning.question_network import load_question_network
-        from tasks.registry.questions import NETWORK_ARTIFACT, NETWORK_FILE
+        from tasks.registry.questions import fetch_question_network
 
         with tempfile.TemporaryDirectory(prefix="heapcast-questions-") as tmp:
-            path = mlflow.artifacts.download_artifacts(  # the tracking URI load_version used
-                run_id=ref.run_id, artifact_path=f"{NETWORK_ARTIFACT}/{NETWORK_FILE}", dst_path=tmp
-            )
-            predictor.set_questions(load_question_network(path))
+            # the tracking URI load_version used
+            predictor.set_questions(fetch_question_network(ref.run_id, Path(tmp)))
     except Exception as err:  # noqa: BLE001 - an older version logged none: said, not fatal
         predictor.fail(questions_error=f"{type(err).__name__}: {err}"[:300])
 

@@ -242,15 +242,17 @@ def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
     # neither the model's nor a baseline), pooled rows and other tables too
     assert lines == [
         "perl, reuse (500 frees): top-1 network_hedged 0.620 against site_online 0.610 (model "
-        "ahead); log-loss network 1.050 against site_online 1.270 (model ahead)",
+        "ahead); log-loss network 1.050 against site_online 1.270 (model ahead); network_hedged "
+        "alone: top-1 ahead, log-loss ahead",
         "redis, reuse (500 frees): top-1 network_hedged 0.900 against site_online 0.900 "
         "(baseline ahead or even); log-loss network_hedged 0.300 against site_online 0.260 "
-        "(baseline ahead or even)",
+        "(baseline ahead or even); network_hedged alone: top-1 not ahead, log-loss not ahead",
     ]
     md = NightlySummary(
         root="r", finished_at="now", stages=[], allocator_questions=["x"], program_questions=lines
     ).markdown()
     assert "Per program never trained on, the best of the model's answers" in md
+    assert "whether network_hedged alone" in md
     assert f"- {lines[1]}" in md
 
 

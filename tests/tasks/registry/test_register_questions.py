@@ -113,6 +113,21 @@ def test_the_questions_network_is_logged_with_the_version_and_loads_back(tmp_pat
         "distilled from the questions' network"
         in client.get_run(run_id).data.tags["heapcast.table"]
     )
+    # AND fetched for answering only with the inputs it was trained on: this code's, tagged
+    import pytest
+
+    from tasks.learning.question_network import INPUTS_VERSION
+    from tasks.registry.questions import TAG_NETWORK_INPUTS, fetch_question_network
+
+    assert client.get_run(run_id).data.tags[TAG_NETWORK_INPUTS] == str(INPUTS_VERSION)
+    fetched = fetch_question_network(run_id, tmp_path / "fetched")
+    for q, v in fetched.predict(x, verbose=0).items():
+        np.testing.assert_allclose(v, want[q], rtol=1e-5)
+    # a network logged before the tag (inputs version 1: the reuse counters that never learnt
+    # "later") is refused in one line naming the run and what to do
+    client.delete_tag(run_id, TAG_NETWORK_INPUTS)
+    with pytest.raises(ValueError, match=rf"run {run_id}: .* inputs v1, this code computes v2"):
+        fetch_question_network(run_id, tmp_path / "old")
 
 
 def test_the_layers_table_is_fetched_by_version_or_alias_for_the_allocators_stage(tmp_path):
