@@ -142,6 +142,7 @@
     X(follow, "1", "1: raise glibc's mmap threshold as glibc would on the frees it keeps; 0: no") \
     X(peak, "4", "kept blocks never lift live + kept above the live blocks' peak + this % (off)") \
     X(proof, "2", "keep nothing until N requests could have reused a block passed on (0: at once)") \
+    X(regret, "0", "guided: 1: keep a class the process asked again for soon after passing one on") \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
 
 enum hl_policy { HL_OFF, HL_SEED002, HL_SEED001, HL_GUIDED };
@@ -158,6 +159,7 @@ struct hl_settings {
     int scope_all;   /* keep blocks from glibc's heap too (scope=all) */
     int peak;        /* hl_bound's headroom in % of the live blocks' peak; -1: no bound */
     int proof;       /* hl_ghost_hit: reuses seen before anything is kept */
+    int regret;      /* guided: the process's regrets overrule the thread's counter (hl_regret) */
     char table[512]; /* table file path ("" = online counter) */
     char stats[512]; /* "" none, "1" stderr, else a path */
 };
@@ -261,6 +263,7 @@ static int hl_apply(struct hl_settings *st, const char *name, const char *v) {
     if (!strcmp(name, "proof"))
         return hl_parse_int(v, 0, 1 << 20, &x) ? (st->proof = (int)x, 1) : 0;
     if (!strcmp(name, "follow")) return hl_parse_int(v, 0, 1, &x) ? (st->follow = (int)x, 1) : 0;
+    if (!strcmp(name, "regret")) return hl_parse_int(v, 0, 1, &x) ? (st->regret = (int)x, 1) : 0;
     if (!strcmp(name, "predictor")) {
         if (!strcmp(v, "online")) return st->table[0] = '\0', 1;
         if (strncmp(v, "table:", 6) || !v[6] || strlen(v + 6) >= sizeof st->table) return 0;
@@ -1047,15 +1050,36 @@ static void hl_drop(int i, int decayed) {
  * 5% more time), and glibc's heap took some of a training loop's blocks meanwhile (77 hits
  * with proof=0 or 2, 54 with 4: its blocks came from glibc's heap until glibc trimmed it).
  * ARC's ghost lists and TinyLFU's doorkeeper admit blocks on the same kind of evidence.
- * Process-wide, under hl_lock (only until proven); tasks/whatif/simulate.py replays it. */
+ * Process-wide, under hl_lock (only until proven); tasks/whatif/simulate.py replays it.
+ *
+ * The regret (guided, regret=1; off by default, not replayed by the simulator). The thread's
+ * counter answers from the freeing thread's own calls, and a block freed by a thread that never
+ * asks for one is passed on every time: a reader thread's chunks freed by the main thread
+ * (numpy_pipeline) got no hit from the counter, where a table trained on numpy's call site got
+ * 38 (benchmarks/results/layer_pipeline.md), and a program no table knows had nothing. So after
+ * the proof the frees the prediction passed on are remembered the same way, and a miss one of
+ * them would have served is a regret of the process for that block's size class: the class's
+ * next HL_REGRET frees are kept whatever the thread's counter says. A remembered block that ages
+ * out of the list unasked, or a kept block given back idle (decay), takes one back. What the
+ * process as a whole asks for, learnt from its own misses, as an allocator can: no training. */
 #define HL_GHOSTS 8
+#define HL_REGRET 4
 static struct {
     uintptr_t p;
     size_t usable;
+    unsigned cls; /* the freed block's size class (its request's) */
 } hl_ghost[HL_GHOSTS]; /* oldest first */
 static int hl_nghost; /* changed under hl_lock, read without it by a miss (hl_take) */
 static int hl_proven; /* read without the lock: a stale 0 remembers one more block */
 static uint64_t hl_proof_hits;
+/* per size class: frees to keep on the process's regrets; written under hl_lock, read without */
+static int hl_regret[32];
+static uint64_t hl_regret_hits, hl_regret_keeps;
+
+static inline void hl_regret_less(unsigned cls) { /* under hl_lock */
+    int r = hl_regret[cls & 31u];
+    if (r > 0) __atomic_store_n(&hl_regret[cls & 31u], r - 1, __ATOMIC_RELAXED);
+}
 
 static inline int hl_unproven(void) { return !__atomic_load_n(&hl_proven, __ATOMIC_RELAXED); }
 
@@ -1065,24 +1089,36 @@ static void hl_ghost_drop(int i) {
     __atomic_store_n(&hl_nghost, n, __ATOMIC_RELAXED);
 }
 
-/* a free the layer would have kept, passed on before the proof */
-static void hl_ghost_add(const void *p, size_t usable) {
+/* a free the layer would have kept, passed on before the proof; or, after it (regret=1), a
+ * free the prediction passed on */
+static void hl_ghost_add(const void *p, size_t usable, unsigned cls) {
     hl_lock_take();
-    if (hl_nghost == HL_GHOSTS) hl_ghost_drop(0);
+    if (hl_nghost == HL_GHOSTS) {
+        if (!hl_unproven()) hl_regret_less(hl_ghost[0].cls); /* aged out, never asked for */
+        hl_ghost_drop(0);
+    }
     hl_ghost[hl_nghost].p = (uintptr_t)p;
     hl_ghost[hl_nghost].usable = usable;
+    hl_ghost[hl_nghost].cls = cls;
     __atomic_store_n(&hl_nghost, hl_nghost + 1, __ATOMIC_RELAXED);
     hl_lock_give();
 }
 
-/* a miss before the proof: the most recent remembered block that would have served it counts */
+/* a miss the most recent remembered block that fits would have served: before the proof, a
+ * step towards it; after it, a regret for that block's class */
 static void hl_ghost_hit(size_t n, uintptr_t mask) {
     hl_lock_take();
     for (int i = hl_nghost - 1; i >= 0; i--)
         if (hl_fits(hl_ghost[i].usable, n) && (hl_ghost[i].p & mask) == 0) {
+            unsigned cls = hl_ghost[i].cls;
             hl_ghost_drop(i);
-            if (++hl_proof_hits >= (uint64_t)hl_set.proof)
-                __atomic_store_n(&hl_proven, 1, __ATOMIC_RELAXED);
+            if (hl_unproven()) {
+                if (++hl_proof_hits >= (uint64_t)hl_set.proof)
+                    __atomic_store_n(&hl_proven, 1, __ATOMIC_RELAXED);
+            } else {
+                hl_regret_hits++;
+                __atomic_store_n(&hl_regret[cls & 31u], HL_REGRET, __ATOMIC_RELAXED);
+            }
             break;
         }
     hl_lock_give();
@@ -1100,6 +1136,7 @@ static void hl_decay(struct hl_out *out, uint64_t now) {
     for (int i = 0; i < hl_nkept && out->n < HL_OUT_MAX;) {
         if (now - hl_kept[i].since > hl_set.decay_ns) {
             out->p[out->n++] = hl_kept[i].p;
+            if (hl_set.regret) hl_regret_less(hcp_class(hl_kept[i].usable)); /* kept for nothing */
             hl_drop(i, 1);
         } else {
             i++;
@@ -1382,7 +1419,7 @@ shared_done:
         /* not locked for when nothing is remembered: a program whose large blocks all come
          * from glibc's heap never gives the proof, and 8 threads missing there met on hl_lock
          * at every call (256 KiB heap blocks: ~70 -> ~45 ns a pair) */
-        if (hl_unproven() && __atomic_load_n(&hl_nghost, __ATOMIC_RELAXED) > 0)
+        if ((hl_unproven() || hl_set.regret) && __atomic_load_n(&hl_nghost, __ATOMIC_RELAXED) > 0)
             hl_ghost_hit(n, mask);
     }
     hl_release(&out);
@@ -1524,10 +1561,21 @@ again:;
     }
     size_t req = e->req ? e->req : 1;
     int keep = wanted;
+    int passed_by_prediction = 0; /* regret=1: remembered (hl_ghost_add) */
     if (hl_set.policy == HL_GUIDED) { /* this thread's */
         int by_site = 0;
-        keep = hl_predict_reuse(req, site, &by_site) && keep;
+        int soon = hl_predict_reuse(req, site, &by_site);
         s->sited += (uint64_t)by_site; /* under s's lock: no atomic (~5 ns a free) */
+        if (!soon && hl_set.regret && wanted && !unproven) {
+            /* the process's regrets for the class (hl_regret) overrule the thread's counter */
+            if (__atomic_load_n(&hl_regret[hcp_class(req)], __ATOMIC_RELAXED) > 0) {
+                soon = 1;
+                __atomic_fetch_add(&hl_regret_keeps, 1, __ATOMIC_RELAXED);
+            } else {
+                passed_by_prediction = 1;
+            }
+        }
+        keep = soon && keep;
     }
     if (hl_set.policy == HL_SEED002 && hl_set.n == 0) keep = 0;
     if (unproven) keep = 0;
@@ -1547,11 +1595,12 @@ again:;
         hl_live_unlock(s);
         if (unproven) {
             HL_COUNT(unproven);
-            hl_ghost_add(p, usable);
+            hl_ghost_add(p, usable, hcp_class(req));
         } else if (outgrown) {
             HL_COUNT(outgrown);
         } else {
             HL_COUNT(declined);
+            if (passed_by_prediction) hl_ghost_add(p, usable, hcp_class(req));
         }
         hl_pass_free(p);
         return;
@@ -2171,6 +2220,11 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("proven", __atomic_load_n(&hl_proven, __ATOMIC_RELAXED));
     F("proof_hits", hl_proof_hits);
     F("unproven", HL_STRIPED(unproven));
+    /* regret=1: misses a block the prediction passed on would have served, and the frees kept
+     * on those regrets against the thread's counter */
+    F("regret", hl_set.regret);
+    F("regret_hits", hl_regret_hits);
+    F("regret_keeps", __atomic_load_n(&hl_regret_keeps, __ATOMIC_RELAXED));
     F("mmap_threshold", __atomic_load_n(&hl_follow_at, __ATOMIC_RELAXED)); /* 0: not followed */
     F("program_mmap_threshold", __atomic_load_n(&hl_program_threshold, __ATOMIC_RELAXED));
     /* threads that counted their calls on the one shared stripe, atomically (hl_stripe_claim):

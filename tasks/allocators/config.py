@@ -67,6 +67,7 @@ LAYER_OPTIONS = {
     "follow",
     "peak",
     "proof",
+    "regret",
 }
 LAYER_POLICIES = {"seed002", "seed001", "guided", "off"}
 # Where a layer run writes its counters, in the run's measure folder.

@@ -141,6 +141,10 @@ class Sample(BaseModel):
     layer_table: int | None = None
     layer_table_refused: int | None = None
     layer_table_sites: int | None = None  # frees a table's call-site entries answered
+    # regret=1: misses a block the prediction passed on would have served, and the frees kept
+    # on those regrets against the prediction (layer.c, The regret)
+    layer_regret_hits: int | None = None
+    layer_regret_keeps: int | None = None
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,
@@ -163,6 +167,8 @@ LAYER_COUNTERS = (
     "table",  # processes that used a table (the model's, for a table candidate)
     "table_refused",  # processes that refused the one they were given (one stderr line each)
     "table_sites",  # frees the table answered by call site and class (format 3), not by class
+    "regret_hits",  # regret=1: misses a block the prediction passed on would have served
+    "regret_keeps",  # regret=1: frees kept on the process's regrets against the prediction
 )
 
 

@@ -232,6 +232,7 @@ def test_seed002_is_cache002s_policy(heapcast_layer, program, tmp_path):
         "predictor=table:",
         "min=0",
         "peak=-1",
+        "regret=2",
     ],
 )
 def test_a_setting_it_cannot_parse_passes_through(heapcast_layer, program, setting, tmp_path):
@@ -561,6 +562,36 @@ def test_kept_blocks_stay_within_the_programs_own_peak(heapcast_layer, program, 
     assert s["bounded"] == 0, s
     held = 16 * MiB if policy == "seed001" else 8 * MiB
     assert unbound >= glibc + (held - MiB) // 1024, (unbound, glibc, s)
+
+
+@pytest.mark.parametrize("predictor", ["online", "table"])
+def test_blocks_one_thread_frees_and_another_asks_for_are_kept_on_the_processs_regret(
+    heapcast_layer, program, predictor, tmp_path
+):
+    """A reader thread's blocks freed by the main thread (handoff.c): the freeing thread never
+    asks for a block, so its counter says "not soon" at every free and guided passes every one
+    on, as does a table whose classes say "not soon" (learnt from other programs). With
+    regret=1, the first misses a passed-on block would have served make the process keep that
+    class's frees (after the proof, two such misses), and the reader takes them back: every
+    chunk but the first few is a hit. The output stays the program's."""
+    exe = program("handoff")
+    setting = "policy=guided,proof=2"
+    if predictor == "table":
+        table = tmp_path / "t.hcltab"
+        write_table(table, payload=bytes(4096))  # every class scored 0: never soon
+        setting += f",predictor=table:{table}"
+    fixed = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # every 1 MiB block mapped: in the layer's scope
+    chunks = 200
+    (without,) = _same_under_layer([exe, chunks, MiB], heapcast_layer, setting, tmp_path, **fixed)
+    (with_,) = _same_under_layer(
+        [exe, chunks, MiB], heapcast_layer, setting + ",regret=1", tmp_path, **fixed
+    )
+    assert without["regret"] == 0 and without["hits"] == 0, without
+    assert without["kept"] == 0 and without["regret_keeps"] == 0, without
+    assert with_["regret"] == 1 and with_["regret_hits"] >= 1, with_
+    assert with_["hits"] >= chunks - 10, with_
+    assert with_["regret_keeps"] >= with_["hits"], with_  # kept against the counter's answer
+    assert with_["hits"] + with_["misses"] == chunks, with_
 
 
 # --- its counters ----------------------------------------------------------------------------------

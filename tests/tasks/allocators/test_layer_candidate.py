@@ -169,7 +169,8 @@ def test_five_rounds_say_so_and_a_side_not_measured_is_said():
     m = make_measurements({"glibc": five, "layer-seed002": five}, case="c")
     text = seed_lines(m, CFG)[0].text()
     assert text.startswith("c, 5 rounds: ") and "bought" not in text
-    assert "nothing to compare for layer-table vs layer-guided, " in text
+    assert "nothing to compare for layer-guided-regret vs layer-guided, " in text
+    assert ", layer-table vs layer-guided, " in text
 
 
 # ------------------------------------------------------------------ a real run, in a container
@@ -247,12 +248,13 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     numpy_image, tmp_path
 ):
     """The layer's cases (numpy_temporaries, numpy_training_loop: seed 001's loop, and
-    numpy_pipeline) under glibc, layer-seed002, layer-guided and layer-table (a model's table
-    copied into each container's measure folder), one quick round: every run verified with the
-    same output, the table used in every process, the layer's counters in the samples Parquet, a
-    line per case, the figures on a model's run. On the pipeline the online counter keeps
-    nothing (the main thread frees the reader's chunks and never asks for one), where no
-    prediction and the table (every class: keep) reuse them."""
+    numpy_pipeline) under glibc, layer-seed002, layer-guided, layer-table (a model's table
+    copied into each container's measure folder) and layer-guided-regret, one quick round: every
+    run verified with the same output, the table used in every process, the layer's counters in
+    the samples Parquet, a line per case, the figures on a model's run. On the pipeline the
+    online counter keeps nothing (the main thread frees the reader's chunks and never asks for
+    one), where no prediction, the table (every class: keep) and the counter overruled by the
+    process's regrets reuse them."""
     import mlflow
     import pyarrow.parquet as pq
 
@@ -265,7 +267,13 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     assert w.deterministic
     seeds = CFG.seeds.model_copy(
         update={
-            "allocators": ["glibc", "layer-seed002", "layer-guided", "layer-table"],
+            "allocators": [
+                "glibc",
+                "layer-seed002",
+                "layer-guided",
+                "layer-table",
+                "layer-guided-regret",
+            ],  # fmt: skip
             "quick_allocators": None,  # the quick round measures `allocators`
             "quick_repetitions": 1,
         }
@@ -276,7 +284,7 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     m = measure_seed_cases.fn(root, cfg, True, "docker")
     cases = ("numpy_temporaries", "numpy_training_loop", "numpy_pipeline")
     assert {c.label for c in m.cases} == set(cases)
-    assert m.repetitions == 1 and len(m.samples) == 3 * 4
+    assert m.repetitions == 1 and len(m.samples) == 3 * 5
     assert all(s.ok and s.applied for s in m.samples), [s.error for s in m.samples]
     for case in cases:
         outputs = {s.stdout_sha256 for s in m.samples if s.case == case}
@@ -285,6 +293,10 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
         counter_keeps = case != "numpy_pipeline"
         assert (hits["layer-guided"] > 0) == counter_keeps, (case, hits)
         assert hits["layer-seed002"] > 0 and hits["layer-table"] > 0, (case, hits)
+        assert hits["layer-guided-regret"] > 0, (case, hits)
+        if not counter_keeps:  # the process's misses, not the freeing thread's counter
+            (r,) = [s for s in m.samples if s.case == case and s.allocator == "layer-guided-regret"]
+            assert r.layer_regret_hits >= 1 and r.layer_regret_keeps >= r.layer_hits, r
         (t,) = [s for s in m.samples if s.case == case and s.allocator == "layer-table"]
         assert t.layer_table == t.layer_processes >= 1 and t.layer_table_refused == 0
     tracking = TrackingConfig(root=str(tmp_path / "root"))
@@ -327,7 +339,8 @@ def test_the_quick_nights_seed_allocators_are_a_subset_with_the_baseline(tmp_pat
         bad = tmp_path / "allocators.yaml"
         bad.write_text(
             text.replace(
-                "quick_allocators: [glibc, tcmalloc, layer-seed002, layer-guided, layer-table]",
+                "quick_allocators: [glibc, tcmalloc, layer-seed002, layer-guided, layer-table, "
+                "layer-guided-regret, layer-table-regret]",
                 f"quick_allocators: {bad_list}",
             )
         )
