@@ -7,14 +7,20 @@
  *
  *   start  pid ppid secure exe malloc env.<knob>... jemalloc.opt.<name>... tcmalloc.release_rate
  *          mimalloc.version
- *   exit   pid forked cpu_ns
+ *   exit   pid forked cpu_ns cpu_ns_before
  *
  * `malloc` is the file that defines the malloc the program's calls bind to (malloc_file): the
  * preloaded library when the preload took, libc.so.6 when it did not, the program itself when it
  * carries its own allocator. The jemalloc/tcmalloc/mimalloc fields are
  * the allocator's own answers (mallctl "opt.*", the release rate, mi_version), so a knob is seen
- * in force, not only set. `cpu_ns` is the CPU time this image used (all its threads), so the
- * reader can tell how much of the program's work ran with the library: a process that is
+ * in force, not only set. `cpu_ns` is the CPU time this image used (all its threads) from the
+ * probe's start, and `cpu_ns_before` what the process had used before it (the loader's work:
+ * mapping and relocating the image's libraries, the preloaded ones among them; and an earlier
+ * image of the same process, which exec'd this one and so wrote no exit line; 0 in a forked
+ * child, whose clock starts at the fork), so the reader can tell how much of the program's work
+ * ran with the library. A short process is mostly its loader's work: 300 runs of `git
+ * --version` from a shell spent 74% of their CPU before the probe started, and without it the
+ * reader (tasks/replay/runners/preload.py) refused glibc itself there. A process that is
  * statically linked, setuid, or started by a parent that cleared its environment never loads
  * the probe and leaves no line.
  *
@@ -255,5 +261,6 @@ __attribute__((destructor)) static void probe_exit(void) {
     add_num(&l, "pid", pid);
     add_num(&l, "forked", forked);
     add_num(&l, "cpu_ns", now < 0 ? -1 : now - (forked ? 0 : start_cpu_ns));
+    add_num(&l, "cpu_ns_before", forked || start_cpu_ns < 0 ? 0 : start_cpu_ns);
     emit(&l);
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -77,6 +78,21 @@ def test_a_child_started_with_a_cleared_environment_is_not_applied(libs, tmp_pat
     v = r.verification
     assert not v.applied and v.processes >= 1
     assert "CPU time ran in processes that loaded it" in v.reason
+
+
+def test_a_program_of_many_short_processes_counts_their_loading_as_theirs(tmp_path):
+    # GIVEN a shell running 300 short processes (git --version: each mostly the loader's work,
+    # exec and relocation, before the probe starts), every one loading the probe
+    git = shutil.which("git")
+    assert git, "git is on every machine that cloned this repository"
+    loop = f"i=0; while [ $i -lt 300 ]; do {git} --version >/dev/null; i=$((i+1)); done"
+    r = run_preloaded(["/bin/sh", "-c", loop], PreloadSpec("glibc"), tmp_path / "run")
+    assert r.exit_code == 0
+    v = r.verification
+    # THEN it is applied: counted from the probe's start alone, their CPU was 26% of the tree's
+    # and glibc itself was refused; with their loading, 80%
+    assert v.applied, v.reason
+    assert v.processes == 301 and v.cpu_share > 0.6
 
 
 def test_a_knob_changed_on_the_way_is_not_applied(libs, tmp_path):
