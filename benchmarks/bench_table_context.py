@@ -40,22 +40,25 @@ ORDERS = (0, 1, 2, 3, 4)
 OTHER, BEFORE = 64, 65  # a call with no known class; no call (before the process's first)
 
 
-def context_keys(table, rows: np.ndarray, k: int) -> np.ndarray:
-    """int64 per row of `rows` (table order): its freed class and the k calls before it in its
-    process (BEFORE where the process has fewer), as one number."""
+def context_keys(table, rows: np.ndarray) -> dict[int, np.ndarray]:
+    """{k: int64 per row of `rows` (table order)} for every k of ORDERS: its freed class and
+    the k calls before it in its process (BEFORE where the process has fewer), as one number."""
     order, starts = process_order(table)
     req, free = request_and_free_classes(table)
     tok = np.where(req >= 0, req, np.where(free >= 0, 32 + free, OTHER))[order]
     n = len(order)
     idx = np.arange(n)
     first = np.maximum.accumulate(np.where(starts, idx, 0))  # each row's process's first row
-    key = np.zeros(n, np.int64)
-    for j in range(1, k + 1):
-        prev = np.where(idx - first >= j, np.roll(tok, j), BEFORE)
-        key = key * 67 + prev
     where = np.empty(n, np.int64)
     where[order] = idx
-    return key[where[rows]] * 32 + free[rows]
+    at = where[rows]
+    out, key = {}, np.zeros(n, np.int64)
+    for k in range(max(ORDERS) + 1):  # each order's key extends the one before it
+        if k:
+            key = key * 67 + np.where(idx - first >= k, np.roll(tok, k), BEFORE)
+        if k in ORDERS:
+            out[k] = key[at] * 32 + free[rows]
+    return out
 
 
 def keeps(table, model) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         for w, r in sorted({(x.workload, x.run) for x in runs}):
             t = head_rows(read_events(root, w, r), cfg.data.max_eval_tokens)
             rows, keep = keeps(t, model)
-            out.append((w, {k: context_keys(t, rows, k) for k in ORDERS}, keep))
+            out.append((w, context_keys(t, rows), keep))
         return out
 
     train = answered(split.train)

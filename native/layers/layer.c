@@ -1073,12 +1073,12 @@ static int hl_nghost; /* changed under hl_lock, read without it by a miss (hl_ta
 static int hl_proven; /* read without the lock: a stale 0 remembers one more block */
 static uint64_t hl_proof_hits;
 /* per size class: frees to keep on the process's regrets; written under hl_lock, read without */
-static int hl_regret[32];
+static int hl_regret[HL_CLASSES];
 static uint64_t hl_regret_hits, hl_regret_keeps;
 
 static inline void hl_regret_less(unsigned cls) { /* under hl_lock */
-    int r = hl_regret[cls & 31u];
-    if (r > 0) __atomic_store_n(&hl_regret[cls & 31u], r - 1, __ATOMIC_RELAXED);
+    int r = hl_regret[cls % HL_CLASSES];
+    if (r > 0) __atomic_store_n(&hl_regret[cls % HL_CLASSES], r - 1, __ATOMIC_RELAXED);
 }
 
 static inline int hl_unproven(void) { return !__atomic_load_n(&hl_proven, __ATOMIC_RELAXED); }
@@ -1117,7 +1117,7 @@ static void hl_ghost_hit(size_t n, uintptr_t mask) {
                     __atomic_store_n(&hl_proven, 1, __ATOMIC_RELAXED);
             } else {
                 hl_regret_hits++;
-                __atomic_store_n(&hl_regret[cls & 31u], HL_REGRET, __ATOMIC_RELAXED);
+                __atomic_store_n(&hl_regret[cls % HL_CLASSES], HL_REGRET, __ATOMIC_RELAXED);
             }
             break;
         }

@@ -125,7 +125,8 @@ def reuse_answers(
     order, starts = process_order(table)
     req_cls, free_cls = request_and_free_classes(table)
     site = call_sites(table)
-    due = reuse_due(every.reuse_calls[order], starts)
+    reuse_calls = every.reuse_calls[order]
+    due = reuse_due(reuse_calls, starts)
     ask = np.ascontiguousarray(np.where(labels != NO_LABEL, free_cls, -1)[order].astype(np.int64))
     label = np.ascontiguousarray(np.maximum(labels[order], 0).astype(np.int64))
     out = {}
@@ -146,7 +147,7 @@ def reuse_answers(
         cls = free_cls[rows]
         probs["table"], at_site = known.answer(site[rows], cls, eps, probs["class_online"])
         covered = known.covered()[cls]
-    learnt = reuse_learnt(every.reuse_calls[order], ask >= 0, starts, due)
+    learnt = reuse_learnt(reuse_calls, ask >= 0, starts, due)
     return ReuseAnswers(
         rows, labels[rows], probs, int((site[rows] < 0).sum()), learnt, covered, at_site
     )
