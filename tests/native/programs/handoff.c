@@ -1,7 +1,10 @@
 /* A reader thread hands blocks to the main thread, which uses and frees them: the thread that
  * frees a block never asks for one, the one that asks never frees (numpy_pipeline's shape, in
- * C). The reader fills CHUNKS blocks of SIZE bytes one after another and passes them through a
- * queue of two; main sums a byte of each page and frees the block. Prints the sum.
+ * C). The reader fills CHUNKS blocks of SIZE bytes one after another and hands each to main,
+ * which sums a byte of each page and frees the block; the reader asks for the next block only
+ * once main has freed the last, so that every request follows the free that could serve it,
+ * whatever the threads' timing (with a queue of two, a reader that ran ahead asked before the
+ * free, and the count of reuses moved with the machine's load). Prints the sum.
  * Usage: handoff CHUNKS SIZE */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -13,12 +16,16 @@ static long chunks;
 static size_t size;
 static unsigned char *queue[DEPTH];
 static int head, count;
+static long freed; /* blocks main has freed */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 
 static void *reader(void *arg) {
     (void)arg;
     for (long i = 0; i < chunks; i++) {
+        pthread_mutex_lock(&mu);
+        while (freed < i) pthread_cond_wait(&changed, &mu);
+        pthread_mutex_unlock(&mu);
         unsigned char *p = malloc(size);
         if (!p) exit(3);
         for (size_t off = 0; off < size; off += 4096) p[off] = (unsigned char)(i + off / 4096);
@@ -48,6 +55,10 @@ int main(int argc, char **argv) {
         pthread_mutex_unlock(&mu);
         for (size_t off = 0; off < size; off += 4096) sum += p[off];
         free(p);
+        pthread_mutex_lock(&mu);
+        freed++;
+        pthread_cond_broadcast(&changed);
+        pthread_mutex_unlock(&mu);
     }
     pthread_join(t, NULL);
     printf("%ld chunks, sum %llu\n", chunks, sum);
