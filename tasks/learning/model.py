@@ -6,10 +6,10 @@ settings. In `sequence` mode the last recurrent layer returns sequences and the 
 runs at every step (one forward pass, one prediction per position); in `windows` mode it
 returns only its last state (the article's one window -> one label).
 
-GPU: the recurrent layers keep cuDNN's conditions (tanh/sigmoid, recurrent_dropout 0,
-unroll False, use_bias True), so Keras picks the cuDNN kernel when a GPU is present, and the
-float16 mixed policy is set only then; the softmax stays float32 either way. The same code
-runs on the CPU.
+Backends: one model for TensorFlow, JAX and PyTorch; everything here is keras.ops or numpy
+(tasks/learning/backend.py picks the device and the precision). The recurrent layers keep cuDNN's
+conditions (tanh/sigmoid, recurrent_dropout 0, unroll False, use_bias True), so a backend that has
+the cuDNN kernel uses it on a GPU; the softmax stays float32 in every precision.
 
 Hybrid (`model.ngram_features`, sequence mode): the network also gets, per position, the
 back-off n-gram's answer from a table of the training runs held inside the model (see the
@@ -28,13 +28,16 @@ from dataclasses import dataclass
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.backend import configure
 from tasks.learning.online import online_features
 from tasks.learning.predictions import TOP_K, Predictions
 from tasks.learning.sequences import TokenRun, eval_positions
 from tasks.learning.train_config import TrainConfig
+
+configure()  # the backend checked and set up (JAX's 64-bit keys) before any layer is built
 
 OPTIMIZERS = {
     "adam": keras.optimizers.Adam,
@@ -43,15 +46,14 @@ OPTIMIZERS = {
 }
 
 
-def gpu_present() -> bool:
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
 def set_precision_policy() -> str:
-    """mixed_float16 where a GPU is present, float32 elsewhere; returns the policy's name."""
-    name = "mixed_float16" if gpu_present() else "float32"
-    keras.mixed_precision.set_dtype_policy(name)
-    return name
+    """The dtype policy for where this process trains (tasks/learning/backend.py); its name."""
+    # deferred: asks the backend for its devices once, when a model is built
+    from tasks.learning.backend import placement, use_placement
+
+    where = placement()
+    use_placement(where)
+    return where.precision
 
 
 def learning_rate(cfg: TrainConfig, total_steps: int | None = None):
@@ -245,29 +247,22 @@ def predict_positions(
     scored position past a thread's first 2*context tokens has >= context tokens in view.
     """
     # deferred: imported on first use, for start-up time
-    from tasks.learning.token_data import eval_dataset
+    from tasks.learning.token_data import eval_batches
 
     online = None
     if takes_online(seq_model):
         online = online_feature_matrix(run, online_orders(seq_model))
-    ds, lo, hi = eval_dataset(run, context, batch_size, features=online)
-
-    @tf.function(reduce_retracing=True)
-    def step(x, y):
-        probs = tf.cast(seq_model(x, training=False), tf.float32)
-        top = tf.math.top_k(probs, k=TOP_K).indices
-        p_true = tf.gather(probs, y, batch_dims=2)
-        return top, p_true
-
+    batches, lo, hi = eval_batches(run, context, batch_size, features=online)
+    score = _scorer(seq_model)
     out = np.arange(2 * context)[None, :]
     tops, ps = [], []
     done = 0
-    for x, y in ds:  # one step per batch of chunks
-        top, p_true = step(x, y)
+    for x, y in batches:  # one compiled call per batch of chunks
+        top, p_true = score.predict_on_batch([*x, y] if isinstance(x, tuple) else [x, y])
         b = len(top)
         keep = (out >= lo[done : done + b, None]) & (out < hi[done : done + b, None])
-        tops.append(top.numpy()[keep].astype(np.uint8))
-        ps.append(p_true.numpy()[keep].astype(np.float64))
+        tops.append(np.asarray(top)[keep].astype(np.uint8))
+        ps.append(np.asarray(p_true)[keep].astype(np.float64))
         done += b
     top = np.concatenate(tops) if tops else np.zeros((0, TOP_K), np.uint8)
     p = np.concatenate(ps) if ps else np.zeros(0)
@@ -275,6 +270,28 @@ def predict_positions(
     if len(p) != expected:
         raise AssertionError(f"{run.name}: scored {len(p)} positions, expected {expected}")
     return Predictions(top, p)
+
+
+class _TopAndTrue(keras.layers.Layer):
+    """probabilities [B, T, 64], true tokens [B, T] -> (top-5 tokens [B, T, 5], p(true) [B, T])."""
+
+    def call(self, probs, truth):
+        probs = ops.cast(probs, "float32")
+        top = ops.top_k(probs, k=TOP_K)[1]  # ties: the lower token first, as every backend does
+        p_true = ops.take_along_axis(probs, ops.expand_dims(ops.cast(truth, "int32"), -1), -1)
+        return top, ops.squeeze(p_true, -1)
+
+
+def _scorer(seq_model: keras.Model) -> keras.Model:
+    """seq_model's inputs and the true tokens -> _TopAndTrue's answers, compiled by the backend."""
+    inputs = [
+        keras.Input(shape=t.shape[1:], dtype=t.dtype, name=t.name.split(":")[0])
+        for t in seq_model.inputs
+    ]
+    truth = keras.Input(shape=(None,), dtype="int32", name="truth")
+    probs = seq_model(inputs if len(inputs) > 1 else inputs[0])
+    top, p_true = _TopAndTrue(dtype="float32", name="top_and_true")(probs, truth)
+    return keras.Model([*inputs, truth], [top, p_true], name=f"{seq_model.name}_scorer")
 
 
 # --- online: the online counter's answer as an input feature --------------------------------------
@@ -410,6 +427,11 @@ def context_keys(tokens: np.ndarray, pos_in_thread: np.ndarray, max_order: int):
         else:
             out = (np.int64(1) << 62) | (((h1 + k * _C1) % _P1) * _P2 + (h2 + k * _C2) % _P2)
         yield k, out, pos_in_thread >= k - 1
+
+
+def _i64(v: int):
+    """An int64 scalar tensor: Python ints would become int32 on some backends and overflow."""
+    return ops.convert_to_tensor(np.int64(v))
 
 
 def _check_order(max_order: int) -> None:
@@ -599,7 +621,7 @@ class NGramFeatures(keras.layers.Layer):
     """int32 tokens [B, T] -> int32 [B, T, 4]: the back-off n-gram's answer after each position.
 
     The table (NGramTable without the leave-one-out columns) is held as non-trainable weights:
-    sorted int64 context keys and int32 top-1 / count / total; lookup is tf.searchsorted, one
+    sorted int64 context keys and int32 top-1 / count / total; lookup is a binary search (keras.ops), one
     per order, the longest order found wins. Position t sees tokens 0..t of its chunk only.
     """
 
@@ -632,52 +654,53 @@ class NGramFeatures(keras.layers.Layer):
             self.total.assign(table.total)
 
     def call(self, tokens):
-        t = tf.cast(tokens, tf.int64)
-        shape = tf.shape(t)
-        n_pos = shape[1]
-        flat_keys = tf.convert_to_tensor(self.keys)
+        t = ops.cast(tokens, "int64")
+        shape = ops.shape(t)
         m = self.n_keys
-        key = tf.zeros_like(t)
-        top = tf.fill(shape, tf.constant(N_TOKENS, tf.int64))
-        order = tf.zeros_like(t)
-        c1 = tf.zeros_like(t)
-        tot = tf.ones_like(t)
-        idx = tf.range(n_pos)[None, :]
-        h1 = tf.zeros_like(t)
-        h2 = tf.zeros_like(t)
+        key = ops.zeros_like(t)
+        top = ops.full_like(t, N_TOKENS)
+        order = ops.zeros_like(t)
+        c1 = ops.zeros_like(t)
+        tot = ops.ones_like(t)
+        idx = ops.expand_dims(ops.arange(shape[1], dtype="int64"), 0)
+        h1 = ops.zeros_like(t)
+        h2 = ops.zeros_like(t)
         for k in range(1, self.max_order + 1):
-            prev = tf.pad(t, [[0, 0], [k - 1, 0]])[:, :n_pos]  # token at t-k+1 (0 before start)
-            h1 = tf.math.floormod(h1 + (prev + 1) * pow(_B1, k - 1, _P1), _P1)
-            h2 = tf.math.floormod(h2 + (prev + 1) * pow(_B2, k - 1, _P2), _P2)
+            # the token at t-k+1 (0 before the chunk's start)
+            prev = t if k == 1 else ops.pad(t, [[0, 0], [k - 1, 0]])[:, : -(k - 1)]
+            h1 = ops.mod(h1 + (prev + 1) * _i64(pow(_B1, k - 1, _P1)), _i64(_P1))
+            h2 = ops.mod(h2 + (prev + 1) * _i64(pow(_B2, k - 1, _P2)), _i64(_P2))
             if k <= NGRAM_EXACT_ORDER:
-                key = tf.bitwise.bitwise_or(
-                    key, tf.bitwise.left_shift(prev, tf.constant(6 * (k - 1), tf.int64))
-                )
-                full = tf.bitwise.bitwise_or(key, tf.constant(1 << (6 * k), tf.int64))
+                key = ops.bitwise_or(key, ops.left_shift(prev, _i64(6 * (k - 1))))
+                full = ops.bitwise_or(key, _i64(1 << (6 * k)))
             else:
-                mixed = tf.math.floormod(h1 + k * _C1, _P1) * _P2 + tf.math.floormod(
-                    h2 + k * _C2, _P2
+                mixed = ops.mod(h1 + _i64(k * _C1), _i64(_P1)) * _i64(_P2) + ops.mod(
+                    h2 + _i64(k * _C2), _i64(_P2)
                 )
-                full = tf.bitwise.bitwise_or(mixed, tf.constant(1 << 62, tf.int64))
+                full = ops.bitwise_or(mixed, _i64(1 << 62))
             if not m:
                 continue
-            i = tf.searchsorted(flat_keys, tf.reshape(full, [-1]), side="left")
-            i = tf.reshape(tf.minimum(i, m - 1), shape)
-            found = (tf.gather(flat_keys, i) == full) & (idx >= k - 1)
-            top = tf.where(found, tf.cast(tf.gather(self.top1, i), tf.int64), top)
-            order = tf.where(found, tf.constant(k, tf.int64), order)
-            c1 = tf.where(found, tf.cast(tf.gather(self.count1, i), tf.int64), c1)
-            tot = tf.where(found, tf.cast(tf.gather(self.total, i), tf.int64), tot)
-        cb = tf.add_n([tf.cast(tot >= (1 << j), tf.int64) for j in range(1, _COUNT_BUCKETS)])
-        sb = tf.add_n(
-            [tf.cast(_SHARE_BUCKETS * c1 >= j * tot, tf.int64) for j in range(1, _SHARE_BUCKETS)]
+            i = ops.searchsorted(self.keys, ops.reshape(full, [-1]), side="left")
+            i = ops.reshape(ops.minimum(ops.cast(i, "int64"), m - 1), shape)
+            found = ops.logical_and(ops.equal(ops.take(self.keys, i), full), idx >= k - 1)
+            top = ops.where(found, ops.cast(ops.take(self.top1, i), "int64"), top)
+            order = ops.where(found, _i64(k), order)
+            c1 = ops.where(found, ops.cast(ops.take(self.count1, i), "int64"), c1)
+            tot = ops.where(found, ops.cast(ops.take(self.total, i), "int64"), tot)
+        cb = sum(ops.cast(tot >= (1 << j), "int64") for j in range(1, _COUNT_BUCKETS))
+        sb = sum(
+            ops.cast(_SHARE_BUCKETS * c1 >= j * tot, "int64") for j in range(1, _SHARE_BUCKETS)
         )
-        cb = tf.where(order > 0, cb, tf.zeros_like(cb))
-        sb = tf.where(order > 0, sb, tf.zeros_like(sb))
-        return tf.cast(tf.stack([top, order, cb, sb], axis=-1), tf.int32)
+        answered = order > 0
+        cb = ops.where(answered, cb, ops.zeros_like(cb))
+        sb = ops.where(answered, sb, ops.zeros_like(sb))
+        return ops.cast(ops.stack([top, order, cb, sb], axis=-1), "int32")
 
     def compute_output_shape(self, input_shape):
         return (*input_shape, NGRAM_FEATURES)
+
+    def compute_output_spec(self, tokens):
+        return keras.KerasTensor((*tokens.shape, NGRAM_FEATURES), dtype="int32")
 
     def get_config(self):
         return {**super().get_config(), "n_keys": self.n_keys, "max_order": self.max_order}

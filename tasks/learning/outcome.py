@@ -106,6 +106,8 @@ class TrainOutcome:
     evaluation: Evaluation
     predictions_per_second: float  # training throughput
     seconds: float
+    # where it trained (tasks/learning/backend.py): {"backend", "device", "precision", "batch_size"}
+    placement: dict[str, str] = field(default_factory=dict)
     # int32 [batch, context] token example for the signature; a model with online features
     # takes {"tokens": that, "online": int32 [batch, context, 4]}
     input_example: np.ndarray | dict[str, np.ndarray]

@@ -153,27 +153,23 @@ class StreamingPredictor:
 
 
 def _compiled(model, online: bool):
-    """The model's last-position output as one traced graph for any batch and window width.
+    """The model's last-position output, compiled by the backend for any batch and window width.
 
-    Called eagerly, a recurrent model runs its time loop op by op in Python (seconds per call);
-    traced once with shapes left open, each prediction is one graph execution."""
+    Called eagerly, a recurrent model runs its time loop op by op (seconds per call); Keras's
+    predict_on_batch runs one compiled function (TensorFlow traces it once with shapes left open,
+    JAX once per batch and window width)."""
     # deferred: imported on first use, for start-up time
-    import tensorflow as tf
+    import keras
 
-    tokens = tf.TensorSpec([None, None], tf.int32)
+    from tasks.learning.model import ONLINE_FEATURES
+
+    tokens = keras.Input(shape=(None,), dtype="int32", name="tokens")
+    inputs = {"tokens": tokens}
     if online:
-        # deferred: imported on first use, for start-up time
-        from tasks.learning.model import ONLINE_FEATURES
-
-        spec = {"tokens": tokens, "online": tf.TensorSpec([None, None, ONLINE_FEATURES], tf.int32)}
-    else:
-        spec = tokens
-
-    @tf.function(input_signature=[spec])
-    def last(x):
-        return model(x, training=False)[:, -1, :]
-
-    return last
+        inputs["online"] = keras.Input(shape=(None, ONLINE_FEATURES), dtype="int32", name="online")
+    out = model(inputs if online else tokens)[:, -1, :]
+    last = keras.Model(inputs if online else tokens, out, name=f"{model.name}_last")
+    return last.predict_on_batch
 
 
 def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:

@@ -1,22 +1,88 @@
-"""tf.data pipelines over a run's flat token array (imports TensorFlow; keep it out of cheap paths).
+"""Training and evaluation batches cut from a run's flat token array, for any Keras backend.
 
 The data in memory is the trace itself (uint8, one byte per call) plus an int64 start per
-chunk: a batch is cut out of the flat array with one `tf.gather` of `starts[:, None] + range`,
+chunk: a batch is cut out of the flat array with one numpy gather of `starts[:, None] + range`,
 so neither the article's window matrix (context x trace) nor one Python step per sample exists.
+Training batches are a `keras.utils.PyDataset` (what Keras feeds every backend from, with
+background workers); evaluation batches a plain generator of numpy arrays.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import keras
 import numpy as np
-import tensorflow as tf
 
 from tasks.learning.sequences import TokenRun, eval_chunks, train_chunks, window_starts
 
-AUTOTUNE = tf.data.AUTOTUNE
+
+def _padded(a: np.ndarray, pad: int) -> np.ndarray:
+    """`a` with `pad` zero rows after it, so a chunk near the end cuts without a bounds check."""
+    return np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
 
 
-def _padded(tokens: np.ndarray, pad: int) -> tf.Tensor:
-    return tf.constant(np.concatenate([tokens, np.zeros(pad, np.uint8)]), dtype=tf.uint8)
+def _checked_features(features: np.ndarray | None, run: TokenRun, pad: int) -> np.ndarray | None:
+    if features is None:
+        return None
+    if len(features) != len(run.tokens):
+        raise ValueError(f"{len(features)} feature rows for {len(run.tokens)} tokens")
+    return _padded(np.asarray(features, np.uint8), pad)
+
+
+class ChunkBatches(keras.utils.PyDataset):
+    """Batches of chunk starts, cut by `cut(starts, extra)`, as Keras's fit expects them.
+
+    repeat (training): every batch is full and an epoch is `len(self)` batches; the chunks are
+    reshuffled after each pass over them (a pass may span epochs when steps_per_epoch is set),
+    so batch j of the whole training is the same whatever the epoch length.
+    Otherwise (validation): one pass in order, the last batch partial.
+    """
+
+    def __init__(
+        self,
+        starts: np.ndarray,
+        extra: np.ndarray | None,
+        cut,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        repeat: bool,
+        seed: int,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.starts, self.extra, self.cut = starts, extra, cut
+        self.batch_size, self.shuffle, self.repeat = batch_size, shuffle, repeat
+        self.rng = np.random.default_rng(seed)
+        full = len(starts) // batch_size
+        self.per_pass = full if repeat else -(-len(starts) // batch_size)
+        self.steps = steps_per_epoch or self.per_pass
+        self.epoch = 0
+        self._pass = -1
+        self._order = np.arange(len(starts))
+
+    def __len__(self) -> int:
+        return self.steps if self.repeat else self.per_pass
+
+    def _order_of_pass(self, p: int) -> np.ndarray:
+        while self._pass < p:  # passes are drawn in sequence: the same seed, the same batches
+            self._pass += 1
+            if self.shuffle and len(self.starts):
+                self._order = self.rng.permutation(len(self.starts))
+        return self._order
+
+    def __getitem__(self, idx: int):
+        if self.repeat:
+            j = self.epoch * self.steps + idx  # the batch's place in the whole training
+            p, j = divmod(j, max(self.per_pass, 1))
+            sel = self._order_of_pass(p)[j * self.batch_size : (j + 1) * self.batch_size]
+        else:
+            sel = self._order[idx * self.batch_size : (idx + 1) * self.batch_size]
+        return self.cut(self.starts[sel], None if self.extra is None else self.extra[sel])
+
+    def on_epoch_end(self) -> None:
+        self.epoch += 1
 
 
 def sequence_dataset(
@@ -28,44 +94,42 @@ def sequence_dataset(
     repeat: bool = True,
     seed: int = 0,
     features: np.ndarray | None = None,
-) -> tuple[tf.data.Dataset, int]:
-    """(dataset of (x [B, c] int32, y [B, c] int32, weight [B, c] float32), number of chunks).
+    steps_per_epoch: int | None = None,
+) -> tuple[ChunkBatches, int]:
+    """(batches of (x [B, c] int32, y [B, c] int32, weight [B, c] float32), number of chunks).
 
     `features` (uint8 [n_tokens, F], aligned with run.tokens: row i describes token i+1, e.g.
     the n-gram features of tasks.learning.model.NGramTable): x becomes (tokens, features [B, c, F]).
 
     Chunks come from tasks.learning.sequences.train_chunks: a loss at every position of every chunk,
     weight 0 only where an end-aligned chunk repeats targets of the chunk before it. With
-    `repeat`, batches are full (drop_remainder) and the stream is endless: give Keras a
-    steps_per_epoch.
+    `repeat`, batches are full and the stream goes on across epochs (see ChunkBatches).
     """
     starts, first = train_chunks(run, context)
     tokens = _padded(run.tokens, context + 1)
-    offsets = tf.range(context + 1, dtype=tf.int64)
-    positions = tf.range(context, dtype=tf.int32)
-    feats = None
-    if features is not None:
-        if len(features) != len(run.tokens):
-            raise ValueError(f"{len(features)} feature rows for {len(run.tokens)} tokens")
-        pad = np.zeros((context + 1, features.shape[1]), np.uint8)
-        feats = tf.constant(np.concatenate([features, pad]), dtype=tf.uint8)
-    ds = tf.data.Dataset.from_tensor_slices((starts, first))
-    if shuffle and len(starts):
-        ds = ds.shuffle(len(starts), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
+    feats = _checked_features(features, run, context + 1)
+    offsets = np.arange(context + 1, dtype=np.int64)
+    positions = np.arange(context, dtype=np.int32)
 
     def cut(s, f):
         idx = s[:, None] + offsets[None, :]
-        chunk = tf.cast(tf.gather(tokens, idx), tf.int32)
-        weight = tf.cast(positions[None, :] >= f[:, None], tf.float32)
+        chunk = tokens[idx].astype(np.int32)
+        weight = (positions[None, :] >= f[:, None]).astype(np.float32)
         if feats is None:
             return chunk[:, :-1], chunk[:, 1:], weight
-        x_feat = tf.cast(tf.gather(feats, idx[:, :-1]), tf.int32)
-        return (chunk[:, :-1], x_feat), chunk[:, 1:], weight
+        return (chunk[:, :-1], feats[idx[:, :-1]].astype(np.int32)), chunk[:, 1:], weight
 
-    ds = ds.batch(batch_size, drop_remainder=repeat).map(cut, num_parallel_calls=AUTOTUNE)
-    return ds.prefetch(AUTOTUNE), len(starts)
+    batches = ChunkBatches(
+        np.asarray(starts, np.int64),
+        np.asarray(first),
+        cut,
+        batch_size,
+        shuffle=shuffle,
+        repeat=repeat,
+        seed=seed,
+        steps_per_epoch=steps_per_epoch,
+    )
+    return batches, len(starts)
 
 
 def windows_dataset(
@@ -77,7 +141,8 @@ def windows_dataset(
     repeat: bool = True,
     seed: int = 0,
     max_windows: int | None = None,
-) -> tuple[tf.data.Dataset, int]:
+    steps_per_epoch: int | None = None,
+) -> tuple[ChunkBatches, int]:
     """The article's formulation: (x [B, c] int32, y [B] int32), one window per label.
 
     Still cut from the flat array (one start per window), never a materialised matrix.
@@ -87,28 +152,31 @@ def windows_dataset(
     if max_windows is not None and len(starts) > max_windows:
         starts = starts[np.linspace(0, len(starts) - 1, max_windows).astype(np.int64)]
     tokens = _padded(run.tokens, context + 1)
-    offsets = tf.range(context, dtype=tf.int64)
-    ds = tf.data.Dataset.from_tensor_slices(starts)
-    if shuffle and len(starts):
-        ds = ds.shuffle(min(len(starts), 1_000_000), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
+    offsets = np.arange(context, dtype=np.int64)
 
-    def cut(s):
-        x = tf.cast(tf.gather(tokens, s[:, None] + offsets[None, :]), tf.int32)
-        y = tf.cast(tf.gather(tokens, s + context), tf.int32)
-        return x, y
+    def cut(s, _):
+        x = tokens[s[:, None] + offsets[None, :]].astype(np.int32)
+        return x, tokens[s + context].astype(np.int32)
 
-    ds = ds.batch(batch_size, drop_remainder=repeat).map(cut, num_parallel_calls=AUTOTUNE)
-    return ds.prefetch(AUTOTUNE), len(starts)
+    batches = ChunkBatches(
+        np.asarray(starts, np.int64),
+        None,
+        cut,
+        batch_size,
+        shuffle=shuffle,
+        repeat=repeat,
+        seed=seed,
+        steps_per_epoch=steps_per_epoch,
+    )
+    return batches, len(starts)
 
 
-def eval_dataset(
+def eval_batches(
     run: TokenRun, context: int, batch_size: int, features: np.ndarray | None = None
-) -> tuple[tf.data.Dataset, np.ndarray, np.ndarray]:
+) -> tuple[Iterator, np.ndarray, np.ndarray]:
     """Evaluation chunks (tasks.learning.sequences.eval_chunks) as (x [B, 2c], y [B, 2c]) int32.
 
-    Returns the dataset and each chunk's scored output range (lo, hi). Inputs beyond a thread's
+    Returns the batches and each chunk's scored output range (lo, hi). Inputs beyond a thread's
     end are padding or the next thread: the model is causal and those outputs are not scored.
     `features` (uint8 [n_tokens, F], row i describing token i+1, e.g. the online counter's
     answers over the whole thread so far): x becomes (tokens, features [B, 2c, F]).
@@ -116,24 +184,16 @@ def eval_dataset(
     starts, lo, hi = eval_chunks(run, context)
     width = 2 * context
     tokens = _padded(run.tokens, width + 1)
-    offsets = tf.range(width + 1, dtype=tf.int64)
-    feats = None
-    if features is not None:
-        if len(features) != len(run.tokens):
-            raise ValueError(f"{len(features)} feature rows for {len(run.tokens)} tokens")
-        pad = np.zeros((width + 1, features.shape[1]), np.uint8)
-        feats = tf.constant(np.concatenate([features, pad]), dtype=tf.uint8)
+    feats = _checked_features(features, run, width + 1)
+    offsets = np.arange(width + 1, dtype=np.int64)
 
-    def cut(s):
-        idx = s[:, None] + offsets[None, :]
-        chunk = tf.cast(tf.gather(tokens, idx), tf.int32)
-        if feats is None:
-            return chunk[:, :-1], chunk[:, 1:]
-        return (chunk[:, :-1], tf.cast(tf.gather(feats, idx[:, :-1]), tf.int32)), chunk[:, 1:]
+    def batches():
+        for b in range(0, len(starts), batch_size):
+            idx = np.asarray(starts[b : b + batch_size], np.int64)[:, None] + offsets[None, :]
+            chunk = tokens[idx].astype(np.int32)
+            if feats is None:
+                yield chunk[:, :-1], chunk[:, 1:]
+            else:
+                yield (chunk[:, :-1], feats[idx[:, :-1]].astype(np.int32)), chunk[:, 1:]
 
-    ds = (
-        tf.data.Dataset.from_tensor_slices(starts)
-        .batch(batch_size)
-        .map(cut, num_parallel_calls=AUTOTUNE)
-    )
-    return ds.prefetch(AUTOTUNE), lo, hi
+    return batches(), lo, hi

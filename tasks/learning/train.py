@@ -48,6 +48,10 @@ if TYPE_CHECKING:  # deferred at run time: the model module imports Keras at its
     from tasks.learning.model import NGramTable
 
 
+class TrainingOutOfMemory(RuntimeError):
+    """The accelerator ran out of memory; the message names the batch size to lower."""
+
+
 @dataclass
 class TrainedModel:
     """What `train` hands to `evaluate`."""
@@ -60,6 +64,7 @@ class TrainedModel:
     predictions_per_second: float
     seconds: float
     checkpoint_dir: str
+    placement: dict[str, str]  # backend, device, precision, batch_size (TrainOutcome's)
     initial_epoch: int  # > 0 when this training resumed a killed one
     notes: list[str] = field(default_factory=list)
     question_scores: tuple[QuestionScores, ...] = ()  # the allocator's questions' predictors
@@ -225,6 +230,7 @@ def fit_model(
     )
 
     # deferred: Keras at its top, imported on first use
+    from tasks.learning.backend import out_of_memory, placement
     from tasks.learning.token_data import sequence_dataset, windows_dataset
 
     keras.utils.set_random_seed(cfg.seed)
@@ -248,6 +254,9 @@ def fit_model(
         on_val = online_feature_matrix(val_run, orders)
         train_feats = on_train if train_feats is None else np.hstack([train_feats, on_train])
         val_feats = on_val if val_feats is None else np.hstack([val_feats, on_val])
+    where = placement()
+    if where.on_gpu and cfg.gpu_batch_size:
+        b = cfg.gpu_batch_size  # the batch an accelerator prefers (configs/train.yaml)
     if cfg.mode == "sequence":
         chunk = c * cfg.train_chunk_contexts
         train_ds, n = sequence_dataset(train_run, chunk, b, seed=cfg.seed, features=train_feats)
@@ -267,7 +276,7 @@ def fit_model(
             f"in {[r.name for r in split.train]}: fewer than one batch of {b}; "
             f"lower batch_size or context, or add runs"
         )
-    steps = cfg.steps_per_epoch or max(1, n // b)
+    steps = train_ds.steps = cfg.steps_per_epoch or max(1, n // b)
     monitor = "val_loss" if n_val else "loss"
 
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -287,31 +296,43 @@ def fit_model(
         model, full = build_hybrid(cfg, table, total_steps=cfg.epochs * steps)
     else:
         model = full = build_model(cfg, total_steps=cfg.epochs * steps)
-    model.fit(
-        train_ds,
-        epochs=cfg.epochs,
-        steps_per_epoch=steps,
-        validation_data=val_ds if n_val else None,
-        shuffle=False,
-        verbose=verbose,
-        callbacks=[
-            # order matters: the backup is written before any later callback can fail
-            keras.callbacks.BackupAndRestore(str(backup)),
-            keras.callbacks.ModelCheckpoint(
-                str(ckpt / "best.weights.h5"),
-                monitor=monitor,
-                save_best_only=True,
-                save_weights_only=True,
-            ),
-            keras.callbacks.EarlyStopping(
-                monitor=monitor, patience=cfg.patience, restore_best_weights=True
-            ),
-            keras.callbacks.CSVLogger(str(history_csv), append=True),
-            meter,
-            start_epoch,
-            *callbacks,
-        ],
-    )
+    try:
+        model.fit(
+            train_ds,
+            epochs=cfg.epochs,
+            validation_data=val_ds if n_val else None,
+            verbose=verbose,
+            callbacks=[
+                # order matters: the backup is written before any later callback can fail
+                keras.callbacks.BackupAndRestore(str(backup)),
+                keras.callbacks.ModelCheckpoint(
+                    str(ckpt / "best.weights.h5"),
+                    monitor=monitor,
+                    save_best_only=True,
+                    save_weights_only=True,
+                ),
+                keras.callbacks.EarlyStopping(
+                    monitor=monitor, patience=cfg.patience, restore_best_weights=True
+                ),
+                keras.callbacks.CSVLogger(str(history_csv), append=True),
+                # a resumed training draws the batches an uninterrupted one would have
+                keras.callbacks.LambdaCallback(
+                    on_epoch_begin=lambda epoch, logs: setattr(train_ds, "epoch", epoch)
+                ),
+                meter,
+                start_epoch,
+                *callbacks,
+            ],
+        )
+    except Exception as e:
+        if out_of_memory(e):
+            raise TrainingOutOfMemory(
+                f"training on {where.line()} ran out of memory at batch_size {b} "
+                f"({per_batch:,} positions a step): lower "
+                f"{'gpu_batch_size' if where.on_gpu and cfg.gpu_batch_size else 'batch_size'} "
+                "in the training config (--set) and run again"
+            ) from e
+        raise
     facts = {
         "history": _read_history(history_csv),
         "predictions_per_second": meter.rate(),
@@ -321,10 +342,22 @@ def fit_model(
         "steps_per_epoch": steps,
         "train_units": n,
         "discarded_backup": discarded,
+        "placement": where,
+        "batch_size": b,
     }
     if table is not None:
         facts["ngram_table_keys"] = int(len(table.keys))
     return full, facts
+
+
+def placement_facts(where: Any, batch_size: int) -> dict[str, str]:
+    """What a run logs of where it trained (params `train.backend`, `train.device`, ...)."""
+    return {
+        "backend": where.backend,
+        "device": where.device if where.devices <= 1 else f"{where.device} x{where.devices}",
+        "precision": where.precision,
+        "batch_size": str(batch_size),
+    }
 
 
 def _throughput_meter(per_batch: int):
@@ -522,6 +555,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
         predictions_per_second=facts["predictions_per_second"],
         seconds=time.perf_counter() - t0,
         checkpoint_dir=str(ckpt),
+        placement=placement_facts(facts["placement"], facts["batch_size"]),
         initial_epoch=facts["initial_epoch"],
         notes=notes,
         question_scores=questions.scores,
@@ -558,6 +592,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         evaluation=evaluation,
         predictions_per_second=trained.predictions_per_second,
         seconds=trained.seconds,
+        placement=trained.placement,
         question_scores=trained.question_scores,
         class_table=trained.class_table,
         table_agreement=trained.table_agreement,

@@ -202,6 +202,7 @@ def run_params(outcome: TrainOutcome) -> dict[str, str]:
     params["code.git_commit"] = commit
     params["code.git_dirty"] = str(dirty).lower()
     params.update({f"lib.{k}": v for k, v in library_versions().items()})
+    params.update({f"train.{k}": v for k, v in (getattr(outcome, "placement", None) or {}).items()})
     for s in outcome.evaluation.scores:
         if s.slice == OVERALL and s.table == "unseen_runs":
             for k, v in s.detail.items():

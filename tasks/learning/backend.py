@@ -1,0 +1,150 @@
+"""Where the next-call network runs: the Keras backend, the device and the precision.
+
+One model for every backend (Keras 3): TensorFlow on the CPU by default, JAX on a GPU machine
+(`KERAS_BACKEND=jax`, with the `gpu` extra), PyTorch where it is what a machine has. Model, data
+and prediction code use `keras.ops` and numpy only; this module is the one place that asks a
+backend what it sees (its devices, its chip) or sets what it needs:
+
+- JAX computes in 32-bit integers unless told otherwise, and the n-gram lookup's context keys
+  are 62-bit (tasks/learning/model.py, NGramFeatures): `configure` turns JAX's 64-bit mode on
+  before any model is built or loaded. Floats stay as Keras asks (float32, or the mixed policy).
+- A GPU trains in a mixed policy that suits its chip: bfloat16 from compute capability 8.0
+  (A100, H100, H200), float16 below, float32 on a CPU; the softmax stays float32 either way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+BACKENDS = ("tensorflow", "jax", "torch")
+DEFAULT = "tensorflow"
+# what to install when KERAS_BACKEND names a backend this environment lacks
+INSTALL = {
+    "tensorflow": "pip install -e . (TensorFlow, the default, comes with the project)",
+    "jax": "pip install -e '.[jax]' (CPU) or -e '.[gpu]' (NVIDIA GPU: jax[cuda12])",
+    "torch": "pip install torch",
+}
+
+
+class BackendUnavailable(RuntimeError):
+    """KERAS_BACKEND names a backend that is unknown or not installed here."""
+
+
+def backend_name() -> str:
+    """The backend Keras will use (KERAS_BACKEND, else tensorflow), checked to be installed."""
+    name = os.environ.get("KERAS_BACKEND", DEFAULT) or DEFAULT
+    if name not in BACKENDS:
+        raise BackendUnavailable(
+            f"KERAS_BACKEND={name}: not a backend heapcast runs on; use one of {', '.join(BACKENDS)}"
+        )
+    if importlib.util.find_spec(name) is None:
+        raise BackendUnavailable(
+            f"KERAS_BACKEND={name}: {name} is not installed in this environment; "
+            f"{INSTALL[name]}, or unset KERAS_BACKEND to train with TensorFlow on the CPU"
+        )
+    return name
+
+
+_configured: str | None = None
+
+
+def configure() -> str:
+    """Check the backend, import Keras on it, set what it needs; returns the backend's name."""
+    global _configured
+    if _configured is None:
+        name = backend_name()
+        if name == "jax":
+            # before jax is first imported (keras imports it), and again below in case it was
+            os.environ.setdefault("JAX_ENABLE_X64", "1")
+        import keras
+
+        if keras.backend.backend() != name:  # ~/.keras/keras.json chose another
+            name = keras.backend.backend()
+        if name == "jax":
+            import jax
+
+            jax.config.update("jax_enable_x64", True)
+        _configured = name
+    return _configured
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where training runs: what the run logs (`backend`, `device`, `precision`)."""
+
+    backend: str
+    device: str  # "cpu", or "gpu: <chip name>"
+    devices: int  # accelerators visible (0 on a CPU)
+    precision: str  # Keras's dtype policy: float32, mixed_bfloat16 or mixed_float16
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.devices > 0
+
+    def line(self) -> str:
+        n = f" x{self.devices}" if self.devices > 1 else ""
+        return f"{self.backend} on {self.device}{n}, {self.precision}"
+
+
+def _gpus(name: str) -> list[tuple[str, float]]:
+    """(chip name, compute capability) of each GPU the backend sees."""
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        out = []
+        for d in tf.config.list_physical_devices("GPU"):
+            details = tf.config.experimental.get_device_details(d)
+            cc = details.get("compute_capability") or (0, 0)
+            out.append((details.get("device_name", d.name), cc[0] + cc[1] / 10))
+        return out
+    if name == "jax":
+        import jax
+
+        return [
+            (d.device_kind, float(getattr(d, "compute_capability", 0) or 0))
+            for d in jax.devices()
+            if d.platform in ("gpu", "cuda", "rocm")
+        ]
+    if name == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        return [
+            (torch.cuda.get_device_name(i), float("{}.{}".format(*torch.cuda.get_device_capability(i))))
+            for i in range(torch.cuda.device_count())
+        ]
+    return []
+
+
+def precision_for(gpus: list[tuple[str, float]]) -> str:
+    """The dtype policy for these GPUs: bf16 from compute capability 8.0, fp16 below, fp32 on CPU."""
+    if not gpus:
+        return "float32"
+    return "mixed_bfloat16" if min(cc for _, cc in gpus) >= 8.0 else "mixed_float16"
+
+
+def placement() -> Placement:
+    """Where a model built now would train, and in which precision."""
+    name = configure()
+    gpus = _gpus(name)
+    device = f"gpu: {gpus[0][0]}" if gpus else "cpu"
+    return Placement(name, device, len(gpus), precision_for(gpus))
+
+
+def use_placement(where: Placement) -> None:
+    """Set Keras's dtype policy for `where` (models built afterwards take it)."""
+    import keras
+
+    keras.mixed_precision.set_dtype_policy(where.precision)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether a backend's error is an accelerator out of memory (each words it its own way)."""
+    text = f"{type(error).__name__}: {error}"
+    return any(
+        s in text
+        for s in ("RESOURCE_EXHAUSTED", "ResourceExhausted", "OutOfMemory", "out of memory", "OOM")
+    )
