@@ -29,7 +29,7 @@ STAGE_FLOOR = {
     "allocators": 5,
     "nightly": 6,
 }
-HEAVY = {"tensorflow", "keras", "mlflow", "matplotlib", "h5py"}
+HEAVY = {"tensorflow", "keras", "jax", "torch", "mlflow", "matplotlib", "h5py"}
 DEFERRED_MARK = "# deferred:"
 
 

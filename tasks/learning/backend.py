@@ -8,15 +8,22 @@ backend what it sees (its devices, its chip) or sets what it needs:
 - JAX computes in 32-bit integers unless told otherwise, and the n-gram lookup's context keys
   are 62-bit (tasks/learning/model.py, NGramFeatures): `configure` turns JAX's 64-bit mode on
   before any model is built or loaded. Floats stay as Keras asks (float32, or the mixed policy).
+- Where the backend sees several devices (JAX: GPUs, or simulated host devices in tests),
+  training is data-parallel over all of them with Keras's distribution API (`data_parallel`):
+  each step splits its batch across the devices and averages their gradients.
 - A GPU trains in a mixed policy that suits its chip: bfloat16 from compute capability 8.0
   (A100, H100, H200), float16 below, float32 on a CPU; the softmax stays float32 either way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 BACKENDS = ("tensorflow", "jax", "torch")
 DEFAULT = "tensorflow"
@@ -47,6 +54,27 @@ def backend_name() -> str:
     return name
 
 
+class _CheckBeforeKeras(importlib.abc.MetaPathFinder):
+    """On the first `import keras`: the backend checked (one line naming what to install, not
+    Keras's ModuleNotFoundError from deep inside its start-up) and JAX told to keep 64-bit
+    integers before Keras imports it. Then leaves sys.meta_path; finds nothing itself."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name != "keras":
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _CheckBeforeKeras)]
+        if backend_name() == "jax":
+            os.environ.setdefault("JAX_ENABLE_X64", "1")
+        return None
+
+
+def check_before_keras() -> None:
+    """Run the backend check at the process's first `import keras` (tasks/__init__.py)."""
+    if "keras" in sys.modules or any(isinstance(f, _CheckBeforeKeras) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _CheckBeforeKeras())
+
+
 _configured: str | None = None
 
 
@@ -58,11 +86,13 @@ def configure() -> str:
         if name == "jax":
             # before jax is first imported (keras imports it), and again below in case it was
             os.environ.setdefault("JAX_ENABLE_X64", "1")
+        # deferred: the backend is imported when asked, never by importing this module
         import keras
 
         if keras.backend.backend() != name:  # ~/.keras/keras.json chose another
             name = keras.backend.backend()
         if name == "jax":
+            # deferred: the backend is imported when asked, never by importing this module
             import jax
 
             jax.config.update("jax_enable_x64", True)
@@ -78,19 +108,21 @@ class Placement:
     device: str  # "cpu", or "gpu: <chip name>"
     devices: int  # accelerators visible (0 on a CPU)
     precision: str  # Keras's dtype policy: float32, mixed_bfloat16 or mixed_float16
+    replicas: int = 1  # devices a training step is split over (data_parallel)
 
     @property
     def on_gpu(self) -> bool:
         return self.devices > 0
 
     def line(self) -> str:
-        n = f" x{self.devices}" if self.devices > 1 else ""
+        n = f" x{self.replicas}" if self.replicas > 1 else ""
         return f"{self.backend} on {self.device}{n}, {self.precision}"
 
 
 def _gpus(name: str) -> list[tuple[str, float]]:
     """(chip name, compute capability) of each GPU the backend sees."""
     if name == "tensorflow":
+        # deferred: the backend is imported when asked, never by importing this module
         import tensorflow as tf
 
         out = []
@@ -100,6 +132,7 @@ def _gpus(name: str) -> list[tuple[str, float]]:
             out.append((details.get("device_name", d.name), cc[0] + cc[1] / 10))
         return out
     if name == "jax":
+        # deferred: the backend is imported when asked, never by importing this module
         import jax
 
         return [
@@ -108,12 +141,16 @@ def _gpus(name: str) -> list[tuple[str, float]]:
             if d.platform in ("gpu", "cuda", "rocm")
         ]
     if name == "torch":
+        # deferred: the backend is imported when asked, never by importing this module
         import torch
 
         if not torch.cuda.is_available():
             return []
         return [
-            (torch.cuda.get_device_name(i), float("{}.{}".format(*torch.cuda.get_device_capability(i))))
+            (
+                torch.cuda.get_device_name(i),
+                float("{}.{}".format(*torch.cuda.get_device_capability(i))),
+            )
             for i in range(torch.cuda.device_count())
         ]
     return []
@@ -131,11 +168,43 @@ def placement() -> Placement:
     name = configure()
     gpus = _gpus(name)
     device = f"gpu: {gpus[0][0]}" if gpus else "cpu"
-    return Placement(name, device, len(gpus), precision_for(gpus))
+    return Placement(name, device, len(gpus), precision_for(gpus), len(_parallel_devices(name)))
+
+
+def _parallel_devices(name: str) -> list[str]:
+    """The devices Keras's distribution API can spread a step over (JAX only; else one)."""
+    if name != "jax":
+        return ["default"]
+    # deferred: the backend is imported when asked, never by importing this module
+    import keras
+
+    return keras.distribution.list_devices()
+
+
+def data_parallel(where: Placement, batch_size: int):
+    """A context in which models built and trained are data-parallel over where.replicas devices.
+
+    The batch is split evenly: one not divisible by the devices is refused with the sizes that
+    are. Outside the context Keras runs on one device again (prediction and saving need no
+    distribution)."""
+    if where.replicas <= 1:
+        return contextlib.nullcontext()
+    if batch_size % where.replicas:
+        lo = batch_size - batch_size % where.replicas
+        raise ValueError(
+            f"batch size {batch_size} does not split over {where.replicas} devices: "
+            f"use {lo} or {lo + where.replicas} (batch_size / gpu_batch_size in the training config)"
+        )
+    # deferred: the backend is imported when asked, never by importing this module
+    import keras
+
+    devices = _parallel_devices(where.backend)
+    return keras.distribution.DataParallel(devices=devices).scope()
 
 
 def use_placement(where: Placement) -> None:
     """Set Keras's dtype policy for `where` (models built afterwards take it)."""
+    # deferred: the backend is imported when asked, never by importing this module
     import keras
 
     keras.mixed_precision.set_dtype_policy(where.precision)

@@ -31,7 +31,7 @@ import numpy as np
 from keras import ops
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.backend import configure
+from tasks.learning.backend import configure, placement, use_placement
 from tasks.learning.online import online_features
 from tasks.learning.predictions import TOP_K, Predictions
 from tasks.learning.sequences import TokenRun, eval_positions
@@ -48,9 +48,6 @@ OPTIMIZERS = {
 
 def set_precision_policy() -> str:
     """The dtype policy for where this process trains (tasks/learning/backend.py); its name."""
-    # deferred: asks the backend for its devices once, when a model is built
-    from tasks.learning.backend import placement, use_placement
-
     where = placement()
     use_placement(where)
     return where.precision

@@ -106,14 +106,14 @@ class TrainOutcome:
     evaluation: Evaluation
     predictions_per_second: float  # training throughput
     seconds: float
-    # where it trained (tasks/learning/backend.py): {"backend", "device", "precision", "batch_size"}
-    placement: dict[str, str] = field(default_factory=dict)
     # int32 [batch, context] token example for the signature; a model with online features
     # takes {"tokens": that, "online": int32 [batch, context, 4]}
     input_example: np.ndarray | dict[str, np.ndarray]
     # Added by training: sentences a reader of the run must see (a validation cut from a train
     # run's thread tails, a resumed training), worth logging as tags or in the description.
     notes: list[str] = field(default_factory=list)
+    # where it trained (tasks/learning/backend.py): {"backend", "device", "precision", "batch_size"}
+    placement: dict[str, str] = field(default_factory=dict)
     # The allocator's questions, predicted causally by the network and the counters on the same
     # positions of the same tables (tasks/learning/reuse.py; metric keys reuse.question_metrics)
     question_scores: tuple[QuestionScores, ...] = ()

@@ -28,6 +28,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from tasks.core.config import PROJECT_DIR
 from tasks.core.storage import Root
 from tasks.learning.answers import RunAnswers, merged, tokens_digest
+from tasks.learning.backend import data_parallel, out_of_memory, placement
 from tasks.learning.baselines import Baselines
 from tasks.learning.evaluate import (
     HELDOUT_WORKLOADS,
@@ -230,7 +231,6 @@ def fit_model(
     )
 
     # deferred: Keras at its top, imported on first use
-    from tasks.learning.backend import out_of_memory, placement
     from tasks.learning.token_data import sequence_dataset, windows_dataset
 
     keras.utils.set_random_seed(cfg.seed)
@@ -292,17 +292,21 @@ def fit_model(
 
     meter = _throughput_meter(per_batch)
     start_epoch = _epoch_recorder()
-    if cfg.model.ngram_features or cfg.model.online_features:
-        model, full = build_hybrid(cfg, table, total_steps=cfg.epochs * steps)
-    else:
-        model = full = build_model(cfg, total_steps=cfg.epochs * steps)
-    try:
-        model.fit(
+    with data_parallel(where, b):  # over every device the backend sees (one: as it is)
+        if cfg.model.ngram_features or cfg.model.online_features:
+            model, full = build_hybrid(cfg, table, total_steps=cfg.epochs * steps)
+        else:
+            model = full = build_model(cfg, total_steps=cfg.epochs * steps)
+        _fit(
+            model,
             train_ds,
-            epochs=cfg.epochs,
-            validation_data=val_ds if n_val else None,
-            verbose=verbose,
-            callbacks=[
+            val_ds if n_val else None,
+            cfg,
+            where,
+            b,
+            per_batch,
+            verbose,
+            [
                 # order matters: the backup is written before any later callback can fail
                 keras.callbacks.BackupAndRestore(str(backup)),
                 keras.callbacks.ModelCheckpoint(
@@ -324,15 +328,6 @@ def fit_model(
                 *callbacks,
             ],
         )
-    except Exception as e:
-        if out_of_memory(e):
-            raise TrainingOutOfMemory(
-                f"training on {where.line()} ran out of memory at batch_size {b} "
-                f"({per_batch:,} positions a step): lower "
-                f"{'gpu_batch_size' if where.on_gpu and cfg.gpu_batch_size else 'batch_size'} "
-                "in the training config (--set) and run again"
-            ) from e
-        raise
     facts = {
         "history": _read_history(history_csv),
         "predictions_per_second": meter.rate(),
@@ -350,11 +345,33 @@ def fit_model(
     return full, facts
 
 
+def _fit(model, train_ds, val_ds, cfg, where, b: int, per_batch: int, verbose: int, callbacks):
+    """model.fit; an accelerator out of memory is one line naming the batch size to lower."""
+    try:
+        model.fit(
+            train_ds,
+            epochs=cfg.epochs,
+            validation_data=val_ds,
+            verbose=verbose,
+            callbacks=callbacks,
+        )
+    except Exception as e:
+        if out_of_memory(e):
+            raise TrainingOutOfMemory(
+                f"training on {where.line()} ran out of memory at batch size {b} "
+                f"({per_batch:,} positions a step): lower "
+                f"{'gpu_batch_size' if where.on_gpu and cfg.gpu_batch_size else 'batch_size'} "
+                "in the training config and run again"
+            ) from e
+        raise
+
+
 def placement_facts(where: Any, batch_size: int) -> dict[str, str]:
     """What a run logs of where it trained (params `train.backend`, `train.device`, ...)."""
     return {
         "backend": where.backend,
-        "device": where.device if where.devices <= 1 else f"{where.device} x{where.devices}",
+        "device": where.device,
+        "replicas": str(where.replicas),
         "precision": where.precision,
         "batch_size": str(batch_size),
     }

@@ -90,7 +90,7 @@ def test_training_batches_shuffle_each_pass_and_resume_where_an_epoch_left_off()
     first = lambda b: tuple(b[0][:, 0].tolist())  # noqa: E731  (a batch's first tokens)
     # WHEN two epochs are drawn in order, and again from a fresh dataset told its epoch
     drawn = []
-    for epoch in range(2):
+    for _ in range(2):
         drawn += [first(ds[i]) for i in range(len(ds))]
         ds.on_epoch_end()
     again, _ = sequence_dataset(RUN, 6, 4, seed=3)
@@ -260,7 +260,9 @@ def test_hybrid_saves_loads_and_predicts_from_tokens_alone(tmp_path):
     full.save(path)
     loaded = keras.models.load_model(path)
     assert np.allclose(loaded.predict(x, verbose=0), before, atol=1e-6)
-    assert np.array_equal(loaded.get_layer("ngram_lookup").keys.numpy(), table.keys)  # 62-bit keys on every backend
+    assert np.array_equal(
+        loaded.get_layer("ngram_lookup").keys.numpy(), table.keys
+    )  # 62-bit keys on every backend
 
 
 def test_build_model_refuses_ngram_features_without_a_table():
