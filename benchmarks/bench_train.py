@@ -46,7 +46,7 @@ def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
 
     from tasks.learning.model import build_model
     from tasks.learning.token_data import sequence_dataset, windows_dataset
-    from tasks.learning.train import _throughput_meter
+    from tasks.learning.fitting import _throughput_meter
 
     keras.utils.set_random_seed(cfg.seed)
     # the network alone: the n-gram hybrid's table lookup is measured by part 2's training

@@ -6,6 +6,7 @@ heapcast inspect FILE...                      a trace's header and counts per op
 heapcast report RUN [-o HTML] [--diff RUN]    the heap report of a run: one HTML page + a summary
 heapcast tune [-o HTML] -- PROGRAM ARGS...    which allocator and settings suit a program
 heapcast run [...]                            the whole pipeline (the nightly flow) once
+heapcast bundle export|train ...              train the network elsewhere (a lent GPU)
 """
 
 # Start-up time matters here (`trace` runs before the traced program, `inspect` is interactive):
@@ -36,6 +37,23 @@ examples:
       the program under glibc, its tunables, jemalloc, tcmalloc, mimalloc: the line to use
   heapcast run --quick
       the whole pipeline once: replay, dataset, train, register (heapcast run --help)
+  heapcast bundle export -o bundle.npz && KERAS_BACKEND=jax heapcast bundle train bundle.npz
+      what the network trains on, in one file; trained here or on a GPU machine
+"""
+
+BUNDLE_EPILOG = """\
+A bundle holds the training and validation tokens with their features, the n-gram table, the
+evaluation runs and the config (< 48 MiB): what a machine with no data root, no network and no
+services needs to train the network and score it on the unseen-runs table.
+
+examples:
+  heapcast bundle export -o bundle.npz --quick
+      the quick night's training data (configs/train-quick.yaml) from $HEAPCAST_ROOT or ./data
+  heapcast bundle train bundle.npz -o trained --set epochs=2
+      train it here (KERAS_BACKEND picks the backend; a GPU is used by itself) and write
+      trained/model.keras and trained/result.json (placement, positions/s, scores)
+  scripts/gpu_check.sh
+      the same on a lent GPU machine, in one prepared call (the script says how)
 """
 
 TUNE_EPILOG = """\
@@ -603,6 +621,26 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--config", help="allocators config (default configs/allocators.yaml)")
     tu.add_argument("program", nargs=argparse.REMAINDER)
     tu.set_defaults(func=cmd_tune)
+    bu = sub.add_parser(
+        "bundle",
+        help="train the network elsewhere: heapcast bundle export -o B.npz | bundle train B.npz",
+        description="Export what the next-call network trains on to one file, or train one.",
+        epilog=BUNDLE_EPILOG,
+        formatter_class=raw,
+    )
+    bsub = bu.add_subparsers(dest="action", required=True)
+    be = bsub.add_parser("export", help="write a night's training data to a bundle")
+    be.add_argument("-o", "--output", default="bundle.npz", help="the file (default bundle.npz)")
+    be.add_argument("--root", help="data root (default $HEAPCAST_ROOT, ./data)")
+    be.add_argument("--quick", action="store_true", help="configs/train-quick.yaml")
+    be.add_argument("--config", help="a training config (default configs/train.yaml)")
+    be.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config setting")
+    bt = bsub.add_parser("train", help="train a bundle here and score it on its evaluation runs")
+    bt.add_argument("bundle")
+    bt.add_argument("-o", "--output", default="trained", help="the folder (default trained)")
+    bt.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config setting")
+    for x in (be, bt):
+        x.set_defaults(func=cmd_bundle)
     # `run` hands its arguments to the nightly flow's own parser (see main).
     sub.add_parser(
         "run",
@@ -611,6 +649,65 @@ def build_parser() -> argparse.ArgumentParser:
         "[--root URL] [--runner auto|docker|local]; heapcast run --help for its options",
     )
     return p
+
+
+def _settings(pairs: list[str] | None) -> dict:
+    """--set KEY=VALUE pairs (KEY dotted, VALUE read as YAML) as nested training overrides."""
+    # deferred: imported on first use, for start-up time
+    import yaml
+
+    out: dict = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"heapcast bundle: --set {pair!r}: expected KEY=VALUE, e.g. epochs=2")
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    # deferred: imported on first use, for start-up time
+    from pydantic import ValidationError
+
+    from tasks.learning.bundle import BundleError
+
+    try:
+        if args.action == "export":
+            from tasks.core.config import default_root
+            from tasks.core.storage import Root
+            from tasks.learning.train import export_bundle
+            from tasks.learning.train_config import DEFAULT_CONFIG, QUICK_CONFIG, load_train_config
+
+            path = args.config or (QUICK_CONFIG if args.quick else DEFAULT_CONFIG)
+            cfg = load_train_config(path, _settings(args.set))
+            size, b = export_bundle(Root.from_url(args.root or default_root()), cfg, args.output)
+            inp = b.inputs
+            print(
+                f"heapcast bundle: {args.output}: {size / 2**20:.1f} MiB, "
+                f"{inp.train_run.n_tokens:,} training and {inp.val_run.n_tokens:,} validation "
+                f"tokens, {len(b.evaluation)} evaluation runs, from {b.source}"
+            )
+            return 0
+        from tasks.learning.bundle import read_bundle, train_bundle
+
+        result = train_bundle(read_bundle(args.bundle), args.output, _settings(args.set))
+        where = result["placement"]
+        overall = result["unseen_runs"].get("overall", {})
+        print(
+            f"heapcast bundle: trained on {where['backend']} ({where['device']}, "
+            f"{where['precision']}, batch {where['batch_size']}): "
+            f"{result['positions_per_second']:,.0f} positions/s, {result['epochs']} epochs in "
+            f"{result['train_seconds']:.0f} s; unseen runs top-1 {overall.get('top1', float('nan')):.4f} "
+            f"top-5 {overall.get('top5', float('nan')):.4f}; {args.output}/result.json"
+        )
+        return 0
+    except (BundleError, ValidationError, ValueError, FileNotFoundError) as err:
+        print(f"heapcast bundle: {err}", file=sys.stderr)
+        return 1
 
 
 def _main(argv: list[str]) -> int:

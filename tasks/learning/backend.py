@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
-import importlib.util
+import importlib.machinery
 import os
 import sys
 from dataclasses import dataclass
@@ -46,7 +46,9 @@ def backend_name() -> str:
         raise BackendUnavailable(
             f"KERAS_BACKEND={name}: not a backend heapcast runs on; use one of {', '.join(BACKENDS)}"
         )
-    if importlib.util.find_spec(name) is None:
+    # sys.path's finder alone: a meta-path finder's answer (tasks.core.quiet's, which wraps
+    # TensorFlow's import once) is for the import itself, not for this question
+    if importlib.machinery.PathFinder.find_spec(name) is None:
         raise BackendUnavailable(
             f"KERAS_BACKEND={name}: {name} is not installed in this environment; "
             f"{INSTALL[name]}, or unset KERAS_BACKEND to train with TensorFlow on the CPU"

@@ -157,19 +157,19 @@ def _compiled(model, online: bool):
 
     Called eagerly, a recurrent model runs its time loop op by op (seconds per call); Keras's
     predict_on_batch runs one compiled function (TensorFlow traces it once with shapes left open,
-    JAX once per batch and window width)."""
+    JAX once per batch and window width). Takes tokens, or {"tokens", "online"} (online)."""
     # deferred: imported on first use, for start-up time
     import keras
 
-    from tasks.learning.model import ONLINE_FEATURES
-
-    tokens = keras.Input(shape=(None,), dtype="int32", name="tokens")
-    inputs = {"tokens": tokens}
-    if online:
-        inputs["online"] = keras.Input(shape=(None, ONLINE_FEATURES), dtype="int32", name="online")
-    out = model(inputs if online else tokens)[:, -1, :]
-    last = keras.Model(inputs if online else tokens, out, name=f"{model.name}_last")
-    return last.predict_on_batch
+    names = [t.name.split(":")[0] for t in model.inputs]
+    inputs = [
+        keras.Input(shape=t.shape[1:], dtype=t.dtype, name=n) for t, n in zip(model.inputs, names)
+    ]
+    out = model(inputs if len(inputs) > 1 else inputs[0])[:, -1, :]
+    last = keras.Model(inputs, out, name=f"{model.name}_last")
+    if not online:
+        return last.predict_on_batch
+    return lambda x: last.predict_on_batch([x[n] for n in names])
 
 
 def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:

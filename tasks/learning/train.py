@@ -12,8 +12,6 @@ do) stays cheap.
 
 from __future__ import annotations
 
-import csv
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -28,8 +26,8 @@ from prefect.cache_policies import NONE as NO_CACHE
 from tasks.core.config import PROJECT_DIR
 from tasks.core.storage import Root
 from tasks.learning.answers import RunAnswers, merged, tokens_digest
-from tasks.learning.backend import data_parallel, out_of_memory, placement
 from tasks.learning.baselines import Baselines
+from tasks.learning.bundle import TrainingBundle, write_bundle
 from tasks.learning.evaluate import (
     HELDOUT_WORKLOADS,
     UNSEEN_PROGRAMS,
@@ -37,6 +35,7 @@ from tasks.learning.evaluate import (
     EvaluationBuilder,
     evaluation_markdown,
 )
+from tasks.learning.fitting import TrainingInputs, fit_inputs, placement_facts
 from tasks.learning.outcome import MODEL, DatasetRef, Evaluation, QuestionScores, TrainOutcome
 from tasks.learning.question_network import QuestionNetwork
 from tasks.learning.questions import question_evaluation
@@ -47,10 +46,6 @@ from tasks.learning.train_config import TrainConfig
 
 if TYPE_CHECKING:  # deferred at run time: the model module imports Keras at its top
     from tasks.learning.model import NGramTable
-
-
-class TrainingOutOfMemory(RuntimeError):
-    """The accelerator ran out of memory; the message names the batch size to lower."""
 
 
 @dataclass
@@ -85,32 +80,6 @@ def checkpoint_dir(root: Root, cfg: TrainConfig, split: Split) -> Path:
     else:
         base = PROJECT_DIR / ".checkpoints"
     return base / f"{cfg.fingerprint()}-{split.content_hash()[:8]}"
-
-
-def backup_readable(backup: Path) -> bool:
-    """Whether keras.callbacks.BackupAndRestore can resume from `backup`: a process killed
-    while writing it leaves a truncated weights file or metadata, which would fail every later
-    training of the same config and data."""
-
-    # deferred: imported on first use, for start-up time
-    import h5py
-
-    try:
-        epoch = json.loads((backup / "training_metadata.json").read_text())["epoch"]
-        with h5py.File(backup / "latest.weights.h5", "r"):
-            pass
-        return isinstance(epoch, int)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _read_history(path: Path) -> dict[str, list[float]]:
-    if not path.exists():
-        return {}
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
-    keys = [k for k in (rows[0] if rows else {}) if k != "epoch"]
-    return {k: [float(r[k]) for r in rows] for k in keys}
 
 
 def training_tables(
@@ -210,33 +179,14 @@ def training_features(
     return feats
 
 
-def fit_model(
-    cfg: TrainConfig,
-    split: Split,
-    ckpt: Path,
-    callbacks: list[Any] | tuple = (),
-    verbose: int = 2,
-) -> tuple[Any, dict[str, Any]]:
-    """Train cfg's model on split.train, early stopping on split.validation; resume from `ckpt`.
-
-    Returns (model, facts): facts holds history, predictions_per_second, seconds, initial_epoch.
-    """
+def training_inputs(cfg: TrainConfig, split: Split) -> TrainingInputs:
+    """What cfg's network trains on: the training and validation runs, each concatenated, with
+    their feature columns (n-gram, then online counter) and the n-gram table of the training runs."""
     # deferred: imported on first use, for start-up time
-    import keras
+    from tasks.learning.model import online_feature_matrix
 
-    from tasks.learning.model import (
-        build_hybrid,
-        build_model,
-        online_feature_matrix,
-    )
-
-    # deferred: Keras at its top, imported on first use
-    from tasks.learning.token_data import sequence_dataset, windows_dataset
-
-    keras.utils.set_random_seed(cfg.seed)
     train_run = concat_runs(split.train)
     val_run = concat_runs(split.validation)
-    c, b = cfg.context, cfg.batch_size
     table = train_feats = val_feats = None
     if cfg.model.ngram_features:
         # the table from the training runs only; leave-one-out features on those runs,
@@ -254,176 +204,33 @@ def fit_model(
         on_val = online_feature_matrix(val_run, orders)
         train_feats = on_train if train_feats is None else np.hstack([train_feats, on_train])
         val_feats = on_val if val_feats is None else np.hstack([val_feats, on_val])
-    where = placement()
-    if where.on_gpu and cfg.gpu_batch_size:
-        b = cfg.gpu_batch_size  # the batch an accelerator prefers (configs/train.yaml)
-    if cfg.mode == "sequence":
-        chunk = c * cfg.train_chunk_contexts
-        train_ds, n = sequence_dataset(train_run, chunk, b, seed=cfg.seed, features=train_feats)
-        val_ds, n_val = sequence_dataset(
-            val_run, chunk, b, shuffle=False, repeat=False, features=val_feats
-        )
-        per_batch = b * chunk
-    else:
-        train_ds, n = windows_dataset(train_run, c, b, seed=cfg.seed)
-        val_ds, n_val = windows_dataset(
-            val_run, c, b, shuffle=False, repeat=False, max_windows=cfg.validation_windows
-        )
-        per_batch = b
-    if n < b:
-        raise ValueError(
-            f"{n} training {'chunks' if cfg.mode == 'sequence' else 'windows'} of context {c} "
-            f"in {[r.name for r in split.train]}: fewer than one batch of {b}; "
-            f"lower batch_size or context, or add runs"
-        )
-    steps = train_ds.steps = cfg.steps_per_epoch or max(1, n // b)
-    monitor = "val_loss" if n_val else "loss"
-
-    ckpt.mkdir(parents=True, exist_ok=True)
-    backup = ckpt / "backup"
-    history_csv = ckpt / "history.csv"
-    resuming = backup.exists() and any(backup.iterdir())
-    discarded = resuming and not backup_readable(backup)
-    if discarded:  # killed while writing it: nothing can resume from it, start over
-        shutil.rmtree(backup)
-        resuming = False
-    if not resuming and history_csv.exists():
-        history_csv.unlink()  # a finished or abandoned earlier training: start the curves anew
-
-    meter = _throughput_meter(per_batch)
-    start_epoch = _epoch_recorder()
-    with data_parallel(where, b):  # over every device the backend sees (one: as it is)
-        if cfg.model.ngram_features or cfg.model.online_features:
-            model, full = build_hybrid(cfg, table, total_steps=cfg.epochs * steps)
-        else:
-            model = full = build_model(cfg, total_steps=cfg.epochs * steps)
-        _fit(
-            model,
-            train_ds,
-            val_ds if n_val else None,
-            cfg,
-            where,
-            b,
-            per_batch,
-            verbose,
-            [
-                # order matters: the backup is written before any later callback can fail
-                keras.callbacks.BackupAndRestore(str(backup)),
-                keras.callbacks.ModelCheckpoint(
-                    str(ckpt / "best.weights.h5"),
-                    monitor=monitor,
-                    save_best_only=True,
-                    save_weights_only=True,
-                ),
-                keras.callbacks.EarlyStopping(
-                    monitor=monitor, patience=cfg.patience, restore_best_weights=True
-                ),
-                keras.callbacks.CSVLogger(str(history_csv), append=True),
-                # a resumed training draws the batches an uninterrupted one would have
-                keras.callbacks.LambdaCallback(
-                    on_epoch_begin=lambda epoch, logs: setattr(train_ds, "epoch", epoch)
-                ),
-                meter,
-                start_epoch,
-                *callbacks,
-            ],
-        )
-    facts = {
-        "history": _read_history(history_csv),
-        "predictions_per_second": meter.rate(),
-        "seconds": meter.seconds,
-        "predictions": meter.predictions,
-        "initial_epoch": start_epoch.first if start_epoch.first is not None else 0,
-        "steps_per_epoch": steps,
-        "train_units": n,
-        "discarded_backup": discarded,
-        "placement": where,
-        "batch_size": b,
-    }
-    if table is not None:
-        facts["ngram_table_keys"] = int(len(table.keys))
-    return full, facts
+    return TrainingInputs(
+        train_run, val_run, train_feats, val_feats, table, [r.name for r in split.train]
+    )
 
 
-def _fit(model, train_ds, val_ds, cfg, where, b: int, per_batch: int, verbose: int, callbacks):
-    """model.fit; an accelerator out of memory is one line naming the batch size to lower."""
-    try:
-        model.fit(
-            train_ds,
-            epochs=cfg.epochs,
-            validation_data=val_ds,
-            verbose=verbose,
-            callbacks=callbacks,
-        )
-    except Exception as e:
-        if out_of_memory(e):
-            raise TrainingOutOfMemory(
-                f"training on {where.line()} ran out of memory at batch size {b} "
-                f"({per_batch:,} positions a step): lower "
-                f"{'gpu_batch_size' if where.on_gpu and cfg.gpu_batch_size else 'batch_size'} "
-                "in the training config and run again"
-            ) from e
-        raise
+def export_bundle(root: Root, cfg: TrainConfig, path: Path) -> tuple[int, TrainingBundle]:
+    """The training bundle of `root`'s split under `cfg` (tasks/learning/bundle.py), written to
+    `path`; returns its size in bytes and the bundle."""
+    split = load_split(root, cfg.data)
+    if not split.train:
+        raise ValueError(f"{root.url}: the split has no training run")
+    bundle = TrainingBundle(cfg, training_inputs(cfg, split), list(split.evaluation), root.url)
+    return write_bundle(bundle, path), bundle
 
 
-def placement_facts(where: Any, batch_size: int) -> dict[str, str]:
-    """What a run logs of where it trained (params `train.backend`, `train.device`, ...)."""
-    return {
-        "backend": where.backend,
-        "device": where.device,
-        "replicas": str(where.replicas),
-        "precision": where.precision,
-        "batch_size": str(batch_size),
-    }
+def fit_model(
+    cfg: TrainConfig,
+    split: Split,
+    ckpt: Path,
+    callbacks: list[Any] | tuple = (),
+    verbose: int = 2,
+) -> tuple[Any, dict[str, Any]]:
+    """Train cfg's model on split.train, early stopping on split.validation; resume from `ckpt`.
 
-
-def _throughput_meter(per_batch: int):
-    """A callback timing training steps (data, forward, backward, update), not validation."""
-    # deferred: imported on first use, for start-up time
-    import keras
-
-    class ThroughputMeter(keras.callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.seconds = 0.0
-            self.batches = 0
-            self._t0 = 0.0
-            self._seen = 0
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self._t0 = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._seen += 1
-            if self._seen <= 2:  # the first steps trace and compile the graph
-                return
-            self.seconds += time.perf_counter() - self._t0
-            self.batches += 1
-
-        @property
-        def predictions(self) -> int:
-            return self.batches * per_batch
-
-        def rate(self) -> float:
-            return self.predictions / self.seconds if self.seconds > 0 else float("nan")
-
-    return ThroughputMeter()
-
-
-def _epoch_recorder():
-    # deferred: imported on first use, for start-up time
-    import keras
-
-    class EpochRecorder(keras.callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.first: int | None = None
-
-        def on_epoch_begin(self, epoch, logs=None):
-            if self.first is None:
-                self.first = int(epoch)
-
-    return EpochRecorder()
+    Returns (model, facts): facts holds history, predictions_per_second, seconds, initial_epoch.
+    """
+    return fit_inputs(cfg, training_inputs(cfg, split), ckpt, callbacks, verbose)
 
 
 def evaluate_model(

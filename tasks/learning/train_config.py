@@ -181,11 +181,12 @@ class TrainConfig(StrictModel):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def merged_settings(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with nested `overrides` merged on top (a dict merges, anything else replaces)."""
     out = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merged_settings(out[key], value)
         else:
             out[key] = value
     return out
@@ -200,7 +201,7 @@ def load_train_config(
         return cfg
 
     try:
-        return TrainConfig.model_validate(_merge(cfg.model_dump(), overrides))
+        return TrainConfig.model_validate(merged_settings(cfg.model_dump(), overrides))
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, f"{path} with overrides")) from None
 

@@ -304,6 +304,21 @@ HOW_TO_MEASURE = (
 )
 
 
+def trained_where(outcome) -> str:
+    """'; trained with jax on gpu: NVIDIA H200, mixed_bfloat16, batch 1024, 9.1 M positions/s'."""
+    where = getattr(outcome, "placement", None) or {}
+    if not where:
+        return ""
+    replicas = int(where.get("replicas", "1"))
+    rate = outcome.predictions_per_second
+    speed = f"{rate / 1e6:.2f} M" if rate >= 1e6 else f"{rate / 1e3:.0f} k"
+    return (
+        f"; trained with {where['backend']} on {where['device']}"
+        + (f" x{replicas}" if replicas > 1 else "")
+        + f", {where['precision']}, batch {where['batch_size']}, {speed} positions/s"
+    )
+
+
 def _when(night: str) -> str:
     """A night stamp (20261124T035200Z) as a date a reader takes in."""
     try:
@@ -455,7 +470,7 @@ def summarize(
             detail = (
                 f"model top-1 {model.top1:.4f} vs best baseline {best.predictor} "
                 f"{best.top1:.4f} on {model.positions:,} unseen positions"
-            )
+            ) + trained_where(result.outcome)
             reg = result.model
             summary["headline"] = dict(reg.headline)
             summary["registration"] = (

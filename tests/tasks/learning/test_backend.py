@@ -17,7 +17,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from tasks.learning.backend import out_of_memory, precision_for  # noqa: E402
-from tasks.learning.train import TrainingOutOfMemory, _fit  # noqa: E402
+from tasks.learning.fitting import TrainingOutOfMemory, _fit  # noqa: E402
 from tasks.learning.train_config import TrainConfig  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[3]
