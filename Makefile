@@ -8,9 +8,12 @@ run: setup
 	@scripts/engine.sh up >/dev/null || echo "heapcast: no container engine could start here (above); the quick night replays with the local (bubblewrap) runner"
 	.venv/bin/heapcast run --quick --seeds
 
+# The suite on TensorFlow (the default), then the tests marked `backends` on JAX's CPU: the code a
+# GPU machine trains with (KERAS_BACKEND=jax) is tested on every commit.
 test: setup lint
 	scripts/engine.sh up
 	.venv/bin/python -m pytest -q
+	KERAS_BACKEND=jax .venv/bin/python -m pytest -q -m backends
 
 setup:
 	scripts/setup.sh

@@ -44,9 +44,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
 def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
     import keras
 
+    from tasks.learning.fitting import _throughput_meter
     from tasks.learning.model import build_model
     from tasks.learning.token_data import sequence_dataset, windows_dataset
-    from tasks.learning.fitting import _throughput_meter
 
     keras.utils.set_random_seed(cfg.seed)
     # the network alone: the n-gram hybrid's table lookup is measured by part 2's training

@@ -14,12 +14,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import heapcast_keras
+
+# run under every Keras backend (`make test`: TensorFlow, then JAX)
+pytestmark = pytest.mark.backends
 
 CHECK = """
 import sys
 assert "keras" not in sys.modules and "heapcast_keras" in sys.modules, sorted(sys.modules)
 from keras.src.saving import object_registration as reg
+import pytest
+
 import heapcast_keras
 assert isinstance(reg.GLOBAL_CUSTOM_OBJECTS, heapcast_keras.LazyRegistry)
 assert not any(isinstance(f, heapcast_keras._RegistryHook) for f in sys.meta_path)  # one-shot

@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# run under every Keras backend (`make test`: TensorFlow, then JAX)
+pytestmark = pytest.mark.backends
+
 keras = pytest.importorskip("keras")
 
 from tasks.learning.backend import out_of_memory, precision_for  # noqa: E402

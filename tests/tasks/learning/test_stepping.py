@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+# run under every Keras backend (`make test`: TensorFlow, then JAX)
+pytestmark = pytest.mark.backends
+
 keras = pytest.importorskip("keras")
 
 from tasks.learning.model import NGramTable, build_hybrid, build_model  # noqa: E402

@@ -16,6 +16,9 @@ from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
+# run under every Keras backend (`make test`: TensorFlow, then JAX)
+pytestmark = pytest.mark.backends
+
 
 @pytest.fixture(scope="module")
 def events_root(tmp_path_factory) -> Root:

@@ -24,6 +24,9 @@ from tasks.learning.train_config import TrainConfig  # noqa: E402
 from tests.faults import kill_at_marker  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
+# run under every Keras backend (`make test`: TensorFlow, then JAX)
+pytestmark = pytest.mark.backends
+
 
 @pytest.fixture(scope="module")
 def events_root(tmp_path_factory) -> Root:

@@ -21,6 +21,9 @@ import pytest
 
 from tests.tasks.registry.outcome_factory import CONTEXT, make_outcome
 
+# run under every Keras backend (`make test`: TensorFlow, then JAX)
+pytestmark = pytest.mark.backends
+
 # Each in a fresh process: loading through pyfunc imports the layers' module.
 PRELUDE = """
 import sys
