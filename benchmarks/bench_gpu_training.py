@@ -19,8 +19,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _row(label: str, r: dict, ref: dict) -> str:
-    p, o = r["placement"], r["unseen_runs"].get("overall", {})
-    ref_o = ref["unseen_runs"].get("overall", {})
+    p, o = r["placement"], r["unseen_runs"].get("all", {})
+    ref_o = ref["unseen_runs"].get("all", {})
     ratio = r["positions_per_second"] / ref["positions_per_second"]
     return (
         f"| {label} | {p['backend']} | {p['device']} | {p['precision']} | {p['batch_size']} | "
@@ -54,7 +54,7 @@ def compare(reference: Path, device: Path) -> tuple[str, dict]:
     if dev.exists():
         lines += ["", "Device:", "", "```", dev.read_text().strip(), "```"]
     goals = {}
-    top1 = ref["unseen_runs"].get("overall", {}).get("top1", float("nan"))
+    top1 = ref["unseen_runs"].get("all", {}).get("top1", float("nan"))
     for label, key, want in (
         ("GPU, the config's batch", "speedup_batch", 30),
         ("GPU, its batch", "speedup_gpu_batch", 100),
@@ -63,7 +63,7 @@ def compare(reference: Path, device: Path) -> tuple[str, dict]:
             r = runs[label]
             goals[key] = r["positions_per_second"] / ref["positions_per_second"]
             goals[key + "_met"] = goals[key] >= want
-            goals[key + "_top1_delta"] = r["unseen_runs"]["overall"]["top1"] - top1
+            goals[key + "_top1_delta"] = r["unseen_runs"]["all"]["top1"] - top1
     lines += ["", "Goals: " + json.dumps(goals)]
     return "\n".join(lines) + "\n", goals
 

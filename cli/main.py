@@ -696,7 +696,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
         result = train_bundle(read_bundle(args.bundle), args.output, _settings(args.set))
         where = result["placement"]
-        overall = result["unseen_runs"].get("overall", {})
+        overall = result["unseen_runs"].get("all", {})
         print(
             f"heapcast bundle: trained on {where['backend']} ({where['device']}, "
             f"{where['precision']}, batch {where['batch_size']}): "

@@ -77,7 +77,7 @@ if setting:
     k, v = setting.split("=", 1)
     over[k] = yaml.safe_load(v)
 r = train_bundle(read_bundle(bundle), out, over, verbose=2)
-o = r["unseen_runs"].get("overall", {})
+o = r["unseen_runs"].get("all", {})
 print(f"gpu_check: {out}: {r['placement']} {r['positions_per_second']:,.0f} positions/s, "
       f"{r['epochs']} epochs in {r['train_seconds']:.0f} s, unseen top-1 {o.get('top1')}")
 EOF

@@ -1,7 +1,8 @@
 """Where the next-call network runs: the Keras backend, the device and the precision.
 
 One model for every backend (Keras 3): TensorFlow on the CPU by default, JAX on a GPU machine
-(`KERAS_BACKEND=jax`, with the `gpu` extra), PyTorch where it is what a machine has. Model, data
+(by itself where the `gpu` extra is installed, or `KERAS_BACKEND=jax`), PyTorch where it is what
+a machine has. Model, data
 and prediction code use `keras.ops` and numpy only; this module is the one place that asks a
 backend what it sees (its devices, its chip) or sets what it needs:
 
@@ -25,8 +26,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.core.quiet import has_nvidia_gpu
+
 BACKENDS = ("tensorflow", "jax", "torch")
-DEFAULT = "tensorflow"
+DEFAULT = "tensorflow"  # on a CPU; see backend_name
 # what to install when KERAS_BACKEND names a backend this environment lacks
 INSTALL = {
     "tensorflow": "pip install -e . (TensorFlow, the default, comes with the project)",
@@ -40,8 +43,14 @@ class BackendUnavailable(RuntimeError):
 
 
 def backend_name() -> str:
-    """The backend Keras will use (KERAS_BACKEND, else tensorflow), checked to be installed."""
-    name = os.environ.get("KERAS_BACKEND", DEFAULT) or DEFAULT
+    """The backend Keras will use, checked to be installed: KERAS_BACKEND; unset, JAX where this
+    machine shows an NVIDIA GPU and JAX is installed (the `gpu` extra; TensorFlow's CPU build
+    would leave the GPU idle), else TensorFlow. The choice is written to KERAS_BACKEND, which
+    Keras reads when it is first imported."""
+    name = os.environ.get("KERAS_BACKEND") or ""
+    if not name:
+        gpu_jax = has_nvidia_gpu() and importlib.machinery.PathFinder.find_spec("jax") is not None
+        name = os.environ["KERAS_BACKEND"] = "jax" if gpu_jax else DEFAULT
     if name not in BACKENDS:
         raise BackendUnavailable(
             f"KERAS_BACKEND={name}: not a backend heapcast runs on; use one of {', '.join(BACKENDS)}"

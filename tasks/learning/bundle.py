@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tasks.learning.fitting import TrainingInputs, fit_inputs, placement_facts
+from tasks.learning.outcome import OVERALL
 from tasks.learning.predictions import Predictions
 from tasks.learning.sequences import TokenRun, eval_positions
 from tasks.learning.train_config import TrainConfig, merged_settings
@@ -169,7 +170,7 @@ def train_bundle(
         pooled = Predictions(
             np.concatenate([p.top for p in preds]), np.concatenate([p.p_true for p in preds])
         )
-        scores["overall"] = _scores(
+        scores[OVERALL] = _scores(
             np.concatenate(ys), pooled, top1_accuracy, top5_accuracy, log_loss
         )
     out.mkdir(parents=True, exist_ok=True)

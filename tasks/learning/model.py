@@ -280,7 +280,17 @@ class _TopAndTrue(keras.layers.Layer):
 
 
 def _scorer(seq_model: keras.Model) -> keras.Model:
-    """seq_model's inputs and the true tokens -> _TopAndTrue's answers, compiled by the backend."""
+    """seq_model's inputs and the true tokens -> _TopAndTrue's answers, compiled by the backend
+    (once per model: a new wrapper per run would trace its graph again for every run)."""
+    cached = getattr(seq_model, "_heapcast_scorer", None)
+    if cached is None:
+        cached = _build_scorer(seq_model)
+        # past Keras's attribute tracking: the scorer holds the model, not the other way round
+        object.__setattr__(seq_model, "_heapcast_scorer", cached)
+    return cached
+
+
+def _build_scorer(seq_model: keras.Model) -> keras.Model:
     inputs = [
         keras.Input(shape=t.shape[1:], dtype=t.dtype, name=t.name.split(":")[0])
         for t in seq_model.inputs
