@@ -677,6 +677,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "export":
+            # deferred: imported on first use, for start-up time
             from tasks.core.config import default_root
             from tasks.core.storage import Root
             from tasks.learning.train import export_bundle
@@ -692,6 +693,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
                 f"tokens, {len(b.evaluation)} evaluation runs, from {b.source}"
             )
             return 0
+        # deferred: imported on first use, for start-up time
         from tasks.learning.bundle import read_bundle, train_bundle
 
         result = train_bundle(read_bundle(args.bundle), args.output, _settings(args.set))
