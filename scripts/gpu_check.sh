@@ -19,14 +19,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 GPU_DIR=.gpu
 WHEELS=(keras namex optree pydantic pydantic-core annotated-types typing-extensions
-        typing-inspection pyyaml)
+        typing-inspection pyyaml fsspec packaging)
 DEVICE_PYTHON=${DEVICE_PYTHON:-3.12}  # the lent machine's python3 (NOTES.md)
 
 prepare() {
-  mkdir -p "$GPU_DIR/wheels"
-  grep -qx "/$GPU_DIR/" .git/info/exclude 2>/dev/null || echo "/$GPU_DIR/" >> .git/info/exclude
+  mkdir -p "$GPU_DIR"
+  exclude=$(git rev-parse --git-path info/exclude)
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx "/$GPU_DIR/" "$exclude" 2>/dev/null || echo "/$GPU_DIR/" >> "$exclude"
   if (($#)); then .venv/bin/heapcast bundle export -o "$GPU_DIR/bundle.npz" "$@"
   else .venv/bin/heapcast bundle export -o "$GPU_DIR/bundle.npz"; fi
+  wheels
+}
+
+wheels() {
+  mkdir -p "$GPU_DIR/wheels"
   # the versions this environment runs, for the device's Python, binary wheels only
   pins=()
   for w in "${WHEELS[@]}"; do
@@ -49,7 +56,7 @@ prepare() {
 
 device() {
   OUT=${OUT:?the device tool sets OUT, the folder whose files come back}
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$GPU_DIR"/wheels/*.whl
+  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site "$GPU_DIR"/wheels/*.whl
   export PYTHONPATH="/tmp/site:$PWD" KERAS_BACKEND=jax
   (nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv) \
     > "$OUT/device.txt" 2>&1 || true
@@ -84,11 +91,12 @@ EOF
 }
 
 compare() {
-  .venv/bin/python benchmarks/bench_gpu_training.py "$GPU_DIR/reference" "${1:?the folder the device call's files came back in}"
+  .venv/bin/python benchmarks/bench_gpu_training.py "$GPU_DIR/reference" "${1:?give the folder where the device call put its files}"
 }
 
 case "${1:-}" in
   prepare) shift; prepare "$@" ;;
+  wheels) wheels ;;
   device) device ;;
   reference) reference ;;
   compare) shift; compare "$@" ;;
