@@ -172,3 +172,15 @@ def test_a_step_split_over_two_devices_is_the_step_on_one():
     assert facts["diff"] < 1e-5
     # and a batch that does not split evenly is refused with the sizes that would
     assert "batch size 7 does not split over 2 devices: use 6 or 8" in child.stdout.splitlines()[-1]
+
+
+def test_a_model_saved_before_the_backends_loads_and_answers_as_it_did():
+    # GIVEN a hybrid (n-gram orders to 12, online features, copy paths) saved by heapcast before
+    # the model was backend-neutral (commit 493191d, TensorFlow), with what it predicted then
+    data = Path(__file__).parent / "data"
+    then = np.load(data / "hybrid_before_backends.npz")
+    # WHEN this backend loads it (the registry's old versions are such files)
+    model = keras.saving.load_model(data / "hybrid_before_backends.keras")
+    now = model.predict({"tokens": then["tokens"], "online": then["online"]}, verbose=0)
+    # THEN it answers as it did
+    assert np.allclose(now, then["probs"], atol=1e-5), np.abs(now - then["probs"]).max()
