@@ -81,15 +81,15 @@ def main() -> int:
     a = ap.parse_args()
     apply_embedded_defaults()
 
-    import tensorflow as tf
-
+    from tasks.learning.backend import placement
     from tasks.learning.model import online_feature_matrix, online_orders, takes_online
     from tasks.learning.sequences import TokenRun
     from tasks.learning.streaming import StatefulStream, StreamingPredictor
 
     stream = patterned(200_000, 0)
     model, context, which = champion_model(a.root) if a.root else quick_model(stream)
-    device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    where = placement()
+    device = f"{where.backend} on {where.device}"
     rows = []
     # once per process: the compiled stream's first table growth compiles its numpy block
     # (70 ms), which would otherwise land inside the first timed steps
@@ -153,7 +153,7 @@ def main() -> int:
                 ]
             ).astype(np.int32)
             x = {"tokens": windows, "online": online}
-        whole = tf.function(lambda x: model(x, training=False))  # compiled, as streaming is
+        whole = model.predict_on_batch  # compiled by the backend, as streaming is
         np.asarray(whole(x))  # warm-up, traced
         reps = max(1, a.steps // 4)
         t0 = time.perf_counter()

@@ -59,10 +59,12 @@ def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
         ds, n = windows_dataset(run, c, b, seed=cfg.seed)
         per_batch = b
     model = build_model(cfg, mode=mode)
-    model.fit(ds, steps_per_epoch=warmup, epochs=1, verbose=0, shuffle=False)  # trace + compile
+    ds.steps = warmup
+    model.fit(ds, epochs=1, verbose=0)  # trace + compile
     meter = _throughput_meter(per_batch)
+    ds.steps = steps + 2
     t0 = time.perf_counter()
-    model.fit(ds, steps_per_epoch=steps + 2, epochs=1, verbose=0, shuffle=False, callbacks=[meter])
+    model.fit(ds, epochs=1, verbose=0, callbacks=[meter])
     wall = time.perf_counter() - t0
     return {
         "mode": mode,
@@ -102,8 +104,9 @@ def main() -> int:
         )
         print(f"no events under {a.root}: synthetic dataset in {root.url}", file=sys.stderr)
 
-    import tensorflow as tf
+    from tasks.learning.backend import placement
 
+    where = placement()
     split = load_split(root, cfg.data)
     run = concat_runs(split.train)
     result: dict = {
@@ -112,8 +115,9 @@ def main() -> int:
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
-            "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
-            "tensorflow": tf.__version__,
+            "backend": where.backend,
+            "device": where.device,
+            "precision": where.precision,
         },
         "root": root.url,
         "synthetic_data": synthetic,

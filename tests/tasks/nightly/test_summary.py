@@ -60,3 +60,8 @@ def test_the_summary_shows_the_headline_under_its_mlflow_names(tmp_path):
     assert "## Headline" in page
     assert "| headline/whatif_optimistic.hit_rate.gain | 0.125 |" in page
     assert "| headline/unseen_runs.top1.model | 0.8 |" in page
+    # the train stage's line says where the model trained and how fast (outcome_factory's)
+    train_line = next(s.detail for s in night.stages if s.name == "train")
+    assert train_line.endswith(
+        "; trained with jax on gpu: NVIDIA H200, mixed_bfloat16, batch 1024, 12 k positions/s"
+    )

@@ -120,4 +120,11 @@ def make_outcome(
         seconds=3.5,
         input_example=example,
         notes=[f"validation of redis/r1 is the last 10% of its threads (seed {seed})"],
+        placement={
+            "backend": "jax",
+            "device": "gpu: NVIDIA H200",
+            "replicas": "1",
+            "precision": "mixed_bfloat16",
+            "batch_size": "1024",
+        },
     )

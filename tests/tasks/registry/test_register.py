@@ -163,6 +163,13 @@ def test_params_hold_config_dataset_code_and_libraries(store):
         mlflow.__version__,
     )
     assert p["predictor.ngram.order"] == "7"
+    # where it trained, as training reported it (tasks/learning/backend.py)
+    assert (p["train.backend"], p["train.device"], p["train.precision"]) == (
+        "jax",
+        "gpu: NVIDIA H200",
+        "mixed_bfloat16",
+    )
+    assert p["train.batch_size"] == "1024" and p["train.replicas"] == "1"
     config_json = Path(store["client"].download_artifacts(run.info.run_id, "config.json"))
     assert json.loads(config_json.read_text()) == store["outcomes"][0].config
 
