@@ -33,9 +33,9 @@ def _checked_features(features: np.ndarray | None, run: TokenRun, pad: int) -> n
 class ChunkBatches(keras.utils.PyDataset):
     """Batches of chunk starts, cut by `cut(starts, extra)`, as Keras's fit expects them.
 
-    repeat (training): every batch is full and an epoch is `len(self)` batches; the chunks are
-    reshuffled after each pass over them (a pass may span epochs when steps_per_epoch is set),
-    so batch j of the whole training is the same whatever the epoch length.
+    repeat (training): every batch is full and an epoch is `steps` batches (one pass unless
+    set); the chunks are reshuffled after each pass over them (a pass may span epochs), so batch
+    j of the whole training is the same whatever the epoch length.
     Otherwise (validation): one pass in order, the last batch partial.
     """
 
@@ -49,7 +49,6 @@ class ChunkBatches(keras.utils.PyDataset):
         shuffle: bool,
         repeat: bool,
         seed: int,
-        steps_per_epoch: int | None = None,
     ) -> None:
         super().__init__(workers=1, use_multiprocessing=False)
         self.starts, self.extra, self.cut = starts, extra, cut
@@ -57,7 +56,7 @@ class ChunkBatches(keras.utils.PyDataset):
         self.rng = np.random.default_rng(seed)
         full = len(starts) // batch_size
         self.per_pass = full if repeat else -(-len(starts) // batch_size)
-        self.steps = steps_per_epoch or self.per_pass
+        self.steps = self.per_pass  # an epoch's batches (training sets steps_per_epoch here)
         self.epoch = 0
         self._pass = -1
         self._order = np.arange(len(starts))
@@ -94,7 +93,6 @@ def sequence_dataset(
     repeat: bool = True,
     seed: int = 0,
     features: np.ndarray | None = None,
-    steps_per_epoch: int | None = None,
 ) -> tuple[ChunkBatches, int]:
     """(batches of (x [B, c] int32, y [B, c] int32, weight [B, c] float32), number of chunks).
 
@@ -119,17 +117,8 @@ def sequence_dataset(
             return chunk[:, :-1], chunk[:, 1:], weight
         return (chunk[:, :-1], feats[idx[:, :-1]].astype(np.int32)), chunk[:, 1:], weight
 
-    batches = ChunkBatches(
-        np.asarray(starts, np.int64),
-        np.asarray(first),
-        cut,
-        batch_size,
-        shuffle=shuffle,
-        repeat=repeat,
-        seed=seed,
-        steps_per_epoch=steps_per_epoch,
-    )
-    return batches, len(starts)
+    order = {"shuffle": shuffle, "repeat": repeat, "seed": seed}
+    return ChunkBatches(np.asarray(starts, np.int64), first, cut, batch_size, **order), len(starts)
 
 
 def windows_dataset(
@@ -141,7 +130,6 @@ def windows_dataset(
     repeat: bool = True,
     seed: int = 0,
     max_windows: int | None = None,
-    steps_per_epoch: int | None = None,
 ) -> tuple[ChunkBatches, int]:
     """The article's formulation: (x [B, c] int32, y [B] int32), one window per label.
 
@@ -158,17 +146,8 @@ def windows_dataset(
         x = tokens[s[:, None] + offsets[None, :]].astype(np.int32)
         return x, tokens[s + context].astype(np.int32)
 
-    batches = ChunkBatches(
-        np.asarray(starts, np.int64),
-        None,
-        cut,
-        batch_size,
-        shuffle=shuffle,
-        repeat=repeat,
-        seed=seed,
-        steps_per_epoch=steps_per_epoch,
-    )
-    return batches, len(starts)
+    order = {"shuffle": shuffle, "repeat": repeat, "seed": seed}
+    return ChunkBatches(np.asarray(starts, np.int64), None, cut, batch_size, **order), len(starts)
 
 
 def eval_batches(
