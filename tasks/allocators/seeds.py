@@ -23,6 +23,7 @@ rank test cannot reach p < 0.05 with so few.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
@@ -32,6 +33,7 @@ from tasks.allocators.decide import mann_whitney_p
 from tasks.allocators.measure import Measurements, measure_cases, select_cases
 from tasks.allocators.report import AllocatorsOutcome
 from tasks.core.storage import Root
+from tasks.registry.headline import PREFIX, log_table
 from tasks.registry.tracking import TrackingConfig, configure
 from tasks.replay.workloads import load_catalog
 
@@ -206,22 +208,64 @@ class SeedsOutcome(BaseModel):
         return "\n".join(f"- {line.text()}" for line in self.lines)
 
 
-def bought_metrics(lines: list[SeedLine]) -> dict[str, float]:
-    """`layer.<case>.<who>_vs_<against>.wall_ms` / `.peak_rss_mb` (and each allocator's
-    `layer.<case>.<allocator>.wall_ms` / `.peak_rss_mb`) for MLflow."""
+LAYER_TABLE = "layer/cases.json"  # the measured cases on the model's run, one table
+# the headline's pairs: what the model's table bought against the online counter, and against
+# the layer deciding without any prediction (seed 002's rule)
+HEADLINE_PAIRS = {
+    ("layer-table", "layer-guided"): "table_vs_counter_ms",
+    ("layer-table", "layer-seed002"): "table_vs_none_ms",
+}
+
+
+def layer_cases_table(lines: list[SeedLine]) -> pd.DataFrame:
+    """Every case's figures, one row per allocator (its medians; `against` empty) and one per
+    compared pair (`allocator` minus `against`: negative is what it saved, with the rank test's
+    p), in MLflow's table form."""
+    rows = []
+    for line in lines:
+        for f in line.figures:
+            rows.append(
+                {
+                    "case": line.case,
+                    "allocator": f.allocator,
+                    "predictor": line.predictors.get(f.allocator, ""),
+                    "against": "",
+                    "wall_ms": f.wall_ms,
+                    "peak_mb": f.peak_rss_mb,
+                    "p_wall": None,
+                    "p_peak": None,
+                    "rounds": line.repetitions,
+                    "ok_runs": f.ok_runs,
+                }
+            )
+        for b in line.bought:
+            rows.append(
+                {
+                    "case": line.case,
+                    "allocator": b.who,
+                    "predictor": line.predictors.get(b.who, ""),
+                    "against": b.against,
+                    "wall_ms": b.wall_ms,
+                    "peak_mb": b.peak_rss_mb,
+                    "p_wall": b.p_wall,
+                    "p_peak": b.p_rss,
+                    "rounds": line.repetitions,
+                    "ok_runs": None,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def layer_headline(lines: list[SeedLine]) -> dict[str, float]:
+    """`headline/layer_<case>.<pair>`: the few figures a night is compared by (HEADLINE_PAIRS),
+    ms of wall time per case, negative where the model's table saved time."""
     out: dict[str, float] = {}
     for line in lines:
         case = line.case.replace("/", ".")
-        for f in line.figures:
-            if f.wall_ms is not None and f.peak_rss_mb is not None:
-                out[f"layer.{case}.{f.allocator}.wall_ms"] = f.wall_ms
-                out[f"layer.{case}.{f.allocator}.peak_rss_mb"] = f.peak_rss_mb
         for b in line.bought:
-            key = f"layer.{case}.{b.who}_vs_{b.against}"
-            if b.wall_ms is not None:
-                out[f"{key}.wall_ms"] = b.wall_ms
-            if b.peak_rss_mb is not None:
-                out[f"{key}.peak_rss_mb"] = b.peak_rss_mb
+            name = HEADLINE_PAIRS.get((b.who, b.against))
+            if name is not None and b.wall_ms is not None:
+                out[f"{PREFIX}layer_{case}.{name}"] = b.wall_ms
     return out
 
 
@@ -235,15 +279,17 @@ def summarize_seed_cases(
 
 @task(name="seed-cases-to-model-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10)
 def log_on_model_run(lines: list[SeedLine], tracking: TrackingConfig, run_id: str) -> None:
-    """The figures on an MLflow run, the registered model's or the measurement's own (metrics
-    `layer.*`, and the lines, each layer named with what it decides from, as the tag
-    `heapcast.layer.bought`)."""
+    """The figures on an MLflow run, the registered model's or the measurement's own: the table
+    `layer/cases.json` (every case, allocator and compared pair), a few headline metrics
+    (layer_headline), and the lines, each layer named with what it decides from, as the tag
+    `heapcast.layer.bought`."""
 
     configure(tracking)
     from mlflow.tracking import MlflowClient  # deferred: mlflow's import is slow
 
     client = MlflowClient()
-    for key, value in bought_metrics(lines).items():
+    log_table(client, run_id, layer_cases_table(lines), LAYER_TABLE)
+    for key, value in layer_headline(lines).items():
         client.log_metric(run_id, key, value)
     client.set_tag(
         run_id,

@@ -68,6 +68,18 @@ def test_tiny_night_runs_every_stage(prefect_harness, tmp_path):
     assert "## What the predictions bought (whatif, at 64.00 KiB held idle)" in page
     assert "All workloads, by idle budget" in page and len(summary.whatif_by_budget) == 5
     assert f"| all | {bought['all'].best_heuristic} " in page
+    # the model's run stays readable: at most 60 metrics once the seeds stage (not in this
+    # night) adds its headline figures per case; its other figures go to a table
+    from mlflow import MlflowClient
+
+    from tasks.allocators.seeds import HEADLINE_PAIRS
+    from tasks.registry.tracking import TrackingConfig, resolve_target
+
+    target = resolve_target(TrackingConfig(root=str(tmp_path / "data")))
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    run = client.get_run(client.get_model_version("heapcast-next-call", "1").run_id)
+    seed_cases = 3  # configs/allocators.yaml's seeds.workloads
+    assert len(run.data.metrics) + seed_cases * len(HEADLINE_PAIRS) <= 60, sorted(run.data.metrics)
 
 
 def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):

@@ -314,8 +314,18 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
         pass
     log_on_model_run.fn(lines, tracking, run.info.run_id)
     got = mlflow.get_run(run.info.run_id).data
-    assert "layer.numpy_temporaries.layer-guided_vs_layer-seed002.wall_ms" in got.metrics
-    assert "layer.numpy_training_loop.layer-table_vs_layer-guided.peak_rss_mb" in got.metrics
+    # a few headline figures (the model's table against the counter and against no prediction)
+    assert set(got.metrics) == {
+        f"headline/layer_{c}.table_vs_{who}_ms" for c in cases for who in ("counter", "none")
+    }
+    # and every figure in one table the UI shows as such
+    shown = mlflow.load_table("layer/cases.json", run_ids=[run.info.run_id])
+    pair = shown[(shown["case"] == "numpy_pipeline") & (shown["allocator"] == "layer-table")]
+    assert set(pair["against"]) == {"", "layer-guided", "layer-seed002", "glibc"}
+    assert got.metrics["headline/layer_numpy_pipeline.table_vs_counter_ms"] == pytest.approx(
+        float(pair.loc[pair["against"] == "layer-guided", "wall_ms"].iloc[0])
+    )
+    assert {"case", "predictor", "wall_ms", "peak_mb", "p_wall", "p_peak", "rounds"} <= set(shown)
     assert got.tags["heapcast.layer.bought"].startswith("measured: numpy_temporaries, 1 round")
 
 
