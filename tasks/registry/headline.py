@@ -20,6 +20,11 @@ the names are chosen for that order. The run's sections are `headline`, `log_los
         at each free from the prediction for the next call only (horizon 1), `optimistic` when
         it also read predictions made at later calls (horizon > 1: a live cache has them only
         later, tasks/whatif/guided.py), so a reader never takes a bound for a result.
+    headline/layer_<case>.table_vs_counter_ms         what the model's table bought in a real
+    headline/layer_<case>.table_vs_none_ms            program (the seeds' cases, written by the
+        seeds stage, tasks/allocators/seeds.py): median wall ms against the layer guided by the
+        online counter, and against the layer without a prediction (negative: time saved);
+        every allocator and pair with p-values and rounds in the table `layer/cases.json`
     log_loss/<table>.best_baseline, log_loss/<table>.model   (nats; lower is better)
     train/seconds, train/predictions_per_second              next to the curves train/<curve>
 
