@@ -33,7 +33,7 @@ from tasks.allocators.decide import mann_whitney_p
 from tasks.allocators.measure import Measurements, measure_cases, select_cases
 from tasks.allocators.report import AllocatorsOutcome
 from tasks.core.storage import Root
-from tasks.registry.headline import PREFIX, log_table
+from tasks.registry.headline import log_table
 from tasks.registry.tracking import TrackingConfig, configure
 from tasks.replay.workloads import load_catalog
 
@@ -209,12 +209,27 @@ class SeedsOutcome(BaseModel):
 
 
 LAYER_TABLE = "layer/cases.json"  # the measured cases on the model's run, one table
-# the headline's pairs: what the model's table bought against the online counter, and against
-# the layer deciding without any prediction (seed 002's rule)
+# The figures a night is compared by, MLflow's section `layer`: what the model's table bought
+# against the online counter, and against the layer deciding without any prediction (seed 002's
+# rule). Keys are short (`layer/vs_counter.pipeline`): a chart card shows ~22 characters of its
+# title, and the cases share their first words (numpy_...).
 HEADLINE_PAIRS = {
-    ("layer-table", "layer-guided"): "table_vs_counter_ms",
-    ("layer-table", "layer-seed002"): "table_vs_none_ms",
+    ("layer-table", "layer-guided"): "vs_counter",
+    ("layer-table", "layer-seed002"): "vs_none",
 }
+LAYER_SECTION = "layer/"
+
+
+def short_case_names(cases: list[str]) -> dict[str, str]:
+    """Each case without the words all of `cases` begin with (numpy_temporaries, numpy_pipeline
+    -> temporaries, pipeline); '/' (workload/input) becomes '.'."""
+    words = [c.replace("/", ".").split("_") for c in cases]
+    common = 0
+    while all(len(w) > common + 1 for w in words) and len({w[common] for w in words}) == 1:
+        common += 1
+    if len(cases) < 2:
+        common = 0
+    return {c: "_".join(w[common:]) for c, w in zip(cases, words)}
 
 
 def layer_cases_table(lines: list[SeedLine]) -> pd.DataFrame:
@@ -256,16 +271,16 @@ def layer_cases_table(lines: list[SeedLine]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def layer_headline(lines: list[SeedLine]) -> dict[str, float]:
-    """`headline/layer_<case>.<pair>`: the few figures a night is compared by (HEADLINE_PAIRS),
-    ms of wall time per case, negative where the model's table saved time."""
+def layer_headline(lines: list[SeedLine], cases: list[str] | None = None) -> dict[str, float]:
+    """`layer/<pair>.<case>` (HEADLINE_PAIRS, short_case_names over `cases`, by default the
+    lines'): median wall ms of the model's table minus the other's, negative where it saved."""
+    short = short_case_names(cases or [line.case for line in lines])
     out: dict[str, float] = {}
     for line in lines:
-        case = line.case.replace("/", ".")
         for b in line.bought:
             name = HEADLINE_PAIRS.get((b.who, b.against))
             if name is not None and b.wall_ms is not None:
-                out[f"{PREFIX}layer_{case}.{name}"] = b.wall_ms
+                out[f"{LAYER_SECTION}{name}.{short.get(line.case, line.case)}"] = b.wall_ms
     return out
 
 
@@ -280,8 +295,8 @@ def summarize_seed_cases(
 @task(name="seed-cases-to-model-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10)
 def log_on_model_run(lines: list[SeedLine], tracking: TrackingConfig, run_id: str) -> None:
     """The figures on an MLflow run, the registered model's or the measurement's own: the table
-    `layer/cases.json` (every case, allocator and compared pair), a few headline metrics
-    (layer_headline), and the lines, each layer named with what it decides from, as the tag
+    `layer/cases.json` (every case, allocator and compared pair), a few metrics in the section
+    `layer` (layer_headline), and the lines, each layer named with what it decides from, as the tag
     `heapcast.layer.bought`."""
 
     configure(tracking)

@@ -3,8 +3,8 @@ that keep the rest.
 
 MLflow's chart view makes one section per metric-key prefix before the last "/" (sections in
 alphabetical order, then "Model metrics" and "System metrics"; charts in a section by key), so
-the names are chosen for that order. The run's sections are `headline`, `log_loss`, `plots`,
-`promotion`, `train`:
+the names are chosen for that order. The run's sections are `headline`, `layer`, `log_loss`,
+`plots`, `promotion`, `train`:
 
     headline/<table>.top1.best_baseline  the best baseline's top-1 (max over the baselines)
     headline/<table>.top1.margin         model minus best baseline (positive: the model wins)
@@ -20,11 +20,11 @@ the names are chosen for that order. The run's sections are `headline`, `log_los
         at each free from the prediction for the next call only (horizon 1), `optimistic` when
         it also read predictions made at later calls (horizon > 1: a live cache has them only
         later, tasks/whatif/guided.py), so a reader never takes a bound for a result.
-    headline/layer_<case>.table_vs_counter_ms         what the model's table bought in a real
-    headline/layer_<case>.table_vs_none_ms            program (the seeds' cases, written by the
-        seeds stage, tasks/allocators/seeds.py): median wall ms against the layer guided by the
-        online counter, and against the layer without a prediction (negative: time saved);
-        every allocator and pair with p-values and rounds in the table `layer/cases.json`
+    layer/vs_counter.<case>, layer/vs_none.<case>    what the model's table bought in a real
+        program (the seeds' cases, written by the seeds stage, tasks/allocators/seeds.py):
+        median wall ms against the layer guided by the online counter, and against the layer
+        without a prediction (negative: time saved); every allocator and pair, with p-values
+        and rounds, in the table `layer/cases.json`
     log_loss/<table>.best_baseline, log_loss/<table>.model   (nats; lower is better)
     train/seconds, train/predictions_per_second              next to the curves train/<curve>
 
