@@ -56,23 +56,27 @@ class ChunkBatches(keras.utils.PyDataset):
         super().__init__(workers=2, use_multiprocessing=False, max_queue_size=8)
         self.starts, self.extra, self.cut = starts, extra, cut
         self.batch_size, self.shuffle, self.repeat = batch_size, shuffle, repeat
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
         full = len(starts) // batch_size
         self.per_pass = full if repeat else -(-len(starts) // batch_size)
         self.steps = self.per_pass  # an epoch's batches (training sets steps_per_epoch here)
         self.epoch = 0
-        self._pass = -1
-        self._order = np.arange(len(starts))
+        self._order = np.arange(len(starts))  # validation's, and training's unshuffled
+        self._orders: dict[int, np.ndarray] = {}  # training: the passes' orders, cached
 
     def __len__(self) -> int:
         return self.steps if self.repeat else self.per_pass
 
     def _order_of_pass(self, p: int) -> np.ndarray:
-        while self._pass < p:  # passes are drawn in sequence: the same seed, the same batches
-            self._pass += 1
-            if self.shuffle and len(self.starts):
-                self._order = self.rng.permutation(len(self.starts))
-        return self._order
+        """Pass p's order of the chunks: drawn from (seed, p) alone, so the worker threads that
+        cut batches at once, in any order, and a resumed training all get the same one."""
+        if not (self.shuffle and len(self.starts)):
+            return self._order
+        order = self._orders.get(p)
+        if order is None:
+            order = np.random.default_rng((self.seed, p)).permutation(len(self.starts))
+            self._orders = {p: order, **{q: o for q, o in self._orders.items() if q == p - 1}}
+        return order
 
     def __getitem__(self, idx: int):
         if self.repeat:

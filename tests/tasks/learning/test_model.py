@@ -101,6 +101,12 @@ def test_training_batches_shuffle_each_pass_and_resume_where_an_epoch_left_off()
     # THEN every batch is full, a pass holds no chunk twice, and the resumed epoch is the same
     assert all(len(b) == 4 for b in drawn)
     assert [first(again[i]) for i in range(3)] == drawn[3:]
+    # worker threads cut batches in any order: the same batches whatever the order asked
+    shuffled, _ = sequence_dataset(RUN, 6, 4, seed=3)
+    shuffled.steps = 6
+    assert [first(shuffled[i]) for i in (5, 0, 3, 1, 4, 2)] == [
+        drawn[i] for i in (5, 0, 3, 1, 4, 2)
+    ]
     whole_pass = ds.starts[ds._order_of_pass(0)[:8]]
     assert len(set(whole_pass.tolist())) == 8
 
