@@ -177,7 +177,7 @@ def test_a_step_split_over_two_devices_is_the_step_on_one():
 def test_a_model_saved_before_the_backends_loads_and_answers_as_it_did():
     # GIVEN a hybrid (n-gram orders to 12, online features, copy paths) saved by heapcast before
     # the model was backend-neutral (commit 493191d, TensorFlow), with what it predicted then
-    data = Path(__file__).parent / "data"
+    data = Path(__file__).parent / "fixtures"
     then = np.load(data / "hybrid_before_backends.npz")
     # WHEN this backend loads it (the registry's old versions are such files)
     model = keras.saving.load_model(data / "hybrid_before_backends.keras")
