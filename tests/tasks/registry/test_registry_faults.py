@@ -272,6 +272,9 @@ CHILD_RACES = """
     ROUNDS = json.loads({rounds!r})  # [[store root, sync folder, who goes first], ...]
     outcome = make_outcome(tiny_model(SEED), TOP1, seed=SEED)
     state = {{}}
+    # how long the first waits for the second to catch up; the second's registration up to its
+    # read of the champion takes more than 2 s on 2 loaded cores with JAX installed beside TF
+    WINDOW_S = 6.0
 
     def wait(path, seconds=None):
         t = 0.0
@@ -281,7 +284,7 @@ CHILD_RACES = """
 
     # The schedule that makes the race real: the second registration asks for the promotion
     # lock only once the first has read the champion; the first, having read it, waits (at
-    # most 2 s: with a lock the second cannot read) for the second to read it too, and waits
+    # most WINDOW_S: with a lock the second cannot read) for the second to read it too, and waits
     # again before moving the alias until the second has decided; the second moves the alias
     # only after the first did. Without the lock and settle(), both decide against the same
     # champion and the second writes last.
@@ -298,7 +301,7 @@ CHILD_RACES = """
         if state["role"] == "first" and not state["read"]:
             state["read"] = True
             (state["sync"] / "first-read").touch()
-            wait(state["sync"] / "second-read", 2.0)
+            wait(state["sync"] / "second-read", WINDOW_S)
         elif state["role"] == "second":
             (state["sync"] / "second-read").touch()
         return holder
@@ -308,7 +311,7 @@ CHILD_RACES = """
             (state["sync"] / "second-decided").touch()
             wait(state["sync"] / "first-applied")
         else:
-            wait(state["sync"] / "second-decided", 2.0)
+            wait(state["sync"] / "second-decided", WINDOW_S)
         original_apply(*args, **kwargs)
         if state["role"] == "first":
             (state["sync"] / "first-applied").touch()
