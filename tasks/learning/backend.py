@@ -2,9 +2,8 @@
 
 One model for every backend (Keras 3): TensorFlow on the CPU by default, JAX on a GPU machine
 (by itself where the `gpu` extra is installed, or `KERAS_BACKEND=jax`), PyTorch where it is what
-a machine has. Model, data
-and prediction code use `keras.ops` and numpy only; this module is the one place that asks a
-backend what it sees (its devices, its chip) or sets what it needs:
+a machine has. Model, data and prediction code use `keras.ops` and numpy only; this module is the
+one place that asks a backend what it sees (its devices, its chip) or sets what it needs:
 
 - JAX computes in 32-bit integers unless told otherwise, and the n-gram lookup's context keys
   are 62-bit (tasks/learning/model.py, NGramFeatures): `configure` turns JAX's 64-bit mode on
