@@ -1,6 +1,6 @@
 # The two commands a newcomer needs (README): `make run` and `make test`.
 # Both install what a fresh machine lacks first (scripts/setup.sh is idempotent and quick when done).
-.PHONY: run test lint setup tracer bench clean
+.PHONY: run test test-quick lint docs setup tracer bench clean
 
 # The quick night replays in real containers: the engine is started as for `make test`; when no
 # engine can run here, the runner falls back to bubblewrap and the trace stage says why.
@@ -10,13 +10,21 @@ run: setup
 
 # The suite on TensorFlow (the default), then the tests marked `backends` on JAX's CPU: the code a
 # GPU machine trains with (KERAS_BACKEND=jax) is tested on every commit.
-test: setup lint
+test: setup lint docs
 	scripts/engine.sh up
 	.venv/bin/python -m pytest -q
 	KERAS_BACKEND=jax .venv/bin/python -m pytest -q -m backends
 
+# The edit-test loop: no containers, servers, real programs or training (docs/testing.md).
+test-quick: setup
+	.venv/bin/python -m pytest -q -m "not integration and not slow"
+
 setup:
 	scripts/setup.sh
+
+# The documentation site (mkdocs.yml), built strict: a broken link or an unlisted page fails.
+docs: setup
+	.venv/bin/mkdocs build --strict --quiet --site-dir .site
 
 # ruff: lint and format check over the whole tree (pyproject.toml [tool.ruff])
 lint: setup

@@ -2,9 +2,9 @@
 
 GIVEN every module of tasks/, flows/ and cli/
 WHEN its import statements are read (ast, nothing imported)
-THEN no stage imports a stage that comes later in the README's map, and an import inside a
-function is a heavy one (TensorFlow, Keras, MLflow, matplotlib, h5py, or a heapcast module that
-imports one of them at its top) deferred on purpose, with a `# deferred:` comment saying so.
+THEN no stage imports a stage that comes later in the map (docs/pipeline.md), and an import
+inside a function is a heavy one (TensorFlow, Keras, MLflow, matplotlib, h5py, or a heapcast
+module that imports one of them at its top) deferred on purpose, with a `# deferred:` comment saying so.
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ def _heavy_at_top() -> set[str]:
 
 def test_the_map_knows_every_stage_package():
     packages = {p.name for p in (PROJECT / "tasks").iterdir() if (p / "__init__.py").exists()}
-    assert packages == set(STAGE_FLOOR), "a new stage package belongs in the README's map and here"
+    assert packages == set(STAGE_FLOOR), (
+        "a new stage package belongs in the map in docs/pipeline.md and here"
+    )
 
 
 @pytest.mark.parametrize("path", _modules("tasks"), ids=lambda p: str(p.relative_to(PROJECT)))
