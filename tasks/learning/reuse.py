@@ -55,7 +55,7 @@ from tasks.learning.labels import (
     request_and_free_classes,
 )
 from tasks.learning.outcome import OVERALL, QuestionScores
-from tasks.learning.sites import SITE_VOCABULARY, call_sites
+from tasks.learning.sites import NO_CALL_SITES, SITE_VOCABULARY, call_sites
 from tasks.learning.table import ClassTable, TableAgreement
 
 QUESTION = "reuse"
@@ -274,6 +274,8 @@ def program_lines(scores: list[QuestionScores], table: str = "unseen_programs") 
         )
         if alone:
             line += f"; {HEDGED} alone: {', '.join(alone)}"
+        if _siteless(got[0]):
+            line += f"; {program}'s traces have {NO_CALL_SITES}"
         lines.append(line)
     return lines
 
@@ -309,5 +311,12 @@ def question_lines(
                     f" ({a.site_coverage:.1%} of the frees answered by call site, "
                     f"{a.keep_agreement_at_sites:.1%} agreement there)"
                 )
+        if _siteless(first):
+            line += f"; this table's traces have {NO_CALL_SITES}"
         lines.append(line)
     return lines
+
+
+def _siteless(s: QuestionScores) -> bool:
+    """Whether none of the positions scored had a call site: traces recorded without callers."""
+    return s.positions > 0 and s.positions_without_site == s.positions

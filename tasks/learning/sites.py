@@ -17,6 +17,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 SITE_VOCABULARY = 4096
+# What the questions say of a trace without callers (`heapcast trace --no-caller`; callers are on
+# by default and in every catalog trace): its answers are worse there, and not silently so.
+NO_CALL_SITES = (
+    "no call sites (recorded with --no-caller): site_online answers as class_online there and "
+    "the network reads no site; trace it again without --no-caller"
+)
+
+
+def has_call_sites(table: pa.Table) -> bool:
+    """Whether any row of an events table has a call site (its trace recorded callers)."""
+    if "caller_module" not in table.column_names or "caller_offset" not in table.column_names:
+        return False
+    valid = pc.and_(
+        pc.is_valid(table.column("caller_module")), pc.is_valid(table.column("caller_offset"))
+    )
+    return bool(pc.any(valid).as_py())
 
 
 def call_sites(table: pa.Table, vocabulary: int = SITE_VOCABULARY) -> np.ndarray:

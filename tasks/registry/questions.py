@@ -19,6 +19,7 @@ from pathlib import Path
 from tasks.learning.hedge import HEDGED
 from tasks.learning.outcome import OVERALL, TrainOutcome
 from tasks.learning.table import ModelTable, model_version_number, write_layer_table
+from tasks.registry.table_cache import table_file, write_atomically
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target
 
 TABLE_ARTIFACT = "table"
@@ -146,8 +147,8 @@ def fetch_table(tracking: TrackingConfig, model: str, dest: Path) -> ModelTable 
                 f"{TABLE_ARTIFACT}/{TABLE_FILE}: registered before the layer's table was logged "
                 f"with each version; name a newer version ({err})"
             ) from None
-        path = dest / f"v{number}.hcltab"
-        path.write_bytes(Path(got).read_bytes())
+        # under its final name only whole (a killed fetch leaves no half file there)
+        path = write_atomically(table_file(dest, number), Path(got).read_bytes())
     return ModelTable(path=path, version=number, run_id=version.run_id)
 
 

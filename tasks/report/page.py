@@ -31,6 +31,12 @@ MAX_TIMELINE = 60  # processes drawn on the timeline (the most events first)
 MAX_THREADS = 30
 MAX_TABLE_PROCESSES = 300
 TOP_CALLERS = 20
+# A trace without callers (`heapcast trace --no-caller`; callers are on by default) is said so
+# plainly, on the page and in the summary, rather than shown without a callers section.
+NO_CALL_SITES = (
+    "this trace has no call sites (recorded with --no-caller): no callers to show; trace it "
+    "again without --no-caller to see which functions allocate"
+)
 PLOTLY_JS = "plotly.min.js"  # the shared copy of plotly.js, next to the pages that load it
 
 
@@ -724,9 +730,7 @@ def _callers_html(reps: Sequence[HeapReport]) -> str:
     out = []
     for rep in reps:
         if not rep.has_callers:
-            out.append(
-                f"<p>{html.escape(rep.label)}: no callers recorded (trace with <code>heapcast trace --caller</code>).</p>"
-            )
+            out.append(f"<p>{html.escape(rep.label)}: {html.escape(NO_CALL_SITES)}.</p>")
             continue
         for by, title in (
             ("calls", "by calls"),
@@ -879,11 +883,7 @@ def render(reps: Sequence[HeapReport], plotly_src: str | None = None) -> str:
         )
     body.append("<h2>Summary</h2>" + _summary_table(reps))
     if not any(r.has_callers for r in reps):
-        body.append(
-            "<p class='note'>No callers in this trace: record them with <code>heapcast trace --caller</code>. "
-            "Callers are shown as raw return addresses; module + offset + symbol needs the process's memory "
-            "map, which the raw format (version 1) does not record.</p>"
-        )
+        body.append(f"<p class='note'>Callers: {html.escape(NO_CALL_SITES)}.</p>")
     sections = [
         ("peak", "What was live at the peak", ["note", "peak"]),
         ("live", "Live bytes over time", ["note", "live"]),

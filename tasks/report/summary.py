@@ -23,7 +23,7 @@ from tasks.report.analysis import (
     HeapReport,
     analyze,
 )
-from tasks.report.page import class_range, fmt_bytes, render, top_callers
+from tasks.report.page import NO_CALL_SITES, class_range, fmt_bytes, render, top_callers
 from tasks.report.sources import resolve
 
 
@@ -107,7 +107,7 @@ def run_lines(rep: HeapReport) -> list[str]:
             + f" ({len(rep.callers['caller']):,} distinct)"
         )
     else:
-        lines.append("  callers     not recorded (trace with: heapcast trace --caller)")
+        lines.append(f"  callers     none: {NO_CALL_SITES}")
     return lines
 
 

@@ -120,6 +120,7 @@ from tasks.learning.baselines import NONE, TOP_K
 from tasks.learning.online import OnlineCounter
 from tasks.learning.outcome import RegisteredModel
 from tasks.learning.sequences import eval_positions, head_rows, token_run
+from tasks.learning.sites import NO_CALL_SITES, has_call_sites
 from tasks.learning.table import keep_soon
 from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
@@ -499,6 +500,8 @@ def predictions_for(
     notes: list[str] = []
     pos = eval_positions(token_run)
     name = f"{token_run.workload}/{token_run.run}"
+    if predictor is not None and not has_call_sites(table):  # the questions' network reads them
+        notes.append(f"{name}: this trace has {NO_CALL_SITES}")
     if predictor is not None:
         top = answers.top_for(token_run) if answers is not None else None
         if top is None and predictor.model is not None:

@@ -316,3 +316,38 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
     np.testing.assert_array_equal(keys, np.flatnonzero(known.ravel()))
     at = np.flatnonzero(keys == s0 * 32 + c0)[0]
     assert words[at] & 0xFF == round(255 * want[: LAYER_SOON_CLASS + 1].sum())
+
+
+def test_the_question_lines_say_plainly_where_traces_had_no_call_sites():
+    from tasks.learning.outcome import OVERALL, QuestionScores
+    from tasks.learning.reuse import program_lines, question_lines
+    from tasks.learning.sites import has_call_sites
+
+    # GIVEN perl traced with --no-caller (no free has a call site) and redis with callers,
+    # pooled in unseen_programs; and a table whose every trace had none
+    def row(program, predictor, positions, without, table="unseen_programs"):
+        return QuestionScores("reuse", predictor, program, table, positions, 0.6, 1.0, without)
+
+    scores = [
+        row(program, p, n, without, table)
+        for program, n, without, table in (
+            ("perl", 500, 500, "unseen_programs"),
+            ("redis", 500, 20, "unseen_programs"),
+            (OVERALL, 1000, 520, "unseen_programs"),
+            (OVERALL, 300, 300, "unseen_runs"),
+        )
+        for p in ("class_online", "network")
+    ]
+    said = "no call sites (recorded with --no-caller): site_online answers as class_online"
+    # THEN the program without them says so, the one with them does not
+    perl, redis = program_lines(scores)
+    assert perl.startswith("perl, reuse") and f"; perl's traces have {said}" in perl
+    assert redis.startswith("redis, reuse") and "no call sites" not in redis
+    # AND so does a table none of whose traces had them, not one where some had
+    pooled = {line.split(" (")[0]: line for line in question_lines(scores)}
+    assert f"; this table's traces have {said}" in pooled["reuse, unseen_runs"]
+    assert "no call sites" not in pooled["reuse, unseen_programs"]
+    # the events a trace without callers gives have no call site; with them, some
+    assert not has_call_sites(_events(7, n=50))
+    assert has_call_sites(_with_callers(_events(7, n=50), 7))
+    assert not has_call_sites(_with_callers(_events(7, n=50), 7, missing=1.0))

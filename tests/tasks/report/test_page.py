@@ -121,3 +121,20 @@ def test_a_run_without_heap_calls_is_a_page_too(tmp_path):
     n = len(figures(res.reports))
     assert plots_drawn(res.html_path, tmp_path) == n == 7
     assert "pid 5 (ppid 1) idle" in res.html_path.read_text()
+
+
+def test_a_trace_without_call_sites_says_so_on_the_page_and_in_the_summary(raw, tmp_path):
+    # GIVEN a trace recorded without callers (heapcast trace --no-caller)
+    write_trace(tmp_path / "bare" / "100-1.hct", sc.PARENT[:6], pid=100)
+    res = make_report(str(tmp_path / "bare"), tmp_path / "bare.html")
+    said = "this trace has no call sites (recorded with --no-caller)"
+    # THEN the summary and the page say so plainly
+    assert f"  callers     none: {said}: no callers to show; trace it again without" in res.text
+    assert f"<p class='note'>Callers: {said}: no callers to show;" in res.html_path.read_text()
+    # and beside a run that has them, that run's callers section names the one without
+    res = make_report(str(raw), tmp_path / "diff.html", diff=str(tmp_path / "bare"))
+    page = res.html_path.read_text()
+    assert f"{res.reports[1].label}: {said}" in page and "Callers: " not in page
+    # a trace with callers says none of it
+    res = make_report(str(raw), tmp_path / "one.html")
+    assert said not in res.text and said not in res.html_path.read_text()

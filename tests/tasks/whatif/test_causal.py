@@ -165,3 +165,26 @@ def test_next_call_top_checks_its_rows():
         next_call_top(table, np.zeros((table.num_rows - 1, 5), np.uint8))
     with pytest.raises(ValueError, match="rows"):
         keep_at_free(table, np.zeros((3, 5), np.uint8))
+
+
+def test_a_trace_without_call_sites_is_said_so_where_the_questions_answer():
+    from tasks.whatif.night import Predictor
+
+    # GIVEN a run traced with --no-caller (its caller columns null, as the events reader reads them)
+    table = _trace(300)
+    assert table.column("caller_offset").null_count == table.num_rows
+    _, notes = predictions_for(table, _token_run(table), Predictor(), horizon=1)
+    # THEN the replay's notes say it plainly
+    said = "w/r: this trace has no call sites (recorded with --no-caller): site_online answers"
+    assert any(n.startswith(said) for n in notes), notes
+    # AND with callers recorded, nothing of it; without a predictor nothing reads them
+    n = table.num_rows
+    traced = table
+    for name, col in (
+        ("caller_module", pa.array(["/usr/bin/prog"] * n)),
+        ("caller_offset", pa.array(np.arange(n, dtype=np.uint64) * 16)),
+    ):
+        traced = traced.set_column(traced.schema.get_field_index(name), name, col)
+    _, notes = predictions_for(traced, _token_run(traced), Predictor(), horizon=1)
+    assert not any("no call sites" in n for n in notes), notes
+    assert predictions_for(table, _token_run(table), None, horizon=1)[1] == []

@@ -1,0 +1,213 @@
+"""The layer's table of a registered version, kept on this host by version, so that `heapcast
+layer --predictor model[:VERSION]` starts without MLflow once that version's table is here.
+
+The files live in `<scratch>/tables/v<N>.hcltab` (`table_dir`: the allocators stage's scratch,
+tasks.allocators.measure.scratch_parent, and the folder its fetches write to).
+
+- A version number names its file: a sound `v<N>.hcltab` is used as it is, no store is asked.
+- An alias (`champion`) is resolved to its number without MLflow (`alias_version`): the
+  embedded store's SQLite file read directly (read-only), or a tracking server's REST API
+  (`registered-models/alias`) over urllib; the number's file is then used if it is sound.
+- A file is sound when the layer would take it for that version (native/TABLE.md): its magic,
+  a format the layer reads, 64 tokens, the payload's length and FNV-1a hash, and the model
+  version in its header. One that is not is fetched again, and the caller is told why.
+- What this cannot answer cheaply (another database, a server that does not answer, a schema
+  this does not know) and a version not here yet go the full way: questions.fetch_table, with
+  MLflow's client and its own errors; it writes the file under its final name by a rename, so a
+  killed fetch never leaves a half file.
+
+Light on purpose: MLflow, numpy and the learning modules are imported only to fetch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import struct
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.core.storage import Root
+from tasks.registry.tracking import TrackingConfig, resolve_target, tracking_for
+
+# native/TABLE.md's header (tasks/learning/table.py HEADER, MAGIC; the tests hold them together)
+_HEADER = struct.Struct("<8sIIIIQ")  # magic, format, model version, n_tokens, payload bytes, FNV
+_MAGIC = b"HCLTAB\x00\x01"
+_FORMATS = (2, 3)  # the formats the layer reads
+_N_TOKENS = 64
+# MLflow's own alias for the highest version, kept in no table: MLflow answers it.
+LATEST_ALIAS = "latest"
+# A server that does not answer within this is asked again through MLflow's client.
+_REST_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class LocalTable:
+    """A registered version's table as a file on this host."""
+
+    path: Path
+    version: int  # the model version in its header: the layer's `model=N`
+    # why a file that was here was not used and the table fetched again; "" otherwise
+    refused: str = ""
+
+
+class NoSuchVersion(LookupError):
+    """The store says plainly that the model has no version under that alias."""
+
+
+def table_dir(root: Root) -> Path:
+    """Where fetched tables are kept: tasks.allocators.measure.scratch_parent(root) / "tables"
+    (the same rule, here without that module's imports)."""
+    env = os.environ.get("HEAPCAST_SCRATCH")
+    if env:
+        return Path(env) / "tables"
+    if root.is_local:
+        return Path(root.join("allocators", ".scratch")) / "tables"
+    return Path(tempfile.gettempdir()) / "tables"
+
+
+def table_file(dest: Path, version: int) -> Path:
+    """The file of `version`'s table in the folder `dest`."""
+    return dest / f"v{version}.hcltab"
+
+
+def _fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def table_fault(path: Path, version: int) -> str:
+    """Why the layer would refuse `path` as `version`'s table ("" when it would take it)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "it is not there"
+    except OSError as err:
+        return f"it cannot be read ({err.strerror})"
+    if len(data) < _HEADER.size or data[:8] != _MAGIC:
+        return "it has no HCLTAB header"
+    _, fmt, got, n_tokens, n_payload, fnv = _HEADER.unpack_from(data)
+    if fmt not in _FORMATS or n_tokens != _N_TOKENS:
+        return f"it is of format {fmt} with {n_tokens} tokens, not one the layer reads"
+    if got != version:
+        return f"its header says model version {got}, not {version}"
+    payload = memoryview(data)[_HEADER.size :]
+    if len(payload) != n_payload or _fnv1a64(payload) != fnv:
+        return "its payload does not match its header (cut short or changed)"
+    return ""
+
+
+def _sqlite_alias(db: Path, name: str, alias: str) -> int | None:
+    if not db.is_file():
+        raise NoSuchVersion(f"no store at {db}")
+    try:
+        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = con.execute(
+            "SELECT version FROM registered_model_aliases WHERE name = ? AND alias = ?",
+            (name, alias),
+        ).fetchall()
+    except sqlite3.Error:
+        return None  # a schema this does not know, or a store being created
+    finally:
+        con.close()
+    if not rows:
+        raise NoSuchVersion(f"{name} has no alias {alias!r}")
+    if len(rows) > 1:
+        return None  # the alias in several of MLflow's workspaces: MLflow knows which
+    return int(rows[0][0])
+
+
+def _rest_alias(server: str, name: str, alias: str) -> int | None:
+    query = urllib.parse.urlencode({"name": name, "alias": alias})
+    url = f"{server}/api/2.0/mlflow/registered-models/alias?{query}"
+    try:
+        with urllib.request.urlopen(url, timeout=_REST_TIMEOUT_S) as resp:
+            body = json.load(resp)
+        return int(body["model_version"]["version"])
+    except urllib.error.HTTPError as err:
+        try:
+            code = json.loads(err.read()).get("error_code")
+        except (ValueError, OSError):
+            code = None
+        if code == "RESOURCE_DOES_NOT_EXIST":  # no such model (an unknown alias is a 400)
+            raise NoSuchVersion(f"no model {name} on {server}") from None
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not there, not answering, or not MLflow's answer
+
+
+def alias_version(tracking: TrackingConfig, alias: str) -> int | None:
+    """The version number `alias` points at, read without MLflow; None when this cannot tell
+    (MLflow's client can: an unknown alias on a server, `latest` in a SQLite store, another
+    database); raises NoSuchVersion when the store says plainly there is none."""
+    uri = resolve_target(tracking).tracking_uri
+    if uri.startswith(("http://", "https://")):
+        return _rest_alias(uri, tracking.model_name, alias)
+    if uri.startswith("sqlite:///") and alias.lower() != LATEST_ALIAS:
+        return _sqlite_alias(Path(uri.removeprefix("sqlite:///")), tracking.model_name, alias)
+    return None
+
+
+def model_table(
+    root: Root, model: str, tracking: TrackingConfig | None = None
+) -> LocalTable | None:
+    """The table of the registered version `model` names (a number, or an alias such as
+    `champion`) of `root`'s registry (`tracking`: tracking_for(root) unless given), from this
+    host's copy when it is sound, else fetched into it. None when no such version is
+    registered; a version that logged no table raises FileNotFoundError naming it, and one whose
+    logged table is not its own raises ValueError."""
+    dest = table_dir(root)
+    tracking = tracking or tracking_for(root)
+    if model.isascii() and model.isdigit():
+        version: int | None = int(model)
+    else:
+        try:
+            version = alias_version(tracking, model)
+        except NoSuchVersion:
+            return None
+    refused = ""
+    if version is not None:
+        path = table_file(dest, version)
+        refused = table_fault(path, version)
+        if not refused:
+            return LocalTable(path, version)
+        refused = "" if not path.exists() else f"{path} refused: {refused}"
+    # deferred: MLflow's import is slow; only a table not here yet needs it
+    from tasks.registry.questions import fetch_table
+
+    # the number the alias pointed at, not the alias again: the file must be that version's
+    got = fetch_table(tracking, str(version) if version is not None else model, dest)
+    if got is None:
+        return None
+    fault = table_fault(got.path, got.version)
+    if fault:
+        raise ValueError(
+            f"model {tracking.model_name} v{got.version} (run {got.run_id}): the table it logged "
+            f"({got.path}) would be refused by the layer: {fault}"
+        )
+    return LocalTable(got.path, got.version, refused)
+
+
+def write_atomically(path: Path, data: bytes) -> Path:
+    """`data` as the file `path`, written beside it and renamed over it: a reader sees the
+    old file or the whole new one, never part of it. Returns `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
