@@ -6,6 +6,11 @@ heapcast inspect FILE...                      a trace's header and counts per op
 heapcast report RUN [-o HTML] [--diff RUN]    the heap report of a run: one HTML page + a summary
 heapcast tune [-o HTML] -- PROGRAM ARGS...    which allocator and settings suit a program
 heapcast run [...]                            the whole pipeline (the nightly flow) once
+heapcast replay [WORKLOAD...]                 stage: replay the catalog's workloads, traced
+heapcast dataset [WORKLOAD...]                stage: convert raw runs into the events dataset
+heapcast train [--quick] [--set KEY=VALUE]    stage: train, evaluate and register the model
+heapcast whatif [--model VERSION]             stage: a model's predictions through cache policies
+heapcast allocators [WORKLOAD...] [--seeds]   stage: the workloads under each allocator, measured
 heapcast bundle export|train ...              train the network elsewhere (a lent GPU)
 """
 
@@ -37,6 +42,8 @@ examples:
       the program under glibc, its tunables, jemalloc, tcmalloc, mimalloc: the line to use
   heapcast run --quick
       the whole pipeline once: replay, dataset, train, register (heapcast run --help)
+  heapcast dataset && heapcast train --quick --set epochs=2
+      one stage at a time: convert what is new, then train (heapcast VERB --help)
   heapcast bundle export -o bundle.npz && KERAS_BACKEND=jax heapcast bundle train bundle.npz
       what the network trains on, in one file; trained here or on a GPU machine
 """
@@ -69,12 +76,15 @@ example:
 """
 
 TRACE_EPILOG = """\
-example:
+examples:
   heapcast trace -o traces -- sqlite3 :memory: 'select 6*7'
       prints 42 as sqlite3 would, exits with sqlite3's code, then on stderr:
       heapcast: 1 process(es), 1 thread(s), 1234 events -> traces/<run>/<pid>-<ns>.hct
-  heapcast trace --caller -o traces -- make -j2
-      with each call's return address and the module map (the report's top callers, by name)
+      each call's return address and the module map are recorded (the report's top callers,
+      by name; the call sites the questions and the layer's table read)
+  heapcast trace --no-caller -o traces -- make -j2
+      without them: 8 bytes less per event; the report and the questions then say the trace
+      has no call sites
 """
 
 LAYER_EPILOG = """\
@@ -97,7 +107,7 @@ INSPECT_EPILOG = """\
 example:
   heapcast inspect traces/*/*.hct
       traces/20260101T120000-42/42-1767268800000000000.hct
-        format version 2, record 32 bytes, caller no
+        format version 2, record 40 bytes, caller yes
         pid 42, parent 41, clock tsc
         ...
         threads 1, events 1234, span 0.012 s
@@ -177,8 +187,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
     env["HEAPCAST_OUT"] = str(run_dir)
-    if args.caller:
+    if args.caller:  # as the catalog's traces are: the questions and the layer key call sites
         env["HEAPCAST_CALLER"] = "1"
+    else:
+        env.pop("HEAPCAST_CALLER", None)
     try:
         code = subprocess.call(program, env=env)
     except FileNotFoundError:
@@ -250,21 +262,22 @@ def cmd_layer(args: argparse.Namespace) -> int:
     pred = args.predictor
     model_option = []
     if pred == "model" or pred.startswith("model:"):
-        # the registered version's table (native/TABLE.md), by alias or number, its version
-        # required by the layer (model=N): a file from another version is refused
-        from tasks.allocators.measure import scratch_parent  # deferred: start-up time
-        from tasks.core.config import default_root
+        # the registered version's table (native/TABLE.md), by alias or number, kept on this
+        # host by version (MLflow only to fetch one not here yet); its version required by the
+        # layer (model=N): a file from another version is refused
+        from tasks.core.config import default_root  # deferred: start-up time
         from tasks.core.storage import Root
-        from tasks.registry.questions import fetch_table
-        from tasks.registry.tracking import tracking_for
+        from tasks.registry.table_cache import model_table
 
         which = pred.partition(":")[2] or "champion"
         root = Root.from_url(args.root or default_root())
         try:
-            got = fetch_table(tracking_for(root), which, scratch_parent(root) / "tables")
-        except FileNotFoundError as err:
+            got = model_table(root, which)
+        except (FileNotFoundError, ValueError) as err:
             print(f"heapcast layer: --predictor {pred}: {err}", file=sys.stderr)
             return 2
+        if got is not None and got.refused:
+            print(f"heapcast layer: {got.refused}; fetched again", file=sys.stderr)
         if got is None:
             print(
                 f"heapcast layer: --predictor {pred}: no registered version {which!r} under "
@@ -469,11 +482,39 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(argv: list[str]) -> int:
-    # deferred: imported on first use, for start-up time
-    from flows.nightly import main as nightly_main
+# The pipeline's stages, each its flow once: verb -> the flow module. `heapcast VERB ARGS` is
+# `python -m flows.FLOW ARGS`, parsed by the same parser (flows/command_line.py). `replay`, not
+# `trace`: `heapcast trace` traces one program of the user's; the stage replays the catalog.
+STAGES = {
+    "run": "nightly",
+    "replay": "trace",
+    "dataset": "dataset",
+    "train": "train",
+    "whatif": "whatif",
+    "allocators": "allocators",
+}
 
-    return nightly_main(argv)
+STAGE_HELP = {
+    "run": "the whole pipeline once (flow nightly): replay, dataset, train, ...",
+    "replay": "stage: replay the catalog's workloads, traced (flow trace)",
+    "dataset": "stage: convert raw runs into the Parquet events dataset",
+    "train": "stage: train, evaluate and register the next-call model",
+    "whatif": "stage: a model's predictions through allocator cache policies",
+    "allocators": "stage: the catalog's workloads under each allocator, measured",
+}
+
+
+def cmd_stage(verb: str, argv: list[str]) -> int:
+    """A stage's flow once. --help and a bad argument end at the parser, before the flow
+    module (Prefect, and TensorFlow for train) is imported."""
+    # deferred: imported on first use, for start-up time (pydantic, yaml)
+    import importlib
+
+    from flows.command_line import PARSERS
+
+    flow = STAGES[verb]
+    args = PARSERS[flow](f"heapcast {verb}").parse_args(argv)
+    return importlib.import_module(f"flows.{flow}").run(args)
 
 
 class _Version(argparse.Action):
@@ -507,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="heapcast", description=__doc__, epilog=EPILOG, formatter_class=raw
     )
     p.add_argument("--version", action=_Version, help="print heapcast's version and exit")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     t = sub.add_parser(
         "trace",
         help="trace a program: heapcast trace [-o DIR] -- PROGRAM ARGS...",
@@ -523,8 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--caller",
-        action="store_true",
-        help="record each call's return address and the module map (callers named in the report)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="record each call's return address and the module map: the report's callers, the "
+        "questions' call sites (default: on; --no-caller: 8 bytes less per event, no call sites)",
     )
     t.add_argument("program", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
@@ -641,13 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config setting")
     for x in (be, bt):
         x.set_defaults(func=cmd_bundle)
-    # `run` hands its arguments to the nightly flow's own parser (see main).
-    sub.add_parser(
-        "run",
-        add_help=False,
-        help="run the whole pipeline once (the nightly flow): heapcast run [--quick] "
-        "[--root URL] [--runner auto|docker|local]; heapcast run --help for its options",
-    )
+    # The stages hand their arguments to their flow's own parser (see _main, cmd_stage); listed
+    # here for `heapcast --help`; `heapcast VERB --help` gives each one's options.
+    for verb, what in STAGE_HELP.items():
+        sub.add_parser(verb, add_help=False, help=what)
     return p
 
 
@@ -713,8 +753,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] == ["run"]:
-        return cmd_run(argv[1:])
+    if argv[:1] and argv[0] in STAGES:
+        return cmd_stage(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -10,14 +10,18 @@ python -m flows.allocators sqlite3 --runner local
 python -m flows.allocators --seeds [--quick]      # the layer's cases, mallocs and the layer
 python -m flows.allocators --seeds --table-model 7  # the layer guided by version 7's table
 python -m flows.allocators --seeds --table-file T   # ... by a table file (native/TABLE.md)
+python -m flows.allocators --help        # the flow's parameters (flows/command_line.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from prefect import flow, get_run_logger
 
+from flows.command_line import allocators_parser as build_parser
+from flows.command_line import fields, parameters
 from tasks.allocators import (
     AllocatorsOutcome,
     AllocatorsParams,
@@ -35,6 +39,7 @@ from tasks.allocators.seeds import (
     seed_config,
     summarize_seed_cases,
 )
+from tasks.core.config import ConfigError
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel
 from tasks.registry.tracking import TrackingConfig, tracking_for
@@ -120,48 +125,31 @@ def seed_cases(params: AllocatorsParams = AllocatorsParams()) -> SeedsOutcome:
     return measure_seeds(params, root, tracking_for(root))
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="which allocator suits each workload, measured")
-    ap.add_argument("workloads", nargs="*", help="workload names (default: all)")
-    ap.add_argument("--quick", action="store_true", help="only the quick inputs' workloads")
-    ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
-    ap.add_argument("--root", default=None, help="data root (fsspec URL)")
-    ap.add_argument("--config", default=None, help="allocators config (configs/allocators.yaml)")
-    ap.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
-    ap.add_argument(
-        "--seeds", action="store_true", help="the layer's cases under the mallocs and the layer"
+def run(args: argparse.Namespace) -> int:
+    """The flow (`seed_cases` with --seeds) with `build_parser`'s arguments; 1 when a
+    (workload, allocator) pair failed or was unavailable, as in `trace`."""
+    params = parameters(
+        AllocatorsParams, fields(args, set(AllocatorsParams.model_fields)), args.prog
     )
-    ap.add_argument(
-        "--table-model",
-        default="champion",
-        help="the registered version whose table the table-guided layer reads (alias or number)",
-    )
-    ap.add_argument(
-        "--table-file",
-        default=None,
-        help="a layer table file the table-guided layer reads instead of a registered version's "
-        "(its model version from its header; e.g. bench_table_sites.py --table-out)",
-    )
-    a = ap.parse_args()
-    p = dict(
-        workloads=a.workloads or None,
-        quick=a.quick,
-        runner=a.runner,
-        config=a.config,
-        mlflow=not a.no_mlflow,
-        table_model=a.table_model,
-        table_file=a.table_file,
-    )
-    if a.root:
-        p["root"] = a.root
-    if a.seeds:
-        params = AllocatorsParams(**p)
+    try:  # the allocators config, checked before the flow starts
+        load_allocators_config(params.config)
+    except ConfigError as err:
+        print(f"{args.prog}: {err}", file=sys.stderr)
+        return 2
+    if args.seeds:
         seeded = seed_cases(params)
         print(seeded.markdown())
         print(f"results: {seeded.allocators.report_dir}")
-        raise SystemExit(1 if seeded.allocators.failed else 0)
-    outcome = allocators(AllocatorsParams(**p))
+        return 1 if seeded.allocators.failed else 0
+    outcome = allocators(params)
     print(outcome.markdown)
     print(f"results: {outcome.report_dir}")
-    # a failed or unavailable (workload, allocator) pair is worth a non-zero exit, as in `trace`
-    raise SystemExit(1 if outcome.failed else 0)
+    return 1 if outcome.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

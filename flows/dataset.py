@@ -1,14 +1,24 @@
-"""Flow `dataset`: convert every raw run without up-to-date events (or those named) to Parquet."""
+"""Flow `dataset`: convert every raw run without up-to-date events (or those named) to Parquet.
+
+python -m flows.dataset                  # what is new under the data root (or `heapcast dataset`)
+python -m flows.dataset sqlite3 --force  # every run of a workload, again
+python -m flows.dataset --help           # the flow's parameters (flows/command_line.py)
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
+from flows.command_line import dataset_parser as build_parser
+from flows.command_line import fields, parameters
 from tasks.core.storage import Root
 from tasks.dataset.partitions import (
+    ConversionFailed,
     DatasetParams,
     RunRef,
     conversion_outcomes,
@@ -71,5 +81,24 @@ def dataset(params: DatasetParams = DatasetParams()) -> list[dict[str, Any]]:
     return convert_runs(params, Root.from_url(params.root))  # resolved once, here
 
 
+def run(args: argparse.Namespace) -> int:
+    """The flow with `build_parser`'s arguments; 1 when a run could not be converted."""
+    params = parameters(DatasetParams, fields(args, set(DatasetParams.model_fields)), args.prog)
+    try:
+        summaries = dataset(params)
+    except ConversionFailed as err:  # the others were converted; the message names each failed
+        print(f"{args.prog}: {err}", file=sys.stderr)
+        return 1
+    for s in summaries:
+        print(f"{s['workload']}/{s['run']}: {s['rows']:,} events")
+    if not summaries:
+        print("nothing to convert: every run's events are up to date (--force converts again)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
 if __name__ == "__main__":
-    dataset()
+    raise SystemExit(main())

@@ -17,6 +17,7 @@ summary.
     python -m flows.nightly --quick          # the quick subset, embedded services
     python -m flows.nightly --root s3://bucket/heapcast
     python -m flows.nightly --quick --allocators   # and the allocators stage
+    python -m flows.nightly --help           # the night's parameters (flows/command_line.py)
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import time
 from prefect import flow
 
 from flows.allocators import allocators_with, seed_cases_with
+from flows.command_line import fields, nested, parameters
+from flows.command_line import nightly_parser as build_parser
 from flows.dataset import dataset_with
 from flows.trace import trace_with
 from flows.train import train_with
@@ -129,44 +132,32 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
     return finish(summary)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="heapcast's whole pipeline, once")
-    ap.add_argument(
-        "--quick", action="store_true", help="quick workload inputs and configs/train-quick.yaml"
-    )
-    ap.add_argument("--root", default=None, help="data root: a folder or an s3:// URL")
-    ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
-    ap.add_argument("--allocators", action="store_true", help="also run the allocators stage, last")
-    ap.add_argument(
-        "--seeds", action="store_true", help="also measure the layer's cases under the layer"
-    )
-    a = ap.parse_args(argv)
-    params = NightlyParams(
-        root=a.root,
-        quick=a.quick,
-        trace={"runner": a.runner},
-        allocators=a.allocators,
-        seeds=a.seeds,
-        allocators_params={"runner": a.runner},
-    )
+def run(args: argparse.Namespace) -> int:
+    """The night with `build_parser`'s arguments; 1 when it trained no model."""
+    values = fields(args, {"root", "quick", "allocators", "seeds", "reports_keep_nights"})
+    if "runner" in args:  # the replays' and the measurements' runner
+        values["trace"] = {"runner": args.runner}
+        values["allocators_params"] = {"runner": args.runner}
+    values = nested(getattr(args, "param", None), into=values)  # --param wins
+    params = parameters(NightlyParams, values, args.prog)
     t0 = time.monotonic()
     try:
         summary = nightly(params)
     except NothingTrained as err:
-        print(f"heapcast: the night trained no model: {err}", file=sys.stderr)
+        # the night's summary still says what every stage did, the verdict first
+        if err.summary is not None:
+            print(err.summary.terminal())
+        print(f"{args.prog}: the night trained no model: {err}", file=sys.stderr)
         return 1
-    print(summary.markdown())
-    print(f"nightly finished in {time.monotonic() - t0:.0f} s")
-    print(f"data: {summary.root}")
-    if summary.champion_after is None:
-        print("champion: none registered")
-    else:
-        print(
-            f"champion: version {summary.champion_after} "
-            f"({'changed tonight' if summary.champion_changed else 'unchanged'})"
-        )
-    print(f"MLflow UI: {summary.mlflow_ui}")
+    # the verdict on the first screen, 100 columns at most; the wide tables are in the summary
+    # file and the `nightly-summary` artifact (summary.markdown())
+    print(summary.terminal())
+    print(f"nightly finished in {time.monotonic() - t0:.0f} s; data: {summary.root}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """Flow `trace`: build the tracer and the images, replay the catalog (or a subset), summarize.
 
-python -m flows.trace                    # the whole catalog, runner auto
+python -m flows.trace                    # the whole catalog, runner auto (or `heapcast replay`)
 python -m flows.trace --quick --runner local
+python -m flows.trace --help             # the flow's parameters (flows/command_line.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.command_line import fields, parameters
+from flows.command_line import trace_parser as build_parser
+from tasks.core.config import ConfigError
 from tasks.core.storage import Root
 from tasks.format.build import build_tracer
 from tasks.replay.images import build_images
@@ -53,19 +58,22 @@ def trace(params: TraceParams = TraceParams()) -> TraceSummary:
     return replay_catalog(params, Root.from_url(params.root), load_catalog(params.catalog))
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="replay workloads with the heapcast tracer")
-    ap.add_argument("workloads", nargs="*", help="workload names (default: all)")
-    ap.add_argument("--quick", action="store_true", help="only the quick inputs")
-    ap.add_argument("--runner", choices=["auto", "docker", "local"], default="auto")
-    ap.add_argument("--root", default=None, help="data root (fsspec URL)")
-    ap.add_argument("--max-parallel", type=int, default=2)
-    a = ap.parse_args()
-    p = dict(
-        workloads=a.workloads or None, quick=a.quick, runner=a.runner, max_parallel=a.max_parallel
-    )
-    if a.root:
-        p["root"] = a.root
-    s = trace(TraceParams(**p))
+def run(args: argparse.Namespace) -> int:
+    """The flow with `build_parser`'s arguments; 1 when a replay failed."""
+    params = parameters(TraceParams, fields(args, set(TraceParams.model_fields)), args.prog)
+    try:  # the catalog and the workloads named, checked before the flow starts
+        load_catalog(params.catalog).select(params.workloads, quick=params.quick)
+    except (ConfigError, KeyError) as err:
+        print(f"{args.prog}: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
+        return 2
+    s = trace(params)
     print(s.markdown())
-    raise SystemExit(1 if s.failed else 0)
+    return 1 if s.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,19 +2,28 @@
 
 Composition only: the work lives in tasks/learning/train.py, tasks/report/night.py (the heap
 report of the training data, handed to registration as a file) and tasks/registry/register.py.
+
+python -m flows.train                    # configs/train.yaml (or `heapcast train`)
+python -m flows.train --quick --set epochs=2
+python -m flows.train --help             # the flow's parameters (flows/command_line.py)
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 from prefect import flow
 
+from flows.command_line import fields, nested, parameters
+from flows.command_line import train_parser as build_parser
+from tasks.core.config import ConfigError
 from tasks.core.storage import Root
 from tasks.learning.outcome import TrainResult
 from tasks.learning.train import evaluate, publish_evaluation, train
-from tasks.learning.train_config import TrainParams, load_train_config
+from tasks.learning.train_config import QUICK_CONFIG, TrainParams, load_train_config
 from tasks.registry.register import champion_rescorer, register
 from tasks.registry.tracking import TrackingConfig, tracking_for
 from tasks.report.night import report_training_run
@@ -53,5 +62,29 @@ def train_flow(params: TrainParams = TrainParams()) -> TrainResult:
     return train_and_register(params, root, tracking_for(root))
 
 
+def run(args: argparse.Namespace) -> int:
+    """The flow with `build_parser`'s arguments."""
+    values = fields(args, {"root", "config"})
+    if getattr(args, "quick", False):
+        values["config"] = str(QUICK_CONFIG)
+    if "overrides" in args:
+        values["overrides"] = nested(args.overrides)
+    params = parameters(TrainParams, values, args.prog)
+    try:  # the training config and the --set settings, checked before the flow starts
+        load_train_config(params.config, params.overrides)
+    except ConfigError as err:
+        print(f"{args.prog}: {err}", file=sys.stderr)
+        return 2
+    result = train_flow(params)
+    m = result.model
+    decision = f": {m.decision} ({m.reason})" if m.decision else ""
+    print(f"registered {m.name} version {m.version}{decision}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
 if __name__ == "__main__":
-    train_flow()
+    raise SystemExit(main())

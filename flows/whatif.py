@@ -6,13 +6,23 @@ thread's true future, named optimistic; and the oracle's bound); writes <root>/w
 plot on the model's MLflow run, and publishes the `whatif` markdown artifact.
 
 Composition only: the work lives in tasks/whatif/night.py.
+
+python -m flows.whatif                   # the champion's evaluation runs (or `heapcast whatif`)
+python -m flows.whatif --model 7 --run sqlite3/small
+python -m flows.whatif --help            # the flow's parameters (flows/command_line.py)
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.command_line import fields, parameters
+from flows.command_line import whatif_parser as build_parser
+from tasks.core.config import ConfigError, read_yaml
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel
 from tasks.registry.tracking import TrackingConfig, tracking_for
@@ -66,5 +76,23 @@ def whatif(params: WhatifParams = WhatifParams()) -> WhatifSummary:
     return replay_for_model(params, root, tracking, resolve_model(params, tracking))
 
 
+def run(args: argparse.Namespace) -> int:
+    """The flow with `build_parser`'s arguments; 1 when a run could not be replayed."""
+    values = fields(args, set(WhatifParams.model_fields) - {"policies"})
+    if "policies" in args:
+        try:
+            values["policies"] = read_yaml(args.policies, "policy grid (a YAML list)")
+        except ConfigError as err:
+            print(f"{args.prog}: --policies: {err}", file=sys.stderr)
+            return 2
+    s = whatif(parameters(WhatifParams, values, args.prog))
+    print(s.markdown)
+    return 1 if s.runs_failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
 if __name__ == "__main__":
-    whatif()
+    raise SystemExit(main())

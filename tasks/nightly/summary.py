@@ -16,10 +16,18 @@ The heap report of each evaluation run (tasks/report/night.py: a page per run un
 
 The last allocator recommendation per workload (tasks/allocators/report.py: `last_advice`, read
 from the root's allocators tables whichever flow wrote them) is a section of the summary with the
-line to paste; an unreadable table is a line there, never a failed night.
+line to paste (tasks/nightly/advice.py); an unreadable table is a line there, never a failed
+night.
 
 Whether the champion changed is read from the registry before and after the night
-(`champion_version`), so the answer holds whatever registration returned.
+(`champion_version`), so the answer holds whatever registration returned; by how much, from the
+promotion decision registration left on the model's run (`promotion_of`: both scores on
+tonight's evaluation).
+
+Two renderings of one summary: `markdown()`, every table in full (the Prefect artifact and a
+file under <root>/nightly/, written by `publish_summary`), and `terminal()`
+(tasks/nightly/terminal.py), what the flow prints: the verdict on the first screen, then a line
+per stage, then narrow tables, no line wider than the terminal.
 
 A night whose data is broken registers nothing: when every replay failed, `broken_data` says
 why and the flow skips training (`skipped`); an evaluation set smaller than the training
@@ -33,19 +41,32 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from prefect import task
+from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.settings import get_current_settings
 from prefect.states import State
 from pydantic import BaseModel, Field
 
-from tasks.allocators.report import Advice, AllocatorsOutcome, LastAdvice, last_advice
-from tasks.allocators.seeds import SeedsOutcome
+from tasks.allocators.report import AllocatorsOutcome, LastAdvice, last_advice
+from tasks.allocators.seeds import SeedLine, SeedsOutcome
+from tasks.core.storage import Root
 from tasks.learning.evaluate import evaluation_markdown
-from tasks.learning.outcome import BASELINES, MODEL, RegisteredModel, TrainResult
+from tasks.learning.outcome import (
+    BASELINES,
+    MODEL,
+    OVERALL,
+    Evaluation,
+    RegisteredModel,
+    TrainResult,
+)
 from tasks.learning.reuse import program_lines, question_lines
+from tasks.nightly.advice import advice_section
 from tasks.nightly.params import NightContext
-from tasks.registry.champion import current_champion
+from tasks.nightly.terminal import terminal_text, verdict_lines
+from tasks.registry.champion import current_champion, decision_from_json
+from tasks.registry.headline import table_headlines
+from tasks.registry.register import TAG_DECISION
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, quiet_mlflow_env, resolve_target
 from tasks.replay.replays import TraceSummary
 from tasks.report.night import NightReports
@@ -54,10 +75,17 @@ from tasks.whatif.night import AtBudget, WhatifSummary
 
 STAGES = ("trace", "dataset", "train")
 ARTIFACT_KEY = "nightly-summary"
+ONLINE_COUNTER = "ngram_online"  # the baseline an allocator inside the program always has
+SUMMARY_DIR = "nightly"  # <root>/nightly/<finished_at>.md: the full summary of each night
 
 
 class NothingTrained(RuntimeError):
-    """The night produced no model: the `train` stage failed (the summary says why)."""
+    """The night produced no model: the `train` stage failed (the summary says why, and
+    travels with the error so that the command line can still print it)."""
+
+    def __init__(self, message: str, summary: NightlySummary | None = None):
+        super().__init__(message)
+        self.summary = summary
 
 
 T = TypeVar("T")
@@ -123,6 +151,31 @@ class StageReport(BaseModel):
     error: str | None = None
 
 
+class TableVerdict(BaseModel):
+    """The model's top-1 on one evaluation table (all its workloads) against the online counter
+    and the best baseline, on the same positions."""
+
+    table: str  # unseen_runs | unseen_programs | heldout_workloads
+    positions: int
+    model: float
+    online_counter: float | None
+    best_baseline: str
+    best_baseline_top1: float
+
+
+class Promotion(BaseModel):
+    """The registry's decision on tonight's version, as registration left it on the model's run
+    (tasks/registry/champion.py: PromotionDecision): both scores on tonight's evaluation."""
+
+    decision: str  # first | promoted | kept | not_comparable
+    metric: str
+    candidate_version: str
+    candidate_score: float
+    previous_version: str | None = None
+    previous_score: float | None = None
+    reevaluated: bool = False
+
+
 class NightlySummary(BaseModel):
     """The night in one object (the flow's return value) and one Markdown page."""
 
@@ -155,7 +208,19 @@ class NightlySummary(BaseModel):
     seed_lines: list[str] = Field(default_factory=list)
     # the newest allocator recommendation per case under the root (tasks/allocators/report.py)
     allocator_advice: LastAdvice = Field(default_factory=lambda: LastAdvice(advice=[], problems=[]))
-    mlflow_ui: str = ""  # the command that opens the MLflow UI over this night's store
+    # the MLflow UI over this night's store: the command that starts it ("" for a server) and
+    # the address to open
+    mlflow_ui: str = ""
+    mlflow_ui_url: str = ""
+    prefect_ui: str = ""  # where the night's flow run is shown ("" on Prefect's ephemeral API)
+    summary_file: str = ""  # where publish_summary writes markdown() (the full tables)
+    # tonight's version and its top-1 per evaluation table against the online counter
+    model_name: str | None = None
+    model_version: str | None = None
+    tables: list[TableVerdict] = Field(default_factory=list)
+    promotion: Promotion | None = None
+    promotion_unread: str | None = None  # why the promotion decision could not be read
+    seed_cases: list[SeedLine] = Field(default_factory=list)  # seed_lines' figures
     # the model run's headline metrics under their MLflow names (tasks/registry/headline.py):
     # registration's, then the whatif stage's
     headline: dict[str, float] = Field(default_factory=dict)
@@ -164,13 +229,26 @@ class NightlySummary(BaseModel):
     def champion_changed(self) -> bool:
         return self.champion_after is not None and self.champion_after != self.champion_before
 
+    def terminal(self, width: int = 100) -> str:
+        """What a person reads in a minute, no line wider than `width`: the verdict (the
+        champion, what the predictions bought, where the pages are), a line per stage, then
+        narrow tables; the wide ones stay in `markdown()`."""
+        return terminal_text(self, width)
+
     def markdown(self) -> str:
         ok = sum(s.ok for s in self.stages)
         lines = [
             f"# heapcast nightly: {ok} of {len(self.stages)} stages completed"
             + ("" if self.trained else " (no model trained)"),
             "",
+            *(f"- {line}" for line in verdict_lines(self)),
+            "",
             f"Finished {self.finished_at}. Data root: `{self.root}`.",
+        ]
+        if self.mlflow_ui_url:
+            start = f"`{self.mlflow_ui}`, then " if self.mlflow_ui else ""
+            lines.append(f"MLflow UI: {start}{self.mlflow_ui_url}.")
+        lines += [
             "",
             "| stage | state | what ran | why it failed |",
             "|---|---|---|---|",
@@ -299,11 +377,6 @@ def _bought_row(first: str, a: AtBudget) -> str:
     )
 
 
-HOW_TO_MEASURE = (
-    "`prefect deployment run 'allocators/allocators'` (weekly) or `python -m flows.allocators`"
-)
-
-
 def trained_where(outcome) -> str:
     """'; trained with jax on gpu: NVIDIA H200, mixed_bfloat16, batch 1024, 9.1 M positions/s'."""
     where = getattr(outcome, "placement", None) or {}
@@ -317,67 +390,6 @@ def trained_where(outcome) -> str:
         + (f" x{replicas}" if replicas > 1 else "")
         + f", {where['precision']}, batch {where['batch_size']}, {speed} positions/s"
     )
-
-
-def _when(night: str) -> str:
-    """A night stamp (20261124T035200Z) as a date a reader takes in."""
-    try:
-        return _dt.datetime.strptime(night, "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%d %H:%M UTC")
-    except ValueError:
-        return night
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.1f}%"
-
-
-def advice_line(a: Advice, last_night: str | None = None) -> str:
-    """One case's recommendation: the candidate (or the baseline), its margin with interval,
-    the line to paste."""
-    when = "" if a.night == last_night else f" (measured {_when(a.night)})"
-    if not a.can_decide:
-        when += f" ({a.rounds} rounds only: too few to decide)"
-    interval = (
-        f" (interval {_pct(a.margin_low)} to {_pct(a.margin_high)})"
-        if a.margin_low is not None and a.margin_high is not None
-        else ""
-    )
-    if a.recommendation is None:
-        return f"{a.case}{when}: no allocator ran cleanly; see the table"
-    if a.recommendation == a.baseline or a.margin is None:
-        best = f"; best challenger {a.best_challenger}{interval}" if a.best_challenger else ""
-        return f"{a.case}{when}: {a.baseline}: nothing beyond the noise{best}"
-    what = {"time": "less time", "memory": "less peak memory"}.get(a.objective or "", "margin")
-    noise = {True: ", beyond the noise", False: ", within the noise"}.get(a.beyond_noise, "")
-    if a.line is None:
-        paste = "; the line to paste is not in this older table"
-    elif a.line:
-        paste = f"; paste: `{a.line} PROGRAM`"
-    else:
-        paste = ""
-    return (
-        f"{a.case}{when}: **{a.recommendation}**, {_pct(a.margin)} {what} than {a.baseline}"
-        f"{interval}{noise}{paste}"
-    )
-
-
-def advice_section(last: LastAdvice) -> list[str]:
-    """The summary's allocator section: one line per case, where the full table lives, each
-    unreadable table; without measurements, how to get them."""
-    night = last.last_night
-    if night is None:
-        lines = ["## Allocator advice", ""]
-        lines.append(f"- No allocator measurements under this root yet: run {HOW_TO_MEASURE}.")
-    else:
-        lines = [f"## Allocator advice (last measured {_when(night)})", ""]
-        lines += [f"- {advice_line(a, night)}" for a in last.advice]
-        newest = next(a for a in last.advice if a.night == night)
-        where = f"Full table: `{newest.report}`"
-        if newest.experiment:
-            where += f"; MLflow experiment `{newest.experiment}`"
-        lines += ["", where + "."]
-    lines += [f"- could not read {p}" for p in last.problems]
-    return lines
 
 
 def _rate(hit_rate: float | None) -> str:
@@ -472,7 +484,16 @@ def summarize(
                 f"{best.top1:.4f} on {model.positions:,} unseen positions"
             ) + trained_where(result.outcome)
             reg = result.model
-            summary["headline"] = dict(reg.headline)
+            summary.update(
+                model_name=reg.name,
+                model_version=reg.version,
+                tables=table_verdicts(evaluation),
+                headline=dict(reg.headline),
+            )
+            try:
+                summary["promotion"] = promotion_of(context.tracking, reg.run_id)
+            except Exception as err:  # the store unreachable: said in the verdict, never fatal
+                summary["promotion_unread"] = f"{type(err).__name__}: {err}"[:400]
             summary["registration"] = (
                 f"version {reg.version} of {reg.name}: {reg.decision} ({reg.reason})"
             )
@@ -532,6 +553,7 @@ def summarize(
     if seeds is not None:
         seeded: SeedsOutcome | None = seeds.value
         summary["seed_lines"] = [line.text() for line in seeded.lines] if seeded else []
+        summary["seed_cases"] = list(seeded.lines) if seeded else []
         reports.append(
             StageReport(
                 name="seeds",
@@ -548,17 +570,75 @@ def summarize(
         where = context.root.url_of("allocators", "summary")
         advice = LastAdvice(advice=[], problems=[f"{where}: {type(err).__name__}: {err}"])
 
+    now = _dt.datetime.now(_dt.UTC)
+    command, url = mlflow_ui_command(context.tracking)
     return NightlySummary(
         root=context.root.url,
         allocator_advice=advice,
-        mlflow_ui=mlflow_ui_command(context.tracking),
+        mlflow_ui=command,
+        mlflow_ui_url=url,
+        prefect_ui=prefect_ui_url(),
+        summary_file=context.root.url_of(SUMMARY_DIR, f"{now:%Y%m%dT%H%M%SZ}.md"),
         stages=reports,
         champion_before=champion_before,
         champion_after=champion_after,
-        finished_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        finished_at=now.isoformat(timespec="seconds"),
         heap_reports=heap_reports,
         **summary,
     )
+
+
+def table_verdicts(evaluation: Evaluation) -> list[TableVerdict]:
+    """Per evaluation table: the model, the online counter and the best baseline (top-1)."""
+    out = []
+    for h in table_headlines(evaluation):
+        try:
+            online = float(evaluation.get(ONLINE_COUNTER, OVERALL, h.table).top1)
+        except KeyError:  # an evaluation made without the online counter
+            online = None
+        out.append(
+            TableVerdict(
+                table=h.table,
+                positions=h.positions,
+                model=h.top1_model,
+                online_counter=online,
+                best_baseline=h.best_baseline_top1,
+                best_baseline_top1=h.top1_best_baseline,
+            )
+        )
+    return out
+
+
+def promotion_of(tracking: TrackingConfig, run_id: str) -> Promotion | None:
+    """The promotion decision registration left on the model's run (None: not recorded)."""
+    quiet_mlflow_env()  # before mlflow is imported
+    # deferred: imported on first use, for start-up time
+    from mlflow import MlflowClient  # deferred for start-up time
+
+    target = resolve_target(tracking)
+    client = MlflowClient(target.tracking_uri, target.registry_uri)
+    text = client.get_run(run_id).data.tags.get(TAG_DECISION)
+    if text is None:
+        return None
+    d = decision_from_json(text)
+    return Promotion(
+        decision=d.decision,
+        metric=d.metric,
+        candidate_version=str(d.candidate_version),
+        candidate_score=d.candidate_score,
+        previous_version=d.previous_champion_version,
+        previous_score=d.champion_score,
+        reevaluated=bool(d.champion_reevaluated),
+    )
+
+
+def prefect_ui_url() -> str:
+    """The Prefect UI page of the running flow run; "" on Prefect's ephemeral API (no UI)."""
+    ui = get_current_settings().ui_url
+    if not ui:
+        return ""
+    run = runtime.flow_run.id
+    return f"{ui.rstrip('/')}/runs/flow-run/{run}" if run else ui
 
 
 @task(name="champion-version", retries=3, retry_delay_seconds=[5, 15, 30], cache_policy=NO_CACHE)
@@ -576,25 +656,49 @@ def champion_version(tracking: TrackingConfig) -> str | None:
 
 @task(name="publish-nightly-summary", cache_policy=NO_CACHE)
 def publish_summary(summary: NightlySummary) -> str:
-    """The night's summary as a Prefect markdown artifact; returns the markdown."""
+    """The night's summary as a Prefect markdown artifact and the file `summary.summary_file`
+    (a file that cannot be written is a warning, never a failed night); returns the markdown."""
     markdown = summary.markdown()
     create_markdown_artifact(
         markdown=markdown,
         key=ARTIFACT_KEY,
         description="heapcast nightly: stages, failures, evaluation, champion",
     )
+    if summary.summary_file:
+        try:
+            write_summary_file(summary.summary_file, markdown)
+        except Exception as err:  # the root unreachable now: the artifact still has it all
+            get_run_logger().warning(
+                "the night's summary could not be written to %s: %s: %s",
+                summary.summary_file,
+                type(err).__name__,
+                err,
+            )
     return markdown
 
 
-def mlflow_ui_command(tracking: TrackingConfig) -> str:
-    """The command that opens the MLflow UI over the store this night wrote to."""
+def write_summary_file(url: str, markdown: str) -> None:
+    """`markdown` at `url` (a path under the data root, local or s3://)."""
+    parent, name = url.rsplit("/", 1)
+    root = Root.from_url(parent)
+    root.fs.makedirs(root.path, exist_ok=True)
+    with root.fs.open(root.join(name), "w") as f:
+        f.write(markdown)
+
+
+MLFLOW_UI_LOCAL = "http://127.0.0.1:5000"
+
+
+def mlflow_ui_command(tracking: TrackingConfig) -> tuple[str, str]:
+    """(the command that starts the MLflow UI over the store this night wrote to, "" for a
+    server; the address to open)."""
     target = resolve_target(tracking)
     if target.is_server:
-        return f"open {target.tracking_uri}"
+        return "", target.tracking_uri
     return (
         f".venv/bin/mlflow ui --backend-store-uri {target.tracking_uri} "
-        "--host 127.0.0.1 --port 5000   # then open http://127.0.0.1:5000"
-    )
+        "--host 127.0.0.1 --port 5000"
+    ), MLFLOW_UI_LOCAL
 
 
 def finish(summary: NightlySummary) -> NightlySummary:
@@ -604,6 +708,7 @@ def finish(summary: NightlySummary) -> NightlySummary:
         why = train.error if train is not None else "the train stage did not run"
         raise NothingTrained(
             f"nightly: no model was trained ({why}); see the "
-            f"'{ARTIFACT_KEY}' artifact for every stage"
+            f"'{ARTIFACT_KEY}' artifact for every stage",
+            summary,
         )
     return summary

@@ -53,6 +53,30 @@ def test_trace_without_a_program_says_how(tmp_path):
     assert r.returncode == 2 and "heapcast trace [-o DIR] -- PROGRAM" in r.stderr
 
 
+def test_trace_records_call_sites_unless_told_not_to(tmp_path):
+    """Callers are on by default, as in the catalog's traces the questions were trained on;
+    --no-caller leaves them out (even where the environment asks for them); --caller is kept."""
+    import os
+
+    for i, (options, env, want) in enumerate(
+        (
+            ((), {}, True),
+            (("--caller",), {}, True),
+            (("--no-caller",), {}, False),
+            (("--no-caller",), {"HEAPCAST_CALLER": "1"}, False),
+        )
+    ):
+        out = tmp_path / f"out{i}"
+        r = subprocess.run(
+            [str(HEAPCAST), "trace", *options, "-o", str(out), "--", "sh", "-c", "true"],
+            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env},
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        traces = [read_trace(f) for f in out.glob("*/*.hct")]
+        assert traces and {t.header.has_caller for t in traces} == {want}, (options, env)
+        assert {t.header.record_size for t in traces} == {40 if want else 32}
+
+
 def test_inspect_prints_header_and_counts(tmp_path):
     heapcast("trace", "-o", "out", "--", "sh", "-c", "true", cwd=tmp_path)
     (f,) = (tmp_path / "out").glob("*/*.hct")
@@ -172,6 +196,35 @@ def test_layer_reads_the_registered_models_table_by_alias_or_version(tmp_path):
         assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
         assert "refused:" not in r.stderr
         assert re.search(r"\btable=1\b", r.stderr) and "table_refused=0" in r.stderr, r.stderr
+    # WHEN run again, the table kept on this host by version serves: MLflow is never imported
+    # (an `mlflow` that cannot be imported comes first on the path)
+    import os
+
+    from tasks.core.storage import Root
+    from tasks.registry.table_cache import table_dir
+
+    (tmp_path / "no-mlflow" / "mlflow").mkdir(parents=True)
+    (tmp_path / "no-mlflow" / "mlflow" / "__init__.py").write_text(
+        "raise ImportError('heapcast layer imported mlflow with the table here')\n"
+    )
+    no_mlflow = {**os.environ, "PYTHONPATH": str(tmp_path / "no-mlflow")}
+    for which in ("model", f"model:{version}"):
+        r = subprocess.run(
+            [str(HEAPCAST), "layer", "--policy", "guided", "--predictor", which, "--root",
+             str(data), "--stats", "--", sys.executable, "-c", code],
+            cwd=tmp_path, capture_output=True, text=True, env=no_mlflow,
+        )  # fmt: skip
+        assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+        assert re.search(r"\btable=1\b", r.stderr) and "table_refused=0" in r.stderr, r.stderr
+    # a file cut short is refused, said, and fetched again
+    kept = table_dir(Root.from_url(str(data))) / f"v{version}.hcltab"
+    whole = kept.read_bytes()
+    kept.write_bytes(whole[:100])
+    r = heapcast("layer", "--policy", "guided", "--predictor", "model", "--root", str(data),
+                 "--stats", "--", sys.executable, "-c", code, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0 and kept.read_bytes() == whole, r.stderr
+    assert f"heapcast layer: {kept} refused: its payload does not match its header" in r.stderr
+    assert re.search(r"\btable=1\b", r.stderr), r.stderr
 
 
 def _tune(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -106,7 +106,11 @@ def test_night_without_a_model_fails_at_the_end(prefect_harness, tmp_path):
         trace={"workloads": ["no-such-workload"]},
         train={"overrides": TINY_TRAINING},
     )
-    with pytest.raises(NothingTrained, match="no model was trained"):
+    with pytest.raises(NothingTrained, match="no model was trained") as failed:
         nightly(params)
     page = latest_artifact(ARTIFACT_KEY)  # published before failing
     assert "(no model trained)" in page
+    # the error carries the summary, so that the command line still prints the verdict first
+    summary = failed.value.summary
+    assert summary is not None and not summary.trained
+    assert summary.terminal().splitlines()[2].startswith("NO MODEL TRAINED: ")
