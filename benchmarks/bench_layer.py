@@ -23,8 +23,11 @@ arms (rotated by one each round). Goals: layer wall <= 0.75x glibc, <= tcmalloc;
 glibc + 5%.
 
     .venv/bin/python benchmarks/bench_layer.py [--reps 3] [--pairs 2000000] [--iters 60]
+        [--library PATH] [--out PATH]
 
-writes benchmarks/results/layer.json. The machine is shared (2 cores, other jobs): few rounds,
+writes benchmarks/results/layer.json (or --out). --library measures another build of the layer
+(a reference built from an older commit, say) instead of native/build/libheapcast_layer.so,
+which is then neither built nor touched. The machine is shared (2 cores, other jobs): few rounds,
 minima for CPU costs, medians with min-max for the numpy case.
 """
 
@@ -210,14 +213,25 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2_000_000)
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--no-numpy", action="store_true")
+    ap.add_argument(
+        "--library", type=Path, help="the layer library to measure (default: native/build's, built)"
+    )
+    ap.add_argument("--out", type=Path, default=OUT, help=f"result file (default: {OUT})")
     args = ap.parse_args()
-    subprocess.run(["make", "-s", "-C", str(NATIVE), "layer"], check=True)
+    global LAYER
+    if args.library is not None:
+        if not args.library.is_file():
+            ap.error(f"--library {args.library}: no such file")
+        LAYER = args.library.resolve()
+    else:
+        subprocess.run(["make", "-s", "-C", str(NATIVE), "layer"], check=True)
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "load_average_at_start": os.getloadavg(),
         "reps": args.reps,
+        "library": str(LAYER),
         "note": "shared machine (2 cores, other jobs running): CPU-time minima for the per-call "
         "costs, medians and ranges over few alternating rounds for the numpy case",
     }
@@ -227,9 +241,9 @@ def main() -> None:
         result["numpy_seed002"] = numpy_case(args.reps, args.iters)
         for arm, s in result["numpy_seed002"]["summary"].items():
             print(arm, s, flush=True)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
-    print("wrote", OUT)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print("wrote", args.out)
 
 
 if __name__ == "__main__":

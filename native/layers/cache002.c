@@ -66,19 +66,19 @@
 #define C2_LIKELY(x) __builtin_expect(!!(x), 1)
 #define C2_MAX_N 64
 
-struct c2_real {
-    void *(*malloc)(size_t);
-    void (*free)(void *);
-    void *(*calloc)(size_t, size_t);
-    void *(*realloc)(void *, size_t);
-    int (*posix_memalign)(void **, size_t, size_t);
-    void *(*aligned_alloc)(size_t, size_t);
-    void *(*memalign)(size_t, size_t);
-    void *(*valloc)(size_t);
-    void *(*pvalloc)(size_t);
-    size_t (*malloc_usable_size)(void *);
-};
-static struct c2_real c2_real;
+/* The next allocator's functions (../real.h: hc_real, HC_REAL); malloc last. */
+#define HC_REAL_FUNCS(X)                                                                          \
+    X(free, void, (void *))                                                                       \
+    X(malloc_usable_size, size_t, (void *))                                                       \
+    X(calloc, void *, (size_t, size_t))                                                           \
+    X(realloc, void *, (void *, size_t))                                                          \
+    X(posix_memalign, int, (void **, size_t, size_t))                                             \
+    X(aligned_alloc, void *, (size_t, size_t))                                                    \
+    X(memalign, void *, (size_t, size_t))                                                         \
+    X(valloc, void *, (size_t))                                                                   \
+    X(pvalloc, void *, (size_t))                                                                  \
+    X(malloc, void *, (size_t))
+#include "../real.h"
 
 struct c2_slot {
     void *p;
@@ -100,47 +100,6 @@ static size_t c2_page = 4096;
 static uint64_t c2_hits, c2_misses, c2_kept, c2_released, c2_evicted, c2_hit_bytes;
 static uint64_t c2_double_frees;
 static uint64_t c2_idle, c2_idle_peak;
-
-/* Bootstrap pool (dlsym calls calloc while the real functions are looked up): bootstrap_pool.h */
-
-static void c2_resolve(void) {
-    static int resolving;
-    if (__atomic_exchange_n(&resolving, 1, __ATOMIC_ACQUIRE)) return; /* nested: pool */
-    struct c2_real r;
-    r.malloc = (void *(*)(size_t))dlsym(RTLD_NEXT, "malloc");
-    r.free = (void (*)(void *))dlsym(RTLD_NEXT, "free");
-    r.calloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "calloc");
-    r.realloc = (void *(*)(void *, size_t))dlsym(RTLD_NEXT, "realloc");
-    r.posix_memalign = (int (*)(void **, size_t, size_t))dlsym(RTLD_NEXT, "posix_memalign");
-    r.aligned_alloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "aligned_alloc");
-    r.memalign = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "memalign");
-    r.valloc = (void *(*)(size_t))dlsym(RTLD_NEXT, "valloc");
-    r.pvalloc = (void *(*)(size_t))dlsym(RTLD_NEXT, "pvalloc");
-    r.malloc_usable_size = (size_t(*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
-    /* publish malloc last, so whoever sees it sees the others */
-    __atomic_store_n(&c2_real.free, r.free, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.malloc_usable_size, r.malloc_usable_size, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.calloc, r.calloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.realloc, r.realloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.posix_memalign, r.posix_memalign, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.aligned_alloc, r.aligned_alloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.memalign, r.memalign, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.valloc, r.valloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.pvalloc, r.pvalloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&c2_real.malloc, r.malloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&resolving, 0, __ATOMIC_RELEASE);
-}
-
-/* The real function `name`, resolving on first use; NULL while dlsym runs (use the pool). */
-#define C2_REAL(name)                                                                            \
-    ({                                                                                           \
-        __typeof__(c2_real.name) f_ = __atomic_load_n(&c2_real.name, __ATOMIC_ACQUIRE);           \
-        if (C2_UNLIKELY(!f_)) {                                                                  \
-            c2_resolve();                                                                        \
-            f_ = __atomic_load_n(&c2_real.name, __ATOMIC_ACQUIRE);                               \
-        }                                                                                        \
-        f_;                                                                                      \
-    })
 
 /* ------------------------------------------------------------------------------------------- */
 /* The cache                                                                                      */
@@ -236,9 +195,9 @@ static void *c2_offer(void *p, size_t usable) {
 
 static void c2_free(void *p) {
     if (p == NULL || C2_UNLIKELY(hc_in_pool(p))) return;
-    void (*real_free)(void *) = C2_REAL(free);
+    void (*real_free)(void *) = HC_REAL(free);
     if (C2_UNLIKELY(!real_free)) return; /* cannot happen: p came from somewhere */
-    size_t (*usable_size)(void *) = C2_REAL(malloc_usable_size);
+    size_t (*usable_size)(void *) = HC_REAL(malloc_usable_size);
     if (c2_active && c2_n > 0 && usable_size) {
         size_t usable = usable_size(p);
         if (usable >= c2_min) {
@@ -260,7 +219,7 @@ static void c2_free(void *p) {
 static void *c2_malloc(size_t n) {
     void *p = c2_take(n);
     if (p) return p;
-    void *(*f)(size_t) = C2_REAL(malloc);
+    void *(*f)(size_t) = HC_REAL(malloc);
     return f ? f(n) : hc_pool_alloc(n, 16);
 }
 
@@ -279,7 +238,7 @@ C2_EXPORT void *calloc(size_t m, size_t n) {
     }
     void *p = c2_take(total);
     if (p) return memset(p, 0, total);
-    void *(*f)(size_t, size_t) = C2_REAL(calloc);
+    void *(*f)(size_t, size_t) = HC_REAL(calloc);
     return f ? f(m, n) : hc_pool_alloc(total, 16);
 }
 
@@ -297,7 +256,7 @@ C2_EXPORT void *realloc(void *old, size_t n) {
         c2_free(old);
         return NULL;
     }
-    size_t (*usable_size)(void *) = C2_REAL(malloc_usable_size);
+    size_t (*usable_size)(void *) = HC_REAL(malloc_usable_size);
     size_t usable = usable_size ? usable_size(old) : 0;
     if (c2_active && c2_n > 0 && usable_size && (usable >= c2_min || n >= c2_min)) {
         void *q = c2_take(n);
@@ -307,7 +266,7 @@ C2_EXPORT void *realloc(void *old, size_t n) {
             return q;
         }
     }
-    void *(*real_realloc)(void *, size_t) = C2_REAL(realloc);
+    void *(*real_realloc)(void *, size_t) = HC_REAL(realloc);
     if (C2_UNLIKELY(!real_realloc)) {
         /* still looking up the real allocator (dlsym re-entry) and old is not a pool block: it
          * cannot be resized yet; a failed realloc keeps the old block, as C allows */
@@ -336,7 +295,7 @@ C2_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
             return 0;
         }
     }
-    int (*f)(void **, size_t, size_t) = C2_REAL(posix_memalign);
+    int (*f)(void **, size_t, size_t) = HC_REAL(posix_memalign);
     if (C2_LIKELY(f != NULL)) return f(out, align, n);
     /* start-up (dlsym re-entry): the pool, with glibc's argument check */
     if (!c2_pow2(align) || align % sizeof(void *) != 0) return EINVAL;
@@ -349,7 +308,7 @@ C2_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
 C2_EXPORT void *aligned_alloc(size_t align, size_t n) {
     void *p = c2_pow2(align) ? c2_take_aligned(n, align) : NULL;
     if (p) return p;
-    void *(*f)(size_t, size_t) = C2_REAL(aligned_alloc);
+    void *(*f)(size_t, size_t) = HC_REAL(aligned_alloc);
     if (C2_LIKELY(f != NULL)) return f(align, n);
     return c2_pow2(align) ? hc_pool_alloc(n, align) : NULL; /* start-up: the pool */
 }
@@ -357,7 +316,7 @@ C2_EXPORT void *aligned_alloc(size_t align, size_t n) {
 C2_EXPORT void *memalign(size_t align, size_t n) {
     void *p = c2_pow2(align) ? c2_take_aligned(n, align) : NULL;
     if (p) return p;
-    void *(*f)(size_t, size_t) = C2_REAL(memalign);
+    void *(*f)(size_t, size_t) = HC_REAL(memalign);
     if (C2_LIKELY(f != NULL)) return f(align, n);
     return c2_pow2(align) ? hc_pool_alloc(n, align) : NULL; /* start-up: the pool */
 }
@@ -365,7 +324,7 @@ C2_EXPORT void *memalign(size_t align, size_t n) {
 C2_EXPORT void *valloc(size_t n) {
     void *p = c2_take_aligned(n, c2_page);
     if (p) return p;
-    void *(*f)(size_t) = C2_REAL(valloc);
+    void *(*f)(size_t) = HC_REAL(valloc);
     return C2_LIKELY(f != NULL) ? f(n) : hc_pool_alloc(n, c2_page); /* start-up: the pool */
 }
 
@@ -373,7 +332,7 @@ C2_EXPORT void *pvalloc(size_t n) {
     size_t rounded = (n + c2_page - 1) & ~(c2_page - 1);
     void *p = rounded >= n ? c2_take_aligned(rounded, c2_page) : NULL;
     if (p) return p;
-    void *(*f)(size_t) = C2_REAL(pvalloc);
+    void *(*f)(size_t) = HC_REAL(pvalloc);
     if (C2_LIKELY(f != NULL)) return f(n);
     return rounded >= n ? hc_pool_alloc(rounded, c2_page) : NULL; /* start-up: the pool */
 }
@@ -381,7 +340,7 @@ C2_EXPORT void *pvalloc(size_t n) {
 C2_EXPORT size_t malloc_usable_size(void *p) {
     if (p == NULL) return 0;
     if (C2_UNLIKELY(hc_in_pool(p))) return hc_pool_size(p);
-    size_t (*f)(void *) = C2_REAL(malloc_usable_size);
+    size_t (*f)(void *) = HC_REAL(malloc_usable_size);
     return f ? f(p) : 0;
 }
 
@@ -403,7 +362,7 @@ static long c2_env_long(const char *name, long dflt, long lo, long hi) {
 }
 
 __attribute__((constructor)) static void c2_init(void) {
-    c2_resolve();
+    hc_resolve();
     long page = sysconf(_SC_PAGESIZE);
     if (page > 0) c2_page = (size_t)page;
     c2_n = (int)c2_env_long("HEAPCAST_CACHE_N", 4, 0, C2_MAX_N);

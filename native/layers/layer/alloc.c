@@ -1,0 +1,123 @@
+/* Part of layers/layer.c (one translation unit; never compiled alone).
+ * The request path: a kept block taken for a request (hl_take: the thread's front, the shared
+ * cache, another thread's front; which block fits is policy.c's hl_fits), or the next
+ * allocator's new block entered in the live set (hl_track). The entry points are in hooks.c. */
+
+/* A large block of the next allocator's is the program's (no lock held): entered in the live
+ * set if in scope; 1 if it was. */
+static int hl_live_track(void *p, size_t req) {
+    if (p == NULL) return 0;
+    hl_last_p = p;
+    /* a block out of scope (glibc's heap) is never kept: its free goes straight to glibc
+     * (hl_free_large), so it is not tracked either. Scope only widens (hl_trimmed), so it was
+     * out of scope when made if it is at its free. */
+    if (!hl_in_scope(p)) return 0;
+    size_t usable = hc_real.malloc_usable_size(p);
+    struct hl_shard *s = hl_shard_of(p);
+    hl_live_lock(s);
+    if (!hl_live_add(s, p, req, usable)) hl_active_min = SIZE_MAX; /* no memory for the set */
+    hl_live_unlock(s);
+    /* a mapped block is new memory; a heap block is not, and giving kept blocks back to glibc's
+     * heap then frees no page (../../README.md, History) */
+    if (hl_set.peak >= 0 && hl_mapped(p)) hl_bound();
+    return 1;
+}
+
+/* A large block the next allocator made for a request of req bytes: tracked, and learned
+ * (guided) if in scope. */
+static void hl_track(void *p, size_t req) {
+    if (hl_live_track(p, req)) hl_learn_request(req);
+}
+
+/* A kept block for n bytes at an address multiple of `align` (power of two, or 0), taken out of
+ * the kept blocks and made live; NULL if none fits. The thread's front first (its most recent
+ * kept block), then the shared cache, then the other threads' fronts. */
+static void *hl_take(size_t n, size_t align) {
+    if (n < hl_active_min) return NULL;
+    uintptr_t mask = align > 1 ? (uintptr_t)(align - 1) : 0;
+    struct hl_out out = {0};
+    void *p = NULL;
+    /* the clock only where something is kept (decay, advice): a thread whose blocks all come
+     * from glibc's heap reads none */
+    int timed = !(hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0);
+    uint64_t now = 0;
+    if (hl_front.p != NULL) {
+        if (timed) now = hl_now();
+        struct hl_front f = hl_front;
+        if (now - f.since > hl_set.decay_ns) {
+            hl_front_clear();
+            hl_front_give_back(&f, 1);
+        } else if (hl_fits(f.usable, n) && ((uintptr_t)f.p & mask) == 0) {
+            hl_front_clear();
+            if (hl_front_claim(&f, n)) {
+                hl_advise_idle(now);
+                hl_learn_request(n);
+                return hl_last_p = f.p;
+            }
+        }
+    }
+    /* an empty shared cache is not locked for: where the rules leave most blocks to glibc's
+     * heap (a policy that declines, scope), threads missing here would meet on hl_lock at
+     * every call (../../README.md, Measured). A block kept meanwhile is missed once. */
+    if (__atomic_load_n(&hl_nkept, __ATOMIC_RELAXED) == 0) goto shared_done;
+    if (timed && now == 0) now = hl_now();
+    hl_lock_take();
+    hl_decay(&out, now);
+    int best = -1;
+    for (int i = 0; i < hl_nkept; i++)
+        if (hl_fits(hl_kept[i].usable, n) && ((uintptr_t)hl_kept[i].p & mask) == 0 &&
+            (best < 0 || hl_kept[i].stamp > hl_kept[best].stamp))
+            best = i;
+    if (best >= 0) {
+        p = hl_kept[best].p;
+        size_t usable = hl_kept[best].usable;
+        hl_bytes_kept -= usable;
+        hl_kept[best] = hl_kept[--hl_nkept];
+        hl_stats.hits++;
+        /* live before hl_lock goes: a second free of p meanwhile looks in the cache, then here */
+        struct hl_shard *s = hl_shard_of(p);
+        hl_nested_lock(s);
+        if (!hl_live_add(s, p, n, usable)) hl_active_min = SIZE_MAX;
+        hl_nested_unlock(s);
+    }
+    hl_lock_give();
+shared_done:
+    if (p == NULL && hl_sharded) p = hl_steal(n, mask);
+    if (p == NULL) {
+        HL_COUNT(misses);
+        /* not locked for when nothing is remembered: a program whose large blocks all come
+         * from glibc's heap never gives the proof, and threads missing there would meet on
+         * hl_lock at every call (../../README.md, Measured) */
+        if ((hl_unproven() || hl_set.regret) && __atomic_load_n(&hl_nghost, __ATOMIC_RELAXED) > 0)
+            hl_ghost_hit(n, mask);
+    }
+    hl_release(&out);
+    if (now) hl_advise_idle(now);
+    if (p) {
+        hl_last_p = p;
+        hl_learn_request(n);
+    }
+    return p;
+}
+
+static void *hl_malloc_large(size_t n) {
+    hl_learn_alloc(n);
+    void *p = hl_take(n, 0);
+    if (p) return p;
+    p = hc_real.malloc(n);
+    hl_track(p, n);
+    return p;
+}
+
+static inline int hl_pow2(size_t a) { return a != 0 && (a & (a - 1)) == 0; }
+
+/* The aligned forms: a kept block serves one only if its address has the alignment; invalid
+ * arguments go to the next allocator, which reports them as it does. */
+static void *hl_aligned_large(size_t align, size_t n, void *(*f)(size_t, size_t)) {
+    hl_learn_alloc(n);
+    void *p = hl_take(n, align);
+    if (p) return p;
+    p = f(align, n);
+    hl_track(p, n);
+    return p;
+}
