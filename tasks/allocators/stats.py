@@ -1,35 +1,11 @@
 """From samples to answers: each (case, allocator) summarized, checked, and one recommended.
 
-A pair (case, allocator) is
-- `unavailable` when its library is missing where the workload runs;
-- `not applied` when any of its runs did not run under it, by the probe (a static or setuid
-  program, an environment dropped, a library refused: tasks.replay.runners.preload): never
-  measured under a wrong name;
-- `failed` when any of its runs exited with another code than the catalog expects, timed out or
-  failed in the runner, or when its standard output differs from the baseline's. The output is
-  compared only where the baseline's own runs agree with each other (one SHA-256 over all its
-  repetitions); where they do not (a program that prints timings, as redis-benchmark does), the
-  output cannot be checked and only exit codes are;
-- `ok` otherwise.
+A pair is `unavailable`, `not applied` (by the probe), `failed` (exit code, timeout, or output
+unlike the baseline's) or `ok`; each metric gets its median and spread. The recommendation
+(configs/allocators.yaml `rule`): the fastest eligible candidate that beats the baseline beyond
+the noise, Holm-adjusted, with a bootstrap margin; else the baseline stays.
 
-Each metric (wall_s, cpu_s, peak_rss_mb, max_process_rss_mb, minor_faults, major_faults) gets its
-median and spread (min, max, first and third quartiles) over the pair's measured runs.
-
-The recommendation (configs/allocators.yaml `rule`), with `objective: time` (the default; with
-`memory` the two metrics swap roles, `time_tolerance` the bound):
-- eligible: the `ok` pairs whose median memory is within `memory_tolerance` of the lowest (an
-  allocator whose median memory reads 0 was not measured: named in the note, left out);
-- each other candidate is tested against the baseline on time (the family: every candidate
-  compared), p-values Holm-adjusted (`correction: holm`) so that picking the best of m is not m
-  chances at a false positive;
-- the winner is the fastest eligible candidate that beats the baseline beyond the noise; when
-  none does, the baseline stays and the fastest other candidate is named (`best_challenger`).
-Its margin is `1 - time / baseline time` (0.12: 12% faster) with a percentile bootstrap
-interval at `confidence` (tasks.allocators.decide). Beyond the noise means:
-- `mann_whitney`: the Holm-adjusted two-sided exact Mann-Whitney p < alpha (5 runs against 5:
-  the smallest raw p is 2/252 = 0.008, complete separation);
-- `minmax`: the [min, max] ranges of the two do not overlap (complete separation: stricter).
-Both tests are reported for every recommendation; the rule's choice decides `beyond_noise`.
+The states and the rule: docs/allocators.md#from-samples-to-a-recommendation
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """One raw trace file -> Arrow tables of events (EVENTS_SCHEMA), vectorised.
 
-The whole conversion of a file is numpy/Arrow work over arrays; nothing loops over events in
-Python. What needs the whole file is done once (`_plan`: steps 1-3); the columns are then built
-a group of rows at a time (`_group_table`: step 4), so a writer can write each group as a row
-group and let it go (`convert_groups`; `convert_trace` gives one table). Steps (the invariants
-each relies on are at the code that relies on them):
+No Python loop per event. `_plan` does what needs the whole file once (1. order by time,
+2. threads and `seq`, 3. `pair_frees`); `_group_table` builds the columns a group of rows at a
+time (4. freed_size, lifetimes, token), so `convert_groups` can write row groups and let them go;
+`convert_trace` gives one table.
 
-1. Order. The tracer appends whole per-thread buffers, so a file is ordered per thread, not
-   globally (FORMAT.md, Durability). Rows are sorted by time, then by file position (a stable
-   sort; a file that is already in time order is detected and not sorted at all).
-2. Threads. THREAD_START records are not rows; each gives its thread number's OS tid, carried
-   forward to the rows of that thread number (thread 65535 is shared by late threads: each row
-   gets the tid of the latest THREAD_START of its number before it). `seq` numbers the rows of
-   each thread number in call order.
-3. Pairing (`pair_frees`). Each row may free a block (free; realloc's old block) and/or define
-   one (allocations; realloc's new block). Addresses are reused, so a free pairs with the latest
-   earlier definition at its address, and only if no free came in between (a double free or a
-   free of an address never allocated is unpaired: counted, never fatal).
-4. Derived columns: freed_size from the paired definition, lifetime (ns and calls) of each
-   defined block up to the row that frees it, token (tasks.dataset.tokens).
-
-Row semantics (decisions recorded in DESIGN/issue):
-- realloc is one row: `addr` = new block, `freed_addr`/`freed_size` = its free half, token =
-  size class of the new size. realloc(p, 0) recorded with addr 0 frees p only: token = free
-  token. A failed realloc(p, n > 0) (addr 0) frees nothing: the old block stays live.
-- A failed allocation (addr 0) is a row with no lifetime.
-- An unpaired free: freed_size null, token 32.
-- lifetime_calls = (row number of the freeing call) - (row number of the allocation) within the
-  process: 1 when the very next call of the process frees the block.
+The steps and the row semantics (realloc, failed calls, unpaired frees):
+docs/dataset.md#converting-one-trace-file
 """
 
 from __future__ import annotations

@@ -1,45 +1,11 @@
 """The events dataset: every raw run converted to Parquet with Dask, one task per raw file.
 
-Layout under the root (DESIGN.md), all through the root's fsspec URL (a folder or s3://...):
+Each raw file becomes one part under `events/workload=<w>/run=<r>/`; `_summary.json` lists the
+committed parts. A run's partition is replaced atomically and idempotently: parts are staged in
+`events/_staging/`, then committed by a swap (local folder) or by the summary's single write
+(object store); a failed conversion leaves nothing. Every stage reads through `events_reader`.
 
-  raw/<workload>/<run>/<pid>-<ns>.hct, manifest.json         input (replay writes it)
-  events/workload=<w>/run=<r>/part-<raw file stem>.parquet     one part per raw file
-  events/workload=<w>/run=<r>/_summary.json                    the run's summary + fingerprint
-  events/_staging/...                                          conversions in progress
-
-Every stage reads through the one reader, `events_reader` (its docstring: call order, the
-manifest rule). Plain readers (`pyarrow.dataset`, `dd.read_parquet(<root>/events)`) ignore every
-path component that starts with `_` or `.`, so neither the summary nor staging data is ever read
-as events; they see a run consistently only when no commit is under way.
-
-Atomic, idempotent replace of a run's partition (converting a run again never duplicates rows):
-- Each raw file maps to exactly one part, `part-<stem>.parquet`, derived from the raw file
-  name alone (on an object store, tagged with the commit: `part-<stem>.<commit>.parquet`).
-- Every task writes its part into a fresh staging folder `events/_staging/<w>/<r>/<uuid>/`
-  (ignored by readers); nothing visible changes until every file of the run is done.
-- The summary `_summary.json` is the manifest: it lists the committed parts ("parts") and the
-  commit's id ("commit"); the one reader reads the parts it lists, nothing else.
-- Commit, local folder: the summary goes into the staged folder, then the staged folder and
-  the partition swap in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`: a reader sees the
-  old partition or the new one, never neither, never both), then the old one, now in staging,
-  is deleted. Where the system cannot swap: rename the old partition folder into staging,
-  rename the staged folder to the partition; between the two renames the run is briefly
-  absent, never doubled. The reader holds the folder it started in open, so it reads one
-  commit's files even across a swap.
-- Commit, object store (no atomic rename): copy each staged part to a new, commit-tagged key
-  (nothing a reader of the previous summary may open is overwritten), then write the summary
-  (one object write: readers move to the new parts at once), then delete the parts it does not
-  list (the previous commit's, a killed commit's). A reader still on the previous summary that
-  finds a part gone reads again through the new one. A commit killed before its summary leaves
-  tagged parts that no summary lists: invisible to the reader, deleted by the next commit.
-- The summary, with the raw run's fingerprint, is the commit record: a crash before it is
-  written leaves the old fingerprint (or none), so the run counts as out of date and the next
-  `dataset` flow converts it again, which converges to the same parts.
-- A conversion that fails (a task's error, a full disk) removes its staging folder before it
-  raises, so nothing of it is left; a full disk is a `DiskFull` error that names the run and
-  the free space it needs, and the run's previous partition is untouched. What a killed
-  conversion left in staging (invisible to readers) goes with the run's next conversion, or
-  with `sweep_staging` once the run is up to date.
+The layout and the commit rules: docs/dataset.md#replacing-a-runs-partition
 """
 
 from __future__ import annotations
@@ -510,7 +476,8 @@ def disk_full_message(
 def _commit(
     root: Root, run: RunRef, staging: str, staging_base: str, summary: dict[str, Any]
 ) -> None:
-    """Make the staged parts the run's partition (see the module docstring for why it is safe).
+    """Make the staged parts the run's partition (why it is safe:
+    docs/dataset.md#replacing-a-runs-partition).
 
     The summary is the commit record and the manifest: it lists the committed parts, and the
     one reader (events_reader) reads exactly those."""

@@ -1,54 +1,11 @@
 """The online counter: a back-off n-gram that learns each thread's own history as it goes.
 
-Nothing is trained offline (only a fixed fallback ranking comes from the training runs, for a
-thread's very first call). The product rule, per thread, for every position p in order:
+Nothing is trained offline (only a fallback ranking for a thread's first call). Per thread and
+position: predict from the longest context order seen before in the thread, then count the true
+token under every order. Compiled (numba), all threads of a run in one call; no TensorFlow.
+`OnlineCounter.predict`, `online_features`, `OnlineState` (one thread).
 
-1. Predict. Look at the contexts made of the previous k tokens of the SAME thread for k in
-   `orders` (default (12, 8, 6, 4, 3, 2, 1), distinct, longest first), then the empty context
-   (order 0: the thread's own unigram counts). The ANSWERING order is the longest whose context
-   has been seen before in this thread (at some position < p); order 0 answers when no longer
-   one does (it is seen at every p >= 1); at a thread's first position nothing answers.
-   - top-5: the answering order's best tokens, then those of every shorter order (the context
-     of a shorter order was necessarily seen too), then order 0's, then the caller's fallback
-     ranking, skipping duplicates (as baselines.fill_top does).
-   - p_true = (count(ctx, y) + eps) / (total(ctx) + 64 * eps) at the answering context
-     (eps = `smoothing`); 1/64 when nothing answers. `distribution()` is the same formula for
-     all 64 tokens (it sums to 1).
-2. Learn. For every order k <= p (and order 0), count the true token y = tokens[p] after its
-   context: count(ctx, y) += 1, total(ctx) += 1.
-
-TIE RULE (the order of a context's tokens): by count, highest first; among equal counts, the
-token seen MOST RECENTLY after that context first (every update raises a count, so "most
-recent" is "reached its count last"). An incremental top-5 keeps this exactly: a token whose
-count rises passes every token with a count <= its new one, and a token outside the top-5
-enters when its new count is >= the 5th's. The rule favours the recent past, which is what a
-program's phases reward.
-
-Implementation (numba; no Python loop per event): contexts are hashed (a 64-bit polynomial of
-the k previous tokens, computed inside the compiled loop, finalised with splitmix64 and the
-order, 58 bits kept; a collision of two contexts is ignored, as in baselines.NGram). Two
-open-addressing tables (linear probing, load <= 1/2, doubled when full), reset per thread and
-sized from the thread's length (capped, then doubled as needed): one row per (order, context)
-of 8 uint64 words [key, total, number of distinct next tokens, 5 x (count << 8 | token) best
-first], holding the top-5 and their counts inline; and one of (context, next token) -> count
-for the tokens OUTSIDE a context's top-5 (only contexts with more than 5 distinct successors
-ever touch it). All threads of a run are processed in one compiled call. `OnlineState` is the
-same counter for one thread fed call by call (one compiled call per event), running the same
-compiled loop (_span) over one position, so it equals the batch form by construction (and by
-test). Speed (benchmarks/bench_online.py): the loop works on reference-free views of its
-arrays (numba's atomic reference counting otherwise took ~60% of the time), prefetches the
-context rows of the positions _AHEAD ahead, and its tables are numpy allocations (transparent
-huge pages for the large ones: fewer TLB misses on random probes).
-
-Outputs:
-- `OnlineCounter.predict(run, positions) -> Predictions` (a baseline, tasks.learning.baselines).
-- `online_features(tokens, offsets, orders)`: per position, the answer's top-1 (64 = nothing
-  answered), the answering order's index (1 + its index in `orders`, so 1 = longest; 0 = only
-  the unigram or nothing answered), the top-1's count and the total of the answering context
-  (tasks.learning.model.online_feature_matrix buckets them for the network).
-- `OnlineState`: push(token), answer(), top(), distribution(), p(token).
-
-No TensorFlow in this module.
+The rules (the back-off, the tie rule, the tables): docs/learning.md#the-online-counter
 """
 
 from __future__ import annotations

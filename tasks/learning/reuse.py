@@ -1,35 +1,11 @@
 """Causal predictors of the reuse question, scored on the same positions in the same tables.
 
-The question (tasks/learning/labels.py): at a free of a block of size class c, how soon does the
-process request class c again (REUSE_EDGES classes)? Every predictor answers at every free with
-a known size of an evaluation run, from the calls before it only:
+At a free of class c, how soon does the process request class c again? majority, class_online
+and site_online (counters over the process's earlier frees) answer from the calls before the
+free; the network and network_hedged join them (tasks/learning/questions.py). Compiled (numba),
+one pass per run.
 
-- majority: the training runs' distribution of the reuse classes.
-- class_online: per process, per size class, counts of the reuse classes of the process's
-  EARLIER frees of that class, each counted once its class is known: when the next request of
-  its class arrives, or, with none by then, once the last edge has passed (then it is "later or
-  never" whatever comes after; reuse_due). An allocator inside the program can keep it. (Until
-  2026-11-26 a free was counted only at a request: a class never requested again was never
-  learnt, and the counters said "soon" where a program's frees mostly are not reused, freeciv
-  0.065 top-1 against 0.844 now.)
-- site_online: the same counts keyed by the free's call site and class (TCMalloc keeps its
-  lifetime counters per allocation stack); a site never seen answers as class_online; a free
-  without a call site (a trace without callers) too, and those positions are counted.
-
-- network: the questions' own recurrent network (tasks/learning/question_network.py), trained on
-  the training runs, reading the process's calls and these counters' answers; added by
-  tasks/learning/questions.py when the config trains it.
-- network_hedged: the network and the two counters (for a lifetime, also network_survival)
-  mixed inside the run, per call site and class, by how well each has answered there so far
-  (tasks/learning/hedge.py): on a program whose habits the network never saw, it follows the
-  counter where the counter is right.
-
-The call site is caller_module + caller_offset, hashed to SITE_VOCABULARY buckets
-(tasks/learning/sites.py, the layer's key too). Compiled (numba), one pass per run.
-
-Metric keys: `<question>.<table>.<metric>/<slice>.<predictor>` (question: reuse, lifetime_calls,
-lifetime_time), the registry's scheme (`<table>.<metric>/<slice>.<predictor>`) with the question
-in front. `question_evaluation` scores both questions' predictors (tasks/learning/lifetime.py).
+Each predictor, the call site, the metric keys: docs/learning.md#the-reuse-questions-predictors
 """
 
 from __future__ import annotations

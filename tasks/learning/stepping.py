@@ -1,29 +1,11 @@
 """The trained network stepped one call at a time: the recurrent state carried per thread.
 
-Which function it computes. An RNN cannot drop the oldest token of a sliding window, so "the
-model over the thread's last `context` calls" (streaming.predict_window) costs a re-run of the
-window per answer. The tables score another function (tasks.learning.sequences.eval_chunks):
-stateless chunks of 2c calls starting at every multiple of c in the thread; the answer about call
-j (j >= 1) comes from the chunk that starts at k*c, k = max(0, (j - 1) // c - 1), whose state has
-seen j - k*c calls (from c + 1 to 2c past the first 2c). Two staggered states per thread compute it
-exactly: state s (0 or 1) is reset to zero at the calls m*c with m % 2 == s, both are stepped on
-every call, and the one whose chunk k has k % 2 == s answers. So a streamed answer is, up to float
-rounding, the answer scored in the unseen-runs / unseen-programs / held-out tables, at two cell
-steps per call (tests/tasks/learning/test_stepping.py holds it equal to predict_positions).
+Two staggered states per thread compute exactly the chunked function the evaluation tables score
+(tasks.learning.sequences.eval_chunks), at two cell steps per call, from the token, the n-gram
+features and the online counter's answer. No TensorFlow here: `step_weights` reads a Keras
+model's weights as numpy arrays.
 
-Inputs, computed per thread as calls arrive, as in the chunked batch form:
-- the token (one-hot);
-- the n-gram features (NGramFeatures, the table inside the model): the longest order k whose
-  context (the last k calls) is in the table, k at most the calls the state's chunk has seen
-  (the in-graph layer cannot see before its chunk's start); the keys are computed as the layer
-  computes them (exact keys up to order 9, the double hash beyond);
-- the online counter's answer over the thread's whole history (OnlineState, as in training).
-
-The network's one-hot inputs enter a recurrent layer through its kernel, so each feature's
-embedding is folded into the first layer's kernel once (a row gather per feature, no matmul);
-LSTM and GRU (reset_after, Keras 3's default) cells, a dense softmax or the copy path's gates.
-
-No TensorFlow here: `step_weights` reads a Keras model's weights as numpy arrays.
+Which function, the inputs, the cells: docs/learning.md#the-network-one-call-at-a-time
 """
 
 from __future__ import annotations

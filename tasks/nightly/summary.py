@@ -1,38 +1,11 @@
 """What a night did: each stage's outcome, what failed and why, the evaluation, the champion.
 
-The `nightly` flow runs its stages as subflows and keeps their final states instead of letting a
-failure stop the night; `stage_outcome` turns a state into a `StageOutcome` whose value has the
-stage's type (a `TraceSummary`, the converted runs, a `TrainResult`, a `WhatifSummary`, an
-`AllocatorsOutcome`), `summarize` turns the outcomes into a `NightlySummary`, whose
-`markdown()` is published as a Prefect artifact.
-The night fails (after publishing) only when nothing could be trained: `finish` says so.
+`stage_outcome` turns a subflow's final state into a typed `StageOutcome`; `summarize` makes the
+`NightlySummary`, rendered by `markdown()` (the Prefect artifact and a file) and `terminal()`.
+Sections: what the predictions bought, the heap reports, the allocator advice, the champion.
+The night fails only when nothing could be trained (`finish`).
 
-The whatif stage's answer at the idle budget (per workload: the best heuristic, guided by the
-model, the oracle; `at_budget` in tasks/whatif/night.py, from the same representative configs as
-the `whatif` artifact) is a section of the summary: what the predictions bought.
-
-The heap report of each evaluation run (tasks/report/night.py: a page per run under
-<root>/reports/) is a section of the summary: its figures and the pages' paths.
-
-The last allocator recommendation per workload (tasks/allocators/report.py: `last_advice`, read
-from the root's allocators tables whichever flow wrote them) is a section of the summary with the
-line to paste (tasks/nightly/advice.py); an unreadable table is a line there, never a failed
-night.
-
-Whether the champion changed is read from the registry before and after the night
-(`champion_version`), so the answer holds whatever registration returned; by how much, from the
-promotion decision registration left on the model's run (`promotion_of`: both scores on
-tonight's evaluation).
-
-Two renderings of one summary: `markdown()`, every table in full (the Prefect artifact and a
-file under <root>/nightly/, written by `publish_summary`), and `terminal()`
-(tasks/nightly/terminal.py), what the flow prints: the verdict on the first screen, then a line
-per stage, then narrow tables, no line wider than the terminal.
-
-A night whose data is broken registers nothing: when every replay failed, `broken_data` says
-why and the flow skips training (`skipped`); an evaluation set smaller than the training
-config's data.min_eval_positions fails the train stage before training. Either way the
-summary's `not_registered` says why and the champion is left alone.
+The sections and the broken-data rules: docs/results.md#how-the-summary-is-made
 """
 
 from __future__ import annotations

@@ -1,41 +1,12 @@
 """The headline of a training run: the figures a person compares two nights by, and the tables
 that keep the rest.
 
-MLflow's chart view makes one section per metric-key prefix before the last "/" (sections in
-alphabetical order, then "Model metrics" and "System metrics"; charts in a section by key), so
-the names are chosen for that order. The run's sections are `headline`, `layer`, `log_loss`,
-`plots`, `promotion`, `train`:
+The metric names (`headline/<table>.top1.*`, `headline/whatif_<causal|optimistic>.hit_rate.*`,
+`layer/`, `log_loss/`, `train/`) are chosen for the sections of MLflow's chart view; the detail
+goes to table artifacts. `figure` reads a new name and falls back to the name a store written
+before the headline used.
 
-    headline/<table>.top1.best_baseline  the best baseline's top-1 (max over the baselines)
-    headline/<table>.top1.margin         model minus best baseline (positive: the model wins)
-    headline/<table>.top1.model          the model's top-1
-        table: heldout_workloads | unseen_programs | unseen_runs, over all the table's workloads
-        (three charts a table: one row of the chart grid each)
-    headline/whatif_<kind>.hit_rate.best_heuristic   what the predictions bought, written by
-    headline/whatif_<kind>.hit_rate.gain             the whatif stage (tasks/whatif/night.py) on
-    headline/whatif_<kind>.hit_rate.guided_model     the same run: the guided policy driven by
-    headline/whatif_<kind>.hit_rate.guided_questions (and by the questions' reuse network)
-        the model against the best heuristic at the night's idle-byte budget, over all replayed
-        runs; gain = guided minus best heuristic. kind: `causal` when the guided policy decided
-        at each free from the prediction for the next call only (horizon 1), `optimistic` when
-        it also read predictions made at later calls (horizon > 1: a live cache has them only
-        later, tasks/whatif/guided.py), so a reader never takes a bound for a result.
-    layer/vs_counter.<case>, layer/vs_none.<case>    what the model's table bought in a real
-        program (the seeds' cases, written by the seeds stage, tasks/allocators/seeds.py):
-        median wall ms against the layer guided by the online counter, and against the layer
-        without a prediction (negative: time saved); every allocator and pair, with p-values
-        and rounds, in the table `layer/cases.json`
-    log_loss/<table>.best_baseline, log_loss/<table>.model   (nats; lower is better)
-    train/seconds, train/predictions_per_second              next to the curves train/<curve>
-
-Thirteen charts in the first section: the model against its best baseline on each table and what
-the predictions bought. The detail (every workload x predictor, every policy per workload) is
-in table artifacts the UI shows as tables: `evaluation/<table>.json` (`log_table` format) on
-the run, and `whatif/policies.json`, `whatif/grid.json` next to `whatif/pareto.png`.
-
-A store written before these names (runs with `<table>.<metric>/<slice>.<predictor>` metrics,
-tasks/registry/register.py until the headline) still answers: `figure` reads the new name and
-falls back to the old one, which the promotion rule uses (tasks/registry/champion.py).
+The names and what each means: docs/results.md#the-headlines-names
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """A run's events reduced to the report's numbers (`HeapReport`), with numpy and Arrow only: no
 Python loop per event (loops run over batches, process images, time windows and callers).
 
-Rows are read a batch at a time (up to 1 M rows, a row group). Each batch is reduced at once
-into histograms (size classes, lifetimes, temporaries, leaks, operations), per-process and
-per-thread counts and per-caller groups (Arrow's hash group-by). What live bytes need stays
-behind, per process image (one trace file: `exec` starts a new image with the pid kept), in
-call order, 18 bytes a row in arrays sized once from the file's row count: the time, the live
-bytes after the row, and the size classes of the block the row defines and of the block it
-frees (a realloc's freed bytes aside):
+Each batch is reduced to histograms, counts and per-caller groups; live bytes are a cumulative
+sum per process image, merged by time across images (each image's heap released after its last
+call); the peak and the plots' time bins come from that.
 
-- live bytes of an image = cumsum(+size of each block defined, -size of each paired block
-  freed) in call order (the rows of a part come in call order; an image whose rows do not, as in
-  hand-made datasets, is sorted by time at the end, stably: file order breaks ties);
-- in total: every image's deltas merged by time_ns, plus one release per image right after its
-  last call (its heap ends with it: its never-freed blocks stop counting), so a run of many
-  short processes does not add up their leaks forever. The merge runs over windows of a few
-  million rows (whole time bins), so its temporaries stay small and are reused.
-
-The peak is the largest total; the size classes (token 0..31 = bit length of the size) and
-processes live at that moment come from per-batch class sums plus the rows since. Plots use
-~`bins` time bins (the largest live value in each bin, so no peak is lost; allocations per
-bin), whatever the run's length. Fresh memory is expensive (page faults: on a VM, more than the
-arithmetic), so the analysis runs with tasks.dataset.worker_heap's heap kept: each batch's
-temporaries reuse the previous batch's memory.
+The rules: docs/report.md
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """One run's events, read and laid out for the simulator (tasks/whatif/simulate.py).
 
-`read_events(root, workload, run)` reads `<root>/events/workload=<w>/run=<r>/` through the
-dataset's one reader (tasks.dataset.events_reader: only the columns the simulator needs, in call
-order) with an `image` column: the index of the Parquet part a row comes from. A part is one
-raw trace file, i.e. one process image (an exec'd program keeps its pid but gets a file of its
-own), so `image` separates what `pid` alone would merge.
+`read_events(root, workload, run)` reads a run's partition through the dataset's one reader,
+with an `image` column (the Parquet part, i.e. the process image). `prepare(table)` turns it into
+numpy arrays in SIMULATION ORDER, vectorised: processes in call order, request and freed sizes
+per row, block partners, time.
 
-`prepare(table)` turns the table into numpy arrays in SIMULATION ORDER, vectorised:
-
-1. Processes. The process key is `image` when the table has it, else `pid`. Each process's rows
-   are taken in call order: the table's own order when every process's rows are contiguous and
-   in time order (what the converter writes), else sorted by (key, time_ns, thread, seq).
-2. Rows. `req[i]` is the size of the block row i defines (an allocating op or realloc that
-   returned an address; malloc(0) defines a block of 0 bytes), else -1. `freed[i]` is the size
-   of the block row i frees (`freed_size`: a free or realloc's old block, paired by the
-   converter), else -1; an unpaired free (freed_size null: its block predates the trace) is
-   ignored, since nothing is known of it. A realloc row does both: its request comes first,
-   then its free (see tasks/whatif/simulate.py for what happens to the old block).
-3. Partners. `partner[j]` is the row that defined the block row j frees, from the allocation's
-   `lifetime_calls` (the converter's row distance within the process), kept only where row j
-   really frees a block of that size; else -1 (the simulator then takes `freed_size` as the
-   block's size). The simulator needs it because a block served from the cache may be larger
-   than its request, and it is that larger block that comes back at the free.
-4. Time. Processes run concurrently: rows are merged across processes by `time_ns` (stable,
-   so each process keeps its call order). When every row has the same time (hand-made
-   traces), time is the row number instead (`time_basis` "calls").
+The rules: docs/whatif.md#reading-a-run
 """
 
 from __future__ import annotations
@@ -108,7 +89,7 @@ def _next_requests(
 
 @dataclass
 class SimInput:
-    """One run's events in simulation order (see the module docstring)."""
+    """One run's events in simulation order (see docs/whatif.md#reading-a-run)."""
 
     proc: np.ndarray  # int32 process index, 0..n_proc-1
     n_proc: int
@@ -186,7 +167,7 @@ def _bit_length(x):
 @njit(cache=True)
 def _layout(key, op, size, addr, freed_size, has_freed, life, defines, frees):
     """One pass over rows grouped by process in call order: (proc, req, freed, cls_req,
-    cls_free, partner, n_proc); see the module docstring."""
+    cls_free, partner, n_proc); see docs/whatif.md#reading-a-run."""
     n = len(key)
     proc = np.empty(n, np.int32)
     req = np.empty(n, np.int64)
@@ -223,7 +204,7 @@ def _layout(key, op, size, addr, freed_size, has_freed, life, defines, frees):
 
 
 def prepare(table: pa.Table, workload: str = "", run: str = "") -> SimInput:
-    """Lay one run's events out for the simulator (see the module docstring)."""
+    """Lay one run's events out for the simulator (see docs/whatif.md#reading-a-run)."""
     n = table.num_rows
     key_name = "image" if "image" in table.column_names else "pid"
     key = _np(table, key_name)

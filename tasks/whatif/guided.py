@@ -1,52 +1,11 @@
 """Prediction arrays for the guided policy: keep a freed block or give it back.
 
-THE DECISION. At a free of a block of size class c, the cache must choose at once: keep the
-block (it costs its bytes for as long as it is kept) or release it (a later request of class c
-goes to the system). Keeping pays off only if a request of class c comes soon, before the
-block would be evicted or its bytes be better spent. So the decision needs, at the free, the
-answer to "is an allocation of class c among the next k calls of this thread?" (k: the horizon
-the block may be held, e.g. GuidedConfig.ttl_calls = k). Thread, not process: that is the
-stream the learning stage predicts, and the one whose next calls follow this one causally.
+At a free of class c: "is class c among the next k calls of this thread?". Causal
+(`keep_at_free`, `next_call_top`, `predictions_from_topk` at horizon 1) reads nothing after the
+free; optimistic (`reuse_labels`, `reuse_tiers`, top-k at horizon > 1) reads later events.
+`align_token_run` maps learning-stage arrays to rows. Compiled loops (numba).
 
-- `reuse_labels(table, horizon)`: the true answer, from the future of the trace (a perfect
-  predictor of the freeing thread's next `horizon` calls, the label a model is scored on; not
-  an upper bound of a process-wide cache: see OPTIMISTIC below).
-- `predictions_from_topk(table, top, horizon)`: the answer of a next-token predictor (the
-  learning stage's per-position top-k tokens, `top[i]` predicted for row i from the earlier calls
-  of its thread): keep iff c is among the top-k predicted for one of the next `horizon` calls of
-  the thread. With horizon = 1 this is causal: the prediction for the next call is computed from
-  the calls up to and including the free, so a live cache has it at the free. With horizon > 1
-  it also reads the predictions made at the following calls, which a live cache only has later:
-  it is optimistic, unless the model predicts several calls ahead itself (or the cache defers
-  the decision: keep provisionally, release when no prediction within the horizon names c).
-- `reuse_tiers(table, horizons)` and `tiers_from_topk(table, top, horizons)`: the same two
-  answers for several horizons at once, as a TIER per row: the number of horizons (ascending)
-  within which the class is requested (labels) or predicted (top-k) again; 0: beyond the
-  longest (or no free). With horizons (h,) they are the bools above. For the guided policy's
-  priority mode (tasks/whatif/policies.py), which releases the lowest tier first: a bool says
-  "soon or not", a tier says roughly how soon, which is what an eviction order needs (a block
-  reused after 100 calls is worth keeping in a cache that holds blocks for 1000).
-- `align_token_run(table, per_position)`: an array in `tasks.learning.sequences.read_run`
-  order (threads by (pid, thread), calls by seq) -> per row of `table`.
-
-Both return one bool per row of the table (False where the row frees nothing); the guided
-policy reads them at rows that free a block. Compiled loops (numba), none per event in Python.
-
-CAUSAL (the default of the what-if stage): `keep_at_free(table, at_free)` decides at a free of
-class c from `at_free[i]`, the top-k the predictor gives AT that row for its thread's next call
-(computed from the calls up to and including the free: what a live cache, the layer
-native/layers/layer.c included, has when the program frees the block). `next_call_top(table,
-top)` moves a learning-stage top-k (made for row j from the calls before j) to the row at which
-the predictor has it (the previous call of the thread). Nothing at or after the next call is
-read: changing any later event or prediction never changes the decision
-(tests/tasks/whatif/test_causal.py). `predictions_from_topk(h=1)` gives the same answers.
-
-OPTIMISTIC (named so wherever they appear: a predictor name ending `_optimistic`, hence the
-policy label, the metric names and the plot's legend): `reuse_labels` / `reuse_tiers` (the
-true future of the freeing thread) and `predictions_from_topk` / `tiers_from_topk` with horizon
-> 1 (predictions a live cache has only later). `reuse_labels` is NOT an upper bound of what a
-predictor can buy: it sees only the next calls of the freeing thread, while the cache serves
-the whole process; the bound is tasks/whatif/oracle.py.
+The decision, each function, causal vs optimistic: docs/whatif.md#guided-predictions
 """
 
 from __future__ import annotations
@@ -179,8 +138,8 @@ def tiers_from_topk(
 
 def reuse_labels(table: pa.Table, horizon: int = 1, scope: str = "thread") -> np.ndarray:
     """Per row: it frees a block of class c and one of the next `horizon` calls of its thread
-    (or process) allocates class c. Reads the future: optimistic, and not a bound (see the
-    module docstring)."""
+    (or process) allocates class c. Reads the future: optimistic, and not a bound (see
+    docs/whatif.md#optimistic)."""
     _check_horizon(horizon)
     return _label_distance(table, scope) <= horizon
 
@@ -189,7 +148,7 @@ def predictions_from_topk(table: pa.Table, top: np.ndarray, horizon: int = 1) ->
     """Per row: it frees a block of class c and c is in `top` of one of the next `horizon` calls
     of its thread. `top`: [rows, k] tokens per row of `table` (NONE_TOKEN = empty slot).
     Causal at horizon 1 only (= keep_at_free(table, next_call_top(table, top))); beyond, it is
-    optimistic (see the module docstring)."""
+    optimistic (see docs/whatif.md#optimistic)."""
     _check_horizon(horizon)
     return _topk_distance(table, top) <= horizon
 

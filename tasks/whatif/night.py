@@ -1,93 +1,11 @@
 """The whatif stage's Prefect tasks: a trained model's evaluation runs through the policy grid.
 
-What the `whatif` flow (flows/whatif.py) composes, in order:
+What the `whatif` flow (flows/whatif.py) composes: `resolve_model`, `model_ref`,
+`load_predictor`, `replay_run` (once per run, guided configs once per predictor), `write_table`,
+`summarize`, `log_to_mlflow`, `publish`.
 
-0. The registered model, a `RegisteredModel` (tasks.learning.outcome): handed over by the
-   nightly (tonight's version, as registration returned it), or, when the flow runs on its own,
-   `resolve_model(params, tracking)`: the version `params.model` names (the alias `champion` by
-   default, or a version number) and the evaluation runs its MLflow run records (params
-   `dataset.eval_runs`, `dataset.unseen_program_runs`, `dataset.heldout_runs`, see
-   tasks.registry.register), read once at the flow's edge.
-1. `model_ref(model, params, tracking) -> ModelRef`: the version, the runs to replay
-   (`params.runs`; default: the model's evaluation runs) and its training config.
-2. `load_predictor(ref)`: the version's predictors. Their answers on each run are read first
-   from those the evaluation logged with the version (tasks/registry/answers.py: the same
-   numbers on the same calls, checked by digest); only a run without them loads the networks
-   (the Keras model in sequence mode with its training config, the questions' network; once,
-   on first need), or says why they could not be loaded (the other predictors still run).
-3. `replay_run(root, workload, run, ...) -> RunReplay`, once per run: reads the run's events
-   once, as the model's evaluation scored them (data.max_eval_tokens: the rows of its first
-   calls, tasks.learning.sequences.head_rows), prepares them once (tasks.whatif.events) and
-   sweeps the policy grid (tasks.whatif.sweep;
-   `default_grid()` unless `params.policies`). The guided configs are swept once per PREDICTOR,
-   the `predictor` column naming it:
-     - `model`:  the model's top-5 (tasks.learning.model.predict_positions);
-     - `online`: the online counter's top-5 (tasks.learning.online.OnlineCounter), which learns
-                 each thread's own past as it runs and needs no training (its fallback ranking
-                 for a thread's first calls is the token order);
-     - `layer_online`: the decision heapcast's layer takes itself (native/layers/layer.c,
-                 policy=guided: its online counter over the thread's calls on blocks >= 128 KiB,
-                 keep when the class is in its top-2 at one of the next 4 calls rolled forward;
-                 tasks.whatif.guided.layer_rule_keep, equal to the C predictor's answers);
-     - `thread_future_optimistic`: the true next GUIDED_HORIZON (16) calls of the freeing
-                 thread (tasks.whatif.guided.reuse_labels). It reads the future, and it is NOT
-                 the best a predictor could do (the model beats it on some runs: it sees only the
-                 freeing thread's next calls while the cache serves the whole process); the
-                 bound of every policy is the oracle.
-   CAUSAL by default (`params.horizon` = 1): for `model` and `online` a freed block of class c
-   is predicted when c is among the top-5 the predictor gives AT the free for its thread's next
-   call (tasks.whatif.guided.keep_at_free), which a live cache has then. With horizon > 1 they
-   read the predictions made at the next `horizon` calls (predictions_from_topk), which a live
-   cache has only later: their names become `model_optimistic` and `online_optimistic`. Every
-   name ending `_optimistic` carries into the policy label (guided_<predictor>), the metric
-   names, the artifact and the Pareto plot's legend. The guided configs in `priority` mode cache
-   every block as lru and release unpredicted blocks first (label guided_<predictor>); those in
-   `admit` mode keep only predicted blocks, for ttl_calls = GUIDED_HORIZON calls (label
-   guided_admit_<predictor>).
-   `belady` (clairvoyant: it keeps by each class's next request) is labelled
-   `belady_optimistic` too.
-   A run whose events are missing or unreadable does not stop the others: its RunReplay carries
-   the error instead of rows, and the artifact names it.
-4. `write_table(root, replays, ref) -> url`: every row of every run, one Parquet file per
-   registered version, `<root>/whatif/<model name>-v<version>.parquet` (see TABLE below).
-5. `summarize(replays, ref, params) -> WhatifSummary`: per workload and policy, one
-   REPRESENTATIVE config (the rule below) and the markdown page.
-6. `log_to_mlflow(summary, tables, tracking)`: metrics on the version's run, the Pareto plot,
-   the markdown and the table as artifacts of that run (folder `whatif/`).
-7. `publish(summary)`: the markdown as the Prefect artifact `whatif`.
-
-TABLE. One row per (run, policy config, predictor): the columns of tasks.whatif.simulate
-(`hit_rate`, `idle_bytes_mean`, `idle_bytes_peak`, `peak_footprint`, `live_peak`,
-`fault_bytes_avoided`, `max_rss`, `ideal_rss`, ...), `config` (the policy's JSON), `predictor`
-(guided rows only), and `model_name`, `model_version`, `model_run_id`, `created_at`. Written to a
-hidden temporary name in the same folder and renamed onto its final name (one atomic rename on a
-local root; an object store's single PUT is atomic by itself), so a reader never sees half a
-table; a second replay of the same version replaces it.
-
-REPRESENTATIVE CONFIG (the MLflow metrics and the policy table). Per workload, a config's
-figures are pooled over the workload's runs (hit rate = hits / allocations summed; idle bytes
-mean: the mean over runs; peaks: the max; fault bytes avoided: the sum). Per policy (guided:
-per predictor), the config kept is the one with the highest hit rate among those whose
-`idle_bytes_mean` is at most `params.idle_budget` bytes (ties: fewer idle bytes); a policy with
-no config under the budget shows its config with the fewest idle bytes, marked "over budget".
-The oracle's figure is its bound at exactly the budget (a bound for
-every policy whose idle_bytes_mean is within it, per run; a pooled slice pools the runs' bounds). The best heuristic is the best of seed002,
-seed001 and lru by the same rule. So every policy is compared at the same byte budget, which is
-what the Pareto plot shows for all budgets at once.
-
-MLFLOW, on the registered version's run: the headline (tasks/registry/headline.py)
-`headline/whatif_<causal|optimistic>.hit_rate.<guided_model|best_heuristic|gain>`: the guided
-policy driven by the model against the best heuristic, over all runs (workload `all`), at the
-idle budget; `causal` at horizon 1, the default (a horizon > 1 reads ahead: `optimistic`). The same
-figures as tags of the version. The detail as tables: `whatif/policies.json` (per workload and
-policy, the representative config's hit_rate, idle_bytes_mean, idle_bytes_peak,
-peak_footprint, fault_bytes_avoided, oracle_gap; the `whatif.<metric>/<workload>.<policy>`
-metrics of runs logged before the headline) and `whatif/grid.json` (every row of the table),
-next to `whatif/pareto.png`, `whatif/whatif.md` and `whatif/whatif.csv`.
-Policies in the tables: none, seed002, seed001, lru, belady_optimistic, guided_model,
-guided_questions (the questions' reuse network, logged with the version), guided_online, guided_layer_online, guided_thread_future_optimistic (guided_admit_<predictor> for
-admit-mode configs; with params.horizon > 1, guided_model_optimistic and guided_online_optimistic
-instead), oracle (hit_rate only), best_heuristic; workload `all` pools every run.
+The steps, the predictors (causal and `_optimistic`), the table, the representative config and
+the MLflow names: docs/whatif.md#the-flow
 """
 
 from __future__ import annotations
@@ -338,7 +256,7 @@ class Predictor:
 
 class AtBudget(StrictModel):
     """One workload's answer at the idle budget: the best heuristic, guided by the model, and
-    the oracle's bound (hit rates of the representative configs, see the module docstring)."""
+    the oracle's bound (hit rates of the representative configs, see docs/whatif.md)."""
 
     workload: str
     budget: int | None = None  # the idle budget of this answer, when not the summary's own
@@ -645,8 +563,8 @@ def policy_labels(df: pd.DataFrame) -> np.ndarray:
 
 
 def pooled(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (workload, policy label, config): the figures pooled over runs (see the module
-    docstring); workload ALL pools every run. `label`: the policy, guided_<predictor> for
+    """Per (workload, policy label, config): the figures pooled over runs (see
+    docs/whatif.md#the-representative-config); workload ALL pools every run. `label`: the policy, guided_<predictor> for
     guided rows."""
     if df.empty:
         return df
@@ -675,7 +593,7 @@ def pooled(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def representatives(pool: pd.DataFrame, budget: float) -> pd.DataFrame:
-    """Per (workload, label): the representative config (the rule in the module docstring),
+    """Per (workload, label): the representative config (the rule: docs/whatif.md),
     with `over_budget`; plus a `best_heuristic` row per workload."""
     if pool.empty:
         return pool

@@ -1,35 +1,10 @@
 """The oracle: an upper bound of the hit rate of ANY cache policy at a given byte budget.
 
-Why a bound and not a policy: with blocks of many sizes, choosing which freed blocks to keep
-under a byte budget so as to serve the most requests is a packing problem (NP-hard in general);
-Belady's rule is optimal only for equal sizes. `belady` (tasks/whatif/policies.py) is the
-realisable clairvoyant policy; this module gives the bound that every policy, belady included,
-stays under, and that the tests check.
+Not a policy: choosing blocks of many sizes under a byte budget is a packing problem. `bound(B)
+= min(k(B * span), H_inf)` is >= the hits of every policy whose idle_bytes_mean is <= B (k: the
+most requests whose cheapest idle-byte costs fit in B * span; H_inf: an infinite cache's hits).
 
-THE BOUND. Take any policy P of the simulator (tasks/whatif/simulate.py) on a run, and let
-I(P) = its integral over time of idle bytes (= idle_bytes_mean * span). Each hit of P at a
-request r (class c, process p) takes a block that P cached at some earlier free f of class c in
-p, held idle from t_f to t_r, of at least freed_size(f) bytes. So the hit costs P at least
-    cost(r) = wmin(p, c, r) * (t_r - tlast(p, c, r))
-where wmin is the smallest freed_size among the frees of class c in p before r and tlast the
-time of the latest of them (no earlier free: r can never hit). Distinct hits are distinct
-requests, so hits(P) <= the largest k such that the k cheapest costs sum to <= I(P).
-Independently, hits(P) <= H_inf, the hits of an infinite cache that keeps every freed block
-(greedy per class: a request hits whenever a block of its class is cached; for blocks of a
-class taken as interchangeable, that is the most hits any policy can have).
-
-So `bound(B) = min(k(B * span), H_inf)` is >= the hits of every policy whose idle_bytes_mean is
-<= B, and hence of every policy whose idle bytes never exceed B (the mean is below the peak):
-the oracle curve lies above every policy's point on the Pareto plot (hit rate vs idle_bytes_mean).
-It relaxes the fit rule (b >= s), the byte budget at each moment (to its mean) and which free
-serves which request (any earlier free of the class, each as cheap as the cheapest), so it is
-optimistic; H_inf caps it at large budgets.
-
-One exception to the argument: seed002 follows its real layer's rules (native/layers/layer.c), and
-can serve a request from a block of the next class up (usable size u >= s and u - s < s +
-4096). Such a hit is not charged to a free of the request's class, so the bound does not cover
-it in principle; on the evaluation's runs (data/events, N = 1, 4, 16) and the random traces of
-tests/tasks/whatif/test_oracle.py seed002 stays under the bound.
+Why a bound, the proof and seed002's exception: docs/whatif.md#the-oracle
 """
 
 from __future__ import annotations

@@ -4,50 +4,8 @@ Each policy is one frozen model with a `kind` literal; `PolicyConfig` is their u
 `policy_from_dict` validates a plain dict (a YAML entry) into the right one. Unknown fields,
 N = 0, a budget <= 0 and the like are validation errors that name the field.
 
-Every caching policy but seed002 shares the FIT RULE of the simulator (tasks/whatif/simulate.py):
-a cached block of b bytes can serve a request of s bytes only if both are in the same size class
-(the token rule: min(bit_length, 31)) and b >= s, so at most half of a block is ever wasted.
-Blocks below `min_size` are never cached and requests below it never look in the cache.
-
-- none: every call goes to the system allocator (hit rate 0).
-- seed002: the N largest recently freed blocks (/work/shared/seeds/002), with exactly the
-  rules of heapcast's LD_PRELOAD layer with policy=seed002 (native/layers/layer.c), which works
-  on glibc's USABLE sizes (malloc_usable_size: a mmapped block of s bytes has its mapping less
-  16 bytes usable, e.g. 303088 for 300000). A freed block the layer handed out (requested
-  >= min_size) whose usable size u >= min_size is kept if fewer than N
-  are cached, or if u is at least the smallest cached usable size, that block then released
-  (ties: the oldest smallest goes). A request of s >= min_size bytes takes the most recently
-  cached block that fits, in any size class: u >= s and u - s < s + 4096; an aligned request
-  (posix_memalign & co., valloc) only a block whose address has the alignment (in the traced
-  run: glibc's mmapped blocks are 16 mod 4096). `min_size` defaults to glibc's mmap threshold
-  (128 KiB): the blocks seed 002 is about.
-- seed001: per-class pools with timed eviction (/work/shared/seeds/001): every freed block is
-  kept; a block cached more than `decay_ns` ns of trace time ago is released at its process's
-  first call after that (lazily, as the seed's eviction queue does without a timer thread).
-- lru: per-class free lists under a byte budget per process: a freed block is kept (if it is
-  not larger than the budget) and the least recently cached blocks are released until the
-  cached bytes are within the budget.
-- guided: lru plus a prediction per freed block (one bool per event, see
-  tasks/whatif/guided.py: "is the block's class requested within the next k calls of its
-  thread?"), used by `mode`:
-  - `priority` (the default): the prediction can only add to what lru knows. Every freed block
-    is cached as by lru (if not larger than the budget) and carries the prediction made at its
-    free; over the budget, UNPREDICTED blocks are released first (least recently cached first),
-    predicted ones only when no unpredicted block is left (least recently cached first among
-    them). `ttl_calls` (the prediction's horizon): a predicted block not reused within that many
-    calls of its process has outlived its prediction and is demoted, as if freed unpredicted
-    then (it joins the unpredicted blocks, most recent of them); None: never demoted. All
-    predictions true or all false: exactly lru.
-  - `admit`: a freed block is kept only where the prediction says so, else released at once;
-    `ttl_calls` optionally releases a block not reused within that many calls of its process.
-    A block reused later than the horizon is a miss, so on real traces this throws away most
-    of lru's hits: kept to compare with.
-- belady: a realisable clairvoyant policy: a freed block is kept only if its class is requested
-  again in its process; over the budget, blocks of the class whose next request is farthest in
-  the future are released first (oldest first within the class); when a class will never be
-  requested again its pool is released.
-- oracle: not a policy but an upper bound (tasks/whatif/oracle.py): no policy whose
-  time-weighted mean of idle bytes is <= `budget` has a higher hit rate.
+The fit rule and each policy (none, seed002, seed001, lru, guided, belady, oracle):
+docs/whatif.md#the-policies
 """
 
 from __future__ import annotations

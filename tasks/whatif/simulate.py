@@ -2,82 +2,11 @@
 
 `simulate(events, policy) -> dict` (events: a pyarrow Table of the events schema, or the
 `SimInput` that `tasks.whatif.events.prepare` makes of one). One numba-compiled loop visits the
-run's rows once, in time order across processes and call order within each (never a Python loop
-per event); every process has its own cache, as a library loaded into each would. The rules:
+rows once, in time order across processes and call order within each; every process has its own
+cache. The `oracle` kind is bounded (tasks/whatif/oracle.py), not simulated.
 
-THE CACHE. A request of s bytes (an allocating call, or realloc's new block) first looks in its
-process's cache, unless the policy is `none` or s < min_size: it takes the most recently cached
-block of the same size class (token rule, min(bit_length, 31)) whose size b >= s, scanning at
-most SCAN_LIMIT (64) blocks of that class. SEED002 instead follows the rules of heapcast's layer
-(native/layers/layer.c with policy=seed002,madv=off; layers/cache002.c, the first seed-002
-layer, has the same) exactly, under a fixed mmap threshold (where every block the layer sees is
-mmapped, so its scope rule keeps them all), outgrown rule included (a freed block is not kept
-when its thread's last request >= min_size was larger than its usable size and the thread's
-request before that made it; the layer compares addresses, the simulator blocks):
-every block carries glibc's usable size (`_usable`: mmapped, the mapping less the pointer's
-offset in it; on the heap chunk(s) - 8) and its address's alignment (the traced address's
-lowest set bit); a request takes the most recently cached block of any class whose usable
-size u fits (u >= s and u - s < s + 4096) and, for an aligned request (the row's `alignment`;
-valloc/pvalloc: a page), whose address has that alignment; a freed block is offered to the
-cache by its usable size, if the layer handed it out (requested >= min_size: the layer tracks
-only those), and the smallest usable size is evicted (policies.py); and the layer's bound
-(hl_bound, Seed002Config.peak; None: peak=off): at a miss that maps a block, the smallest kept
-blocks (the oldest of equals, at most 8) go until the usable bytes of the live blocks it tracks
-plus those kept are within the live ones' peak plus `peak` percent; and its proof
-(hl_ghost_hit, Seed002Config.proof; 0: none): a process keeps nothing until `proof` of its misses
-could have been served (by the same fit and alignment) by one of the last 8 blocks it passed on
-that it would have kept. Found: a HIT,
-the program holds b bytes. Else the
-system allocator serves it (a MISS), and the block is s bytes. A free (free, or realloc's old
-block) hands the block (b bytes: the block the request got, known through the row's partner;
-else `freed_size`) to the policy, which caches it (it stays allocated from the system, idle) or
-releases it to the system; caching may release (evict) other cached blocks. When a process's
-last row is done, the process exits: its cache and its live blocks are gone.
-
-HIT RATE = hits / requests (every row that defines a block, all sizes, in the denominator).
-REALLOC (a row that frees a block and defines one) is a request first: served from the cache,
-the old block is copied and freed (offered to the policy) as by a free; not served, the SYSTEM
-reallocates it and the old block never reaches the cache (so does the layer).
-
-BYTES. live = bytes requested by the program and not yet freed (the policy does not change it;
-its peak is `live_peak`, glibc trace_run's "ideal RSS"). idle = bytes of cached blocks.
-footprint = bytes of blocks the program holds (a hit holds b >= s) + idle; `peak_footprint` is
-its peak, to compare with `live_peak`. Every figure is summed over the run's processes at each
-moment. `idle_bytes_mean` is the time-weighted mean of idle over the run, from its first to its
-last row (ns of trace time: idle after a row lasts until the next row of the run).
-
-PAGE FAULTS (the fault model of the system allocator, glibc with its default static threshold):
-- A system allocation of s >= MMAP_THRESHOLD (128 KiB; glibc's dynamic threshold, which rises
-  up to 32 MiB as mmapped blocks are freed, is ignored: set MALLOC_MMAP_THRESHOLD_=131072 to make
-  a real glibc behave so) is a fresh mmap of round_up(chunk(s) + 8, 4096) bytes, chunk(s) =
-  max(32, round_up(s + 8, 16)), and every page of it is faulted in (every block is assumed to
-  be touched whole). Released (freed to the system), it is unmapped: the next one faults again.
-- Smaller blocks come from the heap. Per process, the heap holds chunk(b) for every block below
-  the threshold that the system handed out and did not get back (live blocks and blocks the
-  cache keeps). The heap faults in fresh memory only when it grows past its high-water mark:
-  heap fault bytes = round_up(high-water mark, 4096) (perfect reuse of freed heap memory: no
-  fragmentation, no trimming, so a cache can only make the heap fault MORE, by keeping blocks).
-- fault_bytes = mmap faults + heap faults; `fault_bytes_avoided` = fault_bytes of the `none`
-  policy on the same run - fault_bytes of the policy (negative: the policy costs faults).
-- `max_rss`: the peak of the RSS this model implies (each process's heap high-water mark so far
-  + its mapped blocks), trace_run's "max RSS"; `ideal_rss` = `live_peak`.
-- A system realloc of a block of b bytes to s: both >= the threshold: mremap, which faults only
-  the growth, round_up(chunk(s) + 8) - round_up(chunk(b) + 8) bytes if positive; else the old
-  block is released and the new one allocated by the rules above (on the heap, as if in place).
-Not modelled: arenas, fragmentation, glibc keeping an mmapped block mmapped when realloc shrinks
-it below the threshold, pages a program never touches.
-
-GUIDED (tasks/whatif/policies.py). `predictions`: one value per row, read at rows that free a
-block: a bool, or a tier 0..MAX_TIERS-1 (tasks.whatif.guided.reuse_tiers). `admit` mode keeps a
-block iff its value is > 0. `priority` mode keeps it as lru does, in the list of its tier (a
-list per tier and process, each oldest first); over the budget the oldest block of the lowest
-non-empty tier goes; a block of tier t >= 1 cached more than ttl(t) calls of its process ago
-(ttl_calls, or horizons[-t]) moves to the recent end of tier 0, at its process's calls, before
-the request (tiers 1 upward, oldest first). Serving a request ignores tiers (same class, most
-recently cached first, as every policy).
-
-The `oracle` kind is not simulated here but bounded (tasks/whatif/oracle.py); `simulate` returns
-its row too.
+The rules (the cache, seed002, hit rate, realloc, bytes, the page-fault model, guided tiers):
+docs/whatif.md#the-simulator
 """
 
 from __future__ import annotations
@@ -823,7 +752,7 @@ def simulate(
     workload: str = "",
     run: str = "",
 ) -> dict[str, Any]:
-    """Metrics of one run under one policy (see the module docstring for every rule).
+    """Metrics of one run under one policy (every rule: docs/whatif.md#the-simulator).
 
     `predictions`: the guided policy's keep/drop per row of the input table (bool array)."""
     x = as_input(events, workload, run)

@@ -1,28 +1,11 @@
 """Run a program under an LD_PRELOAD library, and confirm from inside it that it really was.
 
-LD_PRELOAD fails quietly: ld.so skips a library it cannot load with one line on stderr, ignores
-LD_PRELOAD in a setuid program, and has nothing to do in a static one; a parent that clears its
-environment before exec'ing its child runs that child under glibc. Each of those would measure
-glibc under another allocator's name. So every measured run carries the probe
-(native/probe/hc_probe.c, built here): each process image that loads it writes which file
-defines the `malloc` its calls bind to, the allocator knobs as it saw them, the allocator's own
-answer for them (jemalloc's mallctl, tcmalloc's release rate), and the CPU time it used.
-`verify` reads that against what was asked (`PreloadSpec`) and says applied, or not applied and
-why:
+LD_PRELOAD fails quietly, so every measured run carries the probe (native/probe/hc_probe.c,
+built here), and `verify` checks what it wrote against the `PreloadSpec`: applied, or not
+applied and why. Through a replay runner (`probed_request`, then `verify_result`) or on this
+host (`run_preloaded`, for `heapcast tune`).
 
-- the loader refused the library (its line in the log);
-- no process loaded the probe (a static or setuid program, or the environment dropped first);
-- a process ran with AT_SECURE (setuid), or with another malloc than the library's;
-- a knob missing or different in a process, or not in force by the allocator's own answer;
-- one of glibc's knobs set again by the program itself with mallopt, to another value (the
-  probe's `mallopt` lines: TensorFlow's generator dataset fixes the mmap threshold);
-- less than half of the program's CPU time ran in processes that loaded it (a child started
-  with a cleared environment, or a static one, did the work), a process's loading counted as
-  its own (the probe's exit line: `cpu_ns` and `cpu_ns_before`). Programs under MIN_CPU_S of CPU
-  are judged by the other checks alone.
-
-Two ways to run: through a replay runner (`probed_request` for a catalog workload, docker or
-local, then `verify_result`), or directly on this host (`run_preloaded`, for `heapcast tune`).
+The checks: docs/allocators.md#confirming-the-library-was-loaded
 """
 
 from __future__ import annotations

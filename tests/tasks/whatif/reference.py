@@ -6,7 +6,7 @@ and malloc(0)), unpaired frees and failed allocations, addresses reused after fr
 few recurring classes below and above the mmap threshold, times with ties, threads.
 
 `reference(table, policy, predictions)` replays it event by event with dicts and lists,
-written from the rules in tasks/whatif/simulate.py's docstring (seed002: the layer's, native/layers/layer.c,
+written from the simulator's rules (docs/whatif.md#the-simulator) (seed002: the layer's, native/layers/layer.c,
 on usable sizes and addresses), independently of its arrays:
 blocks are paired by ADDRESS here (the simulator uses lifetime_calls), processes are merged by
 sorting (time, process, row) here.
