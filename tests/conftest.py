@@ -100,3 +100,16 @@ def program(tmp_path_factory) -> Callable[..., Path]:
         return built[key]
 
     return build
+
+
+# Folders whose every test runs real programs (the tracer and the layer in real processes, the
+# workloads under their runners): outside the quick tier (`make test-quick`, docs/testing.md).
+REAL_PROGRAM_FOLDERS = ("native", "tasks/replay")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    folders = [tests / f for f in REAL_PROGRAM_FOLDERS]
+    for item in items:
+        if any(item.path.is_relative_to(f) for f in folders):
+            item.add_marker(pytest.mark.slow)

@@ -19,7 +19,7 @@ import pytest
 import heapcast_keras
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.slow]
 
 CHECK = """
 import sys

@@ -14,6 +14,9 @@ import pytest
 
 from tests.tasks.report import scenario as sc
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 HEAPCAST = Path(sys.executable).with_name("heapcast")
 HEAVY = ("prefect", "tensorflow", "pyarrow", "mlflow", "dask", "plotly")
 

@@ -12,6 +12,9 @@ import pytest
 from tasks.format.trace_reader import Op, read_trace
 from tests.conftest import need_tool
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 HEAPCAST = Path(sys.executable).with_name("heapcast")
 
 

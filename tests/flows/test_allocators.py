@@ -36,6 +36,9 @@ from tests.tasks.allocators.programs_build import (
 )
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 TWO = ["glibc", "jemalloc"]
 PNG = b"\x89PNG\r\n\x1a\n"
 

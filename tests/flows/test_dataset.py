@@ -11,6 +11,9 @@ from tasks.dataset.dask_cluster import close_local_cluster
 from tasks.dataset.partitions import RunRef, read_events, read_summary
 from tests.tasks.dataset.test_partitions import make_run
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 def test_flow_converts_new_runs_once_and_on_force(tmp_path, prefect_harness, monkeypatch):
     monkeypatch.setenv("HEAPCAST_DASK_PROCESSES", "0")

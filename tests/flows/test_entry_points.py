@@ -26,6 +26,9 @@ from tasks.nightly.summary import NothingTrained
 from tasks.replay.workloads import TraceParams
 from tasks.whatif.night import WhatifParams
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 FLOWS = ["trace", "dataset", "train", "whatif", "allocators", "nightly"]
 
 # each module's flow callables: none may run on --help or a bad argument

@@ -21,6 +21,9 @@ from tasks.nightly.params import NightlyParams
 from tasks.nightly.summary import ARTIFACT_KEY, NothingTrained
 from tests.flows.flow_harness import TINY_TRAINING, latest_artifact
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def one_dask_worker(monkeypatch):

@@ -22,6 +22,9 @@ from tasks.registry.tracking import tracking_for
 from tests.flows.flow_harness import TINY_TRAINING, latest_artifact
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 CATALOG = Path(__file__).parents[1] / "tasks" / "replay" / "catalogs" / "flow.yaml"
 NAME = "heapcast-next-call"
 # the synthetic events hold one workload: nothing held out of it

@@ -6,8 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tasks.replay.manifest import MANIFEST_NAME
 from tasks.replay.workloads import TraceParams
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 CATALOG = Path(__file__).parents[1] / "tasks" / "replay" / "catalogs" / "flow.yaml"
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flows.train import TrainParams, train_flow
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.train_config import QUICK_CONFIG
 from tasks.registry.tracking import configure, tracking_for
 from tests.flows.flow_harness import TINY_TRAINING_BETA_HELD_OUT
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 
 def test_train_flow_trains_evaluates_registers_and_publishes(prefect_harness, tmp_path):

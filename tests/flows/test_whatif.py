@@ -26,6 +26,9 @@ from tasks.registry.tracking import configure, resolve_target, tracking_for
 from tasks.whatif.night import ARTIFACT_KEY, WhatifParams, registered_ref
 from tests.flows.flow_harness import TINY_TRAINING_BETA_HELD_OUT, latest_artifact
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 GRID = [
     {"kind": "none"},
     {"kind": "seed002", "n": 4},

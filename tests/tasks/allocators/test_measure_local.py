@@ -16,6 +16,9 @@ from tasks.replay.workloads import parse_catalog
 from tests.conftest import in_ci
 from tests.tasks.allocators.programs_build import alloc_mix_workloads, measure_alloc_mix
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def host_allocators(config):

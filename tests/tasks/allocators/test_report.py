@@ -19,6 +19,9 @@ from tasks.format.trace_reader import Op
 from tasks.registry.tracking import TrackingConfig
 from tests.tasks.allocators.tables import events_table, make_measurements, runs_of
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 BASE = [1.00, 1.02, 0.98, 1.01, 0.99]
 FAST = [0.80, 0.81, 0.79, 0.82, 0.80]
 

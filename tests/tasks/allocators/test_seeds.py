@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tasks.allocators.seeds import short_case_names
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 
 def test_cases_lose_the_words_they_all_begin_with_and_keep_the_rest():

@@ -14,6 +14,9 @@ import pytest
 from tasks.allocators.config import Allocator, load_allocators_config
 from tasks.allocators.tune import TuneError, tune
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 # seed 002's case, shortened: (a * b) ** 2 + 3 on 1 M-element arrays (8 MB temporaries, each
 # above glibc's mmap threshold), a few iterations
 NUMPY_002 = [

@@ -18,6 +18,9 @@ import pytest
 from tasks.core.config import PROJECT_DIR
 from tasks.core.quiet import filter_lines, min_level
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 BANNER = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 INFO = b"I0000 00:00:1795451130.196608    6873 port.cc:153] oneDNN custom operations are on.\n"
 CPU = (

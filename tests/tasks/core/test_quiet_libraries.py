@@ -13,7 +13,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tasks.core.config import PROJECT_DIR
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 CHILD = """
 import warnings, logging

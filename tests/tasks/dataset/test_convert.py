@@ -27,6 +27,9 @@ from tests.tracegen import (
     trace_bytes,
 )
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 PROJECT = Path(__file__).resolve().parents[3]
 LIB = PROJECT / "native" / "build" / "libheapcast.so"
 

@@ -20,6 +20,9 @@ from distributed.comm.core import CommClosedError
 from tasks.core.config import PROJECT_DIR
 from tasks.dataset import dask_cluster
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 CHILD = """
 from pathlib import Path
 from tests.tasks.dataset.test_partitions import make_run

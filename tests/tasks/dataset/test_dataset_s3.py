@@ -30,6 +30,9 @@ from tests.localhost import free_port
 from tests.tasks.dataset.test_partitions import good_trace, make_run
 from tests.tracegen import synthetic_records, trace_bytes
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def s3_endpoint():

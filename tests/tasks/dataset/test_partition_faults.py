@@ -32,6 +32,9 @@ from tasks.dataset.partitions import (
 from tests.faults import kill_at_marker, small_tmpfs
 from tests.tracegen import synthetic_records, trace_bytes
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 RUN = RunRef("w", "r1")
 KEY = ["workload", "run", "pid", "thread", "seq"]
 

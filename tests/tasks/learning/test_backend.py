@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.slow]
 
 keras = pytest.importorskip("keras")
 

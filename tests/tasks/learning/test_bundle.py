@@ -27,7 +27,7 @@ from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 PROJECT = Path(__file__).resolve().parents[3]
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

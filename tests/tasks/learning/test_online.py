@@ -16,6 +16,9 @@ from tasks.learning.online import (
 )
 from tasks.learning.sequences import TokenRun
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 N = 64
 
 

@@ -25,6 +25,9 @@ from tasks.learning.train_config import QuestionsConfig
 from tests.tasks.learning.test_labels import _events
 from tests.tasks.learning.test_reuse import _with_callers
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 def _inputs(t: pa.Table):
     maj, life = majority_of([t]), lifetime_majority([t])

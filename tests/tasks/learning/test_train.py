@@ -17,7 +17,7 @@ from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # n
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

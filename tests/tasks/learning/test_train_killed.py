@@ -24,8 +24,8 @@ from tasks.learning.train_config import TrainConfig  # noqa: E402
 from tests.faults import kill_at_marker  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
-# run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = pytest.mark.backends
+# training in killed subprocesses: left out of the quick tier
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,9 @@ class Epochs:
         return _Epochs()
 
 
+# the checkpoint a backend writes is the one it resumes from: under every Keras backend (`make
+# test`: TensorFlow, then JAX); a torn backup (below) is a file-level fact, checked once
+@pytest.mark.backends
 @pytest.mark.parametrize(("epoch", "resumes_at"), [(1, 1), (0, 0)])
 def test_a_training_killed_mid_epoch_resumes_from_its_checkpoint(
     events_root, tmp_path, epoch, resumes_at

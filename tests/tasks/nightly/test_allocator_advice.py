@@ -21,6 +21,9 @@ from tasks.registry.tracking import TrackingConfig
 from tasks.replay.workloads import load_catalog
 from tests.tasks.allocators.tables import make_measurements, runs_of
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 BASE = [1.00, 1.02, 0.98, 1.01, 0.99]
 FAST = [0.80, 0.81, 0.79, 0.82, 0.80]
 OLDER, NEWER = "20261101T020000Z", "20261108T020000Z"

@@ -21,6 +21,9 @@ from tasks.whatif.night import WhatifSummary
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 from tests.tasks.registry.test_headline import three_tables
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 NAME = "heapcast-next-call"
 
 

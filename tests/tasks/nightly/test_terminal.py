@@ -42,6 +42,9 @@ from tasks.whatif.night import AtBudget, WhatifSummary
 from tests.tasks.allocators.tables import make_measurements, written_table
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 NAME = "heapcast-next-call"
 WIDTH = 100
 FIRST_SCREEN = 25
@@ -190,6 +193,14 @@ def full_night(tmp_path_factory) -> NightlySummary:
         {"workload": "redis", "run": "small", "rows": 9_000},
     ]
     seeds = seeds_outcome(root, tmp_path)
+    # Prefect's ephemeral API, whatever an earlier test's harness left in the settings (a night
+    # on a server links its flow run: test_a_night_on_a_prefect_server_links_its_flow_run)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("tasks.nightly.summary.prefect_ui_url", lambda: "")
+        return _summarize(context, trace, converted, outcome, model, seeds, root)
+
+
+def _summarize(context, trace, converted, outcome, model, seeds, root) -> NightlySummary:
     return summarize.fn(
         context,
         [
@@ -204,6 +215,13 @@ def full_night(tmp_path_factory) -> NightlySummary:
         "7",
         heap_reports=heap_reports(root),
     )
+
+
+def test_a_night_on_a_prefect_server_links_its_flow_run(full_night):
+    run = "http://127.0.0.1:4200/runs/flow-run/0b1c"
+    top = first_screen(full_night.model_copy(update={"prefect_ui": run}).terminal())
+    assert "Prefect UI (artifact `nightly-summary`)" in top and run in top
+    assert "services.sh up" not in top
 
 
 def first_screen(text: str) -> str:

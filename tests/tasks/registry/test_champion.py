@@ -17,6 +17,9 @@ from tasks.registry.register import register_outcome, rescore_config
 from tasks.registry.tracking import TrackingConfig
 from tests.tasks.registry.outcome_factory import CONTEXT, make_evaluation, make_outcome, tiny_model
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 NAME = "heapcast-next-call"
 HASH_A = "a" * 64
 HASH_B = "b" * 64

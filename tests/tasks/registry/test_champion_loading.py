@@ -22,7 +22,7 @@ import pytest
 from tests.tasks.registry.outcome_factory import CONTEXT, make_outcome
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.slow]
 
 # Each in a fresh process: loading through pyfunc imports the layers' module.
 PRELUDE = """

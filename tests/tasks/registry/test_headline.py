@@ -26,6 +26,9 @@ from tests.tasks.registry.outcome_factory import (
     tiny_model,
 )
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 NAME = "heapcast-next-call"
 
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from tasks.learning.answers import RunAnswers
 from tasks.registry.answers import answers_path, fetch_answers
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 
 def test_the_evaluations_answers_are_logged_with_the_version_and_read_back(tmp_path):

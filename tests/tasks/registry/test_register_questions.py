@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tasks.learning.labels import REUSE_CLASSES
 from tasks.learning.outcome import OVERALL, QuestionScores
@@ -16,6 +17,9 @@ from tasks.learning.table import MAGIC, ClassTable, TableAgreement
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 
 def _questions() -> tuple[QuestionScores, ...]:

@@ -8,10 +8,15 @@ THEN  stderr holds neither "Registered model ... already exists" nor "Created ve
 
 from __future__ import annotations
 
+import pytest
+
 from tasks.registry import register
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 
 def test_registering_twice_prints_no_mlflow_version_lines(tmp_path, capfd):

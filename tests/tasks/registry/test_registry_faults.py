@@ -30,6 +30,9 @@ from tasks.registry.tracking import TrackingConfig, configure
 from tests.faults import kill_at_marker, run_child
 from tests.tasks.registry.outcome_factory import make_evaluation, make_outcome, tiny_model
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 NAME = "heapcast-next-call"
 HASH = "c0ffee" * 6
 

@@ -20,6 +20,9 @@ from tests.faults import start_child
 from tests.localhost import mlflow_server
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 CHILD_SAME_MODEL = """
     import json
     from pathlib import Path

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tasks.registry.register import (
     TAG_DECISION,
     TAG_LEASE,
@@ -20,6 +22,9 @@ from tasks.registry.register import (
 )
 from tasks.registry.tracking import TrackingConfig, configure
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
+
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
 
 NAME = "heapcast-next-call"
 ELSEWHERE = "build-7.example|0f0e0d0c-boot|4242|987654"  # host|boot id|pid|process start

@@ -37,6 +37,9 @@ from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, resolve_targ
 from tests.localhost import free_port, mlflow_server
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 def _with_table(top1: float, seed: int, keep: float):
     counts = np.ones((32, REUSE_CLASSES))

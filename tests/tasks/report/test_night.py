@@ -40,6 +40,9 @@ from tasks.report.sources import resolve
 from tests.tasks.report import scenario as sc
 from tests.tasks.report.test_page import browse, plots_drawn
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 LEAK_BLOCKS = sum(n for _, n in sc.LEAKS.values())  # 4
 LEAK_BYTES = sum(b for b, _ in sc.LEAKS.values())  # 2440
 

@@ -16,6 +16,9 @@ from tasks.report.summary import make_report
 from tests.tasks.report import scenario as sc
 from tests.tracegen import write_trace
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 def chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -12,6 +12,9 @@ from tasks.whatif.events import COLUMNS, read_events
 from tasks.whatif.night import WhatifParams, replay_run
 from tasks.whatif.policies import GuidedConfig, NoneConfig
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Root:

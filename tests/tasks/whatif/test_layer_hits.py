@@ -31,6 +31,9 @@ from tasks.whatif.layer import STAT_KEYS, build_layer, layer_env, measure_layer
 from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
 from tasks.whatif.simulate import simulate
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 PROJECT = Path(__file__).resolve().parents[3]
 NATIVE = PROJECT / "native"
 

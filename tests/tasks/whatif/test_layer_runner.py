@@ -14,6 +14,9 @@ from tasks.replay.workloads import load_catalog
 from tasks.whatif.layer import ARMS, STAT_KEYS, build_layer, measure_layer_workload
 from tasks.whatif.policies import Seed002Config
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 # kept from the first free (proof=0): the test counts the faults that perl's ~10 reuses save;
 # under the default proof (2) the first reuses are only counted, not served
 EAGER = Seed002Config(proof=0)

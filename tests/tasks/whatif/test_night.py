@@ -43,6 +43,9 @@ from tasks.whatif.policies import (
     Seed002Config,
 )
 
+# trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
+pytestmark = pytest.mark.slow
+
 GRID = [
     NoneConfig(),
     Seed002Config(n=2),
