@@ -692,21 +692,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(pairs: list[str] | None) -> dict:
-    """--set KEY=VALUE pairs (KEY dotted, VALUE read as YAML) as nested training overrides."""
-    # deferred: imported on first use, for start-up time
-    import yaml
+    """--set KEY=VALUE pairs (KEY dotted, VALUE read as YAML) as nested training overrides, read
+    as the stages' `--set` is (flows/command_line.py)."""
+    # deferred: imported on first use, for start-up time (pydantic, yaml)
+    from flows.command_line import key_value, nested
 
-    out: dict = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"heapcast bundle: --set {pair!r}: expected KEY=VALUE, e.g. epochs=2")
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
-    return out
+    try:
+        return nested([key_value(pair) for pair in pairs or []])
+    except argparse.ArgumentTypeError as err:
+        raise SystemExit(f"heapcast bundle: --set: {err}") from None
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:

@@ -24,7 +24,6 @@ its (case, allocator) pair; the rest go on.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import socket
 import subprocess
@@ -50,7 +49,7 @@ from tasks.allocators.config import (
     AllocatorsConfig,
 )
 from tasks.allocators.decide import undecided
-from tasks.core.storage import Root
+from tasks.core.storage import Root, scratch_parent
 from tasks.format.trace_reader import count_traces
 from tasks.replay.inputs import prepare_input_dir
 from tasks.replay.runners.base import EngineError, Runner, RunRequest, RunResult
@@ -329,16 +328,6 @@ def run_logger():
         return get_run_logger()
     except Exception:  # outside a flow or task run
         return logging.getLogger("heapcast.allocators")
-
-
-def scratch_parent(root: Root) -> Path:
-    """Scratch for inputs and run folders: the runners bind them, so a local path."""
-    env = os.environ.get("HEAPCAST_SCRATCH")
-    if env:
-        return Path(env)
-    if root.is_local:
-        return Path(root.join("allocators", ".scratch"))
-    return Path(tempfile.gettempdir())
 
 
 def usage_fields(u: ResourceUsage | None) -> dict[str, Any]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import posixpath
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -66,3 +68,14 @@ class Root:
 
     def events_run(self, workload: str, run: str) -> str:
         return self.join("events", f"workload={workload}", f"run={run}")
+
+
+def scratch_parent(root: Root) -> Path:
+    """Local scratch for a root's inputs, run folders and fetched tables: the runners bind these
+    folders, so a local path even when the root is remote (HEAPCAST_SCRATCH overrides)."""
+    env = os.environ.get("HEAPCAST_SCRATCH")
+    if env:
+        return Path(env)
+    if root.is_local:
+        return Path(root.join("allocators", ".scratch"))
+    return Path(tempfile.gettempdir())

@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.storage import Root
+from tasks.core.storage import Root, scratch_parent
 from tasks.registry.tracking import TrackingConfig, resolve_target, tracking_for
 
 # native/TABLE.md's header (tasks/learning/table.py HEADER, MAGIC; the tests hold them together)
@@ -61,14 +61,8 @@ class NoSuchVersion(LookupError):
 
 
 def table_dir(root: Root) -> Path:
-    """Where fetched tables are kept: tasks.allocators.measure.scratch_parent(root) / "tables"
-    (the same rule, here without that module's imports)."""
-    env = os.environ.get("HEAPCAST_SCRATCH")
-    if env:
-        return Path(env) / "tables"
-    if root.is_local:
-        return Path(root.join("allocators", ".scratch")) / "tables"
-    return Path(tempfile.gettempdir()) / "tables"
+    """Where fetched tables are kept: the root's local scratch, under tables/."""
+    return scratch_parent(root) / "tables"
 
 
 def table_file(dest: Path, version: int) -> Path:
