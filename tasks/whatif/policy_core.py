@@ -1,0 +1,298 @@
+"""The layer's own decisions over a traced run: the policy core (native/policy/core.c) replayed.
+
+`replay(events, policy) -> CoreReplay` lays a run out (tasks.whatif.events.prepare), models the
+usable size glibc gives each request (`glibc_usable`), and hands every array to
+native/build/libheapcast_policy.so in one call (ctypes; the per-event loop is C, none here).
+`LayerPolicy` holds the layer's options that decide (HL_OPTIONS in native/layers/layer.c, the
+same names and defaults), and `LayerPolicy.env()` is the HEAPCAST_LAYER line that runs the real
+layer under the same rules. What a trace cannot tell the replay is named in
+native/policy/replay.c (the clock, threads meeting at locks, stealing from other threads'
+fronts, glibc's heap trimmed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from tasks.core.config import StrictModel
+from tasks.whatif.events import SimInput, prepare
+from tasks.whatif.policies import MMAP_THRESHOLD
+
+NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
+POLICY_RELPATH = Path("build") / "libheapcast_policy.so"
+POLICY_SOURCES = ("policy/replay.c", "policy/core.c", "policy/core.h", "layers/predictor.h")
+PAGE = 4096
+_POLICIES = ("off", "seed002", "seed001", "guided")
+# struct hpc_stats' fields, in order (native/policy/core.h), then what replay.c adds
+STATS = (
+    "hits",
+    "misses",
+    "kept",
+    "bytes_kept_peak",
+    "given_back",
+    "bytes_given_back",
+    "decayed",
+    "outgrown",
+    "heap",
+    "declined",
+    "unproven",
+    "untracked",
+    "bounded",
+    "live_peak",
+    "proof_hits",
+    "regret_hits",
+    "regret_keeps",
+    "bytes_kept_at_exit",
+    "bytes_in_fronts",
+)
+# per-row decision: request | fate << 2
+REQUEST_NAMES = ("none", "hit", "miss")
+FATE_NAMES = ("none", "kept", "unproven", "outgrown", "declined", "untracked", "heap")
+
+
+class LayerPolicy(StrictModel):
+    """The layer's options that decide (native/layers/layer.c HL_OPTIONS; same defaults)."""
+
+    policy: Literal["off", "seed002", "seed001", "guided"] = "seed002"
+    min: int = Field(default=128 * 1024, gt=0)
+    cap: int = Field(default=1 << 30, ge=0)
+    n: int = Field(default=4, ge=0, le=64)
+    decay_ms: int = Field(default=1000, ge=0)
+    topk: int = Field(default=2, ge=1, le=64)
+    horizon: int = Field(default=4, ge=1, le=64)
+    peak: int | None = Field(default=4, ge=0, le=1000)
+    proof: int = Field(default=2, ge=0, le=1 << 20)
+    regret: bool = False
+    # madv: only whether it is 0 matters to the decisions (madv=0: no fronts); None: off
+    madv_ms: int | None = 100
+    scope: Literal["mapped", "all"] = "mapped"
+
+    def env(self, stats: str | None = None) -> str:
+        """HEAPCAST_LAYER for the real layer under these rules."""
+        items = {
+            "policy": self.policy,
+            "min": self.min,
+            "cap": self.cap,
+            "n": self.n,
+            "decay": self.decay_ms,
+            "topk": self.topk,
+            "horizon": self.horizon,
+            "peak": "off" if self.peak is None else self.peak,
+            "proof": self.proof,
+            "regret": int(self.regret),
+            "madv": "off" if self.madv_ms is None else self.madv_ms,
+            "scope": self.scope,
+        }
+        if stats:
+            items["stats"] = stats
+        return ",".join(f"{k}={v}" for k, v in items.items())
+
+
+class _Settings(ctypes.Structure):  # struct hpc_settings
+    _fields_ = [
+        ("policy", ctypes.c_int32),
+        ("n", ctypes.c_int32),
+        ("min", ctypes.c_uint64),
+        ("cap", ctypes.c_uint64),
+        ("decay_ns", ctypes.c_uint64),
+        ("topk", ctypes.c_int32),
+        ("horizon", ctypes.c_int32),
+        ("peak", ctypes.c_int32),
+        ("proof", ctypes.c_int32),
+        ("regret", ctypes.c_int32),
+        ("fronts", ctypes.c_int32),
+        ("class_table", ctypes.c_void_p),
+    ]
+
+
+def _settings(p: LayerPolicy) -> _Settings:
+    return _Settings(
+        policy=_POLICIES.index(p.policy),
+        n=p.n,
+        min=p.min,
+        cap=p.cap,
+        decay_ns=p.decay_ms * 1_000_000,
+        topk=p.topk,
+        horizon=p.horizon,
+        peak=-1 if p.peak is None else p.peak,
+        proof=p.proof,
+        regret=int(p.regret),
+        fronts=int(p.policy in ("seed001", "guided") and p.madv_ms != 0),
+        class_table=None,
+    )
+
+
+class PolicyCoreBuildError(RuntimeError):
+    """The core's library cannot be built; the message names the tool or make's error."""
+
+
+def build_policy_core(native_dir: str | Path | None = None) -> Path:
+    """`make -C native policy` when a source is newer than the library; its path."""
+    native = Path(native_dir or NATIVE_DIR).resolve()
+    lib = native / POLICY_RELPATH
+    try:
+        built = lib.stat().st_mtime_ns
+        if all((native / s).stat().st_mtime_ns <= built for s in POLICY_SOURCES + ("Makefile",)):
+            return lib
+    except FileNotFoundError:
+        pass
+    for tool in ("make", "cc"):
+        if shutil.which(tool) is None:
+            raise PolicyCoreBuildError(f"cannot build the policy core: `{tool}` is not on PATH")
+    proc = subprocess.run(["make", "-C", str(native), "policy"], capture_output=True, text=True)
+    if proc.returncode != 0 or not lib.is_file():
+        raise PolicyCoreBuildError(
+            f"`make -C {native} policy` failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
+    return lib
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    global _LIB
+    if _LIB is None:
+        lib = ctypes.CDLL(str(build_policy_core()))
+        ptr = ctypes.c_void_p
+        lib.hpc_replay.restype = ctypes.c_int64
+        lib.hpc_replay.argtypes = (
+            [ctypes.POINTER(_Settings), ctypes.c_int64]
+            + [ptr] * 9
+            + [ptr, ctypes.c_int32, ptr, ctypes.c_int32, ptr, ctypes.c_uint64]
+            + [ctypes.c_int32, ctypes.c_int32]
+            + [ptr] * 4
+        )
+        lib.hpc_sizes.argtypes = [ptr]
+        lib.hpc_replay_stats.argtypes = [ptr, ctypes.c_int32, ptr]
+        _LIB = lib
+    return _LIB
+
+
+def _sizes() -> tuple[int, int, int, int]:
+    out = np.zeros(4, np.int64)
+    _lib().hpc_sizes(out.ctypes.data)
+    return tuple(int(v) for v in out)  # type: ignore[return-value]
+
+
+def glibc_usable(req: np.ndarray, align: np.ndarray, mmap_threshold: int) -> np.ndarray:
+    """glibc's malloc_usable_size of the block it makes for each request (as
+    tasks/whatif/simulate.py's `_usable`): mapped (>= the threshold), the mapping less the
+    pointer's offset in it (16, or the alignment asked for, whose chunk glibc maps with room to
+    align it); on the heap, the chunk less 8."""
+    req = np.asarray(req, np.int64)
+    align = np.asarray(align, np.int64)
+
+    def chunk(s):
+        return np.maximum((s + 8 + 15) & ~15, 32)
+
+    def pages(x):
+        return (x + PAGE - 1) // PAGE * PAGE
+
+    mapped = np.where(
+        align <= 16,
+        pages(chunk(req) + 8) - 16,
+        pages(chunk(chunk(req) + align + 32) + 8) - align,
+    )
+    return np.where(req < mmap_threshold, chunk(req) - 8, mapped)
+
+
+@dataclass(frozen=True)
+class CoreReplay:
+    """What the core decided over a run: the layer's counters (STATS, summed over processes),
+    and per row of the input table the request's outcome and the free's fate (REQUEST_NAMES,
+    FATE_NAMES codes) and the usable bytes the request got (-1: none)."""
+
+    stats: dict[str, int]
+    request: np.ndarray
+    fate: np.ndarray
+    got_usable: np.ndarray
+
+    @property
+    def passed(self) -> int:
+        """The layer's `passed`: misses and frees left to the next allocator."""
+        s = self.stats
+        return s["misses"] + s["heap"] + s["outgrown"] + s["declined"] + s["unproven"]
+
+
+def replay(
+    events: pa.Table | SimInput,
+    policy: LayerPolicy = LayerPolicy(),
+    *,
+    mmap_threshold: int = MMAP_THRESHOLD,
+) -> CoreReplay:
+    """The layer's decisions (the policy core) over one run's events, in one C call."""
+    x = events if isinstance(events, SimInput) else prepare(events)
+    n = x.n
+    align = x.align_req if x.align_req is not None else np.zeros(n, np.int64)
+    addr = (
+        x.addr_align.astype(np.uint64)
+        if x.addr_align is not None
+        else np.full(n, 16, np.uint64)
+    )
+    thread = x.thread if x.thread is not None else x.proc
+    n_threads = x.n_threads if x.thread is not None else x.n_proc
+    usable = glibc_usable(np.maximum(x.req, 0), align, mmap_threshold)
+    usable = np.where(x.req >= 0, usable, -1).astype(np.int64)
+    cache_size, thread_size, counter_size, _ = _sizes()
+    caches = np.zeros(max(x.n_proc, 1) * cache_size, np.uint8)
+    threads = np.zeros(max(n_threads, 1) * thread_size, np.uint8)
+    counters = (
+        np.zeros(max(n_threads, 1) * counter_size, np.uint8) if policy.policy == "guided" else None
+    )
+    decision = np.zeros(n, np.uint8)
+    got_usable = np.zeros(n, np.int64)
+    row_p = np.zeros(n, np.uint64)
+    row_tracked = np.zeros(n, np.uint8)
+
+    def c64(a, dtype=np.int64):
+        return np.ascontiguousarray(a, dtype)
+
+    arrays = [
+        c64(x.req),
+        c64(x.freed),
+        c64(x.partner),
+        c64(align),
+        c64(addr, np.uint64),
+        c64(usable),
+        c64(x.time),
+        c64(x.proc, np.int32),
+        c64(thread, np.int32),
+    ]
+    s = _settings(policy)
+    _lib().hpc_replay(
+        ctypes.byref(s),
+        n,
+        *[a.ctypes.data for a in arrays],
+        caches.ctypes.data,
+        x.n_proc,
+        threads.ctypes.data,
+        n_threads,
+        counters.ctypes.data if counters is not None else None,
+        mmap_threshold,
+        int(policy.scope == "all"),
+        1,
+        decision.ctypes.data,
+        got_usable.ctypes.data,
+        row_p.ctypes.data,
+        row_tracked.ctypes.data,
+    )
+    out = np.zeros(len(STATS), np.uint64)
+    _lib().hpc_replay_stats(caches.ctypes.data, x.n_proc, out.ctypes.data)
+    # back to the input table's rows
+    request = np.empty(n, np.uint8)
+    fate = np.empty(n, np.uint8)
+    got = np.empty(n, np.int64)
+    request[x.row] = decision & 3
+    fate[x.row] = decision >> 2
+    got[x.row] = got_usable
+    return CoreReplay(dict(zip(STATS, (int(v) for v in out))), request, fate, got)
