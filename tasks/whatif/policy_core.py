@@ -234,11 +234,7 @@ def replay(
     x = events if isinstance(events, SimInput) else prepare(events)
     n = x.n
     align = x.align_req if x.align_req is not None else np.zeros(n, np.int64)
-    addr = (
-        x.addr_align.astype(np.uint64)
-        if x.addr_align is not None
-        else np.full(n, 16, np.uint64)
-    )
+    addr = x.addr_align.astype(np.uint64) if x.addr_align is not None else np.full(n, 16, np.uint64)
     thread = x.thread if x.thread is not None else x.proc
     n_threads = x.n_threads if x.thread is not None else x.n_proc
     usable = glibc_usable(np.maximum(x.req, 0), align, mmap_threshold)

@@ -1,0 +1,201 @@
+"""The policy core (native/policy/core.c) replays heapcast's layer: on one thread, the same
+counters as the real layer's stats line, for every policy it offers.
+
+GIVEN a stream of large calls (malloc, calloc, posix_memalign, realloc, free over a few slots,
+      built with numpy), made for real by layerseq (tests/native/programs/layerseq.c) under the
+      layer (HEAPCAST_LAYER from LayerPolicy.env(), MALLOC_MMAP_THRESHOLD_=131072), and the
+      same stream laid out as events
+WHEN  the core replays the events with the same LayerPolicy (tasks.whatif.policy_core.replay)
+THEN  hits, misses, blocks kept, bytes kept (peak, at exit), blocks given back, outgrown,
+      unproven, bounded, the live peak, the proof's and the regret's counts all equal the
+      layer's. And on a traced real program (bigblocks), the core's hits and blocks kept equal
+      the layer's and, for seed002, today's numba simulator's.
+One thread: with several, the layer's threads meet at its locks in an order a trace does not
+hold (native/policy/replay.c names what the replay cannot know).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks.dataset.convert import convert_trace
+from tasks.format.trace_reader import read_trace
+from tasks.whatif.events import SimInput, prepare
+from tasks.whatif.layer import build_layer, parse_stats
+from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
+from tasks.whatif.policy_core import LayerPolicy, replay
+from tasks.whatif.simulate import simulate
+
+PROJECT = Path(__file__).resolve().parents[3]
+NATIVE = PROJECT / "native"
+COMPARED = (
+    "hits",
+    "misses",
+    "kept",
+    "bytes_kept_peak",
+    "bytes_kept_at_exit",
+    "given_back",
+    "decayed",
+    "outgrown",
+    "unproven",
+    "untracked",
+    "bounded",
+    "live_peak",
+    "proof_hits",
+    "regret_hits",
+    "regret_keeps",
+)
+SIZES = (150_000, 300_000, 310_000, 1_000_000, 2_500_000)
+
+
+@pytest.fixture(scope="module")
+def layer() -> Path:
+    if shutil.which("make") is None or shutil.which("gcc") is None:
+        pytest.fail("the layer tests need gcc and make (apt-get install build-essential)")
+    return build_layer()
+
+
+def _stream(seed: int, n_steps: int, slots: int = 6) -> list[tuple[str, int, int, int]]:
+    """layerseq's steps (op, slot, alignment, size): a slot empty is filled (malloc, calloc,
+    posix_memalign at a page), a full one freed or realloc'ed."""
+    rng = np.random.default_rng(seed)
+    live: set[int] = set()
+    steps = []
+    for _ in range(n_steps):
+        s = int(rng.integers(slots))
+        size = int(rng.choice(SIZES)) + int(rng.integers(0, 4)) * 1000
+        if s in live and rng.random() < 0.7:
+            steps.append(("f", s, 0, 0))
+            live.discard(s)
+        elif s in live:
+            steps.append(("r", s, 0, size))
+        else:
+            op = "a" if rng.random() < 0.1 else "mc"[int(rng.integers(2))]
+            steps.append((op, s, 4096 if op == "a" else 0, size))
+            live.add(s)
+    return steps
+
+
+def _events(steps: list[tuple[str, int, int, int]]) -> SimInput:
+    """The steps as the simulator's input: one process, one thread, time 0 (nothing decays)."""
+    n = len(steps)
+    req = np.full(n, -1, np.int64)
+    freed = np.full(n, -1, np.int64)
+    partner = np.full(n, -1, np.int64)
+    align = np.zeros(n, np.int64)
+    addr = np.full(n, 16, np.int64)  # glibc's mapped blocks: 16 past a page
+    owner: dict[int, int] = {}
+    for i, (op, s, al, size) in enumerate(steps):
+        if op in "fr":
+            partner[i] = owner.pop(s)
+            freed[i] = req[partner[i]]
+        if op != "f":
+            req[i] = size
+            owner[s] = i
+            if op == "a":
+                align[i] = addr[i] = al
+    zero = np.zeros(n, np.int32)
+    return SimInput(
+        proc=zero,
+        n_proc=1,
+        req=req,
+        freed=freed,
+        cls_req=np.zeros(n, np.uint8),
+        cls_free=np.zeros(n, np.uint8),
+        partner=partner,
+        time=np.zeros(n, np.int64),
+        is_last=np.arange(n) == n - 1,
+        row=np.arange(n),
+        align_req=align,
+        addr_align=addr,
+        thread=zero,
+        n_threads=1,
+        time_basis="calls",
+    )
+
+
+def _argv(steps) -> list[str]:
+    return [
+        f"f:{s}" if op == "f" else f"a:{s}:{al}:{size}" if op == "a" else f"{op}:{s}:{size}"
+        for op, s, al, size in steps
+    ]
+
+
+def _layer_stats(argv: list[str], policy: LayerPolicy, layer: Path, tmp: Path) -> dict[str, int]:
+    stats = tmp / "stats"
+    env = dict(os.environ, LD_PRELOAD=str(layer), HEAPCAST_LAYER=policy.env(str(stats)))
+    env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    (line,) = parse_stats(stats.read_text())
+    return line
+
+
+POLICIES = [
+    LayerPolicy(),
+    LayerPolicy(n=2, proof=0),
+    LayerPolicy(policy="seed001"),
+    LayerPolicy(policy="seed001", proof=0, peak=None),
+    LayerPolicy(policy="seed001", madv_ms=None, cap=4 << 20),  # the cap, fronts reserving
+    LayerPolicy(policy="guided"),
+    LayerPolicy(policy="guided", regret=True),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.env())
+@pytest.mark.parametrize("seed", [0, 1])
+def test_core_counters_equal_the_layers(layer, program, tmp_path, policy, seed):
+    steps = _stream(seed, 400)
+    measured = _layer_stats([str(program("layerseq")), *_argv(steps)], policy, layer, tmp_path)
+    core = replay(_events(steps), policy)
+    assert measured["hits"] > 0
+    assert {k: core.stats[k] for k in COMPARED} == {k: measured[k] for k in COMPARED}
+    assert core.passed == measured["passed"]
+
+
+def test_core_decisions_per_row(tmp_path):
+    """GIVEN a loop of malloc and free of one size, proof=2, no bound
+    THEN the first two frees are passed on unproven, the next two requests miss (each giving
+    the proof a step), and from then on every free is kept and every request hits."""
+    steps = [("m", 0, 0, 300_000), ("f", 0, 0, 0)] * 6
+    core = replay(_events(steps), LayerPolicy(peak=None))
+    assert list(core.request[0::2]) == [2, 2, 2, 1, 1, 1]
+    assert list(core.fate[1::2]) == [2, 2, 1, 1, 1, 1]
+    assert core.stats["proof_hits"] == 2 and core.stats["hits"] == 3
+
+
+def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
+    out.mkdir()
+    env = dict(os.environ, LD_PRELOAD=str(tracer), HEAPCAST_OUT=str(out))
+    env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    env.pop("HEAPCAST_LAYER", None)
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    return pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [LayerPolicy(), LayerPolicy(policy="seed001"), LayerPolicy(policy="guided", regret=True)],
+    ids=lambda p: p.policy,
+)
+def test_core_on_a_traced_program_equals_the_layer(layer, program, tmp_path, policy):
+    """GIVEN bigblocks traced (one thread), and run under the layer
+    THEN the core over the trace has the layer's hits, blocks kept and passed calls; for
+    seed002, today's numba simulator has the same hits and blocks kept too."""
+    subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
+    argv = [str(program("bigblocks")), "25", "1", "300000", "1000000", "2500000"]
+    measured = _layer_stats(argv, policy, layer, tmp_path)
+    x = prepare(_traced(argv, NATIVE / "build" / "libheapcast.so", tmp_path / "trace"))
+    core = replay(x, policy)
+    assert measured["hits"] > 0
+    got = (core.stats["hits"], core.stats["kept"], core.passed)
+    assert got == (measured["hits"], measured["kept"], measured["passed"]), (core.stats, measured)
+    if policy.policy == "seed002":
+        sim = simulate(x, Seed002Config(n=policy.n, proof=policy.proof, peak=policy.peak))
+        assert (sim["hits"], sim["cached_frees"]) == (core.stats["hits"], core.stats["kept"])
