@@ -224,6 +224,93 @@ class CoreReplay:
         return s["misses"] + s["heap"] + s["outgrown"] + s["declined"] + s["unproven"]
 
 
+@dataclass(frozen=True)
+class CoreBatch:
+    """A run's events as the C replay takes them (`core_batch`), with the buffers it writes."""
+
+    arrays: tuple[np.ndarray, ...]  # req, freed, partner, align, addr, usable, time, proc, thread
+    n_proc: int
+    n_threads: int
+    settings: _Settings
+    scope_all: int
+    mmap_threshold: int
+    counters: bool  # guided: a counter per thread
+
+    @property
+    def n(self) -> int:
+        return len(self.arrays[0])
+
+
+def core_batch(x: SimInput, policy: LayerPolicy, mmap_threshold: int = MMAP_THRESHOLD) -> CoreBatch:
+    """The replay's input arrays of a prepared run (the usable sizes modelled here, in numpy)."""
+    n = x.n
+    align = x.align_req if x.align_req is not None else np.zeros(n, np.int64)
+    addr = x.addr_align if x.addr_align is not None else np.full(n, 16, np.int64)
+    thread = x.thread if x.thread is not None else x.proc
+    n_threads = x.n_threads if x.thread is not None else x.n_proc
+    usable = glibc_usable(np.maximum(x.req, 0), align, mmap_threshold)
+    usable = np.where(x.req >= 0, usable, -1)
+
+    def c(a, dtype=np.int64):
+        return np.ascontiguousarray(a, dtype)
+
+    arrays = (
+        c(x.req),
+        c(x.freed),
+        c(x.partner),
+        c(align),
+        c(addr, np.uint64),
+        c(usable),
+        c(x.time),
+        c(x.proc, np.int32),
+        c(thread, np.int32),
+    )
+    return CoreBatch(
+        arrays,
+        x.n_proc,
+        n_threads,
+        _settings(policy),
+        int(policy.scope == "all"),
+        mmap_threshold,
+        policy.policy == "guided",
+    )
+
+
+def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
+    """One C call over the whole batch: (the counters, per-row decision, usable bytes got), the
+    rows in simulation order."""
+    cache_size, thread_size, counter_size, _ = _sizes()
+    caches = np.zeros(max(b.n_proc, 1) * cache_size, np.uint8)
+    threads = np.zeros(max(b.n_threads, 1) * thread_size, np.uint8)
+    counters = np.zeros(max(b.n_threads, 1) * counter_size, np.uint8) if b.counters else None
+    n = b.n
+    decision = np.zeros(n, np.uint8)
+    got_usable = np.zeros(n, np.int64)
+    row_p = np.zeros(n, np.uint64)
+    row_tracked = np.zeros(n, np.uint8)
+    lib = _lib()
+    lib.hpc_replay(
+        ctypes.byref(b.settings),
+        n,
+        *[a.ctypes.data for a in b.arrays],
+        caches.ctypes.data,
+        b.n_proc,
+        threads.ctypes.data,
+        b.n_threads,
+        counters.ctypes.data if counters is not None else None,
+        b.mmap_threshold,
+        b.scope_all,
+        1,
+        decision.ctypes.data,
+        got_usable.ctypes.data,
+        row_p.ctypes.data,
+        row_tracked.ctypes.data,
+    )
+    out = np.zeros(len(STATS), np.uint64)
+    lib.hpc_replay_stats(caches.ctypes.data, b.n_proc, out.ctypes.data)
+    return dict(zip(STATS, (int(v) for v in out))), decision, got_usable
+
+
 def replay(
     events: pa.Table | SimInput,
     policy: LayerPolicy = LayerPolicy(),
@@ -232,63 +319,12 @@ def replay(
 ) -> CoreReplay:
     """The layer's decisions (the policy core) over one run's events, in one C call."""
     x = events if isinstance(events, SimInput) else prepare(events)
+    stats, decision, got_usable = run_batch(core_batch(x, policy, mmap_threshold))
     n = x.n
-    align = x.align_req if x.align_req is not None else np.zeros(n, np.int64)
-    addr = x.addr_align.astype(np.uint64) if x.addr_align is not None else np.full(n, 16, np.uint64)
-    thread = x.thread if x.thread is not None else x.proc
-    n_threads = x.n_threads if x.thread is not None else x.n_proc
-    usable = glibc_usable(np.maximum(x.req, 0), align, mmap_threshold)
-    usable = np.where(x.req >= 0, usable, -1).astype(np.int64)
-    cache_size, thread_size, counter_size, _ = _sizes()
-    caches = np.zeros(max(x.n_proc, 1) * cache_size, np.uint8)
-    threads = np.zeros(max(n_threads, 1) * thread_size, np.uint8)
-    counters = (
-        np.zeros(max(n_threads, 1) * counter_size, np.uint8) if policy.policy == "guided" else None
-    )
-    decision = np.zeros(n, np.uint8)
-    got_usable = np.zeros(n, np.int64)
-    row_p = np.zeros(n, np.uint64)
-    row_tracked = np.zeros(n, np.uint8)
-
-    def c64(a, dtype=np.int64):
-        return np.ascontiguousarray(a, dtype)
-
-    arrays = [
-        c64(x.req),
-        c64(x.freed),
-        c64(x.partner),
-        c64(align),
-        c64(addr, np.uint64),
-        c64(usable),
-        c64(x.time),
-        c64(x.proc, np.int32),
-        c64(thread, np.int32),
-    ]
-    s = _settings(policy)
-    _lib().hpc_replay(
-        ctypes.byref(s),
-        n,
-        *[a.ctypes.data for a in arrays],
-        caches.ctypes.data,
-        x.n_proc,
-        threads.ctypes.data,
-        n_threads,
-        counters.ctypes.data if counters is not None else None,
-        mmap_threshold,
-        int(policy.scope == "all"),
-        1,
-        decision.ctypes.data,
-        got_usable.ctypes.data,
-        row_p.ctypes.data,
-        row_tracked.ctypes.data,
-    )
-    out = np.zeros(len(STATS), np.uint64)
-    _lib().hpc_replay_stats(caches.ctypes.data, x.n_proc, out.ctypes.data)
-    # back to the input table's rows
-    request = np.empty(n, np.uint8)
+    request = np.empty(n, np.uint8)  # back to the input table's rows
     fate = np.empty(n, np.uint8)
     got = np.empty(n, np.int64)
     request[x.row] = decision & 3
     fate[x.row] = decision >> 2
     got[x.row] = got_usable
-    return CoreReplay(dict(zip(STATS, (int(v) for v in out))), request, fate, got)
+    return CoreReplay(stats, request, fate, got)

@@ -1,0 +1,128 @@
+"""The policy core's replay speed beside today's numba simulator, on the same events.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_policy_core.py              # 4 M events
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_policy_core.py --events 20000000 --reps 5
+
+Events: one process, one thread, built with numpy (no trace needed): block j is asked for at
+row 2j (a size drawn from a few large ones, one in eight page-aligned, one in eight a realloc of
+the block before) and freed at row 2(j + lag) + 1, the lag drawn from 1..8, so the cache both
+hits and misses. Timed, best of --reps after a warm-up call (numba compiles there, the core's
+library is built and loaded there), per CPU second of this process (both loops are
+single-threaded: per core):
+  - core <policy>: tasks.whatif.policy_core.replay, end to end (the usable-size model in numpy,
+    the C loop, the per-row answers put back in table order) and the C call alone;
+  - numba <policy>: tasks.whatif.simulate.run_kernel, the compiled loop alone (seed002: the same
+    rules; seed001: the simulator's own per-class pools, not the layer's).
+Target (issue 44): the core >= 10 M events/s per core. Writes benchmarks/results/policy_core.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))
+
+import numpy as np  # noqa: E402
+
+from tasks.whatif import policy_core  # noqa: E402
+from tasks.whatif.events import SimInput  # noqa: E402
+from tasks.whatif.policies import Seed001Config, Seed002Config  # noqa: E402
+from tasks.whatif.simulate import run_kernel  # noqa: E402
+
+SIZES = np.array([150_000, 300_000, 310_000, 1_000_000, 2_500_000], np.int64)
+
+
+def synthetic(n_events: int, seed: int = 0, window: int = 8) -> SimInput:
+    """Block j asked for at row 2j, and at row 2j + 1 a block of the window of `window` blocks
+    before freed, the window's blocks in a shuffled order (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    n_blocks = n_events // 2 // window * window
+    n = 2 * n_blocks
+    size = SIZES[rng.integers(0, len(SIZES), n_blocks)] + rng.integers(0, 4, n_blocks) * 1000
+    req = np.full(n, -1, np.int64)
+    req[0::2] = size
+    n_windows = n_blocks // window
+    perm = rng.permuted(np.tile(np.arange(window), (n_windows, 1)), axis=1).reshape(-1)
+    j = np.arange(window, n_blocks)  # the blocks whose row frees one: the window before's
+    freed_block = window * (j // window - 1) + perm[j - window]
+    partner = np.full(n, -1, np.int64)
+    freed = np.full(n, -1, np.int64)
+    partner[2 * j + 1] = 2 * freed_block
+    freed[2 * j + 1] = size[freed_block]
+    align = np.zeros(n, np.int64)
+    align[0::2] = np.where(rng.random(n_blocks) < 0.125, 4096, 0)
+    addr = np.where(align > 0, align, 16)
+    zero = np.zeros(n, np.int32)
+    cls = np.zeros(n, np.uint8)
+    return SimInput(
+        proc=zero,
+        n_proc=1,
+        req=req,
+        freed=freed,
+        cls_req=cls,
+        cls_free=cls,
+        partner=partner,
+        time=np.arange(n, dtype=np.int64) * 1000,
+        is_last=np.arange(n) == n - 1,
+        row=np.arange(n),
+        align_req=align,
+        addr_align=addr,
+        thread=zero,
+        n_threads=1,
+        time_basis="ns",
+    )
+
+
+def best(f, reps: int) -> tuple[float, object]:
+    out = f()  # warm-up: compiles (numba), builds and loads (the core)
+    t = []
+    for _ in range(reps):
+        t0 = time.process_time()
+        out = f()
+        t.append(time.process_time() - t0)
+    return min(t), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=4_000_000)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    x = synthetic(args.events)
+    n = x.n
+    rows = []
+
+    def row(name: str, seconds: float, hits: int) -> None:
+        rows.append({"what": name, "cpu_s": seconds, "events_per_s": n / seconds, "hits": hits})
+        print(f"{name:34s} {seconds:7.3f} s  {n / seconds / 1e6:6.1f} M events/s  hits={hits}")
+
+    for pol in ("seed002", "seed001", "guided"):
+        p = policy_core.LayerPolicy(policy=pol)
+        s, r = best(lambda p=p: policy_core.replay(x, p), args.reps)
+        row(f"core {pol} (replay, end to end)", s, r.stats["hits"])
+        batch = policy_core.core_batch(x, p)
+        s, out = best(lambda batch=batch: policy_core.run_batch(batch), args.reps)
+        row(f"core {pol} (the C call alone)", s, out[0]["hits"])
+    for name, cfg in (("seed002", Seed002Config()), ("seed001", Seed001Config())):
+        s, out = best(lambda cfg=cfg: run_kernel(x, cfg), args.reps)
+        row(f"numba {name} (run_kernel)", s, int(out[0][1]))
+    result = {
+        "events": n,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "rows": rows,
+    }
+    out = PROJECT / "benchmarks" / "results" / "policy_core.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
