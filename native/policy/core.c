@@ -14,7 +14,9 @@ HPC_INLINE void hpc_cache_init(const struct hpc_settings *set, struct hpc_cache 
 
 /* ---- Which kept block serves a request (hl_fits) ---- */
 
-HPC_INLINE int hpc_fits(uint64_t usable, uint64_t n) { return usable >= n && usable - n < n + 4096; }
+HPC_INLINE int hpc_fits(uint64_t usable, uint64_t n) {
+    return usable >= n && usable - n < n + 4096;
+}
 
 /* ---- The shared cache's bookkeeping (cache.c) ---- */
 
@@ -97,8 +99,10 @@ HPC_INLINE int hpc_victim(const struct hpc_settings *set, const struct hpc_cache
  * back until there is; 1 if there is. */
 HPC_INLINE int hpc_make_room(const struct hpc_settings *set, struct hpc_cache *c, uint64_t extra,
                              int slot, struct hpc_out *out) {
-#define HPC_FULL (c->bytes_kept + c->front_bytes + extra > set->cap || (slot && c->nkept >= HPC_MAX_KEPT))
-    while (c->nkept > 0 && out->n < HPC_OUT_MAX && HPC_FULL) hpc_drop(c, hpc_victim(set, c), 0, out);
+#define HPC_FULL                                                                                  \
+    (c->bytes_kept + c->front_bytes + extra > set->cap || (slot && c->nkept >= HPC_MAX_KEPT))
+    while (c->nkept > 0 && out->n < HPC_OUT_MAX && HPC_FULL)
+        hpc_drop(c, hpc_victim(set, c), 0, out);
     return !HPC_FULL;
 #undef HPC_FULL
 }

@@ -8,8 +8,8 @@
  *  - the layer (native/layers/layer.c), inside programs, under its locks (not rewired yet);
  *  - the what-if replay (native/policy/replay.c, built as native/build/libheapcast_policy.so,
  *    tasks/whatif/policy_core.py), over a traced run's events, one call per batch.
- * Both include core.c into their own translation unit (as layer.c includes its parts, layer/), so the
- * compiler inlines the decisions where they are called.
+ * Both include core.c into their own translation unit (as layer.c includes its parts, layer/),
+ * so the compiler inlines the decisions where they are called.
  *
  * The state:
  *  - struct hpc_settings: the layer's options that decide (HL_OPTIONS in layers/layer.c);

@@ -128,9 +128,9 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
                     got_usable[i] = (int64_t)hpc_mremap_usable(row_p[a], (uint64_t)s);
                 }
                 if (rc)
-                    row_tracked[i] = (uint8_t)hpc_track(set, c, t, row_p[i], (uint64_t)got_usable[i],
-                                                        (uint64_t)s, scope_all || mapped, mapped,
-                                                        &out);
+                    row_tracked[i] = (uint8_t)hpc_track(set, c, t, row_p[i],
+                                                        (uint64_t)got_usable[i], (uint64_t)s,
+                                                        scope_all || mapped, mapped, &out);
             }
         } else if (f >= 0 && set->policy != HPC_OFF) {
             fc = hpc_free_row(set, c, t, a, f, req, got_usable, &rows, mmap_threshold, scope_all,
