@@ -34,10 +34,11 @@ lint: setup
 tracer:
 	$(MAKE) -C native
 
+# The maintained speed benchmarks (benchmarks/suite.py), cheapest first, into benchmarks/results/:
+# it prints the list before running. `make bench BENCH="cli online"` runs the ones named;
+# `.venv/bin/python -m benchmarks --list` lists them and the studies without running.
 bench: setup
-	.venv/bin/python benchmarks/bench_tracer.py
-	.venv/bin/python benchmarks/bench_convert.py
-	.venv/bin/python benchmarks/bench_train.py
+	.venv/bin/python -m benchmarks $(BENCH)
 
 clean:
 	$(MAKE) -C native clean

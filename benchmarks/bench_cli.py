@@ -7,15 +7,12 @@ of --runs runs each (wall clock, each a fresh process).
 
 Also the time from starting `heapcast trace` to the traced program running, and what
 `inspect` spends importing (python -X importtime, cumulative ms). Results go to
-benchmarks/results/cli.json.
+benchmarks/results/cli.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import re
 import statistics
 import subprocess
@@ -27,7 +24,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
-RESULTS = PROJECT / "benchmarks" / "results" / "cli.json"
+from benchmarks.harness import write_result  # noqa: E402
+
 PYTHON = Path(sys.executable)
 HEAPCAST = PYTHON.with_name("heapcast")
 
@@ -109,20 +107,18 @@ def main(argv: list[str] | None = None) -> int:
         latency = trace_latency(args.runs, work)
         profile = import_profile([heapcast, "inspect", str(trace)], work)
 
-    out = {
-        "what": "heapcast start-up: wall ms per fresh process, min and median",
-        "command": "python benchmarks/bench_cli.py " + " ".join(argv or sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_at_end": list(os.getloadavg()),
+    out = write_result(
+        "cli",
+        {
+            "what": "heapcast start-up: wall ms per fresh process, min and median",
+            "start_up": results,
+            "trace_until_the_program_runs_ms": latency,
+            "inspect_imports_cumulative_ms": profile,
         },
-        "results": results,
-        "trace_until_the_program_runs_ms": latency,
-        "inspect_imports_cumulative_ms": profile,
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+        reference="`python -c pass`: the interpreter's own start-up, timed in turn with each "
+        "command",
+        argv=argv,
+    )
     width = max(len(k) for k in results)
     print(f"{'':{width}}  {'min ms':>8}  {'median ms':>9}  {'over python':>11}")
     for name, r in results.items():
@@ -136,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print("inspect's imports (cumulative ms):")
     for m, ms in profile.items():
         print(f"  {m:<28} {ms:8.1f}")
+    print(f"wrote {out}")
     return 0
 
 

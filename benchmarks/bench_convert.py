@@ -19,7 +19,7 @@ Reported: events per second (wall, and per CPU-second of the process doing the w
 machine may be shared), bytes per event on disk for the raw trace, the Parquet events, and the
 article's gzip'ed log (and each Parquet column). `--log` also writes the article's format with
 heapcast's own timestamps (calls ~60 ns apart share microseconds: a smaller log than the
-article's tracer keeps) and reports its size. Results go to benchmarks/results/convert.json.
+article's tracer keeps) and reports its size. Results go to benchmarks/results/convert.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -43,6 +42,7 @@ sys.path.insert(0, str(PROJECT))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.harness import write_result  # noqa: E402
 from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 
 OP_NAMES = {int(o): o.name.lower() for o in Op}
@@ -371,12 +371,6 @@ def main() -> None:
         result = {
             "what": "raw trace -> events Parquet (heapcast) vs the article's gzip'ed text log "
             "parsed line by line",
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "load_avg_at_end": os.getloadavg(),
-            },
             "trace": {
                 "file": trace.name,
                 "events": events,
@@ -429,8 +423,13 @@ def main() -> None:
             "vs_line_loop_next_file": steady / ref_rate > 20,
             "parquet_over_article_log": parquet / alog_bpe <= 0.5,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(
+            "convert",
+            result,
+            reference="the article's gzip'ed text log parsed line by line in Python "
+            "(benchmarks/reference/), from the same program's calls",
+            out=args.out,
+        )
         print(
             json.dumps(
                 {

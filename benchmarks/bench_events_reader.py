@@ -9,14 +9,12 @@ thread, seq, token, through a pyarrow dataset of the whole events folder filtere
 allocators' heap features (five columns in record batches) and the dataset's `read_events` of
 one run (every column, the dataset schema). The references below are the code those stages ran
 (as of commit f75ad4a), written here so that the ratio is measured, not remembered. Ratio
-new / reference: 1.0 is the same cost. Results go to benchmarks/results/events_reader.json.
+new / reference: 1.0 is the same cost. Results go to benchmarks/results/events_reader.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.dataset as pads  # noqa: E402
 
+from benchmarks.harness import write_result  # noqa: E402
 from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset import events_reader  # noqa: E402
 from tasks.dataset.partitions import events_dataset_schema, read_events  # noqa: E402
@@ -172,18 +171,13 @@ def main() -> None:
         for u in USES
     }
     print("geometric mean ratio now/before:", geo)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine": platform.node(),
-                "reps": args.reps,
-                "geomean_ratio": geo,
-                "runs": results,
-            },
-            indent=1,
-        )
-        + "\n"
+    write_result(
+        "events_reader",
+        {"reps": args.reps, "geomean_ratio": geo, "runs": results},
+        reference="the readers each stage had before the one reader (as of commit f75ad4a), "
+        "written in this script, on the same runs",
+        out=args.out,
+        roots=(args.root,),
     )
 
 

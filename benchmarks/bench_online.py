@@ -20,7 +20,7 @@ Reported: positions per second of each (wall, best of --repeat, and per CPU-seco
 process: the machine may be shared) and the ratio, top-1/top-5 accuracy, peak RSS. The
 reference is deliberately plain (it re-sorts a context's successors at every position), so
 the ratio measures compiled-vs-obvious, not compiled-vs-the-best-Python.
-Writes benchmarks/results/online.json.
+Writes benchmarks/results/online.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import sys
 import tempfile
@@ -43,6 +42,7 @@ os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-online-numba-")
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.harness import write_result  # noqa: E402
 from tasks.learning.online import (  # noqa: E402
     DEFAULT_ORDERS,
     OnlineCounter,
@@ -159,15 +159,7 @@ def main() -> None:
     compiled_cpu_rate = len(pos) / c_pred
     ref_cpu_rate = head.n_tokens / c_ref
     result = {
-        "benchmark": "online",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "numba": numba.__version__,
-            "numpy": np.__version__,
-        },
+        "versions": {"numba": numba.__version__, "numpy": np.__version__},
         "data": {
             "tokens": run.n_tokens,
             "threads": run.n_threads,
@@ -211,9 +203,13 @@ def main() -> None:
         },
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    write_result(
+        "online",
+        result,
+        reference="the same counter as a plain-Python dict loop (tests/tasks/learning/test_online.py)",
+        out=args.out,
+    )
     if not equal:
         raise SystemExit("the compiled counter differs from the reference")
 

@@ -14,15 +14,13 @@ Each measurement runs in a fresh process (its peak RSS is its own), --repeat tim
 kept: `analyze` (read + reduce + live bytes), `render` (the HTML page), and the whole command
 line (`heapcast report`, imports included), on the events run and on the raw folder. Wall and
 CPU seconds are both kept: on a shared machine the CPU time is the steadier figure. Results go
-to benchmarks/results/report.json.
+to benchmarks/results/report.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -36,7 +34,8 @@ sys.path.insert(0, str(PROJECT))
 
 import numpy as np  # noqa: E402
 
-RESULTS = PROJECT / "benchmarks" / "results" / "report.json"
+from benchmarks.harness import write_result  # noqa: E402
+
 T0_REALTIME = 1_790_000_000_000_000_000
 
 
@@ -219,12 +218,6 @@ def main(argv: list[str] | None = None) -> int:
         assert res_events["peak_bytes"] == res_raw["peak_bytes"]
         result = {
             "what": "heapcast report on a synthetic run: events dataset and raw traces",
-            "command": "python benchmarks/bench_report.py " + " ".join(argv or sys.argv[1:]),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "load_avg_at_end": list(os.getloadavg()),
-            },
             "run": {
                 "events": events,
                 "processes": 3,
@@ -250,9 +243,14 @@ def main(argv: list[str] | None = None) -> int:
             },
             "summary": cli_events["summary"],
         }
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
+        write_result(
+            "report",
+            result,
+            reference="the same run read from its raw traces (converted in-process) beside "
+            "the events dataset",
+            argv=argv,
+        )
     finally:
         if not args.keep and not args.work:
             shutil.rmtree(work, ignore_errors=True)

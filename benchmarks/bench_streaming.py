@@ -20,16 +20,13 @@ Measured, side by side in one process on this machine's CPU (or GPU where Tensor
 - reference: the same model scoring the same B windows in batch form, all `context` positions of
   each window at once (what evaluation does), through one traced graph: positions per second.
 The ratios say what a per-call answer costs against batch scoring. Writes
-benchmarks/results/streaming.json.
+benchmarks/results/streaming.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,6 +36,7 @@ sys.path.insert(0, str(PROJECT))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.harness import write_result  # noqa: E402
 from tasks.core.config import apply_embedded_defaults  # noqa: E402
 
 
@@ -185,13 +183,17 @@ def main() -> int:
         "model": which,
         "context": context,
         "device": device,
-        "machine": platform.machine(),
         "steps": a.steps,
         "stateful_rounds": a.rounds,
-        "load_average": [round(x, 1) for x in os.getloadavg()],
         "rows": rows,
     }
-    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(
+        "streaming",
+        result,
+        reference="the same model scoring the same windows in batch form, all positions at once",
+        out=a.out,
+        roots=(a.root,) if a.root else (),
+    )
     print(f"wrote {a.out}")
     return 0
 

@@ -14,15 +14,13 @@ Mode `heapcast_caller` is heapcast with HEAPCAST_CALLER=1 (`heapcast trace --cal
 records with the return address, plus the module map, FORMAT.md Modules); its cost is given per
 event and as the extra over plain heapcast.
 
-Prints a table and writes benchmarks/results/tracer.json.
+Prints a table and writes benchmarks/results/tracer.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -34,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.harness import write_result  # noqa: E402
 from tasks.format.build import build_tracer  # noqa: E402
 from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 from tasks.replay.inputs import generate_input  # noqa: E402
@@ -267,35 +266,28 @@ def main() -> int:
             f"({'met' if v['wall']['met'] else 'missed'})"
         )
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "cpu": platform.processor() or platform.machine(),
-                    "loadavg_before": load_before,
-                    "loadavg_after": load_after,
-                },
-                "config": {
-                    "reps": args.reps,
-                    "loop_threads": 8,
-                    "loop_iters_per_thread": args.loop_iters,
-                    "sqlite_rows": args.sqlite_rows,
-                    "sqlite_input": f"tasks.replay.inputs sql, seed {SQL_SEED}",
-                    "heaptrack_mode": "heaptrack --raw -o FILE",
-                    "modes": modes,
-                    "order": "rotated per repetition",
-                },
-                "targets_judged_on": "cpu (user+sys); wall given alongside",
-                "results": results,
-                "targets": verdicts,
-                "samples": samples,
+    write_result(
+        "tracer",
+        {
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+            "config": {
+                "reps": args.reps,
+                "loop_threads": 8,
+                "loop_iters_per_thread": args.loop_iters,
+                "sqlite_rows": args.sqlite_rows,
+                "sqlite_input": f"tasks.replay.inputs sql, seed {SQL_SEED}",
+                "heaptrack_mode": "heaptrack --raw -o FILE",
+                "modes": modes,
+                "order": "rotated per repetition",
             },
-            indent=2,
-        )
-        + "\n"
+            "targets_judged_on": "cpu (user+sys); wall given alongside",
+            "results": results,
+            "targets": verdicts,
+            "samples": samples,
+        },
+        reference="the untraced program and heaptrack, each repetition in rotated order",
+        out=args.out,
     )
     print(f"\nwrote {args.out}")
     return 0

@@ -13,7 +13,7 @@ accuracy of the model against the baselines per workload, on runs never seen in 
     .venv/bin/python benchmarks/bench_train.py --root data --config configs/train-quick.yaml
 
 Without an events dataset under the root, a synthetic one is written to a temporary folder
-(and the result says so). Writes benchmarks/results/train.json.
+(and the result says so). Writes benchmarks/results/train.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import numpy as np  # noqa: E402
 
+from benchmarks.harness import write_result  # noqa: E402
 from tasks.core.config import default_root  # noqa: E402
 from tasks.core.storage import Root  # noqa: E402
 from tasks.learning.sequences import concat_runs, load_split  # noqa: E402
@@ -110,11 +110,7 @@ def main() -> int:
     split = load_split(root, cfg.data)
     run = concat_runs(split.train)
     result: dict = {
-        "benchmark": "train",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
+        "placement": {
             "backend": where.backend,
             "device": where.device,
             "precision": where.precision,
@@ -191,8 +187,14 @@ def main() -> int:
 
 
 def _write(path: str, result: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(result, indent=2, default=_jsonable) + "\n")
+    write_result(
+        "train",
+        json.loads(json.dumps(result, default=_jsonable)),
+        reference="the article's windows (one label a sample) on the same tokens, network and "
+        "batch size",
+        out=path,
+        roots=(result["root"],),
+    )
 
 
 def _jsonable(x):

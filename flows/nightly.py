@@ -4,7 +4,7 @@ Composition only. Each stage is a subflow whose final state is kept, so a failin
 stop the night: `dataset` and `train` go on with whatever data there is, and the night fails at
 the end only when no model could be trained. A night whose data is broken (every replay failed)
 trains and registers nothing: the champion is left alone and the summary says why. The summary
-(tasks/nightly/summary.py) is published as the `nightly-summary` markdown artifact. With the
+(tasks/nightly/night_summary.py) is published as the `nightly-summary` markdown artifact. With the
 `allocators` option the `allocators` stage runs last; its failure, like the others', is reported
 in the summary, not raised.
 
@@ -38,8 +38,7 @@ from flows.whatif import whatif_with
 from tasks.allocators import AllocatorsOutcome
 from tasks.allocators.seeds import SeedsOutcome
 from tasks.learning.outcome import TrainResult
-from tasks.nightly.params import NightlyParams
-from tasks.nightly.summary import (
+from tasks.nightly.night_summary import (
     NightlySummary,
     NothingTrained,
     broken_data,
@@ -51,8 +50,9 @@ from tasks.nightly.summary import (
     stage_outcome,
     summarize,
 )
+from tasks.nightly.params import NightlyParams
 from tasks.replay.replays import TraceSummary
-from tasks.report.night import report_night
+from tasks.report.night_reports import report_night
 from tasks.whatif.night import WhatifSummary, whatif_plan
 
 

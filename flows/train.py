@@ -1,6 +1,6 @@
 """Flow `train`: train the next-call model, evaluate it honestly, report its data, register it.
 
-Composition only: the work lives in tasks/learning/train.py, tasks/report/night.py (the heap
+Composition only: the work lives in tasks/learning/train.py, tasks/report/night_reports.py (the heap
 report of the training data, handed to registration as a file) and tasks/registry/register.py.
 
 python -m flows.train                    # configs/train.yaml (or `heapcast train`)
@@ -26,7 +26,7 @@ from tasks.learning.train import evaluate, publish_evaluation, train
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams, load_train_config
 from tasks.registry.register import champion_rescorer, register
 from tasks.registry.tracking import TrackingConfig, tracking_for
-from tasks.report.night import report_training_run
+from tasks.report.night_reports import report_training_run
 
 
 def train_and_register(params: TrainParams, root: Root, tracking: TrackingConfig) -> TrainResult:

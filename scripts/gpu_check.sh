@@ -9,7 +9,7 @@
 # then one call of the device tool, from the repository root:
 #   command: scripts/gpu_check.sh device    carry: [".gpu"]    timeout_s: 480
 # and, with the folder the call's files came back in:
-#   scripts/gpu_check.sh compare DIR                the table of benchmarks/results/gpu_training.md
+#   scripts/gpu_check.sh compare DIR                the table of benchmarks/studies/results/gpu_training.md
 #
 # On the device: the wheels go to /tmp/site, KERAS_BACKEND=jax, and the bundle is trained twice
 # with the project's own code (tasks/learning/bundle.py): at the config's batch size, then at the
@@ -91,7 +91,7 @@ EOF
 }
 
 compare() {
-  .venv/bin/python benchmarks/bench_gpu_training.py "$GPU_DIR/reference" "${1:?give the folder where the device call put its files}"
+  .venv/bin/python benchmarks/studies/bench_gpu_training.py "$GPU_DIR/reference" "${1:?give the folder where the device call put its files}"
 }
 
 case "${1:-}" in

@@ -161,15 +161,13 @@ def test_imports_inside_functions_are_heavy_and_say_why():
 
 def test_the_checks_catch_what_they_are_for(tmp_path: Path):
     """The walkers see a later-stage import and a light import hidden in a function."""
-    src = (
-        "import json\n\ndef f():\n    from tasks.nightly.summary import summarize\n    import os\n"
-    )
+    src = "import json\n\ndef f():\n    from tasks.nightly.night_summary import summarize\n    import os\n"
     p = tmp_path / "m.py"
     p.write_text(src)
     found = [(names, inside) for _n, names, inside in _imports(p, "tasks.whatif.m")]
     assert (["json"], False) in found
-    assert (["tasks.nightly.summary"], True) in found and (["os"], True) in found
-    assert _stage("tasks.nightly.summary") == "nightly"
+    assert (["tasks.nightly.night_summary"], True) in found and (["os"], True) in found
+    assert _stage("tasks.nightly.night_summary") == "nightly"
     grouped = ["def g():", "    # deferred: start-up", "    import mlflow", "", "    import keras"]
     grouped += ["    x = 1", "    import os"]
     assert _said(grouped, 3) and _said(grouped, 5) and not _said(grouped, 7)

@@ -1,6 +1,6 @@
 """The registered model's table for the allocators stage's table-guided layer (`table: model`
 in configs/allocators.yaml): fetched once per measurement from the version's MLflow run
-(tasks.registry.questions.fetch_table) into a local folder that outlives the measurement's
+(tasks.registry.question_artifacts.fetch_table) into a local folder that outlives the measurement's
 runs, and handed to the candidates (AllocatorsConfig.with_model_table). The night names the
 version it registered; the flows on their own name `AllocatorsParams.table_model` (the alias
 `champion` by default).
@@ -44,7 +44,7 @@ def with_model_table(
         return config.with_model_table(table)
     if not config.needs_table:
         return config
-    from tasks.registry.questions import fetch_table  # deferred: MLflow's import is slow
+    from tasks.registry.question_artifacts import fetch_table  # deferred: MLflow's import is slow
 
     log = run_logger()
     try:

@@ -5,7 +5,7 @@ position (tasks.learning.model.predict_positions) and the questions' network's r
 each free (tasks.learning.question_network.soon_of). whatif replays the same runs with the same
 answers: computing them again cost the quick night about 70 s of TensorFlow (6 runs, 2 cores).
 So the evaluation keeps them (`RunAnswers`), the registry logs them with the version
-(tasks/registry/answers.py), and whatif reads them back.
+(tasks/registry/answer_artifacts.py), and whatif reads them back.
 
 An answer is only reused on exactly the calls it was made on: each carries the digest of what
 it answered (`tokens_digest` of the token run for `top`, `rows_digest` of the events rows for

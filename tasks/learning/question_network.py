@@ -66,7 +66,7 @@ QUESTION_CLASSES = {
 # has seen its first answers
 COUNTERS = ("class_online", "site_online")
 # What the network's inputs mean, versioned: a network is answered only with the inputs it was
-# trained on (the registry tags each logged network; tasks/registry/questions.py refuses another).
+# trained on (the registry tags each logged network; tasks/registry/question_artifacts.py refuses another).
 # 1: the reuse counters counted a free only at the next request of its class;
 # 2 (2026-11-26): they count it "later or never" once the last edge has passed without one.
 INPUTS_VERSION = 2

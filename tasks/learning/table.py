@@ -17,7 +17,7 @@ own past), and the evaluation the per-process class counter in its place (`class
 reuse question's online counter). On the full night's champion, at sites training never saw, the
 network keeps 7% of frees and 40% are reused soon, where the class alone says keep: the counter
 there is right on 94.5% of the unseen runs' frees, the class on 92.2%
-(benchmarks/results/table_sites_full.json). A table without site keys (format 2, a trace without
+(benchmarks/studies/results/table_sites_full.json). A table without site keys (format 2, a trace without
 callers) answers by the size class alone (the free's token, the layer's one-token context).
 `TableAgreement.site_coverage` says how many frees a site answered.
 """
@@ -222,7 +222,7 @@ def write_layer_table(path: Path, table: ClassTable, model_version: int) -> Path
 @dataclass(frozen=True)
 class ModelTable:
     """A registered version's layer table, as a file on this host: what the allocators stage's
-    table-guided layer candidate reads (tasks.registry.questions.fetch_table downloads it)."""
+    table-guided layer candidate reads (tasks.registry.question_artifacts.fetch_table downloads it)."""
 
     path: Path
     version: int  # the model version the file was written for (the layer's `model=` check)

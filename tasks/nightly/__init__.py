@@ -1,2 +1,2 @@
 """The nightly's glue: its parameters (`params`, one form for every stage) and what a night did
-(`summary`, published as the `nightly-summary` artifact)."""
+(`night_summary`, published as the `nightly-summary` artifact)."""

@@ -35,7 +35,7 @@ from tasks.dataset.partitions import DatasetParams
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams
 from tasks.registry.tracking import TrackingConfig, tracking_for
 from tasks.replay.workloads import Catalog, TraceParams, load_catalog
-from tasks.report.night import KEEP_NIGHTS
+from tasks.report.night_reports import KEEP_NIGHTS
 
 
 class NightlyParams(StrictModel):
@@ -126,6 +126,6 @@ class NightlyStages:
     train: TrainParams
     context: NightContext
     allocators: AllocatorsParams | None = None  # the `allocators` stage, when the night runs it
-    reports_keep_nights: int = KEEP_NIGHTS  # heap report nights kept (tasks.report.night)
+    reports_keep_nights: int = KEEP_NIGHTS  # heap report nights kept (tasks.report.night_reports)
     seeds: AllocatorsParams | None = None  # the seeds' cases (flows.allocators.measure_seeds)
     whatif_smallest_runs: bool = False  # the quick night: whatif on each workload's smallest run

@@ -8,7 +8,7 @@ is wider than `width`: prose is wrapped, a command is folded with shell continua
 pasteable), a table cell is cut with an ellipsis. The wide tables (every predictor, every policy,
 every allocator) stay in `NightlySummary.markdown()`: the Prefect artifact and the summary file.
 
-Only the rendering lives here; the figures are the summary's (tasks/nightly/summary.py), which
+Only the rendering lives here; the figures are the summary's (tasks/nightly/night_summary.py), which
 imports this module, so NightlySummary is named here for type checking only.
 """
 
@@ -23,7 +23,7 @@ from tasks.nightly.advice import advice_section
 from tasks.report.page import fmt_bytes
 
 if TYPE_CHECKING:
-    from tasks.nightly.summary import NightlySummary
+    from tasks.nightly.night_summary import NightlySummary
 
 ELLIPSIS = "…"
 TABLE_NAMES = {

@@ -27,7 +27,7 @@ tasks/registry/champion.py for the alias.
 Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
 `lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json, and
 report/<workload>-<run>.html (the heap report of the first training run, made by the train flow's
-report step, tasks/report/night.py, and handed in as a file; tag heapcast.report); the plots are
+report step, tasks/report/night_reports.py, and handed in as a file; tag heapcast.report); the plots are
 also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view shows them per run.
 
 `register` (the Prefect task) returns a `RegisteredModel` (tasks.learning.outcome): the version,
@@ -77,8 +77,8 @@ from tasks.learning.train import score_model_on_unseen_runs
 from tasks.learning.train_config import TrainConfig
 from tasks.registry import champion as champion_rules
 from tasks.registry import headline
-from tasks.registry.answers import log_answers
-from tasks.registry.questions import log_questions
+from tasks.registry.answer_artifacts import log_answers
+from tasks.registry.question_artifacts import log_questions
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, configure, store_lock
 
 PREDICTORS = (MODEL, *BASELINES)

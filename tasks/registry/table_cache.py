@@ -177,7 +177,7 @@ def model_table(
             return LocalTable(path, version)
         refused = "" if not path.exists() else f"{path} refused: {refused}"
     # deferred: MLflow's import is slow; only a table not here yet needs it
-    from tasks.registry.questions import fetch_table
+    from tasks.registry.question_artifacts import fetch_table
 
     # the number the alias pointed at, not the alias again: the file must be that version's
     got = fetch_table(tracking, str(version) if version is not None else model, dest)

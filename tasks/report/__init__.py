@@ -12,5 +12,6 @@ the fork/exec tree and threads, and the top callers when the trace recorded them
 
 Open `summary` first (`make_report`: input -> page + text); `sources` resolves and reads the
 input, `analysis` reduces the events to a `HeapReport` (numpy/Arrow only, no loop per event) and
-`page` draws it.
+`page` draws it. `night_reports` writes a night's pages, and the training run's page that
+registration logs.
 """

@@ -194,7 +194,7 @@ class RunReplay:
 class Predictor:
     """The registered version's predictors for the replay: its two Keras networks (the next-call
     model in sequence mode with its context, and the questions' network), each with why it is
-    missing, and the MLflow run whose logged answers (tasks/registry/answers.py) the replay reads
+    missing, and the MLflow run whose logged answers (tasks/registry/answer_artifacts.py) the replay reads
     first. With a `loader` the networks are loaded once, on first need, by whichever replay
     thread needs them first: a night whose every answer was logged never loads them (nor
     TensorFlow)."""
@@ -373,7 +373,7 @@ def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
         predictor.fail(error=f"{type(err).__name__}: {err}"[:500])
     try:
         # deferred: imported on first use (MLflow, TensorFlow), for start-up time
-        from tasks.registry.questions import fetch_question_network
+        from tasks.registry.question_artifacts import fetch_question_network
 
         with tempfile.TemporaryDirectory(prefix="heapcast-questions-") as tmp:
             # the tracking URI load_version used
@@ -508,7 +508,7 @@ def replay_run(
     answers, notes = None, []
     if predictor is not None and predictor.run_id and not params.recompute:
         # deferred: imported on first use (MLflow), for start-up time
-        from tasks.registry.answers import fetch_answers
+        from tasks.registry.answer_artifacts import fetch_answers
 
         answers, why = fetch_answers(predictor.run_id, workload, run)
         if answers is None:

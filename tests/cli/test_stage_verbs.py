@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from cli.main import STAGES, main
-from tasks.nightly.summary import NothingTrained
+from tasks.nightly.night_summary import NothingTrained
 
 # verb -> (the flow callable in flows.<STAGES[verb]>, the name of its parameters' model,
 # what it returns so that the verb exits 0 (None: it raises NothingTrained, exit 1))

@@ -21,8 +21,8 @@ import flows.whatif
 from tasks.allocators import AllocatorsParams
 from tasks.dataset.partitions import ConversionFailed, DatasetParams
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams
+from tasks.nightly.night_summary import NothingTrained
 from tasks.nightly.params import NightlyParams
-from tasks.nightly.summary import NothingTrained
 from tasks.replay.workloads import TraceParams
 from tasks.whatif.night import WhatifParams
 

@@ -17,8 +17,8 @@ import pytest
 from flows.nightly import nightly
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.nightly.night_summary import ARTIFACT_KEY, NothingTrained
 from tasks.nightly.params import NightlyParams
-from tasks.nightly.summary import ARTIFACT_KEY, NothingTrained
 from tests.flows.flow_harness import TINY_TRAINING, latest_artifact
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)

@@ -15,8 +15,8 @@ import pytest
 from flows.nightly import nightly
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.nightly.night_summary import ARTIFACT_KEY, NothingTrained
 from tasks.nightly.params import NightlyParams
-from tasks.nightly.summary import ARTIFACT_KEY, NothingTrained
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import tracking_for
 from tests.flows.flow_harness import TINY_TRAINING, latest_artifact

@@ -16,7 +16,7 @@ from tasks.allocators.measure import read_layer_stats
 from tasks.allocators.seeds import seed_lines
 from tasks.core.config import ConfigError, load_config
 from tasks.core.storage import Root
-from tasks.nightly.summary import NightlySummary
+from tasks.nightly.night_summary import NightlySummary
 from tasks.replay.runners.base import SANDBOX_PATHS, program_env
 from tasks.replay.runners.preload import verify
 from tests.tasks.allocators.programs_build import measure_alloc_mix

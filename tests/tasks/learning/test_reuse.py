@@ -166,7 +166,7 @@ def test_the_nightly_summary_shows_each_question_per_table():
     from tasks.learning.outcome import OVERALL, QuestionScores
     from tasks.learning.reuse import question_lines
     from tasks.learning.table import TableAgreement
-    from tasks.nightly.summary import NightlySummary
+    from tasks.nightly.night_summary import NightlySummary
 
     # GIVEN the reuse and lifetime scores of two tables, and the table's agreement on one
     scores = [
@@ -223,7 +223,7 @@ def test_the_layer_table_counts_each_classes_training_frees_and_answers_them():
 def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
     from tasks.learning.outcome import OVERALL, QuestionScores
     from tasks.learning.reuse import program_lines
-    from tasks.nightly.summary import NightlySummary
+    from tasks.nightly.night_summary import NightlySummary
 
     # GIVEN two programs never trained on: on perl the hedged network leads both metrics; on
     # redis a counter has the better log-loss, and the network ties the best top-1

@@ -15,8 +15,8 @@ import pytest
 from tasks.allocators.config import load_allocators_config
 from tasks.allocators.report import write_outcome
 from tasks.core.storage import Root
+from tasks.nightly.night_summary import summarize
 from tasks.nightly.params import NightContext
-from tasks.nightly.summary import summarize
 from tasks.registry.tracking import TrackingConfig
 from tasks.replay.workloads import load_catalog
 from tests.tasks.allocators.tables import make_measurements, runs_of

@@ -21,8 +21,7 @@ from tasks.allocators.report import write_outcome
 from tasks.allocators.seeds import SeedsOutcome, seed_lines
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel, TrainResult
-from tasks.nightly.params import NightContext
-from tasks.nightly.summary import (
+from tasks.nightly.night_summary import (
     NightlySummary,
     StageOutcome,
     StageReport,
@@ -30,6 +29,7 @@ from tasks.nightly.summary import (
     skipped,
     summarize,
 )
+from tasks.nightly.params import NightContext
 from tasks.nightly.terminal import _fold_command
 from tasks.registry import headline
 from tasks.registry.champion import PromotionDecision, decision_json
@@ -37,7 +37,7 @@ from tasks.registry.register import TAG_DECISION
 from tasks.registry.tracking import TrackingConfig, resolve_target
 from tasks.replay.replays import ReplayOutcome, TraceSummary
 from tasks.replay.workloads import load_catalog
-from tasks.report.night import NightReports, RunReport
+from tasks.report.night_reports import NightReports, RunReport
 from tasks.whatif.night import AtBudget, WhatifSummary
 from tests.tasks.allocators.tables import make_measurements, written_table
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
@@ -196,7 +196,7 @@ def full_night(tmp_path_factory) -> NightlySummary:
     # Prefect's ephemeral API, whatever an earlier test's harness left in the settings (a night
     # on a server links its flow run: test_a_night_on_a_prefect_server_links_its_flow_run)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("tasks.nightly.summary.prefect_ui_url", lambda: "")
+        mp.setattr("tasks.nightly.night_summary.prefect_ui_url", lambda: "")
         return _summarize(context, trace, converted, outcome, model, seeds, root)
 
 

@@ -26,7 +26,7 @@ from tasks.registry.register import (
     register_outcome,
 )
 from tasks.registry.tracking import TrackingConfig, configure, load_tracking_config, resolve_target
-from tasks.report.night import training_report
+from tasks.report.night_reports import training_report
 from tests.tasks.registry.outcome_factory import (
     CONTEXT,
     make_outcome,

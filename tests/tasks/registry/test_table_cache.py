@@ -120,7 +120,7 @@ def test_an_explicit_version_here_asks_no_store(store, scratch, monkeypatch):
         raise AssertionError("the store was asked")
 
     monkeypatch.setattr(table_cache, "alias_version", no_store)
-    monkeypatch.setattr("tasks.registry.questions.fetch_table", no_store)
+    monkeypatch.setattr("tasks.registry.question_artifacts.fetch_table", no_store)
     monkeypatch.setattr(table_cache, "resolve_target", no_store)
     got = model_table(root, "2", tracking)
     assert (got.path, got.version) == (scratch / "v2.hcltab", 2)
@@ -181,7 +181,7 @@ def test_no_registered_version_is_none_without_mlflow(store, scratch, tmp_path, 
     def no_mlflow(*args):
         raise AssertionError("MLflow was asked")
 
-    monkeypatch.setattr("tasks.registry.questions.fetch_table", no_mlflow)
+    monkeypatch.setattr("tasks.registry.question_artifacts.fetch_table", no_mlflow)
     # a root with no store, and a store with no such alias
     assert model_table(Root.from_url(str(tmp_path / "empty")), "champion") is None
     assert model_table(root, "nightly") is None
@@ -248,7 +248,7 @@ def test_a_tracking_server_answers_the_alias_over_rest(store, scratch, monkeypat
         def no_mlflow(*args):
             raise AssertionError("MLflow was asked")
 
-        monkeypatch.setattr("tasks.registry.questions.fetch_table", no_mlflow)
+        monkeypatch.setattr("tasks.registry.question_artifacts.fetch_table", no_mlflow)
         got = model_table(root, "champion", remote)
         assert (got.path, got.version) == (local.path, 2)
     _point(tracking, 1)

@@ -14,8 +14,8 @@ from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.outcome import RegisteredModel
 from tasks.nightly.params import NightlyParams
-from tasks.nightly.summary import StageOutcome, skipped
-from tasks.nightly.summary import summarize as summarize_night
+from tasks.nightly.night_summary import StageOutcome, skipped
+from tasks.nightly.night_summary import summarize as summarize_night
 from tasks.registry.tracking import configure, resolve_target, tracking_for
 from tasks.report.page import fmt_bytes
 from tasks.whatif.night import (

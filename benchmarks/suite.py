@@ -1,0 +1,143 @@
+"""The benchmarks, listed once: the maintained speed benchmarks `make bench` runs, and the studies.
+
+A speed benchmark measures heapcast beside a reference in one run, costs a few minutes on two
+cores, and needs no GPU and no container image; `python -m benchmarks` runs every one into
+benchmarks/results/ (the file named here, nothing else lives there). A study answered a question
+once, on a full night's data, in containers or on a GPU: its script and result live under
+benchmarks/studies/ with the command that produced it (benchmarks/studies/README.md); the studies
+whose scripts stay in benchmarks/ are listed here with the same line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from benchmarks.harness import REPO
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One maintained speed benchmark: the script, its arguments, the file it writes."""
+
+    name: str
+    script: str  # relative to the repository
+    args: tuple[str, ...] = ()
+    result: str = ""  # under benchmarks/results/; default <name>.json
+    minutes: float = 1.0  # about, on the shared 2-core machine
+    needs: tuple[str, ...] = field(default=())  # paths under the repository it cannot run without
+    # What is measured beside heapcast, for a script that writes its own JSON shape (the runner
+    # wraps it with harness.adopt); a script on the harness names its reference itself.
+    reference: str = ""
+
+    @property
+    def result_file(self) -> str:
+        return self.result or f"{self.name}.json"
+
+    def command(self) -> list[str]:
+        return ["python", self.script, *self.args]
+
+    def missing(self) -> list[str]:
+        return [n for n in self.needs if not (REPO / n).exists()]
+
+
+@dataclass(frozen=True)
+class Study:
+    """A one-off study: its script and where its result lives, with the command that made it."""
+
+    name: str
+    script: str
+    why: str  # why it is not a maintained speed benchmark
+
+
+# Cheapest first. The ones with a `reference` write their own JSON shape; the runner wraps it
+# (harness.adopt), so every file under benchmarks/results/ has the one shape.
+SPEED: tuple[Benchmark, ...] = (
+    Benchmark("cli", "benchmarks/bench_cli.py", minutes=1),
+    Benchmark("online", "benchmarks/bench_online.py", minutes=1.5),
+    Benchmark(
+        "policy_core",
+        "benchmarks/bench_policy_core.py",
+        minutes=1,
+        reference="the numba simulator (tasks.whatif.simulate.run_kernel) on the same events",
+    ),
+    Benchmark("tracer", "benchmarks/bench_tracer.py", minutes=3),
+    Benchmark("report", "benchmarks/bench_report.py", minutes=3),
+    Benchmark("convert", "benchmarks/bench_convert.py", minutes=3),
+    Benchmark("streaming", "benchmarks/bench_streaming.py", minutes=2),
+    Benchmark(
+        "layer",
+        "benchmarks/bench_layer.py",
+        minutes=3,
+        reference="glibc (no preload) and tcmalloc, rounds alternating",
+    ),
+    Benchmark(
+        "tune",
+        "benchmarks/bench_tune.py",
+        minutes=2,
+        reference="the program's own wall time under glibc, in the same run",
+    ),
+    Benchmark(  # without events under data/, on a synthetic run
+        "whatif",
+        "benchmarks/bench_whatif.py",
+        args=("--root", "data"),
+        minutes=3,
+        reference="the real seed-002 layer's page faults beside the simulator's",
+    ),
+    Benchmark(  # not a speed: the replay's counters against the layer's, cheap and kept up
+        "whatif_threads",
+        "benchmarks/bench_whatif_threads.py",
+        minutes=1,
+        reference="the real layer's counters from the same multi-threaded run",
+    ),
+    Benchmark("train", "benchmarks/bench_train.py", args=("--root", "data"), minutes=4),
+    Benchmark(
+        "events_reader",
+        "benchmarks/bench_events_reader.py",
+        args=("--root", "data"),
+        minutes=2,
+        needs=("data/events",),
+    ),
+    Benchmark(
+        "layer_table",
+        "benchmarks/bench_layer_table.py",
+        args=("--root", "data"),
+        minutes=2,
+        needs=("data/events",),
+        reference="the online counter's question (predictor.h hcp_soon) it replaces",
+    ),
+)
+
+STUDIES: tuple[Study, ...] = (
+    Study("allocators", "benchmarks/studies/bench_allocators.py", "containers, 20+ minutes"),
+    Study("crossfit", "benchmarks/studies/bench_crossfit.py", "a full night's data"),
+    Study("fault_drill", "benchmarks/studies/fault_drill.py", "a drill, not a speed; as root"),
+    Study("gpu_training", "benchmarks/studies/bench_gpu_training.py", "a GPU"),
+    Study("lifetime_table", "benchmarks/studies/bench_lifetime_table.py", "a registered model"),
+    Study("model_variants", "benchmarks/studies/bench_model_variants.py", "trains every variant"),
+    Study("questions", "benchmarks/studies/bench_questions.py", "a full night's data"),
+    Study("reuse_threads", "benchmarks/studies/bench_reuse_threads.py", "a full night's data"),
+    Study("table_bound", "benchmarks/studies/bench_table_bound.py", "a registered model"),
+    Study("table_context", "benchmarks/studies/bench_table_context.py", "a trained network"),
+    Study("table_sites", "benchmarks/studies/bench_table_sites.py", "a registered model"),
+    Study("layer_seeds", "benchmarks/bench_layer_seeds.py", "containers"),
+    Study("whatif_answers", "benchmarks/bench_whatif_answers.py", "a registered champion"),
+    Study("whatif_causal", "benchmarks/bench_whatif_causal.py", "a registered champion"),
+    Study("whatif_guided", "benchmarks/bench_whatif_guided.py", "ratios, no timing"),
+    Study("whatif_layer", "benchmarks/bench_whatif_layer.py", "containers"),
+    Study("whatif_model", "benchmarks/bench_whatif_model.py", "a night's whatif table"),
+)
+
+
+def by_name(names: list[str]) -> list[Benchmark]:
+    """The speed benchmarks named (all when none), in the suite's order; an unknown name fails
+    with the list of known ones."""
+    known = {b.name: b for b in SPEED}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        studies = {s.name for s in STUDIES}
+        hint = [f"{n} is a study (benchmarks/studies/README.md)" for n in unknown if n in studies]
+        raise SystemExit(
+            f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(known)}"
+            + ("; " + "; ".join(hint) if hint else "")
+        )
+    return [b for b in SPEED if not names or b.name in names]
