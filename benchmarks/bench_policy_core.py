@@ -1,4 +1,4 @@
-"""The policy core's replay speed beside today's numba simulator, on the same events.
+"""The policy core's replay speed, alone and as the what-if simulator's row, on the same events.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_policy_core.py              # 4 M events
     PYTHONPATH=. .venv/bin/python benchmarks/bench_policy_core.py --events 20000000 --reps 5
@@ -11,8 +11,8 @@ library is built and loaded there), per CPU second of this process (both loops a
 single-threaded: per core):
   - core <policy>: tasks.whatif.policy_core.replay, end to end (the usable-size model in numpy,
     the C loop, the per-row answers put back in table order) and the C call alone;
-  - numba <policy>: tasks.whatif.simulate.run_kernel, the compiled loop alone (seed002: the same
-    rules; seed001: the simulator's own per-class pools, not the layer's).
+  - simulate <policy>: tasks.whatif.simulate.layer_metrics, the simulator's row of a policy the
+    layer runs (the core, then its figures in numpy): the simulator has no other copy.
 Target (issue 44): the core >= 10 M events/s per core. Writes benchmarks/results/policy_core.json.
 """
 
@@ -32,8 +32,8 @@ import numpy as np  # noqa: E402
 
 from tasks.whatif import policy_core  # noqa: E402
 from tasks.whatif.events import SimInput  # noqa: E402
-from tasks.whatif.policies import Seed001Config, Seed002Config  # noqa: E402
-from tasks.whatif.simulate import run_kernel  # noqa: E402
+from tasks.whatif.policies import LayerGuidedConfig, Seed001Config, Seed002Config  # noqa: E402
+from tasks.whatif.simulate import layer_metrics  # noqa: E402
 
 SIZES = np.array([150_000, 300_000, 310_000, 1_000_000, 2_500_000], np.int64)
 
@@ -109,9 +109,13 @@ def main() -> None:
         batch = policy_core.core_batch(x, p)
         s, out = best(lambda batch=batch: policy_core.run_batch(batch), args.reps)
         row(f"core {pol} (the C call alone)", s, out[0]["hits"])
-    for name, cfg in (("seed002", Seed002Config()), ("seed001", Seed001Config())):
-        s, out = best(lambda cfg=cfg: run_kernel(x, cfg), args.reps)
-        row(f"numba {name} (run_kernel)", s, int(out[0][1]))
+    for name, cfg in (
+        ("seed002", Seed002Config()),
+        ("seed001", Seed001Config()),
+        ("guided", LayerGuidedConfig()),
+    ):
+        s, out = best(lambda cfg=cfg: layer_metrics(x, cfg), args.reps)
+        row(f"simulate {name} (layer_metrics)", s, out[1]["hits"])
     result = {
         "events": n,
         "machine": platform.machine(),

@@ -7,11 +7,12 @@ fed by:
     whatif stage's default since it went honest: tasks.whatif.guided.keep_at_free);
   - `model_optimistic`, `online_optimistic`: the old default, the top-5 of the 16 calls after
     the free (predictions a live cache has only later);
-  - `layer_online`: the layer's own rule (tasks.whatif.guided.layer_rule_keep);
   - `thread_future_optimistic`: the freeing thread's true next 16 calls (the old `labels`).
 Each against the best heuristic (seed002, seed001, lru, any config) with no more idle bytes
 (time-weighted mean): runs where guided beats it, and the mean hit-rate difference. Also how
-often the model beats the thread-future reference (why it is no upper bound).
+often the model beats the thread-future reference (why it is no upper bound). The layer's own
+guided policy is no predictor of this lru-shaped cache: it is the `layer_guided` policy, which the
+simulator runs through the policy core (tasks/whatif/policy_core.py).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_whatif_causal.py --root data
 
@@ -40,7 +41,6 @@ from tasks.learning.sequences import eval_positions, read_run  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
 from tasks.whatif.guided import (  # noqa: E402
     keep_at_free,
-    layer_rule_keep,
     next_call_top,
     predictions_from_topk,
     reuse_labels,
@@ -67,7 +67,6 @@ PREDICTORS = (
     "model_optimistic",
     "online",
     "online_optimistic",
-    "layer_online",
     "thread_future_optimistic",
 )
 
@@ -89,10 +88,7 @@ def replay(root: Root, ref, predictor) -> pd.DataFrame:
             tops["model"] = predict_positions(
                 predictor.model, run, predictor.context, predictor.batch_size
             ).top
-        preds = {
-            "layer_online": layer_rule_keep(table),
-            "thread_future_optimistic": reuse_labels(table, horizon=GUIDED_HORIZON),
-        }
+        preds = {"thread_future_optimistic": reuse_labels(table, horizon=GUIDED_HORIZON)}
         for name, top in tops.items():
             per_row = _top_per_row(table, run, top)
             preds[name] = keep_at_free(table, next_call_top(table, per_row))

@@ -19,11 +19,16 @@
  * not served, the next allocator reallocates it (it leaves the live bytes, nothing is kept).
  * What a trace cannot tell the replay (named once, here): the layer's clock is its own (the
  * traced times are the tracer's), the interleaving of threads at the layer's locks, another
- * thread's front taken at a miss (hl_steal), and glibc's heap trimmed (hl_trimmed): a block is
- * in scope iff it is mapped, i.e. asked for >= mmap_threshold (a static threshold), or scope=all.
+ * thread's front taken at a miss (hl_steal), a thread's exit (hl_thread_exit hands its front to
+ * the shared cache; a trace records no exit, so here a front stays until its process ends), and
+ * glibc's heap trimmed (hl_trimmed): a block is in scope iff it is mapped, i.e. asked for >=
+ * mmap_threshold (a static threshold), or scope=all. benchmarks/bench_whatif_threads.py measures
+ * what they change on multi-threaded runs.
  *
  * Per row out: decision[i] = request (0: not asked, 1: hit, 2: miss) | free fate << 2 (enum
- * hpc_fate; 0: not asked); got_usable[i]: usable bytes of the block the request got (-1: none).
+ * hpc_fate; 0: not asked); got_usable[i]: usable bytes of the block the request got (-1: none);
+ * kept_bytes[i] (NULL: not written): usable bytes the row's process keeps after the row (its
+ * shared cache and its threads' fronts), the simulator's idle bytes.
  * The counters are the caches' (struct hpc_stats; hpc_replay_stats sums them).
  */
 #include "core.c"
@@ -83,7 +88,8 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
                               int32_t n_proc, struct hpc_thread *threads, int32_t n_threads,
                               struct hcp_counter *counters, uint64_t mmap_threshold,
                               int32_t scope_all, int32_t start, uint8_t *decision,
-                              int64_t *got_usable, uintptr_t *row_p, uint8_t *row_tracked) {
+                              int64_t *got_usable, uintptr_t *row_p, uint8_t *row_tracked,
+                              int64_t *kept_bytes) {
     if (start) {
         for (int32_t i = 0; i < n_proc; i++) hpc_cache_init(set, &caches[i]);
         for (int32_t i = 0; i < n_threads; i++) {
@@ -137,6 +143,7 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
                               now, &out);
         }
         decision[i] = (uint8_t)(rc | fc << 2);
+        if (kept_bytes) kept_bytes[i] = (int64_t)(c->bytes_kept + c->fronted);
     }
     return n;
 }

@@ -2,7 +2,8 @@
 
 Replays a run's events, per process in call order, through allocator cache policies with a
 compiled simulator, and measures the real seed-002 layer. Modules: policies.py (the configs),
-events.py (a run laid out), simulate.py (the simulator), oracle.py (the hit-rate bound),
+events.py (a run laid out), simulate.py (the simulator), policy_core.py (the layer's own
+decisions, which the simulator runs for every policy the layer offers), oracle.py (the bound),
 guided.py (prediction arrays), sweep.py (the grid, the Pareto plot), night.py (the `whatif`
 flow's tasks), layer.py (the real layer measured).
 

@@ -2,7 +2,9 @@
 
 What the `whatif` flow (flows/whatif.py) composes: `resolve_model`, `model_ref`,
 `load_predictor`, `replay_run` (once per run, guided configs once per predictor), `write_table`,
-`summarize`, `log_to_mlflow`, `publish`.
+`summarize`, `log_to_mlflow`, `publish`. The policies heapcast's layer runs (seed002, seed001,
+layer_guided: its online counter, its regret, and the version's class table where it logged one)
+are the layer's own decisions, the policy core's (tasks/whatif/policy_core.py).
 
 The steps, the predictors (causal and `_optimistic`), the table, the representative config and
 the MLflow names: docs/whatif.md#the-flow
@@ -39,22 +41,29 @@ from tasks.learning.online import OnlineCounter
 from tasks.learning.outcome import RegisteredModel
 from tasks.learning.sequences import eval_positions, head_rows, token_run
 from tasks.learning.sites import NO_CALL_SITES, has_call_sites
-from tasks.learning.table import keep_soon
+from tasks.learning.table import CLASS_BYTES, HEADER, keep_soon, read_table_file
 from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
 from tasks.registry.headline import whatif_metrics as headline_metrics
+from tasks.registry.question_artifacts import TABLE_ARTIFACT, TABLE_FILE
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target, tracking_for
 from tasks.whatif.events import prepare, read_events
 from tasks.whatif.guided import (
     align_token_run,
     keep_at_free,
-    layer_rule_keep,
     next_call_top,
     predictions_from_topk,
     reuse_labels,
 )
-from tasks.whatif.policies import GuidedConfig, OracleConfig, PolicyConfig, _Policy
+from tasks.whatif.policies import (
+    GuidedConfig,
+    LayerGuidedConfig,
+    OracleConfig,
+    PolicyConfig,
+    _Policy,
+)
+from tasks.whatif.policy_core import class_scores_of
 from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_plot, sweep_run
 
 ARTIFACT_KEY = "whatif"
@@ -62,7 +71,7 @@ ALL = "all"  # the workload slice that pools every run
 THREAD_FUTURE = f"thread_future{OPTIMISTIC}"  # the true next calls of the freeing thread
 # questions: the allocator questions' own network (tasks/learning/question_network.py), logged
 # with the version; it answers the reuse question at the free itself (causal at every horizon)
-PREDICTORS = ("model", "questions", "online", "layer_online", THREAD_FUTURE)
+PREDICTORS = ("model", "questions", "online", THREAD_FUTURE)
 QUESTIONS_COLUMNS = ("lifetime_ns", "caller_module", "caller_offset")  # its inputs beyond COLUMNS
 BELADY = f"belady{OPTIMISTIC}"  # clairvoyant: keeps by the next request of each class
 CAUSAL_HORIZON = 1  # the prediction made at the free, for the next call: what a live cache has
@@ -71,19 +80,21 @@ POLICY_ORDER = (
     "none",
     "seed002",
     "seed001",
+    "layer_guided",
+    "layer_guided_regret",
+    "layer_guided_table",
+    "layer_guided_table_regret",
     "lru",
     "best_heuristic",
     "guided_model",
     "guided_questions",
     "guided_online",
-    "guided_layer_online",
     f"guided_model{OPTIMISTIC}",
     f"guided_online{OPTIMISTIC}",
     f"guided_{THREAD_FUTURE}",
     "guided_admit_model",
     "guided_admit_questions",
     "guided_admit_online",
-    "guided_admit_layer_online",
     f"guided_admit_model{OPTIMISTIC}",
     f"guided_admit_online{OPTIMISTIC}",
     f"guided_admit_{THREAD_FUTURE}",
@@ -210,12 +221,30 @@ class Predictor:
         *,
         run_id: str = "",
         loader: Callable[[Predictor], None] | None = None,
+        class_scores: np.ndarray | None = None,
     ) -> None:
         self._model, self.context, self.batch_size, self._error = model, context, batch_size, error
         self._questions, self._questions_error = questions, questions_error
         self.run_id = run_id  # where the evaluation's answers are logged ("": none to read)
         self._loader = loader
         self._lock = threading.Lock()
+        # the layer table's class scores the version logged (layer_guided with table=true)
+        self._scores: tuple[np.ndarray | None, str | None] | None = (
+            None if class_scores is None else (class_scores_of(class_scores), None)
+        )
+        self._scores_lock = threading.Lock()
+
+    def class_scores(self) -> tuple[np.ndarray | None, str | None]:
+        """The class scores of the layer table the version logged, fetched once on first
+        need; or None and why there are none (a version without a table, no run)."""
+        with self._scores_lock:
+            if self._scores is None:
+                self._scores = (
+                    _fetch_class_scores(self.run_id)
+                    if self.run_id
+                    else (None, "no MLflow run to read the layer's table from")
+                )
+            return self._scores
 
     def _load(self) -> None:
         with self._lock:
@@ -266,6 +295,8 @@ class AtBudget(StrictModel):
     # guided_questions: the questions' network; None when the version logged none
     questions_hit_rate: float | None = None
     oracle_hit_rate: float | None = None
+    # the layer's own guided policy (its online counter; the policy core's decisions)
+    layer_guided_hit_rate: float | None = None
 
 
 class WhatifSummary(StrictModel):
@@ -382,6 +413,24 @@ def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
         predictor.fail(questions_error=f"{type(err).__name__}: {err}"[:300])
 
 
+def _fetch_class_scores(run_id: str) -> tuple[np.ndarray | None, str | None]:
+    """The class scores of the layer table a version's run logged (`table/heapcast.hcltab`,
+    tasks/registry/question_artifacts.py), checked as the layer checks it; or None and why."""
+    try:
+        # deferred: imported on first use (MLflow), for start-up time
+        import mlflow
+
+        with tempfile.TemporaryDirectory(prefix="heapcast-table-") as tmp:
+            path = mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=f"{TABLE_ARTIFACT}/{TABLE_FILE}", dst_path=tmp
+            )
+            read_table_file(Path(path))  # refuses a file the layer would refuse
+            data = Path(path).read_bytes()[HEADER.size : HEADER.size + CLASS_BYTES]
+        return class_scores_of(data), None
+    except Exception as err:  # noqa: BLE001 - an older version logged none: said, not fatal
+        return None, f"no layer table for layer_guided_table: {type(err).__name__}: {err}"[:300]
+
+
 # ----------------------------------------------------------------------------- one run
 
 
@@ -450,7 +499,6 @@ def predictions_for(
         else:
             notes.append(f"no `questions` predictor: {predictor.questions_error}")
     keep("online", OnlineCounter().predict(token_run, pos).top)
-    out["layer_online"] = layer_rule_keep(table)  # causal at every horizon: the layer's own rule
     out[THREAD_FUTURE] = reuse_labels(table, horizon=GUIDED_HORIZON)
     return out, notes
 
@@ -470,8 +518,13 @@ def replay_events(
     x = prepare(table, workload, run)  # once: every sweep below shares it (and its baseline)
     plain = [p for p in policies if not isinstance(p, GuidedConfig)]
     guided = [p for p in policies if isinstance(p, GuidedConfig)]
-    frames = [sweep_run(x, plain, workload=workload, run=run)]
     notes: list[str] = []
+    scores = None
+    if any(isinstance(p, LayerGuidedConfig) and p.table for p in plain):
+        scores, why = predictor.class_scores() if predictor is not None else (None, None)
+        if why:
+            notes.append(why)
+    frames = [sweep_run(x, plain, workload=workload, run=run, class_scores=scores)]
     if guided:
         preds, notes = predictions_for(table, token_run, predictor, horizon, answers)
         for name, keep in preds.items():
@@ -555,10 +608,18 @@ def write_table(root: Root, replays: list[RunReplay], ref: ModelRef) -> str:
 
 def policy_labels(df: pd.DataFrame) -> np.ndarray:
     """Per row: the policy, guided_<predictor> (priority mode) or guided_admit_<predictor>;
-    belady, which reads every request's future, as BELADY (named optimistic)."""
-    admit = df["config"].astype(str).str.contains('"mode":"admit"', regex=False)
+    belady, which reads every request's future, as BELADY (named optimistic); the layer's
+    guided policy as layer_guided[_table][_regret] (LayerGuidedConfig.label)."""
+    config = df["config"].astype(str)
+    admit = config.str.contains('"mode":"admit"', regex=False)
     prefix = np.where(admit, "guided_admit_", "guided_")
+    layer = (
+        "layer_guided"
+        + np.where(config.str.contains('"table":true', regex=False), "_table", "")
+        + np.where(config.str.contains('"regret":true', regex=False), "_regret", "")
+    )
     policy = np.where(df["policy"] == "belady", BELADY, df["policy"])
+    policy = np.where(df["policy"] == "layer_guided", layer, policy)
     return np.where(df["policy"] == "guided", prefix + df["predictor"].astype(str), policy)
 
 
@@ -641,6 +702,7 @@ def at_budget(rep: pd.DataFrame) -> list[AtBudget]:
                 guided_hit_rate=hit.get("guided_model"),
                 questions_hit_rate=hit.get("guided_questions"),
                 oracle_hit_rate=hit.get("oracle"),
+                layer_guided_hit_rate=hit.get("layer_guided"),
             )
         )
     return out
@@ -741,9 +803,13 @@ def summary_markdown(
             f"{params.horizon} calls after the free, which a live cache has only later "
             "(OPTIMISTIC). "
         )
-        + "`layer_online`: the layer's own decision (causal: its online counter over the "
-        "thread's calls on blocks >= 128 KiB, the class in its top-2 within 4 calls rolled "
-        f"forward on its own top-1). `{THREAD_FUTURE}`: the true next {GUIDED_HORIZON} calls of the freeing thread "
+        + "seed002, seed001 and layer_guided* are the policies heapcast's layer runs, decided "
+        "by its own code (the policy core): layer_guided keeps a block when its online counter "
+        "(the thread's calls on blocks >= 128 KiB) puts the class in its top-2 within 4 calls, "
+        "_regret lets the process's regrets overrule it, _table asks this version's class table "
+        "instead (where it logged one); the clock and threads' timing are the trace's "
+        f"(tasks.whatif.policy_core.UNTOLD_BY_A_TRACE). `{THREAD_FUTURE}`: the true next "
+        f"{GUIDED_HORIZON} calls of the freeing thread "
         "(OPTIMISTIC: it reads the future; not an upper bound, the cache serves the whole "
         "process). Rows named *_optimistic are not achievable by a live cache. Oracle: the "
         "bound no policy passes at that budget. Page-fault bytes avoided: against no cache "

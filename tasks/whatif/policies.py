@@ -4,8 +4,11 @@ Each policy is one frozen model with a `kind` literal; `PolicyConfig` is their u
 `policy_from_dict` validates a plain dict (a YAML entry) into the right one. Unknown fields,
 N = 0, a budget <= 0 and the like are validation errors that name the field.
 
-The fit rule and each policy (none, seed002, seed001, lru, guided, belady, oracle):
-docs/whatif.md#the-policies
+The fit rule and each policy (none, seed002, seed001, layer_guided, lru, guided, belady, oracle):
+docs/whatif.md#the-policies. seed002, seed001 and layer_guided are the policies heapcast's layer
+runs: the simulator computes them with the layer's own decisions, the policy core
+(tasks/whatif/policy_core.py, `layer_policy` maps a config to the layer's options).
+
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ class NoneConfig(_Policy):
 
 
 class Seed002Config(_Policy):
+    """The layer's policy=seed002 (its options n, min, peak, proof)."""
+
     kind: Literal["seed002"] = "seed002"
-    n: int = Field(default=4, ge=1, le=4096)
+    n: int = Field(default=4, ge=1, le=64)  # the layer's n (at most 64)
     min_size: int = Field(default=MMAP_THRESHOLD, ge=0)
     # the layer's bound on live + kept, in % over the live blocks' peak (layer.c `peak`, default
     # 4); None: no bound (peak=off)
@@ -53,13 +58,48 @@ class Seed002Config(_Policy):
 
 
 class Seed001Config(_Policy):
+    """The layer's policy=seed001: every block it handed out kept (each thread's last one in its
+    front), given back after `decay_ns` idle (the layer's decay, in ms there)."""
+
     kind: Literal["seed001"] = "seed001"
-    decay_ns: int = Field(default=1_000_000, gt=0)
-    min_size: int = Field(default=0, ge=0)
+    decay_ns: int = Field(default=1_000_000_000, gt=0)
+    min_size: int = Field(default=MMAP_THRESHOLD, ge=0)
+    peak: int | None = Field(default=4, ge=0, le=1000)  # as Seed002Config.peak
+    proof: int = Field(default=2, ge=0, le=1 << 20)  # as Seed002Config.proof
 
     @property
     def param(self) -> float:
         return float(self.decay_ns)
+
+
+class LayerGuidedConfig(_Policy):
+    """The layer's policy=guided: keep a freed block when the thread's online counter (topk,
+    horizon) says its class comes soon, or, `table`, when the registered version's class table
+    says so (its scores are handed to the simulator: `simulate(..., class_scores=)`); `regret`:
+    the process's regrets overrule the counter. Given back after `decay_ns` idle."""
+
+    kind: Literal["layer_guided"] = "layer_guided"
+    decay_ns: int = Field(default=1_000_000_000, gt=0)
+    topk: int = Field(default=2, ge=1, le=64)
+    horizon: int = Field(default=4, ge=1, le=64)
+    regret: bool = False
+    table: bool = False
+    min_size: int = Field(default=MMAP_THRESHOLD, ge=0)
+    peak: int | None = Field(default=4, ge=0, le=1000)
+    proof: int = Field(default=2, ge=0, le=1 << 20)
+
+    @property
+    def param(self) -> float:
+        return float(self.decay_ns)
+
+    @property
+    def label(self) -> str:
+        return (
+            "layer_guided" + ("_table" if self.table else "") + ("_regret" if self.regret else "")
+        )
+
+
+LAYER_KINDS = ("seed002", "seed001", "layer_guided")  # what the layer runs (the policy core)
 
 
 class LruConfig(_Policy):
@@ -119,13 +159,14 @@ PolicyConfig = Annotated[
     NoneConfig
     | Seed002Config
     | Seed001Config
+    | LayerGuidedConfig
     | LruConfig
     | GuidedConfig
     | BeladyConfig
     | OracleConfig,
     Field(discriminator="kind"),
 ]
-POLICY_KINDS = ("none", "seed002", "seed001", "lru", "guided", "belady", "oracle")
+POLICY_KINDS = ("none", "seed002", "seed001", "layer_guided", "lru", "guided", "belady", "oracle")
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(PolicyConfig)
 
 

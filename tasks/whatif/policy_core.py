@@ -5,9 +5,11 @@ usable size glibc gives each request (`glibc_usable`), and hands every array to
 native/build/libheapcast_policy.so in one call (ctypes; the per-event loop is C, none here).
 `LayerPolicy` holds the layer's options that decide (HL_OPTIONS in native/layers/layer.c, the
 same names and defaults), and `LayerPolicy.env()` is the HEAPCAST_LAYER line that runs the real
-layer under the same rules. What a trace cannot tell the replay is named in
-native/policy/replay.c (the clock, threads meeting at locks, stealing from other threads'
-fronts, glibc's heap trimmed).
+layer under the same rules. `layer_policy(config)` maps the simulator's configs of the policies
+the layer runs (seed002, seed001, layer_guided) to it: tasks/whatif/simulate.py computes those
+through this module only.
+
+What a trace cannot tell the replay is named once, in UNTOLD_BY_A_TRACE's file.
 """
 
 from __future__ import annotations
@@ -25,12 +27,22 @@ from pydantic import Field
 
 from tasks.core.config import StrictModel
 from tasks.whatif.events import SimInput, prepare
-from tasks.whatif.policies import MMAP_THRESHOLD
+from tasks.whatif.policies import (
+    MMAP_THRESHOLD,
+    LayerGuidedConfig,
+    Seed001Config,
+    Seed002Config,
+)
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 POLICY_RELPATH = Path("build") / "libheapcast_policy.so"
 POLICY_SOURCES = ("policy/replay.c", "policy/core.c", "policy/core.h", "layers/predictor.h")
 PAGE = 4096
+# What a trace cannot tell the replay (of the layer's timing and threads) is named once, in the
+# opening comment of this file (the C replay), and nowhere else: read it there. A replay of a run with several
+# threads is exact only as far as those allow; test_policy_core holds it equal on one thread.
+UNTOLD_BY_A_TRACE = "native/policy/replay.c"
+CLASS_TABLE_SHAPE = (64, 64)  # the layer table's class scores (format 2 payload), uint8
 _POLICIES = ("off", "seed002", "seed001", "guided")
 # struct hpc_stats' fields, in order (native/policy/core.h), then what replay.c adds
 STATS = (
@@ -114,21 +126,54 @@ class _Settings(ctypes.Structure):  # struct hpc_settings
     ]
 
 
-def _settings(p: LayerPolicy) -> _Settings:
+def _settings(p: LayerPolicy, decay_ns: int | None, class_scores: np.ndarray | None) -> _Settings:
     return _Settings(
         policy=_POLICIES.index(p.policy),
         n=p.n,
         min=p.min,
         cap=p.cap,
-        decay_ns=p.decay_ms * 1_000_000,
+        decay_ns=p.decay_ms * 1_000_000 if decay_ns is None else decay_ns,
         topk=p.topk,
         horizon=p.horizon,
         peak=-1 if p.peak is None else p.peak,
         proof=p.proof,
         regret=int(p.regret),
         fronts=int(p.policy in ("seed001", "guided") and p.madv_ms != 0),
-        class_table=None,
+        class_table=None if class_scores is None else class_scores.ctypes.data,
     )
+
+
+LayerConfig = Seed002Config | Seed001Config | LayerGuidedConfig
+
+
+def layer_policy(config: LayerConfig) -> tuple[LayerPolicy, int]:
+    """The layer's options for a simulator config of a policy the layer runs, and its decay in
+    ns (the layer's is in ms; the sweep goes below): (LayerPolicy, decay_ns)."""
+    common = dict(min=max(config.min_size, 1), peak=config.peak, proof=config.proof)
+    if isinstance(config, Seed002Config):
+        return LayerPolicy(policy="seed002", n=config.n, **common), 0
+    if isinstance(config, Seed001Config):
+        return LayerPolicy(policy="seed001", **common), config.decay_ns
+    return (
+        LayerPolicy(
+            policy="guided",
+            topk=config.topk,
+            horizon=config.horizon,
+            regret=config.regret,
+            **common,
+        ),
+        config.decay_ns,
+    )
+
+
+def class_scores_of(payload: bytes | np.ndarray) -> np.ndarray:
+    """The class scores a layer table file holds (its payload's first 64 * 64 bytes, after the
+    header: tasks.learning.table), as the core reads them: uint8 [64, 64], C order."""
+    a = np.frombuffer(payload, np.uint8) if isinstance(payload, bytes) else np.asarray(payload)
+    n = CLASS_TABLE_SHAPE[0] * CLASS_TABLE_SHAPE[1]
+    if a.size < n:
+        raise ValueError(f"a layer table's class scores are {n} bytes, got {a.size}")
+    return np.ascontiguousarray(a.reshape(-1)[:n].astype(np.uint8).reshape(CLASS_TABLE_SHAPE))
 
 
 class PolicyCoreBuildError(RuntimeError):
@@ -170,7 +215,7 @@ def _lib() -> ctypes.CDLL:
             + [ptr] * 9
             + [ptr, ctypes.c_int32, ptr, ctypes.c_int32, ptr, ctypes.c_uint64]
             + [ctypes.c_int32, ctypes.c_int32]
-            + [ptr] * 4
+            + [ptr] * 5
         )
         lib.hpc_sizes.argtypes = [ptr]
         lib.hpc_replay_stats.argtypes = [ptr, ctypes.c_int32, ptr]
@@ -186,7 +231,7 @@ def _sizes() -> tuple[int, int, int, int]:
 
 def glibc_usable(req: np.ndarray, align: np.ndarray, mmap_threshold: int) -> np.ndarray:
     """glibc's malloc_usable_size of the block it makes for each request (as
-    tasks/whatif/simulate.py's `_usable`): mapped (>= the threshold), the mapping less the
+    the layer sees it): mapped (>= the threshold), the mapping less the
     pointer's offset in it (16, or the alignment asked for, whose chunk glibc maps with room to
     align it); on the heap, the chunk less 8."""
     req = np.asarray(req, np.int64)
@@ -216,6 +261,7 @@ class CoreReplay:
     request: np.ndarray
     fate: np.ndarray
     got_usable: np.ndarray
+    kept_bytes: np.ndarray  # per row: usable bytes its process keeps after it (cache + fronts)
 
     @property
     def passed(self) -> int:
@@ -235,14 +281,26 @@ class CoreBatch:
     scope_all: int
     mmap_threshold: int
     counters: bool  # guided: a counter per thread
+    class_scores: np.ndarray | None = None  # kept alive: settings.class_table points into it
 
     @property
     def n(self) -> int:
         return len(self.arrays[0])
 
 
-def core_batch(x: SimInput, policy: LayerPolicy, mmap_threshold: int = MMAP_THRESHOLD) -> CoreBatch:
-    """The replay's input arrays of a prepared run (the usable sizes modelled here, in numpy)."""
+def core_batch(
+    x: SimInput,
+    policy: LayerPolicy,
+    mmap_threshold: int = MMAP_THRESHOLD,
+    *,
+    decay_ns: int | None = None,
+    class_scores: np.ndarray | None = None,
+) -> CoreBatch:
+    """The replay's input arrays of a prepared run (the usable sizes modelled here, in numpy).
+    `decay_ns` overrides the policy's decay_ms; `class_scores` (guided): a table's class scores
+    (`class_scores_of`), which the layer asks instead of its counter."""
+    if class_scores is not None:
+        class_scores = class_scores_of(class_scores)
     n = x.n
     align = x.align_req if x.align_req is not None else np.zeros(n, np.int64)
     addr = x.addr_align if x.addr_align is not None else np.full(n, 16, np.int64)
@@ -269,16 +327,17 @@ def core_batch(x: SimInput, policy: LayerPolicy, mmap_threshold: int = MMAP_THRE
         arrays,
         x.n_proc,
         n_threads,
-        _settings(policy),
+        _settings(policy, decay_ns, class_scores),
         int(policy.scope == "all"),
         mmap_threshold,
         policy.policy == "guided",
+        class_scores,
     )
 
 
-def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
-    """One C call over the whole batch: (the counters, per-row decision, usable bytes got), the
-    rows in simulation order."""
+def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
+    """One C call over the whole batch: (the counters, per-row decision, usable bytes got, bytes
+    its process keeps after the row), the rows in simulation order."""
     cache_size, thread_size, counter_size, _ = _sizes()
     caches = np.zeros(max(b.n_proc, 1) * cache_size, np.uint8)
     threads = np.zeros(max(b.n_threads, 1) * thread_size, np.uint8)
@@ -288,6 +347,7 @@ def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
     got_usable = np.zeros(n, np.int64)
     row_p = np.zeros(n, np.uint64)
     row_tracked = np.zeros(n, np.uint8)
+    kept_bytes = np.zeros(n, np.int64)
     lib = _lib()
     lib.hpc_replay(
         ctypes.byref(b.settings),
@@ -305,10 +365,11 @@ def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
         got_usable.ctypes.data,
         row_p.ctypes.data,
         row_tracked.ctypes.data,
+        kept_bytes.ctypes.data,
     )
     out = np.zeros(len(STATS), np.uint64)
     lib.hpc_replay_stats(caches.ctypes.data, b.n_proc, out.ctypes.data)
-    return dict(zip(STATS, (int(v) for v in out))), decision, got_usable
+    return dict(zip(STATS, (int(v) for v in out))), decision, got_usable, kept_bytes
 
 
 def replay(
@@ -316,15 +377,20 @@ def replay(
     policy: LayerPolicy = LayerPolicy(),
     *,
     mmap_threshold: int = MMAP_THRESHOLD,
+    decay_ns: int | None = None,
+    class_scores: np.ndarray | None = None,
 ) -> CoreReplay:
     """The layer's decisions (the policy core) over one run's events, in one C call."""
     x = events if isinstance(events, SimInput) else prepare(events)
-    stats, decision, got_usable = run_batch(core_batch(x, policy, mmap_threshold))
+    batch = core_batch(x, policy, mmap_threshold, decay_ns=decay_ns, class_scores=class_scores)
+    stats, decision, got_usable, kept = run_batch(batch)
     n = x.n
     request = np.empty(n, np.uint8)  # back to the input table's rows
     fate = np.empty(n, np.uint8)
     got = np.empty(n, np.int64)
+    kept_bytes = np.empty(n, np.int64)
     request[x.row] = decision & 3
     fate[x.row] = decision >> 2
     got[x.row] = got_usable
-    return CoreReplay(stats, request, fate, got)
+    kept_bytes[x.row] = kept
+    return CoreReplay(stats, request, fate, got, kept_bytes)

@@ -3,7 +3,10 @@
 `simulate(events, policy) -> dict` (events: a pyarrow Table of the events schema, or the
 `SimInput` that `tasks.whatif.events.prepare` makes of one). One numba-compiled loop visits the
 rows once, in time order across processes and call order within each; every process has its own
-cache. The `oracle` kind is bounded (tasks/whatif/oracle.py), not simulated.
+cache. The `oracle` kind is bounded (tasks/whatif/oracle.py), not simulated. The policies heapcast's
+layer runs (seed002, seed001, layer_guided) are not in the loop: the layer's own decisions, the
+policy core (tasks/whatif/policy_core.py), decide them, and `layer_metrics` turns its per-row
+answers into the same figures in numpy.
 
 The rules (the cache, seed002, hit rate, realloc, bytes, the page-fault model, guided tiers):
 docs/whatif.md#the-simulator
@@ -24,6 +27,7 @@ from tasks.whatif.policies import (
     MMAP_THRESHOLD,
     BeladyConfig,
     GuidedConfig,
+    LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
@@ -31,20 +35,17 @@ from tasks.whatif.policies import (
     Seed002Config,
     _Policy,
 )
+from tasks.whatif.policy_core import LayerConfig, core_batch, layer_policy, run_batch
 
 PAGE = 4096
 SCAN_LIMIT = 64
-GHOSTS = 8  # seed002's proof: blocks remembered at most (layer.c HL_GHOSTS)
 
-K_NONE, K_SEED002, K_SEED001, K_LRU, K_GUIDED, K_BELADY = range(6)
+K_NONE, K_LRU, K_GUIDED, K_BELADY = range(4)
 
 # node fields (a cached block), one int64 row per node; N_TIER: which of its process's lists
 # holds it (0: the list every policy uses; 1..MAX_TIERS-1: guided priority's predicted blocks)
-# N_USABLE, N_ALIGN: the block's usable size (malloc_usable_size) and its address's alignment,
-# which seed002 matches on, as the layer (native/layers/layer.c) does
 N_SIZE, N_CLS, N_TIME, N_POS, N_PROC, N_CPREV, N_CNEXT, N_GPREV, N_GNEXT, N_TIER = range(10)
-N_USABLE, N_ALIGN = 10, 11
-_NF = 12
+_NF = 10
 MAX_TIERS = 8
 # process fields: the head and tail of the list of tier t at 2 * t and 2 * t + 1 (P_GHEAD and
 # P_GTAIL: tier 0), then the rest
@@ -104,25 +105,6 @@ def _pages(x: int) -> int:
 @njit(cache=True, nogil=True)
 def _mmap_bytes(s: int) -> int:
     return _pages(_chunk(s) + 8)
-
-
-@njit(cache=True, nogil=True)
-def _usable(s: int, align: int, mmap_threshold: int) -> int:
-    """glibc's malloc_usable_size of the block it hands out for s bytes (alignment `align`
-    asked for; <= 16: none): mmapped (s >= the threshold), the mapping less the offset of the
-    pointer in it (16, or `align` for an aligned request, whose chunk glibc maps with room to
-    align it: chunk(chunk(s) + align + 32)); on the heap, chunk(s) - 8."""
-    if s < mmap_threshold:
-        return _chunk(s) - 8
-    if align <= 16:
-        return _mmap_bytes(s) - 16
-    return _pages(_chunk(_chunk(s) + align + 32) + 8) - align
-
-
-@njit(cache=True, nogil=True)
-def _fits(usable: int, s: int) -> bool:
-    """The layer's hl_fits: at most half of the block, plus a page, wasted."""
-    return usable >= s and usable - s < s + 4096
 
 
 @njit(cache=True, nogil=True)
@@ -221,51 +203,6 @@ def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
 
 
 @njit(cache=True, nogil=True)
-def _smallest(nodes, ps, p):
-    """seed002: the process's kept block of the smallest usable size, the oldest of equals
-    (-1: none)."""
-    small = -1
-    k = ps[p, P_GHEAD]
-    while k >= 0:
-        if small < 0 or nodes[k, N_USABLE] < nodes[small, N_USABLE]:
-            small = k
-        k = nodes[k, N_GNEXT]
-    return small
-
-
-@njit(cache=True, nogil=True)
-def _bound(nodes, ch, ct, ps, g, p, lay_live, lay_peak, peak_pct, mmap_threshold):
-    """seed002, the layer's bound (native/layers/layer.c hl_bound) at a miss that maps a block:
-    the smallest kept blocks (the oldest of equals) go, at most 8, until the live tracked blocks
-    and the kept ones are within the live ones' peak plus peak_pct percent."""
-    live = lay_live[p]
-    if live > lay_peak[p]:
-        lay_peak[p] = live
-    limit = lay_peak[p] + lay_peak[p] // 100 * peak_pct
-    kept = 0
-    k = ps[p, P_GHEAD]
-    while k >= 0:
-        kept += nodes[k, N_USABLE]
-        k = nodes[k, N_GNEXT]
-    over = live + kept - limit
-    out = 0
-    while over > 0 and ps[p, P_GHEAD] >= 0 and out < 8:
-        small = _smallest(nodes, ps, p)
-        over -= nodes[small, N_USABLE]
-        _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
-        out += 1
-
-
-@njit(cache=True, nogil=True)
-def _ghost_drop(gh_u, gh_al, gh_n, p, j):
-    """seed002's proof: process p forgets its j-th remembered block (layer.c hl_ghost_drop)."""
-    gh_n[p] -= 1
-    for i in range(j, gh_n[p]):
-        gh_u[p, i] = gh_u[p, i + 1]
-        gh_al[p, i] = gh_al[p, i + 1]
-
-
-@njit(cache=True, nogil=True)
 def _farthest_class(ch, nxt, p):
     """Belady: the non-empty class of process p whose next request is farthest (-1: none)."""
     best = -1
@@ -280,10 +217,8 @@ def _farthest_class(ch, nxt, p):
 @njit(cache=True, nogil=True)
 def _simulate(
     kind,
-    n_keep,
     min_size,
     budget,
-    decay,
     ttl,
     tier_ttl,
     n_tiers,
@@ -300,12 +235,6 @@ def _simulate(
     pred,
     next_same,
     first_req,
-    align_req,
-    addr_align,
-    thread,
-    n_threads,
-    peak_pct,
-    proof,
 ):
     n = len(req)
     g = np.zeros(_GF, np.int64)
@@ -317,27 +246,6 @@ def _simulate(
     nxt = first_req.copy()
     nodes = np.empty((1024 if kind != K_NONE else 1, _NF), np.int64)
     blk = np.zeros(n, np.int64)  # block size each request got
-    layer = kind == K_SEED002  # the rules of native/layers/layer.c, policy=seed002
-    blk_u = np.zeros(n if layer else 1, np.int64)  # seed002: its usable size
-    blk_al = np.zeros(n if layer else 1, np.int64)  # seed002: its address's alignment
-    # seed002, the outgrown rule: per thread, its last request >= min_size and the rows whose
-    # requests got its last two blocks (-1: none)
-    t_req = np.zeros(n_threads if layer else 1, np.int64)
-    t_last = np.full(n_threads if layer else 1, -1, np.int64)
-    t_prev = np.full(n_threads if layer else 1, -1, np.int64)
-    # seed002, the bound (layer.c's hl_bound, peak_pct >= 0): per process, the usable bytes of
-    # the blocks it tracks (requested >= min_size) that are live, and their peak
-    lay_live = np.zeros(n_proc if layer else 1, np.int64)
-    lay_peak = np.zeros(n_proc if layer else 1, np.int64)
-    # seed002, the proof (layer.c's hl_ghost_hit): per process, the last GHOSTS blocks it passed
-    # on before it (usable size, alignment; oldest first), the misses they could have served,
-    # and whether it keeps yet
-    n_lay = n_proc if layer else 1
-    gh_u = np.zeros((n_lay, GHOSTS), np.int64)
-    gh_al = np.zeros((n_lay, GHOSTS), np.int64)
-    gh_n = np.zeros(n_lay, np.int64)
-    gh_hits = np.zeros(n_lay, np.int64)
-    proven = np.full(n_lay, proof == 0)
     integral = 0.0
     foot_integral = 0.0
     live_integral = 0.0
@@ -353,13 +261,7 @@ def _simulate(
             live_integral += float(g[G_LIVE_REQ]) * dt
         ps[p, P_POS] += 1
         q = ps[p, P_POS]
-        # timed releases, at the process's own calls (lazy)
-        if kind == K_SEED001:
-            k = ps[p, P_GHEAD]
-            while k >= 0 and nodes[k, N_TIME] + decay < t:
-                _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
-                k = ps[p, P_GHEAD]
-        elif tiered:  # predictions outlived: demoted to the unpredicted blocks' recent end
+        if tiered:  # predictions outlived: demoted to the unpredicted blocks' recent end
             for tier in range(1, n_tiers):
                 life = tier_ttl[tier]
                 if life > 0:
@@ -382,16 +284,7 @@ def _simulate(
             g[G_ALLOCS] += 1
             g[G_REQ_BYTES] += s
             hit = -1
-            ar = align_req[i]
-            if layer and s >= min_size:
-                # the most recently cached block that fits (any class) and has the alignment
-                k = ps[p, P_GTAIL]
-                while k >= 0:
-                    if _fits(nodes[k, N_USABLE], s) and (ar <= 1 or nodes[k, N_ALIGN] % ar == 0):
-                        hit = k
-                        break
-                    k = nodes[k, N_GPREV]
-            elif caching and s >= min_size:
+            if caching and s >= min_size:
                 k = ct[p, c]
                 scanned = 0
                 while k >= 0 and scanned < SCAN_LIMIT:
@@ -402,22 +295,16 @@ def _simulate(
                     scanned += 1
             if hit >= 0:
                 b = nodes[hit, N_SIZE]
-                bu = nodes[hit, N_USABLE]  # (0 but for seed002)
-                bal = nodes[hit, N_ALIGN]
                 _remove(nodes, ch, ct, ps, g, hit)
                 g[G_HITS] += 1
                 g[G_HIT_BYTES] += s
-                g[G_WASTE] += (bu if layer else b) - s  # the layer: usable sizes
+                g[G_WASTE] += b - s
             elif freed[i] >= 0:
                 # realloc that the cache cannot serve: the system reallocates the old block
                 b = s
-                bu = _usable(s, 0, mmap_threshold) if layer else 0
-                bal = addr_align[i] if layer else 0
                 sysrealloc = True
                 a = partner[i]
                 bo = blk[a] if a >= 0 else freed[i]
-                if layer and freed[i] >= min_size:  # the layer drops old, then reallocs
-                    lay_live[p] -= blk_u[a] if a >= 0 else _usable(freed[i], 0, mmap_threshold)
                 if bo >= mmap_threshold and s >= mmap_threshold:  # mremap: new pages only
                     g[G_SYS] += 1
                     d = _mmap_bytes(s) - _mmap_bytes(bo)
@@ -430,34 +317,8 @@ def _simulate(
                     _sys_alloc(ps, g, p, s, mmap_threshold)
             else:
                 b = s
-                bu = _usable(s, ar, mmap_threshold) if layer else 0
-                bal = addr_align[i] if layer else 0
                 _sys_alloc(ps, g, p, s, mmap_threshold)
             blk[i] = b
-            if layer:
-                blk_u[i] = bu
-                blk_al[i] = bal
-                if s >= min_size and hit < 0 and not proven[p]:
-                    # the proof: the newest remembered block that would have served it
-                    j = gh_n[p] - 1
-                    while j >= 0:
-                        if _fits(gh_u[p, j], s) and (ar <= 1 or gh_al[p, j] % ar == 0):
-                            break
-                        j -= 1
-                    if j >= 0:
-                        _ghost_drop(gh_u, gh_al, gh_n, p, j)
-                        gh_hits[p] += 1
-                        proven[p] = gh_hits[p] >= proof
-                if s >= min_size:
-                    lay_live[p] += bu
-                    if hit < 0 and s >= mmap_threshold and peak_pct >= 0:
-                        _bound(
-                            nodes, ch, ct, ps, g, p, lay_live, lay_peak, peak_pct, mmap_threshold
-                        )
-                    th = thread[i]
-                    t_req[th] = s
-                    t_prev[th] = t_last[th]
-                    t_last[th] = i
             ps[p, P_LIVE_REQ] += s
             ps[p, P_LIVE_BLK] += b
             g[G_LIVE_REQ] += s
@@ -476,13 +337,6 @@ def _simulate(
             g[G_FREES] += 1
             a = partner[i]
             b = blk[a] if a >= 0 else w
-            bu = 0
-            bal = 0
-            if layer:
-                bu = blk_u[a] if a >= 0 else _usable(w, 0, mmap_threshold)
-                bal = blk_al[a] if a >= 0 else 16
-                if w >= min_size and not sysrealloc:
-                    lay_live[p] -= bu
             c = cls_free[i]
             ps[p, P_LIVE_REQ] -= w
             ps[p, P_LIVE_BLK] -= b
@@ -491,27 +345,8 @@ def _simulate(
             keep = False
             if sysrealloc:
                 pass  # the system reallocated the block: nothing to release or keep
-            elif layer and bu >= min_size and w >= min_size:  # usable sizes; blocks it made
-                th = thread[i]
-                if a >= 0 and a == t_prev[th] and t_req[th] > bu:
-                    pass  # outgrown: the thread just asked for more than this block holds
-                elif not proven[p]:  # passed on, remembered (the last GHOSTS)
-                    if gh_n[p] == GHOSTS:
-                        _ghost_drop(gh_u, gh_al, gh_n, p, 0)
-                    gh_u[p, gh_n[p]] = bu
-                    gh_al[p, gh_n[p]] = bal
-                    gh_n[p] += 1
-                elif ps[p, P_COUNT] < n_keep:
-                    keep = True
-                else:
-                    small = _smallest(nodes, ps, p)
-                    if bu >= nodes[small, N_USABLE]:
-                        _evict(nodes, ch, ct, ps, g, small, mmap_threshold)
-                        keep = True
-            elif caching and not layer and b >= min_size:
-                if kind == K_SEED001:
-                    keep = True
-                elif kind == K_LRU:
+            elif caching and b >= min_size:
+                if kind == K_LRU:
                     keep = b <= budget
                 elif kind == K_GUIDED:
                     keep = b <= budget and (tiered or pred[i] > 0)
@@ -534,8 +369,6 @@ def _simulate(
                 nodes[k, N_POS] = q
                 nodes[k, N_PROC] = p
                 nodes[k, N_TIER] = 0
-                nodes[k, N_USABLE] = bu
-                nodes[k, N_ALIGN] = bal
                 tail = ct[p, c]
                 nodes[k, N_CPREV] = tail
                 nodes[k, N_CNEXT] = -1
@@ -599,8 +432,6 @@ def _simulate(
 
 _KIND = {
     NoneConfig: K_NONE,
-    Seed002Config: K_SEED002,
-    Seed001Config: K_SEED001,
     LruConfig: K_LRU,
     GuidedConfig: K_GUIDED,
     BeladyConfig: K_BELADY,
@@ -623,10 +454,6 @@ def _tier_ttl(policy: GuidedConfig, n_tiers: int) -> np.ndarray:
     return out
 
 
-def _or_zeros(a: np.ndarray | None, n: int, fill: int = 0) -> np.ndarray:
-    return a if a is not None else np.full(n, fill, np.int64)
-
-
 def as_input(events: pa.Table | SimInput, workload: str = "", run: str = "") -> SimInput:
     if isinstance(events, SimInput):
         return events
@@ -639,7 +466,13 @@ def run_kernel(
     predictions: np.ndarray | None = None,
     mmap_threshold: int = MMAP_THRESHOLD,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The compiled loop on a prepared run: (counters, integrals, per-process idle peak)."""
+    """The compiled loop on a prepared run: (counters, integrals, per-process idle peak). The
+    policies the layer runs are not here: `simulate` hands them to the policy core."""
+    if type(policy) not in _KIND:
+        raise ValueError(
+            f"{policy.kind} is a policy the layer runs: the policy core computes it "  # type: ignore[attr-defined]
+            "(simulate, or tasks.whatif.policy_core), not the compiled loop"
+        )
     kind = _KIND[type(policy)]
     pred, n_tiers = _NO_PRED, 1
     tier_ttl = np.zeros(MAX_TIERS, np.int64)
@@ -660,10 +493,8 @@ def run_kernel(
         next_same, first = x.next_requests()
     return _simulate(
         kind,
-        getattr(policy, "n", 0),
         getattr(policy, "min_size", 0),
         getattr(policy, "budget", 0),
-        getattr(policy, "decay_ns", 0),
         getattr(policy, "ttl_calls", None) or 0,
         tier_ttl,
         n_tiers,
@@ -680,12 +511,6 @@ def run_kernel(
         pred,
         next_same,
         first,
-        _or_zeros(x.align_req, x.n),
-        _or_zeros(x.addr_align, x.n, 16),
-        x.thread if x.thread is not None else x.proc,
-        x.n_threads if x.thread is not None else x.n_proc,
-        -1 if getattr(policy, "peak", None) is None else policy.peak,  # type: ignore[attr-defined]
-        getattr(policy, "proof", 0),
     )
 
 
@@ -743,6 +568,169 @@ def _metrics(
     }
 
 
+@njit(cache=True, nogil=True)
+def _layer_alloc(g, heap, hwm, mapped, p, s, m):
+    """The system allocates s bytes for process p: a mapping of m bytes, or (m = 0) the heap."""
+    if m > 0:
+        mapped[p] += m
+        g[G_FAULT_MMAP] += m
+    else:
+        heap[p] += _chunk(s)
+        if heap[p] > hwm[p]:
+            g[G_FAULT_HEAP] += _pages(heap[p]) - _pages(hwm[p])
+            hwm[p] = heap[p]
+
+
+@njit(cache=True, nogil=True)
+def _layer_figures(
+    req, freed, partner, proc, time, is_last, hit, got_usable, kept, n_proc, mmap_threshold
+):
+    """The byte figures of a policy the layer runs, from the policy core's answers per row (a
+    hit and the usable bytes it got; the bytes each process keeps after the row): the compiled
+    loop's fault model, the decisions taken as given. Counters as `_simulate`'s."""
+    n = len(req)
+    g = np.zeros(_GF, np.int64)
+    blk = np.zeros(n, np.int64)  # the block each request got (a hit: the kept block's usable)
+    mp = np.zeros(n, np.int64)  # its mapping (0: on the heap)
+    heap = np.zeros(n_proc, np.int64)
+    hwm = np.zeros(n_proc, np.int64)
+    mapped = np.zeros(n_proc, np.int64)  # mappings of the live blocks
+    live_req = np.zeros(n_proc, np.int64)
+    live_blk = np.zeros(n_proc, np.int64)
+    idle = np.zeros(n_proc, np.int64)  # usable bytes kept (the core's)
+    rss = np.zeros(n_proc, np.int64)
+    idle_peak_process = 0
+    integral = 0.0
+    foot_integral = 0.0
+    live_integral = 0.0
+    for i in range(n):
+        p = proc[i]
+        if i > 0:
+            dt = float(time[i] - time[i - 1])
+            integral += float(g[G_IDLE]) * dt
+            foot_integral += float(g[G_LIVE_BLK] + g[G_IDLE]) * dt
+            live_integral += float(g[G_LIVE_REQ]) * dt
+        s = req[i]
+        w = freed[i]
+        a = partner[i]
+        sysrealloc = False
+        if s >= 0:
+            g[G_ALLOCS] += 1
+            g[G_REQ_BYTES] += s
+            if hit[i]:  # a kept block: mapped (the layer keeps blocks it mapped)
+                b = got_usable[i]
+                m = _pages(b + 16)
+                mapped[p] += m
+                g[G_HITS] += 1
+                g[G_HIT_BYTES] += s
+                g[G_WASTE] += b - s
+            else:
+                b = s
+                m = _mmap_bytes(s) if s >= mmap_threshold else 0
+                g[G_SYS] += 1
+                if w >= 0:  # realloc the cache does not serve: the system reallocates
+                    sysrealloc = True
+                    bo = blk[a] if a >= 0 else w
+                    mo = mp[a] if a >= 0 else (_mmap_bytes(w) if w >= mmap_threshold else 0)
+                    if mo > 0 and m > 0:  # mremap: new pages only
+                        if m > mo:
+                            g[G_FAULT_MMAP] += m - mo
+                        mapped[p] += m - mo
+                    else:  # a move: the old block released, the new one allocated
+                        if mo > 0:
+                            mapped[p] -= mo
+                        else:
+                            heap[p] -= _chunk(bo)
+                        _layer_alloc(g, heap, hwm, mapped, p, s, m)
+                else:
+                    _layer_alloc(g, heap, hwm, mapped, p, s, m)
+            blk[i] = b
+            mp[i] = m
+            live_req[p] += s
+            live_blk[p] += b
+            g[G_LIVE_REQ] += s
+            g[G_LIVE_BLK] += b
+        if w >= 0:
+            g[G_FREES] += 1
+            b = blk[a] if a >= 0 else w
+            mo = mp[a] if a >= 0 else (_mmap_bytes(w) if w >= mmap_threshold else 0)
+            live_req[p] -= w
+            live_blk[p] -= b
+            g[G_LIVE_REQ] -= w
+            g[G_LIVE_BLK] -= b
+            if not sysrealloc:  # the block leaves the program: kept (counted in idle) or freed
+                if mo > 0:
+                    mapped[p] -= mo
+                else:
+                    heap[p] -= _chunk(b)
+        g[G_IDLE] += kept[i] - idle[p]
+        idle[p] = kept[i]
+        r = _pages(hwm[p]) + mapped[p] + idle[p]
+        g[G_RSS] += r - rss[p]
+        rss[p] = r
+        if idle[p] > idle_peak_process:
+            idle_peak_process = idle[p]
+        if g[G_IDLE] > g[G_IDLE_PEAK]:
+            g[G_IDLE_PEAK] = g[G_IDLE]
+        if g[G_LIVE_REQ] > g[G_LIVE_PEAK]:
+            g[G_LIVE_PEAK] = g[G_LIVE_REQ]
+        if g[G_LIVE_BLK] + g[G_IDLE] > g[G_FOOT_PEAK]:
+            g[G_FOOT_PEAK] = g[G_LIVE_BLK] + g[G_IDLE]
+        if g[G_RSS] > g[G_RSS_PEAK]:
+            g[G_RSS_PEAK] = g[G_RSS]
+        if is_last[i]:  # the process exits
+            g[G_LIVE_REQ] -= live_req[p]
+            g[G_LIVE_BLK] -= live_blk[p]
+            g[G_IDLE] -= idle[p]
+            g[G_RSS] -= rss[p]
+            live_req[p] = live_blk[p] = idle[p] = rss[p] = mapped[p] = 0
+    return g, np.array([integral, foot_integral, live_integral]), idle_peak_process
+
+
+def layer_metrics(
+    x: SimInput,
+    policy: LayerConfig,
+    class_scores: np.ndarray | None = None,
+    mmap_threshold: int = MMAP_THRESHOLD,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """A policy the layer runs, decided by the policy core (tasks/whatif/policy_core.py) over
+    the run; its figures (`_metrics`' names) from the core's per-row decisions, in numpy; and
+    the core's own counters (the layer's stats line).
+
+    The byte figures follow the fault model of the compiled loop (docs/whatif.md), with the
+    layer's sizes (`_layer_figures`): a hit holds the kept block's usable bytes; idle bytes are
+    the usable bytes its process keeps (shared cache and threads' fronts), which count to the
+    RSS by their usable bytes; the layer keeps only blocks it mapped."""
+    lp, decay_ns = layer_policy(policy)
+    scores = None
+    if isinstance(policy, LayerGuidedConfig) and policy.table:
+        if class_scores is None:
+            raise ValueError(
+                "layer_guided with table=true needs the version's class table: "
+                "simulate(..., class_scores=) (tasks.whatif.policy_core.class_scores_of)"
+            )
+        scores = class_scores
+    batch = core_batch(x, lp, mmap_threshold, decay_ns=decay_ns, class_scores=scores)
+    stats, decision, got_usable, kept = run_batch(batch)
+    g, floats, idle_peak_process = _layer_figures(
+        x.req,
+        x.freed,
+        x.partner,
+        x.proc,
+        x.time,
+        x.is_last,
+        (decision & 3) == 1,
+        got_usable,
+        kept,
+        x.n_proc,
+        mmap_threshold,
+    )
+    g[G_CACHED] = stats["kept"]
+    g[G_EVICT] = stats["given_back"]
+    g[G_EVICT_BYTES] = stats["bytes_given_back"]
+    return _metrics(x, policy, g, floats, idle_peak_process), stats
+
+
 def simulate(
     events: pa.Table | SimInput,
     policy: _Policy,
@@ -751,16 +739,22 @@ def simulate(
     mmap_threshold: int = MMAP_THRESHOLD,
     workload: str = "",
     run: str = "",
+    class_scores: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Metrics of one run under one policy (every rule: docs/whatif.md#the-simulator).
 
-    `predictions`: the guided policy's keep/drop per row of the input table (bool array)."""
+    `predictions`: the guided policy's keep/drop per row of the input table (bool array).
+    The policies the layer runs (seed002, seed001, layer_guided) are the layer's own decisions,
+    the policy core's (`layer_metrics`); `class_scores`: the class table layer_guided(table=true)
+    asks."""
     x = as_input(events, workload, run)
     base = _baseline(x, mmap_threshold)
     if isinstance(policy, OracleConfig):
         return oracle_metrics(x, policy, base)
     if isinstance(policy, NoneConfig):
         out = dict(base)
+    elif isinstance(policy, (Seed002Config, Seed001Config, LayerGuidedConfig)):
+        out, _ = layer_metrics(x, policy, class_scores, mmap_threshold)
     else:
         out = _metrics(x, policy, *run_kernel(x, policy, predictions, mmap_threshold))
     out["fault_bytes_none"] = base["fault_bytes"]

@@ -1,7 +1,9 @@
 """Sweep policies over their parameter on runs; one table row per (run, policy, param); plot.
 
 `sweep(root, runs)` reads each run once (tasks.whatif.events), prepares it once and replays it
-through every config of the grid (`default_grid()`: none; seed002 over N; seed001 over the decay
+through every config of the grid (`default_grid()`: none; the policies heapcast's layer runs,
+through its own decisions (the policy core): seed002 over N, seed001 and layer_guided (its
+online counter, with and without regret, and its class table where one is given) over the decay
 time; lru, guided (priority mode, and the admit mode for comparison) and belady over the byte
 budget; the oracle bound over a dense budget grid),
 so each policy draws a curve of hit rate against bytes held idle. `sweep_run` does the same for
@@ -31,6 +33,7 @@ from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
@@ -56,6 +59,12 @@ def default_grid(guided_ttl: int | None = GUIDED_HORIZON) -> list[_Policy]:
     grid: list[_Policy] = [NoneConfig()]
     grid += [Seed002Config(n=n) for n in (1, 2, 4, 8, 16, 32, 64)]
     grid += [Seed001Config(decay_ns=10**k) for k in range(3, 11)]  # 1 us .. 10 s
+    grid += [
+        LayerGuidedConfig(decay_ns=10**k, regret=regret, table=table)
+        for table in (False, True)  # the table's configs run where a table is given
+        for regret in (False, True)
+        for k in range(5, 11)  # 100 us .. 10 s
+    ]
     grid += [LruConfig(budget=b) for b in BUDGETS]
     grid += [GuidedConfig(budget=b) for b in BUDGETS]
     grid += [GuidedConfig(budget=b, ttl_calls=guided_ttl, mode="admit") for b in BUDGETS]
@@ -72,11 +81,19 @@ def sweep_run(
     run: str = "",
     predictions: np.ndarray | None = None,
     predictor: str = "",
+    class_scores: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """One run through every config; rows in the order of `policies`."""
+    """One run through every config; rows in the order of `policies`. `class_scores`: the layer
+    table's class scores (tasks.whatif.policy_core.class_scores_of) that layer_guided configs
+    with table=true ask; without them those configs are left out (no row)."""
     policies = list(policies) if policies is not None else default_grid()
     table = events if isinstance(events, pa.Table) else None
     x = prepare(events, workload, run) if table is not None else events
+    policies = [
+        p
+        for p in policies
+        if class_scores is not None or not (isinstance(p, LayerGuidedConfig) and p.table)
+    ]
     need_pred = any(isinstance(p, GuidedConfig) for p in policies)
     if need_pred and predictions is None:
         if table is None:
@@ -85,7 +102,9 @@ def sweep_run(
         predictor = predictor or f"thread_future{OPTIMISTIC}"
     rows: list[dict[str, Any]] = []
     for p in policies:
-        m = simulate(x, p, predictions if isinstance(p, GuidedConfig) else None)
+        m = simulate(
+            x, p, predictions if isinstance(p, GuidedConfig) else None, class_scores=class_scores
+        )
         m["predictor"] = predictor if isinstance(p, GuidedConfig) else ""
         m["config"] = p.model_dump_json()
         rows.append(m)
@@ -119,6 +138,7 @@ _STYLE = {
     "none": dict(marker="X", color="black"),
     "seed002": dict(marker="o", color="tab:blue"),
     "seed001": dict(marker="s", color="tab:orange"),
+    "layer_guided": dict(marker="P", color="tab:brown"),
     "lru": dict(marker="^", color="tab:green"),
     "guided": dict(marker="D", color="tab:purple"),
     "belady": dict(marker="v", color="tab:red"),

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 GRID = [
     {"kind": "none"},
     {"kind": "seed002", "n": 4},
+    {"kind": "layer_guided", "regret": True},
     {"kind": "lru", "budget": 1 << 16},
     {"kind": "guided", "budget": 1 << 16, "ttl_calls": 16},
     {"kind": "belady", "budget": 1 << 16},
@@ -77,13 +78,13 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     guided = df[df["policy"] == "guided"]
     # the questions' reuse network, logged with the version, guides a policy of its own
     assert sorted(set(guided["predictor"])) == [
-        "layer_online",
         "model",
         "online",
         "questions",
         "thread_future_optimistic",
     ]
     assert (df["model_run_id"] == model.run_id).all()
+    assert (df["policy"] == "layer_guided").any()  # the layer's own guided policy (the core)
 
     tracking = tracking_for(root)
     configure(tracking)

@@ -6,8 +6,10 @@ and malloc(0)), unpaired frees and failed allocations, addresses reused after fr
 few recurring classes below and above the mmap threshold, times with ties, threads.
 
 `reference(table, policy, predictions)` replays it event by event with dicts and lists,
-written from the simulator's rules (docs/whatif.md#the-simulator) (seed002: the layer's, native/layers/layer.c,
-on usable sizes and addresses), independently of its arrays:
+written from the simulator's rules (docs/whatif.md#the-simulator), independently of its arrays,
+for the policies the compiled loop runs (none, lru, guided, belady). The policies heapcast's
+layer runs (seed002, seed001, layer_guided) have no copy here: the simulator asks the layer's own
+code (the policy core), and tests/tasks/whatif/test_policy_core.py holds it to the real layer:
 blocks are paired by ADDRESS here (the simulator uses lifetime_calls), processes are merged by
 sorting (time, process, row) here.
 """
@@ -41,23 +43,6 @@ def pages(x: int) -> int:
 
 def mmap_bytes(s: int) -> int:
     return pages(chunk(s) + 8)
-
-
-def usable(s: int, align: int) -> int:
-    """glibc's malloc_usable_size of its block for s bytes (seed002 matches on it)."""
-    if s < M:
-        return chunk(s) - 8
-    if align <= 16:
-        return mmap_bytes(s) - 16
-    return pages(chunk(chunk(s) + align + 32) + 8) - align
-
-
-def lowbit(addr: int) -> int:
-    return addr & -addr
-
-
-def fits(u: int, s: int) -> bool:
-    return u >= s and u - s < s + 4096
 
 
 # --- fabricated events ------------------------------------------------------------------------
@@ -180,19 +165,8 @@ class _Proc:
         # prediction (0: none), order = when it joined its tier (its cache, or its demotion)
         self.cache: list[list[int]] = []
         self.blocks: dict[int, int] = {}  # addr -> block size
-        self.ublocks: dict[int, tuple[int, int]] = {}  # addr -> (usable size, alignment)
-        self.ids: dict[int, int] = {}  # addr -> the block's number (seed002's outgrown rule)
-        # thread -> (its last request >= min_size, its last block's number, the one before)
-        self.threads: dict[int, tuple[int, int, int]] = {}
         self.live_req = 0
         self.live_blk = 0
-        self.lay_live = 0  # seed002's bound: usable bytes of live blocks requested >= min_size
-        self.lay_peak = 0  # ... and their peak, taken at the misses that map a block
-        # seed002's proof: the blocks it passed on before it (usable, alignment), oldest first,
-        # the misses they could have served, and whether it keeps yet
-        self.ghosts: list[tuple[int, int]] = []
-        self.proof_hits = 0
-        self.proven = False
         self.heap = 0
         self.hwm = 0
         self.mapped = 0
@@ -206,6 +180,8 @@ class _Proc:
 
 def reference(table: pa.Table, policy, predictions=None) -> dict:
     kind = policy.kind
+    if kind not in ("none", "lru", "guided", "belady"):
+        raise ValueError(f"{kind}: the layer's policies are the policy core's, not copied here")
     d = table.to_pylist()
     for i, r in enumerate(d):
         r["_row"] = i
@@ -220,8 +196,6 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             r["time_ns"] = k
     last = {r["_p"]: k for k, r in enumerate(seq)}
     procs = [_Proc() for _ in pids]
-    for q in procs:
-        q.proven = getattr(policy, "proof", 0) == 0
     S = dict(
         allocations=0, hits=0, hit_bytes=0, waste_bytes=0, frees=0, cached_frees=0,
         evictions=0, evicted_bytes=0, system_allocations=0, fault_bytes_mmap=0,
@@ -268,18 +242,6 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
         S["evictions"] += 1
         S["evicted_bytes"] += e[0]
 
-    def bound(P: _Proc) -> None:
-        # the layer's hl_bound: live + kept (usable sizes) within the live peak + peak %
-        P.lay_peak = max(P.lay_peak, P.lay_live)
-        limit = P.lay_peak + P.lay_peak // 100 * policy.peak
-        over = P.lay_live + sum(e[6] for e in P.cache) - limit
-        for _ in range(8):
-            if over <= 0 or not P.cache:
-                break
-            small = min(P.cache, key=lambda e: e[6])  # first (oldest) of the smallest
-            over -= small[6]
-            evict(P, small)
-
     def next_request(k: int, p: int, c: int) -> float:
         for r in seq[k + 1 :]:
             if r["_p"] == p and r["op"] in _DEFINING and r["addr"] != 0 and cls(r["size"]) == c:
@@ -295,9 +257,6 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
         if k:
             integral += tot["idle"] * (t - seq[k - 1]["time_ns"])
         P.pos += 1
-        if kind == "seed001":
-            while P.cache and P.cache[0][2] + policy.decay_ns < t:
-                evict(P, P.cache[0])
         if priority:  # demote outlived predictions: by tier, oldest first
             for e in sorted(P.cache, key=lambda e: (e[4], e[3])):
                 life = tier_ttl(e[4]) if e[4] > 0 else 0
@@ -314,32 +273,20 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             c = cls(s)
             S["allocations"] += 1
             hit = None
-            ar = r.get("alignment") or 0
-            if op in (Op.VALLOC, Op.PVALLOC):
-                ar = PAGE
-            if kind == "seed002" and s >= min_size:  # the layer: usable sizes, any class
-                hit = next(
-                    (e for e in P.cache[::-1] if fits(e[6], s) and (ar <= 1 or e[7] % ar == 0)),
-                    None,
-                )
-            elif kind != "none" and s >= min_size:
+            if kind != "none" and s >= min_size:
                 same = [e for e in P.cache if e[1] == c][::-1][:SCAN]
                 hit = next((e for e in same if e[0] >= s), None)
             if hit is not None:
                 P.cache.remove(hit)
                 tot["idle"] -= hit[0]
                 b = hit[0]
-                ub = (hit[6], hit[7])
                 S["hits"] += 1
                 S["hit_bytes"] += s
-                S["waste_bytes"] += (hit[6] if kind == "seed002" else b) - s
+                S["waste_bytes"] += b - s
             elif op in (Op.REALLOC, Op.REALLOCARRAY) and r["freed_size"] is not None:
                 b = s
-                ub = (usable(s, 0), lowbit(r["addr"]))
                 sysrealloc = True
                 bo = P.blocks[r["freed_addr"]]
-                if kind == "seed002" and r["freed_size"] >= min_size:
-                    P.lay_live -= P.ublocks[r["freed_addr"]][0]  # the layer drops it first
                 if bo >= M and s >= M:
                     S["system_allocations"] += 1
                     dlt = mmap_bytes(s) - mmap_bytes(bo)
@@ -351,27 +298,8 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                     sys_alloc(P, s)
             else:
                 b = s
-                ub = (usable(s, ar), lowbit(r["addr"]))
                 sys_alloc(P, s)
             P.blocks[r["addr"]] = b
-            P.ublocks[r["addr"]] = ub
-            P.ids[r["addr"]] = bid = next(order)
-            if kind == "seed002" and s >= min_size and hit is None and not P.proven:
-                # the layer's proof: the newest remembered block that would have served it
-                g = next(
-                    (g for g in P.ghosts[::-1] if fits(g[0], s) and (ar <= 1 or g[1] % ar == 0)),
-                    None,
-                )
-                if g is not None:
-                    P.ghosts.remove(g)
-                    P.proof_hits += 1
-                    P.proven = P.proof_hits >= policy.proof
-            if kind == "seed002" and s >= min_size:
-                before = P.threads.get(r["thread"], (0, -1, -1))[1]
-                P.threads[r["thread"]] = (s, bid, before)
-                P.lay_live += ub[0]
-                if hit is None and s >= M and policy.peak is not None:  # a mapped miss
-                    bound(P)
             P.live_req += s
             P.live_blk += b
             tot["live_req"] += s
@@ -384,9 +312,7 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
         if op in (Op.FREE, Op.REALLOC, Op.REALLOCARRAY) and r["freed_size"] is not None:
             w = r["freed_size"]
             b = P.blocks.pop(freed_addr)
-            u, al = P.ublocks.pop(freed_addr)
-            bid = P.ids.pop(freed_addr)
-            assert kind == "seed002" or (b >= w and cls(b) == cls(w))
+            assert b >= w and cls(b) == cls(w)
             c = cls(w)
             S["frees"] += 1
             P.live_req -= w
@@ -394,30 +320,10 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
             tot["live_req"] -= w
             tot["live_blk"] -= b
             keep = False
-            if kind == "seed002" and not sysrealloc and w >= min_size:
-                P.lay_live -= u
             if sysrealloc:
                 pass
-            elif kind == "seed002":
-                t_req, _, t_prev = P.threads.get(r["thread"], (0, -1, -1))
-                if u < min_size or w < min_size:  # the layer keeps only blocks it made
-                    pass
-                elif bid == t_prev and t_req > u:  # outgrown: its thread just asked for more
-                    pass
-                elif not P.proven:  # passed on, remembered (the last 8)
-                    P.ghosts = [*P.ghosts, (u, al)][-8:]
-                else:
-                    if len(P.cache) < policy.n:
-                        keep = True
-                    else:
-                        small = min(P.cache, key=lambda e: e[6])  # first (oldest) of the smallest
-                        if u >= small[6]:
-                            evict(P, small)
-                            keep = True
             elif kind != "none" and b >= min_size:
-                if kind == "seed001":
-                    keep = True
-                elif kind == "lru":
+                if kind == "lru":
                     keep = b <= budget
                 elif kind == "guided":
                     keep = b <= budget and (priority or bool(predictions[r["_row"]]))
@@ -425,7 +331,7 @@ def reference(table: pa.Table, policy, predictions=None) -> dict:
                     keep = b <= budget and next_request(k, p, c) != float("inf")
             if keep:
                 tier = int(predictions[r["_row"]]) if priority else 0
-                P.cache.append([b, c, t, P.pos, tier, next(order), u, al])
+                P.cache.append([b, c, t, P.pos, tier, next(order)])
                 tot["idle"] += b
                 S["cached_frees"] += 1
                 if priority:

@@ -4,8 +4,7 @@ GIVEN random traces (several processes and threads, frees, reallocs) and per-row
 WHEN  every event after a free (in time, any process) is changed, and so is every prediction
       made after it
 THEN  the causal decision at that free (the model's path: keep_at_free of the top-k made at the
-      free; the online counter and the layer's own rule: the night's predictions_for at
-      horizon 1) is unchanged, while the optimistic paths (the thread's true future, top-k read 16 calls ahead) do change
+      free; the online counter: the night's predictions_for at horizon 1) is unchanged, while the optimistic paths (the thread's true future, top-k read 16 calls ahead) do change
       on these traces (so the perturbation reaches what a peeking decision reads).
 """
 
@@ -94,10 +93,9 @@ def test_decision_at_a_free_ignores_every_later_event_and_prediction(seed):
         at_free2 = at_free.copy()
         at_free2[after] = rng.integers(0, 40, (after.sum(), at_free.shape[1]))
         assert keep_at_free(other, at_free2)[i] == keep[i], i
-        # the online counter's path and the layer's own rule, end to end from the events
+        # the online counter's path, end to end from the events
         causal2 = predictions_for(other, _token_run(other), None, horizon=1)[0]
-        for name in ("online", "layer_online"):
-            assert causal2[name][i] == causal[name][i], (name, i)
+        assert causal2["online"][i] == causal["online"][i], i
         top2 = top.copy()
         top2[after] = rng.integers(0, 40, (after.sum(), top.shape[1]))
         changed_future += reuse_labels(other, horizon=16)[i] != future[i]
@@ -153,9 +151,9 @@ def test_night_names_every_peeking_predictor_optimistic():
     table = _trace(7)
     run = _token_run(table)
     causal, _ = predictions_for(table, run, None, horizon=1)
-    assert sorted(causal) == sorted(["online", "layer_online", THREAD_FUTURE])
+    assert sorted(causal) == sorted(["online", THREAD_FUTURE])
     peeking, _ = predictions_for(table, run, None, horizon=16)
-    assert sorted(peeking) == sorted(["online_optimistic", "layer_online", THREAD_FUTURE])
+    assert sorted(peeking) == sorted(["online_optimistic", THREAD_FUTURE])
     assert THREAD_FUTURE.endswith("_optimistic")
 
 

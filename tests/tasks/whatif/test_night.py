@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.outcome import RegisteredModel
-from tasks.nightly.params import NightlyParams
 from tasks.nightly.night_summary import StageOutcome, skipped
 from tasks.nightly.night_summary import summarize as summarize_night
+from tasks.nightly.params import NightlyParams
 from tasks.registry.tracking import configure, resolve_target, tracking_for
 from tasks.report.page import fmt_bytes
 from tasks.whatif.night import (
@@ -36,6 +36,7 @@ from tasks.whatif.night import (
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
@@ -50,6 +51,9 @@ GRID = [
     NoneConfig(),
     Seed002Config(n=2),
     Seed001Config(decay_ns=1000),
+    LayerGuidedConfig(),
+    LayerGuidedConfig(regret=True),
+    LayerGuidedConfig(table=True),  # no model, no table: no row
     LruConfig(budget=1 << 16),
     GuidedConfig(budget=1 << 16, ttl_calls=16),
     BeladyConfig(budget=1 << 16),
@@ -98,9 +102,17 @@ def test_rows_per_run_policy_and_predictor(replayed):
         assert col in df.columns, col
     # per run: every non-guided config once, the guided one per predictor (no model here)
     for _, g in df.groupby(["workload", "run"]):
-        assert len(g) == len(params.grid()) - 1 + 3  # the grid: GRID and the oracle at the budget
+        # the grid: GRID and the oracle at the budget, the guided config once per predictor,
+        # the layer's guided policy asking a table left out (no version, no table)
+        assert len(g) == len(params.grid()) - 1 + 2 - 1
         guided = g[g["policy"] == "guided"]
-        assert sorted(guided["predictor"]) == ["layer_online", "online", "thread_future_optimistic"]
+        assert sorted(guided["predictor"]) == ["online", "thread_future_optimistic"]
+        assert sorted(
+            g.loc[g["policy"] == "layer_guided", "config"].str.contains('regret":true')
+        ) == [
+            False,
+            True,
+        ]
     assert set(zip(df["workload"], df["run"])) == {("alpha", "r0"), ("beta", "r0")}
     assert (df.loc[df["policy"] == "none", "hit_rate"] == 0).all()
     assert (df["model_version"] == "1").all()
@@ -116,6 +128,8 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
         assert heading in page
     for row in (
         "best_heuristic",
+        "layer_guided",
+        "layer_guided_regret",
         "guided_online",
         "guided_thread_future_optimistic",
         "oracle (bound)",
@@ -137,6 +151,9 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     assert "belady_optimistic" in page and "guided_thread_future_optimistic" in page
     assert ("all", "belady_optimistic") in rows
     assert not [k for k in rows if k[1] in ("belady", "guided_labels")]
+    # the layer's guided policies are the layer's own (the core), not a predictor of lru's
+    assert ("all", "layer_guided_regret") in rows
+    assert not [k for k in rows if "layer_online" in k[1]]
     # the headline: no model here, so the best heuristic only; the default horizon 1 is causal
     best = rows[("all", "best_heuristic")]["hit_rate"]
     assert s.metrics == {"headline/whatif_causal.hit_rate.best_heuristic": pytest.approx(best)}
@@ -267,6 +284,8 @@ def test_the_night_summary_prints_what_the_predictions_bought(replayed, tmp_path
         assert a.best_heuristic_hit_rate == pytest.approx(rows[(w, "best_heuristic")]["hit_rate"])
         assert a.oracle_hit_rate == pytest.approx(rows[(w, "oracle")]["hit_rate"])
         assert a.guided_hit_rate is None  # no model here: nothing guided by it
+        # the layer's own guided policy, decided by the policy core
+        assert a.layer_guided_hit_rate == pytest.approx(rows[(w, "layer_guided")]["hit_rate"])
     # WHEN the night's summary is made from the completed whatif stage
     context = NightlyParams(root=str(tmp_path / "data")).stages().context
     done = StageOutcome("whatif", "COMPLETED", None, s)

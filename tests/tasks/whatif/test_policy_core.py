@@ -9,9 +9,10 @@ WHEN  the core replays the events with the same LayerPolicy (tasks.whatif.policy
 THEN  hits, misses, blocks kept, bytes kept (peak, at exit), blocks given back, outgrown,
       unproven, bounded, the live peak, the proof's and the regret's counts all equal the
       layer's. And on a traced real program (bigblocks), the core's hits and blocks kept equal
-      the layer's and, for seed002, today's numba simulator's.
+      the layer's, and so do the what-if simulator's (tasks.whatif.simulate), which computes
+      every policy the layer runs through the core.
 One thread: with several, the layer's threads meet at its locks in an order a trace does not
-hold (native/policy/replay.c names what the replay cannot know).
+hold (policy_core.UNTOLD_BY_A_TRACE names the file that lists what the replay cannot know).
 """
 
 from __future__ import annotations
@@ -29,8 +30,13 @@ from tasks.dataset.convert import convert_trace
 from tasks.format.trace_reader import read_trace
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.layer import build_layer, parse_stats
-from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
-from tasks.whatif.policy_core import LayerPolicy, replay
+from tasks.whatif.policies import (
+    MMAP_THRESHOLD,
+    LayerGuidedConfig,
+    Seed001Config,
+    Seed002Config,
+)
+from tasks.whatif.policy_core import UNTOLD_BY_A_TRACE, LayerPolicy, layer_policy, replay
 from tasks.whatif.simulate import simulate
 
 PROJECT = Path(__file__).resolve().parents[3]
@@ -186,8 +192,8 @@ def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
 )
 def test_core_on_a_traced_program_equals_the_layer(layer, program, tmp_path, policy):
     """GIVEN bigblocks traced (one thread), and run under the layer
-    THEN the core over the trace has the layer's hits, blocks kept and passed calls; for
-    seed002, today's numba simulator has the same hits and blocks kept too."""
+    THEN the core over the trace has the layer's hits, blocks kept and passed calls, and the
+    simulator's config of the same policy has the same hits and blocks kept."""
     subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
     argv = [str(program("bigblocks")), "25", "1", "300000", "1000000", "2500000"]
     measured = _layer_stats(argv, policy, layer, tmp_path)
@@ -196,6 +202,18 @@ def test_core_on_a_traced_program_equals_the_layer(layer, program, tmp_path, pol
     assert measured["hits"] > 0
     got = (core.stats["hits"], core.stats["kept"], core.passed)
     assert got == (measured["hits"], measured["kept"], measured["passed"]), (core.stats, measured)
-    if policy.policy == "seed002":
-        sim = simulate(x, Seed002Config(n=policy.n, proof=policy.proof, peak=policy.peak))
-        assert (sim["hits"], sim["cached_frees"]) == (core.stats["hits"], core.stats["kept"])
+    config = {
+        "seed002": Seed002Config(n=policy.n, proof=policy.proof, peak=policy.peak),
+        "seed001": Seed001Config(decay_ns=policy.decay_ms * 10**6),
+        "guided": LayerGuidedConfig(regret=policy.regret),
+    }[policy.policy]
+    assert layer_policy(config)[0] == policy.model_copy(update={"madv_ms": 100})
+    sim = simulate(x, config)
+    assert (sim["hits"], sim["cached_frees"]) == (measured["hits"], measured["kept"])
+
+
+def test_what_a_trace_cannot_tell_is_named_in_one_place():
+    """The replay's limits are listed once, in the C replay's opening comment, which the Python
+    side points to."""
+    text = (PROJECT / UNTOLD_BY_A_TRACE).read_text()
+    assert "What a trace cannot tell the replay (named once, here)" in text

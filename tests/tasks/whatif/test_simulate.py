@@ -1,5 +1,6 @@
-"""The compiled simulator against the plain-Python reference, exactly, on random traces; the
-fault model on hand-made traces."""
+"""The compiled simulator against the plain-Python reference, exactly, on random traces (the
+policies it runs itself); the policies the layer runs as the policy core decides them; the fault
+model on hand-made traces."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     Seed001Config,
     Seed002Config,
 )
-from tasks.whatif.simulate import simulate
+from tasks.whatif.policy_core import layer_policy, replay
+from tasks.whatif.simulate import run_kernel, simulate
 from tests.tasks.whatif.reference import random_events, reference, with_rows
 
 EXACT = (
@@ -45,15 +48,6 @@ EXACT = (
 
 POLICIES = [
     NoneConfig(),
-    Seed002Config(n=1),
-    Seed002Config(n=4),
-    Seed002Config(n=4, peak=None),  # without the layer's bound on live + kept
-    Seed002Config(n=3, min_size=0),
-    Seed002Config(n=4, proof=0),  # kept from the first free (no proof)
-    Seed002Config(n=1, proof=1),
-    Seed002Config(n=3, min_size=0, proof=2),
-    Seed001Config(decay_ns=5),
-    Seed001Config(decay_ns=60, min_size=1000),
     LruConfig(budget=4096),
     LruConfig(budget=700_000),
     LruConfig(budget=1 << 40),
@@ -99,6 +93,52 @@ def test_large_blocks_only_match_reference(seed, policy):
     table = random_events(50 + seed, n_proc=2, sizes=[140_000, 200_000, 300_000, 600_000, 5000])
     pred = np.random.default_rng(seed).random(table.num_rows) < 0.6
     _check(table, policy, pred if policy.kind == "guided" else None)
+
+
+LAYER_POLICIES = [
+    Seed002Config(n=1),
+    Seed002Config(n=4),
+    Seed002Config(n=4, peak=None),  # without the layer's bound on live + kept
+    Seed002Config(n=3, min_size=0),
+    Seed002Config(n=4, proof=0),  # kept from the first free (no proof)
+    Seed001Config(decay_ns=5),
+    Seed001Config(decay_ns=10**9, proof=0),
+    LayerGuidedConfig(),
+    LayerGuidedConfig(regret=True, proof=0),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", LAYER_POLICIES, ids=lambda p: f"{p.label}-{p.param:g}")
+def test_layer_policies_are_the_policy_cores_decisions(seed, policy):
+    """GIVEN a random run WHEN the simulator runs a policy the layer runs THEN its counts are
+    the policy core's (which test_policy_core holds to the real layer's), and the compiled loop
+    refuses it (no second copy of the layer's rules)."""
+    table = random_events(50 + seed, n_proc=2, sizes=[140_000, 200_000, 300_000, 600_000, 5000])
+    got = simulate(table, policy)
+    lp, decay_ns = layer_policy(policy)
+    core = replay(table, lp, decay_ns=decay_ns).stats
+    assert got["hits"] == core["hits"] and got["cached_frees"] == core["kept"]
+    assert got["evictions"] == core["given_back"]
+    assert got["evicted_bytes"] == core["bytes_given_back"]
+    assert 0 <= got["idle_bytes_mean"] <= got["idle_bytes_peak"] <= got["peak_footprint"]
+    assert got["live_peak"] == simulate(table, NoneConfig())["live_peak"]  # not the policy's
+    with pytest.raises(ValueError, match="policy core"):
+        run_kernel(prepare(table), policy)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_layer_policy_that_never_hits_has_no_caches_faults(seed):
+    """The byte figures of the layer's policies follow the compiled loop's fault model: a
+    policy that keeps nothing (min_size above every block) has the figures of no cache."""
+    table = random_events(seed, n_proc=1 + seed % 3, n_events=250)
+    none = simulate(table, NoneConfig())
+    for policy in (Seed002Config(min_size=1 << 40), LayerGuidedConfig(min_size=1 << 40)):
+        got = simulate(table, policy)
+        assert got["hits"] == 0 and got["idle_bytes_peak"] == 0
+        for k in ("fault_bytes_mmap", "fault_bytes_heap", "max_rss", "peak_footprint"):
+            assert got[k] == none[k], (policy, k)
+        assert got["fault_bytes_avoided"] == 0
 
 
 def test_shuffled_rows_give_the_same_result():
@@ -236,9 +276,10 @@ def test_fault_accounting_large_blocks():
     assert s2["hits"] == 1 and s2["allocations"] == 3
     assert s2["fault_bytes_mmap"] == mmap_one
     assert s2["fault_bytes_avoided"] == mmap_one
-    assert s2["idle_bytes_peak"] == 200_000
+    # the layer keeps the block's usable bytes: its mapping less 16
+    assert s2["idle_bytes_peak"] == mmap_one - 16
     # idle from t=10 (the free) to t=20 (the hit) over a span of 50 ns
-    assert s2["idle_bytes_mean"] == pytest.approx(200_000 * 10 / 50)
+    assert s2["idle_bytes_mean"] == pytest.approx((mmap_one - 16) * 10 / 50)
 
 
 def test_fault_accounting_heap_growth_when_caching():
@@ -314,12 +355,11 @@ def test_seed002_follows_the_layers_rules():
     mmap_one = lambda s: -(-(((s + 8 + 15) & ~15) + 8) // 4096) * 4096  # noqa: E731
     want_avoided = mmap_one(302_000) + mmap_one(400_000) + mmap_one(199_000)
     assert r["fault_bytes_avoided"] == want_avoided
-    # n = 1: eviction by usable size; the 303100 block (larger) replaces the 300000 one
-    r1 = simulate(t, Seed002Config(n=1, proof=0))
-    want = reference(t, Seed002Config(n=1, proof=0))
-    assert r1["hits"] == want["hits"] and r1["fault_bytes"] == want["fault_bytes"]
-    want4 = reference(t, Seed002Config(n=4, proof=0))
-    assert r["hits"] == want4["hits"] and r["fault_bytes"] == want4["fault_bytes"]
+    # n = 1: eviction by usable size; the 303100 block (larger) replaces the 300000 one at row
+    # 5, the 600000 one it at row 7; rows 2, 8 and 11 still hit
+    r1 = simulate(t, Seed002Config(n=1, proof=0, peak=None))
+    assert r1["hits"] == 3 and r1["evictions"] == 2
+    assert r1["fault_bytes_avoided"] == want_avoided
 
 
 def test_seed002_keeps_nothing_until_its_proof():
@@ -342,7 +382,6 @@ def test_seed002_keeps_nothing_until_its_proof():
     for proof, hits in ((0, 3), (1, 2), (2, 1), (3, 0)):
         got = simulate(t, Seed002Config(n=4, proof=proof, peak=None))
         assert got["hits"] == hits, (proof, got["hits"])
-        assert reference(t, Seed002Config(n=4, proof=proof, peak=None))["hits"] == hits
 
 
 def test_seed002_keeps_only_blocks_the_layer_handed_out():
@@ -358,8 +397,25 @@ def test_seed002_keeps_only_blocks_the_layer_handed_out():
     )
     r = simulate(t, Seed002Config(n=4, proof=0))
     assert r["hits"] == 0 and r["cached_frees"] == 0
-    want = reference(t, Seed002Config(n=4, proof=0))
-    assert want["hits"] == 0
+
+
+def test_layer_guided_asks_the_class_table_it_is_given():
+    """GIVEN a loop of malloc and free of 300000 bytes (class 19) and the layer's guided policy
+    asking a class table (no proof, no bound) THEN a table that scores the class's free 255
+    keeps every free (each next request hits), one that scores it 0 keeps none; without a
+    table, table=true is refused."""
+    rows = []
+    for k in range(6):
+        rows += [(MALLOC, 300_000, 0x10 + k * 0x100000, None)]
+        rows += [(FREE, 0, 0x10 + k * 0x100000, 300_000)]
+    t = _events(rows)
+    policy = LayerGuidedConfig(table=True, proof=0, peak=None)
+    keep = np.zeros((64, 64), np.uint8)
+    keep[32 + 19, 19] = 255  # the entry the layer reads at a free of class 19
+    assert simulate(t, policy, class_scores=keep)["hits"] == 5
+    assert simulate(t, policy, class_scores=np.zeros((64, 64), np.uint8))["hits"] == 0
+    with pytest.raises(ValueError, match="class table"):
+        simulate(t, policy)
 
 
 def test_priority_eviction_beats_lru_at_a_tight_budget():

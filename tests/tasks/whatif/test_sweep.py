@@ -79,10 +79,17 @@ def test_sweep_from_root_and_plot(tmp_path):
 def test_default_grid_draws_curves():
     grid = default_grid()
     kinds = [p.kind for p in grid]
-    for k in ("seed002", "seed001", "lru", "guided", "belady", "oracle"):
+    for k in ("seed002", "seed001", "layer_guided", "lru", "guided", "belady", "oracle"):
         assert kinds.count(k) >= 5
-    df = sweep_run(random_events(7, n_proc=2), grid, workload="w", run="r")
-    assert len(df) == len(grid)
+    table = random_events(7, n_proc=2)
+    df = sweep_run(table, grid, workload="w", run="r")
+    # the layer's guided configs that ask a class table run only where one is given
+    asks = [p for p in grid if p.kind == "layer_guided" and p.table]
+    assert asks and len(df) == len(grid) - len(asks)
+    assert not df["config"].str.contains('"table":true', regex=False).any()
+    scores = np.full((64, 64), 255, np.uint8)
+    with_table = sweep_run(table, asks, workload="w", run="r", class_scores=scores)
+    assert len(with_table) == len(asks) and (with_table["policy"] == "layer_guided").all()
     lru = df[df["policy"] == "lru"].sort_values("param")
     # not monotone in general (blocks of many sizes), but an unbounded budget keeps everything
     assert lru["hit_rate"].iloc[-1] == lru["hit_rate"].max() > lru["hit_rate"].iloc[0]
