@@ -280,7 +280,14 @@ HPC_INLINE uint64_t hpc_bound_shared(const struct hpc_settings *set, struct hpc_
     return over;
 }
 
-/* ---- The policy's rule at a free (lock-free but for the counter's owner) ---- */
+/* ---- The prediction (guided; the thread's own counter, no lock) ---- */
+
+/* guided: the thread's counter learns a request of a large block in scope (a hit, or a block
+ * tracked in scope: the only ones it can keep). */
+HPC_INLINE void hpc_learn_request(const struct hpc_settings *set, struct hcp_counter *k,
+                                  uint64_t n) {
+    if (set->policy == HPC_GUIDED && k) hcp_learn(k, hcp_class(n));
+}
 
 /* guided: the thread's counter learns the free (class of req), then is asked whether its class
  * comes soon: a table's call-site entry where the caller found one (site_score >= 0, the
@@ -356,11 +363,6 @@ HPC_INLINE void hpc_bound(const struct hpc_settings *set, struct hpc_cache *c,
 /* A request of n >= min bytes begins (alloc.c hl_malloc_large). */
 HPC_INLINE void hpc_learn_alloc(struct hpc_thread *t, uint64_t n) { hpc_hist_alloc(&t->hist, n); }
 
-/* guided: the thread learns a request of a large block in scope (predict.c hl_learn_request). */
-HPC_INLINE void hpc_learn_request(const struct hpc_settings *set, struct hpc_thread *t,
-                                  uint64_t n) {
-    if (set->policy == HPC_GUIDED && t->counter) hcp_learn(t->counter, hcp_class(n));
-}
 
 /* A kept block for n bytes at mask's alignment (alloc.c hl_take): the thread's front first, then
  * the shared cache. 1 and *got on a hit (live again: counted, learned); 0 on a miss (counted;
@@ -388,7 +390,7 @@ HPC_INLINE int hpc_take(const struct hpc_settings *set, struct hpc_cache *c, str
     }
     c->live += got->usable;
     t->hist.last_p = got->p;
-    hpc_learn_request(set, t, n);
+    hpc_learn_request(set, t->counter, n);
     return 1;
 }
 
@@ -402,7 +404,7 @@ HPC_INLINE int hpc_track(const struct hpc_settings *set, struct hpc_cache *c, st
     if (!in_scope) return 0;
     c->live += usable;
     if (set->peak >= 0 && mapped) hpc_bound(set, c, t, out);
-    hpc_learn_request(set, t, n);
+    hpc_learn_request(set, t->counter, n);
     return 1;
 }
 
