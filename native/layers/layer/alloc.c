@@ -5,7 +5,7 @@
 
 /* A large block of the next allocator's is the program's (no lock held): entered in the live
  * set if in scope; 1 if it was. */
-static int hl_live_track(void *p, size_t req) {
+static inline __attribute__((always_inline)) int hl_live_track(void *p, size_t req) {
     if (p == NULL) return 0;
     hl_hist.last_p = (uintptr_t)p;
     /* a block out of scope (glibc's heap) is never kept: its free goes straight to glibc
