@@ -1,8 +1,7 @@
 /*
  * The real functions behind an LD_PRELOAD library's hooks: looked up once with
  * dlsym(RTLD_NEXT, ...) (glibc, or the next preloaded allocator), lazily, on the first call that
- * needs one. Shared by the tracer (heapcast.c), the allocator layer (layers/layer.c) and the
- * seed-002 layer (layers/cache002.c).
+ * needs one. Shared by the tracer (heapcast.c) and the allocator layer (layers/layer.c).
  *
  * Use, once per library (one translation unit):
  *

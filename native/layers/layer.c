@@ -13,9 +13,9 @@
  * pages of a block kept idle for 100 ms are madvise(MADV_FREE)d, so the kernel may take them
  * back under memory pressure, as seed 002 asks; not at once: in a tight loop the syscall and
  * its TLB flush would cost far more than glibc's own reuse of the block):
- *  - seed002 (default): the n (4) largest recently freed blocks (/work/shared/seeds/002; the
- *    rules of layers/cache002.c and of tasks/whatif's `seed002`): a freed block is kept if fewer
- *    than n are, or if it is at least as large as the smallest kept one, which is given back.
+ *  - seed002 (default): the n (4) largest recently freed blocks (/work/shared/seeds/002): a
+ *    freed block is kept if fewer than n are, or if it is at least as large as the smallest kept
+ *    one, which is given back.
  *  - seed001: size-class pools with timed decay (seeds/001): every freed block is kept; a block
  *    idle for more than `decay` ms is given back (checked at each of the layer's large-block
  *    calls: no timer thread, so a process that stops allocating keeps at most `cap` bytes).
@@ -36,7 +36,7 @@
  * `heap` in the stats counts the frees left to glibc's heap), and not one the program has just
  * outgrown (its thread's last request was larger and this block is what the request before
  * got: grown by malloc, copy and free; `outgrown`). Both keep the cache from holding memory the
- * program would not have held under glibc (hl_in_scope, hl_outgrown).
+ * program would not have held under glibc (hl_in_scope, hpc_outgrown).
  * And a bound (`peak`, default 4%): at a miss that maps new memory, kept blocks go back until
  * the large blocks live plus those kept (fronts included) are within the program's own peak of
  * live large blocks plus 4%, which is what glibc, unmapping each at its free, holds at most
@@ -102,11 +102,13 @@
  *   layer/locks.c     the spin locks (a shard's, and hl_lock over the shared cache), slot claims
  *   layer/stats.c     the counters: under hl_lock, and per-thread stripes for the hot ones
  *   layer/live.c      the live set: the large blocks handed out, in shards by address
- *   layer/cache.c     the shared cache's kept blocks and their bookkeeping (no decisions)
+ *   layer/cache.c     the shared cache (the policy core's struct hpc_cache under hl_lock), the
+ *                     clock, the real free of the blocks given back
  *   layer/predict.c   guided's predictor in the process: the thread's counter, call sites, the
- *                     table's scores, and its question at a free (hl_predict_reuse)
- *   layer/policy.c    the decisions: what is in scope, what fits, what to keep at a free, what
- *                     goes back to make room, the proof and the regret, decay, advice, the bound
+ *                     table's scores
+ *   layer/policy.c    where the layer asks the policy core (../policy/core.c, the decisions
+ *                     the what-if replay runs too), and what it decides from what only a process
+ *                     sees: scope (glibc's chunk word, its trimmed heap), the pages' advice
  *   layer/fronts.c    per thread: registration, the front, its hint, stealing from others
  *   layer/alloc.c     the request path: a kept block taken (hl_take), a new one tracked
  *   layer/follow.c    glibc's dynamic mmap threshold, followed; the mallopt hook
@@ -139,7 +141,6 @@
 #define HL_EXPORT __attribute__((visibility("default")))
 #define HL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define HL_LIKELY(x) __builtin_expect(!!(x), 1)
-#define HL_MAX_KEPT 512 /* kept blocks at most (cap / min = 512 with the defaults) */
 #define HL_MAX_N 64     /* seed002's n at most */
 
 /* The options, listed once (HEAPCAST_LAYER=name=value,...; parsed by layer/options.c, and
@@ -180,6 +181,9 @@ static const char *const hl_policy_names[] = {"off", "seed002", "seed001", "guid
     X(calloc, void *, (size_t, size_t))                                                           \
     X(malloc, void *, (size_t))
 #include "../real.h"
+
+/* The policies' decisions: the policy core, shared with the what-if replay */
+#include "../policy/core.c"
 
 /* clang-format off */
 #include "layer/options.c"

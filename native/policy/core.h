@@ -4,8 +4,11 @@
  * allocation of its own: the caller owns every struct, passes the time, and gives back to the
  * next allocator the blocks a call lists in its `struct hpc_out` (outside its own locks).
  *
- * Two callers are meant to run these same functions:
- *  - the layer (native/layers/layer.c), inside programs, under its locks (not rewired yet);
+ * Two callers run these same functions:
+ *  - the layer (native/layers/layer.c), inside programs: it holds one struct hpc_cache (under
+ *    its hl_lock) and a struct hpc_history per thread, and calls the decisions below from its
+ *    request and free paths with its locks held as each says; the threads' fronts, the live set
+ *    and the counters taken outside the lock are its own machinery (tickets, shards, stripes);
  *  - the what-if replay (native/policy/replay.c, built as native/build/libheapcast_policy.so,
  *    tasks/whatif/policy_core.py), over a traced run's events, one call per batch.
  * Both include core.c into their own translation unit (as layer.c includes its parts, layer/),
@@ -19,14 +22,20 @@
  *  - struct hpc_thread: one thread's front (the block it kept last), its reservation under the
  *    cap, the outgrown rule's history, and its predictor (guided: predictor.h's counter, memory
  *    the caller gives).
- * The entry points, in the order a program's calls reach them:
- *  - on request (n >= min): hpc_learn_alloc, then hpc_take (a kept block that fits, or a miss);
- *    on a miss, the caller makes the block and hpc_track enters it (the bound runs there);
- *  - on free of a block the caller tracked: hpc_free (the decision: kept in the thread's front
- *    or the shared cache, or passed on, and why); of a block it did not track: hpc_free_untracked;
- *    a realloc the cache does not serve: hpc_untrack (the old block leaves the live bytes);
- *  - as time passes: hpc_decay and the bound (inside hpc_take, hpc_free, hpc_track), the proof
- *    and the regret (hpc_ghost_add, hpc_ghost_hit).
+ * Two levels of functions:
+ *  - the decisions, on the shared cache or one thread's history, each to be called with the
+ *    layer's hl_lock held where it touches struct hpc_cache (hpc_take_shared, hpc_keep_shared,
+ *    hpc_enter_shared, hpc_reserve, hpc_bound_shared, hpc_decay, hpc_ghost_add, hpc_ghost_hit),
+ *    or lock-free (hpc_fits, hpc_serves, hpc_expired, hpc_outgrown, hpc_wanted,
+ *    hpc_keep_at_free, hpc_predict_reuse, hpc_hist_alloc);
+ *  - the whole calls, composed of them as the layer's paths compose them (alloc.c, free.c,
+ *    fronts.c), for the replay, where one thread runs at a time: on request (n >= min)
+ *    hpc_learn_alloc, then hpc_take (the front, then the shared cache; or a miss), and on a miss
+ *    hpc_track (the bound runs there); on free of a tracked block hpc_free (kept in the front or
+ *    the shared cache, or passed on, and why), of an untracked one hpc_free_untracked; a
+ *    realloc the cache does not serve: hpc_untrack.
+ * Fields read by the layer without its lock (nkept, nghost, proven, regret[]) are written with
+ * relaxed atomic stores (plain stores on x86; the replay pays nothing).
  * Blocks are named by `p`: an address in the layer; any number in a replay whose low bits are
  * the traced address's (the alignment test reads `p & mask`).
  */
@@ -65,6 +74,7 @@ struct hpc_block {
     uint64_t usable;
     uint64_t stamp; /* larger = kept more recently */
     uint64_t since; /* ns when kept (decay) */
+    int32_t advised; /* the layer's: its pages are madvise(MADV_FREE)d (no decision reads it) */
 };
 
 struct hpc_ghost {
@@ -93,11 +103,17 @@ struct hpc_cache {
     struct hpc_stats stats;
 };
 
+/* A thread's history for the outgrown rule: its last request >= min, and the blocks its last
+ * two such requests got (0: none). */
+struct hpc_history {
+    uint64_t last_req;
+    uintptr_t last_p, prev_p;
+};
+
 struct hpc_thread {
     struct hpc_block front; /* p == 0: empty */
     uint64_t reserved;      /* the largest block its front held: its share of front_bytes */
-    uint64_t last_req;      /* the outgrown rule: the last request >= min */
-    uintptr_t last_p, prev_p; /* the blocks its last two such requests got (0: none) */
+    struct hpc_history hist;
     struct hcp_counter *counter; /* guided: the thread's counter (zeroed memory), or NULL */
 };
 

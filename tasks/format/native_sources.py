@@ -37,6 +37,8 @@ LAYER_SOURCES = (
     "layers/layer/hooks.c",
     "layers/layer/table.c",
     "layers/layer/init.c",
+    "policy/core.c",
+    "policy/core.h",
     "layers/predictor.h",
     "bootstrap_pool.h",
     "module_range.h",

@@ -1,5 +1,5 @@
-"""The seed-002 caching layer (native/layers/cache002.c) under real programs: the same output and exit
-code as without it, and far fewer page faults where large blocks are reused; its measured fault
+"""The layer's seed002 policy (native/layers/layer.c, as tasks/whatif/layer.py runs it) under real
+programs: the same output and exit code as without it, and far fewer page faults where large blocks are reused; its measured fault
 bytes avoided next to the simulated ones (tasks/whatif)."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_disabled_and_edge_settings(layer, program):
     assert m["hits"] == 0
     m = measure_layer([exe, "5", "2", *BIG], layer=layer, policy=Seed002Config(n=64, min_size=1))
     _same(m)
-    env = dict(os.environ, LD_PRELOAD=str(layer), HEAPCAST_CACHE_N="junk")
+    env = dict(os.environ, LD_PRELOAD=str(layer), HEAPCAST_LAYER="policy=junk")
     r = run_measured([exe, "3", "1", *BIG], env)
     assert r["returncode"] == 0
 

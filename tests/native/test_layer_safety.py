@@ -21,7 +21,6 @@ import pytest
 from tests.native.tracer_harness import NATIVE
 
 LAYERS = {
-    "cache002": ("cache002", "libcache002.so", {"HEAPCAST_CACHE_N": "4"}),
     **{
         f"layer-{policy}": (
             "layer",

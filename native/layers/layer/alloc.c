@@ -1,13 +1,13 @@
 /* Part of layers/layer.c (one translation unit; never compiled alone).
  * The request path: a kept block taken for a request (hl_take: the thread's front, the shared
- * cache, another thread's front; which block fits is policy.c's hl_fits), or the next
+ * cache, another thread's front; which block serves is the core's hpc_serves), or the next
  * allocator's new block entered in the live set (hl_track). The entry points are in hooks.c. */
 
 /* A large block of the next allocator's is the program's (no lock held): entered in the live
  * set if in scope; 1 if it was. */
-static int hl_live_track(void *p, size_t req) {
+static inline __attribute__((always_inline)) int hl_live_track(void *p, size_t req) {
     if (p == NULL) return 0;
-    hl_last_p = p;
+    hl_hist.last_p = (uintptr_t)p;
     /* a block out of scope (glibc's heap) is never kept: its free goes straight to glibc
      * (hl_free_large), so it is not tracked either. Scope only widens (hl_trimmed), so it was
      * out of scope when made if it is at its free. */
@@ -35,7 +35,7 @@ static void hl_track(void *p, size_t req) {
 static void *hl_take(size_t n, size_t align) {
     if (n < hl_active_min) return NULL;
     uintptr_t mask = align > 1 ? (uintptr_t)(align - 1) : 0;
-    struct hl_out out = {0};
+    struct hpc_out out = {0};
     void *p = NULL;
     /* the clock only where something is kept (decay, advice): a thread whose blocks all come
      * from glibc's heap reads none */
@@ -44,40 +44,32 @@ static void *hl_take(size_t n, size_t align) {
     if (hl_front.p != NULL) {
         if (timed) now = hl_now();
         struct hl_front f = hl_front;
-        if (now - f.since > hl_set.decay_ns) {
+        if (hpc_expired(&hl_core, f.since, now)) {
             hl_front_clear();
             hl_front_give_back(&f, 1);
-        } else if (hl_fits(f.usable, n) && ((uintptr_t)f.p & mask) == 0) {
+        } else if (hpc_serves((uintptr_t)f.p, f.usable, n, mask)) {
             hl_front_clear();
             if (hl_front_claim(&f, n)) {
                 hl_advise_idle(now);
                 hl_learn_request(n);
-                return hl_last_p = f.p;
+                hl_hist.last_p = (uintptr_t)f.p;
+                return f.p;
             }
         }
     }
     /* an empty shared cache is not locked for: where the rules leave most blocks to glibc's
      * heap (a policy that declines, scope), threads missing here would meet on hl_lock at
      * every call (../../README.md, Measured). A block kept meanwhile is missed once. */
-    if (__atomic_load_n(&hl_nkept, __ATOMIC_RELAXED) == 0) goto shared_done;
+    if (HPC_LOAD(hl_cache.nkept) == 0) goto shared_done;
     if (timed && now == 0) now = hl_now();
     hl_lock_take();
-    hl_decay(&out, now);
-    int best = -1;
-    for (int i = 0; i < hl_nkept; i++)
-        if (hl_fits(hl_kept[i].usable, n) && ((uintptr_t)hl_kept[i].p & mask) == 0 &&
-            (best < 0 || hl_kept[i].stamp > hl_kept[best].stamp))
-            best = i;
-    if (best >= 0) {
-        p = hl_kept[best].p;
-        size_t usable = hl_kept[best].usable;
-        hl_bytes_kept -= usable;
-        hl_kept[best] = hl_kept[--hl_nkept];
-        hl_stats.hits++;
+    struct hpc_block got;
+    if (hpc_take_shared(&hl_core, &hl_cache, n, mask, now, &got, &out)) {
+        p = (void *)got.p;
         /* live before hl_lock goes: a second free of p meanwhile looks in the cache, then here */
         struct hl_shard *s = hl_shard_of(p);
         hl_nested_lock(s);
-        if (!hl_live_add(s, p, n, usable)) hl_active_min = SIZE_MAX;
+        if (!hl_live_add(s, p, n, got.usable)) hl_active_min = SIZE_MAX;
         hl_nested_unlock(s);
     }
     hl_lock_give();
@@ -88,13 +80,12 @@ shared_done:
         /* not locked for when nothing is remembered: a program whose large blocks all come
          * from glibc's heap never gives the proof, and threads missing there would meet on
          * hl_lock at every call (../../README.md, Measured) */
-        if ((hl_unproven() || hl_set.regret) && __atomic_load_n(&hl_nghost, __ATOMIC_RELAXED) > 0)
-            hl_ghost_hit(n, mask);
+        if (hpc_ghosts_asked(&hl_core, &hl_cache)) hl_ghost_hit(n, mask);
     }
     hl_release(&out);
     if (now) hl_advise_idle(now);
     if (p) {
-        hl_last_p = p;
+        hl_hist.last_p = (uintptr_t)p;
         hl_learn_request(n);
     }
     return p;

@@ -1,7 +1,7 @@
 /* Part of layers/layer.c (one translation unit; never compiled alone).
  * The free path: hl_free_from (every free: small blocks leave at once) and hl_free_large (a
- * block >= min), in named steps. The decisions are policy.c's (hl_in_scope, hl_outgrown,
- * hl_wanted, hl_keep_at_free, hl_seed002_admit, hl_make_room, hl_decay); the steps here take
+ * block >= min), in named steps. The decisions are the policy core's, called as policy.c says
+ * (scope, hpc_outgrown, hpc_wanted, hl_keep_at_free, hpc_keep_shared); the steps here take
  * the locks, move the block between the live set, a front and the shared cache, count, and
  * call the real free outside every lock. */
 
@@ -39,7 +39,7 @@ static inline int hl_free_not_live(struct hl_shard *s, struct hl_live_slot *e, v
         }
     }
     if (twice) hl_stats.double_frees++;
-    else hl_stats.untracked++;
+    else hl_cache.stats.untracked++;
     HL_COUNT(declined);
     hl_lock_give();
     if (twice) real_free(p);
@@ -120,19 +120,13 @@ static inline void hl_free_to_shared(void *p, size_t usable, int advised, uint64
         hl_madvise(p, usable);
         hl_lock_take();
     }
-    struct hl_out out = {0};
-    hl_decay(&out, now);
-    /* seed002: the smallest goes for a larger one; then the cap (and the table's size): the
-     * oldest go back (seed002: the smallest) */
-    int keep = hl_seed002_admit(usable, &out) && hl_make_room(usable, 1, &out);
-    if (keep) {
-        hl_kept[hl_nkept++] = (struct hl_kept){p, usable, ++hl_stamp, now, advised};
-        hl_bytes_kept += usable;
-        hl_stats.kept++;
-        hl_note_peak();
-    } else {
-        HL_COUNT(declined);
-    }
+    struct hpc_out out = {0};
+    /* idle blocks decay; seed002: the smallest goes for a larger one; then the cap (and the
+     * table's size): the oldest go back (seed002: the smallest) */
+    struct hpc_block *b = hpc_keep_shared(&hl_core, &hl_cache, (uintptr_t)p, usable, now, &out);
+    int keep = b != NULL;
+    if (keep) b->advised = advised;
+    else HL_COUNT(declined);
     hl_lock_give();
     if (!keep) hl_pass_free(p);
     hl_release(&out);
@@ -142,7 +136,7 @@ static inline void hl_free_to_shared(void *p, size_t usable, int advised, uint64
 /* The program frees p (usable >= min), returning to `caller`. */
 static void hl_free_large(void *p, size_t usable, const void *caller) {
     int advised = hl_set.madv_ns == 0;
-    int outgrown = hl_outgrown(p, usable);
+    int outgrown = hpc_outgrown(&hl_hist, (uintptr_t)p, usable);
     if (!hl_in_scope(p)) {
         hl_free_out_of_scope(p, outgrown);
         return;
@@ -150,8 +144,8 @@ static void hl_free_large(void *p, size_t usable, const void *caller) {
     uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
     /* before any lock (see Call sites, predict.c); only where the table has an entry to ask */
     int site = hl_site_set != NULL ? hl_site_of(caller) : -1;
-    int wanted = hl_wanted(usable, outgrown);
-    int unproven = wanted && hl_unproven(); /* passed on, remembered (hl_ghost_add) */
+    int wanted = hpc_wanted(&hl_core, usable, outgrown);
+    int unproven = wanted && hpc_unproven(&hl_cache); /* passed on, remembered (hl_ghost_add) */
     /* the front: seed001/guided, a block the thread's reservation covers (madv=0 advises every
      * kept block at once: the shared path) */
     int front = wanted && !unproven && !advised && hl_front_open() &&

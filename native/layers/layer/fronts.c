@@ -12,12 +12,12 @@ static __thread int hl_thread_state; /* 0 new, 1 being registered, 2 registered,
  * Its live-set slot carries the front's ticket, so a second free of it by any thread is seen
  * (a double free: the slot goes, both frees reach the real free) and the front, finding its
  * ticket gone, forgets the block without touching it. A front's block counts against the cap
- * through the thread's reservation (the largest front block it held, in hl_front_bytes). */
+ * through the thread's reservation (the largest front block it held, in the cache's front_bytes). */
 struct hl_front {
     void *p;
     size_t usable;
     uint64_t ticket, since;
-    size_t reserved; /* this thread's share of hl_front_bytes */
+    size_t reserved; /* this thread's share of the cache's front_bytes */
 };
 static __thread struct hl_front hl_front;
 static __thread uint64_t hl_ticket_next; /* thread id << 40 | sequence; 0: no id yet */
@@ -138,9 +138,7 @@ static int hl_front_claim(const struct hl_front *f, size_t req) {
 static int hl_front_give_back(const struct hl_front *f, int decayed) {
     if (!hl_front_claim(f, 0)) return 0;
     hl_lock_take();
-    hl_stats.given_back++;
-    hl_stats.bytes_given_back += f->usable;
-    hl_stats.decayed += (uint64_t)decayed;
+    hpc_count_given_back(&hl_cache, f->usable, decayed);
     hl_lock_give();
     hc_real.free(f->p);
     return 1;
@@ -149,19 +147,11 @@ static int hl_front_give_back(const struct hl_front *f, int decayed) {
 /* f leaves its thread's front for the shared cache (a newer block takes its place), as any
  * kept block enters it: idle blocks decay, the oldest make room under the cap, or it goes back. */
 static void hl_front_to_shared(const struct hl_front *f, uint64_t now) {
-    struct hl_out out = {0};
+    struct hpc_out out = {0};
     hl_lock_take();
     if (hl_front_claim(f, 0)) {
-        hl_decay(&out, now);
-        if (hl_make_room(f->usable, 1, &out)) {
-            hl_kept[hl_nkept++] = (struct hl_kept){f->p, f->usable, ++hl_stamp, f->since, 0};
-            hl_bytes_kept += f->usable;
-            hl_note_peak();
-        } else {
-            out.p[out.n++] = f->p;
-            hl_stats.given_back++;
-            hl_stats.bytes_given_back += f->usable;
-        }
+        struct hpc_block b = {(uintptr_t)f->p, f->usable, 0, f->since, 0};
+        hpc_enter_shared(&hl_core, &hl_cache, &b, now, &out);
     }
     hl_lock_give();
     hl_release(&out);
@@ -176,7 +166,7 @@ static void hl_front_flush(void) {
     if (f.p) hl_front_to_shared(&f, hl_now());
     if (hl_front.reserved) {
         hl_lock_take();
-        hl_front_bytes -= hl_front.reserved;
+        hl_cache.front_bytes -= hl_front.reserved;
         hl_lock_give();
         hl_front.reserved = 0;
     }
@@ -185,16 +175,12 @@ static void hl_front_flush(void) {
 /* Room under the cap for this thread's front to hold `usable` bytes: its reservation grows to
  * that, the shared cache's oldest going back if needed (no lock held); 1 if reserved. */
 static int hl_reserve(size_t usable) {
-    struct hl_out out = {0};
-    size_t extra = usable - hl_front.reserved;
+    struct hpc_out out = {0};
+    uint64_t reserved = hl_front.reserved;
     hl_lock_take();
-    int ok = hl_make_room(extra, 0, &out);
-    if (ok) {
-        hl_front_bytes += extra;
-        hl_front.reserved = usable;
-        hl_note_peak();
-    }
+    int ok = hpc_reserve(&hl_core, &hl_cache, &reserved, usable, &out);
     hl_lock_give();
+    hl_front.reserved = reserved;
     hl_release(&out);
     return ok;
 }
@@ -225,7 +211,7 @@ static void *hl_steal(size_t n, uintptr_t mask) {
     for (uint64_t used = hl_other_hints(); used; used &= used - 1) {
         struct hl_front f;
         if (!hl_hint_read(&hl_hints[__builtin_ctzll(used)], &f)) continue;
-        if (!hl_fits(f.usable, n) || ((uintptr_t)f.p & mask) != 0) continue;
+        if (!hpc_serves((uintptr_t)f.p, f.usable, n, mask)) continue;
         if (hl_front_claim(&f, n)) return f.p; /* as its owner would take it back */
     }
     return NULL;

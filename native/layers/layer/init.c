@@ -40,7 +40,6 @@ __attribute__((constructor)) static void hl_init(void) {
         return; /* pass-through (said on stderr) */
     }
     hl_set = st;
-    hl_proven = hl_set.proof == 0;
     void *lm = dlsym(RTLD_NEXT, "__libc_malloc");
     hl_glibc_next = lm != NULL && lm == (void *)hc_real.malloc;
     if (hl_set.policy == HL_GUIDED && hl_set.table[0]) {
@@ -54,6 +53,23 @@ __attribute__((constructor)) static void hl_init(void) {
             hl_use_table = 1;
         }
     }
+    hl_core = (struct hpc_settings){
+        .policy = (int32_t)hl_set.policy, /* enum hl_policy and enum hpc_policy agree */
+        .n = hl_set.n,
+        .min = hl_set.min,
+        .cap = hl_set.cap,
+        .decay_ns = hl_set.decay_ns,
+        .topk = hl_set.topk,
+        .horizon = hl_set.horizon,
+        .peak = hl_set.peak,
+        .proof = hl_set.proof,
+        .regret = hl_set.regret,
+        .fronts = (hl_set.policy == HL_SEED001 || hl_set.policy == HL_GUIDED) && hl_set.madv_ns != 0,
+        /* format 2 (or 3 without sites): the class scores; with sites, unknown keys ask the
+         * thread's counter, never the class scores (predict.c) */
+        .class_table = hl_use_table && !hl_use_sites ? &hl_table[0][0] : NULL,
+    };
+    hpc_cache_init(&hl_core, &hl_cache);
     /* every policy: the key's destructor gives a thread's counter stripe back (hl_stripe_claim) */
     hl_key_ok = pthread_key_create(&hl_key, hl_thread_exit) == 0;
     if (hl_set.policy == HL_GUIDED || hl_set.policy == HL_SEED001) hl_sharded = 1;
@@ -73,6 +89,7 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("pid", getpid());
     F("policy", hl_set.policy);
     F("table", hl_use_table);
+    const struct hpc_stats *st = &hl_cache.stats;
     uint64_t front_hits = 0, front_kept = 0, sited = 0;
     for (int i = 0; i < HL_SHARDS; i++) {
         hl_spin_lock(&hl_shards[i].lock);
@@ -81,15 +98,15 @@ __attribute__((destructor)) static void hl_fini(void) {
         sited += hl_shards[i].sited;
         hl_spin_unlock(&hl_shards[i].lock);
     }
-    F("hits", hl_stats.hits + front_hits);
+    F("hits", st->hits + front_hits);
     F("misses", HL_STRIPED(misses));
-    F("kept", hl_stats.kept + front_kept);
-    F("bytes_kept_peak", hl_stats.bytes_kept_peak);
-    F("bytes_kept_at_exit", hl_bytes_kept);
-    F("given_back", hl_stats.given_back);
-    F("bytes_given_back", hl_stats.bytes_given_back);
+    F("kept", st->kept + front_kept);
+    F("bytes_kept_peak", st->bytes_kept_peak);
+    F("bytes_kept_at_exit", hl_cache.bytes_kept);
+    F("given_back", st->given_back);
+    F("bytes_given_back", st->bytes_given_back);
     F("bytes_advised", hl_stats.bytes_advised);
-    F("decayed", hl_stats.decayed);
+    F("decayed", st->decayed);
     F("passed", HL_STRIPED(misses) + HL_STRIPED(heap) + HL_STRIPED(outgrown) +
                     HL_STRIPED(declined) + HL_STRIPED(unproven));
     F("double_frees", hl_stats.double_frees);
@@ -98,25 +115,25 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("heap", HL_STRIPED(heap));
     /* frees of blocks >= min it did not hand out: made before it started, asked for below min,
      * or not the allocator's at all (a foreign pointer) */
-    F("untracked", hl_stats.untracked);
+    F("untracked", st->untracked);
     /* blocks given back to keep live + kept within the live blocks' peak (hl_bound), and that
      * peak in bytes */
-    F("bounded", HL_STRIPED(bounded));
-    F("live_peak", hl_stats.live_peak);
+    F("bounded", st->bounded + HL_STRIPED(bounded));
+    F("live_peak", st->live_peak);
     F("table_refused", hl_stats.table_refused);
     F("table_sites", sited);
     /* the proof (hl_ghost_hit): 1 once the layer keeps blocks; the reuses it saw of blocks
      * passed on before (`proof`, or a count more where threads raced the first keeps), and the
      * frees it passed on meanwhile */
     F("proof", hl_set.proof);
-    F("proven", __atomic_load_n(&hl_proven, __ATOMIC_RELAXED));
-    F("proof_hits", hl_proof_hits);
+    F("proven", HPC_LOAD(hl_cache.proven));
+    F("proof_hits", st->proof_hits);
     F("unproven", HL_STRIPED(unproven));
     /* regret=1: misses a block the prediction passed on would have served, and the frees kept
      * on those regrets against the thread's counter */
     F("regret", hl_set.regret);
-    F("regret_hits", hl_regret_hits);
-    F("regret_keeps", __atomic_load_n(&hl_regret_keeps, __ATOMIC_RELAXED));
+    F("regret_hits", st->regret_hits);
+    F("regret_keeps", HPC_LOAD(st->regret_keeps));
     F("mmap_threshold", __atomic_load_n(&hl_follow_at, __ATOMIC_RELAXED)); /* 0: not followed */
     F("program_mmap_threshold", __atomic_load_n(&hl_program_threshold, __ATOMIC_RELAXED));
     /* threads that counted their calls on the one shared stripe, atomically (hl_stripe_claim):

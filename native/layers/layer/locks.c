@@ -62,7 +62,7 @@ static inline void hl_spin_unlock(struct hl_spin *l) { __atomic_store_n(&l->w, 0
 /* hl_lock, the shared cache's (and seed002's live set's): a lock of the same kind, skipped
  * likewise while the process has one thread (seed002 takes it at every large call). Not
  * glibc's adaptive mutex, whose lock and unlock are each a read-modify-write. Its holds are
- * longer than a shard's (the decay and make-room scans of up to HL_MAX_KEPT blocks), which the
+ * longer than a shard's (the decay and make-room scans of up to HPC_MAX_KEPT blocks), which the
  * waiters' yield covers. On a cache line of its own: its waiters' reads and its holder's writes
  * meet no variable that every call reads (hc_real, the settings), wherever the parts put them. */
 static struct {

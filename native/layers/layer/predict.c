@@ -1,8 +1,8 @@
 /* Part of layers/layer.c (one translation unit; never compiled alone).
  * guided's predictor in the process: the thread's online counter (../predictor.h) fed with the
- * thread's calls on large blocks, the table file's answers (class scores, and call-site entries
- * keyed by the free's return address), and the question the guided policy asks at a free
- * (hl_predict_reuse: one of the policy's decisions, policy.c calls it). */
+ * thread's calls on large blocks, and the table file's answers (class scores, and call-site
+ * entries keyed by the free's return address). The question at a free is the core's
+ * (hpc_predict_reuse; policy.c's hl_keep_at_free asks it with the call site's score). */
 
 static __thread struct hcp_counter *hl_counter; /* mmapped at registration (fronts.c) */
 
@@ -25,16 +25,7 @@ static inline struct hcp_counter *hl_thread_counter(void) {
  * its request or its free, where learning it cost threads passing heap blocks a measurable part
  * of a pair (../../README.md, Measured). */
 static inline void hl_learn_request(size_t req) {
-    if (hl_set.policy != HL_GUIDED) return;
-    struct hcp_counter *c = hl_thread_counter();
-    if (c) hcp_learn(c, hcp_class(req));
-}
-
-/* guided: a free of a block of `size` bytes, learned. */
-static inline struct hcp_counter *hl_learn_free(size_t size) {
-    struct hcp_counter *c = hl_thread_counter();
-    if (c) hcp_learn(c, HCP_FREE + hcp_class(size));
-    return c;
+    if (hl_set.policy == HL_GUIDED) hpc_learn_request(&hl_core, hl_thread_counter(), req);
 }
 
 /* Call sites (table format 3) */
@@ -145,26 +136,4 @@ static int hl_site_of(const void *ret) {
     if ((uint64_t)a >> 48 == 0) /* user addresses fit 48 bits: else asked again next time */
         __atomic_store_n(slot, (uint64_t)a << 16 | (uint64_t)(q.site + 1) << 1 | 1, __ATOMIC_RELAXED);
     return q.site;
-}
-
-/* A decision, on free (guided): learn the free, then ask whether an allocation of its class
- * comes soon. `site`: the free's call-site key (hl_site_of), -1 if none or not asked; *by_site
- * set to 1 if a call-site entry answered. */
-static int hl_predict_reuse(size_t req, int site, int *by_site) {
-    unsigned cls = hcp_class(req);
-    struct hcp_counter *c = hl_learn_free(req);
-    if (c == NULL) return 0;
-    if (hl_use_sites) {
-        /* format 3: the (site, class) entry where training saw that key; elsewhere the thread's
-         * own past, not the class's average over other programs, which was wrong at sites
-         * training never saw (../../README.md, History) */
-        int score = hl_site_score(site, cls);
-        if (score >= 0) {
-            *by_site = 1;
-            return (unsigned)score * (unsigned)hl_set.topk >= 255u;
-        }
-    } else if (hl_use_table) { /* format 2, or a file without site entries: the class score */
-        return (unsigned)hl_table[HCP_FREE + cls][cls] * (unsigned)hl_set.topk >= 255u;
-    }
-    return hcp_soon(c, cls, (unsigned)hl_set.topk, (unsigned)hl_set.horizon);
 }

@@ -1,13 +1,13 @@
 /* Part of layers/layer.c (one translation unit; never compiled alone).
  * Statistics: counters kept cheaply on the hot path and printed at exit on request (stats=1 or
  * stats=PATH; the line is written by hl_fini, init.c). Two kinds: those changed under hl_lock
- * (hl_stats), and the ones counted outside it, in per-thread stripes (below). */
+ * (hl_cache.stats, hl_stats), and the ones counted outside it, in per-thread stripes (below). */
 
-/* The counters changed under hl_lock. */
+/* The counters changed under hl_lock: the policy core's (hl_cache.stats: hits and keeps in the
+ * shared cache, blocks given back, the bound's, the proof's and the regret's), and the layer's
+ * own below. */
 static struct {
-    uint64_t hits, kept, bytes_kept_peak, given_back, bytes_given_back, bytes_advised;
-    uint64_t double_frees, untracked, decayed, table_refused;
-    uint64_t live_peak; /* bytes: the program's large blocks live at once, at most (hl_bound) */
+    uint64_t bytes_advised, double_frees, table_refused;
 } hl_stats;
 
 /* The counters taken outside hl_lock (a free the policy declines takes only its shard's lock, or
