@@ -12,7 +12,7 @@ bound, and a whole default-grid sweep of one real run. Events per second are per
 and per CPU second of this process (numba's loop is single-threaded: per core). Target: the
 compiled loop >= 10 M events/s per core for every policy.
 
-Part 2, the layer (native/cache002.c, tasks/whatif/layer.py `measure_layer`): minor page faults
+Part 2, the layer (native/layers/layer.c, policy=seed002; tasks/whatif/layer.py `measure_layer`): minor page faults
 with and without it, on tests/native/programs/bigblocks.c (large blocks allocated, touched,
 freed in rounds) and on a numpy script; with MALLOC_MMAP_THRESHOLD_=131072 (the simulator's
 rule), plus bigblocks with 34 MiB blocks under glibc's default dynamic threshold. The simulated
