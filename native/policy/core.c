@@ -364,34 +364,56 @@ HPC_INLINE void hpc_bound(const struct hpc_settings *set, struct hpc_cache *c,
 HPC_INLINE void hpc_learn_alloc(struct hpc_thread *t, uint64_t n) { hpc_hist_alloc(&t->hist, n); }
 
 
-/* A kept block for n bytes at mask's alignment (alloc.c hl_take): the thread's front first, then
- * the shared cache. 1 and *got on a hit (live again: counted, learned); 0 on a miss (counted;
- * the proof and the regret look at it). */
+/* A front's block (the thread's own, or another's: fronts.c hl_steal) serves a request: out
+ * of the front, counted a hit. */
+HPC_INLINE void hpc_front_take(struct hpc_cache *c, struct hpc_thread *owner,
+                               struct hpc_block *got) {
+    *got = owner->front;
+    owner->front.p = 0;
+    c->fronted -= got->usable;
+    c->stats.hits++;
+}
+
+/* A kept block for n bytes at mask's alignment (alloc.c hl_take, before the other threads'
+ * fronts): the thread's front first, then the shared cache. 1 and *got on a hit (hpc_hit
+ * follows); 0: nothing here (the caller asks other fronts, then counts the miss: hpc_miss). */
 HPC_INLINE int hpc_take(const struct hpc_settings *set, struct hpc_cache *c, struct hpc_thread *t,
                         uint64_t n, uintptr_t mask, uint64_t now, struct hpc_block *got,
                         struct hpc_out *out) {
-    int hit = 0;
     if (t->front.p) {
         if (hpc_expired(set, t->front.since, now)) {
             hpc_front_give_back(c, t, 1, out);
         } else if (hpc_serves(t->front.p, t->front.usable, n, mask)) {
-            *got = t->front;
-            t->front.p = 0;
-            c->fronted -= got->usable;
-            c->stats.hits++;
-            hit = 1;
+            hpc_front_take(c, t, got);
+            return 1;
         }
     }
-    if (!hit && c->nkept > 0) hit = hpc_take_shared(set, c, n, mask, now, got, out);
-    if (!hit) {
-        c->stats.misses++;
-        if (hpc_ghosts_asked(set, c)) hpc_ghost_hit(set, c, n, mask);
-        return 0;
-    }
+    return c->nkept > 0 && hpc_take_shared(set, c, n, mask, now, got, out);
+}
+
+/* A request served from the cache: the block is live again, the thread's history and counter
+ * learn it. */
+HPC_INLINE void hpc_hit(const struct hpc_settings *set, struct hpc_cache *c, struct hpc_thread *t,
+                        const struct hpc_block *got, uint64_t n) {
     c->live += got->usable;
     t->hist.last_p = got->p;
     hpc_learn_request(set, t->counter, n);
-    return 1;
+}
+
+/* Nothing served the request: a miss, counted; the proof and the regret look at it. */
+HPC_INLINE void hpc_miss(const struct hpc_settings *set, struct hpc_cache *c, uint64_t n,
+                         uintptr_t mask) {
+    c->stats.misses++;
+    if (hpc_ghosts_asked(set, c)) hpc_ghost_hit(set, c, n, mask);
+}
+
+/* The thread exits (fronts.c hl_front_flush): its front's block joins the shared cache, its
+ * reservation is freed. */
+HPC_INLINE void hpc_thread_exit(const struct hpc_settings *set, struct hpc_cache *c,
+                                struct hpc_thread *t, uint64_t now, struct hpc_out *out) {
+    if (t->front.p) hpc_front_to_shared(set, c, t, now, out);
+    c->front_bytes -= t->reserved;
+    t->reserved = 0;
 }
 
 /* A block the next allocator made for a request of n >= min bytes (alloc.c hl_track): the

@@ -30,10 +30,11 @@
  *    hpc_keep_at_free, hpc_predict_reuse, hpc_hist_alloc);
  *  - the whole calls, composed of them as the layer's paths compose them (alloc.c, free.c,
  *    fronts.c), for the replay, where one thread runs at a time: on request (n >= min)
- *    hpc_learn_alloc, then hpc_take (the front, then the shared cache; or a miss), and on a miss
- *    hpc_track (the bound runs there); on free of a tracked block hpc_free (kept in the front or
- *    the shared cache, or passed on, and why), of an untracked one hpc_free_untracked; a
- *    realloc the cache does not serve: hpc_untrack.
+ *    hpc_learn_alloc, then hpc_take (the front, then the shared cache), another thread's front
+ *    (hpc_front_take), then hpc_hit or hpc_miss, and after a miss hpc_track (the bound runs
+ *    there); on free of a tracked block hpc_free (kept in the front or the shared cache, or
+ *    passed on, and why), of an untracked one hpc_free_untracked; a realloc the cache does not
+ *    serve: hpc_untrack; a thread's exit: hpc_thread_exit.
  * Fields read by the layer without its lock (nkept, nghost, proven, regret[]) are written with
  * relaxed atomic stores (plain stores on x86; the replay pays nothing).
  * Blocks are named by `p`: an address in the layer; any number in a replay whose low bits are

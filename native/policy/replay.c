@@ -18,10 +18,13 @@
  * A realloc row is a request first; served from the cache, the old block is freed as by free;
  * not served, the next allocator reallocates it (it leaves the live bytes, nothing is kept).
  * What a trace cannot tell the replay (named once, here): the layer's clock is its own (the
- * traced times are the tracer's), the interleaving of threads at the layer's locks, another
- * thread's front taken at a miss (hl_steal), a thread's exit (hl_thread_exit hands its front to
- * the shared cache; a trace records no exit, so here a front stays until its process ends), and
- * glibc's heap trimmed (hl_trimmed): a block is in scope iff it is mapped, i.e. asked for >=
+ * traced times are the tracer's); the interleaving of threads at the layer's locks (the replay
+ * runs the traced order); which other thread's front a miss takes (hl_steal: the first hint slot
+ * that serves; here the first thread of the process, in thread index order, whose front serves,
+ * with thread_proc given); when a thread exits (hl_thread_exit hands its front to the shared
+ * cache; a trace records no exit, so here, with exits given, at the thread's last traced row,
+ * and never for a process's first thread, whose front the layer keeps to the end); and glibc's
+ * heap trimmed (hl_trimmed): a block is in scope iff it is mapped, i.e. asked for >=
  * mmap_threshold (a static threshold), or scope=all. benchmarks/bench_whatif_threads.py measures
  * what they change on multi-threaded runs.
  *
@@ -78,9 +81,27 @@ static inline int hpc_free_row(const struct hpc_settings *set, struct hpc_cache 
     return hpc_free(set, c, t, rows->p[a], u, (uint64_t)req[a], now, out);
 }
 
+/* A miss takes a block from another thread's front of the same process (fronts.c hl_steal):
+ * the first, in thread index order, whose block serves the request. */
+static int hpc_steal(struct hpc_cache *c, struct hpc_thread *threads, int32_t n_threads,
+                     const int32_t *thread_proc, int32_t proc, int32_t self, uint64_t n,
+                     uintptr_t mask, struct hpc_block *got) {
+    if (c->fronted == 0) return 0;
+    for (int32_t j = 0; j < n_threads; j++) {
+        struct hpc_thread *o = &threads[j];
+        if (j != self && thread_proc[j] == proc && o->front.p &&
+            hpc_serves(o->front.p, o->front.usable, n, mask)) {
+            hpc_front_take(c, o, got);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Replays rows [0, n) through caches[proc], threads[thread]; caches and threads zeroed by the
  * caller on the first batch (start=1 initialises them), counters (guided) zeroed memory for
- * n_threads counters. Returns rows replayed. */
+ * n_threads counters; thread_proc[j] (NULL: no steals) each thread's process, exits[i] (NULL:
+ * none) 1 where a thread exits after row i. Returns rows replayed. */
 HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const int64_t *req,
                               const int64_t *freed, const int64_t *partner, const int64_t *align,
                               const uint64_t *addr, const int64_t *usable, const int64_t *time,
@@ -89,7 +110,8 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
                               struct hcp_counter *counters, uint64_t mmap_threshold,
                               int32_t scope_all, int32_t start, uint8_t *decision,
                               int64_t *got_usable, uintptr_t *row_p, uint8_t *row_tracked,
-                              int64_t *kept_bytes) {
+                              int64_t *kept_bytes, const int32_t *thread_proc,
+                              const uint8_t *exits) {
     if (start) {
         for (int32_t i = 0; i < n_proc; i++) hpc_cache_init(set, &caches[i]);
         for (int32_t i = 0; i < n_threads; i++) {
@@ -113,7 +135,11 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
             if ((uint64_t)s >= set->min && set->policy != HPC_OFF) {
                 uintptr_t mask = align[i] > 1 ? (uintptr_t)(align[i] - 1) : 0;
                 hpc_learn_alloc(t, (uint64_t)s);
-                hit = hpc_take(set, c, t, (uint64_t)s, mask, now, &got, &out);
+                hit = hpc_take(set, c, t, (uint64_t)s, mask, now, &got, &out) ||
+                      (thread_proc && hpc_steal(c, threads, n_threads, thread_proc, proc[i],
+                                                thread[i], (uint64_t)s, mask, &got));
+                if (hit) hpc_hit(set, c, t, &got, (uint64_t)s);
+                else hpc_miss(set, c, (uint64_t)s, mask);
                 rc = hit ? 1 : 2;
             }
             if (hit) {
@@ -143,6 +169,7 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
                               now, &out);
         }
         decision[i] = (uint8_t)(rc | fc << 2);
+        if (exits && exits[i]) hpc_thread_exit(set, c, t, now, &out);
         if (kept_bytes) kept_bytes[i] = (int64_t)(c->bytes_kept + c->fronted);
     }
     return n;

@@ -215,7 +215,7 @@ def _lib() -> ctypes.CDLL:
             + [ptr] * 9
             + [ptr, ctypes.c_int32, ptr, ctypes.c_int32, ptr, ctypes.c_uint64]
             + [ctypes.c_int32, ctypes.c_int32]
-            + [ptr] * 5
+            + [ptr] * 7
         )
         lib.hpc_sizes.argtypes = [ptr]
         lib.hpc_replay_stats.argtypes = [ptr, ctypes.c_int32, ptr]
@@ -282,10 +282,34 @@ class CoreBatch:
     mmap_threshold: int
     counters: bool  # guided: a counter per thread
     class_scores: np.ndarray | None = None  # kept alive: settings.class_table points into it
+    thread_proc: np.ndarray | None = None  # int32 per thread: its process (steals)
+    exits: np.ndarray | None = None  # uint8 per row: a thread exits after it
 
     @property
     def n(self) -> int:
         return len(self.arrays[0])
+
+
+def thread_exits(
+    proc: np.ndarray, thread: np.ndarray, n_threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each thread's process (int32 per thread, -1: no row), and where threads exit (uint8 per
+    row): after the last row of every thread but its process's first, whose front the layer keeps
+    to the end (a trace records no exit: native/policy/replay.c names it)."""
+    n = len(thread)
+    thread_proc = np.full(max(n_threads, 1), -1, np.int32)
+    exits = np.zeros(n, np.uint8)
+    if n == 0:
+        return thread_proc, exits
+    threads, first = np.unique(thread, return_index=True)
+    thread_proc[threads] = proc[first]
+    rthreads, rfirst = np.unique(thread[::-1], return_index=True)
+    last = n - 1 - rfirst
+    _, proc_first = np.unique(proc, return_index=True)
+    main = np.zeros(max(n_threads, 1), bool)
+    main[thread[proc_first]] = True
+    exits[last[~main[rthreads]]] = 1
+    return thread_proc, exits
 
 
 def core_batch(
@@ -323,6 +347,7 @@ def core_batch(
         c(x.proc, np.int32),
         c(thread, np.int32),
     )
+    thread_proc, exits = thread_exits(arrays[7], arrays[8], n_threads)
     return CoreBatch(
         arrays,
         x.n_proc,
@@ -332,6 +357,8 @@ def core_batch(
         mmap_threshold,
         policy.policy == "guided",
         class_scores,
+        thread_proc,
+        exits,
     )
 
 
@@ -366,6 +393,8 @@ def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.
         row_p.ctypes.data,
         row_tracked.ctypes.data,
         kept_bytes.ctypes.data,
+        b.thread_proc.ctypes.data if b.thread_proc is not None else None,
+        b.exits.ctypes.data if b.exits is not None else None,
     )
     out = np.zeros(len(STATS), np.uint64)
     lib.hpc_replay_stats(caches.ctypes.data, b.n_proc, out.ctypes.data)
