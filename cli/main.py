@@ -64,15 +64,19 @@ examples:
 """
 
 TUNE_EPILOG = """\
-The program runs here, in this folder and environment, once per candidate per round (the
-candidates and rounds: configs/allocators.yaml's `tune`), each run's allocator verified in force
-from inside the program. Output and exit code must stay as under glibc.
+The program runs here, in this folder and environment: once traced (what it allocates and
+frees, its threads, its mallopt calls), then once per candidate per round: the fixed list of
+configs/allocators.yaml's `tune`, less those the trace rules out, plus those derived from it
+(glibc-derived: glibc's tunables at the trace's values; heapcast's layer where its case shows).
+Each run's allocator is verified in force from inside the program; output and exit code must
+stay as under glibc. Rounds stop once the choice is decided; the choice is run alone once more.
 
 example:
   heapcast tune -o tune.html -- python3 -c 'import numpy as np; ...'
-      a table (time, peak RSS, minor faults per candidate relative to glibc), the
-      recommendation and the line to paste, e.g.
-      LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python3 -c ...
+      what the trace showed, the candidates and why, a table (time, peak RSS, minor faults
+      per candidate relative to glibc), the recommendation with its interval, the check run,
+      and the line to paste, e.g.
+      GLIBC_TUNABLES=glibc.malloc.mmap_threshold=81788928:... python3 -c ...
 """
 
 TRACE_EPILOG = """\
@@ -471,6 +475,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 html_out=Path(args.output) if args.output else None,
                 progress=progress,
                 objective=args.objective,
+                trace=not args.no_trace,
             )
         except TuneError as err:
             bar.stop()
@@ -647,19 +652,25 @@ def build_parser() -> argparse.ArgumentParser:
     tu = sub.add_parser(
         "tune",
         help="which allocator and settings suit a program: heapcast tune -- PROGRAM ARGS...",
-        description="Measure PROGRAM under glibc, its tunables and other allocators; recommend\n"
-        "one, corrected for the number compared, with the exact line to paste.",
+        description="Trace PROGRAM once, derive glibc settings from what it does, measure them\n"
+        "beside other allocators; recommend one, corrected for the number compared, with the\n"
+        "exact line to paste.",
         epilog=TUNE_EPILOG,
         formatter_class=raw,
     )
     tu.add_argument("-o", "--output", default="tune.html", help="the page (default tune.html)")
     tu.add_argument("--candidates", help="comma-separated names (configs/allocators.yaml)")
-    tu.add_argument("--repetitions", type=_positive, help="rounds before any is added")
+    tu.add_argument("--repetitions", type=_positive, help="rounds a decision needs (5)")
     tu.add_argument("--max-repetitions", type=_positive, help="rounds at most")
     tu.add_argument(
         "--objective",
         choices=["time", "memory"],
         help="what the winner must beat glibc on (default: the config's rule, time)",
+    )
+    tu.add_argument(
+        "--no-trace",
+        action="store_true",
+        help="no traced first run: the fixed list measured, nothing derived or ruled out",
     )
     tu.add_argument("--config", help="allocators config (default configs/allocators.yaml)")
     tu.add_argument("program", nargs=argparse.REMAINDER)

@@ -13,7 +13,9 @@ plots of time against peak memory, and one MLflow run per measurement in its own
 Open `measure` first (how runs are made side by side, each verified in force by
 tasks.replay.runners.preload), then `stats` (checks and the rule) over `decide` (the rank test,
 Holm's correction, the margin's interval), `heap` (features from the events), `report` (what is
-written). `tune` is `heapcast tune -- PROGRAM`: any program on this host, the same analysis.
+written). `tune` is `heapcast tune -- PROGRAM`: any program on this host, the same analysis,
+over candidates derived from one traced run (`trace_facts` reads the facts, `advise` derives
+and rules out) and rounds stopped once the choice is decided (`rounds`).
 `seeds` measures the layer's cases (the seeds' numpy_temporaries and numpy_training_loop, and
 numpy_pipeline: a reader thread's chunks freed by the main thread) under the mallocs
 and heapcast's layer (`kind: layer` candidates; `layer-table` reads the registered model's table,

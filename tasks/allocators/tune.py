@@ -8,15 +8,23 @@ analysis is the allocators stage's own (tasks.allocators.stats: the output check
 glibc's, the Holm-corrected choice, the margin's interval), on a `Measurements` of one case.
 
 Order of work:
-1. the program is found, and run once under the baseline (the warm-up, discarded): a program
-   that fails there, or that LD_PRELOAD cannot reach (static, setuid), stops here with an error
-   saying so; a candidate whose library is missing is named with its Debian package and left
-   out, the others measured;
-2. `repetitions` rounds, every candidate once per round in a balanced order; rounds added, up to
-   `max_repetitions`, while the choice sits in the noise;
-3. the answer: a table (time, peak RSS, minor faults per candidate relative to glibc, with their
-   spread), the recommendation and the exact line to paste, and an HTML page in the heap
-   report's style with time against memory.
+1. the program is found and run once traced (the tracer, callers on, with the probe: it must
+   work and be reached; a static or setuid program, or one failing, stops here with an error
+   saying so). tasks.allocators.trace_facts reads what decides the settings from that run;
+   where the traced run fails but the program works alone, tune says so and measures the fixed
+   list (`trace=False`: that plain run only);
+2. tasks.allocators.advise derives candidates from the facts (`glibc-derived`: glibc's
+   tunables at the trace's values; heapcast's layer where its case shows) and rules out those
+   the trace says cannot help; a candidate whose library is missing is named with its Debian
+   package and left out, the others measured;
+3. rounds, every candidate still in once per round in a balanced order; tasks.allocators.rounds
+   drops a candidate that cannot win and stops once the choice is decided (or at
+   `max_repetitions`);
+4. the recommended setting is run alone once more: its output unchanged, its gain against the
+   margin's interval;
+5. the answer: the facts and why each candidate ran or not, a table (time, peak RSS, minor
+   faults per candidate relative to glibc, with their spread), the recommendation and the exact
+   line to paste, and an HTML page in the heap report's style with time against memory.
 
 A program whose output differs from run to run under glibc (it prints times, addresses) cannot
 have its output compared: the answer says so and only exit codes are compared.
@@ -39,8 +47,8 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
+from tasks.allocators.advise import Advice, advise
 from tasks.allocators.config import LAYER_STATS, Allocator, AllocatorsConfig
-from tasks.allocators.decide import undecided
 from tasks.allocators.measure import (
     NOT_APPLIED,
     CaseInfo,
@@ -51,12 +59,24 @@ from tasks.allocators.measure import (
     read_layer_stats,
     usage_fields,
 )
+from tasks.allocators.rounds import after_round
 from tasks.allocators.stats import PairSummary, Recommendation, analyse
-from tasks.replay.runners.preload import PreloadedRun, balanced_orders, run_preloaded
+from tasks.allocators.trace_facts import HeapFacts, TraceFactsError, heap_facts, mallopt_lines
+from tasks.core.config import PROJECT_DIR
+from tasks.format.build import TracerBuildError, build_tracer
+from tasks.format.native_sources import TRACER_SOURCES
+from tasks.replay.runners.base import PROBE_REPORT
+from tasks.replay.runners.preload import (
+    PreloadedRun,
+    PreloadSpec,
+    balanced_orders,
+    run_preloaded,
+)
 from tasks.report.page import html_table, standalone_page
 
 # progress(done, total, what): one call before each run
 Progress = Callable[[int, int, str], None]
+NATIVE_DIR = PROJECT_DIR / "native"
 
 
 class TuneError(RuntimeError):
@@ -68,10 +88,14 @@ class TuneOutcome:
     measurements: Measurements
     pairs: list[PairSummary]
     recommendation: Recommendation
-    table: str  # the terminal answer: table, recommendation, line to paste
+    table: str  # the terminal answer: facts, candidates, table, recommendation, line to paste
     line: str  # the exact line to paste (the program included)
     html_path: Path | None
     output_note: str | None  # set when outputs could not be compared
+    facts: HeapFacts | None = None  # what the traced run showed; None: no trace read
+    advice: Advice | None = None  # the candidates derived and ruled out
+    check: CheckRun | None = None  # the recommended setting run alone after the choice
+    stopped: str = ""  # why the rounds stopped
 
 
 def _sample(label: str, name: str, rep: int, pos: int, run: PreloadedRun, expected: int) -> Sample:
@@ -121,6 +145,139 @@ def missing_library(a: Allocator) -> str | None:
     )
 
 
+def tracer_library() -> Path:
+    """native/build/libheapcast.so, built (make) when missing or older than a source."""
+    lib = NATIVE_DIR / "build" / "libheapcast.so"
+    try:
+        built = lib.stat().st_mtime_ns
+        if all((NATIVE_DIR / s).stat().st_mtime_ns <= built for s in TRACER_SOURCES):
+            return lib
+    except FileNotFoundError:
+        pass
+    try:
+        return build_tracer.fn()
+    except TracerBuildError as err:
+        raise TuneError(f"the tracer cannot be built: {err}") from None
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """The first run of the program: traced (the facts read from it) or, where tracing was off or
+    failed, under the baseline alone. It checks the program works and LD_PRELOAD reaches it."""
+
+    run: PreloadedRun
+    traced: bool
+    facts: HeapFacts | None
+    note: str | None  # why there is no advice from the trace, when there is none
+
+
+def _fail_under_baseline(argv: list[str], run: PreloadedRun, baseline: str, how: str) -> None:
+    if run.error:
+        raise TuneError(f"{shlex.join(argv)}: {run.error}")
+    if run.timed_out:
+        raise TuneError(
+            f"{shlex.join(argv)} did not finish in its time limit under {baseline}{how}; "
+            "tune measures a program that ends: give it a shorter input"
+        )
+    if run.exit_code != 0:
+        raise TuneError(
+            f"{shlex.join(argv)} exits {run.exit_code} under {baseline}{how} (stderr: "
+            f"{run.stderr_tail.strip()[-400:] or 'nothing'}); tune measures a program "
+            "that works: fix the command first"
+        )
+    if not run.verification.applied:
+        raise TuneError(
+            f"LD_PRELOAD cannot reach {argv[0]}: {run.verification.reason}. An allocator "
+            "can only be changed there by relinking the program"
+        )
+
+
+def first_run(
+    argv: list[str],
+    config: AllocatorsConfig,
+    work: Path,
+    *,
+    trace: bool,
+    cwd: Path | None,
+    timeout_s: float,
+) -> FirstRun:
+    """Run the program once, traced with callers where `trace` (as `heapcast trace` does), and
+    read the facts; where the traced run fails but the program works alone, tune goes on with
+    the fixed list and says why. A program that fails alone, or that LD_PRELOAD cannot reach, is
+    a TuneError naming it."""
+    baseline = config.get(config.baseline)
+    lib = None
+    if trace:
+        try:
+            lib = tracer_library()
+        except TuneError as err:
+            note = f"{err}: no advice from the trace"
+    if lib is not None:
+        out = work / "trace"
+        out.mkdir(parents=True)
+        env = dict(os.environ, HEAPCAST_OUT=str(out), HEAPCAST_CALLER="1")
+        spec = PreloadSpec(name="traced", library=str(lib))
+        run = run_preloaded(argv, spec, work / "traced", base_env=env, cwd=cwd, timeout_s=timeout_s)
+        if not run.verification.applied and run.exit_code == 0 and not run.error:
+            _fail_under_baseline(argv, run, config.baseline, " (traced)")
+        if run.exit_code == 0 and not run.error and not run.timed_out:
+            probe = work / "traced" / PROBE_REPORT
+            try:
+                facts = heap_facts(
+                    out,
+                    large_block_bytes=config.large_block_bytes,
+                    peak_rss_bytes=run.usage.max_process_rss_bytes if run.usage else None,
+                    wall_s=run.usage.wall_s if run.usage else None,
+                    mallopt_calls=mallopt_lines(
+                        probe.read_text(errors="replace") if probe.is_file() else None
+                    ),
+                )
+                return FirstRun(run, True, facts, None)
+            except TraceFactsError as err:
+                note = f"the trace could not be read ({err}): no advice from the trace"
+        else:
+            why = run.error or (
+                "it ran past its time limit"
+                if run.timed_out
+                else f"exit {run.exit_code}: {run.stderr_tail.strip()[-300:] or 'no stderr'}"
+            )
+            note = f"the traced run failed ({why}): no advice from the trace"
+    elif not trace:
+        note = "tracing off (--no-trace): the fixed list measured"
+    run = run_preloaded(argv, baseline.spec, work / "check", cwd=cwd, timeout_s=timeout_s)
+    _fail_under_baseline(argv, run, config.baseline, "")
+    return FirstRun(run, False, None, note)
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    """The recommended setting run alone after the choice: its output and its gain."""
+
+    allocator: str
+    wall_s: float | None
+    gain: float | None  # 1 - wall / the baseline's median wall
+    output_same: bool | None  # None: outputs could not be compared
+    within: bool | None  # the gain inside the margin's interval
+    error: str | None = None
+
+    def line(self, rec: Recommendation) -> str:
+        if self.error:
+            return f"check run of {self.allocator} alone: {self.error}"
+        out = {True: "output unchanged", False: "OUTPUT DIFFERS", None: "output not comparable"}
+        gain = f"gain {self.gain * 100:+.1f}%" if self.gain is not None else "no time"
+        where = ""
+        if self.within is not None:
+            where = (
+                f", {'within' if self.within else 'outside'} the interval "
+                f"[{rec.margin_low * 100:+.1f}%, {rec.margin_high * 100:+.1f}%]"
+                + ("" if self.within else " (one run: its noise is wider than a median's)")
+            )
+        return (
+            f"check run of {self.allocator} alone: wall {self.wall_s:.3f} s, {gain}{where}, "
+            f"{out[self.output_same]}"
+        )
+
+
 def tune(
     argv: list[str],
     config: AllocatorsConfig,
@@ -134,9 +291,14 @@ def tune(
     timeout_s: float = 3600.0,
     progress: Progress | None = None,
     objective: str | None = None,
+    trace: bool = True,
+    cpus: int | None = None,
+    check: bool = True,
 ) -> TuneOutcome:
-    """Measure `argv` under each candidate and recommend one (see the module); `objective`
-    (time or memory) overrides the rule's."""
+    """Trace `argv` once, derive candidates from what it does, measure them beside the fixed
+    list and recommend one (see the module); `objective` (time or memory) overrides the rule's.
+    `candidates` given: exactly those are measured (the trace still shown, nothing derived or
+    ruled out). `cpus`: the cores the derivation assumes (default: this host's)."""
     if not argv:
         raise TuneError("give a program: heapcast tune -- PROGRAM ARGS...")
     if objective is not None:
@@ -146,10 +308,16 @@ def tune(
         config = config.model_copy(update={"rule": rule})
     program = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
     if program is None or not os.path.exists(program):
-        raise TuneError(f"program not found: {argv[0]}")
+        raise TuneError(
+            f"program not found: {argv[0]} ("
+            + ("no such file" if "/" in argv[0] else "not on PATH")
+            + "); give the path of an executable, or a command on PATH"
+        )
+    if os.path.isdir(program) or not os.access(program, os.X_OK):
+        raise TuneError(f"{program} is not an executable file; give the program to run")
     argv = [program, *argv[1:]]
     tcfg = config.tune
-    names = candidates or (tcfg.candidates if tcfg else config.names())
+    names = list(candidates or (tcfg.candidates if tcfg else config.names()))
     unknown = [n for n in names if n not in config.names()]
     if unknown:
         raise TuneError(
@@ -162,6 +330,87 @@ def tune(
     bound = max(reps, max_repetitions or (tcfg.max_repetitions if tcfg else config.rounds_bound))
     warm = (tcfg.warmup if tcfg else config.warmup) if warmup is None else warmup
     label = Path(argv[0]).name
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="heapcast-tune-"))
+    try:
+        if progress is not None:
+            progress(0, 1 + reps * len(names), "traced run" if trace else config.baseline)
+        first = first_run(
+            argv, config, scratch / "first", trace=trace, cwd=cwd, timeout_s=timeout_s
+        )
+        advice = None
+        if first.facts is not None:
+            advice = advise(
+                first.facts,
+                config,
+                names,
+                cpus or len(os.sched_getaffinity(0)) or 1,
+                config.rule.objective,
+            )
+            if candidates is None:
+                # the derived candidates join the config (replacing a same-named one)
+                fresh = {a.name for a in advice.derived}
+                kept = [a for a in config.allocators if a.name not in fresh]
+                allocators = kept + list(advice.derived)
+                config = config.model_copy(update={"allocators": allocators})
+                names = [n for n in names if n not in advice.ruled_out]
+                names += [a.name for a in advice.derived if a.name not in names]
+            else:
+                advice = Advice(facts=advice.facts, run={n: "asked for" for n in names})
+        m, dropped, stop = _measure(
+            argv, config, names, label, reps, bound, warm, scratch, cwd, timeout_s, progress, first
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    m = m.model_copy(
+        update={
+            "started_at": started.isoformat(timespec="seconds"),
+            "night": night_stamp(started),
+        }
+    )
+    pairs, (rec,) = analyse(m, config)
+    note = None
+    base_pair = next(p for p in pairs if p.allocator == config.baseline)
+    if base_pair.output.startswith("unchecked:"):
+        note = (
+            f"{label}'s output differs from run to run under {config.baseline}: outputs "
+            "cannot be compared, only exit codes are"
+        )
+    checked = None
+    if check and rec.allocator and rec.allocator != rec.baseline:
+        if progress is not None:
+            progress(len(m.samples) + 1, len(m.samples) + 2, f"check: {rec.allocator}")
+        checked = _check_run(argv, config, m, rec, note is None, cwd, timeout_s)
+    if progress is not None:
+        total = len(m.samples) + 1 + (checked is not None)
+        progress(total, total, "done")
+    m = m.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
+    line = _paste_line(config, rec, argv)
+    answer = Answer(m, pairs, rec, config, line, note, first, advice, dropped, stop, checked)
+    text = render_table(answer)
+    page = None
+    if html_out is not None:
+        html_out.write_text(render_html(answer, argv))
+        page = html_out
+    return TuneOutcome(m, pairs, rec, text, line, page, note, first.facts, advice, checked, stop)
+
+
+def _measure(
+    argv: list[str],
+    config: AllocatorsConfig,
+    names: list[str],
+    label: str,
+    reps: int,
+    bound: int,
+    warm: int,
+    scratch: Path,
+    cwd: Path | None,
+    timeout_s: float,
+    progress: Progress | None,
+    first: FirstRun,
+) -> tuple[Measurements, dict[str, str], str]:
+    """The balanced rounds, candidates dropped and rounds stopped by tasks.allocators.rounds."""
     unavailable = []
     for n in names:
         why = missing_library(config.get(n))
@@ -181,13 +430,9 @@ def tune(
     if config.baseline in gone:
         raise TuneError(next(u.message for u in unavailable if u.allocator == config.baseline))
     live = [n for n in names if n not in gone]
-    started = datetime.now(UTC)
-    t0 = time.monotonic()
     samples: list[Sample] = []
-    scratch = Path(tempfile.mkdtemp(prefix="heapcast-tune-"))
-    planned = warm + 1 + reps * len(live)
-    done = 0
-
+    planned = 1 + warm + reps * len(live)
+    done = 1
     layer_counts: dict[str, dict[str, int]] = {}  # the last run's, per candidate
 
     def one(name: str, run_dir: Path) -> PreloadedRun:
@@ -201,51 +446,48 @@ def tune(
         shutil.rmtree(run_dir, ignore_errors=True)
         return r
 
-    try:
-        # the baseline first, twice (warm-up, then a check): it must work, be reached, and
-        # tell whether its output is the same run to run
-        first = one(config.baseline, scratch / "check")
-        if first.error:
-            raise TuneError(f"{shlex.join(argv)}: {first.error}")
-        if first.exit_code != 0:
-            raise TuneError(
-                f"{shlex.join(argv)} exits {first.exit_code} under {config.baseline} (stderr: "
-                f"{first.stderr_tail.strip()[-400:] or 'nothing'}); tune measures a program "
-                "that works: fix the command first"
-            )
-        if not first.verification.applied:
-            raise TuneError(
-                f"LD_PRELOAD cannot reach {argv[0]}: {first.verification.reason}. An allocator "
-                "can only be changed there by relinking the program"
-            )
-        for i in range(warm):
-            one(config.baseline, scratch / f"warmup-{i}")
-        expected = first.exit_code
-        orders = balanced_orders(live, bound, config.order_seed)
-        rep = 0
-        while rep < bound:
-            if rep >= reps:
-                ok = [s for s in samples if s.ok]
-                times = {
-                    n: np.array([getattr(s, config.rule.primary) for s in ok if s.allocator == n])
-                    for n in live
-                }
-                if not undecided(
-                    times, config.baseline, config.rule.alpha, config.rule.promising_p
-                ):
-                    break
-                planned += len(live)
-            for pos, name in enumerate(orders[rep]):
-                run = one(name, scratch / f"r{rep + 1}-{name}")
-                sample = _sample(label, name, rep + 1, pos + 1, run, expected)
-                samples.append(sample.model_copy(update=layer_counts[name]))
-            rep += 1
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if progress is not None:
-        progress(planned, planned, "done")
+    for i in range(warm):
+        one(config.baseline, scratch / f"warmup-{i}")
+    expected = first.run.exit_code
+    orders = balanced_orders(live, bound, config.order_seed)
+    active = list(live)
+    dropped: dict[str, str] = {}
+    stop = f"the bound of {bound} rounds"
+    metric = config.rule.primary
+    for rep in range(bound):
+        order = [n for n in orders[rep] if n in active]
+        for pos, name in enumerate(order):
+            run = one(name, scratch / f"r{rep + 1}-{name}")
+            sample = _sample(label, name, rep + 1, pos + 1, run, expected)
+            samples.append(sample.model_copy(update=layer_counts[name]))
+        ok = [s for s in samples if s.ok]
+        runs = {n: np.array([getattr(s, metric) for s in ok if s.allocator == n]) for n in live}
+        # a candidate whose runs failed is out of the race (its pair says why)
+        for n in [n for n in active if n != config.baseline]:
+            if any(not s.ok for s in samples if s.allocator == n):
+                active.remove(n)
+                dropped[n] = f"a run failed after {rep + 1} round(s) (its row says why)"
+        verdict = after_round(
+            runs,
+            active,
+            config.baseline,
+            rep + 1,
+            decide_rounds=reps,
+            alpha=config.rule.alpha,
+            promising_p=config.rule.promising_p,
+            metric=metric,
+            ineligible=_over_memory(ok, live, config),
+        )
+        for n, why in verdict.dropped.items():
+            active.remove(n)
+            dropped[n] = why
+        if verdict.stop:
+            stop = verdict.stop
+            break
+        # what is left to run, at most: the next rounds of those still in
+        planned = done + max(reps - rep - 1, 1) * len(active)
     m = Measurements(
-        night=night_stamp(started),
+        night=night_stamp(),
         runner="host",
         runner_detail="this host, the caller's folder and environment",
         host=socket.gethostname(),
@@ -257,24 +499,64 @@ def tune(
         cases=[CaseInfo(label=label, workload=label, input="args", expected_exit_code=expected)],
         samples=samples,
         unavailable=unavailable,
-        started_at=started.isoformat(timespec="seconds"),
-        elapsed_s=round(time.monotonic() - t0, 3),
+        started_at="",
+        elapsed_s=0.0,
     )
-    pairs, (rec,) = analyse(m, config)
-    note = None
-    base_pair = next(p for p in pairs if p.allocator == config.baseline)
-    if base_pair.output.startswith("unchecked:"):
-        note = (
-            f"{label}'s output differs from run to run under {config.baseline}: outputs "
-            "cannot be compared, only exit codes are"
+    return m, dropped, stop
+
+
+def _over_memory(ok: list[Sample], names: list[str], config: AllocatorsConfig) -> dict[str, str]:
+    """For the time objective: the candidates whose median memory is over the rule's tolerance
+    above the lowest (the rule leaves them out), with why."""
+    rule = config.rule
+    if rule.objective != "time":
+        return {}
+    med = {}
+    for n in names:
+        v = [getattr(s, rule.memory) for s in ok if s.allocator == n and getattr(s, rule.memory)]
+        if v:
+            med[n] = float(np.median(v))
+    if not med:
+        return {}
+    low = min(med.values())
+    return {
+        n: f"its median {rule.memory} {v / low - 1:.0%} over the lowest (tolerance "
+        f"{rule.memory_tolerance:.0%})"
+        for n, v in med.items()
+        if v > low * (1 + rule.memory_tolerance)
+    }
+
+
+def _check_run(
+    argv: list[str],
+    config: AllocatorsConfig,
+    m: Measurements,
+    rec: Recommendation,
+    comparable: bool,
+    cwd: Path | None,
+    timeout_s: float,
+) -> CheckRun:
+    """Run the recommended setting alone, once: its output against the baseline's, its gain
+    against the margin's interval."""
+    with tempfile.TemporaryDirectory(prefix="heapcast-tune-check-") as d:
+        run = run_preloaded(
+            argv, config.get(rec.allocator).spec, Path(d), cwd=cwd, timeout_s=timeout_s
         )
-    line = _paste_line(config, rec, argv)
-    text = render_table(m, pairs, rec, config, line, note)
-    page = None
-    if html_out is not None:
-        html_out.write_text(render_html(m, pairs, rec, config, line, note, argv))
-        page = html_out
-    return TuneOutcome(m, pairs, rec, text, line, page, note)
+    if run.error or run.exit_code != m.cases[0].expected_exit_code or not run.verification.applied:
+        why = run.error or (
+            f"exit {run.exit_code}" if run.verification.applied else run.verification.reason
+        )
+        return CheckRun(rec.allocator, None, None, None, None, error=f"failed: {why}")
+    base = [s.wall_s for s in m.samples if s.allocator == rec.baseline and s.ok and s.wall_s]
+    wall = run.usage.wall_s if run.usage else None
+    gain = 1 - wall / float(np.median(base)) if wall and base else None
+    ref = {s.stdout_sha256 for s in m.samples if s.allocator == rec.baseline and s.ok}
+    same = (run.stdout_sha256 in ref) if comparable and len(ref) == 1 else None
+    within = None
+    timed = rec.objective == "time" and rec.time_metric == "wall_s"
+    if gain is not None and timed and rec.margin_low is not None:
+        within = rec.margin_low <= gain <= rec.margin_high
+    return CheckRun(rec.allocator, wall, gain, same, within)
 
 
 def _paste_line(config: AllocatorsConfig, rec: Recommendation, argv: list[str]) -> str:
@@ -334,27 +616,71 @@ def _verdict(rec: Recommendation, config: AllocatorsConfig) -> str:
     )
 
 
-def render_table(
-    m: Measurements,
-    pairs: list[PairSummary],
-    rec: Recommendation,
-    config: AllocatorsConfig,
-    line: str,
-    note: str | None,
-) -> str:
+@dataclass(frozen=True)
+class Answer:
+    """Everything the terminal and the page show."""
+
+    m: Measurements
+    pairs: list[PairSummary]
+    rec: Recommendation
+    config: AllocatorsConfig
+    line: str
+    note: str | None
+    first: FirstRun
+    advice: Advice | None
+    dropped: dict[str, str]
+    stop: str
+    check: CheckRun | None
+
+
+def _candidate_lines(a: Answer) -> tuple[list[str], list[str]]:
+    """(what runs and why, what does not and why), one line each."""
+    runs, not_run = [], []
+    if a.advice is not None:
+        for name, why in a.advice.run.items():
+            knobs = a.config.get(name).line() if name in a.config.names() else ""
+            runs.append(f"{name}{' (' + knobs + ')' if knobs else ''}: {why}")
+        not_run = [f"{name}: {why}" for name, why in a.advice.ruled_out.items()]
+    not_run += [f"{name}: dropped, {why}" for name, why in a.dropped.items()]
+    return runs, not_run
+
+
+def render_table(a: Answer) -> str:
+    m, pairs, rec, config = a.m, a.pairs, a.rec, a.config
+    out: list[str] = []
+    first = a.first
+    if first.facts is not None:
+        u = first.run.usage
+        out.append(
+            f"What the traced run showed ({u.wall_s:.2f} s under the tracer):"
+            if u
+            else "What the traced run showed:"
+        )
+        out += [f"  - {line}" for line in first.facts.lines()]
+    if first.note:
+        out.append(f"note: {first.note}")
+    runs, not_run = _candidate_lines(a)
+    if runs:
+        out += ["", "Candidates run:"] + [f"  - {r}" for r in runs]
+    if not_run:
+        out += ["Not run:"] + [f"  - {r}" for r in not_run]
     rows = [HEAD] + _rows(m, pairs)
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD) - 1)]
-    out = [
+    out += [
+        "",
         f"{m.baseline}: median [min–max]; others: ratio to {m.baseline}'s median [min–max]. "
-        f"★ recommended. {max((s.rep for s in m.samples), default=0)} rounds.",
+        f"★ recommended. {max((s.rep for s in m.samples), default=0)} rounds, stopped: {a.stop}.",
     ]
     for r in rows:
         out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     for u in m.unavailable:
         out.append(f"not measured: {u.message}")
-    if note:
-        out.append(f"note: {note}")
-    out += ["", _verdict(rec, config), "", "  " + line]
+    if a.note:
+        out.append(f"note: {a.note}")
+    out += ["", _verdict(rec, config)]
+    if a.check is not None:
+        out.append(a.check.line(rec))
+    out += ["", "  " + a.line]
     return "\n".join(out)
 
 
@@ -387,34 +713,39 @@ def _figure(m: Measurements, pairs: list[PairSummary], config: AllocatorsConfig)
     return fig
 
 
-def render_html(
-    m: Measurements,
-    pairs: list[PairSummary],
-    rec: Recommendation,
-    config: AllocatorsConfig,
-    line: str,
-    note: str | None,
-    argv: list[str],
-) -> str:
+def render_html(a: Answer, argv: list[str]) -> str:
+    m, rec, config = a.m, a.rec, a.config
     title = f"heapcast tune: {Path(argv[0]).name}"
-    rows = [[html.escape(c) for c in r] for r in _rows(m, pairs)]
+    rows = [[html.escape(c) for c in r] for r in _rows(m, a.pairs)]
+
+    def items(lines: list[str]) -> str:
+        return "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in lines) + "</ul>"
+
     body = [
         f"<h1>{html.escape(title)}</h1>",
         f"<p class='note'>command <code>{html.escape(shlex.join(argv))}</code> on {m.host}, "
-        f"{m.started_at}; rule: {html.escape(config.rule.describe())}</p>",
+        f"{m.started_at}, {m.elapsed_s:.1f} s in all; rule: "
+        f"{html.escape(config.rule.describe())}</p>",
         f"<h2>Recommendation</h2><p>{html.escape(_verdict(rec, config))}</p>"
-        f"<pre>{html.escape(line)}</pre>",
+        f"<pre>{html.escape(a.line)}</pre>",
     ]
-    if note or m.unavailable:
-        items = ([note] if note else []) + [u.message for u in m.unavailable]
-        body.append(
-            "<div class='warn'><ul>"
-            + "".join(f"<li>{html.escape(i)}</li>" for i in items)
-            + "</ul></div>"
-        )
+    if a.check is not None:
+        body.append(f"<p>{html.escape(a.check.line(rec))}</p>")
+    if a.first.facts is not None:
+        body.append("<h2>What the traced run showed</h2>" + items(a.first.facts.lines()))
+    runs, not_run = _candidate_lines(a)
+    if runs:
+        body.append("<h2>Candidates and why</h2>" + items(runs))
+    if not_run:
+        body.append("<h3>Not run</h3>" + items(not_run))
+    warn = ([a.first.note] if a.first.note else []) + ([a.note] if a.note else [])
+    warn += [u.message for u in m.unavailable]
+    if warn:
+        body.append("<div class='warn'>" + items(warn) + "</div>")
     body.append(
-        f"<h2>Candidates</h2><p class='note'>{m.baseline}: median [min–max]; others: ratio to "
-        f"{m.baseline}'s median.</p>" + html_table(HEAD, rows)
+        f"<h2>Candidates measured</h2><p class='note'>{m.baseline}: median [min–max]; others: "
+        f"ratio to {m.baseline}'s median. Rounds stopped: {html.escape(a.stop)}.</p>"
+        + html_table(HEAD, rows)
     )
     body.append("<h2>Time against memory</h2>")
-    return standalone_page(title, body, [("tune", _figure(m, pairs, config))])
+    return standalone_page(title, body, [("tune", _figure(m, a.pairs, config))])

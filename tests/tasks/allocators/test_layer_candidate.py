@@ -232,7 +232,10 @@ def test_heapcast_tune_measures_a_layer_candidate_verified_with_its_counters(tmp
         max_repetitions=5,
     )
     layer = [s for s in out.measurements.samples if s.allocator == "layer-seed002"]
-    assert len(layer) == 5 and all(s.ok and s.applied for s in layer), [s.error for s in layer]
+    # at least the rounds before tune may drop a candidate that cannot win (tasks.allocators.rounds)
+    assert len(layer) >= 2 and all(s.ok and s.applied for s in layer), [s.error for s in layer]
+    # the traced run saw the program fix the threshold itself
+    assert any(c.startswith("M_MMAP_THRESHOLD=131072") for c in out.facts.mallopt_calls)
     assert all(s.layer_processes == 1 and s.layer_hits > 0 for s in layer)
 
 

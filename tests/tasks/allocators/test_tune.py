@@ -1,6 +1,7 @@
 """`heapcast tune` on real programs of this host (tasks.allocators.tune): seed 002's numpy case
-shortened, and each bad input: a program failing under glibc, a missing candidate library, an
-output that differs run to run, a static program, a program that does not exist.
+shortened, a C program freeing 40 MiB blocks (the trace's derived candidate run, in force, its
+output unchanged), and each bad input: a program failing under glibc, a missing candidate
+library, an output that differs run to run, a static program, a program that does not exist.
 No timing assertions: which candidate wins on a shared machine is not asserted, the answer's
 shape and its checks are."""
 
@@ -47,11 +48,20 @@ def test_tune_on_seed_002_numpy(config, tmp_path):
         progress=lambda done, total, what: calls.append((done, total, what)),
     )
     m = out.measurements
+    # candidates asked for: exactly those measured, nothing derived or ruled out
     assert [a.name for a in m.allocators] == ["glibc", "glibc-fixed", "tcmalloc"]
-    # every run measured, verified in force, with glibc's output
-    assert len(m.samples) == 15 and all(s.ok and s.applied for s in m.samples)
+    assert out.advice is not None and not out.advice.ruled_out and not out.advice.derived
+    # the traced run read: 8 MB temporaries freed again and again
+    assert out.facts is not None and out.facts.large_churn
+    assert out.facts.largest_churned >= 8_000_000
+    # every run measured, verified in force, with glibc's output; glibc ran every round, a
+    # candidate dropped early ran at least 2
+    rounds = max(s.rep for s in m.samples)
+    assert all(s.ok and s.applied for s in m.samples)
+    assert sum(s.allocator == "glibc" for s in m.samples) == rounds
+    assert all(sum(s.allocator == n for s in m.samples) >= 2 for n in ("glibc-fixed", "tcmalloc"))
     assert {p.status for p in out.pairs} == {"ok"} and {p.output for p in out.pairs} == {"same"}
-    assert out.output_note is None
+    assert out.output_note is None and out.stopped
     assert out.recommendation.compared == 2
     assert out.recommendation.allocator in ("glibc", "glibc-fixed", "tcmalloc")
     # the table: each candidate relative to glibc, the verdict, the line to paste
@@ -64,8 +74,69 @@ def test_tune_on_seed_002_numpy(config, tmp_path):
         assert out.line.startswith("GLIBC_TUNABLES=glibc.malloc.arena_max=2:")
     page = (tmp_path / "tune.html").read_text()
     assert "heapcast tune" in page and "fig-tune" in page and "heapcastPlotDrawn" in page
-    # the progress bar saw every run, then the end
-    assert calls[-1][0] == calls[-1][1] == 1 + 15
+    # the progress bar saw every run (the traced one first, the check run last), then the end
+    assert calls[0][2] == "traced run"
+    assert calls[-1][0] == calls[-1][1] == 1 + len(m.samples) + (out.check is not None)
+    assert "What the traced run showed" in out.table and "stopped: " in out.table
+
+
+BIG_BLOCKS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(void) {
+    unsigned long sum = 0;
+    for (int i = 0; i < 12; i++) {
+        size_t n = 40u << 20;  /* 40 MiB: above glibc's dynamic mmap threshold (32 MiB) */
+        unsigned char *p = malloc(n);
+        memset(p, i, n);
+        sum += p[n / 2];
+        free(p);
+    }
+    printf("%lu\n", sum);
+    return 0;
+}
+"""
+
+
+def test_tune_derives_glibc_settings_from_the_trace_and_runs_them_in_force(config, tmp_path):
+    # GIVEN a small C program that allocates, touches and frees a 40 MiB block, 12 times
+    # (-fno-builtin: gcc may otherwise drop the malloc/free pair)
+    prog = tmp_path / "big_blocks"
+    subprocess.run(
+        ["cc", "-O1", "-fno-builtin", "-o", str(prog), "-x", "c", "-"],
+        input=BIG_BLOCKS.encode(),
+        check=True,
+    )
+    # WHEN tune runs it with the config's list
+    out = tune([str(prog)], config, html_out=tmp_path / "tune.html", cpus=2)
+    # THEN the trace showed the 40 MiB blocks, and glibc-derived was derived from them
+    assert [(c.size, c.count) for c in out.facts.large_churn] == [(40 << 20, 12)]
+    derived = next(a for a in out.measurements.allocators if a.name == "glibc-derived")
+    tunables = derived.env["GLIBC_TUNABLES"]
+    assert "glibc.malloc.mmap_threshold=" in tunables and "trim_threshold=" in tunables
+    threshold = int(tunables.split("mmap_threshold=")[1].split(":")[0])
+    assert threshold > 40 << 20
+    # the fixed glibc settings were ruled out by the trace, and said so
+    assert "glibc-fixed" in out.advice.ruled_out
+    assert "glibc-fixed" not in {a.name for a in out.measurements.allocators}
+    # it ran, verified in force, with glibc's output
+    runs = [s for s in out.measurements.samples if s.allocator == "glibc-derived"]
+    assert len(runs) >= 2 and all(s.ok and s.applied for s in runs)
+    pair = next(p for p in out.pairs if p.allocator == "glibc-derived")
+    assert pair.status == "ok" and pair.output == "same"
+    # fewer page faults than glibc's: the freed blocks stay in the heap
+    assert (
+        pair.stats["minor_faults"].median
+        < 0.5 * next(p for p in out.pairs if p.allocator == "glibc").stats["minor_faults"].median
+    )
+    # the answer: the facts, the reasons, the check run of the choice alone
+    assert "40.0 MiB x12" in out.table and "glibc-derived (GLIBC_TUNABLES=" in out.table
+    if out.recommendation.allocator != "glibc":
+        assert out.check is not None and out.check.error is None and out.check.output_same
+        assert "check run of " in out.table
+    page = (tmp_path / "tune.html").read_text()
+    assert "What the traced run showed" in page and "Not run" in page
 
 
 def test_a_program_failing_under_glibc_is_a_clear_error(config):
@@ -111,3 +182,16 @@ def test_a_program_that_does_not_exist(config):
         tune(["no-such-program"], config)
     with pytest.raises(TuneError, match="no candidate hoard"):
         tune(["/bin/true"], config, candidates=["glibc", "hoard"])
+
+
+def test_a_program_failing_only_when_traced_is_measured_without_advice(config):
+    # the program refuses to run traced (it sees the tracer's variable), and works alone
+    prog = [
+        sys.executable,
+        "-c",
+        "import os, sys; sys.exit(5 if 'HEAPCAST_OUT' in os.environ else 0)",
+    ]
+    out = tune(prog, config, candidates=["glibc", "jemalloc"], repetitions=5, warmup=0)
+    assert out.facts is None and out.advice is None
+    assert "the traced run failed (exit 5" in out.table and "no advice from the trace" in out.table
+    assert {s.allocator for s in out.measurements.samples} == {"glibc", "jemalloc"}

@@ -1,0 +1,191 @@
+"""From what the trace showed to what `heapcast tune` runs: candidates derived, others ruled out.
+
+Takes `HeapFacts` (tasks.allocators.trace_facts), the fixed list of candidates and the config;
+gives an `Advice`: new candidates with their settings computed from the facts, the reason each
+candidate is run, and the reason each one left out is not run. Pure: no run, no file.
+
+The rules (docs/allocators.md#advice-from-the-trace):
+
+- `glibc-derived`, glibc's tunables at the trace's values:
+    - large sizes freed again and again (each free of a block glibc mapped is a munmap, and each
+      new one a page fault per page): `mmap_threshold` above the largest of them (glibc's
+      dynamic threshold stops at 32 MiB), and `trim_threshold` above the most bytes they held at
+      once, so that the freed top of the heap is kept for the next request, not trimmed;
+    - more threads allocating than cores: `arena_max` at the cores (threads beyond them never
+      run at once, and each arena holds memory of its own);
+    - small sizes reused in bursts deeper than tcache's 7 blocks (time objective only: a
+      deeper cache holds more memory): `tcache_count` at that depth (a power of two, at most
+      TCACHE_COUNT_CAP);
+    - a knob the program sets itself with mallopt is left alone (it would not be in force).
+- heapcast's layer, seed 002's policy (the largest freed blocks kept), where large blocks are
+  freed and requested again.
+- Ruled out: the fixed glibc settings (`glibc-fixed`, `glibc-arena2`) when glibc-derived sets the
+  same knobs at the trace's values, or when nothing they change happens in the trace; every
+  candidate when the heap cannot matter to the time: the heap calls and the large blocks' page
+  faults, each counted at a generous cost, under HEAP_MATTERS_SHARE of the traced run's time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tasks.allocators.config import Allocator, AllocatorsConfig
+from tasks.allocators.trace_facts import TCACHE_COUNT, HeapFacts
+
+DERIVED = "glibc-derived"
+LAYER_LARGE = "layer-seed002"  # the layer's policy for large blocks freed and requested again
+FIXED_GLIBC = ("glibc-fixed", "glibc-arena2")
+MIB = 1024 * 1024
+TCACHE_COUNT_CAP = 1024
+# generous costs: a heap call, and a page fault on a fresh page of a large block
+CALL_COST_S = 1e-6
+FAULT_COST_S = 1e-6
+PAGE = 4096
+HEAP_MATTERS_SHARE = 0.01  # below this share of the run's time, no allocator can show
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What the trace decided: the derived candidates, why each candidate runs, why others not."""
+
+    facts: HeapFacts
+    derived: tuple[Allocator, ...] = ()
+    run: dict[str, str] = field(default_factory=dict)  # name -> why it is measured
+    ruled_out: dict[str, str] = field(default_factory=dict)  # name -> why it is not
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def _set_by_program(facts: HeapFacts, knob: str) -> bool:
+    return any(c.startswith(f"M_{knob.upper()}=") for c in facts.mallopt_calls)
+
+
+def glibc_tunables(facts: HeapFacts, cpus: int, objective: str) -> tuple[dict[str, int], list[str]]:
+    """glibc's tunables at the trace's values (see the module), each with why."""
+    knobs: dict[str, int] = {}
+    why: list[str] = []
+    skipped: list[str] = []
+    if facts.large_churn:
+        top = facts.largest_churned
+        threshold = _round_up(top + PAGE, MIB)
+        trim = _round_up(max(facts.large_live_peak_bytes, top) + top, MIB)
+        if _set_by_program(facts, "mmap_threshold"):
+            skipped.append("mmap_threshold (the program sets it with mallopt)")
+        else:
+            knobs["mmap_threshold"] = threshold
+            why.append(
+                f"mmap_threshold={threshold} ({threshold // MIB} MiB): above the largest size "
+                f"freed again and again ({top / MIB:.1f} MiB), so glibc serves it from the heap "
+                "instead of a fresh mapping each time"
+            )
+        if _set_by_program(facts, "trim_threshold"):
+            skipped.append("trim_threshold (the program sets it with mallopt)")
+        else:
+            knobs["trim_threshold"] = trim
+            why.append(
+                f"trim_threshold={trim} ({trim // MIB} MiB): above the "
+                f"{facts.large_live_peak_bytes / MIB:.1f} MiB those blocks held at once, so the "
+                "freed top of the heap is kept for the next request"
+            )
+    if facts.allocating_threads > cpus:
+        if _set_by_program(facts, "arena_max"):
+            skipped.append("arena_max (the program sets it with mallopt)")
+        else:
+            knobs["arena_max"] = cpus
+            why.append(
+                f"arena_max={cpus}: {facts.allocating_threads} threads allocate on {cpus} "
+                "cores; more arenas than cores only hold more memory"
+            )
+    if objective == "time" and facts.small_churn_depth > TCACHE_COUNT:
+        count = min(_pow2_at_least(facts.small_churn_depth), TCACHE_COUNT_CAP)
+        knobs["tcache_count"] = count
+        why.append(
+            f"tcache_count={count}: small sizes are reused in bursts of up to "
+            f"{facts.small_churn_depth} blocks, deeper than tcache's {TCACHE_COUNT}"
+        )
+    if skipped:
+        why.append("left alone: " + ", ".join(skipped))
+    return knobs, why
+
+
+def derived_glibc(knobs: dict[str, int]) -> Allocator:
+    """The `glibc-derived` candidate with these tunables."""
+    value = ":".join(f"glibc.malloc.{k}={v}" for k, v in knobs.items())
+    return Allocator(name=DERIVED, package="libc6", env={"GLIBC_TUNABLES": value})
+
+
+def run_time_s(facts: HeapFacts) -> float:
+    """The traced run's time: its wall time, else the span of its heap calls."""
+    return max(facts.wall_s or 0.0, facts.span_s)
+
+
+def heap_share_bound(facts: HeapFacts) -> float:
+    """A generous bound on the share of the traced run's time the allocator can change."""
+    if run_time_s(facts) <= 0:
+        return 1.0
+    cost = facts.heap_calls * CALL_COST_S + facts.large_churn_bytes / PAGE * FAULT_COST_S
+    return cost / run_time_s(facts)
+
+
+def advise(
+    facts: HeapFacts, config: AllocatorsConfig, names: list[str], cpus: int, objective: str
+) -> Advice:
+    """Which candidates to run for a program with these facts (see the module): `names` are the
+    fixed list (the baseline among them); the derived ones are added after them."""
+    baseline = config.baseline
+    run: dict[str, str] = {baseline: "the baseline: every gain is relative to it"}
+    ruled: dict[str, str] = {}
+    derived: list[Allocator] = []
+    knobs, why = glibc_tunables(facts, cpus, objective)
+    if knobs:
+        derived.append(derived_glibc(knobs))
+        run[DERIVED] = "; ".join(why)
+    if facts.large_churn and LAYER_LARGE in config.names() and LAYER_LARGE not in names:
+        derived.append(config.get(LAYER_LARGE))
+        run[LAYER_LARGE] = (
+            f"heapcast's layer, seed 002's policy: keeps the largest freed blocks for the next "
+            f"request ({len(facts.large_churn)} large size(s) freed and requested again)"
+        )
+    for n in names:
+        if n == baseline:
+            continue
+        if n in FIXED_GLIBC:
+            if knobs:
+                ruled[n] = f"its knobs at fixed values; {DERIVED} sets them at the trace's"
+            elif facts.allocating_threads <= 1 and not facts.large_churn:
+                ruled[n] = (
+                    "nothing it changes happens in the trace: one allocating thread, no large "
+                    "block freed again and again"
+                )
+            else:
+                run[n] = "glibc's knobs at fixed values"
+            continue
+        a = config.get(n)
+        if a.kind == "layer":
+            run[n] = "heapcast's layer, asked for"
+        elif a.library:
+            run[n] = (
+                "another malloc: its own thread caches and its own way of keeping freed "
+                "memory; the trace cannot tell its speed"
+            )
+        else:
+            run[n] = "glibc with other settings"
+    share = heap_share_bound(facts)
+    if objective == "time" and share < HEAP_MATTERS_SHARE:
+        reason = (
+            f"the heap cannot matter to the time: {facts.heap_calls:,} heap calls and "
+            f"{facts.large_churn_bytes / MIB:,.0f} MiB of large blocks re-requested are at most "
+            f"{share:.2%} of the traced run's {run_time_s(facts):.2f} s (at 1 µs a call and a page)"
+        )
+        for n in list(run):
+            if n != baseline:
+                ruled[n] = reason
+                del run[n]
+        derived = []
+    return Advice(facts=facts, derived=tuple(derived), run=run, ruled_out=ruled)

@@ -1,0 +1,386 @@
+"""What the program does to its heap, read from one traced run: the facts `heapcast tune` derives
+its candidates from (tasks.allocators.advise).
+
+Takes the tracer's files of one run (native/FORMAT.md, callers on), read by the one reader
+(tasks.format.trace_reader) and paired by the converter (tasks.dataset.convert_trace: lifetimes,
+freed sizes), and the probe's lines of the same run. Gives a frozen `HeapFacts`:
+
+- the large sizes (from `large_block_bytes`, glibc's default mmap threshold) allocated and freed
+  again and again (`REPEATED` times at least), how often, and the peak bytes they held at once;
+- the depth of small-size churn: at each request of a small size (up to glibc's tcache limit)
+  that a block its thread freed could serve, how many such blocks were waiting;
+- peak live heap bytes against the process's peak RSS (the traced run's, by hc-measure);
+- the most threads that allocate in one process; how long the freed blocks lived;
+- mallopt: the calls the probe saw in the run (`mallopt` lines), and the mapped modules (from the
+  trace's module map) whose dynamic symbols import `mallopt` (`nm -D --undefined-only`): the
+  tracer does not record mallopt itself.
+
+Per-event work is numpy over the converter's Arrow columns; the Python loops are over files and
+modules.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tasks.dataset.convert import convert_groups
+from tasks.format.trace_reader import (
+    ALLOCATING_OPS,
+    TRACE_SUFFIX,
+    Op,
+    TraceFormatError,
+    read_trace,
+)
+from tasks.replay.runners.preload import parse_probe
+
+REPEATED = 3  # a large size allocated and freed at least this often churns
+TCACHE_MAX_BYTES = 1032  # glibc's default tcache_max: the largest request tcache holds
+TCACHE_COUNT = 7  # glibc's default tcache_count: blocks per size held by a thread
+SHORT_LIVED_NS = 1_000_000  # "short-lived": freed within 1 ms
+CHURN_QUANTILE = 0.95  # the depth that covers this share of small frees
+
+
+class TraceFactsError(RuntimeError):
+    """The traced run left nothing readable; the message names the folder."""
+
+
+@dataclass(frozen=True)
+class SizeChurn:
+    """One large size (rounded up to 4 KiB) allocated and freed `count` times."""
+
+    size: int
+    count: int
+
+
+@dataclass(frozen=True)
+class HeapFacts:
+    """What decides the allocator's settings, from one traced run (see the module)."""
+
+    processes: int
+    allocations: int  # allocation calls (malloc family and realloc)
+    frees: int  # free calls
+    span_s: float  # from the first heap call to the last, under the tracer
+    allocating_threads: int  # the most threads that allocated in one process
+    large_block_bytes: int  # what counts as large
+    large_churn: tuple[SizeChurn, ...]  # sizes freed >= REPEATED times, largest first
+    large_churn_bytes: int  # bytes allocated at those sizes, all calls
+    large_live_peak_bytes: int  # the most bytes held at once in large blocks (one process)
+    small_reuses: int  # allocations up to TCACHE_MAX_BYTES served by a block the thread freed
+    small_churn_depth: int  # CHURN_QUANTILE of the blocks waiting at those reuses
+    peak_live_bytes: int  # the most live heap bytes at once (one process)
+    peak_rss_bytes: int | None  # the traced run's peak process RSS
+    wall_s: float | None  # the traced run's wall time (the tracer's cost in it)
+    median_lifetime_us: float | None  # of the blocks freed
+    short_lived_share: float  # of the blocks freed, freed within SHORT_LIVED_NS
+    mallopt_calls: tuple[str, ...] = ()  # "M_MMAP_THRESHOLD=131072 (pid 12)" as the probe saw
+    mallopt_importers: tuple[str, ...] = ()  # mapped modules importing mallopt
+    mallopt_checked: str = "by the probe in the traced run"  # how mallopt imports were looked for
+    notes: tuple[str, ...] = field(default=())  # files skipped, tools missing
+
+    @property
+    def largest_churned(self) -> int:
+        return max((c.size for c in self.large_churn), default=0)
+
+    @property
+    def heap_calls(self) -> int:
+        return self.allocations + self.frees
+
+    def lines(self) -> list[str]:
+        """The facts as short lines, for the terminal and the page."""
+        mib = 1024 * 1024
+        out = [
+            f"{self.allocations:,} allocations and {self.frees:,} frees in {self.span_s:.2f} s "
+            f"(traced), {self.processes} process(es), at most {self.allocating_threads} "
+            "allocating thread(s) in one",
+        ]
+        if self.large_churn:
+            top = ", ".join(f"{c.size / mib:.1f} MiB x{c.count}" for c in self.large_churn[:4])
+            out.append(
+                f"large blocks (>= {self.large_block_bytes // 1024} KiB) allocated and freed "
+                f"repeatedly: {top}; {self.large_churn_bytes / mib:,.0f} MiB in all, at most "
+                f"{self.large_live_peak_bytes / mib:.1f} MiB held at once"
+            )
+        else:
+            out.append(
+                f"no large block (>= {self.large_block_bytes // 1024} KiB) allocated and freed "
+                f"{REPEATED} times or more"
+            )
+        if not self.small_reuses:
+            out.append(f"no small block (<= {TCACHE_MAX_BYTES} B) freed and requested again")
+        else:
+            out.append(
+                f"small blocks (<= {TCACHE_MAX_BYTES} B): {self.small_reuses:,} requests could reuse "
+                f"a block their thread freed; for {CHURN_QUANTILE:.0%} of them at most "
+                f"{self.small_churn_depth} blocks of the size were waiting (glibc's tcache holds "
+                f"{TCACHE_COUNT} per size)"
+            )
+        rss = (
+            f" against a peak RSS of {self.peak_rss_bytes / mib:,.1f} MiB"
+            if self.peak_rss_bytes
+            else ""
+        )
+        out.append(f"peak live heap {self.peak_live_bytes / mib:,.1f} MiB{rss}")
+        if self.median_lifetime_us is not None:
+            out.append(
+                f"blocks freed: median lifetime {self.median_lifetime_us:,.0f} µs, "
+                f"{self.short_lived_share:.0%} freed within 1 ms"
+            )
+        if self.mallopt_calls:
+            out.append("the program calls mallopt itself: " + ", ".join(self.mallopt_calls))
+        elif self.mallopt_importers:
+            out.append(
+                "no mallopt call seen, but these modules import mallopt: "
+                + ", ".join(Path(p).name for p in self.mallopt_importers)
+            )
+        else:
+            out.append(f"no mallopt call ({self.mallopt_checked})")
+        return out + [f"note: {n}" for n in self.notes]
+
+
+def _running_min_by_group(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The running minimum of `values` restarted at each group start (groups are contiguous,
+    `starts` their first indices, ascending, starting with 0): each group is shifted below every
+    earlier one, so one np.minimum.accumulate serves all groups."""
+    n = len(values)
+    group = np.zeros(n, dtype=np.int64)
+    group[starts[1:]] = 1
+    group = np.cumsum(group)
+    span = int(values.max() - values.min()) + 1 if n else 1
+    shifted = values - group * span
+    return np.minimum.accumulate(shifted) + group * span
+
+
+def small_churn_depths(thread: np.ndarray, op: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """At each allocation of a small block that reuses one (its thread had freed blocks of its
+    16-byte size class and not yet taken them back), how many such blocks were waiting: the
+    depth a thread cache needs for that reuse. Frees never followed by a request of their class
+    (a program's teardown) count for nothing. Rows in call order (`size`: the freed block's on
+    free rows); allocations and frees only."""
+    if len(op) == 0:
+        return np.zeros(0, np.int64)
+    cls = (size.astype(np.int64) + 15) // 16
+    key = thread.astype(np.int64) * 1024 + cls
+    order = np.argsort(key, kind="stable")  # stable: call order kept within a key
+    k = key[order]
+    step = np.where(op[order] == Op.FREE, 1, -1).astype(np.int64)
+    level = np.cumsum(step)
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    base = np.repeat(level[starts] - step[starts], np.diff(np.r_[starts, len(k)]))
+    level = level - base  # each key's own running count, from 0
+    low = _running_min_by_group(level, starts)
+    # the running minimum before each row (0 at a key's first row)
+    low_before = np.r_[0, low[:-1]]
+    low_before[starts] = 0
+    low_before = np.minimum(low_before, 0)
+    waiting = (level - step) - low_before
+    return waiting[(step < 0) & (waiting > 0)]
+
+
+def mallopt_importers(paths: list[str]) -> tuple[tuple[str, ...], str]:
+    """The files among `paths` whose dynamic symbols import mallopt, and how that was checked."""
+    nm = shutil.which("nm")
+    files = [p for p in paths if p.startswith("/") and Path(p).is_file()]
+    if nm is None:
+        return (), "mallopt imports not checked: nm is not installed (apt-get install binutils)"
+    if not files:
+        return (), "no module file to check for mallopt imports"
+    proc = subprocess.run(
+        [nm, "-D", "--undefined-only", "-A", *files], capture_output=True, text=True
+    )
+    found = []
+    for line in proc.stdout.splitlines():  # one line per imported symbol, not per event
+        name, _, rest = line.partition(":")
+        words = rest.split()
+        if words and words[-1].split("@")[0] == "mallopt":
+            found.append(name)
+    how = f"the probe saw none; nm -D found no import of mallopt in the {len(files)} mapped modules"
+    return tuple(dict.fromkeys(found)), how
+
+
+@dataclass(frozen=True)
+class _FileFacts:
+    allocations: int
+    frees: int
+    t_lo: int
+    t_hi: int
+    threads: int
+    churn_sizes: np.ndarray  # page-rounded sizes of the large blocks freed
+    large_peak: int
+    depths: np.ndarray  # small_churn_depths
+    lifetimes: np.ndarray  # of the blocks freed (every `stride`-th in a long trace)
+    live_peak: int
+
+
+LIFETIMES_KEPT = 4_000_000  # lifetimes kept per file at most (a stride over a longer trace)
+
+
+def _file_facts(trace, large_block_bytes: int) -> _FileFacts:
+    """One process image's facts: the converter's events a row group at a time (only the
+    compact columns the facts need are kept: a large trace is never whole in memory)."""
+    groups, stats = convert_groups(trace)
+    alloc_ops = np.array([int(o) for o in ALLOCATING_OPS + (Op.REALLOC, Op.REALLOCARRAY)])
+    stride = max(1, len(trace) // LIFETIMES_KEPT)
+    allocations = frees = 0
+    t_lo = t_hi = None
+    thread_sets, churn, lifetimes = [], [], []
+    large_t0, large_t1, large_size = [], [], []
+    small_thread, small_op, small_size = [], [], []
+    for table in groups:
+        if table.num_rows == 0:
+            continue
+        op = table.column("op").to_numpy()
+        size = table.column("size").to_numpy()
+        thread = table.column("thread").to_numpy()
+        time_ns = table.column("time_ns").to_numpy()
+        life = table.column("lifetime_ns")
+        freed = life.is_valid().to_numpy(zero_copy_only=False)
+        life_ns = life.fill_null(0).to_numpy()
+        freed_size = table.column("freed_size").fill_null(0).to_numpy()
+        is_alloc = np.isin(op, alloc_ops) & (size > 0)
+        is_free = op == Op.FREE
+        allocations += int(is_alloc.sum())
+        frees += int(is_free.sum())
+        t_lo = int(time_ns[0]) if t_lo is None else t_lo
+        t_hi = int(time_ns[-1])
+        thread_sets.append(np.unique(thread[is_alloc]))
+        # large blocks: sizes freed again and again, and when each was held
+        large = is_alloc & (size >= large_block_bytes)
+        churn.append((size[large & freed] + 4095) // 4096 * 4096)
+        large_t0.append(time_ns[large])
+        large_t1.append(
+            np.where(freed[large], time_ns[large] + life_ns[large], np.iinfo(np.int64).max)
+        )
+        large_size.append(size[large].astype(np.int64))
+        # small sizes, for their churn per thread and size class
+        small = (is_alloc & (size <= TCACHE_MAX_BYTES)) | (
+            is_free & (freed_size > 0) & (freed_size <= TCACHE_MAX_BYTES)
+        )
+        small_thread.append(thread[small])
+        small_op.append(op[small])
+        small_size.append(np.where(is_free, freed_size, size)[small].astype(np.uint16))
+        lifetimes.append(life_ns[is_alloc & freed][::stride])
+    large_peak = 0
+    sizes = np.concatenate(large_size) if large_size else np.zeros(0, np.int64)
+    if sizes.size:
+        when = np.concatenate(large_t0 + large_t1)
+        delta = np.concatenate([sizes, -sizes])
+        large_peak = int(np.cumsum(delta[np.argsort(when, kind="stable")]).max())
+    cat = np.concatenate
+    depths = (
+        small_churn_depths(cat(small_thread), cat(small_op), cat(small_size))
+        if small_thread
+        else np.zeros(0, np.int64)
+    )
+    return _FileFacts(
+        allocations=allocations,
+        frees=frees,
+        t_lo=t_lo or 0,
+        t_hi=t_hi or 0,
+        threads=int(np.unique(cat(thread_sets)).size) if thread_sets else 0,
+        churn_sizes=cat(churn) if churn else np.zeros(0, np.uint64),
+        large_peak=large_peak,
+        depths=depths,
+        lifetimes=cat(lifetimes) if lifetimes else np.zeros(0, np.int64),
+        live_peak=int(stats.peak_live_bytes),  # complete once the groups are consumed
+    )
+
+
+def heap_facts(
+    trace_dir: Path,
+    *,
+    large_block_bytes: int = 128 * 1024,
+    peak_rss_bytes: int | None = None,
+    wall_s: float | None = None,
+    mallopt_calls: tuple[str, ...] = (),
+    check_imports: bool = True,
+) -> HeapFacts:
+    """The facts of the trace files in `trace_dir` (see the module)."""
+    files = sorted(trace_dir.glob(f"*{TRACE_SUFFIX}"))
+    notes: list[str] = []
+    allocations = frees = small_reuses = 0
+    threads = processes = 0
+    t_lo, t_hi = None, None
+    churn_sizes: list[np.ndarray] = []
+    large_peak = live_peak = 0
+    depths: list[np.ndarray] = []
+    lifetimes: list[np.ndarray] = []
+    modules: list[str] = []
+    for path in files:  # one file per process image
+        try:
+            trace = read_trace(path)
+        except TraceFormatError as err:
+            notes.append(f"skipped {err}")
+            continue
+        processes += 1
+        if trace.modules is not None:
+            modules.extend(trace.modules.path)
+        if len(trace) == 0:
+            continue
+        f = _file_facts(trace, large_block_bytes)
+        live_peak = max(live_peak, f.live_peak)
+        allocations += f.allocations
+        frees += f.frees
+        t_lo = f.t_lo if t_lo is None else min(t_lo, f.t_lo)
+        t_hi = f.t_hi if t_hi is None else max(t_hi, f.t_hi)
+        threads = max(threads, f.threads)
+        churn_sizes.append(f.churn_sizes)
+        large_peak = max(large_peak, f.large_peak)
+        small_reuses += int(f.depths.size)
+        depths.append(f.depths)
+        lifetimes.append(f.lifetimes)
+    if processes == 0:
+        raise TraceFactsError(
+            f"{trace_dir}: the traced run left no readable trace file"
+            + (f" ({'; '.join(notes)})" if notes else "")
+        )
+    all_churn = np.concatenate(churn_sizes) if churn_sizes else np.zeros(0, np.uint64)
+    sizes, counts = np.unique(all_churn, return_counts=True)
+    keep = counts >= REPEATED
+    churn = tuple(
+        SizeChurn(int(s), int(c))
+        for s, c in sorted(zip(sizes[keep], counts[keep]), key=lambda sc: -int(sc[0]))
+    )
+    depth = np.concatenate(depths) if depths else np.zeros(0, np.int64)
+    life_all = np.concatenate(lifetimes) if lifetimes else np.zeros(0, np.int64)
+    importers, how = (), "mallopt imports not checked"
+    if check_imports:
+        importers, how = mallopt_importers(list(dict.fromkeys(modules)))
+    return HeapFacts(
+        processes=processes,
+        allocations=allocations,
+        frees=frees,
+        span_s=((t_hi - t_lo) / 1e9) if t_lo is not None else 0.0,
+        allocating_threads=threads,
+        large_block_bytes=large_block_bytes,
+        large_churn=churn,
+        large_churn_bytes=int((sizes[keep].astype(np.int64) * counts[keep]).sum()),
+        large_live_peak_bytes=large_peak,
+        small_reuses=small_reuses,
+        small_churn_depth=int(np.quantile(depth, CHURN_QUANTILE)) if depth.size else 0,
+        peak_live_bytes=live_peak,
+        peak_rss_bytes=peak_rss_bytes,
+        wall_s=wall_s,
+        median_lifetime_us=float(np.median(life_all)) / 1e3 if life_all.size else None,
+        short_lived_share=float((life_all < SHORT_LIVED_NS).mean()) if life_all.size else 0.0,
+        mallopt_calls=mallopt_calls,
+        mallopt_importers=importers,
+        mallopt_checked=how,
+        notes=tuple(notes),
+    )
+
+
+def mallopt_lines(probe_text: str | None) -> tuple[str, ...]:
+    """The probe's `mallopt` lines as "M_NAME=value (pid N)"."""
+    out = []
+    for rec in parse_probe(probe_text or ""):
+        if rec["kind"] != "mallopt":
+            continue
+        for k, v in rec.items():
+            if k.startswith("mallopt."):
+                out.append(f"M_{k.removeprefix('mallopt.').upper()}={v} (pid {rec.get('pid')})")
+    return tuple(dict.fromkeys(out))
