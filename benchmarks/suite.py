@@ -120,6 +120,7 @@ STUDIES: tuple[Study, ...] = (
     Study("table_context", "benchmarks/studies/bench_table_context.py", "a trained network"),
     Study("table_sites", "benchmarks/studies/bench_table_sites.py", "a registered model"),
     Study("layer_seeds", "benchmarks/bench_layer_seeds.py", "containers"),
+    Study("layer_core_ab", "benchmarks/studies/layer_ab.py", "two layer builds, valgrind"),
     Study("whatif_answers", "benchmarks/bench_whatif_answers.py", "a registered champion"),
     Study("whatif_causal", "benchmarks/bench_whatif_causal.py", "a registered champion"),
     Study("whatif_guided", "benchmarks/bench_whatif_guided.py", "ratios, no timing"),
