@@ -42,7 +42,7 @@
  * counters; jemalloc handles its own locks), realloc (a long site's realloc asks rallocx for the
  * long arena; jemalloc grows in place where it can, else moves the block there; otherwise the
  * real realloc), the aligned family (a valid alignment goes to mallocx with MALLOCX_ALIGN; an
- * invalid one to the real function, for its own error), pvalloc passed through (obsolete).
+ * invalid one to the real function, for its own error), pvalloc as memalign of whole pages.
  *
  * Options: HEAPCAST_PLACE=name=value,... read once at start through HP_OPTIONS; a value it
  * cannot parse: one line on stderr, and the layer passes every call through.
@@ -83,7 +83,6 @@
     X(aligned_alloc, void *, (size_t, size_t))                                                    \
     X(memalign, void *, (size_t, size_t))                                                         \
     X(valloc, void *, (size_t))                                                                   \
-    X(pvalloc, void *, (size_t))                                                                  \
     X(calloc, void *, (size_t, size_t))                                                           \
     X(malloc, void *, (size_t))
 #include "../real.h"
@@ -661,14 +660,22 @@ HP_EXPORT void *valloc(size_t n) {
     return handled ? p : f(n);
 }
 
-/* obsolete; passed through (its rounding to whole pages is the allocator's own) */
+/* obsolete: valloc of n rounded up to whole pages (one page for 0), as glibc's. Never the next
+ * allocator's own pvalloc: jemalloc 5.3 exports none, so dlsym finds glibc's, whose block
+ * jemalloc's free then takes for its own (tests/native/programs/allforms.c crashes under jemalloc
+ * alone); memalign is in both. */
 HP_EXPORT void *pvalloc(size_t n) {
-    void *(*f)(size_t) = HC_REAL(pvalloc);
-    if (HP_UNLIKELY(!f)) {
-        size_t page = (size_t)sysconf(_SC_PAGESIZE);
-        return hc_pool_alloc((n + page - 1) & ~(page - 1), page);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t rounded = n == 0 ? page : (n + page - 1) & ~(page - 1);
+    if (rounded < n) {
+        errno = ENOMEM;
+        return NULL;
     }
-    return f(n);
+    void *(*f)(size_t, size_t) = HC_REAL(memalign);
+    if (HP_UNLIKELY(!f)) return hc_pool_alloc(rounded, page);
+    int handled;
+    void *p = hp_aligned(page, rounded, HP_SITE, &handled);
+    return handled ? p : f(page, rounded);
 }
 
 HP_EXPORT size_t malloc_usable_size(void *p) {
