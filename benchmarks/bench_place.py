@@ -6,7 +6,9 @@ Part 1, the workload (benchmarks/programs/burstkv.c): BURSTS bursts of SHORT req
 EVERY requests; the requests are freed at each burst's end, the entries stay. The program prints
 its resident set after each burst and at the end; wait4 gives the peak RSS (ru_maxrss), CPU time
 and minor faults. Arms: glibc, tcmalloc, mimalloc, jemalloc, jemalloc + placement (the online
-counter), and two references: the bound (placement by the sites a first run of the same input
+counter), the layer loaded with placement off (jemalloc as the layer configures it:
+lg_extent_max_active_fit 10 through jemalloc's malloc_conf symbol, place.c says why), and two
+references: the bound (placement by the sites a first run of the same input
 learned: `learn=FILE`, then `mode=sites,sites=FILE`: long from the first call; optimistic, it
 has seen the run) and by size alone (`mode=size`: no prediction). jemalloc returns freed pages
 by decay (dirty_decay_ms, 10 s by default), later than a run of a second: every jemalloc arm
@@ -63,6 +65,8 @@ def arms(sites_file: Path) -> dict[str, dict[str, str]]:
     }
     jem = {
         "jemalloc": {"LD_PRELOAD": str(JEMALLOC)},
+        # the layer loaded, nothing placed: jemalloc as the layer configures it (malloc_conf)
+        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
         "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
         "jemalloc+place-bound": {
             "LD_PRELOAD": place,
