@@ -26,7 +26,8 @@
  * process's allocation clock); the clock advances by `sample` at each sampled allocation, so it
  * counts the process's allocations to within a sample. A sampled block freed before `horizon`
  * later allocations counts short for its site; one still live past the horizon counts long, at
- * its free or when a later sample claims its slot. A site is long once it has >= 2 long samples
+ * its free, when a later sample claims its slot, or when the sweep (HP_SWEEP slots in turn at
+ * each sample) finds it. A site is long once it has >= 2 long samples
  * and they are >= `pct`% of its samples (halved past 256, so a site can change its mind). A site
  * never seen is short. Races: the tables are lock-free (relaxed atomics, one compare-and-swap to
  * claim or release a sample slot); a lost update only blurs a counter, never a block.
@@ -201,6 +202,8 @@ static void hp_learn(unsigned e, int outlived) {
     __atomic_store_n(&t->word, (w & ~(uintptr_t)1) | lng, __ATOMIC_RELAXED);
 }
 
+static void hp_sweep(uint64_t now);
+
 /* A sampled allocation: claim the site's entry if another site holds it, record p. */
 static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site) {
     if (!hp_learning) {
@@ -219,6 +222,7 @@ static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site) {
         __atomic_store_n(&hp_sites[e].word, site << 1, __ATOMIC_RELAXED);
     }
     uint64_t now = __atomic_add_fetch(&hp_clock, (uint64_t)hp_set.sample, __ATOMIC_RELAXED);
+    hp_sweep(now);
     struct hp_sample *slot = &hp_samples[hp_sample_index((uintptr_t)p)];
     uintptr_t old = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
     if (old != 0) {
@@ -237,6 +241,28 @@ static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site) {
         return;
     }
     __atomic_store_n(&slot->val, ((uint64_t)e << 48) | (now & HP_CLOCK_MASK), __ATOMIC_RELEASE);
+}
+
+/* At each sample, HP_SWEEP more slots in turn: a block live past the horizon gets its verdict
+ * (long) and frees its slot within HP_NSAMPLES / HP_SWEEP samples of passing it, rather than
+ * when a new sample happens to land on its slot (on average another horizon later). */
+#define HP_SWEEP 4u
+static unsigned hp_sweep_cursor;
+
+static void hp_sweep(uint64_t now) {
+    unsigned c = __atomic_fetch_add(&hp_sweep_cursor, HP_SWEEP, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < HP_SWEEP; i++) {
+        struct hp_sample *slot = &hp_samples[(c + i) & (HP_NSAMPLES - 1)];
+        uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
+        if (k == 0) continue;
+        uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_ACQUIRE);
+        if (((now - v) & HP_CLOCK_MASK) < hp_set.horizon) continue;
+        if (!__atomic_compare_exchange_n(&slot->ptr, &k, 0, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            continue;
+        __atomic_fetch_add(&hp_evicted_long, 1, __ATOMIC_RELAXED);
+        hp_learn((unsigned)(v >> 48), 1);
+    }
 }
 
 /* At a free: if p is a sampled block, its verdict. Then the caller frees it. */
