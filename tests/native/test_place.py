@@ -30,6 +30,9 @@ MODES = ["mode=predict", "mode=size,big=0"]
 # it is the allocator the layer stands in front of, where its undefined behaviour (a double free,
 # a foreign pointer) is compared
 LAYER_CONF = "lg_extent_max_active_fit:10"
+# and the counter at its most eager: every allocation sampled, long after 100 more (sites flip
+# between the arenas all the time, samples freed by other threads, the tables under contention)
+EAGER = "mode=predict,sample=1,horizon=100"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,13 +79,15 @@ def burstkv(tmp_path_factory) -> Path:
     return exe
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, EAGER])
 @pytest.mark.parametrize(
     ("name", "args"),
     [
         ("allforms", ["12", "3000"]),  # every entry point, small blocks
         ("allforms", ["12", "300000"]),  # and large ones
         ("threads", []),
+        ("thread_churn", []),  # threads that exit while others allocate
+        ("handoff", ["100", "4194304"]),  # a reader thread's blocks freed by main
         ("fronts", ["relay", "2000", "8", "3000"]),  # blocks traded and freed across threads
         ("forkbig", ["40", "300000"]),  # fork beside a working thread
         ("fork", ["exit"]),
@@ -101,7 +106,7 @@ def test_same_output_as_jemalloc_alone(program, mode, name, args):
         assert (under.returncode, under.stdout) == (0, plain.stdout), under.stderr[-2000:]
         return
     assert under.returncode == alone.returncode == 0, (under.returncode, under.stderr[-2000:])
-    if name in ("threads", "fork"):  # thread ids, the child's pid: the lines' shape only
+    if name in ("threads", "thread_churn", "fork"):  # thread ids, pids: the lines' shape only
         assert len(under.stdout.splitlines()) == len(alone.stdout.splitlines())
     else:
         assert under.stdout == alone.stdout
