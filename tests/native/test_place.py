@@ -265,3 +265,35 @@ def test_python_numpy_threads_output_unchanged():
         under = _run([PYTHON, "-c", code], place=mode)
         assert under.returncode == 0, under.stderr[-2000:]
         assert under.stdout == alone.stdout and under.stderr == ""
+
+
+@pytest.fixture(scope="module")
+def place_cxx(tmp_path_factory) -> Path:
+    gxx = need_tool("g++")
+    exe = tmp_path_factory.mktemp("cxx") / "place_cxx"
+    src = NATIVE.parent / "tests" / "native" / "programs" / "place_cxx.cpp"
+    subprocess.run([gxx, "-O1", "-g", "-Wall", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("mode", [*MODES, EAGER])
+def test_cxx_new_and_delete_same_output(place_cxx, mode):
+    """operator new and delete in every form (array, aligned, nothrow, sized), a bad_alloc
+    thrown through the layer's frames and caught: the output is jemalloc's own."""
+    argv = [place_cxx, "4", "20000", "50"]
+    alone = _run(argv, place=None)
+    under = _run(argv, place=mode)
+    assert under.returncode == alone.returncode == 0, under.stderr[-2000:]
+    assert under.stdout == alone.stdout == "bad_alloc\nentries=1600 sum=12689288\n"
+    assert under.stderr == ""
+
+
+def test_cxx_long_lived_site_is_placed(place_cxx, tmp_path):
+    """GIVEN requests that die within 64 allocations and entries kept to the end, both by new
+    (which jemalloc serves itself, past malloc), WHEN the horizon is 20000 allocations, THEN the
+    entries' site is long and most entries go to the long arena."""
+    stats = tmp_path / "stats"
+    r = _run([place_cxx, "6", "50000", "50"], place=f"horizon=20000,stats={stats}")
+    assert r.returncode == 0 and r.stdout == "bad_alloc\nentries=6000 sum=60941164\n"
+    (row,) = _stats(stats.read_text())
+    assert int(row["sites_long"]) >= 1 and 4500 < int(row["long"]) < 12000, row
