@@ -65,7 +65,8 @@ int main(int argc, char **argv) {
             }
         free(z);
     }
-    if (reallocarray(NULL, SIZE_MAX / 2, 4) != NULL) return 3;
+    volatile size_t half = SIZE_MAX / 2; /* volatile: an overflow gcc cannot see coming */
+    if (reallocarray(NULL, half, 4) != NULL) return 3;
     for (int i = 0; i < HANDOFF; i++) {
         handed[i] = malloc(500);
         fill(handed[i], 500, (unsigned)i);
