@@ -1,0 +1,224 @@
+"""heapcast's placement layer (native/layers/place.c, issue 45) on a bursty key-value workload,
+side by side with the allocators it could replace, in balanced alternating rounds.
+
+Part 1, the workload (benchmarks/programs/burstkv.c): BURSTS bursts of SHORT request buffers
+(32..288 bytes) interleaved with one long-lived entry (same sizes, a distinct call site) every
+EVERY requests; the requests are freed at each burst's end, the entries stay. The program prints
+its resident set after each burst and at the end; wait4 gives the peak RSS (ru_maxrss), CPU time
+and minor faults. Arms: glibc, tcmalloc, mimalloc, jemalloc, jemalloc + placement (the online
+counter), the layer loaded with placement off (jemalloc as the layer configures it:
+lg_extent_max_active_fit 10 through jemalloc's malloc_conf symbol, place.c says why), and two
+references: the bound (placement by the sites a first run of the same input
+learned: `learn=FILE`, then `mode=sites,sites=FILE`: long from the first call; optimistic, it
+has seen the run) and by size alone (`mode=size`: no prediction). jemalloc returns freed pages
+by decay (dirty_decay_ms, 10 s by default), later than a run of a second: every jemalloc arm
+runs again with MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0 ("prompt"), where the pages a
+burst freed go back at once and what stays resident is what live blocks pin.
+
+Part 2, the cost on the allocation path (benchmarks/programs/pairloop.c): malloc(64)/free pairs
+in a tight loop, one thread and 2 threads, the threads' own CPU time per pair: jemalloc alone,
+jemalloc + placement `mode=off` (loading alone) and `mode=predict` (site lookup, 1-in-64
+sampling, the free's sample check). Minima over rounds.
+
+    .venv/bin/python benchmarks/bench_place.py [--reps 5] [--bursts 8] [--shorts 200000]
+        [--every 100] [--pairs 2000000] [--out PATH]
+
+writes benchmarks/results/place.json. The machine is shared (2 cores, other jobs): medians (and
+min-max) for time, RSS is nearly deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NATIVE = REPO / "native"
+PLACE = NATIVE / "build" / "libheapcast_place.so"
+LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
+JEMALLOC = LIBDIR / "libjemalloc.so.2"
+TCMALLOC = LIBDIR / "libtcmalloc_minimal.so.4"
+MIMALLOC = LIBDIR / "libmimalloc.so.2"
+OUT = REPO / "benchmarks" / "results" / "place.json"
+PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
+
+
+def compile_c(src: Path, exe: Path) -> Path:
+    subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def arms(sites_file: Path) -> dict[str, dict[str, str]]:
+    """name -> the environment that makes it (LD_PRELOAD and the layer's options)."""
+    place = f"{PLACE} {JEMALLOC}"
+    base = {
+        "glibc": {},
+        "tcmalloc": {"LD_PRELOAD": str(TCMALLOC)},
+        "mimalloc": {"LD_PRELOAD": str(MIMALLOC)},
+    }
+    jem = {
+        "jemalloc": {"LD_PRELOAD": str(JEMALLOC)},
+        # the layer loaded, nothing placed: jemalloc as the layer configures it (malloc_conf)
+        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
+        "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
+        "jemalloc+place-bound": {
+            "LD_PRELOAD": place,
+            "HEAPCAST_PLACE": f"mode=sites,sites={sites_file}",
+        },
+        "jemalloc+place-size": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=size"},
+    }
+    out = dict(base)
+    for name, env in jem.items():
+        out[name] = env
+        out[name + " (prompt)"] = {**env, "MALLOC_CONF": PROMPT}
+    return out
+
+
+def clean_env(extra: dict[str, str]) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    for k in ("LD_PRELOAD", "MALLOC_CONF"):
+        e.pop(k, None)
+    e.update(extra)
+    return e
+
+
+def run_measured(argv: list[str], env: dict[str, str]) -> dict:
+    """One run: the program's RSS lines, its peak RSS, wall, CPU time and minor faults."""
+    err = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err)
+    out = proc.stdout.read()
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err.seek(0)
+    lines = err.read().decode().splitlines()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{argv} under {env.get('LD_PRELOAD')}: exit {status}: {lines[-3:]}")
+    bursts = [int(x.split()[-1]) for x in lines if x.startswith("rss_kb burst=")]
+    end = [int(x.split()[-1]) for x in lines if x.startswith("rss_kb end")]
+    return {
+        "stdout": out.decode(),
+        "rss_after_bursts_kb": bursts,
+        "rss_end_kb": end[0],
+        "peak_rss_kb": ru.ru_maxrss,
+        "wall_s": wall,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "minor_faults": ru.ru_minflt,
+    }
+
+
+def summarize(runs: list[dict]) -> dict:
+    def med(key):
+        return statistics.median(r[key] for r in runs)
+
+    n = len(runs[0]["rss_after_bursts_kb"])
+    return {
+        "rss_after_bursts_kb": [
+            statistics.median(r["rss_after_bursts_kb"][i] for r in runs) for i in range(n)
+        ],
+        "rss_end_kb": med("rss_end_kb"),
+        "peak_rss_kb": med("peak_rss_kb"),
+        "cpu_s": med("cpu_s"),
+        "cpu_s_range": [min(r["cpu_s"] for r in runs), max(r["cpu_s"] for r in runs)],
+        "wall_s": med("wall_s"),
+        "minor_faults": med("minor_faults"),
+        "runs": len(runs),
+    }
+
+
+def bench_workload(exe: Path, args: argparse.Namespace, work: Path) -> dict:
+    argv = [str(exe), str(args.bursts), str(args.shorts), str(args.every)]
+    sites = work / "sites.txt"
+    # the bound's first run: the same input, the online counter, its long sites written at exit
+    learn = {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites}"}
+    run_measured(argv, clean_env(learn))
+    table = arms(sites)
+    names = list(table)
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.reps):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            results[name].append(run_measured(argv, clean_env(table[name])))
+    outputs = {n: {x["stdout"] for x in results[n]} for n in names}
+    same = len(set().union(*outputs.values())) == 1
+    return {
+        "argv": argv[1:],
+        "bound_sites": sites.read_text().splitlines(),
+        "output_identical_across_arms": same,
+        "arms": {n: summarize(results[n]) for n in names},
+    }
+
+
+def bench_pairs(exe: Path, args: argparse.Namespace) -> dict:
+    place = f"{PLACE} {JEMALLOC}"
+    table = {
+        "jemalloc": {"LD_PRELOAD": str(JEMALLOC)},
+        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
+        "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
+    }
+    out = {}
+    for threads in (0, 2):
+        ns: dict[str, list[float]] = {n: [] for n in table}
+        for r in range(args.reps * 2):
+            names = list(table)
+            order = names[r % 3 :] + names[: r % 3]
+            for name in order:
+                p = subprocess.run(
+                    [str(exe), str(threads), str(args.pairs), "64"],
+                    env=clean_env(table[name]),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                ns[name].append(float(p.stdout.split("=")[1]))
+        mins = {n: min(v) for n, v in ns.items()}
+        out[f"threads={threads}"] = {
+            "ns_per_pair_min": mins,
+            "ns_per_pair_median": {n: statistics.median(v) for n, v in ns.items()},
+            "added_ns_min": mins["jemalloc+place"] - mins["jemalloc"],
+            "ratio_min": mins["jemalloc+place"] / mins["jemalloc"],
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--bursts", type=int, default=8)
+    ap.add_argument("--shorts", type=int, default=200_000)
+    ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--pairs", type=int, default=2_000_000)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "place"], check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        burstkv = compile_c(REPO / "benchmarks" / "programs" / "burstkv.c", work / "burstkv")
+        pairloop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop")
+        result = {
+            "command": "python benchmarks/bench_place.py "
+            + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out" and v is not None),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "workload": bench_workload(burstkv, args, work),
+            "cost": bench_pairs(pairloop, args),
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for name, a in result["workload"]["arms"].items():
+        print(
+            f"{name:32s} end {a['rss_end_kb'] / 1024:6.1f} MB  peak {a['peak_rss_kb'] / 1024:6.1f}"
+            f" MB  cpu {a['cpu_s']:.3f} s  faults {a['minor_faults']:.0f}"
+        )
+    for k, v in result["cost"].items():
+        print(k, {n: round(x, 2) for n, x in v["ns_per_pair_min"].items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""The placement layer (native/layers/place.c, issue 45) in front of jemalloc: output and exit code
+as under jemalloc alone, on every interposed function, at start-up, across threads and fork, on
+foreign and double frees, on blocks that change arena, and on real programs; the online counter
+finds the long-lived call site of a bursty workload; it steps aside, with one line, where the next
+allocator has no arenas API or an option is wrong.
+
+Modes under test: predict (the online counter, the default), size with big=0 (every request to
+the long arena through mallocx: the arenas path on every call), size (the realloc test: requests
+of 1000 bytes and more in the long arena), sites (a first run's learned sites)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need_tool
+from tests.native.tracer_harness import NATIVE
+
+pytestmark = pytest.mark.slow
+
+REPO = NATIVE.parent
+PLACE = NATIVE / "build" / "libheapcast_place.so"
+JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+PYTHON = Path("/usr/bin/python3.11")  # the real binary, not a shim that forks
+MODES = ["mode=predict", "mode=size,big=0"]
+# what the layer sets through jemalloc's malloc_conf symbol (place.c says why): jemalloc alone with
+# it is the allocator the layer stands in front of, where its undefined behaviour (a double free,
+# a foreign pointer) is compared
+LAYER_CONF = "lg_extent_max_active_fit:10"
+# and the counter at its most eager: every allocation sampled, long after 100 more (sites flip
+# between the arenas all the time, samples freed by other threads, the tables under contention)
+EAGER = "mode=predict,sample=1,horizon=100"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    if not JEMALLOC.is_file():
+        pytest.fail("the placement tests need jemalloc: apt-get install libjemalloc2")
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "place"], check=True)
+    assert PLACE.is_file()
+
+
+def _run(
+    argv, *, place: str | None, jemalloc: bool = True, stdin: str | None = None, conf: str = ""
+):
+    """argv under jemalloc alone (place None) or the layer in front of it (HEAPCAST_PLACE=place),
+    with MALLOC_CONF=conf if given."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    for k in ("LD_PRELOAD", "MALLOC_CONF"):
+        e.pop(k, None)
+    if conf:
+        e["MALLOC_CONF"] = conf
+    libs = ([str(PLACE)] if place is not None else []) + ([str(JEMALLOC)] if jemalloc else [])
+    if libs:
+        e["LD_PRELOAD"] = " ".join(libs)
+    if place is not None:
+        e["HEAPCAST_PLACE"] = place
+    return subprocess.run(
+        [str(a) for a in argv], env=e, input=stdin, capture_output=True, text=True, timeout=300
+    )
+
+
+def _stats(text: str) -> list[dict[str, str]]:
+    return [
+        dict(f.split("=", 1) for f in line.removeprefix("heapcast place: ").split())
+        for line in text.splitlines()
+        if line.startswith("heapcast place: pid=")
+    ]
+
+
+@pytest.fixture(scope="module")
+def burstkv(tmp_path_factory) -> Path:
+    exe = tmp_path_factory.mktemp("burstkv") / "burstkv"
+    src = REPO / "benchmarks" / "programs" / "burstkv.c"
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("mode", [*MODES, EAGER])
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("allforms", ["12", "3000"]),  # every entry point, small blocks
+        ("allforms", ["12", "300000"]),  # and large ones
+        ("threads", []),
+        ("thread_churn", []),  # threads that exit while others allocate
+        ("handoff", ["100", "4194304"]),  # a reader thread's blocks freed by main
+        ("fronts", ["relay", "2000", "8", "3000"]),  # blocks traded and freed across threads
+        ("forkbig", ["40", "300000"]),  # fork beside a working thread
+        ("fork", ["exit"]),
+        ("place_realloc", ["200"]),
+    ],
+)
+def test_same_output_as_jemalloc_alone(program, mode, name, args):
+    exe = program(name)
+    alone = _run([exe, *args], place=None)
+    under = _run([exe, *args], place=mode)
+    if name == "allforms":
+        # jemalloc exports no pvalloc: alone, glibc's pvalloc block reaches jemalloc's free and
+        # the program dies; the layer serves pvalloc by memalign, as glibc does
+        plain = _run([exe, *args], place=None, jemalloc=False)
+        assert alone.returncode != 0
+        assert (under.returncode, under.stdout) == (0, plain.stdout), under.stderr[-2000:]
+        return
+    assert under.returncode == alone.returncode == 0, (under.returncode, under.stderr[-2000:])
+    if name in ("threads", "thread_churn", "fork"):  # thread ids, pids: the lines' shape only
+        assert len(under.stdout.splitlines()) == len(alone.stdout.splitlines())
+    else:
+        assert under.stdout == alone.stdout
+    assert under.stderr == alone.stderr
+
+
+def test_realloc_across_arenas(program, tmp_path):
+    """GIVEN blocks grown past, shrunk below and grown again past 1000 bytes, and blocks one
+    thread made and another grows and frees, WHEN requests of >= 1000 bytes go to the long arena
+    (mode=size,big=1000), THEN every content check holds and the output is jemalloc's."""
+    exe = program("place_realloc")
+    stats = tmp_path / "stats"
+    alone = _run([exe, "300"], place=None)
+    under = _run([exe, "300"], place=f"mode=size,big=1000,stats={stats}")
+    assert under.returncode == alone.returncode == 0, under.stderr
+    assert under.stdout == alone.stdout
+    (row,) = _stats(stats.read_text())
+    assert row["mode"] == "size" and int(row["long"]) >= 3 * 300, row
+
+
+def test_allocation_while_the_layer_resolves_is_served_or_refused(program):
+    # the program's own dlsym allocates on the layer's first lookup (../real.h, bootstrap pool)
+    exe = program("startup_dlsym", "-rdynamic")
+    for mode in MODES:
+        r = _run([exe], place=mode)
+        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+        assert r.stdout.splitlines() == [
+            "posix_memalign rc=0 aligned=1",
+            "aligned_alloc aligned=1",
+            "memalign aligned=1",
+            "valloc aligned=1",
+            "realloc refused errno=ENOMEM",
+        ]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "args", [["300000"], ["64"], ["300000", "realloc"], ["64", "realloc"]]
+)  # fmt: skip
+def test_double_free_reaches_jemalloc_as_without_the_layer(program, mode, args):
+    """The second free reaches jemalloc as it is (the layer keeps nothing, dedupes nothing).
+    Under the online counter the program sees what it sees under jemalloc alone; with every
+    request in the long arena (mallocx without a thread cache) the blocks after it come from
+    elsewhere than the thread cache the double free filled, so jemalloc's "same" can become
+    "distinct", never the reverse."""
+    exe = program("doublefree")
+    alone = _run([exe, *args], place=None, conf=LAYER_CONF)
+    under = _run([exe, *args], place=mode)
+    if mode == "mode=predict":
+        assert (under.returncode, under.stdout) == (alone.returncode, alone.stdout)
+    else:
+        assert "same" not in under.stdout or "same" in alone.stdout, (under, alone)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_foreign_pointer_reaches_jemalloc(program, mode):
+    exe = program("foreign")
+    alone = _run([exe], place=None, conf=LAYER_CONF)
+    under = _run([exe], place=mode)
+    assert (under.returncode, under.stdout) == (alone.returncode, alone.stdout)
+
+
+def test_the_online_counter_finds_the_long_lived_site(burstkv, tmp_path):
+    """GIVEN 6 bursts of 100 k short-lived requests with one long-lived entry per 100 from
+    another call site, WHEN the counter learns (default: 1 in 64 sampled, horizon 262144), THEN
+    the entry site is long and most entries go to the long arena (the first burst's are placed
+    before the site's blocks outlive the horizon); the learned sites file names that one site,
+    and a run placing by it (mode=sites) places every entry; output unchanged throughout."""
+    argv = [burstkv, "6", "100000", "100"]
+    alone = _run(argv, place=None)
+    stats, sites = tmp_path / "stats", tmp_path / "sites"
+    under = _run(argv, place=f"stats={stats},learn={sites}")
+    assert under.returncode == alone.returncode == 0 and under.stdout == alone.stdout
+    assert alone.stdout == "entries=6000 sum=76674660\n"
+    (row,) = _stats(stats.read_text())
+    assert row["mode"] == "predict" and int(row["sites_long"]) == 1, row
+    assert 2000 < int(row["long"]) <= 6000, row
+    (line,) = sites.read_text().splitlines()  # "- OFFSET": a site in the program itself
+    assert line.startswith("- ")
+    stats.unlink()
+    bound = _run(argv, place=f"mode=sites,sites={sites},stats={stats}")
+    assert bound.stdout == alone.stdout
+    (row,) = _stats(stats.read_text())
+    assert (row["mode"], row["long"], row["sampled"]) == ("sites", "6000", "0"), row
+
+
+def test_placement_lowers_rss_after_bursts_when_jemalloc_returns_pages(burstkv, tmp_path):
+    """With jemalloc returning freed pages at once (dirty_decay_ms:0), the pages a burst's short
+    blocks emptied go back; without placement the long entries pin them. The bound (sites known
+    from the start) ends far below jemalloc alone; the online counter below it too."""
+
+    def end_rss(place: str | None) -> int:
+        argv = [burstkv, "8", "200000", "100"]
+        r = _run(argv, place=place, conf="dirty_decay_ms:0,muzzy_decay_ms:0")
+        assert r.returncode == 0, r.stderr
+        (end,) = [int(x.split()[-1]) for x in r.stderr.splitlines() if x.startswith("rss_kb end")]
+        return end
+
+    sites = tmp_path / "sites"
+    alone = end_rss(None)
+    predict = end_rss(f"mode=predict,learn={sites}")
+    bound = end_rss(f"mode=sites,sites={sites}")
+    assert bound < 0.4 * alone and predict < 0.8 * alone, (bound, predict, alone)
+
+
+def test_steps_aside_without_an_arenas_api(program):
+    """glibc behind it (no mallctl): one line on stderr, every call passed through."""
+    exe = program("allforms")
+    plain = _run([exe, "4", "3000"], place=None, jemalloc=False)
+    under = _run([exe, "4", "3000"], place="stats=1", jemalloc=False)
+    assert (under.returncode, under.stdout) == (0, plain.stdout)
+    assert under.stderr.splitlines() == [
+        "heapcast place: the next allocator has no arenas API (mallctl, mallocx: jemalloc's); "
+        "passing every call through"
+    ]
+
+
+def test_a_bad_option_is_one_line_and_a_pass_through(program):
+    exe = program("allforms")
+    alone = _run([exe, "4", "3000"], place=None, jemalloc=False)
+    under = _run([exe, "4", "3000"], place="mode=fast,stats=1")
+    assert (under.returncode, under.stdout) == (0, alone.stdout)
+    (line,) = under.stderr.splitlines()
+    assert line.startswith("heapcast place: cannot parse HEAPCAST_PLACE item 'mode=fast'")
+
+
+def test_sqlite3_output_unchanged(tmp_path):
+    from tasks.replay.inputs import generate_input
+
+    sqlite3 = need_tool("sqlite3")
+    (name,) = generate_input("sql", 1, 8_000, tmp_path)
+    script = (tmp_path / name).read_text()
+    alone = _run([sqlite3, ":memory:"], place=None, stdin=script)
+    for mode in MODES:
+        under = _run([sqlite3, ":memory:"], place=mode, stdin=script)
+        assert under.returncode == alone.returncode == 0, under.stderr[-2000:]
+        assert under.stdout == alone.stdout and alone.stdout.count("\n") >= 17
+        assert under.stderr == alone.stderr == ""
+
+
+def test_python_numpy_threads_output_unchanged():
+    """python3 with numpy and a thread pool, under the online counter and all-long placement."""
+    code = (
+        "import numpy as np\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "def work(i):\n"
+        "    a = [np.full(100 + i, i, dtype=np.float64) for _ in range(2000)]\n"
+        "    d = {j: str(j) * (j % 7) for j in range(20000)}\n"
+        "    return float(sum(x.sum() for x in a[::3])) + len(d)\n"
+        "with ThreadPoolExecutor(4) as ex:\n"
+        "    print(sum(ex.map(work, range(16))))\n"
+    )
+    alone = _run([PYTHON, "-c", code], place=None)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    for mode in MODES:
+        under = _run([PYTHON, "-c", code], place=mode)
+        assert under.returncode == 0, under.stderr[-2000:]
+        assert under.stdout == alone.stdout and under.stderr == ""
+
+
+@pytest.fixture(scope="module")
+def place_cxx(tmp_path_factory) -> Path:
+    gxx = need_tool("g++")
+    exe = tmp_path_factory.mktemp("cxx") / "place_cxx"
+    src = NATIVE.parent / "tests" / "native" / "programs" / "place_cxx.cpp"
+    subprocess.run([gxx, "-O1", "-g", "-Wall", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("mode", [*MODES, EAGER])
+def test_cxx_new_and_delete_same_output(place_cxx, mode):
+    """operator new and delete in every form (array, aligned, nothrow, sized), a bad_alloc
+    thrown through the layer's frames and caught: the output is jemalloc's own."""
+    argv = [place_cxx, "4", "20000", "50"]
+    alone = _run(argv, place=None)
+    under = _run(argv, place=mode)
+    assert under.returncode == alone.returncode == 0, under.stderr[-2000:]
+    assert under.stdout == alone.stdout == "bad_alloc\nentries=1600 sum=12689288\n"
+    assert under.stderr == ""
+
+
+def test_cxx_long_lived_site_is_placed(place_cxx, tmp_path):
+    """GIVEN requests that die within 64 allocations and entries kept to the end, both by new
+    (which jemalloc serves itself, past malloc), WHEN the horizon is 20000 allocations, THEN the
+    entries' site is long and most entries go to the long arena."""
+    stats = tmp_path / "stats"
+    r = _run([place_cxx, "6", "50000", "50"], place=f"horizon=20000,stats={stats}")
+    assert r.returncode == 0 and r.stdout == "bad_alloc\nentries=6000 sum=60941164\n"
+    (row,) = _stats(stats.read_text())
+    assert int(row["sites_long"]) >= 1 and 4500 < int(row["long"]) < 12000, row
