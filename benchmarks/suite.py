@@ -71,6 +71,13 @@ SPEED: tuple[Benchmark, ...] = (
         reference="glibc (no preload) and tcmalloc, rounds alternating",
     ),
     Benchmark(
+        "place",
+        "benchmarks/bench_place.py",
+        minutes=4,
+        reference="glibc, tcmalloc, mimalloc, jemalloc and jemalloc with placement off, rounds "
+        "alternating; the bound (a first run's sites) and placement by size beside it",
+    ),
+    Benchmark(
         "tune",
         "benchmarks/bench_tune.py",
         minutes=2,
