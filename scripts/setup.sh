@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
-  gcc make libc6-dev                 # build the tracer and the test programs
+  gcc g++ make libc6-dev             # build the tracer and the test programs (g++: the C++ one)
   sqlite3 python3.11 redis-server redis-tools git freeciv-server   # programs traced on the host
   perl python3-numpy                 # more programs traced on the host (make and gcc: above)
   docker.io bubblewrap debootstrap   # the container engine, the local sandbox, the base image

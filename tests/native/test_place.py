@@ -269,7 +269,7 @@ def test_python_numpy_threads_output_unchanged():
 
 @pytest.fixture(scope="module")
 def place_cxx(tmp_path_factory) -> Path:
-    gxx = need_tool("g++")
+    gxx = need_tool("g++", "g++")
     exe = tmp_path_factory.mktemp("cxx") / "place_cxx"
     src = NATIVE.parent / "tests" / "native" / "programs" / "place_cxx.cpp"
     subprocess.run([gxx, "-O1", "-g", "-Wall", "-o", str(exe), str(src)], check=True)
