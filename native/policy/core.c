@@ -435,10 +435,12 @@ HPC_INLINE int hpc_track(const struct hpc_settings *set, struct hpc_cache *c, st
 HPC_INLINE void hpc_untrack(struct hpc_cache *c, uint64_t usable) { c->live -= usable; }
 
 /* The program frees p, a block it tracked, of `usable` bytes asked for as `req` (free.c
- * hl_free_large after the live set's lookup): the decision and its bookkeeping. */
+ * hl_free_large after the live set's lookup): the decision and its bookkeeping. `site_score`:
+ * the table's entry at the free's (call site, class of req), as the layer's hl_site_score
+ * answers it; -1: none (the counter, or the class scores, answer). */
 HPC_INLINE enum hpc_fate hpc_free(const struct hpc_settings *set, struct hpc_cache *c,
                                   struct hpc_thread *t, uintptr_t p, uint64_t usable, uint64_t req,
-                                  uint64_t now, struct hpc_out *out) {
+                                  int site_score, uint64_t now, struct hpc_out *out) {
     int outgrown = hpc_outgrown(&t->hist, p, usable);
     int wanted = hpc_wanted(set, usable, outgrown);
     int unproven = wanted && hpc_unproven(c);
@@ -446,7 +448,8 @@ HPC_INLINE enum hpc_fate hpc_free(const struct hpc_settings *set, struct hpc_cac
                 (usable <= t->reserved || hpc_reserve(set, c, &t->reserved, usable, out));
     int by_prediction = 0;
     req = req ? req : 1;
-    int keep = hpc_keep_at_free(set, c, t->counter, req, -1, wanted, unproven, &by_prediction);
+    int keep =
+        hpc_keep_at_free(set, c, t->counter, req, site_score, wanted, unproven, &by_prediction);
     c->live -= usable;
     if (!keep) {
         if (unproven) {

@@ -67,8 +67,8 @@ static inline uint64_t hpc_mremap_usable(uintptr_t old_p, uint64_t n) {
 static inline int hpc_free_row(const struct hpc_settings *set, struct hpc_cache *c,
                                struct hpc_thread *t, int64_t a, int64_t f, const int64_t *req,
                                const int64_t *got_usable, const struct hpc_rows *rows,
-                               uint64_t mmap_threshold, int scope_all, uint64_t now,
-                               struct hpc_out *out) {
+                               uint64_t mmap_threshold, int scope_all, int site_score,
+                               uint64_t now, struct hpc_out *out) {
     if (a < 0) { /* a block the trace did not see made: not the layer's */
         if (f < 0 || (uint64_t)f < set->min) return 0;
         return hpc_free_untracked(c, t, 0, (uint64_t)f, scope_all || (uint64_t)f >= mmap_threshold);
@@ -78,7 +78,7 @@ static inline int hpc_free_row(const struct hpc_settings *set, struct hpc_cache 
     if (!rows->tracked[a])
         return hpc_free_untracked(c, t, rows->p[a], u,
                                   scope_all || (uint64_t)req[a] >= mmap_threshold);
-    return hpc_free(set, c, t, rows->p[a], u, (uint64_t)req[a], now, out);
+    return hpc_free(set, c, t, rows->p[a], u, (uint64_t)req[a], site_score, now, out);
 }
 
 /* A miss takes a block from another thread's front of the same process (fronts.c hl_steal):
@@ -101,7 +101,11 @@ static int hpc_steal(struct hpc_cache *c, struct hpc_thread *threads, int32_t n_
 /* Replays rows [0, n) through caches[proc], threads[thread]; caches and threads zeroed by the
  * caller on the first batch (start=1 initialises them), counters (guided) zeroed memory for
  * n_threads counters; thread_proc[j] (NULL: no steals) each thread's process, exits[i] (NULL:
- * none) 1 where a thread exits after row i. Returns rows replayed. */
+ * none) 1 where a thread exits after row i; site_score[i] (NULL: none) the layer table's entry
+ * at the (call site, size class of the block's request) of the free in row i (a realloc row's
+ * old block included), -1 where the table has none (the layer's hl_site_score: -1 asks the
+ * counter; with site entries the caller gives no class_table, as the layer does). Returns rows
+ * replayed. */
 HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const int64_t *req,
                               const int64_t *freed, const int64_t *partner, const int64_t *align,
                               const uint64_t *addr, const int64_t *usable, const int64_t *time,
@@ -111,7 +115,7 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
                               int32_t scope_all, int32_t start, uint8_t *decision,
                               int64_t *got_usable, uintptr_t *row_p, uint8_t *row_tracked,
                               int64_t *kept_bytes, const int32_t *thread_proc,
-                              const uint8_t *exits) {
+                              const uint8_t *exits, const int16_t *site_score) {
     if (start) {
         for (int32_t i = 0; i < n_proc; i++) hpc_cache_init(set, &caches[i]);
         for (int32_t i = 0; i < n_threads; i++) {
@@ -126,7 +130,7 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
         struct hpc_out out = {0};
         int64_t s = req[i], f = freed[i], a = partner[i];
         uint64_t now = (uint64_t)time[i];
-        int rc = 0, fc = 0;
+        int rc = 0, fc = 0, site = site_score ? site_score[i] : -1;
         got_usable[i] = -1;
         row_tracked[i] = 0;
         if (s >= 0) {
@@ -148,7 +152,7 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
                 row_tracked[i] = 1;
                 if (f >= 0)
                     fc = hpc_free_row(set, c, t, a, f, req, got_usable, &rows, mmap_threshold,
-                                      scope_all, now, &out);
+                                      scope_all, site, now, &out);
             } else {
                 if (f >= 0 && a >= 0 && row_tracked[a]) hpc_untrack(c, (uint64_t)got_usable[a]);
                 int mapped = (uint64_t)s >= mmap_threshold;
@@ -166,7 +170,7 @@ HPC_EXPORT int64_t hpc_replay(const struct hpc_settings *set, int64_t n, const i
             }
         } else if (f >= 0 && set->policy != HPC_OFF) {
             fc = hpc_free_row(set, c, t, a, f, req, got_usable, &rows, mmap_threshold, scope_all,
-                              now, &out);
+                              site, now, &out);
         }
         decision[i] = (uint8_t)(rc | fc << 2);
         if (exits && exits[i]) hpc_thread_exit(set, c, t, now, &out);

@@ -41,7 +41,7 @@ from tasks.learning.online import OnlineCounter
 from tasks.learning.outcome import RegisteredModel
 from tasks.learning.sequences import eval_positions, head_rows, token_run
 from tasks.learning.sites import NO_CALL_SITES, has_call_sites
-from tasks.learning.table import CLASS_BYTES, HEADER, keep_soon, read_table_file
+from tasks.learning.table import HEADER, keep_soon, read_table_file
 from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
@@ -63,7 +63,7 @@ from tasks.whatif.policies import (
     PolicyConfig,
     _Policy,
 )
-from tasks.whatif.policy_core import class_scores_of
+from tasks.whatif.policy_core import class_scores_of, with_call_sites
 from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_plot, sweep_run
 
 ARTIFACT_KEY = "whatif"
@@ -414,8 +414,10 @@ def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
 
 
 def _fetch_class_scores(run_id: str) -> tuple[np.ndarray | None, str | None]:
-    """The class scores of the layer table a version's run logged (`table/heapcast.hcltab`,
-    tasks/registry/question_artifacts.py), checked as the layer checks it; or None and why."""
+    """The scores of the layer table a version's run logged (`table/heapcast.hcltab`,
+    tasks/registry/question_artifacts.py), checked as the layer checks it: its class scores,
+    with its call-site entries where it has some (format 3; policy_core.TableScores, which the
+    replay asks as the layer does); or None and why."""
     try:
         # deferred: imported on first use (MLflow), for start-up time
         import mlflow
@@ -425,7 +427,7 @@ def _fetch_class_scores(run_id: str) -> tuple[np.ndarray | None, str | None]:
                 run_id=run_id, artifact_path=f"{TABLE_ARTIFACT}/{TABLE_FILE}", dst_path=tmp
             )
             read_table_file(Path(path))  # refuses a file the layer would refuse
-            data = Path(path).read_bytes()[HEADER.size : HEADER.size + CLASS_BYTES]
+            data = Path(path).read_bytes()[HEADER.size :]  # the class scores, then the sites
         return class_scores_of(data), None
     except Exception as err:  # noqa: BLE001 - an older version logged none: said, not fatal
         return None, f"no layer table for layer_guided_table: {type(err).__name__}: {err}"[:300]
@@ -524,6 +526,8 @@ def replay_events(
         scores, why = predictor.class_scores() if predictor is not None else (None, None)
         if why:
             notes.append(why)
+        if getattr(scores, "sites", None) is not None:  # the layer asks the frees' call sites
+            with_call_sites(x, table)  # -1 without callers: the counter (NO_CALL_SITES noted)
     frames = [sweep_run(x, plain, workload=workload, run=run, class_scores=scores)]
     if guided:
         preds, notes = predictions_for(table, token_run, predictor, horizon, answers)

@@ -26,6 +26,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from tasks.core.config import StrictModel
+from tasks.dataset.tokens import size_class
+from tasks.learning.sites import SITE_VOCABULARY, call_sites
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.policies import (
     MMAP_THRESHOLD,
@@ -43,6 +45,9 @@ PAGE = 4096
 # threads is exact only as far as those allow; test_policy_core holds it equal on one thread.
 UNTOLD_BY_A_TRACE = "native/policy/replay.c"
 CLASS_TABLE_SHAPE = (64, 64)  # the layer table's class scores (format 2 payload), uint8
+SITE_CLASSES = 32  # a format 3 entry's key: site * SITE_CLASSES + size class (native/TABLE.md)
+SITE_TABLE_SHAPE = (SITE_VOCABULARY, SITE_CLASSES)  # int16 keep scores, -1: no entry
+CALL_SITES = "call_sites"  # SimInput.cache: int64 per row, its call site (`with_call_sites`)
 _POLICIES = ("off", "seed002", "seed001", "guided")
 # struct hpc_stats' fields, in order (native/policy/core.h), then what replay.c adds
 STATS = (
@@ -66,6 +71,9 @@ STATS = (
     "bytes_kept_at_exit",
     "bytes_in_fronts",
 )
+# what the Python side adds (not the core's struct): the layer's `table_sites`, frees of blocks
+# it tracked that a call-site entry answered (guided with a table of sites)
+SITED = "sited"
 # per-row decision: request | fate << 2
 REQUEST_NAMES = ("none", "hit", "miss")
 FATE_NAMES = ("none", "kept", "unproven", "outgrown", "declined", "untracked", "heap")
@@ -127,6 +135,10 @@ class _Settings(ctypes.Structure):  # struct hpc_settings
 
 
 def _settings(p: LayerPolicy, decay_ns: int | None, class_scores: np.ndarray | None) -> _Settings:
+    # a table with call-site entries never asks its class scores (the layer's init.c: a key
+    # the table lacks asks the thread's counter)
+    if getattr(class_scores, "sites", None) is not None:
+        class_scores = None
     return _Settings(
         policy=_POLICIES.index(p.policy),
         n=p.n,
@@ -166,14 +178,84 @@ def layer_policy(config: LayerConfig) -> tuple[LayerPolicy, int]:
     )
 
 
+class TableScores(np.ndarray):
+    """A layer table's class scores (the array itself: uint8 [64, 64]) and its call-site
+    entries, `sites`: int16 SITE_TABLE_SHAPE, the keep score of (site, size class), -1 where
+    the table has no entry; None for a table without entries (format 2, or 3 with none), which
+    answers by its class scores. With entries the layer never asks the class scores: a free
+    whose key the table lacks asks the thread's counter (native/TABLE.md)."""
+
+    sites: np.ndarray | None
+
+    def __array_finalize__(self, obj) -> None:
+        self.sites = getattr(obj, "sites", None)
+
+
+def site_scores_of(entries: bytes | np.ndarray) -> np.ndarray | None:
+    """A format 3 table's site entries (the payload after the class scores: uint32 LE words,
+    (site * 32 + class) << 8 | score, native/TABLE.md) as int16 SITE_TABLE_SHAPE (-1: no
+    entry); None where there are none."""
+    raw = entries if isinstance(entries, bytes) else np.asarray(entries, np.uint8).tobytes()
+    if len(raw) % 4:
+        raise ValueError(f"a layer table's site entries are 4 bytes each, got {len(raw)} bytes")
+    if not raw:
+        return None
+    w = np.frombuffer(raw, "<u4")
+    key = (w >> 8).astype(np.int64)
+    if key.max() >= SITE_VOCABULARY * SITE_CLASSES or np.any(np.diff(key) <= 0):
+        raise ValueError("a layer table's site entries are out of range or do not rise")
+    out = np.full(SITE_VOCABULARY * SITE_CLASSES, -1, np.int16)
+    out[key] = (w & 0xFF).astype(np.int16)
+    return out.reshape(SITE_TABLE_SHAPE)
+
+
 def class_scores_of(payload: bytes | np.ndarray) -> np.ndarray:
-    """The class scores a layer table file holds (its payload's first 64 * 64 bytes, after the
-    header: tasks.learning.table), as the core reads them: uint8 [64, 64], C order."""
+    """The scores a layer table file holds, as the core reads them: its payload's (after the
+    header: tasks.learning.table) first 64 * 64 bytes, uint8 [64, 64], C order; given the whole
+    payload of a format 3 file (bytes, or a flat uint8 array), its site entries after them too,
+    parsed once (`site_scores_of`): a TableScores whose `sites` the replay asks first, as the
+    layer does. A [64, 64] array keeps the sites it carries."""
     a = np.frombuffer(payload, np.uint8) if isinstance(payload, bytes) else np.asarray(payload)
     n = CLASS_TABLE_SHAPE[0] * CLASS_TABLE_SHAPE[1]
     if a.size < n:
         raise ValueError(f"a layer table's class scores are {n} bytes, got {a.size}")
-    return np.ascontiguousarray(a.reshape(-1)[:n].astype(np.uint8).reshape(CLASS_TABLE_SHAPE))
+    flat = a.reshape(-1)
+    sites = getattr(payload, "sites", None)
+    if a.ndim == 1 and a.size > n:
+        sites = site_scores_of(flat[n:])
+    scores = np.ascontiguousarray(flat[:n].astype(np.uint8).reshape(CLASS_TABLE_SHAPE))
+    if sites is None:
+        return scores
+    out = scores.view(TableScores)
+    out.sites = sites
+    return out
+
+
+def with_call_sites(x: SimInput, table: pa.Table) -> SimInput:
+    """`x` (prepared from `table`) with each row's call site (tasks.learning.sites.call_sites,
+    the key the layer computes at a free; -1: none, as in a trace without callers) in
+    simulation order, where a table with site entries asks them (`core_batch`). Returns `x`."""
+    x.cache[CALL_SITES] = x.align(call_sites(table))
+    return x
+
+
+def row_site_scores(x: SimInput, sites: np.ndarray) -> np.ndarray:
+    """int16 per row (simulation order): the table's entry at the free in the row (a realloc's
+    old block included), at (the row's call site, the size class of the block's request: the
+    layer's hcp_class of its req, 0 read as 1); -1 where the row frees nothing known or the
+    table has no entry (the layer then asks the thread's counter)."""
+    if CALL_SITES not in x.cache:
+        raise ValueError(
+            "a layer table with call-site entries needs the run's call sites: "
+            "policy_core.with_call_sites(prepare(table), table)"
+        )
+    site = np.asarray(x.cache[CALL_SITES], np.int64)
+    a = x.partner
+    frees = (x.freed >= 0) & (a >= 0) & (site >= 0) & (site < SITE_VOCABULARY)
+    req = x.req[np.maximum(a, 0)]
+    cls = size_class(np.where(req > 0, req, 1)).astype(np.int64)
+    score = sites[np.where(frees, site, 0), cls]
+    return np.ascontiguousarray(np.where(frees, score, -1), np.int16)
 
 
 class PolicyCoreBuildError(RuntimeError):
@@ -215,7 +297,7 @@ def _lib() -> ctypes.CDLL:
             + [ptr] * 9
             + [ptr, ctypes.c_int32, ptr, ctypes.c_int32, ptr, ctypes.c_uint64]
             + [ctypes.c_int32, ctypes.c_int32]
-            + [ptr] * 7
+            + [ptr] * 8
         )
         lib.hpc_sizes.argtypes = [ptr]
         lib.hpc_replay_stats.argtypes = [ptr, ctypes.c_int32, ptr]
@@ -284,6 +366,7 @@ class CoreBatch:
     class_scores: np.ndarray | None = None  # kept alive: settings.class_table points into it
     thread_proc: np.ndarray | None = None  # int32 per thread: its process (steals)
     exits: np.ndarray | None = None  # uint8 per row: a thread exits after it
+    site_score: np.ndarray | None = None  # int16 per row: the table's call-site entry, -1: none
 
     @property
     def n(self) -> int:
@@ -322,9 +405,15 @@ def core_batch(
 ) -> CoreBatch:
     """The replay's input arrays of a prepared run (the usable sizes modelled here, in numpy).
     `decay_ns` overrides the policy's decay_ms; `class_scores` (guided): a table's class scores
-    (`class_scores_of`), which the layer asks instead of its counter."""
+    (`class_scores_of`), which the layer asks instead of its counter; with call-site entries
+    (TableScores.sites) those first and the counter where the table has none, the class scores
+    never (the run's call sites: `with_call_sites`)."""
+    site_score = None
     if class_scores is not None:
         class_scores = class_scores_of(class_scores)
+        sites = getattr(class_scores, "sites", None)
+        if sites is not None and policy.policy == "guided":
+            site_score = row_site_scores(x, sites)
     n = x.n
     align = x.align_req if x.align_req is not None else np.zeros(n, np.int64)
     addr = x.addr_align if x.addr_align is not None else np.full(n, 16, np.int64)
@@ -359,12 +448,14 @@ def core_batch(
         class_scores,
         thread_proc,
         exits,
+        site_score,
     )
 
 
 def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
     """One C call over the whole batch: (the counters, per-row decision, usable bytes got, bytes
-    its process keeps after the row), the rows in simulation order."""
+    its process keeps after the row), the rows in simulation order. The counters are STATS and
+    SITED (0 without site scores)."""
     cache_size, thread_size, counter_size, _ = _sizes()
     caches = np.zeros(max(b.n_proc, 1) * cache_size, np.uint8)
     threads = np.zeros(max(b.n_threads, 1) * thread_size, np.uint8)
@@ -395,10 +486,25 @@ def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.
         kept_bytes.ctypes.data,
         b.thread_proc.ctypes.data if b.thread_proc is not None else None,
         b.exits.ctypes.data if b.exits is not None else None,
+        b.site_score.ctypes.data if b.site_score is not None else None,
     )
     out = np.zeros(len(STATS), np.uint64)
     lib.hpc_replay_stats(caches.ctypes.data, b.n_proc, out.ctypes.data)
-    return dict(zip(STATS, (int(v) for v in out))), decision, got_usable, kept_bytes
+    stats = dict(zip(STATS, (int(v) for v in out)))
+    stats[SITED] = _sited(b, decision, row_tracked)
+    return stats, decision, got_usable, kept_bytes
+
+
+def _sited(b: CoreBatch, decision: np.ndarray, row_tracked: np.ndarray) -> int:
+    """The layer's `table_sites`: frees of blocks it tracked (hpc_free's fates: kept, unproven,
+    outgrown, declined; the block tracked) whose call-site entry answered."""
+    if b.site_score is None:
+        return 0
+    partner = b.arrays[2]
+    fate = decision >> 2
+    tracked = (partner >= 0) & (row_tracked[np.maximum(partner, 0)] == 1)
+    asked = (fate >= 1) & (fate <= 4) & tracked & (b.site_score >= 0)
+    return int(np.count_nonzero(asked))
 
 
 def replay(
@@ -409,8 +515,9 @@ def replay(
     decay_ns: int | None = None,
     class_scores: np.ndarray | None = None,
 ) -> CoreReplay:
-    """The layer's decisions (the policy core) over one run's events, in one C call."""
-    x = events if isinstance(events, SimInput) else prepare(events)
+    """The layer's decisions (the policy core) over one run's events, in one C call. Given a
+    table (not a prepared run), its rows' call sites too (`with_call_sites`)."""
+    x = events if isinstance(events, SimInput) else with_call_sites(prepare(events), events)
     batch = core_batch(x, policy, mmap_threshold, decay_ns=decay_ns, class_scores=class_scores)
     stats, decision, got_usable, kept = run_batch(batch)
     n = x.n

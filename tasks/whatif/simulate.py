@@ -35,7 +35,13 @@ from tasks.whatif.policies import (
     Seed002Config,
     _Policy,
 )
-from tasks.whatif.policy_core import LayerConfig, core_batch, layer_policy, run_batch
+from tasks.whatif.policy_core import (
+    LayerConfig,
+    core_batch,
+    layer_policy,
+    run_batch,
+    with_call_sites,
+)
 
 PAGE = 4096
 SCAN_LIMIT = 64
@@ -455,9 +461,11 @@ def _tier_ttl(policy: GuidedConfig, n_tiers: int) -> np.ndarray:
 
 
 def as_input(events: pa.Table | SimInput, workload: str = "", run: str = "") -> SimInput:
+    """A run laid out for the simulator; from an events table, with its rows' call sites (a
+    layer table with site entries asks them: policy_core.with_call_sites)."""
     if isinstance(events, SimInput):
         return events
-    return prepare(events, workload=workload, run=run)
+    return with_call_sites(prepare(events, workload=workload, run=run), events)
 
 
 def run_kernel(

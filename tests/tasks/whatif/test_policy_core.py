@@ -10,7 +10,9 @@ THEN  hits, misses, blocks kept, bytes kept (peak, at exit), blocks given back, 
       unproven, bounded, the live peak, the proof's and the regret's counts all equal the
       layer's. And on a traced real program (bigblocks), the core's hits and blocks kept equal
       the layer's, and so do the what-if simulator's (tasks.whatif.simulate), which computes
-      every policy the layer runs through the core.
+      every policy the layer runs through the core. And guided with a format 3 table (call-site
+      entries, some keeping, some passing on, some keys left to the counter) the core's hits,
+      blocks kept, passed calls and frees a site entry answered equal the layer's.
 One thread: with several, the layer's threads meet at its locks in an order a trace does not
 hold (policy_core.UNTOLD_BY_A_TRACE names the file that lists what the replay cannot know).
 """
@@ -27,7 +29,11 @@ import pyarrow as pa
 import pytest
 
 from tasks.dataset.convert import convert_trace
+from tasks.dataset.tokens import size_class
 from tasks.format.trace_reader import read_trace
+from tasks.learning.labels import REUSE_CLASSES
+from tasks.learning.sites import SITE_VOCABULARY, call_sites
+from tasks.learning.table import HEADER, ClassTable, write_layer_table
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.layer import build_layer, parse_stats
 from tasks.whatif.policies import (
@@ -36,7 +42,13 @@ from tasks.whatif.policies import (
     Seed001Config,
     Seed002Config,
 )
-from tasks.whatif.policy_core import UNTOLD_BY_A_TRACE, LayerPolicy, layer_policy, replay
+from tasks.whatif.policy_core import (
+    UNTOLD_BY_A_TRACE,
+    LayerPolicy,
+    class_scores_of,
+    layer_policy,
+    replay,
+)
 from tasks.whatif.simulate import simulate
 
 PROJECT = Path(__file__).resolve().parents[3]
@@ -176,9 +188,9 @@ def test_core_decisions_per_row(tmp_path):
     assert core.stats["proof_hits"] == 2 and core.stats["hits"] == 3
 
 
-def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
+def _traced(argv: list[str], tracer: Path, out: Path, **extra: str) -> pa.Table:
     out.mkdir()
-    env = dict(os.environ, LD_PRELOAD=str(tracer), HEAPCAST_OUT=str(out))
+    env = dict(os.environ, LD_PRELOAD=str(tracer), HEAPCAST_OUT=str(out), **extra)
     env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     env.pop("HEAPCAST_LAYER", None)
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -210,6 +222,59 @@ def test_core_on_a_traced_program_equals_the_layer(layer, program, tmp_path, pol
     assert layer_policy(config)[0] == policy.model_copy(update={"madv_ms": 100})
     sim = simulate(x, config)
     assert (sim["hits"], sim["cached_frees"]) == (measured["hits"], measured["kept"])
+
+
+def _site_table(entries: dict[tuple[int, int], bool]) -> ClassTable:
+    """A format 3 table (tests/native/test_layer_table.py's way): every class's training frees
+    never reused (the class scores keep nothing), and at each (site, class) given, all reused
+    within 1 call (True: the entry keeps) or never (False: it passes on)."""
+    majority = np.full(REUSE_CLASSES, 1.0 / REUSE_CLASSES)
+    counts = np.zeros((32, REUSE_CLASSES))
+    counts[:, REUSE_CLASSES - 1] = 100.0
+    sites = np.zeros((SITE_VOCABULARY, 32, REUSE_CLASSES))
+    for (s, c), soon in entries.items():
+        sites[s, c, 0 if soon else REUSE_CLASSES - 1] = 100.0
+    return ClassTable(counts, majority, sites)
+
+
+def test_core_asks_a_tables_call_sites_as_the_layer(layer, program, tmp_path):
+    """GIVEN bigblocks traced with callers (one thread), its large frees' (call site, class)
+    keys, and a format 3 table whose entry at the first key keeps, at the second passes on, the
+    others left to the thread's counter (the class scores would keep nothing)
+    WHEN the layer runs the program with that table, and the core replays the trace with it
+    THEN the core has the layer's hits, blocks kept, passed calls, and frees a site entry
+    answered (`table_sites`); and that is neither the counter's answer alone nor the class
+    scores'."""
+    subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
+    argv = [str(program("bigblocks")), "25", "1", "300000", "1000000", "2500000"]
+    tracer = NATIVE / "build" / "libheapcast.so"
+    events = _traced(argv, tracer, tmp_path / "trace", HEAPCAST_CALLER="1")
+    site = call_sites(events)
+    freed = events.column("freed_size").fill_null(0).to_numpy().astype(np.uint64)
+    large = freed >= MMAP_THRESHOLD
+    keys = sorted({(int(s), int(c)) for s, c in zip(site[large], size_class(freed[large]))})
+    assert len(keys) >= 3 and all(s >= 0 for s, _ in keys), keys
+    path = write_layer_table(
+        tmp_path / "sites.hcltab", _site_table({keys[0]: True, keys[1]: False}), 7
+    )
+    policy = LayerPolicy(policy="guided")
+    stats = tmp_path / "stats"
+    env = dict(os.environ, LD_PRELOAD=str(layer), MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+    env["HEAPCAST_LAYER"] = policy.env(str(stats)) + f",predictor=table:{path},model=7"
+    r = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+    assert r.stderr == ""
+    (measured,) = parse_stats(stats.read_text())
+    assert measured["table"] == 1 and measured["table_sites"] > 0
+    scores = class_scores_of(path.read_bytes()[HEADER.size :])
+    assert scores.sites is not None
+    core = replay(events, policy, class_scores=scores)
+    got = (core.stats["hits"], core.stats["kept"], core.passed, core.stats["sited"])
+    want = (measured["hits"], measured["kept"], measured["passed"], measured["table_sites"])
+    assert got == want, (core.stats, measured)
+    counter = replay(events, policy).stats
+    classes = replay(events, policy, class_scores=np.asarray(scores)).stats  # no sites
+    assert (counter["hits"], counter["kept"]) != want[:2]
+    assert (classes["hits"], classes["kept"]) != want[:2]
 
 
 def test_what_a_trace_cannot_tell_is_named_in_one_place():

@@ -10,6 +10,7 @@ import pytest
 
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.format.trace_reader import Op
+from tasks.learning.sites import call_sites
 from tasks.whatif.events import prepare
 from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (
@@ -21,7 +22,13 @@ from tasks.whatif.policies import (
     Seed001Config,
     Seed002Config,
 )
-from tasks.whatif.policy_core import layer_policy, replay
+from tasks.whatif.policy_core import (
+    LayerPolicy,
+    class_scores_of,
+    layer_policy,
+    replay,
+    with_call_sites,
+)
 from tasks.whatif.simulate import run_kernel, simulate
 from tests.tasks.whatif.reference import random_events, reference, with_rows
 
@@ -451,3 +458,107 @@ def test_priority_eviction_beats_lru_at_a_tight_budget():
     # without the prediction (all false, or all true) it is lru, hit for hit
     for pred in (np.zeros(5, bool), np.ones(5, bool)):
         assert simulate(t, GuidedConfig(budget=1000), pred)["hits"] == 0
+
+
+def _with_callers(t: pa.Table, offsets: list[int], module: str = "/usr/bin/prog") -> pa.Table:
+    """`t` with every row called from `module` at `offsets` (one per row)."""
+    n = t.num_rows
+    mod = pa.array([module] * n, pa.string()).cast(CALLER_MODULE_TYPE)
+    t = t.set_column(t.schema.get_field_index("caller_module"), "caller_module", mod)
+    off = pa.array(offsets, pa.uint64())
+    return t.set_column(t.schema.get_field_index("caller_offset"), "caller_offset", off)
+
+
+def _site_payload(classes: np.ndarray, entries: dict[tuple[int, int], int]) -> bytes:
+    """A format 3 table's payload (native/TABLE.md): class scores, then the site entries."""
+    keys = sorted((s * 32 + c, v) for (s, c), v in entries.items())
+    words = np.array([k << 8 | v for k, v in keys], "<u4")
+    return classes.tobytes() + words.tobytes()
+
+
+def test_layer_guided_asks_the_call_site_entries_first():
+    """GIVEN rounds of malloc and free of 300000 (class 19), 600000 twice (20), 1200000 (21)
+    bytes, each class freed from its own call site, and a format 3 table whose class scores
+    keep every class, with an entry of 255 at (site of 19, 19), of 0 at (site of 20, 20), none
+    for 21 (guided, no proof, no bound)
+    THEN the class-19 frees are all kept, where the counter alone passes them on after the
+    first; the class-20 frees all passed on, where the counter keeps them; the class-21 frees
+    answered by the counter (its fates without any table), not by the class scores (which keep
+    them all); the frees a site entry answered are counted (`sited`, the layer's table_sites);
+    and the simulator's layer_guided(table=true) is the same replay."""
+    size = {19: 300_000, 20: 600_000, 21: 1_200_000}
+    pattern = [19, 20, 20, 21] * 5
+    rows, offsets = [], []
+    for k, c in enumerate(pattern):
+        rows += [(MALLOC, size[c], 0x10 + k * 0x1000000, None)]
+        rows += [(FREE, 0, 0x10 + k * 0x1000000, size[c])]
+        offsets += [0x50, 0x100 * (c - 18)]  # the frees' call sites: one per class
+    t = _with_callers(_events(rows), offsets)
+    site = call_sites(t)[1::2]
+    at = {c: int(site[pattern.index(c)]) for c in size}
+    assert len(set(at.values())) == 3
+    classes = np.zeros((64, 64), np.uint8)
+    for c in size:
+        classes[32 + c, c] = 255
+    scores = class_scores_of(_site_payload(classes, {(at[19], 19): 255, (at[20], 20): 0}))
+    policy = LayerPolicy(policy="guided", proof=0, peak=None)
+    fate = replay(t, policy, class_scores=scores).fate[1::2]
+    counter = replay(t, policy).fate[1::2]
+    by_classes = replay(t, policy, class_scores=classes).fate[1::2]
+    cls = np.array(pattern)
+    kept, declined = 1, 4
+    assert np.all(fate[cls == 19] == kept) and np.any(counter[cls == 19] != kept)
+    assert np.all(fate[cls == 20] == declined) and np.any(counter[cls == 20] == kept)
+    assert np.array_equal(fate[cls == 21], counter[cls == 21])
+    assert np.any(fate[cls == 21] != by_classes[cls == 21])
+    core = replay(t, policy, class_scores=scores)
+    assert core.stats["sited"] == int(np.sum(cls != 21))
+    assert replay(t, policy, class_scores=classes).stats["sited"] == 0
+    sim = simulate(
+        with_call_sites(prepare(t), t),
+        LayerGuidedConfig(table=True, proof=0, peak=None),
+        class_scores=scores,
+    )
+    assert (sim["hits"], sim["cached_frees"]) == (core.stats["hits"], core.stats["kept"])
+
+
+def test_a_trace_without_callers_asks_the_counter_with_a_table_of_sites():
+    """GIVEN a format 3 table with entries (class scores keeping nothing) and a trace recorded
+    without callers THEN no entry answers and neither do the class scores: the counter does,
+    as the layer at sites its table lacks."""
+    rows = []
+    for k in range(6):
+        rows += [(MALLOC, 300_000, 0x10 + k * 0x100000, None)]
+        rows += [(FREE, 0, 0x10 + k * 0x100000, 300_000)]
+    t = _events(rows)
+    scores = class_scores_of(_site_payload(np.zeros((64, 64), np.uint8), {(5, 19): 0}))
+    policy = LayerPolicy(policy="guided", proof=0, peak=None)
+    with_sites = replay(t, policy, class_scores=scores)
+    counter = replay(t, policy)
+    assert with_sites.stats["sited"] == 0 and with_sites.stats["hits"] > 0
+    assert np.array_equal(with_sites.fate, counter.fate)
+    assert replay(t, policy, class_scores=np.zeros((64, 64), np.uint8)).stats["hits"] == 0
+
+
+def test_the_nights_table_row_asks_the_call_site_entries():
+    """GIVEN the night's predictor holding a format 3 table (what `_fetch_class_scores` reads
+    from the version's logged file: the payload after the header) THEN its layer_guided_table
+    row is the replay that asks the call-site entries (the frees' sites from the run's
+    callers), not the class scores."""
+    from tasks.whatif.night import Predictor, replay_events
+
+    rows, offsets = [], []
+    for k in range(6):
+        rows += [(MALLOC, 300_000, 0x10 + k * 0x100000, None)]
+        rows += [(FREE, 0, 0x10 + k * 0x100000, 300_000)]
+        offsets += [0x50, 0x100]
+    t = _with_callers(_events(rows), offsets)
+    classes = np.zeros((64, 64), np.uint8)
+    classes[32 + 19, 19] = 255  # the class scores keep every free
+    site = int(call_sites(t)[1])
+    payload = _site_payload(classes, {(site, 19): 0})  # the free's site entry: pass on
+    config = LayerGuidedConfig(table=True, proof=0, peak=None)
+    frame, _ = replay_events(t, None, [config], Predictor(class_scores=payload), horizon=1)
+    assert frame["hits"].tolist() == [0]
+    frame, _ = replay_events(t, None, [config], Predictor(class_scores=classes), horizon=1)
+    assert frame["hits"].tolist() == [5]
