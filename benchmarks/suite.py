@@ -58,7 +58,7 @@ SPEED: tuple[Benchmark, ...] = (
         "policy_core",
         "benchmarks/bench_policy_core.py",
         minutes=1,
-        reference="the numba simulator (tasks.whatif.simulate.run_kernel) on the same events",
+        reference="the core's C call alone, and simulate()'s layer_metrics, on the same events",
     ),
     Benchmark("tracer", "benchmarks/bench_tracer.py", minutes=3),
     Benchmark("report", "benchmarks/bench_report.py", minutes=3),

@@ -45,6 +45,28 @@ HPC_EXPORT void hpc_sizes(int64_t *out) {
     out[3] = (int64_t)(sizeof(struct hpc_stats) / sizeof(uint64_t));
 }
 
+/* glibc's malloc_usable_size of the block it makes for a request of `req` bytes aligned to
+ * `align` (<= 16: malloc's own), as the layer sees it: on the heap (below the mmap threshold)
+ * its chunk less 8; mapped, the mapping less the pointer's offset in it (16, or for an aligned
+ * request the alignment, glibc mapping a chunk with room to align it). */
+static inline int64_t hpc_chunk(int64_t s) {
+    int64_t c = (s + 8 + 15) & ~(int64_t)15;
+    return c < 32 ? 32 : c;
+}
+static inline int64_t hpc_pages(int64_t x) { return (x + 4095) / 4096 * 4096; }
+static inline int64_t hpc_usable(int64_t req, int64_t align, uint64_t mmap_threshold) {
+    if (req < 0) return -1;
+    if ((uint64_t)req < mmap_threshold) return hpc_chunk(req) - 8;
+    if (align <= 16) return hpc_pages(hpc_chunk(req) + 8) - 16;
+    return hpc_pages(hpc_chunk(hpc_chunk(req) + align + 32) + 8) - align;
+}
+
+/* The usable bytes of n requests (-1 where req < 0): tasks/whatif/policy_core.py glibc_usable. */
+HPC_EXPORT void hpc_glibc_usable(int64_t n, const int64_t *req, const int64_t *align,
+                                 uint64_t mmap_threshold, int64_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = hpc_usable(req[i], align[i], mmap_threshold);
+}
+
 struct hpc_rows { /* the per-row scratch the caller gives */
     uintptr_t *p;
     uint8_t *tracked;

@@ -300,6 +300,7 @@ def _lib() -> ctypes.CDLL:
             + [ptr] * 8
         )
         lib.hpc_sizes.argtypes = [ptr]
+        lib.hpc_glibc_usable.argtypes = [ctypes.c_int64, ptr, ptr, ctypes.c_uint64, ptr]
         lib.hpc_replay_stats.argtypes = [ptr, ctypes.c_int32, ptr]
         _LIB = lib
     return _LIB
@@ -312,25 +313,15 @@ def _sizes() -> tuple[int, int, int, int]:
 
 
 def glibc_usable(req: np.ndarray, align: np.ndarray, mmap_threshold: int) -> np.ndarray:
-    """glibc's malloc_usable_size of the block it makes for each request (as
-    the layer sees it): mapped (>= the threshold), the mapping less the
-    pointer's offset in it (16, or the alignment asked for, whose chunk glibc maps with room to
-    align it); on the heap, the chunk less 8."""
-    req = np.asarray(req, np.int64)
-    align = np.asarray(align, np.int64)
-
-    def chunk(s):
-        return np.maximum((s + 8 + 15) & ~15, 32)
-
-    def pages(x):
-        return (x + PAGE - 1) // PAGE * PAGE
-
-    mapped = np.where(
-        align <= 16,
-        pages(chunk(req) + 8) - 16,
-        pages(chunk(chunk(req) + align + 32) + 8) - align,
+    """glibc's malloc_usable_size of the block it makes for each request, as the layer sees it
+    (-1 where req < 0): the model is native/policy/replay.c's hpc_usable, one C loop."""
+    req = np.ascontiguousarray(req, np.int64)
+    align = np.ascontiguousarray(np.broadcast_to(align, req.shape), np.int64)
+    out = np.empty(len(req), np.int64)
+    _lib().hpc_glibc_usable(
+        len(req), req.ctypes.data, align.ctypes.data, mmap_threshold, out.ctypes.data
     )
-    return np.where(req < mmap_threshold, chunk(req) - 8, mapped)
+    return out
 
 
 @dataclass(frozen=True)
@@ -378,20 +369,26 @@ def thread_exits(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each thread's process (int32 per thread, -1: no row), and where threads exit (uint8 per
     row): after the last row of every thread but its process's first, whose front the layer keeps
-    to the end (a trace records no exit: native/policy/replay.c names it)."""
+    to the end (a trace records no exit: native/policy/replay.c names it). O(n): ufunc.at, no
+    sort."""
     n = len(thread)
-    thread_proc = np.full(max(n_threads, 1), -1, np.int32)
+    t_count = max(n_threads, 1)
+    thread_proc = np.full(t_count, -1, np.int32)
     exits = np.zeros(n, np.uint8)
     if n == 0:
         return thread_proc, exits
-    threads, first = np.unique(thread, return_index=True)
-    thread_proc[threads] = proc[first]
-    rthreads, rfirst = np.unique(thread[::-1], return_index=True)
-    last = n - 1 - rfirst
-    _, proc_first = np.unique(proc, return_index=True)
-    main = np.zeros(max(n_threads, 1), bool)
-    main[thread[proc_first]] = True
-    exits[last[~main[rthreads]]] = 1
+    rows = np.arange(n, dtype=np.int64)
+    first = np.full(t_count, n, np.int64)
+    np.minimum.at(first, thread, rows)
+    last = np.full(t_count, -1, np.int64)
+    np.maximum.at(last, thread, rows)
+    seen = last >= 0
+    thread_proc[seen] = proc[first[seen]]
+    proc_first = np.full(int(proc.max()) + 1, n, np.int64)
+    np.minimum.at(proc_first, proc, rows)
+    main = np.zeros(t_count, bool)
+    main[thread[proc_first[proc_first < n]]] = True
+    exits[last[seen & ~main]] = 1
     return thread_proc, exits
 
 
@@ -419,8 +416,7 @@ def core_batch(
     addr = x.addr_align if x.addr_align is not None else np.full(n, 16, np.int64)
     thread = x.thread if x.thread is not None else x.proc
     n_threads = x.n_threads if x.thread is not None else x.n_proc
-    usable = glibc_usable(np.maximum(x.req, 0), align, mmap_threshold)
-    usable = np.where(x.req >= 0, usable, -1)
+    usable = glibc_usable(x.req, align, mmap_threshold)
 
     def c(a, dtype=np.int64):
         return np.ascontiguousarray(a, dtype)
