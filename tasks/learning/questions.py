@@ -18,10 +18,17 @@ from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_R
 from tasks.learning.hedge import (
     EXPERTS,
     HEDGED,
+    PRIOR,
     hedge_keys,
     hedged,
+    process_prior,
 )
-from tasks.learning.labels import process_order, request_and_free_classes
+from tasks.learning.labels import (
+    LIFETIME_CALL_EDGES,
+    REUSE_EDGES,
+    process_order,
+    request_and_free_classes,
+)
 from tasks.learning.lifetime import (
     NETWORK_SURVIVAL,
     lifetime_answers,
@@ -125,6 +132,16 @@ def question_evaluation(
                         a.probs[NETWORK_SURVIVAL] = network_survival(
                             order, starts, req_cls, sites, a, a.probs[PREDICTOR]
                         )
+                    # the expert the mixture falls back on: the process's own classes so far,
+                    # from the training runs' majority (never worse than it for long)
+                    q_maj, edges = (
+                        (majority, len(REUSE_EDGES))
+                        if q == QUESTION
+                        else (lifetime_maj[q], len(LIFETIME_CALL_EDGES))
+                    )
+                    a.probs[PRIOR] = process_prior(
+                        order, starts, a.learnt, a.rows, q_maj, a.labels, edges
+                    )
                     # the network corrected inside the run by what each predictor got right,
                     # as each answer's class becomes known, in part before the whole (a block
                     # still live past an edge; a freed class not requested by an edge)
