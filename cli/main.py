@@ -105,6 +105,13 @@ examples:
       guided by a table file from the model (refused with one line if it cannot be trusted)
   heapcast layer -O cap=64M -O min=64K -- ./app
       any option of the layer (native/layers/layer.c, HL_OPTIONS; native/README.md)
+  heapcast layer --policy place -- ./app
+      the placement layer in front of jemalloc (native/layers/place.c; libjemalloc2 installed,
+      or HEAPCAST_JEMALLOC naming one): each allocation placed by its call site's predicted
+      lifetime in one of two jemalloc arenas; at exit, on stderr:
+      heapcast layer (place, predict): 1 process(es), mode predict: 5,412 allocations placed
+      long (their own jemalloc arena), the rest short (jemalloc's own); 1 of 4 call sites long
+      (-O mode=size|off|sites -O sites=FILE, -O horizon=N, ...: its options; --stats: the lines)
 """
 
 INSPECT_EPILOG = """\
@@ -135,7 +142,7 @@ examples:
       count blocks freed within 8 calls as temporaries
 """
 
-_LAYER_POLICIES = ("seed002", "seed001", "guided", "off")
+_LAYER_POLICIES = ("seed002", "seed001", "guided", "off", "place")
 
 
 def _run_id() -> str:
@@ -248,6 +255,93 @@ def _layer_library() -> str | None:
     return str(lib)
 
 
+def _place_module():
+    """tasks/allocators/place.py (standard library only), loaded by its path: importing it as
+    tasks.allocators.place would run the package's __init__, which imports Prefect (seconds)."""
+    # deferred: imported on first use, for start-up time
+    import importlib.util
+    from pathlib import Path
+
+    name = "heapcast_cli_place"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[1] / "tasks" / "allocators" / "place.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
+    """`heapcast layer --policy place`: PROGRAM under jemalloc with heapcast's placement layer in
+    front of it (native/layers/place.c, built when missing or stale); at exit, what it did."""
+    # deferred: imported on first use, for start-up time
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    place = _place_module()
+    if args.predictor != "online":
+        print(
+            "heapcast layer: --predictor is the cache policies'; --policy place predicts by its "
+            "own online per-site counter (-O mode=size|sites|off for the others)",
+            file=sys.stderr,
+        )
+        return 2
+    bad = [s for s in args.option if "," in s or "=" not in s or s.startswith("stats=")]
+    if bad:
+        print(
+            f"heapcast layer: option {bad[0]!r}: NAME=VALUE without commas (mode, sample, horizon, "
+            "pct, big, sites, learn; stats is heapcast's)",
+            file=sys.stderr,
+        )
+        return 2
+    jemalloc = os.environ.get("HEAPCAST_JEMALLOC") or place.JEMALLOC
+    if not os.path.isfile(jemalloc):
+        print(
+            f"heapcast layer: --policy place runs the program over jemalloc (the layer needs its "
+            f"arenas), and {jemalloc} is missing: install the Debian package {place.JEMALLOC_PACKAGE} "
+            f"(apt-get install {place.JEMALLOC_PACKAGE}), or name another libjemalloc.so.2 in "
+            "HEAPCAST_JEMALLOC",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        lib = place.build_place()
+    except place.PlaceBuildError as err:
+        print(f"heapcast layer: {err}", file=sys.stderr)
+        return 2
+    settings = {"mode": "predict"}
+    settings.update(o.split("=", 1) for o in args.option)
+    with tempfile.TemporaryDirectory(prefix="heapcast-place-") as tmp:
+        stats = Path(tmp) / "stats"
+        env = dict(os.environ)
+        pre = place.preload_line(lib, jemalloc)
+        env["LD_PRELOAD"] = f"{pre}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else pre
+        env["HEAPCAST_PLACE"] = ",".join(
+            [*(f"{k}={v}" for k, v in settings.items()), f"stats={stats}"]
+        )
+        try:
+            code = subprocess.call(program, env=env)
+        except FileNotFoundError:
+            print(f"heapcast layer: program not found: {program[0]}", file=sys.stderr)
+            return 127
+        got = place.read_place_stats(stats)
+        lines = stats.read_text().splitlines() if stats.exists() else []
+    print(
+        f"heapcast layer (place, {settings['mode']}): {place.describe(got, settings['mode'])}",
+        file=sys.stderr,
+    )
+    if args.stats:
+        for row in place.parse_stats("\n".join(lines)):
+            print(
+                "heapcast layer: " + " ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr
+            )
+    # The program's exit code is heapcast's, as for `heapcast trace`.
+    return code if code >= 0 else 128 - code
+
+
 def cmd_layer(args: argparse.Namespace) -> int:
     # deferred: imported on first use, for start-up time
     import subprocess
@@ -263,6 +357,8 @@ def cmd_layer(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.policy == "place":
+        return cmd_place(args, program)
     pred = args.predictor
     model_option = []
     if pred == "model" or pred.startswith("model:"):
@@ -587,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     la.add_argument("--policy", choices=_LAYER_POLICIES, default="seed002",
-                    help="what to keep (default seed002: the few largest freed blocks)")  # fmt: skip
+                    help="what to keep (default seed002: the few largest freed blocks); place: "
+                    "the placement layer in front of jemalloc instead")  # fmt: skip
     la.add_argument(
         "--predictor",
         default="online",

@@ -19,6 +19,13 @@ The rules (docs/allocators.md#advice-from-the-trace):
     - a knob the program sets itself with mallopt is left alone (it would not be in force).
 - heapcast's layer, seed 002's policy (the largest freed blocks kept), where large blocks are
   freed and requested again.
+- `jemalloc-place` (jemalloc behind heapcast's placement layer, native/layers/place.c), memory
+  objective only (it buys the memory held after bursts, not time), where the trace has its case:
+  many small blocks come and go (at least PLACE_MIN_PEAK live at once) while a minority
+  (PLACE_MIN_LONG blocks at least, at most PLACE_MAX_LONG_SHARE of the small allocations, and a
+  peak at least PLACE_PEAK_RATIO times their bytes) outlive them, nearly all
+  (PLACE_SITE_SHARE) from call sites of their own, which a per-site counter can tell apart. The
+  page says why it was or was not proposed (`Advice.place`).
 - Ruled out: the fixed glibc settings (`glibc-fixed`, `glibc-arena2`) when glibc-derived sets the
   same knobs at the trace's values, or when nothing they change happens in the trace; every
   candidate when the heap cannot matter to the time: the heap calls and the large blocks' page
@@ -35,6 +42,12 @@ from tasks.allocators.trace_facts import TCACHE_COUNT, HeapFacts
 DERIVED = "glibc-derived"
 LAYER_LARGE = "layer-seed002"  # the layer's policy for large blocks freed and requested again
 FIXED_GLIBC = ("glibc-fixed", "glibc-arena2")
+PLACE = "jemalloc-place"  # jemalloc behind the placement layer
+PLACE_MIN_PEAK = 8 * 1024 * 1024  # small bytes live at once, at least: fewer pages do not show
+PLACE_MIN_LONG = 64  # long-lived small blocks among short ones, at least
+PLACE_MAX_LONG_SHARE = 0.25  # of the small allocations, at most: a minority
+PLACE_PEAK_RATIO = 4.0  # small peak over the long blocks' bytes: most of the peak dies
+PLACE_SITE_SHARE = 0.8  # of the long blocks from long call sites, at least
 MIB = 1024 * 1024
 TCACHE_COUNT_CAP = 1024
 # generous costs: a heap call, and a page fault on a fresh page of a large block
@@ -52,6 +65,7 @@ class Advice:
     derived: tuple[Allocator, ...] = ()
     run: dict[str, str] = field(default_factory=dict)  # name -> why it is measured
     ruled_out: dict[str, str] = field(default_factory=dict)  # name -> why it is not
+    place: str = ""  # why jemalloc-place was or was not proposed ("" where it is not configured)
 
 
 def _round_up(n: int, step: int) -> int:
@@ -133,6 +147,48 @@ def heap_share_bound(facts: HeapFacts) -> float:
     return cost / run_time_s(facts)
 
 
+def placement_case(facts: HeapFacts) -> tuple[bool, str]:
+    """Whether the trace shows placement's case (see the module), and why, in a sentence."""
+    mib = 1024 * 1024
+    peak, n = facts.small_live_peak_bytes, facts.small_allocations
+    longs, bytes_ = facts.small_long_blocks, facts.small_long_bytes
+    if not facts.call_sites:
+        return False, "the trace has no call sites (traced without callers): nothing to place by"
+    if peak < PLACE_MIN_PEAK:
+        return False, (
+            f"small blocks held at most {peak / mib:.1f} MiB at once, under "
+            f"{PLACE_MIN_PEAK // mib} MiB: too few pages for placement to show"
+        )
+    if longs < PLACE_MIN_LONG:
+        return False, (
+            f"{longs} small block(s) outlived the others while they came and went (fewer than "
+            f"{PLACE_MIN_LONG}): nothing pins the pages a burst frees"
+        )
+    if longs > PLACE_MAX_LONG_SHARE * n:
+        return False, (
+            f"{longs:,} of {n:,} small blocks outlive the others ({longs / n:.0%}, more than "
+            f"{PLACE_MAX_LONG_SHARE:.0%}): not a minority, nothing for placement to set apart"
+        )
+    if peak < PLACE_PEAK_RATIO * bytes_:
+        return False, (
+            f"the small peak ({peak / mib:.1f} MiB) is under {PLACE_PEAK_RATIO:g}x the "
+            f"long-lived blocks' {bytes_ / mib:.1f} MiB: little of it dies in bursts"
+        )
+    share = facts.small_long_from_long_sites / longs
+    if share < PLACE_SITE_SHARE:
+        return False, (
+            f"only {share:.0%} of the long-lived small blocks come from call sites whose blocks "
+            "mostly outlive (the rest share sites with short ones): a per-site counter cannot "
+            "tell them apart"
+        )
+    return True, (
+        f"small blocks came and went ({peak / mib:.1f} MiB live at most) while {longs:,} "
+        f"({bytes_ / mib:.1f} MiB, {longs / n:.1%} of them) outlived them, {share:.0%} from "
+        f"{facts.small_long_sites} call site(s) of their own: placed apart, they no longer pin "
+        "the pages a burst frees"
+    )
+
+
 def advise(
     facts: HeapFacts, config: AllocatorsConfig, names: list[str], cpus: int, objective: str
 ) -> Advice:
@@ -169,6 +225,8 @@ def advise(
         a = config.get(n)
         if a.kind == "layer":
             run[n] = "heapcast's layer, asked for"
+        elif a.kind == "place":
+            run[n] = "heapcast's placement layer in front of jemalloc, asked for"
         elif a.library:
             run[n] = (
                 "another malloc: its own thread caches and its own way of keeping freed "
@@ -176,6 +234,20 @@ def advise(
             )
         else:
             run[n] = "glibc with other settings"
+    place = ""
+    if PLACE in config.names() and PLACE not in names:
+        case, why = placement_case(facts)
+        if case and objective == "memory":
+            derived.append(config.get(PLACE))
+            run[PLACE] = f"heapcast's placement layer in front of jemalloc: {why}"
+            place = f"proposed: {why}"
+        elif case:
+            place = (
+                f"not proposed: the trace has its case ({why}), but it buys memory after "
+                "bursts, not time (tune --objective memory measures it)"
+            )
+        else:
+            place = f"not proposed: {why}"
     share = heap_share_bound(facts)
     if objective == "time" and share < HEAP_MATTERS_SHARE:
         reason = (
@@ -188,4 +260,4 @@ def advise(
                 ruled[n] = reason
                 del run[n]
         derived = []
-    return Advice(facts=facts, derived=tuple(derived), run=run, ruled_out=ruled)
+    return Advice(facts=facts, derived=tuple(derived), run=run, ruled_out=ruled, place=place)

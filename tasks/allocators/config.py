@@ -9,6 +9,12 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from tasks.allocators.place import (
+    PLACE_LIBRARY,
+    PLACE_STATS,
+    check_settings,
+    preload_line,
+)
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
 from tasks.learning.table import ModelTable
 from tasks.replay.runners.base import MEASURE_PLACEHOLDER
@@ -48,6 +54,7 @@ KNOB_OWNERS = {
     "MALLOC_CONF": "jemalloc",
     "TCMALLOC_RELEASE_RATE": "tcmalloc",
     "HEAPCAST_LAYER": "layer",
+    "HEAPCAST_PLACE": "place",
 }
 # The layer's settings a candidate may give in HEAPCAST_LAYER (HL_OPTIONS in
 # native/layers/layer.c); `stats` is not among them: the stage sets it per run, to collect the
@@ -123,6 +130,8 @@ def check_knob(key: str, value: str) -> None:
             raise ValueError(f"TCMALLOC_RELEASE_RATE: {value!r} is not a number") from None
         if not math.isfinite(rate) or rate < 0:
             raise ValueError(f"TCMALLOC_RELEASE_RATE: {value!r} must be 0 or more")
+    elif key == "HEAPCAST_PLACE":
+        check_settings(value)
     elif key == "HEAPCAST_LAYER":
         names = []
         for pair in value.split(","):
@@ -152,10 +161,12 @@ class Allocator(StrictModel):
     """One candidate: LD_PRELOADed `library` (none: the C library's malloc) with its Debian
     package, and `env`, the allocator's knobs (glibc tunables, MALLOC_CONF, ...), checked
     against the malloc they tune. `kind: layer`: a heapcast layer built under native/build
-    (`library` is its file name there)."""
+    (`library` is its file name there). `kind: place`: the placement layer (native/layers/
+    place.c, built on demand) in front of jemalloc, `library` (absolute, on this host; the
+    program sees the layer, then it), settings in env.HEAPCAST_PLACE."""
 
     name: Name
-    kind: Literal["malloc", "layer"] = "malloc"
+    kind: Literal["malloc", "layer", "place"] = "malloc"
     library: str | None = None
     package: str | None = Field(default=None, description="the Debian package installing it")
     env: dict[str, str] = Field(default_factory=dict, description="allocator knobs")
@@ -188,6 +199,19 @@ class Allocator(StrictModel):
                 raise ValueError(
                     f"allocator {self.name!r}: a layer candidate gives its settings in "
                     "env.HEAPCAST_LAYER (at least policy=seed002|seed001|guided|off)"
+                )
+            return self
+        if self.kind == "place":
+            if not v or not v.startswith("/") or "jemalloc" not in Path(v).name:
+                raise ValueError(
+                    f"allocator {self.name!r}: a place candidate's `library` is the jemalloc "
+                    "behind the layer, an absolute path (/usr/lib/x86_64-linux-gnu/"
+                    "libjemalloc.so.2): the layer needs jemalloc's arenas API"
+                )
+            if "HEAPCAST_PLACE" not in self.env:
+                raise ValueError(
+                    f"allocator {self.name!r}: a place candidate gives its settings in "
+                    "env.HEAPCAST_PLACE (at least mode=predict|sites|size|off)"
                 )
             return self
         if v is not None and not v.startswith("/"):
@@ -224,6 +248,8 @@ class Allocator(StrictModel):
             except ValueError as err:
                 raise ValueError(f"allocator {self.name!r}, env.{key}: {err}") from None
             owner = KNOB_OWNERS[key]
+            if self.kind == "place" and owner == "place":
+                continue  # the layer's own settings; MALLOC_CONF tunes the jemalloc behind it
             if owner != malloc:
                 raise ValueError(
                     f"allocator {self.name!r}, env.{key}: tunes {owner}'s malloc, but this "
@@ -233,7 +259,7 @@ class Allocator(StrictModel):
 
     @model_validator(mode="after")
     def _package_for_library(self) -> Allocator:
-        if self.library is not None and self.kind == "malloc" and not self.package:
+        if self.library is not None and self.kind in ("malloc", "place") and not self.package:
             raise ValueError(
                 f"allocator {self.name!r}: `package` (the Debian package that installs "
                 f"{self.library}) is required, so that a missing library can say what to install"
@@ -246,6 +272,8 @@ class Allocator(StrictModel):
         name."""
         if self.kind == "layer":
             return "layer"
+        if self.kind == "place":
+            return "jemalloc"  # behind the layer (env.MALLOC_CONF tunes it)
         if self.library is None:
             return "glibc"
         base = Path(self.library).name
@@ -261,6 +289,13 @@ class Allocator(StrictModel):
     @property
     def spec(self) -> PreloadSpec:
         """What a run under this candidate asks for, for tasks.replay.runners.preload."""
+        if self.kind == "place":
+            # the probe must see the layer define malloc; jemalloc comes after it (place_run),
+            # and HEAPCAST_PLACE, which the probe does not read, is set apart (place_env)
+            env = {k: v for k, v in self.env.items() if k != "HEAPCAST_PLACE"}
+            return PreloadSpec(
+                name=self.name, host_library=PLACE_LIBRARY, env=tuple(sorted(env.items()))
+            )
         return PreloadSpec(
             name=self.name,
             library=self.library if self.kind == "malloc" else None,
@@ -269,6 +304,22 @@ class Allocator(StrictModel):
             else None,
             env=tuple(sorted(self.layer_env().items())),
         )
+
+    @property
+    def place_settings(self) -> dict[str, str]:
+        """The placement layer's settings as given ({} for other kinds)."""
+        given = self.env.get("HEAPCAST_PLACE", "") if self.kind == "place" else ""
+        return dict(p.partition("=")[::2] for p in given.split(",")) if given else {}
+
+    @property
+    def place_mode(self) -> str:
+        return self.place_settings.get("mode", "predict")
+
+    def place_env(self, folder: str = MEASURE_PLACEHOLDER) -> dict[str, str]:
+        """HEAPCAST_PLACE as a run sets it: the stats line into `folder` ({} for other kinds)."""
+        if self.kind != "place":
+            return {}
+        return {"HEAPCAST_PLACE": f"{self.env['HEAPCAST_PLACE']},stats={folder}/{PLACE_STATS}"}
 
     @property
     def layer_settings(self) -> dict[str, str]:
@@ -298,6 +349,9 @@ class Allocator(StrictModel):
     def line(self) -> str:
         """The exact line to paste in front of a command (empty for glibc as it is); a layer's
         without the stage's `stats` setting, a table candidate's with the table on this host."""
+        if self.kind == "place":
+            knobs = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+            return f"LD_PRELOAD={preload_line(PLACE_LIBRARY, str(self.library))} {knobs}"
         return replace(self.spec, env=tuple(sorted(self._with_table("").items()))).line()
 
     @property

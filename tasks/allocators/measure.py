@@ -13,7 +13,10 @@ other.
 Each run is the runner's measured run (tasks/replay/runners/measure_tool.py): LD_PRELOAD is the
 allocator's library alone (or nothing, for glibc), or the tracer then the library when traced;
 what comes back is a `Sample`: wall and CPU time, peak memory, faults, exit code, and the
-SHA-256 of the program's standard output (compared across allocators in `stats`).
+SHA-256 of the program's standard output (compared across allocators in `stats`). The
+placement layer (`kind: place`, tasks.allocators.place) is preloaded first, then the jemalloc
+behind it (`place_request`), and counts only where its stats line says it was in force
+(`place_error`); its counters come back as the samples' place_* fields.
 
 An allocator whose library is missing where the workload runs is not run: it is recorded in
 `Measurements.unavailable` with a message naming the allocator and the Debian package to install;
@@ -31,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,14 @@ from tasks.allocators.config import (
     AllocatorsConfig,
 )
 from tasks.allocators.decide import undecided
+from tasks.allocators.place import (
+    JEMALLOC_PACKAGE,
+    PLACE_STATS,
+    PlaceBuildError,
+    build_place,
+    not_in_force,
+    read_place_stats,
+)
 from tasks.core.storage import Root, scratch_parent
 from tasks.format.trace_reader import count_traces
 from tasks.replay.inputs import prepare_input_dir
@@ -144,6 +155,19 @@ class Sample(BaseModel):
     # on those regrets against the prediction (layer.c, The regret)
     layer_regret_hits: int | None = None
     layer_regret_keeps: int | None = None
+    # the placement layer's stats line (kind: place; tasks.allocators.place), over the run's
+    # processes: allocations placed long, sampled blocks that died young / outlived the horizon,
+    # call sites seen and found long (the largest process's table)
+    place_processes: int | None = None
+    place_mode: str | None = None
+    place_long: int | None = None
+    place_sampled: int | None = None
+    place_dropped: int | None = None
+    place_freed_short: int | None = None
+    place_freed_long: int | None = None
+    place_evicted_long: int | None = None
+    place_sites_seen: int | None = None
+    place_sites_long: int | None = None
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,
@@ -292,6 +316,15 @@ def check_allocators(
         if a.library in missing and a.kind == "malloc"
     }
     for a in allocators:
+        # the jemalloc behind the placement layer is this host's, shown to the program beside
+        # the layer (the runner's host libraries: the layer must come first in LD_PRELOAD)
+        if a.kind == "place" and not Path(str(a.library)).is_file():
+            out[a.name] = AllocatorMissing(
+                f"allocator {a.name!r}: {a.library} (the jemalloc behind the placement layer) is "
+                f"missing on this host; install the Debian package {a.package or JEMALLOC_PACKAGE} "
+                f"(apt-get install {a.package or JEMALLOC_PACKAGE}; scripts/setup.sh does)"
+            )
+    for a in allocators:
         if a.table is not None and a.model_table is None:
             out[a.name] = AllocatorMissing(
                 f"allocator {a.name!r} reads the registered model's table, and none was given: "
@@ -304,7 +337,13 @@ def check_allocators(
 
 def build_layers(allocators: list[Allocator]) -> None:
     """Build heapcast's layers (native/, `make layer`) when a candidate is one: make rebuilds
-    the library when a source changed, so a run never measures a stale layer."""
+    the library when a source changed, so a run never measures a stale layer; the placement
+    layer likewise (`make place`) when a candidate is `kind: place`."""
+    if any(a.kind == "place" for a in allocators):
+        try:
+            build_place()
+        except PlaceBuildError as err:
+            raise RuntimeError(f"cannot build the placement layer: {err}") from None
     if not any(a.kind == "layer" for a in allocators):
         return
     native = LAYER_DIR.parent
@@ -357,7 +396,7 @@ def _sample(
     started_at: str,
     run_s: float,
     verification: Verification | None = None,
-    layer: dict[str, int] | None = None,
+    layer: dict[str, Any] | None = None,
 ) -> Sample:
     expected = case.workload.expected_exit_code
     base = dict(
@@ -375,6 +414,8 @@ def _sample(
         return Sample(**base, ok=False, exit_code=None, timed_out=False, run_s=run_s, error=error)
     u = result.usage
     applied = verification.applied if verification is not None else None
+    if error is not None and error.startswith(NOT_APPLIED):
+        applied = False  # loaded, but the layer itself said it was not in force
     if error is None:
         if verification is not None and not verification.applied and result.exit_code is not None:
             # glibc (or another malloc) measured under this allocator's name unless caught here
@@ -413,7 +454,7 @@ def run_once(
     input_dir: Path,
     run_dir: Path,
     tracer: Path | None,
-) -> tuple[RunResult | None, int | None, str | None, Verification | None, dict[str, int]]:
+) -> tuple[RunResult | None, int | None, str | None, Verification | None, dict[str, Any]]:
     """One measured run in a fresh folder, its loading verified by the probe
     (tasks.replay.runners.preload); (result, traced events, error, verification, the layer's
     counters: `read_layer_stats`, {} for others). An engine hiccup is tried once more, then
@@ -429,18 +470,21 @@ def run_once(
             d.mkdir(parents=True)
         if allocator.model_table is not None:  # the run's own copy, where its settings say
             shutil.copyfile(allocator.model_table.path, dirs["measure"] / LAYER_TABLE)
-        request = probed_request(
-            RunRequest(
-                workload=case.workload,
-                input=case.input,
-                tracer=tracer,
-                input_dir=input_dir,
-                trace_dir=dirs["trace"],
-                work_dir=dirs["work"],
-                measure_dir=dirs["measure"],
+        request = place_request(
+            probed_request(
+                RunRequest(
+                    workload=case.workload,
+                    input=case.input,
+                    tracer=tracer,
+                    input_dir=input_dir,
+                    trace_dir=dirs["trace"],
+                    work_dir=dirs["work"],
+                    measure_dir=dirs["measure"],
+                ),
+                spec,
+                probe,
             ),
-            spec,
-            probe,
+            allocator,
         )
         try:
             result = runner.run(request)
@@ -451,15 +495,42 @@ def run_once(
             # not transient: another attempt would miss the same folder
             return None, None, f"cannot run here: {err}", None, {}
         events = count_traces(dirs["trace"]).events if tracer is not None else None
-        layer = read_layer_stats(dirs["measure"] / LAYER_STATS) if allocator.kind == "layer" else {}
+        layer: dict[str, Any] = {}
+        if allocator.kind == "layer":
+            layer = read_layer_stats(dirs["measure"] / LAYER_STATS)
+        elif allocator.kind == "place":
+            layer = read_place_stats(dirs["measure"] / PLACE_STATS)
         return (
             result,
             events,
-            table_error(allocator, layer),
+            table_error(allocator, layer) or place_error(allocator, layer),
             verify_result(spec, request, result),
             layer,
         )
     return None, None, error, None, {}
+
+
+def place_request(request: RunRequest, allocator: Allocator) -> RunRequest:
+    """`request` (probed, under allocator.spec: the placement layer) with jemalloc after the
+    layer and the layer's settings, stats line into the measure folder; as is for other kinds.
+    jemalloc is this host's file, shown to the program as the layer is (a host library): the
+    runner's `preload` would come before the layer, and the layer must come first."""
+    if allocator.kind != "place":
+        return request
+    return replace(
+        request,
+        host_libraries=request.host_libraries + (Path(str(allocator.library)),),
+        env=request.env + tuple(allocator.place_env().items()),
+    )
+
+
+def place_error(allocator: Allocator, stats: dict[str, Any]) -> str | None:
+    """Why a place candidate's run does not count (the layer was not in force: no stats line,
+    or another mode), or None; None for other kinds."""
+    if allocator.kind != "place":
+        return None
+    why = not_in_force(stats, allocator.place_mode)
+    return f"{NOT_APPLIED}: {why}" if why else None
 
 
 def table_error(allocator: Allocator, layer: dict[str, int]) -> str | None:

@@ -43,6 +43,11 @@ TCACHE_MAX_BYTES = 1032  # glibc's default tcache_max: the largest request tcach
 TCACHE_COUNT = 7  # glibc's default tcache_count: blocks per size held by a thread
 SHORT_LIVED_NS = 1_000_000  # "short-lived": freed within 1 ms
 CHURN_QUANTILE = 0.95  # the depth that covers this share of small frees
+# placement (the small blocks that outlive the others), by the placement layer's own rule
+# (native/layers/place.c, its defaults): a block is long-lived when it is still live
+# PLACE_HORIZON allocations (of its process) after its own, short when freed before; a call site
+# is long when at least 2 of its blocks, and at least half, are long-lived
+PLACE_HORIZON = 262144
 
 
 class TraceFactsError(RuntimeError):
@@ -77,6 +82,19 @@ class HeapFacts:
     wall_s: float | None  # the traced run's wall time (the tracer's cost in it)
     median_lifetime_us: float | None  # of the blocks freed
     short_lived_share: float  # of the blocks freed, freed within SHORT_LIVED_NS
+    # small blocks (<= TCACHE_MAX_BYTES) and their lifetimes, for placement (the process with
+    # the highest small peak): the most bytes live at once, the allocations, the long-lived ones
+    # (PLACE_HORIZON) allocated while short ones came and went (between the first short
+    # block's allocation and the last one's free), their bytes, and how many of them came from
+    # long call sites (sites whose blocks mostly outlive: what a per-site counter can tell apart)
+    small_live_peak_bytes: int = 0
+    small_allocations: int = 0
+    small_long_blocks: int = 0
+    small_long_bytes: int = 0
+    small_long_from_long_sites: int = 0
+    small_long_sites: int = 0
+    small_short_sites: int = 0
+    call_sites: bool = False  # the trace has call sites (callers on)
     mallopt_calls: tuple[str, ...] = ()  # "M_MMAP_THRESHOLD=131072 (pid 12)" as the probe saw
     mallopt_importers: tuple[str, ...] = ()  # mapped modules importing mallopt
     mallopt_checked: str = "by the probe in the traced run"  # how mallopt imports were looked for
@@ -125,6 +143,20 @@ class HeapFacts:
             else ""
         )
         out.append(f"peak live heap {self.peak_live_bytes / mib:,.1f} MiB{rss}")
+        if self.small_allocations:
+            sites = (
+                f", {self.small_long_from_long_sites:,} of them from {self.small_long_sites} "
+                f"call site(s) whose blocks mostly outlive (short blocks from "
+                f"{self.small_short_sites} other site(s))"
+                if self.call_sites
+                else " (no call sites in the trace)"
+            )
+            out.append(
+                f"small blocks (<= {TCACHE_MAX_BYTES} B): {self.small_allocations:,} allocated, "
+                f"at most {self.small_live_peak_bytes / mib:,.1f} MiB live at once; "
+                f"{self.small_long_blocks:,} ({self.small_long_bytes / mib:,.1f} MiB) outlived the "
+                f"others (still live {PLACE_HORIZON:,} allocations later){sites}"
+            )
         if self.median_lifetime_us is not None:
             out.append(
                 f"blocks freed: median lifetime {self.median_lifetime_us:,.0f} µs, "
@@ -214,6 +246,69 @@ class _FileFacts:
     depths: np.ndarray  # small_churn_depths
     lifetimes: np.ndarray  # of the blocks freed (every `stride`-th in a long trace)
     live_peak: int
+    small: SmallLives | None = None
+
+
+@dataclass(frozen=True)
+class SmallLives:
+    """One process image's small blocks, as placement sees them (HeapFacts' small_* fields)."""
+
+    live_peak_bytes: int = 0
+    allocations: int = 0
+    long_blocks: int = 0
+    long_bytes: int = 0
+    long_from_long_sites: int = 0
+    long_sites: int = 0
+    short_sites: int = 0
+    call_sites: bool = False
+
+
+def small_lives(
+    t0: np.ndarray, t1: np.ndarray, size: np.ndarray, site: np.ndarray, clock: np.ndarray
+) -> SmallLives:
+    """The small blocks' facts from their allocation and free times (`t1`: int64 max when never
+    freed), sizes and call sites (0: unknown); `clock`: the times of all the process's
+    allocations, sorted (a block's age is counted in allocations, as the layer counts it)."""
+    n = len(t0)
+    if n == 0:
+        return SmallLives()
+    never = np.iinfo(np.int64).max
+    sz = size.astype(np.int64)
+    freed = t1 != never
+    when = np.concatenate([t0, t1[freed]])
+    delta = np.concatenate([sz, -sz[freed]])
+    peak = int(np.cumsum(delta[np.argsort(when, kind="stable")]).max())
+    born = np.searchsorted(clock, t0, side="left")
+    died = np.where(freed, np.searchsorted(clock, t1, side="left"), len(clock))
+    age = died - born
+    long_ = age >= PLACE_HORIZON
+    short = freed & ~long_  # never freed and young at the end: neither
+    if short.any():
+        # long blocks allocated while the short ones came and went: the ones that pin pages
+        lo, hi = int(t0[short].min()), int(t1[short].max())
+        among = long_ & (t0 >= lo) & (t0 <= hi)
+    else:
+        among = np.zeros(n, bool)
+    known = bool((site != 0).any())
+    from_long = long_sites = short_sites = 0
+    if known:
+        sites, inverse = np.unique(site, return_inverse=True)
+        longs = np.bincount(inverse, weights=long_, minlength=len(sites))
+        shorts = np.bincount(inverse, weights=short, minlength=len(sites))
+        is_long_site = (longs >= 2) & (longs >= shorts) & (sites != 0)
+        from_long = int((among & is_long_site[inverse]).sum())
+        long_sites = int(is_long_site.sum())
+        short_sites = int((~is_long_site & (sites != 0)).sum())
+    return SmallLives(
+        live_peak_bytes=peak,
+        allocations=n,
+        long_blocks=int(among.sum()),
+        long_bytes=int(sz[among].sum()),
+        long_from_long_sites=from_long,
+        long_sites=long_sites,
+        short_sites=short_sites,
+        call_sites=known,
+    )
 
 
 LIFETIMES_KEPT = 4_000_000  # lifetimes kept per file at most (a stride over a longer trace)
@@ -230,6 +325,7 @@ def _file_facts(trace, large_block_bytes: int) -> _FileFacts:
     thread_sets, churn, lifetimes = [], [], []
     large_t0, large_t1, large_size = [], [], []
     small_thread, small_op, small_size = [], [], []
+    place_t0, place_t1, place_size, place_site, clock = [], [], [], [], []
     for table in groups:
         if table.num_rows == 0:
             continue
@@ -264,6 +360,24 @@ def _file_facts(trace, large_block_bytes: int) -> _FileFacts:
         small_op.append(op[small])
         small_size.append(np.where(is_free, freed_size, size)[small].astype(np.uint16))
         lifetimes.append(life_ns[is_alloc & freed][::stride])
+        # small blocks' lives and call sites, for placement (ages counted in allocations)
+        clock.append(time_ns[is_alloc].astype(np.int64))
+        small_alloc = is_alloc & (size <= TCACHE_MAX_BYTES)
+        place_t0.append(time_ns[small_alloc].astype(np.int64))
+        place_t1.append(
+            np.where(
+                freed[small_alloc],
+                time_ns[small_alloc] + life_ns[small_alloc],
+                np.iinfo(np.int64).max,
+            ).astype(np.int64)
+        )
+        place_size.append(size[small_alloc].astype(np.uint16))
+        caller = table.column("caller") if "caller" in table.column_names else None
+        place_site.append(
+            caller.fill_null(0).to_numpy()[small_alloc].astype(np.uint64)
+            if caller is not None
+            else np.zeros(int(small_alloc.sum()), np.uint64)
+        )
     large_peak = 0
     sizes = np.concatenate(large_size) if large_size else np.zeros(0, np.int64)
     if sizes.size:
@@ -276,7 +390,15 @@ def _file_facts(trace, large_block_bytes: int) -> _FileFacts:
         if small_thread
         else np.zeros(0, np.int64)
     )
+    small = (
+        small_lives(
+            cat(place_t0), cat(place_t1), cat(place_size), cat(place_site), np.sort(cat(clock))
+        )
+        if place_t0
+        else None
+    )
     return _FileFacts(
+        small=small,
         allocations=allocations,
         frees=frees,
         t_lo=t_lo or 0,
@@ -310,6 +432,7 @@ def heap_facts(
     depths: list[np.ndarray] = []
     lifetimes: list[np.ndarray] = []
     modules: list[str] = []
+    small = SmallLives()
     for path in files:  # one file per process image
         try:
             trace = read_trace(path)
@@ -333,6 +456,8 @@ def heap_facts(
         small_reuses += int(f.depths.size)
         depths.append(f.depths)
         lifetimes.append(f.lifetimes)
+        if f.small is not None and f.small.live_peak_bytes > small.live_peak_bytes:
+            small = f.small
     if processes == 0:
         raise TraceFactsError(
             f"{trace_dir}: the traced run left no readable trace file"
@@ -367,6 +492,14 @@ def heap_facts(
         wall_s=wall_s,
         median_lifetime_us=float(np.median(life_all)) / 1e3 if life_all.size else None,
         short_lived_share=float((life_all < SHORT_LIVED_NS).mean()) if life_all.size else 0.0,
+        small_live_peak_bytes=small.live_peak_bytes,
+        small_allocations=small.allocations,
+        small_long_blocks=small.long_blocks,
+        small_long_bytes=small.long_bytes,
+        small_long_from_long_sites=small.long_from_long_sites,
+        small_long_sites=small.long_sites,
+        small_short_sites=small.short_sites,
+        call_sites=small.call_sites,
         mallopt_calls=mallopt_calls,
         mallopt_importers=importers,
         mallopt_checked=how,

@@ -56,9 +56,11 @@ from tasks.allocators.measure import (
     Sample,
     Unavailable,
     night_stamp,
+    place_error,
     read_layer_stats,
     usage_fields,
 )
+from tasks.allocators.place import PLACE_STATS, PlaceBuildError, build_place, read_place_stats
 from tasks.allocators.rounds import after_round
 from tasks.allocators.stats import PairSummary, Recommendation, analyse
 from tasks.allocators.trace_facts import HeapFacts, TraceFactsError, heap_facts, mallopt_lines
@@ -133,6 +135,18 @@ def _sample(label: str, name: str, rep: int, pos: int, run: PreloadedRun, expect
 
 def missing_library(a: Allocator) -> str | None:
     """Why candidate `a` cannot run on this host (its library absent), naming the package."""
+    if a.kind == "place":
+        if not Path(str(a.library)).is_file():
+            return (
+                f"candidate {a.name!r}: {a.library} (the jemalloc behind the placement layer) is "
+                f"missing on this host; install the Debian package {a.package} "
+                f"(apt-get install {a.package})"
+            )
+        try:
+            build_place()  # on demand: make rebuilds it when a source changed
+        except PlaceBuildError as err:
+            return f"candidate {a.name!r}: {err}"
+        return None
     spec = a.spec
     path = spec.host_library or (Path(spec.library) if spec.library else None)
     if path is None or path.exists():
@@ -143,6 +157,21 @@ def missing_library(a: Allocator) -> str | None:
         f"candidate {a.name!r}: {path} is missing on this host; install the Debian package "
         f"{a.package} (apt-get install {a.package})"
     )
+
+
+def run_candidate(
+    argv: list[str], a: Allocator, run_dir: Path, *, cwd: Path | None, timeout_s: float
+) -> PreloadedRun:
+    """One measured run of `argv` under candidate `a` (run_preloaded). The placement layer
+    (`kind: place`) needs jemalloc right after it: jemalloc joins the caller's own preloads, which
+    run_preloaded puts after the candidate's library, and the layer's stats line goes to
+    `run_dir` (tasks.allocators.place.PLACE_STATS)."""
+    if a.kind != "place":
+        return run_preloaded(argv, a.spec, run_dir, cwd=cwd, timeout_s=timeout_s)
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join([str(a.library), *filter(None, [env.get("LD_PRELOAD")])])
+    env.update(a.place_env(str(run_dir)))
+    return run_preloaded(argv, a.spec, run_dir, base_env=env, cwd=cwd, timeout_s=timeout_s)
 
 
 def tracer_library() -> Path:
@@ -440,9 +469,13 @@ def _measure(
         if progress is not None:
             progress(done, planned, name)
         done += 1
-        r = run_preloaded(argv, config.get(name).spec, run_dir, cwd=cwd, timeout_s=timeout_s)
+        a = config.get(name)
+        r = run_candidate(argv, a, run_dir, cwd=cwd, timeout_s=timeout_s)
         # a layer's counters, written to the run's folder by its `stats` setting
-        layer_counts[name] = read_layer_stats(run_dir / LAYER_STATS)
+        if a.kind == "place":
+            layer_counts[name] = read_place_stats(run_dir / PLACE_STATS)
+        else:
+            layer_counts[name] = read_layer_stats(run_dir / LAYER_STATS)
         shutil.rmtree(run_dir, ignore_errors=True)
         return r
 
@@ -459,6 +492,9 @@ def _measure(
         for pos, name in enumerate(order):
             run = one(name, scratch / f"r{rep + 1}-{name}")
             sample = _sample(label, name, rep + 1, pos + 1, run, expected)
+            why = place_error(config.get(name), layer_counts[name])
+            if why and sample.ok:  # loaded, but the placement layer passed every call through
+                sample = sample.model_copy(update={"ok": False, "error": why, "applied": False})
             samples.append(sample.model_copy(update=layer_counts[name]))
         ok = [s for s in samples if s.ok]
         runs = {n: np.array([getattr(s, metric) for s in ok if s.allocator == n]) for n in live}
@@ -539,9 +575,7 @@ def _check_run(
     """Run the recommended setting alone, once: its output against the baseline's, its gain
     against the margin's interval."""
     with tempfile.TemporaryDirectory(prefix="heapcast-tune-check-") as d:
-        run = run_preloaded(
-            argv, config.get(rec.allocator).spec, Path(d), cwd=cwd, timeout_s=timeout_s
-        )
+        run = run_candidate(argv, config.get(rec.allocator), Path(d), cwd=cwd, timeout_s=timeout_s)
     if run.error or run.exit_code != m.cases[0].expected_exit_code or not run.verification.applied:
         why = run.error or (
             f"exit {run.exit_code}" if run.verification.applied else run.verification.reason
@@ -664,6 +698,8 @@ def render_table(a: Answer) -> str:
         out += ["", "Candidates run:"] + [f"  - {r}" for r in runs]
     if not_run:
         out += ["Not run:"] + [f"  - {r}" for r in not_run]
+    if a.advice is not None and a.advice.place:
+        out.append(f"Placement (jemalloc-place): {a.advice.place}")
     rows = [HEAD] + _rows(m, pairs)
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD) - 1)]
     out += [
@@ -738,6 +774,8 @@ def render_html(a: Answer, argv: list[str]) -> str:
         body.append("<h2>Candidates and why</h2>" + items(runs))
     if not_run:
         body.append("<h3>Not run</h3>" + items(not_run))
+    if a.advice is not None and a.advice.place:
+        body.append(f"<p><b>Placement (jemalloc-place)</b>: {html.escape(a.advice.place)}</p>")
     warn = ([a.first.note] if a.first.note else []) + ([a.note] if a.note else [])
     warn += [u.message for u in m.unavailable]
     if warn:

@@ -45,3 +45,11 @@ LAYER_SOURCES = (
     "real.h",
     "Makefile",
 )
+# the placement layer, native/build/libheapcast_place.so (make's `place` target): layers/place.c
+# and the parts it includes (one translation unit)
+PLACE_SOURCES = (
+    "layers/place.c",
+    "bootstrap_pool.h",
+    "real.h",
+    "Makefile",
+)

@@ -1,0 +1,167 @@
+"""heapcast's placement layer (native/layers/place.c, issue 45) as a candidate: its library built
+on demand, its preload line (the layer, then jemalloc), its stats line read back and said in a
+sentence. Standard library only: the CLI (`heapcast layer --policy place`) imports it at once.
+
+The layer routes each allocation by its call site's predicted lifetime to one of two jemalloc
+arenas; it needs jemalloc behind it (LD_PRELOAD="libheapcast_place.so libjemalloc.so.2"). A run
+where it was in force wrote one stats line per process (`heapcast place: pid=.. mode=.. long=..
+sampled=.. ... sites_seen=.. sites_long=..`); a process where it passed every call through (no
+jemalloc behind it, a bad option) wrote none, and says why on stderr.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from tasks.format.native_sources import PLACE_SOURCES
+
+NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
+PLACE_FILE = "libheapcast_place.so"
+PLACE_LIBRARY = NATIVE_DIR / "build" / PLACE_FILE
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JEMALLOC_PACKAGE = "libjemalloc2"
+# where a run's stats line goes, in its measure folder
+PLACE_STATS = "place-stats"
+# the layer's options (HP_OPTIONS in native/layers/place.c); `stats` is the stage's
+PLACE_OPTIONS = {"mode", "sample", "horizon", "pct", "big", "sites", "learn"}
+PLACE_MODES = {"predict", "sites", "size", "off"}
+# the stats line's counters, summed over processes
+PLACE_COUNTERS = (
+    "long",  # allocations placed in the long arena
+    "sampled",
+    "dropped",
+    "freed_short",
+    "freed_long",
+    "evicted_long",
+    "sites_seen",
+    "sites_long",
+)
+
+
+class PlaceBuildError(RuntimeError):
+    """The placement layer cannot be built; the message names the tool or make's error."""
+
+
+def build_place(native_dir: str | Path | None = None) -> Path:
+    """`make -C native place` when a source is newer than the library (or it is missing); its
+    path."""
+    native = Path(native_dir or NATIVE_DIR).resolve()
+    lib = native / "build" / PLACE_FILE
+    try:
+        built = lib.stat().st_mtime_ns
+        if all((native / s).stat().st_mtime_ns <= built for s in PLACE_SOURCES):
+            return lib
+    except FileNotFoundError:
+        pass
+    for tool in ("make", "cc"):
+        if shutil.which(tool) is None:
+            raise PlaceBuildError(
+                f"cannot build the placement layer: `{tool}` is not on PATH (install make and "
+                "a C compiler: apt-get install build-essential)"
+            )
+    proc = subprocess.run(
+        ["make", "-s", "-C", str(native), "place"], capture_output=True, text=True
+    )
+    if proc.returncode != 0 or not lib.is_file():
+        raise PlaceBuildError(
+            f"`make -C {native} place` failed (exit {proc.returncode}):\n"
+            f"{proc.stdout[-1000:]}{proc.stderr[-3000:]}"
+        )
+    return lib
+
+
+def check_settings(value: str) -> None:
+    """Raise ValueError saying what is wrong with HEAPCAST_PLACE=`value` (a candidate's)."""
+    names = {}
+    for pair in value.split(","):
+        name, eq, val = pair.partition("=")
+        if name == "stats":
+            raise ValueError(
+                "HEAPCAST_PLACE: `stats` is set by the stage (the layer's stats line goes to each "
+                "run's measure folder); leave it out"
+            )
+        if not eq or name not in PLACE_OPTIONS or not val:
+            raise ValueError(
+                f"HEAPCAST_PLACE: {pair!r} is not NAME=VALUE with NAME one of "
+                f"{', '.join(sorted(PLACE_OPTIONS))} (native/layers/place.c, HP_OPTIONS)"
+            )
+        names[name] = val
+    mode = names.get("mode", "predict")
+    if mode not in PLACE_MODES:
+        raise ValueError(
+            f"HEAPCAST_PLACE mode: {mode!r} is not one of {', '.join(sorted(PLACE_MODES))}"
+        )
+    if mode == "sites" and "sites" not in names:
+        raise ValueError("HEAPCAST_PLACE: mode=sites needs sites=FILE (a learn=FILE run's)")
+    for name in ("sample", "horizon", "pct", "big"):
+        if name in names and not names[name].isdigit():
+            raise ValueError(f"HEAPCAST_PLACE {name}: {names[name]!r} is not a whole number")
+
+
+def parse_stats(text: str) -> list[dict[str, str]]:
+    """The stats lines in `text` (a stats file, or stderr), one dict per process."""
+    rows = []
+    for line in text.splitlines():
+        if "heapcast place:" not in line:
+            continue
+        fields = line.split("heapcast place:", 1)[1].split()
+        rows.append(dict(f.split("=", 1) for f in fields if "=" in f))
+    return rows
+
+
+def read_place_stats(path: Path) -> dict[str, int | str]:
+    """The layer's counters of one run (`place_<name>` summed over processes, place_processes,
+    place_mode) from its stats file; {} when no process wrote a line (not in force)."""
+    rows = parse_stats(path.read_text(errors="replace")) if path.is_file() else []
+    if not rows:
+        return {}
+    out: dict[str, int | str] = {
+        f"place_{k}": sum(int(r.get(k, 0) or 0) for r in rows) for k in PLACE_COUNTERS
+    }
+    # sites are a process's own table: the largest, not a sum over processes
+    for k in ("sites_seen", "sites_long"):
+        out[f"place_{k}"] = max(int(r.get(k, 0) or 0) for r in rows)
+    out["place_processes"] = len(rows)
+    out["place_mode"] = ",".join(sorted({r.get("mode", "?") for r in rows}))
+    return out
+
+
+def not_in_force(stats: dict[str, int | str], mode: str) -> str | None:
+    """Why a run's placement was not in force (no stats line: the layer passed every call
+    through; another mode), or None."""
+    if not stats:
+        return (
+            "placement not in force: no process wrote the layer's stats line (it passed every "
+            "call through: no jemalloc behind it, or an option it refused; the run's stderr says "
+            "which)"
+        )
+    if stats.get("place_mode") != mode:
+        return f"placement ran in mode {stats.get('place_mode')}, not {mode}"
+    return None
+
+
+def describe(stats: dict[str, int | str], mode: str = "predict") -> str:
+    """What the layer did, in a sentence (or why it did nothing)."""
+    why = not_in_force(stats, mode)
+    if why and not stats:
+        return why
+    n = stats["place_processes"]
+    text = (
+        f"{n} process(es), mode {stats['place_mode']}: {stats['place_long']:,} allocations "
+        f"placed long (their own jemalloc arena), the rest short (jemalloc's own); "
+        f"{stats['place_sites_long']} of {stats['place_sites_seen']} call sites long"
+    )
+    if stats["place_mode"] == "predict":
+        text += (
+            f" ({stats['place_sampled']:,} blocks sampled: {stats['place_freed_short']:,} died "
+            f"young, {stats['place_freed_long'] + stats['place_evicted_long']:,} outlived the "
+            "horizon)"
+        )
+    return text
+
+
+def preload_line(library: str | Path = PLACE_LIBRARY, jemalloc: str = JEMALLOC) -> str:
+    """LD_PRELOAD's value: the layer, then jemalloc (the layer must come first)."""
+    return f"{library}:{jemalloc}"
