@@ -26,7 +26,12 @@ import os
 import sys
 
 # what each library is built from (no Prefect: read at once)
-from tasks.format.native_sources import LAYER_SOURCES, TRACER_SOURCES
+from tasks.format.native_sources import (
+    LAYER_SOURCES,
+    TRACER_SOURCES,
+    NativeBuildError,
+    build_native,
+)
 
 EPILOG = """\
 examples:
@@ -225,34 +230,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def _layer_library() -> str | None:
     """native/build/libheapcast_layer.so, built with make when missing or older than a source.
     None, with the reason on stderr, when it cannot be built."""
-    # deferred: imported on first use, for start-up time
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    native = Path(__file__).resolve().parents[1] / "native"
-    lib = native / "build" / "libheapcast_layer.so"
     try:
-        built = lib.stat().st_mtime_ns
-        if all((native / s).stat().st_mtime_ns <= built for s in LAYER_SOURCES):
-            return str(lib)
-    except FileNotFoundError:
-        pass
-    if shutil.which("make") is None or shutil.which("cc") is None:
-        print(
-            "heapcast layer: cannot build the layer: install make and a C compiler", file=sys.stderr
-        )
+        return str(build_native("layer", "libheapcast_layer.so", LAYER_SOURCES, "the layer"))
+    except NativeBuildError as e:
+        print(f"heapcast layer: {e}", file=sys.stderr)
         return None
-    proc = subprocess.run(
-        ["make", "-s", "-C", str(native), "layer"], capture_output=True, text=True
-    )
-    if proc.returncode != 0 or not lib.is_file():
-        print(
-            f"heapcast layer: `make -C {native} layer` failed:\n{proc.stderr[-3000:]}",
-            file=sys.stderr,
-        )
-        return None
-    return str(lib)
 
 
 def _place_module():

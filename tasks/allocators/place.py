@@ -11,13 +11,10 @@ jemalloc behind it, a bad option) wrote none, and says why on stderr.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
-from tasks.format.native_sources import PLACE_SOURCES
+from tasks.format.native_sources import NATIVE_DIR, PLACE_SOURCES, NativeBuildError, build_native
 
-NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 PLACE_FILE = "libheapcast_place.so"
 PLACE_LIBRARY = NATIVE_DIR / "build" / PLACE_FILE
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
@@ -40,36 +37,16 @@ PLACE_COUNTERS = (
 )
 
 
-class PlaceBuildError(RuntimeError):
+class PlaceBuildError(NativeBuildError):
     """The placement layer cannot be built; the message names the tool or make's error."""
 
 
 def build_place(native_dir: str | Path | None = None) -> Path:
     """`make -C native place` when a source is newer than the library (or it is missing); its
     path."""
-    native = Path(native_dir or NATIVE_DIR).resolve()
-    lib = native / "build" / PLACE_FILE
-    try:
-        built = lib.stat().st_mtime_ns
-        if all((native / s).stat().st_mtime_ns <= built for s in PLACE_SOURCES):
-            return lib
-    except FileNotFoundError:
-        pass
-    for tool in ("make", "cc"):
-        if shutil.which(tool) is None:
-            raise PlaceBuildError(
-                f"cannot build the placement layer: `{tool}` is not on PATH (install make and "
-                "a C compiler: apt-get install build-essential)"
-            )
-    proc = subprocess.run(
-        ["make", "-s", "-C", str(native), "place"], capture_output=True, text=True
+    return build_native(
+        "place", PLACE_FILE, PLACE_SOURCES, "the placement layer", native_dir, PlaceBuildError
     )
-    if proc.returncode != 0 or not lib.is_file():
-        raise PlaceBuildError(
-            f"`make -C {native} place` failed (exit {proc.returncode}):\n"
-            f"{proc.stdout[-1000:]}{proc.stderr[-3000:]}"
-        )
-    return lib
 
 
 def check_settings(value: str) -> None:

@@ -1,8 +1,15 @@
 """What each native library is built from (native/Makefile lists the same files as its
-prerequisites): the one list the build tasks and the CLI check a library's age against. Kept
-apart from tasks.format.build (which imports Prefect) so that the CLI can read it at once."""
+prerequisites): the one list the build tasks and the CLI check a library's age against, and the
+one way to build a library when a source is newer (`build_native`). Standard library only, apart
+from tasks.format.build (which imports Prefect), so that the CLI can read it at once."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 
 # the tracer, native/build/libheapcast.so (make's default target): heapcast.c and the parts it
 # includes (one translation unit)
@@ -53,3 +60,49 @@ PLACE_SOURCES = (
     "real.h",
     "Makefile",
 )
+# the policy core's batch replay, native/build/libheapcast_policy.so (make's `policy` target):
+# policy/replay.c, which includes policy/core.c
+POLICY_SOURCES = (
+    "policy/replay.c",
+    "policy/core.c",
+    "policy/core.h",
+    "layers/predictor.h",
+    "Makefile",
+)
+
+
+class NativeBuildError(RuntimeError):
+    """A native library cannot be built; the message names the missing tool or make's error."""
+
+
+def build_native(
+    target: str,
+    library: str,
+    sources: tuple[str, ...],
+    what: str,
+    native_dir: str | Path | None = None,
+    error: type[NativeBuildError] = NativeBuildError,
+) -> Path:
+    """`make -C native TARGET` when `library` (under native/build) is missing or older than one
+    of `sources`; its path. `what` names the library in errors (raised as `error`)."""
+    native = Path(native_dir or NATIVE_DIR).resolve()
+    lib = native / "build" / library
+    try:
+        built = lib.stat().st_mtime_ns
+        if all((native / s).stat().st_mtime_ns <= built for s in sources):
+            return lib
+    except FileNotFoundError:
+        pass
+    for tool in ("make", "cc"):
+        if shutil.which(tool) is None:
+            raise error(
+                f"cannot build {what}: `{tool}` is not on PATH (install make and a C compiler: "
+                "apt-get install build-essential)"
+            )
+    proc = subprocess.run(["make", "-s", "-C", str(native), target], capture_output=True, text=True)
+    if proc.returncode != 0 or not lib.is_file():
+        raise error(
+            f"`make -C {native} {target}` failed (exit {proc.returncode}):\n"
+            f"{proc.stdout[-1000:]}{proc.stderr[-3000:]}"
+        )
+    return lib

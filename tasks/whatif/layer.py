@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.format.native_sources import LAYER_SOURCES
+from tasks.format.native_sources import LAYER_SOURCES, NativeBuildError, build_native
 from tasks.replay.inputs import prepare_input_dir
 from tasks.replay.runners.base import SANDBOX_TRACE, EngineError, Runner, RunRequest
 from tasks.replay.runners.preload import (
@@ -53,7 +53,6 @@ from tasks.replay.runners.preload import (
 from tasks.replay.workloads import Workload, WorkloadInput
 from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
 
-NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 LAYER_RELPATH = Path("build") / "libheapcast_layer.so"
 SOURCES = LAYER_SOURCES
 MAKE_TARGET = "layer"
@@ -69,30 +68,15 @@ STAT_KEYS = (
 )
 
 
-class LayerBuildError(RuntimeError):
+class LayerBuildError(NativeBuildError):
     """The layer cannot be built; the message names the missing tool or make's error."""
 
 
 def build_layer(native_dir: str | Path | None = None) -> Path:
     """`make -C native layer` when a source is newer than the library; its path."""
-    native = Path(native_dir or NATIVE_DIR).resolve()
-    lib = native / LAYER_RELPATH
-    try:
-        built = lib.stat().st_mtime_ns
-        if all((native / s).stat().st_mtime_ns <= built for s in SOURCES):
-            return lib
-    except FileNotFoundError:
-        pass
-    for tool in ("make", "gcc"):
-        if shutil.which(tool) is None:
-            raise LayerBuildError(f"cannot build the layer: `{tool}` is not on PATH")
-    proc = subprocess.run(["make", "-C", str(native), MAKE_TARGET], capture_output=True, text=True)
-    if proc.returncode != 0 or not lib.is_file():
-        raise LayerBuildError(
-            f"`make -C {native} {MAKE_TARGET}` failed (exit {proc.returncode}):\n"
-            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
-        )
-    return lib
+    return build_native(
+        MAKE_TARGET, LAYER_RELPATH.name, SOURCES, "the layer", native_dir, LayerBuildError
+    )
 
 
 def run_measured(

@@ -15,8 +15,6 @@ What a trace cannot tell the replay is named once, in UNTOLD_BY_A_TRACE's file.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,6 +25,7 @@ from pydantic import Field
 
 from tasks.core.config import StrictModel
 from tasks.dataset.tokens import size_class
+from tasks.format.native_sources import POLICY_SOURCES, NativeBuildError, build_native
 from tasks.learning.sites import SITE_VOCABULARY, call_sites
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.policies import (
@@ -36,9 +35,7 @@ from tasks.whatif.policies import (
     Seed002Config,
 )
 
-NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 POLICY_RELPATH = Path("build") / "libheapcast_policy.so"
-POLICY_SOURCES = ("policy/replay.c", "policy/core.c", "policy/core.h", "layers/predictor.h")
 PAGE = 4096
 # What a trace cannot tell the replay (of the layer's timing and threads) is named once, in the
 # opening comment of this file (the C replay), and nowhere else: read it there. A replay of a run with several
@@ -258,29 +255,20 @@ def row_site_scores(x: SimInput, sites: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.where(frees, score, -1), np.int16)
 
 
-class PolicyCoreBuildError(RuntimeError):
+class PolicyCoreBuildError(NativeBuildError):
     """The core's library cannot be built; the message names the tool or make's error."""
 
 
 def build_policy_core(native_dir: str | Path | None = None) -> Path:
     """`make -C native policy` when a source is newer than the library; its path."""
-    native = Path(native_dir or NATIVE_DIR).resolve()
-    lib = native / POLICY_RELPATH
-    try:
-        built = lib.stat().st_mtime_ns
-        if all((native / s).stat().st_mtime_ns <= built for s in POLICY_SOURCES + ("Makefile",)):
-            return lib
-    except FileNotFoundError:
-        pass
-    for tool in ("make", "cc"):
-        if shutil.which(tool) is None:
-            raise PolicyCoreBuildError(f"cannot build the policy core: `{tool}` is not on PATH")
-    proc = subprocess.run(["make", "-C", str(native), "policy"], capture_output=True, text=True)
-    if proc.returncode != 0 or not lib.is_file():
-        raise PolicyCoreBuildError(
-            f"`make -C {native} policy` failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-        )
-    return lib
+    return build_native(
+        "policy",
+        POLICY_RELPATH.name,
+        POLICY_SOURCES,
+        "the policy core",
+        native_dir,
+        PolicyCoreBuildError,
+    )
 
 
 _LIB: ctypes.CDLL | None = None
