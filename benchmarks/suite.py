@@ -118,6 +118,7 @@ STUDIES: tuple[Study, ...] = (
     Study("allocators", "benchmarks/studies/bench_allocators.py", "containers, 20+ minutes"),
     Study("crossfit", "benchmarks/studies/bench_crossfit.py", "a full night's data"),
     Study("fault_drill", "benchmarks/studies/fault_drill.py", "a drill, not a speed; as root"),
+    Study("hedge", "benchmarks/studies/bench_hedge.py", "a night's data and its champion"),
     Study("gpu_training", "benchmarks/studies/bench_gpu_training.py", "a GPU"),
     Study("lifetime_table", "benchmarks/studies/bench_lifetime_table.py", "a registered model"),
     Study("model_variants", "benchmarks/studies/bench_model_variants.py", "trains every variant"),
