@@ -15,7 +15,10 @@ After each round, from ELIMINATE_FROM rounds on (each arm's runs: its metric, lo
   `promising_p`.
 
 A candidate the rule's other bound leaves out (for time: its memory over the tolerance; memory
-hardly varies run to run) is dropped at once: it cannot be recommended.
+hardly varies run to run) is dropped at once: it cannot be recommended. For memory the other
+bound is time, which does vary: a candidate whose median time is over the tolerance so far is
+`unfit`: it goes on being run, but cannot lead (it neither stops the rounds nor has others
+dropped against its runs) until its time comes back within the bound.
 
 What the stop costs: a candidate within the noise of the leader runs until the end; one that is
 truly better by less than the noise of 3 rounds can be missed (the answer then keeps the
@@ -51,11 +54,12 @@ def after_round(
     promising_p: float,
     metric: str = "time",
     ineligible: dict[str, str] | None = None,
+    unfit: set[str] | frozenset[str] = frozenset(),
 ) -> RoundVerdict:
     """The verdict after `rounds` rounds (see the module): `runs` holds every candidate run so far
     (dropped ones too), `active` those still run (the baseline among them); `ineligible`: those
     the rule's other bound leaves out (memory over its tolerance), with why: dropped, and never
-    the leader."""
+    the leader; `unfit`: those over a noisy bound (time) so far: run on, but never the leader."""
     if not [n for n in active if n != baseline]:
         return RoundVerdict(stop=f"no candidate to compare with {baseline}")
     if rounds < ELIMINATE_FROM or baseline not in runs or len(runs[baseline]) == 0:
@@ -63,7 +67,8 @@ def after_round(
     out = {n: why for n, why in (ineligible or {}).items() if n in active and n != baseline}
     med = {n: float(np.median(runs[n])) for n in active if len(runs.get(n, ())) and n not in out}
     base = runs[baseline]
-    leader = min(med, key=lambda n: (med[n], n != baseline))
+    fit = [n for n in med if n == baseline or n not in unfit]
+    leader = min(fit, key=lambda n: (med[n], n != baseline))
     dropped: dict[str, str] = {n: f"{why}, after {rounds} rounds" for n, why in out.items()}
     for n in active:
         if n in (baseline, leader) or n not in med:

@@ -284,16 +284,21 @@ class CheckRun:
 
     allocator: str
     wall_s: float | None
-    gain: float | None  # 1 - wall / the baseline's median wall
+    gain: float | None  # 1 - its metric / the baseline's median (wall time, or peak memory)
     output_same: bool | None  # None: outputs could not be compared
     within: bool | None  # the gain inside the margin's interval
     error: str | None = None
+    metric: str = "wall_s"  # the objective's metric the gain is on
 
     def line(self, rec: Recommendation) -> str:
         if self.error:
             return f"check run of {self.allocator} alone: {self.error}"
         out = {True: "output unchanged", False: "OUTPUT DIFFERS", None: "output not comparable"}
-        gain = f"gain {self.gain * 100:+.1f}%" if self.gain is not None else "no time"
+        gain = (
+            f"gain {self.gain * 100:+.1f}% in {self.metric}"
+            if self.gain is not None
+            else f"no {self.metric}"
+        )
         where = ""
         if self.within is not None:
             where = (
@@ -503,6 +508,7 @@ def _measure(
             if any(not s.ok for s in samples if s.allocator == n):
                 active.remove(n)
                 dropped[n] = f"a run failed after {rep + 1} round(s) (its row says why)"
+        over = _over_guard(ok, live, config)
         verdict = after_round(
             runs,
             active,
@@ -512,7 +518,9 @@ def _measure(
             alpha=config.rule.alpha,
             promising_p=config.rule.promising_p,
             metric=metric,
-            ineligible=_over_memory(ok, live, config),
+            # memory hardly varies run to run: over its bound, out; time does: not the leader
+            ineligible=over if config.rule.objective == "time" else None,
+            unfit=set(over) if config.rule.objective == "memory" else frozenset(),
         )
         for n, why in verdict.dropped.items():
             active.remove(n)
@@ -541,25 +549,23 @@ def _measure(
     return m, dropped, stop
 
 
-def _over_memory(ok: list[Sample], names: list[str], config: AllocatorsConfig) -> dict[str, str]:
-    """For the time objective: the candidates whose median memory is over the rule's tolerance
-    above the lowest (the rule leaves them out), with why."""
+def _over_guard(ok: list[Sample], names: list[str], config: AllocatorsConfig) -> dict[str, str]:
+    """The candidates whose median of the rule's other metric (the guard: memory for the time
+    objective, time for memory) is over its tolerance above the lowest, with why."""
     rule = config.rule
-    if rule.objective != "time":
-        return {}
+    metric, tolerance = rule.guard
     med = {}
     for n in names:
-        v = [getattr(s, rule.memory) for s in ok if s.allocator == n and getattr(s, rule.memory)]
+        v = [getattr(s, metric) for s in ok if s.allocator == n and getattr(s, metric)]
         if v:
             med[n] = float(np.median(v))
     if not med:
         return {}
     low = min(med.values())
     return {
-        n: f"its median {rule.memory} {v / low - 1:.0%} over the lowest (tolerance "
-        f"{rule.memory_tolerance:.0%})"
+        n: f"its median {metric} {v / low - 1:.0%} over the lowest (tolerance {tolerance:.0%})"
         for n, v in med.items()
-        if v > low * (1 + rule.memory_tolerance)
+        if v > low * (1 + tolerance)
     }
 
 
@@ -581,16 +587,20 @@ def _check_run(
             f"exit {run.exit_code}" if run.verification.applied else run.verification.reason
         )
         return CheckRun(rec.allocator, None, None, None, None, error=f"failed: {why}")
-    base = [s.wall_s for s in m.samples if s.allocator == rec.baseline and s.ok and s.wall_s]
+    # the gain on the objective's metric (wall time, or peak memory), against its interval
+    memory = rec.objective == "memory"
+    metric = rec.memory_metric if memory else rec.time_metric
+    base = [getattr(s, metric) for s in m.samples if s.allocator == rec.baseline and s.ok]
+    base = [v for v in base if v]
     wall = run.usage.wall_s if run.usage else None
-    gain = 1 - wall / float(np.median(base)) if wall and base else None
+    value = usage_fields(run.usage).get(metric)
+    gain = 1 - value / float(np.median(base)) if value and base else None
     ref = {s.stdout_sha256 for s in m.samples if s.allocator == rec.baseline and s.ok}
     same = (run.stdout_sha256 in ref) if comparable and len(ref) == 1 else None
     within = None
-    timed = rec.objective == "time" and rec.time_metric == "wall_s"
-    if gain is not None and timed and rec.margin_low is not None:
+    if gain is not None and rec.margin_low is not None:
         within = rec.margin_low <= gain <= rec.margin_high
-    return CheckRun(rec.allocator, wall, gain, same, within)
+    return CheckRun(rec.allocator, wall, gain, same, within, metric=metric)
 
 
 def _paste_line(config: AllocatorsConfig, rec: Recommendation, argv: list[str]) -> str:

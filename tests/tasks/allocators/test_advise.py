@@ -200,3 +200,28 @@ def test_rounds_stop_at_once_with_nothing_to_compare():
         _runs(glibc=[1.0]), ["glibc"], "glibc", 1, decide_rounds=5, alpha=0.05, promising_p=0.25
     )
     assert v.stop == "no candidate to compare with glibc"
+
+
+def test_rounds_run_on_a_candidate_over_a_noisy_bound_but_never_let_it_lead():
+    """Memory objective: a candidate whose time is over its tolerance so far (`unfit`) cannot
+    lead (no stop on its win, no one dropped against its runs), and is not dropped: time
+    varies run to run and may come back within the bound."""
+    runs = _runs(
+        glibc=[100.0, 101.0, 100.5, 100.2, 100.8],
+        lean_but_slow=[80.0, 80.5, 80.2, 80.1, 80.3],
+        ok=[95.0, 95.5, 95.2, 95.1, 95.3],
+    )
+    v = after_round(runs, list(runs), "glibc", 5, decide_rounds=5, alpha=0.05, promising_p=0.25)
+    assert v.stop and "lean_but_slow beats glibc" in v.stop  # without the bound: it leads
+    v = after_round(
+        runs,
+        list(runs),
+        "glibc",
+        5,
+        decide_rounds=5,
+        alpha=0.05,
+        promising_p=0.25,
+        unfit={"lean_but_slow"},
+    )
+    assert "lean_but_slow" not in v.dropped
+    assert v.stop and "ok beats glibc" in v.stop  # the fit leader decides
