@@ -150,9 +150,9 @@ def heap_share_bound(facts: HeapFacts) -> float:
 def placement_case(facts: HeapFacts) -> tuple[bool, str]:
     """Whether the trace shows placement's case (see the module), and why, in a sentence."""
     mib = 1024 * 1024
-    peak, n = facts.small_live_peak_bytes, facts.small_allocations
-    longs, bytes_ = facts.small_long_blocks, facts.small_long_bytes
-    if not facts.call_sites:
+    peak, n = facts.small.live_peak_bytes, facts.small.allocations
+    longs, bytes_ = facts.small.long_blocks, facts.small.long_bytes
+    if not facts.small.call_sites:
         return False, "the trace has no call sites (traced without callers): nothing to place by"
     if peak < PLACE_MIN_PEAK:
         return False, (
@@ -174,7 +174,7 @@ def placement_case(facts: HeapFacts) -> tuple[bool, str]:
             f"the small peak ({peak / mib:.1f} MiB) is under {PLACE_PEAK_RATIO:g}x the "
             f"long-lived blocks' {bytes_ / mib:.1f} MiB: little of it dies in bursts"
         )
-    share = facts.small_long_from_long_sites / longs
+    share = facts.small.long_from_long_sites / longs
     if share < PLACE_SITE_SHARE:
         return False, (
             f"only {share:.0%} of the long-lived small blocks come from call sites whose blocks "
@@ -184,7 +184,7 @@ def placement_case(facts: HeapFacts) -> tuple[bool, str]:
     return True, (
         f"small blocks came and went ({peak / mib:.1f} MiB live at most) while {longs:,} "
         f"({bytes_ / mib:.1f} MiB, {longs / n:.1%} of them) outlived them, {share:.0%} from "
-        f"{facts.small_long_sites} call site(s) of their own: placed apart, they no longer pin "
+        f"{facts.small.long_sites} call site(s) of their own: placed apart, they no longer pin "
         "the pages a burst frees"
     )
 

@@ -86,15 +86,9 @@ class HeapFacts:
     # the highest small peak): the most bytes live at once, the allocations, the long-lived ones
     # (PLACE_HORIZON) allocated while short ones came and went (between the first short
     # block's allocation and the last one's free), their bytes, and how many of them came from
-    # long call sites (sites whose blocks mostly outlive: what a per-site counter can tell apart)
-    small_live_peak_bytes: int = 0
-    small_allocations: int = 0
-    small_long_blocks: int = 0
-    small_long_bytes: int = 0
-    small_long_from_long_sites: int = 0
-    small_long_sites: int = 0
-    small_short_sites: int = 0
-    call_sites: bool = False  # the trace has call sites (callers on)
+    # long call sites (sites whose blocks mostly outlive: what a per-site counter can tell apart),
+    # and whether the trace has call sites at all (callers on)
+    small: SmallLives = field(default_factory=lambda: SmallLives())
     mallopt_calls: tuple[str, ...] = ()  # "M_MMAP_THRESHOLD=131072 (pid 12)" as the probe saw
     mallopt_importers: tuple[str, ...] = ()  # mapped modules importing mallopt
     mallopt_checked: str = "by the probe in the traced run"  # how mallopt imports were looked for
@@ -143,18 +137,19 @@ class HeapFacts:
             else ""
         )
         out.append(f"peak live heap {self.peak_live_bytes / mib:,.1f} MiB{rss}")
-        if self.small_allocations:
+        small = self.small
+        if small.allocations:
             sites = (
-                f", {self.small_long_from_long_sites:,} of them from {self.small_long_sites} "
+                f", {small.long_from_long_sites:,} of them from {small.long_sites} "
                 f"call site(s) whose blocks mostly outlive (short blocks from "
-                f"{self.small_short_sites} other site(s))"
-                if self.call_sites
+                f"{small.short_sites} other site(s))"
+                if small.call_sites
                 else " (no call sites in the trace)"
             )
             out.append(
-                f"small blocks (<= {TCACHE_MAX_BYTES} B): {self.small_allocations:,} allocated, "
-                f"at most {self.small_live_peak_bytes / mib:,.1f} MiB live at once; "
-                f"{self.small_long_blocks:,} ({self.small_long_bytes / mib:,.1f} MiB) outlived the "
+                f"small blocks (<= {TCACHE_MAX_BYTES} B): {small.allocations:,} allocated, "
+                f"at most {small.live_peak_bytes / mib:,.1f} MiB live at once; "
+                f"{small.long_blocks:,} ({small.long_bytes / mib:,.1f} MiB) outlived the "
                 f"others (still live {PLACE_HORIZON:,} allocations later){sites}"
             )
         if self.median_lifetime_us is not None:
@@ -492,14 +487,7 @@ def heap_facts(
         wall_s=wall_s,
         median_lifetime_us=float(np.median(life_all)) / 1e3 if life_all.size else None,
         short_lived_share=float((life_all < SHORT_LIVED_NS).mean()) if life_all.size else 0.0,
-        small_live_peak_bytes=small.live_peak_bytes,
-        small_allocations=small.allocations,
-        small_long_blocks=small.long_blocks,
-        small_long_bytes=small.long_bytes,
-        small_long_from_long_sites=small.long_from_long_sites,
-        small_long_sites=small.long_sites,
-        small_short_sites=small.short_sites,
-        call_sites=small.call_sites,
+        small=small,
         mallopt_calls=mallopt_calls,
         mallopt_importers=importers,
         mallopt_checked=how,

@@ -65,12 +65,12 @@ def test_bursts_leaving_long_blocks_from_their_own_site_get_placement_for_memory
     _bursts(tmp_path)
     facts = heap_facts(tmp_path, check_imports=False)
     # THEN the facts see the burst's peak, and the entries still live a horizon later
-    assert facts.call_sites and facts.small_allocations == 4 * 101_000
-    assert facts.small_live_peak_bytes >= 100_000 * 128
+    assert facts.small.call_sites and facts.small.allocations == 4 * 101_000
+    assert facts.small.live_peak_bytes >= 100_000 * 128
     # entries of the first bursts outlived the layer's horizon; the last ones are still young
-    assert 0 < facts.small_long_blocks < 4 * 1000
-    assert facts.small_long_from_long_sites == facts.small_long_blocks
-    assert (facts.small_long_sites, facts.small_short_sites) == (1, 1)
+    assert 0 < facts.small.long_blocks < 4 * 1000
+    assert facts.small.long_from_long_sites == facts.small.long_blocks
+    assert (facts.small.long_sites, facts.small.short_sites) == (1, 1)
     assert any("outlived the others" in line for line in facts.lines())
     # WHEN the candidates are derived for the memory objective: jemalloc-place, with why
     advice = advise(facts, config, FIXED, cpus=2, objective="memory")
@@ -95,7 +95,7 @@ def test_long_blocks_sharing_the_short_ones_site_get_no_placement(config, tmp_pa
     # the same bursts, the entries allocated through the requests' own site (one wrapper)
     _bursts(tmp_path, entry_site=REQUEST_SITE)
     facts = heap_facts(tmp_path, check_imports=False)
-    assert facts.small_long_blocks > 0 and facts.small_long_from_long_sites == 0
+    assert facts.small.long_blocks > 0 and facts.small.long_from_long_sites == 0
     advice = advise(facts, config, FIXED, cpus=2, objective="memory")
     assert PLACE not in [a.name for a in advice.derived]
     assert "a per-site counter cannot tell them apart" in advice.place
