@@ -82,8 +82,8 @@ static inline uintptr_t hpc_row_p(int64_t i, uint64_t addr) {
  * in its first page (16, or an aligned block's), and its usable bytes follow from it. */
 static inline uint64_t hpc_mremap_usable(uintptr_t old_p, uint64_t n) {
     uint64_t off = ((old_p & 4095u) + 4096u - 16u) & 4095u; /* the chunk's offset in its map */
-    uint64_t chunk = (n + 8 + 15) & ~(uint64_t)15;
-    return ((chunk + off + 8 + 4095) & ~(uint64_t)4095) - off - 16;
+    int64_t chunk = hpc_chunk((int64_t)n);
+    return (uint64_t)(hpc_pages(chunk + (int64_t)off + 8) - (int64_t)off - 16);
 }
 
 static inline int hpc_free_row(const struct hpc_settings *set, struct hpc_cache *c,
