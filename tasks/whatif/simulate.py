@@ -114,6 +114,19 @@ def _mmap_bytes(s: int) -> int:
 
 
 @njit(cache=True, nogil=True)
+def _note_peaks(g):
+    """After a row: the peaks of idle, live, footprint and RSS bytes (g's G_*_PEAK slots)."""
+    if g[G_IDLE] > g[G_IDLE_PEAK]:
+        g[G_IDLE_PEAK] = g[G_IDLE]
+    if g[G_LIVE_REQ] > g[G_LIVE_PEAK]:
+        g[G_LIVE_PEAK] = g[G_LIVE_REQ]
+    if g[G_LIVE_BLK] + g[G_IDLE] > g[G_FOOT_PEAK]:
+        g[G_FOOT_PEAK] = g[G_LIVE_BLK] + g[G_IDLE]
+    if g[G_RSS] > g[G_RSS_PEAK]:
+        g[G_RSS_PEAK] = g[G_RSS]
+
+
+@njit(cache=True, nogil=True)
 def _sys_alloc(ps, g, p, s, mmap_threshold):
     g[G_SYS] += 1
     if s < mmap_threshold:
@@ -406,14 +419,7 @@ def _simulate(
                 _sys_release(ps, g, p, b, mmap_threshold)
 
         # --- peaks, then the process's exit
-        if g[G_IDLE] > g[G_IDLE_PEAK]:
-            g[G_IDLE_PEAK] = g[G_IDLE]
-        if g[G_LIVE_REQ] > g[G_LIVE_PEAK]:
-            g[G_LIVE_PEAK] = g[G_LIVE_REQ]
-        if g[G_LIVE_BLK] + g[G_IDLE] > g[G_FOOT_PEAK]:
-            g[G_FOOT_PEAK] = g[G_LIVE_BLK] + g[G_IDLE]
-        if g[G_RSS] > g[G_RSS_PEAK]:
-            g[G_RSS_PEAK] = g[G_RSS]
+        _note_peaks(g)
         if is_last[i]:
             for tier in range(n_tiers if tiered else 1):
                 k = ps[p, 2 * tier]
@@ -678,14 +684,7 @@ def _layer_figures(
         rss[p] = r
         if idle[p] > idle_peak_process:
             idle_peak_process = idle[p]
-        if g[G_IDLE] > g[G_IDLE_PEAK]:
-            g[G_IDLE_PEAK] = g[G_IDLE]
-        if g[G_LIVE_REQ] > g[G_LIVE_PEAK]:
-            g[G_LIVE_PEAK] = g[G_LIVE_REQ]
-        if g[G_LIVE_BLK] + g[G_IDLE] > g[G_FOOT_PEAK]:
-            g[G_FOOT_PEAK] = g[G_LIVE_BLK] + g[G_IDLE]
-        if g[G_RSS] > g[G_RSS_PEAK]:
-            g[G_RSS_PEAK] = g[G_RSS]
+        _note_peaks(g)
         if is_last[i]:  # the process exits
             g[G_LIVE_REQ] -= live_req[p]
             g[G_LIVE_BLK] -= live_blk[p]
