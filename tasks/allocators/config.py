@@ -13,6 +13,7 @@ from tasks.allocators.place import (
     PLACE_LIBRARY,
     PLACE_STATS,
     check_settings,
+    layer_settings,
     preload_line,
 )
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
@@ -133,24 +134,18 @@ def check_knob(key: str, value: str) -> None:
     elif key == "HEAPCAST_PLACE":
         check_settings(value)
     elif key == "HEAPCAST_LAYER":
-        names = []
-        for pair in value.split(","):
-            name, eq, val = pair.partition("=")
-            if name == "stats":
-                raise ValueError(
-                    "HEAPCAST_LAYER: `stats` is set by the stage (the layer's counters go to each "
-                    "run's measure folder); leave it out"
-                )
-            if not eq or name not in LAYER_OPTIONS or not val:
-                raise ValueError(
-                    f"HEAPCAST_LAYER: {pair!r} is not NAME=VALUE with NAME one of "
-                    f"{', '.join(sorted(LAYER_OPTIONS))} (native/layers/layer.c, HL_OPTIONS)"
-                )
-            if name == "policy" and val not in LAYER_POLICIES:
-                raise ValueError(
-                    f"HEAPCAST_LAYER policy: {val!r} is not one of {', '.join(sorted(LAYER_POLICIES))}"
-                )
-            names.append(name)
+        names = layer_settings(
+            "HEAPCAST_LAYER",
+            value,
+            LAYER_OPTIONS,
+            "native/layers/layer.c, HL_OPTIONS",
+            "the layer's counters",
+        )
+        if "policy" in names and names["policy"] not in LAYER_POLICIES:
+            raise ValueError(
+                f"HEAPCAST_LAYER policy: {names['policy']!r} is not one of "
+                f"{', '.join(sorted(LAYER_POLICIES))}"
+            )
         if "policy" not in names:
             raise ValueError("HEAPCAST_LAYER: give the policy (policy=seed002|seed001|guided|off)")
     else:

@@ -49,22 +49,39 @@ def build_place(native_dir: str | Path | None = None) -> Path:
     )
 
 
-def check_settings(value: str) -> None:
-    """Raise ValueError saying what is wrong with HEAPCAST_PLACE=`value` (a candidate's)."""
+def layer_settings(
+    var: str, value: str, options: frozenset[str] | set[str], table: str, stats: str
+) -> dict[str, str]:
+    """A heapcast layer's `var`=NAME=VALUE,... setting as a candidate gives it (HEAPCAST_LAYER,
+    HEAPCAST_PLACE), by name; ValueError naming the pair that is not one of `options` (the
+    layer's option `table`), and refusing `stats`, which the stage sets (`stats`: where the
+    layer's line goes)."""
     names = {}
     for pair in value.split(","):
         name, eq, val = pair.partition("=")
         if name == "stats":
             raise ValueError(
-                "HEAPCAST_PLACE: `stats` is set by the stage (the layer's stats line goes to each "
-                "run's measure folder); leave it out"
+                f"{var}: `stats` is set by the stage ({stats} goes to each run's measure "
+                "folder); leave it out"
             )
-        if not eq or name not in PLACE_OPTIONS or not val:
+        if not eq or name not in options or not val:
             raise ValueError(
-                f"HEAPCAST_PLACE: {pair!r} is not NAME=VALUE with NAME one of "
-                f"{', '.join(sorted(PLACE_OPTIONS))} (native/layers/place.c, HP_OPTIONS)"
+                f"{var}: {pair!r} is not NAME=VALUE with NAME one of "
+                f"{', '.join(sorted(options))} ({table})"
             )
         names[name] = val
+    return names
+
+
+def check_settings(value: str) -> None:
+    """Raise ValueError saying what is wrong with HEAPCAST_PLACE=`value` (a candidate's)."""
+    names = layer_settings(
+        "HEAPCAST_PLACE",
+        value,
+        PLACE_OPTIONS,
+        "native/layers/place.c, HP_OPTIONS",
+        "the layer's stats line",
+    )
     mode = names.get("mode", "predict")
     if mode not in PLACE_MODES:
         raise ValueError(
