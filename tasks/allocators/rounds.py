@@ -1,28 +1,12 @@
-"""When `heapcast tune` stops measuring: candidates dropped between rounds, rounds stopped once
-the choice is decided. A sequential rule over the existing statistics (tasks.allocators.decide:
-the rank test, Holm's correction), pure: arrays in, a verdict out.
+"""When `heapcast tune` stops measuring: which candidates are dropped between rounds and when the
+rounds stop, over each arm's runs of the rule's metric (lower is better). Pure: arrays in, a
+verdict out. The rule, its statistics (tasks.allocators.decide: the rank test, Holm's correction)
+and what it costs are in docs/allocators.md#when-tune-stops.
 
-After each round, from ELIMINATE_FROM rounds on (each arm's runs: its metric, lower is better):
-
-- a candidate is dropped when every one of its runs is worse than every run of the baseline (it
-  cannot beat it), or than every run of the leader (the best median among those still run: it
-  cannot be the best): complete separation, the `minmax` test of the rule. From DECIDE_FROM
-  rounds on, also when its median is not below the baseline's (a winner's must be);
-- the rounds stop when no challenger is left; and from `decide_rounds` rounds on (the config's
-  repetitions, the rank test's least) when the leader beats the baseline beyond the noise after
-  Holm's correction over every candidate compared (dropped ones included: the family is every
-  candidate that was run), or when no challenger better by median has an uncorrected p under
-  `promising_p`.
-
-A candidate the rule's other bound leaves out (for time: its memory over the tolerance; memory
-hardly varies run to run) is dropped at once: it cannot be recommended. For memory the other
-bound is time, which does vary: a candidate whose median time is over the tolerance so far is
-`unfit`: it goes on being run, but cannot lead (it neither stops the rounds nor has others
-dropped against its runs) until its time comes back within the bound.
-
-What the stop costs: a candidate within the noise of the leader runs until the end; one that is
-truly better by less than the noise of 3 rounds can be missed (the answer then keeps the
-baseline, never names a worse one).
+Separation is judged against the run-to-run noise (`run_noise`): a candidate is dropped for being
+worse than the baseline or the leader only when its best run is worse than their worst by more
+than the spread the arms' runs show so far, so that two unlucky runs on a loaded machine do not
+drop a candidate that can win. Memory hardly varies run to run: there the spread is near zero.
 """
 
 from __future__ import annotations
@@ -35,6 +19,17 @@ from tasks.allocators.decide import holm, mann_whitney_p
 
 ELIMINATE_FROM = 2
 DECIDE_FROM = 3
+
+
+def run_noise(runs: dict[str, np.ndarray], arms: list[str]) -> float:
+    """The run-to-run spread seen so far: the median over `arms` with two runs or more of
+    (max - min) / median; 0 before any arm has two."""
+    spreads = [
+        float(np.ptp(x) / np.median(x))
+        for n in arms
+        if len(x := runs.get(n, ())) >= 2 and np.median(x) > 0
+    ]
+    return float(np.median(spreads)) if spreads else 0.0
 
 
 @dataclass(frozen=True)
@@ -70,16 +65,24 @@ def after_round(
     fit = [n for n in med if n == baseline or n not in unfit]
     leader = min(fit, key=lambda n: (med[n], n != baseline))
     dropped: dict[str, str] = {n: f"{why}, after {rounds} rounds" for n, why in out.items()}
+    noise = run_noise(runs, list(med))
+    beyond = f" by more than the runs' spread ({noise:.1%})" if noise > 0 else ""
+
+    def worse(x: np.ndarray, ref: np.ndarray) -> bool:  # every run worse, beyond the noise
+        return bool(x.min() > ref.max() + noise * float(np.median(ref)))
+
     for n in active:
         if n in (baseline, leader) or n not in med:
             continue
         x = runs[n]
-        if x.min() > base.max():
-            dropped[n] = f"every run's {metric} above every {baseline} run's, after {rounds} rounds"
-        elif x.min() > runs[leader].max():
+        if worse(x, base):
             dropped[n] = (
-                f"every run's {metric} above every {leader} run's, after {rounds} rounds: it "
-                "cannot be the best"
+                f"every run's {metric} above every {baseline} run's{beyond}, after {rounds} rounds"
+            )
+        elif worse(x, runs[leader]):
+            dropped[n] = (
+                f"every run's {metric} above every {leader} run's{beyond}, after {rounds} "
+                "rounds: it cannot be the best"
             )
         elif rounds >= DECIDE_FROM and med[n] >= med[baseline]:
             dropped[n] = (
