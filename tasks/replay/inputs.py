@@ -1,21 +1,9 @@
 """Seeded input generators: every workload input is made here from (seed, size), never downloaded.
 
 `generate_input(generator, seed, size, dest)` writes the input files into `dest` and returns
-their names. The same (generator, seed, size) always writes the same bytes, so a replay of a
-deterministic program on the same input is reproducible across machines and runners.
-
-Generators (the meaning of `size` in brackets):
-  sql             input.sql: tables, bulk inserts, indexes, mixed queries   [rows]
-  python_script   workload.py: dicts, lists, strings, json, classes, sorts  [work units]
-  c_file          gen.c: a large self-contained C file                      [functions]
-  git_repo        repo.fi: a `git fast-import` stream with fixed dates      [commits]
-  freeciv_script  script.serv: an AI-only autogame with fixed seeds         [turns]
-  perl_script     workload.pl: hashes, arrays, strings, sorts, joins, trees [work units]
-  c_project       Makefile, common.h, *.c: a C project for make -j2         [files]
-  numpy_script    workload.py: numpy arrays, reductions, sorts, linalg      [work units]
-  numpy_temporaries workload.py: seed 002's (a * b) ** 2 + 3, large temporaries [k elements]
-  numpy_pipeline  workload.py: a reader thread's chunks, freed by the main thread [k elements]
-  none            nothing; the command takes {seed} and {size} itself
+their names; the same (generator, seed, size) always writes the same bytes (reproducible replays).
+`GENERATORS` maps each generator's name to its function; what each writes and what its `size`
+counts: docs/tracing.md#the-inputs-generators.
 """
 
 from __future__ import annotations
@@ -1161,3 +1149,10 @@ def gen_numpy_pipeline(seed: int, size: int, dest: Path) -> list[str]:
 
 
 GENERATORS["numpy_pipeline"] = gen_numpy_pipeline
+
+
+# The wide catalog's programs (issue 43): generic text, json and xml inputs, documents, images,
+# and one script or source file per language (tasks/replay/inputs_programs.py lists them).
+from tasks.replay.inputs_programs import WIDE_GENERATORS  # noqa: E402
+
+GENERATORS.update(WIDE_GENERATORS)
