@@ -1,20 +1,13 @@
 """Lets any fresh Python load heapcast's Keras models: `mlflow.keras.load_model(...)` or
 `keras.saving.load_model(...)`, with nothing of heapcast imported first.
 
-Why: Keras rebuilds a custom layer (heapcast's NGramFeatures, OnlineOrders) only from its registry
-of custom objects, which fills when the module defining the layer is imported; for safety it never
-imports a module named in a model file, except Keras' own. So a fresh interpreter failed with
-"Could not locate class 'NGramFeatures'".
-
-How: the one line in heapcast-keras.pth (written into the environment's site-packages by
-scripts/setup.sh) calls `install()` at start-up. That adds an import hook which, once Keras'
-registry module is loaded, swaps its dict for one that imports tasks.learning.model (the module
-that registers heapcast's layers) the first time a name under heapcast's package ("heapcast>...")
-is looked up, and not otherwise. So:
-- start-up cost is this stdlib-only module; nothing is imported until a heapcast model is loaded;
-- only heapcast's own module is ever imported, by its fixed name, never one read from a file;
-- it steps aside on anything unexpected (Keras moved its registry, the import fails): Keras then
-  reports the missing class as before.
+Keras rebuilds a custom layer (NGramFeatures, OnlineOrders) only from its registry of custom
+objects, and never imports a module named in a model file. The one line in heapcast-keras.pth
+(written into site-packages by scripts/setup.sh) calls `install()` at start-up: an import hook
+that, once Keras' registry module is loaded, swaps its dict for one that imports
+tasks.learning.model the first time a name under heapcast's package ("heapcast>...") is looked
+up. Stdlib only; only heapcast's own module is ever imported, by its fixed name; it steps aside
+on anything unexpected. Why and how: docs/results.md#loading-a-model-in-a-fresh-python.
 """
 
 from __future__ import annotations

@@ -3,23 +3,13 @@
     .venv/bin/python benchmarks/bench_convert.py            # sqlite3, 450k rows: 22.5 M calls
     .venv/bin/python benchmarks/bench_convert.py --trace X.hct --article-log X.log.gz  # reuse
 
-The workload: sqlite3 on a generated, seeded SQL script (`--rows`), traced twice, once by each
-tracer (the program is deterministic: the same calls, +6 free(NULL) that only the article logs).
-
-Reference (the article's approach, written here): its tracer (benchmarks/reference/
-libtracemalloc.c, re-implemented from the article: gettimeofday + sprintf + one write() per call
-under a mutex) writes its text log with its own timestamps, gzip'ed at level 6 as gzip.open
-does; the log is parsed line by line in Python with a dict of live pointers that gives each free
-its size, each block its lifetime and each row its token (`reference_line_loop`). It writes
-nothing. heapcast: `tasks.dataset.partitions.convert_run` on a Dask local cluster of one single-threaded
-worker (one core), from the raw file to Parquet on disk: the first file of a fresh worker, then
-the next file in the same worker (as a worker converts a run's files back to back).
-
-Reported: events per second (wall, and per CPU-second of the process doing the work: the
-machine may be shared), bytes per event on disk for the raw trace, the Parquet events, and the
-article's gzip'ed log (and each Parquet column). `--log` also writes the article's format with
-heapcast's own timestamps (calls ~60 ns apart share microseconds: a smaller log than the
-article's tracer keeps) and reports its size. Results go to benchmarks/results/convert.json (benchmarks/harness.py's shape).
+The workload: sqlite3 on a generated, seeded SQL script (`--rows`), traced once by each tracer.
+Reference: the article's tracer (benchmarks/reference/libtracemalloc.c) and its gzip'ed text log
+parsed line by line in Python (`reference_line_loop`); heapcast:
+`tasks.dataset.partitions.convert_run` on a one-core Dask worker, raw file to Parquet. Reported:
+events per second (wall and per CPU-second), bytes per event on disk. The details:
+docs/results.md#the-conversion-benchmark. Results go to benchmarks/results/convert.json
+(benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations

@@ -1,34 +1,17 @@
 """heapcast's allocator layer (native/layers/layer.c) against glibc and tcmalloc, side by side.
 
-Part 1, cost per call (benchmarks/programs/pairloop.c): a tight loop of malloc(SIZE)/free pairs,
-1 and 8 threads (and the main thread of a process that never starts one), the threads' own CPU
-time per pair (time spent waiting for a core on a shared machine is not counted), under glibc
-(no preload) and the layer (policy off: loading alone; seed002, one lock; seed001 and guided,
-per-thread fronts). Added cost = the layer's minimum over rounds - glibc's minimum. SIZE 64: the
-tight loop of small blocks the layer must not slow (goal <= 20 ns). SIZE 256 KiB: glibc raises
-its mmap threshold at the first free and serves them from its heap, which the layer leaves to
-it (its cost of passing them on); "kept": glibc's threshold fixed at 128 KiB under the layer, so
-that every block is mapped and the layer keeps it, against glibc at its heap (the layer's cost of
-keeping; goal <= 20 ns). The predictor's own cost (tests/native/programs/predict_tokens.c
-bench: learn + the guided policy's question, per call; goal <= 10 ns). The floor of seed002's
-rule (benchmarks/programs/lockfloor.c): two holds a pair of one lock shared by all threads, of
-the layer's own kind, with one increment each and no allocation, against a lock per thread;
-whatever needs the whole process's cache at every large call pays at least its shared row.
-
-Part 2, seed 002's numpy case: `(a * b) ** 2 + 3` on two 10 M-element float64 arrays, 60
-iterations timed inside the process after 5 of warm-up (wall and the process's CPU time: on a
-loaded machine wall includes waiting for a core), in a fresh python per run; the process's peak RSS (ru_maxrss from wait4) and minor faults. Arms: glibc, tcmalloc (LD_PRELOAD
-libtcmalloc_minimal.so.4), the layer with seed002, seed001 and guided. Rounds alternate the
-arms (rotated by one each round). Goals: layer wall <= 0.75x glibc, <= tcmalloc; peak RSS <=
-glibc + 5%.
+Part 1, cost per call: a tight loop of malloc(SIZE)/free pairs (benchmarks/programs/pairloop.c), 1
+and 8 threads, the threads' own CPU time per pair, under glibc and the layer (policy off, largest,
+pools, guided); plus the predictor's own cost and the floor of largest's shared lock
+(benchmarks/programs/lockfloor.c). Part 2, seed 002's numpy case: wall, CPU, peak RSS and minor
+faults under glibc, tcmalloc and the layer, rounds alternating the arms. The sizes, goals and arms
+are in docs/results.md#the-layer-benchmark.
 
     .venv/bin/python benchmarks/bench_layer.py [--reps 3] [--pairs 2000000] [--iters 60]
         [--library PATH] [--out PATH]
 
 writes benchmarks/results/layer.json (or --out). --library measures another build of the layer
-(a reference built from an older commit, say) instead of native/build/libheapcast_layer.so,
-which is then neither built nor touched. The machine is shared (2 cores, other jobs): few rounds,
-minima for CPU costs, medians with min-max for the numpy case.
+instead of native/build/libheapcast_layer.so, which is then neither built nor touched.
 """
 
 from __future__ import annotations
@@ -102,7 +85,7 @@ def run_wait4(argv: list[str], env: dict[str, str]) -> tuple[str, int, int]:
 
 def pair_costs(work: Path, reps: int, pairs: int) -> dict:
     loop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop")
-    arms = ["glibc", "layer-off", "layer-seed002", "layer-seed001", "layer-guided"]
+    arms = ["glibc", "layer-off", "layer-largest", "layer-pools", "layer-guided"]
     # glibc's threshold fixed at 128 KiB: every 256 KiB block is mapped, so the layer keeps it
     # (without, glibc raises its threshold at the first free and serves them from its heap)
     mapped = {"MALLOC_MMAP_THRESHOLD_": "131072"}
@@ -149,7 +132,7 @@ def pair_costs(work: Path, reps: int, pairs: int) -> dict:
 
 def lock_floor(work: Path, reps: int, pairs: int) -> dict:
     """ns a pair of lockfloor.c, one lock shared by all threads against one per thread (min
-    over alternating rounds): the cost of seed002's one lock before any of its work."""
+    over alternating rounds): the cost of largest's one lock before any of its work."""
     prog = compile_c(REPO / "benchmarks" / "programs" / "lockfloor.c", work / "lockfloor")
     out = {}
     for threads in (1, 2, 8):
@@ -169,7 +152,7 @@ def lock_floor(work: Path, reps: int, pairs: int) -> dict:
 
 
 def numpy_case(reps: int, iters: int) -> dict:
-    arms = ["glibc", "tcmalloc", "layer-seed002", "layer-seed001", "layer-guided"]
+    arms = ["glibc", "tcmalloc", "layer-largest", "layer-pools", "layer-guided"]
     code = NUMPY_CASE.format(iters=iters)
     samples: dict[str, list[dict]] = {a: [] for a in arms}
     outputs = set()
@@ -238,8 +221,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-layer-") as tmp:
         result["pairs"] = pair_costs(Path(tmp), args.reps, args.pairs)
     if not args.no_numpy:
-        result["numpy_seed002"] = numpy_case(args.reps, args.iters)
-        for arm, s in result["numpy_seed002"]["summary"].items():
+        result["numpy_temporaries"] = numpy_case(args.reps, args.iters)
+        for arm, s in result["numpy_temporaries"]["summary"].items():
             print(arm, s, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

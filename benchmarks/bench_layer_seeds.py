@@ -3,7 +3,7 @@ side (the allocators stage's measurement: balanced rounds, every run verified by
 layer's counters read), one table of medians [min-max] and the rank test's p against glibc.
 
     .venv/bin/python benchmarks/bench_layer_seeds.py numpy_temporaries small \
-        --allocators glibc,tcmalloc,layer-seed002 --reps 5 --out benchmarks/results/layer_seeds.json
+        --allocators glibc,tcmalloc,layer-largest --reps 5 --out benchmarks/results/layer_seeds.json
 
 Needs the engine (scripts/engine.sh up) and the numpy image. Faults and hits are counts, not
 timings; the times are as loaded as the machine was (the JSON keeps the load average).
@@ -29,7 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload")
     ap.add_argument("input")
-    ap.add_argument("--allocators", default="glibc,tcmalloc,layer-seed002")
+    ap.add_argument("--allocators", default="glibc,tcmalloc,layer-largest")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--root", default="/tmp/heapcast-bench-layer-seeds")
     ap.add_argument("--out", type=Path)

@@ -1,20 +1,13 @@
 """The layer's table (native/TABLE.md, tasks/learning/table.py): what it answers, and its cost.
 
-Part 1, on a data root (default: the quick config's split of /work/main/data): the table built
-from the split's training runs, at every evaluation free of the three tables: its coverage,
-its agreement with the per-process class counter (the layer's keep decision, keep = P(reused
-within 4096 calls) >= 1/2, and the reuse class's top-1), and the reuse question's top-1 and
-log-loss of every model-free predictor, the table among them (question_evaluation: the same
-code as the train task).
+Part 1, on a data root: the table built from the split's training runs, at every evaluation
+free of the three tables: its coverage, its agreement with the per-process class counter, and
+the reuse question's top-1 and log-loss of every model-free predictor (question_evaluation).
+Part 2, in C: one lookup as the layer makes it against the online counter's question it
+replaces (predictor.h: hcp_soon), the minimum over --reps rounds. The details:
+docs/results.md#the-layer-table-benchmark.
 
-Part 2, in C: one lookup as the layer makes it (`table[32 + c][c] * topk >= 255` on the array
-loaded from a file the writer made) against the online counter's question it replaces
-(predictor.h: hcp_soon, the thread's counter rolled forward `horizon` calls), each over the same
-stream of size classes, the same binary, side by side; the minimum over --reps rounds (a shared
-machine: the minimum is the cost without waiting for a core).
-
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_layer_table.py [--root DIR] \
-        [--config configs/train-quick.yaml] [--reps 5] [--lookups 20000000]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_layer_table.py [--root DIR]         [--config configs/train-quick.yaml] [--reps 5] [--lookups 20000000]
 
 writes benchmarks/results/layer_table.json.
 """

@@ -3,24 +3,12 @@
     .venv/bin/python benchmarks/bench_online.py                  # 8 M tokens, 200 k for the loop
     .venv/bin/python benchmarks/bench_online.py --tokens 2000000 --reference-tokens 50000
 
-The tokens: a patterned, seeded stream like a program's heap calls: "routines" (fixed runs of
-4..40 tokens over all 64 classes) chosen by a Markov chain (each routine has 3 likely
-successors, 10% of the time any routine), each token replaced by a random one with probability
---noise; split into a few long threads and many short ones.
-
-Timed, in one process, on one core:
-- compiled: OnlineCounter.predict over the whole run at every scored position (every token but
-  a thread's first), best of --repeat; the numba compile is timed apart, on a tiny run, with an
-  empty cache directory (so it is a real compile, not a cache load); online_features likewise.
-- streaming: OnlineState.push + answer() per event, one compiled call each, on a slice.
-- reference: the dict implementation the tests hold the counter equal to
-  (tests/tasks/learning/test_online.py: reference), on the first --reference-tokens tokens; its
-  answers are checked equal to the compiled ones there.
-Reported: positions per second of each (wall, best of --repeat, and per CPU-second of this
-process: the machine may be shared) and the ratio, top-1/top-5 accuracy, peak RSS. The
-reference is deliberately plain (it re-sorts a context's successors at every position), so
-the ratio measures compiled-vs-obvious, not compiled-vs-the-best-Python.
-Writes benchmarks/results/online.json (benchmarks/harness.py's shape).
+On a patterned, seeded token stream (routines chosen by a Markov chain, --noise), timed in one
+process on one core: OnlineCounter.predict over the whole run (the numba compile timed apart),
+OnlineState.push + answer() per event, and the dict reference the tests hold the counter equal to,
+its answers checked equal. Reported: positions per second of each and the ratio, top-1/top-5
+accuracy, peak RSS. The details: docs/results.md#the-online-counter-benchmark. Writes
+benchmarks/results/online.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations

@@ -15,13 +15,26 @@ by decay (dirty_decay_ms, 10 s by default), later than a run of a second: every 
 runs again with MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0 ("prompt"), where the pages a
 burst freed go back at once and what stays resident is what live blocks pin.
 
+The lifetime table (`table=FILE`, native/TABLE.md; `jemalloc+place-table`): per (call site, size
+class), P(the block lives past 65536 calls of its process, or is never freed), the label the
+registered network's table is distilled for, here made without a network from the lifetimes a
+traced run of burstkv recorded (question_network.observed_lifetime: the share of long blocks
+per key), a smaller input than the measured one (--train-bursts, --train-shorts: requests there
+live ~50 k calls, under the 65536 edge; at the measured 200 k they would be labelled long too).
+It answers where it knows the key, the online counter elsewhere. Then the same arms on a
+program the table never saw (part 1b, "unseen": CPython with PYTHONMALLOC=malloc running the
+same kind of bursts, kept objects interleaved with dying ones), where its answers fall to the
+counter.
+
 Part 2, the cost on the allocation path (benchmarks/programs/pairloop.c): malloc(64)/free pairs
 in a tight loop, one thread and 2 threads, the threads' own CPU time per pair: jemalloc alone,
-jemalloc + placement `mode=off` (loading alone) and `mode=predict` (site lookup, 1-in-64
-sampling, the free's sample check). Minima over rounds.
+jemalloc + placement `mode=off` (loading alone), `mode=predict` (site lookup, 1-in-64
+sampling, the free's sample check) and with the table (the call site's key looked up at every
+allocation: a cached word per return address; pairloop's site is not in it, so the counter
+answers). Minima over rounds.
 
     .venv/bin/python benchmarks/bench_place.py [--reps 5] [--bursts 8] [--shorts 200000]
-        [--every 100] [--pairs 2000000] [--out PATH]
+        [--every 100] [--pairs 2000000] [--train-bursts 4] [--train-shorts 50000] [--out PATH]
 
 writes benchmarks/results/place.json. The machine is shared (2 cores, other jobs): medians (and
 min-max) for time, RSS is nearly deterministic.
@@ -35,6 +48,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,7 +60,28 @@ LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
 JEMALLOC = LIBDIR / "libjemalloc.so.2"
 TCMALLOC = LIBDIR / "libtcmalloc_minimal.so.4"
 MIMALLOC = LIBDIR / "libmimalloc.so.2"
+TRACER = NATIVE / "build" / "libheapcast.so"
+PYTHON = Path("/usr/bin/python3.11")  # the real binary (the unseen program)
 OUT = REPO / "benchmarks" / "results" / "place.json"
+# part 1b: a program the table never saw, bursts of dying objects with every EVERY-th kept
+UNSEEN = """
+import sys
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4
+bursts, shorts, every = map(int, sys.argv[1:4])
+keep = []
+for b in range(bursts):
+    req = []
+    for i in range(shorts):
+        req.append(bytearray(32 + (i * 7919) % 257))
+        if i % every == 0:
+            keep.append(bytearray(32 + (i * 104729) % 257))
+    del req
+    print(f"rss_kb burst={b} {rss()}", file=sys.stderr)
+print(f"rss_kb end {rss()}", file=sys.stderr)
+print(f"entries={len(keep)} sum={sum(map(len, keep))}")
+"""
 PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
 
 
@@ -55,7 +90,32 @@ def compile_c(src: Path, exe: Path) -> Path:
     return exe
 
 
-def arms(sites_file: Path) -> dict[str, dict[str, str]]:
+def lifetime_table(exe: Path, argv: list[str], work: Path) -> Path:
+    """A lifetime table for `exe` from one traced run of `argv` (callers recorded): per (call
+    site, size class), the share of its blocks that lived long (observed_lifetime), keyed as the
+    layer keys them; model version 0 (made outside the registry). Made in a child interpreter:
+    the learning modules (Keras) would grow this one by ~1 GB, which every measured child
+    inherits as its ru_maxrss."""
+    subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
+    out = work / "trace"
+    out.mkdir()
+    env = clean_env({"LD_PRELOAD": str(TRACER), "HEAPCAST_OUT": str(out), "HEAPCAST_CALLER": "1"})
+    subprocess.run([str(exe), *argv], env=env, check=True, capture_output=True)
+    path = work / "table.hclife"
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from tasks.dataset.convert import events_from_trace\n"
+        "from tasks.format.trace_reader import read_trace\n"
+        "from tasks.learning.question_network import observed_lifetime\n"
+        "from tasks.registry.table_cache import write_lifetime_table\n"
+        "ts = [events_from_trace(read_trace(p)) for p in sorted(Path(sys.argv[1]).glob('*.hct'))]\n"
+        "write_lifetime_table(Path(sys.argv[2]), *observed_lifetime(ts), 0)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(out), str(path)], check=True, cwd=REPO)
+    return path
+
+
+def arms(sites_file: Path, table_file: Path) -> dict[str, dict[str, str]]:
     """name -> the environment that makes it (LD_PRELOAD and the layer's options)."""
     place = f"{PLACE} {JEMALLOC}"
     base = {
@@ -73,6 +133,8 @@ def arms(sites_file: Path) -> dict[str, dict[str, str]]:
             "HEAPCAST_PLACE": f"mode=sites,sites={sites_file}",
         },
         "jemalloc+place-size": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=size"},
+        # the lifetime table where it knows the key, the online counter elsewhere
+        "jemalloc+place-table": {"LD_PRELOAD": place, "HEAPCAST_PLACE": f"table={table_file}"},
     }
     out = dict(base)
     for name, env in jem.items():
@@ -133,13 +195,21 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
-def bench_workload(exe: Path, args: argparse.Namespace, work: Path) -> dict:
-    argv = [str(exe), str(args.bursts), str(args.shorts), str(args.every)]
-    sites = work / "sites.txt"
+def bench_workload(
+    argv: list[str], args: argparse.Namespace, work: Path, table_file: Path, base=None
+) -> dict:
+    """Every arm on `argv` (`base`: more environment for every run; with it only jemalloc's
+    arms, the ones the layer stands in front of)."""
+    base = base or {}
+    sites = work / f"sites-{Path(argv[0]).name}.txt"
     # the bound's first run: the same input, the online counter, its long sites written at exit
     learn = {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites}"}
-    run_measured(argv, clean_env(learn))
-    table = arms(sites)
+    run_measured(argv, clean_env({**base, **learn}))
+    table = {
+        n: {**base, **e}
+        for n, e in arms(sites, table_file).items()
+        if not base or n.startswith("jemalloc")
+    }
     names = list(table)
     results: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(args.reps):
@@ -149,26 +219,27 @@ def bench_workload(exe: Path, args: argparse.Namespace, work: Path) -> dict:
     outputs = {n: {x["stdout"] for x in results[n]} for n in names}
     same = len(set().union(*outputs.values())) == 1
     return {
-        "argv": argv[1:],
+        "argv": argv[1:] if not base else [Path(argv[0]).name, *argv[-3:]],
         "bound_sites": sites.read_text().splitlines(),
         "output_identical_across_arms": same,
         "arms": {n: summarize(results[n]) for n in names},
     }
 
 
-def bench_pairs(exe: Path, args: argparse.Namespace) -> dict:
+def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
     place = f"{PLACE} {JEMALLOC}"
     table = {
         "jemalloc": {"LD_PRELOAD": str(JEMALLOC)},
         "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
         "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
+        "jemalloc+place-table": {"LD_PRELOAD": place, "HEAPCAST_PLACE": f"table={table_file}"},
     }
     out = {}
     for threads in (0, 2):
         ns: dict[str, list[float]] = {n: [] for n in table}
         for r in range(args.reps * 2):
             names = list(table)
-            order = names[r % 3 :] + names[: r % 3]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 p = subprocess.run(
                     [str(exe), str(threads), str(args.pairs), "64"],
@@ -184,6 +255,7 @@ def bench_pairs(exe: Path, args: argparse.Namespace) -> dict:
             "ns_per_pair_median": {n: statistics.median(v) for n, v in ns.items()},
             "added_ns_min": mins["jemalloc+place"] - mins["jemalloc"],
             "ratio_min": mins["jemalloc+place"] / mins["jemalloc"],
+            "table_added_ns_min": mins["jemalloc+place-table"] - mins["jemalloc"],
         }
     return out
 
@@ -195,6 +267,9 @@ def main() -> None:
     ap.add_argument("--shorts", type=int, default=200_000)
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--pairs", type=int, default=2_000_000)
+    ap.add_argument("--train-bursts", type=int, default=4, help="the table's traced run")
+    ap.add_argument("--train-shorts", type=int, default=50_000, help="the table's traced run")
+    ap.add_argument("--unseen-shorts", type=int, default=100_000, help="part 1b's bursts")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", str(NATIVE), "place"], check=True)
@@ -202,20 +277,41 @@ def main() -> None:
         work = Path(tmp)
         burstkv = compile_c(REPO / "benchmarks" / "programs" / "burstkv.c", work / "burstkv")
         pairloop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop")
+        train = [str(args.train_bursts), str(args.train_shorts), str(args.every)]
+        table_file = lifetime_table(burstkv, train, work)
+        argv = [str(burstkv), str(args.bursts), str(args.shorts), str(args.every)]
+        script = work / "unseen.py"
+        script.write_text(UNSEEN)
+        unseen = [str(PYTHON), str(script), str(args.bursts), str(args.unseen_shorts)]
+        unseen.append(str(args.every))
         result = {
             "command": "python benchmarks/bench_place.py "
-            + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out" and v is not None),
+            + " ".join(
+                f"--{k.replace('_', '-')} {v}"
+                for k, v in vars(args).items()
+                if k != "out" and v is not None
+            ),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "workload": bench_workload(burstkv, args, work),
-            "cost": bench_pairs(pairloop, args),
+            "table": {
+                "trained_on": ["burstkv", *train],
+                "entries": (table_file.stat().st_size - 32) // 4,
+            },
+            "workload": bench_workload(argv, args, work, table_file),
+            "unseen": bench_workload(
+                unseen, args, work, table_file, base={"PYTHONMALLOC": "malloc"}
+            ),
+            "cost": bench_pairs(pairloop, args, table_file),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for name, a in result["workload"]["arms"].items():
-        print(
-            f"{name:32s} end {a['rss_end_kb'] / 1024:6.1f} MB  peak {a['peak_rss_kb'] / 1024:6.1f}"
-            f" MB  cpu {a['cpu_s']:.3f} s  faults {a['minor_faults']:.0f}"
-        )
+    for part in ("workload", "unseen"):
+        print(part, result[part]["argv"])
+        for name, a in result[part]["arms"].items():
+            print(
+                f"{name:32s} end {a['rss_end_kb'] / 1024:6.1f} MB  peak "
+                f"{a['peak_rss_kb'] / 1024:6.1f} MB  cpu {a['cpu_s']:.3f} s  wall "
+                f"{a['wall_s']:.3f} s  faults {a['minor_faults']:.0f}"
+            )
     for k, v in result["cost"].items():
         print(k, {n: round(x, 2) for n, x in v["ns_per_pair_min"].items()})
 

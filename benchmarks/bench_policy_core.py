@@ -3,17 +3,12 @@
     PYTHONPATH=. .venv/bin/python benchmarks/bench_policy_core.py              # 4 M events
     PYTHONPATH=. .venv/bin/python benchmarks/bench_policy_core.py --events 20000000 --reps 5
 
-Events: one process, one thread, built with numpy (no trace needed): block j is asked for at
-row 2j (a size drawn from a few large ones, one in eight page-aligned, one in eight a realloc of
-the block before) and freed at row 2(j + lag) + 1, the lag drawn from 1..8, so the cache both
-hits and misses. Timed, best of --reps after a warm-up call (numba compiles there, the core's
-library is built and loaded there), per CPU second of this process (both loops are
-single-threaded: per core):
-  - core <policy>: tasks.whatif.policy_core.replay, end to end (the usable-size model in numpy,
-    the C loop, the per-row answers put back in table order) and the C call alone;
-  - simulate <policy>: tasks.whatif.simulate.layer_metrics, the simulator's row of a policy the
-    layer runs (the core, then its figures in numpy): the simulator has no other copy.
-Target (issue 44): the core >= 10 M events/s per core. Writes benchmarks/results/policy_core.json.
+Events: one process, one thread, built with numpy (block j asked for at row 2j, freed after a
+lag of 1..8 blocks, so the cache both hits and misses). Timed, best of --reps after a warm-up
+call, per CPU second: tasks.whatif.policy_core.replay end to end and the C call alone, and
+tasks.whatif.simulate.layer_metrics. The events and arms in full:
+docs/results.md#the-policy-core-benchmark. Target (issue 44): the core >= 10 M events/s per
+core. Writes benchmarks/results/policy_core.json.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from tasks.whatif import policy_core  # noqa: E402
 from tasks.whatif.events import SimInput  # noqa: E402
-from tasks.whatif.policies import LayerGuidedConfig, Seed001Config, Seed002Config  # noqa: E402
+from tasks.whatif.policies import LargestConfig, LayerGuidedConfig, PoolsConfig  # noqa: E402
 from tasks.whatif.simulate import layer_metrics  # noqa: E402
 
 SIZES = np.array([150_000, 300_000, 310_000, 1_000_000, 2_500_000], np.int64)
@@ -40,7 +35,7 @@ SIZES = np.array([150_000, 300_000, 310_000, 1_000_000, 2_500_000], np.int64)
 
 def synthetic(n_events: int, seed: int = 0, window: int = 8) -> SimInput:
     """Block j asked for at row 2j, and at row 2j + 1 a block of the window of `window` blocks
-    before freed, the window's blocks in a shuffled order (see the module docstring)."""
+    before freed, the window's blocks in a shuffled order (docs/results.md#the-policy-core-benchmark)."""
     rng = np.random.default_rng(seed)
     n_blocks = n_events // 2 // window * window
     n = 2 * n_blocks
@@ -102,7 +97,7 @@ def main() -> None:
         rows.append({"what": name, "cpu_s": seconds, "events_per_s": n / seconds, "hits": hits})
         print(f"{name:34s} {seconds:7.3f} s  {n / seconds / 1e6:6.1f} M events/s  hits={hits}")
 
-    for pol in ("seed002", "seed001", "guided"):
+    for pol in ("largest", "pools", "guided"):
         p = policy_core.LayerPolicy(policy=pol)
         s, r = best(lambda p=p: policy_core.replay(x, p), args.reps)
         row(f"core {pol} (replay, end to end)", s, r.stats["hits"])
@@ -110,8 +105,8 @@ def main() -> None:
         s, out = best(lambda batch=batch: policy_core.run_batch(batch), args.reps)
         row(f"core {pol} (the C call alone)", s, out[0]["hits"])
     for name, cfg in (
-        ("seed002", Seed002Config()),
-        ("seed001", Seed001Config()),
+        ("largest", LargestConfig()),
+        ("pools", PoolsConfig()),
         ("guided", LayerGuidedConfig()),
     ):
         s, out = best(lambda cfg=cfg: layer_metrics(x, cfg), args.reps)

@@ -4,17 +4,12 @@ and from the raw traces (converted in-process), in events per second.
     .venv/bin/python benchmarks/bench_report.py                     # 40 M calls, in a temp folder
     .venv/bin/python benchmarks/bench_report.py --events 4000000 --work /tmp/rb --keep
 
-The run: three process images (a parent with half the calls, a forked child with two threads,
-an exec'd image), every call with a caller (Zipf over 2,000 addresses), sizes log-normal, block
-lifetimes log-uniform from 1 call to the whole run, 2% of the blocks never freed. It is written
-as raw traces (native/FORMAT.md, vectorised: no loop per event) and converted into the events
-dataset with the dataset's own per-file conversion (tasks.dataset.partitions.convert_file).
-
-Each measurement runs in a fresh process (its peak RSS is its own), --repeat times, the fastest
-kept: `analyze` (read + reduce + live bytes), `render` (the HTML page), and the whole command
-line (`heapcast report`, imports included), on the events run and on the raw folder. Wall and
-CPU seconds are both kept: on a shared machine the CPU time is the steadier figure. Results go
-to benchmarks/results/report.json (benchmarks/harness.py's shape).
+The run: three process images written as raw traces and converted with the dataset's own
+per-file conversion (tasks.dataset.partitions.convert_file). Each measurement (`analyze`,
+`render`, the whole `heapcast report` command line, on the events run and on the raw folder)
+runs in a fresh process, --repeat times, the fastest kept; wall and CPU seconds both. The run
+and the measurements in full: docs/results.md#the-report-benchmark. Results go to
+benchmarks/results/report.json (benchmarks/harness.py's shape).
 """
 
 from __future__ import annotations

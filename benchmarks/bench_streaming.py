@@ -4,22 +4,11 @@
     .venv/bin/python benchmarks/bench_streaming.py --root data           # the registered champion
     .venv/bin/python benchmarks/bench_streaming.py --threads 1 8 64 256 --steps 50
 
-The model: with --root, the champion registered under that data root (its MLflow store); else
-an untrained model of configs/train-quick.yaml's architecture (GRU 64/32, n-gram and online
-features) with an n-gram table fitted on the stream below, which costs the same per prediction.
-
-Measured, side by side in one process on this machine's CPU (or GPU where TensorFlow sees one):
-- streaming: StreamingPredictor.step({thread: token}) for B threads at once, --steps times (each
-  step observes one call per thread, updates its online counter, and runs the model over every
-  thread's window in one batch): predictions per second = B * steps / seconds;
-- stateful: StatefulStream.step({thread: token}) on the same calls, in wall and in CPU time
-  (the network stepped one call at a time, two recurrent states per thread, no TensorFlow: a
-  compiled call for a few threads, each layer's products batched for more; it answers what the
-  evaluation tables score, tasks/learning/stepping.py), after the same `context` calls of
-  warm-up. Goals (issue 23): <= 100 us a prediction for one thread, <= 10 us over 256;
-- reference: the same model scoring the same B windows in batch form, all `context` positions of
-  each window at once (what evaluation does), through one traced graph: positions per second.
-The ratios say what a per-call answer costs against batch scoring. Writes
+The model: with --root, the champion registered under that data root; else an untrained model of
+configs/train-quick.yaml's architecture, which costs the same per prediction. Measured side by side
+in one process: StreamingPredictor.step and StatefulStream.step for B threads at once (goals, issue
+23: <= 100 us a prediction for one thread, <= 10 us over 256), and the same model scoring the same
+windows in batch form. The details: docs/results.md#the-streaming-benchmark. Writes
 benchmarks/results/streaming.json (benchmarks/harness.py's shape).
 """
 

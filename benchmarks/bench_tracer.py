@@ -3,16 +3,12 @@
 Run: python benchmarks/bench_tracer.py [--reps 5] [--loop-iters 250000] [--sqlite-rows 20000]
          [--no-caller] [--no-heaptrack]
 
-Workloads: (1) benchmarks/programs/loop.c, 8 threads of malloc/free (event count known);
-(2) sqlite3 on the catalog's generated SQL (tasks.replay.inputs, generator `sql`, seed 1, the
-sqlite3 workload's input); (3) Debian's /usr/bin/python3.11 with PYTHONMALLOC=malloc on a
-dict/list/json churn. Each repetition runs every (workload, mode) once, the mode order
-rotating between repetitions, so load from other processes hits all modes alike; the table uses
-the minimum (and shows the median). Times are wall clock and CPU (user+sys of the process tree,
-from wait4). Event counts and bytes come from the heapcast trace (tasks.format.trace_reader).
-Mode `heapcast_caller` is heapcast with HEAPCAST_CALLER=1 (`heapcast trace --caller`: 40-byte
-records with the return address, plus the module map, FORMAT.md Modules); its cost is given per
-event and as the extra over plain heapcast.
+Workloads: benchmarks/programs/loop.c (8 threads of malloc/free), sqlite3 on the catalog's
+generated SQL, and Debian's python3.11 with PYTHONMALLOC=malloc. Each repetition runs every
+(workload, mode) once, the mode order rotating; the table uses the minimum (and shows the
+median) of wall clock and CPU. Event counts and bytes come from the heapcast trace. Mode
+`heapcast_caller` is `heapcast trace --caller`; its cost is given per event and as the extra
+over plain heapcast. The details: docs/results.md#the-tracer-benchmark.
 
 Prints a table and writes benchmarks/results/tracer.json (benchmarks/harness.py's shape).
 """

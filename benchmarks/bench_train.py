@@ -1,14 +1,11 @@
 """Training throughput (the article's windows vs heapcast's sequence chunks) and accuracy.
 
-Part 1, side by side in one process, on the same training tokens, the same network (the
-config's kind and units) and the same batch size: predictions per second while training.
-  windows:  one window of `context` tokens -> one label per sample (the article's formulation)
-  sequence: one chunk of `context` tokens -> `context` labels (a loss at every position)
-Each mode runs a few warm-up steps (graph tracing) and then `--steps` timed training steps
-(data, forward, backward, update). Target: sequence >= 50x windows on the CPU.
-
-Part 2: the configured training (train + evaluate tasks) on the root's events, and the
-accuracy of the model against the baselines per workload, on runs never seen in training.
+Part 1, side by side in one process, on the same training tokens, network and batch size:
+predictions per second while training, `windows` (one label per window, the article's) against
+`sequence` (a label at every position), `--steps` timed steps after a warm-up. Target: sequence
+>= 50x windows on the CPU. Part 2: the configured training (train + evaluate tasks) on the
+root's events, and the model's accuracy against the baselines per workload, on runs never seen
+in training. The details: docs/results.md#the-training-benchmark.
 
     .venv/bin/python benchmarks/bench_train.py --root data --config configs/train-quick.yaml
 

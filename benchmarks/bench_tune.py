@@ -5,18 +5,11 @@ to the program's own time (glibc's median wall in the same run), and the answer.
     .venv/bin/python benchmarks/bench_tune.py --program big-blocks  # a C program, 40 MiB blocks
     .venv/bin/python benchmarks/bench_tune.py --iterations 8 --out benchmarks/results/tune.json
 
-Programs:
-- `numpy`: seed 002's case, `(a * b) ** 2 + 3` on two 10 M-element float arrays, `--iterations`
-  times (about a second on an idle core at 8);
-- `big-blocks`: a C program (built here with cc) that allocates, touches and frees a 40 MiB
-  block `--iterations` times (glibc maps and unmaps each: a page fault per page).
-
-tune runs as a user meets it: the traced first run, the candidates derived and ruled out, the
-config's rounds with the sequential stop (configs/allocators.yaml `tune`), the check run of the
-choice. The goal (issue 47) is under 30 s for a 1-second program on 2 cores. The ratio counts
-tune() itself; the CLI's start-up (its imports, measured here in a fresh interpreter) is given
-beside it. `--no-trace` measures the fixed list alone, for comparison. Writes the table, the
-ratio and the recommendation as JSON.
+Programs: `numpy` (seed 002's case, `--iterations` times) and `big-blocks` (a C program built
+here that allocates, touches and frees a 40 MiB block `--iterations` times). tune runs as a user
+meets it; the goal (issue 47) is under 30 s for a 1-second program on 2 cores; the CLI's
+start-up is given beside the ratio. The details: docs/results.md#the-tune-benchmark. Writes the
+table, the ratio and the recommendation as JSON.
 """
 
 from __future__ import annotations

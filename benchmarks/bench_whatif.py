@@ -1,22 +1,14 @@
-"""What-if simulator throughput, and the real seed-002 layer's page faults.
+"""What-if simulator throughput, and the real `largest` layer's page faults.
 
     .venv/bin/python benchmarks/bench_whatif.py                  # data/ events, tiled to 20 M
     .venv/bin/python benchmarks/bench_whatif.py --root data --min-events 20000000 --reps 5
 
-Part 1, the simulator (tasks/whatif/simulate.py): every policy kind on one big run, built from
-the real runs under <root>/events (each run's rows tiled as further processes, one after the
-other in time, until there are at least --min-events rows; without an events dataset, a
-synthetic one). Timed separately: reading (pyarrow), `prepare` (numpy, once per run), the
-compiled loop per policy (best of --reps, after a warm-up call that compiles), the oracle
-bound, and a whole default-grid sweep of one real run. Events per second are per wall second
-and per CPU second of this process (numba's loop is single-threaded: per core). Target: the
-compiled loop >= 10 M events/s per core for every policy.
-
-Part 2, the layer (native/layers/layer.c, policy=seed002; tasks/whatif/layer.py `measure_layer`): minor page faults
-with and without it, on tests/native/programs/bigblocks.c (large blocks allocated, touched,
-freed in rounds) and on a numpy script; with MALLOC_MMAP_THRESHOLD_=131072 (the simulator's
-rule), plus bigblocks with 34 MiB blocks under glibc's default dynamic threshold. The simulated
-fault bytes avoided (seed002, same N) of the traced bigblocks run are given next to the measured.
+Part 1, the simulator (tasks/whatif/simulate.py): every policy kind on one big run tiled from
+the real runs under <root>/events, reading, `prepare`, the compiled loop per policy, the oracle
+bound and a default-grid sweep timed apart; target: the compiled loop >= 10 M events/s per core
+for every policy. Part 2, the layer (tasks/whatif/layer.py `measure_layer`): minor page faults
+with and without it on bigblocks and a numpy script, next to the simulated fault bytes avoided.
+The details: docs/results.md#the-what-if-benchmark.
 
 Writes benchmarks/results/whatif.json.
 """
@@ -46,10 +38,10 @@ from tasks.whatif.oracle import bound_hits  # noqa: E402
 from tasks.whatif.policies import (  # noqa: E402
     BeladyConfig,
     GuidedConfig,
+    LargestConfig,
     LruConfig,
     NoneConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 from tasks.whatif.simulate import layer_metrics, run_kernel, simulate  # noqa: E402
 from tasks.whatif.sweep import sweep_run  # noqa: E402
@@ -122,9 +114,9 @@ def bench_simulator(root: Root, min_events: int, reps: int) -> dict:
     tiers = reuse_tiers(big, (16, 256, 4096))
     policies = [
         NoneConfig(),
-        Seed002Config(n=4),
-        Seed002Config(n=64, min_size=0),
-        Seed001Config(decay_ns=1_000_000),
+        LargestConfig(n=4),
+        LargestConfig(n=64, min_size=0),
+        PoolsConfig(decay_ns=1_000_000),
         LruConfig(budget=1 << 20),
         LruConfig(budget=1 << 30),
         GuidedConfig(budget=1 << 20, ttl_calls=16, mode="admit"),
@@ -137,7 +129,7 @@ def bench_simulator(root: Root, min_events: int, reps: int) -> dict:
         p_pred = None
         if isinstance(p, GuidedConfig):
             p_pred = tiers if p.horizons else pred
-        if isinstance(p, (Seed002Config, Seed001Config)):  # the layer's: the policy core
+        if isinstance(p, (LargestConfig, PoolsConfig)):  # the layer's: the policy core
             loop = lambda p=p, p_pred=p_pred: layer_metrics(x, p)  # noqa: E731
         else:
             loop = lambda p=p, p_pred=p_pred: run_kernel(x, p, p_pred)  # noqa: E731
@@ -248,7 +240,7 @@ def bench_layer() -> dict:
         )
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
         table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in tdir.glob("*.hct")])
-        sim = simulate(table, Seed002Config(n=4))
+        sim = simulate(table, LargestConfig(n=4))
         measured = out["bigblocks 40 rounds, 1 thread, 300000 1000000 2500000 B"]
         out["simulated_vs_measured_bigblocks"] = {
             "simulated_hits": sim["hits"],
@@ -269,7 +261,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS), help="the JSON written")
     args = ap.parse_args()
     result = {
-        "what": "whatif: compiled allocator-cache simulator throughput; seed-002 layer faults",
+        "what": "whatif: compiled allocator-cache simulator throughput; largest layer faults",
         "command": "python benchmarks/bench_whatif.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {

@@ -1,15 +1,11 @@
 """What reading the evaluation's answers saves whatif: a run replayed with the answers the
 evaluation logged with the version, against the same run replayed computing them again.
 
-For the champion of a data root (a night's `make run` registered it, with its answers), each
-workload's smallest evaluation run, as the quick night's whatif step replays it (capped as the
-model's evaluation capped it). Per run, `--rounds` alternating pairs in one process:
-  - `logged`: replay_run reading answers/<workload>/<run>.npz from the model's MLflow run;
-  - `recomputed`: the same with params.recompute (the model's top-5 by TensorFlow, the
-    questions' network's reuse answers), the networks loaded once beforehand (not timed: the
-    night loads them once too, and not at all when every answer is logged).
-Both give the same table (tests/flows/test_whatif.py holds them equal row for row); here the
-rows are compared too, and the script fails if they differ.
+For the champion of a data root, each workload's smallest evaluation run as the quick night's
+whatif step replays it; per run, `--rounds` alternating pairs in one process: `logged` (reading
+answers/<workload>/<run>.npz) and `recomputed` (params.recompute, the networks loaded once
+beforehand, not timed). The rows are compared too, and the script fails if they differ. The
+details: benchmarks/studies/README.md, "Whatif answers".
 
     .venv/bin/python benchmarks/bench_whatif_answers.py --root data
 

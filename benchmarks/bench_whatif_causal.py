@@ -1,18 +1,10 @@
 """What the simulator's honesty costs the guided policy: causal against optimistic, per budget.
 
-For the registered model's evaluation runs (the champion of a data root, as the night's whatif
-step replays them), the guided policy (priority mode) at 4 KiB, 16 KiB and 256 KiB per process,
-fed by:
-  - `model`, `online`: the top-5 each gives AT the free for the thread's next call (causal, the
-    whatif stage's default since it went honest: tasks.whatif.guided.keep_at_free);
-  - `model_optimistic`, `online_optimistic`: the old default, the top-5 of the 16 calls after
-    the free (predictions a live cache has only later);
-  - `thread_future_optimistic`: the freeing thread's true next 16 calls (the old `labels`).
-Each against the best heuristic (seed002, seed001, lru, any config) with no more idle bytes
-(time-weighted mean): runs where guided beats it, and the mean hit-rate difference. Also how
-often the model beats the thread-future reference (why it is no upper bound). The layer's own
-guided policy is no predictor of this lru-shaped cache: it is the `layer_guided` policy, which the
-simulator runs through the policy core (tasks/whatif/policy_core.py).
+For the registered model's evaluation runs, the guided policy (priority mode) at 4 KiB, 16 KiB
+and 256 KiB per process, fed causally (`model`, `online`: the top-5 AT the free), optimistically
+(`model_optimistic`, `online_optimistic`: the 16 calls after the free) and by the thread's true
+future (`thread_future_optimistic`), each against the best heuristic with no more idle bytes.
+The arms and what is reported: benchmarks/studies/README.md, "Whatif causal".
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_whatif_causal.py --root data
 
@@ -54,10 +46,10 @@ from tasks.whatif.night import (  # noqa: E402
 )
 from tasks.whatif.policies import (  # noqa: E402
     GuidedConfig,
+    LargestConfig,
     LruConfig,
     NoneConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 from tasks.whatif.sweep import BUDGETS, GUIDED_HORIZON, sweep_run  # noqa: E402
 
@@ -72,8 +64,8 @@ PREDICTORS = (
 
 
 def replay(root: Root, ref, predictor) -> pd.DataFrame:
-    plain = [NoneConfig()] + [Seed002Config(n=n) for n in (1, 2, 4, 8, 16, 32, 64)]
-    plain += [Seed001Config(decay_ns=10**k) for k in range(3, 11)]
+    plain = [NoneConfig()] + [LargestConfig(n=n) for n in (1, 2, 4, 8, 16, 32, 64)]
+    plain += [PoolsConfig(decay_ns=10**k) for k in range(3, 11)]
     plain += [LruConfig(budget=b) for b in BUDGETS]
     guided = [GuidedConfig(budget=b) for b in GUIDED_BUDGETS]
     frames = []

@@ -4,25 +4,12 @@
     .venv/bin/python benchmarks/bench_whatif_guided.py --runs sqlite3/medium --horizon 16
 
 For every run under <root>/events (or --runs), at a few byte budgets per process (--budgets),
-side by side (hit rates; idle = idle_bytes_mean, the time-weighted mean of bytes held idle):
-- `lru` at the budget;
-- `guided_labels`, `guided_online`: the guided policy in `priority` mode (the default:
-  tasks/whatif/policies.py; every freed block cached as by lru, unpredicted blocks released
-  first, never demoted) with the perfect labels at --horizon calls of the thread
-  (tasks.whatif.guided.reuse_labels) and with the online counter's top-5 at the same horizon
-  (tasks.learning.online.OnlineCounter through tasks.whatif.guided.predictions_from_topk, as
-  tasks/whatif/night.py makes them);
-- `(ttl)`: the same, a prediction demoted after --horizon calls unused; `guided_labels(tiers)`:
-  labels at horizons 4..4096 as tiers (tasks.whatif.guided.reuse_tiers), each tier demoted after
-  its horizon;
-- `guided_admit_*`: the `admit` mode (the old policy: only predicted blocks kept, released after
-  --horizon calls unused);
-- for guided_labels and guided_online: `minus_lru`; `best_heuristic_within_its_idle`, the best
-  hit rate of seed002, seed001 and lru over their whole default-grid curves
-  (tasks.whatif.sweep.default_grid) among configs holding AT MOST its idle bytes, and whether it
-  `beats_best_heuristic` (the issue's goal); `oracle_at_its_idle`, the bound
-  (tasks/whatif/oracle.py) at its idle bytes.
-Ratios only, no timing. Writes benchmarks/results/whatif_guided.json.
+side by side (hit rates and idle bytes): `lru`; the guided policy with the perfect labels and
+with the online counter's top-5 at --horizon calls, in `priority` mode, with a ttl, as tiers, and
+in the old `admit` mode; each guided one against lru, the best heuristic within its idle bytes
+(`beats_best_heuristic`, the issue's goal) and the oracle at its idle bytes. Each arm in full:
+benchmarks/studies/README.md, "Whatif guided". Ratios only, no timing. Writes
+benchmarks/results/whatif_guided.json.
 """
 
 from __future__ import annotations
@@ -48,7 +35,7 @@ from tasks.whatif.simulate import simulate  # noqa: E402
 from tasks.whatif.sweep import default_grid  # noqa: E402
 
 RESULTS = PROJECT / "benchmarks" / "results" / "whatif_guided.json"
-HEURISTICS = ("seed002", "seed001", "lru")
+HEURISTICS = ("largest", "pools", "lru")
 
 
 def _fig(m: dict) -> dict:

@@ -1,24 +1,11 @@
-"""heapcast's allocator layer as seed 002 against the simulator: hits and page-fault bytes avoided.
+"""heapcast's allocator layer as the `largest` policy against the simulator: hits and page-fault bytes avoided.
 
-The layer: native/layers/layer.c (libheapcast_layer.so) with
-HEAPCAST_LAYER=policy=seed002,n=4,min=131072,madv=off,stats=PATH; its counters (hits, kept,
-bytes_kept_peak, given_back, passed, summed over processes) next to the simulator's
-Seed002Config(n=4) on the traced run of the same input.
-
-Part 1, catalog workloads (issue 14, "checked against a real run"): each (workload, input) is
-run untraced through the replay runner (docker by default: the workload's image, hc-measure's
-rusage of the program's tree) by tasks.whatif.layer.measure_layer_workload, in three arms
-in a balanced order over `--reps` rounds: `plain` (no preload), `disabled` (the layer loaded, n = 0) and
-`layer` (N = 4, blocks >= 128 KiB), every arm with MALLOC_MMAP_THRESHOLD_=131072 (the
-simulator's fault model assumes glibc's static threshold). Output digest and exit code are
-compared across every run. Measured fault bytes avoided = (median minor faults of `plain` -
-median of `layer`) x page size (and the same against `disabled`, the policy alone). Simulated:
-tasks.whatif.simulate's `fault_bytes_avoided` for Seed002Config(n=4) on the traced run of the
-same input in the events dataset (`--root`, run = the input's name).
-
-Part 2, bigblocks (tests/native/programs/bigblocks.c, on the host, measure_layer): the same
-comparison on a program whose large blocks are all page-touched, traced with the tracer for the
-simulated side.
+The layer (native/layers/layer.c, HEAPCAST_LAYER=policy=largest,n=4,min=131072,madv=off) and its
+counters next to the simulator's LargestConfig(n=4) on the traced run of the same input. Part 1,
+catalog workloads through the replay runner (tasks.whatif.layer.measure_layer_workload), arms
+`plain`, `disabled` and `layer` in balanced rounds, every arm with MALLOC_MMAP_THRESHOLD_=131072;
+part 2, bigblocks (tests/native/programs/bigblocks.c) on the host. How fault bytes avoided are
+measured and simulated: benchmarks/studies/README.md, "Whatif layer".
 
     .venv/bin/python benchmarks/bench_whatif_layer.py [--reps 3] [--runner docker]
         [--cases numpy_stack/small,perl/medium,...] [--root data] [--no-bigblocks]
@@ -45,7 +32,7 @@ import pyarrow as pa  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
 from tasks.whatif.layer import STAT_KEYS  # noqa: E402
-from tasks.whatif.policies import Seed002Config  # noqa: E402
+from tasks.whatif.policies import LargestConfig  # noqa: E402
 from tasks.whatif.simulate import simulate  # noqa: E402
 
 DEFAULT_CASES = "numpy_stack/small,numpy_stack/medium,perl/medium,git/small,make_build/small"
@@ -116,7 +103,7 @@ def bench_workloads(cases: list[str], reps: int, runner_kind: str, root: str) ->
         try:
             events = read_events(Root.from_url(root), wname, iname)
             row.update(_large_placement(events))
-            sim = simulate(events, Seed002Config(n=4))
+            sim = simulate(events, LargestConfig(n=4))
             row["simulated_hits"] = sim["hits"]
             row["simulated_cached_frees"] = sim["cached_frees"]
             row["simulated_evictions"] = sim["evictions"]
@@ -159,7 +146,7 @@ def bench_bigblocks() -> dict:
                    MALLOC_MMAP_THRESHOLD_="131072")  # fmt: skip
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
         table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in tdir.glob("*.hct")])
-        sim = simulate(table, Seed002Config(n=4))
+        sim = simulate(table, LargestConfig(n=4))
         out = {
             "argv": "bigblocks 40 1 300000 1000000 2500000",
             "static_threshold": True,
@@ -191,8 +178,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     result: dict = {
-        "what": "heapcast's layer as seed 002 (native/layers/layer.c, HEAPCAST_LAYER=policy="
-        "seed002,n=4,min=131072,madv=off): measured vs simulated hits and page-fault bytes "
+        "what": "heapcast's layer as largest (native/layers/layer.c, HEAPCAST_LAYER=policy="
+        "largest,n=4,min=131072,madv=off): measured vs simulated hits and page-fault bytes "
         "avoided; MALLOC_MMAP_THRESHOLD_=131072 in every run",
         "host": platform.node(),
         "machine": platform.machine(),

@@ -3,17 +3,13 @@
     .venv/bin/python benchmarks/bench_whatif_model.py                     # newest data/whatif/*.parquet
     .venv/bin/python benchmarks/bench_whatif_model.py --table data/whatif/heapcast-next-call-v2.parquet
 
-Reads the table a night's whatif step wrote (every run of the model's evaluation through the
-policy grid, tasks/whatif/night.py) and, per run and per byte budget of the guided policy,
-compares the guided policy fed by the MODEL's top-5 with the best heuristic (seed002, seed001,
-lru, any of their configs) holding no more bytes idle (time-weighted mean), and with the oracle
-bound at that idle level; the online counter's and the thread-future reference's guided figures
-beside it. Since the whatif stage went causal (tasks/whatif/guided.py), `model` and `online` are
-the predictions made at the free; a table of the old default (horizon 16, peeking at later
-predictions) names them `model_optimistic`/`online_optimistic` (or, before the rename, `model`
-and `labels`): `--predictor` picks the one to line up.
-The simulation itself is the night's; this script only lines its rows up. Writes
-benchmarks/results/whatif_model.json.
+Reads the table a night's whatif step wrote (tasks/whatif/night.py) and, per run and per byte
+budget, compares the guided policy fed by the MODEL's top-5 with the best heuristic holding no
+more bytes idle and with the oracle bound at that idle level; the online counter's and the
+thread-future reference's figures beside it. `--predictor` picks the predictor to line up (a
+table of the old optimistic default names them differently: benchmarks/studies/README.md,
+"Whatif model"). The simulation itself is the night's; this script only lines its rows up.
+Writes benchmarks/results/whatif_model.json.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-HEURISTICS = ("seed002", "seed001", "lru")
+HEURISTICS = ("largest", "pools", "lru")
 BUDGETS = (4 << 10, 16 << 10, 1 << 20, 16 << 20)
 
 

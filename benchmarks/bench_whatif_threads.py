@@ -4,15 +4,11 @@ run against the real layer's counters from the SAME run.
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_whatif_threads.py
 
 Each case runs a test program (tests/native/programs) once with the tracer and the layer both
-preloaded (LD_PRELOAD=libheapcast.so:libheapcast_layer.so: the tracer sees the program's calls
-first, then hands them to the layer, whose own calls go straight to glibc), so the trace and the
-layer's stats line come from one run. Checked: the trace holds the program's calls (its large
-requests are as many as a run under the tracer alone records, and as the layer's hits + misses).
-Then the trace goes through the policy core (tasks.whatif.policy_core.replay) under the same
-LayerPolicy, and the core's counters are set beside the layer's. On one thread they are equal
-(tests/tasks/whatif/test_policy_core.py); with several, what the replay cannot know (named
-in the file policy_core.UNTOLD_BY_A_TRACE names) shows as the difference. The real layer's own
-counts move from run to run with the threads' timing; each case compares one run with itself. Writes benchmarks/results/whatif_threads.json.
+preloaded, so the trace and the layer's stats line come from one run; the trace is checked to
+hold the program's calls, then replayed by the policy core (tasks.whatif.policy_core.replay)
+under the same LayerPolicy. On one thread the counters are equal; with several, what the replay
+cannot know (policy_core.UNTOLD_BY_A_TRACE) shows as the difference. The details:
+docs/results.md#the-threads-benchmark. Writes benchmarks/results/whatif_threads.json.
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ CASES = [
 ]
 POLICIES = [
     LayerPolicy(),
-    LayerPolicy(policy="seed001"),
+    LayerPolicy(policy="pools"),
     LayerPolicy(policy="guided", regret=True),
 ]
 

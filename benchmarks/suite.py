@@ -88,7 +88,7 @@ SPEED: tuple[Benchmark, ...] = (
         "benchmarks/bench_whatif.py",
         args=("--root", "data"),
         minutes=3,
-        reference="the real seed-002 layer's page faults beside the simulator's",
+        reference="the real largest layer's page faults beside the simulator's",
     ),
     Benchmark(  # not a speed: the replay's counters against the layer's, cheap and kept up
         "whatif_threads",

@@ -100,7 +100,7 @@ LAYER_EPILOG = """\
 examples:
   heapcast layer -- python3 -c 'import numpy as np; a = np.ones(10**7); print(((a * a) ** 2 + 3).sum())'
       prints what python prints, exits with its code, then on stderr what the layer did:
-      heapcast layer (seed002, online): 1 process(es): 62 hits, 4 misses, 66 blocks kept
+      heapcast layer (largest, online): 1 process(es): 62 hits, 4 misses, 66 blocks kept
       (peak 305.2 MB), 2 given back (152.6 MB), 5 calls passed through
   heapcast layer --policy guided --stats -- sqlite3 :memory: 'select 1'
       the guided policy (the thread's online counter), and each process's counters
@@ -117,6 +117,9 @@ examples:
       heapcast layer (place, predict): 1 process(es), mode predict: 5,412 allocations placed
       long (their own jemalloc arena), the rest short (jemalloc's own); 1 of 4 call sites long
       (-O mode=size|off|sites -O sites=FILE, -O horizon=N, ...: its options; --stats: the lines)
+  heapcast layer --policy place --predictor model -- ./app
+      placed by the champion's lifetime table where it knows the (call site, size class), by
+      the online counter elsewhere (model:7, table:FILE likewise; native/TABLE.md)
 """
 
 INSPECT_EPILOG = """\
@@ -147,7 +150,19 @@ examples:
       count blocks freed within 8 calls as temporaries
 """
 
-_LAYER_POLICIES = ("seed002", "seed001", "guided", "off", "place")
+_LAYER_POLICIES = ("largest", "pools", "guided", "off", "place")
+
+
+def _layer_policy(name: str) -> str:
+    """--policy: a former name (tasks.core.policy_names) is the policy now."""
+    if name in _LAYER_POLICIES:
+        return name
+    from tasks.core.policy_names import current_policy  # deferred: start-up time
+
+    now = current_policy(name)
+    if now != name:
+        print(f"heapcast layer: policy {name} is now {now}", file=sys.stderr)
+    return now
 
 
 def _run_id() -> str:
@@ -264,18 +279,53 @@ def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
     from pathlib import Path
 
     place = _place_module()
-    if args.predictor != "online":
+    pred, table_options = args.predictor, []
+    if pred == "model" or pred.startswith("model:"):
+        # the registered version's lifetime table (native/TABLE.md), kept on this host by
+        # version like the cache layer's table; the layer checks its version (model=N)
+        from tasks.core.config import default_root  # deferred: start-up time
+        from tasks.core.storage import Root
+        from tasks.registry.table_cache import model_table
+
+        which = pred.partition(":")[2] or "champion"
+        root = Root.from_url(args.root or default_root())
+        try:
+            got = model_table(root, which, kind="lifetime")
+        except (FileNotFoundError, ValueError) as err:
+            print(f"heapcast layer: --predictor {pred}: {err}", file=sys.stderr)
+            return 2
+        if got is None:
+            print(
+                f"heapcast layer: --predictor {pred}: no registered version {which!r} under "
+                f"{root.url} (`make run` registers one; --root names another data root)",
+                file=sys.stderr,
+            )
+            return 2
+        if got.refused:
+            print(f"heapcast layer: {got.refused}; fetched again", file=sys.stderr)
+        table_options = [f"table={got.path}", f"model={got.version}"]
+    elif pred.startswith("table:") and len(pred) > 6:
+        table = Path(pred[6:]).resolve()
+        if not table.is_file():
+            print(f"heapcast layer: --predictor {pred}: no such file {table}", file=sys.stderr)
+            return 2
+        table_options = [f"table={table}"]
+    elif pred != "online":
         print(
-            "heapcast layer: --predictor is the cache policies'; --policy place predicts by its "
-            "own online per-site counter (-O mode=size|sites|off for the others)",
+            f"heapcast layer: --predictor {pred}: online, model[:VERSION] or table:FILE (a "
+            "lifetime table, native/TABLE.md)",
             file=sys.stderr,
         )
         return 2
-    bad = [s for s in args.option if "," in s or "=" not in s or s.startswith("stats=")]
+    bad = [
+        s
+        for s in [*table_options, *args.option]
+        if "," in s or "=" not in s or s.startswith("stats=")
+    ]
     if bad:
         print(
             f"heapcast layer: option {bad[0]!r}: NAME=VALUE without commas (mode, sample, horizon, "
-            "pct, big, sites, learn; stats is heapcast's)",
+            "pct, big, sites, learn, table, model; stats is heapcast's)",
             file=sys.stderr,
         )
         return 2
@@ -295,7 +345,14 @@ def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
         print(f"heapcast layer: {err}", file=sys.stderr)
         return 2
     settings = {"mode": "predict"}
-    settings.update(o.split("=", 1) for o in args.option)
+    settings.update(o.split("=", 1) for o in [*table_options, *args.option])
+    if "table" in settings and settings["mode"] != "predict":
+        print(
+            f"heapcast layer: --predictor {pred}: a lifetime table needs mode predict (the "
+            f"counter answers where it has no key), not {settings['mode']}",
+            file=sys.stderr,
+        )
+        return 2
     with tempfile.TemporaryDirectory(prefix="heapcast-place-") as tmp:
         stats = Path(tmp) / "stats"
         env = dict(os.environ)
@@ -514,6 +571,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _candidates(text: str | None, config) -> list[str] | None:
+    """--candidates: the names, a former one (RENAMED_POLICIES) said once as the name now."""
+    if not text:
+        return None
+    names = text.split(",")
+    for n in names:
+        if config.resolve(n) != n:
+            print(f"heapcast tune: candidate {n} is now {config.resolve(n)}", file=sys.stderr)
+    return names
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     # deferred: imported on first use, for start-up time
     from pathlib import Path
@@ -547,7 +615,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             out = tune(
                 program,
                 config,
-                candidates=args.candidates.split(",") if args.candidates else None,
+                candidates=_candidates(args.candidates, config),
                 repetitions=args.repetitions,
                 max_repetitions=args.max_repetitions,
                 html_out=Path(args.output) if args.output else None,
@@ -664,15 +732,16 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=LAYER_EPILOG,
         formatter_class=raw,
     )
-    la.add_argument("--policy", choices=_LAYER_POLICIES, default="seed002",
-                    help="what to keep (default seed002: the few largest freed blocks); place: "
+    la.add_argument("--policy", type=_layer_policy, choices=_LAYER_POLICIES, default="largest",
+                    help="what to keep (default largest: the few largest freed blocks); place: "
                     "the placement layer in front of jemalloc instead")  # fmt: skip
     la.add_argument(
         "--predictor",
         default="online",
         metavar="online|model[:VERSION]|table:FILE",
         help="guided policy: the thread's online counter (default), the registered model's "
-        "table (model: the champion's; model:7 version 7's; --root's registry), or a table file",
+        "table (model: the champion's; model:7 version 7's; --root's registry), or a table file; "
+        "place: the same for its lifetime table (the counter where the table has no key)",
     )
     la.add_argument("--root", default=None, help="data root whose registry --predictor model reads")
     la.add_argument(

@@ -1,18 +1,11 @@
 """Flow `nightly`: trace, dataset, train (and register), whatif, a summary. See prefect.yaml.
 
 Composition only. Each stage is a subflow whose final state is kept, so a failing stage does not
-stop the night: `dataset` and `train` go on with whatever data there is, and the night fails at
-the end only when no model could be trained. A night whose data is broken (every replay failed)
-trains and registers nothing: the champion is left alone and the summary says why. The summary
-(tasks/nightly/night_summary.py) is published as the `nightly-summary` markdown artifact. With the
-`allocators` option the `allocators` stage runs last; its failure, like the others', is reported
-in the summary, not raised.
-
-The form's strings are resolved once, here (`params.stages()`): the data root, the tracking
-config and the catalog are the night's `NightContext`, which every step takes; the stages run as
-the subflows that take it (`trace_with`, ...), so none resolves anything again. The model the
-train stage registered is handed on as a `RegisteredModel` to the reports, whatif and the
-summary.
+stop the night; the night fails at the end only when no model could be trained, and a night
+whose data is broken registers nothing. The summary (tasks/nightly/night_summary.py) is the
+`nightly-summary` markdown artifact. The form's strings are resolved once, here
+(`params.stages()`), into the night's `NightContext`, which every step takes; the registered
+model is handed on as a `RegisteredModel`. In full: docs/pipeline.md#the-nightly-flow.
 
     python -m flows.nightly --quick          # the quick subset, embedded services
     python -m flows.nightly --root s3://bucket/heapcast

@@ -1,5 +1,5 @@
 /* The floor of any rule that needs the whole process's cache at every large call (the layer's
- * seed002: "the n largest freed blocks in the process"): THREADS threads, each ITERS "pairs" of
+ * largest: "the n largest freed blocks in the process"): THREADS threads, each ITERS "pairs" of
  * two holds of ONE lock shared by all threads (a malloc's hold and a free's), each hold one
  * increment of shared data, and no allocation at all. The lock is the layer's own kind
  * (native/layers/layer.c, struct hl_spin): a test-and-set word given back with a release store,

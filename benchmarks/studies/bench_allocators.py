@@ -2,25 +2,16 @@
 
     .venv/bin/python benchmarks/studies/bench_allocators.py                 # every quick input, 5 rounds
     .venv/bin/python benchmarks/studies/bench_allocators.py --reps 5 --runner docker --workloads sqlite3
-    .venv/bin/python benchmarks/studies/bench_allocators.py --workloads redis gcc freeciv --inputs small \
-        --out benchmarks/studies/results/allocators_more.json     # workloads without quick inputs
+    .venv/bin/python benchmarks/studies/bench_allocators.py --workloads redis gcc freeciv --inputs small         --out benchmarks/studies/results/allocators_more.json     # workloads without quick inputs
 
-The allocators stage itself (tasks/allocators, configs/allocators.yaml) on every quick input of
-the catalog (both inputs of each quick workload, not only the config's `medium`): per case a
-warm-up run, then 5 rounds, each running every allocator once, in a balanced order.
-Each run is untraced, with LD_PRELOAD = the allocator (nothing for glibc), measured by the
-runner (`hc-measure`: the program's own wall time, rusage, the container cgroup's peak memory).
+The allocators stage itself (tasks/allocators, configs/allocators.yaml) on every quick input of the
+catalog: per case a warm-up run, then 5 rounds in a balanced order, each run untraced and measured
+by the runner. Reported per case and allocator: medians and their ratios to glibc's, the
+recommendation, the heap features, and whether the measurement adds idle waits. The details:
+benchmarks/studies/README.md, "Allocators".
 
-Reported per case and allocator: median wall, CPU and peak memory, and their ratios to glibc's;
-the recommendation with its margin and rank-test p-value; the heap features from the events
-dataset of the data root. And whether the measurement adds idle waits: every `time.sleep` of
-this process is counted while measuring (the runners never sleep or poll: docker's
-`container.wait` and hc-measure's `waitpid` block until the program ends), and the time around
-the programs is split into what each run costs on top of its program (container create, start,
-removal: `run_s - wall_s`) and what lies between runs (input generation, warm-ups, checks).
-
-Writes benchmarks/studies/results/allocators.json, and the stage's own outputs under <root>/allocators/
-(`--root`, default the project's data root; `--mlflow` to log the run too).
+Writes benchmarks/studies/results/allocators.json, and the stage's own outputs under
+<root>/allocators/ (`--root`, default the project's data root; `--mlflow` to log the run too).
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """Cross-fitted n-gram features (tasks/learning/train.py crossfit_features) against the way they
-were made before 4e2a04a, side by side on the same training runs: the training runs' table and
-then one table fitted on the other workloads for every workload (a sort of nearly every training
-token per workload), against one pass over all of them for every table
-(train.training_tables, NGramTable.fit_leaving_out). Both must give the same features.
+were made before 4e2a04a, side by side on the same training runs: one table fitted on the other
+workloads for every workload, against one pass over all of them for every table
+(train.training_tables, NGramTable.fit_leaving_out); then the training positions' features, the
+old leave-one-out-then-overwrite (`loo_then_overwrite`, kept here as the reference) against one
+lookup per row (train.training_features). Both must give the same features.
 
     .venv/bin/python benchmarks/studies/bench_crossfit.py --root data --config configs/train-quick.yaml
 
-On the full night's data with the quick config (16 training runs, 1.5 M tokens), the training
-table included on both sides: 42.5 s against 5.9 s (7.2x), the same features
-(benchmarks/studies/results/crossfit.json). Before the training table shared the pass (the cross-fit
-alone): 44.0 s against 5.1 s.
-
-On the full night's data with configs/train.yaml (14 training workloads, 11.0 M tokens), the
-cross-fit alone, one run each: 494 s against 65 s, the same features, no higher peak RSS (the
-training table, fitted apart then, took 33 s more). Writes benchmarks/studies/results/crossfit.json.
-
-Then the training positions' features as fit_model takes them: before, the leave-one-out
-features of every row and the other workloads' features of every cross-fitted run, half of each
-overwritten (`loo_then_overwrite`, kept here as the reference); now each row looked up in its one
-table (train.training_features). Both must give the same features. On the full night's data:
-quick config 4.33 s against 2.36 s (crossfit.json); configs/train.yaml (11.0 M tokens,
-`--features-only`) 72.3 s against 41.0 s, the same features (crossfit_full.json).
+Writes benchmarks/studies/results/crossfit.json. The figures found: benchmarks/studies/README.md,
+"Crossfit".
 """
 
 from __future__ import annotations

@@ -2,19 +2,11 @@
 or by call site and size class, distilled from the questions' network, says of a block's lifetime
 at the evaluation's allocations, against the network itself and the counters.
 
-The layer's table (native/TABLE.md, format 1) answers the reuse question only; the issue of the
-allocator's questions asks for the lifetime class too. Before the file carries it, this measures
-what it would hold, as the reuse table's figures are measured:
-- distilled: per key, the mean of the registered network's lifetime answers over the training
-  runs' allocations of that key (a key no training allocation has: the training runs' overall
-  mean), as tasks/learning/question_network.distilled_table does for reuse; scored at the
-  evaluation's allocations (top-1 and log-loss against the true classes, and its top-1's
-  agreement with the network's there);
-- ceiling: per key, the network's most frequent top-1 on the evaluation's allocations
-  THEMSELVES: the best top-1 agreement any table with those keys could reach.
-
-The network is the one the version logged (questions/network.keras); it answers each run's calls
-as the evaluation did (the first data.max_eval_tokens tokens' calls).
+Per key: distilled (the mean of the registered network's lifetime answers over the training
+runs' allocations, scored at the evaluation's: top-1, log-loss, agreement with the network) and
+the ceiling (the network's most frequent top-1 on the evaluation's allocations themselves). The
+network is the version's logged questions/network.keras. In full: benchmarks/studies/README.md,
+"Lifetime table".
 
     .venv/bin/python benchmarks/studies/bench_lifetime_table.py --root data
 

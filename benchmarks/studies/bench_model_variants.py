@@ -3,21 +3,13 @@
     .venv/bin/python benchmarks/studies/bench_model_variants.py --root data            # after `make run`
     .venv/bin/python benchmarks/studies/bench_model_variants.py --root data --variants online ngram
 
-Every variant is configs/train-quick.yaml (or --config) with the overrides below, trained on the
-same split of the same root and scored on the same positions (tasks.learning.train: train and
-evaluate, no registration). Reported per table (unseen runs, unseen programs, held-out
-workloads): the model's top-1, top-5 and log-loss overall and per workload, beside the best
-baseline and the online counter (`ngram_online`), and the training time. Writes
-benchmarks/studies/results/model_variants.json.
-
-The variants (configs/train.yaml explains the fields):
-- ngram_online: GRU over tokens + offline n-gram features + online counter features (both);
-- online: GRU over tokens + online counter features only;
-- crossfit_online: both, half the training blocks with n-gram features cross-fitted from the
-  other workloads' table (model.ngram_crossfit); crossfit80_online: 80% of them;
-- crossfit_copy_online: crossfit_online with a copy path per source (model.copy_path);
-- ngram: GRU over tokens + offline n-gram features (the hybrid before online features);
-- lstm: the article's LSTM over tokens alone.
+Every variant is configs/train-quick.yaml (or --config) with the overrides of VARIANTS, trained
+on the same split of the same root and scored on the same positions (tasks.learning.train: train
+and evaluate, no registration). Reported per table: the model's top-1, top-5 and log-loss overall
+and per workload, beside the best baseline and the online counter, and the training time. Writes
+benchmarks/studies/results/model_variants.json. The variants: ngram_online, online,
+crossfit_online, crossfit80_online, crossfit_copy_online, ngram, lstm (each described in
+benchmarks/studies/README.md, "Model variants").
 """
 
 from __future__ import annotations

@@ -3,22 +3,14 @@ every traced run, is its size class requested again soon in the PROCESS (what th
 and the questions' network answer), and soon by the FREEING THREAD (all that the layer's online
 counter, the freeing thread's own calls, can ever learn)?
 
-A large free is a free of a block of at least 128 KiB (the layer's `min`); soon is within 4096
-calls of the process (the layer's horizon, table.LAYER_SOON_CLASS), counted in process call order
-(labels.process_order). "Blind" frees are soon in the process but not in the freeing thread: the
-online counter can never keep them, a prediction of the process's reuse can
-(benchmarks/studies/results/layer_pipeline.md measures one such program for real).
+A large free is one of at least 128 KiB (the layer's `min`); soon is within 4096 calls of the
+process (table.LAYER_SOON_CLASS), in process call order (labels.process_order). "Blind" frees are
+soon in the process but not in the freeing thread. The figures found: benchmarks/studies/README.md,
+"Reuse threads".
 
     .venv/bin/python benchmarks/studies/bench_reuse_threads.py --root data
 
-Writes benchmarks/studies/results/reuse_threads.json (per run, and per workload summed). On the full
-night's data: a single-threaded program is never blind (the check that the two questions are
-computed alike); kv_service (a thread per connection) is blind on 59.7% of its 22,172 large frees
-(75.5% soon in the process, 15.8% in the freeing thread), keras_video on 2.3%, mstress 1.5%,
-keras_gru 0.6%; numpy_pipeline, added after that night, on all of them by construction. On
-kv_service the layer guided by model v2's table reuses 80 blocks where the counter reuses 53
-(small input, 5 rounds), but there its large blocks mostly come from glibc's heap, which the layer
-leaves to glibc: 286 against 275 ms, p = 0.15, no difference in time or memory.
+Writes benchmarks/studies/results/reuse_threads.json (per run, and per workload summed).
 """
 
 from __future__ import annotations

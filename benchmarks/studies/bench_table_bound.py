@@ -1,32 +1,16 @@
 """How closely can any table follow the questions' network? The best agreement a table keyed by
 size class, or by call site and size class, could reach on the evaluation's frees.
 
-The layer's table answers the reuse question per size class (tasks/learning/table.py), distilled
-from the network; the goal is that it keeps a freed block as the network does on >= 95% of the
-evaluation's frees. The network reads the call site and the process's history, so a table whose
-keys do not can only follow it on average. This script measures the ceiling: for each key
-scheme, the table that agrees best with the network on the evaluation frees THEMSELVES (per key,
-the network's majority decision there: an upper bound no table with those keys, distilled from
-training runs, can pass), against the agreement the registered table reached
-(questions/table_agreement.json of the version's run).
-
-The network's keep decisions are the layer's question, P(reuse within 4096 calls) >= 1/2
-(table.LAYER_SOON_CLASS), answered by the version's logged network (questions/network.keras) on
-the evaluation's own calls. (The answers the evaluation logs for whatif hold its own question,
-within 16 calls, and are not it.) A version registered before e588e7b logged its agreement at
-16 calls (its table is format 1): the result names the horizon of each figure.
+For each key scheme, the table that agrees best with the network on the evaluation frees
+themselves (per key, the network's majority decision there: an upper bound no table with those
+keys can pass), against the agreement the registered table reached
+(questions/table_agreement.json of the version's run). The network's keep decision is the
+layer's question, P(reuse within 4096 calls) >= 1/2 (table.LAYER_SOON_CLASS); the result names
+the horizon of each figure. Why, and the figures: benchmarks/studies/README.md, "Table bound".
 
     .venv/bin/python benchmarks/studies/bench_table_bound.py --root data
 
-Writes benchmarks/studies/results/table_bound.json. On the full night's data (the champion v2, full
-config; benchmarks/studies/results/table_bound_full.json), at the layer's horizon: at best by size class
-86.0% (unseen runs), 72.7% (unseen programs), 94.2% (held-out workloads); by call site and class
-98.9%, 98.2%, 98.2%. The network keeps 86.0%, 70.4% and 94.2% of those frees: a size-class
-table does little better than keeping every block. So no table keyed by size class alone can
-reach the 95% goal there; one keyed by call site could (the layer knows its callers since table
-format 3: bench_table_sites.py measures the table it gets, results/table_sites.md). The
-quick night's (benchmarks/studies/results/table_bound.json) registered table agrees on 97.4%, 100% and
-98.6%, exactly the share the network keeps there: agreement without information.
+Writes benchmarks/studies/results/table_bound.json.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Could a table keyed by the process's recent calls, not by call site, carry the questions'
 network into the layer on programs never trained on? Coverage and agreement of such tables.
 
-The layer's table (format 3) answers by (call site, size class) where training saw the site;
-on a program never trained on, its own sites are unknown (table_sites.md: 37% of the unseen
-programs' frees answered by site). The issue's other key is a context hash: the freed class and
-the process's last k calls (tokens: the requested class, or 32 + the freed class), which a new
-program shares with the training programs. For k = 0..4 this script builds that table from the
-network's keep decisions at the training runs' frees (the layer's question, P(reuse within 4096
-calls) >= 1/2: table.LAYER_SOON_CLASS), as distilled_table does per site, and scores it at each
-evaluation table's frees: the share of frees whose key training saw (coverage), how often the
-table keeps where the network does there (agreement), and the ceiling of any table with those
-keys (per key, the network's own majority on the evaluation frees themselves).
+For k = 0..4, a table keyed by the freed class and the process's last k calls, built from the
+network's keep decisions at the training runs' frees (table.LAYER_SOON_CLASS, as distilled_table
+does per site), scored at each evaluation table's frees: coverage, agreement with the network,
+and the ceiling of any table with those keys. Why: benchmarks/studies/README.md, "Table context".
 
     .venv/bin/python benchmarks/studies/bench_questions.py --root R --network-out NET.keras
-    .venv/bin/python benchmarks/studies/bench_table_context.py --root R --network NET.keras \
-        [--config configs/train.yaml] [--out benchmarks/studies/results/table_context.json]
+    .venv/bin/python benchmarks/studies/bench_table_context.py --root R --network NET.keras         [--config configs/train.yaml] [--out benchmarks/studies/results/table_context.json]
 """
 
 from __future__ import annotations

@@ -2,17 +2,11 @@
 questions' network: how much of each evaluation table it answers by call site, how often it
 keeps a freed block where the network does, and how often each keep decision is right.
 
-The issue's goal: the table agrees with the network on >= 95% of the evaluation positions it
-covers, and covers >= 90% of them. A (site, class) key answers only where a training free had
-it; at the other frees the layer asks its online counter (TABLE.md), for which the evaluation's
-per-process class counter (`class_online`) stands in here. This script distills the table the
-way training does (question_network.distilled_table over the version's training runs, the
-network's answers there), from the version's logged network, and scores it on the three
-evaluation tables' frees at the layer's horizon (reuse within 4096 calls: table.LAYER_SOON_CLASS):
-agreement with the network (where a site answered, and overall), against a table keyed by size
-class alone and the counter alone; and each keep decision (network, table, class, counter)
-against the truth. It also writes the format 3 file for the version (`--table-out`), for real
-runs under the layer (`heapcast layer --predictor table:FILE`, or the allocators stage).
+It distills the table the way training does (question_network.distilled_table) and scores it on
+the three evaluation tables' frees at the layer's horizon (table.LAYER_SOON_CLASS), against a
+table keyed by size class alone and the counter alone (`class_online` standing in for the
+layer's). `--table-out` writes the format 3 file for real runs under the layer. The goal and the
+method: benchmarks/studies/README.md, "Table sites".
 
     .venv/bin/python benchmarks/studies/bench_table_sites.py --root data [--model champion]
 

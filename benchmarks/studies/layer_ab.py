@@ -1,14 +1,9 @@
 """Two builds of the allocator layer side by side: instructions and CPU time per malloc/free pair.
 
-A change to the layer's paths (such as the policy core taking its decisions) is judged on the
-same pairs under both builds: benchmarks/programs/pairloop.c (THREADS threads, each a tight loop
-of malloc(256 KiB)/free), "kept" with glibc's threshold fixed at 128 KiB (every block mapped, the
-layer keeps it) and "heap" at glibc's own threshold (the layer passes them on). Two measures:
-
-- instructions per pair, counted by valgrind's callgrind over 20,000 pairs a thread (exact and
-  repeatable on a shared machine; start-up included, the same for both builds);
-- CPU ns per pair (the threads' own CPU time, pairloop's figure), minima and medians over
-  rounds that alternate the two builds (the order flips every round).
+A change to the layer's paths is judged on the same pairs under both builds
+(benchmarks/programs/pairloop.c, THREADS threads of malloc(256 KiB)/free, "kept" and "heap"):
+instructions per pair by valgrind's callgrind, and CPU ns per pair over rounds that alternate
+the two builds. In full: benchmarks/studies/README.md, "Layer A/B".
 
     gcc -O2 -fno-builtin -pthread -o /tmp/pl benchmarks/programs/pairloop.c
     git show BASE:native/... (build the old layer: make -C native layer, copy the .so aside)
@@ -35,14 +30,14 @@ sys.path.insert(0, str(PROJECT))
 from benchmarks.harness import write_result  # noqa: E402
 
 CASES = [  # policy, threads, mode
-    ("seed002", 1, "kept"),
-    ("seed001", 1, "kept"),
+    ("largest", 1, "kept"),
+    ("pools", 1, "kept"),
     ("guided", 1, "kept"),
-    ("seed002", 8, "kept"),
-    ("seed001", 8, "kept"),
+    ("largest", 8, "kept"),
+    ("pools", 8, "kept"),
     ("guided", 8, "kept"),
-    ("seed002", 1, "heap"),
-    ("seed001", 1, "heap"),
+    ("largest", 1, "heap"),
+    ("pools", 1, "heap"),
     ("guided", 1, "heap"),
 ]
 SIZE = 262144

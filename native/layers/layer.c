@@ -13,13 +13,13 @@
  * pages of a block kept idle for 100 ms are madvise(MADV_FREE)d, so the kernel may take them
  * back under memory pressure, as seed 002 asks; not at once: in a tight loop the syscall and
  * its TLB flush would cost far more than glibc's own reuse of the block):
- *  - seed002 (default): the n (4) largest recently freed blocks (/work/shared/seeds/002): a
+ *  - largest (default): the n (4) largest recently freed blocks (/work/shared/seeds/002): a
  *    freed block is kept if fewer than n are, or if it is at least as large as the smallest kept
  *    one, which is given back.
- *  - seed001: size-class pools with timed decay (seeds/001): every freed block is kept; a block
+ *  - pools: size-class pools with timed decay (seeds/001): every freed block is kept; a block
  *    idle for more than `decay` ms is given back (checked at each of the layer's large-block
  *    calls: no timer thread, so a process that stops allocating keeps at most `cap` bytes).
- *  - guided: seed001's pools, but a freed block of class c is kept only when the thread's
+ *  - guided: as pools, but a freed block of class c is kept only when the thread's
  *    predictor says an allocation of class c comes soon: c is among the `topk` most likely calls
  *    at one of the next `horizon` calls of the thread (predictor.h: the online counter over the
  *    thread's calls on large blocks in scope, predict then update, rolled forward with its own
@@ -56,10 +56,10 @@
  * Threads (locks are taken only for blocks >= `min`, whose real cost is an mmap or munmap;
  * syscalls (madvise) and the real allocator are called outside them; each, the shared cache's
  * and a shard's, is a test-and-set word that spins a little and then yields its core):
- *  - seed002: one lock over the kept blocks and the live set, as its rule (the n largest in the
+ *  - largest: one lock over the kept blocks and the live set, as its rule (the n largest in the
  *    process) needs the whole cache at every free; with many threads on few cores that lock is
  *    its cost (native/README.md, Measured).
- *  - seed001, guided: the block a thread kept last waits in the thread's own front (TLS), and
+ *  - pools, guided: the block a thread kept last waits in the thread's own front (TLS), and
  *    the thread's next request that it fits takes it back under one of 16 live-set shards'
  *    locks (by address), never the shared cache's. Its live-set slot carries the front's
  *    ticket: a second free by any thread finds it there (double free, as above), and the
@@ -136,24 +136,25 @@
 
 #include "../bootstrap_pool.h"
 #include "../module_range.h"
+#include "../site_key.h"
 #include "predictor.h"
 
 #define HL_EXPORT __attribute__((visibility("default")))
 #define HL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define HL_LIKELY(x) __builtin_expect(!!(x), 1)
-#define HL_MAX_N 64     /* seed002's n at most */
+#define HL_MAX_N 64     /* largest's n at most */
 
 /* The options, listed once (HEAPCAST_LAYER=name=value,...; parsed by layer/options.c, and
  * tasks/allocators/config.py's LAYER_OPTIONS is checked against this table). X(name, default,
  * doc) */
 #define HL_OPTIONS(X)                                                                             \
-    X(policy, "seed002", "seed002 | seed001 | guided | off")                                      \
+    X(policy, "largest", "largest | pools | guided | off")                                        \
     X(min, "128K", "blocks of at least this many usable bytes are considered (K, M, G suffixes)") \
-    X(cap, "1G", "at most this many bytes kept; beyond, the oldest (seed002: smallest) go back")  \
+    X(cap, "1G", "at most this many bytes kept; beyond, the oldest (largest: smallest) go back")  \
     X(scope, "mapped", "mapped: keep only blocks glibc would give back to the kernel | all")       \
-    X(n, "4", "seed002: blocks kept at most (0..64)")                                             \
+    X(n, "4", "largest: blocks kept at most (0..64)")                                             \
     X(madv, "100", "MADV_FREE a kept block's pages once idle this many ms (0: at once; off)")     \
-    X(decay, "1000", "seed001, guided: a block idle this many ms is given back")                  \
+    X(decay, "1000", "pools, guided: a block idle this many ms is given back")                    \
     X(topk, "2", "guided: keep class c when it is among the k most likely calls ...")             \
     X(horizon, "4", "guided: ... at one of the next h calls (the counter rolled forward)")        \
     X(predictor, "online", "guided: online (the thread's counter) | table:FILE (TABLE.md)")       \
@@ -164,8 +165,14 @@
     X(regret, "0", "guided: 1: keep a class the process asked again for soon after passing one on") \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
 
-enum hl_policy { HL_OFF, HL_SEED002, HL_SEED001, HL_GUIDED };
-static const char *const hl_policy_names[] = {"off", "seed002", "seed001", "guided"};
+enum hl_policy { HL_OFF, HL_LARGEST, HL_POOLS, HL_GUIDED };
+static const char *const hl_policy_names[] = {"off", "largest", "pools", "guided"};
+/* The policies' former names, still accepted (policy=seed002 is policy=largest): the one
+ * table of them in C (docs/layer.md). */
+static const struct {
+    const char *old;
+    enum hl_policy policy;
+} hl_renamed_policies[] = {{"seed002", HL_LARGEST}, {"seed001", HL_POOLS}};
 
 /* The next allocator's functions (../real.h: hc_real, HC_REAL); malloc last. */
 #define HC_REAL_FUNCS(X)                                                                          \

@@ -32,6 +32,14 @@
  * never seen is short. Races: the tables are lock-free (relaxed atomics, one compare-and-swap to
  * claim or release a sample slot); a lost update only blurs a counter, never a block.
  *
+ * With a table (table=FILE, ../TABLE.md "The placement's lifetime table", distilled from the
+ * registered network at registration): at each allocation the call site's key (../site_key.h,
+ * the key the training data names: module and offset, hashed) and size class are looked up
+ * first; where the table knows them its answer places the block, elsewhere the online counter
+ * does (which learns on every site all the same). Loaded once at start; a file it cannot trust is
+ * refused with one line naming it, and the counter answers everything. The stats line counts
+ * table_answers and counter_answers.
+ *
  * References, for measuring: mode=sites (the sites a first run learned, `learn=PATH` written at
  * its exit as "module offset" lines, `sites=PATH` read at start: long from the first call; the
  * optimistic bound, "placement by the lifetimes the same run recorded"), mode=size (no
@@ -62,6 +70,7 @@
 #include <unistd.h>
 
 #include "../bootstrap_pool.h"
+#include "../site_key.h"
 
 #define HP_EXPORT __attribute__((visibility("default")))
 #define HP_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -76,6 +85,8 @@
     X(big, "1024", "mode=size: requests of at least this many bytes go to the second arena")     \
     X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote")               \
     X(learn, "", "write the long sites at exit to FILE (module offset lines)")                    \
+    X(table, "", "predict: a lifetime table (TABLE.md); the counter where it has no key")         \
+    X(model, "0", "table=: the model version the file must be written for (0: any)")             \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
 
 /* The next allocator's functions (../real.h); malloc last. */
@@ -105,7 +116,8 @@ static struct {
     int sample, pct;
     uint64_t horizon;
     size_t big;
-    char sites[512], learn[512], stats[512];
+    uint32_t model;
+    char sites[512], learn[512], stats[512], table[512];
 } hp_set;
 
 /* jemalloc's own options, read by jemalloc at its start from this symbol (its weak malloc_conf,
@@ -172,6 +184,7 @@ static inline unsigned hp_sample_index(uintptr_t p) {
 /* ---- counters: a stripe per thread (64; threads beyond share one, approximately) ---- */
 struct hp_stripe {
     uint64_t long_allocs, sampled, dropped;
+    uint64_t table_answers, counter_answers; /* with a table: who answered each allocation */
 } __attribute__((aligned(64)));
 static struct hp_stripe hp_stripes[65];
 static unsigned hp_next_stripe;
@@ -282,6 +295,95 @@ static inline void hp_free_sampled(void *p) {
     hp_learn((unsigned)(v >> 48), outlived);
 }
 
+/* ---- the lifetime table (table=FILE; the format: ../TABLE.md, "The placement's lifetime
+ * table") ----
+ * Per call-site key (../site_key.h, the key training data names), one word: the size classes the
+ * table knows at that site (low 32 bits) and those of them it says are long (high 32): long when
+ * the entry's score is at least 128 (P(long) >= 1/2). A dense 32 KiB array, touched only when a
+ * table is loaded (at start, in hp_start), read-only after: no lock, safe after fork. */
+#define HP_LIFE_MAGIC "HCLIFE\0\1"
+#define HP_LIFE_FORMAT 1u
+#define HP_LIFE_CLASSES 32u
+#define HP_LIFE_LONG 128u /* score / 255 >= ~1/2 */
+#define HP_LIFE_FALLBACK "; placement uses the online counter"
+static uint64_t hp_life[HC_SITES];
+static int hp_life_on;      /* a table in use: the hot path asks it first */
+static int hp_life_refused; /* table= given and refused (the stats line's table_refused) */
+
+static inline unsigned hp_class(size_t n) { /* tasks/dataset/tokens.py: bit length, at most 31 */
+    unsigned b = n ? 64u - (unsigned)__builtin_clzll((unsigned long long)n) : 0u;
+    return b < 31u ? b : 31u;
+}
+
+/* Load the table into hp_life; NULL, or why it is refused (hp_life left all zero). Read in
+ * 4 KiB chunks on the stack with pread: no allocation (it runs inside the first hooked call). */
+static const char *hp_load_life(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return "cannot be opened" HP_LIFE_FALLBACK;
+    unsigned char head[32], buf[4096];
+    const char *why = NULL;
+    uint32_t version = 0, model = 0, classes = 0, bytes = 0, last = 0;
+    uint64_t sum = 0, got = 0xcbf29ce484222325ull;
+    size_t done = 0;
+    int disorder = 0;
+    if (pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head) {
+        why = "is shorter than its 32-byte header" HP_LIFE_FALLBACK;
+        goto out;
+    }
+    if (memcmp(head, HP_LIFE_MAGIC, 8) != 0) {
+        why = "is not a heapcast lifetime table (magic)" HP_LIFE_FALLBACK;
+        goto out;
+    }
+    memcpy(&version, head + 8, 4);
+    memcpy(&model, head + 12, 4);
+    memcpy(&classes, head + 16, 4);
+    memcpy(&bytes, head + 20, 4);
+    memcpy(&sum, head + 24, 8);
+    if (version != HP_LIFE_FORMAT) {
+        why = "has another format version (this layer reads 1)" HP_LIFE_FALLBACK;
+        goto out;
+    }
+    if (classes != HP_LIFE_CLASSES || bytes % 4 != 0 || bytes / 4 > HC_SITES * HP_LIFE_CLASSES) {
+        why = "has another shape (32 size classes, 4 bytes per entry expected)" HP_LIFE_FALLBACK;
+        goto out;
+    }
+    if (hp_set.model && model != hp_set.model) {
+        why = "comes from another model version" HP_LIFE_FALLBACK;
+        goto out;
+    }
+    while (done < bytes) { /* whole words per chunk: 4096 and bytes are multiples of 4 */
+        size_t want = bytes - done < sizeof buf ? bytes - done : sizeof buf;
+        ssize_t n = pread(fd, buf, want, (off_t)(32 + done));
+        if (n <= 0 || n % 4 != 0) break;
+        for (ssize_t i = 0; i < n; i++) got = (got ^ buf[i]) * 0x100000001b3ull;
+        for (ssize_t i = 0; i < n; i += 4) {
+            uint32_t w = (uint32_t)buf[i] | (uint32_t)buf[i + 1] << 8 |
+                         (uint32_t)buf[i + 2] << 16 | (uint32_t)buf[i + 3] << 24;
+            uint32_t key = w >> 8; /* site * 32 + class */
+            if (key >= HC_SITES * HP_LIFE_CLASSES || key + 1 <= last) {
+                disorder = 1;
+                continue;
+            }
+            last = key + 1;
+            unsigned c = key % HP_LIFE_CLASSES;
+            uint64_t bits = (uint64_t)1 << c;
+            if ((w & 0xFF) >= HP_LIFE_LONG) bits |= (uint64_t)1 << (32 + c);
+            hp_life[key / HP_LIFE_CLASSES] |= bits;
+        }
+        done += (size_t)n;
+    }
+    if (done != bytes || pread(fd, buf, 1, (off_t)(32 + bytes)) != 0)
+        why = "has a payload of the wrong length (truncated or extended)" HP_LIFE_FALLBACK;
+    else if (got != sum)
+        why = "is corrupt (payload checksum)" HP_LIFE_FALLBACK;
+    else if (disorder)
+        why = "is corrupt (entries out of order)" HP_LIFE_FALLBACK;
+out:
+    close(fd);
+    if (why) memset(hp_life, 0, sizeof hp_life); /* nothing of a refused file is asked */
+    return why;
+}
+
 /* ---- start ---- */
 static int hp_parse_u64(const char *v, uint64_t *out) {
     char *end;
@@ -325,9 +427,15 @@ static int hp_parse_options(void) {
                 ok = hp_parse_u64(v, &pct) && pct <= 100;
             } else if (!strcmp(k, "big")) {
                 ok = hp_parse_u64(v, &big);
-            } else if (!strcmp(k, "sites") || !strcmp(k, "learn") || !strcmp(k, "stats")) {
-                char *dst = !strcmp(k, "sites") ? hp_set.sites
+            } else if (!strcmp(k, "model")) {
+                uint64_t m;
+                ok = hp_parse_u64(v, &m) && m <= UINT32_MAX;
+                if (ok) hp_set.model = (uint32_t)m;
+            } else if (!strcmp(k, "sites") || !strcmp(k, "learn") || !strcmp(k, "stats") ||
+                       !strcmp(k, "table")) {
+                char *dst = !strcmp(k, "sites")   ? hp_set.sites
                             : !strcmp(k, "learn") ? hp_set.learn
+                            : !strcmp(k, "table") ? hp_set.table
                                                   : hp_set.stats;
                 ok = strlen(v) < sizeof hp_set.sites;
                 if (ok) strcpy(dst, v);
@@ -350,6 +458,11 @@ static int hp_parse_options(void) {
     }
     if (hp_set.mode == HP_SITES && hp_set.sites[0] == 0) {
         hp_say("mode=sites needs sites=FILE; passing every call through");
+        return 0;
+    }
+    if (hp_set.table[0] && hp_set.mode != HP_PREDICT) {
+        hp_say("table=FILE needs mode=predict (the counter answers where the table does not); "
+               "passing every call through");
         return 0;
     }
     hp_set.sample = (int)sample, hp_set.horizon = horizon, hp_set.pct = (int)pct;
@@ -381,6 +494,19 @@ static __attribute__((noinline)) void hp_start(void) {
         } else {
             hp_flags = HP_MALLOCX_ARENA(arena) | HP_MALLOCX_TCACHE_NONE;
             hp_learning = hp_set.mode == HP_PREDICT;
+            if (hp_set.table[0]) {
+                hc_site_init(); /* the program's name, as the tracer records it */
+                const char *why = hp_load_life(hp_set.table);
+                if (why) {
+                    char line[700];
+                    snprintf(line, sizeof line, "table file %.500s refused: it %s", hp_set.table,
+                             why);
+                    hp_say(line);
+                    hp_life_refused = 1;
+                } else {
+                    hp_life_on = 1;
+                }
+            }
             hp_by_size = hp_set.mode == HP_SIZE;
             next = HP_ON;
         }
@@ -488,6 +614,8 @@ __attribute__((destructor)) static void hp_destructor(void) {
     for (int i = 0; i < 65; i++) {
         t.long_allocs += hp_stripes[i].long_allocs;
         t.sampled += hp_stripes[i].sampled, t.dropped += hp_stripes[i].dropped;
+        t.table_answers += hp_stripes[i].table_answers;
+        t.counter_answers += hp_stripes[i].counter_answers;
     }
     unsigned long sites_long = 0, sites_seen = 0;
     for (unsigned e = 0; e < HP_NSITES; e++) {
@@ -495,16 +623,18 @@ __attribute__((destructor)) static void hp_destructor(void) {
         sites_long += hp_sites[e].word & 1;
     }
     static const char *const names[] = {"off", "predict", "sites", "size"};
-    char line[600];
+    char line[700];
     int n = snprintf(line, sizeof line,
                      "heapcast place: pid=%d mode=%s long=%llu sampled=%llu "
                      "dropped=%llu freed_short=%llu freed_long=%llu evicted_long=%llu "
-                     "sites_seen=%lu sites_long=%lu\n",
+                     "sites_seen=%lu sites_long=%lu table=%d table_refused=%d "
+                     "table_answers=%llu counter_answers=%llu\n",
                      (int)getpid(), names[hp_set.mode],
                      (unsigned long long)t.long_allocs, (unsigned long long)t.sampled,
                      (unsigned long long)t.dropped, (unsigned long long)hp_freed_short,
                      (unsigned long long)hp_freed_long, (unsigned long long)hp_evicted_long,
-                     sites_seen, sites_long);
+                     sites_seen, sites_long, hp_life_on, hp_life_refused,
+                     (unsigned long long)t.table_answers, (unsigned long long)t.counter_answers);
     if (n <= 0 || n >= (int)sizeof line) return;
     if (!strcmp(hp_set.stats, "1")) {
         hp_write(2, line, (size_t)n);
@@ -516,10 +646,31 @@ __attribute__((destructor)) static void hp_destructor(void) {
 
 /* ---- the decision on the allocation path ---- */
 
-/* 1: this request goes to the long arena. Two loads on the path of every allocation: the mode
- * flag and the site's table word. */
+/* With a table: its answer where it knows (the site's key, the class), else -1 (the counter
+ * answers). Counted either way, in the thread's stripe. */
+static __attribute__((noinline)) int hp_life_long(size_t n, uintptr_t site) {
+    struct hp_stripe *s = hp_stripe();
+    int key = hc_site_of((const void *)site);
+    if (key >= 0) {
+        uint64_t w = hp_life[key];
+        unsigned c = hp_class(n);
+        if ((w >> c) & 1) {
+            HP_COUNT(s, table_answers);
+            return (int)((w >> (32 + c)) & 1);
+        }
+    }
+    HP_COUNT(s, counter_answers);
+    return -1;
+}
+
+/* 1: this request goes to the long arena. Two loads on the path of every allocation without a
+ * table: the mode flag and the site's table word (with one: the lifetime table first). */
 static inline int hp_long(size_t n, uintptr_t site) {
     if (HP_UNLIKELY(hp_by_size)) return n >= hp_set.big;
+    if (HP_UNLIKELY(hp_life_on)) {
+        int said = hp_life_long(n, site);
+        if (said >= 0) return said;
+    }
     uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
     return (w >> 1) == site && (w & 1);
 }

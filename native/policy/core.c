@@ -27,7 +27,7 @@ HPC_INLINE int hpc_serves(uintptr_t p, uint64_t usable, uint64_t n, uintptr_t ma
     return hpc_fits(usable, n) && (p & mask) == 0;
 }
 
-/* seed001, guided: a block kept since `since` has been idle too long at `now` (decay). */
+/* pools, guided: a block kept since `since` has been idle too long at `now` (decay). */
 HPC_INLINE int hpc_expired(const struct hpc_settings *set, uint64_t since, uint64_t now) {
     return now - since > set->decay_ns;
 }
@@ -148,12 +148,12 @@ HPC_INLINE int hpc_ghosts_asked(const struct hpc_settings *set, const struct hpc
 
 /* ---- Making room, the victim, decay (under hl_lock) ---- */
 
-/* The kept block that goes back first: the oldest (seed002: the smallest, the oldest of equals). */
+/* The kept block that goes back first: the oldest (largest: the smallest, the oldest of equals). */
 HPC_INLINE int hpc_victim(const struct hpc_settings *set, const struct hpc_cache *c) {
     int v = 0;
     for (int i = 1; i < c->nkept; i++) {
         int older = c->kept[i].stamp < c->kept[v].stamp;
-        if (set->policy == HPC_SEED002 ? c->kept[i].usable < c->kept[v].usable ||
+        if (set->policy == HPC_LARGEST ? c->kept[i].usable < c->kept[v].usable ||
                                              (c->kept[i].usable == c->kept[v].usable && older)
                                        : older)
             v = i;
@@ -173,11 +173,11 @@ HPC_INLINE int hpc_make_room(const struct hpc_settings *set, struct hpc_cache *c
 #undef HPC_FULL
 }
 
-/* seed001, guided: blocks idle longer than `decay` go back (with the regret, a regret less for
+/* pools, guided: blocks idle longer than `decay` go back (with the regret, a regret less for
  * each: kept for nothing). */
 HPC_INLINE void hpc_decay(const struct hpc_settings *set, struct hpc_cache *c, uint64_t now,
                           struct hpc_out *out) {
-    if (set->policy == HPC_SEED002) return;
+    if (set->policy == HPC_LARGEST) return;
     for (int i = 0; i < c->nkept && out->n < HPC_OUT_MAX;) {
         if (hpc_expired(set, c->kept[i].since, now)) {
             if (set->regret) hpc_regret_less(c, hcp_class(c->kept[i].usable));
@@ -188,11 +188,11 @@ HPC_INLINE void hpc_decay(const struct hpc_settings *set, struct hpc_cache *c, u
     }
 }
 
-/* seed002: with n kept, a block enters only if at least as large as the smallest kept one,
+/* largest: with n kept, a block enters only if at least as large as the smallest kept one,
  * which goes back; 0 if it does not enter. Other policies: 1. */
-HPC_INLINE int hpc_seed002_admit(const struct hpc_settings *set, struct hpc_cache *c,
+HPC_INLINE int hpc_largest_admit(const struct hpc_settings *set, struct hpc_cache *c,
                                  uint64_t usable, struct hpc_out *out) {
-    if (set->policy != HPC_SEED002 || c->nkept < set->n) return 1;
+    if (set->policy != HPC_LARGEST || c->nkept < set->n) return 1;
     int small = 0;
     for (int i = 1; i < c->nkept; i++)
         if (c->kept[i].usable < c->kept[small].usable ||
@@ -223,14 +223,14 @@ HPC_INLINE int hpc_take_shared(const struct hpc_settings *set, struct hpc_cache 
     return 1;
 }
 
-/* A freed block the policy keeps enters the shared cache: idle blocks decay, seed002's rule and
+/* A freed block the policy keeps enters the shared cache: idle blocks decay, largest's rule and
  * the cap make room (victims into out); 1 if kept (counted), 0 if it goes to the next
  * allocator (the caller counts it declined). */
 HPC_INLINE struct hpc_block *hpc_keep_shared(const struct hpc_settings *set, struct hpc_cache *c,
                                              uintptr_t p, uint64_t usable, uint64_t now,
                                              struct hpc_out *out) {
     hpc_decay(set, c, now, out);
-    if (!hpc_seed002_admit(set, c, usable, out) || !hpc_make_room(set, c, usable, 1, out))
+    if (!hpc_largest_admit(set, c, usable, out) || !hpc_make_room(set, c, usable, 1, out))
         return NULL;
     c->stats.kept++;
     return hpc_insert(c, p, usable, now);
@@ -307,7 +307,7 @@ HPC_INLINE int hpc_predict_reuse(const struct hpc_settings *set, struct hcp_coun
 /* Keep (1) or pass on (0) a freed block asked for as req: `wanted` (hpc_wanted, in scope) and
  * `unproven` (before the proof nothing is kept). guided asks the prediction; with the regret,
  * the process's regrets for the class overrule a "no" (*passed_by_prediction set when none did:
- * the free is remembered). seed002 with n=0 keeps nothing. Reads the regrets without hl_lock. */
+ * the free is remembered). largest with n=0 keeps nothing. Reads the regrets without hl_lock. */
 HPC_INLINE int hpc_keep_at_free(const struct hpc_settings *set, struct hpc_cache *c,
                                 struct hcp_counter *k, uint64_t req, int site_score, int wanted,
                                 int unproven, int *passed_by_prediction) {
@@ -324,7 +324,7 @@ HPC_INLINE int hpc_keep_at_free(const struct hpc_settings *set, struct hpc_cache
         }
         keep = soon && keep;
     }
-    if (set->policy == HPC_SEED002 && set->n == 0) keep = 0;
+    if (set->policy == HPC_LARGEST && set->n == 0) keep = 0;
     if (unproven) keep = 0;
     return keep;
 }

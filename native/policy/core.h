@@ -54,19 +54,19 @@
 #define HPC_REGRET 4     /* frees kept on one regret (policy.c HL_REGRET) */
 #define HPC_CLASSES 32
 
-enum hpc_policy { HPC_OFF, HPC_SEED002, HPC_SEED001, HPC_GUIDED };
+enum hpc_policy { HPC_OFF, HPC_LARGEST, HPC_POOLS, HPC_GUIDED };
 
 struct hpc_settings {
     int32_t policy;   /* enum hpc_policy */
-    int32_t n;        /* seed002: blocks kept at most */
+    int32_t n;        /* largest: blocks kept at most */
     uint64_t min;     /* blocks of at least this many usable bytes are considered */
     uint64_t cap;     /* bytes kept at most (fronts' reservations included) */
-    uint64_t decay_ns; /* seed001, guided: a block idle longer goes back */
+    uint64_t decay_ns; /* pools, guided: a block idle longer goes back */
     int32_t topk, horizon; /* guided: hcp_soon's question */
     int32_t peak;     /* the bound's headroom in %; -1: no bound */
     int32_t proof;    /* reuses of blocks passed on seen before anything is kept */
     int32_t regret;   /* guided: the process's regrets overrule the thread's counter */
-    int32_t fronts;   /* seed001, guided with madv != 0: a thread keeps its last block apart */
+    int32_t fronts;   /* pools, guided with madv != 0: a thread keeps its last block apart */
     const uint8_t *class_table; /* guided: a table's class scores [64][64] (format 2), or NULL */
 };
 
@@ -129,7 +129,7 @@ enum hpc_fate {
     HPC_FREE_KEPT = 1,     /* in the thread's front or the shared cache */
     HPC_FREE_UNPROVEN = 2, /* passed on before the proof (remembered) */
     HPC_FREE_OUTGROWN = 3, /* passed on: the thread has just outgrown it */
-    HPC_FREE_DECLINED = 4, /* passed on: the policy, seed002's rule or the cap */
+    HPC_FREE_DECLINED = 4, /* passed on: the policy, largest's rule or the cap */
     HPC_FREE_UNTRACKED = 5, /* not a block the layer handed out */
     HPC_FREE_HEAP = 6      /* out of scope (glibc's heap) */
 };

@@ -1,35 +1,15 @@
 """From what the trace showed to what `heapcast tune` runs: candidates derived, others ruled out.
 
-Takes `HeapFacts` (tasks.allocators.trace_facts), the fixed list of candidates and the config;
-gives an `Advice`: new candidates with their settings computed from the facts, the reason each
-candidate is run, and the reason each one left out is not run. Pure: no run, no file.
+Takes `HeapFacts` (tasks.allocators.trace_facts), the fixed list of candidates and the config; gives
+an `Advice`: new candidates with their settings computed from the facts, the reason each candidate
+is run, and the reason each one left out is not run. Pure: no run, no file.
 
-The rules (docs/allocators.md#advice-from-the-trace):
-
-- `glibc-derived`, glibc's tunables at the trace's values:
-    - large sizes freed again and again (each free of a block glibc mapped is a munmap, and each
-      new one a page fault per page): `mmap_threshold` above the largest of them (glibc's
-      dynamic threshold stops at 32 MiB), and `trim_threshold` above the most bytes they held at
-      once, so that the freed top of the heap is kept for the next request, not trimmed;
-    - more threads allocating than cores: `arena_max` at the cores (threads beyond them never
-      run at once, and each arena holds memory of its own);
-    - small sizes reused in bursts deeper than tcache's 7 blocks (time objective only: a
-      deeper cache holds more memory): `tcache_count` at that depth (a power of two, at most
-      TCACHE_COUNT_CAP);
-    - a knob the program sets itself with mallopt is left alone (it would not be in force).
-- heapcast's layer, seed 002's policy (the largest freed blocks kept), where large blocks are
-  freed and requested again.
-- `jemalloc-place` (jemalloc behind heapcast's placement layer, native/layers/place.c), memory
-  objective only (it buys the memory held after bursts, not time), where the trace has its case:
-  many small blocks come and go (at least PLACE_MIN_PEAK live at once) while a minority
-  (PLACE_MIN_LONG blocks at least, at most PLACE_MAX_LONG_SHARE of the small allocations, and a
-  peak at least PLACE_PEAK_RATIO times their bytes) outlive them, nearly all
-  (PLACE_SITE_SHARE) from call sites of their own, which a per-site counter can tell apart. The
-  page says why it was or was not proposed (`Advice.place`).
-- Ruled out: the fixed glibc settings (`glibc-fixed`, `glibc-arena2`) when glibc-derived sets the
-  same knobs at the trace's values, or when nothing they change happens in the trace; every
-  candidate when the heap cannot matter to the time: the heap calls and the large blocks' page
-  faults, each counted at a generous cost, under HEAP_MATTERS_SHARE of the traced run's time.
+The rules, each a function below, are in docs/allocators.md#advice-from-the-trace: `glibc-derived`
+(glibc's tunables at the trace's values; a knob the program sets itself with mallopt is left alone),
+the layer's `largest` policy where large blocks are freed and requested again, `jemalloc-place`
+(memory objective only) where the trace has its case, and the fixed candidates ruled out where the
+trace says they cannot help. The thresholds are the constants below; `Advice.place` says why
+placement was or was not proposed.
 """
 
 from __future__ import annotations
@@ -40,7 +20,7 @@ from tasks.allocators.config import Allocator, AllocatorsConfig
 from tasks.allocators.trace_facts import TCACHE_COUNT, HeapFacts
 
 DERIVED = "glibc-derived"
-LAYER_LARGE = "layer-seed002"  # the layer's policy for large blocks freed and requested again
+LAYER_LARGE = "layer-largest"  # the layer's policy for large blocks freed and requested again
 FIXED_GLIBC = ("glibc-fixed", "glibc-arena2")
 PLACE = "jemalloc-place"  # jemalloc behind the placement layer
 PLACE_MIN_PEAK = 8 * 1024 * 1024  # small bytes live at once, at least: fewer pages do not show
@@ -205,7 +185,7 @@ def advise(
     if facts.large_churn and LAYER_LARGE in config.names() and LAYER_LARGE not in names:
         derived.append(config.get(LAYER_LARGE))
         run[LAYER_LARGE] = (
-            f"heapcast's layer, seed 002's policy: keeps the largest freed blocks for the next "
+            f"heapcast's layer, the largest policy: keeps the largest freed blocks for the next "
             f"request ({len(facts.large_churn)} large size(s) freed and requested again)"
         )
     for n in names:

@@ -17,6 +17,7 @@ from tasks.allocators.place import (
     preload_line,
 )
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
+from tasks.core.policy_names import RENAMED_POLICIES, current_policy
 from tasks.learning.table import ModelTable
 from tasks.replay.runners.base import MEASURE_PLACEHOLDER
 from tasks.replay.runners.preload import PreloadSpec
@@ -77,7 +78,18 @@ LAYER_OPTIONS = {
     "proof",
     "regret",
 }
-LAYER_POLICIES = {"seed002", "seed001", "guided", "off"}
+LAYER_POLICIES = {"largest", "pools", "guided", "off"}
+
+
+def current_allocator(name: str) -> str:
+    """A candidate's name as it is now: a layer named by its policy's former name
+    (RENAMED_POLICIES: its layer-OLD, layer-OLD-all) as the policy's name now."""
+    for old, new in RENAMED_POLICIES.items():
+        if name == f"layer-{old}" or name.startswith(f"layer-{old}-"):
+            return f"layer-{new}" + name[len(f"layer-{old}") :]
+    return name
+
+
 # Where a layer run writes its counters, in the run's measure folder.
 LAYER_STATS = "layer-stats"
 # Where a table-guided layer run finds the model's table: a copy in the run's measure folder
@@ -141,13 +153,13 @@ def check_knob(key: str, value: str) -> None:
             "native/layers/layer.c, HL_OPTIONS",
             "the layer's counters",
         )
-        if "policy" in names and names["policy"] not in LAYER_POLICIES:
+        if "policy" in names and current_policy(names["policy"]) not in LAYER_POLICIES:
             raise ValueError(
                 f"HEAPCAST_LAYER policy: {names['policy']!r} is not one of "
                 f"{', '.join(sorted(LAYER_POLICIES))}"
             )
         if "policy" not in names:
-            raise ValueError("HEAPCAST_LAYER: give the policy (policy=seed002|seed001|guided|off)")
+            raise ValueError("HEAPCAST_LAYER: give the policy (policy=largest|pools|guided|off)")
     else:
         raise ValueError(f"unknown allocator knob {key!r}; known: {', '.join(KNOB_OWNERS)}")
 
@@ -193,7 +205,7 @@ class Allocator(StrictModel):
             if "HEAPCAST_LAYER" not in self.env:
                 raise ValueError(
                     f"allocator {self.name!r}: a layer candidate gives its settings in "
-                    "env.HEAPCAST_LAYER (at least policy=seed002|seed001|guided|off)"
+                    "env.HEAPCAST_LAYER (at least policy=largest|pools|guided|off)"
                 )
             return self
         if self.kind == "place":
@@ -450,7 +462,7 @@ class SeedCasesConfig(StrictModel):
     # what the predictions bought: per pair, the first's median minus the second's (ms, MB) with
     # the rank test's p, same case, same night
     compare: list[tuple[Name, Name]] = Field(
-        default_factory=lambda: [("layer-guided", "layer-seed002"), ("layer-guided", "glibc")]
+        default_factory=lambda: [("layer-guided", "layer-largest"), ("layer-guided", "glibc")]
     )
 
 
@@ -584,7 +596,13 @@ class AllocatorsConfig(StrictModel):
             }
         )
 
+    def resolve(self, name: str) -> str:
+        """`name` as this config names it: itself, or a former name's candidate now
+        (`current_allocator`: a former layer name is the layer's name now)."""
+        return name if name in self.names() else current_allocator(name)
+
     def get(self, name: str) -> Allocator:
+        name = self.resolve(name)
         for a in self.allocators:
             if a.name == name:
                 return a

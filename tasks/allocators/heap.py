@@ -1,16 +1,10 @@
 """The heap behaviour beside each answer: what allocator folklore says matters, from the events.
 
-Read from the events dataset (`<root>/events/workload=<w>/run=<r>/`) through the dataset's one
-reader (tasks.dataset.events_reader), per run, in Arrow batches (numpy per batch, no per-event
-Python):
-
-- size-class mix: the share of allocation calls (malloc-family and realloc with a size) asking
-  for <= 64 B, 65 B - 1 KiB, 1 KiB - 128 KiB, and >= 128 KiB (the `large_block_bytes` of the
-  config: glibc's default mmap threshold, where allocators differ most);
-- the share of large blocks, by count and by bytes requested;
-- threads: the most threads one process used (allocator caches are per thread), and processes;
-- the median lifetime of the blocks that were freed (blocks never freed have none);
-- realloc share: realloc calls among allocation calls.
+Read from the events dataset through the dataset's one reader (tasks.dataset.events_reader), per
+run, in Arrow batches (numpy per batch, no per-event Python): the size-class mix of allocation
+calls, the share of large blocks (`large_block_bytes`) by count and bytes, the most threads one
+process used and the processes, the median lifetime of the freed blocks, the realloc share. Each
+feature: docs/allocators.md#the-heap-features.
 
 The run measured is preferred (run = the input's name); else another run of the workload, named
 in the result; none when the dataset does not hold the workload.

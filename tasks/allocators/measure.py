@@ -1,27 +1,12 @@
 """Replay workloads untraced under each allocator, side by side, and measure every run.
 
-A *case* is one (workload, input). For each case the input is generated once; then come the
-warm-up runs (the baseline allocator, discarded: the first run of a fresh image pays for the
-page cache) and `repetitions` rounds, each running every available allocator once, in a balanced
-order (Williams squares: each allocator once in each place and after each other one, relabelled
-per square from `order_seed`), so that load from elsewhere falls on every allocator alike. While
-the decision sits in the noise (a faster candidate promising but not beyond it after Holm's
-correction, tasks.allocators.decide.undecided) rounds are added, up to `max_repetitions`.
-Cases run one after the other, never in parallel: two measured runs at once would measure each
-other.
-
-Each run is the runner's measured run (tasks/replay/runners/measure_tool.py): LD_PRELOAD is the
-allocator's library alone (or nothing, for glibc), or the tracer then the library when traced;
-what comes back is a `Sample`: wall and CPU time, peak memory, faults, exit code, and the
-SHA-256 of the program's standard output (compared across allocators in `stats`). The
-placement layer (`kind: place`, tasks.allocators.place) is preloaded first, then the jemalloc
-behind it (`place_request`), and counts only where its stats line says it was in force
-(`place_error`); its counters come back as the samples' place_* fields.
-
-An allocator whose library is missing where the workload runs is not run: it is recorded in
-`Measurements.unavailable` with a message naming the allocator and the Debian package to install;
-the others are measured. A run that fails (exit code, time limit, engine) is a failed sample of
-its (case, allocator) pair; the rest go on.
+A *case* is one (workload, input): its input generated once, warm-up runs of the baseline
+(discarded), then `repetitions` rounds of every available allocator in a balanced order (Williams
+squares from `order_seed`), more rounds up to `max_repetitions` while the decision sits in the
+noise. Cases run one after the other, never in parallel. Each run is the runner's measured run and
+comes back as a `Sample` (times, peak memory, faults, exit code, the output's SHA-256). A missing
+library is recorded in `Measurements.unavailable`; a failed run is a failed sample and the rest go
+on. In full: docs/allocators.md#the-measured-runs.
 """
 
 from __future__ import annotations

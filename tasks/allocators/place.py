@@ -5,8 +5,12 @@ sentence. Standard library only: the CLI (`heapcast layer --policy place`) impor
 The layer routes each allocation by its call site's predicted lifetime to one of two jemalloc
 arenas; it needs jemalloc behind it (LD_PRELOAD="libheapcast_place.so libjemalloc.so.2"). A run
 where it was in force wrote one stats line per process (`heapcast place: pid=.. mode=.. long=..
-sampled=.. ... sites_seen=.. sites_long=..`); a process where it passed every call through (no
-jemalloc behind it, a bad option) wrote none, and says why on stderr.
+sampled=.. ... sites_seen=.. sites_long=.. table=.. table_refused=.. table_answers=..
+counter_answers=..`); a process where it passed every call through (no jemalloc behind it, a bad
+option) wrote none, and says why on stderr. With a lifetime table (`table=FILE`, native/TABLE.md;
+the registered version's, tasks/registry/table_cache.py `model_table(..., kind="lifetime")`) the
+table answers where it knows the allocation's (call site, size class), the online counter
+elsewhere; a file it refuses is said on stderr in one line naming it (`table_refused=1`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ JEMALLOC_PACKAGE = "libjemalloc2"
 # where a run's stats line goes, in its measure folder
 PLACE_STATS = "place-stats"
 # the layer's options (HP_OPTIONS in native/layers/place.c); `stats` is the stage's
-PLACE_OPTIONS = {"mode", "sample", "horizon", "pct", "big", "sites", "learn"}
+PLACE_OPTIONS = {"mode", "sample", "horizon", "pct", "big", "sites", "learn", "table", "model"}
 PLACE_MODES = {"predict", "sites", "size", "off"}
 # the stats line's counters, summed over processes
 PLACE_COUNTERS = (
@@ -34,6 +38,10 @@ PLACE_COUNTERS = (
     "evicted_long",
     "sites_seen",
     "sites_long",
+    "table",  # processes that used a lifetime table
+    "table_refused",  # processes that refused theirs (and ran on the counter)
+    "table_answers",  # allocations the table placed
+    "counter_answers",  # with a table: allocations the online counter placed (no key)
 )
 
 
@@ -89,7 +97,10 @@ def check_settings(value: str) -> None:
         )
     if mode == "sites" and "sites" not in names:
         raise ValueError("HEAPCAST_PLACE: mode=sites needs sites=FILE (a learn=FILE run's)")
-    for name in ("sample", "horizon", "pct", "big"):
+    if "table" in names and mode != "predict":
+        raise ValueError("HEAPCAST_PLACE: table=FILE needs mode=predict (the counter answers "
+                         "where the table has no key)")  # fmt: skip
+    for name in ("sample", "horizon", "pct", "big", "model"):
         if name in names and not names[name].isdigit():
             raise ValueError(f"HEAPCAST_PLACE {name}: {names[name]!r} is not a whole number")
 
@@ -153,6 +164,13 @@ def describe(stats: dict[str, int | str], mode: str = "predict") -> str:
             f"young, {stats['place_freed_long'] + stats['place_evicted_long']:,} outlived the "
             "horizon)"
         )
+    if stats.get("place_table"):
+        text += (
+            f"; the lifetime table placed {stats['place_table_answers']:,} allocations, the "
+            f"counter {stats['place_counter_answers']:,} (keys the table lacks)"
+        )
+    if stats.get("place_table_refused"):
+        text += "; the lifetime table was REFUSED (stderr says why): the counter placed all"
     return text
 
 

@@ -35,7 +35,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext, TaskRunContext
 from pydantic import BaseModel
 
-from tasks.allocators.config import MIN_REPETITIONS, AllocatorsConfig
+from tasks.allocators.config import MIN_REPETITIONS, AllocatorsConfig, current_allocator
 from tasks.allocators.heap import HeapFeatures, features_for
 from tasks.allocators.measure import Measurements, run_logger
 from tasks.allocators.stats import METRICS, PairSummary, Recommendation, analyse, samples_frame
@@ -625,6 +625,11 @@ def _night_advice(root: Root, night: str, path: str) -> list[Advice]:
         # tables written before `objective`, `line` and `experiment` were recorded lack them
         cols = [c for c in ADVICE_COLUMNS if c in pf.schema_arrow.names]
         rows = pf.read(columns=cols).to_pylist()
+    # a night's former candidate names (RENAMED_POLICIES) as the candidates' names now
+    for row in rows:
+        for k in ("allocator", "baseline", "recommendation", "best_challenger"):
+            if row.get(k) is not None:
+                row[k] = current_allocator(row[k])
     report = root.url_of("allocators", "reports", f"night={night}", "allocators.md")
     out: dict[str, Advice] = {}
     rounds = {r["case"]: r.get("runs") for r in rows if r["allocator"] == r["baseline"]}

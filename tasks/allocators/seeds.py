@@ -1,23 +1,14 @@
 """The layer's cases measured for real (issue 21): seed 002's numpy temporaries, seed 001's
-training loop, and numpy_pipeline (a reader thread's chunks freed by the main thread, which
-never asks for a block that large: the freeing thread's own counter never keeps one, a
-prediction of the process's reuse does), each under glibc, jemalloc, tcmalloc, mimalloc and
-heapcast's layer (seed002, seed001, guided by the online counter, guided by the model's table),
-side by side in one measurement (`measure.measure_cases`: rotated
-rounds, every run verified by the probe, the layer's counters read), written like any
-allocators measurement (`report.publish`: Parquet under <root>/allocators/, MLflow's
-`heapcast-allocators`), then summed up per case in one line of ms and MB (`seed_lines`).
+training loop, and numpy_pipeline (a reader thread's chunks freed by the main thread), each
+under glibc, jemalloc, tcmalloc, mimalloc and heapcast's layer (largest, pools, guided by the
+online counter, guided by the model's table), side by side in one measurement
+(`measure.measure_cases`), written like any allocators measurement (`report.publish`), then summed
+up per case in one line of ms and MB (`seed_lines`).
 
 What the predictions bought is, per pair of `seeds.compare`, the first's median minus the
-second's, with the two-sided rank test's p (decide.mann_whitney_p) beside it: the layer guided by
-the registered model's table (layer-table, the version's `table/heapcast.hcltab`) against the
-same layer guided by the online counter (layer-guided), each against no prediction
-(layer-seed002) and glibc. Each layer is named with what it decides from
-(`Allocator.predictor`); the table's version is the one measured (tonight's in the night, the
-champion's on its own).
-
-With fewer than MIN_REPETITIONS rounds (the quick night) the line says how many, and that the
-rank test cannot reach p < 0.05 with so few.
+second's, with the two-sided rank test's p (decide.mann_whitney_p). With fewer than
+MIN_REPETITIONS rounds the line says how many. The cases and the pairs:
+docs/allocators.md#the-layers-cases.
 """
 
 from __future__ import annotations
@@ -215,7 +206,7 @@ LAYER_TABLE = "layer/cases.json"  # the measured cases on the model's run, one t
 # title, and the cases share their first words (numpy_...).
 HEADLINE_PAIRS = {
     ("layer-table", "layer-guided"): "vs_counter",
-    ("layer-table", "layer-seed002"): "vs_none",
+    ("layer-table", "layer-largest"): "vs_none",
 }
 LAYER_SECTION = "layer/"
 

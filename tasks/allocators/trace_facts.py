@@ -3,17 +3,11 @@ its candidates from (tasks.allocators.advise).
 
 Takes the tracer's files of one run (native/FORMAT.md, callers on), read by the one reader
 (tasks.format.trace_reader) and paired by the converter (tasks.dataset.convert_trace: lifetimes,
-freed sizes), and the probe's lines of the same run. Gives a frozen `HeapFacts`:
-
-- the large sizes (from `large_block_bytes`, glibc's default mmap threshold) allocated and freed
-  again and again (`REPEATED` times at least), how often, and the peak bytes they held at once;
-- the depth of small-size churn: at each request of a small size (up to glibc's tcache limit)
-  that a block its thread freed could serve, how many such blocks were waiting;
-- peak live heap bytes against the process's peak RSS (the traced run's, by hc-measure);
-- the most threads that allocate in one process; how long the freed blocks lived;
-- mallopt: the calls the probe saw in the run (`mallopt` lines), and the mapped modules (from the
-  trace's module map) whose dynamic symbols import `mallopt` (`nm -D --undefined-only`): the
-  tracer does not record mallopt itself.
+freed sizes), and the probe's lines of the same run. Gives a frozen `HeapFacts`: the large sizes
+freed again and again (`REPEATED` times at least) and their peak bytes, the depth of small-size
+churn, peak live heap bytes against peak RSS, the most threads allocating in one process, the
+freed blocks' lifetimes, and mallopt (the probe's lines and the modules that import it). Each
+fact: docs/allocators.md#advice-from-the-trace.
 
 Per-event work is numpy over the converter's Arrow columns; the Python loops are over files and
 modules.

@@ -2,32 +2,14 @@
 
 The program runs on this host, in the caller's folder and environment, under each candidate of
 configs/allocators.yaml's `tune` list (or those asked for), each run through
-tasks.replay.runners.preload.run_preloaded: hc-measure (wall, CPU, ru_maxrss, faults, a digest
-of the standard output) and the probe (the candidate verified in force, run by run). The
-analysis is the allocators stage's own (tasks.allocators.stats: the output checked against
-glibc's, the Holm-corrected choice, the margin's interval), on a `Measurements` of one case.
+tasks.replay.runners.preload.run_preloaded: hc-measure (wall, CPU, ru_maxrss, faults, a digest of
+the standard output) and the probe (the candidate verified in force, run by run). The analysis is
+the allocators stage's own (tasks.allocators.stats), on a `Measurements` of one case.
 
-Order of work:
-1. the program is found and run once traced (the tracer, callers on, with the probe: it must
-   work and be reached; a static or setuid program, or one failing, stops here with an error
-   saying so). tasks.allocators.trace_facts reads what decides the settings from that run;
-   where the traced run fails but the program works alone, tune says so and measures the fixed
-   list (`trace=False`: that plain run only);
-2. tasks.allocators.advise derives candidates from the facts (`glibc-derived`: glibc's
-   tunables at the trace's values; heapcast's layer where its case shows) and rules out those
-   the trace says cannot help; a candidate whose library is missing is named with its Debian
-   package and left out, the others measured;
-3. rounds, every candidate still in once per round in a balanced order; tasks.allocators.rounds
-   drops a candidate that cannot win and stops once the choice is decided (or at
-   `max_repetitions`);
-4. the recommended setting is run alone once more: its output unchanged, its gain against the
-   margin's interval;
-5. the answer: the facts and why each candidate ran or not, a table (time, peak RSS, minor
-   faults per candidate relative to glibc, with their spread), the recommendation and the exact
-   line to paste, and an HTML page in the heap report's style with time against memory.
-
-A program whose output differs from run to run under glibc (it prints times, addresses) cannot
-have its output compared: the answer says so and only exit codes are compared.
+Order of work (docs/allocators.md#tunes-order-of-work): one traced run
+(tasks.allocators.trace_facts), candidates derived (tasks.allocators.advise), rounds
+(tasks.allocators.rounds), a check run of the recommendation, the answer and its HTML page. A
+program whose output differs from run to run under glibc has only its exit codes compared.
 """
 
 from __future__ import annotations
@@ -351,7 +333,10 @@ def tune(
         raise TuneError(f"{program} is not an executable file; give the program to run")
     argv = [program, *argv[1:]]
     tcfg = config.tune
-    names = list(candidates or (tcfg.candidates if tcfg else config.names()))
+    # a former name (config.resolve, RENAMED_POLICIES) is the candidate's name now
+    names = [
+        config.resolve(n) for n in (candidates or (tcfg.candidates if tcfg else config.names()))
+    ]
     unknown = [n for n in names if n not in config.names()]
     if unknown:
         raise TuneError(

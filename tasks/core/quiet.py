@@ -1,20 +1,12 @@
 """TensorFlow's start-up lines, held to the user's TF_CPP_MIN_LOG_LEVEL.
 
-TensorFlow (2.18+) loads its libraries with Abseil logging not yet initialised, and Abseil then
-writes every message to stderr whatever TF_CPP_MIN_LOG_LEVEL says ("WARNING: All log messages
-before absl::InitializeLog() is called are written to STDERR", oneDNN, "Could not find cuda
-drivers", CPU instructions: twice, once per library). The level only applies after. So, while
-`tensorflow` is imported, the process's stderr (file descriptor 2, where the C++ code writes) goes
-to a temporary file; after, the lines below the level are dropped and the others written to
-stderr as they came. The import itself is unchanged: `install()` adds a finder that only wraps
-the module's exec_module, once.
-
-Levels are TF's: 0 everything, 1 no INFO, 2 no WARNING either, 3 no ERROR either. Lines that are
-not Abseil records (a Python warning, a traceback) are always kept.
-
-Three lines of other libraries say nothing to a heapcast user and are dropped, each matched by its
-logger (or warning category) and the start of its message, never by level: the rest of those
-loggers still speaks (`quiet_library_lines`).
+While `tensorflow` is imported, the process's stderr (file descriptor 2, where the C++ code
+writes) goes to a temporary file; after, the lines below the level are dropped and the others
+written to stderr as they came. The import itself is unchanged: `install()` adds a finder that
+only wraps the module's exec_module, once. Levels are TF's (0 everything .. 3 no ERROR either);
+lines that are not Abseil records are always kept. Three lines of other libraries are dropped,
+each matched by its logger (or warning category) and the start of its message, never by level
+(`quiet_library_lines`). Why: docs/pipeline.md#tensorflows-start-up-lines.
 """
 
 from __future__ import annotations

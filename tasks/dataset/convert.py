@@ -235,14 +235,13 @@ def pair_frees(def_addr: np.ndarray, free_addr: np.ndarray) -> Pairing:
     def_addr[i]: the address of the block row i defines (0: none); free_addr[i]: the address row
     i frees (0: none). A row may do both (realloc): its free half comes first.
 
-    Every free half and every definition becomes an entry keyed (address, 2*row + half), half 0
-    for the free, 1 for the definition. Sorted by that key, the entries of one address are its
-    history in call order. A free pairs with the entry just before it when that entry is a
-    definition of the same address: the latest earlier allocation, not yet freed. If the entry
-    before is a free, the block was already freed (double free), and if there is none, the
-    address was never allocated in the trace: both are unpaired. Symmetrically a definition is
-    freed by the entry just after it when that is a free of the same address; a definition
-    followed by another definition (a free the trace missed) or by nothing is never freed.
+    Each free half and each definition is an entry keyed (address, 2*row + half: 0 the free, 1 the
+    definition); sorted, the entries of one address are its history in call order. A free pairs
+    with the entry just before it when that is a definition of the same address (the latest earlier
+    allocation, not yet freed); after a free (double free) or with none before it (never allocated
+    in the trace) it is unpaired. A definition is freed by the entry just after it
+    when that frees the same address; followed by another definition (a free the trace missed) or
+    by nothing, it is never freed.
     """
     n = len(def_addr)
     a, f = _pairs(

@@ -6,23 +6,12 @@ through it; `partitions` is the writer.
     iter_batches(root, w, r, columns)            the same rows a record batch at a time
     RunParts.of_run(root, w, r) / .of_folder()   the committed parts, for a reader per part
 
-CALL ORDER, as the converter writes it (tasks/dataset/convert.py): one part per raw trace file,
-i.e. per process image; parts in the order of their names (`part-<pid>-<ns>.parquet`, named
-after the raw file); within a part, the process's calls in time order, each thread's calls
-numbered by `seq`. A reader that wants per-thread order sorts by (pid, thread, seq) itself.
-
-THE MANIFEST RULE. A run's committed parts are those its `_summary.json` lists under "parts"
-(the converter writes the summary last, in one object write: the commit record). A run without
-that list (converted before the manifest existed, or made by hand) is every visible
-`part*.parquet`-like file in its folder, less the commit-tagged names a commit in progress is
-copying in. So a reader never sees two commits' parts mixed:
-- object store: each commit writes its parts under new names (`part-<stem>.<commit>.parquet`)
-  and then replaces the summary; stale parts are deleted after. A reader that finds a listed
-  part gone retries once against the new summary.
-- local folder: a commit swaps the whole run folder (rename), and the reader resolves the
-  summary and every part through one open handle of the folder it started with (Linux
-  /proc/self/fd), so it reads one folder's files; a part deleted under it: retry once.
-Errors name the workload, the run and the file, and say what to do.
+CALL ORDER: one part per raw trace file (per process image), parts in the order of their names,
+within a part the process's calls in time order; a reader that wants per-thread order sorts by (pid,
+thread, seq) itself. THE MANIFEST RULE: a run's committed parts are those its `_summary.json` lists,
+so a reader never sees two commits' parts mixed; a listed part gone is retried once. Both in full:
+docs/dataset.md#reading-the-events. Errors name the workload, the run and the file, and say what to
+do.
 """
 
 from __future__ import annotations
@@ -190,7 +179,7 @@ class _FolderHandle:
 
 @dataclass
 class RunParts:
-    """The committed parts of one run, resolved once (the manifest rule, module docstring):
+    """The committed parts of one run, resolved once (the manifest rule: docs/dataset.md#reading-the-events):
     their names in call order, the summary, and how to open each. Close it when done (or use
     it as a context manager): a local one holds its folder open."""
 

@@ -1,16 +1,12 @@
 """Keep a converting worker's freed memory for its next conversion; give it back when idle.
 
-glibc's malloc hands each large block (> 32 MiB at most) straight to mmap and unmaps it on free,
-so every full-size numpy temporary of a conversion is fresh memory that the kernel (and, in a VM,
-the hypervisor) must fault in and zero again: measured on a 22.5 M-event trace, about a third of
-a conversion's CPU time. While conversions run (`heap_kept`), large blocks come from the heap and
-freed memory stays there for the next temporary. A worker converts a run's files back to back,
-so the memory is kept for HOLD_S seconds after the last conversion ends: the next file reuses it
-instead of faulting it in again. When no conversion starts within that time, malloc's settings
-are restored and malloc_trim gives the memory back to the system. No effect without glibc.
-
-Other code of the process that allocates during a conversion or the hold also takes its large
-blocks from the heap; that costs at most fragmentation until the release.
+While conversions run (`heap_kept`), large blocks come from the heap (not glibc's mmap, whose
+fresh pages cost about a third of a conversion's CPU time) and freed memory stays there for the
+next temporary. The memory is kept for HOLD_S seconds after the last conversion ends; when no
+conversion starts within that time, malloc's settings are restored and malloc_trim gives the
+memory back to the system. No effect without glibc. Other code of the process that allocates
+during a conversion or the hold also takes its large blocks from the heap; that costs at most
+fragmentation until the release. Why: docs/dataset.md#a-converting-workers-heap.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ LAYER_SOURCES = (
     "layers/predictor.h",
     "bootstrap_pool.h",
     "module_range.h",
+    "site_key.h",
     "real.h",
     "Makefile",
 )
@@ -57,6 +58,8 @@ LAYER_SOURCES = (
 PLACE_SOURCES = (
     "layers/place.c",
     "bootstrap_pool.h",
+    "site_key.h",
+    "module_range.h",
     "real.h",
     "Makefile",
 )

@@ -1,18 +1,14 @@
 """What a version's networks answered on its evaluation runs, kept for the stages after training.
 
-The evaluation computes, on every evaluation run, the next-call model's top-5 at each scored
-position (tasks.learning.model.predict_positions) and the questions' network's reuse answer at
-each free (tasks.learning.question_network.soon_of). whatif replays the same runs with the same
-answers: computing them again cost the quick night about 70 s of TensorFlow (6 runs, 2 cores).
-So the evaluation keeps them (`RunAnswers`), the registry logs them with the version
-(tasks/registry/answer_artifacts.py), and whatif reads them back.
+The evaluation keeps, per evaluation run (`RunAnswers`), the next-call model's top-5 at each
+scored position (tasks.learning.model.predict_positions) and the questions' network's reuse
+answer at each free (question_network.soon_of); the registry logs them with the version
+(tasks/registry/answer_artifacts.py) and whatif reads them back instead of computing them again.
 
 An answer is only reused on exactly the calls it was made on: each carries the digest of what
-it answered (`tokens_digest` of the token run for `top`, `rows_digest` of the events rows for
-`soon`), and a reader holding different calls (another cap, a run converted again since)
-computes its own. The answers are the evaluation's own, made causally (each from the calls
-before its position), so reading them changes no decision: whatif's tests hold the two paths
-equal row for row.
+it answered (`tokens_digest` for `top`, `rows_digest` for `soon`), and a reader holding
+different calls computes its own. The answers are causal, so reading them changes no decision:
+whatif's tests hold the two paths equal row for row. Why: docs/learning.md#the-logged-answers.
 """
 
 from __future__ import annotations

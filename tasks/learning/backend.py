@@ -4,15 +4,9 @@ One model for every backend (Keras 3): TensorFlow on the CPU by default, JAX on 
 (by itself where the `gpu` extra is installed, or `KERAS_BACKEND=jax`), PyTorch where it is what
 a machine has. Model, data and prediction code use `keras.ops` and numpy only; this module is the
 one place that asks a backend what it sees (its devices, its chip) or sets what it needs:
-
-- JAX computes in 32-bit integers unless told otherwise, and the n-gram lookup's context keys
-  are 62-bit (tasks/learning/model.py, NGramFeatures): `configure` turns JAX's 64-bit mode on
-  before any model is built or loaded. Floats stay as Keras asks (float32, or the mixed policy).
-- Where the backend sees several devices (JAX: GPUs, or simulated host devices in tests),
-  training is data-parallel over all of them with Keras's distribution API (`data_parallel`):
-  each step splits its batch across the devices and averages their gradients.
-- A GPU trains in a mixed policy that suits its chip: bfloat16 from compute capability 8.0
-  (A100, H100, H200), float16 below, float32 on a CPU; the softmax stays float32 either way.
+`configure` turns JAX's 64-bit mode on before any model is built or loaded (the n-gram keys are
+62-bit), `data_parallel` spreads training over every device the backend sees, and a GPU trains in
+the mixed policy its chip suits. The rules: docs/gpu.md#the-backend-module.
 """
 
 from __future__ import annotations

@@ -6,12 +6,9 @@ positions are given by the caller (tasks.learning.sequences.eval_positions), nev
 
 - majority: the training data's most frequent tokens.
 - repeat_last: the thread's previous token (then the most recent other tokens).
-- ngram: count tables of (previous k tokens -> next) for k = 1..K from the training runs, and
-  back-off: a position is answered by the highest order whose context was seen in training.
-  K is chosen on the validation runs. Contexts are hashed (polynomial in uint64, wrapping) so
-  every order is a sort and a searchsorted over numpy arrays; nothing loops per event.
-- ngram_online: the online counter (tasks/learning/online.py, compiled): no training, counts of
-  the thread's own past, predict then learn.
+- ngram: back-off count tables of (previous k tokens -> next), k = 1..K chosen on the validation
+  runs; contexts hashed, every order a sort and a searchsorted (docs/learning.md#the-baselines).
+- ngram_online: the online counter (tasks/learning/online.py): counts of the thread's own past.
 
 No TensorFlow in this module.
 """

@@ -1,42 +1,15 @@
 """The questions' network corrected inside the run: a per-process mixture of the network and the
 online counters, weighted by how well each has answered this process so far.
 
-Why: the network learns, from other programs' traces, when to trust the counters (its inputs);
-on a program unlike those (perl's lifetimes after make's and git's, whose blocks are often never
-freed), its priors can be worse than a counter that has watched this very process. A program
-that watches itself can tell: once a call's answer becomes known (labels.py; at the free for a
-lifetime, at the next request of the class for reuse), each predictor's probability of the true
-class is its likelihood. The mixture's weights are the predictors' posterior given the labels
-known so far (Bayes' rule over experts, with a small fixed share so that a weight can recover):
-its log-loss on a process is at most the best predictor's plus log(number of predictors), plus
-the share's small cost per update, whatever the process.
+Once a call's answer becomes known (labels.py), each predictor's probability of the true class is
+its likelihood; the weights are the predictors' posterior (Bayes' rule over experts, with a small
+fixed share, SHARE, so that a weight can recover). The majority and process_prior are among the
+experts, so a network out of its depth costs little: the bound and the figures measured are in
+docs/learning.md#the-hedge.
 
-No confidently wrong answers (issue 43): a network out of its depth (~1 on a wrong class at
-every call) must cost the mixture no more than the training runs' majority would. So two
-predictors it can always fall back on are among its experts for every question: the majority
-itself, and process_prior (the process's own classes so far, from the majority: on a program
-unlike the training runs it beats the majority, 1.37 against 1.52 on perl's reuse). The bound,
-against either, for n answers of one key (call site and class) whose classes are known before
-the next call: mean log-loss <= the expert's + log(E) / n + (updates / n) * -log(1 - SHARE),
-with E = 5 experts for reuse (network, site_online, class_online, process_prior, majority) and
-6 for a lifetime (network_survival too): log(5) = 1.61 and log(6) = 1.79 nats in all, 0.0016
-and 0.0018 a call at n = 1000; -log(1 - 0.05) = 0.051 an update, an update being a class known
-whole or in part (a block still live past an edge: 1 to 5 per answer, edges + 1 at most). The
-bound's share term is the worst case (the expert's weight near 1 and every other one's answer
-0); once the expert leads, the others keep about SHARE * (E - 1) / E = 0.04 of the weight, a
-price of about -log(1 - 0.04) = 0.041 a call, less where they are not all wrong (0.036
-measured, with 4 experts, on a stream built to fool the network: test_hedge.py). Two costs the bound
-leaves out: an answer made before earlier answers' classes are known (the first calls of a
-process are answered with even weights), and a key met for the first time, whose weights start
-from the process's. Measured (the champion of the quick night on its held-out rows, before ->
-after): perl (never trained on) reuse 1.107 -> 1.026, lifetime_calls 1.274 -> 1.218,
-lifetime_time 1.084 -> 1.030, the majority's 1.523, 1.652, 1.313; the runs of trained programs
-0.01-0.04 worse (the price of two more experts; at most 0.041 above the network alone, on
-make_build's lifetime_time, 0.828 against 0.787) and every cell far below the majority.
-
-Causal: the answer at a call reads the predictors' answers at that call and the labels known
-before it (due <= the call), nothing later; tests/tasks/learning/test_hedge.py changes the later
-labels. The predictor's name in the tables is HEDGED.
+Causal: the answer at a call reads the predictors' answers at that call and the labels known before
+it (due <= the call), nothing later; tests/tasks/learning/test_hedge.py changes the later labels.
+The predictor's name in the tables is HEDGED.
 """
 
 from __future__ import annotations
@@ -100,10 +73,9 @@ def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, sha
     says at row ev_row what became known of row ev_f's class: ev_j >= 0, that it is above class
     ev_j (a block still live past an edge; each expert's factor P(> j) / P(> known before)); ev_j
     < 0, that it is label[ev_f] (P(label) / P(> known before)). The factors of one row telescope
-    to its whole likelihood, P(label), whether or not it had crossings before its label (until
-    2026-11-26 a label alone counted P(label) / P(>= label): a reuse label, which came without
-    crossings, taught nothing when it was "later or never"). experts float64 [E, n, k]; rows in
-    process call order."""
+    to its whole likelihood, P(label), whether or not it had crossings before its label. experts
+    float64 [E, n, k]; rows in process call order.
+    """
     n_exp, n, k = experts.shape
     # the class each row is known to be above so far (-1: nothing known): an event's factor is
     # the probability of what it tells GIVEN what was known before, so the factors of one row
@@ -207,21 +179,18 @@ def process_prior(
     edges: int,
     weight: float = PRIOR_WEIGHT,
 ) -> np.ndarray:
-    """float64 [m, k] at `rows` (table order, with their `labels`): the fallback expert PRIOR,
-    the process's own classes so far, whatever call site or size class asks: the training
-    runs' `majority` (float64 [k]) at the process's first call, then corrected by each of its
-    asked rows as its class becomes known (`events`, as hedged's: a label whole, or a block
-    still live past an edge, so that a process whose blocks outlive every edge learns it before
-    they are freed, if ever; the split of those between "later" and "never freed" stays the
-    majority's). A Bayes estimate centred on the majority (the hazards' Beta priors of `weight`
-    blocks): on a process like the training runs it answers as the majority does, on one unlike
-    them it moves to the process's own frequencies. Not a bound against the majority by itself:
-    a hazard is learnt from the blocks whose fate at that edge is known, which early in a long
-    process are the short-lived ones (cpython's lifetimes in calls: 1.74 against the
-    majority's 1.52; numpy_stack's in time: 2.29 against 1.78), hence the majority beside it in
-    EXPERTS.
-    `edges`: the question's class edges (k - 1 for reuse, k - 2 for a lifetime). Causal: the
-    answer at a call reads the events at rows <= the call only."""
+    """float64 [m, k] at `rows` (table order, with their `labels`): the fallback expert PRIOR, the
+    process's own classes so far, whatever call site or size class asks: the training runs'
+    `majority` (float64 [k]) at the process's first call, then corrected by each of its asked
+    rows as its class becomes known (`events`, as hedged's: a label whole, or a block still live
+    past an edge; the split of those between "later" and "never freed" stays the majority's). A
+    Bayes estimate centred on the majority (the hazards' Beta priors of `weight` blocks); not a
+    bound against the majority by itself, hence the majority beside it in EXPERTS
+    (docs/learning.md#the-hedge).
+
+    `edges`: the question's class edges (k - 1 for reuse, k - 2 for a lifetime). Causal: the answer
+    at a call reads the events at rows <= the call only.
+    """
     n, k = len(order), len(majority)
     where = np.empty(n, np.int64)
     where[order] = np.arange(n)

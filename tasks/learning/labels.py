@@ -1,23 +1,18 @@
 """The two questions an allocator asks, as labels computed once from the events dataset.
 
 - REUSE, at a free of a block of size class c: how many calls of the PROCESS until the next
-  request of class c (any thread: a freed block serves the whole process), bucketed by
-  REUSE_EDGES: class 0 within 1 call, 1 within 16, 2 within 256, 3 within 4096, 4 later or never.
+  request of class c, bucketed by REUSE_EDGES (1, 16, 256, 4096 calls; the last class later or
+  never).
 - LIFETIME, at an allocation: how long its block lives, in calls of the process
-  (LIFETIME_CALL_EDGES) and in time (LIFETIME_NS_EDGES), each bucketed; a block never freed in
-  the trace is a class of its own (the last, NEVER_FREED_* ).
+  (LIFETIME_CALL_EDGES) and in time (LIFETIME_NS_EDGES); a block never freed in the trace is a
+  class of its own (NEVER_FREED_*).
 
-Rows. A free is a free or realloc row that frees a block whose size is known (freed_size not
-null: a plain free, a realloc's free half); an allocation is a row that defines a block (addr != 0) with a
-malloc-family op, realloc included. Other rows get NO_LABEL (-1) for that question. A process's
-call order is by time_ns, then thread and seq (rows may be stored in any order); lifetimes come
-from the dataset's lifetime columns (one place for each fact), the reuse distance from one
-compiled backward pass over each process's calls.
+Rows that do not ask a question get NO_LABEL (-1); which rows ask, and the call order:
+docs/learning.md#the-questions-labels.
 
-CAUSALITY. Labels are targets: they read the future of the trace by definition (the next request,
-the free to come). A predictor of them may read only calls before and at the row it answers for;
-they must never be an input (tests/tasks/learning/test_labels.py holds them to a plain-Python
-reference; the predictors' causality is tested where they are built).
+CAUSALITY. Labels are targets: they read the future of the trace by definition. A predictor of them
+may read only calls before and at the row it answers for; they must never be an input
+(tests/tasks/learning/test_labels.py holds them to a plain-Python reference).
 
 No TensorFlow here.
 """

@@ -2,19 +2,11 @@
 
 The question (tasks/learning/labels.py): at an allocation of size class c, how long will the
 block live, in calls of the process ("lifetime_calls") and in time ("lifetime_time"), bucketed,
-never freed a class of its own? The same three predictors answer at every allocation:
-
-- majority: the training runs' distribution of the lifetime classes;
-- class_online: per process, per size class, counts of the classes of the process's EARLIER
-  allocations of that class, each counted at the call that frees it (when its lifetime becomes
-  known); a block still live is not counted, so these counters never learn "never freed" (only
-  the end of the process tells it): a reason a model can beat them there;
-- site_online: the same keyed by the allocation's call site and class, TCMalloc's counters per
-  allocation stack; a site never seen, or a call without a site, answers as class_online.
-- site_survival: per call site and class, what is known of the process's earlier blocks by
-  then, the still-live ones included: a block live past an edge is known to be above that
-  edge's class (censored), so the discrete Kaplan-Meier hazards learn long lives, and "never
-  freed", before any such block is freed, which the two counters above never do (_survival).
+never freed a class of its own? The predictors answer at every allocation: majority,
+class_online and site_online (counted at the call that frees a block, so they never learn "never
+freed"), and site_survival (censored Kaplan-Meier hazards per call site and class, which learn
+long lives before any such block is freed: _survival). Each, in full:
+docs/learning.md#the-lifetime-questions-predictors.
 
 Where a free lands: the dataset's lifetime_calls counts calls of the process from the
 allocation to the free, so the free is that many calls later in the process's call order
@@ -83,16 +75,17 @@ SURVIVAL_EPS = 4.0  # blocks' worth of the process's hazards in a site's own est
 
 @njit(cache=True)
 def _survival(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, k, eps, prior, out):
-    """out[i] at every allocation row i (ask[i] >= 0): from the process's earlier allocations of
-    i's key, what became known of them by row i (events as tasks/learning/hedge.py's
-    censored_events: ev_j >= 0, the block outlived edge ev_j; ev_j < 0, its free with its class),
-    the discrete Kaplan-Meier estimate: for each class j below the last edge, the hazard
-    ended[j] / (ended[j] + outlived[j]) (a block still inside class j's interval counts for
-    neither), each shrunk toward a prior hazard with `eps` blocks' weight; past the last edge,
-    the blocks freed so far against those not (yet) freed split the rest between "later" and
-    "never freed", shrunk the same way. The prior: row i's own distribution prior[i] where it
-    has one (a row of prior summing to > 0: the network's answer at i), else the process's
-    hazards so far. Rows in process call order; prior float64 [n, k] or [0, k] for none."""
+    """out[i] at every allocation row i (ask[i] >= 0): from the process's earlier allocations of i's
+    key, what became known of them by row i (events as tasks/learning/hedge.py's censored_events:
+    ev_j >= 0, the block outlived edge ev_j; ev_j < 0, its free with its class), the Kaplan-Meier
+    estimate: for each class j below the last edge, the hazard ended[j] / (ended[j] +
+    outlived[j]) (a block still inside class j's interval counts for neither), each shrunk toward
+    a prior hazard with `eps` blocks' weight; past the last edge, the blocks freed so far against
+    those not yet freed split the rest between "later" and "never freed", shrunk the same way.
+    The prior: prior[i] where that row sums to > 0 (the network's answer at i), else the
+    process's hazards so far. Rows in process call order; prior float64 [n, k] or [0, k] for
+    none.
+    """
     ended = np.zeros((n_keys, k))
     outlived = np.zeros((n_keys, k))
     p_ended = np.zeros(k)

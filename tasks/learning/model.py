@@ -1,25 +1,14 @@
 """The next-call models (Keras 3), and the model's answers at the scored positions.
 
-The article's network: a frozen one-hot embedding of the 64 tokens, LSTM 128 -> LSTM 64, a
-dense softmax over 64. Here the recurrent kind (LSTM or GRU), units, layers and dropout are
-settings. In `sequence` mode the last recurrent layer returns sequences and the dense layer
-runs at every step (one forward pass, one prediction per position); in `windows` mode it
-returns only its last state (the article's one window -> one label).
-
-Backends: one model for TensorFlow, JAX and PyTorch; everything here is keras.ops or numpy
-(tasks/learning/backend.py picks the device and the precision). The recurrent layers keep cuDNN's
-conditions (tanh/sigmoid, recurrent_dropout 0, unroll False, use_bias True), so a backend that has
-the cuDNN kernel uses it on a GPU; the softmax stays float32 in every precision.
-
-Hybrid (`model.ngram_features`, sequence mode): the network also gets, per position, the
-back-off n-gram's answer from a table of the training runs held inside the model (see the
-section "hybrid" below: NGramTable, NGramFeatures, build_hybrid).
-
-Online (`model.online_features`, sequence mode): the network also gets, per position, what the
-online counter (tasks/learning/online.py) answers from the thread's own history so far, however
-long: the model adapts to the program it is watching, including one it never saw in training.
-Those features are a second input, `online` [B, T, 4], computed causally outside the graph
-(online_feature_matrix; tasks/learning/streaming.py keeps them per thread as calls arrive).
+The article's network (a frozen one-hot embedding of the 64 tokens, LSTM 128 -> LSTM 64, a dense
+softmax over 64) with the recurrent kind, units, layers and dropout as settings; `sequence` mode
+predicts at every position in one pass, `windows` mode one label per window. One model for
+TensorFlow, JAX and PyTorch (keras.ops or numpy only; tasks/learning/backend.py picks device and
+precision); the recurrent layers keep cuDNN's conditions and the softmax stays float32. Sequence
+mode can add the back-off n-gram's answer (`model.ngram_features`: NGramTable, NGramFeatures,
+build_hybrid, the section "hybrid" below) and the online counter's (`model.online_features`: a
+second input, `online` [B, T, 4], computed causally outside the graph). In full:
+docs/learning.md#the-next-call-models.
 """
 
 from __future__ import annotations

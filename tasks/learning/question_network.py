@@ -37,6 +37,7 @@ from keras import layers, ops
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 from tasks.learning.counters import online_by_due
 from tasks.learning.labels import (
+    LIFETIME_CALL_EDGES,
     LIFETIME_CLASSES,
     NO_LABEL,
     REUSE_CLASSES,
@@ -308,6 +309,67 @@ def distilled_table(
         has = at & (inp.sites > 0)  # sites: call site + 1, 0 where none
         np.add.at(by_site, (inp.sites[has] - 1, cls[has]), p[has])
     return ClassTable(sums, np.asarray(majority, float), by_site)
+
+
+# The placement layer's "long" (native/layers/place.c, native/TABLE.md): a block living past
+# LIFETIME_CALL_EDGES[-1] = 65536 calls of its process, or never freed (lifetime_calls classes
+# 4 and 5). The layer's own counter calls a block long past `horizon` allocations (262144, about
+# twice as many calls); 65536 calls is the network's longest edge, the nearest it can answer.
+LONG_LIFETIME_CLASS = len(LIFETIME_CALL_EDGES)
+
+
+def lifetime_entries(
+    site: np.ndarray, cls: np.ndarray, p_long: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The placement's lifetime table from allocations (call site 0..SITE_VOCABULARY-1, size
+    class 0..31, P(long) each): per (site, class) some allocation had, the key site * 32 + class
+    (uint32, rising) and the mean P(long) as a score, round(255 * p) (uint8)."""
+    key = np.asarray(site, np.int64) * N_SIZE_CLASSES + np.asarray(cls, np.int64)
+    size = SITE_VOCABULARY * N_SIZE_CLASSES
+    n = np.bincount(key, minlength=size)
+    total = np.bincount(key, weights=np.asarray(p_long, np.float64), minlength=size)
+    keys = np.flatnonzero(n)
+    mean = total[keys] / n[keys]
+    return keys.astype(np.uint32), np.rint(np.clip(mean, 0.0, 1.0) * 255).astype(np.uint8)
+
+
+def distilled_lifetime(
+    inputs: list[QuestionInputs], answers: list[dict[str, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The placement's lifetime table distilled from the network (`answers`: its answers at the
+    training runs' calls, TABLE row order): per (allocation call site, size class) the training
+    allocations had, the network's mean P(lifetime_calls class >= LONG_LIFETIME_CLASS) there.
+    Allocations without a call site (a trace without callers) give no entry: the layer's counter
+    answers for them."""
+    sites, classes, probs = [], [], []
+    for inp, ans in zip(inputs, answers, strict=True):
+        p = ans["lifetime_calls"][inp.order]  # process order
+        at = (inp.tokens < N_SIZE_CLASSES) & (inp.labels["lifetime_calls"] != NO_LABEL)
+        at &= inp.sites > 0  # sites: call site + 1, 0 where none
+        sites.append(inp.sites[at] - 1)
+        classes.append(inp.tokens[at])
+        probs.append(p[at, LONG_LIFETIME_CLASS:].sum(axis=1))
+    if not sites:
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint8)
+    return lifetime_entries(np.concatenate(sites), np.concatenate(classes), np.concatenate(probs))
+
+
+def observed_lifetime(tables: list[pa.Table]) -> tuple[np.ndarray, np.ndarray]:
+    """The same table from the runs' own lifetimes instead of a network's answers: per (call
+    site, size class), the share of the allocations that lived long (benchmarks/bench_place.py
+    makes one from a traced run this way; no registered model needed)."""
+    sites, classes, longs = [], [], []
+    for t in tables:
+        label = allocator_labels(t).lifetime_calls
+        req, _ = request_and_free_classes(t)
+        site = call_sites(t)
+        at = (req >= 0) & (label != NO_LABEL) & (site >= 0)
+        sites.append(site[at])
+        classes.append(req[at])
+        longs.append((label[at] >= LONG_LIFETIME_CLASS).astype(np.float64))
+    if not sites:
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint8)
+    return lifetime_entries(np.concatenate(sites), np.concatenate(classes), np.concatenate(longs))
 
 
 def load_question_network(path: str | Path) -> keras.Model:

@@ -3,11 +3,11 @@ distribution after each. Two forms:
 
 - StatefulStream (the one to use): the network stepped one call at a time, two recurrent states
   per thread, compiled, no TensorFlow per call; it answers exactly what the evaluation tables
-  score (tasks/learning/stepping.py says why that function; predict_chunked is its batch form).
-  `StatefulStream.from_registry()` builds it from any registered version's weights.
+  score (predict_chunked is its batch form). `StatefulStream.from_registry()` builds it from any
+  registered version's weights.
 - StreamingPredictor (the reference): re-runs the model over each thread's last `context`
-  calls per answer (predict_window is its batch form); 30-60x the wall time per answer
-  (benchmarks/results/streaming.json).
+  calls per answer (predict_window is its batch form);
+  30-60x the wall time per answer.
 
     from tasks.learning.streaming import StreamingPredictor
     from tasks.dataset.tokens import size_class
@@ -17,16 +17,7 @@ distribution after each. Two forms:
     p = sp.predict([7])                                   # {7: float32[64]}: its next call
     dists = sp.step({7: 32 + 6, 9: 12})                   # observe one call on each, then predict
 
-State is kept per thread: the last `context` tokens and, for a model with online features, the
-online counter over the thread's WHOLE history (tasks.learning.online.OnlineState, updated in
-O(1) per call). A prediction runs the model once over each asked thread's window, all asked
-threads of the same window width in one batch (a thread younger than `context` calls has a
-shorter window; windows are never padded), so the cost per prediction falls as threads are
-batched (benchmarks/bench_streaming.py).
-
-What a prediction equals: the registered model applied to the thread's last `context` tokens
-and their online features, exactly what `predict_window` computes in batch from a thread's
-whole token array (tests/tasks/learning/test_streaming.py holds the two equal).
+The state kept per thread and the batching: docs/learning.md#streaming-the-champion.
 """
 
 from __future__ import annotations

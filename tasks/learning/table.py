@@ -1,25 +1,17 @@
 """The allocator layer's table (native/TABLE.md), distilled from the questions' network.
 
-What the layer asks at a free of a block of size class c is the reuse question of
-tasks/learning/labels.py: will a block of class c be requested soon in this process? The network
-of tasks/learning/question_network.py answers it at every free from the process's past; this
-module holds, per size class, the sum of those answers over the training runs' frees
-(`ClassTable`, question_network.distilled_table; without a network, `class_table` counts the
-frees' true reuse classes instead), answers the question from it at the evaluation positions
-(the predictor `table` of the three tables, tasks/learning/reuse.py), and writes the layer's
-file: the keep score P(reuse class <= LAYER_SOON_CLASS | a free of class c) in the entry the
-layer reads.
+The layer asks at a free of a block of size class c the reuse question of tasks/learning/labels.py.
+This module holds, per key, the sum of the network's answers over the training runs' frees
+(`ClassTable`, question_network.distilled_table; without a network, `class_table` counts the frees'
+true reuse classes instead), answers the question from it at the evaluation positions (the predictor
+`table`, tasks/learning/reuse.py), and writes the layer's file: the keep score P(reuse class <=
+LAYER_SOON_CLASS | a free of class c).
 
-Its keys (format 3): the free's call site and size class where the training frees had that site
-(tasks/learning/sites.py: the hash the layer computes from the free's return address). A site
-answers only where training saw it; elsewhere the layer asks its online counter (the thread's
-own past), and the evaluation the per-process class counter in its place (`class_online`: the
-reuse question's online counter). On the full night's champion, at sites training never saw, the
-network keeps 7% of frees and 40% are reused soon, where the class alone says keep: the counter
-there is right on 94.5% of the unseen runs' frees, the class on 92.2%
-(benchmarks/studies/results/table_sites_full.json). A table without site keys (format 2, a trace without
-callers) answers by the size class alone (the free's token, the layer's one-token context).
-`TableAgreement.site_coverage` says how many frees a site answered.
+Its keys (format 3): the free's call site (tasks/learning/sites.py) and size class where the
+training frees had that site; elsewhere the layer asks its online counter, and the evaluation
+`class_online`. A table without site keys (format 2) answers by the size class alone.
+`TableAgreement.site_coverage` says how many frees a site answered. Why sites, and the figures:
+docs/layer.md#the-table-distilled-from-the-network.
 """
 
 from __future__ import annotations

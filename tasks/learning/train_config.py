@@ -2,23 +2,13 @@
 
 No TensorFlow here: the flow, the tests and the benchmark read the config cheaply.
 
-The split is where honesty is decided, so its rule is written down once, here:
-
-- `train` runs of a workload feed the model and the baselines' tables.
-- `evaluation` runs are other runs (another input) of the same workloads: the "unseen_runs"
-  table. Nothing from them is ever seen in training, early stopping or order selection.
-- `validation` is what early stopping and the n-gram's order choice look at. By default it is a
-  run of its own (a third run). A workload with only two runs has none to spare: then its
-  validation is the time-ordered last `validation_fraction` of each thread of its train run
-  (those tokens are cut from training). Neighbouring tokens of one trace leak into such a
-  validation, so it may stop training a little late or pick a longer n-gram order; it never
-  touches the reported numbers, which come from the evaluation runs alone.
-- `heldout_workloads` are never trained on at all: every run of theirs is evaluated.
-- `heldout_programs` hold out whole programs (the catalog's `program` of each workload): every
-  workload of theirs is held out. Held-out runs of a program that no training run comes from
-  form the "unseen_programs" table; the other held-out runs (a program also trained on through
-  another workload) form "heldout_workloads". Naming a held-out program that is also trained
-  on, or one no workload runs, is an error before training starts.
+The split decides honesty; its rule in full is docs/learning.md#the-split. In short: `train` runs
+feed the model and the baselines' tables; `evaluation` runs (another input of the same workloads,
+"unseen_runs") are never seen in training, early stopping or order selection; `validation` is a
+third run, or the last `validation_fraction` of each thread of a workload with two runs;
+`heldout_workloads` and `heldout_programs` are never trained on ("heldout_workloads",
+"unseen_programs"). Naming a held-out program that is also trained on, or one no workload runs, is
+an error before training starts.
 """
 
 from __future__ import annotations

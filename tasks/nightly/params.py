@@ -1,25 +1,14 @@
 """The `nightly` flow's parameters: the three stages' parameter models, and what they share.
 
-One form in the Prefect UI: the stages' own parameters (each with its defaults from configs/),
-plus two settings that apply to every stage at once:
+One form in the Prefect UI: the stages' own parameters (each with its defaults from configs/), plus
+two settings that apply to every stage at once: `root` (one data root for the whole night; empty:
+the `train` stage's) and `quick` (the quick workload subset and configs/train-quick.yaml).
+`allocators` and `seeds` (both off by default) add the allocators stage, or only the layer's cases,
+to the night. Where the stages run is configuration, not code. In full:
+docs/pipeline.md#the-nightly-flows-parameters.
 
-- `root`: one data root for the whole night (each stage's own `root` is replaced by it; empty:
-  the `train` stage's);
-- `quick`: the quick workload subset and configs/train-quick.yaml (the demo, the tests); whatif
-  replays each workload's smallest evaluation run only (every workload keeps its line).
-
-`allocators` (off by default) adds the `allocators` stage to the night: every workload under every
-allocator of configs/allocators.yaml, measured. It has a weekly deployment of its own; the option
-is for a night that should answer the allocator question too (it adds the replays' time, several
-times over). `seeds` (off by default) measures only the layer's cases under the mallocs and
-heapcast's layer, with fewer rounds in the quick night (the summary says how many).
-
-Where the stages run is configuration, not code: the Dask scheduler comes from the dataset
-parameters, whose default is $HEAPCAST_DASK_SCHEDULER, else a local cluster; the MLflow store from
-configs/tracking.yaml, else $MLFLOW_TRACKING_URI, else the embedded store under the root.
-
-The strings of the form are resolved once, where the night starts (`NightlyParams.stages`): the
-data root, the tracking config and the catalog are a `NightContext` that every step takes.
+The strings of the form are resolved once, where the night starts (`NightlyParams.stages`): the data
+root, the tracking config and the catalog are a `NightContext` that every step takes.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Per evaluation table, every predictor's scores on every question as one MLflow t
 of metrics; three headline metrics; and the layer's table file (`table/heapcast.hcltab`) written
 for this version, with its coverage and agreement (`questions/table_agreement.json`), and the
 questions' network itself (`questions/network.keras`, tasks/learning/question_network.py
-load_question_network reads it).
+load_question_network reads it). Beside the layer's table, the placement layer's lifetime table
+(`table/heapcast.hclife`, native/TABLE.md), distilled here from the network over the training
+runs' allocations (`distil_lifetime`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,18 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from tasks.core.storage import Root
 from tasks.learning.hedge import HEDGED
 from tasks.learning.outcome import OVERALL, TrainOutcome
+from tasks.learning.reuse import read_events
+from tasks.learning.sequences import head_rows
 from tasks.learning.table import ModelTable, model_version_number, write_layer_table
-from tasks.registry.table_cache import table_file, write_atomically
+from tasks.registry.table_cache import (
+    lifetime_file,
+    table_file,
+    write_atomically,
+    write_lifetime_table,
+)
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target
 
 TABLE_ARTIFACT = "table"
@@ -27,6 +37,8 @@ NETWORK_ARTIFACT = "questions"
 NETWORK_FILE = "network.keras"
 TABLE_FILE = "heapcast.hcltab"
 TAG_TABLE = "heapcast.table"  # where the layer's table is, and what it is made from
+LIFETIME_FILE = "heapcast.hclife"  # the placement's lifetime table, beside the layer's
+TAG_LIFETIME = "heapcast.lifetime_table"  # where it is, or why none was made
 # the inputs the logged questions' network was trained on (question_network.INPUTS_VERSION);
 # a network logged before the tag existed reads version 1
 TAG_NETWORK_INPUTS = "heapcast.questions_inputs"
@@ -70,6 +82,58 @@ def headline_metrics(outcome: TrainOutcome) -> dict[str, float]:
     return out
 
 
+def distil_lifetime(outcome: TrainOutcome):
+    """The placement's lifetime table of this outcome: its questions' network asked at every
+    call of the training runs (read again from the dataset root, each capped as the evaluation
+    capped it: data.max_eval_tokens), averaged per (allocation call site, size class)
+    (question_network.distilled_lifetime). (keys, scores); raises what reading the runs raises."""
+    # deferred: Keras
+    from tasks.learning.question_network import answered_inputs, distilled_lifetime
+
+    root = Root.from_url(outcome.dataset.root)
+    cap = (outcome.config.get("data") or {}).get("max_eval_tokens")
+    model = outcome.question_network.model
+    inputs, answers = [], []
+    for w, r in outcome.dataset.train_runs:
+        _, inp, said = answered_inputs(head_rows(read_events(root, w, r), cap), model)
+        inputs.append(inp)
+        answers.append(said)
+    return distilled_lifetime(inputs, answers)
+
+
+def log_lifetime_table(outcome: TrainOutcome, version: str) -> None:
+    """Inside the version's active MLflow run: the placement's lifetime table for `version`
+    (table/heapcast.hclife), or the tag saying why none was made."""
+    import mlflow  # deferred: start-up time
+
+    if outcome.question_network is None:
+        mlflow.set_tag(TAG_LIFETIME, "not made: training built no questions' network")
+        return
+    try:
+        keys, scores = distil_lifetime(outcome)
+    except (OSError, ValueError) as err:  # pyarrow's errors are ValueErrors or OSErrors
+        mlflow.set_tag(
+            TAG_LIFETIME,
+            f"not made: the training runs under {outcome.dataset.root} could not be read ({err})",
+        )
+        return
+    if len(keys) == 0:
+        mlflow.set_tag(TAG_LIFETIME, "not made: no training allocation had a call site")
+        return
+    with tempfile.TemporaryDirectory(prefix="heapcast-table-") as tmp:
+        path = write_lifetime_table(
+            Path(tmp) / LIFETIME_FILE, keys, scores, model_version_number(version)
+        )
+        mlflow.log_artifact(str(path), TABLE_ARTIFACT)
+    mlflow.set_tag(
+        TAG_LIFETIME,
+        f"{TABLE_ARTIFACT}/{LIFETIME_FILE}: the placement's lifetime table, {len(keys)} (call "
+        "site, size class) keys, distilled from the questions' network (its mean P(lifetime "
+        f"beyond 65536 calls or never freed) at the training allocations), for model version "
+        f"{version}",
+    )
+
+
 def log_questions(outcome: TrainOutcome, version: str) -> None:
     """Inside the version's active MLflow run: the question tables, the headline metrics, and
     the layer's table for `version` (when training built one)."""
@@ -93,6 +157,7 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
         from tasks.learning.question_network import INPUTS_VERSION  # deferred: Keras
 
         mlflow.set_tag(TAG_NETWORK_INPUTS, str(INPUTS_VERSION))
+    log_lifetime_table(outcome, version)
     if outcome.class_table is None:
         mlflow.set_tag(TAG_TABLE, "not made: training built no table")
         return
@@ -123,6 +188,22 @@ def fetch_table(tracking: TrackingConfig, model: str, dest: Path) -> ModelTable 
     alias such as `champion`), downloaded into the folder `dest` as `v<version>.hcltab`; None
     when no such version is registered yet (a fresh store: nothing to read). A version whose
     run logged no table (one registered before tables existed) raises, naming it."""
+    return _fetch(tracking, model, dest, TABLE_FILE, table_file, "the layer's table", TAG_TABLE)
+
+
+def fetch_lifetime_table(tracking: TrackingConfig, model: str, dest: Path) -> ModelTable | None:
+    """The placement's lifetime table of the version `model` names, as fetch_table (into
+    `dest` as `v<version>.hclife`)."""
+    return _fetch(
+        tracking, model, dest, LIFETIME_FILE, lifetime_file, "the lifetime table", TAG_LIFETIME
+    )
+
+
+def _fetch(
+    tracking, model: str, dest: Path, name: str, local, what: str, tag: str
+) -> ModelTable | None:
+    """fetch_table's body: the artifact `name` of the version's run, as local(dest, version);
+    `tag`: the run's tag that says why a file was not made."""
     configure(tracking)
     from mlflow import MlflowClient  # deferred: mlflow's import is slow
     from mlflow.exceptions import MlflowException
@@ -140,15 +221,17 @@ def fetch_table(tracking: TrackingConfig, model: str, dest: Path) -> ModelTable 
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="heapcast-table-") as tmp:
         try:
-            got = client.download_artifacts(version.run_id, f"{TABLE_ARTIFACT}/{TABLE_FILE}", tmp)
+            got = client.download_artifacts(version.run_id, f"{TABLE_ARTIFACT}/{name}", tmp)
         except (MlflowException, OSError) as err:
+            why = client.get_run(version.run_id).data.tags.get(tag, "")
             raise FileNotFoundError(
                 f"model {tracking.model_name} v{number} (run {version.run_id}) has no "
-                f"{TABLE_ARTIFACT}/{TABLE_FILE}: registered before the layer's table was logged "
-                f"with each version; name a newer version ({err})"
+                f"{TABLE_ARTIFACT}/{name}: registered before {what} was logged with each "
+                f"version{f' ({why})' if why.startswith('not made') else ''}; name a newer "
+                f"version ({err})"
             ) from None
         # under its final name only whole (a killed fetch leaves no half file there)
-        path = write_atomically(table_file(dest, number), Path(got).read_bytes())
+        path = write_atomically(local(dest, number), Path(got).read_bytes())
     return ModelTable(path=path, version=number, run_id=version.run_id)
 
 

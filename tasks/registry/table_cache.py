@@ -1,7 +1,10 @@
 """The layer's table of a registered version, kept on this host by version, so that `heapcast
-layer --predictor model[:VERSION]` starts without MLflow once that version's table is here.
+layer --predictor model[:VERSION]` starts without MLflow once that version's table is here; and
+likewise the placement layer's lifetime table (`heapcast layer --policy place --predictor
+model[:VERSION]`), whose file format is written and read here (native/TABLE.md, "The
+placement's lifetime table": `write_lifetime_table`, `read_lifetime_table`).
 
-The files live in `<scratch>/tables/v<N>.hcltab` (`table_dir`: the allocators stage's scratch,
+The files live in `<scratch>/tables/v<N>.hcltab` and `v<N>.hclife` (`table_dir`: the allocators stage's scratch,
 tasks.allocators.measure.scratch_parent, and the folder its fetches write to).
 
 - A version number names its file: a sound `v<N>.hcltab` is used as it is, no store is asked.
@@ -29,6 +32,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +44,13 @@ _HEADER = struct.Struct("<8sIIIIQ")  # magic, format, model version, n_tokens, p
 _MAGIC = b"HCLTAB\x00\x01"
 _FORMATS = (2, 3)  # the formats the layer reads
 _N_TOKENS = 64
+# The placement's lifetime table (native/TABLE.md; native/layers/place.c hp_load_life): the same
+# 32-byte header, its own magic; uint32 entries (site * 32 + class) << 8 | score, keys rising
+LIFE_MAGIC = b"HCLIFE\x00\x01"
+LIFE_FORMAT = 1
+LIFE_CLASSES = 32
+LIFE_SITES = 4096  # tasks/learning/sites.py SITE_VOCABULARY
+LIFE_LONG_SCORE = 128  # the layer places long at a score of at least this (P(long) >= ~1/2)
 # MLflow's own alias for the highest version, kept in no table: MLflow answers it.
 LATEST_ALIAS = "latest"
 # A server that does not answer within this is asked again through MLflow's client.
@@ -70,6 +81,11 @@ def table_file(dest: Path, version: int) -> Path:
     return dest / f"v{version}.hcltab"
 
 
+def lifetime_file(dest: Path, version: int) -> Path:
+    """The file of `version`'s lifetime table in the folder `dest`."""
+    return dest / f"v{version}.hclife"
+
+
 def _fnv1a64(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for b in data:
@@ -96,6 +112,110 @@ def table_fault(path: Path, version: int) -> str:
     if len(payload) != n_payload or _fnv1a64(payload) != fnv:
         return "its payload does not match its header (cut short or changed)"
     return ""
+
+
+@dataclass(frozen=True)
+class LifetimeTable:
+    """A lifetime table file's contents: its keys (site * 32 + class, rising) and scores
+    (round(255 * P(long))), as lists of ints."""
+
+    path: Path
+    version: int  # the model version in its header (0: made outside the registry)
+    keys: list[int]
+    scores: list[int]
+
+    def long_keys(self) -> set[int]:
+        """The keys the layer places long."""
+        return {k for k, s in zip(self.keys, self.scores, strict=True) if s >= LIFE_LONG_SCORE}
+
+
+def lifetime_bytes(keys, scores, model_version: int) -> bytes:
+    """A lifetime table file's bytes (native/TABLE.md): `keys` site * 32 + class, strictly
+    rising, below 4096 * 32; `scores` 0..255 (arrays or sequences of ints, one per key);
+    `model_version` the registered version it was written for (0: none)."""
+    # one word per table entry (at most 4096 * 32), no numpy: this module stays light for the CLI
+    k, v = [int(x) for x in keys], [int(x) for x in scores]
+    if len(k) != len(v):
+        raise ValueError(f"lifetime table: {len(k)} keys against {len(v)} scores")
+    if any(b <= a for a, b in zip(k, k[1:])) or (k and not 0 <= k[0] <= k[-1] < 4096 * 32):
+        raise ValueError("lifetime table: keys must rise strictly within 0..4096 * 32 - 1")
+    if any(not 0 <= x <= 255 for x in v):
+        raise ValueError("lifetime table: scores must be 0..255")
+    if not 0 <= model_version < 2**32:
+        raise ValueError(f"model version {model_version}: a lifetime table needs 0..2^32-1")
+    payload = struct.pack(f"<{len(k)}I", *(a << 8 | b for a, b in zip(k, v, strict=True)))
+    head = _HEADER.pack(
+        LIFE_MAGIC, LIFE_FORMAT, model_version, LIFE_CLASSES, len(payload), _fnv1a64(payload)
+    )
+    return head + payload
+
+
+def write_lifetime_table(path: Path, keys, scores, model_version: int) -> Path:
+    """The lifetime table file at `path` (lifetime_bytes), written whole by a rename."""
+    return write_atomically(Path(path), lifetime_bytes(keys, scores, model_version))
+
+
+def _lifetime_fault(data: bytes) -> str:
+    if len(data) < _HEADER.size or data[:8] != LIFE_MAGIC:
+        return "it has no HCLIFE header"
+    _, fmt, _, n_classes, n_payload, fnv = _HEADER.unpack_from(data)
+    if fmt != LIFE_FORMAT or n_classes != LIFE_CLASSES or n_payload % 4:
+        return f"it is of format {fmt} with {n_classes} classes, not one the layer reads"
+    payload = memoryview(data)[_HEADER.size :]
+    if len(payload) != n_payload or _fnv1a64(payload) != fnv:
+        return "its payload does not match its header (cut short or changed)"
+    words = struct.unpack(f"<{n_payload // 4}I", payload)
+    keys = [w >> 8 for w in words]
+    if any(b <= a for a, b in zip(keys, keys[1:])) or (keys and keys[-1] >= LIFE_SITES * 32):
+        return "its entries are out of order (corrupt)"
+    return ""
+
+
+def read_lifetime_table(path: Path) -> LifetimeTable:
+    """A lifetime table file, checked as the layer checks it; ValueError naming the file and
+    what is wrong."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"lifetime table {path}: cannot be read ({err.strerror})") from None
+    fault = _lifetime_fault(data)
+    if fault:
+        raise ValueError(f"lifetime table {path}: {fault}")
+    _, _, version, _, n_payload, _ = _HEADER.unpack_from(data)
+    words = struct.unpack_from(f"<{n_payload // 4}I", data, _HEADER.size)
+    return LifetimeTable(path, version, [w >> 8 for w in words], [w & 0xFF for w in words])
+
+
+def lifetime_fault(path: Path, version: int) -> str:
+    """Why the placement layer would refuse `path` as `version`'s lifetime table ("" when it
+    would take it)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "it is not there"
+    except OSError as err:
+        return f"it cannot be read ({err.strerror})"
+    fault = _lifetime_fault(data)
+    if not fault and _HEADER.unpack_from(data)[2] != version:
+        return f"its header says model version {_HEADER.unpack_from(data)[2]}, not {version}"
+    return fault
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What model_table keeps: the reuse table (the cache layer's) or the lifetime table."""
+
+    file: Callable[[Path, int], Path]
+    fault: Callable[[Path, int], str]
+    fetch: str  # the fetching function's name in tasks.registry.question_artifacts
+    what: str
+
+
+_KINDS = {
+    "reuse": _Kind(table_file, table_fault, "fetch_table", "table"),
+    "lifetime": _Kind(lifetime_file, lifetime_fault, "fetch_lifetime_table", "lifetime table"),
+}
 
 
 def _sqlite_alias(db: Path, name: str, alias: str) -> int | None:
@@ -153,13 +273,15 @@ def alias_version(tracking: TrackingConfig, alias: str) -> int | None:
 
 
 def model_table(
-    root: Root, model: str, tracking: TrackingConfig | None = None
+    root: Root, model: str, tracking: TrackingConfig | None = None, kind: str = "reuse"
 ) -> LocalTable | None:
     """The table of the registered version `model` names (a number, or an alias such as
     `champion`) of `root`'s registry (`tracking`: tracking_for(root) unless given), from this
     host's copy when it is sound, else fetched into it. None when no such version is
     registered; a version that logged no table raises FileNotFoundError naming it, and one whose
-    logged table is not its own raises ValueError."""
+    logged table is not its own raises ValueError. `kind`: "reuse" (the cache layer's table) or
+    "lifetime" (the placement layer's)."""
+    k = _KINDS[kind]
     dest = table_dir(root)
     tracking = tracking or tracking_for(root)
     if model.isascii() and model.isdigit():
@@ -171,23 +293,24 @@ def model_table(
             return None
     refused = ""
     if version is not None:
-        path = table_file(dest, version)
-        refused = table_fault(path, version)
+        path = k.file(dest, version)
+        refused = k.fault(path, version)
         if not refused:
             return LocalTable(path, version)
         refused = "" if not path.exists() else f"{path} refused: {refused}"
     # deferred: MLflow's import is slow; only a table not here yet needs it
-    from tasks.registry.question_artifacts import fetch_table
+    from tasks.registry.question_artifacts import fetch_lifetime_table, fetch_table
 
     # the number the alias pointed at, not the alias again: the file must be that version's
-    got = fetch_table(tracking, str(version) if version is not None else model, dest)
+    fetch = fetch_table if k.fetch == "fetch_table" else fetch_lifetime_table
+    got = fetch(tracking, str(version) if version is not None else model, dest)
     if got is None:
         return None
-    fault = table_fault(got.path, got.version)
+    fault = k.fault(got.path, got.version)
     if fault:
         raise ValueError(
-            f"model {tracking.model_name} v{got.version} (run {got.run_id}): the table it logged "
-            f"({got.path}) would be refused by the layer: {fault}"
+            f"model {tracking.model_name} v{got.version} (run {got.run_id}): the {k.what} it "
+            f"logged ({got.path}) would be refused by the layer: {fault}"
         )
     return LocalTable(got.path, got.version, refused)
 

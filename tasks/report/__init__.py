@@ -2,13 +2,9 @@
 self-contained HTML page (plotly, its JavaScript inlined: no network needed) and a short terminal
 summary.
 
-A run is a folder of raw traces (`*.hct`, converted here in-process with the dataset's own
-converter, `tasks.dataset.convert.convert_groups`, no Dask), a run folder of the events dataset
-(`events/workload=<w>/run=<r>/`), some `.hct`/`.parquet` files, or `WORKLOAD/RUN` under a data
-root. What the page shows: the peak of live heap bytes (when, which size classes and processes
-held it), live bytes and the allocation rate over time (per process and in total, ~1000 time bins
-however long the run), the size-class histogram, lifetimes (ns and calls), temporaries, leaks,
-the fork/exec tree and threads, and the top callers when the trace recorded them.
+A run is a folder of raw traces (converted here in-process, no Dask), a run folder of the events
+dataset, some `.hct`/`.parquet` files, or `WORKLOAD/RUN` under a data root (sources.py). What the
+page shows: docs/report.md#what-the-page-shows.
 
 Open `summary` first (`make_report`: input -> page + text); `sources` resolves and reads the
 input, `analysis` reduces the events to a `HeapReport` (numpy/Arrow only, no loop per event) and

@@ -1,21 +1,16 @@
 """The heap reports of a night and of a training run.
 
 - `report_night` (a Prefect task, run by the nightly after training): one HTML page per
-  evaluation run of tonight's model (the runs of every evaluation table: unseen runs, unseen
-  programs, held-out workloads), written under the data root as
-  `<root>/reports/<night>/<workload>-<run>.html`, and their headline figures (heap calls, peak
-  live bytes, leaks, processes) as a `NightReports`, which the `nightly-summary` shows. A run
-  whose report fails is named with the reason; it never fails the night. The night's folder
-  holds one copy of plotly.js (`plotly.min.js`) that its pages load, so a page is its data and
-  tables (~100 KB), and the folder opens by double-click or from a static S3 site. After
-  writing, the night deletes the oldest night folders beyond the last `keep_nights`
-  (`prune_nights`): folders named as a night only, nothing else under reports/.
+  evaluation run of tonight's model, under `<root>/reports/<night>/<workload>-<run>.html`, and
+  their headline figures as a `NightReports`, which the `nightly-summary` shows. A run whose
+  report fails is named with the reason; it never fails the night. The night's folder holds one
+  copy of plotly.js; `prune_nights` deletes the oldest night folders beyond `keep_nights`.
 - `report_training_run` (a Prefect task, run by the `train` flow before registration): the page
-  of the model's first training run, a local file that the flow hands to registration, which
-  logs it as the MLflow artifact `report/<workload>-<run>.html`. It stays self-contained
-  (plotly.js inlined): MLflow serves an artifact as one file, with nothing next to it.
+  of the model's first training run, self-contained (plotly.js inlined), logged by registration
+  as the MLflow artifact `report/<workload>-<run>.html`.
 
-Pages are made by `summary.make_report` (the same page as `heapcast report WORKLOAD/RUN`).
+Pages are made by `summary.make_report` (the same page as `heapcast report WORKLOAD/RUN`). Why
+the two shapes: docs/report.md#a-nights-reports.
 """
 
 from __future__ import annotations

@@ -2,17 +2,16 @@
 trace file or one events part each) whose rows come in Arrow batches.
 
 A run is named as
-- a folder of raw traces (`*.hct`, e.g. `<root>/raw/<w>/<r>/` or what `heapcast trace` wrote):
-  each file is converted in-process by the dataset's converter (`convert_groups`, a row group
-  of up to 1 M rows at a time), never written;
-- a run folder of the events dataset (`<root>/events/workload=<w>/run=<r>/`, `part-*.parquet`),
-  read a batch at a time, only the columns the report uses;
+- a folder of raw traces (`*.hct`): each file converted in-process by the dataset's converter
+  (`convert_groups`, a row group of up to 1 M rows at a time), never written;
+- a run folder of the events dataset (`<root>/events/workload=<w>/run=<r>/`), read a batch at a
+  time, only the columns the report uses;
 - one or more `.hct` or `.parquet` files;
 - `WORKLOAD/RUN` under the data root: its events when converted, else its raw traces.
 
 Bad input is named: a folder with nothing to read and a run that does not exist raise
 `ReportInputError`; a file that cannot be read among good ones is a warning (`RunInput.warnings`)
-and the others are reported.
+and the others are reported (docs/report.md#what-a-report-reads).
 """
 
 from __future__ import annotations

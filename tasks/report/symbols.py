@@ -1,19 +1,12 @@
 """Caller names from the modules' own ELF symbol tables (pyelftools; no network, no debuginfod).
 
-A caller recorded with its module map (native/FORMAT.md, Modules) is a module path and an offset:
-the caller's address in the module's own ELF addresses (`caller - load bias`), which is what the
-symbol values of `.symtab` and `.dynsym` are in, for PIE executables, shared libraries and non-PIE
-executables (bias 0) alike. A return address points just after its call instruction, so the
-symbol looked up is the one holding `offset - 1` (a call that ends a function must not be named
-after the next one).
-
-The module must be readable here, at the path the trace gives (a report on the machine that
-recorded the trace, or one with the same files); a stripped module's separate debug file is used
-when installed (`/usr/lib/debug/.build-id/`, found by the module's GNU build id). A module that
-is missing, not ELF, or holds no symbol for an address leaves that caller unnamed: the report
-then shows module + offset. A module rebuilt since the trace was recorded gives wrong names (the
-trace does not record build ids).
-Names are as the symbol tables hold them (C++ names stay mangled).
+A caller recorded with its module map (native/FORMAT.md, Modules) is a module path and an offset
+in the module's own ELF addresses (`caller - load bias`), which the symbol values of `.symtab`
+and `.dynsym` are in. A return address points just after its call instruction, so the symbol
+looked up is the one holding `offset - 1`. The module must be readable here, at the path the
+trace gives (a stripped module's separate debug file is used when installed); one missing, not
+ELF, or without a symbol for an address leaves that caller unnamed (module + offset). Names are
+as the symbol tables hold them (C++ names stay mangled). The limits: docs/report.md#caller-names.
 """
 
 from __future__ import annotations

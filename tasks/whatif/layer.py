@@ -1,29 +1,17 @@
-"""heapcast's allocator layer (native/layers/layer.c) as the seed-002 policy: build it, and
+"""heapcast's allocator layer (native/layers/layer.c) as the largest policy: build it, and
 measure a command with and without.
 
-The layer runs with HEAPCAST_LAYER=policy=seed002,n=N,min=MIN,madv=off,peak=4,proof=2,stats=PATH
-(`layer_env` of a `Seed002Config`): the rules the simulator's `seed002` replays with the same
-config (tasks/whatif/simulate.py), so its counters (`hits`,
-`misses`, `kept`, `bytes_kept_peak`, `bytes_kept_at_exit`, `given_back`, `passed`, one line per
-process) are the measured side of the simulated hits.
+The layer runs with HEAPCAST_LAYER=policy=largest,n=N,min=MIN,madv=off,peak=4,proof=2,stats=PATH
+(`layer_env` of a `LargestConfig`): the rules the simulator's `largest` replays with the same
+config (tasks/whatif/simulate.py), so its counters (one line per process) are the measured side
+of the simulated hits.
 
-`measure_layer(argv, env)` runs the command twice, once plainly and once with
-native/build/libheapcast_layer.so preloaded, and returns the page faults, peak RSS and times of each
-(os.wait4: the command and the descendants it waited for) and whether the two runs printed the
-same and exited the same (`max_rss_kb` is ru_maxrss, which Linux carries over from the forked
-caller into the exec'd command: it means something only when the caller is smaller than the
-command). Minor faults x the page size is the measured counterpart of the
-simulator's `fault_bytes_avoided` (tasks/whatif/simulate.py) for the same `Seed002Config`.
-
-`measure_layer_workload(workload, input, runner)` does the same for a catalog workload through
-the replay runners and their verified preload (tasks.replay.runners.preload: the runner shows the
-layer to the program, the probe confirms every run had it), in three arms in balanced order:
-plain, the layer loaded but disabled (N = 0: its loading cost), the layer on.
-
-`static_threshold=True` (default) sets MALLOC_MMAP_THRESHOLD_=131072 in both runs: a fixed
-threshold, as the simulator's fault model assumes. Without it, glibc raises its mmap threshold
-(up to 32 MiB) each time it unmaps a freed block, after which blocks of that size come from the
-heap and stop faulting even without the layer, so the plain run faults less than the model says.
+`measure_layer(argv, env)` runs the command plainly and with native/build/libheapcast_layer.so
+preloaded: page faults, peak RSS, times (os.wait4) and whether both printed and exited the same.
+`measure_layer_workload(workload, input, runner)` does the same for a catalog workload through the
+replay runners' verified preload, in three arms in balanced order: plain, loaded but disabled
+(N = 0), on. `static_threshold=True` (default) fixes glibc's mmap threshold at 131072, as the
+simulator's fault model assumes. The details: docs/whatif.md#the-real-layer.
 """
 
 from __future__ import annotations
@@ -51,7 +39,7 @@ from tasks.replay.runners.preload import (
     verify_result,
 )
 from tasks.replay.workloads import Workload, WorkloadInput
-from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
+from tasks.whatif.policies import MMAP_THRESHOLD, LargestConfig
 
 LAYER_RELPATH = Path("build") / "libheapcast_layer.so"
 SOURCES = LAYER_SOURCES
@@ -120,7 +108,7 @@ def run_measured(
 
 
 def layer_env(
-    policy: Seed002Config = Seed002Config(),
+    policy: LargestConfig = LargestConfig(),
     madv_free: bool = False,
     stats: str | None = None,
     keep: bool = True,
@@ -129,7 +117,7 @@ def layer_env(
     min_size, bound `peak` (None: peak=off) and `proof`); keep=False: loaded, keeping nothing
     (n=0); madv_free: madvise(MADV_FREE) a block as it is kept (madv=0), else never (madv=off,
     the simulator's fault model: a kept block keeps its pages)."""
-    opts = f"policy=seed002,n={policy.n if keep else 0},min={policy.min_size}"
+    opts = f"policy=largest,n={policy.n if keep else 0},min={policy.min_size}"
     opts += f",madv={'0' if madv_free else 'off'}"
     opts += f",peak={'off' if policy.peak is None else policy.peak},proof={policy.proof}"
     return opts + (f",stats={stats}" if stats else "")
@@ -153,7 +141,7 @@ def measure_layer(
     argv: list[str],
     env: dict[str, str] | None = None,
     *,
-    policy: Seed002Config = Seed002Config(),
+    policy: LargestConfig = LargestConfig(),
     keep: bool = True,
     madv_free: bool = False,
     static_threshold: bool = True,
@@ -217,7 +205,7 @@ STATS_FILE = "layer.stats"
 
 
 def _arm_workload(
-    workload, arm: str, policy: Seed002Config, static_threshold: bool, stats: str | None = None
+    workload, arm: str, policy: LargestConfig, static_threshold: bool, stats: str | None = None
 ):
     """The workload with the arm's variables added to its environment (the runners pass a
     workload's `env` to the program and nothing of the caller's); `stats`: where the layer
@@ -237,7 +225,7 @@ def measure_layer_workload(
     *,
     repetitions: int = 3,
     warmup: int = 1,
-    policy: Seed002Config = Seed002Config(),
+    policy: LargestConfig = LargestConfig(),
     static_threshold: bool = True,
     arms: tuple[str, ...] = ARMS,
     layer: str | Path | None = None,

@@ -2,7 +2,7 @@
 
 What the `whatif` flow (flows/whatif.py) composes: `resolve_model`, `model_ref`,
 `load_predictor`, `replay_run` (once per run, guided configs once per predictor), `write_table`,
-`summarize`, `log_to_mlflow`, `publish`. The policies heapcast's layer runs (seed002, seed001,
+`summarize`, `log_to_mlflow`, `publish`. The policies heapcast's layer runs (largest, pools,
 layer_guided: its online counter, its regret, and the version's class table where it logged one)
 are the layer's own decisions, the policy core's (tasks/whatif/policy_core.py).
 
@@ -30,9 +30,10 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tasks.core.config import StrictModel, default_root
+from tasks.core.policy_names import RENAMED_POLICIES, current_policy
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import list_runs
 from tasks.learning.answers import RunAnswers
@@ -75,11 +76,11 @@ PREDICTORS = ("model", "questions", "online", THREAD_FUTURE)
 QUESTIONS_COLUMNS = ("lifetime_ns", "caller_module", "caller_offset")  # its inputs beyond COLUMNS
 BELADY = f"belady{OPTIMISTIC}"  # clairvoyant: keeps by the next request of each class
 CAUSAL_HORIZON = 1  # the prediction made at the free, for the next call: what a live cache has
-HEURISTICS = ("seed002", "seed001", "lru")
+HEURISTICS = ("largest", "pools", "lru")
 POLICY_ORDER = (
     "none",
-    "seed002",
-    "seed001",
+    "largest",
+    "pools",
     "layer_guided",
     "layer_guided_regret",
     "layer_guided_table",
@@ -289,7 +290,7 @@ class AtBudget(StrictModel):
 
     workload: str
     budget: int | None = None  # the idle budget of this answer, when not the summary's own
-    best_heuristic: str | None = None  # seed002, seed001 or lru
+    best_heuristic: str | None = None  # largest, pools or lru
     best_heuristic_hit_rate: float | None = None
     guided_hit_rate: float | None = None  # guided_model; None when the model could not load
     # guided_questions: the questions' network; None when the version logged none
@@ -297,6 +298,11 @@ class AtBudget(StrictModel):
     oracle_hit_rate: float | None = None
     # the layer's own guided policy (its online counter; the policy core's decisions)
     layer_guided_hit_rate: float | None = None
+
+    @field_validator("best_heuristic")
+    @classmethod
+    def _current(cls, v: str | None) -> str | None:
+        return None if v is None else current_policy(v)  # a stored night's former name
 
 
 class WhatifSummary(StrictModel):
@@ -613,7 +619,9 @@ def write_table(root: Root, replays: list[RunReplay], ref: ModelRef) -> str:
 def policy_labels(df: pd.DataFrame) -> np.ndarray:
     """Per row: the policy, guided_<predictor> (priority mode) or guided_admit_<predictor>;
     belady, which reads every request's future, as BELADY (named optimistic); the layer's
-    guided policy as layer_guided[_table][_regret] (LayerGuidedConfig.label)."""
+    guided policy as layer_guided[_table][_regret] (LayerGuidedConfig.label); a stored table's
+    former names (RENAMED_POLICIES) as the policies' names now."""
+    df = df.assign(policy=df["policy"].replace(RENAMED_POLICIES))
     config = df["config"].astype(str)
     admit = config.str.contains('"mode":"admit"', regex=False)
     prefix = np.where(admit, "guided_admit_", "guided_")
@@ -723,7 +731,7 @@ def pooled_by_budget(pooled_df: pd.DataFrame, budgets=SWEEP_BUDGETS) -> list[AtB
 
 
 def _kind(config: str) -> str:
-    return json.loads(config).get("kind", "?")
+    return current_policy(json.loads(config).get("kind", "?"))
 
 
 POLICY_COLUMNS = ("workload", "label", "config", "over_budget", "runs", *METRICS, "oracle_gap")
@@ -807,7 +815,7 @@ def summary_markdown(
             f"{params.horizon} calls after the free, which a live cache has only later "
             "(OPTIMISTIC). "
         )
-        + "seed002, seed001 and layer_guided* are the policies heapcast's layer runs, decided "
+        + "largest, pools and layer_guided* are the policies heapcast's layer runs, decided "
         "by its own code (the policy core): layer_guided keeps a block when its online counter "
         "(the thread's calls on blocks >= 128 KiB) puts the class in its top-2 within 4 calls, "
         "_regret lets the process's regrets overrule it, _table asks this version's class table "

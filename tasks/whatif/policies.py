@@ -4,8 +4,8 @@ Each policy is one frozen model with a `kind` literal; `PolicyConfig` is their u
 `policy_from_dict` validates a plain dict (a YAML entry) into the right one. Unknown fields,
 N = 0, a budget <= 0 and the like are validation errors that name the field.
 
-The fit rule and each policy (none, seed002, seed001, layer_guided, lru, guided, belady, oracle):
-docs/whatif.md#the-policies. seed002, seed001 and layer_guided are the policies heapcast's layer
+The fit rule and each policy (none, largest, pools, layer_guided, lru, guided, belady, oracle):
+docs/whatif.md#the-policies. largest, pools and layer_guided are the policies heapcast's layer
 runs: the simulator computes them with the layer's own decisions, the policy core
 (tasks/whatif/policy_core.py, `layer_policy` maps a config to the layer's options).
 
@@ -15,11 +15,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator
 
 from tasks.core.config import StrictModel
+from tasks.core.policy_names import current_policy
 
 MMAP_THRESHOLD = 128 * 1024  # glibc's default M_MMAP_THRESHOLD (the dynamic threshold ignored)
+
+
+def _current_kind(d: Any) -> Any:
+    if isinstance(d, dict) and isinstance(d.get("kind"), str):
+        return {**d, "kind": current_policy(d["kind"])}
+    return d
 
 
 class _Policy(StrictModel):
@@ -39,10 +46,10 @@ class NoneConfig(_Policy):
     kind: Literal["none"] = "none"
 
 
-class Seed002Config(_Policy):
-    """The layer's policy=seed002 (its options n, min, peak, proof)."""
+class LargestConfig(_Policy):
+    """The layer's policy=largest (its options n, min, peak, proof)."""
 
-    kind: Literal["seed002"] = "seed002"
+    kind: Literal["largest"] = "largest"
     n: int = Field(default=4, ge=1, le=64)  # the layer's n (at most 64)
     min_size: int = Field(default=MMAP_THRESHOLD, ge=0)
     # the layer's bound on live + kept, in % over the live blocks' peak (layer.c `peak`, default
@@ -57,15 +64,15 @@ class Seed002Config(_Policy):
         return float(self.n)
 
 
-class Seed001Config(_Policy):
-    """The layer's policy=seed001: every block it handed out kept (each thread's last one in its
+class PoolsConfig(_Policy):
+    """The layer's policy=pools: every block it handed out kept (each thread's last one in its
     front), given back after `decay_ns` idle (the layer's decay, in ms there)."""
 
-    kind: Literal["seed001"] = "seed001"
+    kind: Literal["pools"] = "pools"
     decay_ns: int = Field(default=1_000_000_000, gt=0)
     min_size: int = Field(default=MMAP_THRESHOLD, ge=0)
-    peak: int | None = Field(default=4, ge=0, le=1000)  # as Seed002Config.peak
-    proof: int = Field(default=2, ge=0, le=1 << 20)  # as Seed002Config.proof
+    peak: int | None = Field(default=4, ge=0, le=1000)  # as LargestConfig.peak
+    proof: int = Field(default=2, ge=0, le=1 << 20)  # as LargestConfig.proof
 
     @property
     def param(self) -> float:
@@ -99,7 +106,7 @@ class LayerGuidedConfig(_Policy):
         )
 
 
-LAYER_KINDS = ("seed002", "seed001", "layer_guided")  # what the layer runs (the policy core)
+LAYER_KINDS = ("largest", "pools", "layer_guided")  # what the layer runs (the policy core)
 
 
 class LruConfig(_Policy):
@@ -157,16 +164,17 @@ class OracleConfig(_Policy):
 
 PolicyConfig = Annotated[
     NoneConfig
-    | Seed002Config
-    | Seed001Config
+    | LargestConfig
+    | PoolsConfig
     | LayerGuidedConfig
     | LruConfig
     | GuidedConfig
     | BeladyConfig
     | OracleConfig,
     Field(discriminator="kind"),
+    BeforeValidator(_current_kind),  # a former kind (tasks.core.policy_names) is its policy now
 ]
-POLICY_KINDS = ("none", "seed002", "seed001", "layer_guided", "lru", "guided", "belady", "oracle")
+POLICY_KINDS = ("none", "largest", "pools", "layer_guided", "lru", "guided", "belady", "oracle")
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(PolicyConfig)
 
 

@@ -6,7 +6,7 @@ native/build/libheapcast_policy.so in one call (ctypes; the per-event loop is C,
 `LayerPolicy` holds the layer's options that decide (HL_OPTIONS in native/layers/layer.c, the
 same names and defaults), and `LayerPolicy.env()` is the HEAPCAST_LAYER line that runs the real
 layer under the same rules. `layer_policy(config)` maps the simulator's configs of the policies
-the layer runs (seed002, seed001, layer_guided) to it: tasks/whatif/simulate.py computes those
+the layer runs (largest, pools, layer_guided) to it: tasks/whatif/simulate.py computes those
 through this module only.
 
 What a trace cannot tell the replay is named once, in UNTOLD_BY_A_TRACE's file.
@@ -21,18 +21,19 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tasks.core.config import StrictModel
+from tasks.core.policy_names import current_policy
 from tasks.dataset.tokens import size_class
 from tasks.format.native_sources import POLICY_SOURCES, NativeBuildError, build_native
 from tasks.learning.sites import SITE_VOCABULARY, call_sites
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.policies import (
     MMAP_THRESHOLD,
+    LargestConfig,
     LayerGuidedConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 
 POLICY_RELPATH = Path("build") / "libheapcast_policy.so"
@@ -45,7 +46,7 @@ CLASS_TABLE_SHAPE = (64, 64)  # the layer table's class scores (format 2 payload
 SITE_CLASSES = 32  # a format 3 entry's key: site * SITE_CLASSES + size class (native/TABLE.md)
 SITE_TABLE_SHAPE = (SITE_VOCABULARY, SITE_CLASSES)  # int16 keep scores, -1: no entry
 CALL_SITES = "call_sites"  # SimInput.cache: int64 per row, its call site (`with_call_sites`)
-_POLICIES = ("off", "seed002", "seed001", "guided")
+_POLICIES = ("off", "largest", "pools", "guided")
 # struct hpc_stats' fields, in order (native/policy/core.h), then what replay.c adds
 STATS = (
     "hits",
@@ -79,7 +80,7 @@ FATE_NAMES = ("none", "kept", "unproven", "outgrown", "declined", "untracked", "
 class LayerPolicy(StrictModel):
     """The layer's options that decide (native/layers/layer.c HL_OPTIONS; same defaults)."""
 
-    policy: Literal["off", "seed002", "seed001", "guided"] = "seed002"
+    policy: Literal["off", "largest", "pools", "guided"] = "largest"
     min: int = Field(default=128 * 1024, gt=0)
     cap: int = Field(default=1 << 30, ge=0)
     n: int = Field(default=4, ge=0, le=64)
@@ -92,6 +93,11 @@ class LayerPolicy(StrictModel):
     # madv: only whether it is 0 matters to the decisions (madv=0: no fronts); None: off
     madv_ms: int | None = 100
     scope: Literal["mapped", "all"] = "mapped"
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _current(cls, v: object) -> object:
+        return current_policy(v) if isinstance(v, str) else v  # a former name, as the layer
 
     def env(self, stats: str | None = None) -> str:
         """HEAPCAST_LAYER for the real layer under these rules."""
@@ -147,22 +153,22 @@ def _settings(p: LayerPolicy, decay_ns: int | None, class_scores: np.ndarray | N
         peak=-1 if p.peak is None else p.peak,
         proof=p.proof,
         regret=int(p.regret),
-        fronts=int(p.policy in ("seed001", "guided") and p.madv_ms != 0),
+        fronts=int(p.policy in ("pools", "guided") and p.madv_ms != 0),
         class_table=None if class_scores is None else class_scores.ctypes.data,
     )
 
 
-LayerConfig = Seed002Config | Seed001Config | LayerGuidedConfig
+LayerConfig = LargestConfig | PoolsConfig | LayerGuidedConfig
 
 
 def layer_policy(config: LayerConfig) -> tuple[LayerPolicy, int]:
     """The layer's options for a simulator config of a policy the layer runs, and its decay in
     ns (the layer's is in ms; the sweep goes below): (LayerPolicy, decay_ns)."""
     common = dict(min=max(config.min_size, 1), peak=config.peak, proof=config.proof)
-    if isinstance(config, Seed002Config):
-        return LayerPolicy(policy="seed002", n=config.n, **common), 0
-    if isinstance(config, Seed001Config):
-        return LayerPolicy(policy="seed001", **common), config.decay_ns
+    if isinstance(config, LargestConfig):
+        return LayerPolicy(policy="largest", n=config.n, **common), 0
+    if isinstance(config, PoolsConfig):
+        return LayerPolicy(policy="pools", **common), config.decay_ns
     return (
         LayerPolicy(
             policy="guided",

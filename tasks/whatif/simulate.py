@@ -4,11 +4,11 @@
 `SimInput` that `tasks.whatif.events.prepare` makes of one). One numba-compiled loop visits the
 rows once, in time order across processes and call order within each; every process has its own
 cache. The `oracle` kind is bounded (tasks/whatif/oracle.py), not simulated. The policies heapcast's
-layer runs (seed002, seed001, layer_guided) are not in the loop: the layer's own decisions, the
+layer runs (largest, pools, layer_guided) are not in the loop: the layer's own decisions, the
 policy core (tasks/whatif/policy_core.py), decide them, and `layer_metrics` turns its per-row
 answers into the same figures in numpy.
 
-The rules (the cache, seed002, hit rate, realloc, bytes, the page-fault model, guided tiers):
+The rules (the cache, largest, hit rate, realloc, bytes, the page-fault model, guided tiers):
 docs/whatif.md#the-simulator
 """
 
@@ -27,12 +27,12 @@ from tasks.whatif.policies import (
     MMAP_THRESHOLD,
     BeladyConfig,
     GuidedConfig,
+    LargestConfig,
     LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
     _Policy,
 )
 from tasks.whatif.policy_core import (
@@ -751,7 +751,7 @@ def simulate(
     """Metrics of one run under one policy (every rule: docs/whatif.md#the-simulator).
 
     `predictions`: the guided policy's keep/drop per row of the input table (bool array).
-    The policies the layer runs (seed002, seed001, layer_guided) are the layer's own decisions,
+    The policies the layer runs (largest, pools, layer_guided) are the layer's own decisions,
     the policy core's (`layer_metrics`); `class_scores`: the class table layer_guided(table=true)
     asks."""
     x = as_input(events, workload, run)
@@ -760,7 +760,7 @@ def simulate(
         return oracle_metrics(x, policy, base)
     if isinstance(policy, NoneConfig):
         out = dict(base)
-    elif isinstance(policy, (Seed002Config, Seed001Config, LayerGuidedConfig)):
+    elif isinstance(policy, (LargestConfig, PoolsConfig, LayerGuidedConfig)):
         out, _ = layer_metrics(x, policy, class_scores, mmap_threshold)
     else:
         out = _metrics(x, policy, *run_kernel(x, policy, predictions, mmap_threshold))

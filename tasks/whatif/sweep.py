@@ -1,19 +1,16 @@
 """Sweep policies over their parameter on runs; one table row per (run, policy, param); plot.
 
 `sweep(root, runs)` reads each run once (tasks.whatif.events), prepares it once and replays it
-through every config of the grid (`default_grid()`: none; the policies heapcast's layer runs,
-through its own decisions (the policy core): seed002 over N, seed001 and layer_guided (its
-online counter, with and without regret, and its class table where one is given) over the decay
-time; lru, guided (priority mode, and the admit mode for comparison) and belady over the byte
-budget; the oracle bound over a dense budget grid),
-so each policy draws a curve of hit rate against bytes held idle. `sweep_run` does the same for
-one table. `pareto_plot` draws those curves (one PNG; one panel per run).
+through every config of the grid (`default_grid()`: the policies the layer runs through the
+policy core, and lru, guided, belady and the oracle bound; each grid in
+docs/whatif.md#the-sweep), so each policy draws a curve of hit rate against bytes held idle.
+`sweep_run` does the same for one table. `pareto_plot` draws those curves (one PNG; one panel
+per run).
 
 The guided policy needs a prediction per event: `predictions` maps (workload, run) to a bool
 array per row (or is a callable table -> array). By default it gets the true next
 GUIDED_HORIZON calls of the freeing thread (`tasks.whatif.guided.reuse_labels`), which reads
-the future: the `predictor` column says so (`thread_future_optimistic`; every predictor whose
-name ends OPTIMISTIC peeks ahead of the free, and the plot draws it dotted, "(optimistic)").
+the future: the `predictor` column says so (`thread_future_optimistic`, drawn dotted).
 """
 
 from __future__ import annotations
@@ -33,12 +30,12 @@ from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LargestConfig,
     LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
     _Policy,
 )
 from tasks.whatif.simulate import simulate
@@ -57,8 +54,8 @@ def default_grid(guided_ttl: int | None = GUIDED_HORIZON) -> list[_Policy]:
     counter, benchmarks/studies/results/whatif_guided.json) and one `admit` curve (keep only predicted
     blocks, released after `guided_ttl` calls unused: the old policy, to compare with)."""
     grid: list[_Policy] = [NoneConfig()]
-    grid += [Seed002Config(n=n) for n in (1, 2, 4, 8, 16, 32, 64)]
-    grid += [Seed001Config(decay_ns=10**k) for k in range(3, 11)]  # 1 us .. 10 s
+    grid += [LargestConfig(n=n) for n in (1, 2, 4, 8, 16, 32, 64)]
+    grid += [PoolsConfig(decay_ns=10**k) for k in range(3, 11)]  # 1 us .. 10 s
     grid += [
         LayerGuidedConfig(decay_ns=10**k, regret=regret, table=table)
         for table in (False, True)  # the table's configs run where a table is given
@@ -136,8 +133,8 @@ def sweep(
 
 _STYLE = {
     "none": dict(marker="X", color="black"),
-    "seed002": dict(marker="o", color="tab:blue"),
-    "seed001": dict(marker="s", color="tab:orange"),
+    "largest": dict(marker="o", color="tab:blue"),
+    "pools": dict(marker="s", color="tab:orange"),
     "layer_guided": dict(marker="P", color="tab:brown"),
     "lru": dict(marker="^", color="tab:green"),
     "guided": dict(marker="D", color="tab:purple"),

@@ -123,8 +123,8 @@ def test_layer_says_when_the_program_fixed_glibc_s_mmap_threshold(program, tmp_p
     # 128 KiB itself, as TensorFlow's generator dataset does
     prog = program("threshold")
     # WHEN it runs under the layer with and without the call
-    fixed = heapcast("layer", "--policy", "seed001", "--", str(prog), "mallopt", cwd=tmp_path)
-    alone = heapcast("layer", "--policy", "seed001", "--", str(prog), cwd=tmp_path)
+    fixed = heapcast("layer", "--policy", "pools", "--", str(prog), "mallopt", cwd=tmp_path)
+    alone = heapcast("layer", "--policy", "pools", "--", str(prog), cwd=tmp_path)
     # THEN glibc keeps the program's threshold (a 200 kB block is mapped), and one line says so
     assert (fixed.returncode, fixed.stdout, alone.stdout) == (0, "mmap\n", "heap\n")
     said = "heapcast layer: the program fixed glibc's mmap threshold itself (mallopt M_MMAP_THRESHOLD=131072)"
@@ -137,7 +137,7 @@ def test_layer_says_what_it_gave_back_to_stay_within_the_programs_peak(program, 
     argv = ["env", "MALLOC_MMAP_THRESHOLD_=131072", str(program("phases")), "4", "8"]
     argv += [str(2 << 20), "8", str(5 << 20)]
     # WHEN it runs under the layer
-    r = heapcast("layer", "--policy", "seed001", "-O", "proof=0", "--", *argv, cwd=tmp_path)
+    r = heapcast("layer", "--policy", "pools", "-O", "proof=0", "--", *argv, cwd=tmp_path)
     # THEN the summary says how many kept blocks went back for the bound, and the peak: B's 40 MiB
     assert r.returncode == 0, r.stderr
     m = re.search(r"; (\d+) to stay within the program's own peak of ([\d.]+) MB live\)", r.stderr)
@@ -149,8 +149,8 @@ def test_layer_says_it_stepped_aside_where_the_program_reuses_nothing(program, t
     argv = ["env", "MALLOC_MMAP_THRESHOLD_=131072", str(program("phases")), "4", "8"]
     argv += [str(2 << 20), "8", str(5 << 20)]
     # WHEN it runs under the layer's default proof, then with proof=0
-    r = heapcast("layer", "--policy", "seed001", "--", *argv, cwd=tmp_path)
-    eager = heapcast("layer", "--policy", "seed001", "-O", "proof=0", "--", *argv, cwd=tmp_path)
+    r = heapcast("layer", "--policy", "pools", "--", *argv, cwd=tmp_path)
+    eager = heapcast("layer", "--policy", "pools", "-O", "proof=0", "--", *argv, cwd=tmp_path)
     # THEN the layer kept nothing and says why and how to make it keep; with proof=0 it kept
     assert r.returncode == 0 == eager.returncode, r.stderr
     assert r.stdout == eager.stdout
@@ -158,6 +158,26 @@ def test_layer_says_it_stepped_aside_where_the_program_reuses_nothing(program, t
         "the 2 the layer waits for (-O proof=0 keeps from the start)" in r.stderr  # fmt: skip
     assert " 0 blocks kept " in r.stderr
     assert "stepped aside" not in eager.stderr and " 0 blocks kept " not in eager.stderr
+
+
+def test_layer_lists_the_policies_by_their_names_and_takes_the_old_ones(program, tmp_path):
+    # GIVEN the layer's help, and phases.c (blocks reused: the layer keeps them, proof=0)
+    usage = heapcast("layer", "--help", cwd=tmp_path)
+    # THEN the policies are listed by their names now, never the seed studies' ones
+    assert usage.returncode == 0 and "{largest,pools,guided,off,place}" in usage.stdout
+    assert "seed00" not in usage.stdout
+    # WHEN run with a former name (issue 46) and with the name now
+    argv = ["env", "MALLOC_MMAP_THRESHOLD_=131072", str(program("phases")), "4", "8"]
+    argv += [str(2 << 20), "8", str(2 << 20)]
+    old = heapcast("layer", "--policy", "seed001", "-O", "proof=0", "--", *argv, cwd=tmp_path)
+    new = heapcast("layer", "--policy", "pools", "-O", "proof=0", "--", *argv, cwd=tmp_path)
+    # THEN the old one runs as the new one, said in one line, with the same hits
+    assert old.returncode == new.returncode == 0, old.stderr
+    assert old.stdout == new.stdout
+    assert old.stderr.splitlines()[0] == "heapcast layer: policy seed001 is now pools"
+    hits = r"heapcast layer \(pools, online\): 1 process\(es\): (\d+) hits, "
+    got = [re.search(hits, r.stderr) for r in (old, new)]
+    assert got[0] and got[1] and got[0][1] == got[1][1] != "0", old.stderr
 
 
 def test_layer_refuses_a_missing_table_file_and_says_how(tmp_path):

@@ -184,7 +184,7 @@ def test_train_options_reach_the_flow(monkeypatch, tmp_path, capsys):
 
 def test_whatif_options_reach_the_flow(monkeypatch, tmp_path):
     grid = tmp_path / "grid.yaml"
-    grid.write_text("- {kind: lru, budget: 1048576}\n- {kind: seed002}\n")
+    grid.write_text("- {kind: lru, budget: 1048576}\n- {kind: largest}\n")
     summary = SimpleNamespace(markdown="# whatif", runs_failed={"w/r": "no events"})
     given = recorder(monkeypatch, flows.whatif, "whatif", summary)
     argv = ["--model", "7", "--run", "w/r", "--horizon", "3", "--idle-budget", "1024"]
@@ -198,7 +198,7 @@ def test_whatif_options_reach_the_flow(monkeypatch, tmp_path):
             runs=["w/r"],
             horizon=3,
             idle_budget=1024,
-            policies=[{"kind": "lru", "budget": 1048576}, {"kind": "seed002"}],
+            policies=[{"kind": "lru", "budget": 1048576}, {"kind": "largest"}],
             recompute=True,
         )
     ]

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 GRID = [
     {"kind": "none"},
-    {"kind": "seed002", "n": 4},
+    {"kind": "largest", "n": 4},
     {"kind": "layer_guided", "regret": True},
     {"kind": "lru", "budget": 1 << 16},
     {"kind": "guided", "budget": 1 << 16, "ttl_calls": 16},

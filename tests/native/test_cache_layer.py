@@ -1,4 +1,4 @@
-"""The layer's seed002 policy (native/layers/layer.c, as tasks/whatif/layer.py runs it) under real
+"""The layer's largest policy (native/layers/layer.c, as tasks/whatif/layer.py runs it) under real
 programs: the same output and exit code as without it, and far fewer page faults where large blocks are reused; its measured fault
 bytes avoided next to the simulated ones (tasks/whatif)."""
 
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.whatif.layer import build_layer, measure_layer, run_measured
-from tasks.whatif.policies import Seed002Config
+from tasks.whatif.policies import LargestConfig
 from tests.native.tracer_harness import NATIVE
 
 BIG = ["300000", "1000000", "2500000"]
@@ -75,7 +75,7 @@ def test_disabled_and_edge_settings(layer, program):
     m = measure_layer([exe, "5", "1", *BIG], layer=layer, keep=False)
     _same(m)
     assert m["hits"] == 0
-    m = measure_layer([exe, "5", "2", *BIG], layer=layer, policy=Seed002Config(n=64, min_size=1))
+    m = measure_layer([exe, "5", "2", *BIG], layer=layer, policy=LargestConfig(n=64, min_size=1))
     _same(m)
     env = dict(os.environ, LD_PRELOAD=str(layer), HEAPCAST_LAYER="policy=junk")
     r = run_measured([exe, "3", "1", *BIG], env)
@@ -102,10 +102,10 @@ def test_python_numpy_under_the_layer(layer):
 
 
 def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp_path):
-    """Trace the program, simulate seed002 on its events, compare with the measured faults."""
+    """Trace the program, simulate largest on its events, compare with the measured faults."""
     from tasks.dataset.convert import convert_trace
     from tasks.format.trace_reader import read_trace
-    from tasks.whatif.policies import Seed002Config
+    from tasks.whatif.policies import LargestConfig
     from tasks.whatif.simulate import simulate
 
     exe = program("bigblocks")
@@ -120,8 +120,8 @@ def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp
     )
     subprocess.run(argv, env=env, check=True, capture_output=True)
     table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
-    sim = simulate(table, Seed002Config(n=4))
-    m = measure_layer(argv, layer=layer, policy=Seed002Config(n=4))
+    sim = simulate(table, LargestConfig(n=4))
+    m = measure_layer(argv, layer=layer, policy=LargestConfig(n=4))
     _same(m)
     # the simulator follows the layer's rules (usable sizes, fit, alignment, eviction): the
     # same hits; every page of the program's blocks is first touched by a write, as the fault
@@ -131,7 +131,7 @@ def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp
     assert 0.9 < ratio < 1.1, (sim["fault_bytes_avoided"], m["fault_bytes_avoided"])
     # read before written (BIGBLOCKS_READ_FIRST=1), a fresh calloc'd page faults twice (the
     # zero page, then copy-on-write): the layer saves more than the model counts
-    rf = measure_layer(argv, {"BIGBLOCKS_READ_FIRST": "1"}, layer=layer, policy=Seed002Config(n=4))
+    rf = measure_layer(argv, {"BIGBLOCKS_READ_FIRST": "1"}, layer=layer, policy=LargestConfig(n=4))
     _same(rf)
     assert rf["hits"] == m["hits"]
     assert rf["fault_bytes_avoided"] > 1.1 * m["fault_bytes_avoided"]
@@ -159,7 +159,7 @@ def test_simulator_holds_to_the_layer_on_a_hand_made_sequence(layer, libheapcast
                                                               tmp_path):  # fmt: skip
     from tasks.dataset.convert import convert_trace
     from tasks.format.trace_reader import read_trace
-    from tasks.whatif.policies import Seed002Config
+    from tasks.whatif.policies import LargestConfig
     from tasks.whatif.simulate import simulate
 
     argv = [str(program("layerseq")), *SEQ]
@@ -174,7 +174,7 @@ def test_simulator_holds_to_the_layer_on_a_hand_made_sequence(layer, libheapcast
     subprocess.run(argv, env=env, check=True, capture_output=True)
     table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
     # kept from the first free (proof=0): the sequence reuses a few blocks, each a rule's case
-    policy = Seed002Config(n=n, proof=0)
+    policy = LargestConfig(n=n, proof=0)
     sim = simulate(table, policy)
     m = measure_layer(argv, layer=layer, policy=policy)
     _same(m)

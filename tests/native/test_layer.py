@@ -1,6 +1,6 @@
 """heapcast's allocator layer (native/layers/layer.c, libheapcast_layer.so) under real programs.
 
-Each policy (seed002, seed001, guided) keeps the output and exit code of real programs (python3
+Each policy (largest, pools, guided) keeps the output and exit code of real programs (python3
 with numpy on seed 002's expression, sqlite3, a threaded C program, fork beside a working
 thread) and reuses blocks (its counters at exit). The predictor equals the project's online
 counter (tasks/learning/online.py, orders (2, 1)) on a token sequence. A setting it cannot
@@ -25,13 +25,13 @@ from tasks.replay.inputs import generate_input
 from tests.conftest import need_tool
 from tests.native.tracer_harness import NATIVE
 
-POLICIES = ("seed002", "seed001", "guided")
+POLICIES = ("largest", "pools", "guided")
 BIG = ["300000", "1000000", "2500000"]
 
 # seed 002's expression on 40 MB arrays: above glibc's largest mmap threshold (32 MiB), so glibc
 # maps and unmaps every temporary, and the layer keeps them (below it, once a free reaches
 # glibc, glibc serves them from its heap and the layer leaves them to it: scope=mapped)
-NUMPY_SEED002 = (
+NUMPY_EXPRESSION = (
     "import numpy as np\n"
     "a = np.linspace(0.0, 1.0, 5_000_000)\n"
     "b = np.linspace(1.0, 2.0, 5_000_000)\n"
@@ -123,10 +123,10 @@ def test_predictor_equals_the_online_counter(program, tmp_path):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_numpy_seed002_expression_same_output(heapcast_layer, policy, tmp_path):
+def test_numpy_expression_same_output(heapcast_layer, policy, tmp_path):
     python = Path(sys.executable)
     rows = _same_under_layer(
-        [python, "-c", NUMPY_SEED002], heapcast_layer, f"policy={policy}", tmp_path
+        [python, "-c", NUMPY_EXPRESSION], heapcast_layer, f"policy={policy}", tmp_path
     )
     main = max(rows, key=lambda r: r["hits"])  # numpy's import may run helper processes
     assert main["hits"] >= 15, main
@@ -338,13 +338,35 @@ def test_stats_on_stderr_on_request(heapcast_layer, program):
         [exe, "5", "1", *BIG],
         capture_output=True,
         text=True,
-        env=_env(heapcast_layer, "policy=seed001,stats=1"),
+        env=_env(heapcast_layer, "policy=pools,stats=1"),
     )
     assert r.returncode == 0
     (line,) = r.stderr.splitlines()
     assert line.startswith("heapcast layer: pid=")
     fields = dict(f.split("=") for f in line.removeprefix("heapcast layer: ").split())
     assert int(fields["hits"]) > 0 and int(fields["policy"]) == 2
+
+
+@pytest.mark.parametrize("old, new", [("seed002", "largest"), ("seed001", "pools")])
+def test_the_policies_former_names_are_the_policies_now(heapcast_layer, program, old, new):
+    """HEAPCAST_LAYER=policy=seed002 (issue 46: the names before) is policy=largest: the same
+    policy in the stats line, the same hits and blocks kept, nothing said on stderr."""
+    exe = program("bigblocks")
+    rows = {}
+    for name in (old, new):
+        r = subprocess.run(
+            [exe, "5", "1", *BIG],
+            capture_output=True,
+            text=True,
+            env=_env(heapcast_layer, f"policy={name},madv=off,stats=1"),
+        )
+        assert r.returncode == 0
+        (line,) = r.stderr.splitlines()
+        rows[name] = dict(f.split("=") for f in line.removeprefix("heapcast layer: ").split())
+    assert int(rows[new]["policy"]) == POLICIES.index(new) + 1
+    for k in ("policy", "hits", "misses", "kept", "given_back"):
+        assert rows[old][k] == rows[new][k], (k, rows)
+    assert int(rows[new]["hits"]) > 0
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -368,7 +390,7 @@ def test_many_live_blocks(heapcast_layer, tmp_path):
         "print(t, sum(float(a[0]) for a in arrs), len(arrs))\n"
     )
     rows = _same_under_layer(
-        [sys.executable, "-c", code], heapcast_layer, "policy=seed001,min=4K,scope=all", tmp_path
+        [sys.executable, "-c", code], heapcast_layer, "policy=pools,min=4K,scope=all", tmp_path
     )
     main = max(rows, key=lambda r: r["kept"])
     # the 10000 frees are kept up to the cache's 512 entries (layer.c HL_MAX_KEPT), the oldest
@@ -413,7 +435,7 @@ def test_a_threshold_fixed_by_the_user_or_the_program_stays_fixed(heapcast_layer
     args, extra = (["mallopt"], {}) if how == "mallopt" else ([], how)
     # glibc stops following once any of them is fixed: the block of 200000 is mmapped
     assert _placed(exe, None, None, *args, **extra) == "mmap"
-    assert _placed(exe, heapcast_layer, "policy=seed001", *args, **extra) == "mmap"
+    assert _placed(exe, heapcast_layer, "policy=pools", *args, **extra) == "mmap"
 
 
 # --- what the layer keeps: glibc's mapped blocks, not an outgrown one ------------------------------
@@ -511,8 +533,8 @@ def _maxrss_kib(argv, env) -> tuple[int, str]:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_kept_blocks_stay_within_the_programs_own_peak(heapcast_layer, program, policy, tmp_path):
-    """Without the bound (peak=off), seed001 keeps A's blocks through B (16 MiB on B's 40) and
-    seed002 its 4 largest (8 MiB): the program's peak memory grows by them. With it (the
+    """Without the bound (peak=off), pools keeps A's blocks through B (16 MiB on B's 40) and
+    largest its 4 largest (8 MiB): the program's peak memory grows by them. With it (the
     default, 4%), a miss gives the oldest kept blocks back until live + kept is within the live
     blocks' peak: the peak stays glibc's, within 4% of 40 MiB and the library's own pages, and
     the cache still serves each round (B's blocks kept through A as far as the bound allows)."""
@@ -537,7 +559,7 @@ def test_kept_blocks_stay_within_the_programs_own_peak(heapcast_layer, program, 
     )
     (s,) = _stats(stats)
     assert s["bounded"] == 0, s
-    held = 16 * MiB if policy == "seed001" else 8 * MiB
+    held = 16 * MiB if policy == "pools" else 8 * MiB
     assert unbound >= glibc + (held - MiB) // 1024, (unbound, glibc, s)
 
 
@@ -574,7 +596,7 @@ def test_blocks_one_thread_frees_and_another_asks_for_are_kept_on_the_processs_r
 # --- its counters ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("setting", ["policy=seed002,n=0", "policy=seed001", "policy=guided"])
+@pytest.mark.parametrize("setting", ["policy=largest,n=0", "policy=pools", "policy=guided"])
 def test_every_large_call_is_counted_once_across_many_threads(
     heapcast_layer, program, setting, tmp_path
 ):
@@ -583,7 +605,7 @@ def test_every_large_call_is_counted_once_across_many_threads(
     back at exit and the next takes it, keeping its counts): every large request is a hit or a
     miss, and every large free is kept or passed on, each counted once in the stats. Counts lost
     by two threads owning one counter, or by a counter handed over, make the sums fall short;
-    a policy whose threads cannot give theirs back (no destructor: seed002 had none) shares it
+    a policy whose threads cannot give theirs back (no destructor: largest had none) shares it
     with all, atomically, at every call (8 threads: 47 -> 130 ns a pair)."""
     exe = program("passcount")
     rows = _same_under_layer(

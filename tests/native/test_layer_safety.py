@@ -27,7 +27,7 @@ LAYERS = {
             "libheapcast_layer.so",
             {"HEAPCAST_LAYER": f"policy={policy},proof=0"},
         )
-        for policy in ("seed002", "seed001", "guided")
+        for policy in ("largest", "pools", "guided")
     },
 }
 
@@ -108,7 +108,7 @@ def test_foreign_pointer_goes_to_the_real_free(program, name):
 
 
 # Threads (heapcast's layer keeps a thread's last kept block in that thread's front, outside
-# the shared cache, for seed001 and guided): a block must never have two owners across threads.
+# the shared cache, for pools and guided): a block must never have two owners across threads.
 
 
 @pytest.mark.parametrize("size", ["300000", str(40 << 20)])
@@ -147,7 +147,7 @@ def test_blocks_traded_between_threads_have_one_owner(layer, program):
     assert r.stdout == "ok 26996\n"
 
 
-@pytest.mark.parametrize("policy", ["seed001", "guided"])
+@pytest.mark.parametrize("policy", ["pools", "guided"])
 def test_an_exiting_thread_leaves_its_front_to_the_next(program, policy, tmp_path):
     """Threads one after another, each keeping one block and exiting: the block an exited
     thread kept is the next thread's hit, never held for a thread that is gone."""
@@ -165,7 +165,7 @@ def test_an_exiting_thread_leaves_its_front_to_the_next(program, policy, tmp_pat
     assert row["bytes_kept_at_exit"] >= 300000, row  # the last thread's block, in the cache
 
 
-@pytest.mark.parametrize("policy", ["seed001", "guided"])
+@pytest.mark.parametrize("policy", ["pools", "guided"])
 def test_a_block_in_an_idle_threads_front_serves_another_thread(program, policy, tmp_path):
     """A thread keeps a block and waits; another thread asks for that size: it gets the waiting
     thread's block (a hit), not a new one, so idle threads do not hold memory the others need."""

@@ -11,6 +11,7 @@ of 1000 bytes and more in the long arena), sites (a first run's learned sites)."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -229,7 +230,7 @@ def test_a_bad_option_is_one_line_and_a_pass_through(program):
     alone = _run([exe, "4", "3000"], place=None, jemalloc=False)
     under = _run([exe, "4", "3000"], place="mode=fast,stats=1")
     assert (under.returncode, under.stdout) == (0, alone.stdout)
-    (line,) = under.stderr.splitlines()
+    (line,) = [x for x in under.stderr.splitlines() if "heapcast" in x]
     assert line.startswith("heapcast place: cannot parse HEAPCAST_PLACE item 'mode=fast'")
 
 
@@ -297,3 +298,179 @@ def test_cxx_long_lived_site_is_placed(place_cxx, tmp_path):
     assert r.returncode == 0 and r.stdout == "bad_alloc\nentries=6000 sum=60941164\n"
     (row,) = _stats(stats.read_text())
     assert int(row["sites_long"]) >= 1 and 4500 < int(row["long"]) < 12000, row
+
+
+# ---- the lifetime table (table=FILE; native/TABLE.md, "The placement's lifetime table") ----
+
+
+def _table(path: Path, keys, score: int) -> Path:
+    from tasks.registry.table_cache import write_lifetime_table
+
+    keys = sorted(set(keys))
+    return write_lifetime_table(path, keys, [score] * len(keys), 0)
+
+
+@pytest.fixture(scope="module")
+def burstkv_keys(burstkv, tmp_path_factory) -> list[int]:
+    """Every (call site, size class) key of burstkv's own two call sites (request buffers and
+    entries), as the training data names them: the sites a run learning every site (horizon=1)
+    wrote as "- OFFSET", hashed by tasks/learning/sites.py call_sites from the program's path (as
+    the tracer records it) and the offset."""
+    import pyarrow as pa
+
+    from tasks.learning.sites import call_sites
+
+    sites = tmp_path_factory.mktemp("learn") / "sites"
+    r = _run([burstkv, "1", "2000", "10"], place=f"sample=1,horizon=1,learn={sites}")
+    assert r.returncode == 0, r.stderr
+    offsets = [int(x.split()[1], 16) for x in sites.read_text().splitlines() if x[:2] == "- "]
+    assert len(offsets) == 2, sites.read_text()
+    exe = os.path.realpath(burstkv)
+    rows = pa.table({"caller_module": [exe] * 2, "caller_offset": pa.array(offsets, pa.uint64())})
+    return sorted(int(s) * 32 + c for s in call_sites(rows) for c in range(32))
+
+
+def test_the_table_places_where_it_knows_the_site_the_counter_elsewhere(
+    burstkv, burstkv_keys, tmp_path
+):
+    """GIVEN burstkv (6 bursts of 100 k short requests, an entry kept per 100 from another site),
+    WHEN a table keyed as the training data keys them marks both of its sites long, THEN every
+    one of its 606,000 allocations goes to the long arena, the request site's too, which the
+    online counter calls short (alone it places 2,000-6,000), each answered by the table, and
+    the few allocations of other modules (libc's stdio buffer) by the counter; WHEN the table
+    marks them short, THEN none goes long, the entries neither, which the counter calls long
+    (it still learns: sites_long 1). Output unchanged throughout."""
+    argv = [burstkv, "6", "100000", "100"]
+    alone = _run(argv, place=None)
+    stats = tmp_path / "stats"
+    long_table = _table(tmp_path / "long.hclife", burstkv_keys, 255)
+    under = _run(argv, place=f"table={long_table},stats={stats}")
+    assert under.returncode == alone.returncode == 0 and under.stdout == alone.stdout
+    assert "heapcast" not in under.stderr  # its stderr: the resident sets it prints
+    (row,) = _stats(stats.read_text())
+    assert (row["table"], row["table_refused"]) == ("1", "0"), row
+    assert row["long"] == row["table_answers"] == "606000", row
+    assert 0 < int(row["counter_answers"]) < 100, row
+    stats.unlink()
+    short_table = _table(tmp_path / "short.hclife", burstkv_keys, 0)
+    under = _run(argv, place=f"table={short_table},stats={stats}")
+    assert under.returncode == 0 and under.stdout == alone.stdout
+    (row,) = _stats(stats.read_text())
+    assert (row["long"], row["table_answers"], row["sites_long"]) == ("0", "606000", "1"), row
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (None, "cannot be opened"),
+        (lambda b: b[:-1], "has a payload of the wrong length"),
+        (lambda b: b[:40] + bytes([b[40] ^ 1]) + b[41:], "is corrupt \\(payload checksum\\)"),
+        (lambda b: b"HCLTAB\x00\x01" + b[8:], "is not a heapcast lifetime table"),
+        (lambda b: b[:12], "is shorter than its 32-byte header"),
+    ],
+)
+def test_a_bad_table_is_one_line_naming_it_and_the_counter_places(
+    burstkv, burstkv_keys, tmp_path, damage, why
+):
+    """A missing, cut, changed or foreign table file: one line on stderr naming the file and
+    why, the program's output and exit code as without the layer, and placement by the online
+    counter (it finds the entry site: sites_long 1), table_refused=1."""
+    path = tmp_path / "t.hclife"
+    if damage is not None:
+        raw = _table(path, burstkv_keys, 255).read_bytes()
+        path.write_bytes(damage(raw))
+    argv = [burstkv, "6", "100000", "100"]
+    alone = _run(argv, place=None)
+    stats = tmp_path / "stats"
+    under = _run(argv, place=f"table={path},stats={stats}")
+    assert under.returncode == alone.returncode == 0 and under.stdout == alone.stdout
+    (line,) = [x for x in under.stderr.splitlines() if "heapcast" in x]
+    assert re.fullmatch(
+        rf"heapcast place: table file {re.escape(str(path))} refused: it {why}.*; placement "
+        "uses the online counter",
+        line,
+    ), line
+    (row,) = _stats(stats.read_text())
+    assert (row["table"], row["table_refused"], row["table_answers"]) == ("0", "1", "0"), row
+    assert row["sites_long"] == "1" and int(row["long"]) > 0, row
+
+
+def test_a_table_for_another_model_version_is_refused(burstkv, burstkv_keys, tmp_path):
+    from tasks.registry.table_cache import write_lifetime_table
+
+    path = write_lifetime_table(tmp_path / "v3.hclife", burstkv_keys, [255] * 64, 3)
+    r = _run([burstkv, "1", "1000", "10"], place=f"table={path},model=4,stats=1")
+    assert r.returncode == 0
+    assert "refused: it comes from another model version" in r.stderr
+    r = _run([burstkv, "1", "1000", "10"], place=f"table={path},model=3,stats=1")
+    assert "table=1 table_refused=0" in r.stderr and "refused:" not in r.stderr
+
+
+@pytest.mark.parametrize("score", [255, 0])
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("threads", []),
+        ("thread_churn", []),
+        ("handoff", ["100", "4194304"]),
+        ("fronts", ["relay", "2000", "8", "3000"]),
+        ("forkbig", ["40", "300000"]),
+        ("fork", ["exit"]),
+        ("place_realloc", ["200"]),
+    ],
+)
+def test_threads_and_fork_with_a_table(program, tmp_path, name, args, score):
+    """With a table that knows every key (all long: every allocation from any module through
+    mallocx to the long arena; all short), threads and fork children print what they print
+    under jemalloc alone."""
+    exe = program(name)
+    path = _table(tmp_path / "t.hclife", range(4096 * 32), score)
+    alone = _run([exe, *args], place=None)
+    under = _run([exe, *args], place=f"table={path}")
+    assert under.returncode == alone.returncode == 0, (under.returncode, under.stderr[-2000:])
+    if name in ("threads", "thread_churn", "fork"):  # thread ids, pids: the lines' shape only
+        assert len(under.stdout.splitlines()) == len(alone.stdout.splitlines())
+    else:
+        assert under.stdout == alone.stdout
+    assert under.stderr == alone.stderr
+
+
+def test_a_table_needs_mode_predict(program):
+    r = _run([program("hello")], place="mode=size,table=/nonexistent")
+    assert (r.returncode, r.stdout) == (3, "hello 42\nsecond line\n")
+    assert r.stderr.splitlines() == [
+        "heapcast place: table=FILE needs mode=predict (the counter answers where the table "
+        "does not); passing every call through"
+    ]
+
+
+def test_the_cli_passes_a_table_through(burstkv, burstkv_keys, tmp_path):
+    """`heapcast layer --policy place --predictor table:FILE`: the layer reads it (every
+    allocation of burstkv's sites placed by it), the program's output and exit code are its
+    own; a file that is not there, or a table with another mode, is refused before running."""
+    import sys
+
+    cli = Path(sys.executable).with_name("heapcast")
+    table = _table(tmp_path / "t.hclife", burstkv_keys, 255)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    argv = [burstkv, "2", "10000", "10"]
+
+    def heapcast(*args):
+        return subprocess.run(
+            [str(cli), "layer", "--policy", "place", *args, "--", *map(str, argv)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    alone = _run(argv, place=None)
+    r = heapcast("--predictor", f"table:{table}", "--stats")
+    assert (r.returncode, r.stdout) == (0, alone.stdout), r.stderr
+    assert "the lifetime table placed 22,000 allocations" in r.stderr, r.stderr
+    r = heapcast("--predictor", f"table:{tmp_path / 'none'}")
+    assert r.returncode == 2 and "no such file" in r.stderr and r.stdout == ""
+    r = heapcast("--predictor", f"table:{table}", "-O", "mode=size")
+    assert r.returncode == 2 and "needs mode predict" in r.stderr and r.stdout == ""
+    r = heapcast("--predictor", "bogus")
+    assert r.returncode == 2 and "online, model[:VERSION] or table:FILE" in r.stderr

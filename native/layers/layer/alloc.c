@@ -39,7 +39,7 @@ static void *hl_take(size_t n, size_t align) {
     void *p = NULL;
     /* the clock only where something is kept (decay, advice): a thread whose blocks all come
      * from glibc's heap reads none */
-    int timed = !(hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0);
+    int timed = !(hl_set.policy == HL_LARGEST && hl_set.madv_ns <= 0);
     uint64_t now = 0;
     if (hl_front.p != NULL) {
         if (timed) now = hl_now();

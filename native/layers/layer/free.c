@@ -111,7 +111,7 @@ static inline int hl_free_unlive(struct hl_shard *s, struct hl_live_slot *e, voi
     return 1;
 }
 
-/* Step: p enters the shared cache, if seed002's rule and the cap make room for it (else it goes
+/* Step: p enters the shared cache, if largest's rule and the cap make room for it (else it goes
  * to the next allocator); idle blocks decay first. Called with hl_lock held, which it gives
  * back; the real free and madvise run outside it. */
 static inline void hl_free_to_shared(void *p, size_t usable, int advised, uint64_t now) {
@@ -121,8 +121,8 @@ static inline void hl_free_to_shared(void *p, size_t usable, int advised, uint64
         hl_lock_take();
     }
     struct hpc_out out = {0};
-    /* idle blocks decay; seed002: the smallest goes for a larger one; then the cap (and the
-     * table's size): the oldest go back (seed002: the smallest) */
+    /* idle blocks decay; largest: the smallest goes for a larger one; then the cap (and the
+     * table's size): the oldest go back (largest: the smallest) */
     struct hpc_block *b = hpc_keep_shared(&hl_core, &hl_cache, (uintptr_t)p, usable, now, &out);
     int keep = b != NULL;
     if (keep) b->advised = advised;
@@ -141,12 +141,12 @@ static void hl_free_large(void *p, size_t usable, const void *caller) {
         hl_free_out_of_scope(p, outgrown);
         return;
     }
-    uint64_t now = hl_set.policy == HL_SEED002 && hl_set.madv_ns <= 0 ? 0 : hl_now();
+    uint64_t now = hl_set.policy == HL_LARGEST && hl_set.madv_ns <= 0 ? 0 : hl_now();
     /* before any lock (see Call sites, predict.c); only where the table has an entry to ask */
     int site = hl_site_set != NULL ? hl_site_of(caller) : -1;
     int wanted = hpc_wanted(&hl_core, usable, outgrown);
     int unproven = wanted && hpc_unproven(&hl_cache); /* passed on, remembered (hl_ghost_add) */
-    /* the front: seed001/guided, a block the thread's reservation covers (madv=0 advises every
+    /* the front: pools/guided, a block the thread's reservation covers (madv=0 advises every
      * kept block at once: the shared path) */
     int front = wanted && !unproven && !advised && hl_front_open() &&
                 (usable <= hl_front.reserved || hl_reserve(usable));

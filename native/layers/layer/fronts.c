@@ -6,7 +6,7 @@
 
 static __thread int hl_thread_state; /* 0 new, 1 being registered, 2 registered, 3 exited */
 
-/* seed001, guided: the block a thread kept last waits in the thread's own front, outside the
+/* pools, guided: the block a thread kept last waits in the thread's own front, outside the
  * shared cache, and the thread's next request that it fits takes it back under its shard's lock
  * alone (the tight loop of one thread, and of many threads at once, never meets the others).
  * Its live-set slot carries the front's ticket, so a second free of it by any thread is seen
@@ -109,7 +109,7 @@ static void hl_thread_register(void) {
 
 /* The thread may keep a block in its front: a policy with pools and a destructor to empty it. */
 static inline int hl_front_open(void) {
-    if (hl_set.policy != HL_SEED001 && hl_set.policy != HL_GUIDED) return 0;
+    if (hl_set.policy != HL_POOLS && hl_set.policy != HL_GUIDED) return 0;
     if (HL_UNLIKELY(hl_thread_state != 2)) hl_thread_register();
     return hl_thread_state == 2 && hl_hint_slot >= 0; /* a destructor and a hint slot */
 }

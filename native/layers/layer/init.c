@@ -43,8 +43,7 @@ __attribute__((constructor)) static void hl_init(void) {
     void *lm = dlsym(RTLD_NEXT, "__libc_malloc");
     hl_glibc_next = lm != NULL && lm == (void *)hc_real.malloc;
     if (hl_set.policy == HL_GUIDED && hl_set.table[0]) {
-        ssize_t n = readlink("/proc/self/exe", hl_exe, sizeof hl_exe - 1); /* as the tracer */
-        hl_exe_len = n > 0 ? (size_t)n : 0;
+        hc_site_init(); /* the program's name, as the tracer records it */
         const char *why = hl_load_table(hl_set.table);
         if (why) {
             hl_stats.table_refused = 1;
@@ -64,7 +63,7 @@ __attribute__((constructor)) static void hl_init(void) {
         .peak = hl_set.peak,
         .proof = hl_set.proof,
         .regret = hl_set.regret,
-        .fronts = (hl_set.policy == HL_SEED001 || hl_set.policy == HL_GUIDED) && hl_set.madv_ns != 0,
+        .fronts = (hl_set.policy == HL_POOLS || hl_set.policy == HL_GUIDED) && hl_set.madv_ns != 0,
         /* format 2 (or 3 without sites): the class scores; with sites, unknown keys ask the
          * thread's counter, never the class scores (predict.c) */
         .class_table = hl_use_table && !hl_use_sites ? &hl_table[0][0] : NULL,
@@ -72,7 +71,7 @@ __attribute__((constructor)) static void hl_init(void) {
     hpc_cache_init(&hl_core, &hl_cache);
     /* every policy: the key's destructor gives a thread's counter stripe back (hl_stripe_claim) */
     hl_key_ok = pthread_key_create(&hl_key, hl_thread_exit) == 0;
-    if (hl_set.policy == HL_GUIDED || hl_set.policy == HL_SEED001) hl_sharded = 1;
+    if (hl_set.policy == HL_GUIDED || hl_set.policy == HL_POOLS) hl_sharded = 1;
     pthread_atfork(hl_fork_prepare, hl_fork_parent, hl_fork_child);
     if (hl_set.policy != HL_OFF && hl_set.follow && !hl_threshold_fixed())
         hl_follow_at = HL_FOLLOW_MIN;

@@ -42,8 +42,8 @@ static void hl_shards_init(void) {
     }
 }
 
-/* Fronts on (seed001, guided): each shard has its own lock, taken after hl_lock where both are
- * held. Off (seed002, whose rule needs hl_lock at every free anyway): hl_lock covers the live
+/* Fronts on (pools, guided): each shard has its own lock, taken after hl_lock where both are
+ * held. Off (largest, whose rule needs hl_lock at every free anyway): hl_lock covers the live
  * set too, so that a call takes one lock, not two. */
 static int hl_sharded;
 

@@ -59,8 +59,8 @@ static inline void hl_spin_lock(struct hl_spin *l) {
  * exists to hold it. */
 static inline void hl_spin_unlock(struct hl_spin *l) { __atomic_store_n(&l->w, 0, __ATOMIC_RELEASE); }
 
-/* hl_lock, the shared cache's (and seed002's live set's): a lock of the same kind, skipped
- * likewise while the process has one thread (seed002 takes it at every large call). Not
+/* hl_lock, the shared cache's (and largest's live set's): a lock of the same kind, skipped
+ * likewise while the process has one thread (largest takes it at every large call). Not
  * glibc's adaptive mutex, whose lock and unlock are each a read-modify-write. Its holds are
  * longer than a shard's (the decay and make-room scans of up to HPC_MAX_KEPT blocks), which the
  * waiters' yield covers. On a cache line of its own: its waiters' reads and its holder's writes

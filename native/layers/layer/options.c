@@ -93,6 +93,9 @@ static int hl_apply(struct hl_settings *st, const char *name, const char *v) {
     if (!strcmp(name, "policy")) {
         for (int i = 0; i < 4; i++)
             if (!strcmp(v, hl_policy_names[i])) return st->policy = (enum hl_policy)i, 1;
+        for (size_t i = 0; i < sizeof hl_renamed_policies / sizeof hl_renamed_policies[0]; i++)
+            if (!strcmp(v, hl_renamed_policies[i].old))
+                return st->policy = hl_renamed_policies[i].policy, 1;
         return 0;
     }
     if (!strcmp(name, "min")) return hl_parse_size(v, &st->min) && st->min > 0;

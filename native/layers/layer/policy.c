@@ -7,7 +7,7 @@
  *    request: alloc.c's front, hpc_take_shared, fronts.c's hl_steal), the proof and the regret
  *    at a miss (hpc_ghost_hit);
  *  - on free: scope (below: glibc's chunk word), hpc_outgrown, hpc_wanted, hpc_keep_at_free
- *    (guided: with the table's call-site score, predict.c), hpc_keep_shared (seed002's rule, the
+ *    (guided: with the table's call-site score, predict.c), hpc_keep_shared (largest's rule, the
  *    cap, the victims), hpc_reserve and hpc_enter_shared (fronts.c), hpc_ghost_add;
  *  - as time passes: hpc_expired and hpc_decay, the bound (hpc_bound_shared), and the layer's own
  *    advice to the kernel on idle blocks' pages (hl_advise_idle: no decision of what is kept).
@@ -174,7 +174,7 @@ static void hl_advise_idle(uint64_t now) {
  * whatever the cache keeps comes on top of that: without a bound, a training step's freed
  * tensors are kept while the next step's grow beside them (../../README.md, History). So at a
  * miss that maps a block (new memory: hl_track), the oldest kept blocks
- * (seed002: the smallest) go back until live + kept (fronts included) is within the live
+ * (largest: the smallest) go back until live + kept (fronts included) is within the live
  * blocks' peak so far plus `peak` percent (at most HPC_OUT_MAX a call; the next miss goes on). A
  * hit or a keep only moves a block between live and kept: the sum grows at such a miss alone.
  * The shards' counts are read without their locks (a count a moment old moves the bound by a

@@ -1,13 +1,12 @@
 """What every runner shares: a run request, its result, the sandbox layout, argv and env.
 
-A runner executes one (workload, input) with the tracer preloaded and reports what happened;
-it does not judge (the replay task compares the exit code) and does not read traces. A request
-may also preload more libraries after the tracer (an allocator), run without the tracer at all
-(`tracer=None`), and ask for the run to be measured (`measure_dir`: resource usage and a hash of
-the program's standard output, see measure_tool.py).
+A runner executes one (workload, input) with the tracer preloaded (or none: `tracer=None`; more
+libraries, an allocator, may follow it) and reports what happened; it does not judge (the replay
+task compares the exit code) and does not read traces. `measure_dir` asks for the run to be
+measured (measure_tool.py).
 
-Inside a container (and inside a bubblewrap sandbox, so that both see the same paths and
-command lines, hence the same heap calls) the layout is:
+The layout, inside a container and a bubblewrap sandbox alike (the same paths and command lines,
+hence the same heap calls):
 
   /heapcast/tracer/libheapcast.so   the tracer, read-only
   /heapcast/input                   the generated input files, read-only

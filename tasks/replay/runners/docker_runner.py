@@ -10,9 +10,8 @@ one else (`share_with_run_user`).
 Containers are created, started, waited for and removed explicitly (never `run --rm`): through
 Podman's Docker-compatible socket `--rm` reports exit code 0 for a failing command.
 
-A measured run (`measure_dir` in the request) runs the program under `hc-measure`, mounted
-read-only as the container's PID 1 (measure_tool.py): the program's standard output goes to a
-file, its usage and the container cgroup's peak memory to a report, both in the measure folder.
+A measured run (`measure_dir`) runs under `hc-measure` as the container's PID 1
+(docs/tracing.md#measured-runs).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Memory and pid limits for the local runner: a cgroup of its own per run, else rlimits.
 
-The docker runner gets its limits from the engine (`mem_limit`, `pids_limit`). A host process
-has no container, so the local runner makes a cgroup per run, under its own cgroup:
-
-- cgroup v2 (one unified hierarchy with the memory and pids controllers): `memory.max`,
-  `memory.swap.max` 0 (as docker's `memswap_limit == mem_limit`), `pids.max`; an exceeded limit
-  shows as `memory.events` `oom_kill` and `pids.events` `max`;
-- cgroup v1 (a hybrid host: memory and pids each mounted on their own hierarchy):
-  `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes`, `pids.max`; exceeded limits show as
-  `memory.oom_control` `oom_kill` and `pids.events` `max`.
-
-A cgroup counts every process of the run, forked or not, and all the memory it touches (heap,
-page cache), as the container's does; an rlimit counts one process (RLIMIT_AS/RLIMIT_DATA:
-virtual memory, which a traced program reserves far more of than it uses) or one user
-(RLIMIT_NPROC: every process of that uid on the host). So rlimits are only the fallback where no
-cgroup can be made (no root, no delegated cgroup): the pid limit becomes RLIMIT_NPROC over the
-run user's processes, the memory limit is not enforced, and `enforcement` says so; neither
-fallback can tell afterwards that a limit was hit.
-
-The program must be in its cgroup before it can fork: the runner starts it behind a gate (a
-shell that waits for one line on its standard input, then execs the program), places the gate's
-pid with `attach`, then opens the gate (see local_runner.py).
+The docker runner gets its limits from the engine; the local runner makes a cgroup per run, under
+its own cgroup: v2 (`memory.max`, `memory.swap.max` 0, `pids.max`) or v1 (a hybrid host:
+`memory.limit_in_bytes`, `memory.memsw.limit_in_bytes`, `pids.max`), and reads an exceeded limit
+from the events files. Where no cgroup can be made (no root, no delegated cgroup) the pid limit
+becomes RLIMIT_NPROC over the run user's processes, the memory limit is not enforced, and
+`enforcement` says so. The program must be in its cgroup before it can fork: the runner starts it
+behind a gate, places the gate's pid with `attach`, then opens the gate. Why cgroups, and the files
+read: docs/tracing.md#the-local-runners-limits.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """The `local` runner: the workload on this host, no engine needed (the embedded default).
 
-Inside a bubblewrap sandbox where `bwrap` works: the host's system folders read-only, the same
-/heapcast layout as a container (so command lines, and heap calls, match the docker runner),
-new pid/net/ipc/uts namespaces (loopback only), running as nobody. Without bubblewrap the
-program runs directly with host paths, as nobody when heapcast runs as root. Weaker than a
-container: no image (the host's packages).
+Inside a bubblewrap sandbox where `bwrap` works (the host's system folders read-only, the same
+/heapcast layout as a container, new namespaces, running as nobody); without it the program runs
+directly with host paths, as nobody when heapcast runs as root. Weaker than a container: no image.
 
-Limits as the docker runner's (limits.py): the catalog's `memory` and `pids_limit` through a
-cgroup made for the run (v2, else v1; needs root or a delegated cgroup), the time limit by the
-runner's timer. A run that exceeds one is stopped (SIGTERM, then SIGKILL, to every process of
-its cgroup) and fails naming the limit, as the docker runner words it; what the tracer flushed
-stays. Where no cgroup can be made the pid limit falls back to RLIMIT_NPROC (which cannot hold
-processes that are root on the host, as a root caller's bubblewrap makes them) and the memory
-limit is not enforced: the result's `limits` and `warnings`, and the run's log, say which.
-The program reaches its cgroup before it runs: it starts behind a gate (`GATE_SCRIPT`: a shell
-that waits for one line, then execs it), which the runner opens once the gate's pid is placed.
-
-A measured run (`measure_dir` in the request) runs the program under `hc-measure`
-(measure_tool.py), bound read-only into the sandbox: its standard output goes to a file, its
-rusage (wall, CPU, faults, ru_maxrss of the largest process) to a report.
+Limits as the docker runner's (limits.py): a cgroup made for the run, else RLIMIT_NPROC with the
+memory limit not enforced (the result's `limits` and `warnings` say which), the time limit by the
+runner's timer. The program starts behind a gate (`GATE_SCRIPT`) opened once its pid is in the
+cgroup. A measured run (`measure_dir`) runs under `hc-measure` (measure_tool.py). The details:
+docs/tracing.md#the-local-runner.
 """
 
 from __future__ import annotations

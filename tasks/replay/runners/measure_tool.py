@@ -3,19 +3,11 @@
 A runner measures a run when its request has a `measure_dir`: the program runs under
 `hc-measure` (native/measure/hc_measure.c, linked statically so that LD_PRELOAD never loads into
 it), which sends the program's standard output to `<measure_dir>/stdout` (hashed into the
-result, so two runs' outputs can be compared), waits for it with wait4 and writes its usage to
-`<measure_dir>/usage`, read back here as a `ResourceUsage`:
-
-- docker: hc-measure is the container's PID 1 and reads the container's cgroup while it still
-  exists: the peak memory of the whole container (cgroup v2 `memory.peak`, else v1
-  `memory.max_usage_in_bytes`: anonymous memory and the page cache the container brought in,
-  not the shared libraries already cached), beside the rusage of the program's tree;
-- local: the peak is `ru_maxrss` from hc-measure's wait4, the largest single process of the tree
-  (a host process has no cgroup of its own). Not the runner's own `os.wait4`: a child forked
-  from the Python runner starts with the runner's RSS as its ru_maxrss (measured: 42 MB for a
-  4 MB sqlite3), and bubblewrap's PID namespace does not pass its children's CPU time up.
-
-Wall time is the program's own (fork to exit), without the container's or sandbox's start.
+result), waits for it with wait4 and writes its usage to `<measure_dir>/usage`, read back here as
+a `ResourceUsage`. The peak memory is the container's cgroup peak under docker, the largest
+process's `ru_maxrss` under the local runner (why not the runner's own wait4:
+docs/tracing.md#measured-runs). Wall time is the program's own (fork to exit), without the
+container's or sandbox's start.
 """
 
 from __future__ import annotations

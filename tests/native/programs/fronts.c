@@ -1,4 +1,4 @@
-/* Large blocks across threads, for the heapcast layer's per-thread fronts (seed001, guided: the
+/* Large blocks across threads, for the heapcast layer's per-thread fronts (pools, guided: the
  * block a thread kept last waits in that thread's own slot, outside the shared cache).
  * usage:
  *   fronts doublefree SIZE   thread A mallocs, writes and frees a block (into A's front) and

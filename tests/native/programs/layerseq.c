@@ -1,4 +1,4 @@
-/* A hand-made sequence of large allocations, to hold the simulator to the real seed-002 layer
+/* A hand-made sequence of large allocations, to hold the simulator to the real largest layer
  * (tests/native/test_cache_layer.py). Each argument is one step:
  *   m:SLOT:SIZE   malloc        c:SLOT:SIZE   calloc
  *   a:SLOT:ALIGN:SIZE   posix_memalign

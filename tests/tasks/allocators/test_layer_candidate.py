@@ -36,8 +36,8 @@ def test_a_candidate_may_give_every_layer_option_but_stats():
 
 def test_the_layers_policies_are_candidates_with_their_counters_collected():
     for name, policy in (
-        ("layer-seed002", "seed002"),
-        ("layer-seed001", "seed001"),
+        ("layer-largest", "largest"),
+        ("layer-pools", "pools"),
         ("layer-guided", "guided"),
     ):
         a = CFG.get(name)
@@ -56,12 +56,41 @@ def test_the_layers_policies_are_candidates_with_their_counters_collected():
         )
 
 
+def test_the_policies_former_names_name_the_candidates_now(tmp_path):
+    """issue 46: layer-seed002 is layer-largest, layer-seed001(-all) layer-pools(-all), as
+    --candidates, a candidate's HEAPCAST_LAYER and a stored night's summary table give them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.allocators.config import current_allocator
+    from tasks.allocators.report import ADVICE_COLUMNS, last_advice
+
+    assert current_allocator("layer-seed002") == "layer-largest"
+    assert current_allocator("layer-seed001-all") == "layer-pools-all"
+    assert current_allocator("layer-guided") == "layer-guided"
+    assert CFG.get("layer-seed002") == CFG.get("layer-largest")
+    assert CFG.get("layer-seed001-all") == CFG.get("layer-pools-all")
+    assert CFG.resolve("layer-seed001") == "layer-pools" and CFG.resolve("glibc") == "glibc"
+    Allocator(name="old", kind="layer", library="x.so", env={"HEAPCAST_LAYER": "policy=seed002"})
+    # GIVEN a night's summary table written under the old names
+    row = dict.fromkeys(ADVICE_COLUMNS)
+    row.update(case="c", baseline="glibc", recommendation="layer-seed002", runs=5)
+    rows = [{**row, "allocator": "glibc"}, {**row, "allocator": "layer-seed002"}]
+    rows[1]["best_challenger"] = "layer-seed001"
+    folder = tmp_path / "allocators" / "summary" / "night=20260101T000000"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "part-0.parquet")
+    # WHEN read back THEN its advice names the candidates as they are now
+    (advice,) = last_advice(Root.from_url(str(tmp_path))).advice
+    assert (advice.recommendation, advice.best_challenger) == ("layer-largest", "layer-pools")
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
         ({}, "gives its settings in env.HEAPCAST_LAYER"),
-        ({"env": {"HEAPCAST_LAYER": "policy=seed003"}}, "policy: 'seed003' is not one of"),
-        ({"env": {"HEAPCAST_LAYER": "policy=seed002,capp=1G"}}, "'capp=1G' is not NAME=VALUE"),
+        ({"env": {"HEAPCAST_LAYER": "policy=lru"}}, "policy: 'lru' is not one of"),
+        ({"env": {"HEAPCAST_LAYER": "policy=largest,capp=1G"}}, "'capp=1G' is not NAME=VALUE"),
         ({"env": {"HEAPCAST_LAYER": "cap=1G"}}, "give the policy"),
         ({"env": {"HEAPCAST_LAYER": "policy=guided,stats=/tmp/x"}}, "`stats` is set by the stage"),
         (
@@ -84,7 +113,7 @@ def test_the_layers_setting_on_a_malloc_candidate_is_refused():
     with pytest.raises(
         ValidationError, match="tunes layer's malloc, but this candidate runs glibc"
     ):
-        Allocator(name="g", env={"HEAPCAST_LAYER": "policy=seed002"})
+        Allocator(name="g", env={"HEAPCAST_LAYER": "policy=largest"})
 
 
 def test_a_seeds_section_naming_an_unknown_allocator_names_the_file_and_field(tmp_path):
@@ -99,9 +128,9 @@ def test_the_runner_puts_the_stats_file_in_the_measure_folder_and_the_probe_acce
     from tasks.replay.workloads import load_catalog
 
     w = load_catalog().get("numpy_temporaries")
-    spec = CFG.get("layer-seed002").spec
+    spec = CFG.get("layer-largest").spec
     env = program_env(w, w.inputs[0], SANDBOX_PATHS, False, extra=spec.env, measure="/m")
-    assert env["HEAPCAST_LAYER"] == "policy=seed002,stats=/m/layer-stats"
+    assert env["HEAPCAST_LAYER"] == "policy=largest,stats=/m/layer-stats"
     with pytest.raises(ValueError, match="names the measure folder, but the run has none"):
         program_env(w, w.inputs[0], SANDBOX_PATHS, False, extra=spec.env)
     line = (
@@ -110,7 +139,7 @@ def test_the_runner_puts_the_stats_file_in_the_measure_folder_and_the_probe_acce
     )
     seen = verify(spec, line.format(env["HEAPCAST_LAYER"]), None)
     assert seen.applied, seen.reason
-    other = verify(spec, line.format("policy=seed001,stats=/m/layer-stats"), None)
+    other = verify(spec, line.format("policy=pools,stats=/m/layer-stats"), None)
     assert not other.applied and "HEAPCAST_LAYER" in other.reason
 
 
@@ -140,7 +169,7 @@ def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
     runs = {
         "glibc": [(1.30, 100.0), (1.32, 101.0), (1.31, 100.0)],
         "tcmalloc": [(1.00, 110.0), (1.01, 110.0), (1.02, 111.0)],
-        "layer-seed002": [(1.00, 104.0), (0.99, 104.0), (1.01, 104.0)],
+        "layer-largest": [(1.00, 104.0), (0.99, 104.0), (1.01, 104.0)],
         "layer-guided": [(0.95, 102.0), (0.96, 102.0), (0.94, 102.0)],
         "layer-table": [(0.93, 101.0), (0.92, 101.0), (0.94, 101.0)],
     }
@@ -154,7 +183,7 @@ def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
         "bought: layer-table (the model's table (v12)) -20 ms -1.0 MB vs layer-guided (online "
         "counter) (p=0.2, RSS p=0.1)" in text
     )
-    assert "layer-guided (online counter) -50 ms -2.0 MB vs layer-seed002 (no prediction)" in text
+    assert "layer-guided (online counter) -50 ms -2.0 MB vs layer-largest (no prediction)" in text
     assert "layer-guided (online counter) -360 ms +2.0 MB vs glibc (p=0.1, RSS p=0.1)" in text
     page = NightlySummary(root="/r", finished_at="now", stages=[], seed_lines=[text]).markdown()
     assert "## What the layer bought, measured (seeds' cases; medians, ms and MB)" in page
@@ -166,7 +195,7 @@ def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
 
 def test_five_rounds_say_so_and_a_side_not_measured_is_said():
     five = [(1.0, 100.0)] * 5
-    m = make_measurements({"glibc": five, "layer-seed002": five}, case="c")
+    m = make_measurements({"glibc": five, "layer-largest": five}, case="c")
     text = seed_lines(m, CFG)[0].text()
     assert text.startswith("c, 5 rounds: ") and "bought" not in text
     assert "nothing to compare for layer-guided-regret vs layer-guided, " in text
@@ -180,12 +209,12 @@ def test_five_rounds_say_so_and_a_side_not_measured_is_said():
 def test_the_layer_measured_in_docker_is_verified_loaded_and_its_counters_read(
     sqlite3_image, alloc_catalog, tmp_path
 ):
-    """alloc_mix (three threads, a few blocks from 128 KiB up) under glibc and layer-seed002
+    """alloc_mix (three threads, a few blocks from 128 KiB up) under glibc and layer-largest
     through the docker runner: the layer mounted from native/build, verified by the probe,
     the output unchanged, the counters read from the run's measure folder."""
     cfg = CFG.model_copy(
         update={
-            "allocators": [CFG.get("glibc"), CFG.get("layer-seed002")],
+            "allocators": [CFG.get("glibc"), CFG.get("layer-largest")],
             "warmup": 0,
             "max_repetitions": None,
         }
@@ -194,8 +223,8 @@ def test_the_layer_measured_in_docker_is_verified_loaded_and_its_counters_read(
     m = measure_alloc_mix(w, cfg, tmp_path, "docker", repetitions=1)
     by = {s.allocator: s for s in m.samples}
     assert all(s.ok and s.applied for s in m.samples), [s.error for s in m.samples]
-    assert by["glibc"].stdout_sha256 == by["layer-seed002"].stdout_sha256
-    layer = by["layer-seed002"]
+    assert by["glibc"].stdout_sha256 == by["layer-largest"].stdout_sha256
+    layer = by["layer-largest"]
     assert layer.layer_processes == 1 and by["glibc"].layer_processes is None
     assert layer.layer_hits + layer.layer_misses > 0 and layer.layer_double_frees == 0
     assert layer.layer_bytes_kept_peak > 0
@@ -216,7 +245,7 @@ def test_heapcast_tune_measures_a_layer_candidate_verified_with_its_counters(tmp
     from tasks.allocators.measure import build_layers
     from tasks.allocators.tune import tune
 
-    build_layers([CFG.get("layer-seed002")])
+    build_layers([CFG.get("layer-largest")])
     prog = tmp_path / "prog.py"
     # 8 MiB blocks, every one mapped: the program fixes glibc's mmap threshold at 128 KiB (as
     # TensorFlow does), so glibc's heap never takes them and the layer's proof comes at once
@@ -227,11 +256,11 @@ def test_heapcast_tune_measures_a_layer_candidate_verified_with_its_counters(tmp
     out = tune(
         [sys.executable, str(prog)],
         CFG,
-        candidates=["glibc", "layer-seed002"],
+        candidates=["glibc", "layer-largest"],
         repetitions=5,
         max_repetitions=5,
     )
-    layer = [s for s in out.measurements.samples if s.allocator == "layer-seed002"]
+    layer = [s for s in out.measurements.samples if s.allocator == "layer-largest"]
     # at least the rounds before tune may drop a candidate that cannot win (tasks.allocators.rounds)
     assert len(layer) >= 2 and all(s.ok and s.applied for s in layer), [s.error for s in layer]
     # the traced run saw the program fix the threshold itself
@@ -251,7 +280,7 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     numpy_image, tmp_path
 ):
     """The layer's cases (numpy_temporaries, numpy_training_loop: seed 001's loop, and
-    numpy_pipeline) under glibc, layer-seed002, layer-guided, layer-table (a model's table
+    numpy_pipeline) under glibc, layer-largest, layer-guided, layer-table (a model's table
     copied into each container's measure folder) and layer-guided-regret, one quick round: every
     run verified with the same output, the table used in every process, the layer's counters in
     the samples Parquet, a line per case, the figures on a model's run. On the pipeline the
@@ -272,7 +301,7 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
         update={
             "allocators": [
                 "glibc",
-                "layer-seed002",
+                "layer-largest",
                 "layer-guided",
                 "layer-table",
                 "layer-guided-regret",
@@ -295,7 +324,7 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
         hits = {s.allocator: s.layer_hits for s in m.samples if s.case == case}
         counter_keeps = case != "numpy_pipeline"
         assert (hits["layer-guided"] > 0) == counter_keeps, (case, hits)
-        assert hits["layer-seed002"] > 0 and hits["layer-table"] > 0, (case, hits)
+        assert hits["layer-largest"] > 0 and hits["layer-table"] > 0, (case, hits)
         assert hits["layer-guided-regret"] > 0, (case, hits)
         if not counter_keeps:  # the process's misses, not the freeing thread's counter
             (r,) = [s for s in m.samples if s.case == case and s.allocator == "layer-guided-regret"]
@@ -305,7 +334,7 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     tracking = TrackingConfig(root=str(tmp_path / "root"))
     out = write_outcome(root, m, seed_config(cfg), to_mlflow=False, tracking=tracking)
     samples = pq.read_table(out.samples_path).to_pandas()
-    assert (samples.loc[samples["allocator"] == "layer-seed002", "layer_hits"] > 0).all()
+    assert (samples.loc[samples["allocator"] == "layer-largest", "layer_hits"] > 0).all()
     lines = seed_lines(m, cfg)
     assert [line.case for line in lines] == list(cases)
     assert all(" ms " in line.text() and " MB" in line.text() for line in lines)
@@ -327,7 +356,7 @@ def test_the_seeds_cases_measured_in_their_containers_published_and_logged_on_th
     # and every figure in one table the UI shows as such
     shown = mlflow.load_table("layer/cases.json", run_ids=[run.info.run_id])
     pair = shown[(shown["case"] == "numpy_pipeline") & (shown["allocator"] == "layer-table")]
-    assert set(pair["against"]) == {"", "layer-guided", "layer-seed002", "glibc"}
+    assert set(pair["against"]) == {"", "layer-guided", "layer-largest", "glibc"}
     assert got.metrics["layer/vs_counter.pipeline"] == pytest.approx(
         float(pair.loc[pair["against"] == "layer-guided", "wall_ms"].iloc[0])
     )
@@ -349,13 +378,13 @@ def test_the_quick_nights_seed_allocators_are_a_subset_with_the_baseline(tmp_pat
     assert seed_config(CFG).names() == CFG.seeds.allocators  # the weekly flow: all of them
     text = (LAYER_DIR.parent.parent / "configs" / "allocators.yaml").read_text()
     for bad_list, message in (
-        ("[glibc, tcmalloc, layer-seed002, layer-guided, glibc-fixed]", "glibc-fixed are not"),
-        ("[tcmalloc, layer-seed002, layer-guided, layer-table]", "include the baseline 'glibc'"),
+        ("[glibc, tcmalloc, layer-largest, layer-guided, glibc-fixed]", "glibc-fixed are not"),
+        ("[tcmalloc, layer-largest, layer-guided, layer-table]", "include the baseline 'glibc'"),
     ):
         bad = tmp_path / "allocators.yaml"
         bad.write_text(
             text.replace(
-                "quick_allocators: [glibc, tcmalloc, layer-seed002, layer-guided, layer-table, "
+                "quick_allocators: [glibc, tcmalloc, layer-largest, layer-guided, layer-table, "
                 "layer-guided-regret, layer-table-regret]",
                 f"quick_allocators: {bad_list}",
             )

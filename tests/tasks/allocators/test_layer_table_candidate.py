@@ -36,7 +36,7 @@ def test_the_table_candidate_names_the_model_table_and_its_version_in_every_run(
     )
     assert b.predictor == "the model's table (v7)"
     assert CFG.get("layer-guided").predictor == "online counter"
-    assert CFG.get("layer-seed002").predictor == "no prediction"
+    assert CFG.get("layer-largest").predictor == "no prediction"
     assert CFG.get("glibc").predictor is None
     # the config's other candidates are left as they are, and the table is no config field
     assert CFG.with_model_table(t).get("layer-guided") == CFG.get("layer-guided")
@@ -46,7 +46,7 @@ def test_the_table_candidate_names_the_model_table_and_its_version_in_every_run(
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"env": {"HEAPCAST_LAYER": "policy=seed002"}}, "is a guided layer's predictor"),
+        ({"env": {"HEAPCAST_LAYER": "policy=largest"}}, "is a guided layer's predictor"),
         ({"kind": "malloc", "library": None, "env": {}}, "is a guided layer's predictor"),
         (
             {"env": {"HEAPCAST_LAYER": "policy=guided,predictor=online"}},

@@ -155,22 +155,22 @@ def test_publish_is_a_task_that_runs_outside_a_flow_too(tmp_path):
 def test_the_report_says_where_the_layer_stepped_aside():
     from tasks.allocators.report import stepped_aside
 
-    # GIVEN two layer candidates on one workload, 3 rounds: seed002 never had its proof (it
-    # passed on frees it would have kept), seed001 had it in every run but the first
+    # GIVEN two layer candidates on one workload, 3 rounds: largest never had its proof (it
+    # passed on frees it would have kept), pools had it in every run but the first
     m = make_measurements(
-        {"glibc": [(1.0, 10.0)] * 3, "layer-seed002": [(1.0, 10.0)] * 3,
-         "layer-seed001": [(1.0, 10.0)] * 3},
+        {"glibc": [(1.0, 10.0)] * 3, "layer-largest": [(1.0, 10.0)] * 3,
+         "layer-pools": [(1.0, 10.0)] * 3},
         case="sqlite3",
     )  # fmt: skip
-    seen = {"layer-seed001": 0}
+    seen = {"layer-pools": 0}
     for s in m.samples:
         if s.allocator.startswith("layer-"):
-            first = s.allocator == "layer-seed001" and seen["layer-seed001"] == 0
-            seen["layer-seed001"] += s.allocator == "layer-seed001"
-            proven = 0 if s.allocator == "layer-seed002" or first else 1
+            first = s.allocator == "layer-pools" and seen["layer-pools"] == 0
+            seen["layer-pools"] += s.allocator == "layer-pools"
+            proven = 0 if s.allocator == "layer-largest" or first else 1
             s.layer_processes, s.layer_proven, s.layer_unproven = 1, proven, 3
     # THEN a line per candidate that stepped aside, with its runs and processes; glibc has none
     assert stepped_aside(m) == [
-        "sqlite3 under layer-seed001: in 1 of 3 runs (1 of 1 processes kept nothing)",
-        "sqlite3 under layer-seed002: in 3 of 3 runs (3 of 3 processes kept nothing)",
+        "sqlite3 under layer-largest: in 3 of 3 runs (3 of 3 processes kept nothing)",
+        "sqlite3 under layer-pools: in 1 of 3 runs (1 of 1 processes kept nothing)",
     ]

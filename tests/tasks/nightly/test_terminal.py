@@ -64,7 +64,7 @@ def model_run_with_decision(tracking: TrackingConfig, decision: PromotionDecisio
 
 def whatif_summary() -> WhatifSummary:
     def at(workload: str, budget: int | None = None, **rates) -> AtBudget:
-        return AtBudget(workload=workload, budget=budget, best_heuristic="seed002", **rates)
+        return AtBudget(workload=workload, budget=budget, best_heuristic="largest", **rates)
 
     rates = dict(
         best_heuristic_hit_rate=0.7500,
@@ -97,7 +97,7 @@ def seeds_outcome(root: Root, tmp_path) -> SeedsOutcome:
         return {
             "glibc": at(1.31, 100.0),
             "tcmalloc": at(1.01, 110.0),
-            "layer-seed002": at(1.00, 104.0),
+            "layer-largest": at(1.00, 104.0),
             "layer-guided": at(0.95, 102.0),
             "layer-table": at(0.95 + table_vs_counter_s, 101.0),
             "layer-guided-regret": at(0.97, 103.0),
@@ -243,7 +243,7 @@ def test_the_first_screen_gives_the_verdict_the_bought_and_the_pages(full_night)
     # what the predictions bought: the pooled what-if and the layer's measured ms
     assert (
         "What-if (64.00 KiB held idle, all workloads, causal): hit rate guided by the model "
-        "0.8125 vs best heuristic seed002 0.7500 (+0.0625); oracle 0.9300." in flat
+        "0.8125 vs best heuristic largest 0.7500 (+0.0625); oracle 0.9300." in flat
     )
     assert "Layer, the model's table vs the online counter (3 rounds: too few" in flat
     assert "temporaries -20 ms (p=0.2), training_loop +10 ms (p=0.5), pipeline -40 ms" in flat
@@ -295,7 +295,7 @@ def test_the_markdown_keeps_every_wide_table(full_night):
     assert "| workload | positions | model top-1 | model top-5 |" in page
     assert "| headline/unseen_runs.top1.model | 0.92 |" in page
     assert "## What the predictions bought (whatif, at 64.00 KiB held idle)" in page
-    assert "| all | seed002 0.7500 | 0.8125 | 0.7900 | 0.9300 |" in page
+    assert "| all | largest 0.7500 | 0.8125 | 0.7900 | 0.9300 |" in page
     assert "All workloads, by idle budget" in page
     assert "## What the layer bought, measured (seeds' cases; medians, ms and MB)" in page
     for line in full_night.seed_lines:

@@ -37,7 +37,7 @@ from tasks.whatif.night import (
     replay_run,
     summarize,
 )
-from tasks.whatif.policies import GuidedConfig, LruConfig, NoneConfig, Seed002Config
+from tasks.whatif.policies import GuidedConfig, LargestConfig, LruConfig, NoneConfig
 from tests.localhost import mlflow_server
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.integration
 NIGHTS = ("night-1", "night-2")
 WHATIF_GRID = [
     NoneConfig(),
-    Seed002Config(n=2),
+    LargestConfig(n=2),
     LruConfig(budget=1 << 16),
     GuidedConfig(budget=1 << 16, ttl_calls=16),
 ]

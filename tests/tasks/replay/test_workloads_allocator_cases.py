@@ -115,7 +115,7 @@ def test_numpy_pipeline_frees_the_readers_chunks_in_the_main_thread_and_prints_o
 ):
     """The case's point, on the host: every chunk is allocated by the reader thread and freed by
     the main thread, so heapcast's layer guided by the online counter (the freeing thread's own
-    calls) keeps none, where the layer keeping every block (seed001) reuses nearly all; the output is the same under glibc, tcmalloc and the layer."""
+    calls) keeps none, where the layer keeping every block (pools) reuses nearly all; the output is the same under glibc, tcmalloc and the layer."""
     _need_file(DEBIAN_NUMPY, "python3-numpy")
     _need_file(TCMALLOC, "libtcmalloc-minimal4")
     w = load_catalog().get("numpy_pipeline")
@@ -127,7 +127,7 @@ def test_numpy_pipeline_frees_the_readers_chunks_in_the_main_thread_and_prints_o
         ("glibc", None, None),
         ("tcmalloc", TCMALLOC, None),
         ("counter", heapcast_layer, "guided,predictor=online"),
-        ("keep", heapcast_layer, "seed001"),
+        ("keep", heapcast_layer, "pools"),
     ]:
         env = {**_under(lib), **base}
         stats = tmp_path / f"{name}.stats"

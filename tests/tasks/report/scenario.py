@@ -1,24 +1,11 @@
 """A hand-made run whose report is known exactly: three process images, written as raw traces
 (tests.tracegen) and, converted by the dataset's converter, as an events run folder.
 
-pid 100 (`prog run`, callers recorded, one thread, tid 100), in ns:
-  10 malloc 100  @0x1000 caller 0xA    live   100
-  20 malloc 1000 @0x2000 caller 0xB    live  1100
-  30 free   0x1000       caller 0xC    live  1000   0x1000: 20 ns, 2 calls  (temporary)
-  40 malloc 5000 @0x3000 caller 0xA    live  6000
-  50 malloc 24   @0x4000 caller 0xB    live  6024   <- this process's peak
-  60 free   0x3000       caller 0xC    live  1024   0x3000: 20 ns, 2 calls  (temporary)
-  70 realloc 0x2000 -> 2000 @0x5000    live  2024   0x2000: 50 ns, 5 calls  (not with 4)
-  80 free   0x9999 (never allocated: unpaired)
-  90 malloc 64 -> NULL (failed)
-  never freed: 0x4000 (24 B, class 5), 0x5000 (2000 B, class 11)
-pid 101 (fork of 100, `prog child`, two threads: tid 101 and tid 202), overlapping in time:
-  45 malloc 300 @0x10000 (thread 0)   48 malloc 400 @0x20000 (thread 1)
-  55 free 0x10000 (thread 0): 10 ns, 2 calls (temporary); never freed: 0x20000 (400 B, class 9)
-pid 101 again, after exec (`/bin/true`): 200 malloc 16 @0x7000, never freed (class 5)
-
-Total live, merged by time: 100, 1100, 1000, 6000, 6300 (45), 6700 (48), 6724 (50: the peak:
-pid 100 holds 6024 in classes 5, 10, 13 and pid 101 700 in class 9), 6424 (55), ...
+pid 100 (`prog run`, callers recorded, one thread) allocates, frees, reallocs, frees an address
+never allocated and fails a malloc; pid 101 (its fork, two threads) overlaps it in time, then
+execs `/bin/true`. The peak of live bytes is 6724 at 50 ns. Every call with the live bytes after
+it, each freed block's lifetime and the blocks never freed:
+docs/testing.md#the-reports-hand-made-scenario.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The simulator's seed002 replays heapcast's layer (native/layers/layer.c, policy=seed002):
+"""The simulator's largest replays heapcast's layer (native/layers/layer.c, policy=largest):
 the same hits as the layer's own counters on a real program.
 
 GIVEN bigblocks (tests/native/programs/bigblocks.c: malloc, calloc, posix_memalign, realloc
       and frees of large blocks in varying orders, small blocks between), traced with the
-      tracer, and the same command run under the layer (HEAPCAST_LAYER=policy=seed002,n=N,
+      tracer, and the same command run under the layer (HEAPCAST_LAYER=policy=largest,n=N,
       min=131072,madv=off,peak=4,proof=2,stats=PATH) by tasks.whatif.layer.measure_layer
-WHEN  the trace is simulated with the same Seed002Config (n, and the proof: 0, 2 or 4)
+WHEN  the trace is simulated with the same LargestConfig (n, and the proof: 0, 2 or 4)
 THEN  the simulated hits equal the layer's `hits` and the simulated requests >= min the
       layer's hits + misses; output and exit code are unchanged under the layer.
 One thread: with several, the interleaving of the threads' calls differs from run to run (two
@@ -28,7 +28,7 @@ from tasks.dataset.convert import convert_trace
 from tasks.format.trace_reader import read_trace
 from tasks.whatif.events import prepare
 from tasks.whatif.layer import STAT_KEYS, build_layer, layer_env, measure_layer
-from tasks.whatif.policies import MMAP_THRESHOLD, Seed002Config
+from tasks.whatif.policies import MMAP_THRESHOLD, LargestConfig
 from tasks.whatif.simulate import simulate
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
@@ -57,11 +57,11 @@ def _traced(argv: list[str], tracer: Path, out: Path) -> pa.Table:
     return pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
 
 
-def test_layer_env_names_the_seed002_policy():
-    assert layer_env() == "policy=seed002,n=4,min=131072,madv=off,peak=4,proof=2"
-    policy = Seed002Config(n=2, min_size=65536, peak=None, proof=0)
+def test_layer_env_names_the_largest_policy():
+    assert layer_env() == "policy=largest,n=4,min=131072,madv=off,peak=4,proof=2"
+    policy = LargestConfig(n=2, min_size=65536, peak=None, proof=0)
     assert layer_env(policy, True, "/x/s", keep=False) == (
-        "policy=seed002,n=0,min=65536,madv=0,peak=off,proof=0,stats=/x/s"
+        "policy=largest,n=0,min=65536,madv=0,peak=off,proof=0,stats=/x/s"
     )
 
 
@@ -77,7 +77,7 @@ def test_layer_env_names_the_seed002_policy():
 def test_simulated_hits_equal_the_layers_counters(tools, tmp_path, n, threads, sizes, proof):
     layer, tracer, exe = tools
     argv = [str(exe), "25", str(threads), *sizes]
-    policy = Seed002Config(n=n, proof=proof)
+    policy = LargestConfig(n=n, proof=proof)
     measured = measure_layer(argv, policy=policy, layer=layer)
     assert measured["same_output"], measured["with"]["stderr_tail"]
     assert len(measured["with"]["stats"]) == 1 and set(STAT_KEYS) <= measured.keys()
@@ -99,10 +99,10 @@ def test_simulated_hits_equal_the_layers_counters_under_its_bound(tools, program
     run under the layer with the bound (peak=4) and without (peak=off), keeping from the first
     free (proof=0: no request of phases could reuse a block of the other phase, so its proof
     never comes)
-    THEN the simulator with the same Seed002Config has the same hits and blocks kept."""
+    THEN the simulator with the same LargestConfig has the same hits and blocks kept."""
     layer, tracer, _ = tools
     argv = [str(program("phases")), "4", "8", str(2 << 20), "8", str(5 << 20)]
-    policy = Seed002Config(peak=peak, proof=0)
+    policy = LargestConfig(peak=peak, proof=0)
     measured = measure_layer(argv, policy=policy, layer=layer)
     assert measured["same_output"], measured["with"]["stderr_tail"]
     (stats,) = measured["with"]["stats"]
@@ -122,5 +122,5 @@ def test_simulated_cache_gives_back_what_the_program_outgrew(tools, program, tmp
     assert measured["same_output"], measured["with"]["stderr_tail"]
     (stats,) = measured["with"]["stats"]
     assert stats["outgrown"] >= 10, stats  # the rule fired: every step of the first round
-    sim = simulate(prepare(_traced(argv, tracer, tmp_path / "trace")), Seed002Config(n=4))
+    sim = simulate(prepare(_traced(argv, tracer, tmp_path / "trace")), LargestConfig(n=4))
     assert (sim["hits"], sim["cached_frees"]) == (stats["hits"], stats["kept"]), (sim, stats)

@@ -1,4 +1,4 @@
-"""heapcast's layer as seed 002 (native/layers/layer.c, HEAPCAST_LAYER=policy=seed002,n=4,
+"""heapcast's layer as largest (native/layers/layer.c, HEAPCAST_LAYER=policy=largest,n=4,
 min=131072,madv=off,proof=0) on a catalog workload through the replay runners
 (tasks.whatif.layer.measure_layer_workload, the allocators stage's measured runs): output and
 exit code unchanged, page faults reduced. No timing assertions: minor faults are counted.
@@ -12,14 +12,14 @@ import pytest
 
 from tasks.replay.workloads import load_catalog
 from tasks.whatif.layer import ARMS, STAT_KEYS, build_layer, measure_layer_workload
-from tasks.whatif.policies import Seed002Config
+from tasks.whatif.policies import LargestConfig
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
 pytestmark = pytest.mark.slow
 
 # kept from the first free (proof=0): the test counts the faults that perl's ~10 reuses save;
 # under the default proof (2) the first reuses are only counted, not served
-EAGER = Seed002Config(proof=0)
+EAGER = LargestConfig(proof=0)
 
 
 @pytest.fixture(scope="module")

@@ -36,12 +36,12 @@ from tasks.whatif.night import (
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LargestConfig,
     LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
@@ -49,8 +49,8 @@ pytestmark = pytest.mark.slow
 
 GRID = [
     NoneConfig(),
-    Seed002Config(n=2),
-    Seed001Config(decay_ns=1000),
+    LargestConfig(n=2),
+    PoolsConfig(decay_ns=1000),
     LayerGuidedConfig(),
     LayerGuidedConfig(regret=True),
     LayerGuidedConfig(table=True),  # no model, no table: no row
@@ -144,7 +144,7 @@ def test_page_names_the_missing_run_and_compares_policies(replayed):
     # the oracle bounds every policy under the same budget (one run per workload here)
     for w in ("alpha", "beta"):
         top = rows[(w, "oracle")]["hit_rate"]
-        for p in ("seed002", "seed001", "lru", "guided_online", "guided_thread_future_optimistic"):
+        for p in ("largest", "pools", "lru", "guided_online", "guided_thread_future_optimistic"):
             if rows[(w, p)]["idle_bytes_mean"] <= params.idle_budget:
                 assert rows[(w, p)]["hit_rate"] <= top + 1e-12
     # whatever peeks ahead of the free is named so, in the page and the tables
@@ -211,7 +211,7 @@ def test_params_are_strict():
     with pytest.raises(ValidationError, match="idle_budget"):
         WhatifParams(idle_budget=0)
     with pytest.raises(ValidationError, match="n"):
-        WhatifParams(policies=[{"kind": "seed002", "n": 0}])
+        WhatifParams(policies=[{"kind": "largest", "n": 0}])
     with pytest.raises(ValidationError, match="extra"):
         WhatifParams(budget=1)
     p = WhatifParams(policies=[{"kind": "lru", "budget": 4096}])
@@ -279,7 +279,7 @@ def test_the_night_summary_prints_what_the_predictions_bought(replayed, tmp_path
     rows = {(r["workload"], r["policy"]): r for r in s.policies}
     for a in s.at_budget:
         w = a.workload
-        assert a.best_heuristic in ("seed002", "seed001", "lru")
+        assert a.best_heuristic in ("largest", "pools", "lru")
         # (the table's JSON keeps 15 significant digits)
         assert a.best_heuristic_hit_rate == pytest.approx(rows[(w, "best_heuristic")]["hit_rate"])
         assert a.oracle_hit_rate == pytest.approx(rows[(w, "oracle")]["hit_rate"])

@@ -11,20 +11,20 @@ from tasks.whatif.oracle import bound_hits, infinite_cache_hits
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LargestConfig,
     LayerGuidedConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 from tasks.whatif.simulate import simulate
 from tests.tasks.whatif.reference import random_events
 
 GRID = (
     [NoneConfig()]
-    + [Seed002Config(n=n, min_size=m) for n in (1, 2, 4, 16) for m in (0, 128 * 1024)]
-    + [Seed001Config(decay_ns=d) for d in (1, 3, 10, 30, 100, 1000, 10**6)]
+    + [LargestConfig(n=n, min_size=m) for n in (1, 2, 4, 16) for m in (0, 128 * 1024)]
+    + [PoolsConfig(decay_ns=d) for d in (1, 3, 10, 30, 100, 1000, 10**6)]
     + [LayerGuidedConfig(decay_ns=d, regret=r) for d in (10, 10**6) for r in (False, True)]
     + [LruConfig(budget=b) for b in (100, 2000, 20_000, 200_000, 2_000_000, 1 << 40)]
     + [BeladyConfig(budget=b) for b in (100, 2000, 20_000, 200_000, 2_000_000, 1 << 40)]

@@ -1,20 +1,16 @@
 """The policy core (native/policy/core.c) replays heapcast's layer: on one thread, the same
 counters as the real layer's stats line, for every policy it offers.
 
-GIVEN a stream of large calls (malloc, calloc, posix_memalign, realloc, free over a few slots,
-      built with numpy), made for real by layerseq (tests/native/programs/layerseq.c) under the
-      layer (HEAPCAST_LAYER from LayerPolicy.env(), MALLOC_MMAP_THRESHOLD_=131072), and the
-      same stream laid out as events
+GIVEN a stream of large calls (malloc, calloc, posix_memalign, realloc, free, built
+      with numpy) run for real by tests/native/programs/layerseq.c under the layer
+      (LayerPolicy.env(), MALLOC_MMAP_THRESHOLD_=131072), and laid out as events
 WHEN  the core replays the events with the same LayerPolicy (tasks.whatif.policy_core.replay)
-THEN  hits, misses, blocks kept, bytes kept (peak, at exit), blocks given back, outgrown,
-      unproven, bounded, the live peak, the proof's and the regret's counts all equal the
-      layer's. And on a traced real program (bigblocks), the core's hits and blocks kept equal
-      the layer's, and so do the what-if simulator's (tasks.whatif.simulate), which computes
-      every policy the layer runs through the core. And guided with a format 3 table (call-site
-      entries, some keeping, some passing on, some keys left to the counter) the core's hits,
-      blocks kept, passed calls and frees a site entry answered equal the layer's.
+THEN  every counter of the stats line equals the layer's (hits, misses, kept, bytes kept,
+      given back, outgrown, unproven, bounded, live peak, proof, regret); on a traced bigblocks
+      run, so do the core's and the simulator's hits and blocks kept; and guided by a format 3
+      table, so do hits, blocks kept, passed calls and frees a site entry answered.
 One thread: with several, the layer's threads meet at its locks in an order a trace does not
-hold (policy_core.UNTOLD_BY_A_TRACE names the file that lists what the replay cannot know).
+hold (policy_core.UNTOLD_BY_A_TRACE: what the replay cannot know).
 """
 
 from __future__ import annotations
@@ -38,9 +34,9 @@ from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.layer import build_layer, parse_stats
 from tasks.whatif.policies import (
     MMAP_THRESHOLD,
+    LargestConfig,
     LayerGuidedConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 from tasks.whatif.policy_core import (
     UNTOLD_BY_A_TRACE,
@@ -158,9 +154,9 @@ def _layer_stats(argv: list[str], policy: LayerPolicy, layer: Path, tmp: Path) -
 POLICIES = [
     LayerPolicy(),
     LayerPolicy(n=2, proof=0),
-    LayerPolicy(policy="seed001"),
-    LayerPolicy(policy="seed001", proof=0, peak=None),
-    LayerPolicy(policy="seed001", madv_ms=None, cap=4 << 20),  # the cap, fronts reserving
+    LayerPolicy(policy="pools"),
+    LayerPolicy(policy="pools", proof=0, peak=None),
+    LayerPolicy(policy="pools", madv_ms=None, cap=4 << 20),  # the cap, fronts reserving
     LayerPolicy(policy="guided"),
     LayerPolicy(policy="guided", regret=True),
 ]
@@ -199,7 +195,7 @@ def _traced(argv: list[str], tracer: Path, out: Path, **extra: str) -> pa.Table:
 
 @pytest.mark.parametrize(
     "policy",
-    [LayerPolicy(), LayerPolicy(policy="seed001"), LayerPolicy(policy="guided", regret=True)],
+    [LayerPolicy(), LayerPolicy(policy="pools"), LayerPolicy(policy="guided", regret=True)],
     ids=lambda p: p.policy,
 )
 def test_core_on_a_traced_program_equals_the_layer(layer, program, tmp_path, policy):
@@ -215,8 +211,8 @@ def test_core_on_a_traced_program_equals_the_layer(layer, program, tmp_path, pol
     got = (core.stats["hits"], core.stats["kept"], core.passed)
     assert got == (measured["hits"], measured["kept"], measured["passed"]), (core.stats, measured)
     config = {
-        "seed002": Seed002Config(n=policy.n, proof=policy.proof, peak=policy.peak),
-        "seed001": Seed001Config(decay_ns=policy.decay_ms * 10**6),
+        "largest": LargestConfig(n=policy.n, proof=policy.proof, peak=policy.peak),
+        "pools": PoolsConfig(decay_ns=policy.decay_ms * 10**6),
         "guided": LayerGuidedConfig(regret=policy.regret),
     }[policy.policy]
     assert layer_policy(config)[0] == policy.model_copy(update={"madv_ms": 100})

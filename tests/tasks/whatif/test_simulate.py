@@ -16,11 +16,11 @@ from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LargestConfig,
     LayerGuidedConfig,
     LruConfig,
     NoneConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 from tasks.whatif.policy_core import (
     LayerPolicy,
@@ -103,13 +103,13 @@ def test_large_blocks_only_match_reference(seed, policy):
 
 
 LAYER_POLICIES = [
-    Seed002Config(n=1),
-    Seed002Config(n=4),
-    Seed002Config(n=4, peak=None),  # without the layer's bound on live + kept
-    Seed002Config(n=3, min_size=0),
-    Seed002Config(n=4, proof=0),  # kept from the first free (no proof)
-    Seed001Config(decay_ns=5),
-    Seed001Config(decay_ns=10**9, proof=0),
+    LargestConfig(n=1),
+    LargestConfig(n=4),
+    LargestConfig(n=4, peak=None),  # without the layer's bound on live + kept
+    LargestConfig(n=3, min_size=0),
+    LargestConfig(n=4, proof=0),  # kept from the first free (no proof)
+    PoolsConfig(decay_ns=5),
+    PoolsConfig(decay_ns=10**9, proof=0),
     LayerGuidedConfig(),
     LayerGuidedConfig(regret=True, proof=0),
 ]
@@ -140,7 +140,7 @@ def test_a_layer_policy_that_never_hits_has_no_caches_faults(seed):
     policy that keeps nothing (min_size above every block) has the figures of no cache."""
     table = random_events(seed, n_proc=1 + seed % 3, n_events=250)
     none = simulate(table, NoneConfig())
-    for policy in (Seed002Config(min_size=1 << 40), LayerGuidedConfig(min_size=1 << 40)):
+    for policy in (LargestConfig(min_size=1 << 40), LayerGuidedConfig(min_size=1 << 40)):
         got = simulate(table, policy)
         assert got["hits"] == 0 and got["idle_bytes_peak"] == 0
         for k in ("fault_bytes_mmap", "fault_bytes_heap", "max_rss", "peak_footprint"):
@@ -152,7 +152,7 @@ def test_shuffled_rows_give_the_same_result():
     # calls of a process never share a time: their order is then the table's to lose
     table = random_events(11, n_proc=3, n_events=300, min_step=1)
     shuffled = with_rows(table, np.random.default_rng(0).permutation(table.num_rows))
-    for policy in (LruConfig(budget=100_000), Seed002Config(), BeladyConfig(budget=50_000)):
+    for policy in (LruConfig(budget=100_000), LargestConfig(), BeladyConfig(budget=50_000)):
         a, b = simulate(table, policy), simulate(shuffled, policy)
         for k in EXACT + ("idle_bytes_mean",):
             assert a[k] == b[k], (policy, k)
@@ -279,7 +279,7 @@ def test_fault_accounting_large_blocks():
     assert none["fault_bytes_heap"] == 4096
     assert none["max_rss"] == mmap_one + 4096
     assert none["live_peak"] == 200_100 == none["peak_footprint"] == none["ideal_rss"]
-    s2 = simulate(t, Seed002Config(n=4, proof=0))
+    s2 = simulate(t, LargestConfig(n=4, proof=0))
     assert s2["hits"] == 1 and s2["allocations"] == 3
     assert s2["fault_bytes_mmap"] == mmap_one
     assert s2["fault_bytes_avoided"] == mmap_one
@@ -331,8 +331,8 @@ def _aligned(t: pa.Table, alignments: dict[int, int], ops: dict[int, Op]) -> pa.
     return t.set_column(t.schema.get_field_index("op"), "op", pa.array(op, pa.uint8()))
 
 
-def test_seed002_follows_the_layers_rules():
-    """The layer's rules (native/layers/layer.c, policy=seed002), on a hand-made trace: usable sizes (glibc's mmapped block of
+def test_largest_follows_the_layers_rules():
+    """The layer's rules (native/layers/layer.c, policy=largest), on a hand-made trace: usable sizes (glibc's mmapped block of
     300000 bytes has 303088 usable), a fit across size classes (usable - n < n + 4096), the
     alignment of the cached block's address, eviction of the smallest usable block."""
     base = 0x7F0000000000
@@ -354,7 +354,7 @@ def test_seed002_follows_the_layers_rules():
         ]
     )
     t = _aligned(t, {9: 64, 11: 64}, {9: Op.POSIX_MEMALIGN, 11: Op.POSIX_MEMALIGN})
-    r = simulate(t, Seed002Config(n=4, proof=0))
+    r = simulate(t, LargestConfig(n=4, proof=0))
     assert r["hits"] == 3
     assert r["allocations"] == 7
     # the old rule (same class, requested size b >= s) would hit only at row 11 (row 8's
@@ -364,12 +364,12 @@ def test_seed002_follows_the_layers_rules():
     assert r["fault_bytes_avoided"] == want_avoided
     # n = 1: eviction by usable size; the 303100 block (larger) replaces the 300000 one at row
     # 5, the 600000 one it at row 7; rows 2, 8 and 11 still hit
-    r1 = simulate(t, Seed002Config(n=1, proof=0, peak=None))
+    r1 = simulate(t, LargestConfig(n=1, proof=0, peak=None))
     assert r1["hits"] == 3 and r1["evictions"] == 2
     assert r1["fault_bytes_avoided"] == want_avoided
 
 
-def test_seed002_keeps_nothing_until_its_proof():
+def test_largest_keeps_nothing_until_its_proof():
     """The layer's proof (layer.c hl_ghost_hit): nothing is kept until `proof` misses could have
     been served by a block passed on before (the last 8, by the cache's own fit); then it keeps
     (without the bound, which would give row 1's block back at row 2's miss)."""
@@ -387,11 +387,11 @@ def test_seed002_keeps_nothing_until_its_proof():
         ]
     )
     for proof, hits in ((0, 3), (1, 2), (2, 1), (3, 0)):
-        got = simulate(t, Seed002Config(n=4, proof=proof, peak=None))
+        got = simulate(t, LargestConfig(n=4, proof=proof, peak=None))
         assert got["hits"] == hits, (proof, got["hits"])
 
 
-def test_seed002_keeps_only_blocks_the_layer_handed_out():
+def test_largest_keeps_only_blocks_the_layer_handed_out():
     """A heap block asked for just below min_size has a usable size at min_size (131070 bytes:
     131080 usable): the layer never tracked it (it tracks requests >= min), so its free passes
     through, and a later request it would fit misses."""
@@ -402,7 +402,7 @@ def test_seed002_keeps_only_blocks_the_layer_handed_out():
             (MALLOC, 131_072, 0x5010, None),  # would fit 131080: a miss all the same
         ]
     )
-    r = simulate(t, Seed002Config(n=4, proof=0))
+    r = simulate(t, LargestConfig(n=4, proof=0))
     assert r["hits"] == 0 and r["cached_frees"] == 0
 
 

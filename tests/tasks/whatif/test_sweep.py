@@ -11,11 +11,11 @@ from tasks.whatif.events import read_events
 from tasks.whatif.policies import (
     BeladyConfig,
     GuidedConfig,
+    LargestConfig,
     LruConfig,
     NoneConfig,
     OracleConfig,
-    Seed001Config,
-    Seed002Config,
+    PoolsConfig,
 )
 from tasks.whatif.sweep import default_grid, pareto_plot, sweep, sweep_run
 from tests.tasks.whatif.reference import random_events
@@ -51,8 +51,8 @@ def test_sweep_from_root_and_plot(tmp_path):
 
     grid = [
         NoneConfig(),
-        Seed002Config(n=2),
-        Seed001Config(decay_ns=1000),
+        LargestConfig(n=2),
+        PoolsConfig(decay_ns=1000),
         LruConfig(budget=1 << 16),
         GuidedConfig(budget=1 << 16),
         BeladyConfig(budget=1 << 16),
@@ -79,7 +79,7 @@ def test_sweep_from_root_and_plot(tmp_path):
 def test_default_grid_draws_curves():
     grid = default_grid()
     kinds = [p.kind for p in grid]
-    for k in ("seed002", "seed001", "layer_guided", "lru", "guided", "belady", "oracle"):
+    for k in ("largest", "pools", "layer_guided", "lru", "guided", "belady", "oracle"):
         assert kinds.count(k) >= 5
     table = random_events(7, n_proc=2)
     df = sweep_run(table, grid, workload="w", run="r")
