@@ -270,6 +270,34 @@ def _place_module():
     return module
 
 
+def _registered_table(args: argparse.Namespace, pred: str, kind: str):
+    """`--predictor model[:VERSION]`: the registered version's table of `kind` (reuse: the cache
+    layer's; lifetime: placement's), by alias or number, kept on this host by version (MLflow
+    only to fetch one not here yet); the layer requires its version (model=N), so a file from
+    another version is refused. None, with the reason on stderr, when there is none."""
+    from tasks.core.config import default_root  # deferred: start-up time
+    from tasks.core.storage import Root
+    from tasks.registry.table_cache import model_table
+
+    which = pred.partition(":")[2] or "champion"
+    root = Root.from_url(args.root or default_root())
+    try:
+        got = model_table(root, which, kind=kind)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"heapcast layer: --predictor {pred}: {err}", file=sys.stderr)
+        return None
+    if got is None:
+        print(
+            f"heapcast layer: --predictor {pred}: no registered version {which!r} under "
+            f"{root.url} (`make run` registers one; --root names another data root)",
+            file=sys.stderr,
+        )
+        return None
+    if got.refused:
+        print(f"heapcast layer: {got.refused}; fetched again", file=sys.stderr)
+    return got
+
+
 def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
     """`heapcast layer --policy place`: PROGRAM under jemalloc with heapcast's placement layer in
     front of it (native/layers/place.c, built when missing or stale); at exit, what it did."""
@@ -281,28 +309,10 @@ def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
     place = _place_module()
     pred, table_options = args.predictor, []
     if pred == "model" or pred.startswith("model:"):
-        # the registered version's lifetime table (native/TABLE.md), kept on this host by
-        # version like the cache layer's table; the layer checks its version (model=N)
-        from tasks.core.config import default_root  # deferred: start-up time
-        from tasks.core.storage import Root
-        from tasks.registry.table_cache import model_table
-
-        which = pred.partition(":")[2] or "champion"
-        root = Root.from_url(args.root or default_root())
-        try:
-            got = model_table(root, which, kind="lifetime")
-        except (FileNotFoundError, ValueError) as err:
-            print(f"heapcast layer: --predictor {pred}: {err}", file=sys.stderr)
-            return 2
+        # the registered version's lifetime table (native/TABLE.md)
+        got = _registered_table(args, pred, "lifetime")
         if got is None:
-            print(
-                f"heapcast layer: --predictor {pred}: no registered version {which!r} under "
-                f"{root.url} (`make run` registers one; --root names another data root)",
-                file=sys.stderr,
-            )
             return 2
-        if got.refused:
-            print(f"heapcast layer: {got.refused}; fetched again", file=sys.stderr)
         table_options = [f"table={got.path}", f"model={got.version}"]
     elif pred.startswith("table:") and len(pred) > 6:
         table = Path(pred[6:]).resolve()
@@ -401,28 +411,9 @@ def cmd_layer(args: argparse.Namespace) -> int:
     pred = args.predictor
     model_option = []
     if pred == "model" or pred.startswith("model:"):
-        # the registered version's table (native/TABLE.md), by alias or number, kept on this
-        # host by version (MLflow only to fetch one not here yet); its version required by the
-        # layer (model=N): a file from another version is refused
-        from tasks.core.config import default_root  # deferred: start-up time
-        from tasks.core.storage import Root
-        from tasks.registry.table_cache import model_table
-
-        which = pred.partition(":")[2] or "champion"
-        root = Root.from_url(args.root or default_root())
-        try:
-            got = model_table(root, which)
-        except (FileNotFoundError, ValueError) as err:
-            print(f"heapcast layer: --predictor {pred}: {err}", file=sys.stderr)
-            return 2
-        if got is not None and got.refused:
-            print(f"heapcast layer: {got.refused}; fetched again", file=sys.stderr)
+        # the registered version's reuse table (native/TABLE.md)
+        got = _registered_table(args, pred, "reuse")
         if got is None:
-            print(
-                f"heapcast layer: --predictor {pred}: no registered version {which!r} under "
-                f"{root.url} (`make run` registers one; --root names another data root)",
-                file=sys.stderr,
-            )
             return 2
         pred, model_option = f"table:{got.path}", [f"model={got.version}"]
     if pred != "online" and not (pred.startswith("table:") and len(pred) > 6):
