@@ -1,43 +1,19 @@
-"""heapcast's placement layer (native/layers/place.c, issue 45) on a bursty key-value workload,
-side by side with the allocators it could replace, in balanced alternating rounds.
+"""heapcast's placement layer (native/layers/place.c) against the allocators it could replace.
 
-Part 1, the workload (benchmarks/programs/burstkv.c): BURSTS bursts of SHORT request buffers
-(32..288 bytes) interleaved with one long-lived entry (same sizes, a distinct call site) every
-EVERY requests; the requests are freed at each burst's end, the entries stay. The program prints
-its resident set after each burst and at the end; wait4 gives the peak RSS (ru_maxrss), CPU time
-and minor faults. Arms: glibc, tcmalloc, mimalloc, jemalloc, jemalloc + placement (the online
-counter), the layer loaded with placement off (jemalloc as the layer configures it:
-lg_extent_max_active_fit 10 through jemalloc's malloc_conf symbol, place.c says why), and two
-references: the bound (placement by the sites a first run of the same input
-learned: `learn=FILE`, then `mode=sites,sites=FILE`: long from the first call; optimistic, it
-has seen the run) and by size alone (`mode=size`: no prediction). jemalloc returns freed pages
-by decay (dirty_decay_ms, 10 s by default), later than a run of a second: every jemalloc arm
-runs again with MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0 ("prompt"), where the pages a
-burst freed go back at once and what stays resident is what live blocks pin.
-
-The lifetime table (`table=FILE`, native/TABLE.md; `jemalloc+place-table`): per (call site, size
-class), P(the block lives past 65536 calls of its process, or is never freed), the label the
-registered network's table is distilled for, here made without a network from the lifetimes a
-traced run of burstkv recorded (question_network.observed_lifetime: the share of long blocks
-per key), a smaller input than the measured one (--train-bursts, --train-shorts: requests there
-live ~50 k calls, under the 65536 edge; at the measured 200 k they would be labelled long too).
-It answers where it knows the key, the online counter elsewhere. Then the same arms on a
-program the table never saw (part 1b, "unseen": CPython with PYTHONMALLOC=malloc running the
-same kind of bursts, kept objects interleaved with dying ones), where its answers fall to the
-counter.
-
-Part 2, the cost on the allocation path (benchmarks/programs/pairloop.c): malloc(64)/free pairs
-in a tight loop, one thread and 2 threads, the threads' own CPU time per pair: jemalloc alone,
-jemalloc + placement `mode=off` (loading alone), `mode=predict` (site lookup, 1-in-64
-sampling, the free's sample check) and with the table (the call site's key looked up at every
-allocation: a cached word per return address; pairloop's site is not in it, so the counter
-answers). Minima over rounds.
+Part 1 (benchmarks/programs/burstkv.c): bursts of short-lived request buffers interleaved with
+long-lived entries from another call site; the resident set after each burst, peak RSS, CPU
+time and minor faults under glibc, tcmalloc, mimalloc, jemalloc, jemalloc + placement (by the
+online counter; by a lifetime table from a traced run of a smaller input), the layer with
+placement off, and two references (a first run's sites: the bound; size alone). Every jemalloc
+arm runs again with prompt purging. Part 1b: the same arms on a program the table never saw
+(CPython). Part 2 (benchmarks/programs/pairloop.c): the cost per malloc(64)/free pair, 1 and 2
+threads. Rounds alternate the arms. Arms, options and why: docs/results.md#the-placement-benchmark.
 
     .venv/bin/python benchmarks/bench_place.py [--reps 5] [--bursts 8] [--shorts 200000]
-        [--every 100] [--pairs 2000000] [--train-bursts 4] [--train-shorts 50000] [--out PATH]
+        [--every 100] [--pairs 2000000] [--train-bursts 4] [--train-shorts 50000]
+        [--unseen-shorts 100000] [--out PATH]
 
-writes benchmarks/results/place.json. The machine is shared (2 cores, other jobs): medians (and
-min-max) for time, RSS is nearly deterministic.
+writes benchmarks/results/place.json: medians and min-max for time.
 """
 
 from __future__ import annotations

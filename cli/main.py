@@ -1,17 +1,19 @@
-"""`heapcast`: the command line, a thin front over the same tasks the flows use.
+"""`heapcast`: the command line, a thin front over the flows' own tasks.
 
-heapcast trace [-o DIR] -- PROGRAM ARGS...   trace any program, the way heaptrack does
-heapcast layer [--policy P] -- PROGRAM ARGS... run any program over heapcast's allocator layer
-heapcast inspect FILE...                      a trace's header and counts per operation
-heapcast report RUN [-o HTML] [--diff RUN]    the heap report of a run: one HTML page + a summary
-heapcast tune [-o HTML] -- PROGRAM ARGS...    which allocator and settings suit a program
-heapcast run [...]                            the whole pipeline (the nightly flow) once
-heapcast replay [WORKLOAD...]                 stage: replay the catalog's workloads, traced
-heapcast dataset [WORKLOAD...]                stage: convert raw runs into the events dataset
-heapcast train [--quick] [--set KEY=VALUE]    stage: train, evaluate and register the model
-heapcast whatif [--model VERSION]             stage: a model's predictions through cache policies
-heapcast allocators [WORKLOAD...] [--seeds]   stage: the workloads under each allocator, measured
-heapcast bundle export|train ...              train the network elsewhere (a lent GPU)
+heapcast trace [-o DIR] -- PROGRAM ARGS...      trace any program, like heaptrack
+heapcast layer [--policy P] -- PROGRAM ARGS...  run any program over heapcast's allocator layer
+heapcast inspect FILE...                        a trace's header and per-operation counts
+heapcast report RUN [-o HTML] [--diff RUN]      a run's heap report: HTML and a summary
+heapcast tune [-o HTML] -- PROGRAM ARGS...      which allocator and settings suit a program
+heapcast run [...]                              the whole pipeline once (flow nightly)
+heapcast bundle export|train ...                train the network elsewhere (a lent GPU)
+
+one stage at a time:
+heapcast replay [WORKLOAD...]                   replay the catalog's workloads, traced
+heapcast dataset [WORKLOAD...]                  convert raw runs into the events dataset
+heapcast train [--quick] [--set KEY=VALUE]      train, evaluate and register the model
+heapcast whatif [--model VERSION]               a model's predictions through cache policies
+heapcast allocators [WORKLOAD...] [--seeds]     the workloads under each allocator, measured
 """
 
 # Start-up time matters here (`trace` runs before the traced program, `inspect` is interactive):

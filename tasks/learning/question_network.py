@@ -1,26 +1,20 @@
 """The allocator's two questions answered by a recurrent network of their own (issue 23).
 
-The next-call model answers "which class comes next"; an allocator asks, at a free, "is this
-class requested again soon in this process?" (reuse, tasks/learning/reuse.py) and, at an
-allocation, "how long will this block live?" (lifetime, tasks/learning/lifetime.py). This network
-answers both, with one head per question on one recurrent state:
+At a free, "is this class requested again soon in this process?" (reuse, tasks/learning/reuse.py);
+at an allocation, "how long will this block live?" (lifetime, tasks/learning/lifetime.py). One
+head per question on one recurrent state:
 
-- It reads a PROCESS's calls in call order (labels.process_order), as the allocator sees them:
-  the call's token (the requested class, or 32 + the freed class), its call site (hashed as the
-  counters hash it; 0 where the trace has no callers), the time since the process's previous
-  call, and the online counters' answers at that call (class_online and site_online of each
-  question: causal by construction, tested in test_reuse/test_lifetime). The counters carry what
-  a window cannot hold (the whole process's past); the network learns, from other programs'
-  traces, when to trust them, which the counters cannot (e.g. "never freed", which a counter
-  never learns before the process ends).
-- CAUSALITY. A GRU reads forward only, and the sequence is cut into windows of WINDOW calls with
-  the state reset at each window; padding comes after a window's last call. So the answer at a
-  call reads that call and the calls before it in its window, and the counters' state at it,
-  nothing after (tests/tasks/learning/test_question_network.py changes every later call).
-- Training: the split's training runs, masked losses (a row's question does not apply: no loss).
+- Inputs: a PROCESS's calls in call order (labels.process_order): token, call site (hashed as
+  the counters do; 0 without callers), time since the previous call, and the online counters'
+  answers at it (class_online, site_online: causal).
+- CAUSALITY: a GRU reads forward only, over windows of WINDOW calls (state reset at each,
+  padding after the last call): an answer reads its call and those before it in its window,
+  nothing after (tests/tasks/learning/test_question_network.py).
+- Training: the split's training runs, masked losses.
 
-The predictor's name in the three tables is PREDICTOR; `distilled_table` turns the network's
-reuse answers at the training frees into the layer's table (tasks/learning/table.py).
+PREDICTOR names it in the three tables; `distilled_table` makes the layer's table
+(tasks/learning/table.py) from its reuse answers at the training frees. More:
+docs/learning.md#the-questions-network.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """Promotion: the alias `champion` moves to a new model version only when it wins on the same data.
 
-The rule, in one place:
-
-- Every registered version carries, as model-version tags, the evaluation it was scored on
-  (`heapcast.eval.content_hash`, the DatasetRef's content hash) and its scores there
-  (`heapcast.eval.top1`, `.top5`, `.log_loss`: the model over all workloads, unseen-runs table).
-- A candidate is compared with the current champion on the candidate's evaluation. When the
-  champion was scored on another content hash, it is loaded and re-evaluated on today's set
-  (`evaluate_model(model, champion_config) -> Evaluation`, the same evaluation the candidate got;
-  champion_config is the champion's own training config), and its tags are updated to that
-  evaluation. Without an evaluator it cannot be compared: the candidate is kept out
-  (registered, not promoted) and the reason says so.
-- The candidate wins when it is better by more than `min_improvement` on the chosen score (top1
-  and top5 higher, log_loss lower). A tie keeps the champion. No champion yet: the candidate wins.
-- The decision, the metric and both scores are logged on the candidate's run (params, metrics
-  under `promotion/`, the tag `heapcast.promotion`).
-- Two registrations at once must not leave the alias on the worse one (each reads the champion,
-  then moves the alias: the last writer would win). A SQLite store serializes decide + apply
-  with a file lock (tasks.registry.tracking.store_lock); on any store, a version that takes the
-  alias is tagged `heapcast.promoted_on` = the content hash, and right after moving the alias
-  `settle` puts it on the best version promoted on that same evaluation.
+Every registered version carries, as model-version tags, the evaluation it was scored on
+(`heapcast.eval.content_hash`) and its scores there (`heapcast.eval.top1`, `.top5`,
+`.log_loss`). `decide` compares a candidate with the champion on the candidate's evaluation,
+re-evaluating a champion scored on another content hash (`evaluate_model(model,
+champion_config) -> Evaluation`; without an evaluator the candidate is registered, not
+promoted). The candidate wins when better by more than `min_improvement`; a tie keeps the
+champion. `log_decision` logs the decision on the candidate's run (`promotion/`,
+`heapcast.promotion`). Two registrations at once: a SQLite store serializes decide + apply
+(tracking.store_lock); on any store `settle` leaves the alias on the best version promoted on
+that evaluation (`heapcast.promoted_on`). The rule in full: docs/pipeline.md#the-promotion-rule.
 
 MLflow is imported lazily (flows import this at start-up); the Keras model only when a champion
 has to be re-evaluated.

@@ -1,34 +1,15 @@
 """Register a trained model in MLflow: params, metrics, plots, the model, and the champion alias.
 
-Metrics (tasks/registry/headline.py has the names and why; the MLflow UI's chart view makes one
-section per prefix before the last "/", in alphabetical order, so `headline` comes first):
-
-    headline/<table>.top1.<model|best_baseline|margin>
-        table  unseen_runs | unseen_programs | heldout_workloads (over all workloads)
-    headline/whatif_<causal|optimistic>.hit_rate.*    (added by tasks/whatif/night.py)
-    log_loss/<table>.<model|best_baseline>
-    train/seconds, train/predictions_per_second
-    train/<curve>                      per-epoch curves from the Keras history, step = epoch (0-based)
-    promotion/candidate.<m>, promotion/champion.<m>, promotion/promoted   (tasks/registry/champion.py)
-
-The detail is in tables, not metrics: `evaluation/<table>.json` (every workload x predictor:
-positions, top-1, top-5, log-loss, margin; `mlflow.log_table`'s format, shown as a table in the
-run's artifacts), next to evaluation.csv/.json/.md. Runs logged before the headline carry
-`<table>.<metric>/<slice>.<predictor>` metrics instead; headline.figure reads both.
-
-The registered version's description holds the headline figures, the training data and the
-champion decision with its reason; its tags (`heapcast.decision`, `heapcast.beats_baselines`,
-`heapcast.margin.<table>`, ...) filter versions in the registry's search.
+Metrics: `headline/...` (tasks/registry/headline.py), `log_loss/...`, `train/...`,
+`promotion/...` (tasks/registry/champion.py); the detail in tables, `evaluation/<table>.json`.
+Params: `config.<dotted path>`, `dataset.*`, `code.*`, `lib.*`. Artifacts: plots, evaluation
+tables, config.json, the heap report of the first training run (handed in as a file). The
+version's description and tags (`heapcast.decision`, ...) say what it is. Every name:
+docs/pipeline.md#what-a-registration-logs.
 
 Retries, kills and concurrent registrations are safe: see "faults" below (one run and one
 version per trained model; a registration that never finished leaves no version behind), and
 tasks/registry/champion.py for the alias.
-
-Params: `config.<dotted path>` (the whole training config, flattened), `dataset.*`, `code.*`,
-`lib.*`. Artifacts: plots/*.png, evaluation/ (CSV, JSON, Markdown), config.json, and
-report/<workload>-<run>.html (the heap report of the first training run, made by the train flow's
-report step, tasks/report/night_reports.py, and handed in as a file; tag heapcast.report); the plots are
-also logged as images (`mlflow.log_image(key="plots/...")`) so the chart view shows them per run.
 
 `register` (the Prefect task) returns a `RegisteredModel` (tasks.learning.outcome): the version,
 its run, the runs it was evaluated on and the decision, which the stages after it take.

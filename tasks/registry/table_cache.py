@@ -1,23 +1,14 @@
-"""The layer's table of a registered version, kept on this host by version, so that `heapcast
-layer --predictor model[:VERSION]` starts without MLflow once that version's table is here; and
-likewise the placement layer's lifetime table (`heapcast layer --policy place --predictor
-model[:VERSION]`), whose file format is written and read here (native/TABLE.md, "The
-placement's lifetime table": `write_lifetime_table`, `read_lifetime_table`).
+"""A registered version's tables, kept on this host by version: the layer's table (`heapcast
+layer --predictor model[:VERSION]`) and the placement layer's lifetime table (`--policy place`),
+whose format is written and read here (`write_lifetime_table`, `read_lifetime_table`;
+native/TABLE.md), so that the layer starts without MLflow once the file is here.
 
-The files live in `<scratch>/tables/v<N>.hcltab` and `v<N>.hclife` (`table_dir`: the allocators stage's scratch,
-tasks.allocators.measure.scratch_parent, and the folder its fetches write to).
-
-- A version number names its file: a sound `v<N>.hcltab` is used as it is, no store is asked.
-- An alias (`champion`) is resolved to its number without MLflow (`alias_version`): the
-  embedded store's SQLite file read directly (read-only), or a tracking server's REST API
-  (`registered-models/alias`) over urllib; the number's file is then used if it is sound.
-- A file is sound when the layer would take it for that version (native/TABLE.md): its magic,
-  a format the layer reads, 64 tokens, the payload's length and FNV-1a hash, and the model
-  version in its header. One that is not is fetched again, and the caller is told why.
-- What this cannot answer cheaply (another database, a server that does not answer, a schema
-  this does not know) and a version not here yet go the full way: questions.fetch_table, with
-  MLflow's client and its own errors; it writes the file under its final name by a rename, so a
-  killed fetch never leaves a half file.
+Files: `<scratch>/tables/v<N>.hcltab` and `v<N>.hclife` (`table_dir`). A version number names
+its file; an alias is resolved without MLflow (`alias_version`: the SQLite file read-only, or
+the server's REST API). A file is used only when sound (magic, format, tokens, payload length
+and FNV-1a hash, model version), else fetched again and the caller told why. Anything else goes
+through MLflow (question_artifacts.fetch_table), written by a rename so a killed fetch leaves no
+half file. The rules: docs/pipeline.md#the-tables-kept-on-this-host.
 
 Light on purpose: MLflow, numpy and the learning modules are imported only to fetch.
 """

@@ -1,20 +1,17 @@
 """Where models and their metrics are kept: MLflow, embedded or behind a tracking server.
 
-Two access modes, one per store (NOTES: experiments created through a server get
-`mlflow-artifacts:/` locations, ones created on the SQLite file get `file://`; do not mix them):
+Two access modes, one per store (do not mix them: a server's experiments get
+`mlflow-artifacts:/` locations, the SQLite file's get `file://`):
 
-- embedded (default, `tracking_uri: null`): a SQLite store and an artifact folder inside the data
-  root, `<root>/mlflow/mlflow.db` and `<root>/mlflow/artifacts`. No service to start. For an
-  `s3://` root the SQLite file cannot live in object storage (SQLite needs a POSIX file with
-  locks), so it goes to `<project>/data/mlflow-s3/<bucket>/<prefix>/mlflow.db` on this machine and
-  the artifacts go under the root, `s3://bucket/prefix/mlflow/artifacts` (MLflow's S3 artifact
-  repository, boto3; `MLFLOW_S3_ENDPOINT_URL` for an S3-compatible store). That store then belongs
-  to this one machine: where several machines train, run a tracking server instead.
-- server (`tracking_uri: http://host:port`): everything through the server's REST API, artifacts
-  proxied by the server (`mlflow server --artifacts-destination`), as scripts/mlflow-server.sh
-  starts it.
+- embedded (default, `tracking_uri: null`): `<root>/mlflow/mlflow.db` and
+  `<root>/mlflow/artifacts`, no service to start. For an `s3://` root the SQLite file stays on
+  this machine (`<project>/data/mlflow-s3/<bucket>/<prefix>/mlflow.db`), the artifacts go under
+  the root; several machines need a server.
+- server (`tracking_uri: http://host:port`): everything through the REST API, artifacts proxied
+  (scripts/mlflow-server.sh).
 
-MLflow itself is imported lazily: flows import this module at start-up.
+Details: docs/pipeline.md#where-models-are-kept. MLflow itself is imported lazily: flows import
+this module at start-up.
 """
 
 from __future__ import annotations

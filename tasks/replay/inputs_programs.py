@@ -2,27 +2,9 @@
 
 Registered into `tasks.replay.inputs.GENERATORS` (imported at the end of that module); the same
 rules hold: (seed, size) -> the same bytes, every file plain and in one folder. Generic inputs
-are shared by several programs (`text` by the compressors, sort, grep, sed, gawk and diff);
-the others are one language's program each. The meaning of `size` in brackets:
-
-  text           text.txt, text2.txt (an edited copy), patterns.txt, edit.sed, report.awk  [lines]
-  json           data.json (records) and filter.jq                                        [records]
-  xml            doc.xml, doc.dtd and style.xsl                                           [records]
-  man_page       page.man: a long manual page with tbl tables, for groff -t -man          [sections]
-  postscript     doc.ps: pages of paths, text and procedures, for ghostscript             [pages]
-  ppm_image      in.ppm: a seeded binary PPM image, for ImageMagick                       [pixels wide]
-  dot_graph      graph.dot: a directed graph with clusters, for graphviz's dot           [nodes]
-  gnuplot_script plot.gp: inline data blocks, plots, stats and a fit                      [points]
-  lua_script     workload.lua   tables, strings, gsub, sorts, closures                    [work units]
-  ruby_script    workload.rb    hashes, arrays, strings, structs, sorts                   [work units]
-  tcl_script     workload.tcl   dicts, lists, arrays, strings, regsub                     [work units]
-  php_script     workload.php   arrays, strings, preg, objects, sorts                     [work units]
-  scheme_script  workload.scm   Guile: lists, vectors, hash tables, strings               [work units]
-  bc_script      calc.bc        arbitrary precision arithmetic, arrays, functions         [work units]
-  m4_macros      macros.m4      recursive macros, loops, string builtins, diversions      [work units]
-  bison_grammar  grammar.y      a precedence chain of expression levels and statements    [levels]
-  flex_spec      lexer.l        keywords, operators and patterns for flex                 [keywords]
-  nasm_source    prog.asm       functions, macros, %rep blocks and data for nasm          [functions]
+(`text`, `json`, `xml`) are shared by several programs (`text` by the compressors, sort, grep,
+sed, gawk and diff); the others are one language's program each. Each `gen_*` says what it
+writes and what its `size` counts; the table of them all: docs/tracing.md#the-inputs-generators.
 """
 
 from __future__ import annotations
@@ -735,30 +717,37 @@ def _script(
 
 
 def gen_lua_script(seed: int, size: int, dest: Path) -> list[str]:
+    """workload.lua: `size` work units of tables, strings, gsub, sorts, closures."""
     return _script(_LUA, "workload.lua", seed, size, dest)
 
 
 def gen_ruby_script(seed: int, size: int, dest: Path) -> list[str]:
+    """workload.rb: `size` work units of hashes, arrays, strings, structs, sorts."""
     return _script(_RUBY, "workload.rb", seed, size, dest)
 
 
 def gen_tcl_script(seed: int, size: int, dest: Path) -> list[str]:
+    """workload.tcl: `size` work units of dicts, lists, arrays, strings, regsub."""
     return _script(_TCL, "workload.tcl", seed, size, dest)
 
 
 def gen_php_script(seed: int, size: int, dest: Path) -> list[str]:
+    """workload.php: `size` work units of arrays, strings, preg, objects, sorts."""
     return _script(_PHP, "workload.php", seed, size, dest)
 
 
 def gen_scheme_script(seed: int, size: int, dest: Path) -> list[str]:
+    """workload.scm (Guile): `size` work units of lists, vectors, hash tables, strings."""
     return _script(_SCHEME, "workload.scm", seed, size, dest)
 
 
 def gen_bc_script(seed: int, size: int, dest: Path) -> list[str]:
+    """calc.bc: `size` work units of arbitrary precision arithmetic, arrays, functions."""
     return _script(_BC, "calc.bc", seed, size, dest, scale=20 + seed % 20)
 
 
 def gen_m4_macros(seed: int, size: int, dest: Path) -> list[str]:
+    """macros.m4: `size` work units of recursive macros, loops, string builtins, diversions."""
     rng = random.Random(seed)
     # not `index`: an m4 builtin, it would expand inside the text
     text = " ".join(rng.choice([w for w in WORDS if w != "index"]) for _ in range(120))
