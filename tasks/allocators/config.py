@@ -95,6 +95,8 @@ LAYER_STATS = "layer-stats"
 # Where a table-guided layer run finds the model's table: a copy in the run's measure folder
 # (every runner shows that folder to the program, so no runner needs a mount of its own).
 LAYER_TABLE = "heapcast.hcltab"
+# ... and where a place candidate's run finds the model's lifetime table (its own name there)
+PLACE_TABLE = "heapcast.hclife"
 
 
 def _int(text: str, what: str, lo: int) -> int:
@@ -170,7 +172,9 @@ class Allocator(StrictModel):
     against the malloc they tune. `kind: layer`: a heapcast layer built under native/build
     (`library` is its file name there). `kind: place`: the placement layer (native/layers/
     place.c, built on demand) in front of jemalloc, `library` (absolute, on this host; the
-    program sees the layer, then it), settings in env.HEAPCAST_PLACE."""
+    program sees the layer, then it), settings in env.HEAPCAST_PLACE. `table: model`: the
+    registered model's table, the reuse table for a guided layer, the lifetime table for a place
+    candidate in mode predict (table_kind)."""
 
     name: Name
     kind: Literal["malloc", "layer", "place"] = "malloc"
@@ -179,11 +183,14 @@ class Allocator(StrictModel):
     env: dict[str, str] = Field(default_factory=dict, description="allocator knobs")
     table: Literal["model"] | None = Field(
         default=None,
-        description="a guided layer's predictor: `model`, the registered model's table "
-        "(native/TABLE.md), which the stage fetches and hands to every run (with_model_table)",
+        description="a guided layer's predictor, or a place candidate's: `model`, the "
+        "registered model's table (native/TABLE.md; the reuse table for a layer, the lifetime "
+        "table for a place candidate), which the stage fetches and hands to every run "
+        "(with_model_table, with_lifetime_table)",
     )
-    # the table `table: model` reads, set by the stage (AllocatorsConfig.with_model_table);
-    # None: not given, and the candidate is reported unavailable rather than run unguided
+    # the table `table: model` reads (table_kind), set by the stage (AllocatorsConfig.
+    # with_model_table, with_lifetime_table); None: not given, and the candidate is reported
+    # unavailable rather than run on the online counter under the table's name
     model_table: ModelTable | None = Field(default=None, exclude=True)
 
     @field_validator("library")
@@ -230,19 +237,33 @@ class Allocator(StrictModel):
 
     @model_validator(mode="after")
     def _table_for_a_guided_layer(self) -> Allocator:
+        """`table: model`: a guided layer (the reuse table, HEAPCAST_LAYER predictor= and
+        model= set by the stage) or a place candidate in mode predict (the lifetime table,
+        HEAPCAST_PLACE table= and model= set by the stage)."""
         if self.table is None:
             return self
-        settings = self.layer_settings
-        if self.kind != "layer" or settings.get("policy") != "guided":
+        if self.kind == "place":
+            settings, var, sets = self.place_settings, "HEAPCAST_PLACE", {"table", "model"}
+            if self.place_mode != "predict":
+                raise ValueError(
+                    f"allocator {self.name!r}: `table: model` on a place candidate needs "
+                    f"mode=predict, not {self.place_mode} (the online counter answers where the "
+                    "lifetime table has no key)"
+                )
+        elif self.kind == "layer" and self.layer_settings.get("policy") == "guided":
+            settings, var, sets = self.layer_settings, "HEAPCAST_LAYER", {"predictor", "model"}
+        else:
             raise ValueError(
                 f"allocator {self.name!r}: `table: model` is a guided layer's predictor "
-                "(kind: layer, env.HEAPCAST_LAYER policy=guided)"
+                "(kind: layer, env.HEAPCAST_LAYER policy=guided: the reuse table) or a place "
+                "candidate's (kind: place, mode=predict: the lifetime table)"
             )
-        given = sorted({"predictor", "model"} & settings.keys())
+        given = sorted(sets & settings.keys())
         if given:
             raise ValueError(
                 f"allocator {self.name!r}: with `table: model` the stage sets "
-                f"{' and '.join(given)} (the model's table and its version); leave them out"
+                f"{' and '.join(given)} in {var} (the model's {self.table_kind} table and its "
+                "version); leave them out"
             )
         return self
 
@@ -323,10 +344,13 @@ class Allocator(StrictModel):
         return self.place_settings.get("mode", "predict")
 
     def place_env(self, folder: str = MEASURE_PLACEHOLDER) -> dict[str, str]:
-        """HEAPCAST_PLACE as a run sets it: the stats line into `folder` ({} for other kinds)."""
+        """HEAPCAST_PLACE as a run sets it: the stats line into `folder`, and a table
+        candidate's lifetime table as its copy there (`PLACE_TABLE`, the caller copies it) with
+        the version required ({} for other kinds)."""
         if self.kind != "place":
             return {}
-        return {"HEAPCAST_PLACE": f"{self.env['HEAPCAST_PLACE']},stats={folder}/{PLACE_STATS}"}
+        given = self._with_table(folder)["HEAPCAST_PLACE"]
+        return {"HEAPCAST_PLACE": f"{given},stats={folder}/{PLACE_STATS}"}
 
     @property
     def layer_settings(self) -> dict[str, str]:
@@ -334,13 +358,31 @@ class Allocator(StrictModel):
         given = self.env.get("HEAPCAST_LAYER", "")
         return dict(p.partition("=")[::2] for p in given.split(",")) if given else {}
 
+    @property
+    def table_kind(self) -> str | None:
+        """Which of the model's tables `table: model` reads: "reuse" (a guided layer's),
+        "lifetime" (a place candidate's); None without `table`."""
+        if self.table is None:
+            return None
+        return "lifetime" if self.kind == "place" else "reuse"
+
+    @property
+    def table_copy(self) -> str:
+        """The file name of the run's copy of its table, in its measure folder."""
+        return PLACE_TABLE if self.kind == "place" else LAYER_TABLE
+
     def _with_table(self, folder: str) -> dict[str, str]:
-        """`env` with the model's table named (as `folder`/file) and its version required."""
+        """`env` with the model's table named (as `folder`/file; "": the file on this host)
+        and its version required: HEAPCAST_LAYER predictor=table:FILE,model=N for a layer,
+        HEAPCAST_PLACE table=FILE,model=N for a place candidate."""
         env = dict(self.env)
         t = self.model_table
         if t is not None:
-            path = f"{folder}/{LAYER_TABLE}" if folder else str(t.path)
-            env["HEAPCAST_LAYER"] += f",predictor=table:{path},model={t.version}"
+            path = f"{folder}/{self.table_copy}" if folder else str(t.path)
+            if self.kind == "place":
+                env["HEAPCAST_PLACE"] += f",table={path},model={t.version}"
+            else:
+                env["HEAPCAST_LAYER"] += f",predictor=table:{path},model={t.version}"
         return env
 
     def layer_env(self) -> dict[str, str]:
@@ -357,13 +399,15 @@ class Allocator(StrictModel):
         """The exact line to paste in front of a command (empty for glibc as it is); a layer's
         without the stage's `stats` setting, a table candidate's with the table on this host."""
         if self.kind == "place":
-            knobs = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+            knobs = " ".join(f"{k}={v}" for k, v in sorted(self._with_table("").items()))
             return f"LD_PRELOAD={preload_line(PLACE_LIBRARY, str(self.library))} {knobs}"
         return replace(self.spec, env=tuple(sorted(self._with_table("").items()))).line()
 
     @property
     def predictor(self) -> str | None:
-        """What a layer decides from, in words (None: not a layer)."""
+        """What a layer or the placement layer decides from, in words (None: a malloc)."""
+        if self.kind == "place":
+            return self._place_predictor
         if self.kind != "layer":
             return None
         settings = self.layer_settings
@@ -374,6 +418,20 @@ class Allocator(StrictModel):
             return f"the model's table (v{v})" if v else "the model's table"
         given = settings.get("predictor", "online")
         return "online counter" if given == "online" else f"table {given.removeprefix('table:')}"
+
+    @property
+    def _place_predictor(self) -> str:
+        settings, mode = self.place_settings, self.place_mode
+        if mode == "sites":
+            return f"sites {settings.get('sites', '')}"
+        if mode != "predict":
+            return "size" if mode == "size" else "no prediction"
+        if self.table is not None:
+            v = self.model_table.version if self.model_table is not None else None
+            return f"the model's lifetime table (v{v})" if v else "the model's lifetime table"
+        if "table" in settings:
+            return f"lifetime table {settings['table']}"
+        return "online counter"
 
 
 class RecommendationRule(StrictModel):
@@ -581,20 +639,33 @@ class AllocatorsConfig(StrictModel):
 
     @property
     def needs_table(self) -> bool:
-        """Whether a candidate reads the registered model's table (`table: model`)."""
-        return any(a.table is not None for a in self.allocators)
+        """Whether a layer candidate reads the registered model's (reuse) table."""
+        return any(a.table_kind == "reuse" for a in self.allocators)
 
-    def with_model_table(self, table: ModelTable | None) -> AllocatorsConfig:
-        """This config with `table` handed to every `table: model` candidate (None: they stay
-        without one, and the stage reports them unavailable, saying why)."""
+    @property
+    def needs_lifetime_table(self) -> bool:
+        """Whether a place candidate reads the registered model's lifetime table."""
+        return any(a.table_kind == "lifetime" for a in self.allocators)
+
+    def _with_table(self, kind: str, table: ModelTable | None) -> AllocatorsConfig:
         return self.model_copy(
             update={
                 "allocators": [
-                    a.model_copy(update={"model_table": table}) if a.table is not None else a
+                    a.model_copy(update={"model_table": table}) if a.table_kind == kind else a
                     for a in self.allocators
                 ]
             }
         )
+
+    def with_model_table(self, table: ModelTable | None) -> AllocatorsConfig:
+        """This config with the reuse `table` handed to every layer candidate of `table: model`
+        (None: they stay without one, and the stage reports them unavailable, saying why)."""
+        return self._with_table("reuse", table)
+
+    def with_lifetime_table(self, table: ModelTable | None) -> AllocatorsConfig:
+        """This config with the lifetime `table` handed to every place candidate of `table:
+        model` (None: they stay without one, and the stage reports them unavailable)."""
+        return self._with_table("lifetime", table)
 
     def resolve(self, name: str) -> str:
         """`name` as this config names it: itself, or a former name's candidate now

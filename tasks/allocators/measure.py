@@ -32,7 +32,6 @@ from pydantic import BaseModel
 from tasks.allocators.config import (
     LAYER_DIR,
     LAYER_STATS,
-    LAYER_TABLE,
     Allocator,
     AllocatorsConfig,
 )
@@ -153,6 +152,12 @@ class Sample(BaseModel):
     place_evicted_long: int | None = None
     place_sites_seen: int | None = None
     place_sites_long: int | None = None
+    # with a lifetime table (table=FILE): processes that used it / refused it, and the
+    # allocations the table placed / the online counter placed (keys the table lacks)
+    place_table: int | None = None
+    place_table_refused: int | None = None
+    place_table_answers: int | None = None
+    place_counter_answers: int | None = None
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,
@@ -310,12 +315,20 @@ def check_allocators(
                 f"(apt-get install {a.package or JEMALLOC_PACKAGE}; scripts/setup.sh does)"
             )
     for a in allocators:
-        if a.table is not None and a.model_table is None:
+        if a.table_kind == "reuse" and a.model_table is None:
             out[a.name] = AllocatorMissing(
                 f"allocator {a.name!r} reads the registered model's table, and none was given: "
                 "no version is registered yet, or the one named has no table (a night "
                 "registers a version and logs its table; `python -m flows.allocators` reads "
                 "the champion's, or --table-model's)"
+            )
+        elif a.table_kind == "lifetime" and a.model_table is None:
+            out[a.name] = AllocatorMissing(
+                f"allocator {a.name!r} reads the registered model's lifetime table, and none "
+                "was given: no version is registered yet, the one named has none (registered "
+                "before lifetime tables were logged with each version; the stage's log says "
+                "which), or a layer table file was given (--table-file: the lifetime table "
+                "comes from a registered version only)"
             )
     return out
 
@@ -454,7 +467,7 @@ def run_once(
         for d in dirs.values():
             d.mkdir(parents=True)
         if allocator.model_table is not None:  # the run's own copy, where its settings say
-            shutil.copyfile(allocator.model_table.path, dirs["measure"] / LAYER_TABLE)
+            shutil.copyfile(allocator.model_table.path, dirs["measure"] / allocator.table_copy)
         request = place_request(
             probed_request(
                 RunRequest(
@@ -518,11 +531,14 @@ def place_error(allocator: Allocator, stats: dict[str, Any]) -> str | None:
     return f"{NOT_APPLIED}: {why}" if why else None
 
 
-def table_error(allocator: Allocator, layer: dict[str, int]) -> str | None:
+def table_error(allocator: Allocator, layer: dict[str, Any]) -> str | None:
     """Why a table candidate's run does not count (its layer refused the model's table, or no
-    process said it used it: the run was the online counter under the table's name), or None."""
+    process said it used it: the run was the online counter under the table's name; for a
+    place candidate also: the lifetime table answered no allocation), or None."""
     if allocator.model_table is None or not layer:
         return None
+    if allocator.kind == "place":
+        return lifetime_table_error(allocator, layer)
     if layer.get("layer_table_refused", 0) or layer.get("layer_table", 0) < layer.get(
         "layer_processes", 0
     ):
@@ -531,6 +547,28 @@ def table_error(allocator: Allocator, layer: dict[str, int]) -> str | None:
             f"({allocator.model_table.path}) in every process: refused in "
             f"{layer.get('layer_table_refused', 0)} of {layer.get('layer_processes', 0)} (the "
             "run's stderr says why); its figures would be the online counter's"
+        )
+    return None
+
+
+def lifetime_table_error(allocator: Allocator, stats: dict[str, Any]) -> str | None:
+    """table_error for a place candidate, from its stats line's counters (read_place_stats)."""
+    t = allocator.model_table
+    if t is None or not stats:
+        return None
+    n, used = stats.get("place_processes", 0), stats.get("place_table", 0)
+    refused = stats.get("place_table_refused", 0)
+    if refused or used < n:
+        return (
+            f"the placement layer did not use the model's lifetime table v{t.version} "
+            f"({t.path}) in every process: refused in {refused} of {n} (the run's stderr says "
+            "why); its figures would be the online counter's"
+        )
+    if not stats.get("place_table_answers", 0):
+        return (
+            f"the model's lifetime table v{t.version} ({t.path}) placed no allocation (it "
+            "knows none of the run's call sites and size classes): its figures would be the "
+            "online counter's"
         )
     return None
 

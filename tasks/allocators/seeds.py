@@ -1,7 +1,8 @@
 """The layer's cases measured for real (issue 21): seed 002's numpy temporaries, seed 001's
 training loop, and numpy_pipeline (a reader thread's chunks freed by the main thread), each
 under glibc, jemalloc, tcmalloc, mimalloc and heapcast's layer (largest, pools, guided by the
-online counter, guided by the model's table), side by side in one measurement
+online counter, guided by the model's table) and the placement layer in front of jemalloc (the
+online counter, the model's lifetime table), side by side in one measurement
 (`measure.measure_cases`), written like any allocators measurement (`report.publish`), then summed
 up per case in one line of ms and MB (`seed_lines`).
 
@@ -54,9 +55,12 @@ class SeedLine(BaseModel):
     case: str
     repetitions: int
     figures: list[AllocatorFigures]
-    predictors: dict[str, str]  # each layer's: what it decides from (Allocator.predictor)
+    # each layer's and placement's: what it decides from (Allocator.predictor)
+    predictors: dict[str, str]
     bought: list[Bought]
-    missing: list[str] = []  # compared pairs a side of which was not measured, said as such
+    # compared pairs a side of which was measured tonight but has no successful run (a pair
+    # whose allocator tonight's list leaves out, the quick night's, is not said at all)
+    missing: list[str] = []
 
     def text(self) -> str:
         few = (
@@ -83,7 +87,9 @@ class SeedLine(BaseModel):
         ]
         what = f"; bought: {', '.join(bought)}" if bought else ""
         if self.missing:
-            what += f"; nothing to compare for {', '.join(self.missing)} (a side not measured)"
+            what += (
+                f"; nothing to compare for {', '.join(self.missing)} (a side had no successful run)"
+            )
         return f"{self.case}{few}: " + " | ".join(cells) + what
 
     def _named(self, allocator: str) -> str:
@@ -157,7 +163,9 @@ def seed_lines(m: Measurements, config: AllocatorsConfig) -> list[SeedLine]:
         bought, missing = [], []
         for who, other in s.compare:
             g, o = by.get(who), by.get(other)
-            if g is None or o is None or g.wall_ms is None or o.wall_ms is None:
+            if g is None or o is None:
+                continue  # not measured tonight by configuration (the quick night's list)
+            if g.wall_ms is None or o.wall_ms is None:
                 missing.append(f"{who} vs {other}")
                 continue
             bought.append(

@@ -116,7 +116,15 @@ def _sample(label: str, name: str, rep: int, pos: int, run: PreloadedRun, expect
 
 
 def missing_library(a: Allocator) -> str | None:
-    """Why candidate `a` cannot run on this host (its library absent), naming the package."""
+    """Why candidate `a` cannot run on this host (its library absent, naming the package; the
+    model's table it reads not handed to it), or None."""
+    if a.table is not None and a.model_table is None:
+        # run without it, it would measure the online counter under the table's name
+        return (
+            f"candidate {a.name!r} reads the registered model's {a.table_kind} table, which "
+            "`heapcast tune` does not fetch; the allocators stage measures it "
+            "(python -m flows.allocators --seeds)"
+        )
     if a.kind == "place":
         if not Path(str(a.library)).is_file():
             return (

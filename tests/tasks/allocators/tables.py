@@ -26,6 +26,18 @@ def written_table(folder: Path, version: int) -> ModelTable:
     return ModelTable(path=path, version=version, run_id="run")
 
 
+def written_lifetime_table(
+    folder: Path, version: int, keys=range(4096 * 32), score: int = 255
+) -> ModelTable:
+    """A real lifetime table file (native/TABLE.md; by default every (call site, size class)
+    key known, long) written for model `version`, as the stage hands it to a place candidate."""
+    from tasks.registry.table_cache import write_lifetime_table
+
+    keys = sorted(set(keys))
+    path = write_lifetime_table(folder / f"v{version}.hclife", keys, [score] * len(keys), version)
+    return ModelTable(path=path, version=version, run_id="run")
+
+
 def make_measurements(
     runs: dict[str, list[tuple[float, float]]],
     *,
