@@ -124,6 +124,7 @@ STUDIES: tuple[Study, ...] = (
     Study("model_variants", "benchmarks/studies/bench_model_variants.py", "trains every variant"),
     Study("questions", "benchmarks/studies/bench_questions.py", "a full night's data"),
     Study("reuse_threads", "benchmarks/studies/bench_reuse_threads.py", "a full night's data"),
+    Study("scaling", "benchmarks/studies/bench_scaling.py", "a network a point, 20+ minutes"),
     Study("table_bound", "benchmarks/studies/bench_table_bound.py", "a registered model"),
     Study("table_context", "benchmarks/studies/bench_table_context.py", "a trained network"),
     Study("table_sites", "benchmarks/studies/bench_table_sites.py", "a registered model"),
