@@ -1,36 +1,17 @@
 """The scaling study: the next-call network on more training programs and a bigger model.
 
     .venv/bin/python benchmarks/studies/bench_scaling.py --root DATA_ROOT
-    .venv/bin/python benchmarks/studies/bench_scaling.py --root DATA_ROOT \\
+    .venv/bin/python benchmarks/studies/bench_scaling.py --root DATA_ROOT \
         --programs 2 4 8 16 32 all --sizes 64/32 128/64 256/128@200 --epochs 30   # a GPU machine
 
-One command, given a data root with an events dataset (`heapcast replay --root R`, then
-`heapcast dataset --root R`). The points:
-
-- programs: the network trained on the first N training programs of a fixed schedule
-  (`program_schedule`: seeded, round-robin over the kinds, so the first few already mix
-  compilers, interpreters, text tools...); N in --programs, capped by what the root holds
-  (`all`: every program of the root that is not held out);
-- sizes: the model's recurrent layers and context (--sizes UNITS[/UNITS...][@CONTEXT]), at the
-  largest N (--grid full: every size at every N).
-
-Every point is configs/train-quick.yaml (or --config) with these overrides, trained to
-convergence (early stopping on validation with the config's patience, --epochs as the cap, the
-best weights restored; an epoch is --steps-per-epoch steps at every point, so two programs'
-data gets as many steps as all of them) on at most --tokens-per-run tokens of each training run
-(so the data grows with the programs), and scored on the SAME positions of the SAME held-out programs:
-configs/train.yaml's heldout_programs that the root holds, the first --eval-tokens calls of
-each of their runs (the "unseen programs" table). Per point: the network's and every
-baseline's top-1, top-5 and log-loss (majority, repeat_last, the n-gram, the online counter
-ngram_online), and, unless --no-questions, the allocator's questions (reuse at a free,
-lifetime at an allocation): top-1 and log-loss of the question network and of its baselines,
-same held-out calls. Nothing is registered (tasks.learning: load_split, fit_model,
-evaluate_model, question_evaluation). Keras 3 only: the same command runs on a GPU machine
-(the backend is tasks/learning/backend.py's choice).
-
-Writes benchmarks/studies/results/scaling.json (machine, commit, command), scaling.md (the
-table) and scaling.png (the curves); --out-dir and --name elsewhere. `--render-only` rewrites
-the table and the figure from the JSON.
+Given a data root with an events dataset, trains configs/train-quick.yaml (or --config) on the
+first N programs of a seeded schedule that mixes kinds (`program_schedule`), N in --programs,
+and at each of --sizes, each point to early stopping under --epochs, nothing registered; scores
+every point on the same positions of configs/train.yaml's held-out programs: next call and,
+unless --no-questions, the allocator's questions, beside every baseline. Keras 3 only: the same
+command runs on a GPU. Writes benchmarks/studies/results/scaling.{json,md,png}; `--render-only`
+redraws from the JSON. The points, the options and what the curve shows:
+docs/scaling.md#the-scaling-study.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """heapcast's placement layer (native/layers/place.c, issue 45) as a candidate: its library built
-on demand, its preload line (the layer, then jemalloc), its stats line read back and said in a
-sentence. Standard library only: the CLI (`heapcast layer --policy place`) imports it at once.
+on demand, its preload line (the layer, then jemalloc: LD_PRELOAD="libheapcast_place.so
+libjemalloc.so.2"), its stats line read back and said in a sentence. Standard library only: the
+CLI (`heapcast layer --policy place`) imports it at once.
 
-The layer routes each allocation by its call site's predicted lifetime to one of two jemalloc
-arenas; it needs jemalloc behind it (LD_PRELOAD="libheapcast_place.so libjemalloc.so.2"). A run
-where it was in force wrote one stats line per process (`heapcast place: pid=.. mode=.. long=..
-sampled=.. ... sites_seen=.. sites_long=.. table=.. table_refused=.. table_answers=..
-counter_answers=..`); a process where it passed every call through (no jemalloc behind it, a bad
-option) wrote none, and says why on stderr. With a lifetime table (`table=FILE`, native/TABLE.md;
-the registered version's, tasks/registry/table_cache.py `model_table(..., kind="lifetime")`) the
-table answers where it knows the allocation's (call site, size class), the online counter
-elsewhere; a file it refuses is said on stderr in one line naming it (`table_refused=1`).
+A process where the layer was in force writes one stats line (`heapcast place: pid=.. mode=..
+long=.. ... table_answers=.. counter_answers=..`); one where it passed every call through (no
+jemalloc behind it, a bad option) writes none and says why on stderr. With a lifetime table
+(`table=FILE`, native/TABLE.md) the table answers where it knows the (call site, size class),
+the online counter elsewhere; a refused file is `table_refused=1`. See docs/layer.md#placement-issue-45.
 """
 
 from __future__ import annotations
