@@ -46,8 +46,10 @@ def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
     from tasks.learning.token_data import sequence_dataset, windows_dataset
 
     keras.utils.set_random_seed(cfg.seed)
-    # the network alone: the n-gram hybrid's table lookup is measured by part 2's training
-    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"ngram_features": False})})
+    # the network alone: the hybrid's n-gram lookup and online counter are measured by part 2's
+    # training (build_model builds the plain network only)
+    plain = {"ngram_features": False, "online_features": False}
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update=plain)})
     c, b = cfg.context, cfg.batch_size
     if mode == "sequence":
         ds, n = sequence_dataset(run, c, b, seed=cfg.seed)
