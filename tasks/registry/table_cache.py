@@ -84,14 +84,21 @@ def _fnv1a64(data: bytes) -> int:
     return h
 
 
+def _file_bytes(path: Path) -> tuple[bytes, str]:
+    """A table file's bytes, or why it cannot be read (b"" then)."""
+    try:
+        return path.read_bytes(), ""
+    except FileNotFoundError:
+        return b"", "it is not there"
+    except OSError as err:
+        return b"", f"it cannot be read ({err.strerror})"
+
+
 def table_fault(path: Path, version: int) -> str:
     """Why the layer would refuse `path` as `version`'s table ("" when it would take it)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return "it is not there"
-    except OSError as err:
-        return f"it cannot be read ({err.strerror})"
+    data, unread = _file_bytes(path)
+    if unread:
+        return unread
     if len(data) < _HEADER.size or data[:8] != _MAGIC:
         return "it has no HCLTAB header"
     _, fmt, got, n_tokens, n_payload, fnv = _HEADER.unpack_from(data)
@@ -181,16 +188,14 @@ def read_lifetime_table(path: Path) -> LifetimeTable:
 def lifetime_fault(path: Path, version: int) -> str:
     """Why the placement layer would refuse `path` as `version`'s lifetime table ("" when it
     would take it)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return "it is not there"
-    except OSError as err:
-        return f"it cannot be read ({err.strerror})"
+    data, unread = _file_bytes(path)
+    if unread:
+        return unread
     fault = _lifetime_fault(data)
-    if not fault and _HEADER.unpack_from(data)[2] != version:
-        return f"its header says model version {_HEADER.unpack_from(data)[2]}, not {version}"
-    return fault
+    if fault:
+        return fault
+    got = _HEADER.unpack_from(data)[2]
+    return f"its header says model version {got}, not {version}" if got != version else ""
 
 
 @dataclass(frozen=True)
