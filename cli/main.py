@@ -866,8 +866,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             # deferred: imported on first use, for start-up time
             from tasks.core.config import default_root
             from tasks.core.storage import Root
-            from tasks.learning.train import export_bundle
             from tasks.learning.train_config import DEFAULT_CONFIG, QUICK_CONFIG, load_train_config
+            from tasks.learning.training import export_bundle
 
             path = args.config or (QUICK_CONFIG if args.quick else DEFAULT_CONFIG)
             cfg = load_train_config(path, _settings(args.set))

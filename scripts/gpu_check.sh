@@ -11,6 +11,13 @@
 # and, with the folder the call's files came back in:
 #   scripts/gpu_check.sh compare DIR                the table of benchmarks/studies/results/gpu_training.md
 #
+# The scaling study (benchmarks/studies/bench_scaling.py, issue 43) on the same machine:
+#   scripts/gpu_check.sh scaling-prepare ROOT       ROOT's events cut to the next-call columns
+#        (tasks/learning/slim_root.py: ~15 MiB for 60 M calls) into .gpu/scaling-root
+# then one call, carry [".gpu"]:  scripts/gpu_check.sh scaling-device SECONDS [STUDY OPTIONS]
+# which runs the study there for at most SECONDS (every finished point is kept: the JSON is
+# written after each) into $OUT/scaling; draw its plot here with --render-only.
+#
 # On the device: the wheels go to /tmp/site, KERAS_BACKEND=jax, and the bundle is trained twice
 # with the project's own code (tasks/learning/bundle.py): at the config's batch size, then at the
 # batch the GPU prefers (gpu_batch_size), each scored on the bundle's evaluation runs. What comes
@@ -54,13 +61,36 @@ wheels() {
   fi
 }
 
-device() {
+# the carried wheels installed, Keras on JAX, and what the machine is, into $OUT/device.txt
+device_setup() {
   OUT=${OUT:?the device tool sets OUT, the folder whose files come back}
   python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site "$GPU_DIR"/wheels/*.whl
   export PYTHONPATH="/tmp/site:$PWD" KERAS_BACKEND=jax
   (nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv) \
     > "$OUT/device.txt" 2>&1 || true
   python3 -c 'import jax; print(jax.devices())' >> "$OUT/device.txt" 2>&1
+}
+
+scaling_prepare() {
+  local root=${1:?give the data root the study reads (benchmarks/studies/README.md, Scaling)}
+  rm -rf "$GPU_DIR/scaling-root"
+  .venv/bin/python -m tasks.learning.slim_root --root "$root" --out "$GPU_DIR/scaling-root" \
+    --max-tokens-per-run 0
+  wheels
+  total=$(du -cb "$GPU_DIR" | tail -1 | cut -f1)
+  echo "gpu_check: $GPU_DIR holds $((total / 1048576)) MiB in all (64 MiB a call at most)"
+}
+
+scaling_device() {
+  local seconds=${1:?give the seconds the study may run}; shift
+  device_setup
+  # SIGINT first: a point cut short is dropped, every finished one is already written
+  timeout -s INT -k 30 "$seconds" python3 benchmarks/studies/bench_scaling.py \
+    --root "$GPU_DIR/scaling-root" --out-dir "$OUT/scaling" "$@" || echo "gpu_check: study exit $?"
+}
+
+device() {
+  device_setup
   train "$GPU_DIR/bundle.npz" "$OUT/batch" gpu_batch_size=null
   train "$GPU_DIR/bundle.npz" "$OUT/gpu_batch"
   rm -rf "$OUT"/*/checkpoints "$OUT/batch/model.keras"
@@ -98,7 +128,9 @@ case "${1:-}" in
   prepare) shift; prepare "$@" ;;
   wheels) wheels ;;
   device) device ;;
+  scaling-prepare) shift; scaling_prepare "$@" ;;
+  scaling-device) shift; scaling_device "$@" ;;
   reference) reference ;;
   compare) shift; compare "$@" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
 esac

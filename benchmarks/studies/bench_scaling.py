@@ -242,29 +242,56 @@ def question_scores(scores, table: str) -> dict[str, dict[str, dict[str, float]]
     return out
 
 
-def run_point(root, cfg, questions: dict[tuple, dict] | None, unseen_runs: bool) -> dict[str, Any]:
+def inputs_key(cfg) -> str:
+    """What a point's training inputs (tokens, n-gram and online features) depend on: the data,
+    the model's feature settings, the context (cross-fitting's blocks) and the seed; not the
+    recurrent layers' units."""
+    model = cfg.model.model_dump(mode="json", exclude={"units"})
+    return json.dumps([cfg.data.model_dump(mode="json"), model, cfg.context, cfg.seed])
+
+
+def run_point(
+    root,
+    cfg,
+    questions: dict[tuple, dict] | None,
+    unseen_runs: bool,
+    inputs: dict[str, tuple] | None = None,
+) -> dict[str, Any]:
     """Train and score one point; its figures. The unseen-runs table (the training programs'
     other runs: not the same positions from point to point) only with `unseen_runs`. The
     allocator's questions unless `questions` is None: their network is its own (the config's
     `questions` section), the same at every size, so a point whose programs an earlier point
-    had takes that point's figures from `questions` ({workloads: figures})."""
+    had takes that point's figures from `questions` ({workloads: figures}). `inputs` keeps the
+    split and the training inputs of the last key (`inputs_key`): the sizes at the same programs
+    reuse them (cross-fitting tens of millions of calls takes minutes of one core)."""
     import dataclasses
 
     import numpy as np
 
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
-    from tasks.learning.fitting import placement_facts
+    from tasks.learning.fitting import fit_inputs, placement_facts
     from tasks.learning.questions import question_evaluation
     from tasks.learning.sequences import eval_positions, load_split
-    from tasks.learning.train import evaluate_model, fit_model
+    from tasks.learning.training import evaluate_model, training_inputs
 
+    key = inputs_key(cfg)
     t0 = time.perf_counter()
-    split = load_split(root, cfg.data)
-    if not unseen_runs:
-        split = dataclasses.replace(split, evaluation=[])
-    load_s = time.perf_counter() - t0
+    if inputs is not None and key in inputs:
+        split, fitted = inputs[key]
+        load_s, features_s = 0.0, 0.0
+    else:
+        split = load_split(root, cfg.data)
+        if not unseen_runs:
+            split = dataclasses.replace(split, evaluation=[])
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fitted = training_inputs(cfg, split)
+        features_s = time.perf_counter() - t0
+        if inputs is not None:
+            inputs.clear()  # one set held at a time: tens of millions of calls each
+            inputs[key] = (split, fitted)
     t0 = time.perf_counter()
-    model, facts = fit_model(cfg, split, Path(cfg.checkpoint_dir), verbose=0)
+    model, facts = fit_inputs(cfg, fitted, Path(cfg.checkpoint_dir), verbose=0)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     evaluation, _ = evaluate_model(model, cfg, split)
@@ -288,6 +315,7 @@ def run_point(root, cfg, questions: dict[tuple, dict] | None, unseen_runs: bool)
         "predictions_per_second": round(facts["predictions_per_second"]),
         "seconds": {
             "load": round(load_s, 1),
+            "features": round(features_s, 1),
             "train": round(train_s, 1),
             "evaluate": round(eval_s, 1),
         },
@@ -594,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         "points": [],
     }
     questions: dict[tuple, dict] | None = None if a.no_questions else {}
+    inputs: dict[str, tuple] = {}
     ckpt_base = Path(tempfile.mkdtemp(prefix="heapcast-scaling-"))
     t_all = time.perf_counter()
     try:
@@ -615,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             point = {"programs": n, "size": size.label, "training_programs": programs}
             try:
-                point.update(run_point(root, cfg, questions, a.unseen_runs))
+                point.update(run_point(root, cfg, questions, a.unseen_runs, inputs))
             except (ValueError, MemoryError) as e:  # e.g. fewer chunks than one batch
                 print(f"programs {n} size {size.label}: {e}", file=sys.stderr, flush=True)
                 results.setdefault("failed", []).append({**point, "error": str(e)})
@@ -666,8 +695,15 @@ def write(
 
 
 def render(doc: dict[str, Any], out_dir: Path, name: str = NAME) -> None:
-    """<name>.md and <name>.png from the JSON's document."""
+    """<name>.md and <name>.png from the JSON's document; without matplotlib (a lent GPU
+    machine has none) the .png is left to `--render-only` on a machine that has it."""
     (out_dir / f"{name}.md").write_text(markdown(doc))
+    try:
+        # deferred: only the plot needs it
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"bench_scaling: no matplotlib here: {name}.png not drawn (--render-only draws it)")
+        return
     plot(doc, out_dir / f"{name}.png")
 
 

@@ -54,8 +54,8 @@ from tasks.learning.outcome import (
     RegisteredModel,
     TrainOutcome,
 )
-from tasks.learning.train import score_model_on_unseen_runs
 from tasks.learning.train_config import TrainConfig
+from tasks.learning.training import score_model_on_unseen_runs
 from tasks.registry import champion as champion_rules
 from tasks.registry import headline
 from tasks.registry.answer_artifacts import log_answers

@@ -21,7 +21,7 @@ from tasks.learning.bundle import BundleError, read_bundle, train_bundle, write_
 from tasks.learning.evaluate import UNSEEN_RUNS  # noqa: E402
 from tasks.learning.outcome import MODEL, OVERALL  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
-from tasks.learning.train import export_bundle, score_model_on_unseen_runs  # noqa: E402
+from tasks.learning.training import export_bundle, score_model_on_unseen_runs  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[3]

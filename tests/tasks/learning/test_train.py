@@ -13,7 +13,8 @@ from tasks.learning.hedge import HEDGED  # noqa: E402
 from tasks.learning.lifetime import NETWORK_SURVIVAL, SURVIVAL  # noqa: E402
 from tasks.learning.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
-from tasks.learning.train import checkpoint_dir, evaluate, fit_model, train  # noqa: E402
+from tasks.learning.train import evaluate, train  # noqa: E402
+from tasks.learning.training import checkpoint_dir, fit_model  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
@@ -180,7 +181,7 @@ def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_pa
 def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_path):
     from tasks.learning.model import NGramTable
     from tasks.learning.sequences import concat_runs
-    from tasks.learning.train import crossfit_features, training_features, training_tables
+    from tasks.learning.training import crossfit_features, training_features, training_tables
 
     cfg = tiny_train_config(
         tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_crossfit": 0.5}

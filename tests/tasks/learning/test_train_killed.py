@@ -19,8 +19,9 @@ pytest.importorskip("keras")
 from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
-from tasks.learning.train import checkpoint_dir, train  # noqa: E402
+from tasks.learning.train import train  # noqa: E402
 from tasks.learning.train_config import TrainConfig  # noqa: E402
+from tasks.learning.training import checkpoint_dir  # noqa: E402
 from tests.faults import kill_at_marker  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
