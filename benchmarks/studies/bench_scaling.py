@@ -672,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     results["seconds"] = round(time.perf_counter() - t_all, 1)
     write(results, out_dir, argv, a.root, a.name)
-    print(f"wrote {out_dir / (a.name + '.json')}, {a.name}.md, {a.name}.png")
+    drawn = f", {a.name}.png" if (out_dir / f"{a.name}.png").exists() else ""
+    print(f"wrote {out_dir / (a.name + '.json')}, {a.name}.md{drawn}")
     return 0
 
 
