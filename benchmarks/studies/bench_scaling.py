@@ -1,8 +1,7 @@
 """The scaling study: the next-call network on more training programs and a bigger model.
 
     .venv/bin/python benchmarks/studies/bench_scaling.py --root DATA_ROOT
-    .venv/bin/python benchmarks/studies/bench_scaling.py --root DATA_ROOT \
-        --programs 2 4 8 16 32 all --sizes 64/32 128/64 256/128@200 --epochs 30   # a GPU machine
+    scripts/gpu_check.sh scaling-device SECONDS [THESE OPTIONS]    # on a lent GPU machine
 
 Given a data root with an events dataset, trains configs/train-quick.yaml (or --config) on the
 first N programs of a seeded schedule that mixes kinds (`program_schedule`), N in --programs,
