@@ -206,6 +206,9 @@ def test_a_tiny_study_writes_its_json_table_and_figure(tmp_path):
     assert points[0]["training_programs"] == points[1]["training_programs"][:2]
     # the questions' network does not change with the next-call network's size: computed once
     assert "questions" not in points[2]["seconds"]
+    # nor do the training inputs: the second size at the same programs reads and featurises nothing
+    assert points[2]["seconds"]["load"] == points[2]["seconds"]["features"] == 0
+    assert points[1]["train_tokens"] == points[2]["train_tokens"]
     assert points[2]["questions"]["unseen_programs"] == points[1]["questions"]["unseen_programs"]
     table = (out / "scaling.md").read_text()
     # one row a point in each table: the next call's and the questions'
