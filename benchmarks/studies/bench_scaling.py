@@ -249,6 +249,56 @@ def inputs_key(cfg) -> str:
     return json.dumps([cfg.data.model_dump(mode="json"), model, cfg.context, cfg.seed])
 
 
+def hedged_scores(seq_model, cfg, baselines, runs) -> dict[str, dict[str, dict[str, float]]]:
+    """{program or `all`: {predictor: {top1, top5, log_loss, positions}}} of the network, the
+    online counter and their per-thread mixture with the majority (tasks/learning/next_hedge.py)
+    on `runs`' scored positions: the mixture's row is model_hedged."""
+    import numpy as np
+
+    from tasks.learning.evaluate import log_loss, top1_accuracy, top5_accuracy
+    from tasks.learning.model import predict_distribution
+    from tasks.learning.next_hedge import HEDGED_NEXT, hedged_next, thread_of
+    from tasks.learning.outcome import MODEL, OVERALL
+    from tasks.learning.predictions import TOP_K, Predictions
+    from tasks.learning.sequences import eval_positions
+
+    got: dict[str, dict[str, list]] = {}
+    for run in runs:
+        pos = eval_positions(run)
+        if not len(pos):
+            continue
+        y = run.tokens[pos]
+        net = predict_distribution(seq_model, run, cfg.context, cfg.eval_batch_size)
+        counter, counter_dist = baselines.online.predict_distribution(run, pos)
+        majority = np.broadcast_to(baselines.majority.probs, net.shape)
+        net_top = np.argsort(-net, axis=1, kind="stable")[:, :TOP_K].astype(np.uint8)
+        answers = {
+            MODEL: Predictions(net_top, net[np.arange(len(y)), y].astype(np.float64)),
+            "ngram_online": counter,
+            HEDGED_NEXT: hedged_next([net, counter_dist, majority], thread_of(run.offsets, pos), y),
+        }
+        for key in (run.workload, OVERALL):
+            slot = got.setdefault(key, {})
+            slot.setdefault("y", []).append(y)
+            for name, a in answers.items():
+                slot.setdefault(name, []).append(a)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key, slot in got.items():
+        y = np.concatenate(slot.pop("y"))
+        out[key] = {}
+        for name, parts in slot.items():
+            pred = Predictions(
+                np.concatenate([a.top for a in parts]), np.concatenate([a.p_true for a in parts])
+            )
+            out[key][name] = {
+                "top1": round(top1_accuracy(y, pred), 4),
+                "top5": round(top5_accuracy(y, pred), 4),
+                "log_loss": round(log_loss(pred), 4),
+                "positions": len(y),
+            }
+    return out
+
+
 def run_point(
     root,
     cfg,
@@ -269,6 +319,8 @@ def run_point(
 
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
     from tasks.learning.fitting import fit_inputs, placement_facts
+    from tasks.learning.model import as_sequence_model
+    from tasks.learning.outcome import OVERALL
     from tasks.learning.questions import question_evaluation
     from tasks.learning.sequences import eval_positions, load_split
     from tasks.learning.training import evaluate_model, training_inputs
@@ -293,8 +345,11 @@ def run_point(
     model, facts = fit_inputs(cfg, fitted, Path(cfg.checkpoint_dir), verbose=0)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    evaluation, _ = evaluate_model(model, cfg, split)
+    evaluation, baselines = evaluate_model(model, cfg, split)
     eval_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hedge = hedged_scores(as_sequence_model(model, cfg), cfg, baselines, split.unseen_programs)
+    hedge_s = time.perf_counter() - t0
     history = facts["history"]
     val = history.get("val_loss") or history.get("loss") or []
     point: dict[str, Any] = {
@@ -317,9 +372,14 @@ def run_point(
             "features": round(features_s, 1),
             "train": round(train_s, 1),
             "evaluate": round(eval_s, 1),
+            "hedge": round(hedge_s, 1),
         },
         "next_call": {"unseen_programs": next_call_scores(evaluation, UNSEEN_PROGRAMS)},
+        # per held-out workload and pooled: the network, the counter, their mixture
+        "next_call_by_workload": hedge,
     }
+    if OVERALL in hedge:
+        point["next_call"]["unseen_programs"]["model_hedged"] = hedge[OVERALL]["model_hedged"]
     if unseen_runs:
         point["next_call"]["unseen_runs"] = next_call_scores(evaluation, UNSEEN_RUNS)
     key = tuple(cfg.data.workloads or ())
@@ -378,12 +438,14 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Program schedule (seed {r['seed']}): {', '.join(r['schedule'])}.",
         "",
-        "Next call on the unseen programs: top-1 / top-5 / log-loss. Epochs: run (best; "
-        "`cap`: still improving when the --epochs cap stopped it).",
+        "Next call on the unseen programs: top-1 / top-5 / log-loss. Network hedged: the "
+        "network, the online counter and the majority mixed per thread by what each predicted "
+        "of the thread's calls so far (tasks/learning/next_hedge.py; `-`: a point run before "
+        "it). Epochs: run (best; `cap`: still improving when the --epochs cap stopped it).",
         "",
         "| programs | size | params | train tokens | epochs (best) | network | online counter "
-        "| n-gram | majority | train s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| network hedged | n-gram | majority | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def capped(p: dict) -> str:
@@ -398,9 +460,26 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {p['programs']} | {p['size']} | {p['params']:,} | {p['train_tokens']:,} "
             f"| {p['epochs_run']} ({p['best_epoch']}{capped(p)}) | {cell(nc.get('model'))} "
-            f"| {cell(nc.get('ngram_online'))} | {cell(nc.get('ngram'))} "
+            f"| {cell(nc.get('ngram_online'))} | {cell(nc.get('model_hedged'))} "
+            f"| {cell(nc.get('ngram'))} "
             f"| {cell(nc.get('majority'))} | {p['seconds']['train']:.0f} |"
         )
+    last = r["points"][-1] if r["points"] else {}
+    by_workload = {k: v for k, v in last.get("next_call_by_workload", {}).items() if k != "all"}
+    if by_workload:
+        lines += [
+            "",
+            f"Per held-out workload, the last point ({last['programs']} programs, "
+            f"{last['size']}): top-1 / top-5 / log-loss.",
+            "",
+            "| workload | positions | network | online counter | network hedged |",
+            "|---|---|---|---|---|",
+        ]
+        for w, preds in sorted(by_workload.items()):
+            lines.append(
+                f"| {w} | {preds['model']['positions']:,} | {cell(preds.get('model'))} "
+                f"| {cell(preds.get('ngram_online'))} | {cell(preds.get('model_hedged'))} |"
+            )
     if any("questions" in p for p in r["points"]):
         lines += [
             "",

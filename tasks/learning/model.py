@@ -232,6 +232,35 @@ def predict_positions(
     Stateless chunks of 2*context with a warm-up prefix (tasks.learning.sequences.eval_chunks): every
     scored position past a thread's first 2*context tokens has >= context tokens in view.
     """
+    tops, ps = [], []
+    for (top, p_true), keep in _scored_batches(seq_model, run, context, batch_size, True):
+        tops.append(np.asarray(top)[keep].astype(np.uint8))
+        ps.append(np.asarray(p_true)[keep].astype(np.float64))
+    top = np.concatenate(tops) if tops else np.zeros((0, TOP_K), np.uint8)
+    p = np.concatenate(ps) if ps else np.zeros(0)
+    _check_scored(run, len(p))
+    return Predictions(top, p)
+
+
+def predict_distribution(
+    seq_model: keras.Model, run: TokenRun, context: int, batch_size: int
+) -> np.ndarray:
+    """float32 [n, 64]: the model's probability of every token at eval_positions(run), in
+    order (predict_positions' positions; a row's argmax is its top-1): what a mixture of
+    predictors reads (tasks/learning/next_hedge.py)."""
+    rows = [
+        np.asarray(probs)[keep].astype(np.float32)
+        for probs, keep in _scored_batches(seq_model, run, context, batch_size, False)
+    ]
+    out = np.concatenate(rows) if rows else np.zeros((0, N_TOKENS), np.float32)
+    _check_scored(run, len(out))
+    return out
+
+
+def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, scored: bool):
+    """(the model's outputs, the mask of their scored positions) per batch of eval chunks:
+    the scorer's (top-5, p(true)) when `scored`, else the probabilities. One compiled call a
+    batch."""
     # deferred: imported on first use, for start-up time
     from tasks.learning.token_data import eval_batches
 
@@ -239,23 +268,26 @@ def predict_positions(
     if takes_online(seq_model):
         online = online_feature_matrix(run, online_orders(seq_model))
     batches, lo, hi = eval_batches(run, context, batch_size, features=online)
-    score = _scorer(seq_model)
+    score = _scorer(seq_model) if scored else None
     out = np.arange(2 * context)[None, :]
-    tops, ps = [], []
     done = 0
-    for x, y in batches:  # one compiled call per batch of chunks
-        top, p_true = score.predict_on_batch([*x, y] if isinstance(x, tuple) else [x, y])
-        b = len(top)
+    for x, y in batches:
+        inputs = [*x] if isinstance(x, tuple) else [x]
+        got = (
+            score.predict_on_batch([*inputs, y])
+            if scored
+            else seq_model.predict_on_batch(inputs if len(inputs) > 1 else inputs[0])
+        )
+        b = len(y)
         keep = (out >= lo[done : done + b, None]) & (out < hi[done : done + b, None])
-        tops.append(np.asarray(top)[keep].astype(np.uint8))
-        ps.append(np.asarray(p_true)[keep].astype(np.float64))
+        yield got, keep
         done += b
-    top = np.concatenate(tops) if tops else np.zeros((0, TOP_K), np.uint8)
-    p = np.concatenate(ps) if ps else np.zeros(0)
+
+
+def _check_scored(run: TokenRun, n: int) -> None:
     expected = len(eval_positions(run))
-    if len(p) != expected:
-        raise AssertionError(f"{run.name}: scored {len(p)} positions, expected {expected}")
-    return Predictions(top, p)
+    if n != expected:
+        raise AssertionError(f"{run.name}: scored {n} positions, expected {expected}")
 
 
 class _TopAndTrue(keras.layers.Layer):

@@ -362,6 +362,7 @@ def _span(
     learn,
     top_out,
     p_out,
+    d_out,
     f_top1,
     f_order,
     f_count,
@@ -374,7 +375,7 @@ def _span(
     m = ext.shape[0]
     return _span_loop(
         tokens, a0, i, n, ctab, ptab, meta, ext, fallback, eps, rows, row_shift, learn,
-        top_out, p_out, f_top1, f_order, f_count, f_total,
+        top_out, p_out, d_out, f_top1, f_order, f_count, f_total,
         np.zeros((_RING, m), np.uint64), np.zeros(m, np.int64), np.zeros(TOP_K, np.uint8),
     )  # fmt: skip
 
@@ -396,6 +397,7 @@ def _span_loop(
     learn,
     top_out,
     p_out,
+    d_out,
     f_top1,
     f_order,
     f_count,
@@ -411,8 +413,8 @@ def _span_loop(
     tokens, ctab, ptab, meta, ext, fallback, rows = (
         b(tokens), b(ctab), b(ptab), b(meta), b(ext), b(fallback), b(rows)
     )  # fmt: skip
-    top_out, p_out, f_top1, f_order, f_count, f_total = (
-        b(top_out), b(p_out), b(f_top1), b(f_order), b(f_count), b(f_total)
+    top_out, p_out, d_out, f_top1, f_order, f_count, f_total = (
+        b(top_out), b(p_out), b(d_out), b(f_top1), b(f_order), b(f_count), b(f_total)
     )  # fmt: skip
     keys, slots, top5 = b(keys), b(slots), b(top5)
     m = ext.shape[0]
@@ -422,6 +424,7 @@ def _span_loop(
             _keys(tokens, a0 + i + d, i + d, ext, keys[(i + d) & ring])
     want_top = top_out.shape[0] > 0
     want_p = p_out.shape[0] > 0
+    want_d = d_out.shape[0] > 0
     want_f = f_top1.shape[0] > 0
     all_rows = rows.shape[0] == 0
     u32max = np.int64(0xFFFFFFFF)
@@ -457,6 +460,15 @@ def _span_loop(
                     s = slots[a]
                     c = _count_of(ctab, ptab, meta[_PLOG], s, y)
                     p_out[r] = (c + eps) / (np.float64(ctab[s, _TOTAL]) + eps * N_TOKENS)
+            if want_d:  # every token's p_out: the whole distribution (sums to 1)
+                if a < 0:
+                    for t in range(N_TOKENS):
+                        d_out[r, t] = 1.0 / N_TOKENS
+                else:
+                    s = slots[a]
+                    den = np.float64(ctab[s, _TOTAL]) + eps * N_TOKENS
+                    for t in range(N_TOKENS):
+                        d_out[r, t] = (_count_of(ctab, ptab, meta[_PLOG], s, t) + eps) / den
             if want_f:
                 if a < 0:
                     f_top1[r] = NO_TOKEN
@@ -478,7 +490,19 @@ def _span_loop(
 
 @njit(cache=True)
 def _run(
-    tokens, offsets, ext, fallback, eps, rows, top_out, p_out, f_top1, f_order, f_count, f_total
+    tokens,
+    offsets,
+    ext,
+    fallback,
+    eps,
+    rows,
+    top_out,
+    p_out,
+    d_out,
+    f_top1,
+    f_order,
+    f_count,
+    f_total,
 ):
     """All threads of a run in one call (see _span for the outputs, row_shift 0)."""
     m = ext.shape[0]
@@ -510,7 +534,7 @@ def _run(
             ctab, ptab = _reserve(ctab, ptab, meta, m)
             i = _span(
                 tokens, a0, i, n, ctab, ptab, meta, ext, fallback, eps, rows, _I0, _YES,
-                top_out, p_out, f_top1, f_order, f_count, f_total,
+                top_out, p_out, d_out, f_top1, f_order, f_count, f_total,
             )  # fmt: skip
 
 
@@ -543,6 +567,7 @@ def _stream_scratch(m):
         np.zeros(0, np.float64),
         np.zeros(0, np.uint8),
         np.zeros(0, np.uint32),
+        np.zeros((0, N_TOKENS), np.float64),
     )
 
 
@@ -551,10 +576,10 @@ def _stream_push(ctab, ptab, meta, hist, n_seen, ext, fallback, y, scratch):
     h = hist.shape[0] - 1
     hist[h] = y
     ctab, ptab = _reserve(ctab, ptab, meta, ext.shape[0])
-    ring, slots, top5, _, _, _, _, _, e64, etop, ef64, e8, e32 = scratch
+    ring, slots, top5, _, _, _, _, _, e64, etop, ef64, e8, e32, ed = scratch
     _span_loop(
         hist, h - n_seen, n_seen, n_seen + 1, ctab, ptab, meta, ext, fallback, 0.1,
-        e64, _I0, _YES, etop, ef64, e8, e8, e32, e32, ring, slots, top5,
+        e64, _I0, _YES, etop, ef64, ed, e8, e8, e32, e32, ring, slots, top5,
     )  # fmt: skip
     for j in range(h):
         hist[j] = hist[j + 1]
@@ -565,10 +590,11 @@ def _stream_push(ctab, ptab, meta, hist, n_seen, ext, fallback, y, scratch):
 def _stream_answer(ctab, ptab, meta, hist, n_seen, ext, fallback, top5_out, scratch):
     """(top1, order index, count of top1, total) for the next call, and top5_out filled."""
     h = hist.shape[0] - 1
-    ring, slots, top5, top, f_top1, f_order, f_count, f_total, e64, _, ef64, _, _ = scratch
+    ring, slots, top5, top, f_top1, f_order, f_count, f_total, e64, _, ef64, _, _, ed = scratch
     _span_loop(
         hist, h - n_seen, n_seen, n_seen + 1, ctab, ptab, meta, ext, fallback, 0.1,
-        e64, np.int64(h), _NO, top, ef64, f_top1, f_order, f_count, f_total, ring, slots, top5,
+        e64, np.int64(h), _NO, top, ef64, ed, f_top1, f_order, f_count, f_total, ring, slots,
+        top5,
     )  # fmt: skip
     for j in range(TOP_K):
         top5_out[j] = top[0, j]
@@ -632,6 +658,7 @@ def _fallback_of(fallback: np.ndarray | None) -> np.ndarray:
 
 _EMPTY_U8 = np.zeros(0, np.uint8)
 _EMPTY_U32 = np.zeros(0, np.uint32)
+_EMPTY_DIST = np.zeros((0, N_TOKENS), np.float64)
 
 
 def online_features(
@@ -662,6 +689,7 @@ def online_features(
         np.zeros(0, np.int64),
         np.zeros((0, TOP_K), np.uint8),
         np.zeros(0, np.float64),
+        _EMPTY_DIST,
         out["top1"],
         out["order"],
         out["count"],
@@ -697,19 +725,34 @@ class OnlineCounter:
     def predict(self, run: TokenRun, positions: np.ndarray) -> Predictions:
         """Top-5 and p(true token) at `positions` (indices into run.tokens, any order),
         the counter having run over the whole run."""
+        return self._answers(run, positions, False)[0]
+
+    def predict_distribution(
+        self, run: TokenRun, positions: np.ndarray
+    ) -> tuple[Predictions, np.ndarray]:
+        """`predict`'s answers and, beside them, float64 [len(positions), 64]: the probability
+        the counter gives each token at each position (each row sums to 1; the true token's is
+        p_true). What a mixture of predictors needs (tasks/learning/next_hedge.py)."""
+        return self._answers(run, positions, True)
+
+    def _answers(
+        self, run: TokenRun, positions: np.ndarray, dist: bool
+    ) -> tuple[Predictions, np.ndarray]:
         tokens, offsets = _check_tokens(run.tokens, run.offsets)
         positions = np.asarray(positions, np.int64)
         n = len(tokens)
         if len(positions) and (positions.min() < 0 or positions.max() >= n):
             raise IndexError(f"{run.name}: positions outside 0..{n - 1}")
         if len(positions) == 0:
-            return Predictions(np.zeros((0, TOP_K), np.uint8), np.zeros(0, np.float64))
+            empty = Predictions(np.zeros((0, TOP_K), np.uint8), np.zeros(0, np.float64))
+            return empty, np.zeros((0, N_TOKENS), np.float64)
         increasing = bool(np.all(positions[1:] > positions[:-1]))
         uniq, inv = (positions, None) if increasing else np.unique(positions, return_inverse=True)
         rows = np.full(n, -1, np.int64)
         rows[uniq] = np.arange(len(uniq))
         top = np.full((len(uniq), TOP_K), NONE, np.uint8)
         p = np.zeros(len(uniq), np.float64)
+        d = np.zeros((len(uniq), N_TOKENS), np.float64) if dist else _EMPTY_DIST
         _run(
             tokens,
             offsets,
@@ -719,6 +762,7 @@ class OnlineCounter:
             rows,
             top,
             p,
+            d,
             _EMPTY_U8,
             _EMPTY_U8,
             _EMPTY_U32,
@@ -726,7 +770,8 @@ class OnlineCounter:
         )
         if inv is not None:
             top, p = top[inv], p[inv]
-        return Predictions(top, p)
+            d = d[inv] if dist else d
+        return Predictions(top, p), d
 
     def state(self) -> OnlineState:
         """A fresh streaming state with this counter's settings."""

@@ -200,7 +200,13 @@ def test_a_tiny_study_writes_its_json_table_and_figure(tmp_path):
     assert len(positions) == 1 and positions.pop() == r["unseen_program_positions"] > 0
     for p in points:
         nc = p["next_call"]["unseen_programs"]
-        assert {"model", "ngram_online", "majority"} <= set(nc)
+        assert {"model", "ngram_online", "majority", "model_hedged"} <= set(nc)
+        # the mixture's figures per held-out workload and pooled, on the same positions
+        by = p["next_call_by_workload"]
+        assert set(by) == {"gamma", "all"} and by["all"]["model_hedged"] == nc["model_hedged"]
+        assert by["all"]["model_hedged"]["positions"] == nc["model"]["positions"]
+        # the network's own figures from its distribution are the scorer's
+        assert by["all"]["model"]["log_loss"] == pytest.approx(nc["model"]["log_loss"], abs=2e-4)
         assert 1 <= p["epochs_run"] <= 2
         assert "reuse" in p["questions"]["unseen_programs"]
     assert points[0]["training_programs"] == points[1]["training_programs"][:2]
@@ -214,6 +220,7 @@ def test_a_tiny_study_writes_its_json_table_and_figure(tmp_path):
     # one row a point in each table: the next call's and the questions'
     assert table.count("\n| 2 | 8 |") == 2 and table.count("\n| 3 | 16 |") == 2
     assert "online counter" in table and r["root"] == "<root>"
+    assert "network hedged" in table and "| gamma |" in table  # the per-workload rows
     assert (out / "scaling.png").stat().st_size > 1000
     (out / "scaling.md").unlink()
     assert bs.main(["--render-only", "--out-dir", str(out)]) == 0

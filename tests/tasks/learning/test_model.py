@@ -15,6 +15,7 @@ from tasks.learning.model import (  # noqa: E402
     as_sequence_model,
     build_model,
     learning_rate,
+    predict_distribution,
     predict_positions,
     set_precision_policy,
 )
@@ -358,6 +359,23 @@ def test_online_model_is_scored_at_the_eval_positions():
     pred = predict_positions(full, RUN, 6, 4)
     assert len(pred) == len(eval_positions(RUN))
     assert np.all(pred.p_true > 0) and np.all(pred.p_true <= 1)
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_the_distribution_is_the_one_the_scores_come_from(online):
+    # GIVEN a plain network and an online hybrid (two inputs)
+    seq = build_hybrid(_online_cfg(), None)[1] if online else build_model(tiny())
+    # WHEN the probabilities of every token are asked at the scored positions
+    d = predict_distribution(seq, RUN, 6, 4)
+    pred = predict_positions(seq, RUN, 6, 4)
+    # THEN one row a scored position, each a distribution whose true token's share is p(true)
+    pos = eval_positions(RUN)
+    assert d.shape == (len(pos), 64) and np.allclose(d.sum(1), 1.0, atol=1e-4)
+    assert np.allclose(d[np.arange(len(pos)), RUN.tokens[pos]], pred.p_true, atol=1e-5)
+    # and its best token is the scorer's top-1 wherever the best is not a tie
+    best = np.sort(d, axis=1)
+    clear = best[:, -1] - best[:, -2] > 1e-5
+    assert np.array_equal(d.argmax(1)[clear], pred.top1[clear])
 
 
 def test_the_copy_path_adds_the_gated_source_token_to_the_logits():

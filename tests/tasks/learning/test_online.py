@@ -232,6 +232,9 @@ def test_streaming_equals_batch(alphabet_size, orders):
     fallback = rng.permutation(N).astype(np.uint8)
     counter = OnlineCounter(orders, 0.2, fallback)
     pred = counter.predict(run, np.arange(run.n_tokens))
+    with_dist, batch_dist = counter.predict_distribution(run, np.arange(run.n_tokens))
+    np.testing.assert_array_equal(with_dist.top, pred.top)
+    np.testing.assert_array_equal(with_dist.p_true, pred.p_true)
     f = online_features(run.tokens, run.offsets, orders)
     state = counter.state()  # tables start small here: they grow while streaming
     for p, y in enumerate(run.tokens):
@@ -245,8 +248,21 @@ def test_streaming_equals_batch(alphabet_size, orders):
         dist = state.distribution()
         assert dist[y] == pytest.approx(pred.p_true[p], rel=1e-12)
         assert dist.sum() == pytest.approx(1.0)
+        # the batch form's whole distribution is the streamed one
+        np.testing.assert_allclose(batch_dist[p], dist, rtol=1e-12)
         state.push(int(y))
     assert state.n_seen == run.n_tokens
+
+
+def test_the_distribution_at_positions_in_any_order():
+    run = markov_run(np.random.default_rng(3), [300, 200], n_states=9, branching=3)
+    counter = OnlineCounter((3, 1))
+    pos = np.array([410, 3, 250, 3, 17])
+    pred, dist = counter.predict_distribution(run, pos)
+    _, whole = counter.predict_distribution(run, np.arange(run.n_tokens))
+    np.testing.assert_array_equal(dist, whole[pos])
+    np.testing.assert_allclose(dist[np.arange(5), run.tokens[pos]], pred.p_true, rtol=1e-12)
+    assert counter.predict_distribution(run, np.array([], np.int64))[1].shape == (0, N)
 
 
 def test_streaming_distribution_matches_the_reference_counts():

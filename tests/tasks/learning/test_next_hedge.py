@@ -1,0 +1,93 @@
+"""tasks/learning/next_hedge.py: the next-call mixture of the network, the online counter and the
+majority, weighted per thread by what each predicted of the thread's calls so far."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.learning.next_hedge import hedged_next, thread_of
+
+N = 64
+
+
+def onehot_ish(tokens: np.ndarray, p: float) -> np.ndarray:
+    """A predictor that gives `p` to `tokens` (one a row) and the rest evenly."""
+    out = np.full((len(tokens), N), (1 - p) / (N - 1))
+    out[np.arange(len(tokens)), tokens] = p
+    return out
+
+
+def uniform(n: int) -> np.ndarray:
+    return np.full((n, N), 1.0 / N)
+
+
+def log_loss(p: np.ndarray) -> float:
+    return float(-np.mean(np.log(p)))
+
+
+RNG = np.random.default_rng(0)
+TRUTH = RNG.integers(0, 8, 400)
+WRONG = (TRUTH + 1) % 8
+ONE_THREAD = np.zeros(400, np.int64)
+
+
+def test_an_answer_reads_only_the_earlier_calls_of_its_thread():
+    right, wrong = onehot_ish(TRUTH, 0.9), onehot_ish(WRONG, 0.9)
+    thread = np.repeat([0, 1], 200)
+    got = hedged_next([right, wrong, uniform(400)], thread, TRUTH)
+    # later tokens changed: every earlier answer is the same
+    later = TRUTH.copy()
+    later[150:200] = (later[150:200] + 3) % 8
+    again = hedged_next([right, wrong, uniform(400)], thread, later)
+    np.testing.assert_array_equal(got.top[:150], again.top[:150])
+    np.testing.assert_allclose(got.p_true[:150], again.p_true[:150])
+    # a thread starts afresh: the second thread's first answer does not know the first thread
+    assert got.p_true[200] == pytest.approx(got.p_true[0])
+
+
+def test_the_mixture_follows_the_predictor_that_is_right_on_each_thread():
+    # GIVEN two threads: the "network" right on the first, the "counter" on the second
+    thread = np.repeat([0, 1], 200)
+    net = np.vstack([onehot_ish(TRUTH[:200], 0.9), onehot_ish(WRONG[200:], 0.9)])
+    counter = np.vstack([onehot_ish(WRONG[:200], 0.6), onehot_ish(TRUTH[200:], 0.6)])
+    got = hedged_next([net, counter, uniform(400)], thread, TRUTH)
+    # THEN after a few calls its top-1 is the right one's on both threads
+    assert np.mean(got.top[10:200, 0] == TRUTH[10:200]) == 1.0
+    assert np.mean(got.top[210:, 0] == TRUTH[210:]) == 1.0
+    # and its log-loss is within a few calls' cost of the better predictor's, thread by thread
+    best = np.concatenate(
+        [net[np.arange(200), TRUTH[:200]], counter[np.arange(200, 400), TRUTH[200:]]]
+    )
+    assert log_loss(got.p_true) < log_loss(best) + 0.15
+
+
+def test_a_network_confidently_wrong_costs_little_against_the_majority():
+    # GIVEN a network sure of the wrong token at every call, a counter no better, and the majority
+    net, counter = onehot_ish(WRONG, 0.999), onehot_ish(WRONG, 0.7)
+    majority = np.tile(np.bincount(TRUTH, minlength=N) + 0.1, (400, 1))
+    majority /= majority.sum(1, keepdims=True)
+    got = hedged_next([net, counter, majority], ONE_THREAD, TRUTH)
+    # THEN the mixture is never far worse than the majority, while the network is hopeless
+    maj = log_loss(majority[np.arange(400), TRUTH])
+    assert log_loss(net[np.arange(400), TRUTH]) > maj + 5
+    assert log_loss(got.p_true) < maj + 0.1
+
+
+def test_its_top5_is_the_counters_where_the_counter_knows_better():
+    # GIVEN a counter whose top-5 holds the truth and a network whose top-5 does not
+    counter = np.full((400, N), 1e-4)
+    for k in range(5):
+        counter[np.arange(400), (TRUTH + k * 7) % N] = 0.19
+    counter /= counter.sum(1, keepdims=True)
+    net = onehot_ish(WRONG, 0.5)
+    got = hedged_next([net, counter, uniform(400)], ONE_THREAD, TRUTH)
+    in_top5 = (got.top == TRUTH[:, None]).any(1)
+    assert in_top5[20:].all()
+
+
+def test_bad_shapes_are_refused_and_threads_found():
+    with pytest.raises(ValueError, match="arrays of"):
+        hedged_next([uniform(3), uniform(4)], np.zeros(3), np.zeros(3, np.int64))
+    offsets = np.array([0, 5, 5, 9])
+    np.testing.assert_array_equal(thread_of(offsets, np.array([0, 4, 5, 8])), [0, 0, 2, 2])
