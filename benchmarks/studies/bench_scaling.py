@@ -250,9 +250,10 @@ def inputs_key(cfg) -> str:
 
 
 def hedged_scores(seq_model, cfg, baselines, runs) -> dict[str, dict[str, dict[str, float]]]:
-    """{program or `all`: {predictor: {top1, top5, log_loss, positions}}} of the network, the
+    """{workload or `all`: {predictor: {top1, top5, log_loss, positions}}} of the network, the
     online counter and their per-thread mixture with the majority (tasks/learning/next_hedge.py)
-    on `runs`' scored positions: the mixture's row is model_hedged."""
+    on `runs`' scored positions: the mixture's row is model_hedged. The network and the counter
+    run again here for their whole distributions (evaluate_model keeps top-5 and p(true) only)."""
     import numpy as np
 
     from tasks.learning.evaluate import log_loss, top1_accuracy, top5_accuracy

@@ -23,7 +23,6 @@ from tasks.learning.hedge import FLOOR, SHARE, _share, _weights
 from tasks.learning.predictions import TOP_K, Predictions
 
 HEDGED_NEXT = "model_hedged"
-EXPERTS = ("model", "ngram_online", "majority")
 
 
 @njit(cache=True)

@@ -232,6 +232,21 @@ def _count_of(ctab, ptab, plog, s, y):
 
 
 @njit(cache=True, inline="always")
+def _fill_distribution(ctab, ptab, plog, slots, a, eps, out):
+    """out[y] = the answering order's (count of y + eps) / (total + 64 eps) for every token y,
+    p_out's rule for each (a < 0, nothing answered: uniform). The batch pass and streaming's
+    distribution() both fill through here."""
+    if a < 0:
+        for y in range(N_TOKENS):
+            out[y] = 1.0 / N_TOKENS
+        return
+    s = slots[a]
+    den = np.float64(ctab[s, _TOTAL]) + eps * N_TOKENS
+    for y in range(N_TOKENS):
+        out[y] = (_count_of(ctab, ptab, plog, s, y) + eps) / den
+
+
+@njit(cache=True, inline="always")
 def _fill_top(ctab, slots, a, fallback, out):
     """out[:TOP_K]: the answering order's tokens, then shorter orders', then the fallback."""
     # (one exit and no early return: numba then keeps the loop free of reference counting)
@@ -461,14 +476,7 @@ def _span_loop(
                     c = _count_of(ctab, ptab, meta[_PLOG], s, y)
                     p_out[r] = (c + eps) / (np.float64(ctab[s, _TOTAL]) + eps * N_TOKENS)
             if want_d:  # every token's p_out: the whole distribution (sums to 1)
-                if a < 0:
-                    for t in range(N_TOKENS):
-                        d_out[r, t] = 1.0 / N_TOKENS
-                else:
-                    s = slots[a]
-                    den = np.float64(ctab[s, _TOTAL]) + eps * N_TOKENS
-                    for t in range(N_TOKENS):
-                        d_out[r, t] = (_count_of(ctab, ptab, meta[_PLOG], s, t) + eps) / den
+                _fill_distribution(ctab, ptab, meta[_PLOG], slots, a, eps, d_out[r])
             if want_f:
                 if a < 0:
                     f_top1[r] = NO_TOKEN
@@ -610,14 +618,7 @@ def _stream_distribution(ctab, ptab, meta, hist, n_seen, ext, eps, out):
     avail = min(n_seen, h)
     _keys(hist, h, avail, ext, keys)
     _find(ctab, meta[_CLOG], keys, ext, avail, slots)
-    a = _answering(slots)
-    if a < 0:
-        out[:] = 1.0 / N_TOKENS
-        return
-    s = slots[a]
-    denom = np.float64(ctab[s, _TOTAL]) + eps * N_TOKENS
-    for y in range(N_TOKENS):
-        out[y] = (_count_of(ctab, ptab, meta[_PLOG], s, y) + eps) / denom
+    _fill_distribution(ctab, ptab, meta[_PLOG], slots, _answering(slots), eps, out)
 
 
 # --- Python API -------------------------------------------------------------------------------
