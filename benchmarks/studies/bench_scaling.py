@@ -249,53 +249,20 @@ def inputs_key(cfg) -> str:
     return json.dumps([cfg.data.model_dump(mode="json"), model, cfg.context, cfg.seed])
 
 
-def hedged_scores(seq_model, cfg, baselines, runs) -> dict[str, dict[str, dict[str, float]]]:
-    """{workload or `all`: {predictor: {top1, top5, log_loss, positions}}} of the network, the
-    online counter and their per-thread mixture with the majority (tasks/learning/next_hedge.py)
-    on `runs`' scored positions: the mixture's row is model_hedged. The network and the counter
-    run again here for their whole distributions (evaluate_model keeps top-5 and p(true) only)."""
-    import numpy as np
+def by_workload(evaluation, table: str) -> dict[str, dict[str, dict[str, float]]]:
+    """{workload or `all`: {predictor: {top1, top5, log_loss, positions}}} on `table`: the
+    network, the online counter and their per-thread mixture with the majority (model_hedged,
+    tasks/learning/next_hedge.py), as evaluate_model scored them."""
+    from tasks.learning.outcome import HEDGED_NEXT, MODEL, ONLINE_COUNTER
 
-    from tasks.learning.evaluate import log_loss, top1_accuracy, top5_accuracy
-    from tasks.learning.model import predict_distribution
-    from tasks.learning.next_hedge import HEDGED_NEXT, hedged_next, thread_of
-    from tasks.learning.outcome import MODEL, OVERALL
-    from tasks.learning.predictions import TOP_K, Predictions
-    from tasks.learning.sequences import eval_positions
-
-    got: dict[str, dict[str, list]] = {}
-    for run in runs:
-        pos = eval_positions(run)
-        if not len(pos):
-            continue
-        y = run.tokens[pos]
-        net = predict_distribution(seq_model, run, cfg.context, cfg.eval_batch_size)
-        counter, counter_dist = baselines.online.predict_distribution(run, pos)
-        majority = np.broadcast_to(baselines.majority.probs, net.shape)
-        net_top = np.argsort(-net, axis=1, kind="stable")[:, :TOP_K].astype(np.uint8)
-        answers = {
-            MODEL: Predictions(net_top, net[np.arange(len(y)), y].astype(np.float64)),
-            "ngram_online": counter,
-            HEDGED_NEXT: hedged_next([net, counter_dist, majority], thread_of(run.offsets, pos), y),
-        }
-        for key in (run.workload, OVERALL):
-            slot = got.setdefault(key, {})
-            slot.setdefault("y", []).append(y)
-            for name, a in answers.items():
-                slot.setdefault(name, []).append(a)
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for key, slot in got.items():
-        y = np.concatenate(slot.pop("y"))
-        out[key] = {}
-        for name, parts in slot.items():
-            pred = Predictions(
-                np.concatenate([a.top for a in parts]), np.concatenate([a.p_true for a in parts])
-            )
-            out[key][name] = {
-                "top1": round(top1_accuracy(y, pred), 4),
-                "top5": round(top5_accuracy(y, pred), 4),
-                "log_loss": round(log_loss(pred), 4),
-                "positions": len(y),
+    for s in evaluation.scores:
+        if s.table == table and s.predictor in (MODEL, ONLINE_COUNTER, HEDGED_NEXT):
+            out.setdefault(s.slice, {})[s.predictor] = {
+                "top1": round(s.top1, 4),
+                "top5": round(s.top5, 4),
+                "log_loss": round(s.log_loss, 4),
+                "positions": s.positions,
             }
     return out
 
@@ -320,8 +287,6 @@ def run_point(
 
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
     from tasks.learning.fitting import fit_inputs, placement_facts
-    from tasks.learning.model import as_sequence_model
-    from tasks.learning.outcome import OVERALL
     from tasks.learning.questions import question_evaluation
     from tasks.learning.sequences import eval_positions, load_split
     from tasks.learning.training import evaluate_model, training_inputs
@@ -346,11 +311,8 @@ def run_point(
     model, facts = fit_inputs(cfg, fitted, Path(cfg.checkpoint_dir), verbose=0)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    evaluation, baselines = evaluate_model(model, cfg, split)
+    evaluation, _ = evaluate_model(model, cfg, split)
     eval_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    hedge = hedged_scores(as_sequence_model(model, cfg), cfg, baselines, split.unseen_programs)
-    hedge_s = time.perf_counter() - t0
     history = facts["history"]
     val = history.get("val_loss") or history.get("loss") or []
     point: dict[str, Any] = {
@@ -373,14 +335,11 @@ def run_point(
             "features": round(features_s, 1),
             "train": round(train_s, 1),
             "evaluate": round(eval_s, 1),
-            "hedge": round(hedge_s, 1),
         },
         "next_call": {"unseen_programs": next_call_scores(evaluation, UNSEEN_PROGRAMS)},
         # per held-out workload and pooled: the network, the counter, their mixture
-        "next_call_by_workload": hedge,
+        "next_call_by_workload": by_workload(evaluation, UNSEEN_PROGRAMS),
     }
-    if OVERALL in hedge:
-        point["next_call"]["unseen_programs"]["model_hedged"] = hedge[OVERALL]["model_hedged"]
     if unseen_runs:
         point["next_call"]["unseen_runs"] = next_call_scores(evaluation, UNSEEN_RUNS)
     key = tuple(cfg.data.workloads or ())
@@ -441,8 +400,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "Next call on the unseen programs: top-1 / top-5 / log-loss. Network hedged: the "
         "network, the online counter and the majority mixed per thread by what each predicted "
-        "of the thread's calls so far (tasks/learning/next_hedge.py; `-`: a point run before "
-        "it). Epochs: run (best; `cap`: still improving when the --epochs cap stopped it).",
+        "of the thread's calls so far, its top-5 the counter's five candidates in the "
+        "mixture's order (tasks/learning/next_hedge.py; `-`: a point run before it). Epochs: run (best; `cap`: still improving when the --epochs cap stopped it).",
         "",
         "| programs | size | params | train tokens | epochs (best) | network | online counter "
         "| network hedged | n-gram | majority | train s |",

@@ -277,9 +277,20 @@ class Baselines:
         )
 
     def predict(self, run: TokenRun, positions: np.ndarray) -> dict[str, Predictions]:
+        return self._predict(run, positions, self.online.predict(run, positions))
+
+    def predict_with_counter(
+        self, run: TokenRun, positions: np.ndarray
+    ) -> tuple[dict[str, Predictions], np.ndarray]:
+        """`predict`'s answers and the online counter's whole distribution at each position
+        (float64 [n, 64]; OnlineCounter.predict_distribution), from one pass of the counter."""
+        online, dist = self.online.predict_distribution(run, positions)
+        return self._predict(run, positions, online), dist
+
+    def _predict(self, run: TokenRun, positions: np.ndarray, online: Predictions):
         return {
             "majority": self.majority.predict(run, positions),
             "repeat_last": self.repeat_last.predict(run, positions),
             "ngram": self.ngram.predict(run, positions),
-            "ngram_online": self.online.predict(run, positions),
+            "ngram_online": online,
         }

@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, PredictorScores
+from tasks.learning.outcome import (
+    BASELINES,
+    MODEL,
+    MODELS,
+    OVERALL,
+    Evaluation,
+    PredictorScores,
+)
 from tasks.learning.predictions import Predictions
 
 UNSEEN_RUNS = "unseen_runs"
@@ -21,7 +28,7 @@ HELDOUT_WORKLOADS = "heldout_workloads"
 UNSEEN_PROGRAMS = "unseen_programs"
 # The evaluation tables, in the order they are shown (tasks/learning/train_config.py: the rule)
 TABLES = (UNSEEN_RUNS, UNSEEN_PROGRAMS, HELDOUT_WORKLOADS)
-PREDICTORS = (MODEL, *BASELINES)
+PREDICTORS = (*MODELS, *BASELINES)
 MIN_PROB = 1e-7  # log-loss clip, so one confident miss costs ~16 nats, not infinity
 
 
@@ -142,6 +149,9 @@ def evaluation_markdown(evaluation: Evaluation, notes: list[str] | None = None) 
         UNSEEN_PROGRAMS: "Unseen programs (no training run comes from them)",
         HELDOUT_WORKLOADS: "Held-out workloads (never trained on; their program is, elsewhere)",
     }
+    # an evaluation made without some predictor (the champion re-scored: the model alone)
+    scored = {s.predictor for s in evaluation.scores}
+    predictors = [p for p in PREDICTORS if p in scored]
     for table in TABLES:
         names = slices(evaluation, table)
         if not names:
@@ -149,13 +159,13 @@ def evaluation_markdown(evaluation: Evaluation, notes: list[str] | None = None) 
         lines += [f"### {titles[table]}", ""]
         head = (
             "| workload | positions | "
-            + " | ".join(f"{p} top-1 | {p} top-5 | {p} log-loss" for p in PREDICTORS)
+            + " | ".join(f"{p} top-1 | {p} top-5 | {p} log-loss" for p in predictors)
             + " | margin (top-1 vs best baseline) |"
         )
-        lines += [head, "|" + "---|" * (3 * len(PREDICTORS) + 3)]
+        lines += [head, "|" + "---|" * (3 * len(predictors) + 3)]
         for w in names:
             cells = [w, str(evaluation.get(MODEL, w, table).positions)]
-            for p in PREDICTORS:
+            for p in predictors:
                 s = evaluation.get(p, w, table)
                 cells += [f"{s.top1:.4f}", f"{s.top5:.4f}", f"{s.log_loss:.3f}"]
             cells.append(f"{evaluation.margin_over_best_baseline(w, table):+.4f}")

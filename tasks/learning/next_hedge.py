@@ -8,6 +8,12 @@ weight can recover when the thread changes. A thread starts from equal weights. 
 an expert: where the network and the counter are both confidently wrong, the mixture's log-loss
 stays within about log(3) plus the share's cost of the majority's, whatever they say.
 
+The top-5: the online counter's candidates (its top-5), the mixture's most probable other tokens
+in the slots they leave (a thread's first calls, where the counter knows few), all five in the
+mixture's order. So it holds the counter's top-5 at every call (the counter is the network's
+input; the mix never ranks below it), and its top-1 is the mixture's favourite among them. The
+probabilities are the mixture's, unchanged.
+
 Causal: the answer at a call reads the predictors' answers at that call and the true tokens of
 the same thread's earlier scored calls, nothing later (tests/tasks/learning/test_next_hedge.py
 changes the later tokens). The predictor's name in the tables is HEDGED_NEXT.
@@ -20,61 +26,115 @@ from numba import njit
 
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.hedge import FLOOR, SHARE, _share, _weights
+from tasks.learning.outcome import HEDGED_NEXT
 from tasks.learning.predictions import TOP_K, Predictions
 
-HEDGED_NEXT = "model_hedged"
+__all__ = ["HEDGED_NEXT", "hedged_next", "thread_of"]
 
 
 @njit(cache=True)
-def _mix(thread, truth, experts, share, floor, out):
-    """out[i] = the experts' distributions at i mixed by the weights their answers at the same
-    thread's earlier rows earned; rows grouped by thread, in call order within a thread.
-    experts float64 [E, n, 64]."""
-    n_exp, n, k = experts.shape
+def _mix(thread, truth, rows, fixed, candidates, share, floor, top, p_true):
+    """top[i], p_true[i]: the mixture at row i of the experts `rows` (float32 [E, n, 64], one
+    distribution a row) and `fixed` (float64 [F, 64], the same at every row), weighted by what
+    each gave the true tokens at the same thread's earlier rows; rows grouped by thread, in call
+    order within a thread. The top-5: the tokens in candidates[i] (>= 64: none), the mixture's
+    most probable others in the slots left, all five in the mixture's order (ties: the lower
+    token first)."""
+    n_rows, n, k = rows.shape
+    n_exp = n_rows + fixed.shape[0]
     logw = np.zeros(n_exp)
     w = np.empty(n_exp)
     fac = np.empty(n_exp)
+    mixed = np.empty(k)
+    rank = np.empty(k, np.int64)  # 1 for a candidate, 0 otherwise; -1 once placed
     for i in range(n):
         if i == 0 or thread[i] != thread[i - 1]:
             logw[:] = 0.0
         _weights(logw, w)
         for j in range(k):
             s = 0.0
-            for e in range(n_exp):
-                s += w[e] * experts[e, i, j]
-            out[i, j] = s
+            for e in range(n_rows):
+                s += w[e] * rows[e, i, j]
+            for f in range(fixed.shape[0]):
+                s += w[n_rows + f] * fixed[f, j]
+            mixed[j] = s
+            rank[j] = 0
+        for c in range(candidates.shape[1]):
+            if candidates[i, c] < k:
+                rank[candidates[i, c]] = 1
+        for slot in range(top.shape[1]):
+            best = -1
+            for j in range(k):
+                if rank[j] < 0:
+                    continue
+                if (
+                    best < 0
+                    or rank[j] > rank[best]
+                    or (rank[j] == rank[best] and mixed[j] > mixed[best])
+                ):
+                    best = j
+            top[i, slot] = best
+            rank[best] = -1
+        # the chosen five in the mixture's order (ties: the lower token first)
+        for a in range(1, top.shape[1]):
+            t = top[i, a]
+            b = a - 1
+            while b >= 0 and (
+                mixed[top[i, b]] < mixed[t] or (mixed[top[i, b]] == mixed[t] and top[i, b] > t)
+            ):
+                top[i, b + 1] = top[i, b]
+                b -= 1
+            top[i, b + 1] = t
         y = truth[i]
-        for e in range(n_exp):
-            fac[e] = np.log(max(experts[e, i, y], floor))
+        p_true[i] = mixed[y]
+        for e in range(n_rows):
+            fac[e] = np.log(max(rows[e, i, y], floor))
+        for f in range(fixed.shape[0]):
+            fac[n_rows + f] = np.log(max(fixed[f, y], floor))
         _share(logw, fac, share, w)
 
 
 def hedged_next(
-    experts: list[np.ndarray], thread: np.ndarray, truth: np.ndarray, share: float = SHARE
+    experts: list[np.ndarray],
+    thread: np.ndarray,
+    truth: np.ndarray,
+    share: float = SHARE,
+    candidates: np.ndarray | None = None,
 ) -> Predictions:
     """The mixture's top-5 and p(true token) at n scored calls of one run: `experts`, each
-    float [n, 64] (rows summing to 1), `thread` [n] each call's thread (rows grouped by thread,
-    in call order), `truth` [n] the tokens. Ties in the top-5: the lower token first."""
+    float [n, 64] (rows summing to 1) or [64] (the same distribution at every call, as the
+    majority's), `thread` [n] each call's thread (rows grouped by thread, in call order),
+    `truth` [n] the tokens; `candidates` uint8 [n, c] (NONE or any value >= 64: none), ranked first (the online
+    counter's top-5), always in the top-5. Ties in the ranking: the lower token first."""
     n = len(truth)
-    if any(np.shape(e) != (n, N_TOKENS) for e in experts) or len(thread) != n:
+    rows = [np.asarray(e, np.float32) for e in experts if np.ndim(e) == 2]
+    fixed = [np.asarray(e, np.float64) for e in experts if np.ndim(e) == 1]
+    bad = [np.shape(e) for e in rows if e.shape != (n, N_TOKENS)]
+    bad += [np.shape(e) for e in fixed if e.shape != (N_TOKENS,)]
+    if bad or len(thread) != n or len(rows) + len(fixed) != len(experts):
         shapes = [np.shape(e) for e in experts]
         raise ValueError(
-            f"experts {shapes}, {len(thread)} threads: arrays of [{n}, {N_TOKENS}] and {n} "
-            "threads expected (one row a scored call)"
+            f"experts {shapes}, {len(thread)} threads: arrays of [{n}, {N_TOKENS}] or "
+            f"[{N_TOKENS}] and {n} threads expected (one row a scored call)"
         )
-    stacked = np.ascontiguousarray(np.stack([np.asarray(e, np.float64) for e in experts]))
-    mixed = np.zeros((n, N_TOKENS), np.float64)
+    if candidates is None:
+        candidates = np.full((n, 0), N_TOKENS, np.uint8)
+    if len(candidates) != n:
+        raise ValueError(f"candidates: {len(candidates)} rows for {n} scored calls")
+    top = np.zeros((n, TOP_K), np.uint8)
+    p_true = np.zeros(n, np.float64)
     _mix(
         np.ascontiguousarray(thread, np.int64),
         np.ascontiguousarray(truth, np.int64),
-        stacked,
+        np.ascontiguousarray(np.stack(rows) if rows else np.zeros((0, n, N_TOKENS), np.float32)),
+        np.ascontiguousarray(np.stack(fixed) if fixed else np.zeros((0, N_TOKENS))),
+        np.ascontiguousarray(candidates, np.uint8),
         float(share),
         FLOOR,
-        mixed,
+        top,
+        p_true,
     )
-    # a stable sort of -p: equal probabilities keep the lower token first
-    top = np.argsort(-mixed, axis=1, kind="stable")[:, :TOP_K].astype(np.uint8)
-    return Predictions(top, mixed[np.arange(n), truth])
+    return Predictions(top, p_true)
 
 
 def thread_of(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:

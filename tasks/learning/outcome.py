@@ -18,9 +18,13 @@ if TYPE_CHECKING:  # table.py reads the events (labels -> sequences -> this modu
 # Stable predictor names: MLflow metric keys are built from them, so the UI's compare view lines
 # runs and baselines up under the same names from one run to the next.
 MODEL = "model"
+# the network mixed per thread with the online counter and the majority (tasks/learning/next_hedge.py)
+HEDGED_NEXT = "model_hedged"
+MODELS = (MODEL, HEDGED_NEXT)
 # ngram_online: the online counter (tasks/learning/online.py), trained on nothing, learning from
 # the thread's own past as it runs: the predictor an allocator inside the program always has.
-BASELINES = ("majority", "repeat_last", "ngram", "ngram_online")
+ONLINE_COUNTER = "ngram_online"
+BASELINES = ("majority", "repeat_last", "ngram", ONLINE_COUNTER)
 OVERALL = "all"
 
 
@@ -48,7 +52,7 @@ class DatasetRef:
 class PredictorScores:
     """One predictor's scores on one evaluation slice (a workload, or all)."""
 
-    predictor: str  # MODEL, or one of BASELINES
+    predictor: str  # one of MODELS or BASELINES
     slice: str  # workload name, OVERALL
     table: str  # one of tasks.learning.evaluate.TABLES
     positions: int

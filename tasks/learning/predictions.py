@@ -32,6 +32,14 @@ class Predictions:
         return len(self.p_true)
 
 
+def ranked(probs: np.ndarray, truth: np.ndarray) -> Predictions:
+    """A distribution's answers: probs float [n, 64] -> its top-5 (ties: the lower token
+    first, as keras.ops.top_k) and the probability of each row's true token."""
+    probs = np.asarray(probs)
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :TOP_K].astype(np.uint8)
+    return Predictions(top, probs[np.arange(len(probs)), truth].astype(np.float64))
+
+
 def fill_top(candidates: np.ndarray, fallback: np.ndarray, k: int = TOP_K) -> np.ndarray:
     """First k distinct tokens of each row of `candidates` followed by `fallback` (NONE skipped).
 

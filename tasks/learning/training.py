@@ -29,7 +29,9 @@ from tasks.learning.evaluate import (
     EvaluationBuilder,
 )
 from tasks.learning.fitting import TrainingInputs, fit_inputs
-from tasks.learning.outcome import MODEL, Evaluation
+from tasks.learning.next_hedge import hedged_next, thread_of
+from tasks.learning.outcome import HEDGED_NEXT, MODEL, ONLINE_COUNTER, Evaluation
+from tasks.learning.predictions import ranked
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
 from tasks.learning.train_config import TrainConfig
 
@@ -256,18 +258,34 @@ def _score_runs(
     keep: list[RunAnswers] | None = None,
 ):
     """Every predictor's answers at eval_positions of each run of each (table, runs); the
-    model's top-5 on each run appended to `keep` when given."""
+    model's top-5 on each run appended to `keep` when given. With the baselines, the network's
+    and the counter's whole distributions are read once and their per-thread mixture with the
+    majority (tasks/learning/next_hedge.py) is scored as HEDGED_NEXT."""
     # deferred: imported on first use, for start-up time
-    from tasks.learning.model import predict_positions
+    from tasks.learning.model import predict_distribution, predict_positions
 
     for table, runs in tables:
         for run in runs:
             pos = eval_positions(run)
             if not len(pos):
                 continue
-            answers = baselines.predict(run, pos) if baselines is not None else {}
-            answers[MODEL] = predict_positions(seq_model, run, cfg.context, cfg.eval_batch_size)
-            builder.add(table, run.workload, run.tokens[pos], answers)
+            y = run.tokens[pos]
+            if baselines is None:
+                answers = {
+                    MODEL: predict_positions(seq_model, run, cfg.context, cfg.eval_batch_size)
+                }
+            else:
+                answers, counter = baselines.predict_with_counter(run, pos)
+                net = predict_distribution(seq_model, run, cfg.context, cfg.eval_batch_size)
+                answers[MODEL] = ranked(net, y)
+                answers[HEDGED_NEXT] = hedged_next(
+                    [net, counter, baselines.majority.probs],
+                    thread_of(run.offsets, pos),
+                    y,
+                    candidates=answers[ONLINE_COUNTER].top,
+                )
+                del net, counter
+            builder.add(table, run.workload, y, answers)
             if keep is not None:
                 keep.append(
                     RunAnswers(run.workload, run.run, tokens_digest(run), top=answers[MODEL].top)

@@ -27,7 +27,9 @@ from tasks.core.storage import Root
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import (
     BASELINES,
+    HEDGED_NEXT,
     MODEL,
+    ONLINE_COUNTER,
     OVERALL,
     Evaluation,
     RegisteredModel,
@@ -48,7 +50,6 @@ from tasks.whatif.night import AtBudget, WhatifSummary
 
 STAGES = ("trace", "dataset", "train")
 ARTIFACT_KEY = "nightly-summary"
-ONLINE_COUNTER = "ngram_online"  # the baseline an allocator inside the program always has
 SUMMARY_DIR = "nightly"  # <root>/nightly/<finished_at>.md: the full summary of each night
 
 
@@ -134,6 +135,8 @@ class TableVerdict(BaseModel):
     online_counter: float | None
     best_baseline: str
     best_baseline_top1: float
+    # the network mixed with the counter and the majority per thread (None: not scored)
+    hedged: float | None = None
 
 
 class Promotion(BaseModel):
@@ -565,10 +568,7 @@ def table_verdicts(evaluation: Evaluation) -> list[TableVerdict]:
     """Per evaluation table: the model, the online counter and the best baseline (top-1)."""
     out = []
     for h in table_headlines(evaluation):
-        try:
-            online = float(evaluation.get(ONLINE_COUNTER, OVERALL, h.table).top1)
-        except KeyError:  # an evaluation made without the online counter
-            online = None
+        online, hedged = (_top1(evaluation, p, h.table) for p in (ONLINE_COUNTER, HEDGED_NEXT))
         out.append(
             TableVerdict(
                 table=h.table,
@@ -577,9 +577,18 @@ def table_verdicts(evaluation: Evaluation) -> list[TableVerdict]:
                 online_counter=online,
                 best_baseline=h.best_baseline_top1,
                 best_baseline_top1=h.top1_best_baseline,
+                hedged=hedged,
             )
         )
     return out
+
+
+def _top1(evaluation: Evaluation, predictor: str, table: str) -> float | None:
+    """A predictor's top-1 over a table; None for an evaluation made without it."""
+    try:
+        return float(evaluation.get(predictor, OVERALL, table).top1)
+    except KeyError:
+        return None
 
 
 def promotion_of(tracking: TrackingConfig, run_id: str) -> Promotion | None:

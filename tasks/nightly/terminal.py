@@ -132,6 +132,8 @@ def counter_line(s: NightlySummary) -> str:
             f"Against the online counter: top-1 {first.model:.4f} vs {first.online_counter:.4f} "
             f"({first.model - first.online_counter:+.4f}, {where})"
         )
+        if first.hedged is not None:
+            line += f"; mixed with it per thread {first.hedged:.4f}"
     line += (
         f"; best baseline {first.best_baseline} {first.best_baseline_top1:.4f} "
         f"({first.model - first.best_baseline_top1:+.4f})"
@@ -315,15 +317,24 @@ def detail_blocks(s: NightlySummary, width: int) -> list[list[str]]:
                 TABLE_NAMES.get(t.table, t.table),
                 f"{t.positions:,}",
                 f"{t.model:.4f}",
+                "n/a" if t.hedged is None else f"{t.hedged:.4f}",
                 "n/a" if t.online_counter is None else f"{t.online_counter:.4f}",
                 f"{t.best_baseline} {t.best_baseline_top1:.4f}",
                 f"{t.model - t.best_baseline_top1:+.4f}",
             ]
             for t in s.tables
         ]
-        head = ["table", "positions", "model", "online counter", "best baseline", "margin"]
+        head = [
+            "table",
+            "positions",
+            "model",
+            "hedged",
+            "online counter",
+            "best baseline",
+            "margin",
+        ]
         title = "Top-1 on runs never trained on (all workloads; margin: over the best baseline)"
-        blocks.append([title, *_table(head, rows, width, right={1, 2, 3, 5})])
+        blocks.append([title, *_table(head, rows, width, right={1, 2, 3, 4, 6})])
         if s.allocator_questions or s.program_questions:
             blocks[-1].append(
                 "  (the allocator's questions, reuse and lifetime, per table and program: "

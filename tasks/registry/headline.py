@@ -21,7 +21,15 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.learning.evaluate import TABLES
-from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation, TrainOutcome
+from tasks.learning.outcome import (
+    BASELINES,
+    HEDGED_NEXT,
+    MODEL,
+    MODELS,
+    OVERALL,
+    Evaluation,
+    TrainOutcome,
+)
 
 PREFIX = "headline/"
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "log_loss": False}
@@ -30,7 +38,8 @@ CAUSAL_HORIZON = 1  # a prediction for the next call only: what a live cache has
 
 
 def key(table: str, measure: str, who: str) -> str:
-    """The metric name of one figure; who in model | best_baseline | margin (top-1 only)."""
+    """The metric name of one figure; who in model | model_hedged | best_baseline | margin
+    (top-1 only)."""
     if measure == "top1":
         return f"{PREFIX}{table}.top1.{who}"
     return f"{measure}/{table}.{who}"
@@ -100,6 +109,12 @@ def training_metrics(
         out[key(h.table, "top1", "margin")] = h.margin
         out[key(h.table, "log_loss", MODEL)] = h.log_loss_model
         out[key(h.table, "log_loss", "best_baseline")] = h.log_loss_best_baseline
+        try:
+            hedged = evaluation.get(HEDGED_NEXT, OVERALL, h.table)
+        except KeyError:  # an evaluation made without it (the model alone)
+            continue
+        out[key(h.table, "top1", HEDGED_NEXT)] = float(hedged.top1)
+        out[key(h.table, "log_loss", HEDGED_NEXT)] = float(hedged.log_loss)
     out["train/seconds"] = float(seconds)
     out["train/predictions_per_second"] = float(predictions_per_second)
     return {k: v for k, v in out.items() if math.isfinite(v)}
@@ -131,7 +146,7 @@ def figure(metrics: Mapping[str, float], table: str, measure: str, who: str) -> 
 def evaluation_table(evaluation: Evaluation, table: str) -> pd.DataFrame:
     """One table's every workload x predictor (workloads by name, `all` last; the model first),
     with the model's margin over the best baseline per workload."""
-    order = {p: i for i, p in enumerate((MODEL, *BASELINES))}
+    order = {p: i for i, p in enumerate((*MODELS, *BASELINES))}
     rows = [s for s in evaluation.scores if s.table == table]
     rows.sort(key=lambda s: (s.slice == OVERALL, s.slice, order.get(s.predictor, 99)))
     df = pd.DataFrame(

@@ -48,6 +48,7 @@ def test_builder_scores_every_predictor_per_workload_and_overall():
     y = np.array([1, 2, 3], np.uint8)
     answers = {
         "model": preds([1, 2, 3]),
+        "model_hedged": preds([1, 2, 0]),
         "majority": preds([1, 1, 1]),
         "repeat_last": preds([0, 1, 2]),
         "ngram": preds([1, 2, 0]),
@@ -71,12 +72,25 @@ def test_builder_scores_every_predictor_per_workload_and_overall():
     assert ev.confusion.sum() == 5
     md = evaluation_markdown(ev, ["a note"])
     assert "| a |" in md and "Held-out" in md and "order chosen on validation: 3" in md
+    assert "model_hedged top-1" in md
+
+
+def test_markdown_shows_only_the_predictors_an_evaluation_scored():
+    # GIVEN a champion re-scored alone on today's runs beside the baselines of tonight's table
+    b = EvaluationBuilder(predictors=("model", "majority", "repeat_last", "ngram", "ngram_online"))
+    y = np.array([1, 2, 3], np.uint8)
+    answers = {k: preds([1, 2, 3]) for k in ("model", "majority", "repeat_last", "ngram")}
+    b.add(UNSEEN_RUNS, "a", y, {**answers, "ngram_online": preds([1, 1, 1])})
+    md = evaluation_markdown(b.build())
+    # THEN its table has no column for the mixture it was not scored with
+    assert "model top-1" in md and "model_hedged" not in md
 
 
 def test_builder_refuses_answers_at_other_positions():
     b = EvaluationBuilder()
     y = np.array([1, 2], np.uint8)
-    answers = {k: preds([1, 2]) for k in ("model", "majority", "repeat_last", "ngram_online")}
+    names = ("model", "model_hedged", "majority", "repeat_last", "ngram_online")
+    answers = {k: preds([1, 2]) for k in names}
     answers["ngram"] = preds([1])
     with pytest.raises(ValueError, match="ngram"):
         b.add(UNSEEN_RUNS, "a", y, answers)

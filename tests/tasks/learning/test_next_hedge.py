@@ -89,5 +89,50 @@ def test_its_top5_is_the_counters_where_the_counter_knows_better():
 def test_bad_shapes_are_refused_and_threads_found():
     with pytest.raises(ValueError, match="arrays of"):
         hedged_next([uniform(3), uniform(4)], np.zeros(3), np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="arrays of"):
+        hedged_next([uniform(3), np.ones(63) / 63], np.zeros(3), np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="candidates: 2 rows for 3"):
+        hedged_next([uniform(3)], np.zeros(3), np.zeros(3, np.int64), candidates=np.zeros((2, 5)))
     offsets = np.array([0, 5, 5, 9])
     np.testing.assert_array_equal(thread_of(offsets, np.array([0, 4, 5, 8])), [0, 0, 2, 2])
+
+
+def test_the_counters_candidates_are_ranked_first_by_the_mixture():
+    # GIVEN a network sure of one wrong token and a counter whose top-5 holds the truth
+    counter = np.full((400, N), 1e-4)
+    for k in range(5):
+        counter[np.arange(400), (TRUTH + k * 7) % N] = 0.19
+    counter /= counter.sum(1, keepdims=True)
+    candidates = np.argsort(-counter, axis=1, kind="stable")[:, :5].astype(np.uint8)
+    net = onehot_ish(WRONG, 0.99)
+    got = hedged_next([net, counter, uniform(400)], ONE_THREAD, TRUTH, candidates=candidates)
+    # THEN its top-5 is the counter's at every call, the first included
+    np.testing.assert_array_equal(np.sort(got.top, 1), np.sort(candidates, 1))
+    # AND the probabilities are the mixture's: the same as without the candidates
+    plain = hedged_next([net, counter, uniform(400)], ONE_THREAD, TRUTH)
+    np.testing.assert_allclose(got.p_true, plain.p_true)
+    # AND among the candidates the mixture's order holds: a network right on the truth puts it
+    # first once it has earned its weight, while the counter spreads its five evenly
+    right = hedged_next(
+        [onehot_ish(TRUTH, 0.9), counter, uniform(400)], ONE_THREAD, TRUTH, candidates=candidates
+    )
+    assert (right.top[5:, 0] == TRUTH[5:]).all()
+
+
+def test_the_slots_the_counter_leaves_are_the_mixtures_and_its_favourite_leads():
+    net = onehot_ish(TRUTH, 0.9)
+    none = np.full((400, 5), 255, np.uint8)
+    none[:, 0] = WRONG  # the counter's one candidate
+    got = hedged_next([net, uniform(400)], ONE_THREAD, TRUTH, candidates=none)
+    # the candidate kept, the mixture's favourite first
+    assert (got.top[:, 0] == TRUTH).all() and (got.top == WRONG[:, None]).any(1).all()
+
+
+def test_a_fixed_expert_is_the_same_as_its_row_at_every_call():
+    net, majority = onehot_ish(WRONG, 0.8), np.bincount(TRUTH, minlength=N) + 1.0
+    majority /= majority.sum()
+    thread = np.repeat([0, 1], 200)
+    fixed = hedged_next([net, majority], thread, TRUTH)
+    tiled = hedged_next([net, np.tile(majority, (400, 1))], thread, TRUTH)
+    np.testing.assert_array_equal(fixed.top, tiled.top)
+    np.testing.assert_allclose(fixed.p_true, tiled.p_true, rtol=1e-6)

@@ -11,7 +11,7 @@ from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.hedge import HEDGED  # noqa: E402
 from tasks.learning.lifetime import NETWORK_SURVIVAL, SURVIVAL  # noqa: E402
-from tasks.learning.outcome import BASELINES, MODEL, OVERALL, TrainOutcome  # noqa: E402
+from tasks.learning.outcome import BASELINES, MODEL, MODELS, OVERALL, TrainOutcome  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import evaluate, train  # noqa: E402
 from tasks.learning.training import checkpoint_dir, fit_model  # noqa: E402
@@ -41,7 +41,7 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
         ("unseen_programs", ["gamma", OVERALL]),
     ):
         for s in slices:
-            n = {ev.get(p, s, table).positions for p in (MODEL, *BASELINES)}
+            n = {ev.get(p, s, table).positions for p in (*MODELS, *BASELINES)}
             assert len(n) == 1 and n.pop() > 0  # the same positions for every predictor
     assert 1 <= ev.get("ngram").detail["order"] <= 4
     assert np.isfinite(ev.margin_over_best_baseline())

@@ -240,6 +240,7 @@ def test_the_first_screen_gives_the_verdict_the_bought_and_the_pages(full_night)
     unseen = next(t for t in full_night.tables if t.table == "unseen_runs")
     assert unseen.online_counter == pytest.approx(0.88)  # outcome_factory's ngram_online
     assert "Against the online counter: top-1 0.9200 vs 0.8800 (+0.0400, unseen runs" in flat
+    assert "mixed with it per thread 0.9050" in flat  # outcome_factory's model_hedged
     # what the predictions bought: the pooled what-if and the layer's measured ms
     assert (
         "What-if (64.00 KiB held idle, all workloads, causal): hit rate guided by the model "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.learning.outcome import BASELINES, MODEL, OVERALL, Evaluation
+from tasks.learning.outcome import BASELINES, HEDGED_NEXT, MODEL, OVERALL, Evaluation
 from tasks.registry import headline
 from tasks.registry.champion import decide
 from tasks.registry.register import register_outcome
@@ -49,7 +49,11 @@ def test_training_headline_sorts_into_sections_top1_first():
         sections.setdefault(k.rsplit("/", 1)[0], []).append(k)
     # the chart view's sections, alphabetical: top-1 and margins first (whatif adds 3 there)
     assert sorted(sections) == ["headline", "log_loss", "train"]
-    assert len(sections["headline"]) == 9 and len(sections["log_loss"]) == 6
+    # three figures a table, and the hedged mix's top-1 and log-loss where it was scored (the
+    # factory's two tables; the unseen-programs table here has the model alone)
+    assert len(sections["headline"]) == 9 + 2 and len(sections["log_loss"]) == 6 + 2
+    assert m["headline/unseen_runs.top1.model_hedged"] == pytest.approx(0.905, abs=0.05)
+    assert "headline/unseen_programs.top1.model_hedged" not in m
     # in the section, sorted by name: each table's three figures side by side
     assert sorted(sections["headline"])[:3] == [
         "headline/heldout_workloads.top1.best_baseline",
@@ -127,7 +131,7 @@ def test_evaluation_table_has_every_workload_and_predictor():
         "margin_top1_vs_best_baseline",
     ]
     assert list(df["workload"].unique()) == ["redis", "sqlite3", "all"]
-    assert list(df["predictor"][:5]) == [MODEL, *BASELINES]
+    assert list(df["predictor"][:6]) == [MODEL, HEDGED_NEXT, *BASELINES]
     assert headline.evaluation_table(ev, "nowhere").empty
 
 
