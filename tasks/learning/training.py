@@ -282,7 +282,7 @@ def _score_runs(
                     [net, counter, baselines.majority.probs],
                     thread_of(run.offsets, pos),
                     y,
-                    candidates=answers[ONLINE_COUNTER].top,
+                    candidates=[answers[ONLINE_COUNTER].top, answers[MODEL].top],
                 )
                 del net, counter
             builder.add(table, run.workload, y, answers)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.learning.next_hedge import hedged_next, thread_of
+from tasks.learning.next_hedge import LEAD, hedged_next, thread_of
 
 N = 64
 
@@ -91,8 +91,8 @@ def test_bad_shapes_are_refused_and_threads_found():
         hedged_next([uniform(3), uniform(4)], np.zeros(3), np.zeros(3, np.int64))
     with pytest.raises(ValueError, match="arrays of"):
         hedged_next([uniform(3), np.ones(63) / 63], np.zeros(3), np.zeros(3, np.int64))
-    with pytest.raises(ValueError, match="candidates: 2 rows for 3"):
-        hedged_next([uniform(3)], np.zeros(3), np.zeros(3, np.int64), candidates=np.zeros((2, 5)))
+    with pytest.raises(ValueError, match=r"candidates \[\(2, 5\)\]: lists of \[3, c\]"):
+        hedged_next([uniform(3)], np.zeros(3), np.zeros(3, np.int64), candidates=[np.zeros((2, 5))])
     offsets = np.array([0, 5, 5, 9])
     np.testing.assert_array_equal(thread_of(offsets, np.array([0, 4, 5, 8])), [0, 0, 2, 2])
 
@@ -105,7 +105,7 @@ def test_the_counters_candidates_are_ranked_first_by_the_mixture():
     counter /= counter.sum(1, keepdims=True)
     candidates = np.argsort(-counter, axis=1, kind="stable")[:, :5].astype(np.uint8)
     net = onehot_ish(WRONG, 0.99)
-    got = hedged_next([net, counter, uniform(400)], ONE_THREAD, TRUTH, candidates=candidates)
+    got = hedged_next([net, counter, uniform(400)], ONE_THREAD, TRUTH, candidates=[candidates])
     # THEN its top-5 is the counter's at every call, the first included
     np.testing.assert_array_equal(np.sort(got.top, 1), np.sort(candidates, 1))
     # AND the probabilities are the mixture's: the same as without the candidates
@@ -114,7 +114,7 @@ def test_the_counters_candidates_are_ranked_first_by_the_mixture():
     # AND among the candidates the mixture's order holds: a network right on the truth puts it
     # first once it has earned its weight, while the counter spreads its five evenly
     right = hedged_next(
-        [onehot_ish(TRUTH, 0.9), counter, uniform(400)], ONE_THREAD, TRUTH, candidates=candidates
+        [onehot_ish(TRUTH, 0.9), counter, uniform(400)], ONE_THREAD, TRUTH, candidates=[candidates]
     )
     assert (right.top[5:, 0] == TRUTH[5:]).all()
 
@@ -123,7 +123,7 @@ def test_the_slots_the_counter_leaves_are_the_mixtures_and_its_favourite_leads()
     net = onehot_ish(TRUTH, 0.9)
     none = np.full((400, 5), 255, np.uint8)
     none[:, 0] = WRONG  # the counter's one candidate
-    got = hedged_next([net, uniform(400)], ONE_THREAD, TRUTH, candidates=none)
+    got = hedged_next([net, uniform(400)], ONE_THREAD, TRUTH, candidates=[none])
     # the candidate kept, the mixture's favourite first
     assert (got.top[:, 0] == TRUTH).all() and (got.top == WRONG[:, None]).any(1).all()
 
@@ -136,3 +136,28 @@ def test_a_fixed_expert_is_the_same_as_its_row_at_every_call():
     tiled = hedged_next([net, np.tile(majority, (400, 1))], thread, TRUTH)
     np.testing.assert_array_equal(fixed.top, tiled.top)
     np.testing.assert_allclose(fixed.p_true, tiled.p_true, rtol=1e-6)
+
+
+def top5_of(p: np.ndarray) -> np.ndarray:
+    return np.argsort(-p, axis=1, kind="stable")[:, :5].astype(np.uint8)
+
+
+def test_per_thread_the_top5_follows_the_list_that_has_been_right():
+    # GIVEN two threads: the counter's top-5 holds the truth on the first, the network's on the
+    # second (each list the other's misses)
+    thread = np.repeat([0, 1], 200)
+    holds, misses = onehot_ish(TRUTH, 0.3), onehot_ish(WRONG, 0.3)
+    for m in (holds, misses):  # the other four of each list: far from every true token
+        m[:, 40:44] = 0.1
+        m /= m.sum(1, keepdims=True)
+    counter = np.vstack([holds[:200], misses[200:]])
+    net = np.vstack([misses[:200], holds[200:]])
+    lists = [top5_of(counter), top5_of(net)]
+    got = hedged_next([net, counter, uniform(400)], thread, TRUTH, candidates=lists)
+    in_top5 = (got.top == TRUTH[:, None]).any(1)
+    # THEN its top-5 holds the truth: the counter's list on the first thread (the first list,
+    # where it starts), the network's on the second once it has been right LEAD times more
+    assert in_top5[:200].all()
+    assert not in_top5[200 : 200 + LEAD].any() and in_top5[200 + LEAD :].all()
+    # AND a thread starts afresh: the second thread's first call follows the counter again
+    np.testing.assert_array_equal(np.sort(got.top[200]), np.sort(lists[0][200]))
