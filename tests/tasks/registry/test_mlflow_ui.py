@@ -143,7 +143,7 @@ def browse(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
 
 def page_text(url: str, tmp_path: Path, keep: Path) -> str:
     """The rendered page's text (scripts and styles dropped), as one line; also in `keep`."""
-    # tall enough for the headline section's four rows of charts (they draw when in view)
+    # tall enough for the headline section's rows of charts (they draw when in view)
     r = browse(url, tmp_path / "profile", "--dump-dom", "--window-size=2400,2200")
     assert "<html" in r.stdout, f"no page from {url} (rc {r.returncode}): {r.stderr[-2000:]}"
     text = re.sub(r"<(script|style)\b.*?</\1>", " ", r.stdout, flags=re.S)
@@ -172,9 +172,11 @@ def headline_keys(store) -> list[str]:
     tables = {k.split("/")[1].split(".")[0] for k in both} - {
         "whatif_causal"
     }  # the default horizon 1: causal
-    # 3 a table; whatif: best heuristic, guided by the model, its gain, guided by the questions'
-    # reuse network (the network is logged with each version)
-    assert len(both) == 3 * len(tables) + 4 and len(tables) >= 2, both
+    # 4 a table (the model, the best baseline, the margin, the model hedged with the counter);
+    # whatif: best heuristic, guided by the model, its gain, guided by the questions' reuse
+    # network (the network is logged with each version)
+    assert len(both) == 4 * len(tables) + 4 and len(tables) >= 2, both
+    assert "headline/unseen_runs.top1.model_hedged" in both
     assert "headline/whatif_causal.hit_rate.guided_questions" in both
     return both
 
@@ -192,11 +194,11 @@ def test_the_chart_view_opens_on_the_headline_with_both_nights(server, store, sh
         text = page_text(url, tmp_path, shots / "mlflow-compare-charts.txt")
         if chart_titles(text):
             break
-    # the first section is the headline: the top-1 figures of each table (here unseen runs and
-    # unseen programs: the held-out workload is a program of its own) and the 4 whatif ones
+    # the first section is the headline: the 4 top-1 figures of each table (here unseen runs
+    # and unseen programs: the held-out workload is a program of its own) and the 4 whatif ones
     # (best heuristic, guided by the model, its gain, guided by the questions' reuse network)
     sections = re.findall(r"\b([a-z_]+) \((\d+)\) Add chart", text)
-    assert sections[0] == ("headline", "10"), sections
+    assert sections[0] == ("headline", "12"), sections
     assert [s for s, _ in sections[:5]] == ["headline", "log_loss", "plots", "promotion", "train"]
     titles = chart_titles(text)
     for want in headline_keys(store):
