@@ -401,7 +401,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "Next call on the unseen programs: top-1 / top-5 / log-loss. Network hedged: the "
         "network, the online counter and the majority mixed per thread by what each predicted "
         "of the thread's calls so far, its top-5 the counter's list until the network's has "
-        "led it in the thread (tasks/learning/next_hedge.py; `-`: a point run before it). Epochs: run (best; `cap`: still improving when the --epochs cap stopped it).",
+        "led it in the thread (tasks/learning/next_hedge.py; `-`: a point run before it). "
+        "Epochs: run (best; `cap`: still improving when the --epochs cap stopped it).",
         "",
         "| programs | size | params | train tokens | epochs (best) | network | online counter "
         "| network hedged | n-gram | majority | train s |",

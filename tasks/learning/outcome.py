@@ -93,6 +93,16 @@ class Evaluation:
                 return s
         raise KeyError(f"no scores for predictor={predictor} slice={slice} table={table}")
 
+    def find(
+        self, predictor: str, slice: str = OVERALL, table: str = "unseen_runs"
+    ) -> PredictorScores | None:
+        """`get`, or None where this evaluation did not score that predictor there (a champion
+        re-scored alone, a table without runs)."""
+        try:
+            return self.get(predictor, slice, table)
+        except KeyError:
+            return None
+
     def margin_over_best_baseline(self, slice: str = OVERALL, table: str = "unseen_runs") -> float:
         model = self.get(MODEL, slice, table).top1
         best = max(self.get(b, slice, table).top1 for b in BASELINES)

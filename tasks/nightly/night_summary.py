@@ -568,27 +568,21 @@ def table_verdicts(evaluation: Evaluation) -> list[TableVerdict]:
     """Per evaluation table: the model, the online counter and the best baseline (top-1)."""
     out = []
     for h in table_headlines(evaluation):
-        online, hedged = (_top1(evaluation, p, h.table) for p in (ONLINE_COUNTER, HEDGED_NEXT))
+        online, hedged = (
+            evaluation.find(p, OVERALL, h.table) for p in (ONLINE_COUNTER, HEDGED_NEXT)
+        )
         out.append(
             TableVerdict(
                 table=h.table,
                 positions=h.positions,
                 model=h.top1_model,
-                online_counter=online,
+                online_counter=None if online is None else float(online.top1),
                 best_baseline=h.best_baseline_top1,
                 best_baseline_top1=h.top1_best_baseline,
-                hedged=hedged,
+                hedged=None if hedged is None else float(hedged.top1),
             )
         )
     return out
-
-
-def _top1(evaluation: Evaluation, predictor: str, table: str) -> float | None:
-    """A predictor's top-1 over a table; None for an evaluation made without it."""
-    try:
-        return float(evaluation.get(predictor, OVERALL, table).top1)
-    except KeyError:
-        return None
 
 
 def promotion_of(tracking: TrackingConfig, run_id: str) -> Promotion | None:

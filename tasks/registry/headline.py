@@ -109,12 +109,10 @@ def training_metrics(
         out[key(h.table, "top1", "margin")] = h.margin
         out[key(h.table, "log_loss", MODEL)] = h.log_loss_model
         out[key(h.table, "log_loss", "best_baseline")] = h.log_loss_best_baseline
-        try:
-            hedged = evaluation.get(HEDGED_NEXT, OVERALL, h.table)
-        except KeyError:  # an evaluation made without it (the model alone)
-            continue
-        out[key(h.table, "top1", HEDGED_NEXT)] = float(hedged.top1)
-        out[key(h.table, "log_loss", HEDGED_NEXT)] = float(hedged.log_loss)
+        hedged = evaluation.find(HEDGED_NEXT, OVERALL, h.table)
+        if hedged is not None:  # None: an evaluation made without it (the model alone)
+            out[key(h.table, "top1", HEDGED_NEXT)] = float(hedged.top1)
+            out[key(h.table, "log_loss", HEDGED_NEXT)] = float(hedged.log_loss)
     out["train/seconds"] = float(seconds)
     out["train/predictions_per_second"] = float(predictions_per_second)
     return {k: v for k, v in out.items() if math.isfinite(v)}
