@@ -54,7 +54,12 @@ class Majority:
 
     @classmethod
     def fit(cls, train: list[TokenRun], smoothing: float = 0.1) -> Majority:
-        counts = token_counts(train)
+        return cls.from_counts(token_counts(train), smoothing)
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray, smoothing: float = 0.1) -> Majority:
+        """The majority of training data whose tokens occurred `counts` [64] times."""
+        counts = np.asarray(counts, np.float64)
         probs = (counts + smoothing) / (counts.sum() + smoothing * N_TOKENS)
         return cls(probs, ranking(counts))
 

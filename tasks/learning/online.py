@@ -904,16 +904,47 @@ def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback
         out[b, 3] = total
 
 
+@njit(cache=True)
+def _streams_step_dist(
+    ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback, eps, top, dist
+):
+    """For each b: thread idx[b] learns tokens[b], then top[b] and dist[b] are its top-5 and
+    whole distribution for the next call; OnlineState.push then .top and .distribution."""
+    scratch = _stream_scratch(ext.shape[0])
+    for b in range(idx.shape[0]):
+        t = idx[b]
+        meta = metas[t]
+        hist = hists[t]
+        ctab, ptab = _stream_push(
+            ctabs[t], ptabs[t], meta, hist, n_seen[t], ext, fallback, tokens[b], scratch
+        )
+        if ctab.shape[0] != ctabs[t].shape[0]:
+            ctabs[t] = ctab
+        if ptab.shape[0] != ptabs[t].shape[0]:
+            ptabs[t] = ptab
+        n_seen[t] += 1
+        _stream_answer(ctab, ptab, meta, hist, n_seen[t], ext, fallback, top[b], scratch)
+        _stream_distribution(ctab, ptab, meta, hist, n_seen[t], ext, eps, dist[b])
+
+
 class OnlineStreams:
     """The online counter over many threads, each fed call by call, all in one compiled call
     per batch of calls: thread i's answers are OnlineState's (tests/tasks/learning/test_online.py).
     Threads are slots 0.. (the caller maps its thread names to them)."""
 
-    def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS, capacity: int = 16) -> None:
-
+    def __init__(
+        self,
+        orders: Sequence[int] = DEFAULT_ORDERS,
+        capacity: int = 16,
+        smoothing: float = 0.1,
+        fallback: np.ndarray | None = None,
+    ) -> None:
         self.orders = check_orders(orders)
+        if not smoothing > 0:
+            raise ValueError(f"smoothing {smoothing}: must be > 0")
+        self.smoothing = float(smoothing)
         self._ext = _ext(self.orders)
-        self._fallback = _fallback_of(None)
+        self._fallback = _fallback_of(fallback)
         self._ctabs = List()
         self._ptabs = List()
         self._metas = List()
@@ -950,3 +981,18 @@ class OnlineStreams:
             self._ext, self._fallback, out,
         )  # fmt: skip
         return out
+
+    def push_distribution(
+        self, slots: np.ndarray, tokens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Thread slots[b] learns tokens[b] (in 0..63, checked by the caller); returns (uint8
+        [B, 5], float64 [B, 64]): each one's top-5 and distribution for its next call, what
+        OnlineCounter.predict_distribution gives at that position."""
+        top = np.zeros((len(slots), TOP_K), np.uint8)
+        dist = np.zeros((len(slots), N_TOKENS), np.float64)
+        _streams_step_dist(
+            self._ctabs, self._ptabs, self._metas, self._hists, self._n_seen,
+            np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(tokens, np.uint8),
+            self._ext, self._fallback, self.smoothing, top, dist,
+        )  # fmt: skip
+        return top, dist

@@ -36,8 +36,12 @@ def ranked(probs: np.ndarray, truth: np.ndarray) -> Predictions:
     """A distribution's answers: probs float [n, 64] -> its top-5 (ties: the lower token
     first, as keras.ops.top_k) and the probability of each row's true token."""
     probs = np.asarray(probs)
-    top = np.argsort(-probs, axis=1, kind="stable")[:, :TOP_K].astype(np.uint8)
-    return Predictions(top, probs[np.arange(len(probs)), truth].astype(np.float64))
+    return Predictions(top_of(probs), probs[np.arange(len(probs)), truth].astype(np.float64))
+
+
+def top_of(probs: np.ndarray) -> np.ndarray:
+    """uint8 [n, 5]: each row's most probable tokens, best first (ties: the lower token)."""
+    return np.argsort(-np.asarray(probs), axis=1, kind="stable")[:, :TOP_K].astype(np.uint8)
 
 
 def fill_top(candidates: np.ndarray, fallback: np.ndarray, k: int = TOP_K) -> np.ndarray:

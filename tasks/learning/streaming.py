@@ -1,7 +1,10 @@
 """The champion in streaming form: feed each thread's heap calls as they happen, get the next-call
-distribution after each. Two forms:
+distribution after each. Three forms:
 
-- StatefulStream (the one to use): the network stepped one call at a time, two recurrent states
+- HedgedStream (the one to serve): StatefulStream's network mixed per thread with the online
+  counter and the training majority, model_hedged of the evaluation tables, so that a program
+  new to the network gets the counter's answers rather than confidently wrong ones.
+- StatefulStream (the network alone): the network stepped one call at a time, two recurrent states
   per thread, compiled, no TensorFlow per call; it answers exactly what the evaluation tables
   score (predict_chunked is its batch form). `StatefulStream.from_registry()` builds it from any
   registered version's weights.
@@ -28,7 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.online import OnlineState, OnlineStreams
+from tasks.learning.baselines import Majority
+from tasks.learning.next_hedge import HEDGE_ARTIFACT, HedgeStreams
+from tasks.learning.online import DEFAULT_ORDERS, OnlineState, OnlineStreams
+from tasks.learning.predictions import TOP_K, top_of
 from tasks.learning.sequences import TokenRun
 from tasks.learning.stepping import step_calls, step_weights
 
@@ -246,8 +252,12 @@ class StatefulStream:
                 state[i] = 0.0
             if self._online is not None:
                 self._online.reset(i)
+            self._started(i)
             self._index[thread] = i
         return i
+
+    def _started(self, slot: int) -> None:
+        """Slot `slot` now holds a new thread (state beyond the network's resets here)."""
 
     def forget(self, thread: Hashable) -> None:
         """The thread ended: its state is dropped (its slot reused)."""
@@ -262,6 +272,11 @@ class StatefulStream:
 
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         """Observe one call per thread (its token), then {thread: float32 [64]}: its next call."""
+        names, _, _, out = self._step(calls)
+        return dict(zip(names, out, strict=True))
+
+    def _step(self, calls: dict[Hashable, int]):
+        """(thread names, their slots, their tokens, float32 [B, 64] the network's answers)."""
         names = list(calls)
         tokens = np.fromiter(map(int, calls.values()), np.int64, len(names))
         bad = np.flatnonzero((tokens < 0) | (tokens >= N_TOKENS))
@@ -281,7 +296,97 @@ class StatefulStream:
             self.weights, self.context, self._n_seen, self._hist, self._hs, self._cs, idx,
             tokens, online,
         )  # fmt: skip
-        return dict(zip(names, out, strict=True))
+        return names, idx, tokens, out
+
+
+class HedgedStream(StatefulStream):
+    """StatefulStream's network mixed, per thread, with the online counter and the training
+    majority: what the evaluation tables score as model_hedged (tasks/learning/next_hedge.py),
+    one call at a time. The answer to serve where a program may be new to the network: where the
+    network is confidently wrong, within a few calls the thread's weights move to the counter.
+
+        hs = HedgedStream.from_registry()
+        dists = hs.step({7: 32 + 6, 9: 12})   # {thread: float64 [64]}, the mixture
+        hs.top(7)                              # uint8 [5]: thread 7's next call, best first
+
+    Given the same network answers, its answers are hedged_next's exactly
+    (tests/tasks/learning/test_hedged_stream.py)."""
+
+    def __init__(
+        self,
+        model,
+        token_counts: np.ndarray,
+        smoothing: float = 0.1,
+        context: int = 100,
+        counter_orders: tuple[int, ...] = DEFAULT_ORDERS,
+    ) -> None:
+        counts = np.asarray(token_counts, np.float64)
+        if counts.shape != (N_TOKENS,) or not np.all(np.isfinite(counts)) or np.any(counts < 0):
+            raise ValueError(
+                f"token_counts {counts.shape}: the training data's {N_TOKENS} token counts "
+                f"(>= 0) expected ({HEDGE_ARTIFACT} of the registered model)"
+            )
+        self.majority = Majority.from_counts(counts, smoothing)
+        self._counter = OnlineStreams(
+            counter_orders, smoothing=smoothing, fallback=self.majority.ranking
+        )
+        self._mix = HedgeStreams(2, [self.majority.probs], 2)
+        self._top = np.zeros((0, TOP_K), np.uint8)
+        super().__init__(model, context)
+
+    @classmethod
+    def from_registry(
+        cls, name: str = "heapcast-next-call", alias: str = "champion", context: int = 100
+    ) -> HedgedStream:
+        """The hedged stream of `models:/<name>@<alias>`: its weights and its HEDGE_ARTIFACT."""
+        # deferred: imported on first use, for start-up time
+        import mlflow
+        import mlflow.keras
+        from mlflow.exceptions import MlflowException
+
+        import tasks.learning.model  # noqa: F401  (registers heapcast's custom layers)
+
+        version = mlflow.MlflowClient().get_model_version_by_alias(name, alias)
+        try:
+            settings = mlflow.artifacts.load_dict(f"runs:/{version.run_id}/{HEDGE_ARTIFACT}")
+        except MlflowException as e:
+            raise LookupError(
+                f"{name} version {version.version} ({alias}) has no {HEDGE_ARTIFACT}: it was "
+                "registered before heapcast logged the hedge's settings. Register a model again "
+                "(make run), or stream the network alone with StatefulStream.from_registry"
+            ) from e
+        model = mlflow.keras.load_model(f"models:/{name}/{version.version}")
+        return cls(
+            model,
+            settings["token_counts"],
+            settings["smoothing"],
+            context,
+            tuple(settings["counter_orders"]),
+        )
+
+    def _started(self, slot: int) -> None:
+        self._counter.reset(slot)
+        self._mix.reset(slot)
+        if slot >= len(self._top):
+            grown = np.zeros((max(slot + 1, 2 * len(self._top), 16), TOP_K), np.uint8)
+            grown[: len(self._top)] = self._top
+            self._top = grown
+
+    def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
+        """Observe one call per thread (its token), then {thread: float64 [64]}: the mixture's
+        distribution of its next call (its top-5: `top`)."""
+        names, idx, tokens, net = self._step(calls)
+        counter_top, counter = self._counter.push_distribution(idx, tokens)
+        mixed, top = self._mix.step(idx, tokens, [net, counter], [counter_top, top_of(net)])
+        self._top[idx] = top
+        return dict(zip(names, mixed, strict=True))
+
+    def top(self, thread: Hashable) -> np.ndarray:
+        """uint8 [5]: the thread's next call, best first, as of its last observed call."""
+        i = self._index.get(thread)
+        if i is None or not self._n_seen[i]:
+            raise KeyError(f"thread {thread!r} has no observed call yet")
+        return self._top[i].copy()
 
 
 def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:

@@ -45,6 +45,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.config import PROJECT_DIR
 from tasks.learning import plots
 from tasks.learning.evaluate import TABLES, evaluation_markdown
+from tasks.learning.next_hedge import HEDGE_ARTIFACT, hedge_settings
 from tasks.learning.outcome import (
     BASELINES,
     MODEL,
@@ -921,6 +922,9 @@ def _log_run_and_model(
             mlflow.log_image(_png_as_array(png), key=f"plots/{key}", step=0, synchronous=True)
     log_data_report(report, report_error)
     mlflow.log_dict(outcome.config, "config.json")
+    # what a HedgedStream of this model needs beyond its weights
+    smoothing = TrainConfig.model_validate(outcome.config).ngram.smoothing
+    mlflow.log_dict(hedge_settings(outcome.dataset.token_histogram, smoothing), HEDGE_ARTIFACT)
 
     # The model: signature from a real prediction, explicit requirements.
     example = outcome.input_example

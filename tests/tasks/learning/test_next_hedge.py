@@ -161,3 +161,78 @@ def test_per_thread_the_top5_follows_the_list_that_has_been_right():
     assert not in_top5[200 : 200 + LEAD].any() and in_top5[200 + LEAD :].all()
     # AND a thread starts afresh: the second thread's first call follows the counter again
     np.testing.assert_array_equal(np.sort(got.top[200]), np.sort(lists[0][200]))
+
+
+def test_streams_fed_call_by_call_answer_exactly_what_the_batch_answers():
+    # GIVEN three threads of one run, interleaved in uneven batches as a program makes its calls,
+    # with a network right on the first thread only (its list takes the lead there) and a thread
+    # that ends and whose slot a fourth thread reuses
+    from tasks.learning.next_hedge import HedgeStreams
+    from tasks.learning.predictions import top_of
+
+    rng = np.random.default_rng(3)
+    lengths = [300, 120, 200, 90]
+    truth = [rng.integers(0, 8, n) for n in lengths]
+    net = [onehot_ish(truth[0], 0.8)] + [onehot_ish((t + 1) % 8, 0.8) for t in truth[1:]]
+    counter = [onehot_ish(np.where(rng.random(len(t)) < 0.6, t, 9), 0.5) for t in truth]
+    majority = np.full(N, 1 / N)
+    counter_top = [top_of(c) for c in counter]
+    net_top = [top_of(x) for x in net]
+    # the batch: every thread's scored calls, thread after thread
+    want = hedged_next(
+        [np.vstack(net), np.vstack(counter), majority],
+        np.repeat(np.arange(4), lengths),
+        np.concatenate(truth),
+        candidates=[np.vstack(counter_top), np.vstack(net_top)],
+    )
+    first = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    # WHEN fed call by call: thread k's i-th call (its token before row i) is followed by row i
+    hs = HedgeStreams(2, [majority], 2, capacity=2)
+    slot_of = {0: 0, 1: 1, 2: 2, 3: 1}  # thread 3 reuses thread 1's slot once it ended
+    done = np.zeros(4, np.int64)
+    p_true = np.full(sum(lengths), np.nan)
+    top = np.zeros((sum(lengths), 5), np.uint8)
+    order = np.concatenate([np.full(n, k) for k, n in enumerate(lengths)])
+    rng.shuffle(order[: sum(lengths[:3])])  # threads 0-2 interleaved, then thread 3
+    batches, cur = [], []
+    for k in order.tolist():  # one call per thread per batch: a thread's next call starts one
+        if k in cur or len(cur) == 3:
+            batches.append(cur)
+            cur = []
+        cur.append(k)
+    for ks in [*batches, cur]:
+        for k in ks:
+            if done[k] == 0:
+                hs.reset(slot_of[k])
+        i = done[ks]
+        # the call before row i: any token (row 0's is the thread's first, unscored, call)
+        made = np.array([truth[k][j - 1] if j else 0 for k, j in zip(ks, i)])
+        mixed, got = hs.step(
+            np.array([slot_of[k] for k in ks]),
+            made,
+            [np.stack([net[k][j] for k, j in zip(ks, i)]),
+             np.stack([counter[k][j] for k, j in zip(ks, i)])],
+            [np.stack([counter_top[k][j] for k, j in zip(ks, i)]),
+             np.stack([net_top[k][j] for k, j in zip(ks, i)])],
+        )  # fmt: skip
+        rows = first[ks] + i
+        p_true[rows] = mixed[np.arange(len(ks)), [truth[k][j] for k, j in zip(ks, i)]]
+        top[rows] = got
+        done[ks] += 1
+        done[[k for k in ks if done[k] == lengths[k]]] = 10**9  # ended
+    # THEN every answer is the batch's, bit for bit, the lead switch on thread 0 included
+    np.testing.assert_array_equal(top, want.top)
+    np.testing.assert_array_equal(p_true, want.p_true)
+    assert np.array_equal(np.sort(want.top[200:300]), np.sort(net_top[0][200:300]))
+    assert not np.array_equal(np.sort(want.top[300:]), np.sort(np.vstack(net_top[1:])))
+
+
+def test_streams_refuse_answers_of_the_wrong_shape():
+    from tasks.learning.next_hedge import HedgeStreams
+
+    hs = HedgeStreams(2, [np.full(N, 1 / N)], 2)
+    hs.reset(0)
+    with pytest.raises(ValueError, match=r"rows \[\(1, 64\)\]: 2 of \[1, 64\]"):
+        hs.step(np.array([0]), np.array([3]), [uniform(1)], [np.zeros((1, 5), np.uint8)] * 2)
+    with pytest.raises(ValueError, match="lists"):
+        hs.step(np.array([0]), np.array([3]), [uniform(1)] * 2, [np.zeros((1, 4), np.uint8)] * 2)
