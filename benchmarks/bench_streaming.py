@@ -6,9 +6,10 @@
 
 The model: with --root, the champion registered under that data root; else an untrained model of
 configs/train-quick.yaml's architecture, which costs the same per prediction. Measured side by side
-in one process: StreamingPredictor.step and StatefulStream.step for B threads at once (goals, issue
-23: <= 100 us a prediction for one thread, <= 10 us over 256), and the same model scoring the same
-windows in batch form. The details: docs/results.md#the-streaming-benchmark. Writes
+in one process: StreamingPredictor.step, StatefulStream.step and HedgedStream.step (the network
+mixed with the online counter and the majority) for B threads at once (goals, issue 23: <= 100 us
+a prediction for one thread, <= 10 us over 256), and the same model scoring the same windows in
+batch form. The details: docs/results.md#the-streaming-benchmark. Writes
 benchmarks/results/streaming.json (benchmarks/harness.py's shape).
 """
 
@@ -18,6 +19,7 @@ import argparse
 import gc
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -37,7 +39,7 @@ def quick_model(stream: np.ndarray):
     pos = np.arange(len(stream))
     table = NGramTable.fit(stream, pos, cfg.model.ngram_order) if cfg.model.ngram_features else None
     _, full = build_hybrid(cfg, table)
-    return full, cfg.context, "untrained quick-config model"
+    return full, cfg.context, "untrained quick-config model", None
 
 
 def champion_model(root: str):
@@ -48,7 +50,30 @@ def champion_model(root: str):
     tracking = tracking_for(Root.from_url(root))
     configure(tracking)
     sp = StreamingPredictor.from_registry(tracking.model_name)
-    return sp.model, sp.context, f"champion of {root}"
+    return sp.model, sp.context, f"champion of {root}", tracking.model_name
+
+
+def _rounds(ss, stream: np.ndarray, starts: np.ndarray, context: int, a) -> tuple[list, list]:
+    """--rounds rounds of --steps steps of `ss`, the stream going on: per round, wall and CPU
+    microseconds a prediction (the median round is reported: one round of 40 steps over 256
+    threads lasts 0.1 s, and a neighbour's burst moves it)."""
+    b = len(starts)
+    walls, cpus = [], []
+    for r in range(max(a.rounds, 1)):
+        calls = [
+            {t: int(stream[s + context + 1 + r * a.steps + k]) for t, s in enumerate(starts)}
+            for k in range(a.steps)
+        ]
+        gc.collect()
+        gc.disable()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for step in calls:
+            ss.step(step)
+        walls.append(1e6 * (time.perf_counter() - t0) / (b * a.steps))
+        # one core's CPU time: on a shared machine wall time also counts the waits for a core
+        cpus.append(1e6 * (time.process_time() - c0) / (b * a.steps))
+        gc.enable()
+    return walls, cpus
 
 
 def patterned(n: int, seed: int) -> np.ndarray:
@@ -71,10 +96,14 @@ def main() -> int:
     from tasks.learning.backend import placement
     from tasks.learning.model import online_feature_matrix, online_orders, takes_online
     from tasks.learning.sequences import TokenRun
-    from tasks.learning.streaming import StatefulStream, StreamingPredictor
+    from tasks.learning.streaming import HedgedStream, StatefulStream, StreamingPredictor
 
     stream = patterned(200_000, 0)
-    model, context, which = champion_model(a.root) if a.root else quick_model(stream)
+    model, context, which, name = champion_model(a.root) if a.root else quick_model(stream)
+    if name:
+        hedged = partial(HedgedStream.from_registry, name, context=context)
+    else:
+        hedged = partial(HedgedStream, model, np.bincount(stream, minlength=64), context=context)
     where = placement()
     device = f"{where.backend} on {where.device}"
     rows = []
@@ -95,25 +124,16 @@ def main() -> int:
         ss = StatefulStream(model, context)
         for k in range(context + 1):  # the same calls as the window stream's warm-up below
             ss.step({t: int(stream[s + k]) for t, s in enumerate(starts)})
-        # --rounds rounds of --steps steps, the stream going on: the median round is reported
-        # (one round of 40 steps over 256 threads lasts 0.1 s: a neighbour's burst moves it)
-        walls, cpus = [], []
-        for r in range(max(a.rounds, 1)):
-            calls = [
-                {t: int(stream[s + context + 1 + r * a.steps + k]) for t, s in enumerate(starts)}
-                for k in range(a.steps)
-            ]
-            gc.collect()
-            gc.disable()
-            t0, c0 = time.perf_counter(), time.process_time()
-            for step in calls:
-                ss.step(step)
-            walls.append(1e6 * (time.perf_counter() - t0) / (b * a.steps))
-            # one core's CPU time: on a shared machine wall time also counts the waits for a core
-            cpus.append(1e6 * (time.process_time() - c0) / (b * a.steps))
-            gc.enable()
+        walls, cpus = _rounds(ss, stream, starts, context, a)
         stateful_us, stateful_cpu_us = float(np.median(walls)), float(np.median(cpus))
         stateful_per_s = 1e6 / stateful_us
+        # the hedged stream on the same calls (the network's stream plus the counter and the mix)
+        time.sleep(0.5)
+        hs = hedged()
+        for k in range(context + 1):
+            hs.step({t: int(stream[s + k]) for t, s in enumerate(starts)})
+        hedged_walls, _ = _rounds(hs, stream, starts, context, a)
+        hedged_us = float(np.median(hedged_walls))
 
         sp = StreamingPredictor(model, context)
         for t, s in enumerate(starts):
@@ -159,6 +179,9 @@ def main() -> int:
                 "batch_positions_per_s": round(batch_per_s, 1),
                 "streaming_cost_vs_batch": round(batch_per_s / per_s, 1),
                 "stateful_cost_vs_batch": round(batch_per_s / stateful_per_s, 2),
+                "hedged_us_per_prediction": round(hedged_us, 2),
+                "hedged_us_per_prediction_rounds": [round(x, 2) for x in hedged_walls],
+                "hedged_cost_vs_stateful": round(hedged_us / stateful_us, 2),
             }
         )
         print(
@@ -166,7 +189,8 @@ def main() -> int:
             f"batch scoring {batch_per_s:10.0f} positions/s; a streamed answer costs "
             f"{batch_per_s / per_s:.1f}x a batch-scored position; stateful "
             f"{stateful_us:.2f} us each ({stateful_cpu_us:.2f} us of CPU; median of {len(walls)} "
-            f"rounds, {min(walls):.2f}-{max(walls):.2f})"
+            f"rounds, {min(walls):.2f}-{max(walls):.2f}); hedged {hedged_us:.2f} us each "
+            f"({hedged_us / stateful_us:.2f}x the stateful stream)"
         )
     result = {
         "model": which,

@@ -281,24 +281,23 @@ class HedgeStreams:
         self._hits[slot] = 0
 
     def step(
-        self, slots: np.ndarray, tokens: np.ndarray, rows: list[np.ndarray], lists: list[np.ndarray]
+        self, slots: np.ndarray, tokens: np.ndarray, rows: np.ndarray, lists: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Thread slots[b] (distinct) made the call tokens[b]; rows (each float [B, 64]) and
-        lists (each uint8 [B, 5]) are the experts' answers for its next call. Returns (float64
-        [B, 64], uint8 [B, 5]): the mixture's distribution and top-5 for that call."""
+        """Thread slots[b] (distinct) made the call tokens[b]; rows (float32 [n_rows, B, 64])
+        and lists (uint8 [n_lists, B, 5]) are the experts' answers and candidate lists for its
+        next call. Returns (float64 [B, 64], uint8 [B, 5]): the mixture's distribution and top-5
+        for that call."""
         b = len(slots)
-        if len(rows) != self.n_rows or any(np.shape(r) != (b, N_TOKENS) for r in rows):
-            raise ValueError(f"rows {[np.shape(r) for r in rows]}: {self.n_rows} of [{b}, 64]")
-        if len(lists) != self.n_lists or any(np.shape(c) != (b, TOP_K) for c in lists):
-            raise ValueError(f"lists {[np.shape(c) for c in lists]}: {self.n_lists} of [{b}, 5]")
-        mixed = np.zeros((b, N_TOKENS))
-        top = np.zeros((b, TOP_K), np.uint8)
+        if rows.shape != (self.n_rows, b, N_TOKENS) or rows.dtype != np.float32:
+            raise ValueError(f"rows {rows.dtype}{rows.shape}: float32 [{self.n_rows}, {b}, 64]")
+        if lists.shape != (self.n_lists, b, TOP_K) or lists.dtype != np.uint8:
+            raise ValueError(f"lists {lists.dtype}{lists.shape}: uint8 [{self.n_lists}, {b}, 5]")
+        mixed = np.empty((b, N_TOKENS))
+        top = np.empty((b, TOP_K), np.uint8)
         _stream_mix(
             np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(tokens, np.int64),
             self._answered, self._logw, self._hits, self._prev_rows, self._prev_lists,
-            np.ascontiguousarray(np.stack(rows) if rows else np.zeros((0, b, N_TOKENS)), np.float32),
-            self.fixed,
-            np.ascontiguousarray(np.stack(lists) if lists else np.zeros((0, b, TOP_K)), np.uint8),
-            LEAD, self.share, FLOOR, top, mixed,
+            np.ascontiguousarray(rows), self.fixed, np.ascontiguousarray(lists), LEAD, self.share,
+            FLOOR, top, mixed,
         )  # fmt: skip
         return mixed, top

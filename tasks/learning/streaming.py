@@ -377,7 +377,11 @@ class HedgedStream(StatefulStream):
         distribution of its next call (its top-5: `top`)."""
         names, idx, tokens, net = self._step(calls)
         counter_top, counter = self._counter.push_distribution(idx, tokens)
-        mixed, top = self._mix.step(idx, tokens, [net, counter], [counter_top, top_of(net)])
+        rows = np.empty((2, len(idx), N_TOKENS), np.float32)
+        rows[0], rows[1] = net, counter
+        lists = np.empty((2, len(idx), TOP_K), np.uint8)
+        lists[0], lists[1] = counter_top, top_of(net)
+        mixed, top = self._mix.step(idx, tokens, rows, lists)
         self._top[idx] = top
         return dict(zip(names, mixed, strict=True))
 

@@ -210,10 +210,10 @@ def test_streams_fed_call_by_call_answer_exactly_what_the_batch_answers():
         mixed, got = hs.step(
             np.array([slot_of[k] for k in ks]),
             made,
-            [np.stack([net[k][j] for k, j in zip(ks, i)]),
-             np.stack([counter[k][j] for k, j in zip(ks, i)])],
-            [np.stack([counter_top[k][j] for k, j in zip(ks, i)]),
-             np.stack([net_top[k][j] for k, j in zip(ks, i)])],
+            np.array([[net[k][j] for k, j in zip(ks, i)],
+                      [counter[k][j] for k, j in zip(ks, i)]], np.float32),
+            np.array([[counter_top[k][j] for k, j in zip(ks, i)],
+                      [net_top[k][j] for k, j in zip(ks, i)]], np.uint8),
         )  # fmt: skip
         rows = first[ks] + i
         p_true[rows] = mixed[np.arange(len(ks)), [truth[k][j] for k, j in zip(ks, i)]]
@@ -232,7 +232,10 @@ def test_streams_refuse_answers_of_the_wrong_shape():
 
     hs = HedgeStreams(2, [np.full(N, 1 / N)], 2)
     hs.reset(0)
-    with pytest.raises(ValueError, match=r"rows \[\(1, 64\)\]: 2 of \[1, 64\]"):
-        hs.step(np.array([0]), np.array([3]), [uniform(1)], [np.zeros((1, 5), np.uint8)] * 2)
-    with pytest.raises(ValueError, match="lists"):
-        hs.step(np.array([0]), np.array([3]), [uniform(1)] * 2, [np.zeros((1, 4), np.uint8)] * 2)
+    lists = np.zeros((2, 1, 5), np.uint8)
+    with pytest.raises(ValueError, match=r"rows float32\(1, 1, 64\): float32 \[2, 1, 64\]"):
+        hs.step(np.array([0]), np.array([3]), np.zeros((1, 1, N), np.float32), lists)
+    with pytest.raises(ValueError, match=r"rows float64\(2, 1, 64\)"):
+        hs.step(np.array([0]), np.array([3]), np.zeros((2, 1, N)), lists)
+    with pytest.raises(ValueError, match=r"lists uint8\(2, 1, 4\): uint8 \[2, 1, 5\]"):
+        hs.step(np.array([0]), np.array([3]), np.zeros((2, 1, N), np.float32), lists[..., :4])

@@ -14,7 +14,7 @@ from tasks.learning.online import (
     check_orders,
     online_features,
 )
-from tasks.learning.sequences import TokenRun
+from tasks.learning.sequences import TokenRun, eval_positions
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
 pytestmark = pytest.mark.slow
@@ -329,3 +329,32 @@ def test_many_streams_at_once_answer_as_one_state_per_thread():
         for b, s in enumerate(slots):
             states[s].push(int(threads[s][i]))
             assert tuple(got[b]) == states[s].answer(), (s, i)
+
+
+def test_many_streams_give_the_batch_counters_top5_and_distribution():
+    from tasks.learning.online import OnlineStreams
+
+    # GIVEN threads of one run, the counter's fallback a training ranking, a smoothing of 0.3
+    rng = np.random.default_rng(12)
+    threads = [rng.integers(0, 64, 900), rng.integers(0, 5, 400), np.array([7] * 40)]
+    fallback = rng.permutation(N).astype(np.uint8)
+    counter = OnlineCounter((6, 3, 1), 0.3, fallback)
+    run = TokenRun("w", "r", np.concatenate(threads).astype(np.uint8),
+                   np.cumsum([0, *map(len, threads)]))  # fmt: skip
+    pos = eval_positions(run)
+    want, want_dist = counter.predict_distribution(run, pos)
+    streams = OnlineStreams((6, 3, 1), capacity=1, smoothing=0.3, fallback=fallback)
+    for slot in range(3):
+        streams.reset(slot)
+    # WHEN fed interleaved, the answer after each call but a thread's last kept
+    top = {s: [] for s in range(3)}
+    dist = {s: [] for s in range(3)}
+    for i in range(899):
+        slots = np.array([s for s, t in enumerate(threads) if i < len(t) - 1])
+        t5, d = streams.push_distribution(slots, np.array([threads[s][i] for s in slots]))
+        for b, s in enumerate(slots):
+            top[s].append(t5[b])
+            dist[s].append(d[b])
+    # THEN they are the batch counter's at the run's scored positions, exactly
+    np.testing.assert_array_equal(np.vstack([np.stack(top[s]) for s in range(3)]), want.top)
+    np.testing.assert_array_equal(np.vstack([np.stack(dist[s]) for s in range(3)]), want_dist)
