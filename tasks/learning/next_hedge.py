@@ -2,9 +2,9 @@
 and the training majority, weighted by how well each has predicted this thread's calls so far.
 
 Each call's answer is known as soon as it is made, so after every call each predictor's weight is
-multiplied by the probability it gave the true token (Bayes' rule over experts), with the fixed
-share of the questions' hedge (tasks/learning/hedge.py: SHARE, FLOOR, the same update) so that a
-weight can recover when the thread changes. A thread starts from equal weights. The majority is
+multiplied by the probability it gave the true token (Bayes' rule over experts), with a fixed
+share (NEXT_SHARE; tasks/learning/hedge.py's FLOOR and update) so that a weight can recover when
+the thread changes. A thread starts from equal weights. The majority is
 an expert: where the network and the counter are both confidently wrong, the mixture's log-loss
 stays within about log(3) plus the share's cost of the majority's, whatever they say.
 
@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.hedge import FLOOR, SHARE, _share, _weights
+from tasks.learning.hedge import FLOOR, _share, _weights
 from tasks.learning.online import DEFAULT_ORDERS
 from tasks.learning.outcome import HEDGED_NEXT
 from tasks.learning.predictions import TOP_K, Predictions
@@ -46,6 +46,13 @@ __all__ = [
 # give (the counter knows nothing of a thread's first calls), and one a network that knows the
 # program earns within a few hundred calls.
 LEAD = 8
+
+# The fixed share moved back evenly after each call. The questions' hedge moves 0.05; here that
+# costs 0.012-0.017 nats where the network already leads (a thread's behaviour rarely changes in
+# a way that needs a weight back within tens of calls). Chosen on the quick night's three tables
+# (docs/learning.md#the-next-call-hedge has the figures for 0.05-0.002), confirmed on the scaling
+# study's six held-out programs.
+NEXT_SHARE = 0.01
 
 # What the hedge needs beyond the network's weights, logged beside each registered model: the
 # training data's token counts (the majority expert and the counter's fallback ranking), the
@@ -189,7 +196,7 @@ def hedged_next(
     experts: list[np.ndarray],
     thread: np.ndarray,
     truth: np.ndarray,
-    share: float = SHARE,
+    share: float = NEXT_SHARE,
     candidates: list[np.ndarray] | None = None,
 ) -> Predictions:
     """The mixture's top-5 and p(true token) at n scored calls of one run: `experts`, each
@@ -247,7 +254,7 @@ class HedgeStreams:
         n_rows: int,
         fixed: list[np.ndarray],
         n_lists: int,
-        share: float = SHARE,
+        share: float = NEXT_SHARE,
         capacity: int = 16,
     ) -> None:
         self.fixed = np.ascontiguousarray(np.stack(fixed) if fixed else np.zeros((0, N_TOKENS)))
