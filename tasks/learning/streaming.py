@@ -310,7 +310,7 @@ class HedgedStream(StatefulStream):
         hs.top(7)                              # uint8 [5]: thread 7's next call, best first
 
     Given the same network answers, its answers are hedged_next's exactly
-    (tests/tasks/learning/test_hedged_stream.py)."""
+    (tests/tasks/learning/test_streaming.py)."""
 
     def __init__(
         self,
