@@ -122,6 +122,7 @@ STUDIES: tuple[Study, ...] = (
     Study("gpu_training", "benchmarks/studies/bench_gpu_training.py", "a GPU"),
     Study("lifetime_table", "benchmarks/studies/bench_lifetime_table.py", "a registered model"),
     Study("model_variants", "benchmarks/studies/bench_model_variants.py", "trains every variant"),
+    Study("next_share", "benchmarks/studies/bench_next_share.py", "a night's data, champion"),
     Study("questions", "benchmarks/studies/bench_questions.py", "a full night's data"),
     Study("reuse_threads", "benchmarks/studies/bench_reuse_threads.py", "a full night's data"),
     Study("scaling", "benchmarks/studies/bench_scaling.py", "a network a point, 20+ minutes"),
