@@ -39,7 +39,7 @@ def quick_model(stream: np.ndarray):
     pos = np.arange(len(stream))
     table = NGramTable.fit(stream, pos, cfg.model.ngram_order) if cfg.model.ngram_features else None
     _, full = build_hybrid(cfg, table)
-    return full, cfg.context, "untrained quick-config model", None
+    return full, cfg.context, "untrained quick-config model"
 
 
 def champion_model(root: str):
@@ -50,7 +50,7 @@ def champion_model(root: str):
     tracking = tracking_for(Root.from_url(root))
     configure(tracking)
     sp = StreamingPredictor.from_registry(tracking.model_name)
-    return sp.model, sp.context, f"champion of {root}", tracking.model_name
+    return sp.model, sp.context, f"champion of {root}"
 
 
 def _rounds(ss, stream: np.ndarray, starts: np.ndarray, context: int, a) -> tuple[list, list]:
@@ -99,11 +99,10 @@ def main() -> int:
     from tasks.learning.streaming import HedgedStream, StatefulStream, StreamingPredictor
 
     stream = patterned(200_000, 0)
-    model, context, which, name = champion_model(a.root) if a.root else quick_model(stream)
-    if name:
-        hedged = partial(HedgedStream.from_registry, name, context=context)
-    else:
-        hedged = partial(HedgedStream, model, np.bincount(stream, minlength=64), context=context)
+    model, context, which = champion_model(a.root) if a.root else quick_model(stream)
+    # the hedge's cost does not depend on the counts it holds: the stream's own stand in for the
+    # training data's (a champion registered before next_hedge.json has none)
+    hedged = partial(HedgedStream, model, np.bincount(stream, minlength=64), context=context)
     where = placement()
     device = f"{where.backend} on {where.device}"
     rows = []

@@ -32,7 +32,7 @@ import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.baselines import Majority
-from tasks.learning.next_hedge import HEDGE_ARTIFACT, HedgeStreams
+from tasks.learning.next_hedge import HEDGE_ARTIFACT, HedgeStreams, hedge_settings
 from tasks.learning.online import DEFAULT_ORDERS, OnlineState, OnlineStreams
 from tasks.learning.predictions import TOP_K, top_of
 from tasks.learning.sequences import TokenRun
@@ -336,9 +336,15 @@ class HedgedStream(StatefulStream):
 
     @classmethod
     def from_registry(
-        cls, name: str = "heapcast-next-call", alias: str = "champion", context: int = 100
+        cls,
+        name: str = "heapcast-next-call",
+        alias: str = "champion",
+        context: int = 100,
+        token_counts: np.ndarray | None = None,
     ) -> HedgedStream:
-        """The hedged stream of `models:/<name>@<alias>`: its weights and its HEDGE_ARTIFACT."""
+        """The hedged stream of `models:/<name>@<alias>`: its weights and its HEDGE_ARTIFACT.
+        `token_counts` (the training data's [64]) stands in for a version registered without
+        that file, with the default smoothing and orders."""
         # deferred: imported on first use, for start-up time
         import mlflow
         import mlflow.keras
@@ -350,11 +356,14 @@ class HedgedStream(StatefulStream):
         try:
             settings = mlflow.artifacts.load_dict(f"runs:/{version.run_id}/{HEDGE_ARTIFACT}")
         except MlflowException as e:
-            raise LookupError(
-                f"{name} version {version.version} ({alias}) has no {HEDGE_ARTIFACT}: it was "
-                "registered before heapcast logged the hedge's settings. Register a model again "
-                "(make run), or stream the network alone with StatefulStream.from_registry"
-            ) from e
+            if token_counts is None:
+                raise LookupError(
+                    f"{name} version {version.version} ({alias}) has no {HEDGE_ARTIFACT}: it was "
+                    "registered before heapcast logged the hedge's settings. Pass the training "
+                    "data's token counts (token_counts=), point the alias at a version registered "
+                    "since, or stream the network alone with StatefulStream.from_registry"
+                ) from e
+            settings = hedge_settings(token_counts, 0.1)
         model = mlflow.keras.load_model(f"models:/{name}/{version.version}")
         return cls(
             model,

@@ -238,3 +238,11 @@ def test_the_registered_champion_streams_hedged_and_an_older_version_says_what_i
     client.set_registered_model_alias(tracking.model_name, "old", old.version)
     with pytest.raises(LookupError, match=rf"version {old.version} \(old\) has no next_hedge.json"):
         HedgedStream.from_registry(tracking.model_name, "old")
+    # unless the training data's token counts are given in its place
+    counts = outcome.dataset.token_histogram
+    stand_in = HedgedStream.from_registry(tracking.model_name, "old", 8, counts)
+    c, d = _feed([stand_in, HedgedStream(model, counts, 0.1, context=8)], threads)
+    for t in threads:
+        np.testing.assert_array_equal(
+            np.stack([k for _, k in c[t]]), np.stack([k for _, k in d[t]])
+        )
