@@ -193,6 +193,25 @@ def test_the_hedged_stream_outweighs_a_confidently_wrong_network_within_the_thre
     assert np.mean(top1 == y) > 0.5
 
 
+def test_a_forgotten_thread_restarts_its_hedge_as_a_new_thread():
+    # GIVEN a hedged stream that has learnt one thread, which ends
+    from tasks.learning.streaming import HedgedStream
+
+    threads, counts = _three_threads()
+    model = _model(True)
+    hs = HedgedStream(model, counts, 0.1, context=8)
+    _feed([hs], {"cycle": threads["cycle"]})
+    hs.forget("cycle")
+    # WHEN another thread takes its slot
+    (again,) = _feed([hs], {"next": threads["noisy"]})
+    (fresh,) = _feed([HedgedStream(model, counts, 0.1, context=8)], {"next": threads["noisy"]})
+    # THEN it answers as in a fresh stream: no weight, hit or counter of the old thread is left
+    np.testing.assert_array_equal(np.stack([d for d, _ in again["next"]]),
+                                  np.stack([d for d, _ in fresh["next"]]))  # fmt: skip
+    np.testing.assert_array_equal(np.stack([k for _, k in again["next"]]),
+                                  np.stack([k for _, k in fresh["next"]]))  # fmt: skip
+
+
 def test_a_hedged_stream_needs_the_training_datas_token_counts():
     from tasks.learning.streaming import HedgedStream
 
