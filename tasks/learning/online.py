@@ -878,6 +878,20 @@ class OnlineState:
 
 
 @njit(cache=True)
+def _streams_push(ctabs, ptabs, metas, hists, n_seen, t, ext, fallback, y, scratch):
+    """Thread slot t learns y (OnlineState.push), its grown tables kept; its (ctab, ptab)."""
+    ctab, ptab = _stream_push(
+        ctabs[t], ptabs[t], metas[t], hists[t], n_seen[t], ext, fallback, y, scratch
+    )
+    if ctab.shape[0] != ctabs[t].shape[0]:
+        ctabs[t] = ctab
+    if ptab.shape[0] != ptabs[t].shape[0]:
+        ptabs[t] = ptab
+    n_seen[t] += 1
+    return ctab, ptab
+
+
+@njit(cache=True)
 def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback, out):
     """For each b: thread idx[b] learns tokens[b], then out[b] = its (top1, order index, count,
     total) for the next call; OnlineState.push then .answer, for every thread in one call."""
@@ -887,14 +901,9 @@ def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback
         t = idx[b]
         meta = metas[t]
         hist = hists[t]
-        ctab, ptab = _stream_push(
-            ctabs[t], ptabs[t], meta, hist, n_seen[t], ext, fallback, tokens[b], scratch
+        ctab, ptab = _streams_push(
+            ctabs, ptabs, metas, hists, n_seen, t, ext, fallback, tokens[b], scratch
         )
-        if ctab.shape[0] != ctabs[t].shape[0]:
-            ctabs[t] = ctab
-        if ptab.shape[0] != ptabs[t].shape[0]:
-            ptabs[t] = ptab
-        n_seen[t] += 1
         top1, order, count, total = _stream_answer(
             ctab, ptab, meta, hist, n_seen[t], ext, fallback, top5, scratch
         )
@@ -915,14 +924,9 @@ def _streams_step_dist(
         t = idx[b]
         meta = metas[t]
         hist = hists[t]
-        ctab, ptab = _stream_push(
-            ctabs[t], ptabs[t], meta, hist, n_seen[t], ext, fallback, tokens[b], scratch
+        ctab, ptab = _streams_push(
+            ctabs, ptabs, metas, hists, n_seen, t, ext, fallback, tokens[b], scratch
         )
-        if ctab.shape[0] != ctabs[t].shape[0]:
-            ctabs[t] = ctab
-        if ptab.shape[0] != ptabs[t].shape[0]:
-            ptabs[t] = ptab
-        n_seen[t] += 1
         _stream_answer(ctab, ptab, meta, hist, n_seen[t], ext, fallback, top[b], scratch)
         _stream_distribution(ctab, ptab, meta, hist, n_seen[t], ext, eps, dist[b])
 
