@@ -274,6 +274,7 @@ class HedgeStreams:
             (np.zeros((extra, self.n_lists), np.int64), "_hits"),
             (np.zeros((extra, self.n_rows, N_TOKENS), np.float32), "_prev_rows"),
             (np.zeros((extra, self.n_lists, TOP_K), np.uint8), "_prev_lists"),
+            (np.zeros((extra, TOP_K), np.uint8), "_top"),
         ]
         for new, name in grown:
             old = getattr(self, name, None)
@@ -307,4 +308,9 @@ class HedgeStreams:
             np.ascontiguousarray(rows), self.fixed, np.ascontiguousarray(lists), LEAD, self.share,
             FLOOR, top, mixed,
         )  # fmt: skip
+        self._top[slots] = top
         return mixed, top
+
+    def top(self, slot: int) -> np.ndarray:
+        """uint8 [5]: the top-5 of slot `slot`'s last answer (its last step)."""
+        return self._top[slot].copy()

@@ -331,7 +331,6 @@ class HedgedStream(StatefulStream):
             counter_orders, smoothing=smoothing, fallback=self.majority.ranking
         )
         self._mix = HedgeStreams(2, [self.majority.probs], 2)
-        self._top = np.zeros((0, TOP_K), np.uint8)
         super().__init__(model, context)
 
     @classmethod
@@ -376,10 +375,6 @@ class HedgedStream(StatefulStream):
     def _started(self, slot: int) -> None:
         self._counter.reset(slot)
         self._mix.reset(slot)
-        if slot >= len(self._top):
-            grown = np.zeros((max(slot + 1, 2 * len(self._top), 16), TOP_K), np.uint8)
-            grown[: len(self._top)] = self._top
-            self._top = grown
 
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         """Observe one call per thread (its token), then {thread: float64 [64]}: the mixture's
@@ -390,8 +385,7 @@ class HedgedStream(StatefulStream):
         rows[0], rows[1] = net, counter
         lists = np.empty((2, len(idx), TOP_K), np.uint8)
         lists[0], lists[1] = counter_top, top_of(net)
-        mixed, top = self._mix.step(idx, tokens, rows, lists)
-        self._top[idx] = top
+        mixed, _ = self._mix.step(idx, tokens, rows, lists)
         return dict(zip(names, mixed, strict=True))
 
     def top(self, thread: Hashable) -> np.ndarray:
@@ -399,7 +393,7 @@ class HedgedStream(StatefulStream):
         i = self._index.get(thread)
         if i is None or not self._n_seen[i]:
             raise KeyError(f"thread {thread!r} has no observed call yet")
-        return self._top[i].copy()
+        return self._mix.top(i)
 
 
 def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
