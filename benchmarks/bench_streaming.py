@@ -94,7 +94,12 @@ def main() -> int:
     apply_embedded_defaults()
 
     from tasks.learning.backend import placement
-    from tasks.learning.model import online_feature_matrix, online_orders, takes_online
+    from tasks.learning.model import (
+        online_feature_matrix,
+        online_orders,
+        online_ranks,
+        takes_online,
+    )
     from tasks.learning.sequences import TokenRun
     from tasks.learning.streaming import HedgedStream, StatefulStream, StreamingPredictor
 
@@ -154,6 +159,7 @@ def main() -> int:
                     online_feature_matrix(
                         TokenRun("w", "t", stream[s : s + context], np.array([0, context])),
                         online_orders(model),
+                        online_ranks(model),
                     )
                     for s in starts
                 ]

@@ -141,7 +141,8 @@ def build_model(
 
 def feature_width(cfg: TrainConfig) -> int:
     """Columns of the feature input the core trains on: n-gram's, then the online counter's."""
-    return NGRAM_FEATURES * cfg.model.ngram_features + ONLINE_FEATURES * cfg.model.online_features
+    online = online_width(cfg.model.online_ranks) if cfg.model.online_features else 0
+    return NGRAM_FEATURES * cfg.model.ngram_features + online
 
 
 def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | None = None):
@@ -149,7 +150,7 @@ def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | 
 
     core maps (tokens, features [B, T, feature_width]) -> probabilities and is what trains (on
     leave-one-out n-gram features); full maps tokens (and, with online features, `online`
-    [B, T, 4]) -> probabilities, computing the n-gram features in-graph from `table`
+    [B, T, online_width]) -> probabilities, computing the n-gram features in-graph from `table`
     (NGramFeatures) and sharing core's weights. `full` is evaluated and registered."""
     if cfg.mode != "sequence":
         raise ValueError("model.ngram_features / model.online_features need mode: sequence")
@@ -177,7 +178,14 @@ def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | 
             _onehot(_SHARE_BUCKETS, "online_share")(feat[:, :, col + 3]),
         ]
         parts += [_onehot(N_TOKENS + 1, "online_top1")(feat[:, :, col]), *conf]
-        sources.append(("online", feat[:, :, col], keras.layers.Concatenate()(conf)))
+        confidence = keras.layers.Concatenate()(conf)
+        sources.append(("online", feat[:, :, col], confidence))
+        # the counter's candidates 2..online_ranks: a copy path each, gated by the same
+        # confidence (the answering context's), not inputs of the recurrent layers
+        for r in range(2, cfg.model.online_ranks + 1):
+            sources.append(
+                (f"online_rank{r}", feat[:, :, col + ONLINE_FEATURES + r - 2], confidence)
+            )
     x = keras.layers.Concatenate(name="inputs")(parts)
     out = _copy_network(cfg, x, sources) if cfg.model.copy_path else _network(cfg, "sequence", x)
     core = keras.Model([tok, feat], out, name=f"heapcast_{cfg.model.kind}_core")
@@ -189,7 +197,8 @@ def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | 
         feats.append(lookup(tokens))
         lookup.set_table(table)
     if cfg.model.online_features:
-        online = keras.Input(shape=(None, ONLINE_FEATURES), dtype="int32", name="online")
+        width = online_width(cfg.model.online_ranks)
+        online = keras.Input(shape=(None, width), dtype="int32", name="online")
         inputs.append(online)
         feats.append(OnlineOrders(cfg.model.online_orders, name="online_orders")(online))
     all_feats = feats[0] if len(feats) == 1 else keras.layers.Concatenate(name="features")(feats)
@@ -266,7 +275,7 @@ def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, sco
 
     online = None
     if takes_online(seq_model):
-        online = online_feature_matrix(run, online_orders(seq_model))
+        online = online_feature_matrix(run, online_orders(seq_model), online_ranks(seq_model))
     batches, lo, hi = eval_batches(run, context, batch_size, features=online)
     score = _scorer(seq_model) if scored else None
     out = np.arange(2 * context)[None, :]
@@ -331,37 +340,65 @@ def _build_scorer(seq_model: keras.Model) -> keras.Model:
 # The orders travel with the model (OnlineOrders, a weightless layer's config), so a registered
 # model computes its features with the orders it was trained with.
 
+# With model.online_ranks r > 1 the row goes on with the counter's candidates 2..r (64 = none).
 ONLINE_FEATURES = 4  # top-1 (64 = none), order index (0 = none), count bucket, share bucket
 
 
-def online_feature_matrix(run: TokenRun, orders) -> np.ndarray:
-    """uint8 [n, ONLINE_FEATURES] for `run`: the online counter's answer after each token."""
+def online_width(ranks: int) -> int:
+    """Columns of an online feature row that carries the counter's top `ranks` candidates."""
+    return ONLINE_FEATURES + ranks - 1
+
+
+def online_ranks(model: keras.Model) -> int:
+    """How many of the counter's candidates a model takes (its `online` input's width says)."""
+    for t in model.inputs:
+        if t.name.split(":")[0] == "online":
+            return int(t.shape[-1]) - ONLINE_FEATURES + 1
+    raise ValueError(f"model {model.name} takes no online features")
+
+
+def online_feature_matrix(run: TokenRun, orders, ranks: int = 1) -> np.ndarray:
+    """uint8 [n, online_width(ranks)] for `run`: the online counter's answer after each token."""
 
     # one placeholder call after each thread's last, so that the answer after the last real
     # call exists (the counter answers a position from the calls before it only)
     ends = run.offsets[1:]
     tokens = np.insert(run.tokens, ends, 0)
     offsets = run.offsets + np.arange(len(run.offsets))
-    f = online_features(tokens, offsets, tuple(int(k) for k in orders))
+    f = online_features(tokens, offsets, tuple(int(k) for k in orders), ranked=ranks > 1)
     thread = np.repeat(np.arange(run.n_threads), run.thread_lengths())
     nxt = np.arange(run.n_tokens) + thread + 1  # position i+1 of i's thread, extended
-    return _bucketed(
+    rows = _bucketed(
         np.asarray(f["top1"])[nxt].astype(np.int64),
         np.asarray(f["order"])[nxt].astype(np.int64),
         np.asarray(f["count"])[nxt].astype(np.int64),
         np.maximum(np.asarray(f["total"])[nxt].astype(np.int64), 1),
     )
+    if ranks == 1:
+        return rows
+    return np.concatenate([rows, rank_columns(f["top5"][nxt], ranks)], axis=1)
 
 
-def online_row(state) -> np.ndarray:
-    """The online_feature_matrix row of a streaming OnlineState: its answer after its last call."""
+def rank_columns(top5: np.ndarray, ranks: int) -> np.ndarray:
+    """uint8 [n, ranks - 1]: the counter's candidates 2..ranks from its top-5 rows (a counter
+    without fallback, tasks.learning.online.NO_FALLBACK), 64 where it has fewer."""
+    cols = np.asarray(top5)[:, 1:ranks]
+    return np.where(cols < N_TOKENS, cols, N_TOKENS).astype(np.uint8)
+
+
+def online_row(state, ranks: int = 1) -> np.ndarray:
+    """The online_feature_matrix row of a streaming OnlineState (made with NO_FALLBACK): its
+    answer after its last call."""
     top1, order, count, total = state.answer()
-    return _bucketed(
+    row = _bucketed(
         np.array([top1], np.int64),
         np.array([order], np.int64),
         np.array([count], np.int64),
         np.array([max(total, 1)], np.int64),
     )[0]
+    if ranks == 1:
+        return row
+    return np.concatenate([row, rank_columns(state.top()[None], ranks)[0]])
 
 
 def _bucketed(top, order, c1, tot) -> np.ndarray:

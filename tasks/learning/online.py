@@ -657,20 +657,29 @@ def _fallback_of(fallback: np.ndarray | None) -> np.ndarray:
     return f
 
 
+# A counter without a fallback ranking: its top-5 ends where its contexts' candidates end, the
+# rest NONE. The network's rank features read it so (a fallback is the baseline's guess).
+NO_FALLBACK = np.zeros(0, np.uint8)
+
 _EMPTY_U8 = np.zeros(0, np.uint8)
 _EMPTY_U32 = np.zeros(0, np.uint32)
 _EMPTY_DIST = np.zeros((0, N_TOKENS), np.float64)
 
 
 def online_features(
-    tokens: np.ndarray, offsets: np.ndarray, orders: Sequence[int] = DEFAULT_ORDERS
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    orders: Sequence[int] = DEFAULT_ORDERS,
+    ranked: bool = False,
 ) -> dict[str, np.ndarray]:
     """The online counter's answer at EVERY position p, from the calls before p of p's thread.
 
     Returns {"top1": uint8 [n] (NO_TOKEN = 64 where nothing answered: a thread's first call),
     "order": uint8 [n] (1 + index in `orders` of the answering order, 1 = longest; 0 where only
     the unigram or nothing answered), "count": uint32 [n] (the top-1's count in the answering
-    context, the unigram's included), "total": uint32 [n] (that context's total)}.
+    context, the unigram's included), "total": uint32 [n] (that context's total)}; with
+    `ranked`, also "top5": uint8 [n, 5], the counter's candidates best first (the answering
+    order's, then shorter orders'; NONE = 255 past the last: no fallback ranking pads them).
     """
     tokens, offsets = _check_tokens(tokens, offsets)
     orders = check_orders(orders)
@@ -681,14 +690,16 @@ def online_features(
         "count": np.zeros(n, np.uint32),
         "total": np.zeros(n, np.uint32),
     }
+    if ranked:
+        out["top5"] = np.zeros((n, TOP_K), np.uint8)
     _run(
         tokens,
         offsets,
         _ext(orders),
-        _fallback_of(None),
+        NO_FALLBACK,
         0.1,
         np.zeros(0, np.int64),
-        np.zeros((0, TOP_K), np.uint8),
+        out.get("top5", np.zeros((0, TOP_K), np.uint8)),
         np.zeros(0, np.float64),
         _EMPTY_DIST,
         out["top1"],
@@ -894,7 +905,8 @@ def _streams_push(ctabs, ptabs, metas, hists, n_seen, t, ext, fallback, y, scrat
 @njit(cache=True)
 def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback, out):
     """For each b: thread idx[b] learns tokens[b], then out[b] = its (top1, order index, count,
-    total) for the next call; OnlineState.push then .answer, for every thread in one call."""
+    total, top-5) for the next call; OnlineState.push then .answer and .top, for every thread in
+    one call."""
     top5 = np.zeros(TOP_K, np.uint8)
     scratch = _stream_scratch(ext.shape[0])
     for b in range(idx.shape[0]):
@@ -911,6 +923,8 @@ def _streams_step(ctabs, ptabs, metas, hists, n_seen, idx, tokens, ext, fallback
         out[b, 1] = order
         out[b, 2] = count
         out[b, 3] = total
+        for j in range(TOP_K):
+            out[b, 4 + j] = top5[j]
 
 
 @njit(cache=True)
@@ -977,8 +991,9 @@ class OnlineStreams:
 
     def push_answer(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Thread slots[b] learns tokens[b] (in 0..63, checked by the caller); returns int64
-        [B, 4]: each one's (top1, order index, count, total) for its next call."""
-        out = np.zeros((len(slots), 4), np.int64)
+        [B, 9]: each one's (top1, order index, count, total, then its top-5) for its next call,
+        OnlineState's answer() and top()."""
+        out = np.zeros((len(slots), 4 + TOP_K), np.int64)
         _streams_step(
             self._ctabs, self._ptabs, self._metas, self._hists, self._n_seen,
             np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(tokens, np.uint8),

@@ -31,7 +31,9 @@ _FEATURE_LAYERS = (
     "online_count",
     "online_share",
 )
-_N_COLS = len(_FEATURE_LAYERS)
+# then the online counter's candidates 2..5 (64 = none), read by copy paths only
+_RANK_COL = len(_FEATURE_LAYERS)
+_N_COLS = _RANK_COL + 4
 # NGramFeatures' context keys (tasks/learning/model.py says why these constants)
 _P1, _B1, _C1 = 2147483647, 1103515245, 40503
 _P2, _B2, _C2 = 1000000007, 911382323, 69069
@@ -142,7 +144,8 @@ def step_weights(model) -> StepWeights:
     offs = np.cumsum([0] + [f.shape[0] for f in folded[:-1]]).astype(np.int64)
     kernels[0] = np.ascontiguousarray(np.concatenate(folded).astype(np.float32))
     u_last = units[-1]
-    sources = [s for s in ("ngram", "online") if f"{s}_gate" in layers]
+    names = ("ngram", "online", *(f"online_rank{r}" for r in range(2, 6)))
+    sources = [s for s in names if f"{s}_gate" in layers]
     if sources:
         out_k, out_b = (w(v) for v in layers["next_logits"].get_weights())
     else:
@@ -151,13 +154,16 @@ def step_weights(model) -> StepWeights:
     row = 0
     for s in sources:
         base = 1 if s == "ngram" else 5
+        # the counter's candidate r: its own column, the top-1's confidence
+        rank = int(s[len("online_rank") :]) if s.startswith("online_rank") else 1
+        conf_src = "online" if rank > 1 else s
         gk, gb = (w(v) for v in layers[f"{s}_gate"].get_weights())
-        top_col.append(base)
+        top_col.append(base if rank == 1 else _RANK_COL + rank - 2)
         conf_col.append([base + 1, base + 2, base + 3])
         gate_h.append(gk[:u_last, 0])
         offs_s, at = [], u_last
         for name in ("order", "count", "share"):
-            emb = w(layers[f"{s}_{name}"].get_weights()[0])
+            emb = w(layers[f"{conf_src}_{name}"].get_weights()[0])
             gate_conf.append(emb @ gk[at : at + emb.shape[1], 0])
             offs_s.append(row)
             row += emb.shape[0]
@@ -324,7 +330,7 @@ def _prepare(
     - reset[b, s]: state s's chunk starts at this call (the state is zeroed before its step);
     - answering[b]: the state whose chunk holds the next call.
 
-    online[b]: the online counter's (top1, order index, count, total) after that call. A state
+    online[b]: the online counter's (top1, order index, count, total, top-5) after that call. A state
     whose first chunk has not begun yet (state 1 before call c) is stepped all the same: it is
     zeroed when its chunk starts, and it answers no call before then."""
     h_len = hist.shape[1]
@@ -369,6 +375,9 @@ def _prepare(
             f[6] = on_order
             f[7] = on_cb
             f[8] = on_sb
+            for j in range(4):
+                r = online[b, 5 + j]
+                f[_RANK_COL + j] = r if r < N_TOKENS else N_TOKENS
         n_seen[t] = i + 1
 
 
@@ -593,7 +602,8 @@ def step_calls(
     """Thread slot idx[b] observes tokens[b] (distinct slots); float32 [B, 64]: each one's next
     call. State, per slot, updated in place: n_seen [cap], hist [cap, k] (its last calls),
     h[layer] and c[layer] [cap, 2, units] (the two staggered states; c unused by a GRU).
-    online[b]: the online counter's (top1, order index, count, total) after that call.
+    online[b]: the online counter's (top1, order index, count, total, top-5 without fallback)
+    after that call (OnlineStreams.push_answer's row).
 
     The per-thread work (history, n-gram lookups, features) runs compiled thread by thread. The
     network runs in one compiled call for up to FEW_THREADS threads; beyond, each layer's
@@ -601,6 +611,8 @@ def step_calls(
     a prediction cheaper the more threads are batched. Both give the same answers, up to float
     rounding (tests/tasks/learning/test_stepping.py runs every case through both)."""
     n = len(idx)
+    if online.shape != (n, 9):
+        raise ValueError(f"online {online.shape}: one (top1, order, count, total, top-5) per call")
     feats = np.empty((n, 2, _N_COLS), np.int64)
     reset = np.empty((n, 2), np.bool_)
     answering = np.empty(n, np.int64)

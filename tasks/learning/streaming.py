@@ -33,7 +33,7 @@ import numpy as np
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.baselines import Majority
 from tasks.learning.next_hedge import HEDGE_ARTIFACT, HedgeStreams, hedge_settings
-from tasks.learning.online import DEFAULT_ORDERS, OnlineState, OnlineStreams
+from tasks.learning.online import DEFAULT_ORDERS, NO_FALLBACK, OnlineState, OnlineStreams
 from tasks.learning.predictions import TOP_K, top_of
 from tasks.learning.sequences import TokenRun
 from tasks.learning.stepping import step_calls, step_weights
@@ -57,10 +57,11 @@ class StreamingPredictor:
 
     def __post_init__(self) -> None:
         # deferred: imported on first use, for start-up time
-        from tasks.learning.model import online_orders, takes_online
+        from tasks.learning.model import online_orders, online_ranks, takes_online
 
         self._online = takes_online(self.model)
         self._orders = online_orders(self.model) if self._online else ()
+        self._ranks = online_ranks(self.model) if self._online else 1
         self._call = _compiled(self.model, self._online)
 
     @classmethod
@@ -81,14 +82,14 @@ class StreamingPredictor:
         t = self._threads.get(thread)
         if t is None:
             # deferred: imported on first use, for start-up time
-            from tasks.learning.model import ONLINE_FEATURES
+            from tasks.learning.model import online_width
 
             t = _Thread(
                 tokens=np.zeros(self.context, np.int32),
-                online=np.zeros((self.context, ONLINE_FEATURES), np.int32)
+                online=np.zeros((self.context, online_width(self._ranks)), np.int32)
                 if self._online
                 else None,
-                state=OnlineState(self._orders) if self._online else None,
+                state=OnlineState(self._orders, fallback=NO_FALLBACK) if self._online else None,
             )
             self._threads[thread] = t
         return t
@@ -106,7 +107,7 @@ class StreamingPredictor:
 
             t.state.push(int(token))
             t.online[:-1] = t.online[1:]
-            t.online[-1] = online_row(t.state)
+            t.online[-1] = online_row(t.state, self._ranks)
         t.seen += 1
 
     def forget(self, thread: Hashable) -> None:
@@ -173,14 +174,19 @@ def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
     """Batch form of one streaming prediction: float32 [64] after the last of `tokens` (one
     thread's calls from its first), from its last `context` tokens and their online features."""
     # deferred: imported on first use, for start-up time
-    from tasks.learning.model import online_feature_matrix, online_orders, takes_online
+    from tasks.learning.model import (
+        online_feature_matrix,
+        online_orders,
+        online_ranks,
+        takes_online,
+    )
 
     tokens = np.asarray(tokens, np.uint8)
     width = min(context, len(tokens))
     x: object = tokens[None, -width:].astype(np.int32)
     if takes_online(model):
         run = TokenRun("stream", "thread", tokens, np.array([0, len(tokens)]))
-        online = online_feature_matrix(run, online_orders(model))
+        online = online_feature_matrix(run, online_orders(model), online_ranks(model))
         x = {"tokens": x, "online": online[None, -width:].astype(np.int32)}
     return np.asarray(model(x, training=False))[0, -1, :]
 
@@ -211,7 +217,7 @@ class StatefulStream:
         self._hist_len = max(w.ngram_order, 1)
         self._online = None
         if w.online_orders:
-            self._online = OnlineStreams(w.online_orders)
+            self._online = OnlineStreams(w.online_orders, fallback=NO_FALLBACK)
         self._alloc(16)
 
     @classmethod
@@ -291,7 +297,7 @@ class StatefulStream:
         if self._online is not None:
             online = self._online.push_answer(idx, tokens)
         else:
-            online = np.zeros((len(names), 4), np.int64)
+            online = np.zeros((len(names), 4 + TOP_K), np.int64)
         out = step_calls(
             self.weights, self.context, self._n_seen, self._hist, self._hs, self._cs, idx,
             tokens, online,
@@ -402,13 +408,18 @@ def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray
     (tasks.learning.sequences.eval_chunks): the one starting at call k*context,
     k = max(0, i // context - 1) for the last call's index i."""
     # deferred: imported on first use, for start-up time
-    from tasks.learning.model import online_feature_matrix, online_orders, takes_online
+    from tasks.learning.model import (
+        online_feature_matrix,
+        online_orders,
+        online_ranks,
+        takes_online,
+    )
 
     tokens = np.asarray(tokens, np.uint8)
     start = max(0, (len(tokens) - 1) // context - 1) * context
     x: object = tokens[None, start:].astype(np.int32)
     if takes_online(model):
         run = TokenRun("stream", "thread", tokens, np.array([0, len(tokens)]))
-        online = online_feature_matrix(run, online_orders(model))
+        online = online_feature_matrix(run, online_orders(model), online_ranks(model))
         x = {"tokens": x, "online": online[None, start:].astype(np.int32)}
     return np.asarray(model(x, training=False))[0, -1, :]

@@ -140,6 +140,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
             split.train[0],
             cfg.context,
             cfg.model.online_orders if cfg.model.online_features else None,
+            cfg.model.online_ranks,
         ),
         notes=list(trained.notes),
     )

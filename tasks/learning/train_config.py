@@ -104,12 +104,21 @@ class ModelConfig(StrictModel):
     # the same way; the registered model takes it as a second input (`online`).
     online_features: bool = False
     online_orders: list[int] = Field(default_factory=lambda: [12, 8, 6, 4, 3, 2, 1], min_length=1)
+    # How many of the online counter's candidates, best first, reach the logits through a copy
+    # path each (1: its top-1 only). With 5 the network can rank the counter's whole top-5, which
+    # its own top-5 otherwise trails on programs it never saw. Needs online_features, copy_path.
+    online_ranks: int = Field(default=1, ge=1, le=5)
 
     @model_validator(mode="after")
     def _orders_longest_first(self) -> ModelConfig:
         o = self.online_orders
         if any(k < 1 for k in o) or sorted(set(o), reverse=True) != o:
             raise ValueError(f"online_orders {o}: distinct orders >= 1, longest first")
+        if self.online_ranks > 1 and not (self.online_features and self.copy_path):
+            raise ValueError(
+                f"online_ranks {self.online_ranks}: the counter's further candidates reach the "
+                "network through copy paths: set online_features and copy_path true, or 1"
+            )
         return self
 
 

@@ -167,9 +167,9 @@ def training_inputs(cfg: TrainConfig, split: Split) -> TrainingInputs:
         )
     if cfg.model.online_features:
         # causal by construction: the same features in training, evaluation and streaming
-        orders = cfg.model.online_orders
-        on_train = online_feature_matrix(train_run, orders)
-        on_val = online_feature_matrix(val_run, orders)
+        orders, ranks = cfg.model.online_orders, cfg.model.online_ranks
+        on_train = online_feature_matrix(train_run, orders, ranks)
+        on_val = online_feature_matrix(val_run, orders, ranks)
         train_feats = on_train if train_feats is None else np.hstack([train_feats, on_train])
         val_feats = on_val if val_feats is None else np.hstack([val_feats, on_val])
     return TrainingInputs(
@@ -293,10 +293,11 @@ def _score_runs(
 
 
 def input_example(
-    run: TokenRun, context: int, online_orders: list[int] | None = None
+    run: TokenRun, context: int, online_orders: list[int] | None = None, online_ranks: int = 1
 ) -> np.ndarray | dict[str, np.ndarray]:
     """int32 [1, context]: the first tokens of a run's longest thread (zero-padded); with
-    `online_orders`, {"tokens": that, "online": int32 [1, context, 4]} (the online features)."""
+    `online_orders`, {"tokens": that, "online": int32 [1, context, online_width]} (the online
+    features, with the counter's top `online_ranks` candidates)."""
     longest = int(np.argmax(run.thread_lengths())) if run.n_threads else 0
     start = int(run.offsets[longest]) if run.n_threads else 0
     n = min(context, int(run.thread_lengths()[longest])) if run.n_threads else 0
@@ -305,11 +306,11 @@ def input_example(
     if online_orders is None:
         return out
     # deferred: imported on first use, for start-up time
-    from tasks.learning.model import ONLINE_FEATURES, online_feature_matrix
+    from tasks.learning.model import online_feature_matrix, online_width
 
     thread = TokenRun(run.workload, run.run, run.tokens[start : start + n], np.array([0, n]))
-    online = np.zeros((1, context, ONLINE_FEATURES), np.int32)
-    online[0, :n] = online_feature_matrix(thread, online_orders)
+    online = np.zeros((1, context, online_width(online_ranks)), np.int32)
+    online[0, :n] = online_feature_matrix(thread, online_orders, online_ranks)
     return {"tokens": out, "online": online}
 
 

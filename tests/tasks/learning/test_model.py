@@ -323,6 +323,65 @@ def test_online_feature_rows_answer_the_next_call_of_their_own_thread():
     assert np.array_equal(online_feature_matrix(other, (2, 1)), rows[:18])
 
 
+def test_online_rows_with_ranks_carry_the_counters_candidates_without_a_fallback():
+    from tasks.learning.model import online_feature_matrix, online_width
+    from tasks.learning.online import OnlineState, online_features
+
+    # GIVEN a thread that cycles 3 calls then 2 others, and a short second thread
+    toks = np.array([1, 2, 3, 1, 2, 3, 9, 9, 1, 2, 3, 1, 2, 4, 4, 4, 5, 1, 2], np.uint8)
+    run = TokenRun("w", "r", np.concatenate([toks, [7, 7]]).astype(np.uint8), np.array([0, 19, 21]))
+    rows = online_feature_matrix(run, (2, 1), ranks=5)
+    assert rows.shape == (21, online_width(5)) == (21, 8)
+    # THEN the first four columns are the one-rank rows, unchanged
+    assert np.array_equal(rows[:, :4], online_feature_matrix(run, (2, 1)))
+    # and columns 4.. are candidates 2..5 of a counter that has seen the thread so far, best
+    # first, 64 where it knows fewer tokens (no fallback ranking pads them)
+    for t, (a, b) in enumerate([(0, 19), (19, 21)]):
+        state = OnlineState((2, 1), fallback=np.zeros(0, np.uint8))
+        for i in range(a, b):
+            state.push(int(run.tokens[i]))
+            top = state.top()
+            want = np.where(top[1:5] < 64, top[1:5], 64)
+            assert np.array_equal(rows[i, 4:], want), (t, i)
+            assert rows[i, 0] == top[0]
+    assert rows[19, 4] == 64  # one token seen: no second candidate
+    # after "1 2": 3 three times, then 4 once; the thread's other tokens follow
+    assert rows[18, 0] == 3 and rows[18, 4] == 4 and set(rows[18, 5:]) <= {1, 2, 5, 9}
+    f = online_features(run.tokens, run.offsets, (2, 1), ranked=True)
+    assert f["top5"].shape == (21, 5) and f["top5"][0, 0] == 255  # a thread's first call
+
+
+def test_ranks_need_the_online_features_and_a_copy_path():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="online_ranks 3: .*copy_path"):
+        tiny(model={"units": [8], "online_features": True, "online_ranks": 3})
+    with pytest.raises(ValidationError, match="online_ranks"):
+        tiny(model={"units": [8], "copy_path": True, "online_ranks": 6})
+
+
+def test_each_rank_has_its_copy_path():
+    # GIVEN a hybrid reading the counter's top-3, only the third candidate's gate open
+    from tasks.learning.model import online_ranks, online_width
+
+    core, full = build_hybrid(_online_cfg(copy_path=True, online_ranks=3), None)
+    assert online_ranks(full) == 3
+    for name in ("online_gate", "online_rank2_gate", "online_rank3_gate"):
+        gate = core.get_layer(name)
+        w, b = gate.get_weights()
+        gate.set_weights(
+            [np.zeros_like(w), np.full_like(b, 50.0 if name.endswith("3_gate") else 0)]
+        )
+    rng = np.random.default_rng(6)
+    online = rng.integers(0, 4, (2, 9, online_width(3))).astype(np.int32)
+    online[..., 0] = rng.integers(0, 64, (2, 9))
+    online[..., 4] = rng.integers(0, 64, (2, 9))
+    online[..., 5] = rng.integers(0, 64, (2, 9))  # the counter's third candidate
+    x = {"tokens": rng.integers(0, 64, (2, 9)).astype(np.int32), "online": online}
+    # THEN the model answers the third candidate everywhere
+    assert (full.predict(x, verbose=0).argmax(-1) == online[..., 5]).all()
+
+
 def _online_cfg(**model):
     return tiny(model={"units": [8], "online_features": True, "online_orders": [3, 2, 1], **model})
 

@@ -25,7 +25,7 @@ def _patterned(n: int, seed: int) -> np.ndarray:
     return np.concatenate([routines[i] for i in np.random.default_rng(seed).integers(0, 6, n)])[:n]
 
 
-def _model(kind: str, ngram: bool, online: bool, copy: bool, units=(8, 4)):
+def _model(kind: str, ngram: bool, online: bool, copy: bool, ranks: int = 1, units=(8, 4)):
     cfg = TrainConfig.model_validate(
         {
             "context": C,
@@ -38,6 +38,7 @@ def _model(kind: str, ngram: bool, online: bool, copy: bool, units=(8, 4)):
                 "online_features": online,
                 "online_orders": [4, 2, 1],
                 "copy_path": copy,
+                "online_ranks": ranks,
             },
         }
     )
@@ -45,12 +46,31 @@ def _model(kind: str, ngram: bool, online: bool, copy: bool, units=(8, 4)):
         return build_model(cfg)
     train = _patterned(3000, 1)
     table = NGramTable.fit(train, np.arange(len(train)), 12) if ngram else None
-    return build_hybrid(cfg, table)[1]
+    model = build_hybrid(cfg, table)[1]
+    for r in range(2, ranks + 1):
+        # gates well open: a candidate read from the wrong column would move the answers
+        gate = _layer(model, f"online_rank{r}_gate")
+        kernel, bias = gate.get_weights()
+        gate.set_weights([kernel, bias + 2.0 * r])
+    return model
+
+
+def _layer(model, name: str):
+    for layer in model.layers:
+        if layer.name == name:
+            return layer
+        if isinstance(layer, keras.Model):
+            found = _layer(layer, name)
+            if found is not None:
+                return found
+    return None
 
 
 VARIANTS = {
     "lstm-ngram-online-copy": ("lstm", True, True, True),
     "gru-ngram-online-copy": ("gru", True, True, True),
+    "gru-online-copy-5ranks": ("gru", False, True, True, 5),
+    "lstm-ngram-online-copy-3ranks": ("lstm", True, True, True, 3),
     "gru-online": ("gru", False, True, False),
     "gru-plain": ("gru", False, False, False),
 }
@@ -59,7 +79,12 @@ VARIANTS = {
 def _chunk_answers(model, toks: np.ndarray) -> np.ndarray:
     """float32 [n, 64]: after each call i, predict_chunked's answer, all in one model call (each
     prefix's chunk right-padded to 2c: the model is causal, as eval_dataset relies on)."""
-    from tasks.learning.model import online_feature_matrix, online_orders, takes_online
+    from tasks.learning.model import (
+        online_feature_matrix,
+        online_orders,
+        online_ranks,
+        takes_online,
+    )
 
     n = len(toks)
     starts = np.maximum(0, np.arange(n) // C - 1) * C
@@ -68,7 +93,8 @@ def _chunk_answers(model, toks: np.ndarray) -> np.ndarray:
     x = np.where(valid, toks[np.minimum(idx, n - 1)], 0).astype(np.int32)
     inputs: object = x
     if takes_online(model):
-        f = online_feature_matrix(TokenRun("w", "t", toks, np.array([0, n])), online_orders(model))
+        run = TokenRun("w", "t", toks, np.array([0, n]))
+        f = online_feature_matrix(run, online_orders(model), online_ranks(model))
         inputs = {"tokens": x, "online": np.where(valid[..., None], f[np.minimum(idx, n - 1)], 0)}
     out = np.asarray(model(inputs, training=False))
     return out[np.arange(n), np.arange(n) - starts]

@@ -15,26 +15,23 @@ from tasks.learning.streaming import StreamingPredictor, predict_window  # noqa:
 from tasks.learning.train_config import TrainConfig  # noqa: E402
 
 
-def _model(online: bool):
-    cfg = TrainConfig.model_validate(
-        {
-            "context": 8,
-            "batch_size": 4,
-            "model": {"units": [8], "online_features": online, "online_orders": [4, 2, 1]},
-        }
-    )
+def _model(online: bool, ranks: int = 1):
+    model = {"units": [8], "online_features": online, "online_orders": [4, 2, 1]}
+    if ranks > 1:
+        model.update(copy_path=True, online_ranks=ranks)
+    cfg = TrainConfig.model_validate({"context": 8, "batch_size": 4, "model": model})
     return build_hybrid(cfg, None)[1] if online else build_model(cfg)
 
 
-@pytest.mark.parametrize("online", [True, False])
-def test_streaming_equals_the_batch_prediction_of_each_thread(online):
+@pytest.mark.parametrize("online,ranks", [(True, 1), (True, 5), (False, 1)])
+def test_streaming_equals_the_batch_prediction_of_each_thread(online, ranks):
     # GIVEN two interleaved threads of different lengths, fed call by call
     rng = np.random.default_rng(7)
     threads = {
         "a": (np.arange(40) % 5 + 2).astype(np.uint8),
         "b": rng.integers(0, 64, 25).astype(np.uint8),
     }
-    model = _model(online)
+    model = _model(online, ranks)
     sp = StreamingPredictor(model, context=8)
     for i in range(40):
         calls = {t: int(toks[i]) for t, toks in threads.items() if i < len(toks)}
