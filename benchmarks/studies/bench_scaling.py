@@ -529,6 +529,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--root", help="data root with an events dataset (required to train)")
     ap.add_argument("--config", default=None, help="base config (default configs/train-quick.yaml)")
     ap.add_argument(
+        "--override",
+        default="{}",
+        metavar="JSON",
+        help="settings merged over the base config at every point, e.g. "
+        '\'{"model": {"online_ranks": 5}}\' (the point\'s own settings win)',
+    )
+    ap.add_argument(
         "--heldout-config",
         default=None,
         help="where heldout_programs comes from (default configs/train.yaml)",
@@ -618,10 +625,21 @@ def main(argv: list[str] | None = None) -> int:
     apply_embedded_defaults()
     from tasks.core.storage import Root
     from tasks.learning.backend import backend_name
-    from tasks.learning.train_config import DEFAULT_CONFIG, QUICK_CONFIG, load_train_config
+    from tasks.learning.train_config import (
+        DEFAULT_CONFIG,
+        QUICK_CONFIG,
+        load_train_config,
+        merged_settings,
+    )
     from tasks.replay.workloads import load_catalog
 
     base_path = a.config or QUICK_CONFIG
+    try:
+        override = json.loads(a.override)
+    except json.JSONDecodeError as e:
+        parser().error(f"--override: not JSON ({e})")
+    if not isinstance(override, dict):
+        parser().error("--override: a JSON object of settings, e.g. '{\"epochs\": 2}'")
     heldout_cfg = load_train_config(a.heldout_config or DEFAULT_CONFIG)
     root = Root.from_url(a.root)
     catalog = load_catalog(heldout_cfg.data.catalog)
@@ -645,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "root": a.root,
         "config": str(base_path),
+        "override": override,
         "backend": backend_name(),
         "heldout_programs": heldout,
         "heldout_absent": inv.heldout_absent,
@@ -679,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
                 eval_tokens=a.eval_tokens or None,
                 checkpoint_dir=str(ckpt_base / f"{n}-{size.label.replace('/', '_')}"),
             )
-            cfg = load_train_config(base_path, overrides)
+            cfg = load_train_config(base_path, merged_settings(override, overrides))
             t0 = time.perf_counter()
             point = {"programs": n, "size": size.label, "training_programs": programs}
             try:
