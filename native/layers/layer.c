@@ -137,6 +137,7 @@
 #include "../bootstrap_pool.h"
 #include "../module_range.h"
 #include "../site_key.h"
+#include "../table_head.h"
 #include "predictor.h"
 
 #define HL_EXPORT __attribute__((visibility("default")))

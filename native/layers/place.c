@@ -71,6 +71,7 @@
 
 #include "../bootstrap_pool.h"
 #include "../site_key.h"
+#include "../table_head.h"
 
 #define HP_EXPORT __attribute__((visibility("default")))
 #define HP_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -306,6 +307,9 @@ static inline void hp_free_sampled(void *p) {
 #define HP_LIFE_CLASSES 32u
 #define HP_LIFE_LONG 128u /* score / 255 >= ~1/2 */
 #define HP_LIFE_FALLBACK "; placement uses the online counter"
+/* The head's checks (../table_head.h): format 1 only. */
+static const struct hc_table_kind hp_life_kind = HC_TABLE_KIND(
+    HP_LIFE_MAGIC, "lifetime table", HP_LIFE_FORMAT, HP_LIFE_FORMAT, "1", HP_LIFE_FALLBACK);
 static uint64_t hp_life[HC_SITES];
 static int hp_life_on;      /* a table in use: the hot path asks it first */
 static int hp_life_refused; /* table= given and refused (the stats line's table_refused) */
@@ -320,40 +324,26 @@ static inline unsigned hp_class(size_t n) { /* tasks/dataset/tokens.py: bit leng
 static const char *hp_load_life(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return "cannot be opened" HP_LIFE_FALLBACK;
-    unsigned char head[32], buf[4096];
-    const char *why = NULL;
-    uint32_t version = 0, model = 0, classes = 0, bytes = 0, last = 0;
-    uint64_t sum = 0, got = 0xcbf29ce484222325ull;
+    unsigned char buf[4096];
+    struct hc_table_head h = {0};
+    uint32_t last = 0;
+    uint64_t got = 0xcbf29ce484222325ull;
     size_t done = 0;
     int disorder = 0;
-    if (pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head) {
-        why = "is shorter than its 32-byte header" HP_LIFE_FALLBACK;
-        goto out;
-    }
-    if (memcmp(head, HP_LIFE_MAGIC, 8) != 0) {
-        why = "is not a heapcast lifetime table (magic)" HP_LIFE_FALLBACK;
-        goto out;
-    }
-    memcpy(&version, head + 8, 4);
-    memcpy(&model, head + 12, 4);
-    memcpy(&classes, head + 16, 4);
-    memcpy(&bytes, head + 20, 4);
-    memcpy(&sum, head + 24, 8);
-    if (version != HP_LIFE_FORMAT) {
-        why = "has another format version (this layer reads 1)" HP_LIFE_FALLBACK;
-        goto out;
-    }
-    if (classes != HP_LIFE_CLASSES || bytes % 4 != 0 || bytes / 4 > HC_SITES * HP_LIFE_CLASSES) {
+    const char *why = hc_read_table_head(fd, &hp_life_kind, &h);
+    if (why) goto out;
+    if (h.shape != HP_LIFE_CLASSES || h.bytes % 4 != 0 ||
+        h.bytes / 4 > HC_SITES * HP_LIFE_CLASSES) {
         why = "has another shape (32 size classes, 4 bytes per entry expected)" HP_LIFE_FALLBACK;
         goto out;
     }
-    if (hp_set.model && model != hp_set.model) {
+    if (hp_set.model && h.model != hp_set.model) {
         why = "comes from another model version" HP_LIFE_FALLBACK;
         goto out;
     }
-    while (done < bytes) { /* whole words per chunk: 4096 and bytes are multiples of 4 */
-        size_t want = bytes - done < sizeof buf ? bytes - done : sizeof buf;
-        ssize_t n = pread(fd, buf, want, (off_t)(32 + done));
+    while (done < h.bytes) { /* whole words per chunk: 4096 and bytes are multiples of 4 */
+        size_t want = h.bytes - done < sizeof buf ? h.bytes - done : sizeof buf;
+        ssize_t n = pread(fd, buf, want, (off_t)(HC_TABLE_HEAD_BYTES + done));
         if (n <= 0 || n % 4 != 0) break;
         for (ssize_t i = 0; i < n; i++) got = (got ^ buf[i]) * 0x100000001b3ull;
         for (ssize_t i = 0; i < n; i += 4) {
@@ -372,9 +362,9 @@ static const char *hp_load_life(const char *path) {
         }
         done += (size_t)n;
     }
-    if (done != bytes || pread(fd, buf, 1, (off_t)(32 + bytes)) != 0)
+    if (done != h.bytes || pread(fd, buf, 1, (off_t)(HC_TABLE_HEAD_BYTES + h.bytes)) != 0)
         why = "has a payload of the wrong length (truncated or extended)" HP_LIFE_FALLBACK;
-    else if (got != sum)
+    else if (got != h.sum)
         why = "is corrupt (payload checksum)" HP_LIFE_FALLBACK;
     else if (disorder)
         why = "is corrupt (entries out of order)" HP_LIFE_FALLBACK;

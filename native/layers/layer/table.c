@@ -8,6 +8,10 @@
 #define HL_MAX_SITE_ENTRIES (HL_SITES * HL_CLASSES)
 #define HL_FALLBACK "; the guided policy uses the online counter"
 
+/* The head's checks (../../table_head.h): formats 2 (class scores) and 3 (with site entries). */
+static const struct hc_table_kind hl_table_kind =
+    HC_TABLE_KIND(HL_TABLE_MAGIC, "layer table", 2u, 3u, "2 and 3", HL_FALLBACK);
+
 static uint64_t hl_fnv1a(uint64_t h, const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
@@ -22,7 +26,7 @@ static size_t hl_read_payload(int fd, size_t from, size_t n, uint64_t *sum, unsi
     size_t done = 0;
     while (done < n) {
         size_t want = n - done < cap ? n - done : cap;
-        ssize_t got = pread(fd, buf, want, (off_t)(32 + from + done));
+        ssize_t got = pread(fd, buf, want, (off_t)(HC_TABLE_HEAD_BYTES + from + done));
         if (got <= 0) break;
         *sum = hl_fnv1a(*sum, buf, (size_t)got);
         if (take) take(ctx, from + done, buf, (size_t)got);
@@ -75,45 +79,28 @@ static void hl_take_classes(void *ctx, size_t off, const unsigned char *p, size_
 static const char *hl_load_table(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return "cannot be opened" HL_FALLBACK;
-    unsigned char head[32], buf[4096];
-    ssize_t a = pread(fd, head, sizeof head, 0);
-    const char *why = NULL;
-    uint32_t version = 0, model = 0, tokens = 0, bytes = 0;
-    uint64_t sum = 0, got = 0xcbf29ce484222325ull;
+    unsigned char buf[4096];
+    struct hc_table_head h = {0};
+    uint64_t got = 0xcbf29ce484222325ull;
     struct hl_site_load l = {0};
-    if (a != (ssize_t)sizeof head) {
-        why = "is shorter than its 32-byte header" HL_FALLBACK;
-        goto out;
-    }
-    if (memcmp(head, HL_TABLE_MAGIC, 8) != 0) {
-        why = "is not a heapcast layer table (magic)" HL_FALLBACK;
-        goto out;
-    }
-    memcpy(&version, head + 8, 4);
-    memcpy(&model, head + 12, 4);
-    memcpy(&tokens, head + 16, 4);
-    memcpy(&bytes, head + 20, 4);
-    memcpy(&sum, head + 24, 8);
-    if (version != 2u && version != 3u) {
-        why = "has another format version (this layer reads 2 and 3)" HL_FALLBACK;
-        goto out;
-    }
-    size_t sites = bytes >= HL_CLASS_BYTES ? bytes - HL_CLASS_BYTES : 0;
-    if (tokens != HCP_TOKENS || bytes < HL_CLASS_BYTES || (version == 2u && sites != 0) ||
+    const char *why = hc_read_table_head(fd, &hl_table_kind, &h);
+    if (why) goto out;
+    size_t sites = h.bytes >= HL_CLASS_BYTES ? h.bytes - HL_CLASS_BYTES : 0;
+    if (h.shape != HCP_TOKENS || h.bytes < HL_CLASS_BYTES || (h.version == 2u && sites != 0) ||
         sites % 4 != 0 || sites / 4 > HL_MAX_SITE_ENTRIES) {
-        why = version == 3u ? "has another shape (64 tokens, 4096 payload bytes and 4 per site entry expected)" HL_FALLBACK
-                            : "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
+        why = h.version == 3u ? "has another shape (64 tokens, 4096 payload bytes and 4 per site entry expected)" HL_FALLBACK
+                              : "has another shape (64 tokens, 4096 payload bytes expected)" HL_FALLBACK;
         goto out;
     }
     l.cmin = hcp_class(hl_set.min / 2);
     size_t n = hl_read_payload(fd, 0, HL_CLASS_BYTES, &got, buf, sizeof buf, hl_take_classes, NULL);
     uint64_t after_classes = got;
     n += hl_read_payload(fd, HL_CLASS_BYTES, sites, &got, buf, sizeof buf, hl_take_sites, &l);
-    if (n != bytes || pread(fd, buf, 1, (off_t)(32 + bytes)) != 0) {
+    if (n != h.bytes || pread(fd, buf, 1, (off_t)(HC_TABLE_HEAD_BYTES + h.bytes)) != 0) {
         why = "has a payload of the wrong length (truncated or extended)" HL_FALLBACK;
         goto out;
     }
-    if (got != sum) {
+    if (got != h.sum) {
         why = "is corrupt (payload checksum)" HL_FALLBACK;
         goto out;
     }
@@ -121,11 +108,11 @@ static const char *hl_load_table(const char *path) {
         why = "is corrupt (site entries out of order)" HL_FALLBACK;
         goto out;
     }
-    if (model == 0) {
+    if (h.model == 0) {
         why = "names no model version" HL_FALLBACK;
         goto out;
     }
-    if (hl_set.model && model != hl_set.model) {
+    if (hl_set.model && h.model != hl_set.model) {
         why = "comes from another model version" HL_FALLBACK;
         goto out;
     }
@@ -141,7 +128,7 @@ static const char *hl_load_table(const char *path) {
             struct hl_site_load fill = {.cmin = l.cmin, .insert = 1};
             uint64_t again = after_classes;
             hl_read_payload(fd, HL_CLASS_BYTES, sites, &again, buf, sizeof buf, hl_take_sites, &fill);
-            if (again != sum || fill.asked != l.asked) {
+            if (again != h.sum || fill.asked != l.asked) {
                 munmap(m, size);
                 hl_site_set = NULL;
                 why = "changed while it was read" HL_FALLBACK;

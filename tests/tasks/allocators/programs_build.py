@@ -4,14 +4,19 @@ workload image, has the allocators installed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.allocators.config import AllocatorsConfig
-from tasks.allocators.measure import Case, Measurements, measure_cases
+from tasks.allocators.measure import Case, Measurements, Sample, measure_cases
 from tasks.core.storage import Root
 from tasks.replay.workloads import Catalog, Workload, parse_catalog
+
+if TYPE_CHECKING:  # numba behind it: not imported by every allocators test
+    from tasks.learning.table import ModelTable
 
 PROGRAMS = Path(__file__).parent / "programs"
 GENERATOR = "alloc_mix_program"
@@ -78,3 +83,37 @@ def measure_alloc_mix(
     return measure_cases(
         [Case(w, w.inputs[0], "alloc_mix")], cfg, Root.from_url(str(root_dir)), runner, **kwargs
     )
+
+
+def measure_table_candidate(
+    catalog: Catalog,
+    cfg: AllocatorsConfig,
+    name: str,
+    table: ModelTable,
+    folder: Path,
+    short: str | None = None,
+) -> tuple[Measurements, dict[str, Sample]]:
+    """A table candidate (`name` in `cfg`: the layer's or the placement's) measured once on
+    alloc_mix's first input on the local runner beside glibc, three ways: given `table` (as
+    `name`); given the same file but told the next version (`{short}-v{version + 1}`: its layer
+    must refuse the file); given none (`{short}-none`: unavailable). `short` defaults to `name`.
+    The measurements (into a data root at `folder`/root) and their samples by allocator."""
+    short = short or name
+    good = cfg.get(name).model_copy(update={"model_table": table})
+    wrong = good.model_copy(
+        update={
+            "name": f"{short}-v{table.version + 1}",
+            "model_table": dataclasses.replace(table, version=table.version + 1),
+        }
+    )
+    none = cfg.get(name).model_copy(update={"name": f"{short}-none"})
+    runs = cfg.model_copy(
+        update={
+            "allocators": [cfg.get("glibc"), good, wrong, none],
+            "warmup": 0,
+            "max_repetitions": None,
+            "seeds": None,
+        }
+    )
+    m = measure_alloc_mix(catalog.get("alloc_mix"), runs, folder / "root", "local", repetitions=1)
+    return m, {s.allocator: s for s in m.samples}

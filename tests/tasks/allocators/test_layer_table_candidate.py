@@ -10,8 +10,7 @@ from pydantic import ValidationError
 
 from tasks.allocators.config import LAYER_DIR, Allocator, load_allocators_config
 from tasks.allocators.measure import read_layer_stats, table_error
-from tasks.learning.table import ModelTable
-from tests.tasks.allocators.programs_build import measure_alloc_mix
+from tests.tasks.allocators.programs_build import measure_table_candidate
 from tests.tasks.allocators.tables import written_table
 
 CFG = load_allocators_config()
@@ -81,23 +80,7 @@ def test_the_table_guided_layer_measured_on_this_host(alloc_catalog, tmp_path):
     it is told, and the table candidate given none: the first two measured and the table
     used in every process, the third failed with the refusal, the fourth unavailable."""
     table = written_table(tmp_path, 7)
-    good = CFG.get("layer-table").model_copy(update={"model_table": table})
-    wrong = good.model_copy(
-        update={"name": "layer-table-v8", "model_table": ModelTable(table.path, 8, "run")}
-    )
-    none = CFG.get("layer-table").model_copy(update={"name": "layer-table-none"})
-    cfg = CFG.model_copy(
-        update={
-            "allocators": [CFG.get("glibc"), good, wrong, none],
-            "warmup": 0,
-            "max_repetitions": None,
-            "seeds": None,
-        }
-    )
-    m = measure_alloc_mix(
-        alloc_catalog.get("alloc_mix"), cfg, tmp_path / "root", "local", repetitions=1
-    )
-    by = {s.allocator: s for s in m.samples}
+    m, by = measure_table_candidate(alloc_catalog, CFG, "layer-table", table, tmp_path)
     assert by["glibc"].ok and by["layer-table"].ok, [s.error for s in m.samples]
     assert (
         by["layer-table"].applied and by["layer-table"].stdout_sha256 == by["glibc"].stdout_sha256

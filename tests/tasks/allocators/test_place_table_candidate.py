@@ -17,8 +17,7 @@ from tasks.allocators.config import Allocator, load_allocators_config
 from tasks.allocators.measure import check_allocators, table_error
 from tasks.allocators.place import JEMALLOC, PLACE_LIBRARY, read_place_stats
 from tasks.allocators.seeds import seed_config, seed_lines
-from tasks.learning.table import ModelTable
-from tests.tasks.allocators.programs_build import measure_alloc_mix
+from tests.tasks.allocators.programs_build import measure_table_candidate
 from tests.tasks.allocators.tables import make_measurements, written_lifetime_table, written_table
 
 CFG = load_allocators_config()
@@ -234,23 +233,7 @@ def test_the_place_table_candidate_measured_on_this_host(alloc_catalog, tmp_path
     and given none: the first measured with the table answering, the second failed with the
     refusal, the third unavailable."""
     table = written_lifetime_table(tmp_path, 7)
-    good = CFG.get(NAME).model_copy(update={"model_table": table})
-    wrong = good.model_copy(
-        update={"name": "place-table-v8", "model_table": ModelTable(table.path, 8, "run")}
-    )
-    none = CFG.get(NAME).model_copy(update={"name": "place-table-none"})
-    cfg = CFG.model_copy(
-        update={
-            "allocators": [CFG.get("glibc"), good, wrong, none],
-            "warmup": 0,
-            "max_repetitions": None,
-            "seeds": None,
-        }
-    )
-    m = measure_alloc_mix(
-        alloc_catalog.get("alloc_mix"), cfg, tmp_path / "root", "local", repetitions=1
-    )
-    by = {s.allocator: s for s in m.samples}
+    m, by = measure_table_candidate(alloc_catalog, CFG, NAME, table, tmp_path, short="place-table")
     t = by[NAME]
     assert by["glibc"].ok and t.ok, [s.error for s in m.samples]
     assert t.applied and t.stdout_sha256 == by["glibc"].stdout_sha256
