@@ -216,7 +216,12 @@ def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | 
 
 def takes_online(model: keras.Model) -> bool:
     """Whether a (registered) model takes the online counter's features as its second input."""
-    return any(t.name.split(":")[0] == "online" for t in model.inputs)
+    return _online_input(model) is not None
+
+
+def _online_input(model: keras.Model):
+    """The model's `online` input tensor, or None."""
+    return next((t for t in model.inputs if t.name.split(":")[0] == "online"), None)
 
 
 def as_sequence_model(model: keras.Model, cfg: TrainConfig) -> keras.Model:
@@ -351,10 +356,10 @@ def online_width(ranks: int) -> int:
 
 def online_ranks(model: keras.Model) -> int:
     """How many of the counter's candidates a model takes (its `online` input's width says)."""
-    for t in model.inputs:
-        if t.name.split(":")[0] == "online":
-            return int(t.shape[-1]) - ONLINE_FEATURES + 1
-    raise ValueError(f"model {model.name} takes no online features")
+    online = _online_input(model)
+    if online is None:
+        raise ValueError(f"model {model.name} takes no online features")
+    return int(online.shape[-1]) - ONLINE_FEATURES + 1
 
 
 def online_feature_matrix(run: TokenRun, orders, ranks: int = 1) -> np.ndarray:
@@ -389,7 +394,7 @@ def rank_columns(top5: np.ndarray, ranks: int) -> np.ndarray:
 def online_row(state, ranks: int = 1) -> np.ndarray:
     """The online_feature_matrix row of a streaming OnlineState (made with NO_FALLBACK): its
     answer after its last call."""
-    top1, order, count, total = state.answer()
+    (top1, order, count, total), top5 = state.answer_and_top()
     row = _bucketed(
         np.array([top1], np.int64),
         np.array([order], np.int64),
@@ -398,7 +403,7 @@ def online_row(state, ranks: int = 1) -> np.ndarray:
     )[0]
     if ranks == 1:
         return row
-    return np.concatenate([row, rank_columns(state.top()[None], ranks)[0]])
+    return np.concatenate([row, rank_columns(top5[None], ranks)[0]])
 
 
 def _bucketed(top, order, c1, tot) -> np.ndarray:

@@ -660,6 +660,8 @@ def _fallback_of(fallback: np.ndarray | None) -> np.ndarray:
 # A counter without a fallback ranking: its top-5 ends where its contexts' candidates end, the
 # rest NONE. The network's rank features read it so (a fallback is the baseline's guess).
 NO_FALLBACK = np.zeros(0, np.uint8)
+# OnlineStreams.push_answer's row: (top1, order index, count, total), then the top-5
+ANSWER_WIDTH = 4 + TOP_K
 
 _EMPTY_U8 = np.zeros(0, np.uint8)
 _EMPTY_U32 = np.zeros(0, np.uint32)
@@ -836,23 +838,16 @@ class OnlineState:
 
     def answer(self) -> tuple[int, int, int, int]:
         """(top1, order index, count of top1, total) for the next call: online_features' row."""
-        top1, order, count, total = _stream_answer(
-            self._ctab,
-            self._ptab,
-            self._meta,
-            self._hist,
-            self.n_seen,
-            self._ext,
-            self.fallback,
-            np.zeros(TOP_K, np.uint8),
-            self._scratch,
-        )
-        return int(top1), int(order), int(count), int(total)
+        return self.answer_and_top()[0]
 
     def top(self) -> np.ndarray:
         """uint8 [TOP_K]: the next call's best tokens, best first."""
+        return self.answer_and_top()[1]
+
+    def answer_and_top(self) -> tuple[tuple[int, int, int, int], np.ndarray]:
+        """(answer(), top()) from one lookup of the thread's contexts."""
         top5 = np.zeros(TOP_K, np.uint8)
-        _stream_answer(
+        top1, order, count, total = _stream_answer(
             self._ctab,
             self._ptab,
             self._meta,
@@ -863,7 +858,7 @@ class OnlineState:
             top5,
             self._scratch,
         )
-        return top5
+        return (int(top1), int(order), int(count), int(total)), top5
 
     def distribution(self) -> np.ndarray:
         """float64 [64]: the probability of each token as the next call (sums to 1)."""
@@ -993,7 +988,7 @@ class OnlineStreams:
         """Thread slots[b] learns tokens[b] (in 0..63, checked by the caller); returns int64
         [B, 9]: each one's (top1, order index, count, total, then its top-5) for its next call,
         OnlineState's answer() and top()."""
-        out = np.zeros((len(slots), 4 + TOP_K), np.int64)
+        out = np.zeros((len(slots), ANSWER_WIDTH), np.int64)
         _streams_step(
             self._ctabs, self._ptabs, self._metas, self._hists, self._n_seen,
             np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(tokens, np.uint8),

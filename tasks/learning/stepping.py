@@ -18,6 +18,7 @@ from numba import njit
 from threadpoolctl import ThreadpoolController
 
 from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.online import ANSWER_WIDTH
 
 # columns of the per-state feature vector: the token, the n-gram's 4, the online counter's 4
 _FEATURE_LAYERS = (
@@ -144,21 +145,27 @@ def step_weights(model) -> StepWeights:
     offs = np.cumsum([0] + [f.shape[0] for f in folded[:-1]]).astype(np.int64)
     kernels[0] = np.ascontiguousarray(np.concatenate(folded).astype(np.float32))
     u_last = units[-1]
-    names = ("ngram", "online", *(f"online_rank{r}" for r in range(2, 6)))
-    sources = [s for s in names if f"{s}_gate" in layers]
+    # each copy source: (its layers' prefix, its top column, whose confidence gates it); the
+    # counter's candidate r has its own column and the top-1's confidence
+    sources = [
+        (s, top, conf)
+        for s, top, conf in (
+            ("ngram", 1, "ngram"),
+            ("online", 5, "online"),
+            *((f"online_rank{r}", _RANK_COL + r - 2, "online") for r in range(2, 6)),
+        )
+        if f"{s}_gate" in layers
+    ]
     if sources:
         out_k, out_b = (w(v) for v in layers["next_logits"].get_weights())
     else:
         out_k, out_b = (w(v) for v in layers["next"].get_weights())
     top_col, conf_col, conf_off, gate_h, gate_conf, gate_b, copy = [], [], [], [], [], [], []
     row = 0
-    for s in sources:
-        base = 1 if s == "ngram" else 5
-        # the counter's candidate r: its own column, the top-1's confidence
-        rank = int(s[len("online_rank") :]) if s.startswith("online_rank") else 1
-        conf_src = "online" if rank > 1 else s
+    for s, top, conf_src in sources:
+        base = 1 if conf_src == "ngram" else 5  # the confidence's columns follow its top-1's
         gk, gb = (w(v) for v in layers[f"{s}_gate"].get_weights())
-        top_col.append(base if rank == 1 else _RANK_COL + rank - 2)
+        top_col.append(top)
         conf_col.append([base + 1, base + 2, base + 3])
         gate_h.append(gk[:u_last, 0])
         offs_s, at = [], u_last
@@ -611,7 +618,7 @@ def step_calls(
     a prediction cheaper the more threads are batched. Both give the same answers, up to float
     rounding (tests/tasks/learning/test_stepping.py runs every case through both)."""
     n = len(idx)
-    if online.shape != (n, 9):
+    if online.shape != (n, ANSWER_WIDTH):
         raise ValueError(f"online {online.shape}: one (top1, order, count, total, top-5) per call")
     feats = np.empty((n, 2, _N_COLS), np.int64)
     reset = np.empty((n, 2), np.bool_)

@@ -33,7 +33,13 @@ import numpy as np
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.baselines import Majority
 from tasks.learning.next_hedge import HEDGE_ARTIFACT, HedgeStreams, hedge_settings
-from tasks.learning.online import DEFAULT_ORDERS, NO_FALLBACK, OnlineState, OnlineStreams
+from tasks.learning.online import (
+    ANSWER_WIDTH,
+    DEFAULT_ORDERS,
+    NO_FALLBACK,
+    OnlineState,
+    OnlineStreams,
+)
 from tasks.learning.predictions import TOP_K, top_of
 from tasks.learning.sequences import TokenRun
 from tasks.learning.stepping import step_calls, step_weights
@@ -297,7 +303,7 @@ class StatefulStream:
         if self._online is not None:
             online = self._online.push_answer(idx, tokens)
         else:
-            online = np.zeros((len(names), 4 + TOP_K), np.int64)
+            online = np.zeros((len(names), ANSWER_WIDTH), np.int64)
         out = step_calls(
             self.weights, self.context, self._n_seen, self._hist, self._hs, self._cs, idx,
             tokens, online,

@@ -46,24 +46,13 @@ def _model(kind: str, ngram: bool, online: bool, copy: bool, ranks: int = 1, uni
         return build_model(cfg)
     train = _patterned(3000, 1)
     table = NGramTable.fit(train, np.arange(len(train)), 12) if ngram else None
-    model = build_hybrid(cfg, table)[1]
+    core, model = build_hybrid(cfg, table)
     for r in range(2, ranks + 1):
         # gates well open: a candidate read from the wrong column would move the answers
-        gate = _layer(model, f"online_rank{r}_gate")
+        gate = core.get_layer(f"online_rank{r}_gate")
         kernel, bias = gate.get_weights()
         gate.set_weights([kernel, bias + 2.0 * r])
     return model
-
-
-def _layer(model, name: str):
-    for layer in model.layers:
-        if layer.name == name:
-            return layer
-        if isinstance(layer, keras.Model):
-            found = _layer(layer, name)
-            if found is not None:
-                return found
-    return None
 
 
 VARIANTS = {
