@@ -226,13 +226,17 @@ def next_call_scores(evaluation, table: str) -> dict[str, dict[str, float]]:
     }
 
 
-def question_scores(scores, table: str) -> dict[str, dict[str, dict[str, float]]]:
-    """{question: {predictor: {top1, log_loss, positions}}} on `table`, all slices pooled."""
+def question_scores(
+    scores, table: str, slice: str | None = None
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{question: {predictor: {top1, log_loss, positions}}} on `table`, one slice (a workload;
+    None: all slices pooled)."""
     from tasks.learning.outcome import OVERALL
 
+    slice = OVERALL if slice is None else slice
     out: dict[str, dict[str, dict[str, float]]] = {}
     for s in scores:
-        if s.table == table and s.slice == OVERALL:
+        if s.table == table and s.slice == slice:
             out.setdefault(s.question, {})[s.predictor] = {
                 "top1": round(s.top1, 4),
                 "log_loss": round(s.log_loss, 4),
@@ -288,6 +292,7 @@ def run_point(
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
     from tasks.learning.fitting import fit_inputs, placement_facts
     from tasks.learning.questions import question_evaluation
+    from tasks.learning.reuse import hedged_cells
     from tasks.learning.sequences import eval_positions, load_split
     from tasks.learning.training import evaluate_model, training_inputs
 
@@ -349,7 +354,17 @@ def run_point(
         t0 = time.perf_counter()
         q = question_evaluation(root, split, cfg.data.max_eval_tokens, cfg.questions, cfg.seed)
         point["seconds"]["questions"] = round(time.perf_counter() - t0, 1)
-        point["questions"] = {"unseen_programs": question_scores(q.scores, UNSEEN_PROGRAMS)}
+        point["questions"] = {
+            "unseen_programs": question_scores(q.scores, UNSEEN_PROGRAMS),
+            # per held-out program, and the goal's verdict on each (program, question) cell
+            "by_program": {
+                w: question_scores(q.scores, UNSEEN_PROGRAMS, w)
+                for w in sorted({r.workload for r in split.unseen_programs})
+            },
+            "hedged_cells": [
+                dataclasses.asdict(c) for c in hedged_cells(list(q.scores), UNSEEN_PROGRAMS)
+            ],
+        }
         if unseen_runs:
             point["questions"]["unseen_runs"] = question_scores(q.scores, UNSEEN_RUNS)
         questions[key] = point["questions"]
@@ -473,8 +488,68 @@ def markdown(doc: dict[str, Any]) -> str:
                     else f"{best[0]} {best[1]['top1']:.3f} / {best[1]['log_loss']:.3f}"
                 )
             lines.append(f"| {p['programs']} | {p['size']} | " + " | ".join(cells) + " |")
+    lines += question_cell_lines(r["points"])
     lines.append("")
     return "\n".join(lines)
+
+
+def question_cell_lines(points: list[dict]) -> list[str]:
+    """The last point with per-program questions: each (program, question) cell, network_hedged
+    against the best baseline in each metric, and the tally of issue 43's goal (ahead of every
+    counter in top-1 and log-loss on >= 80% of the cells, never below the majority)."""
+    last = next((p for p in reversed(points) if "hedged_cells" in p.get("questions", {})), None)
+    if last is None:
+        return []
+    q = last["questions"]
+    cells = q["hedged_cells"]
+    lines = [
+        "",
+        f"Allocator questions per held-out program, the last point ({last['programs']} "
+        "programs): network_hedged against the best baseline (majority, class_online, "
+        "site_online, site_survival) in top-1 and in log-loss; `ahead`: strictly ahead of "
+        "every baseline in both.",
+        "",
+        "| program | question | positions | hedged top-1 | best baseline top-1 | hedged log-loss "
+        "| best baseline log-loss | majority log-loss | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        preds = q["by_program"][c["program"]][c["question"]]
+        hedged = preds["network_hedged"]
+        base = {k: v for k, v in preds.items() if k in QUESTION_BASELINES}
+        t = max(base.items(), key=lambda kv: kv[1]["top1"])
+        ll = min(base.items(), key=lambda kv: kv[1]["log_loss"])
+        verdict = (
+            "ahead"
+            if c["top1_ahead"] and c["log_loss_ahead"]
+            else (
+                "top-1 only"
+                if c["top1_ahead"]
+                else "log-loss only"
+                if c["log_loss_ahead"]
+                else "behind"
+            )
+        )
+        if c["below_majority"]:
+            verdict += ", worse than the majority"
+        maj = base.get("majority", {}).get("log_loss")
+        lines.append(
+            f"| {c['program']} | {c['question']} | {c['positions']:,} | {hedged['top1']:.3f} "
+            f"| {t[0]} {t[1]['top1']:.3f} | {hedged['log_loss']:.3f} "
+            f"| {ll[0]} {ll[1]['log_loss']:.3f} | {'-' if maj is None else f'{maj:.3f}'} "
+            f"| {verdict} |"
+        )
+    ahead = sum(c["top1_ahead"] and c["log_loss_ahead"] for c in cells)
+    worse = [f"{c['program']} {c['question']}" for c in cells if c["below_majority"]]
+    lines += [
+        "",
+        f"network_hedged ahead of every baseline in both on {ahead} of {len(cells)} cells "
+        f"({ahead / max(len(cells), 1):.0%}; the goal: 80%); in top-1 on "
+        f"{sum(c['top1_ahead'] for c in cells)}, in log-loss on "
+        f"{sum(c['log_loss_ahead'] for c in cells)}. Log-loss worse than the majority's: "
+        f"{', '.join(worse) if worse else 'none'}.",
+    ]
+    return lines
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:

@@ -219,37 +219,92 @@ QUESTION_POSITIONS = {
 _AGAINST = {"class_online": "class counter", "network": "network"}  # what the table follows
 
 
-def program_lines(scores: list[QuestionScores], table: str = "unseen_programs") -> list[str]:
-    """Per program of `table` (one never trained on, by default) and question: the model's best
-    answer against the best baseline, in top-1 and in log-loss, and which leads; the question's
-    every predictor is in the table's rows (MLflow `questions/<table>.json`)."""
+@dataclass(frozen=True)
+class HedgedCell:
+    """One (program, question) cell of a table: whether network_hedged, the one answer the
+    model gives, is strictly ahead of every baseline (the online counters and the majority) in
+    top-1 and in log-loss, and whether its log-loss is worse than the majority's (a confidently
+    wrong answer: issue 43's "never below majority")."""
+
+    program: str
+    question: str
+    positions: int
+    top1_ahead: bool
+    log_loss_ahead: bool
+    below_majority: bool
+
+    @property
+    def ahead(self) -> bool:
+        return self.top1_ahead and self.log_loss_ahead
+
+
+def _cells(scores: list[QuestionScores], table: str) -> dict[tuple[str, str], list[QuestionScores]]:
+    """{(program, question): its predictors' scores} of `table`, the pooled rows left out."""
     rows: dict[tuple[str, str], list[QuestionScores]] = {}
     for s in scores:
         if s.table == table and s.slice != OVERALL:
             rows.setdefault((s.slice, s.question), []).append(s)
+    return dict(sorted(rows.items()))
+
+
+def hedged_cells(scores: list[QuestionScores], table: str = "unseen_programs") -> list[HedgedCell]:
+    """Per (program, question) of `table` that has network_hedged and a baseline: its verdict."""
+    out = []
+    for (program, question), got in _cells(scores, table).items():
+        hedged = next((s for s in got if s.predictor == HEDGED), None)
+        base = [s for s in got if s.predictor in BASELINE_PREDICTORS]
+        if hedged is None or not base:
+            continue
+        majority = next((s for s in base if s.predictor == "majority"), None)
+        out.append(
+            HedgedCell(
+                program=program,
+                question=question,
+                positions=hedged.positions,
+                top1_ahead=all(hedged.top1 > b.top1 for b in base),
+                log_loss_ahead=all(hedged.log_loss < b.log_loss for b in base),
+                below_majority=majority is not None and hedged.log_loss > majority.log_loss,
+            )
+        )
+    return out
+
+
+def program_lines(scores: list[QuestionScores], table: str = "unseen_programs") -> list[str]:
+    """Per program of `table` (one never trained on, by default) and question: the model's best
+    answer against the best baseline, in top-1 and in log-loss, and which leads; the question's
+    every predictor is in the table's rows (MLflow `questions/<table>.json`)."""
+    verdicts = {(c.program, c.question): c for c in hedged_cells(scores, table)}
     lines = []
-    for (program, question), got in sorted(rows.items()):
+    for (program, question), got in _cells(scores, table).items():
         model = [s for s in got if s.predictor in MODEL_PREDICTORS]
         base = [s for s in got if s.predictor in BASELINE_PREDICTORS]
         if not model or not base:
             continue
-        cells, alone = [], []
-        hedged = next((s for s in got if s.predictor == HEDGED), None)
+        cells = []
         for label, key, best in (("top-1", "top1", max), ("log-loss", "log_loss", min)):
             m = best(model, key=attrgetter(key))
             b = best(base, key=attrgetter(key))
             mv, bv = getattr(m, key), getattr(b, key)
             lead = "model ahead" if best(mv, bv) == mv != bv else "baseline ahead or even"
             cells.append(f"{label} {m.predictor} {mv:.3f} against {b.predictor} {bv:.3f} ({lead})")
-            if hedged is not None:  # the one answer the model gives, without picking per cell
-                hv = getattr(hedged, key)
-                alone.append(f"{label} {'ahead' if best(hv, bv) == hv != bv else 'not ahead'}")
+        # the one answer the model gives, without picking per cell
+        v = verdicts.get((program, question))
+        alone = (
+            []
+            if v is None
+            else [
+                f"top-1 {'ahead' if v.top1_ahead else 'not ahead'}",
+                f"log-loss {'ahead' if v.log_loss_ahead else 'not ahead'}",
+            ]
+        )
         line = (
             f"{program}, {question} ({got[0].positions:,} "
             f"{QUESTION_POSITIONS.get(question, 'positions')}): {'; '.join(cells)}"
         )
         if alone:
             line += f"; {HEDGED} alone: {', '.join(alone)}"
+            if v is not None and v.below_majority:
+                line += " (its log-loss worse than the majority's)"
         if _siteless(got[0]):
             line += f"; {program}'s traces have {NO_CALL_SITES}"
         lines.append(line)

@@ -221,6 +221,22 @@ def test_a_tiny_study_writes_its_json_table_and_figure(tmp_path):
     assert table.count("\n| 2 | 8 |") == 2 and table.count("\n| 3 | 16 |") == 2
     assert "online counter" in table and r["root"] == "<root>"
     assert "network hedged" in table and "| gamma |" in table  # the per-workload rows
+    # the questions per held-out program: one verdict a (program, question) cell, its figures
+    # the held-out program's, and the tally of the goal under them
+    q = points[-1]["questions"]
+    assert set(q["by_program"]) == {"gamma"}
+    cells = q["hedged_cells"]
+    assert {(c["program"], c["question"]) for c in cells} == {
+        ("gamma", question) for question in q["by_program"]["gamma"]
+    }
+    for c in cells:
+        hedged = q["by_program"]["gamma"][c["question"]]["network_hedged"]
+        assert c["positions"] == hedged["positions"] > 0
+        assert f"| gamma | {c['question']} | {c['positions']:,} | {hedged['top1']:.3f} |" in table
+    assert (
+        f"on {sum(c['top1_ahead'] and c['log_loss_ahead'] for c in cells)} of {len(cells)} cells"
+        in table
+    )
     assert (out / "scaling.png").stat().st_size > 1000
     (out / "scaling.md").unlink()
     assert bs.main(["--render-only", "--out-dir", str(out)]) == 0

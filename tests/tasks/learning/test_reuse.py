@@ -256,6 +256,39 @@ def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
     assert f"- {lines[1]}" in md
 
 
+def test_a_cell_counts_as_the_hedges_only_when_it_leads_every_baseline():
+    from tasks.learning.outcome import OVERALL, QuestionScores
+    from tasks.learning.reuse import HedgedCell, hedged_cells
+
+    def row(program, question, predictor, top1, log_loss, table="unseen_programs"):
+        return QuestionScores(question, predictor, program, table, 500, top1, log_loss)
+
+    # GIVEN three held-out cells: on perl's reuse the hedge leads every baseline; on perl's
+    # lifetime it leads the best top-1 but ties a counter's log-loss and is worse than the
+    # majority's; on dot it trails one counter's top-1 (not the best log-loss's counter)
+    scores = [
+        row("perl", "reuse", "majority", 0.5, 1.4), row("perl", "reuse", "site_online", 0.61, 1.27),
+        row("perl", "reuse", "network", 0.70, 0.90), row("perl", "reuse", "network_hedged", 0.62, 1.06),
+        row("perl", "lifetime_calls", "majority", 0.4, 1.0),
+        row("perl", "lifetime_calls", "site_survival", 0.45, 1.2),
+        row("perl", "lifetime_calls", "network_hedged", 0.5, 1.2),
+        row("dot", "reuse", "class_online", 0.80, 0.9), row("dot", "reuse", "site_online", 0.7, 0.5),
+        row("dot", "reuse", "network_hedged", 0.75, 0.4),
+        # not cells: a pooled row, another table, a program without the hedge
+        row(OVERALL, "reuse", "network_hedged", 0.99, 0.01),
+        row("perl", "reuse", "network_hedged", 0.99, 0.01, "unseen_runs"),
+        row("jq", "reuse", "majority", 0.5, 1.0),
+    ]  # fmt: skip
+    # THEN each cell's verdict holds the hedge alone (not the network's better answer) against
+    # each baseline strictly
+    assert hedged_cells(scores) == [
+        HedgedCell("dot", "reuse", 500, False, True, False),
+        HedgedCell("perl", "lifetime_calls", 500, True, False, True),
+        HedgedCell("perl", "reuse", 500, True, True, False),
+    ]
+    assert [c.ahead for c in hedged_cells(scores)] == [False, False, True]
+
+
 def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
     from tasks.learning.table import (
         CLASS_BYTES,
