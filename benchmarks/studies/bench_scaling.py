@@ -277,6 +277,7 @@ def run_point(
     questions: dict[tuple, dict] | None,
     unseen_runs: bool,
     inputs: dict[str, tuple] | None = None,
+    question_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Train and score one point; its figures. The unseen-runs table (the training programs'
     other runs: not the same positions from point to point) only with `unseen_runs`. The
@@ -284,7 +285,8 @@ def run_point(
     `questions` section), the same at every size, so a point whose programs an earlier point
     had takes that point's figures from `questions` ({workloads: figures}). `inputs` keeps the
     split and the training inputs of the last key (`inputs_key`): the sizes at the same programs
-    reuse them (cross-fitting tens of millions of calls takes minutes of one core)."""
+    reuse them (cross-fitting tens of millions of calls takes minutes of one core).
+    `question_tokens`: the first calls of each run the questions score (None: all of them)."""
     import dataclasses
 
     import numpy as np
@@ -352,7 +354,7 @@ def run_point(
         point["questions"] = {**questions[key], "same_as_the_point_with_these_programs": True}
     elif questions is not None:
         t0 = time.perf_counter()
-        q = question_evaluation(root, split, cfg.data.max_eval_tokens, cfg.questions, cfg.seed)
+        q = question_evaluation(root, split, question_tokens, cfg.questions, cfg.seed)
         point["seconds"]["questions"] = round(time.perf_counter() - t0, 1)
         point["questions"] = {
             "unseen_programs": question_scores(q.scores, UNSEEN_PROGRAMS),
@@ -457,9 +459,13 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {cell(preds.get('ngram_online'))} | {cell(preds.get('model_hedged'))} |"
             )
     if any("questions" in p for p in r["points"]):
+        # a result from before --question-tokens scored the questions on the next call's window
+        window = r.get("question_tokens", r["eval_tokens"])
         lines += [
             "",
-            "Allocator questions on the unseen programs: top-1 / log-loss of the question "
+            "Allocator questions on the unseen programs ("
+            + (f"the first {window:,} calls of each run" if window else "every call")
+            + "): top-1 / log-loss of the question "
             "network, of the network hedged with the online counters (network_hedged, what "
             "the layer's table is distilled from) and of the best baseline (majority, "
             "class_online, site_online, site_survival; by top-1). Every predictor is in "
@@ -665,6 +671,15 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-questions", action="store_true", help="skip reuse/lifetime")
     ap.add_argument(
+        "--question-tokens",
+        type=int,
+        default=1_000_000,
+        help="first calls of each held-out run the allocator's questions score, 0 for all "
+        "(default 1000000, the full night's: a block's lifetime past 65536 calls cannot be "
+        "known inside a shorter window, so the online counters' answers there are a cold "
+        "start's)",
+    )
+    ap.add_argument(
         "--unseen-runs",
         action="store_true",
         help="also score the training programs' unseen runs (a different table at each point)",
@@ -750,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_run": a.tokens_per_run or None,
         "validation_tokens": a.validation_tokens or None,
         "eval_tokens": a.eval_tokens or None,
+        "question_tokens": None if a.no_questions else (a.question_tokens or None),
         "grid": a.grid,
         "questions": not a.no_questions,
         "points": [],
@@ -777,7 +793,11 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             point = {"programs": n, "size": size.label, "training_programs": programs}
             try:
-                point.update(run_point(root, cfg, questions, a.unseen_runs, inputs))
+                point.update(
+                    run_point(
+                        root, cfg, questions, a.unseen_runs, inputs, a.question_tokens or None
+                    )
+                )
             except (ValueError, MemoryError) as e:  # e.g. fewer chunks than one batch
                 print(f"programs {n} size {size.label}: {e}", file=sys.stderr, flush=True)
                 results.setdefault("failed", []).append({**point, "error": str(e)})

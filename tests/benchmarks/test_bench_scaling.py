@@ -221,6 +221,8 @@ def test_a_tiny_study_writes_its_json_table_and_figure(tmp_path):
     assert table.count("\n| 2 | 8 |") == 2 and table.count("\n| 3 | 16 |") == 2
     assert "online counter" in table and r["root"] == "<root>"
     assert "network hedged" in table and "| gamma |" in table  # the per-workload rows
+    # the questions score the full night's window unless told (a cold start's is shorter)
+    assert r["question_tokens"] == 1_000_000 and "the first 1,000,000 calls of each run" in table
     # the questions per held-out program: one verdict a (program, question) cell, its figures
     # the held-out program's, and the tally of the goal under them
     q = points[-1]["questions"]
