@@ -24,14 +24,14 @@ HEDGED = "network_hedged"
 # the training runs' majority (process_prior)
 PRIOR = "process_prior"
 PRIOR_WEIGHT = 4.0  # blocks' worth of the majority's hazards in the process's own estimate
-# the mixture's predictors, in this order: those a question has. network_survival answers the
-# lifetime questions only (the network's answer corrected by the site's own blocks, still-live
-# ones included: lifetime.py). Not site_survival: its estimate earns weight from the blocks
-# still live past an edge long before the ones freed at exit say it was wrong, and the quick
-# night's held-out lifetime_time lost 0.24 in log-loss with it; network_survival's prior from
-# the network knows about exits
+# the mixture's predictors, in this order: those a question has. network_survival and
+# site_survival answer the lifetime questions only (the network's answer, or the process's
+# hazards, corrected by the site's own blocks, still-live ones included: lifetime.py)
 # PRIOR and majority: the fallbacks, as good as the majority whatever the network says
-EXPERTS = ("network", "site_online", "class_online", "network_survival", PRIOR, "majority")
+EXPERTS = (
+    "network", "site_online", "class_online", "network_survival", PRIOR, "majority",
+    "site_survival",
+)  # fmt: skip
 # fixed share: each update moves this much weight back to every predictor evenly, so a weight
 # can recover when a site's behaviour changes (0.02-0.1 gave the same tables within 0.01 on the
 # quick night; 0 let a process commit to one predictor early and lose up to 0.14 in log-loss)
