@@ -36,6 +36,14 @@ NAME = "scaling"
 # the allocator's questions the table shows, and their baselines (tasks/learning/reuse.py)
 QUESTIONS = ("reuse", "lifetime_calls")
 QUESTION_BASELINES = ("majority", "class_online", "site_online", "site_survival")
+# a (program, question) cell's verdict: network_hedged strictly ahead of every baseline in
+# (top-1, log-loss)
+VERDICTS = {
+    (True, True): "ahead",
+    (True, False): "top-1 only",
+    (False, True): "log-loss only",
+    (False, False): "behind",
+}
 
 
 class ScalingError(ValueError):
@@ -501,7 +509,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def question_cell_lines(points: list[dict]) -> list[str]:
     """The last point with per-program questions: each (program, question) cell, network_hedged
-    against the best baseline in each metric, and the tally of issue 43's goal (ahead of every
+    against the best baseline in each metric, and the tally of the questions' goal (ahead of every
     counter in top-1 and log-loss on >= 80% of the cells, never below the majority)."""
     last = next((p for p in reversed(points) if "hedged_cells" in p.get("questions", {})), None)
     if last is None:
@@ -525,17 +533,7 @@ def question_cell_lines(points: list[dict]) -> list[str]:
         base = {k: v for k, v in preds.items() if k in QUESTION_BASELINES}
         t = max(base.items(), key=lambda kv: kv[1]["top1"])
         ll = min(base.items(), key=lambda kv: kv[1]["log_loss"])
-        verdict = (
-            "ahead"
-            if c["top1_ahead"] and c["log_loss_ahead"]
-            else (
-                "top-1 only"
-                if c["top1_ahead"]
-                else "log-loss only"
-                if c["log_loss_ahead"]
-                else "behind"
-            )
-        )
+        verdict = VERDICTS[(c["top1_ahead"], c["log_loss_ahead"])]
         if c["below_majority"]:
             verdict += ", worse than the majority"
         maj = base.get("majority", {}).get("log_loss")

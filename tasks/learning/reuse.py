@@ -224,7 +224,7 @@ class HedgedCell:
     """One (program, question) cell of a table: whether network_hedged, the one answer the
     model gives, is strictly ahead of every baseline (the online counters and the majority) in
     top-1 and in log-loss, and whether its log-loss is worse than the majority's (a confidently
-    wrong answer: issue 43's "never below majority")."""
+    wrong answer)."""
 
     program: str
     question: str
