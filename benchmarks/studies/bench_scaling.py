@@ -748,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    question_tokens = a.question_tokens or None  # 0: every call
     results: dict[str, Any] = {
         "root": a.root,
         "config": str(base_path),
@@ -763,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_run": a.tokens_per_run or None,
         "validation_tokens": a.validation_tokens or None,
         "eval_tokens": a.eval_tokens or None,
-        "question_tokens": None if a.no_questions else (a.question_tokens or None),
+        "question_tokens": None if a.no_questions else question_tokens,
         "grid": a.grid,
         "questions": not a.no_questions,
         "points": [],
@@ -792,9 +793,7 @@ def main(argv: list[str] | None = None) -> int:
             point = {"programs": n, "size": size.label, "training_programs": programs}
             try:
                 point.update(
-                    run_point(
-                        root, cfg, questions, a.unseen_runs, inputs, a.question_tokens or None
-                    )
+                    run_point(root, cfg, questions, a.unseen_runs, inputs, question_tokens)
                 )
             except (ValueError, MemoryError) as e:  # e.g. fewer chunks than one batch
                 print(f"programs {n} size {size.label}: {e}", file=sys.stderr, flush=True)
