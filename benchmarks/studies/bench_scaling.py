@@ -253,6 +253,30 @@ def question_scores(
     return out
 
 
+def top1_headroom(runs: list, kept: list, baselines) -> dict[str, Any]:
+    """The top-1 headroom (tasks/learning/headroom.py) on `runs` (the held-out programs'),
+    pooled and per program: the counter's and the network's top-1 (the network's from `kept`,
+    evaluate_model's RunAnswers), their agreement, each right alone, the better of the two and the
+    hindsight n-gram (both optimistic bounds)."""
+    # deferred: the study's top stays free of the project's modules (--render-only)
+    from tasks.learning.headroom import Headroom, hindsight_top1
+    from tasks.learning.sequences import eval_positions
+
+    per: dict[str, Any] = {}
+    for run in runs:
+        pos = eval_positions(run)
+        tops = [a.top_for(run) for a in kept if a.key == (run.workload, run.run)]
+        top = next((t for t in tops if t is not None), None)
+        if not len(pos) or top is None:
+            continue
+        counter = baselines.online.predict(run, pos).top[:, 0]
+        hindsight = hindsight_top1(run, pos, baselines.online.orders)
+        here = Headroom.of(run.tokens[pos], counter, top[:, 0], hindsight)
+        per[run.workload] = per.get(run.workload, Headroom()) + here
+    pooled = sum(per.values(), Headroom())
+    return {"pooled": pooled.rates(), "by_program": {w: h.rates() for w, h in sorted(per.items())}}
+
+
 def inputs_key(cfg) -> str:
     """What a point's training inputs (tokens, n-gram and online features) depend on: the data,
     the model's feature settings, the context (cross-fitting's blocks) and the seed; not the
@@ -326,7 +350,8 @@ def run_point(
     model, facts = fit_inputs(cfg, fitted, Path(cfg.checkpoint_dir), verbose=0)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    evaluation, _ = evaluate_model(model, cfg, split)
+    kept: list = []
+    evaluation, baselines = evaluate_model(model, cfg, split, kept)
     eval_s = time.perf_counter() - t0
     history = facts["history"]
     val = history.get("val_loss") or history.get("loss") or []
@@ -354,6 +379,8 @@ def run_point(
         "next_call": {"unseen_programs": next_call_scores(evaluation, UNSEEN_PROGRAMS)},
         # per held-out workload and pooled: the network, the counter, their mixture
         "next_call_by_workload": by_workload(evaluation, UNSEEN_PROGRAMS),
+        # how far a top-1 could go past the counter's there, and how much the network took
+        "top1_headroom": top1_headroom(split.unseen_programs, kept, baselines),
     }
     if unseen_runs:
         point["next_call"]["unseen_runs"] = next_call_scores(evaluation, UNSEEN_RUNS)
@@ -466,6 +493,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {w} | {preds['model']['positions']:,} | {cell(preds.get('model'))} "
                 f"| {cell(preds.get('ngram_online'))} | {cell(preds.get('model_hedged'))} |"
             )
+    lines += headroom_lines(last)
     if any("questions" in p for p in r["points"]):
         # a result from before --question-tokens scored the questions on the next call's window
         window = r.get("question_tokens", r["eval_tokens"])
@@ -505,6 +533,35 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += question_cell_lines(r["points"])
     lines.append("")
     return "\n".join(lines)
+
+
+def headroom_lines(point: dict) -> list[str]:
+    """The last point's top-1 headroom on the held-out programs (a point run before it: none)."""
+    head = point.get("top1_headroom")
+    if not head:
+        return []
+    lines = [
+        "",
+        f"Top-1 headroom on the held-out programs, the last point ({point['programs']} "
+        "programs, " + point["size"] + "): the online counter's and the network's top-1, how "
+        "often they agree, each right where the other is wrong, and two optimistic bounds "
+        "(they read what no predictor has when it answers): the better of the two at every "
+        "call (an oracle choosing between them) and the counter's back-off n-gram had it "
+        "read the whole thread first (hindsight: the same contexts at every other call, "
+        "before and after; tasks/learning/headroom.py).",
+        "",
+        "| program | positions | counter | network | agree | counter alone | network alone "
+        "| better of the two (bound) | hindsight n-gram (bound) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [*head["by_program"].items(), ("all", head["pooled"])]
+    for w, h in rows:
+        lines.append(
+            f"| {w} | {h['positions']:,} | {h['counter']:.4f} | {h['network']:.4f} "
+            f"| {h['agree']:.4f} | {h['counter_alone']:.4f} | {h['network_alone']:.4f} "
+            f"| {h['better_of_two']:.4f} | {h['hindsight']:.4f} |"
+        )
+    return lines
 
 
 def question_cell_lines(points: list[dict]) -> list[str]:

@@ -209,6 +209,17 @@ def test_a_tiny_study_writes_its_json_table_and_figure(tmp_path):
         assert by["all"]["model"]["log_loss"] == pytest.approx(nc["model"]["log_loss"], abs=2e-4)
         assert 1 <= p["epochs_run"] <= 2
         assert "reuse" in p["questions"]["unseen_programs"]
+        # the top-1 headroom: the same positions and the same two top-1s the tables score
+        head = p["top1_headroom"]
+        assert set(head["by_program"]) == {"gamma"}
+        pooled = head["pooled"]
+        assert pooled["positions"] == nc["model"]["positions"]
+        assert pooled["counter"] == pytest.approx(nc["ngram_online"]["top1"], abs=1e-4)
+        assert pooled["network"] == pytest.approx(nc["model"]["top1"], abs=1e-4)
+        assert pooled["better_of_two"] >= max(pooled["counter"], pooled["network"])
+        assert pooled["counter"] - pooled["counter_alone"] == pytest.approx(
+            pooled["network"] - pooled["network_alone"], abs=2e-4
+        )  # both right: the same calls counted from either side
     assert points[0]["training_programs"] == points[1]["training_programs"][:2]
     # the questions' network does not change with the next-call network's size: computed once
     assert "questions" not in points[2]["seconds"]
@@ -221,6 +232,9 @@ def test_a_tiny_study_writes_its_json_table_and_figure(tmp_path):
     assert table.count("\n| 2 | 8 |") == 2 and table.count("\n| 3 | 16 |") == 2
     assert "online counter" in table and r["root"] == "<root>"
     assert "network hedged" in table and "| gamma |" in table  # the per-workload rows
+    assert "hindsight n-gram (bound)" in table
+    h = points[-1]["top1_headroom"]["pooled"]
+    assert f"| all | {h['positions']:,} | {h['counter']:.4f} | {h['network']:.4f} |" in table
     # the questions score the full night's window unless told (a cold start's is shorter)
     assert r["question_tokens"] == 1_000_000 and "the first 1,000,000 calls of each run" in table
     # the questions per held-out program: one verdict a (program, question) cell, its figures
