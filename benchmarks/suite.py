@@ -78,6 +78,13 @@ SPEED: tuple[Benchmark, ...] = (
         "alternating; the bound (a first run's sites) and placement by size beside it",
     ),
     Benchmark(
+        "place_redis",
+        "benchmarks/bench_place_redis.py",
+        minutes=4,
+        reference="redis-server as Debian links it (jemalloc), tcmalloc, mimalloc and jemalloc with "
+        "placement off, rounds alternating; the bound (a first run's sites) and placement by size",
+    ),
+    Benchmark(
         "tune",
         "benchmarks/bench_tune.py",
         minutes=2,

@@ -1,0 +1,222 @@
+"""heapcast's placement layer on a real server whose footprint rises and falls: redis-server, loaded
+then partly deleted, burst after burst.
+
+Each burst SETs --requests short-lived keys (values of 32-288 bytes) and, every --every-th,
+one key that stays; then DELetes the short-lived ones and asks redis to give back what its
+allocator holds free (MEMORY PURGE: jemalloc's arenas purged, what redis offers its users
+against fragmentation). After each burst: the server's resident set (/proc/PID/statm) and
+redis's own count of live bytes (INFO used_memory); at the end its peak RSS (VmHWM), CPU time
+and minor faults (/proc/PID/stat). Arms, rounds alternating: redis as Debian builds it (linked
+to jemalloc), tcmalloc and mimalloc preloaded, and jemalloc with the layer in front: placement
+off, by the online counter, by the long sites of a first run of the same input (the bound, an
+optimistic reference) and by size alone (no prediction). glibc cannot be measured: the binary
+links jemalloc, so its malloc is never glibc's.
+
+    .venv/bin/python benchmarks/bench_place_redis.py [--reps 3] [--bursts 8] [--requests 50000]
+        [--every 100] [--out PATH]
+
+writes benchmarks/results/place_redis.json: medians and min-max for time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_place import JEMALLOC, MIMALLOC, NATIVE, PLACE, REPO, TCMALLOC, clean_env  # noqa: E402
+
+OUT = REPO / "benchmarks" / "results" / "place_redis.json"
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def resp(*args: bytes | str) -> bytes:
+    """One command in redis's wire protocol (RESP), as `redis-cli --pipe` sends it."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def burst_commands(burst: int, requests: int, every: int) -> tuple[bytes, bytes]:
+    """(the burst's SETs, its DELs): short-lived keys req:B:I, kept keys keep:B:I."""
+    sets, dels = [], []
+    for i in range(requests):
+        sets.append(resp("SET", f"req:{burst}:{i}", b"x" * (32 + (i * 7919) % 257)))
+        if i % every == 0:
+            sets.append(resp("SET", f"keep:{burst}:{i}", b"y" * (32 + (i * 104729) % 257)))
+        dels.append(resp("DEL", f"req:{burst}:{i}"))
+    return b"".join(sets), b"".join(dels)
+
+
+def cli(sock: Path, *args: str, data: bytes | None = None) -> str:
+    argv = ["redis-cli", "-s", str(sock), *(["--pipe"] if data is not None else args)]
+    p = subprocess.run(argv, input=data, capture_output=True, check=True)
+    text = p.stdout.decode()
+    if data is not None and "errors: 0," not in text:
+        raise RuntimeError(f"redis-cli --pipe: {text.strip()[-200:]}")
+    return text
+
+
+def proc_stat(pid: int) -> tuple[float, int]:
+    """(CPU seconds, minor faults) of a running process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS, int(fields[7])
+
+
+def run_arm(env: dict[str, str], bursts: list[tuple[bytes, bytes]], work: Path) -> dict:
+    """One redis-server under `env` through every burst; its figures."""
+    sock = work / "redis.sock"
+    sock.unlink(missing_ok=True)
+    argv = ["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", ""]
+    argv += ["--appendonly", "no", "--dir", str(work)]
+    log = (work / "redis.log").open("wb")
+    t0 = time.perf_counter()
+    server = subprocess.Popen(argv, env=clean_env(env), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"redis-server did not start under {env}: {work / 'redis.log'}")
+        rss, used = [], []
+        for sets, dels in bursts:
+            cli(sock, data=sets)
+            cli(sock, data=dels)
+            cli(sock, "MEMORY", "PURGE")
+            rss.append(int(Path(f"/proc/{server.pid}/statm").read_text().split()[1]) * PAGE_KB)
+            info = cli(sock, "INFO", "memory")
+            used.append(
+                next(int(x.split(":")[1]) for x in info.split() if x.startswith("used_memory:"))
+            )
+        peak = next(
+            int(x.split()[1])
+            for x in Path(f"/proc/{server.pid}/status").read_text().splitlines()
+            if x.startswith("VmHWM:")
+        )
+        cpu, faults = proc_stat(server.pid)
+        keys = int(cli(sock, "DBSIZE").strip())
+        cli(sock, "SHUTDOWN", "NOSAVE")
+        server.wait(timeout=30)
+    finally:
+        if server.poll() is None:  # an error above: the server must not outlive the bench
+            server.kill()
+            server.wait()
+        log.close()
+    return {
+        "rss_after_bursts_kb": rss,
+        "used_memory_after_bursts_kb": [u // 1024 for u in used],
+        "rss_end_kb": rss[-1],
+        "peak_rss_kb": peak,
+        "cpu_s": cpu,
+        "wall_s": time.perf_counter() - t0,
+        "minor_faults": faults,
+        "keys": keys,
+        "stderr_tail": (work / "redis.log").read_text().splitlines()[-2:],
+    }
+
+
+def summarize(runs: list[dict]) -> dict:
+    n = len(runs[0]["rss_after_bursts_kb"])
+
+    def med(key: str, i: int | None = None) -> float:
+        return statistics.median(r[key] if i is None else r[key][i] for r in runs)
+
+    return {
+        "rss_after_bursts_kb": [med("rss_after_bursts_kb", i) for i in range(n)],
+        "used_memory_after_bursts_kb": [med("used_memory_after_bursts_kb", i) for i in range(n)],
+        "rss_end_kb": med("rss_end_kb"),
+        "peak_rss_kb": med("peak_rss_kb"),
+        "cpu_s": med("cpu_s"),
+        "cpu_s_range": [min(r["cpu_s"] for r in runs), max(r["cpu_s"] for r in runs)],
+        "minor_faults": med("minor_faults"),
+        "keys": sorted({r["keys"] for r in runs}),
+        "runs": len(runs),
+    }
+
+
+def arms(sites: Path) -> dict[str, dict[str, str]]:
+    place = f"{PLACE} {JEMALLOC}"
+    return {
+        "jemalloc (redis's own)": {},
+        "tcmalloc": {"LD_PRELOAD": str(TCMALLOC)},
+        "mimalloc": {"LD_PRELOAD": str(MIMALLOC)},
+        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
+        "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
+        "jemalloc+place-bound": {
+            "LD_PRELOAD": place,
+            "HEAPCAST_PLACE": f"mode=sites,sites={sites}",
+        },
+        "jemalloc+place-size": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=size"},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--bursts", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=50_000, help="short-lived keys a burst")
+    ap.add_argument("--every", type=int, default=100, help="one kept key per this many")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    missing = [p for p in ("redis-server", "redis-cli") if shutil.which(p) is None]
+    if missing:
+        sys.exit(f"{', '.join(missing)} not found: install Debian's redis-server and redis-tools")
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "place"], check=True)
+    bursts = [burst_commands(b, args.requests, args.every) for b in range(args.bursts)]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        sites = work / "sites.txt"
+        # the bound's first run: the same bursts, the online counter, its long sites at exit
+        learn = {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites}"}
+        run_arm(learn, bursts, work)
+        table = arms(sites)
+        stats = work / "place.stats"
+        table["jemalloc+place"]["HEAPCAST_PLACE"] += f",stats={stats}"
+        names = list(table)
+        results: dict[str, list[dict]] = {n: [] for n in names}
+        for r in range(args.reps):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                results[name].append(run_arm(table[name], bursts, work))
+        result = {
+            "command": f"python benchmarks/bench_place_redis.py --reps {args.reps} --bursts "
+            f"{args.bursts} --requests {args.requests} --every {args.every}",
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "redis": subprocess.run(
+                ["redis-server", "--version"], capture_output=True, text=True
+            ).stdout.strip(),
+            "bound_sites": sites.read_text().splitlines(),
+            "counter_stats": stats.read_text().splitlines()[-1:],
+            "keys_identical_across_arms": len(
+                {k for n in names for k in summarize(results[n])["keys"]}
+            )
+            == 1,
+            "arms": {n: summarize(results[n]) for n in names},
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(result["redis"])
+    print("counter:", *result["counter_stats"])
+    for name, a in result["arms"].items():
+        after = " ".join(f"{x / 1024:.1f}" for x in a["rss_after_bursts_kb"])
+        print(
+            f"{name:24s} RSS after bursts {after} | peak {a['peak_rss_kb'] / 1024:.1f} MB "
+            f"| cpu {a['cpu_s']:.2f} s | faults {a['minor_faults']:.0f} | live "
+            f"{a['used_memory_after_bursts_kb'][-1] / 1024:.1f} MB"
+        )
+
+
+if __name__ == "__main__":
+    main()
