@@ -78,11 +78,12 @@ SPEED: tuple[Benchmark, ...] = (
         "alternating; the bound (a first run's sites) and placement by size beside it",
     ),
     Benchmark(
-        "place_redis",
-        "benchmarks/bench_place_redis.py",
-        minutes=4,
-        reference="redis-server as Debian links it (jemalloc), tcmalloc, mimalloc and jemalloc with "
-        "placement off, rounds alternating; the bound (a first run's sites) and placement by size",
+        "place_servers",
+        "benchmarks/bench_place_servers.py",
+        minutes=7,
+        reference="redis-server as Debian links it (jemalloc) and kv_service under glibc, "
+        "tcmalloc, mimalloc and jemalloc with placement off, rounds alternating; the bound (a "
+        "first run's sites) and placement by size",
     ),
     Benchmark(
         "tune",

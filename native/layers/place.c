@@ -16,7 +16,8 @@
  * real malloc, untouched) and long (one arena created at start, reached by mallocx with
  * MALLOCX_ARENA and no thread cache). free, malloc_usable_size and realloc's in-place cases need
  * no routing: jemalloc finds a block's arena itself, so a foreign or double free reaches the
- * allocator exactly as without the layer.
+ * allocator exactly as without the layer. A request of jemalloc's large classes (16 KiB and up)
+ * is short whatever its site says, in every mode but size (hp_large_min says why).
  *
  * The prediction (mode=predict, the default): an online per-call-site survival counter, no
  * training. The site is the hook's return address, hashed into a direct-mapped table of
@@ -135,6 +136,15 @@ static int hp_state; /* enum hp_state; HP_ON: the hot path routes */
 static int hp_learning; /* HP_ON in mode=predict: samples taken, frees checked */
 static int hp_by_size;  /* HP_ON in mode=size */
 static int hp_flags; /* mallocx flags of the long arena (MALLOCX_ARENA | TCACHE_NONE) */
+/* The smallest of jemalloc's large size classes (arenas.lextent.0.size: 16 KiB with 4 KiB pages).
+ * A request of at least this is never placed long, whatever its site: a large block is an
+ * extent of its own and pins no neighbour's page, so the long arena buys nothing for it, and a
+ * wrong prediction costs whole extents: the blocks an automatic arena frees stay dirty there
+ * (jemalloc's decay) while the long arena maps fresh ones, and back again when the site's
+ * verdict turns (the catalog's kv_service: values of 64-512 KiB from a site that turns long and
+ * back; docs/layer.md "Measured"). SIZE_MAX where jemalloc does not say. mode=size keeps its
+ * own rule (`big`). */
+static size_t hp_large_min = SIZE_MAX;
 static void *(*hp_mallocx)(size_t, int);
 static void *(*hp_rallocx)(void *, size_t, int);
 static int (*hp_mallctl)(const char *, void *, size_t *, void *, size_t);
@@ -483,6 +493,9 @@ static __attribute__((noinline)) void hp_start(void) {
             hp_say("mallctl arenas.create failed; passing every call through");
         } else {
             hp_flags = HP_MALLOCX_ARENA(arena) | HP_MALLOCX_TCACHE_NONE;
+            size_t large = 0, large_len = sizeof large;
+            if (hp_mallctl("arenas.lextent.0.size", &large, &large_len, NULL, 0) == 0 && large)
+                hp_large_min = large;
             hp_learning = hp_set.mode == HP_PREDICT;
             if (hp_set.table[0]) {
                 hc_site_init(); /* the program's name, as the tracer records it */
@@ -653,10 +666,12 @@ static __attribute__((noinline)) int hp_life_long(size_t n, uintptr_t site) {
     return -1;
 }
 
-/* 1: this request goes to the long arena. Two loads on the path of every allocation without a
- * table: the mode flag and the site's table word (with one: the lifetime table first). */
+/* 1: this request goes to the long arena. Three loads on the path of every allocation without a
+ * table: the mode flag, the large-size limit and the site's table word (with one: the lifetime
+ * table first). */
 static inline int hp_long(size_t n, uintptr_t site) {
     if (HP_UNLIKELY(hp_by_size)) return n >= hp_set.big;
+    if (HP_UNLIKELY(n >= hp_large_min)) return 0; /* a large block pins no neighbour */
     if (HP_UNLIKELY(hp_life_on)) {
         int said = hp_life_long(n, site);
         if (said >= 0) return said;

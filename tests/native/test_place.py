@@ -194,6 +194,31 @@ def test_the_online_counter_finds_the_long_lived_site(burstkv, tmp_path):
     assert (row["mode"], row["long"], row["sampled"]) == ("sites", "6000", "0"), row
 
 
+@pytest.mark.parametrize(("size", "placed_long"), [(1000, True), (16384, False), (300000, False)])
+def test_a_large_block_is_never_placed_long_by_a_prediction(program, tmp_path, size, placed_long):
+    """GIVEN one call site whose every block lives to the end, WHEN the counter learns it at its
+    most eager, THEN its small blocks go to the long arena and its large ones (jemalloc's large
+    classes, from 16 KiB: an extent of their own, which pins no neighbour) never do; placement by
+    size alone keeps its own rule; the output is jemalloc's."""
+    exe = program("place_large")
+    argv = [exe, "3000", str(size)]
+    alone = _run(argv, place=None)
+    stats = tmp_path / "stats"
+    under = _run(argv, place=f"{EAGER},stats={stats}")
+    assert under.returncode == alone.returncode == 0 and under.stdout == alone.stdout
+    (row,) = _stats(stats.read_text())
+    assert int(row["sites_long"]) >= 1, row  # the site is long either way
+    if placed_long:
+        assert int(row["long"]) > 2000, row
+    else:
+        assert int(row["long"]) == 0, row
+    stats.unlink()
+    by_size = _run(argv, place=f"mode=size,big=0,stats={stats}")
+    assert by_size.stdout == alone.stdout
+    (row,) = _stats(stats.read_text())
+    assert int(row["long"]) >= 3000, row  # and the few of start-up and printf
+
+
 def test_placement_lowers_rss_after_bursts_when_jemalloc_returns_pages(burstkv, tmp_path):
     """With jemalloc returning freed pages at once (dirty_decay_ms:0), the pages a burst's short
     blocks emptied go back; without placement the long entries pin them. The bound (sites known

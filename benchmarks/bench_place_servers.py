@@ -1,7 +1,7 @@
-"""heapcast's placement layer on a real server whose footprint rises and falls: redis-server, loaded
-then partly deleted, burst after burst.
+"""heapcast's placement layer inside real servers: redis-server loaded then partly deleted, burst
+after burst, and the catalog's threaded key-value service under its load generator.
 
-Each burst SETs --requests short-lived keys (values of 32-288 bytes) and, every --every-th,
+Part 1, redis. Each burst SETs --requests short-lived keys (values of 32-288 bytes) and, every --every-th,
 one key that stays; then DELetes the short-lived ones and asks redis to give back what its
 allocator holds free (MEMORY PURGE: jemalloc's arenas purged, what redis offers its users
 against fragmentation). After each burst: the server's resident set (/proc/PID/statm) and
@@ -12,10 +12,16 @@ off, by the online counter, by the long sites of a first run of the same input (
 optimistic reference) and by size alone (no prediction). glibc cannot be measured: the binary
 links jemalloc, so its malloc is never glibc's.
 
-    .venv/bin/python benchmarks/bench_place_redis.py [--reps 3] [--bursts 8] [--requests 50000]
-        [--every 100] [--out PATH]
+Part 2, kv_service (docker/workloads/threads/src: hc-kvserver, a thread per connection, and
+hc-loadgen, 16 clients of --sessions sessions of 200 requests: GET, PUT of 100 B - 512 KiB values
+that live until a later PUT replaces them, SCAN), built here with cc -O2: the server's peak RSS,
+CPU time and minor faults (wait4) under glibc, the same allocators and the same jemalloc arms;
+its output (what it holds at the end) must be the same in every arm.
 
-writes benchmarks/results/place_redis.json: medians and min-max for time.
+    .venv/bin/python benchmarks/bench_place_servers.py [--reps 3] [--bursts 8]
+        [--requests 50000] [--every 100] [--sessions 20] [--out PATH]
+
+writes benchmarks/results/place_servers.json: medians and min-max for time.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +42,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_place import JEMALLOC, MIMALLOC, NATIVE, PLACE, REPO, TCMALLOC, clean_env  # noqa: E402
 
-OUT = REPO / "benchmarks" / "results" / "place_redis.json"
+OUT = REPO / "benchmarks" / "results" / "place_servers.json"
+KV_SRC = REPO / "docker" / "workloads" / "threads" / "src"
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -119,7 +127,8 @@ def run_arm(env: dict[str, str], bursts: list[tuple[bytes, bytes]], work: Path) 
         "rss_after_bursts_kb": rss,
         "used_memory_after_bursts_kb": [u // 1024 for u in used],
         "rss_end_kb": rss[-1],
-        "peak_rss_kb": peak,
+        # VmHWM is the kernel's lazily synced counter: never below what statm showed
+        "peak_rss_kb": max(peak, *rss),
         "cpu_s": cpu,
         "wall_s": time.perf_counter() - t0,
         "minor_faults": faults,
@@ -147,6 +156,111 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
+def build_kv(work: Path) -> tuple[Path, Path]:
+    """hc-kvserver and hc-loadgen, compiled here from the catalog's sources."""
+    out = []
+    for name in ("kvserver", "loadgen"):
+        exe = work / name
+        subprocess.run(
+            ["cc", "-O2", "-pthread", "-o", str(exe), str(KV_SRC / f"{name}.c")], check=True
+        )
+        out.append(exe)
+    return out[0], out[1]
+
+
+def run_kv(env: dict[str, str], kv: tuple[Path, Path], sessions: int, work: Path) -> dict:
+    """One hc-kvserver under `env`, hc-loadgen (no preload) driving it; the server's figures."""
+    server_exe, loadgen = kv
+    ready = work / "kv.ready"
+    ready.unlink(missing_ok=True)
+    with socket.socket() as s:  # a free loopback port
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = tempfile.TemporaryFile()
+    err = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    server = subprocess.Popen(
+        [str(server_exe), port, str(ready)], env=clean_env(env), stdout=out, stderr=err
+    )
+    try:
+        for _ in range(200):
+            if ready.exists() or server.poll() is not None:
+                break
+            time.sleep(0.05)
+        if not ready.exists():
+            raise RuntimeError(f"hc-kvserver did not start under {env}")
+        subprocess.run(
+            [str(loadgen), port, "7", str(sessions), "16"],
+            env=clean_env({}),
+            capture_output=True,
+            check=True,
+            timeout=600,
+        )
+        _, status, ru = os.wait4(server.pid, 0)
+        server.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        if server.returncode is None:
+            server.kill()
+            server.wait()
+    out.seek(0)
+    err.seek(0)
+    if server.returncode != 0:
+        raise RuntimeError(
+            f"hc-kvserver under {env}: exit {server.returncode}: {err.read()[-300:]}"
+        )
+    return {
+        "stdout": out.read().decode(),
+        "stderr": err.read().decode(),
+        "peak_rss_kb": ru.ru_maxrss,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "wall_s": time.perf_counter() - t0,
+        "minor_faults": ru.ru_minflt,
+    }
+
+
+def summarize_kv(runs: list[dict]) -> dict:
+    return {
+        "peak_rss_kb": statistics.median(r["peak_rss_kb"] for r in runs),
+        "peak_rss_kb_range": [
+            min(r["peak_rss_kb"] for r in runs),
+            max(r["peak_rss_kb"] for r in runs),
+        ],
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+        "cpu_s_range": [min(r["cpu_s"] for r in runs), max(r["cpu_s"] for r in runs)],
+        "minor_faults": statistics.median(r["minor_faults"] for r in runs),
+        "runs": len(runs),
+    }
+
+
+def bench_kv(args: argparse.Namespace, work: Path) -> dict:
+    """Part 2: every arm (glibc too) on hc-kvserver, rounds alternating."""
+    kv = build_kv(work)
+    sites = work / "kv-sites.txt"
+    learn = {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites}"}
+    run_kv(learn, kv, args.sessions, work)
+    table = {"glibc": {}, "jemalloc": {"LD_PRELOAD": str(JEMALLOC)}}
+    table |= {n: e for n, e in arms(sites).items() if n != "jemalloc (redis's own)"}
+    table["jemalloc+place"]["HEAPCAST_PLACE"] += ",stats=1"  # its line on the server's stderr
+    names = list(table)
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.reps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            results[name].append(run_kv(table[name], kv, args.sessions, work))
+    counter = [
+        line
+        for x in results["jemalloc+place"]
+        for line in x["stderr"].splitlines()
+        if line.startswith("heapcast place: pid=")
+    ]
+    return {
+        "argv": ["hc-loadgen", "PORT", "7", str(args.sessions), "16"],
+        "bound_sites": sites.read_text().splitlines(),
+        "counter_stats": counter[-1:],
+        "output_identical_across_arms": len({x["stdout"] for n in names for x in results[n]}) == 1,
+        "arms": {n: summarize_kv(results[n]) for n in names},
+    }
+
+
 def arms(sites: Path) -> dict[str, dict[str, str]]:
     place = f"{PLACE} {JEMALLOC}"
     return {
@@ -169,6 +283,7 @@ def main() -> None:
     ap.add_argument("--bursts", type=int, default=8)
     ap.add_argument("--requests", type=int, default=50_000, help="short-lived keys a burst")
     ap.add_argument("--every", type=int, default=100, help="one kept key per this many")
+    ap.add_argument("--sessions", type=int, default=20, help="kv_service: sessions a client")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     missing = [p for p in ("redis-server", "redis-cli") if shutil.which(p) is None]
@@ -190,9 +305,11 @@ def main() -> None:
         for r in range(args.reps):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 results[name].append(run_arm(table[name], bursts, work))
+        kv = bench_kv(args, work)
         result = {
-            "command": f"python benchmarks/bench_place_redis.py --reps {args.reps} --bursts "
-            f"{args.bursts} --requests {args.requests} --every {args.every}",
+            "command": f"python benchmarks/bench_place_servers.py --reps {args.reps} --bursts "
+            f"{args.bursts} --requests {args.requests} --every {args.every} --sessions "
+            f"{args.sessions}",
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "redis": subprocess.run(
                 ["redis-server", "--version"], capture_output=True, text=True
@@ -204,6 +321,7 @@ def main() -> None:
             )
             == 1,
             "arms": {n: summarize(results[n]) for n in names},
+            "kv_service": kv,
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -215,6 +333,12 @@ def main() -> None:
             f"{name:24s} RSS after bursts {after} | peak {a['peak_rss_kb'] / 1024:.1f} MB "
             f"| cpu {a['cpu_s']:.2f} s | faults {a['minor_faults']:.0f} | live "
             f"{a['used_memory_after_bursts_kb'][-1] / 1024:.1f} MB"
+        )
+    print("kv_service counter:", *result["kv_service"]["counter_stats"])
+    for name, a in result["kv_service"]["arms"].items():
+        print(
+            f"{name:24s} peak {a['peak_rss_kb'] / 1024:.1f} MB | cpu {a['cpu_s']:.2f} s "
+            f"| faults {a['minor_faults']:.0f}"
         )
 
 
