@@ -180,8 +180,9 @@ static struct hp_site hp_sites[HP_NSITES] __attribute__((aligned(64)));
 
 struct hp_sample {
     uintptr_t ptr; /* 0: free slot */
-    uint64_t val;  /* site entry << 48 | the clock at its allocation */
+    uint64_t val;  /* HP_PLACED_LONG | site entry << 48 | the clock at its allocation */
 };
+#define HP_PLACED_LONG (UINT64_C(1) << 63) /* the sampled block went to the long arena */
 static struct hp_sample hp_samples[HP_NSAMPLES] __attribute__((aligned(64)));
 static uint64_t hp_clock __attribute__((aligned(64)));
 
@@ -202,6 +203,9 @@ static unsigned hp_next_stripe;
 static __thread struct hp_stripe *hp_tls_stripe __attribute__((tls_model("initial-exec")));
 static __thread int hp_tls_countdown __attribute__((tls_model("initial-exec")));
 static uint64_t hp_evicted_long, hp_freed_short, hp_freed_long;
+/* sampled blocks the layer placed long that died within the horizon (a wrong placement) or
+ * outlived it (a right one): the stats line's long_young and long_old */
+static uint64_t hp_long_young, hp_long_old;
 
 static inline struct hp_stripe *hp_stripe(void) {
     struct hp_stripe *s = hp_tls_stripe;
@@ -229,10 +233,19 @@ static void hp_learn(unsigned e, int outlived) {
     __atomic_store_n(&t->word, (w & ~(uintptr_t)1) | lng, __ATOMIC_RELAXED);
 }
 
+/* A sampled block's verdict (`v` its slot's value): its site learns it, and it counts as a right
+ * or a wrong long placement if it was placed long. */
+static void hp_verdict(uint64_t v, int outlived) {
+    if (v & HP_PLACED_LONG)
+        __atomic_fetch_add(outlived ? &hp_long_old : &hp_long_young, 1, __ATOMIC_RELAXED);
+    hp_learn((unsigned)((v >> 48) & (HP_NSITES - 1)), outlived);
+}
+
 static void hp_sweep(uint64_t now);
 
-/* A sampled allocation: claim the site's entry if another site holds it, record p. */
-static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site) {
+/* A sampled allocation: claim the site's entry if another site holds it, record p (and whether
+ * it went to the long arena: placed_long). */
+static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site, int placed_long) {
     if (!hp_learning) {
         hp_tls_countdown = INT32_MAX; /* mode=sites, size: nothing to learn */
         return;
@@ -262,12 +275,14 @@ static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site) {
                                          __ATOMIC_RELAXED))
             return;
         __atomic_fetch_add(&hp_evicted_long, 1, __ATOMIC_RELAXED);
-        hp_learn((unsigned)(v >> 48), 1); /* outlived the horizon: its site's long count */
+        hp_verdict(v, 1); /* outlived the horizon: its site's long count */
     } else if (!__atomic_compare_exchange_n(&slot->ptr, &old, (uintptr_t)p, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_RELAXED)) {
         return;
     }
-    __atomic_store_n(&slot->val, ((uint64_t)e << 48) | (now & HP_CLOCK_MASK), __ATOMIC_RELEASE);
+    uint64_t mark = placed_long ? HP_PLACED_LONG : 0;
+    __atomic_store_n(&slot->val, mark | ((uint64_t)e << 48) | (now & HP_CLOCK_MASK),
+                     __ATOMIC_RELEASE);
 }
 
 /* At each sample, HP_SWEEP more slots in turn: a block live past the horizon gets its verdict
@@ -288,7 +303,7 @@ static void hp_sweep(uint64_t now) {
                                          __ATOMIC_RELAXED))
             continue;
         __atomic_fetch_add(&hp_evicted_long, 1, __ATOMIC_RELAXED);
-        hp_learn((unsigned)(v >> 48), 1);
+        hp_verdict(v, 1);
     }
 }
 
@@ -303,7 +318,7 @@ static inline void hp_free_sampled(void *p) {
     uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
     int outlived = ((now - v) & HP_CLOCK_MASK) >= hp_set.horizon;
     __atomic_fetch_add(outlived ? &hp_freed_long : &hp_freed_short, 1, __ATOMIC_RELAXED);
-    hp_learn((unsigned)(v >> 48), outlived);
+    hp_verdict(v, outlived);
 }
 
 /* ---- the lifetime table (table=FILE; the format: ../TABLE.md, "The placement's lifetime
@@ -608,7 +623,7 @@ __attribute__((destructor)) static void hp_destructor(void) {
             uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
             if (k == 0) continue;
             uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_ACQUIRE);
-            if (((now - v) & HP_CLOCK_MASK) >= hp_set.horizon) hp_learn((unsigned)(v >> 48), 1);
+            if (((now - v) & HP_CLOCK_MASK) >= hp_set.horizon) hp_verdict(v, 1);
         }
     }
     if (hp_set.learn[0]) hp_write_sites();
@@ -631,13 +646,14 @@ __attribute__((destructor)) static void hp_destructor(void) {
                      "heapcast place: pid=%d mode=%s long=%llu sampled=%llu "
                      "dropped=%llu freed_short=%llu freed_long=%llu evicted_long=%llu "
                      "sites_seen=%lu sites_long=%lu table=%d table_refused=%d "
-                     "table_answers=%llu counter_answers=%llu\n",
+                     "table_answers=%llu counter_answers=%llu long_young=%llu long_old=%llu\n",
                      (int)getpid(), names[hp_set.mode],
                      (unsigned long long)t.long_allocs, (unsigned long long)t.sampled,
                      (unsigned long long)t.dropped, (unsigned long long)hp_freed_short,
                      (unsigned long long)hp_freed_long, (unsigned long long)hp_evicted_long,
                      sites_seen, sites_long, hp_life_on, hp_life_refused,
-                     (unsigned long long)t.table_answers, (unsigned long long)t.counter_answers);
+                     (unsigned long long)t.table_answers, (unsigned long long)t.counter_answers,
+                     (unsigned long long)hp_long_young, (unsigned long long)hp_long_old);
     if (n <= 0 || n >= (int)sizeof line) return;
     if (!strcmp(hp_set.stats, "1")) {
         hp_write(2, line, (size_t)n);
@@ -701,9 +717,10 @@ static __attribute__((noinline)) void *hp_long_alloc(size_t n, int flags) {
 /* malloc and calloc share it: zero: MALLOCX_ZERO on the long path, calloc on the short one. */
 static inline void *hp_alloc(size_t n, int zero, uintptr_t site) {
     void *p;
-    if (HP_UNLIKELY(hp_long(n, site))) p = hp_long_alloc(n, zero ? HP_MALLOCX_ZERO : 0);
+    int lng = hp_long(n, site);
+    if (HP_UNLIKELY(lng)) p = hp_long_alloc(n, zero ? HP_MALLOCX_ZERO : 0);
     else p = zero ? hc_real.calloc(1, n) : hc_real.malloc(n);
-    if (hp_sampling()) hp_sample(p, site);
+    if (hp_sampling()) hp_sample(p, site, lng);
     return p;
 }
 
@@ -720,7 +737,7 @@ static void *hp_aligned(size_t align, size_t n, uintptr_t site, int *handled) {
     }
     *handled = 1;
     void *p = hp_long_alloc(n, HP_MALLOCX_LG_ALIGN(__builtin_ctzll(align)));
-    if (hp_sampling()) hp_sample(p, site);
+    if (hp_sampling()) hp_sample(p, site, 1);
     return p;
 }
 
@@ -782,14 +799,15 @@ HP_EXPORT void *realloc(void *old, size_t n) {
     /* the old block's sample (if any) ends here: its life as this block is over */
     if (hp_learning) hp_free_sampled(old);
     void *q;
-    if (hp_long(n, site)) {
+    int lng = hp_long(n, site);
+    if (lng) {
         HP_COUNT(hp_stripe(), long_allocs);
         q = hp_rallocx(old, n, hp_flags); /* in place where it can, else moved to the arena */
         if (q == NULL) errno = ENOMEM;
     } else {
         q = real_realloc(old, n);
     }
-    if (hp_sampling()) hp_sample(q, site);
+    if (hp_sampling()) hp_sample(q, site, lng);
     return q;
 }
 
@@ -921,13 +939,15 @@ HP_EXPORT size_t malloc_usable_size(void *p) {
         uintptr_t site = HP_SITE;                                                                 \
         int on = hp_on();                                                                         \
         void *p = NULL;                                                                           \
-        if (on && HP_UNLIKELY(hp_long(n, site)))                                                  \
+        int lng = on && hp_long(n, site);                                                         \
+        if (HP_UNLIKELY(lng))                                                                     \
             p = hp_long_alloc(n, (align) ? HP_MALLOCX_LG_ALIGN(__builtin_ctzll(align)) : 0);     \
         if (p == NULL) {                                                                          \
+            lng = 0; /* not in the long arena: jemalloc's own new serves it */                    \
             void *(*f) params = HP_NEXT(next, #name);                                             \
             p = f ? f args : malloc(n);                                                           \
         }                                                                                         \
-        if (on && hp_sampling()) hp_sample(p, site);                                              \
+        if (on && hp_sampling()) hp_sample(p, site, lng);                                         \
         return p;                                                                                 \
     }
 HP_NEWS(HP_NEW_)

@@ -158,6 +158,10 @@ class Sample(BaseModel):
     place_table_refused: int | None = None
     place_table_answers: int | None = None
     place_counter_answers: int | None = None
+    # sampled blocks placed long that died within the horizon (wrong placements) / outlived it
+    # (right ones): native/layers/place.c, hp_verdict
+    place_long_young: int | None = None
+    place_long_old: int | None = None
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,

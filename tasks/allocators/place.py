@@ -39,6 +39,8 @@ PLACE_COUNTERS = (
     "table_refused",  # processes that refused theirs (and ran on the counter)
     "table_answers",  # allocations the table placed
     "counter_answers",  # with a table: allocations the online counter placed (no key)
+    "long_young",  # sampled blocks placed long that died young (wrong placements)
+    "long_old",  # sampled blocks placed long that outlived the horizon (right ones)
 )
 
 
@@ -160,6 +162,12 @@ def describe(stats: dict[str, int | str], mode: str = "predict") -> str:
             f" ({stats['place_sampled']:,} blocks sampled: {stats['place_freed_short']:,} died "
             f"young, {stats['place_freed_long'] + stats['place_evicted_long']:,} outlived the "
             "horizon)"
+        )
+    judged = int(stats.get("place_long_young") or 0) + int(stats.get("place_long_old") or 0)
+    if stats["place_mode"] == "predict" and judged:
+        text += (
+            f"; of the sampled blocks placed long, {stats['place_long_old']:,} of {judged:,} "
+            "outlived the horizon"
         )
     if stats.get("place_table"):
         text += (

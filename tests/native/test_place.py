@@ -185,6 +185,10 @@ def test_the_online_counter_finds_the_long_lived_site(burstkv, tmp_path):
     (row,) = _stats(stats.read_text())
     assert row["mode"] == "predict" and int(row["sites_long"]) == 1, row
     assert 2000 < int(row["long"]) <= 6000, row
+    # the layer judges its own long placements, the entries' (those freed at exit within the
+    # horizon count young): every one it judged was placed long, so it judged no more than that
+    judged = int(row["long_old"]) + int(row["long_young"])
+    assert 0 < judged <= int(row["long"]), row
     (line,) = sites.read_text().splitlines()  # "- OFFSET": a site in the program itself
     assert line.startswith("- ")
     stats.unlink()
@@ -250,13 +254,14 @@ def test_steps_aside_without_an_arenas_api(program):
     ]
 
 
-def test_a_bad_option_is_one_line_and_a_pass_through(program):
+@pytest.mark.parametrize("bad", ["mode=fast", "pct=101"])
+def test_a_bad_option_is_one_line_and_a_pass_through(program, bad):
     exe = program("allforms")
     alone = _run([exe, "4", "3000"], place=None, jemalloc=False)
-    under = _run([exe, "4", "3000"], place="mode=fast,stats=1")
+    under = _run([exe, "4", "3000"], place=f"{bad},stats=1")
     assert (under.returncode, under.stdout) == (0, alone.stdout)
     (line,) = [x for x in under.stderr.splitlines() if "heapcast" in x]
-    assert line.startswith("heapcast place: cannot parse HEAPCAST_PLACE item 'mode=fast'")
+    assert line.startswith(f"heapcast place: cannot parse HEAPCAST_PLACE item '{bad}'")
 
 
 def test_sqlite3_output_unchanged(tmp_path):

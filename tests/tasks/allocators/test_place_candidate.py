@@ -124,6 +124,14 @@ def test_the_stats_lines_are_summed_over_processes_and_said_in_a_sentence(tmp_pa
     text = describe(got)
     assert text.startswith("2 process(es), mode predict: 42 allocations placed long")
     assert "180 died young, 12 outlived the horizon" in text
+    assert "of the sampled blocks" not in text  # a line from before the layer judged them
+    # the layer's own long placements, judged: right ones (long_old) of all judged, summed
+    stats.write_text(
+        LINE.format(pid=7, long=40, seen=3).replace("\n", " long_young=3 long_old=9\n")
+        + LINE.format(pid=9, long=2, seen=5).replace("\n", " long_young=70 long_old=1\n")
+    )
+    text = describe(read_place_stats(stats))
+    assert "of the sampled blocks placed long, 10 of 83 outlived the horizon" in text
     a = CFG.get("jemalloc-place")
     assert place_error(a, got) is None
     # no line: the layer passed every call through (no jemalloc behind it, an option refused)
