@@ -91,27 +91,53 @@ def lifetime_table(exe: Path, argv: list[str], work: Path) -> Path:
     return path
 
 
-def arms(sites_file: Path, table_file: Path) -> dict[str, dict[str, str]]:
-    """name -> the environment that makes it (LD_PRELOAD and the layer's options)."""
+def layer_arms(
+    sites_file: Path | None = None, table_file: Path | None = None
+) -> dict[str, dict[str, str]]:
+    """The layer in front of jemalloc, name -> environment: placement off (jemalloc as the layer
+    configures it, malloc_conf), by the online counter, by size alone (no prediction), and where
+    given, by the long sites of a first run (the bound) and by the lifetime table (the online
+    counter where it does not know the key)."""
     place = f"{PLACE} {JEMALLOC}"
+    out = {
+        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
+        "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
+    }
+    if sites_file is not None:
+        out["jemalloc+place-bound"] = {
+            "LD_PRELOAD": place,
+            "HEAPCAST_PLACE": f"mode=sites,sites={sites_file}",
+        }
+    out["jemalloc+place-size"] = {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=size"}
+    if table_file is not None:
+        out["jemalloc+place-table"] = {"LD_PRELOAD": place, "HEAPCAST_PLACE": f"table={table_file}"}
+    return out
+
+
+def learn_env(sites_file: Path) -> dict[str, str]:
+    """The bound's first run: the online counter, its long sites written to `sites_file` at exit."""
+    return {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites_file}"}
+
+
+def alternating(names: list[str], reps: int, run) -> dict[str, list]:
+    """`run(name)` for every arm, `reps` rounds, each round starting one arm later, so that
+    the shared machine's drift falls on every arm alike."""
+    results: dict[str, list] = {n: [] for n in names}
+    for r in range(reps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            results[name].append(run(name))
+    return results
+
+
+def arms(sites_file: Path, table_file: Path) -> dict[str, dict[str, str]]:
+    """name -> the environment that makes it (LD_PRELOAD and the layer's options); every arm
+    but glibc's, tcmalloc's and mimalloc's also in jemalloc's prompt mode."""
     base = {
         "glibc": {},
         "tcmalloc": {"LD_PRELOAD": str(TCMALLOC)},
         "mimalloc": {"LD_PRELOAD": str(MIMALLOC)},
     }
-    jem = {
-        "jemalloc": {"LD_PRELOAD": str(JEMALLOC)},
-        # the layer loaded, nothing placed: jemalloc as the layer configures it (malloc_conf)
-        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
-        "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
-        "jemalloc+place-bound": {
-            "LD_PRELOAD": place,
-            "HEAPCAST_PLACE": f"mode=sites,sites={sites_file}",
-        },
-        "jemalloc+place-size": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=size"},
-        # the lifetime table where it knows the key, the online counter elsewhere
-        "jemalloc+place-table": {"LD_PRELOAD": place, "HEAPCAST_PLACE": f"table={table_file}"},
-    }
+    jem = {"jemalloc": {"LD_PRELOAD": str(JEMALLOC)}, **layer_arms(sites_file, table_file)}
     out = dict(base)
     for name, env in jem.items():
         out[name] = env
@@ -178,20 +204,14 @@ def bench_workload(
     arms, the ones the layer stands in front of)."""
     base = base or {}
     sites = work / f"sites-{Path(argv[0]).name}.txt"
-    # the bound's first run: the same input, the online counter, its long sites written at exit
-    learn = {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites}"}
-    run_measured(argv, clean_env({**base, **learn}))
+    run_measured(argv, clean_env({**base, **learn_env(sites)}))  # the same input
     table = {
         n: {**base, **e}
         for n, e in arms(sites, table_file).items()
         if not base or n.startswith("jemalloc")
     }
     names = list(table)
-    results: dict[str, list[dict]] = {n: [] for n in names}
-    for r in range(args.reps):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            results[name].append(run_measured(argv, clean_env(table[name])))
+    results = alternating(names, args.reps, lambda n: run_measured(argv, clean_env(table[n])))
     outputs = {n: {x["stdout"] for x in results[n]} for n in names}
     same = len(set().union(*outputs.values())) == 1
     return {
@@ -203,28 +223,23 @@ def bench_workload(
 
 
 def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
-    place = f"{PLACE} {JEMALLOC}"
-    table = {
-        "jemalloc": {"LD_PRELOAD": str(JEMALLOC)},
-        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
-        "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
-        "jemalloc+place-table": {"LD_PRELOAD": place, "HEAPCAST_PLACE": f"table={table_file}"},
+    table = {"jemalloc": {"LD_PRELOAD": str(JEMALLOC)}}
+    table |= {
+        n: e
+        for n, e in layer_arms(table_file=table_file).items()
+        if n in ("jemalloc+place-off", "jemalloc+place", "jemalloc+place-table")
     }
+
+    def pair_ns(threads: int, name: str) -> float:
+        argv = [str(exe), str(threads), str(args.pairs), "64"]
+        p = subprocess.run(argv, env=clean_env(table[name]), capture_output=True, text=True)
+        if p.returncode:
+            sys.exit(f"{' '.join(argv)} under {name} failed ({p.returncode}): {p.stderr[-500:]}")
+        return float(p.stdout.split("=")[1])
+
     out = {}
     for threads in (0, 2):
-        ns: dict[str, list[float]] = {n: [] for n in table}
-        for r in range(args.reps * 2):
-            names = list(table)
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                p = subprocess.run(
-                    [str(exe), str(threads), str(args.pairs), "64"],
-                    env=clean_env(table[name]),
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                ns[name].append(float(p.stdout.split("=")[1]))
+        ns = alternating(list(table), args.reps * 2, lambda n, t=threads: pair_ns(t, n))
         mins = {n: min(v) for n, v in ns.items()}
         out[f"threads={threads}"] = {
             "ns_per_pair_min": mins,

@@ -40,7 +40,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_place import JEMALLOC, MIMALLOC, NATIVE, PLACE, REPO, TCMALLOC, clean_env  # noqa: E402
+from bench_place import (  # noqa: E402
+    JEMALLOC,
+    MIMALLOC,
+    NATIVE,
+    REPO,
+    TCMALLOC,
+    alternating,
+    clean_env,
+    layer_arms,
+    learn_env,
+)
 
 OUT = REPO / "benchmarks" / "results" / "place_servers.json"
 KV_SRC = REPO / "docker" / "workloads" / "threads" / "src"
@@ -236,16 +246,12 @@ def bench_kv(args: argparse.Namespace, work: Path) -> dict:
     """Part 2: every arm (glibc too) on hc-kvserver, rounds alternating."""
     kv = build_kv(work)
     sites = work / "kv-sites.txt"
-    learn = {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites}"}
-    run_kv(learn, kv, args.sessions, work)
+    run_kv(learn_env(sites), kv, args.sessions, work)  # the bound's first run
     table = {"glibc": {}, "jemalloc": {"LD_PRELOAD": str(JEMALLOC)}}
     table |= {n: e for n, e in arms(sites).items() if n != "jemalloc (redis's own)"}
     table["jemalloc+place"]["HEAPCAST_PLACE"] += ",stats=1"  # its line on the server's stderr
     names = list(table)
-    results: dict[str, list[dict]] = {n: [] for n in names}
-    for r in range(args.reps):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            results[name].append(run_kv(table[name], kv, args.sessions, work))
+    results = alternating(names, args.reps, lambda n: run_kv(table[n], kv, args.sessions, work))
     counter = [
         line
         for x in results["jemalloc+place"]
@@ -262,18 +268,12 @@ def bench_kv(args: argparse.Namespace, work: Path) -> dict:
 
 
 def arms(sites: Path) -> dict[str, dict[str, str]]:
-    place = f"{PLACE} {JEMALLOC}"
+    """name -> environment: redis as linked, tcmalloc, mimalloc and the layer's arms."""
     return {
         "jemalloc (redis's own)": {},
         "tcmalloc": {"LD_PRELOAD": str(TCMALLOC)},
         "mimalloc": {"LD_PRELOAD": str(MIMALLOC)},
-        "jemalloc+place-off": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=off"},
-        "jemalloc+place": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=predict"},
-        "jemalloc+place-bound": {
-            "LD_PRELOAD": place,
-            "HEAPCAST_PLACE": f"mode=sites,sites={sites}",
-        },
-        "jemalloc+place-size": {"LD_PRELOAD": place, "HEAPCAST_PLACE": "mode=size"},
+        **layer_arms(sites),
     }
 
 
@@ -294,17 +294,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         sites = work / "sites.txt"
-        # the bound's first run: the same bursts, the online counter, its long sites at exit
-        learn = {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites}"}
-        run_arm(learn, bursts, work)
+        run_arm(learn_env(sites), bursts, work)  # the bound's first run, the same bursts
         table = arms(sites)
         stats = work / "place.stats"
         table["jemalloc+place"]["HEAPCAST_PLACE"] += f",stats={stats}"
         names = list(table)
-        results: dict[str, list[dict]] = {n: [] for n in names}
-        for r in range(args.reps):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                results[name].append(run_arm(table[name], bursts, work))
+        results = alternating(names, args.reps, lambda n: run_arm(table[n], bursts, work))
         kv = bench_kv(args, work)
         result = {
             "command": f"python benchmarks/bench_place_servers.py --reps {args.reps} --bursts "
