@@ -8,9 +8,10 @@ against fragmentation). After each burst: the server's resident set (/proc/PID/s
 redis's own count of live bytes (INFO used_memory); at the end its peak RSS (VmHWM), CPU time
 and minor faults (/proc/PID/stat). Arms, rounds alternating: redis as Debian builds it (linked
 to jemalloc), tcmalloc and mimalloc preloaded, and jemalloc with the layer in front: placement
-off, by the online counter, by the long sites of a first run of the same input (the bound, an
-optimistic reference) and by size alone (no prediction). glibc cannot be measured: the binary
-links jemalloc, so its malloc is never glibc's.
+off, by the online counter (and by it with no site ever stepping aside: falls=0), by the long
+sites of a first run of the same input (the bound, an optimistic reference) and by size alone
+(no prediction). glibc cannot be measured: the binary links jemalloc, so its malloc is never
+glibc's.
 
 Part 2, kv_service (docker/workloads/threads/src: hc-kvserver, a thread per connection, and
 hc-loadgen, 16 clients of --sessions sessions of 200 requests: GET, PUT of 100 B - 512 KiB values
@@ -268,12 +269,17 @@ def bench_kv(args: argparse.Namespace, work: Path) -> dict:
 
 
 def arms(sites: Path) -> dict[str, dict[str, str]]:
-    """name -> environment: redis as linked, tcmalloc, mimalloc and the layer's arms."""
+    """name -> environment: redis as linked, tcmalloc, mimalloc and the layer's arms, with the
+    online counter once more where no site ever steps aside (falls=0)."""
+    layer = layer_arms(sites)
+    never = {**layer["jemalloc+place"]}
+    never["HEAPCAST_PLACE"] += ",falls=0"
     return {
         "jemalloc (redis's own)": {},
         "tcmalloc": {"LD_PRELOAD": str(TCMALLOC)},
         "mimalloc": {"LD_PRELOAD": str(MIMALLOC)},
-        **layer_arms(sites),
+        **layer,
+        "jemalloc+place-never-aside": never,
     }
 
 

@@ -30,7 +30,10 @@
  * its free, when a later sample claims its slot, or when the sweep (HP_SWEEP slots in turn at
  * each sample) finds it. A site is long once it has >= 2 long samples
  * and they are >= `pct`% of its samples (halved past 256, so a site can change its mind). A site
- * never seen is short. Races: the tables are lock-free (relaxed atomics, one compare-and-swap to
+ * whose verdict has fallen from long back to short `falls` times (default 1; 0: never) stays
+ * short: its blocks' lifetimes straddle the horizon, and each turn to long places blocks that
+ * mostly die young in the long arena, where their pages serve nothing else (the stats line's
+ * sites_aside). A site never seen is short. Races: the tables are lock-free (relaxed atomics, one compare-and-swap to
  * claim or release a sample slot); a lost update only blurs a counter, never a block.
  *
  * With a table (table=FILE, ../TABLE.md "The placement's lifetime table", distilled from the
@@ -84,6 +87,7 @@
     X(sample, "64", "1 in N allocations of a thread is recorded (1..65536)")                      \
     X(horizon, "262144", "a sampled block alive after this many allocations counts long")        \
     X(pct, "50", "a site is long once >= this % of its (>= 2) samples outlived the horizon")     \
+    X(falls, "1", "a site whose verdict fell from long to short this many times stays short")    \
     X(big, "1024", "mode=size: requests of at least this many bytes go to the second arena")     \
     X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote")               \
     X(learn, "", "write the long sites at exit to FILE (module offset lines)")                    \
@@ -115,7 +119,7 @@ enum hp_state { HP_START, HP_STARTING, HP_ON, HP_ASIDE };
 
 static struct {
     enum hp_mode mode;
-    int sample, pct;
+    int sample, pct, falls;
     uint64_t horizon;
     size_t big;
     uint32_t model;
@@ -174,7 +178,8 @@ static void hp_say(const char *what) {
 
 struct hp_site {
     uintptr_t word;          /* site << 1 | long; 0: empty. The one field the hot path reads. */
-    uint32_t nshort, nlong;  /* sampled blocks that died young, that outlived the horizon */
+    uint16_t nshort, nlong;  /* sampled blocks that died young, that outlived the horizon */
+    uint16_t falls;          /* times its verdict fell from long back to short (hp_learn) */
 };
 static struct hp_site hp_sites[HP_NSITES] __attribute__((aligned(64)));
 
@@ -230,6 +235,9 @@ static void hp_learn(unsigned e, int outlived) {
     uintptr_t w = __atomic_load_n(&t->word, __ATOMIC_RELAXED);
     if (w == 0) return;
     uintptr_t lng = nl >= 2 && (uint64_t)nl * 100 >= (uint64_t)hp_set.pct * (ns + nl);
+    uint16_t falls = __atomic_load_n(&t->falls, __ATOMIC_RELAXED);
+    if ((w & 1) && !lng && falls < UINT16_MAX) __atomic_store_n(&t->falls, ++falls, __ATOMIC_RELAXED);
+    if (hp_set.falls && falls >= hp_set.falls) lng = 0; /* its verdict proved unstable: aside */
     __atomic_store_n(&t->word, (w & ~(uintptr_t)1) | lng, __ATOMIC_RELAXED);
 }
 
@@ -259,6 +267,7 @@ static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site, int pla
     if ((w >> 1) != site) { /* new here: this site takes the entry, counts afresh */
         __atomic_store_n(&hp_sites[e].nshort, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&hp_sites[e].nlong, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&hp_sites[e].falls, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&hp_sites[e].word, site << 1, __ATOMIC_RELAXED);
     }
     uint64_t now = __atomic_add_fetch(&hp_clock, (uint64_t)hp_set.sample, __ATOMIC_RELAXED);
@@ -411,7 +420,7 @@ static int hp_parse_u64(const char *v, uint64_t *out) {
 
 /* HEAPCAST_PLACE parsed into hp_set; 0 (with one line on stderr) on anything it cannot parse. */
 static int hp_parse_options(void) {
-    uint64_t sample = 64, horizon = 262144, pct = 50, big = 1024;
+    uint64_t sample = 64, horizon = 262144, pct = 50, big = 1024, falls = 1;
     hp_set.mode = HP_PREDICT;
     const char *env = getenv("HEAPCAST_PLACE");
     char buf[2048];
@@ -440,6 +449,8 @@ static int hp_parse_options(void) {
                 ok = hp_parse_u64(v, &horizon) && horizon >= 1 && horizon < HP_CLOCK_MASK / 2;
             } else if (!strcmp(k, "pct")) {
                 ok = hp_parse_u64(v, &pct) && pct <= 100;
+            } else if (!strcmp(k, "falls")) {
+                ok = hp_parse_u64(v, &falls) && falls <= UINT16_MAX;
             } else if (!strcmp(k, "big")) {
                 ok = hp_parse_u64(v, &big);
             } else if (!strcmp(k, "model")) {
@@ -481,6 +492,7 @@ static int hp_parse_options(void) {
         return 0;
     }
     hp_set.sample = (int)sample, hp_set.horizon = horizon, hp_set.pct = (int)pct;
+    hp_set.falls = (int)falls;
     hp_set.big = (size_t)big;
     return 1;
 }
@@ -635,23 +647,24 @@ __attribute__((destructor)) static void hp_destructor(void) {
         t.table_answers += hp_stripes[i].table_answers;
         t.counter_answers += hp_stripes[i].counter_answers;
     }
-    unsigned long sites_long = 0, sites_seen = 0;
+    unsigned long sites_long = 0, sites_seen = 0, sites_aside = 0;
     for (unsigned e = 0; e < HP_NSITES; e++) {
         sites_seen += hp_sites[e].word != 0;
         sites_long += hp_sites[e].word & 1;
+        sites_aside += hp_sites[e].word && hp_set.falls && hp_sites[e].falls >= hp_set.falls;
     }
     static const char *const names[] = {"off", "predict", "sites", "size"};
     char line[700];
     int n = snprintf(line, sizeof line,
                      "heapcast place: pid=%d mode=%s long=%llu sampled=%llu "
                      "dropped=%llu freed_short=%llu freed_long=%llu evicted_long=%llu "
-                     "sites_seen=%lu sites_long=%lu table=%d table_refused=%d "
+                     "sites_seen=%lu sites_long=%lu sites_aside=%lu table=%d table_refused=%d "
                      "table_answers=%llu counter_answers=%llu long_young=%llu long_old=%llu\n",
                      (int)getpid(), names[hp_set.mode],
                      (unsigned long long)t.long_allocs, (unsigned long long)t.sampled,
                      (unsigned long long)t.dropped, (unsigned long long)hp_freed_short,
                      (unsigned long long)hp_freed_long, (unsigned long long)hp_evicted_long,
-                     sites_seen, sites_long, hp_life_on, hp_life_refused,
+                     sites_seen, sites_long, sites_aside, hp_life_on, hp_life_refused,
                      (unsigned long long)t.table_answers, (unsigned long long)t.counter_answers,
                      (unsigned long long)hp_long_young, (unsigned long long)hp_long_old);
     if (n <= 0 || n >= (int)sizeof line) return;

@@ -152,6 +152,7 @@ class Sample(BaseModel):
     place_evicted_long: int | None = None
     place_sites_seen: int | None = None
     place_sites_long: int | None = None
+    place_sites_aside: int | None = None
     # with a lifetime table (table=FILE): processes that used it / refused it, and the
     # allocations the table placed / the online counter placed (keys the table lacks)
     place_table: int | None = None

@@ -23,7 +23,18 @@ JEMALLOC_PACKAGE = "libjemalloc2"
 # where a run's stats line goes, in its measure folder
 PLACE_STATS = "place-stats"
 # the layer's options (HP_OPTIONS in native/layers/place.c); `stats` is the stage's
-PLACE_OPTIONS = {"mode", "sample", "horizon", "pct", "big", "sites", "learn", "table", "model"}
+PLACE_OPTIONS = {
+    "mode",
+    "sample",
+    "horizon",
+    "pct",
+    "falls",
+    "big",
+    "sites",
+    "learn",
+    "table",
+    "model",
+}
 PLACE_MODES = {"predict", "sites", "size", "off"}
 # the stats line's counters, summed over processes
 PLACE_COUNTERS = (
@@ -35,6 +46,7 @@ PLACE_COUNTERS = (
     "evicted_long",
     "sites_seen",
     "sites_long",
+    "sites_aside",  # sites whose verdict fell from long back to short: kept short since
     "table",  # processes that used a lifetime table
     "table_refused",  # processes that refused theirs (and ran on the counter)
     "table_answers",  # allocations the table placed
@@ -125,7 +137,7 @@ def read_place_stats(path: Path) -> dict[str, int | str]:
         f"place_{k}": sum(int(r.get(k, 0) or 0) for r in rows) for k in PLACE_COUNTERS
     }
     # sites are a process's own table: the largest, not a sum over processes
-    for k in ("sites_seen", "sites_long"):
+    for k in ("sites_seen", "sites_long", "sites_aside"):
         out[f"place_{k}"] = max(int(r.get(k, 0) or 0) for r in rows)
     out["place_processes"] = len(rows)
     out["place_mode"] = ",".join(sorted({r.get("mode", "?") for r in rows}))
@@ -168,6 +180,11 @@ def describe(stats: dict[str, int | str], mode: str = "predict") -> str:
         text += (
             f"; of the sampled blocks placed long, {stats['place_long_old']:,} of {judged:,} "
             "outlived the horizon"
+        )
+    if stats.get("place_sites_aside"):
+        text += (
+            f"; {stats['place_sites_aside']} call site(s) stepped aside (their verdict fell from "
+            "long back to short; placed short since)"
         )
     if stats.get("place_table"):
         text += (

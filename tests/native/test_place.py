@@ -31,9 +31,10 @@ MODES = ["mode=predict", "mode=size,big=0"]
 # it is the allocator the layer stands in front of, where its undefined behaviour (a double free,
 # a foreign pointer) is compared
 LAYER_CONF = "lg_extent_max_active_fit:10"
-# and the counter at its most eager: every allocation sampled, long after 100 more (sites flip
-# between the arenas all the time, samples freed by other threads, the tables under contention)
-EAGER = "mode=predict,sample=1,horizon=100"
+# and the counter at its most eager: every allocation sampled, long after 100 more, no site ever
+# kept short (sites flip between the arenas all the time, samples freed by other threads, the
+# tables under contention)
+EAGER = "mode=predict,sample=1,horizon=100,falls=0"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -221,6 +222,28 @@ def test_a_large_block_is_never_placed_long_by_a_prediction(program, tmp_path, s
     assert by_size.stdout == alone.stdout
     (row,) = _stats(stats.read_text())
     assert int(row["long"]) >= 3000, row  # and the few of start-up and printf
+
+
+def test_a_site_whose_verdict_falls_back_to_short_stays_short(program, tmp_path):
+    """GIVEN one call site whose blocks live long, then die young, then live long again, WHEN the
+    counter learns it, THEN by default the site steps aside once its verdict falls back to short
+    (none of the last phase's blocks placed long; the stats line counts it), while with falls=0
+    it goes long again; the output is jemalloc's either way."""
+    argv = [program("place_falls"), "3000", "3000"]
+    alone = _run(argv, place=None)
+    assert alone.stdout == "kept=6000 brief=3000 sum=1132812\n"
+    rows = {}
+    for falls in ("", ",falls=0"):
+        stats = tmp_path / f"stats{len(falls)}"
+        under = _run(argv, place=f"mode=predict,sample=1,horizon=100{falls},stats={stats}")
+        assert under.returncode == 0 and under.stdout == alone.stdout, under.stderr
+        (rows[falls],) = _stats(stats.read_text())
+    aside, again = rows[""], rows[",falls=0"]
+    assert (aside["sites_aside"], aside["sites_long"]) == ("1", "0"), aside
+    assert (again["sites_aside"], again["sites_long"]) == ("0", "1"), again
+    # the first phase's blocks go long in both; only falls=0 places the last phase's too
+    assert 2500 < int(aside["long"]) <= 3100, aside
+    assert int(again["long"]) > int(aside["long"]) + 2000, again
 
 
 def test_placement_lowers_rss_after_bursts_when_jemalloc_returns_pages(burstkv, tmp_path):

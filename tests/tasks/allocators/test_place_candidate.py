@@ -132,6 +132,15 @@ def test_the_stats_lines_are_summed_over_processes_and_said_in_a_sentence(tmp_pa
     )
     text = describe(read_place_stats(stats))
     assert "of the sampled blocks placed long, 10 of 83 outlived the horizon" in text
+    assert "stepped aside" not in text
+    # sites whose verdict fell back to short: a process's own table, the largest, and said so
+    stats.write_text(
+        LINE.format(pid=7, long=40, seen=3).replace("\n", " sites_aside=2\n")
+        + LINE.format(pid=9, long=2, seen=5).replace("\n", " sites_aside=1\n")
+    )
+    got_aside = read_place_stats(stats)
+    assert got_aside["place_sites_aside"] == 2
+    assert "; 2 call site(s) stepped aside (their verdict fell from long" in describe(got_aside)
     a = CFG.get("jemalloc-place")
     assert place_error(a, got) is None
     # no line: the layer passed every call through (no jemalloc behind it, an option refused)
