@@ -33,8 +33,9 @@
  * whose verdict has fallen from long back to short `falls` times (default 1; 0: never) stays
  * short: its blocks' lifetimes straddle the horizon, and each turn to long places blocks that
  * mostly die young in the long arena, where their pages serve nothing else (the stats line's
- * sites_aside). A site never seen is short. Races: the tables are lock-free (relaxed atomics, one compare-and-swap to
- * claim or release a sample slot); a lost update only blurs a counter, never a block.
+ * sites_aside). A site never seen is short. Races: the tables are lock-free (relaxed atomics,
+ * one compare-and-swap to claim or release a sample slot); a lost update only blurs a counter,
+ * never a block.
  *
  * With a table (table=FILE, ../TABLE.md "The placement's lifetime table", distilled from the
  * registered network at registration): at each allocation the call site's key (../site_key.h,
@@ -222,6 +223,9 @@ static inline struct hp_stripe *hp_stripe(void) {
 }
 #define HP_COUNT(s, field) __atomic_store_n(&(s)->field, (s)->field + 1, __ATOMIC_RELAXED)
 
+/* A site whose verdict has fallen from long back to short `falls` times stays short (aside). */
+static inline int hp_aside(uint16_t falls) { return hp_set.falls && falls >= hp_set.falls; }
+
 /* One sampled block's verdict for its site entry; the class recomputed. */
 static void hp_learn(unsigned e, int outlived) {
     struct hp_site *t = &hp_sites[e];
@@ -236,8 +240,9 @@ static void hp_learn(unsigned e, int outlived) {
     if (w == 0) return;
     uintptr_t lng = nl >= 2 && (uint64_t)nl * 100 >= (uint64_t)hp_set.pct * (ns + nl);
     uint16_t falls = __atomic_load_n(&t->falls, __ATOMIC_RELAXED);
-    if ((w & 1) && !lng && falls < UINT16_MAX) __atomic_store_n(&t->falls, ++falls, __ATOMIC_RELAXED);
-    if (hp_set.falls && falls >= hp_set.falls) lng = 0; /* its verdict proved unstable: aside */
+    if ((w & 1) && !lng && falls < UINT16_MAX)
+        __atomic_store_n(&t->falls, ++falls, __ATOMIC_RELAXED);
+    if (hp_aside(falls)) lng = 0; /* its verdict proved unstable */
     __atomic_store_n(&t->word, (w & ~(uintptr_t)1) | lng, __ATOMIC_RELAXED);
 }
 
@@ -651,7 +656,7 @@ __attribute__((destructor)) static void hp_destructor(void) {
     for (unsigned e = 0; e < HP_NSITES; e++) {
         sites_seen += hp_sites[e].word != 0;
         sites_long += hp_sites[e].word & 1;
-        sites_aside += hp_sites[e].word && hp_set.falls && hp_sites[e].falls >= hp_set.falls;
+        sites_aside += hp_sites[e].word && hp_aside(hp_sites[e].falls);
     }
     static const char *const names[] = {"off", "predict", "sites", "size"};
     char line[700];

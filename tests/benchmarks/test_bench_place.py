@@ -21,7 +21,7 @@ def test_help_runs_nothing():
     assert p.returncode == 0 and "--train-shorts" in p.stdout
 
 
-def test_rounds_rotate_so_every_arm_runs_first_once(tmp_path):
+def test_rounds_rotate_so_every_arm_runs_first_once():
     calls: list[str] = []
     out = bench_place.alternating(["a", "b", "c"], 3, lambda n: calls.append(n) or len(calls))
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
