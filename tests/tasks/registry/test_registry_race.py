@@ -81,8 +81,21 @@ def assert_one_run_and_one_version(tracking: TrackingConfig, results: list[list[
     runs = client.search_runs([experiment_id], f"tags.`{TAG_KEY}` = '{key}'")
     found = client.search_model_versions(f"name = '{tracking.model_name}'")
     assert [str(v.version) for v in found] == ["1"], [(v.version, v.run_id) for v in found]
-    assert [r.info.run_id for r in runs] == [found[0].run_id]
+    assert [r.info.run_id for r in runs] == [found[0].run_id], every_run(client, experiment_id)
     assert results[0] == results[1] == [found[0].run_id, "1"]
+
+
+def every_run(client, experiment_id: str) -> list[tuple]:
+    """Each run of the experiment, deleted ones too, with its state and registration tags: what
+    a failure must show to tell a lost tag from a lost run."""
+    from mlflow.entities import ViewType
+
+    runs = client.search_runs([experiment_id], run_view_type=ViewType.ALL)
+    return [
+        (r.info.run_id, r.info.status, r.info.lifecycle_stage)
+        + tuple(sorted((k, v) for k, v in r.data.tags.items() if k.startswith("heapcast.")))
+        for r in runs
+    ]
 
 
 def test_the_same_model_registered_twice_at_once_into_a_file_store(tmp_path):
