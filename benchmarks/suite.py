@@ -125,6 +125,7 @@ SPEED: tuple[Benchmark, ...] = (
 STUDIES: tuple[Study, ...] = (
     Study("allocators", "benchmarks/studies/bench_allocators.py", "containers, 20+ minutes"),
     Study("crossfit", "benchmarks/studies/bench_crossfit.py", "a full night's data"),
+    Study("place_catalog", "benchmarks/studies/bench_place_catalog.py", "containers, 40 minutes"),
     Study("fault_drill", "benchmarks/studies/fault_drill.py", "a drill, not a speed; as root"),
     Study("hedge", "benchmarks/studies/bench_hedge.py", "a night's data and its champion"),
     Study("gpu_training", "benchmarks/studies/bench_gpu_training.py", "a GPU"),

@@ -13,8 +13,8 @@
  * mimalloc), one line on stderr and every call passes through.
  *
  * Classes: short (the allocator's own automatic arena and thread cache: the short path is the
- * real malloc, untouched) and long (one arena created at start, reached by mallocx with
- * MALLOCX_ARENA and no thread cache). free, malloc_usable_size and realloc's in-place cases need
+ * real malloc, untouched) and long (one arena, made at the first request predicted long,
+ * reached by mallocx with MALLOCX_ARENA and no thread cache). free, malloc_usable_size and realloc's in-place cases need
  * no routing: jemalloc finds a block's arena itself, so a foreign or double free reaches the
  * allocator exactly as without the layer. A request of jemalloc's large classes (16 KiB and up)
  * is short whatever its site says, in every mode but size (hp_large_min says why).
@@ -140,15 +140,24 @@ HP_EXPORT const char *malloc_conf = "lg_extent_max_active_fit:10";
 static int hp_state; /* enum hp_state; HP_ON: the hot path routes */
 static int hp_learning; /* HP_ON in mode=predict: samples taken, frees checked */
 static int hp_by_size;  /* HP_ON in mode=size */
-static int hp_flags; /* mallocx flags of the long arena (MALLOCX_ARENA | TCACHE_NONE) */
-/* The smallest of jemalloc's large size classes (arenas.lextent.0.size: 16 KiB with 4 KiB pages).
- * A request of at least this is never placed long, whatever its site: a large block is an
+/* mallocx flags of the long arena (MALLOCX_ARENA | TCACHE_NONE); 0 until the arena exists. The
+ * arena is made at the first request predicted long, not at start, and jemalloc's mallctl is
+ * first called then: its first call builds jemalloc's control and statistics tables (about
+ * 150 KiB resident) and a created arena's metadata adds about 90 KiB, which a program placing
+ * nothing long would pay for nothing (6% of a 4 MB program's peak RSS: bc in the catalog). */
+static int hp_flags;
+/* enum hp_arena: who makes the long arena; one thread does, the others place short meanwhile */
+static int hp_arena;
+enum hp_arena { HP_ARENA_NONE, HP_ARENA_MAKING, HP_ARENA_READY, HP_ARENA_FAILED };
+/* The smallest of jemalloc's large size classes: 16 KiB with 4 KiB pages. At start four pages
+ * (jemalloc's SC_LARGE_MINCLASS, its page shifted by SC_LG_NGROUP 2), so that a request of a
+ * large class never makes the long arena; once the arena is made, jemalloc's own answer
+ * (arenas.lextent.0.size), kept where it does not say. A request of at least this is never placed long, whatever its site: a large block is an
  * extent of its own and pins no neighbour's page, so the long arena buys nothing for it, and a
  * wrong prediction costs whole extents: the blocks an automatic arena frees stay dirty there
  * (jemalloc's decay) while the long arena maps fresh ones, and back again when the site's
  * verdict turns (the catalog's kv_service: values of 64-512 KiB from a site that turns long and
- * back; docs/layer.md "Measured"). SIZE_MAX where jemalloc does not say. mode=size keeps its
- * own rule (`big`). */
+ * back; docs/layer.md "Measured"). mode=size keeps its own rule (`big`). */
 static size_t hp_large_min = SIZE_MAX;
 static void *(*hp_mallocx)(size_t, int);
 static void *(*hp_rallocx)(void *, size_t, int);
@@ -351,6 +360,7 @@ static const struct hc_table_kind hp_life_kind = HC_TABLE_KIND(
     HP_LIFE_MAGIC, "lifetime table", HP_LIFE_FORMAT, HP_LIFE_FORMAT, "1", HP_LIFE_FALLBACK);
 static uint64_t hp_life[HC_SITES];
 static int hp_life_on;      /* a table in use: the hot path asks it first */
+static int hp_off; /* the options read, mode=off: every call passes, the stats line says so */
 static int hp_life_refused; /* table= given and refused (the stats line's table_refused) */
 
 static inline unsigned hp_class(size_t n) { /* tasks/dataset/tokens.py: bit length, at most 31 */
@@ -511,23 +521,18 @@ static __attribute__((noinline)) void hp_start(void) {
                                      __ATOMIC_ACQUIRE))
         return;
     int next = HP_ASIDE;
-    if (hp_parse_options() && hp_set.mode != HP_OFF) {
+    int parsed = hp_parse_options();
+    hp_off = parsed && hp_set.mode == HP_OFF;
+    if (parsed && !hp_off) {
         hp_mallctl = (int (*)(const char *, void *, size_t *, void *, size_t))dlsym(RTLD_NEXT,
                                                                                    "mallctl");
         hp_mallocx = (void *(*)(size_t, int))dlsym(RTLD_NEXT, "mallocx");
         hp_rallocx = (void *(*)(void *, size_t, int))dlsym(RTLD_NEXT, "rallocx");
-        unsigned arena = 0;
-        size_t len = sizeof arena;
         if (!hp_mallctl || !hp_mallocx || !hp_rallocx) {
             hp_say("the next allocator has no arenas API (mallctl, mallocx: jemalloc's); "
                    "passing every call through");
-        } else if (hp_mallctl("arenas.create", &arena, &len, NULL, 0) != 0) {
-            hp_say("mallctl arenas.create failed; passing every call through");
         } else {
-            hp_flags = HP_MALLOCX_ARENA(arena) | HP_MALLOCX_TCACHE_NONE;
-            size_t large = 0, large_len = sizeof large;
-            if (hp_mallctl("arenas.lextent.0.size", &large, &large_len, NULL, 0) == 0 && large)
-                hp_large_min = large;
+            hp_large_min = (size_t)sysconf(_SC_PAGESIZE) << 2;
             hp_learning = hp_set.mode == HP_PREDICT;
             if (hp_set.table[0]) {
                 hc_site_init(); /* the program's name, as the tracer records it */
@@ -630,8 +635,13 @@ __attribute__((constructor)) static void hp_constructor(void) {
         hp_read_sites();
 }
 
+static void hp_write_stats(void);
+
 __attribute__((destructor)) static void hp_destructor(void) {
-    if (__atomic_load_n(&hp_state, __ATOMIC_ACQUIRE) != HP_ON) return;
+    if (__atomic_load_n(&hp_state, __ATOMIC_ACQUIRE) != HP_ON) {
+        if (hp_off) hp_write_stats(); /* mode=off: its line says so, every count 0 */
+        return;
+    }
     /* blocks still live past the horizon count long (a block never freed is long-lived) */
     uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
     if (hp_set.mode == HP_PREDICT) {
@@ -644,6 +654,11 @@ __attribute__((destructor)) static void hp_destructor(void) {
         }
     }
     if (hp_set.learn[0]) hp_write_sites();
+    hp_write_stats();
+}
+
+/* The stats line (stats=1: stderr; a path: appended), once, at exit. */
+static void hp_write_stats(void) {
     if (!hp_set.stats[0] || !strcmp(hp_set.stats, "0")) return;
     struct hp_stripe t = {0};
     for (int i = 0; i < 65; i++) {
@@ -700,18 +715,57 @@ static __attribute__((noinline)) int hp_life_long(size_t n, uintptr_t site) {
     return -1;
 }
 
-/* 1: this request goes to the long arena. Three loads on the path of every allocation without a
+/* Make the long arena (once, by the first thread to ask; jemalloc's arenas.create); 1 once it
+ * exists. While another thread makes it, or where jemalloc refused (said once), 0: the request
+ * is placed short, as it would be without the layer (so too, for good, in a child forked while
+ * another thread was making it). */
+static __attribute__((noinline)) int hp_make_arena(void) {
+    int expect = HP_ARENA_NONE;
+    if (!__atomic_compare_exchange_n(&hp_arena, &expect, HP_ARENA_MAKING, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return expect == HP_ARENA_READY;
+    size_t large = 0, large_len = sizeof large;
+    if (hp_mallctl("arenas.lextent.0.size", &large, &large_len, NULL, 0) == 0 && large)
+        __atomic_store_n(&hp_large_min, large, __ATOMIC_RELAXED);
+    unsigned arena = 0;
+    size_t len = sizeof arena;
+    if (hp_mallctl("arenas.create", &arena, &len, NULL, 0) != 0) {
+        hp_say("mallctl arenas.create failed; placing every request short");
+        __atomic_store_n(&hp_arena, HP_ARENA_FAILED, __ATOMIC_RELEASE);
+        return 0;
+    }
+    __atomic_store_n(&hp_flags, HP_MALLOCX_ARENA(arena) | HP_MALLOCX_TCACHE_NONE,
+                     __ATOMIC_RELEASE);
+    __atomic_store_n(&hp_arena, HP_ARENA_READY, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* 1 once the long arena exists (made now if it was not). */
+static inline int hp_arena_ready(void) {
+    return HP_LIKELY(__atomic_load_n(&hp_flags, __ATOMIC_ACQUIRE) != 0) || hp_make_arena();
+}
+
+/* 1: this request's prediction is long. Three loads on the path of every allocation without a
  * table: the mode flag, the large-size limit and the site's table word (with one: the lifetime
  * table first). */
-static inline int hp_long(size_t n, uintptr_t site) {
+static inline int hp_predicted_long(size_t n, uintptr_t site) {
     if (HP_UNLIKELY(hp_by_size)) return n >= hp_set.big;
-    if (HP_UNLIKELY(n >= hp_large_min)) return 0; /* a large block pins no neighbour */
+    if (HP_UNLIKELY(n >= __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED)))
+        return 0; /* a large block pins no neighbour */
     if (HP_UNLIKELY(hp_life_on)) {
         int said = hp_life_long(n, site);
         if (said >= 0) return said;
     }
     uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
     return (w >> 1) == site && (w & 1);
+}
+
+/* 1: this request goes to the long arena: predicted long, the arena there to take it, and (the
+ * limit known once the arena is made) not of a large class, but in mode size. */
+static inline int hp_long(size_t n, uintptr_t site) {
+    if (HP_LIKELY(!hp_predicted_long(n, site))) return 0;
+    return hp_arena_ready() &&
+           (hp_by_size || n < __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED));
 }
 
 /* 1 in `sample` allocations of the thread (the caller then calls hp_sample, which resets the

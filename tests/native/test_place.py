@@ -224,6 +224,29 @@ def test_a_large_block_is_never_placed_long_by_a_prediction(program, tmp_path, s
     assert int(row["long"]) >= 3000, row  # and the few of start-up and printf
 
 
+@pytest.mark.parametrize(
+    ("place", "size", "second_arena"),
+    [
+        ("mode=predict", 1000, False),  # 3000 allocations: nothing outlives the horizon
+        (EAGER, 16384, False),  # long, but of a large class: never placed long
+        (EAGER, 1000, True),
+        ("mode=size,big=0", 16384, True),
+    ],
+)
+def test_the_long_arena_is_made_only_when_something_goes_long(program, place, size, second_arena):
+    """GIVEN one call site keeping every block, WHEN nothing it asks is placed long, THEN
+    jemalloc has the arenas it has alone (the long arena, and jemalloc's control tables with it,
+    cost about 240 KiB resident a process); when something is, one more; the output is the
+    same."""
+    argv = [program("place_arenas", "-ldl"), "3000", str(size)]
+    alone = _run(argv, place=None)
+    automatic = int(re.search(r"arenas=(\d+)", alone.stdout).group(1))
+    assert automatic >= 1, alone.stdout
+    under = _run(argv, place=place)
+    assert under.returncode == 0, under.stderr
+    assert under.stdout == f"blocks=3000 arenas={automatic + second_arena}\n"
+
+
 def test_a_site_whose_verdict_falls_back_to_short_stays_short(program, tmp_path):
     """GIVEN one call site whose blocks live long, then die young, then live long again, WHEN the
     counter learns it, THEN by default the site steps aside once its verdict falls back to short
@@ -263,6 +286,19 @@ def test_placement_lowers_rss_after_bursts_when_jemalloc_returns_pages(burstkv, 
     predict = end_rss(f"mode=predict,learn={sites}")
     bound = end_rss(f"mode=sites,sites={sites}")
     assert bound < 0.4 * alone and predict < 0.8 * alone, (bound, predict, alone)
+
+
+def test_mode_off_passes_every_call_and_its_stats_line_says_so(program, tmp_path):
+    """mode=off (the layer loaded, placement off: the allocators stage's reference arm) routes
+    nothing and makes no arena, and its stats line names the mode, every count 0, so that a run
+    can be verified as the one it claims to be."""
+    argv = [program("place_arenas", "-ldl"), "3000", "1000"]
+    alone = _run(argv, place=None)
+    stats = tmp_path / "stats"
+    under = _run(argv, place=f"mode=off,stats={stats}")
+    assert (under.returncode, under.stdout) == (0, alone.stdout)
+    (row,) = _stats(stats.read_text())
+    assert row["mode"] == "off" and row["long"] == row["sampled"] == row["sites_seen"] == "0"
 
 
 def test_steps_aside_without_an_arenas_api(program):
