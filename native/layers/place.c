@@ -90,6 +90,7 @@
     X(pct, "50", "a site is long once >= this % of its (>= 2) samples outlived the horizon")     \
     X(falls, "1", "a site whose verdict fell from long to short this many times stays short")    \
     X(big, "1024", "mode=size: requests of at least this many bytes go to the second arena")     \
+    X(min_mb, "16", "the counter places long once the process has this many MB resident (0: any)")\
     X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote")               \
     X(learn, "", "write the long sites at exit to FILE (module offset lines)")                    \
     X(table, "", "predict: a lifetime table (TABLE.md); the counter where it has no key")         \
@@ -121,7 +122,7 @@ enum hp_state { HP_START, HP_STARTING, HP_ON, HP_ASIDE };
 static struct {
     enum hp_mode mode;
     int sample, pct, falls;
-    uint64_t horizon;
+    uint64_t horizon, min_rss; /* min_rss: min_mb in bytes */
     size_t big;
     uint32_t model;
     char sites[512], learn[512], stats[512], table[512];
@@ -211,6 +212,7 @@ static inline unsigned hp_sample_index(uintptr_t p) {
 /* ---- counters: a stripe per thread (64; threads beyond share one, approximately) ---- */
 struct hp_stripe {
     uint64_t long_allocs, sampled, dropped;
+    uint64_t held_small; /* called long by the counter, placed short: the process under min_mb */
     uint64_t table_answers, counter_answers; /* with a table: who answered each allocation */
 } __attribute__((aligned(64)));
 static struct hp_stripe hp_stripes[65];
@@ -435,7 +437,7 @@ static int hp_parse_u64(const char *v, uint64_t *out) {
 
 /* HEAPCAST_PLACE parsed into hp_set; 0 (with one line on stderr) on anything it cannot parse. */
 static int hp_parse_options(void) {
-    uint64_t sample = 64, horizon = 262144, pct = 50, big = 1024, falls = 1;
+    uint64_t sample = 64, horizon = 262144, pct = 50, big = 1024, falls = 1, min_mb = 16;
     hp_set.mode = HP_PREDICT;
     const char *env = getenv("HEAPCAST_PLACE");
     char buf[2048];
@@ -468,6 +470,8 @@ static int hp_parse_options(void) {
                 ok = hp_parse_u64(v, &falls) && falls <= UINT16_MAX;
             } else if (!strcmp(k, "big")) {
                 ok = hp_parse_u64(v, &big);
+            } else if (!strcmp(k, "min_mb")) {
+                ok = hp_parse_u64(v, &min_mb) && min_mb <= (1u << 20);
             } else if (!strcmp(k, "model")) {
                 uint64_t m;
                 ok = hp_parse_u64(v, &m) && m <= UINT32_MAX;
@@ -509,6 +513,7 @@ static int hp_parse_options(void) {
     hp_set.sample = (int)sample, hp_set.horizon = horizon, hp_set.pct = (int)pct;
     hp_set.falls = (int)falls;
     hp_set.big = (size_t)big;
+    hp_set.min_rss = min_mb << 20;
     return 1;
 }
 
@@ -664,6 +669,7 @@ static void hp_write_stats(void) {
     for (int i = 0; i < 65; i++) {
         t.long_allocs += hp_stripes[i].long_allocs;
         t.sampled += hp_stripes[i].sampled, t.dropped += hp_stripes[i].dropped;
+        t.held_small += hp_stripes[i].held_small;
         t.table_answers += hp_stripes[i].table_answers;
         t.counter_answers += hp_stripes[i].counter_answers;
     }
@@ -679,14 +685,16 @@ static void hp_write_stats(void) {
                      "heapcast place: pid=%d mode=%s long=%llu sampled=%llu "
                      "dropped=%llu freed_short=%llu freed_long=%llu evicted_long=%llu "
                      "sites_seen=%lu sites_long=%lu sites_aside=%lu table=%d table_refused=%d "
-                     "table_answers=%llu counter_answers=%llu long_young=%llu long_old=%llu\n",
+                     "table_answers=%llu counter_answers=%llu long_young=%llu long_old=%llu "
+                     "held_small=%llu\n",
                      (int)getpid(), names[hp_set.mode],
                      (unsigned long long)t.long_allocs, (unsigned long long)t.sampled,
                      (unsigned long long)t.dropped, (unsigned long long)hp_freed_short,
                      (unsigned long long)hp_freed_long, (unsigned long long)hp_evicted_long,
                      sites_seen, sites_long, sites_aside, hp_life_on, hp_life_refused,
                      (unsigned long long)t.table_answers, (unsigned long long)t.counter_answers,
-                     (unsigned long long)hp_long_young, (unsigned long long)hp_long_old);
+                     (unsigned long long)hp_long_young, (unsigned long long)hp_long_old,
+                     (unsigned long long)t.held_small);
     if (n <= 0 || n >= (int)sizeof line) return;
     if (!strcmp(hp_set.stats, "1")) {
         hp_write(2, line, (size_t)n);
@@ -745,25 +753,72 @@ static inline int hp_arena_ready(void) {
     return HP_LIKELY(__atomic_load_n(&hp_flags, __ATOMIC_ACQUIRE) != 0) || hp_make_arena();
 }
 
-/* 1: this request's prediction is long. Three loads on the path of every allocation without a
- * table: the mode flag, the large-size limit and the site's table word (with one: the lifetime
- * table first). */
+/* The counter's floor (min_mb): its verdicts place long only once the process has had min_mb
+ * resident. Below it, the long arena's fixed cost (jemalloc's control tables, the arena's
+ * metadata, a slab per size class it serves: 250 KiB and more) is a few percent of the
+ * program, while all it can save is a share of a heap that small: on the catalog, bc (4 MB)
+ * paid +6% of peak RSS, nasm (6 MB) +3%, for nothing. The table and the sites file place from
+ * the first call: what they know was learnt elsewhere. hp_big: 1 once the floor was reached
+ * (for good); the resident set is read from /proc/self/statm by one thread at a time, at most
+ * once per 65536 allocations of the clock. */
+static int hp_big;
+static uint64_t hp_rss_read_at = (uint64_t)-1; /* the clock at the last read; -1: never */
+
+static __attribute__((noinline)) int hp_reached_floor(void) {
+    if (hp_set.min_rss == 0) return __atomic_store_n(&hp_big, 1, __ATOMIC_RELAXED), 1;
+    uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
+    uint64_t then = __atomic_load_n(&hp_rss_read_at, __ATOMIC_RELAXED);
+    if (then != (uint64_t)-1 && now - then < 65536) return 0;
+    if (!__atomic_compare_exchange_n(&hp_rss_read_at, &then, now, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return 0; /* another thread reads it */
+    int saved = errno, big = 0;
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[128];
+        ssize_t got = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (got > 0) {
+            buf[got] = 0;
+            char *p = strchr(buf, ' '); /* size, then resident, in pages */
+            uint64_t pages = p ? strtoull(p + 1, NULL, 10) : 0;
+            big = pages * (uint64_t)sysconf(_SC_PAGESIZE) >= hp_set.min_rss;
+        }
+    }
+    errno = saved;
+    if (big) __atomic_store_n(&hp_big, 1, __ATOMIC_RELAXED);
+    return big;
+}
+
+/* This request's prediction: 0 short, HP_BY_COUNTER long by the online counter's verdict,
+ * HP_KNOWN long by the table, the sites file or size alone. Three loads on the path of every
+ * allocation without a table: the mode flag, the large-size limit and the site's table word
+ * (with one: the lifetime table first). */
+enum { HP_BY_COUNTER = 1, HP_KNOWN = 2 };
 static inline int hp_predicted_long(size_t n, uintptr_t site) {
-    if (HP_UNLIKELY(hp_by_size)) return n >= hp_set.big;
+    if (HP_UNLIKELY(hp_by_size)) return n >= hp_set.big ? HP_KNOWN : 0;
     if (HP_UNLIKELY(n >= __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED)))
         return 0; /* a large block pins no neighbour */
     if (HP_UNLIKELY(hp_life_on)) {
         int said = hp_life_long(n, site);
-        if (said >= 0) return said;
+        if (said >= 0) return said ? HP_KNOWN : 0;
     }
     uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
-    return (w >> 1) == site && (w & 1);
+    if (HP_LIKELY((w >> 1) != site || !(w & 1))) return 0;
+    return hp_learning ? HP_BY_COUNTER : HP_KNOWN;
 }
 
-/* 1: this request goes to the long arena: predicted long, the arena there to take it, and (the
- * limit known once the arena is made) not of a large class, but in mode size. */
+/* 1: this request goes to the long arena: predicted long (by the counter, once the process is
+ * past its floor), the arena there to take it, and (the limit known once the arena is made) not
+ * of a large class, but in mode size. */
 static inline int hp_long(size_t n, uintptr_t site) {
-    if (HP_LIKELY(!hp_predicted_long(n, site))) return 0;
+    int why = hp_predicted_long(n, site);
+    if (HP_LIKELY(!why)) return 0;
+    if (why == HP_BY_COUNTER && HP_UNLIKELY(!__atomic_load_n(&hp_big, __ATOMIC_RELAXED)) &&
+        !hp_reached_floor()) {
+        HP_COUNT(hp_stripe(), held_small);
+        return 0;
+    }
     return hp_arena_ready() &&
            (hp_by_size || n < __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED));
 }

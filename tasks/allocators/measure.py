@@ -163,6 +163,7 @@ class Sample(BaseModel):
     # (right ones): native/layers/place.c, hp_verdict
     place_long_young: int | None = None
     place_long_old: int | None = None
+    place_held_small: int | None = None  # long by the counter, short: the process under min_mb
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,

@@ -30,6 +30,7 @@ PLACE_OPTIONS = {
     "pct",
     "falls",
     "big",
+    "min_mb",
     "sites",
     "learn",
     "table",
@@ -53,6 +54,7 @@ PLACE_COUNTERS = (
     "counter_answers",  # with a table: allocations the online counter placed (no key)
     "long_young",  # sampled blocks placed long that died young (wrong placements)
     "long_old",  # sampled blocks placed long that outlived the horizon (right ones)
+    "held_small",  # called long by the counter, placed short: the process under min_mb
 )
 
 
@@ -180,6 +182,12 @@ def describe(stats: dict[str, int | str], mode: str = "predict") -> str:
         text += (
             f"; of the sampled blocks placed long, {stats['place_long_old']:,} of {judged:,} "
             "outlived the horizon"
+        )
+    if stats.get("place_held_small"):
+        text += (
+            f"; {stats['place_held_small']:,} allocations the counter called long stayed short: "
+            "the process was under min_mb resident (16 MB by default), where the long arena "
+            "would cost more than it can save"
         )
     if stats.get("place_sites_aside"):
         text += (

@@ -32,9 +32,9 @@ MODES = ["mode=predict", "mode=size,big=0"]
 # a foreign pointer) is compared
 LAYER_CONF = "lg_extent_max_active_fit:10"
 # and the counter at its most eager: every allocation sampled, long after 100 more, no site ever
-# kept short (sites flip between the arenas all the time, samples freed by other threads, the
-# tables under contention)
-EAGER = "mode=predict,sample=1,horizon=100,falls=0"
+# kept short, no floor of resident memory (sites flip between the arenas all the time, samples
+# freed by other threads, the tables under contention)
+EAGER = "mode=predict,sample=1,horizon=100,falls=0,min_mb=0"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -230,6 +230,7 @@ def test_a_large_block_is_never_placed_long_by_a_prediction(program, tmp_path, s
         ("mode=predict", 1000, False),  # 3000 allocations: nothing outlives the horizon
         (EAGER, 16384, False),  # long, but of a large class: never placed long
         (EAGER, 1000, True),
+        (EAGER.replace(",min_mb=0", ""), 1000, False),  # long, but a 3 MB process: the floor
         ("mode=size,big=0", 16384, True),
     ],
 )
@@ -247,6 +248,26 @@ def test_the_long_arena_is_made_only_when_something_goes_long(program, place, si
     assert under.stdout == f"blocks=3000 arenas={automatic + second_arena}\n"
 
 
+def test_a_small_process_places_nothing_long_by_the_counter_and_says_so(program, tmp_path):
+    """GIVEN one call site keeping every block, which the counter calls long, WHEN the process
+    stays under min_mb resident (16 MB by default), THEN nothing goes long (the long arena would
+    cost more than it can save there) and the stats line counts what was held short; with a
+    floor it passes (1 MB), or none (min_mb=0), the site's blocks go long."""
+    argv = [program("place_large"), "3000", "1000"]
+    alone = _run(argv, place=None)
+    rows = {}
+    for i, floor in enumerate(("", ",min_mb=1", ",min_mb=0")):
+        stats = tmp_path / f"stats{i}"
+        eager = EAGER.replace(",min_mb=0", "")
+        under = _run(argv, place=f"{eager}{floor},stats={stats}")
+        assert under.returncode == 0 and under.stdout == alone.stdout, under.stderr
+        (rows[floor],) = _stats(stats.read_text())
+    held = rows[""]
+    assert (held["sites_long"], held["long"]) == ("1", "0") and int(held["held_small"]) > 2500
+    for floor in (",min_mb=1", ",min_mb=0"):
+        assert int(rows[floor]["long"]) > 2500 and rows[floor]["held_small"] == "0", rows[floor]
+
+
 def test_a_site_whose_verdict_falls_back_to_short_stays_short(program, tmp_path):
     """GIVEN one call site whose blocks live long, then die young, then live long again, WHEN the
     counter learns it, THEN by default the site steps aside once its verdict falls back to short
@@ -258,7 +279,7 @@ def test_a_site_whose_verdict_falls_back_to_short_stays_short(program, tmp_path)
     rows = {}
     for falls in ("", ",falls=0"):
         stats = tmp_path / f"stats{len(falls)}"
-        under = _run(argv, place=f"mode=predict,sample=1,horizon=100{falls},stats={stats}")
+        under = _run(argv, place=f"{EAGER.replace(',falls=0', falls)},stats={stats}")
         assert under.returncode == 0 and under.stdout == alone.stdout, under.stderr
         (rows[falls],) = _stats(stats.read_text())
     aside, again = rows[""], rows[",falls=0"]
@@ -383,7 +404,7 @@ def test_cxx_long_lived_site_is_placed(place_cxx, tmp_path):
     (which jemalloc serves itself, past malloc), WHEN the horizon is 20000 allocations, THEN the
     entries' site is long and most entries go to the long arena."""
     stats = tmp_path / "stats"
-    r = _run([place_cxx, "6", "50000", "50"], place=f"horizon=20000,stats={stats}")
+    r = _run([place_cxx, "6", "50000", "50"], place=f"horizon=20000,min_mb=0,stats={stats}")
     assert r.returncode == 0 and r.stdout == "bad_alloc\nentries=6000 sum=60941164\n"
     (row,) = _stats(stats.read_text())
     assert int(row["sites_long"]) >= 1 and 4500 < int(row["long"]) < 12000, row

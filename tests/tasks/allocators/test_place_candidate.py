@@ -141,6 +141,18 @@ def test_the_stats_lines_are_summed_over_processes_and_said_in_a_sentence(tmp_pa
     got_aside = read_place_stats(stats)
     assert got_aside["place_sites_aside"] == 2
     assert "; 2 call site(s) stepped aside (their verdict fell from long" in describe(got_aside)
+    assert "stayed short" not in describe(got_aside)
+    # the counter's verdicts held short in processes under the floor of resident memory: summed
+    stats.write_text(
+        LINE.format(pid=7, long=0, seen=3).replace("\n", " held_small=300\n")
+        + LINE.format(pid=9, long=0, seen=5).replace("\n", " held_small=45\n")
+    )
+    got_small = read_place_stats(stats)
+    assert got_small["place_held_small"] == 345
+    assert (
+        "; 345 allocations the counter called long stayed short: the process was under min_mb"
+        in describe(got_small)
+    )
     a = CFG.get("jemalloc-place")
     assert place_error(a, got) is None
     # no line: the layer passed every call through (no jemalloc behind it, an option refused)
