@@ -12,12 +12,12 @@
  * arenas API (mallctl "arenas.create", mallocx, rallocx). Where it does not (glibc, tcmalloc,
  * mimalloc), one line on stderr and every call passes through.
  *
- * Classes: short (the allocator's own automatic arena and thread cache: the short path is the
- * real malloc, untouched) and long (one arena, made at the first request predicted long,
- * reached by mallocx with MALLOCX_ARENA and no thread cache). free, malloc_usable_size and realloc's in-place cases need
- * no routing: jemalloc finds a block's arena itself, so a foreign or double free reaches the
- * allocator exactly as without the layer. A request of jemalloc's large classes (16 KiB and up)
- * is short whatever its site says, in every mode but size (hp_large_min says why).
+ * Classes: short (the allocator's own automatic arena and thread cache: the short path is the real
+ * malloc, untouched) and long (one arena, made at the first request predicted long, reached by
+ * mallocx with MALLOCX_ARENA and no thread cache). free, malloc_usable_size and realloc's in-place
+ * cases need no routing: jemalloc finds a block's arena itself, so a foreign or double free
+ * reaches the allocator exactly as without the layer. A request of jemalloc's large classes (16
+ * KiB and up) is short whatever its site says, in every mode but size (hp_large_min says why).
  *
  * The prediction (mode=predict, the default): an online per-call-site survival counter, no
  * training. The site is the hook's return address, hashed into a direct-mapped table of
@@ -90,7 +90,7 @@
     X(pct, "50", "a site is long once >= this % of its (>= 2) samples outlived the horizon")     \
     X(falls, "1", "a site whose verdict fell from long to short this many times stays short")    \
     X(big, "1024", "mode=size: requests of at least this many bytes go to the second arena")     \
-    X(min_mb, "16", "the counter places long once the process has this many MB resident (0: any)")\
+    X(min_mb, "16", "the counter places long only past this many MB resident (0: no floor)")     \
     X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote")               \
     X(learn, "", "write the long sites at exit to FILE (module offset lines)")                    \
     X(table, "", "predict: a lifetime table (TABLE.md); the counter where it has no key")         \
@@ -151,14 +151,15 @@ static int hp_flags;
 static int hp_arena;
 enum hp_arena { HP_ARENA_NONE, HP_ARENA_MAKING, HP_ARENA_READY, HP_ARENA_FAILED };
 /* The smallest of jemalloc's large size classes: 16 KiB with 4 KiB pages. At start four pages
- * (jemalloc's SC_LARGE_MINCLASS, its page shifted by SC_LG_NGROUP 2), so that a request of a
- * large class never makes the long arena; once the arena is made, jemalloc's own answer
- * (arenas.lextent.0.size), kept where it does not say. A request of at least this is never placed long, whatever its site: a large block is an
- * extent of its own and pins no neighbour's page, so the long arena buys nothing for it, and a
- * wrong prediction costs whole extents: the blocks an automatic arena frees stay dirty there
- * (jemalloc's decay) while the long arena maps fresh ones, and back again when the site's
- * verdict turns (the catalog's kv_service: values of 64-512 KiB from a site that turns long and
- * back; docs/layer.md "Measured"). mode=size keeps its own rule (`big`). */
+ * (jemalloc's SC_LARGE_MINCLASS, its page shifted by SC_LG_NGROUP 2), so that a request of a large
+ * class never makes the long arena; once the arena is made, jemalloc's own answer
+ * (arenas.lextent.0.size), kept where it does not say. A request of at least this is never placed
+ * long, whatever its site: a large block is an extent of its own and pins no neighbour's page, so
+ * the long arena buys nothing for it, and a wrong prediction costs whole extents: the blocks an
+ * automatic arena frees stay dirty there (jemalloc's decay) while the long arena maps fresh ones,
+ * and back again when the site's verdict turns (the catalog's kv_service: values of 64-512 KiB
+ * from a site that turns long and back; docs/layer.md "Measured"). mode=size keeps its own rule
+ * (`big`). */
 static size_t hp_large_min = SIZE_MAX;
 static void *(*hp_mallocx)(size_t, int);
 static void *(*hp_rallocx)(void *, size_t, int);
