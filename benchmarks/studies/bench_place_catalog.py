@@ -43,14 +43,8 @@ JEMALLOC = "jemalloc"
 PLACE = "jemalloc-place"
 OFF = "jemalloc-place-off"
 ARMS = (JEMALLOC, PLACE)
-# what is compared, and how it is named in the table
-METRICS = {
-    "wall_s": "wall s",
-    "cpu_s": "CPU s",
-    "peak_rss_mb": "peak MB (cgroup)",
-    "max_process_rss_mb": "process peak MB",
-}
-JUDGED = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb")
+# what is kept per arm and judged: wall and CPU s, the cgroup's peak and the largest process's
+METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb")
 ALPHA = 0.05
 PLACED = (
     "place_long",
@@ -112,20 +106,17 @@ def summarise(samples: list[Any], case: str, tolerance: float) -> dict[str, Any]
         "runs": {arm: len(runs[arm]) for arm in arms},
         "applied": {arm: sum(bool(s.applied) for s in runs[arm]) for arm in arms},
     }
-    for arm in arms:
-        row[arm] = {
-            m: spread([getattr(s, m) for s in runs[arm] if s.ok and getattr(s, m) is not None])
-            for m in METRICS
-        }
 
     def values(arm: str, m: str) -> list[float]:
         return [getattr(s, m) for s in runs[arm] if s.ok and getattr(s, m) is not None]
 
+    for arm in arms:
+        row[arm] = {m: spread(values(arm, m)) for m in METRICS}
     for against, key in ((JEMALLOC, "ratio"), (OFF, "ratio_off")):
         if against not in runs:
             continue
         ratios, p = {}, {}
-        for m in JUDGED:
+        for m in METRICS:
             here, base = values(PLACE, m), values(against, m)
             if here and base and np.median(base) > 0:
                 ratios[m] = float(np.median(here) / np.median(base))
@@ -138,7 +129,7 @@ def summarise(samples: list[Any], case: str, tolerance: float) -> dict[str, Any]
         for k in PLACED
     }
     above = [m for m, r in ratios.items() if r > 1 + tolerance]
-    if failed or not all(runs.values()) or len(ratios) < len(JUDGED):
+    if failed or not all(runs.values()) or len(ratios) < len(METRICS):
         row["verdict"] = "failed"
     elif row["applied"][PLACE] < len(runs[PLACE]):
         row["verdict"] = "not applied"
