@@ -364,6 +364,7 @@ static const struct hc_table_kind hp_life_kind = HC_TABLE_KIND(
 static uint64_t hp_life[HC_SITES];
 static int hp_life_on;      /* a table in use: the hot path asks it first */
 static int hp_off; /* the options read, mode=off: every call passes, the stats line says so */
+static int hp_big; /* 1 once the counter's floor was reached, or there is none (hp_reached_floor) */
 static int hp_life_refused; /* table= given and refused (the stats line's table_refused) */
 
 static inline unsigned hp_class(size_t n) { /* tasks/dataset/tokens.py: bit length, at most 31 */
@@ -540,6 +541,7 @@ static __attribute__((noinline)) void hp_start(void) {
         } else {
             hp_large_min = (size_t)sysconf(_SC_PAGESIZE) << 2;
             hp_learning = hp_set.mode == HP_PREDICT;
+            hp_big = hp_set.min_rss == 0; /* no floor */
             if (hp_set.table[0]) {
                 hc_site_init(); /* the program's name, as the tracer records it */
                 const char *why = hp_load_life(hp_set.table);
@@ -762,11 +764,9 @@ static inline int hp_arena_ready(void) {
  * the first call: what they know was learnt elsewhere. hp_big: 1 once the floor was reached
  * (for good); the resident set is read from /proc/self/statm by one thread at a time, at most
  * once per 65536 allocations of the clock. */
-static int hp_big;
 static uint64_t hp_rss_read_at = (uint64_t)-1; /* the clock at the last read; -1: never */
 
 static __attribute__((noinline)) int hp_reached_floor(void) {
-    if (hp_set.min_rss == 0) return __atomic_store_n(&hp_big, 1, __ATOMIC_RELAXED), 1;
     uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
     uint64_t then = __atomic_load_n(&hp_rss_read_at, __ATOMIC_RELAXED);
     if (then != (uint64_t)-1 && now - then < 65536) return 0;
