@@ -27,6 +27,10 @@ _local: LocalCluster | None = None
 # -0.1 CPU-s per 22.5 M-event conversion without it).
 WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
 CLOSE_TIMEOUT_S = 30  # for the local cluster's close, at most
+# For a worker or a client to reach the scheduler as the cluster starts: distributed's default
+# (30 s) is not enough on two cores busy with other work (a test suite beside it, a training).
+START_TIMEOUT_S = 120
+START_CONFIG = {"distributed.comm.timeouts.connect": f"{START_TIMEOUT_S}s"}
 # The one line a local worker logs when its heartbeat meets the scheduler closing
 # (distributed.worker.Worker.heartbeat: "... heartbeat_worker ... Stream is closed").
 HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat."
@@ -58,7 +62,8 @@ def _local_cluster() -> LocalCluster:
             # One thread per worker process: the per-file work is numpy/Arrow that mostly
             # holds the GIL in between calls, so processes, not threads, use the cores.
             processes = os.environ.get("HEAPCAST_DASK_PROCESSES", "1") != "0"
-            with dask.config.set(WORKER_CONFIG):  # workers take the config they start with
+            # workers take the config they start with
+            with dask.config.set({**WORKER_CONFIG, **START_CONFIG}):
                 _local = LocalCluster(
                     n_workers=n_workers,
                     threads_per_worker=1,
@@ -98,9 +103,9 @@ def close_local_cluster() -> None:
 def dask_client(address: str | None = None) -> Iterator[Client]:
     """A Dask client: to the scheduler at `address`, else to this process's local cluster."""
     if address:
-        client = Client(address, set_as_default=False)
+        client = Client(address, set_as_default=False, timeout=START_TIMEOUT_S)
     else:
-        client = Client(_local_cluster(), set_as_default=False)
+        client = Client(_local_cluster(), set_as_default=False, timeout=START_TIMEOUT_S)
     try:
         yield client
     finally:

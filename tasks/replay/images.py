@@ -10,10 +10,15 @@ rebuilt only when that changes (or the base changed); the base is built only whe
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from docker.errors import APIError, BuildError, ImageNotFound
@@ -151,11 +156,31 @@ def build_workload_image(
         client.close()
 
 
+@contextmanager
+def _one_builder(host: str) -> Iterator[None]:
+    """One build at a time per engine on this machine: two processes that find an image missing
+    (a flow beside a test, two test workers) would both run debootstrap or build the same tag;
+    the second waits, then finds it up to date."""
+    name = "heapcast-images-" + hashlib.sha256(host.encode()).hexdigest()[:12] + ".lock"
+    fd = os.open(Path(tempfile.gettempdir()) / name, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def build_all(
     images: list[str],
     host: str | None = None,
     force: bool = False,
 ) -> list[ImageBuild]:
+    host = host or engine_host()
+    with _one_builder(host):
+        return _build_all(images, host, force)
+
+
+def _build_all(images: list[str], host: str, force: bool) -> list[ImageBuild]:
     base = build_base(host, force=force)
     _log(f"{base.tag}: {f'built in {base.seconds:.1f} s' if base.built else 'up to date'}")
     out = [base]

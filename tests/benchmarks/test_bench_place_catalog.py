@@ -3,6 +3,7 @@ each judged within the goal's margin, in the noise, over it, failed or not appli
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -123,3 +124,26 @@ def test_the_layer_with_placement_off_tells_placement_from_the_layers_jemalloc_o
     assert [a.name for a in config.allocators] == [bench.JEMALLOC, bench.PLACE, bench.OFF]
     assert config.allocators[-1].env == {"HEAPCAST_PLACE": "mode=off"}
     assert config.baseline == bench.JEMALLOC
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_real_workload_in_its_container_gets_a_verdict_from_real_runs(
+    engine, prefect_harness, tmp_path
+):
+    """GIVEN the engine and the catalog's sqlite3 on its small input, WHEN the study runs it for
+    real (2 rounds of jemalloc alone and jemalloc-place in its container), THEN its row has every
+    run of both arms, the layer in force in each placed run with its stats line read, ratios to
+    jemalloc alone, a verdict from the module's list, and the file the docs quote."""
+    out = tmp_path / "place_catalog.json"
+    argv = ["sqlite3", "--input", "small", "--reps", "2", "--root", str(tmp_path / "root")]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["case"] == "sqlite3" and doc["reps"] == 2
+    assert row["runs"] == {bench.JEMALLOC: 2, bench.PLACE: 2}, row
+    assert row["applied"][bench.PLACE] == 2 and not row["errors"], row
+    assert row["verdict"] in ("within", "noise", "over"), row
+    assert set(row["ratio"]) == set(bench.METRICS) and all(v > 0 for v in row["ratio"].values())
+    assert set(row["placed"]) == set(bench.PLACED)
+    assert "sqlite3" in doc["table"]

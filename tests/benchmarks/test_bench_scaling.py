@@ -23,14 +23,17 @@ SCRIPT = REPO / "benchmarks" / "studies" / "bench_scaling.py"
 
 
 def test_help_runs_nothing(tmp_path):
+    # GIVEN every path it would write to or read from, and --help after them
     out = tmp_path / "out"
+    argv = ["--root", str(tmp_path / "root"), "--out-dir", str(out), "--help"]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0
     assert "--programs" in done.stdout and "--sizes" in done.stdout
     assert "--epochs" in done.stdout
-    assert not out.exists()
+    # THEN it made nothing: no output folder, no data root
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_root_without_events_is_one_clear_error(tmp_path, capsys):

@@ -14,6 +14,7 @@ import pytest
 
 from tasks.allocators.config import Allocator, load_allocators_config
 from tasks.allocators.tune import TuneError, tune
+from tasks.core.config import PROJECT_DIR
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
 pytestmark = pytest.mark.slow
@@ -195,3 +196,38 @@ def test_a_program_failing_only_when_traced_is_measured_without_advice(config):
     assert out.facts is None and out.advice is None
     assert "the traced run failed (exit 5" in out.table and "no advice from the trace" in out.table
     assert {s.allocator for s in out.measurements.samples} == {"glibc", "jemalloc"}
+
+
+@pytest.fixture(scope="module")
+def burstkv(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("burstkv") / "burstkv"
+    src = PROJECT_DIR / "benchmarks" / "programs" / "burstkv.c"
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def test_tune_for_memory_proposes_placement_on_a_real_bursty_program(config, burstkv, tmp_path):
+    """GIVEN a real program whose small requests come and go in bursts while entries from a call
+    site of their own stay (benchmarks/programs/burstkv.c, 6 bursts of 100 k: the last bursts'
+    entries are freed young at exit, the others outlive the layer's horizon), WHEN it is tuned
+    for memory, THEN its trace shows the long blocks' own site, jemalloc-place is derived with
+    the reason, and it is measured for real: in force, with the program's output."""
+    out = tune(
+        [str(burstkv), "6", "100000", "100"],
+        config,
+        objective="memory",
+        repetitions=2,
+        max_repetitions=2,
+        warmup=0,
+        html_out=tmp_path / "tune.html",
+    )
+    assert out.facts is not None
+    small = out.facts.small
+    # the entries' site is long; a couple of the C library's own blocks outlive the bursts too
+    assert small.long_sites >= 1 and small.long_from_long_sites >= 0.99 * small.long_blocks > 0
+    assert out.advice is not None and "jemalloc-place" in [a.name for a in out.advice.derived]
+    assert out.advice.place.startswith("proposed: small blocks came and went"), out.advice.place
+    placed = [s for s in out.measurements.samples if s.allocator == "jemalloc-place"]
+    assert placed and all(s.ok and s.applied for s in placed), placed
+    assert {p.output for p in out.pairs} == {"same"}
+    assert "jemalloc-place" in out.table

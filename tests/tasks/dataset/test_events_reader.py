@@ -8,12 +8,14 @@ import os
 import shutil
 import threading
 
+import dask
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
 from tasks.core.storage import Root
+from tasks.dataset.dask_cluster import START_CONFIG, START_TIMEOUT_S
 from tasks.dataset.events_reader import (
     SUMMARY_NAME,
     EventsChanged,
@@ -223,7 +225,8 @@ def test_a_reader_racing_local_commits_never_sees_old_and_new_parts_mixed(tmp_pa
         pids, counts = np.unique(read_run(root, "w", "r1", ["pid"])["pid"], return_counts=True)
         return dict(zip(pids.tolist(), counts.tolist()))
 
-    with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as c:
+    local = {"processes": False, "n_workers": 1, "threads_per_worker": 1, "dashboard_address": None}
+    with dask.config.set(START_CONFIG), Client(**local, timeout=START_TIMEOUT_S) as c:
         convert(c, "a")
         want_a = rows_per_pid()
         convert(c, "b")

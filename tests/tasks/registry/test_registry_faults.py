@@ -275,28 +275,38 @@ CHILD_RACES = """
     ROUNDS = json.loads({rounds!r})  # [[store root, sync folder, who goes first], ...]
     outcome = make_outcome(tiny_model(SEED), TOP1, seed=SEED)
     state = {{}}
-    # how long the first waits for the second to catch up; the second's registration up to its
-    # read of the champion takes more than 2 s on 2 loaded cores with JAX installed beside TF
-    WINDOW_S = 6.0
+    # With the store lock (mode "safe") the second cannot read the champion while the first
+    # holds the lock: it says when it stands at the lock instead, and the first goes on at once.
+    LOCKED = {mode!r} == "safe"
+    # a guard against a broken schedule, never a window the test waits out
+    STUCK_S = 300.0
 
-    def wait(path, seconds=None):
+    def wait(*paths):
         t = 0.0
-        while not path.exists() and (seconds is None or t < seconds):
+        while not any(p.exists() for p in paths):
+            if t > STUCK_S:
+                raise SystemExit(f"{{ME}}: none of {{paths}} came within {{STUCK_S}} s")
             time.sleep(0.02)
             t += 0.02
 
+    def second_blocked():
+        # the second waiting at the lock the first holds: it cannot read or decide meanwhile
+        return [state["sync"] / "second-at-lock"] if LOCKED else []
+
     # The schedule that makes the race real: the second registration asks for the promotion
-    # lock only once the first has read the champion; the first, having read it, waits (at
-    # most WINDOW_S: with a lock the second cannot read) for the second to read it too, and waits
-    # again before moving the alias until the second has decided; the second moves the alias
-    # only after the first did. Without the lock and settle(), both decide against the same
-    # champion and the second writes last.
+    # lock only once the first has read the champion; the first, having read it, waits for the
+    # second to read it too (or to stand blocked at the lock), and waits again before moving the
+    # alias until the second has decided (or is blocked); the second moves the alias only after
+    # the first did. Without the lock and settle(), both decide against the same champion and
+    # the second writes last.
     original_lock, original_read = reg.store_lock, champion_rules.current_champion
     original_apply = champion_rules.apply
 
     def store_lock(tracking):
         if state["role"] == "second":
             wait(state["sync"] / "first-read")
+            if LOCKED:
+                (state["sync"] / "second-at-lock").touch()
         return original_lock(tracking)
 
     def current_champion(*args, **kwargs):
@@ -304,7 +314,7 @@ CHILD_RACES = """
         if state["role"] == "first" and not state["read"]:
             state["read"] = True
             (state["sync"] / "first-read").touch()
-            wait(state["sync"] / "second-read", WINDOW_S)
+            wait(state["sync"] / "second-read", *second_blocked())
         elif state["role"] == "second":
             (state["sync"] / "second-read").touch()
         return holder
@@ -314,7 +324,7 @@ CHILD_RACES = """
             (state["sync"] / "second-decided").touch()
             wait(state["sync"] / "first-applied")
         else:
-            wait(state["sync"] / "second-decided", WINDOW_S)
+            wait(state["sync"] / "second-decided", *second_blocked())
         original_apply(*args, **kwargs)
         if state["role"] == "first":
             (state["sync"] / "first-applied").touch()

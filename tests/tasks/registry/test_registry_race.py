@@ -1,10 +1,12 @@
 """The same trained model registered twice at once: a retry beside a first attempt still running.
 
 GIVEN two real processes registering the same outcome (the same registration key), each made
-      to look for an earlier registration and then wait until the other has looked too (at
-      most 3 s: with a claim, the second cannot look while the first decides)
+      to look for an earlier registration only once the other has asked to register (it signals
+      before it takes the claim), so that the first to look does so while the other waits
 WHEN  they register at once, into an embedded SQLite store or through a real `mlflow server`
-THEN  there is exactly one run of that key and one version, and both processes return it.
+THEN  there is exactly one run of that key and one version, both processes return it, and each
+      saw the other asking while it looked (the control: a late second process is no race and
+      fails the test instead of passing it).
 """
 
 from __future__ import annotations
@@ -33,20 +35,26 @@ CHILD_SAME_MODEL = """
     ME, OTHER, SYNC = {me!r}, {other!r}, Path({sync!r})
     tracking = TrackingConfig.model_validate(json.loads({tracking!r}))
     outcome = make_outcome(tiny_model(3), 0.85, seed=3)
-    original_find = reg.find_registration
+    original_claim, original_find = reg.claim_registration, reg.find_registration
+    STUCK_S = 300.0  # a guard against a broken schedule, never a window the test waits out
+    raced = []
+
+    def claim_registration(*args, **kwargs):
+        (SYNC / ME).touch()  # asking to register: about to wait for the claim
+        return original_claim(*args, **kwargs)
 
     def find_registration(*args, **kwargs):
-        found = original_find(*args, **kwargs)
-        (SYNC / ME).touch()
         waited = 0.0
-        while not (SYNC / OTHER).exists() and waited < 3.0:
+        while not (SYNC / OTHER).exists() and waited < STUCK_S:
             time.sleep(0.02)
             waited += 0.02
-        return found
+        raced.append((SYNC / OTHER).exists())
+        return original_find(*args, **kwargs)
 
+    reg.claim_registration = claim_registration
     reg.find_registration = find_registration
     result = reg.register_outcome(outcome, tracking)
-    print("RESULT " + json.dumps([result.run_id, result.model_version]))
+    print("RESULT " + json.dumps([result.run_id, result.model_version, raced[0]]))
 """
 
 
@@ -68,7 +76,10 @@ def register_twice_at_once(tmp_path: Path, tracking: TrackingConfig) -> list[lis
         text = log.read_text()
         assert rc == 0, text[-4000:]
         (line,) = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-        results.append(json.loads(line.removeprefix("RESULT ")))
+        *result, raced = json.loads(line.removeprefix("RESULT "))
+        # the control: this process looked while the other was asking, or it was no race
+        assert raced, f"{log.name}: the other process never asked to register"
+        results.append(result)
     return results
 
 
