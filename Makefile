@@ -8,16 +8,26 @@ run: setup
 	@scripts/engine.sh up >/dev/null || echo "heapcast: no container engine could start here (above); the quick night replays with the local (bubblewrap) runner"
 	.venv/bin/heapcast run --quick --seeds
 
+# The suite over every core (pytest-xdist: a module, or a group of tests that share a folder or a
+# server, is one unit; the costliest first: tests/costs.py). TEST_JOBS=1 runs it in one process.
+TEST_JOBS ?= auto
+XDIST = -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder
+RESULTS = .test-results
+
 # The suite on TensorFlow (the default), then the tests marked `backends` on JAX's CPU: the code a
-# GPU machine trains with (KERAS_BACKEND=jax) is tested on every commit.
+# GPU machine trains with (KERAS_BACKEND=jax) is tested on every commit. It ends with the budget:
+# the 15 slowest tests and the time both passes took (docs/testing.md).
 test: setup lint docs
 	scripts/engine.sh up
-	.venv/bin/python -m pytest -q
-	KERAS_BACKEND=jax .venv/bin/python -m pytest -q -m backends
+	@rm -rf $(RESULTS); mkdir -p $(RESULTS); start=$$(date +%s); \
+	.venv/bin/python -m pytest -q $(XDIST) --junitxml=$(RESULTS)/tensorflow.xml \
+	&& KERAS_BACKEND=jax .venv/bin/python -m pytest -q -m backends $(XDIST) \
+		--junitxml=$(RESULTS)/jax.xml; \
+	rc=$$?; .venv/bin/python -m tests.costs report --since $$start $(RESULTS)/*.xml; exit $$rc
 
 # The edit-test loop: no containers, servers, real programs or training (docs/testing.md).
 test-quick: setup
-	.venv/bin/python -m pytest -q -m "not integration and not slow"
+	.venv/bin/python -m pytest -q -m "not integration and not slow" $(XDIST)
 
 setup:
 	scripts/setup.sh

@@ -102,14 +102,31 @@ def program(tmp_path_factory) -> Callable[..., Path]:
     return build
 
 
-# Folders whose every test runs real programs (the tracer and the layer in real processes, the
-# workloads under their runners): outside the quick tier (`make test-quick`, docs/testing.md).
-REAL_PROGRAM_FOLDERS = ("native", "tasks/replay")
-
-
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    tests = Path(__file__).parent
-    folders = [tests / f for f in REAL_PROGRAM_FOLDERS]
+    """Tiers by cost and the order over the cores (tests/costs.py): a test measured at SLOW_S
+    or more is `slow`; under pytest-xdist (`--dist loadgroup`) each module is one unit of work,
+    or the group its tests name with `xdist_group` (tests that share a folder or a server), and
+    the costliest units start first."""
+    from tests import costs
+
+    table = costs.load()
     for item in items:
-        if any(item.path.is_relative_to(f) for f in folders):
+        if table.get(item.nodeid, 0.0) >= costs.SLOW_S:
             item.add_marker(pytest.mark.slow)
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    group: dict[str, str] = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        if marker is None:
+            marker = pytest.mark.xdist_group(costs.module_of(item.nodeid)).mark
+            item.add_marker(marker)
+        group[item.nodeid] = str(marker.args[0] if marker.args else marker.kwargs["name"])
+    cost: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for k, item in enumerate(items):
+        g = group[item.nodeid]
+        cost[g] = cost.get(g, 0.0) + table.get(item.nodeid, costs.QUICK_S)
+        first.setdefault(g, k)
+    items.sort(key=lambda i: (-cost[group[i.nodeid]], first[group[i.nodeid]]))

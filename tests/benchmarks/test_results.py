@@ -18,6 +18,8 @@ from benchmarks.suite import SPEED, STUDIES
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 STUDY_RESULTS = REPO / "benchmarks" / "studies" / "results"
+# one worker reads the folder while no other test writes into it (test_harness.py)
+pytestmark = pytest.mark.xdist_group("benchmark-results")
 # an absolute path under a private root, not `configs/workloads.yaml` nor a bare `/tmp`
 PRIVATE = re.compile(r"(?<![\w.~/-])/(?:work|root|tmp|home)/\S")
 # by-products a benchmark leaves beside its JSON, ignored by git (.gitignore)

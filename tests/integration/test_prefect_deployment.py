@@ -2,7 +2,8 @@
 
 GIVEN a `prefect server start` on a free port (its own PREFECT_HOME), the `heapcast` process pool,
       every deployment of prefect.yaml, and a `prefect worker start --pool heapcast`
-WHEN  `prefect deployment run nightly/nightly` runs the quick night into a temporary data root
+WHEN  `prefect deployment run nightly/nightly` runs a quick night (one workload, a training of a
+      few steps) into a temporary data root
 THEN  the flow run ends Completed, the registry there has a `champion`, and the nightly
       schedule has produced upcoming scheduled runs.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.flows.flow_harness import TINY_TRAINING
 from tests.localhost import free_port
 
 pytestmark = pytest.mark.integration
@@ -190,7 +192,16 @@ def test_deployments_and_schedule(prefect_services):
 
 def test_quick_nightly_run_registers_a_champion(prefect_services):
     url, env, root = prefect_services
-    params = {"params": {"quick": True, "trace": {"runner": "local", "max_parallel": 2}}}
+    # the quick night on one quick workload with a training of a few steps: the deployment, the
+    # worker and every stage of the flow are the night's; what the stages compute on the whole
+    # quick subset is tests/flows/'s and `make run`'s
+    params = {
+        "params": {
+            "quick": True,
+            "trace": {"workloads": ["sqlite3"], "runner": "local", "max_parallel": 2},
+            "train": {"overrides": TINY_TRAINING},
+        }
+    }
     out = prefect(env, "deployment", "run", "nightly/nightly", "--params", json.dumps(params))
     assert out.returncode == 0, out.stdout + out.stderr
     flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout).group(1)
