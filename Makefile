@@ -25,7 +25,7 @@ test: setup lint docs
 		--junitxml=$(RESULTS)/jax.xml; \
 	rc=$$?; .venv/bin/python -m tests.costs report --since $$start $(RESULTS)/*.xml; exit $$rc
 
-# The edit-test loop: no containers, servers, real programs or training (docs/testing.md).
+# The edit-test loop: no test measured at a second or more, no real service (docs/testing.md).
 test-quick: setup
 	.venv/bin/python -m pytest -q -m "not integration and not slow" $(XDIST)
 

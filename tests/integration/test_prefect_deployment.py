@@ -2,8 +2,8 @@
 
 GIVEN a `prefect server start` on a free port (its own PREFECT_HOME), the `heapcast` process pool,
       every deployment of prefect.yaml, and a `prefect worker start --pool heapcast`
-WHEN  `prefect deployment run nightly/nightly` runs a quick night (one workload, a training of a
-      few steps) into a temporary data root
+WHEN  `prefect deployment run nightly/nightly` runs the quick night (its training cut to a few
+      steps) into a temporary data root
 THEN  the flow run ends Completed, the registry there has a `champion`, and the nightly
       schedule has produced upcoming scheduled runs.
 
@@ -192,13 +192,13 @@ def test_deployments_and_schedule(prefect_services):
 
 def test_quick_nightly_run_registers_a_champion(prefect_services):
     url, env, root = prefect_services
-    # the quick night on one quick workload with a training of a few steps: the deployment, the
-    # worker and every stage of the flow are the night's; what the stages compute on the whole
-    # quick subset is tests/flows/'s and `make run`'s
+    # the quick night (every quick workload replayed for real) with a training of a few steps:
+    # the deployment, the worker and every stage are the night's; what the quick training
+    # learns is `make run`'s to show
     params = {
         "params": {
             "quick": True,
-            "trace": {"workloads": ["sqlite3"], "runner": "local", "max_parallel": 2},
+            "trace": {"runner": "local", "max_parallel": 2},
             "train": {"overrides": TINY_TRAINING},
         }
     }

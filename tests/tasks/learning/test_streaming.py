@@ -25,15 +25,16 @@ def _model(online: bool, ranks: int = 1):
 
 @pytest.mark.parametrize("online,ranks", [(True, 1), (True, 5), (False, 1)])
 def test_streaming_equals_the_batch_prediction_of_each_thread(online, ranks):
-    # GIVEN two interleaved threads of different lengths, fed call by call
+    # GIVEN two interleaved threads of different lengths, both past the window of 8 by more
+    # than a window, fed call by call
     rng = np.random.default_rng(7)
     threads = {
-        "a": (np.arange(40) % 5 + 2).astype(np.uint8),
-        "b": rng.integers(0, 64, 25).astype(np.uint8),
+        "a": (np.arange(20) % 5 + 2).astype(np.uint8),
+        "b": rng.integers(0, 64, 17).astype(np.uint8),
     }
     model = _model(online, ranks)
     sp = StreamingPredictor(model, context=8)
-    for i in range(40):
+    for i in range(20):
         calls = {t: int(toks[i]) for t, toks in threads.items() if i < len(toks)}
         got = sp.step(calls)
         # THEN after every call each thread's distribution is the batch one on its calls so far
