@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+REMOVE_WAIT_S = 30.0  # for a run's killed processes to leave its cgroup, at most
 UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 # How long a stop waits for SIGTERMed processes (the tracer of a program that exits on SIGTERM
 # flushes its buffers) before SIGKILL.
@@ -321,13 +322,18 @@ class RunLimits:
 
     def _remove_dirs(self) -> None:
         for d in self.dirs.values():
-            for _ in range(50):  # a killed process leaves its cgroup a moment after it dies
+            # a killed process leaves its cgroup a moment after it dies, and a while after on a
+            # machine whose cores are busy: the cgroup is removed as soon as it can be
+            deadline = time.monotonic() + REMOVE_WAIT_S
+            while True:
                 try:
                     d.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
+                    if time.monotonic() > deadline:
+                        break
                     time.sleep(0.02)
         self.dirs = {}
 
