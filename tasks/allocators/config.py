@@ -16,6 +16,7 @@ from tasks.allocators.place import (
     layer_settings,
     preload_line,
 )
+from tasks.allocators.rounds import plan_rounds
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
 from tasks.core.policy_names import RENAMED_POLICIES, current_policy
 from tasks.learning.table import ModelTable
@@ -481,9 +482,10 @@ class RecommendationRule(StrictModel):
 
     def describe(self) -> str:
         noise = (
-            f"two-sided exact Mann-Whitney rank test, p < {self.alpha:g}"
+            f"one-sided exact Mann-Whitney rank test (below the baseline), p < {self.alpha:g} "
+            "split over the rounds' looks"
             if self.noise == "mann_whitney"
-            else "the [min, max] ranges do not overlap"
+            else "every run below every run of the baseline"
         )
         guard, tolerance = self.guard
         return (
@@ -513,6 +515,11 @@ class SeedCasesConfig(StrictModel):
     inputs: list[Name] = Field(min_length=1)
     allocators: list[Name] = Field(min_length=2)
     repetitions: int = Field(default=MIN_REPETITIONS, ge=MIN_REPETITIONS)
+    max_repetitions: int | None = Field(
+        default=None,
+        description="rounds added while the rule has not decided (tasks.allocators.rounds), "
+        "up to this; None: repetitions only",
+    )
     quick_repetitions: int = Field(default=3, ge=1)
     # the quick night's allocators (None: `allocators`): the layer's predictors and the reference
     # mallocs that fit the night's minutes; the weekly flow measures them all
@@ -522,6 +529,10 @@ class SeedCasesConfig(StrictModel):
     compare: list[tuple[Name, Name]] = Field(
         default_factory=lambda: [("layer-guided", "layer-largest"), ("layer-guided", "glibc")]
     )
+
+    @property
+    def rounds_bound(self) -> int:
+        return max(self.repetitions, self.max_repetitions or self.repetitions)
 
 
 class AllocatorsConfig(StrictModel):
@@ -610,24 +621,33 @@ class AllocatorsConfig(StrictModel):
 
     @model_validator(mode="after")
     def _rounds_can_decide(self) -> AllocatorsConfig:
-        """With m candidates against the baseline, Holm's first bar is alpha / m; a rank test
-        of n runs against n cannot go below 2 / C(2n, n). Say so rather than never decide."""
-        top = self.max_repetitions or self.repetitions
+        """Each design the config runs (the stage, the seeds' full rounds, tune) must be able to
+        reach the rule's bar (tasks.allocators.rounds.plan_rounds): say so rather than never
+        decide. The quick seeds' rounds may not (fewer, to fit make run): the summary says how
+        many they would need."""
         if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
             raise ValueError(
                 f"max_repetitions {self.max_repetitions} is below repetitions {self.repetitions}"
             )
-        m = len(self.allocators) - 1
-        if self.rule.noise != "mann_whitney" or self.rule.correction != "holm" or m < 1:
-            return self
-        bar = self.rule.alpha / m
-        if 2 / math.comb(2 * top, top) >= bar:
-            need = next(n for n in range(top, 100) if 2 / math.comb(2 * n, n) < bar)
-            raise ValueError(
-                f"max_repetitions (or repetitions) {top}: with {m} candidates against "
-                f"{self.baseline}, Holm's bar is {bar:.4f} and {top} runs each cannot reach it; "
-                f"give at least {need}"
+        designs = [
+            ("max_repetitions", len(self.allocators) - 1, self.repetitions, self.rounds_bound)
+        ]
+        if self.seeds is not None:
+            s = self.seeds
+            designs.append(
+                ("seeds.max_repetitions", len(s.allocators) - 1, s.repetitions, s.rounds_bound)
             )
+        if self.tune is not None:
+            t = self.tune
+            designs.append(
+                ("tune.max_repetitions", len(t.candidates) - 1, t.repetitions, t.max_repetitions)
+            )
+        r = self.rule
+        for field, m, planned, bound in designs:
+            plan = plan_rounds(m, planned, bound, r.alpha, r.correction, r.noise)
+            if m >= 1 and plan.first_look is None:
+                need = f"; give {field} at least {plan.needed}" if plan.needed else ""
+                raise ValueError(f"{field} (or the repetitions) {bound}: {plan.cannot()}{need}")
         return self
 
     @property

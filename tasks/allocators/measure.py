@@ -34,8 +34,8 @@ from tasks.allocators.config import (
     LAYER_STATS,
     Allocator,
     AllocatorsConfig,
+    RecommendationRule,
 )
-from tasks.allocators.decide import undecided
 from tasks.allocators.place import (
     JEMALLOC_PACKAGE,
     PLACE_STATS,
@@ -44,6 +44,7 @@ from tasks.allocators.place import (
     not_in_force,
     read_place_stats,
 )
+from tasks.allocators.rounds import Plan, after_round, over_bound, plan_rounds
 from tasks.core.storage import Root, scratch_parent
 from tasks.format.trace_reader import count_traces
 from tasks.replay.inputs import prepare_input_dir
@@ -226,6 +227,17 @@ class Unavailable(BaseModel):
     message: str
 
 
+class CaseRounds(BaseModel):
+    """How a case's rounds went by the rule (tasks.allocators.rounds): the plan made before any
+    run, the rounds run, the candidates out of the race and why, why the rounds stopped."""
+
+    plan: Plan
+    rounds: int
+    dropped: dict[str, str] = {}
+    stop: str = ""
+    winner: str | None = None  # the candidate the rounds stopped on, if one beat the baseline
+
+
 class Measurements(BaseModel):
     """Everything one measurement produced; `stats` and `report` read it."""
 
@@ -243,6 +255,9 @@ class Measurements(BaseModel):
     unavailable: list[Unavailable]
     started_at: str
     elapsed_s: float
+    # per case label, how its rounds went (absent in measurements made before the rule kept it,
+    # or made without it: stats then judges the runs as one look at the rounds measured)
+    rounds: dict[str, CaseRounds] = {}
 
 
 def night_stamp(when: datetime | None = None) -> str:
@@ -579,6 +594,44 @@ def lifetime_table_error(allocator: Allocator, stats: dict[str, Any]) -> str | N
     return None
 
 
+def _race(
+    samples: list[Sample],
+    names: list[str],
+    active: list[str],
+    dropped: dict[str, str],
+    base: str,
+    rule: RecommendationRule,
+    rounds: int,
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Each candidate's ok runs of the rule's metric, and those still in the race: a candidate
+    with a failed run is out (its pair is `failed`, never recommended), said in `dropped`."""
+    for n in [n for n in active if n != base]:
+        if any(x.allocator == n and not x.ok for x in samples):
+            active.remove(n)
+            dropped[n] = f"a run failed by {rounds} rounds (its row says why)"
+    ok = [x for x in samples if x.ok]
+    runs = {
+        n: np.array(
+            [v for x in ok if x.allocator == n and (v := getattr(x, rule.primary)) is not None],
+            dtype=float,
+        )
+        for n in names
+    }
+    return runs, active
+
+
+def _bounds(samples: list[Sample], names: list[str], rule: RecommendationRule) -> dict:
+    """after_round's `ineligible` (time objective: memory over its tolerance, out) or `unfit`
+    (memory objective: time over its tolerance, never the leader)."""
+    metric, tolerance = rule.guard
+    values = {
+        n: np.array([getattr(x, metric) or 0.0 for x in samples if x.ok and x.allocator == n])
+        for n in names
+    }
+    over = over_bound(values, metric, tolerance)
+    return {"ineligible": over} if rule.objective == "time" else {"unfit": set(over)}
+
+
 def measure_case(
     case: Case,
     config: AllocatorsConfig,
@@ -590,8 +643,10 @@ def measure_case(
     warmup: int | None = None,
     tracer: Path | None = None,
     log=None,
-) -> tuple[list[Sample], list[Unavailable]]:
-    """Every available allocator on one case, `repetitions` rotated rounds (see the module)."""
+) -> tuple[list[Sample], list[Unavailable], CaseRounds | None]:
+    """Every available allocator on one case, `repetitions` rotated rounds, more while the rule
+    (tasks.allocators.rounds) has not decided, up to the bound (see the module); `repetitions`
+    given: exactly that many."""
     log = log or run_logger()
     reps = config.repetitions if repetitions is None else repetitions
     warm = config.warmup if warmup is None else warmup
@@ -613,7 +668,7 @@ def measure_case(
     names = [n for n in config.names() if n not in missing]
     samples: list[Sample] = []
     if not names:
-        return samples, unavailable
+        return samples, unavailable, None
     scratch_parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(
         tempfile.mkdtemp(prefix=f"{case.workload.name}-{case.input.name}-", dir=scratch_parent)
@@ -626,22 +681,24 @@ def measure_case(
         for i in range(warm):
             run_once(case, config.get(first), runner, input_dir, scratch / f"warmup-{i}", tracer)
         bound = max(reps, config.rounds_bound) if repetitions is None else reps
-        rule = config.rule_for(case.workload.name)  # the objective rounds are added for
+        rule = config.rule_for(case.workload.name)  # the objective rounds are judged on
+        base = config.baseline
+        plan = plan_rounds(
+            len(names) - 1 if base in names else 0,
+            reps,
+            bound,
+            rule.alpha,
+            rule.correction,
+            rule.noise,
+        )
         orders = round_orders(names, bound, config.order_seed)
-        rep = 0
-        while rep < bound:
+        active, dropped = list(names), {}
+        stop, winner, rep = f"the bound of {bound} rounds", None, 0
+        for rep in range(bound):
+            order = [n for n in orders[rep] if n in active]
             if rep >= reps:
-                # past the planned rounds: only while the decision sits in the noise
-                ok = [s for s in samples if s.ok and s.wall_s is not None]
-                times = {
-                    n: np.array([getattr(s, rule.primary) for s in ok if s.allocator == n])
-                    for n in names
-                }
-                open_ = undecided(times, config.baseline, rule.alpha, rule.promising_p)
-                if not open_:
-                    break
-                log.info(f"{case.label}: round {rep + 1} added, undecided: {', '.join(open_)}")
-            for pos, name in enumerate(orders[rep]):
+                log.info(f"{case.label}: round {rep + 1} added for {', '.join(order)}")
+            for pos, name in enumerate(order):
                 started_at = datetime.now(UTC).isoformat(timespec="seconds")
                 t0 = time.monotonic()
                 run_dir = scratch / f"r{rep + 1}-{name}"
@@ -666,10 +723,31 @@ def measure_case(
                 if not s.ok:
                     log.warning(f"{case.label} under {name} (round {rep + 1}): {s.error}")
                 samples.append(s)
-            rep += 1
+            if base not in names or rep + 1 < reps:
+                continue
+            # past the planned rounds: the rule narrows the race, or stops it
+            verdict = after_round(
+                *_race(samples, names, active, dropped, base, rule, rep + 1),
+                base,
+                rep + 1,
+                plan=plan,
+                promising_p=rule.promising_p,
+                metric=rule.primary,
+                eliminate=False,
+                out=set(dropped),
+                **_bounds(samples, names, rule),
+            )
+            for n, why in verdict.dropped.items():
+                active.remove(n)
+                dropped[n] = why
+            if verdict.stop:
+                stop, winner = verdict.stop, verdict.winner
+                break
+        rounds = CaseRounds(plan=plan, rounds=rep + 1, dropped=dropped, stop=stop, winner=winner)
+        log.info(f"{case.label}: {rep + 1} rounds, {stop}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return samples, unavailable
+    return samples, unavailable, rounds
 
 
 def measure_cases(
@@ -698,9 +776,10 @@ def measure_cases(
     scratch = scratch_parent(root)
     samples: list[Sample] = []
     unavailable: list[Unavailable] = []
+    rounds: dict[str, CaseRounds] = {}
     for case in cases:
         log.info(f"{case.label}: {len(config.allocators)} allocators")
-        s, u = measure_case(
+        s, u, r = measure_case(
             case,
             config,
             run_runner,
@@ -713,6 +792,8 @@ def measure_cases(
         )
         samples += s
         unavailable += u
+        if r is not None:
+            rounds[case.label] = r
     return Measurements(
         night=night_stamp(started),
         runner=kind,
@@ -736,6 +817,7 @@ def measure_cases(
         unavailable=unavailable,
         started_at=started.isoformat(timespec="seconds"),
         elapsed_s=round(time.monotonic() - t0, 3),
+        rounds=rounds,
     )
 
 

@@ -79,11 +79,18 @@ class Advice(BaseModel):
     report: str  # the night's markdown table
     experiment: str | None  # the MLflow experiment of the measurement's run
     rounds: int | None = None  # the baseline's runs in that measurement (None: not recorded)
+    # the rule's plan could not reach its bar: the rounds it would need (None: it could, or
+    # a table written before the rule recorded it)
+    rounds_needed: int | None = None
+    rounds_stop: str | None = None  # why the rounds stopped (None: not recorded)
 
     @property
     def can_decide(self) -> bool:
-        """Whether the measurement had rounds enough for the rank test (a quick seeds
-        measurement has 3: it cannot put anything beyond the noise)."""
+        """Whether the measurement's rounds could reach the rule's bar (a quick seeds
+        measurement's 3 cannot); tables written before the rule recorded it: whether they
+        had MIN_REPETITIONS rounds."""
+        if self.rounds_stop is not None:
+            return self.rounds_needed is None
         return self.rounds is None or self.rounds >= MIN_REPETITIONS
 
 
@@ -151,6 +158,14 @@ def summary_table(
             "ranges_overlap": r.ranges_overlap if r else None,
             "beyond_noise": r.beyond_noise if r else None,
             "objective": r.objective if r else None,
+            # the rule of the rounds: how many its decision needed, why they stopped, the
+            # rounds a plan that could not reach the bar would need, and this candidate's way
+            # out of the race
+            "rounds": r.rounds if r else None,
+            "rounds_stop": r.stop if r else None,
+            "rounds_needed": r.needed_rounds if r else None,
+            "level": r.level if r else None,
+            "out_of_race": _dropped(m, p.case).get(p.allocator),
             # this row's candidate as one pastes it (the measured definition, not today's config)
             "line": allocators[p.allocator].line() if p.allocator in allocators else None,
             "experiment": experiment,
@@ -164,6 +179,11 @@ def summary_table(
                 row[f"heap_{k}"] = getattr(f, k) if f else None
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=_summary_schema())
+
+
+def _dropped(m: Measurements, case: str) -> dict[str, str]:
+    r = m.rounds.get(case)
+    return r.dropped if r else {}
 
 
 def _summary_schema() -> pa.Schema:
@@ -193,6 +213,11 @@ def _summary_schema() -> pa.Schema:
         ("ranges_overlap", pa.bool_()),
         ("beyond_noise", pa.bool_()),
         ("objective", pa.string()),
+        ("rounds", pa.int64()),
+        ("rounds_stop", pa.string()),
+        ("rounds_needed", pa.int64()),
+        ("level", pa.float64()),
+        ("out_of_race", pa.string()),
         ("line", pa.string()),
         ("experiment", pa.string()),
     ]
@@ -265,7 +290,7 @@ def _rec_cell(r: Recommendation) -> str:
             if r.best_challenger and r.margin_low is not None and r.p_adjusted is not None
             else ""
         )
-        return f"**{r.allocator}**" + (f" ({r.note}{interval})" if r.note else "")
+        return f"**{r.allocator}**" + (f" ({r.note}{interval})" if r.note else "") + _rounds(r)
     on_memory = r.objective == "memory"
     if on_memory:
         word = "less memory" if r.margin >= 0 else "more memory"
@@ -285,8 +310,16 @@ def _rec_cell(r: Recommendation) -> str:
     )
     return (
         f"**{r.allocator}**: {abs(r.margin) * 100:.1f}% {word} than {r.baseline}{mem}; "
-        f"{noise} ({p}, {overlap})"
+        f"{noise} ({p}, {overlap})" + _rounds(r)
     )
+
+
+def _rounds(r: Recommendation) -> str:
+    """How many rounds the decision needed and why they stopped."""
+    if r.rounds is None:
+        return ""
+    why = f": {r.stop}" if r.stop else ""
+    return f"; {r.rounds} rounds{why}"
 
 
 def stepped_aside(m: Measurements) -> list[str]:
@@ -312,6 +345,21 @@ def stepped_aside(m: Measurements) -> list[str]:
     return out
 
 
+def _plan_lines(m: Measurements) -> list[str]:
+    """The rule of the rounds as planned before any run, once per distinct plan."""
+    plans = list(dict.fromkeys(r.plan.describe() for r in m.rounds.values()))
+    bound = max((r.plan.bound for r in m.rounds.values()), default=m.repetitions)
+    if not plans:
+        return []
+    more = (
+        f" Rounds added, up to {bound}, for the candidates still in the race while the rule had "
+        "not decided."
+        if bound > m.repetitions
+        else ""
+    )
+    return [f"The rounds' rule: {'; '.join(plans)}.{more}"]
+
+
 def markdown(
     m: Measurements,
     pairs: list[PairSummary],
@@ -328,6 +376,7 @@ def markdown(
         f"Runner: {m.runner} ({m.runner_detail}) on {m.host}; "
         f"{m.repetitions} rounds per workload after {m.warmup} warm-up run(s), every allocator "
         f"once per round, the order rotated each round; {'traced' if m.traced else 'untraced'}.",
+        *_plan_lines(m),
         f"Time: median {rule.time} of the program itself; memory: median {rule.memory} "
         f"({', '.join(sources) or 'no source'}). {m.baseline} cell: median [min–max] and "
         f"memory; other cells: ratio of medians to {m.baseline}'s (below 1: less). ★ recommended.",
@@ -616,6 +665,8 @@ ADVICE_COLUMNS = (
     "line",
     "experiment",
     "runs",
+    "rounds_needed",
+    "rounds_stop",
 )
 
 
@@ -653,6 +704,8 @@ def _night_advice(root: Root, night: str, path: str) -> list[Advice]:
             report=report,
             experiment=row.get("experiment"),
             rounds=rounds.get(case),
+            rounds_needed=row.get("rounds_needed"),
+            rounds_stop=row.get("rounds_stop"),
         )
     return list(out.values())
 

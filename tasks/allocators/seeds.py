@@ -111,8 +111,8 @@ def seed_config(config: AllocatorsConfig, quick: bool = False) -> AllocatorsConf
         update={
             "allocators": [config.get(n) for n in names],
             "inputs": s.inputs,
-            "repetitions": s.repetitions,
-            "max_repetitions": None,
+            "repetitions": s.quick_repetitions if quick else s.repetitions,
+            "max_repetitions": None if quick else s.max_repetitions,
         }
     )
 
@@ -122,12 +122,12 @@ def measure_seed_cases(
     root: Root, config: AllocatorsConfig, quick: bool, runner: str, catalog: str | None = None
 ) -> Measurements:
     """The seeds' cases under the seeds' allocators (`seed_config(config, quick)`), side by
-    side: `seeds.repetitions` rounds, `seeds.quick_repetitions` when `quick`."""
+    side: `seeds.repetitions` rounds, more up to `seeds.max_repetitions` while the rule has not
+    decided (tasks.allocators.rounds); `seeds.quick_repetitions` when `quick`."""
     cfg = seed_config(config, quick)
     assert config.seeds is not None  # seed_config said so otherwise
-    reps = config.seeds.quick_repetitions if quick else config.seeds.repetitions
     cases = select_cases(load_catalog(catalog), cfg, config.seeds.workloads)
-    return measure_cases(cases, cfg, root, runner, repetitions=reps)
+    return measure_cases(cases, cfg, root, runner)
 
 
 def _median(values) -> float | None:

@@ -15,8 +15,9 @@ import pandas as pd
 from pydantic import BaseModel
 
 from tasks.allocators.config import AllocatorsConfig, RecommendationRule
-from tasks.allocators.decide import holm, mann_whitney_p, margin_interval
-from tasks.allocators.measure import NOT_APPLIED, Measurements, Sample
+from tasks.allocators.decide import margin_interval
+from tasks.allocators.measure import NOT_APPLIED, CaseRounds, Measurements, Sample
+from tasks.allocators.rounds import judge, plan_rounds
 
 METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb", "minor_faults", "major_faults")
 
@@ -70,9 +71,16 @@ class Recommendation(BaseModel):
     # 1 - objective / the baseline's (time or memory): 0.12 = 12% less than the baseline
     margin: float | None = None
     memory_vs_baseline: float | None = None
-    p_value: float | None = None  # two-sided exact Mann-Whitney, winner vs baseline
+    p_value: float | None = None  # one-sided exact Mann-Whitney, winner below the baseline
     p_adjusted: float | None = None  # the same, Holm-corrected for the candidates compared
     compared: int = 0  # candidates compared with the baseline (the correction's m)
+    # the rule of the rounds (tasks.allocators.rounds): the rounds run, the level a look's
+    # adjusted p must be under (alpha over the looks), why the rounds stopped, and, where the
+    # rounds could not reach the bar, how many they would need
+    rounds: int | None = None
+    level: float | None = None
+    stop: str = ""
+    needed_rounds: int | None = None
     margin_low: float | None = None  # the margin's bootstrap interval (rule.confidence)
     margin_high: float | None = None
     best_challenger: str | None = None  # the fastest other candidate when the baseline stays
@@ -222,26 +230,25 @@ def recommend(
         smallest = min(p.median(guard) for p in cands)
         eligible = [p for p in cands if p.median(guard) <= smallest * (1 + tolerance)]
         challengers = [p for p in cands if p.allocator != m.baseline]
-        raw: dict[str, float] = {}
-        if base_ok:
-            y = runs(m.baseline)
-            raw = {p.allocator: mann_whitney_p(runs(p.allocator), y) for p in challengers}
-        adjusted = holm(raw) if rule.correction == "holm" else dict(raw)
+        # the family: every candidate with a clean run (a failed pair's runs count, out of the
+        # race), judged as the rounds' last look (tasks.allocators.rounds.judge)
+        adf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
+        family = {
+            p.allocator: adf.loc[adf["allocator"] == p.allocator, primary].to_numpy(float)
+            for p in cpairs
+            if p.status in ("ok", "failed")
+        }
+        family = {k: v for k, v in family.items() if len(v)}
+        rounds = _rounds_of(m, case.label, rule, len(family) - (m.baseline in family))
+        out = set(rounds.dropped) | {p.allocator for p in cpairs if p.status != "ok"}
+        judged = judge(family, m.baseline, rounds.plan, out) if base_ok else None
+        raw = {p.allocator: judged.raw[p.allocator] for p in challengers} if judged else {}
+        adjusted = judged.adjusted if judged else {}
+        decides = rounds.plan.decides_at(rounds.rounds)
 
-        def beats(
-            p: PairSummary,
-            base: PairSummary | None = base,
-            adjusted: dict = adjusted,
-            primary: str = primary,
-            rule: RecommendationRule = rule,
-        ) -> bool:
-            """Below the baseline by median `primary`, beyond the noise by the rule."""
-            base_ok = base is not None and base.status == "ok"
-            if not base_ok or p.median(primary) >= base.median(primary):
-                return False
-            if rule.noise == "minmax":
-                return not ranges_overlap(runs(p.allocator), runs(m.baseline))
-            return adjusted[p.allocator] < rule.alpha
+        def beats(p: PairSummary, judged=judged, decides=decides) -> bool:
+            """Below the baseline by median, beyond the noise by the rule, at a look."""
+            return bool(judged and decides and p.allocator in judged.beats)
 
         winners = [p for p in eligible if p.allocator != m.baseline and beats(p)]
         key = lambda p, primary=primary: (  # noqa: E731
@@ -256,7 +263,15 @@ def recommend(
         else:
             winner = min(eligible, key=key)
         winner.recommended = True
-        rec = Recommendation(**head, allocator=winner.allocator, compared=len(raw))
+        rec = Recommendation(
+            **head,
+            allocator=winner.allocator,
+            compared=len(judged.raw) if judged else 0,
+            rounds=rounds.rounds,
+            level=rounds.plan.level if rounds.plan.first_look else None,
+            stop=rounds.stop,
+            needed_rounds=rounds.plan.needed,
+        )
         excluded = sorted({p.allocator for p in cands} - {p.allocator for p in eligible})
         notes = []
         if no_memory:
@@ -273,11 +288,19 @@ def recommend(
             if others:
                 shown = min(others, key=key)
                 rec.best_challenger = shown.allocator
-                notes.append(
-                    f"no candidate beats {m.baseline} beyond the noise"
-                    + (" after Holm's correction" if rule.correction == "holm" else "")
-                    + f" (fastest: {shown.allocator})"
-                )
+                if rounds.plan.first_look is None:
+                    notes.append(f"{rounds.plan.cannot()} (fastest: {shown.allocator})")
+                elif not decides:
+                    notes.append(
+                        f"the rule decides from round {rounds.plan.first_look}, "
+                        f"{rounds.rounds} run (fastest: {shown.allocator})"
+                    )
+                else:
+                    notes.append(
+                        f"no candidate beats {m.baseline} beyond the noise"
+                        + (" after Holm's correction" if rule.correction == "holm" else "")
+                        + f" (fastest: {shown.allocator})"
+                    )
             else:
                 notes.append(f"{m.baseline} itself is the fastest of those within the memory bound")
         if base_ok and shown.allocator != m.baseline:
@@ -289,13 +312,26 @@ def recommend(
                     winner.median(rule.memory), base.median(rule.memory)
                 )
             rec.margin_low, rec.margin_high = low, high
-            rec.p_value = raw[shown.allocator]
-            rec.p_adjusted = adjusted[shown.allocator]
+            rec.p_value = raw.get(shown.allocator)
+            rec.p_adjusted = adjusted.get(shown.allocator)
             rec.ranges_overlap = ranges_overlap(x, y)
             rec.beyond_noise = beats(shown)
         rec.note = "; ".join(notes)
         recs.append(rec)
     return recs
+
+
+def _rounds_of(m: Measurements, case: str, rule: RecommendationRule, candidates: int) -> CaseRounds:
+    """How the case's rounds went (Measurements.rounds); a measurement that did not keep it
+    (made with fixed rounds, or before the rule kept them) is judged as one look at the rounds
+    its baseline ran."""
+    kept = m.rounds.get(case)
+    if kept is not None:
+        return kept
+    n = sum(1 for s in m.samples if s.case == case and s.allocator == m.baseline and s.ok)
+    n = n or m.repetitions
+    plan = plan_rounds(candidates, n, n, rule.alpha, rule.correction, rule.noise)
+    return CaseRounds(plan=plan, rounds=n, stop=plan.cannot())
 
 
 def analyse(

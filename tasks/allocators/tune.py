@@ -34,6 +34,7 @@ from tasks.allocators.config import LAYER_STATS, Allocator, AllocatorsConfig
 from tasks.allocators.measure import (
     NOT_APPLIED,
     CaseInfo,
+    CaseRounds,
     Measurements,
     Sample,
     Unavailable,
@@ -43,7 +44,7 @@ from tasks.allocators.measure import (
     usage_fields,
 )
 from tasks.allocators.place import PLACE_STATS, PlaceBuildError, build_place, read_place_stats
-from tasks.allocators.rounds import after_round
+from tasks.allocators.rounds import after_round, over_bound, plan_rounds
 from tasks.allocators.stats import PairSummary, Recommendation, analyse
 from tasks.allocators.trace_facts import HeapFacts, TraceFactsError, heap_facts, mallopt_lines
 from tasks.core.config import PROJECT_DIR
@@ -483,8 +484,11 @@ def _measure(
     orders = balanced_orders(live, bound, config.order_seed)
     active = list(live)
     dropped: dict[str, str] = {}
-    stop = f"the bound of {bound} rounds"
-    metric = config.rule.primary
+    stop, winner = f"the bound of {bound} rounds", None
+    rule = config.rule
+    metric = rule.primary
+    plan = plan_rounds(len(live) - 1, reps, bound, rule.alpha, rule.correction, rule.noise)
+    rep = 0
     for rep in range(bound):
         order = [n for n in orders[rep] if n in active]
         for pos, name in enumerate(order):
@@ -501,25 +505,30 @@ def _measure(
             if any(not s.ok for s in samples if s.allocator == n):
                 active.remove(n)
                 dropped[n] = f"a run failed after {rep + 1} round(s) (its row says why)"
-        over = _over_guard(ok, live, config)
+        guard, tolerance = rule.guard
+        over = over_bound(
+            {n: np.array([getattr(s, guard) or 0.0 for s in ok if s.allocator == n]) for n in live},
+            guard,
+            tolerance,
+        )
         verdict = after_round(
             runs,
             active,
             config.baseline,
             rep + 1,
-            decide_rounds=reps,
-            alpha=config.rule.alpha,
-            promising_p=config.rule.promising_p,
+            plan=plan,
+            promising_p=rule.promising_p,
             metric=metric,
+            out=set(dropped),
             # memory hardly varies run to run: over its bound, out; time does: not the leader
-            ineligible=over if config.rule.objective == "time" else None,
-            unfit=set(over) if config.rule.objective == "memory" else frozenset(),
+            ineligible=over if rule.objective == "time" else None,
+            unfit=set(over) if rule.objective == "memory" else frozenset(),
         )
         for n, why in verdict.dropped.items():
             active.remove(n)
             dropped[n] = why
         if verdict.stop:
-            stop = verdict.stop
+            stop, winner = verdict.stop, verdict.winner
             break
         # what is left to run, at most: the next rounds of those still in
         planned = done + max(reps - rep - 1, 1) * len(active)
@@ -538,28 +547,11 @@ def _measure(
         unavailable=unavailable,
         started_at="",
         elapsed_s=0.0,
+        rounds={
+            label: CaseRounds(plan=plan, rounds=rep + 1, dropped=dropped, stop=stop, winner=winner)
+        },
     )
     return m, dropped, stop
-
-
-def _over_guard(ok: list[Sample], names: list[str], config: AllocatorsConfig) -> dict[str, str]:
-    """The candidates whose median of the rule's other metric (the guard: memory for the time
-    objective, time for memory) is over its tolerance above the lowest, with why."""
-    rule = config.rule
-    metric, tolerance = rule.guard
-    med = {}
-    for n in names:
-        v = [getattr(s, metric) for s in ok if s.allocator == n and getattr(s, metric)]
-        if v:
-            med[n] = float(np.median(v))
-    if not med:
-        return {}
-    low = min(med.values())
-    return {
-        n: f"its median {metric} {v / low - 1:.0%} over the lowest (tolerance {tolerance:.0%})"
-        for n, v in med.items()
-        if v > low * (1 + tolerance)
-    }
 
 
 def _check_run(
@@ -709,6 +701,7 @@ def render_table(a: Answer) -> str:
         "",
         f"{m.baseline}: median [min–max]; others: ratio to {m.baseline}'s median [min–max]. "
         f"★ recommended. {max((s.rep for s in m.samples), default=0)} rounds, stopped: {a.stop}.",
+        *(f"The rounds' rule: {r.plan.describe()}." for r in m.rounds.values()),
     ]
     for r in rows:
         out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])

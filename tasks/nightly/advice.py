@@ -31,7 +31,12 @@ def advice_line(a: Advice, last_night: str | None = None) -> str:
     the line to paste."""
     when = "" if a.night == last_night else f" (measured {_when(a.night)})"
     if not a.can_decide:
-        when += f" ({a.rounds} rounds only: too few to decide)"
+        more = (
+            f"; the rule needs {a.rounds_needed}, {a.rounds_needed - a.rounds} more"
+            if a.rounds_needed and a.rounds
+            else ""
+        )
+        when += f" ({a.rounds} rounds only: too few to decide{more})"
     interval = (
         f" (interval {_pct(a.margin_low)} to {_pct(a.margin_high)})"
         if a.margin_low is not None and a.margin_high is not None

@@ -69,8 +69,15 @@ def test_the_project_config_lists_the_four_allocators_with_their_packages():
         (lambda d: d["allocators"][1].update(env={"MALLOCCONF": "x"}), "unknown allocator knob"),
         (lambda d: d["tune"].update(candidates=["glibc", "hoard"]), "tune.candidates: hoard"),
         (lambda d: d["tune"].update(candidates=["jemalloc"]), "include the baseline"),
-        # 8 candidates against glibc: Holm's bar 0.05/7 is out of reach of 5 runs each
-        (lambda d: d.update(max_repetitions=5), "give at least 6"),
+        # 16 candidates against glibc: Holm's bar 0.05/16 is out of reach of 5 runs each
+        (lambda d: d.update(max_repetitions=5), "give max_repetitions at least 6"),
+        # the seeds' full rounds too: every allocator, 5 rounds and no more
+        (
+            lambda d: d["seeds"].update(
+                allocators=[a["name"] for a in d["allocators"]], max_repetitions=None
+            ),
+            "give seeds.max_repetitions at least 6",
+        ),
         (lambda d: d["allocators"][1].update(kind="layer"), "a layer's `library`"),
     ],
 )
