@@ -27,7 +27,7 @@ runs on the same draws.
 temporaries as measured into benchmarks/studies/results/seeds_numpy_temporaries.json, baseline
 glibc). About a minute for every design at 2,000 trials.
 
---real CATALOG_ROUND: one real A/A round on the catalog instead: the stage's own measurement
+--real: one real A/A round on the catalog instead: the stage's own measurement
 (tasks.allocators.measure.measure_cases, docker) of the quick inputs under three identical glibc
 candidates and the recommendation of each (any winner is a false one).
 """
@@ -203,16 +203,18 @@ def real_round(quick: bool = True, root: str | None = None) -> dict[str, Any]:
     import tempfile
 
     from tasks.allocators.config import load_allocators_config
-    from tasks.allocators.measure import measure_cases, select_cases
+    from tasks.allocators.measure import images_for, measure_cases, select_cases
     from tasks.allocators.stats import analyse
     from tasks.core.storage import Root
+    from tasks.replay.images import build_images
     from tasks.replay.workloads import load_catalog
 
     cfg = load_allocators_config()
     glibc = cfg.get(BASELINE)
     same = [glibc] + [glibc.model_copy(update={"name": f"glibc-aa{i}"}) for i in (1, 2)]
-    cfg = cfg.model_copy(update={"allocators": same, "inputs": None, "objectives": {}})
+    cfg = cfg.model_copy(update={"allocators": same, "inputs": None})
     cases = select_cases(load_catalog(), cfg, None, quick=quick)
+    build_images(images_for(cfg, None, quick))
     folder = root or tempfile.mkdtemp(prefix="heapcast-aa-")
     m = measure_cases(cases, cfg, Root.from_url(folder), "docker")
     _, recs = analyse(m, cfg)

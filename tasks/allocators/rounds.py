@@ -290,12 +290,12 @@ def after_round(
             "every run below every one of its runs"
             if plan.noise == "minmax"
             else f"one-sided rank test, Holm-adjusted p {j.adjusted[leader]:.2g} < "
-            f"{plan.level:.2g} (alpha over {plan.looks} look{'s' if plan.looks != 1 else ''}, "
-            f"{family} compared)"
+            f"{plan.level:.2g}: alpha {plan.alpha:g} over {plan.looks} look"
+            f"{'s' if plan.looks != 1 else ''}, {family} compared"
         )
         return RoundVerdict(
             dropped,
-            f"{leader} beats {baseline} beyond the noise ({how}) after {rounds} rounds",
+            f"{leader} beats {baseline} beyond the noise after {rounds} rounds ({how})",
             winner=leader,
         )
     if plan.decides_at(rounds) and rounds >= plan.bound and (won := j.beats & set(fit)):

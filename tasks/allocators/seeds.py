@@ -188,7 +188,10 @@ def seed_lines(m: Measurements, config: AllocatorsConfig) -> list[SeedLine]:
         out.append(
             SeedLine(
                 case=case.label,
-                repetitions=m.repetitions,
+                # the rounds the rule ran (more than planned while it had not decided)
+                repetitions=m.rounds[case.label].rounds
+                if case.label in m.rounds
+                else m.repetitions,
                 figures=figures,
                 predictors=predictors,
                 bought=bought,

@@ -292,8 +292,8 @@ def recommend(
                     notes.append(f"{rounds.plan.cannot()} (fastest: {shown.allocator})")
                 elif not decides:
                     notes.append(
-                        f"the rule decides from round {rounds.plan.first_look}, "
-                        f"{rounds.rounds} run (fastest: {shown.allocator})"
+                        f"the rounds stopped before a look (round {rounds.plan.first_look} or "
+                        f"{rounds.plan.bound}) could decide (fastest: {shown.allocator})"
                     )
                 else:
                     notes.append(

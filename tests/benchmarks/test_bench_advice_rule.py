@@ -14,6 +14,7 @@ from benchmarks.harness import REPO
 from benchmarks.studies import bench_advice_rule as bench
 
 BENCH = REPO / "benchmarks" / "studies" / "bench_advice_rule.py"
+pytestmark = pytest.mark.slow  # the study's trials: about 20 s of one core
 # numpy temporaries' wall seconds as a loaded machine measured them (layer_seeds.json's
 # medians and ranges): glibc with a slow outlier, tcmalloc about 0.7x
 RUNS = {

@@ -152,7 +152,7 @@ def test_the_stage_runs_everyone_for_the_planned_rounds_then_narrows_then_decide
     assert at(2, list(runs)) == at(4, list(runs)) == type(at(2, list(runs)))()  # no verdict
     v = at(5, list(runs))
     assert v.winner == "fast" and "fast beats glibc beyond the noise" in v.stop
-    assert "alpha over 2 looks" in v.stop
+    assert "alpha 0.05 over 2 looks" in v.stop
     # without the fast one: `slow` and `same` are narrowed out, and nothing is near: stop
     v = at(5, ["glibc", "same", "slow"], out={"fast"})
     assert v.winner is None and "slow" in v.dropped
