@@ -44,7 +44,14 @@ from tasks.allocators.place import (
     not_in_force,
     read_place_stats,
 )
-from tasks.allocators.rounds import Plan, after_round, over_bound, plan_rounds
+from tasks.allocators.rounds import (
+    Plan,
+    Race,
+    RoundVerdict,
+    after_round,
+    over_bound,
+    plan_rounds,
+)
 from tasks.core.storage import Root, scratch_parent
 from tasks.format.trace_reader import count_traces
 from tasks.replay.inputs import prepare_input_dir
@@ -594,21 +601,22 @@ def lifetime_table_error(allocator: Allocator, stats: dict[str, Any]) -> str | N
     return None
 
 
-def _race(
+def race_runs(
     samples: list[Sample],
     names: list[str],
-    active: list[str],
-    dropped: dict[str, str],
+    race: Race,
     base: str,
     rule: RecommendationRule,
     rounds: int,
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Each candidate's ok runs of the rule's metric, and those still in the race: a candidate
-    with a failed run is out (its pair is `failed`, never recommended), said in `dropped`."""
-    for n in [n for n in active if n != base]:
-        if any(x.allocator == n and not x.ok for x in samples):
-            active.remove(n)
-            dropped[n] = f"a run failed by {rounds} rounds (its row says why)"
+) -> dict[str, np.ndarray]:
+    """Each candidate's ok runs of the rule's metric; a candidate with a failed run leaves the
+    race (its pair is `failed`, never recommended), saying so."""
+    failed = {
+        n: f"a run failed by {rounds} rounds (its row says why)"
+        for n in race.active
+        if n != base and any(x.allocator == n and not x.ok for x in samples)
+    }
+    race.apply(RoundVerdict(dropped=failed))
     ok = [x for x in samples if x.ok]
     runs = {
         n: np.array(
@@ -617,10 +625,10 @@ def _race(
         )
         for n in names
     }
-    return runs, active
+    return runs
 
 
-def _bounds(samples: list[Sample], names: list[str], rule: RecommendationRule) -> dict:
+def guard_bounds(samples: list[Sample], names: list[str], rule: RecommendationRule) -> dict:
     """after_round's `ineligible` (time objective: memory over its tolerance, out) or `unfit`
     (memory objective: time over its tolerance, never the leader)."""
     metric, tolerance = rule.guard
@@ -692,10 +700,9 @@ def measure_case(
             rule.noise,
         )
         orders = round_orders(names, bound, config.order_seed)
-        active, dropped = list(names), {}
-        stop, winner, rep = f"the bound of {bound} rounds", None, 0
+        race, rep = Race(list(names)), 0
         for rep in range(bound):
-            order = [n for n in orders[rep] if n in active]
+            order = [n for n in orders[rep] if n in race.active]
             if rep >= reps:
                 log.info(f"{case.label}: round {rep + 1} added for {', '.join(order)}")
             for pos, name in enumerate(order):
@@ -727,23 +734,23 @@ def measure_case(
                 continue
             # past the planned rounds: the rule narrows the race, or stops it
             verdict = after_round(
-                *_race(samples, names, active, dropped, base, rule, rep + 1),
+                race_runs(samples, names, race, base, rule, rep + 1),
+                race.active,
                 base,
                 rep + 1,
                 plan=plan,
                 promising_p=rule.promising_p,
                 metric=rule.primary,
                 eliminate=False,
-                out=set(dropped),
-                **_bounds(samples, names, rule),
+                out=set(race.dropped),
+                **guard_bounds(samples, names, rule),
             )
-            for n, why in verdict.dropped.items():
-                active.remove(n)
-                dropped[n] = why
-            if verdict.stop:
-                stop, winner = verdict.stop, verdict.winner
+            if race.apply(verdict):
                 break
-        rounds = CaseRounds(plan=plan, rounds=rep + 1, dropped=dropped, stop=stop, winner=winner)
+        stop = race.stop or f"the bound of {bound} rounds"
+        rounds = CaseRounds(
+            plan=plan, rounds=rep + 1, dropped=race.dropped, stop=stop, winner=race.winner
+        )
         log.info(f"{case.label}: {rep + 1} rounds, {stop}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -220,6 +220,26 @@ class RoundVerdict:
     winner: str | None = None  # the candidate the rounds stopped on, when one beat the baseline
 
 
+@dataclass
+class Race:
+    """Who is still run, who is out and why, and how the rounds ended: the state the stage and
+    tune keep between rounds, changed only by `apply`."""
+
+    active: list[str]
+    dropped: dict[str, str] = field(default_factory=dict)
+    stop: str | None = None
+    winner: str | None = None
+
+    def apply(self, verdict: RoundVerdict) -> bool:
+        """Take a round's verdict; True when the rounds stop."""
+        for n, why in verdict.dropped.items():
+            self.active.remove(n)
+            self.dropped[n] = why
+        if verdict.stop:
+            self.stop, self.winner = verdict.stop, verdict.winner
+        return verdict.stop is not None
+
+
 def after_round(
     runs: dict[str, np.ndarray],
     active: list[str],

@@ -38,13 +38,15 @@ from tasks.allocators.measure import (
     Measurements,
     Sample,
     Unavailable,
+    guard_bounds,
     night_stamp,
     place_error,
+    race_runs,
     read_layer_stats,
     usage_fields,
 )
 from tasks.allocators.place import PLACE_STATS, PlaceBuildError, build_place, read_place_stats
-from tasks.allocators.rounds import after_round, over_bound, plan_rounds
+from tasks.allocators.rounds import Race, after_round, plan_rounds
 from tasks.allocators.stats import PairSummary, Recommendation, analyse
 from tasks.allocators.trace_facts import HeapFacts, TraceFactsError, heap_facts, mallopt_lines
 from tasks.core.config import PROJECT_DIR
@@ -482,15 +484,13 @@ def _measure(
         one(config.baseline, scratch / f"warmup-{i}")
     expected = first.run.exit_code
     orders = balanced_orders(live, bound, config.order_seed)
-    active = list(live)
-    dropped: dict[str, str] = {}
-    stop, winner = f"the bound of {bound} rounds", None
+    race = Race(list(live))
     rule = config.rule
     metric = rule.primary
     plan = plan_rounds(len(live) - 1, reps, bound, rule.alpha, rule.correction, rule.noise)
     rep = 0
     for rep in range(bound):
-        order = [n for n in orders[rep] if n in active]
+        order = [n for n in orders[rep] if n in race.active]
         for pos, name in enumerate(order):
             run = one(name, scratch / f"r{rep + 1}-{name}")
             sample = _sample(label, name, rep + 1, pos + 1, run, expected)
@@ -498,40 +498,22 @@ def _measure(
             if why and sample.ok:  # loaded, but the placement layer passed every call through
                 sample = sample.model_copy(update={"ok": False, "error": why, "applied": False})
             samples.append(sample.model_copy(update=layer_counts[name]))
-        ok = [s for s in samples if s.ok]
-        runs = {n: np.array([getattr(s, metric) for s in ok if s.allocator == n]) for n in live}
-        # a candidate whose runs failed is out of the race (its pair says why)
-        for n in [n for n in active if n != config.baseline]:
-            if any(not s.ok for s in samples if s.allocator == n):
-                active.remove(n)
-                dropped[n] = f"a run failed after {rep + 1} round(s) (its row says why)"
-        guard, tolerance = rule.guard
-        over = over_bound(
-            {n: np.array([getattr(s, guard) or 0.0 for s in ok if s.allocator == n]) for n in live},
-            guard,
-            tolerance,
-        )
         verdict = after_round(
-            runs,
-            active,
+            race_runs(samples, live, race, config.baseline, rule, rep + 1),
+            race.active,
             config.baseline,
             rep + 1,
             plan=plan,
             promising_p=rule.promising_p,
             metric=metric,
-            out=set(dropped),
-            # memory hardly varies run to run: over its bound, out; time does: not the leader
-            ineligible=over if rule.objective == "time" else None,
-            unfit=set(over) if rule.objective == "memory" else frozenset(),
+            out=set(race.dropped),
+            **guard_bounds(samples, live, rule),
         )
-        for n, why in verdict.dropped.items():
-            active.remove(n)
-            dropped[n] = why
-        if verdict.stop:
-            stop, winner = verdict.stop, verdict.winner
+        if race.apply(verdict):
             break
         # what is left to run, at most: the next rounds of those still in
-        planned = done + max(reps - rep - 1, 1) * len(active)
+        planned = done + max(reps - rep - 1, 1) * len(race.active)
+    stop = race.stop or f"the bound of {bound} rounds"
     m = Measurements(
         night=night_stamp(),
         runner="host",
@@ -548,10 +530,12 @@ def _measure(
         started_at="",
         elapsed_s=0.0,
         rounds={
-            label: CaseRounds(plan=plan, rounds=rep + 1, dropped=dropped, stop=stop, winner=winner)
+            label: CaseRounds(
+                plan=plan, rounds=rep + 1, dropped=race.dropped, stop=stop, winner=race.winner
+            )
         },
     )
-    return m, dropped, stop
+    return m, race.dropped, stop
 
 
 def _check_run(
