@@ -264,6 +264,7 @@ def test_settle_puts_the_alias_on_the_better_of_two_racing_promotions(tmp_path):
 
 
 CHILD_RACES = """
+    import contextlib
     import json
     from pathlib import Path
     import tasks.registry.champion as champion_rules
@@ -272,14 +273,19 @@ CHILD_RACES = """
     from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
 
     ME, TOP1, SEED = {me!r}, {top1}, {seed}
-    ROUNDS = json.loads({rounds!r})  # [[store root, sync folder, who goes first], ...]
+    # [[store root, sync folder, who goes first, mode], ...]; mode: "safe" (the code as it is),
+    # "settle-only" (no store lock, as on a tracking server), "unsafe" (neither lock nor
+    # settle(): the control, where the race is lost)
+    ROUNDS = json.loads({rounds!r})
     outcome = make_outcome(tiny_model(SEED), TOP1, seed=SEED)
     state = {{}}
-    # With the store lock (mode "safe") the second cannot read the champion while the first
-    # holds the lock: it says when it stands at the lock instead, and the first goes on at once.
-    LOCKED = {mode!r} == "safe"
     # a guard against a broken schedule, never a window the test waits out
     STUCK_S = 300.0
+
+    def locked():
+        # With the store lock (mode "safe") the second cannot read the champion while the first
+        # holds the lock: it says when it stands at the lock instead, and the first goes on.
+        return state["mode"] == "safe"
 
     def wait(*paths):
         t = 0.0
@@ -291,7 +297,7 @@ CHILD_RACES = """
 
     def second_blocked():
         # the second waiting at the lock the first holds: it cannot read or decide meanwhile
-        return [state["sync"] / "second-at-lock"] if LOCKED else []
+        return [state["sync"] / "second-at-lock"] if locked() else []
 
     # The schedule that makes the race real: the second registration asks for the promotion
     # lock only once the first has read the champion; the first, having read it, waits for the
@@ -300,14 +306,21 @@ CHILD_RACES = """
     # the first did. Without the lock and settle(), both decide against the same champion and
     # the second writes last.
     original_lock, original_read = reg.store_lock, champion_rules.current_champion
-    original_apply = champion_rules.apply
+    original_apply, original_settle = champion_rules.apply, champion_rules.settle
 
     def store_lock(tracking):
         if state["role"] == "second":
             wait(state["sync"] / "first-read")
-            if LOCKED:
+            if locked():
                 (state["sync"] / "second-at-lock").touch()
+        if not locked():  # no lock, as on a tracking server
+            return contextlib.nullcontext(False)
         return original_lock(tracking)
+
+    def settle(client, name, decision, *args, **kwargs):
+        if state["mode"] == "unsafe":  # the control: no settle() either
+            return decision
+        return original_settle(client, name, decision, *args, **kwargs)
 
     def current_champion(*args, **kwargs):
         holder = original_read(*args, **kwargs)
@@ -332,34 +345,30 @@ CHILD_RACES = """
     reg.store_lock = store_lock
     champion_rules.current_champion = current_champion
     champion_rules.apply = apply
-    if {mode!r} != "safe":  # no lock, as on a tracking server
-        import contextlib
-        original_lock = lambda tracking: contextlib.nullcontext(False)
-    if {mode!r} == "unsafe":  # the control: no settle() either
-        champion_rules.settle = lambda client, name, decision, *a, **k: decision
-    for root, sync, first in ROUNDS:
-        state.update(role="first" if first == ME else "second", read=False, sync=Path(sync))
+    champion_rules.settle = settle
+    for root, sync, first, mode in ROUNDS:
+        state.update(
+            role="first" if first == ME else "second", read=False, sync=Path(sync), mode=mode
+        )
         reg.register_outcome(outcome, TrackingConfig(root=root))
 """
 
 
-def race(tmp_path: Path, orders: list[str], mode: str = "safe") -> list[tuple[str, float]]:
+def race(tmp_path: Path, rounds: list[tuple[str, str]]) -> list[tuple[str, float]]:
     """Two real processes register a better (0.85) and a worse (0.80) model at once into a
-    fresh store per round, the `orders[i]` one first; per round, (champion, its top-1).
-
-    mode: "safe" (the code as it is), "settle-only" (no store lock, as on a tracking server),
-    "unsafe" (neither lock nor settle: the control, where the race is lost)."""
+    fresh store per round, `rounds[i]` = (the one first, mode: see CHILD_RACES); per round,
+    (champion, its top-1)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    rounds = []
-    for i, first in enumerate(orders):
+    plan = []
+    for i, (first, mode) in enumerate(rounds):
         sync = tmp_path / f"sync-{i}"
         sync.mkdir()
-        rounds.append([str(tmp_path / f"store-{i}"), str(sync), first])
+        plan.append([str(tmp_path / f"store-{i}"), str(sync), first, mode])
     from tests.faults import start_child
 
     children = []
     for me, top1, seed in (("better", 0.85, 1), ("worse", 0.80, 2)):
-        code = CHILD_RACES.format(me=me, top1=top1, seed=seed, rounds=json.dumps(rounds), mode=mode)
+        code = CHILD_RACES.format(me=me, top1=top1, seed=seed, rounds=json.dumps(plan))
         log = tmp_path / f"{me}.log"
         children.append((start_child(code, log), log))
     for proc, log in children:
@@ -367,7 +376,7 @@ def race(tmp_path: Path, orders: list[str], mode: str = "safe") -> list[tuple[st
         proc._heapcast_log.close()
         assert rc == 0, log.read_text()[-4000:]
     out = []
-    for store, _, _ in rounds:
+    for store, _, _, _ in plan:
         client = client_for(TrackingConfig(root=store))
         assert versions(client) == ["1", "2"]  # both registered, once each
         holder = client.get_model_version_by_alias(NAME, "champion")
@@ -375,25 +384,40 @@ def race(tmp_path: Path, orders: list[str], mode: str = "safe") -> list[tuple[st
     return out
 
 
-def test_two_processes_registering_at_once_leave_the_alias_on_the_better(tmp_path):
+# the races: three rounds with the better one first and three with the worse, with the code as
+# it is; then the better first with no store lock (a tracking server), and with neither lock nor
+# settle() (the control). One pair of processes runs them all, a fresh store each round.
+RACES = [("better", "safe"), ("worse", "safe")] * 3 + [
+    ("better", "settle-only"),
+    ("better", "unsafe"),
+]
+
+
+@pytest.fixture(scope="module")
+def raced(tmp_path_factory) -> dict[str, list[tuple[str, float]]]:
+    """Each mode's rounds' (champion, its top-1), in RACES' order."""
+    champions = race(tmp_path_factory.mktemp("races"), RACES)
+    out: dict[str, list[tuple[str, float]]] = {}
+    for (_, mode), holder in zip(RACES, champions):
+        out.setdefault(mode, []).append(holder)
+    return out
+
+
+def test_two_processes_registering_at_once_leave_the_alias_on_the_better(raced):
     # GIVEN two real processes, one registering a better and one a worse model, racing on the
     # same fresh SQLite store, three rounds with the better one first and three with the worse
-    orders = ["better", "worse"] * 3
     # WHEN they register at once (see CHILD_RACES for the schedule)
-    champions = race(tmp_path, orders)
     # THEN every round ends with the alias on the better model, whichever wrote last
-    assert [top1 for _, top1 in champions] == [0.85] * 6, champions
+    assert [top1 for _, top1 in raced["safe"]] == [0.85] * 6, raced
 
 
-def test_the_schedule_loses_the_race_without_the_protections(tmp_path):
+def test_the_schedule_loses_the_race_without_the_protections(raced):
     # GIVEN the same schedule, the better model first, with no store lock (a tracking server)
     # WHEN  settle() runs as it does / is taken away too (the control)
-    settled = race(tmp_path / "settle-only", ["better"], mode="settle-only")
-    unprotected = race(tmp_path / "unsafe", ["better"], mode="unsafe")
     # THEN settle alone still leaves the better model; the control ends on the worse one, so the
     # race the tests above win is a real one
-    assert [top1 for _, top1 in settled] == [0.85], settled
-    assert [top1 for _, top1 in unprotected] == [0.80], unprotected
+    assert [top1 for _, top1 in raced["settle-only"]] == [0.85], raced
+    assert [top1 for _, top1 in raced["unsafe"]] == [0.80], raced
 
 
 def test_run_child_reports_a_failing_child(tmp_path):
