@@ -24,7 +24,7 @@ from tasks.learning.outcome import OVERALL, TrainOutcome
 from tasks.learning.reuse import read_events
 from tasks.learning.sequences import head_rows
 from tasks.learning.table import ModelTable, model_version_number, write_layer_table
-from tasks.registry.table_cache import (
+from tasks.registry.table_files import (
     lifetime_file,
     table_file,
     write_atomically,

@@ -224,7 +224,7 @@ def test_layer_reads_the_registered_models_table_by_alias_or_version(tmp_path):
     import os
 
     from tasks.core.storage import Root
-    from tasks.registry.table_cache import table_dir
+    from tasks.registry.table_files import table_dir
 
     (tmp_path / "no-mlflow" / "mlflow").mkdir(parents=True)
     (tmp_path / "no-mlflow" / "mlflow" / "__init__.py").write_text(

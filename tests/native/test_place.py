@@ -428,7 +428,7 @@ def test_cxx_long_lived_site_is_placed(place_cxx, tmp_path):
 
 
 def _table(path: Path, keys, score: int) -> Path:
-    from tasks.registry.table_cache import write_lifetime_table
+    from tasks.registry.table_files import write_lifetime_table
 
     keys = sorted(set(keys))
     return write_lifetime_table(path, keys, [score] * len(keys), 0)
@@ -520,7 +520,7 @@ def test_a_bad_table_is_one_line_naming_it_and_the_counter_places(
 
 
 def test_a_table_for_another_model_version_is_refused(burstkv, burstkv_keys, tmp_path):
-    from tasks.registry.table_cache import write_lifetime_table
+    from tasks.registry.table_files import write_lifetime_table
 
     path = write_lifetime_table(tmp_path / "v3.hclife", burstkv_keys, [255] * 64, 3)
     r = _run([burstkv, "1", "1000", "10"], place=f"table={path},model=4,stats=1")

@@ -31,7 +31,7 @@ def written_lifetime_table(
 ) -> ModelTable:
     """A real lifetime table file (native/TABLE.md; by default every (call site, size class)
     key known, long) written for model `version`, as the stage hands it to a place candidate."""
-    from tasks.registry.table_cache import write_lifetime_table
+    from tasks.registry.table_files import write_lifetime_table
 
     keys = sorted(set(keys))
     path = write_lifetime_table(folder / f"v{version}.hclife", keys, [score] * len(keys), version)

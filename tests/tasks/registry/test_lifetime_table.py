@@ -1,5 +1,5 @@
 """The placement's lifetime table (native/TABLE.md, "The placement's lifetime table"): its file
-written and read back as the layer reads it (tasks/registry/table_cache.py), distilled from the
+written and read back as the layer reads it (tasks/registry/table_files.py), distilled from the
 questions' network per (allocation call site, size class) (question_network.distilled_lifetime),
 kept on this host by version like the layer's table, and logged with a registered version."""
 
@@ -14,13 +14,13 @@ import pytest
 
 from tasks.core.storage import Root
 from tasks.learning.labels import LIFETIME_CLASSES, NO_LABEL
-from tasks.registry import table_cache
-from tasks.registry.table_cache import (
+from tasks.registry import table_files
+from tasks.registry.table_cache import model_table
+from tasks.registry.table_files import (
     LIFE_MAGIC,
     lifetime_bytes,
     lifetime_fault,
     lifetime_file,
-    model_table,
     read_lifetime_table,
     table_dir,
     write_lifetime_table,
@@ -72,7 +72,7 @@ def test_keys_out_of_order_are_refused_by_the_writer_and_the_reader(tmp_path):
         lifetime_bytes([5], [256], 1)
     # a file whose words do not rise (checksum right): corrupt
     words = struct.pack("<2I", 9 << 8, 4 << 8)
-    head = table_cache._HEADER.pack(LIFE_MAGIC, 1, 1, 32, 8, table_cache._fnv1a64(words))
+    head = table_files._HEADER.pack(LIFE_MAGIC, 1, 1, 32, 8, table_files._fnv1a64(words))
     path = tmp_path / "t.hclife"
     path.write_bytes(head + words)
     with pytest.raises(ValueError, match="out of order"):

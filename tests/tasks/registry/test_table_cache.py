@@ -23,16 +23,10 @@ import pytest
 from tasks.core.storage import Root
 from tasks.learning.labels import REUSE_CLASSES
 from tasks.learning.table import HEADER, MAGIC, ClassTable, read_table_file, write_layer_table
-from tasks.registry import table_cache
+from tasks.registry import table_cache, table_files
 from tasks.registry.register import register_outcome
-from tasks.registry.table_cache import (
-    NoSuchVersion,
-    alias_version,
-    model_table,
-    table_dir,
-    table_fault,
-    write_atomically,
-)
+from tasks.registry.table_cache import NoSuchVersion, alias_version, model_table
+from tasks.registry.table_files import table_dir, table_fault, write_atomically
 from tasks.registry.tracking import CHAMPION_ALIAS, TrackingConfig, resolve_target
 from tests.localhost import free_port, mlflow_server
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
@@ -191,7 +185,7 @@ def test_no_registered_version_is_none_without_mlflow(store, scratch, tmp_path, 
 
 def test_the_header_check_is_the_layers(tmp_path):
     """table_fault reads the file as tasks.learning.table writes it (native/TABLE.md)."""
-    assert (table_cache._HEADER.format, table_cache._MAGIC) == (HEADER.format, MAGIC)
+    assert (table_files._HEADER.format, table_files._MAGIC) == (HEADER.format, MAGIC)
     table = ClassTable(np.ones((32, REUSE_CLASSES)), np.full(REUSE_CLASSES, 0.2))
     path = write_layer_table(tmp_path / "v5.hcltab", table, 5)
     assert table_fault(path, 5) == ""
@@ -217,7 +211,7 @@ def test_a_write_cut_short_leaves_the_old_file_whole(tmp_path, monkeypatch):
     def killed(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(table_cache.os, "replace", killed)
+    monkeypatch.setattr(table_files.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         write_atomically(path, b"new")
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["v1.hcltab"]
