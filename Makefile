@@ -8,10 +8,10 @@ run: setup
 	@scripts/engine.sh up >/dev/null || echo "heapcast: no container engine could start here (above); the quick night replays with the local (bubblewrap) runner"
 	.venv/bin/heapcast run --quick --seeds
 
-# The suite over every core (pytest-xdist: a module, or a group of tests that share a folder or a
-# server, is one unit; the costliest first: tests/costs.py). TEST_JOBS=1 runs it in one process.
+# The suite over every core (pytest-xdist: a module is one unit, sent whole to one worker; the
+# costliest first: tests/costs.py). TEST_JOBS=1 runs it in one process.
 TEST_JOBS ?= auto
-XDIST = -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder
+XDIST = -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 RESULTS = .test-results
 
 # The suite on TensorFlow (the default), then the tests marked `backends` on JAX's CPU: the code a

@@ -141,7 +141,7 @@ def main() -> int:
     # Part 2: the configured training and its honest evaluation.
     if not a.skip_accuracy:
         from tasks.learning.evaluate import evaluation_markdown
-        from tasks.learning.outcome import BASELINES, MODEL
+        from tasks.learning.scores import BASELINES, MODEL
         from tasks.learning.train import evaluate, train
 
         t0 = time.perf_counter()

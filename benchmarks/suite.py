@@ -123,6 +123,7 @@ SPEED: tuple[Benchmark, ...] = (
 )
 
 STUDIES: tuple[Study, ...] = (
+    Study("advice_rule", "benchmarks/studies/bench_advice_rule.py", "2,000 races, 2 minutes"),
     Study("allocators", "benchmarks/studies/bench_allocators.py", "containers, 20+ minutes"),
     Study("crossfit", "benchmarks/studies/bench_crossfit.py", "a full night's data"),
     Study("place_catalog", "benchmarks/studies/bench_place_catalog.py", "containers, 40 minutes"),

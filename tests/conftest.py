@@ -102,31 +102,24 @@ def program(tmp_path_factory) -> Callable[..., Path]:
     return build
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tiers by cost and the order over the cores (tests/costs.py): a test measured at SLOW_S
-    or more is `slow`; under pytest-xdist (`--dist loadgroup`) each module is one unit of work,
-    or the group its tests name with `xdist_group` (tests that share a folder or a server), and
-    the costliest units start first."""
+    or more is `slow`; under pytest-xdist (`--dist loadfile`, as `make test` runs it) each module
+    is one unit of work, sent whole to one worker, and the costliest modules start first
+    (`--no-loadscope-reorder` keeps this order)."""
     from tests import costs
 
     table = costs.load()
     for item in items:
         if table.get(item.nodeid, 0.0) >= costs.SLOW_S:
             item.add_marker(pytest.mark.slow)
-    if getattr(config.option, "dist", "no") != "loadgroup":
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the order as collected
         return
-    group: dict[str, str] = {}
-    for item in items:
-        marker = item.get_closest_marker("xdist_group")
-        if marker is None:
-            marker = pytest.mark.xdist_group(costs.module_of(item.nodeid)).mark
-            item.add_marker(marker)
-        group[item.nodeid] = str(marker.args[0] if marker.args else marker.kwargs["name"])
     cost: dict[str, float] = {}
     first: dict[str, int] = {}
     for k, item in enumerate(items):
-        g = group[item.nodeid]
-        cost[g] = cost.get(g, 0.0) + table.get(item.nodeid, costs.QUICK_S)
-        first.setdefault(g, k)
-    items.sort(key=lambda i: (-cost[group[i.nodeid]], first[group[i.nodeid]]))
+        unit = costs.module_of(item.nodeid)
+        cost[unit] = cost.get(unit, 0.0) + table.get(item.nodeid, costs.QUICK_S)
+        first.setdefault(unit, k)
+    items.sort(key=lambda i: (-cost[costs.module_of(i.nodeid)], first[costs.module_of(i.nodeid)]))

@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         result = study(runs, a.trials, a.seed, fast)
         result["runs_file"] = str(a.runs)
         result["twins_arm"] = fast
+    from benchmarks.harness import portable
+
+    result = portable(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

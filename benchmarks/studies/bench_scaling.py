@@ -220,7 +220,7 @@ def point_overrides(
 
 def next_call_scores(evaluation, table: str) -> dict[str, dict[str, float]]:
     """{predictor: {top1, top5, log_loss, positions}} on `table`, all slices pooled."""
-    from tasks.learning.outcome import OVERALL
+    from tasks.learning.scores import OVERALL
 
     return {
         s.predictor: {
@@ -239,7 +239,7 @@ def question_scores(
 ) -> dict[str, dict[str, dict[str, float]]]:
     """{question: {predictor: {top1, log_loss, positions}}} on `table`, one slice (a workload;
     None: all slices pooled)."""
-    from tasks.learning.outcome import OVERALL
+    from tasks.learning.scores import OVERALL
 
     slice = OVERALL if slice is None else slice
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -289,7 +289,7 @@ def by_workload(evaluation, table: str) -> dict[str, dict[str, dict[str, float]]
     """{workload or `all`: {predictor: {top1, top5, log_loss, positions}}} on `table`: the
     network, the online counter and their per-thread mixture with the majority (model_hedged,
     tasks/learning/next_hedge.py), as evaluate_model scored them."""
-    from tasks.learning.outcome import HEDGED_NEXT, MODEL, ONLINE_COUNTER
+    from tasks.learning.scores import HEDGED_NEXT, MODEL, ONLINE_COUNTER
 
     out: dict[str, dict[str, dict[str, float]]] = {}
     for s in evaluation.scores:

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from tasks.learning.fitting import TrainingInputs, fit_inputs, placement_facts
-from tasks.learning.outcome import OVERALL
 from tasks.learning.predictions import Predictions
+from tasks.learning.scores import OVERALL
 from tasks.learning.sequences import TokenRun, eval_positions
 from tasks.learning.train_config import TrainConfig, merged_settings
 

@@ -13,15 +13,8 @@ from typing import Any
 import numpy as np
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.outcome import (
-    BASELINES,
-    MODEL,
-    MODELS,
-    OVERALL,
-    Evaluation,
-    PredictorScores,
-)
 from tasks.learning.predictions import Predictions
+from tasks.learning.scores import BASELINES, MODEL, MODELS, OVERALL, Evaluation, PredictorScores
 
 UNSEEN_RUNS = "unseen_runs"
 HELDOUT_WORKLOADS = "heldout_workloads"

@@ -28,8 +28,8 @@ from numba import njit
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.hedge import FLOOR, _share, _weights
 from tasks.learning.online import DEFAULT_ORDERS
-from tasks.learning.outcome import HEDGED_NEXT
 from tasks.learning.predictions import TOP_K, Predictions
+from tasks.learning.scores import HEDGED_NEXT
 
 __all__ = [
     "HEDGED_NEXT",

@@ -35,7 +35,6 @@ from tasks.learning.lifetime import (
     lifetime_majority,
     network_survival,
 )
-from tasks.learning.outcome import OVERALL, QuestionScores
 from tasks.learning.question_network import (
     PREDICTOR,
     QuestionNetwork,
@@ -53,6 +52,7 @@ from tasks.learning.reuse import (
     reuse_answers,
     score_answers,
 )
+from tasks.learning.scores import OVERALL, QuestionScores
 from tasks.learning.sequences import Split, head_rows
 from tasks.learning.table import ClassTable, TableAgreement, class_table, table_agreement
 from tasks.learning.train_config import QuestionsConfig

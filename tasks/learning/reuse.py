@@ -30,7 +30,7 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.outcome import OVERALL, QuestionScores
+from tasks.learning.scores import OVERALL, QuestionScores
 from tasks.learning.sites import NO_CALL_SITES, SITE_VOCABULARY, call_sites
 from tasks.learning.table import ClassTable, TableAgreement
 

@@ -23,10 +23,11 @@ from tasks.core.storage import Root
 from tasks.learning.answers import RunAnswers, merged
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.fitting import placement_facts
-from tasks.learning.outcome import DatasetRef, QuestionScores, TrainOutcome
+from tasks.learning.outcome import DatasetRef, TrainOutcome
 from tasks.learning.question_network import QuestionNetwork
 from tasks.learning.questions import question_evaluation
 from tasks.learning.reuse import question_markdown
+from tasks.learning.scores import QuestionScores
 from tasks.learning.sequences import Split, load_split
 from tasks.learning.table import ClassTable, TableAgreement
 from tasks.learning.train_config import TrainConfig

@@ -30,8 +30,8 @@ from tasks.learning.evaluate import (
 )
 from tasks.learning.fitting import TrainingInputs, fit_inputs
 from tasks.learning.next_hedge import hedged_next, thread_of
-from tasks.learning.outcome import HEDGED_NEXT, MODEL, ONLINE_COUNTER, Evaluation
 from tasks.learning.predictions import ranked
+from tasks.learning.scores import HEDGED_NEXT, MODEL, ONLINE_COUNTER, Evaluation
 from tasks.learning.sequences import Split, TokenRun, concat_runs, eval_positions, load_split
 from tasks.learning.train_config import TrainConfig
 

@@ -25,17 +25,9 @@ from tasks.allocators.report import AllocatorsOutcome, LastAdvice, last_advice
 from tasks.allocators.seeds import SeedLine, SeedsOutcome
 from tasks.core.storage import Root
 from tasks.learning.evaluate import evaluation_markdown
-from tasks.learning.outcome import (
-    BASELINES,
-    HEDGED_NEXT,
-    MODEL,
-    ONLINE_COUNTER,
-    OVERALL,
-    Evaluation,
-    RegisteredModel,
-    TrainResult,
-)
+from tasks.learning.outcome import RegisteredModel, TrainResult
 from tasks.learning.reuse import program_lines, question_lines
+from tasks.learning.scores import BASELINES, HEDGED_NEXT, MODEL, ONLINE_COUNTER, OVERALL, Evaluation
 from tasks.nightly.advice import advice_section
 from tasks.nightly.params import NightContext
 from tasks.nightly.terminal import terminal_text, verdict_lines

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.learning.outcome import MODEL, OVERALL, Evaluation
+from tasks.learning.scores import MODEL, OVERALL, Evaluation
 from tasks.registry import headline
 
 UNSEEN = "unseen_runs"

@@ -21,15 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.learning.evaluate import TABLES
-from tasks.learning.outcome import (
-    BASELINES,
-    HEDGED_NEXT,
-    MODEL,
-    MODELS,
-    OVERALL,
-    Evaluation,
-    TrainOutcome,
-)
+from tasks.learning.outcome import TrainOutcome
+from tasks.learning.scores import BASELINES, HEDGED_NEXT, MODEL, MODELS, OVERALL, Evaluation
 
 PREFIX = "headline/"
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "log_loss": False}

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from tasks.core.storage import Root
 from tasks.learning.hedge import HEDGED
-from tasks.learning.outcome import OVERALL, TrainOutcome
+from tasks.learning.outcome import TrainOutcome
 from tasks.learning.reuse import read_events
+from tasks.learning.scores import OVERALL
 from tasks.learning.sequences import head_rows
 from tasks.learning.table import ModelTable, model_version_number, write_layer_table
 from tasks.registry.table_files import (

@@ -46,15 +46,8 @@ from tasks.core.config import PROJECT_DIR
 from tasks.learning import plots
 from tasks.learning.evaluate import TABLES, evaluation_markdown
 from tasks.learning.next_hedge import HEDGE_ARTIFACT, hedge_settings
-from tasks.learning.outcome import (
-    BASELINES,
-    MODEL,
-    OVERALL,
-    DatasetRef,
-    Evaluation,
-    RegisteredModel,
-    TrainOutcome,
-)
+from tasks.learning.outcome import DatasetRef, RegisteredModel, TrainOutcome
+from tasks.learning.scores import BASELINES, MODEL, OVERALL, Evaluation
 from tasks.learning.train_config import TrainConfig
 from tasks.learning.training import score_model_on_unseen_runs
 from tasks.registry import champion as champion_rules

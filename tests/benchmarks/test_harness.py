@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import tempfile
 
-import pytest
-
 from benchmarks import harness
 from benchmarks.__main__ import main as run_suite
-from benchmarks.__main__ import run as run_one
-from benchmarks.suite import Benchmark, by_name
+from benchmarks.suite import by_name
 
 REPO = harness.REPO
 
@@ -74,24 +71,3 @@ def test_an_unknown_benchmark_is_named_with_the_known_ones():
         assert "crossfit is a study" in str(e) and "cli" in str(e)
     else:
         raise AssertionError("an unknown name must fail")
-
-
-@pytest.mark.xdist_group("benchmark-results")  # writes into benchmarks/results/ for a moment
-def test_the_suite_runner_finds_what_a_script_on_the_harness_writes(tmp_path):
-    """GIVEN a benchmark script that writes its figures through the harness with no `out`,
-    WHEN `python -m benchmarks`' runner runs it as its own process, THEN it finds the file where
-    it looks for every benchmark's (benchmarks/results/<name>.json) and keeps the one shape."""
-    name = "harness_selftest"
-    script = tmp_path / "bench_selftest.py"
-    script.write_text(
-        "from benchmarks import harness\n"
-        f"harness.write_result({name!r}, {{'rate': 2.0}}, reference='nothing')\n"
-    )
-    written = REPO / "benchmarks" / "results" / f"{name}.json"
-    try:
-        outcome, _ = run_one(Benchmark(name, str(script)))
-        assert outcome == "ok"
-        doc = json.loads(written.read_text())
-        assert doc["benchmark"] == name and doc["results"] == {"rate": 2.0}
-    finally:
-        written.unlink(missing_ok=True)

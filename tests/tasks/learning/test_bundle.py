@@ -19,7 +19,7 @@ from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.bundle import BundleError, read_bundle, train_bundle, write_bundle  # noqa: E402
 from tasks.learning.evaluate import UNSEEN_RUNS  # noqa: E402
-from tasks.learning.outcome import MODEL, OVERALL  # noqa: E402
+from tasks.learning.scores import MODEL, OVERALL  # noqa: E402
 from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.training import export_bundle, score_model_on_unseen_runs  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402

@@ -17,7 +17,7 @@ from tasks.learning.evaluate import (
     top1_accuracy,
     top5_accuracy,
 )
-from tasks.learning.outcome import OVERALL
+from tasks.learning.scores import OVERALL
 
 
 def preds(top1: list[int], p: float = 0.5) -> Predictions:

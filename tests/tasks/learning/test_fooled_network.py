@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("keras")
 
 from tasks.learning.evaluate import UNSEEN_PROGRAMS  # noqa: E402
-from tasks.learning.outcome import HEDGED_NEXT, MODEL, ONLINE_COUNTER, OVERALL  # noqa: E402
+from tasks.learning.scores import HEDGED_NEXT, MODEL, ONLINE_COUNTER, OVERALL  # noqa: E402
 from tasks.learning.sequences import Split, TokenRun  # noqa: E402
 from tasks.learning.training import evaluate_model, fit_model  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402

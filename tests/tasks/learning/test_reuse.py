@@ -163,8 +163,8 @@ def test_a_trace_without_callers_still_scores_and_says_so():
 
 
 def test_the_nightly_summary_shows_each_question_per_table():
-    from tasks.learning.outcome import OVERALL, QuestionScores
     from tasks.learning.reuse import question_lines
+    from tasks.learning.scores import OVERALL, QuestionScores
     from tasks.learning.table import TableAgreement
     from tasks.nightly.night_summary import NightlySummary
 
@@ -221,8 +221,8 @@ def test_the_layer_table_counts_each_classes_training_frees_and_answers_them():
 
 
 def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
-    from tasks.learning.outcome import OVERALL, QuestionScores
     from tasks.learning.reuse import program_lines
+    from tasks.learning.scores import OVERALL, QuestionScores
     from tasks.nightly.night_summary import NightlySummary
 
     # GIVEN two programs never trained on: on perl the hedged network leads both metrics; on
@@ -257,8 +257,8 @@ def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
 
 
 def test_a_cell_counts_as_the_hedges_only_when_it_leads_every_baseline():
-    from tasks.learning.outcome import OVERALL, QuestionScores
     from tasks.learning.reuse import HedgedCell, hedged_cells
+    from tasks.learning.scores import OVERALL, QuestionScores
 
     def row(program, question, predictor, top1, log_loss, table="unseen_programs"):
         return QuestionScores(question, predictor, program, table, 500, top1, log_loss)
@@ -352,8 +352,8 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
 
 
 def test_the_question_lines_say_plainly_where_traces_had_no_call_sites():
-    from tasks.learning.outcome import OVERALL, QuestionScores
     from tasks.learning.reuse import program_lines, question_lines
+    from tasks.learning.scores import OVERALL, QuestionScores
     from tasks.learning.sites import has_call_sites
 
     # GIVEN perl traced with --no-caller (no free has a call site) and redis with callers,

@@ -11,7 +11,8 @@ from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.hedge import HEDGED  # noqa: E402
 from tasks.learning.lifetime import NETWORK_SURVIVAL, SURVIVAL  # noqa: E402
-from tasks.learning.outcome import BASELINES, MODEL, MODELS, OVERALL, TrainOutcome  # noqa: E402
+from tasks.learning.outcome import TrainOutcome  # noqa: E402
+from tasks.learning.scores import BASELINES, MODEL, MODELS, OVERALL
 from tasks.learning.sequences import load_split  # noqa: E402
 from tasks.learning.train import evaluate, train  # noqa: E402
 from tasks.learning.training import checkpoint_dir, fit_model  # noqa: E402

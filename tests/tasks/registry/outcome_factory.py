@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.learning.outcome import (
+from tasks.learning.outcome import DatasetRef, TrainOutcome
+from tasks.learning.scores import (
     BASELINES,
     HEDGED_NEXT,
     MODEL,
     OVERALL,
-    DatasetRef,
     Evaluation,
     PredictorScores,
-    TrainOutcome,
 )
 
 CONTEXT = 12

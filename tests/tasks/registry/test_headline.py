@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.learning.outcome import BASELINES, HEDGED_NEXT, MODEL, OVERALL, Evaluation
+from tasks.learning.scores import BASELINES, HEDGED_NEXT, MODEL, OVERALL, Evaluation
 from tasks.registry import headline
 from tasks.registry.champion import decide
 from tasks.registry.register import register_outcome

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from tasks.learning.outcome import MODEL, OVERALL
+from tasks.learning.scores import MODEL, OVERALL
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig
 from tests.localhost import MLFLOW_SCRIPT, alive, mlflow_server

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tasks.learning.labels import REUSE_CLASSES
-from tasks.learning.outcome import OVERALL, QuestionScores
+from tasks.learning.scores import OVERALL, QuestionScores
 from tasks.learning.table import MAGIC, ClassTable, TableAgreement
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig

@@ -19,7 +19,8 @@ import pytest
 
 from tasks.core.config import PROJECT_DIR, ConfigError, load_config
 from tasks.core.storage import Root
-from tasks.learning.outcome import MODEL, OVERALL, RegisteredModel
+from tasks.learning.outcome import RegisteredModel
+from tasks.learning.scores import MODEL, OVERALL
 from tasks.registry.register import (
     flatten_params,
     register,

@@ -149,15 +149,27 @@ def failed_replay(w: Workload, root: Path, match: str) -> RunManifest:
     return m
 
 
-def no_run_cgroups_left() -> bool:
-    """No cgroup of this module's runs (its programs `hog` and `forker`) is left; another test's
-    runs beside these (the suite over several cores) have cgroups of their own names."""
+def run_cgroups_left() -> dict[str, str]:
+    """The cgroups of this module's runs (its programs `hog` and `forker`) still on the host,
+    each with the processes in it (what kept it); another test's runs beside these (the suite
+    over several cores) have cgroups of their own names."""
     tree = Path(limits_mod.CGROUP_ROOT)
-    return not any(
-        p.is_dir()
+
+    def procs(d: Path) -> str:
+        pids = (d / "cgroup.procs").read_text().split() if (d / "cgroup.procs").exists() else []
+        seen = []
+        for pid in pids:
+            cmd = Path(f"/proc/{pid}/cmdline")
+            args = cmd.read_bytes().replace(b"\0", b" ").decode()[:200] if cmd.exists() else "?"
+            seen.append(f"{pid}: {args}")
+        return "; ".join(seen)
+
+    return {
+        str(p): procs(p)
         for pattern in ("heapcast-hog-*", "heapcast-forker-*")
         for p in tree.rglob(pattern)
-    )
+        if p.is_dir()
+    }
 
 
 def test_memory_over_the_limit_is_killed_named_and_keeps_its_trace(
@@ -171,7 +183,7 @@ def test_memory_over_the_limit_is_killed_named_and_keeps_its_trace(
     # AND the next run goes on: the same program under the limit succeeds in the same root
     ok = replay(workload(programs, "hog", ["{bin}/hog", "16"], memory="64m"), tmp_path / "next")
     assert ok.ok and ok.error is None and "hog: reached 16 MiB" in ok.log_tail
-    assert no_run_cgroups_left()
+    assert not run_cgroups_left(), run_cgroups_left()
 
 
 def test_forks_over_the_pid_limit_are_stopped_named_and_keep_the_trace(
@@ -183,7 +195,7 @@ def test_forks_over_the_pid_limit_are_stopped_named_and_keep_the_trace(
     m = failed_replay(w, tmp_path, r"pid limit \(16 processes\).*raise `pids_limit`")
     assert "fork" in m.log_tail and "forker: 64 children" not in m.log_tail
     # AND its children went with it: nothing of the run is left on the host
-    assert no_run_cgroups_left()
+    assert not run_cgroups_left(), run_cgroups_left()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"{programs}/forker" not in ps and "/heapcast/bin/forker" not in ps
 

@@ -119,9 +119,12 @@ def test_local_runner_without_sandbox_runs_with_host_paths(tracer, catalog, tmp_
 
     w = catalog.get("sqlite3")
     inp = w.input("small")
-    # without a sandbox a root caller runs the program as nobody, who must reach the folders
-    for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
-        p.chmod(0o755)
+    # without a sandbox a root caller runs the program as nobody, who must reach the folders:
+    # every folder above them too (under pytest-xdist the temporary root is one level deeper)
+    for p in (tmp_path, *tmp_path.parents):
+        mode = p.stat().st_mode
+        if mode & 0o005 != 0o005:
+            p.chmod(mode | 0o755)
     dirs = {d: tmp_path / d for d in ("input", "trace", "work")}
     for d in dirs.values():
         d.mkdir()
