@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.learning.evaluate import log_loss, top1_accuracy, top5_accuracy
 from tasks.learning.fitting import TrainingInputs, fit_inputs, placement_facts
 from tasks.learning.predictions import Predictions
 from tasks.learning.scores import OVERALL
@@ -140,7 +141,6 @@ def train_bundle(
     """Train `bundle` here (fresh: no checkpoint is resumed), score it on its evaluation runs,
     save the model to out/model.keras and the facts to out/result.json; returns the facts."""
     # deferred: the model module imports Keras at its top
-    from tasks.learning.evaluate import log_loss, top1_accuracy, top5_accuracy
     from tasks.learning.model import as_sequence_model, predict_positions
 
     cfg = bundle.config
