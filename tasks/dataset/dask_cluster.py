@@ -54,6 +54,26 @@ def dask_setup(worker) -> None:
         logger.addFilter(ShutdownHeartbeat())
 
 
+@contextmanager
+def _environment_kept() -> Iterator[None]:
+    """distributed's nanny sets its pre-spawn environment (`distributed.nanny.pre-spawn-environ`:
+    MALLOC_TRIM_THRESHOLD_ and the BLAS thread counts) in the starting process's own os.environ
+    for its workers to inherit, and leaves it there: every program this process runs afterwards
+    (a replay, an allocator's measured run, the layer) would inherit a glibc trim threshold fixed
+    at 64 KiB, which turns glibc's dynamic mmap threshold off and the layer's following with it.
+    Those variables are put back as they were once the workers have started."""
+    keys = set(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+    before = {k: os.environ.get(k) for k in keys}
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _local_cluster() -> LocalCluster:
     global _local
     with _lock:
@@ -63,7 +83,7 @@ def _local_cluster() -> LocalCluster:
             # holds the GIL in between calls, so processes, not threads, use the cores.
             processes = os.environ.get("HEAPCAST_DASK_PROCESSES", "1") != "0"
             # workers take the config they start with
-            with dask.config.set({**WORKER_CONFIG, **START_CONFIG}):
+            with dask.config.set({**WORKER_CONFIG, **START_CONFIG}), _environment_kept():
                 _local = LocalCluster(
                     n_workers=n_workers,
                     threads_per_worker=1,

@@ -24,6 +24,7 @@ from tasks.dataset import dask_cluster
 pytestmark = pytest.mark.slow
 
 CHILD = """
+import os
 from pathlib import Path
 from tests.tasks.dataset.test_partitions import make_run
 from tasks.dataset.partitions import RunRef, convert_run
@@ -32,11 +33,15 @@ if __name__ == "__main__":  # worker processes start by spawn: they import this 
     for i in range(3):
         root = make_run(Path({tmp!r}), "w", f"r{{i}}", bad=False)
         print(convert_run(root, RunRef("w", f"r{{i}}"))["rows"], flush=True)
+    # what a program this process runs next inherits (a replay, an allocator's run, the layer)
+    print("trim", os.environ.get("MALLOC_TRIM_THRESHOLD_"), flush=True)
     print("converted", flush=True)
 """
 
 
-def test_a_conversion_on_worker_processes_ends_without_a_traceback(tmp_path):
+def test_a_conversion_on_worker_processes_ends_without_a_traceback_or_a_changed_environment(
+    tmp_path,
+):
     script = tmp_path / "convert_three.py"
     script.write_text(CHILD.format(tmp=str(tmp_path / "root")))
     env = {
@@ -44,16 +49,20 @@ def test_a_conversion_on_worker_processes_ends_without_a_traceback(tmp_path):
         "HEAPCAST_DASK_PROCESSES": "1",
         "PYTHONPATH": str(PROJECT_DIR),
     }
+    mine = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
     out = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
         cwd=PROJECT_DIR,
-        env={**os.environ, **env},
+        env={**mine, **env},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "converted"
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    # the cluster's workers got distributed's trim threshold; the process that started them
+    # keeps its own environment (a fixed threshold turns the layer's following off)
+    assert "trim None" in out.stdout.splitlines(), out.stdout
 
 
 @pytest.fixture
