@@ -601,7 +601,36 @@ def lifetime_table_error(allocator: Allocator, stats: dict[str, Any]) -> str | N
     return None
 
 
-def race_runs(
+def rule_round(
+    samples: list[Sample],
+    names: list[str],
+    race: Race,
+    base: str,
+    rule: RecommendationRule,
+    plan: Plan,
+    rounds: int,
+    *,
+    eliminate: bool,
+) -> bool:
+    """After `rounds` rounds, the rule's verdict (tasks.allocators.rounds.after_round) over the
+    samples so far, taken by `race`; True when the rounds stop. `eliminate`: tune's drops before
+    the planned rounds (the stage runs every candidate for them)."""
+    verdict = after_round(
+        _race_runs(samples, names, race, base, rule, rounds),
+        race.active,
+        base,
+        rounds,
+        plan=plan,
+        promising_p=rule.promising_p,
+        metric=rule.primary,
+        eliminate=eliminate,
+        out=set(race.dropped),
+        **_guard_bounds(samples, names, rule),
+    )
+    return race.apply(verdict)
+
+
+def _race_runs(
     samples: list[Sample],
     names: list[str],
     race: Race,
@@ -628,7 +657,7 @@ def race_runs(
     return runs
 
 
-def guard_bounds(samples: list[Sample], names: list[str], rule: RecommendationRule) -> dict:
+def _guard_bounds(samples: list[Sample], names: list[str], rule: RecommendationRule) -> dict:
     """after_round's `ineligible` (time objective: memory over its tolerance, out) or `unfit`
     (memory objective: time over its tolerance, never the leader)."""
     metric, tolerance = rule.guard
@@ -733,19 +762,7 @@ def measure_case(
             if base not in names or rep + 1 < reps:
                 continue
             # past the planned rounds: the rule narrows the race, or stops it
-            verdict = after_round(
-                race_runs(samples, names, race, base, rule, rep + 1),
-                race.active,
-                base,
-                rep + 1,
-                plan=plan,
-                promising_p=rule.promising_p,
-                metric=rule.primary,
-                eliminate=False,
-                out=set(race.dropped),
-                **guard_bounds(samples, names, rule),
-            )
-            if race.apply(verdict):
+            if rule_round(samples, names, race, base, rule, plan, rep + 1, eliminate=False):
                 break
         stop = race.stop or f"the bound of {bound} rounds"
         rounds = CaseRounds(

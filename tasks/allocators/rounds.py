@@ -105,7 +105,6 @@ class Plan(BaseModel):
             return ""
         m = f"{self.candidates} candidate{'s' if self.candidates != 1 else ''}"
         best = smallest_p(self.bound, self.bound, "less")
-        bar = self.alpha / (self.candidates if self.correction == "holm" else 1)
         more = (
             f"; it needs {self.needed} rounds ({self.needed - self.bound} more)"
             if self.needed
@@ -114,7 +113,7 @@ class Plan(BaseModel):
         return (
             f"{self.bound} round{'s' if self.bound != 1 else ''} cannot decide among {m}: "
             f"{self.bound} runs against {self.bound} reach p {best:.2g} at best, Holm's first "
-            f"bar is {bar:.2g}{more}"
+            f"bar is {self.bar:.2g}{more}"
         )
 
 

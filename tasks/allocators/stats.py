@@ -232,12 +232,7 @@ def recommend(
         challengers = [p for p in cands if p.allocator != m.baseline]
         # the family: every candidate with a clean run (a failed pair's runs count, out of the
         # race), judged as the rounds' last look (tasks.allocators.rounds.judge)
-        adf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
-        family = {
-            p.allocator: adf.loc[adf["allocator"] == p.allocator, primary].to_numpy(float)
-            for p in cpairs
-            if p.status in ("ok", "failed")
-        }
+        family = {p.allocator: runs(p.allocator) for p in cpairs if p.status in ("ok", "failed")}
         family = {k: v for k, v in family.items() if len(v)}
         rounds = _rounds_of(m, case.label, rule, len(family) - (m.baseline in family))
         out = set(rounds.dropped) | {p.allocator for p in cpairs if p.status != "ok"}

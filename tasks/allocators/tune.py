@@ -38,15 +38,14 @@ from tasks.allocators.measure import (
     Measurements,
     Sample,
     Unavailable,
-    guard_bounds,
     night_stamp,
     place_error,
-    race_runs,
     read_layer_stats,
+    rule_round,
     usage_fields,
 )
 from tasks.allocators.place import PLACE_STATS, PlaceBuildError, build_place, read_place_stats
-from tasks.allocators.rounds import Race, after_round, plan_rounds
+from tasks.allocators.rounds import Race, plan_rounds
 from tasks.allocators.stats import PairSummary, Recommendation, analyse
 from tasks.allocators.trace_facts import HeapFacts, TraceFactsError, heap_facts, mallopt_lines
 from tasks.core.config import PROJECT_DIR
@@ -486,7 +485,6 @@ def _measure(
     orders = balanced_orders(live, bound, config.order_seed)
     race = Race(list(live))
     rule = config.rule
-    metric = rule.primary
     plan = plan_rounds(len(live) - 1, reps, bound, rule.alpha, rule.correction, rule.noise)
     rep = 0
     for rep in range(bound):
@@ -498,18 +496,7 @@ def _measure(
             if why and sample.ok:  # loaded, but the placement layer passed every call through
                 sample = sample.model_copy(update={"ok": False, "error": why, "applied": False})
             samples.append(sample.model_copy(update=layer_counts[name]))
-        verdict = after_round(
-            race_runs(samples, live, race, config.baseline, rule, rep + 1),
-            race.active,
-            config.baseline,
-            rep + 1,
-            plan=plan,
-            promising_p=rule.promising_p,
-            metric=metric,
-            out=set(race.dropped),
-            **guard_bounds(samples, live, rule),
-        )
-        if race.apply(verdict):
+        if rule_round(samples, live, race, config.baseline, rule, plan, rep + 1, eliminate=True):
             break
         # what is left to run, at most: the next rounds of those still in
         planned = done + max(reps - rep - 1, 1) * len(race.active)

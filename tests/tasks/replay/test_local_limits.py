@@ -183,7 +183,8 @@ def test_memory_over_the_limit_is_killed_named_and_keeps_its_trace(
     # AND the next run goes on: the same program under the limit succeeds in the same root
     ok = replay(workload(programs, "hog", ["{bin}/hog", "16"], memory="64m"), tmp_path / "next")
     assert ok.ok and ok.error is None and "hog: reached 16 MiB" in ok.log_tail
-    assert not run_cgroups_left(), run_cgroups_left()
+    left = run_cgroups_left()
+    assert not left, left
 
 
 def test_forks_over_the_pid_limit_are_stopped_named_and_keep_the_trace(
@@ -195,7 +196,8 @@ def test_forks_over_the_pid_limit_are_stopped_named_and_keep_the_trace(
     m = failed_replay(w, tmp_path, r"pid limit \(16 processes\).*raise `pids_limit`")
     assert "fork" in m.log_tail and "forker: 64 children" not in m.log_tail
     # AND its children went with it: nothing of the run is left on the host
-    assert not run_cgroups_left(), run_cgroups_left()
+    left = run_cgroups_left()
+    assert not left, left
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"{programs}/forker" not in ps and "/heapcast/bin/forker" not in ps
 
