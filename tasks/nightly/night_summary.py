@@ -26,7 +26,7 @@ from tasks.allocators.seeds import SeedLine, SeedsOutcome
 from tasks.core.storage import Root
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import RegisteredModel, TrainResult
-from tasks.learning.reuse import program_lines, question_lines
+from tasks.learning.questions.reuse import program_lines, question_lines
 from tasks.learning.scores import BASELINES, HEDGED_NEXT, MODEL, ONLINE_COUNTER, OVERALL, Evaluation
 from tasks.nightly.advice import advice_section
 from tasks.nightly.params import NightContext
@@ -158,9 +158,9 @@ class NightlySummary(BaseModel):
     best_baseline: str | None = None
     best_baseline_top1: float | None = None
     evaluation_markdown: str = ""
-    # the allocator's questions per evaluation table (tasks/learning/reuse.py: question_lines)
+    # the allocator's questions per evaluation table (tasks/learning/questions/reuse.py: question_lines)
     allocator_questions: list[str] = Field(default_factory=list)
-    # ... and per program never trained on (tasks/learning/reuse.py: program_lines)
+    # ... and per program never trained on (tasks/learning/questions/reuse.py: program_lines)
     program_questions: list[str] = Field(default_factory=list)
     champion_before: str | None = None
     champion_after: str | None = None

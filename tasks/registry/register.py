@@ -45,11 +45,11 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.config import PROJECT_DIR
 from tasks.learning import plots
 from tasks.learning.evaluate import TABLES, evaluation_markdown
-from tasks.learning.next_hedge import HEDGE_ARTIFACT, hedge_settings
+from tasks.learning.nextcall.hedge import HEDGE_ARTIFACT, hedge_settings
+from tasks.learning.nextcall.training import score_model_on_unseen_runs
 from tasks.learning.outcome import DatasetRef, RegisteredModel, TrainOutcome
 from tasks.learning.scores import BASELINES, MODEL, OVERALL, Evaluation
 from tasks.learning.train_config import TrainConfig
-from tasks.learning.training import score_model_on_unseen_runs
 from tasks.registry import champion as champion_rules
 from tasks.registry import headline
 from tasks.registry.answer_artifacts import log_answers
