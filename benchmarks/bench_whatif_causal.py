@@ -125,7 +125,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/results/whatif_causal.json"))
     a = ap.parse_args()
     root = Root.from_url(a.root)
-    ref = registered_ref(WhatifParams(root=a.root, model=a.model))
+    ref = registered_ref(WhatifParams(root=a.root, model=a.model), root)
     predictor = load_predictor.fn(ref)
     df = replay(root, ref, predictor)
     rows = against_heuristics(df)

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
-    ref = registered_ref(WhatifParams(root=root.url))
+    ref = registered_ref(WhatifParams(root=root.url), root)
     model = ref.model
 
     import mlflow  # deferred: start-up time

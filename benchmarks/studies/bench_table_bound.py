@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/studies/results/table_bound.json"))
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
-    ref = registered_ref(WhatifParams(root=root.url))
+    ref = registered_ref(WhatifParams(root=root.url), root)
     model = ref.model
 
     import mlflow  # deferred: start-up time

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
     params = WhatifParams(root=root.url, **({"model": a.model} if a.model else {}))
-    ref = registered_ref(params)
+    ref = registered_ref(params, root)
     model = ref.model
 
     import mlflow  # deferred: start-up time

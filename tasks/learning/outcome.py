@@ -12,7 +12,8 @@ import numpy as np
 
 from tasks.learning.scores import Evaluation, QuestionScores
 
-if TYPE_CHECKING:  # table.py reads the events (labels -> sequences -> this module)
+if TYPE_CHECKING:
+    from tasks.core.storage import Root
     from tasks.learning.answers import RunAnswers
     from tasks.learning.questions.network import QuestionNetwork
     from tasks.learning.table.distill import ClassTable, TableAgreement
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # table.py reads the events (labels -> sequences -> this modu
 class DatasetRef:
     """Which data a model was trained and evaluated on."""
 
-    root: str
+    root: Root  # the data root, resolved where the flow started
     train_runs: tuple[tuple[str, str], ...]  # (workload, run)
     eval_runs: tuple[tuple[str, str], ...]  # runs of the same workloads, never seen in training
     heldout_runs: tuple[tuple[str, str], ...]  # workloads held out entirely (second table)

@@ -46,7 +46,7 @@ class TrainedModel:
 
     model: Any  # keras.Model
     config: TrainConfig
-    root: str
+    root: Root
     split: Split
     history: dict[str, list[float]]
     predictions_per_second: float
@@ -88,7 +88,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
     return TrainedModel(
         model=model,
         config=config,
-        root=r.url,
+        root=r,
         split=split,
         history=facts["history"],
         predictions_per_second=facts["predictions_per_second"],

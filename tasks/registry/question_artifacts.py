@@ -18,7 +18,6 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from tasks.core.storage import Root
 from tasks.dataset.token_runs import head_rows
 from tasks.learning.outcome import TrainOutcome
 from tasks.learning.questions.hedge import HEDGED
@@ -91,7 +90,7 @@ def distil_lifetime(outcome: TrainOutcome):
     # deferred: Keras
     from tasks.learning.questions.network import answered_inputs, distilled_lifetime
 
-    root = Root.from_url(outcome.dataset.root)
+    root = outcome.dataset.root
     cap = (outcome.config.get("data") or {}).get("max_eval_tokens")
     model = outcome.question_network.model
     inputs, answers = [], []
@@ -115,7 +114,7 @@ def log_lifetime_table(outcome: TrainOutcome, version: str) -> None:
     except (OSError, ValueError) as err:  # pyarrow's errors are ValueErrors or OSErrors
         mlflow.set_tag(
             TAG_LIFETIME,
-            f"not made: the training runs under {outcome.dataset.root} could not be read ({err})",
+            f"not made: the training runs under {outcome.dataset.root.url} could not be read ({err})",
         )
         return
     if len(keys) == 0:

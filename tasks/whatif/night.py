@@ -380,10 +380,10 @@ def model_ref(model: RegisteredModel, params: WhatifParams, tracking: TrackingCo
     return ModelRef(model, tuple(runs), champion_config(_client(tracking), model))
 
 
-def registered_ref(params: WhatifParams) -> ModelRef:
+def registered_ref(params: WhatifParams, root: Root) -> ModelRef:
     """The version `params.model` names, resolved as the whatif flow does at its edge, outside a
     flow (the benchmarks that read a version's runs and answers)."""
-    tracking = tracking_for(Root.from_url(params.root))
+    tracking = tracking_for(root)
     return model_ref.fn(resolve_model.fn(params, tracking), params, tracking)
 
 

@@ -27,12 +27,11 @@ from tasks.dataset.events_reader import read_run as read_events_run
 from tasks.dataset.token_runs import COLUMNS, head_rows
 
 
-def slim(root: str, out: Path, max_tokens: int | None) -> dict[str, int]:
-    """Write the slim root; {"runs", "rows", "bytes"} of what it holds."""
-    src = Root.from_url(root)
+def slim(src: Root, out: Path, max_tokens: int | None) -> dict[str, int]:
+    """Write the slim root of `src`; {"runs", "rows", "bytes"} of what it holds."""
     runs = list_runs(src)
     if not runs:
-        raise SystemExit(f"slim_root: {root}: no events dataset (<root>/events/workload=*/run=*/)")
+        raise SystemExit(f"slim_root: {src.url}: no events dataset (<root>/events/workload=*/run=*/)")
     totals = {"runs": 0, "rows": 0, "bytes": 0}
     for r in runs:
         table = head_rows(read_events_run(src, r.workload, r.run, COLUMNS), max_tokens)
@@ -48,7 +47,7 @@ def slim(root: str, out: Path, max_tokens: int | None) -> dict[str, int]:
             use_dictionary=["pid", "thread", "token"],
             column_encoding={"seq": "DELTA_BINARY_PACKED"},
         )
-        summary = dict(r.summary or {}, rows=table.num_rows, files=[], slim_of=root)
+        summary = dict(r.summary or {}, rows=table.num_rows, files=[], slim_of=src.url)
         summary[PARTS_KEY] = [part]
         (folder / SUMMARY_NAME).write_text(json.dumps(summary))
         totals["runs"] += 1
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     if out.exists() and any(out.iterdir()):
         ap.error(f"--out {out}: not empty; name a new folder (nothing in it is overwritten)")
-    totals = slim(a.root, out, a.max_tokens_per_run or None)
+    totals = slim(Root.from_url(a.root), out, a.max_tokens_per_run or None)
     print(
         f"slim_root: {totals['runs']} runs, {totals['rows']:,} rows, "
         f"{totals['bytes'] / 2**20:.1f} MiB in {out}"

@@ -187,7 +187,7 @@ def test_the_lifetime_table_is_logged_with_the_version_and_fetched_by_it(tmp_pat
         [200],
     )
     # and kept on this host by version (the CLI's --predictor model:N)
-    local = model_table(Root.from_url(tracking.root), result.model_version, kind="lifetime")
+    local = model_table(tracking.root, result.model_version, kind="lifetime")
     assert (
         local.version == int(result.model_version)
         and lifetime_fault(local.path, local.version) == ""

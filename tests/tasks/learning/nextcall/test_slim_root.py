@@ -21,7 +21,7 @@ def full(tmp_path) -> Root:
 
 def test_the_slim_root_reads_as_the_full_one(full, tmp_path):
     out = tmp_path / "slim"
-    totals = slim_root.slim(full.url, out, None)
+    totals = slim_root.slim(full, out, None)
     slim = Root.from_url(str(out))
     assert list_runs(slim) == list_runs(full) and totals["runs"] == 5
     for w, runs in list_runs(full).items():
@@ -35,7 +35,7 @@ def test_the_slim_root_reads_as_the_full_one(full, tmp_path):
 
 def test_a_cut_keeps_each_runs_head(full, tmp_path):
     out = tmp_path / "slim"
-    slim_root.slim(full.url, out, 250)
+    slim_root.slim(full, out, 250)
     slim = Root.from_url(str(out))
     for w, runs in list_runs(full).items():
         for r in runs:
@@ -53,4 +53,4 @@ def test_it_refuses_a_folder_in_use_and_an_empty_root(full, tmp_path, capsys):
         slim_root.main(["--root", full.url, "--out", str(used)])
     assert "not empty" in capsys.readouterr().err and (used / "keep.txt").read_text() == "mine"
     with pytest.raises(SystemExit, match="no events dataset"):
-        slim_root.slim(str(tmp_path / "nothing"), tmp_path / "slim", None)
+        slim_root.slim(Root.from_url(str(tmp_path / "nothing")), tmp_path / "slim", None)
