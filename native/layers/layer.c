@@ -136,6 +136,8 @@
 
 #include "../bootstrap_pool.h"
 #include "../module_range.h"
+#include "../say.h"
+#include "../options.h"
 #include "../site_key.h"
 #include "../table_head.h"
 #include "predictor.h"
@@ -175,19 +177,7 @@ static const struct {
     enum hl_policy policy;
 } hl_renamed_policies[] = {{"seed002", HL_LARGEST}, {"seed001", HL_POOLS}};
 
-/* The next allocator's functions (../real.h: hc_real, HC_REAL); malloc last. */
-#define HC_REAL_FUNCS(X)                                                                          \
-    X(mallopt, int, (int, int))                                                                   \
-    X(free, void, (void *))                                                                       \
-    X(malloc_usable_size, size_t, (void *))                                                       \
-    X(realloc, void *, (void *, size_t))                                                          \
-    X(posix_memalign, int, (void **, size_t, size_t))                                             \
-    X(aligned_alloc, void *, (size_t, size_t))                                                    \
-    X(memalign, void *, (size_t, size_t))                                                         \
-    X(valloc, void *, (size_t))                                                                   \
-    X(pvalloc, void *, (size_t))                                                                  \
-    X(calloc, void *, (size_t, size_t))                                                           \
-    X(malloc, void *, (size_t))
+/* The next allocator's functions (../real.h: hc_real, HC_REAL) */
 #include "../real.h"
 
 /* The policies' decisions: the policy core, shared with the what-if replay */

@@ -24,6 +24,8 @@ TRACER_SOURCES = (
     "bootstrap_pool.h",
     "module_range.h",
     "real.h",
+    "say.h",
+    "options.h",
     "Makefile",
 )
 # the allocator layer, native/build/libheapcast_layer.so (make's `layer` target): layers/layer.c
@@ -50,7 +52,10 @@ LAYER_SOURCES = (
     "bootstrap_pool.h",
     "module_range.h",
     "site_key.h",
+    "table_head.h",
     "real.h",
+    "say.h",
+    "options.h",
     "Makefile",
 )
 # the placement layer, native/build/libheapcast_place.so (make's `place` target): layers/place.c
@@ -60,7 +65,10 @@ PLACE_SOURCES = (
     "bootstrap_pool.h",
     "site_key.h",
     "module_range.h",
+    "table_head.h",
     "real.h",
+    "say.h",
+    "options.h",
     "Makefile",
 )
 # the policy core's batch replay, native/build/libheapcast_policy.so (make's `policy` target):
