@@ -62,6 +62,16 @@ LAYER_SOURCES = (
 # and the parts it includes (one translation unit)
 PLACE_SOURCES = (
     "layers/place.c",
+    "layers/place/options.c",
+    "layers/place/sites.c",
+    "layers/place/stats.c",
+    "layers/place/sample.c",
+    "layers/place/life.c",
+    "layers/place/sites_file.c",
+    "layers/place/init.c",
+    "layers/place/decide.c",
+    "layers/place/hooks.c",
+    "layers/place/cxx.c",
     "bootstrap_pool.h",
     "site_key.h",
     "module_range.h",
