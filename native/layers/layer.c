@@ -11,12 +11,11 @@
  *
  * Policies (one layer, configurations of it; `min`, `cap`, `madv` apply to all; `madv`: the
  * pages of a block kept idle for 100 ms are madvise(MADV_FREE)d, so the kernel may take them
- * back under memory pressure, as seed 002 asks; not at once: in a tight loop the syscall and
- * its TLB flush would cost far more than glibc's own reuse of the block):
- *  - largest (default): the n (4) largest recently freed blocks (/work/shared/seeds/002): a
- *    freed block is kept if fewer than n are, or if it is at least as large as the smallest kept
- *    one, which is given back.
- *  - pools: size-class pools with timed decay (seeds/001): every freed block is kept; a block
+ * back under memory pressure; not at once: in a tight loop the syscall and its TLB flush would
+ * cost far more than glibc's own reuse of the block):
+ *  - largest (default): the n (4) largest recently freed blocks: a freed block is kept if fewer
+ *    than n are, or if it is at least as large as the smallest kept one, which is given back.
+ *  - pools: size-class pools with timed decay: every freed block is kept; a block
  *    idle for more than `decay` ms is given back (checked at each of the layer's large-block
  *    calls: no timer thread, so a process that stops allocating keeps at most `cap` bytes).
  *  - guided: as pools, but a freed block of class c is kept only when the thread's
