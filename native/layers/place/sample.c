@@ -13,6 +13,9 @@ struct hp_sample {
 #define HP_PLACED_LONG (UINT64_C(1) << 63) /* the sampled block went to the long arena */
 static struct hp_sample hp_samples[HP_NSAMPLES] __attribute__((aligned(64)));
 static uint64_t hp_clock __attribute__((aligned(64)));
+/* the thread's allocations left until its next sample (decide.c hp_sampling counts it down) */
+static __thread int hp_tls_countdown __attribute__((tls_model("initial-exec")));
+
 static inline unsigned hp_sample_index(uintptr_t p) {
     return (unsigned)((p * UINT64_C(0x9E3779B97F4A7C15)) >> 52) & (HP_NSAMPLES - 1);
 }

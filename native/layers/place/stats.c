@@ -10,7 +10,6 @@ struct hp_stripe {
 static struct hp_stripe hp_stripes[65];
 static unsigned hp_next_stripe;
 static __thread struct hp_stripe *hp_tls_stripe __attribute__((tls_model("initial-exec")));
-static __thread int hp_tls_countdown __attribute__((tls_model("initial-exec")));
 static uint64_t hp_evicted_long, hp_freed_short, hp_freed_long;
 /* sampled blocks the layer placed long that died within the horizon (a wrong placement) or
  * outlived it (a right one): the stats line's long_young and long_old */
