@@ -35,12 +35,12 @@ static inline int hp_arena_ready(void) {
 
 /* The counter's floor (min_mb): its verdicts place long only once the process has had min_mb
  * resident. Below it, the long arena's fixed cost (jemalloc's control tables, the arena's
- * metadata, a slab per size class it serves: 250 KiB and more) is a few percent of the
- * program, while all it can save is a share of a heap that small: on the catalog, bc (4 MB)
- * paid +6% of peak RSS, nasm (6 MB) +3%, for nothing. The table and the sites file place from
- * the first call: what they know was learnt elsewhere. hp_big: 1 once the floor was reached
- * (for good); the resident set is read from /proc/self/statm by one thread at a time, at most
- * once per 65536 allocations of the clock. */
+ * metadata, a slab per size class it serves) is a few percent of the program, while all it can
+ * save is a share of a heap that small (docs/layer.md, "A small process places nothing long by
+ * the counter"). The table and the sites file place from the first call: what they know was
+ * learnt elsewhere. hp_big: 1 once the floor was reached (for good); the resident set is read
+ * from /proc/self/statm by one thread at a time, at most once per 65536 allocations of the
+ * clock. */
 static uint64_t hp_rss_read_at = (uint64_t)-1; /* the clock at the last read; -1: never */
 
 static __attribute__((noinline)) int hp_reached_floor(void) {
