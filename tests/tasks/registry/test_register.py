@@ -448,7 +448,9 @@ def test_run_logs_the_heap_report_of_its_training_data(model, tmp_path):
     outcome = dataclasses.replace(
         outcome,
         dataset=dataclasses.replace(
-            outcome.dataset, root=str(data), train_runs=(("hand", "r1"), ("redis", "r1"))
+            outcome.dataset,
+            root=Root.from_url(str(data)),
+            train_runs=(("hand", "r1"), ("redis", "r1")),
         ),
     )
     # WHEN the flow's report step made its page and it is registered with it
