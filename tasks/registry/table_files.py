@@ -21,7 +21,7 @@ _HEADER = struct.Struct("<8sIIIIQ")  # magic, format, model version, n_tokens, p
 _MAGIC = b"HCLTAB\x00\x01"
 _FORMATS = (2, 3)  # the formats the layer reads
 _N_TOKENS = 64
-# The placement's lifetime table (native/TABLE.md; native/layers/place.c hp_load_life): the same
+# The placement's lifetime table (native/TABLE.md; native/layers/place/life.c hp_load_life): the same
 # 32-byte header, its own magic; uint32 entries (site * 32 + class) << 8 | score, keys rising
 LIFE_MAGIC = b"HCLIFE\x00\x01"
 LIFE_FORMAT = 1

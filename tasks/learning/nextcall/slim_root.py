@@ -31,7 +31,9 @@ def slim(src: Root, out: Path, max_tokens: int | None) -> dict[str, int]:
     """Write the slim root of `src`; {"runs", "rows", "bytes"} of what it holds."""
     runs = list_runs(src)
     if not runs:
-        raise SystemExit(f"slim_root: {src.url}: no events dataset (<root>/events/workload=*/run=*/)")
+        raise SystemExit(
+            f"slim_root: {src.url}: no events dataset (<root>/events/workload=*/run=*/)"
+        )
     totals = {"runs": 0, "rows": 0, "bytes": 0}
     for r in runs:
         table = head_rows(read_events_run(src, r.workload, r.run, COLUMNS), max_tokens)

@@ -305,7 +305,7 @@ def distilled_table(
     return ClassTable(sums, np.asarray(majority, float), by_site)
 
 
-# The placement layer's "long" (native/layers/place.c, native/TABLE.md): a block living past
+# The placement layer's "long" (native/layers/place/decide.c, native/TABLE.md): a block living past
 # LIFETIME_CALL_EDGES[-1] = 65536 calls of its process, or never freed (lifetime_calls classes
 # 4 and 5). The layer's own counter calls a block long past `horizon` allocations (262144, about
 # twice as many calls); 65536 calls is the network's longest edge, the nearest it can answer.
