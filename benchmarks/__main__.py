@@ -34,8 +34,8 @@ def plan(benchmarks: list[Benchmark]) -> str:
 
 
 def studies() -> str:
-    lines = ["studies (not run here; commands in benchmarks/studies/README.md):"]
-    lines += [f"  {s.name:<14} {s.script}  ({s.why})" for s in STUDIES]
+    lines = ["studies (not run here; each folder's README.md has its commands, studies/README.md):"]
+    lines += [f"  {s.name:<14} {s.script or s.folder + '/'}  ({s.why})" for s in STUDIES]
     return "\n".join(lines)
 
 

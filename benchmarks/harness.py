@@ -21,6 +21,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -31,6 +32,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 ENVELOPE = ("benchmark", "command", "commit", "when", "machine", "reference", "results")
+# What `portable` leaves in no result: an absolute path under a private root (/work, /root, /tmp,
+# /home), not `configs/workloads.yaml` nor a bare `/tmp` (the benchmarks' and the studies' tests)
+PRIVATE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|root|tmp|home)/\S")
 
 
 def machine() -> dict[str, Any]:

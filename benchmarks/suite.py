@@ -3,9 +3,9 @@
 A speed benchmark measures heapcast beside a reference in one run, costs a few minutes on two
 cores, and needs no GPU and no container image; `python -m benchmarks` runs every one into
 benchmarks/results/ (the file named here, nothing else lives there). A study answered a question
-once, on a full night's data, in containers or on a GPU: its script and result live under
-benchmarks/studies/ with the command that produced it (benchmarks/studies/README.md); the studies
-whose scripts stay in benchmarks/ are listed here with the same line.
+once, on a full night's data, in containers or on a GPU: it lives outside the product, in its own
+folder studies/<name>/ (its script, its result, a README with the command that made it), listed
+here so that `python -m benchmarks --list` shows it.
 """
 
 from __future__ import annotations
@@ -42,11 +42,16 @@ class Benchmark:
 
 @dataclass(frozen=True)
 class Study:
-    """A one-off study: its script and where its result lives, with the command that made it."""
+    """A one-off study: its folder studies/<name>/ holds its script (when it has one of its own),
+    its results and a README.md with the command that made each result."""
 
     name: str
-    script: str
+    script: str | None  # relative to the repository; None: its results came from the product
     why: str  # why it is not a maintained speed benchmark
+
+    @property
+    def folder(self) -> str:
+        return f"studies/{self.name}"
 
 
 # Cheapest first. The ones with a `reference` write their own JSON shape; the runner wraps it
@@ -123,29 +128,31 @@ SPEED: tuple[Benchmark, ...] = (
 )
 
 STUDIES: tuple[Study, ...] = (
-    Study("advice_rule", "benchmarks/studies/bench_advice_rule.py", "2,000 races, 2 minutes"),
-    Study("allocators", "benchmarks/studies/bench_allocators.py", "containers, 20+ minutes"),
-    Study("crossfit", "benchmarks/studies/bench_crossfit.py", "a full night's data"),
-    Study("place_catalog", "benchmarks/studies/bench_place_catalog.py", "containers, 40 minutes"),
-    Study("fault_drill", "benchmarks/studies/fault_drill.py", "a drill, not a speed; as root"),
-    Study("hedge", "benchmarks/studies/bench_hedge.py", "a night's data and its champion"),
-    Study("gpu_training", "benchmarks/studies/bench_gpu_training.py", "a GPU"),
-    Study("lifetime_table", "benchmarks/studies/bench_lifetime_table.py", "a registered model"),
-    Study("model_variants", "benchmarks/studies/bench_model_variants.py", "trains every variant"),
-    Study("next_share", "benchmarks/studies/bench_next_share.py", "a night's data, champion"),
-    Study("questions", "benchmarks/studies/bench_questions.py", "a full night's data"),
-    Study("reuse_threads", "benchmarks/studies/bench_reuse_threads.py", "a full night's data"),
-    Study("scaling", "benchmarks/studies/bench_scaling.py", "a network a point, 20+ minutes"),
-    Study("table_bound", "benchmarks/studies/bench_table_bound.py", "a registered model"),
-    Study("table_context", "benchmarks/studies/bench_table_context.py", "a trained network"),
-    Study("table_sites", "benchmarks/studies/bench_table_sites.py", "a registered model"),
-    Study("layer_seeds", "benchmarks/bench_layer_seeds.py", "containers"),
-    Study("layer_core_ab", "benchmarks/studies/layer_ab.py", "two layer builds, valgrind"),
-    Study("whatif_answers", "benchmarks/bench_whatif_answers.py", "a registered champion"),
-    Study("whatif_causal", "benchmarks/bench_whatif_causal.py", "a registered champion"),
-    Study("whatif_guided", "benchmarks/bench_whatif_guided.py", "ratios, no timing"),
-    Study("whatif_layer", "benchmarks/bench_whatif_layer.py", "containers"),
-    Study("whatif_model", "benchmarks/bench_whatif_model.py", "a night's whatif table"),
+    Study("advice_rule", "studies/advice_rule/advice_rule.py", "2,000 races, 2 minutes"),
+    Study("allocators", "studies/allocators/allocators.py", "containers, 20+ minutes"),
+    Study("crossfit", "studies/crossfit/crossfit.py", "a full night's data"),
+    Study("fault_drill", "studies/fault_drill/fault_drill.py", "a drill, not a speed; as root"),
+    Study("gpu_training", "studies/gpu_training/gpu_training.py", "a GPU"),
+    Study("hedge", "studies/hedge/hedge.py", "a night's data and its champion"),
+    Study("layer_core_ab", "studies/layer_core_ab/layer_ab.py", "two layer builds, valgrind"),
+    Study("layer_proof", None, "the allocators stage, containers"),
+    Study("layer_seeds", "studies/layer_seeds/layer_seeds.py", "containers"),
+    Study("lifetime_table", "studies/lifetime_table/lifetime_table.py", "a registered model"),
+    Study("model_variants", "studies/model_variants/model_variants.py", "trains every variant"),
+    Study("next_share", "studies/next_share/next_share.py", "a night's data, champion"),
+    Study("place_catalog", "studies/place_catalog/place_catalog.py", "containers, 40 minutes"),
+    Study("questions", "studies/questions/questions.py", "a full night's data"),
+    Study("reuse_threads", "studies/reuse_threads/reuse_threads.py", "a full night's data"),
+    Study("scaling", "studies/scaling/scaling.py", "a network a point, 20+ minutes"),
+    Study("table_bound", "studies/table_bound/table_bound.py", "a registered model"),
+    Study("table_context", "studies/table_context/table_context.py", "a trained network"),
+    Study("table_sites", "studies/table_sites/table_sites.py", "a registered model"),
+    Study("tune_catalog", None, "heapcast tune, containers"),
+    Study("whatif_answers", "studies/whatif_answers/whatif_answers.py", "a registered champion"),
+    Study("whatif_causal", "studies/whatif_causal/whatif_causal.py", "a registered champion"),
+    Study("whatif_guided", "studies/whatif_guided/whatif_guided.py", "ratios, no timing"),
+    Study("whatif_layer", "studies/whatif_layer/whatif_layer.py", "containers"),
+    Study("whatif_model", "studies/whatif_model/whatif_model.py", "a night's whatif table"),
 )
 
 
@@ -156,7 +163,7 @@ def by_name(names: list[str]) -> list[Benchmark]:
     unknown = [n for n in names if n not in known]
     if unknown:
         studies = {s.name for s in STUDIES}
-        hint = [f"{n} is a study (benchmarks/studies/README.md)" for n in unknown if n in studies]
+        hint = [f"{n} is a study (studies/{n}/README.md)" for n in unknown if n in studies]
         raise SystemExit(
             f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(known)}"
             + ("; " + "; ".join(hint) if hint else "")
