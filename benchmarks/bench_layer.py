@@ -17,7 +17,6 @@ instead of native/build/libheapcast_layer.so, which is then neither built nor to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,10 +27,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import write_result  # noqa: E402
+
 NATIVE = REPO / "native"
 LAYER = NATIVE / "build" / "libheapcast_layer.so"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 OUT = REPO / "benchmarks" / "results" / "layer.json"
+REFERENCE = "glibc (no preload) and tcmalloc, rounds alternating"
 
 NUMPY_CASE = """
 import time, numpy as np
@@ -224,8 +228,7 @@ def main() -> None:
         result["numpy_temporaries"] = numpy_case(args.reps, args.iters)
         for arm, s in result["numpy_temporaries"]["summary"].items():
             print(arm, s, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result("layer", result, reference=REFERENCE, out=args.out)
     print("wrote", args.out)
 
 

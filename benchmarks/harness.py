@@ -12,7 +12,7 @@ a data root given as `roots` as `<root>`, temporary folders as `<tmp>`: a result
 names a private path (tests/benchmarks/test_results.py scans for them).
 
 The runner (`python -m benchmarks`, benchmarks/suite.py) runs the maintained benchmarks and
-wraps, with `adopt`, the result of a script that writes its own shape.
+fails one whose file is not in this shape.
 """
 
 from __future__ import annotations
@@ -160,15 +160,6 @@ def write_result(
 
 def is_envelope(doc: Any) -> bool:
     return isinstance(doc, dict) and all(k in doc for k in ENVELOPE)
-
-
-def adopt(path: Path, name: str, *, reference: str, command_line: str) -> None:
-    """Put a script's own JSON into the one shape (its figures under `results`), paths made
-    portable; a file already in the shape only has its paths made portable."""
-    doc = json.loads(path.read_text())
-    if not is_envelope(doc):
-        doc = envelope(name, doc, reference=reference, command_line=command_line)
-    path.write_text(json.dumps(portable(doc), indent=1) + "\n")
 
 
 def _jsonable(v: Any) -> Any:

@@ -25,9 +25,6 @@ class Benchmark:
     result: str = ""  # under benchmarks/results/; default <name>.json
     minutes: float = 1.0  # about, on the shared 2-core machine
     needs: tuple[str, ...] = field(default=())  # paths under the repository it cannot run without
-    # What is measured beside heapcast, for a script that writes its own JSON shape (the runner
-    # wraps it with harness.adopt); a script on the harness names its reference itself.
-    reference: str = ""
 
     @property
     def result_file(self) -> str:
@@ -54,60 +51,30 @@ class Study:
         return f"studies/{self.name}"
 
 
-# Cheapest first. The ones with a `reference` write their own JSON shape; the runner wraps it
-# (harness.adopt), so every file under benchmarks/results/ has the one shape.
+# Cheapest first. Every one writes through the harness (write_result, with the reference it
+# measures beside heapcast), so every file under benchmarks/results/ has the one shape.
 SPEED: tuple[Benchmark, ...] = (
     Benchmark("cli", "benchmarks/bench_cli.py", minutes=1),
     Benchmark("online", "benchmarks/bench_online.py", minutes=1.5),
-    Benchmark(
-        "policy_core",
-        "benchmarks/bench_policy_core.py",
-        minutes=1,
-        reference="the core's C call alone, and simulate()'s layer_metrics, on the same events",
-    ),
+    Benchmark("policy_core", "benchmarks/bench_policy_core.py", minutes=1),
     Benchmark("tracer", "benchmarks/bench_tracer.py", minutes=3),
     Benchmark("report", "benchmarks/bench_report.py", minutes=3),
     Benchmark("convert", "benchmarks/bench_convert.py", minutes=3),
     Benchmark("streaming", "benchmarks/bench_streaming.py", minutes=2),
-    Benchmark(
-        "layer",
-        "benchmarks/bench_layer.py",
-        minutes=3,
-        reference="glibc (no preload) and tcmalloc, rounds alternating",
-    ),
-    Benchmark(
-        "place",
-        "benchmarks/bench_place.py",
-        minutes=4,
-        reference="glibc, tcmalloc, mimalloc, jemalloc and jemalloc with placement off, rounds "
-        "alternating; the bound (a first run's sites) and placement by size beside it",
-    ),
-    Benchmark(
-        "place_servers",
-        "benchmarks/bench_place_servers.py",
-        minutes=7,
-        reference="redis-server as Debian links it (jemalloc) and kv_service under glibc, "
-        "tcmalloc, mimalloc and jemalloc with placement off, rounds alternating; the bound (a "
-        "first run's sites) and placement by size",
-    ),
-    Benchmark(
-        "tune",
-        "benchmarks/bench_tune.py",
-        minutes=2,
-        reference="the program's own wall time under glibc, in the same run",
-    ),
+    Benchmark("layer", "benchmarks/bench_layer.py", minutes=3),
+    Benchmark("place", "benchmarks/bench_place.py", minutes=4),
+    Benchmark("place_servers", "benchmarks/bench_place_servers.py", minutes=7),
+    Benchmark("tune", "benchmarks/bench_tune.py", minutes=2),
     Benchmark(  # without events under data/, on a synthetic run
         "whatif",
         "benchmarks/bench_whatif.py",
         args=("--root", "data"),
         minutes=3,
-        reference="the real largest layer's page faults beside the simulator's",
     ),
     Benchmark(  # not a speed: the replay's counters against the layer's, cheap and kept up
         "whatif_threads",
         "benchmarks/bench_whatif_threads.py",
         minutes=1,
-        reference="the real layer's counters from the same multi-threaded run",
     ),
     Benchmark("train", "benchmarks/bench_train.py", args=("--root", "data"), minutes=4),
     Benchmark(
@@ -123,7 +90,6 @@ SPEED: tuple[Benchmark, ...] = (
         args=("--root", "data"),
         minutes=2,
         needs=("data/events",),
-        reference="the online counter's question (predictor.h hcp_soon) it replaces",
     ),
 )
 

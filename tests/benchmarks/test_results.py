@@ -68,6 +68,11 @@ def test_every_benchmark_script_is_in_the_suite():
     assert not unlisted, f"benchmark or study scripts not in benchmarks/suite.py: {unlisted}"
 
 
+def test_every_speed_benchmark_is_on_the_harness():
+    off = [b.script for b in SPEED if "write_result" not in (REPO / b.script).read_text()]
+    assert not off, f"speed benchmarks that do not write through benchmarks/harness.py: {off}"
+
+
 def test_the_names_are_unique():
     names = [b.name for b in SPEED] + [s.name for s in STUDIES]
     assert len(names) == len(set(names))
@@ -91,5 +96,19 @@ def test_the_suite_runner_finds_what_a_script_on_the_harness_writes(tmp_path):
         assert outcome == "ok"
         doc = json.loads(written.read_text())
         assert doc["benchmark"] == name and doc["results"] == {"rate": 2.0}
+    finally:
+        written.unlink(missing_ok=True)
+
+
+def test_the_suite_runner_fails_a_file_not_in_the_one_shape(tmp_path):
+    """GIVEN a benchmark script that writes its own JSON beside the harness, WHEN the runner runs
+    it, THEN the benchmark is named failed: every file under benchmarks/results/ has one shape."""
+    name = "harness_selftest_own"
+    script = tmp_path / "bench_own.py"
+    written = REPO / "benchmarks" / "results" / f"{name}.json"
+    script.write_text(f"open({str(written)!r}, 'w').write('{{\"rate\": 2.0}}')\n")
+    try:
+        outcome, _ = run_one(Benchmark(name, str(script)))
+        assert outcome.startswith("failed") and "shape" in outcome
     finally:
         written.unlink(missing_ok=True)
