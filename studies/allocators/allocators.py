@@ -65,7 +65,7 @@ def cpu_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
@@ -80,38 +80,12 @@ def main() -> int:
     ap.add_argument("--root", default=default_root())
     ap.add_argument("--mlflow", action="store_true", help="log the MLflow run too")
     ap.add_argument("--out", type=Path, default=REPO / "studies" / "allocators" / "allocators.json")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    cfg = load_allocators_config().model_copy(update={"inputs": args.inputs})
-    catalog = load_catalog()
-    cases = select_cases(catalog, cfg, args.workloads, quick=args.inputs is None)
-    kind, why = resolve_runner_kind(args.runner)
-    print(
-        f"bench_allocators: {len(cases)} cases x {len(cfg.allocators)} allocators x "
-        f"{args.reps} rounds; {why}",
-        file=sys.stderr,
-    )
-    if kind == "docker":
-        from tasks.replay.images import build_all
 
-        build_all(list(dict.fromkeys(c.workload.image for c in cases)))
-    root = Root.from_url(args.root)
-    busy0, total0 = cpu_ticks()
-    own0 = os.times()
-    t0 = time.monotonic()
-    with SleepCounter() as sleeps:
-        m = measure_cases(cases, cfg, root, kind, repetitions=args.reps, warmup=args.warmup)
-    elapsed = time.monotonic() - t0
-    own1 = os.times()
-    busy1, total1 = cpu_ticks()
-    out = write_outcome(root, m, cfg, to_mlflow=args.mlflow)
-    print(out.markdown)
-
-    samples = [s for s in m.samples if s.wall_s is not None]
-    program_s = sum(s.wall_s for s in samples)
-    run_s = sum(s.run_s for s in m.samples)
-    per_run = [s.run_s - s.wall_s for s in samples]
-    rules = cfg.rule
+def case_figures(m, out) -> dict[str, dict]:
+    """Per case: the recommendation, the heap's features, and every allocator's medians and
+    ranges with its ratios to glibc's."""
     cases_out = {}
     for c in m.cases:
         rec = next(r for r in out.recommendations if r.case == c.label)
@@ -145,6 +119,72 @@ def main() -> int:
                 if p.case == c.label
             },
         }
+    return cases_out
+
+
+def idle_waits(m, sleeps, elapsed: float, ticks: tuple, times: tuple) -> dict:
+    """Whether the measurement adds idle waits: this process's sleeps while measuring, what each
+    run costs on top of its program, what lies between runs; `ticks` the machine's (busy, total)
+    CPU ticks before and after, `times` this process's os.times() before and after."""
+    (busy0, total0), (busy1, total1) = ticks
+    own0, own1 = times
+    samples = [s for s in m.samples if s.wall_s is not None]
+    program_s = sum(s.wall_s for s in samples)
+    run_s = sum(s.run_s for s in m.samples)
+    per_run = [s.run_s - s.wall_s for s in samples]
+    return {
+        "sleep_calls_while_measuring": sleeps.calls,
+        "sleep_seconds_while_measuring": sleeps.seconds,
+        "measuring_elapsed_s": elapsed,
+        "runs": len(m.samples),
+        "programs_wall_s": program_s,
+        "runs_total_s": run_s,
+        "per_run_overhead_s_median": statistics.median(per_run) if per_run else None,
+        "per_run_overhead_s_min": min(per_run) if per_run else None,
+        "per_run_overhead_s_max": max(per_run) if per_run else None,
+        "between_runs_s": elapsed - run_s,
+        "programs_share_of_elapsed": program_s / elapsed if elapsed else None,
+        "machine_cpu_busy_share": (busy1 - busy0) / (total1 - total0),
+        "this_process_cpu_s": (own1.user - own0.user) + (own1.system - own0.system),
+        "verdict": (
+            "no idle waits added: nothing sleeps or polls while measuring; runs wait on the "
+            "program (container.wait, waitpid) and the rest is the runner's work"
+            if sleeps.calls == 0
+            else f"{sleeps.calls} sleep calls ({sleeps.seconds:.3f} s) while measuring"
+        ),
+    }
+
+
+def main() -> int:
+    args = parse_args()
+    cfg = load_allocators_config().model_copy(update={"inputs": args.inputs})
+    catalog = load_catalog()
+    cases = select_cases(catalog, cfg, args.workloads, quick=args.inputs is None)
+    kind, why = resolve_runner_kind(args.runner)
+    print(
+        f"bench_allocators: {len(cases)} cases x {len(cfg.allocators)} allocators x "
+        f"{args.reps} rounds; {why}",
+        file=sys.stderr,
+    )
+    if kind == "docker":
+        from tasks.replay.images import build_all
+
+        build_all(list(dict.fromkeys(c.workload.image for c in cases)))
+    root = Root.from_url(args.root)
+    busy0, total0 = cpu_ticks()
+    own0 = os.times()
+    t0 = time.monotonic()
+    with SleepCounter() as sleeps:
+        m = measure_cases(cases, cfg, root, kind, repetitions=args.reps, warmup=args.warmup)
+    elapsed = time.monotonic() - t0
+    own1 = os.times()
+    busy1, total1 = cpu_ticks()
+    out = write_outcome(root, m, cfg, to_mlflow=args.mlflow)
+    print(out.markdown)
+
+    ticks = ((busy0, total0), (busy1, total1))
+    waits = idle_waits(m, sleeps, elapsed, ticks, (own0, own1))
+    samples = [s for s in m.samples if s.wall_s is not None]
     result = {
         "what": "the quick catalog under glibc/jemalloc/tcmalloc/mimalloc (LD_PRELOAD, untraced), "
         "rounds in a balanced order; medians, spreads, recommendation by configs/allocators.yaml's rule",
@@ -160,38 +200,18 @@ def main() -> int:
         "peak_sources": sorted({s.peak_source for s in samples if s.peak_source}),
         "repetitions": m.repetitions,
         "warmup": m.warmup,
-        "rule": rules.describe(),
+        "rule": cfg.rule.describe(),
         "night": m.night,
         "outputs": {"summary": out.summary_path, "report": out.report_dir},
-        "cases": cases_out,
+        "cases": case_figures(m, out),
         "failed": out.failed,
-        "idle_waits": {
-            "sleep_calls_while_measuring": sleeps.calls,
-            "sleep_seconds_while_measuring": sleeps.seconds,
-            "measuring_elapsed_s": elapsed,
-            "runs": len(m.samples),
-            "programs_wall_s": program_s,
-            "runs_total_s": run_s,
-            "per_run_overhead_s_median": statistics.median(per_run) if per_run else None,
-            "per_run_overhead_s_min": min(per_run) if per_run else None,
-            "per_run_overhead_s_max": max(per_run) if per_run else None,
-            "between_runs_s": elapsed - run_s,
-            "programs_share_of_elapsed": program_s / elapsed if elapsed else None,
-            "machine_cpu_busy_share": (busy1 - busy0) / (total1 - total0),
-            "this_process_cpu_s": (own1.user - own0.user) + (own1.system - own0.system),
-            "verdict": (
-                "no idle waits added: nothing sleeps or polls while measuring; runs wait on the "
-                "program (container.wait, waitpid) and the rest is the runner's work"
-                if sleeps.calls == 0
-                else f"{sleeps.calls} sleep calls ({sleeps.seconds:.3f} s) while measuring"
-            ),
-        },
+        "idle_waits": waits,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     iw = result["idle_waits"]
     print(
-        f"{len(m.samples)} runs in {elapsed:.1f} s: programs {program_s:.1f} s "
+        f"{len(m.samples)} runs in {elapsed:.1f} s: programs {iw['programs_wall_s']:.1f} s "
         f"({iw['programs_share_of_elapsed']:.0%}), per-run overhead median "
         f"{iw['per_run_overhead_s_median']:.3f} s, between runs {iw['between_runs_s']:.1f} s, "
         f"sleeps {sleeps.calls}; machine CPU busy {iw['machine_cpu_busy_share']:.0%}; "
