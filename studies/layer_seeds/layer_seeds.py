@@ -29,7 +29,7 @@ from tasks.core.storage import Root  # noqa: E402
 from tasks.replay.workloads import load_catalog  # noqa: E402
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload")
     ap.add_argument("input")
@@ -37,7 +37,58 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--root", default="/tmp/heapcast-bench-layer-seeds")
     ap.add_argument("--out", type=Path)
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def _spread(ok: list, key: str, scale: float = 1.0):
+    """(median, min, max) of `key` over the runs that went well, or None where none has it."""
+    v = np.array([getattr(s, key) for s in ok if getattr(s, key) is not None], float)
+    return (
+        (float(np.median(v)) * scale, float(v.min()) * scale, float(v.max()) * scale)
+        if v.size
+        else None
+    )
+
+
+def _cell(t, fmt: str) -> str:
+    return "n/a" if t is None else f"{t[0]:{fmt}} ({t[1]:{fmt}}-{t[2]:{fmt}})"
+
+
+def allocator_row(n: str, m, base: list[float]) -> dict:
+    """One allocator's runs: counts, spreads, the rank test's p against glibc; its table line
+    printed."""
+    ss = [s for s in m.samples if s.allocator == n]
+    ok = [s for s in ss if s.ok]
+    wall, rss, minor, major, hits = (
+        _spread(ok, "wall_s", 1e3),
+        _spread(ok, "peak_rss_mb"),
+        _spread(ok, "minor_faults"),
+        _spread(ok, "major_faults"),
+        _spread(ok, "layer_hits"),
+    )
+    p = mann_whitney_p([s.wall_s for s in ok], base) if n != "glibc" else None
+    row = dict(
+        runs=len(ss),
+        ok=len(ok),
+        applied=sum(bool(s.applied) for s in ss),
+        wall_ms=wall,
+        peak_rss_mb=rss,
+        minor_faults=minor,
+        major_faults=major,
+        layer_hits=hits,
+        p_wall_vs_glibc=p,
+        errors=[s.error for s in ss if s.error],
+    )
+    print(
+        f"| {n} | {len(ok)}/{row['applied']} of {len(ss)} | {_cell(wall, '.0f')} | "
+        f"{_cell(rss, '.1f')} | {_cell(minor, '.0f')} | {_cell(major, '.0f')} | "
+        f"{'-' if hits is None else f'{hits[0]:.0f}'} | {'-' if p is None else f'{p:.3f}'} |"
+    )
+    return row
+
+
+def main() -> None:
+    a = parse_args()
     cfg = load_allocators_config()
     names = a.allocators.split(",")
     cfg = cfg.model_copy(
@@ -52,54 +103,13 @@ def main() -> None:
         "docker",
         repetitions=a.reps,
     )
-    rows = {}
     base = [s.wall_s for s in m.samples if s.allocator == "glibc" and s.ok]
     print(f"{a.workload}/{a.input}, {a.reps} rounds, load before {load_before[0]:.1f}")
     print(
         "| allocator | ok/applied | wall ms | peak MB (cgroup) | minor faults | major | hits | p vs glibc |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for n in names:
-        ss = [s for s in m.samples if s.allocator == n]
-        ok = [s for s in ss if s.ok]
-
-        def med(key, scale=1.0, ok=ok):
-            v = np.array([getattr(s, key) for s in ok if getattr(s, key) is not None], float)
-            return (
-                (float(np.median(v)) * scale, float(v.min()) * scale, float(v.max()) * scale)
-                if v.size
-                else None
-            )
-
-        wall, rss, minor, major, hits = (
-            med("wall_s", 1e3),
-            med("peak_rss_mb"),
-            med("minor_faults"),
-            med("major_faults"),
-            med("layer_hits"),
-        )
-        p = mann_whitney_p([s.wall_s for s in ok], base) if n != "glibc" else None
-        rows[n] = dict(
-            runs=len(ss),
-            ok=len(ok),
-            applied=sum(bool(s.applied) for s in ss),
-            wall_ms=wall,
-            peak_rss_mb=rss,
-            minor_faults=minor,
-            major_faults=major,
-            layer_hits=hits,
-            p_wall_vs_glibc=p,
-            errors=[s.error for s in ss if s.error],
-        )
-
-        def cell(t, fmt):
-            return "n/a" if t is None else f"{t[0]:{fmt}} ({t[1]:{fmt}}-{t[2]:{fmt}})"
-
-        print(
-            f"| {n} | {len(ok)}/{rows[n]['applied']} of {len(ss)} | {cell(wall, '.0f')} | "
-            f"{cell(rss, '.1f')} | {cell(minor, '.0f')} | {cell(major, '.0f')} | "
-            f"{'-' if hits is None else f'{hits[0]:.0f}'} | {'-' if p is None else f'{p:.3f}'} |"
-        )
+    rows = {n: allocator_row(n, m, base) for n in names}
     if a.out:
         a.out.write_text(
             json.dumps(
