@@ -33,7 +33,7 @@ def _scores(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
     return f"{top1:.4f} / {top5:.4f} / {-np.mean(np.log(np.maximum(p, 1e-12))):.4f}"
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="a data root after a night (`make run`: data)")
     ap.add_argument("--config", default="configs/train-quick.yaml", help="the night's train config")
@@ -42,7 +42,53 @@ def main() -> int:
     a = ap.parse_args()
     if not all(0 < s < 1 for s in a.shares):
         ap.error(f"--shares {a.shares}: each share is in (0, 1)")
+    return a
 
+
+def table_rows(table: str, runs, base, seq, cfg, shares: list[float]) -> list[str]:
+    """One evaluation table's lines: the network, the online counter and the mix at each share,
+    pooled over the table's runs (none where no run has a position)."""
+    import tasks.learning.model as M
+    from tasks.learning.next_hedge import NEXT_SHARE, hedged_next, thread_of
+    from tasks.learning.predictions import ranked
+    from tasks.learning.sequences import eval_positions
+
+    net_parts, counter_parts, mix_parts = [], [], {s: [] for s in shares}
+    for run in runs:
+        pos = eval_positions(run)
+        if not len(pos):
+            continue
+        y = run.tokens[pos]
+        answers, counter = base.predict_with_counter(run, pos)
+        net = M.predict_distribution(seq, run, cfg.context, cfg.eval_batch_size)
+        mine = ranked(net, y)
+        net_parts.append((mine.top, y, mine.p_true))
+        online = answers["ngram_online"]
+        counter_parts.append((online.top, y, online.p_true))
+        for s in shares:
+            mix = hedged_next(
+                [net, counter, base.majority.probs],
+                thread_of(run.offsets, pos),
+                y,
+                share=s,
+                candidates=[online.top, mine.top],
+            )
+            mix_parts[s].append((mix.top, y, mix.p_true))
+    if not net_parts:
+        return []
+    positions = sum(len(y) for _, y, _ in net_parts)
+    rows = [
+        f"| {table} | {positions:,} | network | {_scores(net_parts)} |",
+        f"| {table} | {positions:,} | online counter | {_scores(counter_parts)} |",
+    ]
+    for s in shares:
+        mark = " (NEXT_SHARE)" if s == NEXT_SHARE else ""
+        rows.append(f"| {table} | {positions:,} | mix, share {s}{mark} | {_scores(mix_parts[s])} |")
+    return rows
+
+
+def main() -> int:
+    a = parse_args()
     from tasks.core.config import apply_embedded_defaults
 
     apply_embedded_defaults()
@@ -51,9 +97,7 @@ def main() -> int:
     import tasks.learning.model as M
     from tasks.core.storage import Root
     from tasks.learning.baselines import Baselines
-    from tasks.learning.next_hedge import NEXT_SHARE, hedged_next, thread_of
-    from tasks.learning.predictions import ranked
-    from tasks.learning.sequences import eval_positions, load_split
+    from tasks.learning.sequences import load_split
     from tasks.learning.train_config import load_train_config
     from tasks.registry.tracking import configure, tracking_for
 
@@ -71,39 +115,9 @@ def main() -> int:
         ("unseen programs", split.unseen_programs),
         ("held-out workloads", split.heldout),
     )
-    rows = []
-    for table, runs in tables:
-        net_parts, counter_parts, mix_parts = [], [], {s: [] for s in a.shares}
-        for run in runs:
-            pos = eval_positions(run)
-            if not len(pos):
-                continue
-            y = run.tokens[pos]
-            answers, counter = base.predict_with_counter(run, pos)
-            net = M.predict_distribution(seq, run, cfg.context, cfg.eval_batch_size)
-            mine = ranked(net, y)
-            net_parts.append((mine.top, y, mine.p_true))
-            online = answers["ngram_online"]
-            counter_parts.append((online.top, y, online.p_true))
-            for s in a.shares:
-                mix = hedged_next(
-                    [net, counter, base.majority.probs],
-                    thread_of(run.offsets, pos),
-                    y,
-                    share=s,
-                    candidates=[online.top, mine.top],
-                )
-                mix_parts[s].append((mix.top, y, mix.p_true))
-        if not net_parts:
-            continue
-        positions = sum(len(y) for _, y, _ in net_parts)
-        rows.append(f"| {table} | {positions:,} | network | {_scores(net_parts)} |")
-        rows.append(f"| {table} | {positions:,} | online counter | {_scores(counter_parts)} |")
-        for s in a.shares:
-            mark = " (NEXT_SHARE)" if s == NEXT_SHARE else ""
-            rows.append(
-                f"| {table} | {positions:,} | mix, share {s}{mark} | {_scores(mix_parts[s])} |"
-            )
+    rows = [
+        row for table, runs in tables for row in table_rows(table, runs, base, seq, cfg, a.shares)
+    ]
     text = "\n".join(
         [
             "# The next-call hedge's share",
