@@ -91,36 +91,33 @@ def _scores(c: dict[str, np.ndarray], where: np.ndarray) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="data")
     ap.add_argument("--model", default=None, help="version or alias (default: the champion)")
     ap.add_argument("--out", default=str(PROJECT / "studies/table_sites/table_sites.json"))
     ap.add_argument("--table-out", default=None, help="write the format 3 file here")
-    a = ap.parse_args(argv)
-    root = Root.from_url(a.root)
-    params = WhatifParams(root=root.url, **({"model": a.model} if a.model else {}))
-    ref = registered_ref(params)
-    model = ref.model
+    return ap.parse_args(argv)
 
+
+def logged_training_runs(run_id: str) -> list:
+    """The training runs as registration logged them (dataset.train_runs, cut at 6000
+    characters): all of them, or the study stops."""
     import mlflow  # deferred: start-up time
 
-    from tasks.learning.question_network import answered_inputs, distilled_table
-    from tasks.registry.question_artifacts import fetch_question_network
-
-    with tempfile.TemporaryDirectory() as tmp:
-        network = fetch_question_network(ref.run_id, Path(tmp))
-
-    # the training runs as registration logged them (dataset.train_runs, cut at 6000 characters)
-    logged = mlflow.get_run(ref.run_id).data.params.get("dataset.train_runs", "")
+    logged = mlflow.get_run(run_id).data.params.get("dataset.train_runs", "")
     train_runs = sorted(set(parse_runs(logged)))
     if not train_runs or len(logged) >= 6000:
         raise SystemExit(
-            f"run {ref.run_id}: its training runs are not all logged ({len(logged)} chars)"
+            f"run {run_id}: its training runs are not all logged ({len(logged)} chars)"
         )
+    return train_runs
 
-    def events(w: str, r: str):
-        return head_rows(read_events(root, w, r), ref.max_eval_tokens)
+
+def distill(train_runs: list, events, network):
+    """The format 3 table distilled from the network's answers on the training runs; (table,
+    seconds)."""
+    from tasks.learning.question_network import answered_inputs, distilled_table
 
     t0 = time.perf_counter()
     train = [events(w, r) for w, r in train_runs]
@@ -130,8 +127,69 @@ def main(argv: list[str] | None = None) -> int:
         inputs.append(inp)
         said.append(ans)
     sited = distilled_table(inputs, said, majority_of(train))
-    distill_s = time.perf_counter() - t0
-    del inputs, said, train
+    return sited, time.perf_counter() - t0
+
+
+def table_columns(runs, events, network, sited) -> dict[str, list[np.ndarray]]:
+    """At the labelled frees (a free of known size) of each run, where the counters answer too:
+    the network's, the table's, a table by class alone's and the counter's keep decisions, where
+    the table knew the site, the truth and the size class."""
+    from tasks.learning.question_network import network_answers
+
+    cols: dict[str, list[np.ndarray]] = {}
+    for w, r in runs:
+        t = events(w, r)
+        counters, said = network_answers(t, network)
+        ra = counters["reuse"]
+        _, free = request_and_free_classes(t)
+        rows = ra.rows[free[ra.rows] >= 0]
+        at = np.isin(ra.rows, rows)
+        cls, site = free[rows], call_sites(t)[rows]
+        online = ra.probs["class_online"][at]
+        table_probs, by_site = sited.answer(site, cls, counter=online)
+        for key, v in (
+            ("network", _keep(said["reuse"][rows])),
+            ("table", _keep(table_probs)),
+            ("class", _keep(sited.reuse_probs()[cls])),  # a table by class alone
+            ("class_online", _keep(online)),
+            ("at_site", by_site),
+            ("soon", ra.labels[at] <= LAYER_SOON_CLASS),  # the truth
+            ("cls", cls),
+        ):
+            cols.setdefault(key, []).append(v)
+    return cols
+
+
+def print_row(table: str, row: dict) -> None:
+    for name, r in ((table, row), (f"{table}, blocks >= 128 KiB", row["large_blocks"])):
+        if not r["frees"]:
+            continue
+        print(
+            f"{name}: {r['frees']:,} frees, the network keeps {r['network_keeps']:.1%}; the "
+            f"table answers {r['site_coverage']:.1%} by call site and keeps as the network "
+            f"does on {r['agreement']:.1%} (a table by class alone "
+            f"{r['agreement_by_class_alone']:.1%}); right on "
+            + ", ".join(f"{r['right_' + n]:.1%} ({n})" for n in NAMES)
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    root = Root.from_url(a.root)
+    params = WhatifParams(root=root.url, **({"model": a.model} if a.model else {}))
+    ref = registered_ref(params)
+    model = ref.model
+
+    from tasks.registry.question_artifacts import fetch_question_network
+
+    with tempfile.TemporaryDirectory() as tmp:
+        network = fetch_question_network(ref.run_id, Path(tmp))
+    train_runs = logged_training_runs(ref.run_id)
+
+    def events(w: str, r: str):
+        return head_rows(read_events(root, w, r), ref.max_eval_tokens)
+
+    sited, distill_s = distill(train_runs, events, network)
     if a.table_out:
         write_layer_table(Path(a.table_out), sited, int(ref.version))
     out = {
@@ -142,31 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "within_calls": 4096,
         "tables": [],
     }
-    from tasks.learning.question_network import network_answers
-
     for table, field in TABLES:
-        cols: dict[str, list[np.ndarray]] = {}
-        for w, r in sorted(set(getattr(model, field))):
-            t = events(w, r)
-            counters, said = network_answers(t, network)
-            # the labelled frees (a free of known size), where the counters answer too
-            ra = counters["reuse"]
-            _, free = request_and_free_classes(t)
-            rows = ra.rows[free[ra.rows] >= 0]
-            at = np.isin(ra.rows, rows)
-            cls, site = free[rows], call_sites(t)[rows]
-            online = ra.probs["class_online"][at]
-            table_probs, by_site = sited.answer(site, cls, counter=online)
-            for key, v in (
-                ("network", _keep(said["reuse"][rows])),
-                ("table", _keep(table_probs)),
-                ("class", _keep(sited.reuse_probs()[cls])),  # a table by class alone
-                ("class_online", _keep(online)),
-                ("at_site", by_site),
-                ("soon", ra.labels[at] <= LAYER_SOON_CLASS),  # the truth
-                ("cls", cls),
-            ):
-                cols.setdefault(key, []).append(v)
+        cols = table_columns(sorted(set(getattr(model, field))), events, network, sited)
         if not cols:
             continue
         c = {key: np.concatenate(v) for key, v in cols.items()}
@@ -174,16 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         # the frees the layer decides on: blocks of 128 KiB and more (its `min`)
         row["large_blocks"] = _scores(c, c["cls"] >= LARGE_CLASS)
         out["tables"].append(row)
-        for name, r in ((table, row), (f"{table}, blocks >= 128 KiB", row["large_blocks"])):
-            if not r["frees"]:
-                continue
-            print(
-                f"{name}: {r['frees']:,} frees, the network keeps {r['network_keeps']:.1%}; the "
-                f"table answers {r['site_coverage']:.1%} by call site and keeps as the network "
-                f"does on {r['agreement']:.1%} (a table by class alone "
-                f"{r['agreement_by_class_alone']:.1%}); right on "
-                + ", ".join(f"{r['right_' + n]:.1%} ({n})" for n in NAMES)
-            )
+        print_row(table, row)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
