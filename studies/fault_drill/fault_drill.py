@@ -473,18 +473,107 @@ def table(rows: list[Row]) -> str:
     return "\n".join(head + lines) + "\n\n" + "\n".join(notes) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--attempts", type=int, default=3, help="attempts of each fault (>= 3)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--no-control", action="store_true", help="skip the unprotected race")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def drills(n: int, dask, control: bool) -> list[tuple[str, Callable[[Path], list[Attempt]]]]:
+    """Every fault a night must survive, in the order they run: (what, the drill on a folder)."""
+    from tests.faults import can_mount_tmpfs
+
+    def disk_full(w: Path) -> list[Attempt]:
+        if not can_mount_tmpfs():
+            raise SkipDrill("mounting a tmpfs needs root")
+        return drill_disk_full(w, n, dask)
+
+    return [
+        (
+            "register fails once (after log_model / after the alias moved / before the model), Prefect retries",
+            lambda w: drill_register_retry(w, n),
+        ),
+        (
+            "registering process SIGKILLed after its version was created",
+            lambda w: drill_register_killed(w, n),
+        ),
+        (
+            "two processes register a better and a worse model at once (both orders)",
+            lambda w: drill_race(w, 2 * n),
+        ),
+        (
+            "the same race with no store lock, as on a tracking server: settle() alone",
+            lambda w: drill_race(w, 2 * n, mode="settle-only"),
+        ),
+        *(
+            [
+                (
+                    "CONTROL: the same race without the store lock and settle()",
+                    lambda w: drill_race(w, 2 * n, mode="unsafe"),
+                )
+            ]
+            if control
+            else []
+        ),
+        ("bad night: every replay failed", lambda w: drill_bad_night(w, n, "replays")),
+        (
+            "bad night: evaluation below data.min_eval_positions",
+            lambda w: drill_bad_night(w, n, "eval"),
+        ),
+        (
+            "conversion SIGKILLed (mid-part / before commit / after swap), next run",
+            lambda w: drill_killed_conversion(w, n, dask),
+        ),
+        ("data root's disk fills during conversion (8 MiB tmpfs)", disk_full),
+        ("training SIGKILLed mid-epoch, next run", lambda w: drill_killed_training(w, n)),
+        (
+            "training SIGKILLed while writing its backup, next run",
+            lambda w: drill_torn_backup(w, n),
+        ),
+    ]
+
+
+def write_json(rows: list[Row], path: str) -> None:
+    Path(path).write_text(
+        json.dumps(
+            [
+                {
+                    "fault": r.fault,
+                    "skipped": r.skipped,
+                    "seconds": r.seconds,
+                    "attempts": [a.__dict__ for a in r.attempts],
+                }
+                for r in rows
+            ],
+            indent=1,
+        )
+    )
+
+
+def passed(rows: list[Row]) -> bool:
+    """Nothing lost or duplicated and the champion never worse in every protected row, and the
+    control lost at least one round (or the race rows prove nothing)."""
+    protected = [r for r in rows if not r.fault.startswith("CONTROL") and not r.skipped]
+    ok = all(
+        a.nothing_lost and a.nothing_duplicated and a.champion_never_worse is not False
+        for r in protected
+        for a in r.attempts
+    )
+    control = [r for r in rows if r.fault.startswith("CONTROL")]
+    if control and not any(a.champion_never_worse is False for a in control[0].attempts):
+        print("fault drill: the CONTROL race never lost: its schedule no longer provokes the race")
+        ok = False
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     n = max(3, a.attempts)
 
     from distributed import Client
     from prefect.testing.utilities import prefect_test_harness
-
-    from tests.faults import can_mount_tmpfs
 
     # as the flow tests run: the embedded store under each root, a one-worker local cluster
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -498,106 +587,16 @@ def main(argv: list[str] | None = None) -> int:
         prefect_test_harness(server_startup_timeout=90),
         Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as dask,
     ):
-        run_row(
-            rows,
-            "register fails once (after log_model / after the alias moved / before the model), Prefect retries",
-            work,
-            lambda w: drill_register_retry(w, n),
-        )
-        run_row(
-            rows,
-            "registering process SIGKILLed after its version was created",
-            work,
-            lambda w: drill_register_killed(w, n),
-        )
-        run_row(
-            rows,
-            "two processes register a better and a worse model at once (both orders)",
-            work,
-            lambda w: drill_race(w, 2 * n),
-        )
-        run_row(
-            rows,
-            "the same race with no store lock, as on a tracking server: settle() alone",
-            work,
-            lambda w: drill_race(w, 2 * n, mode="settle-only"),
-        )
-        if not a.no_control:
-            run_row(
-                rows,
-                "CONTROL: the same race without the store lock and settle()",
-                work,
-                lambda w: drill_race(w, 2 * n, mode="unsafe"),
-            )
-        run_row(
-            rows,
-            "bad night: every replay failed",
-            work,
-            lambda w: drill_bad_night(w, n, "replays"),
-        )
-        run_row(
-            rows,
-            "bad night: evaluation below data.min_eval_positions",
-            work,
-            lambda w: drill_bad_night(w, n, "eval"),
-        )
-        run_row(
-            rows,
-            "conversion SIGKILLed (mid-part / before commit / after swap), next run",
-            work,
-            lambda w: drill_killed_conversion(w, n, dask),
-        )
-
-        def disk_full(w: Path) -> list[Attempt]:
-            if not can_mount_tmpfs():
-                raise SkipDrill("mounting a tmpfs needs root")
-            return drill_disk_full(w, n, dask)
-
-        run_row(rows, "data root's disk fills during conversion (8 MiB tmpfs)", work, disk_full)
-        run_row(
-            rows,
-            "training SIGKILLed mid-epoch, next run",
-            work,
-            lambda w: drill_killed_training(w, n),
-        )
-        run_row(
-            rows,
-            "training SIGKILLed while writing its backup, next run",
-            work,
-            lambda w: drill_torn_backup(w, n),
-        )
+        for fault, drill in drills(n, dask, control=not a.no_control):
+            run_row(rows, fault, work, drill)
     print()
     print(f"# heapcast fault drill ({n} attempts each, {time.monotonic() - t0:.0f} s)")
     print()
     print(table(rows))
     if a.json:
-        Path(a.json).write_text(
-            json.dumps(
-                [
-                    {
-                        "fault": r.fault,
-                        "skipped": r.skipped,
-                        "seconds": r.seconds,
-                        "attempts": [a.__dict__ for a in r.attempts],
-                    }
-                    for r in rows
-                ],
-                indent=1,
-            )
-        )
+        write_json(rows, a.json)
     shutil.rmtree(work, ignore_errors=True)
-    protected = [r for r in rows if not r.fault.startswith("CONTROL") and not r.skipped]
-    ok = all(
-        a.nothing_lost and a.nothing_duplicated and a.champion_never_worse is not False
-        for r in protected
-        for a in r.attempts
-    )
-    # The control must lose at least one round, or the race rows prove nothing.
-    control = [r for r in rows if r.fault.startswith("CONTROL")]
-    if control and not any(a.champion_never_worse is False for a in control[0].attempts):
-        print("fault drill: the CONTROL race never lost: its schedule no longer provokes the race")
-        ok = False
-    return 0 if ok else 1
+    return 0 if passed(rows) else 1
 
 
 if __name__ == "__main__":
