@@ -319,33 +319,14 @@ def run_point(
     split and the training inputs of the last key (`inputs_key`): the sizes at the same programs
     reuse them (cross-fitting tens of millions of calls takes minutes of one core).
     `question_tokens`: the first calls of each run the questions score (None: all of them)."""
-    import dataclasses
-
     import numpy as np
 
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
     from tasks.learning.fitting import fit_inputs, placement_facts
-    from tasks.learning.questions import question_evaluation
-    from tasks.learning.reuse import hedged_cells
-    from tasks.learning.sequences import eval_positions, load_split
-    from tasks.learning.training import evaluate_model, training_inputs
+    from tasks.learning.sequences import eval_positions
+    from tasks.learning.training import evaluate_model
 
-    key = inputs_key(cfg)
-    t0 = time.perf_counter()
-    if inputs is not None and key in inputs:
-        split, fitted = inputs[key]
-        load_s, features_s = 0.0, 0.0
-    else:
-        split = load_split(root, cfg.data)
-        if not unseen_runs:
-            split = dataclasses.replace(split, evaluation=[])
-        load_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        fitted = training_inputs(cfg, split)
-        features_s = time.perf_counter() - t0
-        if inputs is not None:
-            inputs.clear()  # one set held at a time: tens of millions of calls each
-            inputs[key] = (split, fitted)
+    split, fitted, load_s, features_s = split_and_inputs(root, cfg, unseen_runs, inputs)
     t0 = time.perf_counter()
     model, facts = fit_inputs(cfg, fitted, Path(cfg.checkpoint_dir), verbose=0)
     train_s = time.perf_counter() - t0
@@ -389,23 +370,61 @@ def run_point(
         point["questions"] = {**questions[key], "same_as_the_point_with_these_programs": True}
     elif questions is not None:
         t0 = time.perf_counter()
-        q = question_evaluation(root, split, question_tokens, cfg.questions, cfg.seed)
+        point["questions"] = point_questions(root, split, cfg, question_tokens, unseen_runs)
         point["seconds"]["questions"] = round(time.perf_counter() - t0, 1)
-        point["questions"] = {
-            "unseen_programs": question_scores(q.scores, UNSEEN_PROGRAMS),
-            # per held-out program, and the goal's verdict on each (program, question) cell
-            "by_program": {
-                w: question_scores(q.scores, UNSEEN_PROGRAMS, w)
-                for w in sorted({r.workload for r in split.unseen_programs})
-            },
-            "hedged_cells": [
-                dataclasses.asdict(c) for c in hedged_cells(list(q.scores), UNSEEN_PROGRAMS)
-            ],
-        }
-        if unseen_runs:
-            point["questions"]["unseen_runs"] = question_scores(q.scores, UNSEEN_RUNS)
         questions[key] = point["questions"]
     return point
+
+
+def split_and_inputs(root, cfg, unseen_runs: bool, inputs: dict[str, tuple] | None):
+    """The split and its training inputs, taken from `inputs` where the last point had the same
+    key (`inputs_key`); (split, inputs, load seconds, features seconds)."""
+    import dataclasses
+
+    from tasks.learning.sequences import load_split
+    from tasks.learning.training import training_inputs
+
+    key = inputs_key(cfg)
+    if inputs is not None and key in inputs:
+        split, fitted = inputs[key]
+        return split, fitted, 0.0, 0.0
+    t0 = time.perf_counter()
+    split = load_split(root, cfg.data)
+    if not unseen_runs:
+        split = dataclasses.replace(split, evaluation=[])
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fitted = training_inputs(cfg, split)
+    features_s = time.perf_counter() - t0
+    if inputs is not None:
+        inputs.clear()  # one set held at a time: tens of millions of calls each
+        inputs[key] = (split, fitted)
+    return split, fitted, load_s, features_s
+
+
+def point_questions(root, split, cfg, question_tokens: int | None, unseen_runs: bool) -> dict:
+    """The allocator's questions at a point: pooled on the unseen programs, per held-out program
+    with the goal's verdict on each (program, question) cell, and on the unseen runs if asked."""
+    import dataclasses
+
+    from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
+    from tasks.learning.questions import question_evaluation
+    from tasks.learning.reuse import hedged_cells
+
+    q = question_evaluation(root, split, question_tokens, cfg.questions, cfg.seed)
+    out = {
+        "unseen_programs": question_scores(q.scores, UNSEEN_PROGRAMS),
+        "by_program": {
+            w: question_scores(q.scores, UNSEEN_PROGRAMS, w)
+            for w in sorted({r.workload for r in split.unseen_programs})
+        },
+        "hedged_cells": [
+            dataclasses.asdict(c) for c in hedged_cells(list(q.scores), UNSEEN_PROGRAMS)
+        ],
+    }
+    if unseen_runs:
+        out["unseen_runs"] = question_scores(q.scores, UNSEEN_RUNS)
+    return out
 
 
 def plan_points(
@@ -461,78 +480,93 @@ def markdown(doc: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def capped(p: dict) -> str:
-        # still improving at the last epoch the cap allowed: not converged
-        return ", cap" if p["best_epoch"] == p["epochs_run"] == p["max_epochs"] else ""
-
-    def cell(s: dict | None) -> str:
-        return "-" if not s else f"{s['top1']:.3f} / {s['top5']:.3f} / {s['log_loss']:.3f}"
-
     for p in r["points"]:
         nc = p["next_call"]["unseen_programs"]
         lines.append(
             f"| {p['programs']} | {p['size']} | {p['params']:,} | {p['train_tokens']:,} "
-            f"| {p['epochs_run']} ({p['best_epoch']}{capped(p)}) | {cell(nc.get('model'))} "
-            f"| {cell(nc.get('ngram_online'))} | {cell(nc.get('model_hedged'))} "
-            f"| {cell(nc.get('ngram'))} "
-            f"| {cell(nc.get('majority'))} | {p['seconds']['train']:.0f} |"
+            f"| {p['epochs_run']} ({p['best_epoch']}{_capped(p)}) | {_cell(nc.get('model'))} "
+            f"| {_cell(nc.get('ngram_online'))} | {_cell(nc.get('model_hedged'))} "
+            f"| {_cell(nc.get('ngram'))} "
+            f"| {_cell(nc.get('majority'))} | {p['seconds']['train']:.0f} |"
         )
     last = r["points"][-1] if r["points"] else {}
-    by_workload = {k: v for k, v in last.get("next_call_by_workload", {}).items() if k != "all"}
-    if by_workload:
-        lines += [
-            "",
-            f"Per held-out workload, the last point ({last['programs']} programs, "
-            f"{last['size']}): top-1 / top-5 / log-loss.",
-            "",
-            "| workload | positions | network | online counter | network hedged |",
-            "|---|---|---|---|---|",
-        ]
-        for w, preds in sorted(by_workload.items()):
-            lines.append(
-                f"| {w} | {preds['model']['positions']:,} | {cell(preds.get('model'))} "
-                f"| {cell(preds.get('ngram_online'))} | {cell(preds.get('model_hedged'))} |"
-            )
+    lines += workload_lines(last)
     lines += headroom_lines(last)
-    if any("questions" in p for p in r["points"]):
-        # a result from before --question-tokens scored the questions on the next call's window
-        window = r.get("question_tokens", r["eval_tokens"])
-        lines += [
-            "",
-            "Allocator questions on the unseen programs ("
-            + (f"the first {window:,} calls of each run" if window else "every call")
-            + "): top-1 / log-loss of the question "
-            "network, of the network hedged with the online counters (network_hedged, what "
-            "the layer's table is distilled from) and of the best baseline (majority, "
-            "class_online, site_online, site_survival; by top-1). Every predictor is in "
-            "scaling.json. The questions' network is its own (the config's `questions` "
-            "section), the same at every size of the next-call network: its rows change with "
-            "the programs only.",
-            "",
-            "| programs | size | reuse: network | reuse: hedged | reuse: best baseline "
-            "| lifetime (calls): network | lifetime (calls): hedged "
-            "| lifetime (calls): best baseline |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for p in r["points"]:
-            q = p.get("questions", {}).get("unseen_programs", {})
-            cells = []
-            for question in QUESTIONS:
-                preds = q.get(question, {})
-                net, hedged = preds.get("network"), preds.get("network_hedged")
-                others = {k: v for k, v in preds.items() if k in QUESTION_BASELINES}
-                best = max(others.items(), key=lambda kv: kv[1]["top1"], default=None)
-                for x in (net, hedged):
-                    cells.append("-" if not x else f"{x['top1']:.3f} / {x['log_loss']:.3f}")
-                cells.append(
-                    "-"
-                    if not best
-                    else f"{best[0]} {best[1]['top1']:.3f} / {best[1]['log_loss']:.3f}"
-                )
-            lines.append(f"| {p['programs']} | {p['size']} | " + " | ".join(cells) + " |")
+    lines += question_lines(r)
     lines += question_cell_lines(r["points"])
     lines.append("")
     return "\n".join(lines)
+
+
+def _capped(p: dict) -> str:
+    # still improving at the last epoch the cap allowed: not converged
+    return ", cap" if p["best_epoch"] == p["epochs_run"] == p["max_epochs"] else ""
+
+
+def _cell(s: dict | None) -> str:
+    return "-" if not s else f"{s['top1']:.3f} / {s['top5']:.3f} / {s['log_loss']:.3f}"
+
+
+def workload_lines(last: dict) -> list[str]:
+    """The last point's next-call figures per held-out workload (a point run before them: none)."""
+    by_workload = {k: v for k, v in last.get("next_call_by_workload", {}).items() if k != "all"}
+    if not by_workload:
+        return []
+    lines = [
+        "",
+        f"Per held-out workload, the last point ({last['programs']} programs, "
+        f"{last['size']}): top-1 / top-5 / log-loss.",
+        "",
+        "| workload | positions | network | online counter | network hedged |",
+        "|---|---|---|---|---|",
+    ]
+    for w, preds in sorted(by_workload.items()):
+        lines.append(
+            f"| {w} | {preds['model']['positions']:,} | {_cell(preds.get('model'))} "
+            f"| {_cell(preds.get('ngram_online'))} | {_cell(preds.get('model_hedged'))} |"
+        )
+    return lines
+
+
+def question_lines(r: dict) -> list[str]:
+    """Every point's allocator questions on the unseen programs: the network, the hedged
+    network and the best baseline (none where no point scored them)."""
+    if not any("questions" in p for p in r["points"]):
+        return []
+    # a result from before --question-tokens scored the questions on the next call's window
+    window = r.get("question_tokens", r["eval_tokens"])
+    lines = [
+        "",
+        "Allocator questions on the unseen programs ("
+        + (f"the first {window:,} calls of each run" if window else "every call")
+        + "): top-1 / log-loss of the question "
+        "network, of the network hedged with the online counters (network_hedged, what "
+        "the layer's table is distilled from) and of the best baseline (majority, "
+        "class_online, site_online, site_survival; by top-1). Every predictor is in "
+        "scaling.json. The questions' network is its own (the config's `questions` "
+        "section), the same at every size of the next-call network: its rows change with "
+        "the programs only.",
+        "",
+        "| programs | size | reuse: network | reuse: hedged | reuse: best baseline "
+        "| lifetime (calls): network | lifetime (calls): hedged "
+        "| lifetime (calls): best baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in r["points"]:
+        q = p.get("questions", {}).get("unseen_programs", {})
+        cells = []
+        for question in QUESTIONS:
+            preds = q.get(question, {})
+            net, hedged = preds.get("network"), preds.get("network_hedged")
+            others = {k: v for k, v in preds.items() if k in QUESTION_BASELINES}
+            best = max(others.items(), key=lambda kv: kv[1]["top1"], default=None)
+            for x in (net, hedged):
+                cells.append("-" if not x else f"{x['top1']:.3f} / {x['log_loss']:.3f}")
+            cells.append(
+                "-" if not best else f"{best[0]} {best[1]['top1']:.3f} / {best[1]['log_loss']:.3f}"
+            )
+        lines.append(f"| {p['programs']} | {p['size']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def headroom_lines(point: dict) -> list[str]:
@@ -696,6 +730,22 @@ def parser() -> argparse.ArgumentParser:
         default="axes",
         help="axes: programs at the first size, sizes at the most programs; full: every pair",
     )
+    _training_arguments(ap)
+    _scoring_arguments(ap)
+    ap.add_argument("--seed", type=int, default=0, help="the program schedule's seed")
+    ap.add_argument("--out-dir", default=str(OUT_DIR))
+    ap.add_argument("--name", default=NAME, help="the files' name (default %(default)s)")
+    ap.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite scaling.md and scaling.png from <out-dir>/scaling.json; train nothing "
+        "(--root is not read)",
+    )
+    return ap
+
+
+def _training_arguments(ap: argparse.ArgumentParser) -> None:
+    """What each point trains for: epochs, steps, patience, the tokens it reads."""
     ap.add_argument("--epochs", type=int, default=12, help="max epochs a point (default 12)")
     ap.add_argument(
         "--steps-per-epoch",
@@ -718,6 +768,10 @@ def parser() -> argparse.ArgumentParser:
         help="cap on each validation run's tokens (early stopping), 0 for the config's "
         "(default 20000)",
     )
+
+
+def _scoring_arguments(ap: argparse.ArgumentParser) -> None:
+    """What each point is scored on: the held-out calls, the questions, the unseen runs."""
     ap.add_argument(
         "--eval-tokens",
         type=int,
@@ -739,16 +793,6 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also score the training programs' unseen runs (a different table at each point)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="the program schedule's seed")
-    ap.add_argument("--out-dir", default=str(OUT_DIR))
-    ap.add_argument("--name", default=NAME, help="the files' name (default %(default)s)")
-    ap.add_argument(
-        "--render-only",
-        action="store_true",
-        help="rewrite scaling.md and scaling.png from <out-dir>/scaling.json; train nothing "
-        "(--root is not read)",
-    )
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -756,12 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.epochs < 1:
         parser().error("--epochs: 1 or more")
     if a.render_only:
-        path = Path(a.out_dir) / f"{a.name}.json"
-        if not path.exists():
-            print(f"bench_scaling: {path}: no results to render; run the study", file=sys.stderr)
-            return 2
-        render(json.loads(path.read_text()), Path(a.out_dir), a.name)
-        return 0
+        return render_only(a)
     if not a.root:
         parser().error("--root is required (a data root with an events dataset)")
 
@@ -776,42 +815,109 @@ def main(argv: list[str] | None = None) -> int:
         load_train_config,
         merged_settings,
     )
-    from tasks.replay.workloads import load_catalog
 
     base_path = a.config or QUICK_CONFIG
-    try:
-        override = json.loads(a.override)
-    except json.JSONDecodeError as e:
-        parser().error(f"--override: not JSON ({e})")
-    if not isinstance(override, dict):
-        parser().error("--override: a JSON object of settings, e.g. '{\"epochs\": 2}'")
+    override = parse_override(a.override)
     heldout_cfg = load_train_config(a.heldout_config or DEFAULT_CONFIG)
     root = Root.from_url(a.root)
-    catalog = load_catalog(heldout_cfg.data.catalog)
     try:
-        inv = inventory(root, catalog, list(heldout_cfg.data.heldout_programs), a.root)
-        schedule = program_schedule(inv.kinds, a.seed)
-        counts = program_counts(a.programs, len(schedule))
+        inv, schedule, points = study_plan(a, root, heldout_cfg)
     except ScalingError as e:
         print(f"bench_scaling: {e}", file=sys.stderr)
         return 2
     heldout = list(inv.heldout)
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    question_tokens = a.question_tokens or None  # 0: every call
+    results = results_header(a, base_path, override, inv, schedule, backend_name())
+    questions: dict[tuple, dict] | None = None if a.no_questions else {}
+    inputs: dict[str, tuple] = {}
+    ckpt_base = Path(tempfile.mkdtemp(prefix="heapcast-scaling-"))
+    t_all = time.perf_counter()
+    try:
+        for n, size in points:
+            programs = schedule[:n]
+            ckpt = ckpt_base / f"{n}-{size.label.replace('/', '_')}"
+            overrides = point_settings(a, inv.workloads(programs), heldout, size, ckpt)
+            cfg = load_train_config(base_path, merged_settings(override, overrides))
+            t0 = time.perf_counter()
+            point = {"programs": n, "size": size.label, "training_programs": programs}
+            try:
+                point.update(
+                    run_point(root, cfg, questions, a.unseen_runs, inputs, question_tokens)
+                )
+            except (ValueError, MemoryError) as e:  # e.g. fewer chunks than one batch
+                print(f"programs {n} size {size.label}: {e}", file=sys.stderr, flush=True)
+                results.setdefault("failed", []).append({**point, "error": str(e)})
+                continue
+            point["seconds"]["total"] = round(time.perf_counter() - t0, 1)
+            print_point(n, size, point)
+            add_point(results, point)
+            results["seconds"] = round(time.perf_counter() - t_all, 1)
+            write(results, out_dir, argv, a.root, a.name)
+    finally:
+        shutil.rmtree(ckpt_base, ignore_errors=True)
+    if not results["points"]:
+        print("bench_scaling: no point trained; nothing written", file=sys.stderr)
+        return 1
+    results["seconds"] = round(time.perf_counter() - t_all, 1)
+    write(results, out_dir, argv, a.root, a.name)
+    drawn = f", {a.name}.png" if (out_dir / f"{a.name}.png").exists() else ""
+    print(f"wrote {out_dir / (a.name + '.json')}, {a.name}.md{drawn}")
+    return 0
+
+
+def study_plan(a: argparse.Namespace, root, heldout_cfg):
+    """What the root holds, the programs' schedule and the points to train, printed; (inventory,
+    schedule, points). A root that cannot serve the study raises ScalingError."""
+    from tasks.replay.workloads import load_catalog
+
+    catalog = load_catalog(heldout_cfg.data.catalog)
+    inv = inventory(root, catalog, list(heldout_cfg.data.heldout_programs), a.root)
+    schedule = program_schedule(inv.kinds, a.seed)
+    counts = program_counts(a.programs, len(schedule))
     points = plan_points(counts, a.sizes, a.grid, a.sizes[0])
     print(
-        f"{len(schedule)} training programs, held out {heldout}"
+        f"{len(schedule)} training programs, held out {list(inv.heldout)}"
         + (f" (absent: {inv.heldout_absent})" if inv.heldout_absent else "")
         + f"; {len(points)} points",
         flush=True,
     )
-    out_dir = Path(a.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return inv, schedule, points
+
+
+def render_only(a: argparse.Namespace) -> int:
+    """--render-only: the .md and .png again from the JSON in --out-dir."""
+    path = Path(a.out_dir) / f"{a.name}.json"
+    if not path.exists():
+        print(f"bench_scaling: {path}: no results to render; run the study", file=sys.stderr)
+        return 2
+    render(json.loads(path.read_text()), Path(a.out_dir), a.name)
+    return 0
+
+
+def parse_override(text: str) -> dict:
+    """--override: a JSON object of settings, or the parser's error."""
+    try:
+        override = json.loads(text)
+    except json.JSONDecodeError as e:
+        parser().error(f"--override: not JSON ({e})")
+    if not isinstance(override, dict):
+        parser().error("--override: a JSON object of settings, e.g. '{\"epochs\": 2}'")
+    return override
+
+
+def results_header(
+    a: argparse.Namespace, base_path, override: dict, inv: Inventory, schedule: list[str], backend
+) -> dict[str, Any]:
+    """What every point shares, at the top of the JSON's results; the points follow."""
     question_tokens = a.question_tokens or None  # 0: every call
-    results: dict[str, Any] = {
+    return {
         "root": a.root,
         "config": str(base_path),
         "override": override,
-        "backend": backend_name(),
-        "heldout_programs": heldout,
+        "backend": backend,
+        "heldout_programs": list(inv.heldout),
         "heldout_absent": inv.heldout_absent,
         "seed": a.seed,
         "schedule": schedule,
@@ -826,62 +932,45 @@ def main(argv: list[str] | None = None) -> int:
         "questions": not a.no_questions,
         "points": [],
     }
-    questions: dict[tuple, dict] | None = None if a.no_questions else {}
-    inputs: dict[str, tuple] = {}
-    ckpt_base = Path(tempfile.mkdtemp(prefix="heapcast-scaling-"))
-    t_all = time.perf_counter()
-    try:
-        for n, size in points:
-            programs = schedule[:n]
-            overrides = point_overrides(
-                inv.workloads(programs),
-                heldout,
-                size,
-                epochs=a.epochs,
-                patience=a.patience,
-                steps_per_epoch=a.steps_per_epoch or None,
-                tokens_per_run=a.tokens_per_run or None,
-                validation_tokens=a.validation_tokens or None,
-                eval_tokens=a.eval_tokens or None,
-                checkpoint_dir=str(ckpt_base / f"{n}-{size.label.replace('/', '_')}"),
-            )
-            cfg = load_train_config(base_path, merged_settings(override, overrides))
-            t0 = time.perf_counter()
-            point = {"programs": n, "size": size.label, "training_programs": programs}
-            try:
-                point.update(
-                    run_point(root, cfg, questions, a.unseen_runs, inputs, question_tokens)
-                )
-            except (ValueError, MemoryError) as e:  # e.g. fewer chunks than one batch
-                print(f"programs {n} size {size.label}: {e}", file=sys.stderr, flush=True)
-                results.setdefault("failed", []).append({**point, "error": str(e)})
-                continue
-            point["seconds"]["total"] = round(time.perf_counter() - t0, 1)
-            results["points"].append(point)
-            m = point["next_call"]["unseen_programs"]["model"]
-            o = point["next_call"]["unseen_programs"]["ngram_online"]
-            print(
-                f"programs {n:3d} size {size.label:10s} epochs {point['epochs_run']:2d} "
-                f"network top-1 {m['top1']:.4f} log-loss {m['log_loss']:.3f} | online counter "
-                f"top-1 {o['top1']:.4f} log-loss {o['log_loss']:.3f} | {point['seconds']['total']:.0f} s",
-                flush=True,
-            )
-            positions = {p["unseen_program_positions"] for p in results["points"]}
-            if len(positions) != 1:
-                raise RuntimeError(f"the held-out positions differ between points: {positions}")
-            results["unseen_program_positions"] = positions.pop()
-            results["seconds"] = round(time.perf_counter() - t_all, 1)
-            write(results, out_dir, argv, a.root, a.name)
-    finally:
-        shutil.rmtree(ckpt_base, ignore_errors=True)
-    if not results["points"]:
-        print("bench_scaling: no point trained; nothing written", file=sys.stderr)
-        return 1
-    results["seconds"] = round(time.perf_counter() - t_all, 1)
-    write(results, out_dir, argv, a.root, a.name)
-    drawn = f", {a.name}.png" if (out_dir / f"{a.name}.png").exists() else ""
-    print(f"wrote {out_dir / (a.name + '.json')}, {a.name}.md{drawn}")
-    return 0
+
+
+def point_settings(
+    a: argparse.Namespace, workloads: list[str], heldout: list[str], size: Size, ckpt: Path
+) -> dict:
+    """A point's settings over the base config: its programs, its size, the run's budget."""
+    return point_overrides(
+        workloads,
+        heldout,
+        size,
+        epochs=a.epochs,
+        patience=a.patience,
+        steps_per_epoch=a.steps_per_epoch or None,
+        tokens_per_run=a.tokens_per_run or None,
+        validation_tokens=a.validation_tokens or None,
+        eval_tokens=a.eval_tokens or None,
+        checkpoint_dir=str(ckpt),
+    )
+
+
+def add_point(results: dict[str, Any], point: dict) -> None:
+    """A trained point into the results: every point is scored on the same held-out positions,
+    or the study stops."""
+    results["points"].append(point)
+    positions = {p["unseen_program_positions"] for p in results["points"]}
+    if len(positions) != 1:
+        raise RuntimeError(f"the held-out positions differ between points: {positions}")
+    results["unseen_program_positions"] = positions.pop()
+
+
+def print_point(n: int, size: Size, point: dict) -> None:
+    m = point["next_call"]["unseen_programs"]["model"]
+    o = point["next_call"]["unseen_programs"]["ngram_online"]
+    print(
+        f"programs {n:3d} size {size.label:10s} epochs {point['epochs_run']:2d} "
+        f"network top-1 {m['top1']:.4f} log-loss {m['log_loss']:.3f} | online counter "
+        f"top-1 {o['top1']:.4f} log-loss {o['log_loss']:.3f} | {point['seconds']['total']:.0f} s",
+        flush=True,
+    )
 
 
 def write(
