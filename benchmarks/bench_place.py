@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import write_result  # noqa: E402
+from benchmarks.harness import compile_c, write_result  # noqa: E402
 
 NATIVE = REPO / "native"
 PLACE = NATIVE / "build" / "libheapcast_place.so"
@@ -66,11 +66,7 @@ print(f"rss_kb end {rss()}", file=sys.stderr)
 print(f"entries={len(keep)} sum={sum(map(len, keep))}")
 """
 PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
-
-
-def compile_c(src: Path, exe: Path) -> Path:
-    subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe), str(src)], check=True)
-    return exe
+CFLAGS = ("-O2", "-pthread")
 
 
 def lifetime_table(exe: Path, argv: list[str], work: Path) -> Path:
@@ -273,8 +269,15 @@ def main() -> None:
     subprocess.run(["make", "-s", "-C", str(NATIVE), "place"], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        burstkv = compile_c(REPO / "benchmarks" / "programs" / "burstkv.c", work / "burstkv")
-        pairloop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop")
+        burstkv = compile_c(
+            REPO / "benchmarks" / "programs" / "burstkv.c", work / "burstkv", *CFLAGS, compiler="cc"
+        )
+        pairloop = compile_c(
+            REPO / "benchmarks" / "programs" / "pairloop.c",
+            work / "pairloop",
+            *CFLAGS,
+            compiler="cc",
+        )
         train = [str(args.train_bursts), str(args.train_shorts), str(args.every)]
         table_file = lifetime_table(burstkv, train, work)
         argv = [str(burstkv), str(args.bursts), str(args.shorts), str(args.every)]

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import write_result  # noqa: E402
+from benchmarks.harness import compile_c, write_result  # noqa: E402
 from tasks.format.build import build_tracer  # noqa: E402
 from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 from tasks.replay.inputs import generate_input  # noqa: E402
@@ -101,18 +101,12 @@ def chosen_modes(args: argparse.Namespace) -> list[str]:
 
 def workloads_in(work: Path, args: argparse.Namespace) -> dict[str, tuple]:
     """The three programs, built or generated in `work`: name -> (argv, extra env, stdin)."""
-    loop = work / "loop"
-    subprocess.run(
-        [
-            "gcc",
-            "-O2",
-            "-fno-builtin",
-            "-pthread",
-            "-o",
-            str(loop),
-            str(REPO / "benchmarks" / "programs" / "loop.c"),
-        ],
-        check=True,
+    loop = compile_c(
+        REPO / "benchmarks" / "programs" / "loop.c",
+        work / "loop",
+        "-O2",
+        "-fno-builtin",
+        "-pthread",
     )
     (sql_name,) = generate_input("sql", SQL_SEED, args.sqlite_rows, work)
     return {

@@ -25,7 +25,7 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from benchmarks.harness import write_result  # noqa: E402
+from benchmarks.harness import compile_c, write_result  # noqa: E402
 from tasks.dataset.convert import convert_trace  # noqa: E402
 from tasks.format.trace_reader import read_trace  # noqa: E402
 from tasks.whatif.events import _DEFINES, prepare  # noqa: E402
@@ -57,13 +57,8 @@ POLICIES = [
 
 
 def _build(name: str, out: Path) -> Path:
-    exe = out / name
-    subprocess.run(
-        ["gcc", "-O1", "-g", "-fno-builtin", "-Wall", "-pthread", f"-I{NATIVE}", "-o", str(exe),
-         str(PROGRAMS / f"{name}.c")],
-        check=True,
-    )  # fmt: skip
-    return exe
+    flags = ("-O1", "-g", "-fno-builtin", "-Wall", "-pthread", f"-I{NATIVE}")
+    return compile_c(PROGRAMS / f"{name}.c", out / name, *flags)
 
 
 def _run(argv: list[str], preload: list[Path], out: Path, layer_env: str | None) -> pa.Table:

@@ -158,6 +158,13 @@ def write_result(
     return path
 
 
+def compile_c(src: Path, exe: Path, *flags: str, compiler: str = "gcc") -> Path:
+    """A C program a benchmark runs (benchmarks/programs/, tests/native/programs/), built with
+    the flags its figures were measured with: `compiler FLAGS -o exe src`; `exe`."""
+    subprocess.run([compiler, *flags, "-o", str(exe), str(src)], check=True)
+    return exe
+
+
 def is_envelope(doc: Any) -> bool:
     return isinstance(doc, dict) and all(k in doc for k in ENVELOPE)
 
