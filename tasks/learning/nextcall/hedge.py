@@ -50,7 +50,7 @@ LEAD = 8
 # The fixed share moved back evenly after each call. The questions' hedge moves 0.05; here that
 # costs 0.012-0.017 nats where the network already leads (a thread's behaviour rarely changes in
 # a way that needs a weight back within tens of calls). Chosen on the quick night's three tables
-# (benchmarks/studies/bench_next_share.py; the figures for 0.05-0.002 in
+# (studies/next_share/next_share.py; the figures for 0.05-0.002 in
 # docs/learning.md#the-next-call-hedge), confirmed on the scaling study's six held-out programs.
 NEXT_SHARE = 0.01
 
