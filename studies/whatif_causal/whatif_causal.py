@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import eval_positions, read_run  # noqa: E402
+from tasks.dataset.token_runs import ScoredRun, eval_positions  # noqa: E402
 from tasks.learning.counters.online import OnlineCounter  # noqa: E402
 from tasks.learning.nextcall.model import predict_positions  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
@@ -71,8 +71,9 @@ def replay(root: Root, ref, predictor) -> pd.DataFrame:
     frames = []
     for w, r in ref.runs:
         t0 = time.monotonic()
-        table = read_events(root, w, r)
-        run = read_run(root, w, r)
+        table = read_events(root, w, r, extra=("token",))
+        scored = ScoredRun.of(table, w, r)
+        run = scored.tokens
         x = prepare(table, w, r)
         frames.append(sweep_run(x, plain, workload=w, run=r))
         tops = {"online": OnlineCounter().predict(run, eval_positions(run)).top}
@@ -82,7 +83,7 @@ def replay(root: Root, ref, predictor) -> pd.DataFrame:
             ).top
         preds = {"thread_future_optimistic": reuse_labels(table, horizon=GUIDED_HORIZON)}
         for name, top in tops.items():
-            per_row = _top_per_row(table, run, top)
+            per_row = _top_per_row(scored, top)
             preds[name] = keep_at_free(table, next_call_top(table, per_row))
             preds[f"{name}_optimistic"] = predictions_from_topk(table, per_row, GUIDED_HORIZON)
         for name, keep in preds.items():

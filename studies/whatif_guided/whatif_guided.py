@@ -25,7 +25,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT))
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import list_runs, read_run  # noqa: E402
+from tasks.dataset.token_runs import ScoredRun, list_runs  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
 from tasks.whatif.guided import reuse_tiers  # noqa: E402
 from tasks.whatif.night import predictions_for  # noqa: E402
@@ -59,10 +59,9 @@ def variants(horizon: int) -> dict[str, tuple[str, GuidedConfig]]:
 
 
 def bench_run(root: Root, w: str, r: str, budgets: list[int], horizon: int) -> dict:
-    table = read_events(root, w, r)
-    token_run = read_run(root, w, r)
+    table = read_events(root, w, r, extra=("token",))
     x = prepare(table, w, r)
-    preds, _ = predictions_for(table, token_run, None, horizon)
+    preds, _ = predictions_for(ScoredRun.of(table, w, r), None, horizon)
     preds["tiers"] = reuse_tiers(table, TIERS)
     heur = [simulate(x, p) for p in default_grid(horizon) if p.kind in HEURISTICS]
     allocs = max(heur[0]["allocations"], 1)

@@ -157,3 +157,40 @@ def eval_positions(run: TokenRun) -> np.ndarray:
     """
     pos = run.position_in_thread()
     return np.flatnonzero(pos >= 1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ScoredRun:
+    """A run as the next-call evaluation scored it: its events' rows (the first `max_tokens`
+    calls when capped: head_rows), their token sequences and the scored positions. Every stage
+    that answers on the same calls as the evaluation (the allocator's questions, whatif) reads
+    a run so, and takes what it needs from here."""
+
+    table: pa.Table
+    tokens: TokenRun
+    positions: np.ndarray  # eval_positions(tokens)
+
+    @property
+    def name(self) -> str:
+        return self.tokens.name
+
+    @classmethod
+    def of(cls, table: pa.Table, workload: str, run: str) -> ScoredRun:
+        """The run whose rows `table` holds (columns pid, thread, seq, token; any order)."""
+        tokens = token_run(table, workload, run)
+        return cls(table, tokens, eval_positions(tokens))
+
+
+def read_scored_run(
+    root: Root,
+    workload: str,
+    run: str,
+    columns: tuple[str, ...] | list[str],
+    max_tokens: int | None = None,
+    part_column: str | None = None,
+) -> ScoredRun:
+    """The run's `columns` (with those of its tokens) through the dataset's one reader, cut to
+    the rows the evaluation scores (EventsNotFound when the run is not there)."""
+    wanted = list(dict.fromkeys([*columns, *COLUMNS]))
+    events = read_events_run(root, workload, run, wanted, part_column=part_column)
+    return ScoredRun.of(head_rows(events, max_tokens), workload, run)

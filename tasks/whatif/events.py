@@ -21,6 +21,7 @@ from tasks.core.storage import Root
 from tasks.dataset.events_reader import read_run
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op
 
+PART = "image"  # the column that names the part (the image) each row comes from
 COLUMNS = (
     "pid",
     "thread",
@@ -47,7 +48,7 @@ _FREES[[int(Op.FREE)] + list(REALLOCATING_OPS)] = True
 def read_events(root: Root, workload: str, run: str, extra: tuple[str, ...] = ()) -> pa.Table:
     """The run's events (COLUMNS + `extra` + `image`, the part each row comes from) in call
     order, through the dataset's one reader (EventsNotFound when the run is not there)."""
-    return read_run(root, workload, run, COLUMNS + extra, part_column="image")
+    return read_run(root, workload, run, COLUMNS + extra, part_column=PART)
 
 
 def _np(table: pa.Table, name: str, fill: int | None = None) -> np.ndarray:

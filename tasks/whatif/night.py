@@ -37,7 +37,7 @@ from tasks.core.policy_names import RENAMED_POLICIES, current_policy
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import list_runs
 from tasks.dataset.sites import NO_CALL_SITES, has_call_sites
-from tasks.dataset.token_runs import eval_positions, head_rows, token_run
+from tasks.dataset.token_runs import ScoredRun, read_scored_run
 from tasks.learning.answers import RunAnswers
 from tasks.learning.counters.baselines import NONE, TOP_K
 from tasks.learning.counters.online import OnlineCounter
@@ -50,7 +50,8 @@ from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
 from tasks.registry.headline import whatif_metrics as headline_metrics
 from tasks.registry.question_artifacts import TABLE_ARTIFACT, TABLE_FILE
 from tasks.registry.tracking import TrackingConfig, configure, resolve_target, tracking_for
-from tasks.whatif.events import prepare, read_events
+from tasks.whatif.events import COLUMNS as EVENTS_COLUMNS
+from tasks.whatif.events import PART, prepare
 from tasks.whatif.guided import (
     align_token_run,
     keep_at_free,
@@ -443,18 +444,17 @@ def _fetch_class_scores(run_id: str) -> tuple[np.ndarray | None, str | None]:
 # ----------------------------------------------------------------------------- one run
 
 
-def _top_per_row(table, token_run, top_at_positions: np.ndarray) -> np.ndarray:
-    """A predictor's top-5 at eval_positions(token_run) -> [rows, 5] per row of `table`
+def _top_per_row(run: ScoredRun, top_at_positions: np.ndarray) -> np.ndarray:
+    """A predictor's top-5 at the run's scored positions -> [rows, 5] per row of its table
     (a thread's first call, which nothing predicts, gets empty slots)."""
 
-    top = np.full((token_run.n_tokens, TOP_K), NONE, np.uint8)
-    top[eval_positions(token_run)] = top_at_positions
-    return align_token_run(table, top)
+    top = np.full((run.tokens.n_tokens, TOP_K), NONE, np.uint8)
+    top[run.positions] = top_at_positions
+    return align_token_run(run.table, top)
 
 
 def predictions_for(
-    table,
-    token_run,
+    run: ScoredRun,
     predictor: Predictor | None,
     horizon: int,
     answers: RunAnswers | None = None,
@@ -465,8 +465,10 @@ def predictions_for(
     ones `answers` (the evaluation's, logged with the version) holds for exactly these calls;
     the networks compute any others."""
 
+    table, token_run = run.table, run.tokens
+
     def keep(name: str, top: np.ndarray) -> None:
-        per_row = _top_per_row(table, token_run, top)
+        per_row = _top_per_row(run, top)
         if horizon == CAUSAL_HORIZON:
             out[name] = keep_at_free(table, next_call_top(table, per_row))
         else:
@@ -474,7 +476,6 @@ def predictions_for(
 
     out: dict[str, np.ndarray] = {}
     notes: list[str] = []
-    pos = eval_positions(token_run)
     name = f"{token_run.workload}/{token_run.run}"
     if predictor is not None and not has_call_sites(table):  # the questions' network reads them
         notes.append(f"{name}: this trace has {NO_CALL_SITES}")
@@ -507,23 +508,21 @@ def predictions_for(
             out["questions"] = keep_soon(soon)
         else:
             notes.append(f"no `questions` predictor: {predictor.questions_error}")
-    keep("online", OnlineCounter().predict(token_run, pos).top)
+    keep("online", OnlineCounter().predict(token_run, run.positions).top)
     out[THREAD_FUTURE] = reuse_labels(table, horizon=GUIDED_HORIZON)
     return out, notes
 
 
 def replay_events(
-    table,
-    token_run,
+    scored: ScoredRun,
     policies: list[_Policy],
     predictor: Predictor | None,
     horizon: int,
-    workload: str = "",
-    run: str = "",
     answers: RunAnswers | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """One run's table through `policies`; the guided ones once per predictor."""
 
+    table, workload, run = scored.table, scored.tokens.workload, scored.tokens.run
     x = prepare(table, workload, run)  # once: every sweep below shares it (and its baseline)
     plain = [p for p in policies if not isinstance(p, GuidedConfig)]
     guided = [p for p in policies if isinstance(p, GuidedConfig)]
@@ -537,7 +536,7 @@ def replay_events(
             with_call_sites(x, table)  # -1 without callers: the counter (NO_CALL_SITES noted)
     frames = [sweep_run(x, plain, workload=workload, run=run, class_scores=scores)]
     if guided:
-        preds, notes = predictions_for(table, token_run, predictor, horizon, answers)
+        preds, notes = predictions_for(scored, predictor, horizon, answers)
         for name, keep in preds.items():
             frames.append(
                 sweep_run(x, guided, workload=workload, run=run, predictions=keep, predictor=name)
@@ -564,9 +563,9 @@ def replay_run(
 
     try:
         # Read once: the simulator's table and the model's tokens are the same rows.
-        extra = ("token", *QUESTIONS_COLUMNS) if predictor is not None else ("token",)
-        table = head_rows(read_events(root, workload, run, extra=extra), max_tokens)
-        tokens = token_run(table, workload, run)
+        extra = QUESTIONS_COLUMNS if predictor is not None else ()
+        columns = (*EVENTS_COLUMNS, "token", *extra)
+        scored = read_scored_run(root, workload, run, columns, max_tokens, part_column=PART)
     except Exception as err:  # noqa: BLE001 - named in the artifact; the other runs go on
         return RunReplay(workload, run, error=f"{type(err).__name__}: {err}"[:500])
     answers, notes = None, []
@@ -577,9 +576,7 @@ def replay_run(
         answers, why = fetch_answers(predictor.run_id, workload, run)
         if answers is None:
             notes.append(f"{workload}/{run}: the networks answered here ({why})")
-    rows, more = replay_events(
-        table, tokens, params.grid(), predictor, params.horizon, workload, run, answers
-    )
+    rows, more = replay_events(scored, params.grid(), predictor, params.horizon, answers)
     return RunReplay(workload, run, rows=rows, notes=notes + more)
 
 

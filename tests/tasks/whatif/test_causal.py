@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.dataset.token_runs import TokenRun
+from tasks.dataset.token_runs import ScoredRun
 from tasks.whatif.guided import (
     NONE_TOKEN,
     _free_class,
@@ -34,17 +34,9 @@ def _trace(seed: int) -> pa.Table:
     return random_events(seed, n_proc=2, n_events=300, time_step=3, min_step=1)
 
 
-def _token_run(table: pa.Table) -> TokenRun:
-    """The run's tokens as tasks.dataset.token_runs.read_run orders them."""
-    key = (table.column("pid").to_numpy().astype(np.uint64) << np.uint64(16)) | table.column(
-        "thread"
-    ).to_numpy().astype(np.uint64)
-    order = np.lexsort((table.column("seq").to_numpy(), key))
-    k = key[order]
-    starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
-    offsets = np.concatenate([starts, [len(k)]]).astype(np.int64)
-    tokens = table.column("token").to_numpy().astype(np.uint8)[order]
-    return TokenRun("w", "r", tokens, offsets)
+def _scored(table: pa.Table) -> ScoredRun:
+    """The run as the night reads it (tasks.dataset.token_runs.read_scored_run)."""
+    return ScoredRun.of(table, "w", "r")
 
 
 def _perturbed(table: pa.Table, after: np.ndarray, rng: np.random.Generator) -> pa.Table:
@@ -82,7 +74,7 @@ def test_decision_at_a_free_ignores_every_later_event_and_prediction(seed):
     top = rng.integers(0, 40, (table.num_rows, 5)).astype(np.uint8)  # made for each row
     at_free = next_call_top(table, top)
     keep = keep_at_free(table, at_free)
-    causal = predictions_for(table, _token_run(table), None, horizon=1)[0]
+    causal = predictions_for(_scored(table), None, horizon=1)[0]
     future = reuse_labels(table, horizon=16)
     peek = predictions_from_topk(table, top, horizon=16)
     changed_future = changed_peek = 0
@@ -94,7 +86,7 @@ def test_decision_at_a_free_ignores_every_later_event_and_prediction(seed):
         at_free2[after] = rng.integers(0, 40, (after.sum(), at_free.shape[1]))
         assert keep_at_free(other, at_free2)[i] == keep[i], i
         # the online counter's path, end to end from the events
-        causal2 = predictions_for(other, _token_run(other), None, horizon=1)[0]
+        causal2 = predictions_for(_scored(other), None, horizon=1)[0]
         assert causal2["online"][i] == causal["online"][i], i
         top2 = top.copy()
         top2[after] = rng.integers(0, 40, (after.sum(), top.shape[1]))
@@ -118,7 +110,7 @@ def test_the_reuse_networks_decision_at_a_free_ignores_every_later_event(seed):
     rng = np.random.default_rng(200 + seed)
     table = _trace(200 + seed)
     time = table.column("time_ns").to_numpy()
-    keep, notes = predictions_for(table, _token_run(table), predictor, horizon=1)
+    keep, notes = predictions_for(_scored(table), predictor, horizon=1)
     p = soon_probability(table, predictor.questions)
     assert keep["questions"].tolist() == (np.nan_to_num(p) >= 0.5).tolist()
     assert any("no `model` predictor" in n for n in notes)
@@ -126,7 +118,7 @@ def test_the_reuse_networks_decision_at_a_free_ignores_every_later_event(seed):
     changed = 0
     for i in _frees(table, rng, k=6):
         other = _perturbed(table, time > time[i], rng)
-        again = predictions_for(other, _token_run(other), predictor, horizon=1)[0]
+        again = predictions_for(_scored(other), predictor, horizon=1)[0]
         assert again["questions"][i] == keep["questions"][i], i
         p2 = soon_probability(other, predictor.questions)
         np.testing.assert_allclose(p2[i], p[i], rtol=1e-5)
@@ -149,10 +141,10 @@ def test_causal_keep_equals_the_prediction_for_the_next_call(seed):
 
 def test_night_names_every_peeking_predictor_optimistic():
     table = _trace(7)
-    run = _token_run(table)
-    causal, _ = predictions_for(table, run, None, horizon=1)
+    run = _scored(table)
+    causal, _ = predictions_for(run, None, horizon=1)
     assert sorted(causal) == sorted(["online", THREAD_FUTURE])
-    peeking, _ = predictions_for(table, run, None, horizon=16)
+    peeking, _ = predictions_for(run, None, horizon=16)
     assert sorted(peeking) == sorted(["online_optimistic", THREAD_FUTURE])
     assert THREAD_FUTURE.endswith("_optimistic")
 
@@ -171,7 +163,7 @@ def test_a_trace_without_call_sites_is_said_so_where_the_questions_answer():
     # GIVEN a run traced with --no-caller (its caller columns null, as the events reader reads them)
     table = _trace(300)
     assert table.column("caller_offset").null_count == table.num_rows
-    _, notes = predictions_for(table, _token_run(table), Predictor(), horizon=1)
+    _, notes = predictions_for(_scored(table), Predictor(), horizon=1)
     # THEN the replay's notes say it plainly
     said = "w/r: this trace has no call sites (recorded with --no-caller): site_online answers"
     assert any(n.startswith(said) for n in notes), notes
@@ -183,6 +175,6 @@ def test_a_trace_without_call_sites_is_said_so_where_the_questions_answer():
         ("caller_offset", pa.array(np.arange(n, dtype=np.uint64) * 16)),
     ):
         traced = traced.set_column(traced.schema.get_field_index(name), name, col)
-    _, notes = predictions_for(traced, _token_run(traced), Predictor(), horizon=1)
+    _, notes = predictions_for(_scored(traced), Predictor(), horizon=1)
     assert not any("no call sites" in n for n in notes), notes
-    assert predictions_for(table, _token_run(table), None, horizon=1)[1] == []
+    assert predictions_for(_scored(table), None, horizon=1)[1] == []

@@ -10,6 +10,7 @@ import pytest
 
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.dataset.sites import call_sites
+from tasks.dataset.token_runs import ScoredRun
 from tasks.format.trace_reader import Op
 from tasks.whatif.events import prepare
 from tasks.whatif.guided import reuse_labels
@@ -558,7 +559,8 @@ def test_the_nights_table_row_asks_the_call_site_entries():
     site = int(call_sites(t)[1])
     payload = _site_payload(classes, {(site, 19): 0})  # the free's site entry: pass on
     config = LayerGuidedConfig(table=True, proof=0, peak=None)
-    frame, _ = replay_events(t, None, [config], Predictor(class_scores=payload), horizon=1)
+    run = ScoredRun.of(t, "w", "r")
+    frame, _ = replay_events(run, [config], Predictor(class_scores=payload), horizon=1)
     assert frame["hits"].tolist() == [0]
-    frame, _ = replay_events(t, None, [config], Predictor(class_scores=classes), horizon=1)
+    frame, _ = replay_events(run, [config], Predictor(class_scores=classes), horizon=1)
     assert frame["hits"].tolist() == [5]
