@@ -61,7 +61,7 @@ from tasks.replay.runners.preload import (
     Verification,
     balanced_orders,
     build_probe,
-    probed_request,
+    fresh_probed_request,
     verify_result,
 )
 from tasks.replay.runners.select import make_runner, resolve_runner_kind
@@ -490,28 +490,13 @@ def run_once(
     spec = allocator.spec
     probe = build_probe()
     for attempt in (1, 2):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
-        for d in dirs.values():
-            d.mkdir(parents=True)
+        probed = fresh_probed_request(
+            run_dir, case.workload, case.input, input_dir, spec, probe, tracer
+        )
+        dirs = {"trace": probed.trace_dir, "measure": probed.measure_dir}
         if allocator.model_table is not None:  # the run's own copy, where its settings say
             shutil.copyfile(allocator.model_table.path, dirs["measure"] / allocator.table_copy)
-        request = place_request(
-            probed_request(
-                RunRequest(
-                    workload=case.workload,
-                    input=case.input,
-                    tracer=tracer,
-                    input_dir=input_dir,
-                    trace_dir=dirs["trace"],
-                    work_dir=dirs["work"],
-                    measure_dir=dirs["measure"],
-                ),
-                spec,
-                probe,
-            ),
-            allocator,
-        )
+        request = place_request(probed, allocator)
         try:
             result = runner.run(request)
         except EngineError as err:

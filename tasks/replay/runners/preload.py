@@ -41,6 +41,7 @@ from tasks.replay.runners.measure_tool import (
     sha256_of,
     usage_from_report,
 )
+from tasks.replay.workloads import Workload, WorkloadInput
 
 PROBE_SOURCE = PROJECT_DIR / "native" / "probe" / "hc_probe.c"
 MIN_CPU_S = 0.05  # below this the CPU share says nothing (start-up noise)
@@ -281,6 +282,33 @@ def probed_request(request: RunRequest, spec: PreloadSpec, probe: Path) -> RunRe
         probe=probe,
         env=request.env + spec.env,
     )
+
+
+def fresh_probed_request(
+    run_dir: Path,
+    workload: Workload,
+    inp: WorkloadInput,
+    input_dir: Path,
+    spec: PreloadSpec,
+    probe: Path,
+    tracer: Path | None = None,
+) -> RunRequest:
+    """A probed request (probed_request) for one measured run in `run_dir`, emptied first,
+    with its trace, work and measure folders made there."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    request = RunRequest(
+        workload=workload,
+        input=inp,
+        tracer=tracer,
+        input_dir=input_dir,
+        trace_dir=dirs["trace"],
+        work_dir=dirs["work"],
+        measure_dir=dirs["measure"],
+    )
+    return probed_request(request, spec, probe)
 
 
 def verify_result(spec: PreloadSpec, request: RunRequest, result: RunResult) -> Verification:
