@@ -233,6 +233,18 @@ class Unavailable(BaseModel):
     package: str | None
     message: str
 
+    @classmethod
+    def of(cls, allocator: Allocator, case: str, workload: str, message: str) -> Unavailable:
+        """`allocator` unavailable for a case, with its library and package named."""
+        return cls(
+            case=case,
+            workload=workload,
+            allocator=allocator.name,
+            library=allocator.library,
+            package=allocator.package,
+            message=message,
+        )
+
 
 class CaseRounds(BaseModel):
     """How a case's rounds went by the rule (tasks.allocators.rounds): the plan made before any
@@ -654,6 +666,41 @@ def _guard_bounds(samples: list[Sample], names: list[str], rule: RecommendationR
     return {"ineligible": over} if rule.objective == "time" else {"unfit": set(over)}
 
 
+def _timed_sample(
+    case: Case,
+    allocator: Allocator,
+    runner: Runner,
+    input_dir: Path,
+    run_dir: Path,
+    tracer: Path | None,
+    rep: int,
+    pos: int,
+) -> Sample:
+    """The sample of one run (run_once) of round rep + 1, at position pos + 1, with when it
+    started and how long it took; its folder removed after."""
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    result, events, error, verified, layer = run_once(
+        case, allocator, runner, input_dir, run_dir, tracer
+    )
+    s = _sample(
+        case,
+        allocator.name,
+        rep + 1,
+        pos + 1,
+        result,
+        tracer is not None,
+        events,
+        error,
+        started_at,
+        round(time.monotonic() - t0, 4),
+        verified,
+        layer,
+    )
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return s
+
+
 def measure_case(
     case: Case,
     config: AllocatorsConfig,
@@ -675,17 +722,9 @@ def measure_case(
     missing = check_allocators(runner, runner_kind, case.workload, config.allocators)
     unavailable = []
     for name, err in missing.items():
-        a = config.get(name)
         log.error(f"{case.label}: {err}")
         unavailable.append(
-            Unavailable(
-                case=case.label,
-                workload=case.workload.name,
-                allocator=name,
-                library=a.library,
-                package=a.package,
-                message=str(err),
-            )
+            Unavailable.of(config.get(name), case.label, case.workload.name, str(err))
         )
     names = [n for n in config.names() if n not in missing]
     samples: list[Sample] = []
@@ -720,27 +759,10 @@ def measure_case(
             if rep >= reps:
                 log.info(f"{case.label}: round {rep + 1} added for {', '.join(order)}")
             for pos, name in enumerate(order):
-                started_at = datetime.now(UTC).isoformat(timespec="seconds")
-                t0 = time.monotonic()
                 run_dir = scratch / f"r{rep + 1}-{name}"
-                result, events, error, verified, layer = run_once(
-                    case, config.get(name), runner, input_dir, run_dir, tracer
+                s = _timed_sample(
+                    case, config.get(name), runner, input_dir, run_dir, tracer, rep, pos
                 )
-                s = _sample(
-                    case,
-                    name,
-                    rep + 1,
-                    pos + 1,
-                    result,
-                    tracer is not None,
-                    events,
-                    error,
-                    started_at,
-                    round(time.monotonic() - t0, 4),
-                    verified,
-                    layer,
-                )
-                shutil.rmtree(run_dir, ignore_errors=True)
                 if not s.ok:
                     log.warning(f"{case.label} under {name} (round {rep + 1}): {s.error}")
                 samples.append(s)

@@ -460,17 +460,7 @@ def _unavailable(config: AllocatorsConfig, names: list[str], label: str) -> list
     for n in names:
         why = missing_library(config.get(n))
         if why:
-            a = config.get(n)
-            out.append(
-                Unavailable(
-                    case=label,
-                    workload=label,
-                    allocator=n,
-                    library=a.library,
-                    package=a.package,
-                    message=why,
-                )
-            )
+            out.append(Unavailable.of(config.get(n), label, label, why))
     return out
 
 
