@@ -399,8 +399,8 @@ def _packed_fields(records: np.ndarray) -> np.ndarray:
 
 
 _UNPACK_STEP = 1 << 15  # records per step: a step's records stay in cache for all fields
-# Rows converted (and written) at a time: one Parquet row group. 1 M rows: the group's columns
-# (~70 MB) are reused from group to group, and the file is 0.6% larger than with 4 M.
+# Rows converted (and written) at a time: one Parquet row group, small enough that the group's
+# columns are reused from group to group (docs/dataset.md#converting-one-trace-file).
 GROUP_ROWS = 1 << 20
 
 

@@ -659,7 +659,7 @@ def analyze(
     read are skipped, with a warning naming them (`HeapReport.warnings`); a run with no
     readable file raises sources.ReportInputError."""
     # numpy's temporaries reuse freed heap memory instead of faulting fresh pages in each time
-    # (tasks.dataset.worker_heap; measured 2-5x on this work in a VM)
+    # (tasks.dataset.worker_heap; docs/report.md#memory)
     with heap_kept():
         return _analyze(run, bins, temporary_calls, top_processes, parts)
 
