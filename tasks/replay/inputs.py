@@ -202,6 +202,24 @@ def gen_python_script(seed: int, size: int, dest: Path) -> list[str]:
     return ["workload.py"]
 
 
+_C_OPS = ["+", "-", "*", "^", "|", "&"]
+
+
+def _c_switch(rng: random.Random, s: int, expr: Callable[[int], str], most_cases: int) -> list[str]:
+    """A switch of 2 to `most_cases` random cases and a default, on statement s's value."""
+    out = [f"  switch ((a + {s}) & 7) {{"]
+    for case in range(rng.randint(2, most_cases)):
+        out.append(f"    case {case}: c = {expr(2)}; break;")
+    out.append(f"    default: c ^= {expr(2)};")
+    out.append("  }")
+    return out
+
+
+def _c_branch(expr: Callable[[int], str]) -> str:
+    """A random if/else that changes a or b."""
+    return f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};"
+
+
 def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
     """`size` functions over structs, loops, switches and arithmetic; no #include needed."""
     rng = random.Random(seed)
@@ -210,12 +228,11 @@ def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
         "struct node { u64 key; long val; struct node *next; double w[4]; };",
         "",
     ]
-    ops = ["+", "-", "*", "^", "|", "&"]
 
     def expr(depth: int) -> str:
         if depth == 0 or rng.random() < 0.3:
             return rng.choice(["a", "b", "c", "i", str(rng.randint(1, 999)), "n->key", "n->val"])
-        return f"({expr(depth - 1)} {rng.choice(ops)} {expr(depth - 1)})"
+        return f"({expr(depth - 1)} {rng.choice(_C_OPS)} {expr(depth - 1)})"
 
     for f in range(size):
         out.append(f"long f{f}(struct node *n, long a, long b) {{")
@@ -228,13 +245,9 @@ def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
                     f"n->w[i & 3] += (double)c / {rng.randint(2, 9)}.0; }}"
                 )
             elif kind == 1:
-                out.append(f"  switch ((a + {s}) & 7) {{")
-                for case in range(rng.randint(2, 8)):
-                    out.append(f"    case {case}: c = {expr(2)}; break;")
-                out.append(f"    default: c ^= {expr(2)};")
-                out.append("  }")
+                out += _c_switch(rng, s, expr, 8)
             elif kind == 2:
-                out.append(f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};")
+                out.append(_c_branch(expr))
             else:
                 out.append("  while (n && n->key != (u64)c) { c += n->val; n = n->next; }")
                 out.append("  if (!n) return c;")
@@ -321,7 +334,6 @@ def gen_freeciv_script(seed: int, size: int, dest: Path) -> list[str]:
     return ["script.serv"]
 
 
-_C_OPS = ["+", "-", "*", "^", "|", "&"]
 _C_LIBC_HEADERS = ["<stdio.h>", "<stdlib.h>", "<string.h>", "<stdint.h>", "<ctype.h>"]
 # the utility module every generated module calls: a mixer, and a list pushed and dropped
 _C_UTIL = [
@@ -380,13 +392,9 @@ def _c_function(rng: random.Random, m: int, f: int) -> list[str]:
         if kind == 0:
             body.append(f"  for (i = 0; i < {rng.randint(2, 40)}U; i++) c += {expr(3)} + i;")
         elif kind == 1:
-            body.append(f"  switch ((a + {s}) & 7) {{")
-            for case in range(rng.randint(2, 6)):
-                body.append(f"    case {case}: c = {expr(2)}; break;")
-            body.append(f"    default: c ^= {expr(2)};")
-            body.append("  }")
+            body += _c_switch(rng, s, expr, 6)
         elif kind == 2:
-            body.append(f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};")
+            body.append(_c_branch(expr))
         else:
             body.append(f"  c = util_mix(c, {expr(2)});")
     loops = any(line.startswith("  for") for line in body)
