@@ -10,7 +10,6 @@ The checks: docs/allocators.md#confirming-the-library-was-loaded
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -37,6 +36,7 @@ from tasks.replay.runners.measure_tool import (
     STDOUT_NAME,
     ResourceUsage,
     build_measure_tool,
+    compile_once,
     measured_command,
     sha256_of,
     usage_from_report,
@@ -90,27 +90,15 @@ class Verification:
 
 def build_probe(cache_dir: Path | None = None) -> Path:
     """Compile the probe (once per source version); its path."""
-    cache = cache_dir or CACHE_DIR
-    digest = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()[:12]
-    out = cache / f"libhcprobe-{digest}.so"
-    if out.is_file():
-        return out
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        raise ProbeBuildError("cannot build the probe: gcc is not on PATH (apt-get install gcc)")
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    proc = subprocess.run(
-        [gcc, "-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden", "-o", str(tmp)]
-        + [str(PROBE_SOURCE), "-ldl"],
-        capture_output=True,
-        text=True,
+    return compile_once(
+        PROBE_SOURCE,
+        (cache_dir or CACHE_DIR) / "libhcprobe-{digest}.so",
+        ["-fPIC", "-shared", "-fvisibility=hidden"],
+        ["-ldl"],
+        ProbeBuildError,
+        what="the probe",
+        packages="gcc",
     )
-    if proc.returncode != 0:
-        raise ProbeBuildError(f"cannot build the probe from {PROBE_SOURCE}:\n{proc.stderr[-2000:]}")
-    tmp.chmod(0o755)
-    tmp.replace(out)
-    return out
 
 
 def preload_refused(log_tail: str) -> str | None:
