@@ -198,36 +198,60 @@ def _tracer_library() -> str | None:
         return None
 
 
+def _program(args: argparse.Namespace, verb: str, usage: str) -> list[str] | None:
+    """The program and its arguments after `--`; None, with the usage on stderr, when none is
+    given."""
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        print(f"heapcast {verb}: give a program to {usage}", file=sys.stderr)
+        return None
+    return program
+
+
+def _preloaded(lib: str) -> dict[str, str]:
+    """This environment with `lib` first in LD_PRELOAD (before any the user preloads)."""
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
+    return env
+
+
+def _run_program(program: list[str], env: dict[str, str], verb: str) -> int | None:
+    """The program's exit code; None, said on stderr, when there is no such program."""
+    import subprocess  # deferred: start-up time
+
+    try:
+        return subprocess.call(program, env=env)
+    except FileNotFoundError:
+        print(f"heapcast {verb}: program not found: {program[0]}", file=sys.stderr)
+        return None
+
+
+def _exit_code(code: int) -> int:
+    """The program's exit code is heapcast's, so scripts can wrap programs transparently (a
+    signal's death as the shell says it, 128 + N)."""
+    return code if code >= 0 else 128 - code
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     # deferred: imported on first use, for start-up time
-    import subprocess
     from pathlib import Path
 
-    program = args.program
-    if program and program[0] == "--":
-        program = program[1:]
+    program = _program(args, "trace", "trace: heapcast trace [-o DIR] -- PROGRAM ARGS...")
     if not program:
-        print(
-            "heapcast trace: give a program to trace: heapcast trace [-o DIR] -- PROGRAM ARGS...",
-            file=sys.stderr,
-        )
         return 2
     lib = _tracer_library()
     if lib is None:
         return 2
     run_dir = Path(args.output).resolve() / _run_id()
     run_dir.mkdir(parents=True, exist_ok=False)
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
+    env = _preloaded(lib)
     env["HEAPCAST_OUT"] = str(run_dir)
     if args.caller:  # as the catalog's traces are: the questions and the layer key call sites
         env["HEAPCAST_CALLER"] = "1"
     else:
         env.pop("HEAPCAST_CALLER", None)
-    try:
-        code = subprocess.call(program, env=env)
-    except FileNotFoundError:
-        print(f"heapcast trace: program not found: {program[0]}", file=sys.stderr)
+    code = _run_program(program, env, "trace")
+    if code is None:
         return 127
     # deferred: imported on first use, for start-up time
     from tasks.format.trace_reader import count_traces  # numpy: after the program has run
@@ -240,8 +264,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         f"heapcast: {s.processes} process(es), {s.threads} thread(s), {s.events} events -> {where}",
         file=sys.stderr,
     )
-    # The traced program's exit code is heapcast's, so scripts can wrap programs transparently.
-    return code if code >= 0 else 128 - code
+    return _exit_code(code)
 
 
 def _layer_library() -> str | None:
@@ -300,47 +323,36 @@ def _registered_table(args: argparse.Namespace, pred: str, kind: str):
     return got
 
 
-def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
-    """`heapcast layer --policy place`: PROGRAM under jemalloc with heapcast's placement layer in
-    front of it (native/layers/place.c, built when missing or stale); at exit, what it did."""
-    # deferred: imported on first use, for start-up time
-    import subprocess
-    import tempfile
-    from pathlib import Path
+def _place_table_options(args: argparse.Namespace, pred: str) -> list[str] | None:
+    """`--predictor` for placement: the layer's options naming its lifetime table (none for the
+    online counter); None, with the reason on stderr, when it names no usable table."""
+    from pathlib import Path  # deferred: start-up time
 
-    place = _place_module()
-    pred, table_options = args.predictor, []
     if pred == "model" or pred.startswith("model:"):
         # the registered version's lifetime table (native/TABLE.md)
         got = _registered_table(args, pred, "lifetime")
         if got is None:
-            return 2
-        table_options = [f"table={got.path}", f"model={got.version}"]
-    elif pred.startswith("table:") and len(pred) > 6:
+            return None
+        return [f"table={got.path}", f"model={got.version}"]
+    if pred.startswith("table:") and len(pred) > 6:
         table = Path(pred[6:]).resolve()
         if not table.is_file():
             print(f"heapcast layer: --predictor {pred}: no such file {table}", file=sys.stderr)
-            return 2
-        table_options = [f"table={table}"]
-    elif pred != "online":
+            return None
+        return [f"table={table}"]
+    if pred != "online":
         print(
             f"heapcast layer: --predictor {pred}: online, model[:VERSION] or table:FILE (a "
             "lifetime table, native/TABLE.md)",
             file=sys.stderr,
         )
-        return 2
-    bad = [
-        s
-        for s in [*table_options, *args.option]
-        if "," in s or "=" not in s or s.startswith("stats=")
-    ]
-    if bad:
-        print(
-            f"heapcast layer: option {bad[0]!r}: NAME=VALUE without commas (mode, sample, horizon, "
-            "pct, big, sites, learn, table, model; stats is heapcast's)",
-            file=sys.stderr,
-        )
-        return 2
+        return None
+    return []
+
+
+def _place_library(place) -> tuple[str, str] | None:
+    """(jemalloc, the placement layer built when missing or stale); None, with what to do on
+    stderr, when either is missing."""
     jemalloc = os.environ.get("HEAPCAST_JEMALLOC") or place.JEMALLOC
     if not os.path.isfile(jemalloc):
         print(
@@ -350,14 +362,40 @@ def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
             "HEAPCAST_JEMALLOC",
             file=sys.stderr,
         )
-        return 2
+        return None
     try:
-        lib = place.build_place()
+        return jemalloc, place.build_place()
     except place.PlaceBuildError as err:
         print(f"heapcast layer: {err}", file=sys.stderr)
+        return None
+
+
+def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
+    """`heapcast layer --policy place`: PROGRAM under jemalloc with heapcast's placement layer in
+    front of it (native/layers/place.c, built when missing or stale); at exit, what it did."""
+    # deferred: imported on first use, for start-up time
+    import tempfile
+    from pathlib import Path
+
+    place = _place_module()
+    pred = args.predictor
+    table_options = _place_table_options(args, pred)
+    if table_options is None:
+        return 2
+    options = [*table_options, *args.option]
+    bad = [s for s in options if "," in s or "=" not in s or s.startswith("stats=")]
+    if bad:
+        print(
+            f"heapcast layer: option {bad[0]!r}: NAME=VALUE without commas (mode, sample, horizon, "
+            "pct, big, sites, learn, table, model; stats is heapcast's)",
+            file=sys.stderr,
+        )
+        return 2
+    built = _place_library(place)
+    if built is None:
         return 2
     settings = {"mode": "predict"}
-    settings.update(o.split("=", 1) for o in [*table_options, *args.option])
+    settings.update(o.split("=", 1) for o in options)
     if "table" in settings and settings["mode"] != "predict":
         print(
             f"heapcast layer: --predictor {pred}: a lifetime table needs mode predict (the "
@@ -367,16 +405,12 @@ def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="heapcast-place-") as tmp:
         stats = Path(tmp) / "stats"
-        env = dict(os.environ)
-        pre = place.preload_line(lib, jemalloc)
-        env["LD_PRELOAD"] = f"{pre}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else pre
+        env = _preloaded(place.preload_line(built[1], built[0]))
         env["HEAPCAST_PLACE"] = ",".join(
             [*(f"{k}={v}" for k, v in settings.items()), f"stats={stats}"]
         )
-        try:
-            code = subprocess.call(program, env=env)
-        except FileNotFoundError:
-            print(f"heapcast layer: program not found: {program[0]}", file=sys.stderr)
+        code = _run_program(program, env, "layer")
+        if code is None:
             return 127
         got = place.read_place_stats(stats)
         lines = stats.read_text().splitlines() if stats.exists() else []
@@ -389,67 +423,41 @@ def cmd_place(args: argparse.Namespace, program: list[str]) -> int:
             print(
                 "heapcast layer: " + " ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr
             )
-    # The program's exit code is heapcast's, as for `heapcast trace`.
-    return code if code >= 0 else 128 - code
+    return _exit_code(code)
 
 
-def cmd_layer(args: argparse.Namespace) -> int:
-    # deferred: imported on first use, for start-up time
-    import subprocess
-    import tempfile
-    from pathlib import Path
+def _layer_predictor(args: argparse.Namespace) -> tuple[str, list[str]] | None:
+    """`--predictor` for the cache layer: its predictor option (online, or table: with the
+    file's absolute path) and, for a registered table, the model option the layer checks it
+    against; None, with the reason on stderr, when it names no usable table."""
+    from pathlib import Path  # deferred: start-up time
 
-    program = args.program
-    if program and program[0] == "--":
-        program = program[1:]
-    if not program:
-        print(
-            "heapcast layer: give a program to run: heapcast layer [--policy P] -- PROGRAM ARGS...",
-            file=sys.stderr,
-        )
-        return 2
-    if args.policy == "place":
-        return cmd_place(args, program)
     pred = args.predictor
     model_option = []
     if pred == "model" or pred.startswith("model:"):
         # the registered version's reuse table (native/TABLE.md)
         got = _registered_table(args, pred, "reuse")
         if got is None:
-            return 2
+            return None
         pred, model_option = f"table:{got.path}", [f"model={got.version}"]
     if pred != "online" and not (pred.startswith("table:") and len(pred) > 6):
         print(
             f"heapcast layer: --predictor {pred}: online, model[:VERSION] or table:FILE",
             file=sys.stderr,
         )
-        return 2
+        return None
     if pred.startswith("table:"):
         table = Path(pred[6:]).resolve()
         if not table.is_file():
             print(f"heapcast layer: --predictor {pred}: no such file {table}", file=sys.stderr)
-            return 2
+            return None
         pred = f"table:{table}"
-    settings = [f"policy={args.policy}", f"predictor={pred}", *model_option, *args.option]
-    bad = [s for s in settings if "," in s or "=" not in s]
-    if bad:
-        print(f"heapcast layer: option {bad[0]!r}: NAME=VALUE, without commas", file=sys.stderr)
-        return 2
-    lib = _layer_library()
-    if lib is None:
-        return 2
-    with tempfile.TemporaryDirectory(prefix="heapcast-layer-") as tmp:
-        stats = Path(tmp) / "stats"
-        env = dict(os.environ)
-        env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
-        env["HEAPCAST_LAYER"] = ",".join([*settings, f"stats={stats}"])
-        try:
-            code = subprocess.call(program, env=env)
-        except FileNotFoundError:
-            print(f"heapcast layer: program not found: {program[0]}", file=sys.stderr)
-            return 127
-        lines = stats.read_text().splitlines() if stats.exists() else []
-    rows = [dict(f.split("=", 1) for f in line.split()) for line in lines if line.strip()]
+    return pred, model_option
+
+
+def _say_layer_stats(args: argparse.Namespace, rows: list[dict[str, str]]) -> None:
+    """On stderr, what the cache layer did over all processes: hits, blocks kept and given
+    back, calls passed through; where it stepped aside, and a threshold the program fixed."""
 
     def total(key: str) -> int:
         return sum(int(r.get(key, 0)) for r in rows)
@@ -488,11 +496,44 @@ def cmd_layer(args: argparse.Namespace) -> int:
             "there up afresh, and the layer leaves the threshold where the program put it",
             file=sys.stderr,
         )
+
+
+def cmd_layer(args: argparse.Namespace) -> int:
+    # deferred: imported on first use, for start-up time
+    import tempfile
+    from pathlib import Path
+
+    program = _program(args, "layer", "run: heapcast layer [--policy P] -- PROGRAM ARGS...")
+    if not program:
+        return 2
+    if args.policy == "place":
+        return cmd_place(args, program)
+    resolved = _layer_predictor(args)
+    if resolved is None:
+        return 2
+    pred, model_option = resolved
+    settings = [f"policy={args.policy}", f"predictor={pred}", *model_option, *args.option]
+    bad = [s for s in settings if "," in s or "=" not in s]
+    if bad:
+        print(f"heapcast layer: option {bad[0]!r}: NAME=VALUE, without commas", file=sys.stderr)
+        return 2
+    lib = _layer_library()
+    if lib is None:
+        return 2
+    with tempfile.TemporaryDirectory(prefix="heapcast-layer-") as tmp:
+        stats = Path(tmp) / "stats"
+        env = _preloaded(lib)
+        env["HEAPCAST_LAYER"] = ",".join([*settings, f"stats={stats}"])
+        code = _run_program(program, env, "layer")
+        if code is None:
+            return 127
+        lines = stats.read_text().splitlines() if stats.exists() else []
+    rows = [dict(f.split("=", 1) for f in line.split()) for line in lines if line.strip()]
+    _say_layer_stats(args, rows)
     if args.stats:
         for line in lines:
             print(f"heapcast layer: {line}", file=sys.stderr)
-    # The program's exit code is heapcast's, as for `heapcast trace`.
-    return code if code >= 0 else 128 - code
+    return _exit_code(code)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -686,13 +727,8 @@ def _positive(text: str) -> int:
     return n
 
 
-def build_parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
-        prog="heapcast", description=__doc__, epilog=EPILOG, formatter_class=raw
-    )
-    p.add_argument("--version", action=_Version, help="print heapcast's version and exit")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+def _trace_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
+    """`heapcast trace`: its options and the program after `--`."""
     t = sub.add_parser(
         "trace",
         help="trace a program: heapcast trace [-o DIR] -- PROGRAM ARGS...",
@@ -715,6 +751,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("program", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
+
+
+def _layer_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
+    """`heapcast layer`: the policy, its predictor, the layer's own options, the program."""
     la = sub.add_parser(
         "layer",
         help="run a program over heapcast's allocator layer: heapcast layer [--policy P] -- "
@@ -748,6 +788,10 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--stats", action="store_true", help="also print each process's counters")
     la.add_argument("program", nargs=argparse.REMAINDER)
     la.set_defaults(func=cmd_layer)
+
+
+def _inspect_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
+    """`heapcast inspect FILE...`."""
     i = sub.add_parser(
         "inspect",
         help="print a trace's header and counts per operation",
@@ -757,6 +801,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument("files", nargs="+")
     i.set_defaults(func=cmd_inspect)
+
+
+def _report_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
+    """`heapcast report`: the run, a second one to compare, the plots' settings."""
     r = sub.add_parser(
         "report",
         help="the heap report of a run (one HTML page) and a summary: "
@@ -790,6 +838,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes drawn over time (8)",
     )
     r.set_defaults(func=cmd_report)
+
+
+def _tune_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
+    """`heapcast tune`: the candidates, the rounds, the objective, the program."""
     tu = sub.add_parser(
         "tune",
         help="which allocator and settings suit a program: heapcast tune -- PROGRAM ARGS...",
@@ -816,6 +868,10 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--config", help="allocators config (default configs/allocators.yaml)")
     tu.add_argument("program", nargs=argparse.REMAINDER)
     tu.set_defaults(func=cmd_tune)
+
+
+def _bundle_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
+    """`heapcast bundle export|train`."""
     bu = sub.add_parser(
         "bundle",
         help="train the network elsewhere: heapcast bundle export -o B.npz | bundle train B.npz",
@@ -836,6 +892,24 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config setting")
     for x in (be, bt):
         x.set_defaults(func=cmd_bundle)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="heapcast", description=__doc__, epilog=EPILOG, formatter_class=raw
+    )
+    p.add_argument("--version", action=_Version, help="print heapcast's version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    for add in (
+        _trace_parser,
+        _layer_parser,
+        _inspect_parser,
+        _report_parser,
+        _tune_parser,
+        _bundle_parser,
+    ):
+        add(sub, raw)
     # The stages hand their arguments to their flow's own parser (see _main, cmd_stage); listed
     # here for `heapcast --help`; `heapcast VERB --help` gives each one's options.
     for verb, what in STAGE_HELP.items():

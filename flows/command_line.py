@@ -88,28 +88,38 @@ def _parser(prog: str, description: str, epilog: str) -> argparse.ArgumentParser
     return p
 
 
+def _flow_parser(
+    prog: str, description: str, *examples: tuple[str, str]
+) -> argparse.ArgumentParser:
+    """A flow's parser: what it does, and its examples (command line, what it does) below."""
+    return _parser(prog, description, _examples(prog, *examples))
+
+
+def _catalog_options(p: argparse.ArgumentParser, quick: str, runs: str) -> None:
+    """The catalog's workloads to run (default all), --quick, --runner (where `runs` run),
+    --root and --catalog."""
+    p.add_argument("workloads", nargs="*", help="workload names of the catalog (default: all)")
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--runner", choices=RUNNERS, help=f"where {runs} run (default auto)")
+    _root(p)
+    p.add_argument("--catalog", metavar="FILE", help="catalog (default configs/workloads.yaml)")
+
+
 def _root(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", metavar="URL", help=ROOT_HELP)
 
 
 def trace_parser(prog: str = "python -m flows.trace") -> argparse.ArgumentParser:
-    p = _parser(
+    p = _flow_parser(
         prog,
         "Replay the catalog's workloads (configs/workloads.yaml) with the tracer preloaded, each\n"
         "run into <root>/raw/<workload>/<run>/; a summary of the runs (flow `trace`). To trace\n"
         "one program of your own, `heapcast trace -- PROGRAM` does.",
-        _examples(
-            prog,
-            ("", "the whole catalog, runner auto"),
-            ("--quick --runner local", "the quick inputs, replayed here, without containers"),
-            ("sqlite3 git --no-caller", "two workloads, without the return addresses"),
-        ),
+        ("", "the whole catalog, runner auto"),
+        ("--quick --runner local", "the quick inputs, replayed here, without containers"),
+        ("sqlite3 git --no-caller", "two workloads, without the return addresses"),
     )
-    p.add_argument("workloads", nargs="*", help="workload names of the catalog (default: all)")
-    p.add_argument("--quick", action="store_true", help="only the quick inputs (small)")
-    p.add_argument("--runner", choices=RUNNERS, help="where replays run (default auto)")
-    _root(p)
-    p.add_argument("--catalog", metavar="FILE", help="catalog (default configs/workloads.yaml)")
+    _catalog_options(p, "only the quick inputs (small)", "replays")
     p.add_argument(
         "--max-parallel", type=_at_least(1, 16), metavar="N", help="replays at once (default 2)"
     )
@@ -122,16 +132,13 @@ def trace_parser(prog: str = "python -m flows.trace") -> argparse.ArgumentParser
 
 
 def dataset_parser(prog: str = "python -m flows.dataset") -> argparse.ArgumentParser:
-    p = _parser(
+    p = _flow_parser(
         prog,
         "Convert every raw run without up-to-date events (or those named) into the Parquet\n"
         "events dataset, <root>/events/workload=<w>/run=<r>/ (flow `dataset`, on Dask).",
-        _examples(
-            prog,
-            ("", "every run under <root>/raw without up-to-date events"),
-            ("sqlite3 --force", "every run of sqlite3, again"),
-            ("--run git/medium --scheduler tcp://HOST:8786", "one run, on a Dask cluster"),
-        ),
+        ("", "every run under <root>/raw without up-to-date events"),
+        ("sqlite3 --force", "every run of sqlite3, again"),
+        ("--run git/medium --scheduler tcp://HOST:8786", "one run, on a Dask cluster"),
     )
     p.add_argument("workloads", nargs="*", help="only these workloads (default: all)")
     p.add_argument(
@@ -154,15 +161,12 @@ def dataset_parser(prog: str = "python -m flows.dataset") -> argparse.ArgumentPa
 
 
 def train_parser(prog: str = "python -m flows.train") -> argparse.ArgumentParser:
-    p = _parser(
+    p = _flow_parser(
         prog,
         "Train the next-call model on the events dataset, evaluate it on unseen runs against\n"
         "the baselines, report its data, register it in MLflow (flow `train`).",
-        _examples(
-            prog,
-            ("", "configs/train.yaml"),
-            ("--quick --set epochs=2", "configs/train-quick.yaml, for 2 epochs"),
-        ),
+        ("", "configs/train.yaml"),
+        ("--quick --set epochs=2", "configs/train-quick.yaml, for 2 epochs"),
     )
     _root(p)
     which = p.add_mutually_exclusive_group()
@@ -184,18 +188,15 @@ def train_parser(prog: str = "python -m flows.train") -> argparse.ArgumentParser
 
 
 def whatif_parser(prog: str = "python -m flows.whatif") -> argparse.ArgumentParser:
-    p = _parser(
+    p = _flow_parser(
         prog,
         "Replay a registered model's evaluation runs through allocator cache policies\n"
         "(heuristics, guided by the model and by the online counter, the oracle's bound): what\n"
         "caching would have done with its predictions (flow `whatif`). Results under\n"
         "<root>/whatif/ and on the model's MLflow run.",
-        _examples(
-            prog,
-            ("", "the champion's evaluation runs"),
-            ("--model 7 --run sqlite3/small", "version 7, on one run"),
-            ("--policies grid.yaml", "a policy grid of your own (a YAML list of policies)"),
-        ),
+        ("", "the champion's evaluation runs"),
+        ("--model 7 --run sqlite3/small", "version 7, on one run"),
+        ("--policies grid.yaml", "a policy grid of your own (a YAML list of policies)"),
     )
     _root(p)
     p.add_argument(
@@ -235,25 +236,18 @@ def whatif_parser(prog: str = "python -m flows.whatif") -> argparse.ArgumentPars
 
 
 def allocators_parser(prog: str = "python -m flows.allocators") -> argparse.ArgumentParser:
-    p = _parser(
+    p = _flow_parser(
         prog,
         "Measure the catalog's workloads under glibc, jemalloc, tcmalloc, mimalloc and\n"
         "heapcast's layer side by side; recommend one allocator per workload (flow\n"
         "`allocators`). With --seeds, the layer's cases instead (flow `seed-cases`). For a\n"
         "program of your own, `heapcast tune -- PROGRAM` does.",
-        _examples(
-            prog,
-            ("", "every workload of the catalog"),
-            ("sqlite3 --runner local", "one workload, run here, without containers"),
-            ("--seeds --quick", "the layer's cases, fewer rounds"),
-            ("--seeds --table-model 7", "the table-guided layer reading version 7's table"),
-        ),
+        ("", "every workload of the catalog"),
+        ("sqlite3 --runner local", "one workload, run here, without containers"),
+        ("--seeds --quick", "the layer's cases, fewer rounds"),
+        ("--seeds --table-model 7", "the table-guided layer reading version 7's table"),
     )
-    p.add_argument("workloads", nargs="*", help="workload names of the catalog (default: all)")
-    p.add_argument("--quick", action="store_true", help="only the quick inputs' workloads")
-    p.add_argument("--runner", choices=RUNNERS, help="where runs run (default auto)")
-    _root(p)
-    p.add_argument("--catalog", metavar="FILE", help="catalog (default configs/workloads.yaml)")
+    _catalog_options(p, "only the quick inputs' workloads", "runs")
     p.add_argument(
         "--config", metavar="FILE", help="allocators config (default configs/allocators.yaml)"
     )
@@ -279,18 +273,15 @@ def allocators_parser(prog: str = "python -m flows.allocators") -> argparse.Argu
 
 
 def nightly_parser(prog: str = "python -m flows.nightly") -> argparse.ArgumentParser:
-    p = _parser(
+    p = _flow_parser(
         prog,
         "heapcast's whole pipeline, once (flow `nightly`): replay, dataset, train and register,\n"
         "the heap reports, whatif, then a summary.",
-        _examples(
-            prog,
-            ("--quick", "the quick subset, with the embedded services"),
-            ("--root s3://bucket/heapcast", "the whole catalog, its data in a bucket"),
-            (
-                "--quick --param train.overrides.epochs=1 --param trace.max_parallel=4",
-                "any parameter of a stage",
-            ),
+        ("--quick", "the quick subset, with the embedded services"),
+        ("--root s3://bucket/heapcast", "the whole catalog, its data in a bucket"),
+        (
+            "--quick --param train.overrides.epochs=1 --param trace.max_parallel=4",
+            "any parameter of a stage",
         ),
     )
     p.add_argument(

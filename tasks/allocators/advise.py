@@ -65,37 +65,39 @@ def glibc_tunables(facts: HeapFacts, cpus: int, objective: str) -> tuple[dict[st
     knobs: dict[str, int] = {}
     why: list[str] = []
     skipped: list[str] = []
+
+    def propose(knob: str, value: int, reason: str) -> None:
+        """The knob at `value`, with why, unless the program sets it itself with mallopt."""
+        if _set_by_program(facts, knob):
+            skipped.append(f"{knob} (the program sets it with mallopt)")
+        else:
+            knobs[knob] = value
+            why.append(f"{knob}={value}{reason}")
+
     if facts.large_churn:
         top = facts.largest_churned
         threshold = _round_up(top + PAGE, MIB)
         trim = _round_up(max(facts.large_live_peak_bytes, top) + top, MIB)
-        if _set_by_program(facts, "mmap_threshold"):
-            skipped.append("mmap_threshold (the program sets it with mallopt)")
-        else:
-            knobs["mmap_threshold"] = threshold
-            why.append(
-                f"mmap_threshold={threshold} ({threshold // MIB} MiB): above the largest size "
-                f"freed again and again ({top / MIB:.1f} MiB), so glibc serves it from the heap "
-                "instead of a fresh mapping each time"
-            )
-        if _set_by_program(facts, "trim_threshold"):
-            skipped.append("trim_threshold (the program sets it with mallopt)")
-        else:
-            knobs["trim_threshold"] = trim
-            why.append(
-                f"trim_threshold={trim} ({trim // MIB} MiB): above the "
-                f"{facts.large_live_peak_bytes / MIB:.1f} MiB those blocks held at once, so the "
-                "freed top of the heap is kept for the next request"
-            )
+        propose(
+            "mmap_threshold",
+            threshold,
+            f" ({threshold // MIB} MiB): above the largest size freed again and again "
+            f"({top / MIB:.1f} MiB), so glibc serves it from the heap instead of a fresh "
+            "mapping each time",
+        )
+        propose(
+            "trim_threshold",
+            trim,
+            f" ({trim // MIB} MiB): above the {facts.large_live_peak_bytes / MIB:.1f} MiB those "
+            "blocks held at once, so the freed top of the heap is kept for the next request",
+        )
     if facts.allocating_threads > cpus:
-        if _set_by_program(facts, "arena_max"):
-            skipped.append("arena_max (the program sets it with mallopt)")
-        else:
-            knobs["arena_max"] = cpus
-            why.append(
-                f"arena_max={cpus}: {facts.allocating_threads} threads allocate on {cpus} "
-                "cores; more arenas than cores only hold more memory"
-            )
+        propose(
+            "arena_max",
+            cpus,
+            f": {facts.allocating_threads} threads allocate on {cpus} cores; more arenas than "
+            "cores only hold more memory",
+        )
     if objective == "time" and facts.small_churn_depth > TCACHE_COUNT:
         count = min(_pow2_at_least(facts.small_churn_depth), TCACHE_COUNT_CAP)
         knobs["tcache_count"] = count

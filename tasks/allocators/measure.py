@@ -61,7 +61,7 @@ from tasks.replay.runners.preload import (
     Verification,
     balanced_orders,
     build_probe,
-    probed_request,
+    fresh_probed_request,
     verify_result,
 )
 from tasks.replay.runners.select import make_runner, resolve_runner_kind
@@ -232,6 +232,18 @@ class Unavailable(BaseModel):
     library: str | None
     package: str | None
     message: str
+
+    @classmethod
+    def of(cls, allocator: Allocator, case: str, workload: str, message: str) -> Unavailable:
+        """`allocator` unavailable for a case, with its library and package named."""
+        return cls(
+            case=case,
+            workload=workload,
+            allocator=allocator.name,
+            library=allocator.library,
+            package=allocator.package,
+            message=message,
+        )
 
 
 class CaseRounds(BaseModel):
@@ -490,28 +502,13 @@ def run_once(
     spec = allocator.spec
     probe = build_probe()
     for attempt in (1, 2):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
-        for d in dirs.values():
-            d.mkdir(parents=True)
+        probed = fresh_probed_request(
+            run_dir, case.workload, case.input, input_dir, spec, probe, tracer
+        )
+        dirs = {"trace": probed.trace_dir, "measure": probed.measure_dir}
         if allocator.model_table is not None:  # the run's own copy, where its settings say
             shutil.copyfile(allocator.model_table.path, dirs["measure"] / allocator.table_copy)
-        request = place_request(
-            probed_request(
-                RunRequest(
-                    workload=case.workload,
-                    input=case.input,
-                    tracer=tracer,
-                    input_dir=input_dir,
-                    trace_dir=dirs["trace"],
-                    work_dir=dirs["work"],
-                    measure_dir=dirs["measure"],
-                ),
-                spec,
-                probe,
-            ),
-            allocator,
-        )
+        request = place_request(probed, allocator)
         try:
             result = runner.run(request)
         except EngineError as err:
@@ -669,6 +666,41 @@ def _guard_bounds(samples: list[Sample], names: list[str], rule: RecommendationR
     return {"ineligible": over} if rule.objective == "time" else {"unfit": set(over)}
 
 
+def _timed_sample(
+    case: Case,
+    allocator: Allocator,
+    runner: Runner,
+    input_dir: Path,
+    run_dir: Path,
+    tracer: Path | None,
+    rep: int,
+    pos: int,
+) -> Sample:
+    """The sample of one run (run_once) of round rep + 1, at position pos + 1, with when it
+    started and how long it took; its folder removed after."""
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    result, events, error, verified, layer = run_once(
+        case, allocator, runner, input_dir, run_dir, tracer
+    )
+    s = _sample(
+        case,
+        allocator.name,
+        rep + 1,
+        pos + 1,
+        result,
+        tracer is not None,
+        events,
+        error,
+        started_at,
+        round(time.monotonic() - t0, 4),
+        verified,
+        layer,
+    )
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return s
+
+
 def measure_case(
     case: Case,
     config: AllocatorsConfig,
@@ -690,17 +722,9 @@ def measure_case(
     missing = check_allocators(runner, runner_kind, case.workload, config.allocators)
     unavailable = []
     for name, err in missing.items():
-        a = config.get(name)
         log.error(f"{case.label}: {err}")
         unavailable.append(
-            Unavailable(
-                case=case.label,
-                workload=case.workload.name,
-                allocator=name,
-                library=a.library,
-                package=a.package,
-                message=str(err),
-            )
+            Unavailable.of(config.get(name), case.label, case.workload.name, str(err))
         )
     names = [n for n in config.names() if n not in missing]
     samples: list[Sample] = []
@@ -735,27 +759,10 @@ def measure_case(
             if rep >= reps:
                 log.info(f"{case.label}: round {rep + 1} added for {', '.join(order)}")
             for pos, name in enumerate(order):
-                started_at = datetime.now(UTC).isoformat(timespec="seconds")
-                t0 = time.monotonic()
                 run_dir = scratch / f"r{rep + 1}-{name}"
-                result, events, error, verified, layer = run_once(
-                    case, config.get(name), runner, input_dir, run_dir, tracer
+                s = _timed_sample(
+                    case, config.get(name), runner, input_dir, run_dir, tracer, rep, pos
                 )
-                s = _sample(
-                    case,
-                    name,
-                    rep + 1,
-                    pos + 1,
-                    result,
-                    tracer is not None,
-                    events,
-                    error,
-                    started_at,
-                    round(time.monotonic() - t0, 4),
-                    verified,
-                    layer,
-                )
-                shutil.rmtree(run_dir, ignore_errors=True)
                 if not s.ok:
                     log.warning(f"{case.label} under {name} (round {rep + 1}): {s.error}")
                 samples.append(s)

@@ -266,34 +266,11 @@ def after_round(
         return RoundVerdict()
     gone = {n: why for n, why in (ineligible or {}).items() if n in active and n != baseline}
     med = {n: float(np.median(runs[n])) for n in active if len(runs.get(n, ())) and n not in gone}
-    base = runs[baseline]
     fit = [n for n in med if n == baseline or n not in unfit]
     leader = min(fit, key=lambda n: (med[n], n != baseline))
     dropped: dict[str, str] = {n: f"{why}, after {rounds} rounds" for n, why in gone.items()}
-    noise = run_noise(runs, list(med))
-    beyond = f" by more than the runs' spread ({noise:.1%})" if noise > 0 else ""
-
-    def worse(x: np.ndarray, ref: np.ndarray) -> bool:  # every run worse, beyond the noise
-        return bool(x.min() > ref.max() + noise * float(np.median(ref)))
-
-    for n in active if eliminate else ():
-        if n in (baseline, leader) or n not in med:
-            continue
-        x = runs[n]
-        if worse(x, base):
-            dropped[n] = (
-                f"every run's {metric} above every {baseline} run's{beyond}, after {rounds} rounds"
-            )
-        elif worse(x, runs[leader]):
-            dropped[n] = (
-                f"every run's {metric} above every {leader} run's{beyond}, after {rounds} "
-                "rounds: it cannot be the best"
-            )
-        elif rounds >= DECIDE_FROM and med[n] >= med[baseline]:
-            dropped[n] = (
-                f"its median {metric} not below {baseline}'s after {rounds} rounds: a winner "
-                "must be"
-            )
+    if eliminate:
+        dropped |= _clearly_worse(runs, active, baseline, leader, med, rounds, metric)
     left = [n for n in active if n != baseline and n not in dropped and n in med]
     if not left:
         return RoundVerdict(dropped, f"no candidate left that could beat {baseline}")
@@ -301,31 +278,10 @@ def after_round(
         return RoundVerdict(dropped)
     if plan.first_look is None:
         return RoundVerdict(dropped, plan.cannot())
-    gone_now = set(out) | set(dropped)
-    j = judge(runs, baseline, plan, gone_now)
-    if plan.decides_at(rounds) and leader in j.beats:
-        family = len(j.raw)
-        how = (
-            "every run below every one of its runs"
-            if plan.noise == "minmax"
-            else f"one-sided rank test, Holm-adjusted p {j.adjusted[leader]:.2g} < "
-            f"{plan.level:.2g}: alpha {plan.alpha:g} over {plan.looks} look"
-            f"{'s' if plan.looks != 1 else ''}, {family} compared"
-        )
-        return RoundVerdict(
-            dropped,
-            f"{leader} beats {baseline} beyond the noise after {rounds} rounds ({how})",
-            winner=leader,
-        )
-    if plan.decides_at(rounds) and rounds >= plan.bound and (won := j.beats & set(fit)):
-        winner = min(won, key=lambda n: med[n])
-        return RoundVerdict(
-            dropped,
-            f"the bound of {plan.bound} rounds: {winner} beats {baseline} beyond the noise "
-            f"(Holm-adjusted p {j.adjusted[winner]:.2g} < {plan.level:.2g}), the leader "
-            f"{leader} does not",
-            winner=winner,
-        )
+    j = judge(runs, baseline, plan, set(out) | set(dropped))
+    decided = _decided(j, plan, rounds, baseline, leader, fit, med, dropped)
+    if decided is not None:
+        return decided
     # narrow to those that could still win: below the baseline, near the bar, or the leader
     for n in left:
         if n == leader:
@@ -353,3 +309,81 @@ def after_round(
             f"the bound of {plan.bound} rounds: {', '.join(near)} near the bar, not beyond it",
         )
     return RoundVerdict(dropped)
+
+
+def _clearly_worse(
+    runs: dict[str, np.ndarray],
+    active: list[str],
+    baseline: str,
+    leader: str,
+    med: dict[str, float],
+    rounds: int,
+    metric: str,
+) -> dict[str, str]:
+    """tune's drops before the planned rounds, with why: a candidate every run of which is
+    worse than every run of the baseline or of the leader beyond the runs' noise, or (from
+    DECIDE_FROM rounds) whose median is not below the baseline's."""
+    noise = run_noise(runs, list(med))
+    beyond = f" by more than the runs' spread ({noise:.1%})" if noise > 0 else ""
+
+    def worse(x: np.ndarray, ref: np.ndarray) -> bool:  # every run worse, beyond the noise
+        return bool(x.min() > ref.max() + noise * float(np.median(ref)))
+
+    dropped = {}
+    for n in active:
+        if n in (baseline, leader) or n not in med:
+            continue
+        x = runs[n]
+        if worse(x, runs[baseline]):
+            dropped[n] = (
+                f"every run's {metric} above every {baseline} run's{beyond}, after {rounds} rounds"
+            )
+        elif worse(x, runs[leader]):
+            dropped[n] = (
+                f"every run's {metric} above every {leader} run's{beyond}, after {rounds} "
+                "rounds: it cannot be the best"
+            )
+        elif rounds >= DECIDE_FROM and med[n] >= med[baseline]:
+            dropped[n] = (
+                f"its median {metric} not below {baseline}'s after {rounds} rounds: a winner "
+                "must be"
+            )
+    return dropped
+
+
+def _decided(
+    j: Judged,
+    plan: Plan,
+    rounds: int,
+    baseline: str,
+    leader: str,
+    fit: list[str],
+    med: dict[str, float],
+    dropped: dict[str, str],
+) -> RoundVerdict | None:
+    """The winner, at a look that decides: the leader where it beats the baseline beyond the
+    noise; at the bound, the fastest fit one that does (None: no winner yet)."""
+    if plan.decides_at(rounds) and leader in j.beats:
+        family = len(j.raw)
+        how = (
+            "every run below every one of its runs"
+            if plan.noise == "minmax"
+            else f"one-sided rank test, Holm-adjusted p {j.adjusted[leader]:.2g} < "
+            f"{plan.level:.2g}: alpha {plan.alpha:g} over {plan.looks} look"
+            f"{'s' if plan.looks != 1 else ''}, {family} compared"
+        )
+        return RoundVerdict(
+            dropped,
+            f"{leader} beats {baseline} beyond the noise after {rounds} rounds ({how})",
+            winner=leader,
+        )
+    if plan.decides_at(rounds) and rounds >= plan.bound and (won := j.beats & set(fit)):
+        winner = min(won, key=lambda n: med[n])
+        return RoundVerdict(
+            dropped,
+            f"the bound of {plan.bound} rounds: {winner} beats {baseline} beyond the noise "
+            f"(Holm-adjusted p {j.adjusted[winner]:.2g} < {plan.level:.2g}), the leader "
+            f"{leader} does not",
+            winner=winner,
+        )
+    return None

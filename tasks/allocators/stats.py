@@ -10,14 +10,16 @@ The states and the rule: docs/allocators.md#from-samples-to-a-recommendation
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
 from tasks.allocators.config import AllocatorsConfig, RecommendationRule
 from tasks.allocators.decide import margin_interval
-from tasks.allocators.measure import NOT_APPLIED, CaseRounds, Measurements, Sample
-from tasks.allocators.rounds import judge, plan_rounds
+from tasks.allocators.measure import NOT_APPLIED, CaseInfo, CaseRounds, Measurements, Sample
+from tasks.allocators.rounds import Judged, judge, plan_rounds
 
 METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb", "minor_faults", "major_faults")
 
@@ -188,132 +190,169 @@ def recommend(
     df = samples_frame(m)
     order = {a.name: i for i, a in enumerate(m.allocators)}
     recs = []
-    general = rule
     for case in m.cases:
-        rule = general.for_objective((objectives or {}).get(case.workload))
-        primary, (guard, tolerance) = rule.primary, rule.guard
+        case_rule = rule.for_objective((objectives or {}).get(case.workload))
         cpairs = [p for p in pairs if p.case == case.label]
-        base = next((p for p in cpairs if p.allocator == m.baseline), None)
-        base_ok = base is not None and base.status == "ok"
-        for p in cpairs:
-            if base_ok and p.status != "unavailable":
-                p.time_vs_baseline = _ratio(p.median(rule.time), base.median(rule.time))
-                p.memory_vs_baseline = _ratio(p.median(rule.memory), base.median(rule.memory))
-        head = dict(
-            case=case.label,
-            workload=case.workload,
-            input=case.input,
-            baseline=m.baseline,
-            rule=rule.describe(),
-            time_metric=rule.time,
-            memory_metric=rule.memory,
-            objective=rule.objective,
-        )
-        timed = [p for p in cpairs if p.status == "ok" and p.median(rule.time) is not None]
-        # an allocator whose memory reads 0 was not measured (a probe-less peak): named, not
-        # dropped without a word
-        no_memory = sorted(p.allocator for p in timed if not p.median(rule.memory))
-        cands = [p for p in timed if p.median(rule.memory)]
-        if not cands:
-            rec = Recommendation(
-                **head, allocator=None, note="no allocator ran cleanly on this case"
-            )
-            if no_memory:
-                rec.note += f"; {', '.join(no_memory)}: median {rule.memory} reads 0, left out"
-            recs.append(rec)
-            continue
         cdf = df[(df["case"] == case.label) & df["ok"].astype(bool)]
-
-        def runs(name: str, cdf: pd.DataFrame = cdf, primary: str = primary) -> np.ndarray:
-            return cdf.loc[cdf["allocator"] == name, primary].to_numpy(float)
-
-        smallest = min(p.median(guard) for p in cands)
-        eligible = [p for p in cands if p.median(guard) <= smallest * (1 + tolerance)]
-        challengers = [p for p in cands if p.allocator != m.baseline]
-        # the family: every candidate with a clean run (a failed pair's runs count, out of the
-        # race), judged as the rounds' last look (tasks.allocators.rounds.judge)
-        family = {p.allocator: runs(p.allocator) for p in cpairs if p.status in ("ok", "failed")}
-        family = {k: v for k, v in family.items() if len(v)}
-        rounds = _rounds_of(m, case.label, rule, len(family) - (m.baseline in family))
-        out = set(rounds.dropped) | {p.allocator for p in cpairs if p.status != "ok"}
-        judged = judge(family, m.baseline, rounds.plan, out) if base_ok else None
-        raw = {p.allocator: judged.raw[p.allocator] for p in challengers} if judged else {}
-        adjusted = judged.adjusted if judged else {}
-        decides = rounds.plan.decides_at(rounds.rounds)
-
-        def beats(p: PairSummary, judged=judged, decides=decides) -> bool:
-            """Below the baseline by median, beyond the noise by the rule, at a look."""
-            return bool(judged and decides and p.allocator in judged.beats)
-
-        winners = [p for p in eligible if p.allocator != m.baseline and beats(p)]
-        key = lambda p, primary=primary: (  # noqa: E731
-            p.median(primary),
-            p.allocator != m.baseline,
-            order[p.allocator],
-        )
-        if winners:
-            winner = min(winners, key=key)
-        elif base_ok:
-            winner = base
-        else:
-            winner = min(eligible, key=key)
-        winner.recommended = True
-        rec = Recommendation(
-            **head,
-            allocator=winner.allocator,
-            compared=len(judged.raw) if judged else 0,
-            rounds=rounds.rounds,
-            level=rounds.plan.level if rounds.plan.first_look else None,
-            stop=rounds.stop,
-            needed_rounds=rounds.plan.needed,
-        )
-        excluded = sorted({p.allocator for p in cands} - {p.allocator for p in eligible})
-        notes = []
-        if no_memory:
-            notes.append(f"{', '.join(no_memory)}: median {rule.memory} reads 0, left out")
-        if excluded:
-            notes.append(f"{', '.join(excluded)} over {tolerance:.0%} more {guard} than the lowest")
-        shown = winner
-        if not base_ok:
-            notes.append(f"{m.baseline} did not run cleanly: no margin")
-        elif winner.allocator == m.baseline:
-            rec.margin = 0.0
-            rec.memory_vs_baseline = 1.0
-            others = [p for p in challengers if p in eligible]
-            if others:
-                shown = min(others, key=key)
-                rec.best_challenger = shown.allocator
-                if rounds.plan.first_look is None:
-                    notes.append(f"{rounds.plan.cannot()} (fastest: {shown.allocator})")
-                elif not decides:
-                    notes.append(
-                        f"the rounds stopped before a look (round {rounds.plan.first_look} or "
-                        f"{rounds.plan.bound}) could decide (fastest: {shown.allocator})"
-                    )
-                else:
-                    notes.append(
-                        f"no candidate beats {m.baseline} beyond the noise"
-                        + (" after Holm's correction" if rule.correction == "holm" else "")
-                        + f" (fastest: {shown.allocator})"
-                    )
-            else:
-                notes.append(f"{m.baseline} itself is the fastest of those within the memory bound")
-        if base_ok and shown.allocator != m.baseline:
-            x, y = runs(shown.allocator), runs(m.baseline)
-            margin, low, high = margin_interval(x, y, rule.confidence)
-            if shown is winner:
-                rec.margin = margin
-                rec.memory_vs_baseline = _ratio(
-                    winner.median(rule.memory), base.median(rule.memory)
-                )
-            rec.margin_low, rec.margin_high = low, high
-            rec.p_value = raw.get(shown.allocator)
-            rec.p_adjusted = adjusted.get(shown.allocator)
-            rec.ranges_overlap = ranges_overlap(x, y)
-            rec.beyond_noise = beats(shown)
-        rec.note = "; ".join(notes)
-        recs.append(rec)
+        recs.append(_recommend_case(m, case, case_rule, cpairs, cdf, order))
     return recs
+
+
+def _fill_ratios(cpairs: list[PairSummary], base: PairSummary, rule: RecommendationRule) -> None:
+    """Each available pair's median time and memory over the baseline's."""
+    for p in cpairs:
+        if p.status != "unavailable":
+            p.time_vs_baseline = _ratio(p.median(rule.time), base.median(rule.time))
+            p.memory_vs_baseline = _ratio(p.median(rule.memory), base.median(rule.memory))
+
+
+def _recommend_case(
+    m: Measurements,
+    case: CaseInfo,
+    rule: RecommendationRule,
+    cpairs: list[PairSummary],
+    cdf: pd.DataFrame,
+    order: dict[str, int],
+) -> Recommendation:
+    """One case's recommendation: the fastest eligible candidate that beats the baseline at a
+    look that decides, else the baseline (else, without a clean baseline, the fastest)."""
+    primary, (guard, tolerance) = rule.primary, rule.guard
+    base = next((p for p in cpairs if p.allocator == m.baseline), None)
+    base_ok = base is not None and base.status == "ok"
+    if base_ok:
+        _fill_ratios(cpairs, base, rule)
+    head = dict(
+        case=case.label,
+        workload=case.workload,
+        input=case.input,
+        baseline=m.baseline,
+        rule=rule.describe(),
+        time_metric=rule.time,
+        memory_metric=rule.memory,
+        objective=rule.objective,
+    )
+    timed = [p for p in cpairs if p.status == "ok" and p.median(rule.time) is not None]
+    # an allocator whose memory reads 0 was not measured (a probe-less peak): named, not
+    # dropped without a word
+    no_memory = sorted(p.allocator for p in timed if not p.median(rule.memory))
+    notes = [f"{', '.join(no_memory)}: median {rule.memory} reads 0, left out"] if no_memory else []
+    cands = [p for p in timed if p.median(rule.memory)]
+    if not cands:
+        note = "; ".join(["no allocator ran cleanly on this case", *notes])
+        return Recommendation(**head, allocator=None, note=note)
+
+    def runs(name: str) -> np.ndarray:
+        return cdf.loc[cdf["allocator"] == name, primary].to_numpy(float)
+
+    smallest = min(p.median(guard) for p in cands)
+    eligible = [p for p in cands if p.median(guard) <= smallest * (1 + tolerance)]
+    rounds, judged = _judge_case(m, case.label, rule, cpairs, runs, base_ok)
+    decides = rounds.plan.decides_at(rounds.rounds)
+    beaten = set(judged.beats) if judged and decides else set()
+    key = lambda p: (p.median(primary), p.allocator != m.baseline, order[p.allocator])  # noqa: E731
+    winners = [p for p in eligible if p.allocator != m.baseline and p.allocator in beaten]
+    if winners:
+        winner = min(winners, key=key)
+    elif base_ok:
+        winner = base
+    else:
+        winner = min(eligible, key=key)
+    winner.recommended = True
+    rec = Recommendation(
+        **head,
+        allocator=winner.allocator,
+        compared=len(judged.raw) if judged else 0,
+        rounds=rounds.rounds,
+        level=rounds.plan.level if rounds.plan.first_look else None,
+        stop=rounds.stop,
+        needed_rounds=rounds.plan.needed,
+    )
+    excluded = sorted({p.allocator for p in cands} - {p.allocator for p in eligible})
+    if excluded:
+        notes.append(f"{', '.join(excluded)} over {tolerance:.0%} more {guard} than the lowest")
+    shown = winner
+    if not base_ok:
+        notes.append(f"{m.baseline} did not run cleanly: no margin")
+    elif winner.allocator == m.baseline:
+        rec.margin = 0.0
+        rec.memory_vs_baseline = 1.0
+        others = [p for p in eligible if p.allocator != m.baseline]
+        shown = min(others, key=key) if others else winner
+        notes.append(_why_baseline_stays(m.baseline, rule, rounds, decides, shown))
+        if others:
+            rec.best_challenger = shown.allocator
+    if base_ok and shown.allocator != m.baseline:
+        _fill_margin(rec, shown, shown is winner, base, runs, rule, judged, beaten)
+    rec.note = "; ".join(notes)
+    return rec
+
+
+def _judge_case(
+    m: Measurements,
+    case: str,
+    rule: RecommendationRule,
+    cpairs: list[PairSummary],
+    runs: Callable[[str], np.ndarray],
+    base_ok: bool,
+) -> tuple[CaseRounds, Judged | None]:
+    """How the case's rounds went, and the family judged as the rounds' last look
+    (tasks.allocators.rounds.judge; None without a clean baseline): every candidate with a
+    clean run (a failed pair's runs count, out of the race)."""
+    family = {p.allocator: runs(p.allocator) for p in cpairs if p.status in ("ok", "failed")}
+    family = {k: v for k, v in family.items() if len(v)}
+    rounds = _rounds_of(m, case, rule, len(family) - (m.baseline in family))
+    out = set(rounds.dropped) | {p.allocator for p in cpairs if p.status != "ok"}
+    return rounds, (judge(family, m.baseline, rounds.plan, out) if base_ok else None)
+
+
+def _why_baseline_stays(
+    baseline: str,
+    rule: RecommendationRule,
+    rounds: CaseRounds,
+    decides: bool,
+    fastest: PairSummary,
+) -> str:
+    """The note when the baseline stays: no look could decide, or none beat it beyond the
+    noise (naming the fastest challenger), or it is itself the fastest."""
+    if fastest.allocator == baseline:
+        return f"{baseline} itself is the fastest of those within the memory bound"
+    if rounds.plan.first_look is None:
+        return f"{rounds.plan.cannot()} (fastest: {fastest.allocator})"
+    if not decides:
+        return (
+            f"the rounds stopped before a look (round {rounds.plan.first_look} or "
+            f"{rounds.plan.bound}) could decide (fastest: {fastest.allocator})"
+        )
+    return (
+        f"no candidate beats {baseline} beyond the noise"
+        + (" after Holm's correction" if rule.correction == "holm" else "")
+        + f" (fastest: {fastest.allocator})"
+    )
+
+
+def _fill_margin(
+    rec: Recommendation,
+    shown: PairSummary,
+    is_winner: bool,
+    base: PairSummary,
+    runs: Callable[[str], np.ndarray],
+    rule: RecommendationRule,
+    judged: Judged,
+    beaten: set[str],
+) -> None:
+    """The shown challenger's margin over the baseline with its interval, p-values and
+    whether it is beyond the noise (its margin and memory ratio are the recommendation's
+    where it won)."""
+    x, y = runs(shown.allocator), runs(rec.baseline)
+    margin, low, high = margin_interval(x, y, rule.confidence)
+    if is_winner:
+        rec.margin = margin
+        rec.memory_vs_baseline = _ratio(shown.median(rule.memory), base.median(rule.memory))
+    rec.margin_low, rec.margin_high = low, high
+    rec.p_value = judged.raw[shown.allocator]
+    rec.p_adjusted = judged.adjusted.get(shown.allocator)
+    rec.ranges_overlap = ranges_overlap(x, y)
+    rec.beyond_noise = shown.allocator in beaten
 
 
 def _rounds_of(m: Measurements, case: str, rule: RecommendationRule, candidates: int) -> CaseRounds:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from tasks.dataset.convert import convert_groups
 from tasks.format.trace_reader import (
@@ -303,102 +305,125 @@ def small_lives(
 LIFETIMES_KEPT = 4_000_000  # lifetimes kept per file at most (a stride over a longer trace)
 
 
+def _group_parts(
+    table: pa.Table, alloc_ops: np.ndarray, large_block_bytes: int, stride: int
+) -> dict[str, np.ndarray]:
+    """One row group's compact columns the facts need: the allocating threads, the large
+    blocks (page-rounded sizes freed, when each was held), the small sizes allocated and freed
+    per thread, a sample of lifetimes, and the small blocks' lives and call sites."""
+    op = table.column("op").to_numpy()
+    size = table.column("size").to_numpy()
+    thread = table.column("thread").to_numpy()
+    time_ns = table.column("time_ns").to_numpy()
+    life = table.column("lifetime_ns")
+    freed = life.is_valid().to_numpy(zero_copy_only=False)
+    life_ns = life.fill_null(0).to_numpy()
+    freed_size = table.column("freed_size").fill_null(0).to_numpy()
+    is_alloc = np.isin(op, alloc_ops) & (size > 0)
+    is_free = op == Op.FREE
+    never = np.iinfo(np.int64).max
+    # large blocks: sizes freed again and again, and when each was held
+    large = is_alloc & (size >= large_block_bytes)
+    # small sizes, for their churn per thread and size class
+    small = (is_alloc & (size <= TCACHE_MAX_BYTES)) | (
+        is_free & (freed_size > 0) & (freed_size <= TCACHE_MAX_BYTES)
+    )
+    # small blocks' lives and call sites, for placement (ages counted in allocations)
+    small_alloc = is_alloc & (size <= TCACHE_MAX_BYTES)
+    caller = table.column("caller") if "caller" in table.column_names else None
+    return {
+        "frees": np.array([np.count_nonzero(is_free)]),
+        "time": time_ns[[0, -1]],
+        "threads": np.unique(thread[is_alloc]),
+        "churn": (size[large & freed] + 4095) // 4096 * 4096,
+        "large_t0": time_ns[large],
+        "large_t1": np.where(freed[large], time_ns[large] + life_ns[large], never),
+        "large_size": size[large].astype(np.int64),
+        "small_thread": thread[small],
+        "small_op": op[small],
+        "small_size": np.where(is_free, freed_size, size)[small].astype(np.uint16),
+        "lifetimes": life_ns[is_alloc & freed][::stride],
+        "clock": time_ns[is_alloc].astype(np.int64),
+        "place_t0": time_ns[small_alloc].astype(np.int64),
+        "place_t1": np.where(
+            freed[small_alloc], time_ns[small_alloc] + life_ns[small_alloc], never
+        ).astype(np.int64),
+        "place_size": size[small_alloc].astype(np.uint16),
+        "place_site": (
+            caller.fill_null(0).to_numpy()[small_alloc].astype(np.uint64)
+            if caller is not None
+            else np.zeros(int(small_alloc.sum()), np.uint64)
+        ),
+    }
+
+
+def _large_peak(t0: np.ndarray, t1: np.ndarray, sizes: np.ndarray) -> int:
+    """The most bytes the large blocks held at once (each held from t0 to t1)."""
+    if not sizes.size:
+        return 0
+    when = np.concatenate([t0, t1])
+    delta = np.concatenate([sizes, -sizes])
+    return int(np.cumsum(delta[np.argsort(when, kind="stable")]).max())
+
+
 def _file_facts(trace, large_block_bytes: int) -> _FileFacts:
     """One process image's facts: the converter's events a row group at a time (only the
     compact columns the facts need are kept: a large trace is never whole in memory)."""
     groups, stats = convert_groups(trace)
     alloc_ops = np.array([int(o) for o in ALLOCATING_OPS + (Op.REALLOC, Op.REALLOCARRAY)])
     stride = max(1, len(trace) // LIFETIMES_KEPT)
-    allocations = frees = 0
-    t_lo = t_hi = None
-    thread_sets, churn, lifetimes = [], [], []
-    large_t0, large_t1, large_size = [], [], []
-    small_thread, small_op, small_size = [], [], []
-    place_t0, place_t1, place_size, place_site, clock = [], [], [], [], []
+    parts: dict[str, list[np.ndarray]] = defaultdict(list)
     for table in groups:
-        if table.num_rows == 0:
-            continue
-        op = table.column("op").to_numpy()
-        size = table.column("size").to_numpy()
-        thread = table.column("thread").to_numpy()
-        time_ns = table.column("time_ns").to_numpy()
-        life = table.column("lifetime_ns")
-        freed = life.is_valid().to_numpy(zero_copy_only=False)
-        life_ns = life.fill_null(0).to_numpy()
-        freed_size = table.column("freed_size").fill_null(0).to_numpy()
-        is_alloc = np.isin(op, alloc_ops) & (size > 0)
-        is_free = op == Op.FREE
-        allocations += int(is_alloc.sum())
-        frees += int(is_free.sum())
-        t_lo = int(time_ns[0]) if t_lo is None else t_lo
-        t_hi = int(time_ns[-1])
-        thread_sets.append(np.unique(thread[is_alloc]))
-        # large blocks: sizes freed again and again, and when each was held
-        large = is_alloc & (size >= large_block_bytes)
-        churn.append((size[large & freed] + 4095) // 4096 * 4096)
-        large_t0.append(time_ns[large])
-        large_t1.append(
-            np.where(freed[large], time_ns[large] + life_ns[large], np.iinfo(np.int64).max)
+        if table.num_rows:
+            for k, v in _group_parts(table, alloc_ops, large_block_bytes, stride).items():
+                parts[k].append(v)
+    if not parts:
+        return _FileFacts(
+            small=None,
+            allocations=0,
+            frees=0,
+            t_lo=0,
+            t_hi=0,
+            threads=0,
+            churn_sizes=np.zeros(0, np.uint64),
+            large_peak=0,
+            depths=np.zeros(0, np.int64),
+            lifetimes=np.zeros(0, np.int64),
+            live_peak=int(stats.peak_live_bytes),  # complete once the groups are consumed
         )
-        large_size.append(size[large].astype(np.int64))
-        # small sizes, for their churn per thread and size class
-        small = (is_alloc & (size <= TCACHE_MAX_BYTES)) | (
-            is_free & (freed_size > 0) & (freed_size <= TCACHE_MAX_BYTES)
-        )
-        small_thread.append(thread[small])
-        small_op.append(op[small])
-        small_size.append(np.where(is_free, freed_size, size)[small].astype(np.uint16))
-        lifetimes.append(life_ns[is_alloc & freed][::stride])
-        # small blocks' lives and call sites, for placement (ages counted in allocations)
-        clock.append(time_ns[is_alloc].astype(np.int64))
-        small_alloc = is_alloc & (size <= TCACHE_MAX_BYTES)
-        place_t0.append(time_ns[small_alloc].astype(np.int64))
-        place_t1.append(
-            np.where(
-                freed[small_alloc],
-                time_ns[small_alloc] + life_ns[small_alloc],
-                np.iinfo(np.int64).max,
-            ).astype(np.int64)
-        )
-        place_size.append(size[small_alloc].astype(np.uint16))
-        caller = table.column("caller") if "caller" in table.column_names else None
-        place_site.append(
-            caller.fill_null(0).to_numpy()[small_alloc].astype(np.uint64)
-            if caller is not None
-            else np.zeros(int(small_alloc.sum()), np.uint64)
-        )
-    large_peak = 0
-    sizes = np.concatenate(large_size) if large_size else np.zeros(0, np.int64)
-    if sizes.size:
-        when = np.concatenate(large_t0 + large_t1)
-        delta = np.concatenate([sizes, -sizes])
-        large_peak = int(np.cumsum(delta[np.argsort(when, kind="stable")]).max())
-    cat = np.concatenate
-    depths = (
-        small_churn_depths(cat(small_thread), cat(small_op), cat(small_size))
-        if small_thread
-        else np.zeros(0, np.int64)
-    )
-    small = (
-        small_lives(
-            cat(place_t0), cat(place_t1), cat(place_size), cat(place_site), np.sort(cat(clock))
-        )
-        if place_t0
-        else None
+    got = {k: np.concatenate(v) for k, v in parts.items()}
+    small = small_lives(
+        got["place_t0"],
+        got["place_t1"],
+        got["place_size"],
+        got["place_site"],
+        np.sort(got["clock"]),
     )
     return _FileFacts(
         small=small,
-        allocations=allocations,
-        frees=frees,
-        t_lo=t_lo or 0,
-        t_hi=t_hi or 0,
-        threads=int(np.unique(cat(thread_sets)).size) if thread_sets else 0,
-        churn_sizes=cat(churn) if churn else np.zeros(0, np.uint64),
-        large_peak=large_peak,
-        depths=depths,
-        lifetimes=cat(lifetimes) if lifetimes else np.zeros(0, np.int64),
+        allocations=len(got["clock"]),
+        frees=int(got["frees"].sum()),
+        t_lo=int(got["time"][0]),
+        t_hi=int(got["time"][-1]),
+        threads=int(np.unique(got["threads"]).size),
+        churn_sizes=got["churn"],
+        large_peak=_large_peak(got["large_t0"], got["large_t1"], got["large_size"]),
+        depths=small_churn_depths(got["small_thread"], got["small_op"], got["small_size"]),
+        lifetimes=got["lifetimes"],
         live_peak=int(stats.peak_live_bytes),  # complete once the groups are consumed
     )
+
+
+def _repeated_sizes(churn_sizes: list[np.ndarray]) -> tuple[tuple[SizeChurn, ...], int]:
+    """The large sizes freed REPEATED times or more, largest first, and the bytes they make."""
+    all_churn = np.concatenate(churn_sizes) if churn_sizes else np.zeros(0, np.uint64)
+    sizes, counts = np.unique(all_churn, return_counts=True)
+    keep = counts >= REPEATED
+    churn = tuple(
+        SizeChurn(int(s), int(c))
+        for s, c in sorted(zip(sizes[keep], counts[keep]), key=lambda sc: -int(sc[0]))
+    )
+    return churn, int((sizes[keep].astype(np.int64) * counts[keep]).sum())
 
 
 def heap_facts(
@@ -452,13 +477,7 @@ def heap_facts(
             f"{trace_dir}: the traced run left no readable trace file"
             + (f" ({'; '.join(notes)})" if notes else "")
         )
-    all_churn = np.concatenate(churn_sizes) if churn_sizes else np.zeros(0, np.uint64)
-    sizes, counts = np.unique(all_churn, return_counts=True)
-    keep = counts >= REPEATED
-    churn = tuple(
-        SizeChurn(int(s), int(c))
-        for s, c in sorted(zip(sizes[keep], counts[keep]), key=lambda sc: -int(sc[0]))
-    )
+    churn, churn_bytes = _repeated_sizes(churn_sizes)
     depth = np.concatenate(depths) if depths else np.zeros(0, np.int64)
     life_all = np.concatenate(lifetimes) if lifetimes else np.zeros(0, np.int64)
     importers, how = (), "mallopt imports not checked"
@@ -472,7 +491,7 @@ def heap_facts(
         allocating_threads=threads,
         large_block_bytes=large_block_bytes,
         large_churn=churn,
-        large_churn_bytes=int((sizes[keep].astype(np.int64) * counts[keep]).sum()),
+        large_churn_bytes=churn_bytes,
         large_live_peak_bytes=large_peak,
         small_reuses=small_reuses,
         small_churn_depth=int(np.quantile(depth, CHURN_QUANTILE)) if depth.size else 0,

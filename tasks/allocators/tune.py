@@ -22,7 +22,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -304,6 +304,77 @@ class CheckRun:
         )
 
 
+def _with_objective(config: AllocatorsConfig, objective: str | None) -> AllocatorsConfig:
+    """The config with its rule judged on `objective` (time or memory; None: as it is)."""
+    if objective is None:
+        return config
+    if objective not in ("time", "memory"):
+        raise TuneError(f"objective must be time or memory, not {objective!r}")
+    rule = config.rule.model_copy(update={"objective": objective})
+    return config.model_copy(update={"rule": rule})
+
+
+def _resolved_argv(argv: list[str]) -> list[str]:
+    """argv with its program's path (looked up on PATH where it names no folder); TuneError
+    when there is no such executable."""
+    program = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
+    if program is None or not os.path.exists(program):
+        raise TuneError(
+            f"program not found: {argv[0]} ("
+            + ("no such file" if "/" in argv[0] else "not on PATH")
+            + "); give the path of an executable, or a command on PATH"
+        )
+    if os.path.isdir(program) or not os.access(program, os.X_OK):
+        raise TuneError(f"{program} is not an executable file; give the program to run")
+    return [program, *argv[1:]]
+
+
+def _candidate_names(config: AllocatorsConfig, candidates: list[str] | None) -> list[str]:
+    """The candidates asked for, else the config's tune list (else all it names), the baseline
+    first where it is missing; a former name (config.resolve, RENAMED_POLICIES) is the
+    candidate's name now; TuneError naming any the config does not have."""
+    tcfg = config.tune
+    names = [
+        config.resolve(n) for n in (candidates or (tcfg.candidates if tcfg else config.names()))
+    ]
+    unknown = [n for n in names if n not in config.names()]
+    if unknown:
+        raise TuneError(
+            f"no candidate {', '.join(unknown)} in the allocators config; it has: "
+            f"{', '.join(config.names())}"
+        )
+    return names if config.baseline in names else [config.baseline, *names]
+
+
+def _advised(
+    first: FirstRun,
+    config: AllocatorsConfig,
+    names: list[str],
+    asked: bool,
+    cpus: int | None,
+) -> tuple[AllocatorsConfig, list[str], Advice | None]:
+    """What the traced first run advises (None without a trace): the derived candidates join
+    the config (replacing a same-named one) and the names, those ruled out leave; candidates
+    `asked` for are measured as they are, the trace only shown."""
+    if first.facts is None:
+        return config, names, None
+    advice = advise(
+        first.facts,
+        config,
+        names,
+        cpus or len(os.sched_getaffinity(0)) or 1,
+        config.rule.objective,
+    )
+    if asked:
+        return config, names, Advice(facts=advice.facts, run={n: "asked for" for n in names})
+    fresh = {a.name for a in advice.derived}
+    kept = [a for a in config.allocators if a.name not in fresh]
+    config = config.model_copy(update={"allocators": kept + list(advice.derived)})
+    names = [n for n in names if n not in advice.ruled_out]
+    names += [a.name for a in advice.derived if a.name not in names]
+    return config, names, advice
+
+
 def tune(
     argv: list[str],
     config: AllocatorsConfig,
@@ -327,34 +398,10 @@ def tune(
     ruled out). `cpus`: the cores the derivation assumes (default: this host's)."""
     if not argv:
         raise TuneError("give a program: heapcast tune -- PROGRAM ARGS...")
-    if objective is not None:
-        if objective not in ("time", "memory"):
-            raise TuneError(f"objective must be time or memory, not {objective!r}")
-        rule = config.rule.model_copy(update={"objective": objective})
-        config = config.model_copy(update={"rule": rule})
-    program = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
-    if program is None or not os.path.exists(program):
-        raise TuneError(
-            f"program not found: {argv[0]} ("
-            + ("no such file" if "/" in argv[0] else "not on PATH")
-            + "); give the path of an executable, or a command on PATH"
-        )
-    if os.path.isdir(program) or not os.access(program, os.X_OK):
-        raise TuneError(f"{program} is not an executable file; give the program to run")
-    argv = [program, *argv[1:]]
+    config = _with_objective(config, objective)
+    argv = _resolved_argv(argv)
     tcfg = config.tune
-    # a former name (config.resolve, RENAMED_POLICIES) is the candidate's name now
-    names = [
-        config.resolve(n) for n in (candidates or (tcfg.candidates if tcfg else config.names()))
-    ]
-    unknown = [n for n in names if n not in config.names()]
-    if unknown:
-        raise TuneError(
-            f"no candidate {', '.join(unknown)} in the allocators config; it has: "
-            f"{', '.join(config.names())}"
-        )
-    if config.baseline not in names:
-        names = [config.baseline, *names]
+    names = _candidate_names(config, candidates)
     reps = repetitions or (tcfg.repetitions if tcfg else config.repetitions)
     bound = max(reps, max_repetitions or (tcfg.max_repetitions if tcfg else config.rounds_bound))
     warm = (tcfg.warmup if tcfg else config.warmup) if warmup is None else warmup
@@ -368,25 +415,7 @@ def tune(
         first = first_run(
             argv, config, scratch / "first", trace=trace, cwd=cwd, timeout_s=timeout_s
         )
-        advice = None
-        if first.facts is not None:
-            advice = advise(
-                first.facts,
-                config,
-                names,
-                cpus or len(os.sched_getaffinity(0)) or 1,
-                config.rule.objective,
-            )
-            if candidates is None:
-                # the derived candidates join the config (replacing a same-named one)
-                fresh = {a.name for a in advice.derived}
-                kept = [a for a in config.allocators if a.name not in fresh]
-                allocators = kept + list(advice.derived)
-                config = config.model_copy(update={"allocators": allocators})
-                names = [n for n in names if n not in advice.ruled_out]
-                names += [a.name for a in advice.derived if a.name not in names]
-            else:
-                advice = Advice(facts=advice.facts, run={n: "asked for" for n in names})
+        config, names, advice = _advised(first, config, names, candidates is not None, cpus)
         m, dropped, stop = _measure(
             argv, config, names, label, reps, bound, warm, scratch, cwd, timeout_s, progress, first
         )
@@ -425,6 +454,55 @@ def tune(
     return TuneOutcome(m, pairs, rec, text, line, page, note, first.facts, advice, checked, stop)
 
 
+def _unavailable(config: AllocatorsConfig, names: list[str], label: str) -> list[Unavailable]:
+    """The candidates whose library this host lacks, each with what to install."""
+    out = []
+    for n in names:
+        why = missing_library(config.get(n))
+        if why:
+            out.append(Unavailable.of(config.get(n), label, label, why))
+    return out
+
+
+def _with_layer_counts(sample: Sample, allocator: Allocator, counts: dict[str, int]) -> Sample:
+    """The sample with its layer's counters; a placement layer that was loaded but passed every
+    call through makes a clean run a failed one."""
+    why = place_error(allocator, counts)
+    if why and sample.ok:
+        sample = sample.model_copy(update={"ok": False, "error": why, "applied": False})
+    return sample.model_copy(update=counts)
+
+
+@dataclass
+class _CandidateRuns:
+    """Runs of the candidates one at a time, with the progress they make and each one's
+    layer counters from its last run."""
+
+    argv: list[str]
+    config: AllocatorsConfig
+    cwd: Path | None
+    timeout_s: float
+    progress: Progress | None
+    planned: int  # runs, at most, as far as is known
+    done: int = 1  # the traced first run
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def one(self, name: str, run_dir: Path) -> PreloadedRun:
+        """One run of candidate `name` in `run_dir` (removed after)."""
+        if self.progress is not None:
+            self.progress(self.done, self.planned, name)
+        self.done += 1
+        a = self.config.get(name)
+        r = run_candidate(self.argv, a, run_dir, cwd=self.cwd, timeout_s=self.timeout_s)
+        # a layer's counters, written to the run's folder by its `stats` setting
+        if a.kind == "place":
+            self.counts[name] = read_place_stats(run_dir / PLACE_STATS)
+        else:
+            self.counts[name] = read_layer_stats(run_dir / LAYER_STATS)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return r
+
+
 def _measure(
     argv: list[str],
     config: AllocatorsConfig,
@@ -440,47 +518,17 @@ def _measure(
     first: FirstRun,
 ) -> tuple[Measurements, dict[str, str], str]:
     """The balanced rounds, candidates dropped and rounds stopped by tasks.allocators.rounds."""
-    unavailable = []
-    for n in names:
-        why = missing_library(config.get(n))
-        if why:
-            a = config.get(n)
-            unavailable.append(
-                Unavailable(
-                    case=label,
-                    workload=label,
-                    allocator=n,
-                    library=a.library,
-                    package=a.package,
-                    message=why,
-                )
-            )
+    unavailable = _unavailable(config, names, label)
     gone = {u.allocator for u in unavailable}
     if config.baseline in gone:
         raise TuneError(next(u.message for u in unavailable if u.allocator == config.baseline))
     live = [n for n in names if n not in gone]
     samples: list[Sample] = []
-    planned = 1 + warm + reps * len(live)
-    done = 1
-    layer_counts: dict[str, dict[str, int]] = {}  # the last run's, per candidate
-
-    def one(name: str, run_dir: Path) -> PreloadedRun:
-        nonlocal done
-        if progress is not None:
-            progress(done, planned, name)
-        done += 1
-        a = config.get(name)
-        r = run_candidate(argv, a, run_dir, cwd=cwd, timeout_s=timeout_s)
-        # a layer's counters, written to the run's folder by its `stats` setting
-        if a.kind == "place":
-            layer_counts[name] = read_place_stats(run_dir / PLACE_STATS)
-        else:
-            layer_counts[name] = read_layer_stats(run_dir / LAYER_STATS)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return r
-
+    runs = _CandidateRuns(
+        argv, config, cwd, timeout_s, progress, planned=1 + warm + reps * len(live)
+    )
     for i in range(warm):
-        one(config.baseline, scratch / f"warmup-{i}")
+        runs.one(config.baseline, scratch / f"warmup-{i}")
     expected = first.run.exit_code
     orders = balanced_orders(live, bound, config.order_seed)
     race = Race(list(live))
@@ -490,16 +538,13 @@ def _measure(
     for rep in range(bound):
         order = [n for n in orders[rep] if n in race.active]
         for pos, name in enumerate(order):
-            run = one(name, scratch / f"r{rep + 1}-{name}")
+            run = runs.one(name, scratch / f"r{rep + 1}-{name}")
             sample = _sample(label, name, rep + 1, pos + 1, run, expected)
-            why = place_error(config.get(name), layer_counts[name])
-            if why and sample.ok:  # loaded, but the placement layer passed every call through
-                sample = sample.model_copy(update={"ok": False, "error": why, "applied": False})
-            samples.append(sample.model_copy(update=layer_counts[name]))
+            samples.append(_with_layer_counts(sample, config.get(name), runs.counts[name]))
         if rule_round(samples, live, race, config.baseline, rule, plan, rep + 1, eliminate=True):
             break
         # what is left to run, at most: the next rounds of those still in
-        planned = done + max(reps - rep - 1, 1) * len(race.active)
+        runs.planned = runs.done + max(reps - rep - 1, 1) * len(race.active)
     stop = race.stop or f"the bound of {bound} rounds"
     m = Measurements(
         night=night_stamp(),

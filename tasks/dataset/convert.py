@@ -399,8 +399,8 @@ def _packed_fields(records: np.ndarray) -> np.ndarray:
 
 
 _UNPACK_STEP = 1 << 15  # records per step: a step's records stay in cache for all fields
-# Rows converted (and written) at a time: one Parquet row group. 1 M rows: the group's columns
-# (~70 MB) are reused from group to group, and the file is 0.6% larger than with 4 M.
+# Rows converted (and written) at a time: one Parquet row group, small enough that the group's
+# columns are reused from group to group (docs/dataset.md#converting-one-trace-file).
 GROUP_ROWS = 1 << 20
 
 
@@ -478,24 +478,38 @@ def _scan_records(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, boo
     return op, thread, addr_nz, ordered
 
 
+def _thread_count(thread: np.ndarray) -> int:
+    """How many threads the rows' thread numbers name."""
+    if len(thread) == 0:
+        return 0
+    if thread.min() == thread.max():
+        return 1
+    return int(np.count_nonzero(_counts(thread, 1 << 16)))
+
+
+def _records_of_rows(
+    trace: Trace, is_ts_all: np.ndarray, ts_idx: np.ndarray, ordered: bool
+) -> int | np.ndarray:
+    """Which record each row (event) is: an offset where the rows are the records past the
+    THREAD_START markers in file order, else an index per row (time order, markers left out)."""
+    if not ordered:
+        order = _time_order(ticks_to_ns(trace.records["time"], trace.header))
+        if order is not None:
+            return order[~is_ts_all[order]]
+    # Usual case (one thread, or threads that never interleave out of time order): when
+    # the THREAD_START markers are a prefix, row r is record r + their count.
+    if len(ts_idx) == 0 or ts_idx[-1] == len(ts_idx) - 1:
+        return len(ts_idx)
+    return np.flatnonzero(~is_ts_all)
+
+
 def _plan(trace: Trace) -> _Plan:
-    h = trace.header
     records = trace.records
     op_all, thread_all, addr_nz_all, ordered = _scan_records(trace)
     is_ts_all = op_all == Op.THREAD_START
     ts_idx = np.flatnonzero(is_ts_all)
 
-    rec: int | np.ndarray
-    order = None if ordered else _time_order(ticks_to_ns(records["time"], h))
-    if order is None:
-        # Usual case (one thread, or threads that never interleave out of time order): when
-        # the THREAD_START markers are a prefix, row r is record r + their count.
-        if len(ts_idx) == 0 or ts_idx[-1] == len(ts_idx) - 1:
-            rec = len(ts_idx)
-        else:
-            rec = np.flatnonzero(~is_ts_all)
-    else:
-        rec = order[~is_ts_all[order]]
+    rec = _records_of_rows(trace, is_ts_all, ts_idx, ordered)
     n = len(records) - len(ts_idx)
 
     def rows_of(a: np.ndarray) -> np.ndarray:
@@ -503,12 +517,7 @@ def _plan(trace: Trace) -> _Plan:
 
     op = rows_of(op_all)
     thread = rows_of(thread_all)
-    if n == 0:
-        threads = 0
-    elif thread.min() == thread.max():
-        threads = 1
-    else:
-        threads = int(np.count_nonzero(_counts(thread, 1 << 16)))
+    threads = _thread_count(thread)
     single_thread = threads == 1 and len(ts_idx) <= 1
     thread0 = int(thread[0]) if n else 0
 
@@ -590,6 +599,99 @@ class _GroupState:
         self.token_hist = np.zeros(N_TOKENS, dtype=np.int64)
 
 
+def _lifetimes(
+    trace: Trace, plan: _Plan, s: int, e: int, time_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows s..e that define a block freed in the trace, and its lifetime to the row that frees
+    it, in ns and in calls of the process (0 elsewhere)."""
+    g = e - s
+    fa = plan.free_of_alloc[s:e]
+    freed = fa >= 0
+    fi = np.flatnonzero(freed)
+    partner = fa[fi].astype(np.int64)
+    partner -= s  # as a row of this group
+    lifetime_calls = np.zeros(g, dtype=np.int64)
+    lifetime_calls[fi] = partner - fi
+    later = partner >= g
+    t_free = np.take(time_ns, partner, mode="clip")
+    if later.any():
+        t_free[later] = ticks_to_ns(
+            _partner_field(trace, plan, partner[later] + s, "time"), trace.header
+        )
+    t_free -= time_ns[fi]
+    lifetime_ns = np.zeros(g, dtype=np.int64)
+    lifetime_ns[fi] = t_free
+    return freed, lifetime_ns, lifetime_calls
+
+
+def _freed_sizes(
+    trace: Trace, plan: _Plan, s: int, e: int, size: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows s..e that free a block defined in the trace, and its size, from the row that
+    defined it (0 elsewhere)."""
+    af = plan.alloc_of_free[s:e]
+    paired = af >= 0
+    pi = np.flatnonzero(paired)
+    partner = af[pi].astype(np.int64)
+    partner -= s
+    earlier = partner < 0
+    sizes = np.take(size, partner, mode="clip")
+    if earlier.any():
+        sizes[earlier] = _partner_field(trace, plan, partner[earlier] + s, "packed")
+        sizes[earlier] &= np.uint64(SIZE_MASK)
+    freed_size = np.zeros(e - s, dtype=np.uint64)
+    freed_size[pi] = sizes
+    return paired, freed_size
+
+
+def _tokens(
+    free_only: np.ndarray,
+    freed_size: np.ndarray,
+    size: np.ndarray,
+    defines: np.ndarray,
+    state: _GroupState,
+) -> np.ndarray:
+    """The rows' tokens (the size class; a free's, of the freed block, plus FREE_OFFSET), with
+    the live bytes' peak and the token counts carried in `state`."""
+    g = len(size)
+    token = np.empty(g, dtype=np.uint8)
+    for c in range(0, g, _CHUNK):  # a chunk's temporaries stay in cache
+        d = min(c + _CHUNK, g)
+        fo = free_only[c:d]
+        tk = token[c:d]
+        _size_classes(np.where(fo, freed_size[c:d], size[c:d]), out=tk)
+        tk += fo.view(np.uint8) * np.uint8(FREE_OFFSET)
+        # live bytes in call order: + the size of each block defined, - each paired free's size
+        delta = np.where(defines[c:d], size[c:d], np.uint64(0)).view(np.int64)
+        delta -= freed_size[c:d].view(np.int64)
+        live = np.cumsum(delta)
+        live += state.live_base
+        state.peak_live = max(state.peak_live, int(live.max()))
+        state.live_base = live[-1]
+    state.token_hist += _counts(token, N_TOKENS)[:N_TOKENS]
+    return token
+
+
+def _thread_columns(
+    plan: _Plan, thread: np.ndarray | None, s: int, e: int, state: _GroupState
+) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """The thread, tid and per-thread sequence columns of rows s..e (the sequence carried in
+    `state`); constants where the trace has one thread."""
+    g = e - s
+    if plan.single_thread:
+        # at most one THREAD_START (single_thread): the tid is a lookup table's entry
+        return (
+            _constant(plan.thread0, pa.uint16(), g),
+            _constant(int(plan.tid_lut[plan.thread0]), pa.uint32(), g),
+            np.arange(s, e, dtype=np.uint64),
+        )
+    tid = plan.tid_lut[thread] if plan.tid_lut is not None else plan.tid[s:e]
+    seq = _seq_per_row(thread)
+    seq += state.seq_base[thread]
+    state.seq_base += _counts(thread, 1 << 16).astype(np.uint64)
+    return pa.array(thread), pa.array(tid), seq
+
+
 def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) -> pa.Table:
     """The events table of rows s..e (EVENTS_SCHEMA)."""
     h = trace.header
@@ -613,51 +715,11 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
         # realloc(p, 0) that only frees, and free itself, carry the free token
         free_only = is_free | (realloc_frees & ~addr_nz)
 
-    # Lifetimes of the blocks defined here, to the row that frees them, and sizes of the blocks
-    # freed here, from the row that defined them. Blocks mostly die young: the other row is
-    # usually in this group (its columns are at hand); else it is read from the records.
-    fa = plan.free_of_alloc[s:e]
-    freed = fa >= 0
-    fi = np.flatnonzero(freed)
-    partner = fa[fi].astype(np.int64)
-    partner -= s  # as a row of this group
-    lifetime_calls = np.zeros(g, dtype=np.int64)
-    lifetime_calls[fi] = partner - fi
-    later = partner >= g
-    t_free = np.take(time_ns, partner, mode="clip")
-    if later.any():
-        t_free[later] = ticks_to_ns(_partner_field(trace, plan, partner[later] + s, "time"), h)
-    t_free -= time_ns[fi]
-    lifetime_ns = np.zeros(g, dtype=np.int64)
-    lifetime_ns[fi] = t_free
-    af = plan.alloc_of_free[s:e]
-    paired = af >= 0
-    pi = np.flatnonzero(paired)
-    partner = af[pi].astype(np.int64)
-    partner -= s
-    earlier = partner < 0
-    sizes = np.take(size, partner, mode="clip")
-    if earlier.any():
-        sizes[earlier] = _partner_field(trace, plan, partner[earlier] + s, "packed")
-        sizes[earlier] &= np.uint64(SIZE_MASK)
-    freed_size = np.zeros(g, dtype=np.uint64)
-    freed_size[pi] = sizes
-
-    token = np.empty(g, dtype=np.uint8)
-    for c in range(0, g, _CHUNK):  # a chunk's temporaries stay in cache
-        d = min(c + _CHUNK, g)
-        fo = free_only[c:d]
-        tk = token[c:d]
-        _size_classes(np.where(fo, freed_size[c:d], size[c:d]), out=tk)
-        tk += fo.view(np.uint8) * np.uint8(FREE_OFFSET)
-        # live bytes in call order: + the size of each block defined, - each paired free's size
-        delta = np.where(defines[c:d], size[c:d], np.uint64(0)).view(np.int64)
-        delta -= freed_size[c:d].view(np.int64)
-        live = np.cumsum(delta)
-        live += state.live_base
-        state.peak_live = max(state.peak_live, int(live.max()))
-        state.live_base = live[-1]
-    state.token_hist += _counts(token, N_TOKENS)[:N_TOKENS]
+    # Blocks mostly die young: the row that frees a block defined here (or defined one freed
+    # here) is usually in this group, its columns at hand; else it is read from the records.
+    freed, lifetime_ns, lifetime_calls = _lifetimes(trace, plan, s, e, time_ns)
+    paired, freed_size = _freed_sizes(trace, plan, s, e, size)
+    token = _tokens(free_only, freed_size, size, defines, state)
 
     aligned = np.take(_ALIGNED, op) if plan.any_aligned else None
     if aligned is not None and aligned.any():
@@ -672,18 +734,7 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
     else:
         freed_addr = _constant(None, pa.uint64(), g)
 
-    if plan.single_thread:
-        thread_col = _constant(plan.thread0, pa.uint16(), g)
-        # at most one THREAD_START (single_thread): the tid is a lookup table's entry
-        tid_col = _constant(int(plan.tid_lut[plan.thread0]), pa.uint32(), g)
-        seq = np.arange(s, e, dtype=np.uint64)
-    else:
-        thread = cols_g["thread"]
-        thread_col = pa.array(thread)
-        tid_col = pa.array(plan.tid_lut[thread] if plan.tid_lut is not None else plan.tid[s:e])
-        seq = _seq_per_row(thread)
-        seq += state.seq_base[thread]
-        state.seq_base += _counts(thread, 1 << 16).astype(np.uint64)
+    thread_col, tid_col, seq = _thread_columns(plan, cols_g.get("thread"), s, e, state)
     cols = {
         "pid": _constant(h.pid, pa.uint32(), g),
         "ppid": _constant(h.ppid, pa.uint32(), g),

@@ -767,6 +767,24 @@ def find_registration(client, experiment_id: str, key: str, model_name: str):
 # ----------------------------------------------------------------------------- registration
 
 
+def _log_champion_evaluation(
+    decision: champion_rules.PromotionDecision, outcome: TrainOutcome
+) -> None:
+    """The champion's evaluation the decision compared this version with, on the run, where
+    there was one."""
+    import mlflow  # deferred: start-up time
+
+    if decision.champion_evaluation is not None:
+        mlflow.log_dict(
+            {
+                "champion_version": decision.previous_champion_version,
+                "content_hash": outcome.dataset.content_hash,
+                "rows": evaluation_rows(decision.champion_evaluation),
+            },
+            "promotion/champion_evaluation.json",
+        )
+
+
 def register_outcome(
     outcome: TrainOutcome,
     tracking: TrackingConfig,
@@ -836,15 +854,7 @@ def register_outcome(
         headline.describe_version(
             client, tracking.model_name, version, outcome, decision.decision, decision.reason
         )
-        if decision.champion_evaluation is not None:
-            mlflow.log_dict(
-                {
-                    "champion_version": decision.previous_champion_version,
-                    "content_hash": outcome.dataset.content_hash,
-                    "rows": evaluation_rows(decision.champion_evaluation),
-                },
-                "promotion/champion_evaluation.json",
-            )
+        _log_champion_evaluation(decision, outcome)
         mlflow.set_tags({"heapcast.model_version": version, TAG_STATE: "complete"})
 
     return _result(run_id, experiment_id, tracking, decision, scores)

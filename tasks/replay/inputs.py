@@ -202,6 +202,24 @@ def gen_python_script(seed: int, size: int, dest: Path) -> list[str]:
     return ["workload.py"]
 
 
+_C_OPS = ["+", "-", "*", "^", "|", "&"]
+
+
+def _c_switch(rng: random.Random, s: int, expr: Callable[[int], str], most_cases: int) -> list[str]:
+    """A switch of 2 to `most_cases` random cases and a default, on statement s's value."""
+    out = [f"  switch ((a + {s}) & 7) {{"]
+    for case in range(rng.randint(2, most_cases)):
+        out.append(f"    case {case}: c = {expr(2)}; break;")
+    out.append(f"    default: c ^= {expr(2)};")
+    out.append("  }")
+    return out
+
+
+def _c_branch(expr: Callable[[int], str]) -> str:
+    """A random if/else that changes a or b."""
+    return f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};"
+
+
 def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
     """`size` functions over structs, loops, switches and arithmetic; no #include needed."""
     rng = random.Random(seed)
@@ -210,12 +228,11 @@ def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
         "struct node { u64 key; long val; struct node *next; double w[4]; };",
         "",
     ]
-    ops = ["+", "-", "*", "^", "|", "&"]
 
     def expr(depth: int) -> str:
         if depth == 0 or rng.random() < 0.3:
             return rng.choice(["a", "b", "c", "i", str(rng.randint(1, 999)), "n->key", "n->val"])
-        return f"({expr(depth - 1)} {rng.choice(ops)} {expr(depth - 1)})"
+        return f"({expr(depth - 1)} {rng.choice(_C_OPS)} {expr(depth - 1)})"
 
     for f in range(size):
         out.append(f"long f{f}(struct node *n, long a, long b) {{")
@@ -228,13 +245,9 @@ def gen_c_file(seed: int, size: int, dest: Path) -> list[str]:
                     f"n->w[i & 3] += (double)c / {rng.randint(2, 9)}.0; }}"
                 )
             elif kind == 1:
-                out.append(f"  switch ((a + {s}) & 7) {{")
-                for case in range(rng.randint(2, 8)):
-                    out.append(f"    case {case}: c = {expr(2)}; break;")
-                out.append(f"    default: c ^= {expr(2)};")
-                out.append("  }")
+                out += _c_switch(rng, s, expr, 8)
             elif kind == 2:
-                out.append(f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};")
+                out.append(_c_branch(expr))
             else:
                 out.append("  while (n && n->key != (u64)c) { c += n->val; n = n->next; }")
                 out.append("  if (!n) return c;")
@@ -321,19 +334,38 @@ def gen_freeciv_script(seed: int, size: int, dest: Path) -> list[str]:
     return ["script.serv"]
 
 
-def gen_c_project(seed: int, size: int, dest: Path) -> list[str]:
-    """A C project for `make -j2`: `size` small modules (some including libc's headers), a
-    shared header, a utility module, a main, and a Makefile that compiles each module into obj/,
-    archives them with ar, links the program and runs it once. All files in one flat folder
-    (the runner makes each input file read-only 0644: a subfolder could not be entered)."""
-    rng = random.Random(seed)
-    ops = ["+", "-", "*", "^", "|", "&"]
+_C_LIBC_HEADERS = ["<stdio.h>", "<stdlib.h>", "<string.h>", "<stdint.h>", "<ctype.h>"]
+# the utility module every generated module calls: a mixer, and a list pushed and dropped
+_C_UTIL = [
+    "#include <stdlib.h>",
+    "#include <string.h>",
+    '#include "common.h"',
+    "u64 util_mix(u64 a, u64 b) { a ^= b + 0x9e3779b97f4a7c15UL + (a << 6) + (a >> 2); return a; }",
+    "struct node *util_push(struct node *head, u64 key, u64 val) {",
+    "  struct node *n = malloc(sizeof *n);",
+    "  if (!n) abort();",
+    "  n->key = key; n->val = val; n->next = head;",
+    '  memcpy(n->tag, "heapcast-node", 14);',
+    "  return n;",
+    "}",
+    "u64 util_drop(struct node *head) {",
+    "  u64 s = 0;",
+    "  while (head) { struct node *next = head->next; s += head->key ^ head->val;"
+    " free(head); head = next; }",
+    "  return s;",
+    "}",
+]
 
-    def expr(depth: int) -> str:
-        if depth == 0 or rng.random() < 0.3:
-            return rng.choice(["a", "b", "c", "n->key", "n->val", f"{rng.randint(1, 999)}UL"])
-        return f"({expr(depth - 1)} {rng.choice(ops)} {expr(depth - 1)})"
 
+def _c_expr(rng: random.Random, depth: int) -> str:
+    """A random C expression over a, b, c and the node's fields, `depth` operators deep at most."""
+    if depth == 0 or rng.random() < 0.3:
+        return rng.choice(["a", "b", "c", "n->key", "n->val", f"{rng.randint(1, 999)}UL"])
+    return f"({_c_expr(rng, depth - 1)} {rng.choice(_C_OPS)} {_c_expr(rng, depth - 1)})"
+
+
+def _c_common_header(size: int) -> list[str]:
+    """common.h: the node and table types, the utility functions and every module's entry."""
     common = [
         "#ifndef GEN_COMMON_H",
         "#define GEN_COMMON_H",
@@ -346,80 +378,64 @@ def gen_c_project(seed: int, size: int, dest: Path) -> list[str]:
     ]
     common += [f"u64 mod{m:03d}_run(u64 x);" for m in range(size)]
     common.append("#endif")
-    (dest / "common.h").write_text("\n".join(common) + "\n")
-    util = [
-        "#include <stdlib.h>",
-        "#include <string.h>",
-        '#include "common.h"',
-        "u64 util_mix(u64 a, u64 b) { a ^= b + 0x9e3779b97f4a7c15UL + (a << 6) + (a >> 2);"
-        " return a; }",
-        "struct node *util_push(struct node *head, u64 key, u64 val) {",
-        "  struct node *n = malloc(sizeof *n);",
-        "  if (!n) abort();",
-        "  n->key = key; n->val = val; n->next = head;",
-        '  memcpy(n->tag, "heapcast-node", 14);',
-        "  return n;",
-        "}",
-        "u64 util_drop(struct node *head) {",
-        "  u64 s = 0;",
-        "  while (head) { struct node *next = head->next; s += head->key ^ head->val;"
-        " free(head); head = next; }",
-        "  return s;",
-        "}",
-    ]
-    (dest / "util.c").write_text("\n".join(util) + "\n")
-    libc_headers = ["<stdio.h>", "<stdlib.h>", "<string.h>", "<stdint.h>", "<ctype.h>"]
-    for m in range(size):
-        out = [f"/* module {m} (generated, seed {seed}) */"]
-        for h in rng.sample(libc_headers, k=rng.randint(0, 3)):
-            out.append(f"#include {h}")
-        out.append('#include "common.h"')
-        n_funcs = rng.randint(2, 6)
-        for f in range(n_funcs):
-            out.append(f"static u64 m{m}_f{f}(struct node *n, u64 a, u64 b) {{")
-            body = []
-            for s in range(rng.randint(2, 6)):
-                kind = rng.randrange(4)
-                if kind == 0:
-                    body.append(
-                        f"  for (i = 0; i < {rng.randint(2, 40)}U; i++) c += {expr(3)} + i;"
-                    )
-                elif kind == 1:
-                    body.append(f"  switch ((a + {s}) & 7) {{")
-                    for case in range(rng.randint(2, 6)):
-                        body.append(f"    case {case}: c = {expr(2)}; break;")
-                    body.append(f"    default: c ^= {expr(2)};")
-                    body.append("  }")
-                elif kind == 2:
-                    body.append(f"  if ({expr(2)} > {expr(2)}) b = {expr(3)}; else a = {expr(3)};")
-                else:
-                    body.append(f"  c = util_mix(c, {expr(2)});")
-            loops = any(line.startswith("  for") for line in body)
-            out.append("  u64 c = a;" + (" unsigned i;" if loops else ""))
-            out += body
-            if f:  # a chain: every static function is used
-                out.append(f"  c += m{m}_f{f - 1}(n, b, c);")
-            out.append(f"  return c + {expr(2)};")
-            out.append("}")
-        out.append(f"u64 mod{m:03d}_run(u64 x) {{")
-        out.append("  struct node *head = 0; unsigned i; u64 s = x;")
-        out.append(f"  for (i = 0; i < {rng.randint(4, 64)}U; i++) {{")
-        out.append("    head = util_push(head, s, i);")
-        out.append(f"    s = m{m}_f{n_funcs - 1}(head, s, i);")
-        out.append("  }")
-        out.append("  return s ^ util_drop(head);")
-        out.append("}")
-        (dest / f"mod{m:03d}.c").write_text("\n".join(out) + "\n")
-    main = ["#include <stdio.h>", '#include "common.h"', "int main(void) {", "  u64 s = 1;"]
-    main += [f"  s = util_mix(s, mod{m:03d}_run(s));" for m in range(size)]
-    main += ['  printf("heapcast c project %lu\\n", s);', "  return 0;", "}"]
-    (dest / "main.c").write_text("\n".join(main) + "\n")
+    return common
+
+
+def _c_function(rng: random.Random, m: int, f: int) -> list[str]:
+    """Static function f of module m: random loops, switches, branches and mixes; each one
+    after the first calls the one before it."""
+    expr = lambda depth: _c_expr(rng, depth)  # noqa: E731
+    out = [f"static u64 m{m}_f{f}(struct node *n, u64 a, u64 b) {{"]
+    body = []
+    for s in range(rng.randint(2, 6)):
+        kind = rng.randrange(4)
+        if kind == 0:
+            body.append(f"  for (i = 0; i < {rng.randint(2, 40)}U; i++) c += {expr(3)} + i;")
+        elif kind == 1:
+            body += _c_switch(rng, s, expr, 6)
+        elif kind == 2:
+            body.append(_c_branch(expr))
+        else:
+            body.append(f"  c = util_mix(c, {expr(2)});")
+    loops = any(line.startswith("  for") for line in body)
+    out.append("  u64 c = a;" + (" unsigned i;" if loops else ""))
+    out += body
+    if f:  # a chain: every static function is used
+        out.append(f"  c += m{m}_f{f - 1}(n, b, c);")
+    out.append(f"  return c + {expr(2)};")
+    out.append("}")
+    return out
+
+
+def _c_module(rng: random.Random, seed: int, m: int) -> list[str]:
+    """Module m: a few of libc's headers, a chain of static functions, and its entry, which
+    pushes nodes onto a list and drops it."""
+    out = [f"/* module {m} (generated, seed {seed}) */"]
+    for h in rng.sample(_C_LIBC_HEADERS, k=rng.randint(0, 3)):
+        out.append(f"#include {h}")
+    out.append('#include "common.h"')
+    n_funcs = rng.randint(2, 6)
+    for f in range(n_funcs):
+        out += _c_function(rng, m, f)
+    out.append(f"u64 mod{m:03d}_run(u64 x) {{")
+    out.append("  struct node *head = 0; unsigned i; u64 s = x;")
+    out.append(f"  for (i = 0; i < {rng.randint(4, 64)}U; i++) {{")
+    out.append("    head = util_push(head, s, i);")
+    out.append(f"    s = m{m}_f{n_funcs - 1}(head, s, i);")
+    out.append("  }")
+    out.append("  return s ^ util_drop(head);")
+    out.append("}")
+    return out
+
+
+def _c_makefile(seed: int, size: int) -> list[str]:
+    """The Makefile: each module compiled into obj/, archived, linked, the program run once."""
     objs = " ".join(f"obj/mod{m:03d}.o" for m in range(size))
     # one rule per object (no wildcard: the order of every list is fixed by the input);
     # -pipe: no temporary .s files; -frandom-seed: gcc's own randomness fixed per file;
     # gcc-ar: ar with gcc's LTO plugin named, so it does not load every plugin in
-    # /usr/lib/bfd-plugins (LLVM's gold plugin there adds ~7000 calls on some hosts)
-    makefile = [
+    # /usr/lib/bfd-plugins (LLVM's gold plugin there adds thousands of calls on some hosts)
+    return [
         f"# generated, seed {seed}: {size} modules",
         "CC = gcc",
         "AR = gcc-ar",
@@ -438,7 +454,23 @@ def gen_c_project(seed: int, size: int, dest: Path) -> list[str]:
         "\tmkdir -p obj",
         ".PHONY: all",
     ]
-    (dest / "Makefile").write_text("\n".join(makefile) + "\n")
+
+
+def gen_c_project(seed: int, size: int, dest: Path) -> list[str]:
+    """A C project for `make -j2`: `size` small modules (some including libc's headers), a
+    shared header, a utility module, a main, and a Makefile that compiles each module into obj/,
+    archives them with ar, links the program and runs it once. All files in one flat folder
+    (the runner makes each input file read-only 0644: a subfolder could not be entered)."""
+    rng = random.Random(seed)
+    (dest / "common.h").write_text("\n".join(_c_common_header(size)) + "\n")
+    (dest / "util.c").write_text("\n".join(_C_UTIL) + "\n")
+    for m in range(size):
+        (dest / f"mod{m:03d}.c").write_text("\n".join(_c_module(rng, seed, m)) + "\n")
+    main = ["#include <stdio.h>", '#include "common.h"', "int main(void) {", "  u64 s = 1;"]
+    main += [f"  s = util_mix(s, mod{m:03d}_run(s));" for m in range(size)]
+    main += ['  printf("heapcast c project %lu\\n", s);', "  return 0;", "}"]
+    (dest / "main.c").write_text("\n".join(main) + "\n")
+    (dest / "Makefile").write_text("\n".join(_c_makefile(seed, size)) + "\n")
     return ["Makefile", "common.h", "util.c", "main.c"] + [f"mod{m:03d}.c" for m in range(size)]
 
 

@@ -156,6 +156,52 @@ def _own(path: Path) -> None:
             os.chown(os.path.join(dirpath, n), uid, gid)
 
 
+def _manifest(
+    workload: Workload,
+    inp: WorkloadInput,
+    request: RunRequest,
+    result: RunResult,
+    counts: TraceCounts,
+    input_files: list[str],
+    caller: bool,
+) -> RunManifest:
+    """The run's manifest: what ran where, how it ended, what it traced, and the verdict."""
+    error = judge(workload, result, counts, request.time_limit_s)
+    tracer = request.tracer
+    return RunManifest(
+        workload=workload.name,
+        input=inp.name,
+        run=inp.name,
+        seed=inp.seed,
+        size=inp.size,
+        runner=result.runner,
+        sandbox=result.sandbox,
+        image=result.image,
+        image_id=result.image_id,
+        command=result.command,
+        env=result.env,
+        exit_code=result.exit_code,
+        expected_exit_code=workload.expected_exit_code,
+        ok=error is None,
+        error=error,
+        timed_out=result.timed_out,
+        time_limit_s=request.time_limit_s,
+        started_at=result.started_at,
+        duration_s=result.duration_s,
+        processes=counts.processes,
+        threads=counts.threads,
+        events=counts.events,
+        events_by_op=counts.events_by_op,
+        files=counts.files,
+        unreadable_files=counts.unreadable_files,
+        input_files=input_files,
+        tracer_sha256=sha256_file(tracer),
+        caller=caller,
+        host=result.host or socket.gethostname(),
+        log_tail=result.log_tail,
+    )
+
+
 def replay_input(
     workload: Workload,
     inp: WorkloadInput,
@@ -205,39 +251,7 @@ def replay_input(
             log.warning(f"{workload.name}/{inp.name}: {note}")
         _own(trace_dir)
         counts = count_traces(trace_dir)
-        error = judge(workload, result, counts, request.time_limit_s)
-        manifest = RunManifest(
-            workload=workload.name,
-            input=inp.name,
-            run=inp.name,
-            seed=inp.seed,
-            size=inp.size,
-            runner=result.runner,
-            sandbox=result.sandbox,
-            image=result.image,
-            image_id=result.image_id,
-            command=result.command,
-            env=result.env,
-            exit_code=result.exit_code,
-            expected_exit_code=workload.expected_exit_code,
-            ok=error is None,
-            error=error,
-            timed_out=result.timed_out,
-            time_limit_s=request.time_limit_s,
-            started_at=result.started_at,
-            duration_s=result.duration_s,
-            processes=counts.processes,
-            threads=counts.threads,
-            events=counts.events,
-            events_by_op=counts.events_by_op,
-            files=counts.files,
-            unreadable_files=counts.unreadable_files,
-            input_files=input_files,
-            tracer_sha256=sha256_file(tracer),
-            caller=caller,
-            host=result.host or socket.gethostname(),
-            log_tail=result.log_tail,
-        )
+        manifest = _manifest(workload, inp, request, result, counts, input_files, caller)
         (trace_dir / MANIFEST_NAME).write_text(manifest.to_json())
         where = publish_run(root, trace_dir, workload.name, inp.name, manifest.ok)
         where_url = where if root.is_local else root.url.split("://")[0] + "://" + where

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -459,39 +459,11 @@ class _Accumulator:
         # allocations in the file (its summary says so), when its token is an allocation's
         # (realloc(p, 0) that frees p carries the free token): the addr column is not read
         addr_nz = _values(c("addr")) != 0 if "addr" in b.schema.names else token < FREE_OFFSET
-        tid = _values(c("tid"))
-        freed, fvalid = _nullable(c("freed_size"))
-        lt_ns, lt_valid = _nullable(c("lifetime_ns"))
-        lt_calls, _ = _nullable(c("lifetime_calls"))
-        caller, cvalid = _nullable(c("caller"))
-
-        # the block each row defines (allocations and reallocs that returned an address) and
-        # the paired block it frees: their size classes (NONE: none) and the live-bytes change
-        dflag = np.take(_IS_DEF, op)
-        dflag &= addr_nz
-        acls = np.where(dflag, token, np.uint8(NONE))
-        alloc = np.where(dflag, size, np.uint64(0))
-        delta = alloc.view(np.int64)  # sizes < 2^40 (FORMAT.md); a copy below if freed
-        side = None
-        if freed is None:
-            fflag = np.zeros(n, bool)
-            fcls = np.full(n, NONE, np.uint8)
-            freed = np.zeros(n, np.uint64)
-        else:
-            fflag = np.ones(n, bool) if fvalid is None else fvalid
-            # a free's token is 32 + the freed block's class; a realloc's is its new block's
-            fcls = np.where(fflag, token - np.uint8(FREE_OFFSET), np.uint8(NONE))
-            re = np.flatnonzero(fflag & (token < FREE_OFFSET))
-            if len(re):
-                fcls[re] = size_class(freed[re].astype(np.uint64))
-            delta = delta - np.where(fflag, freed, np.uint64(0)).view(np.int64)
-            both = np.flatnonzero(dflag[re]) if len(re) else re
-            if len(both):
-                side = (re[both].astype(np.int64), freed[re[both]].astype(np.int64))
+        blk = _row_blocks(op, size, token, addr_nz, *_nullable(c("freed_size")))
 
         # size classes of the blocks defined and freed (rows of class NONE land past 31)
-        ca, fc = _by_class(acls), _by_class(fcls)
-        ab, fb = _by_class(acls, size), _by_class(fcls, freed)
+        ca, fc = _by_class(blk.acls), _by_class(blk.fcls)
+        ab, fb = _by_class(blk.acls, size), _by_class(blk.fcls, blk.freed)
         self.alloc_count += ca
         self.alloc_bytes += ab
         self.free_count += fc
@@ -499,13 +471,46 @@ class _Accumulator:
         self.ops += _bincount(op, 256)
         is_free = op == Op.FREE
         self.unpaired_frees += int(np.count_nonzero(is_free)) - int(
-            np.count_nonzero(is_free & fflag)
+            np.count_nonzero(is_free & blk.fflag)
         )
         nd = np.take(_IS_DEF, op) & ~addr_nz
         if nd.any():  # failed allocations; realloc(p, 0) that freed p is not one
             self.failed += int(np.count_nonzero(nd & ~(np.take(_IS_REALLOC, op) & (size == 0))))
 
-        # lifetimes (blocks freed in the trace), temporaries and leaks (never freed)
+        freed_block, temp, leak = self._lifetimes(b, blk, size)
+        p = img.proc
+        p.events += n
+        p.allocations += int(ca.sum())
+        p.leaks += int(np.count_nonzero(leak))
+        p.leak_bytes += int(blk.alloc[leak].sum())
+        tids, counts = _thread_counts(_values(c("tid")))
+        key = (np.uint64(p.image) << np.uint64(32)) | tids.astype(np.uint64)
+        self.thread_parts.append((key, counts.astype(np.int64)))
+        caller, cvalid = _nullable(c("caller"))
+        if caller is not None:
+            sel = cvalid if cvalid is not None else slice(None)
+            t = pa.table(
+                {
+                    "caller": caller[sel],
+                    "allocs": blk.dflag[sel].view(np.uint8),
+                    "bytes": blk.alloc[sel],
+                    "leaks": leak[sel].view(np.uint8),
+                    "leak_bytes": np.where(freed_block, np.uint64(0), blk.alloc)[sel],
+                    "temps": temp[sel].view(np.uint8),
+                }
+            )
+            self.caller_parts.append(_sum_by_caller(t, _caller_modules(b, sel), p.image))
+
+        img.append(time, blk.delta, blk.acls, blk.fcls, blk.side, ab - fb, ca - fc)
+
+    def _lifetimes(
+        self, b: Any, blk: _RowBlocks, size: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Lifetimes of the blocks freed in the trace, temporaries and leaks (never freed),
+        counted; (the rows whose block was freed, the temporaries, the leaks)."""
+        n = b.num_rows
+        lt_ns, lt_valid = _nullable(b.column("lifetime_ns"))
+        lt_calls, _ = _nullable(b.column("lifetime_calls"))
         if lt_ns is None:
             freed_block = np.zeros(n, bool)
         else:
@@ -516,73 +521,99 @@ class _Accumulator:
             temp = freed_block & (lt_calls <= self.temporary_calls)
         else:
             temp = np.zeros(n, bool)
-        leak = dflag & ~freed_block
-        tt, lt = acls[temp], acls[leak]
+        leak = blk.dflag & ~freed_block
+        tt, lt = blk.acls[temp], blk.acls[leak]
         self.temp_count += _by_class(tt)
         self.temp_bytes += _by_class(tt, size[temp])
-        leak_size = alloc[leak]
         self.leak_count += _by_class(lt)
-        self.leak_bytes += _by_class(lt, leak_size)
-        p = img.proc
-        p.events += n
-        p.allocations += int(ca.sum())
-        p.leaks += len(lt)
-        p.leak_bytes += int(leak_size.sum())
+        self.leak_bytes += _by_class(lt, blk.alloc[leak])
+        return freed_block, temp, leak
 
-        # threads: calls per OS tid
-        k = p.image
-        t_lo, t_hi = int(tid.min()), int(tid.max())
-        if t_lo == t_hi:
-            tids, counts = np.array([t_lo]), np.array([n])
-        elif t_hi - t_lo < 1 << 20:
-            counts = np.bincount(tid - np.uint32(t_lo))
-            tids = np.flatnonzero(counts)
-            counts = counts[tids]
-            tids = tids + t_lo
-        else:
-            g = pa.table({"t": tid}).group_by("t").aggregate([("t", "count")])
-            tids, counts = _values(g["t"]), _values(g["t_count"])
-        key = (np.uint64(k) << np.uint64(32)) | tids.astype(np.uint64)
-        self.thread_parts.append((key, counts.astype(np.int64)))
 
-        # callers, where the trace recorded them: Arrow's hash group-by
-        if caller is not None:
-            sel = cvalid if cvalid is not None else slice(None)
-            t = pa.table(
-                {
-                    "caller": caller[sel],
-                    "allocs": dflag[sel].view(np.uint8),
-                    "bytes": alloc[sel],
-                    "leaks": leak[sel].view(np.uint8),
-                    "leak_bytes": np.where(freed_block, np.uint64(0), alloc)[sel],
-                    "temps": temp[sel].view(np.uint8),
-                }
-            )
-            mods = _caller_modules(b, sel)
-            if mods is not None:
-                t = t.append_column("midx", pa.array(mods[0])).append_column(
-                    "offset", pa.array(mods[1])
-                )
-            g = t.group_by("caller").aggregate(
-                [("caller", "count")]
-                + [(c, "sum") for c in CALLER_COLUMNS[1:]]
-                + ([("midx", "max"), ("offset", "max")] if mods is not None else [])
-            )
-            names = {"caller_count": "calls", **{f"{c}_sum": c for c in CALLER_COLUMNS[1:]}}
-            names |= {"midx_max": "midx", "offset_max": "offset"}
-            g = g.rename_columns([names.get(c, c) for c in g.column_names])
-            if mods is not None:  # a raw address is one (module, offset) within one image
-                midx = _values(g["midx"])
-                paths = np.array([None, *mods[2]], dtype=object)[midx + 1]
-                g = g.drop_columns(["midx"]).append_column(
-                    "module", pa.array(paths, type=pa.string())
-                )
-            else:
-                g = g.append_column("offset", pa.nulls(len(g), pa.uint64()))
-                g = g.append_column("module", pa.nulls(len(g), pa.string()))
-            self.caller_parts.append(g.append_column("image", pa.array(np.full(len(g), k))))
+class _RowBlocks(NamedTuple):
+    """The block each row defines (allocations and reallocs that returned an address) and the
+    paired block it frees: flags, size classes (NONE: none), sizes, the live-bytes change, and
+    the realloc rows that do both with the bytes they free (`side`: None when there are none)."""
 
-        img.append(time, delta, acls, fcls, side, ab - fb, ca - fc)
+    dflag: np.ndarray
+    acls: np.ndarray
+    alloc: np.ndarray
+    fflag: np.ndarray
+    fcls: np.ndarray
+    freed: np.ndarray
+    delta: np.ndarray
+    side: tuple[np.ndarray, np.ndarray] | None
+
+
+def _row_blocks(
+    op: np.ndarray,
+    size: np.ndarray,
+    token: np.ndarray,
+    addr_nz: np.ndarray,
+    freed: np.ndarray | None,
+    fvalid: np.ndarray | None,
+) -> _RowBlocks:
+    """The blocks rows define and free (see _RowBlocks), from their op, size, token, whether
+    they returned an address, and the freed size where the trace pairs frees."""
+    n = len(op)
+    dflag = np.take(_IS_DEF, op)
+    dflag &= addr_nz
+    acls = np.where(dflag, token, np.uint8(NONE))
+    alloc = np.where(dflag, size, np.uint64(0))
+    delta = alloc.view(np.int64)  # sizes < 2^40 (FORMAT.md); a copy below if freed
+    side = None
+    if freed is None:
+        fflag = np.zeros(n, bool)
+        fcls = np.full(n, NONE, np.uint8)
+        freed = np.zeros(n, np.uint64)
+    else:
+        fflag = np.ones(n, bool) if fvalid is None else fvalid
+        # a free's token is 32 + the freed block's class; a realloc's is its new block's
+        fcls = np.where(fflag, token - np.uint8(FREE_OFFSET), np.uint8(NONE))
+        re = np.flatnonzero(fflag & (token < FREE_OFFSET))
+        if len(re):
+            fcls[re] = size_class(freed[re].astype(np.uint64))
+        delta = delta - np.where(fflag, freed, np.uint64(0)).view(np.int64)
+        both = np.flatnonzero(dflag[re]) if len(re) else re
+        if len(both):
+            side = (re[both].astype(np.int64), freed[re[both]].astype(np.int64))
+    return _RowBlocks(dflag, acls, alloc, fflag, fcls, freed, delta, side)
+
+
+def _thread_counts(tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Calls per OS tid: (tids, counts); a bincount over a narrow range, else Arrow's group-by."""
+    t_lo, t_hi = int(tid.min()), int(tid.max())
+    if t_lo == t_hi:
+        return np.array([t_lo]), np.array([len(tid)])
+    if t_hi - t_lo < 1 << 20:
+        counts = np.bincount(tid - np.uint32(t_lo))
+        tids = np.flatnonzero(counts)
+        return tids + t_lo, counts[tids]
+    g = pa.table({"t": tid}).group_by("t").aggregate([("t", "count")])
+    return _values(g["t"]), _values(g["t_count"])
+
+
+def _sum_by_caller(t: pa.Table, mods: Any, image: int) -> pa.Table:
+    """One image's rows (caller and CALLER_COLUMNS' flags and bytes) summed per caller with
+    Arrow's hash group-by; with the module and offset of each where the trace mapped them."""
+    if mods is not None:
+        t = t.append_column("midx", pa.array(mods[0])).append_column("offset", pa.array(mods[1]))
+    g = t.group_by("caller").aggregate(
+        [("caller", "count")]
+        + [(c, "sum") for c in CALLER_COLUMNS[1:]]
+        + ([("midx", "max"), ("offset", "max")] if mods is not None else [])
+    )
+    names = {"caller_count": "calls", **{f"{c}_sum": c for c in CALLER_COLUMNS[1:]}}
+    names |= {"midx_max": "midx", "offset_max": "offset"}
+    g = g.rename_columns([names.get(c, c) for c in g.column_names])
+    if mods is not None:  # a raw address is one (module, offset) within one image
+        midx = _values(g["midx"])
+        paths = np.array([None, *mods[2]], dtype=object)[midx + 1]
+        g = g.drop_columns(["midx"]).append_column("module", pa.array(paths, type=pa.string()))
+    else:
+        g = g.append_column("offset", pa.nulls(len(g), pa.uint64()))
+        g = g.append_column("module", pa.nulls(len(g), pa.string()))
+    return g.append_column("image", pa.array(np.full(len(g), image)))
 
 
 # ---------------------------------------------------------------------------------- analysis
@@ -628,7 +659,7 @@ def analyze(
     read are skipped, with a warning naming them (`HeapReport.warnings`); a run with no
     readable file raises sources.ReportInputError."""
     # numpy's temporaries reuse freed heap memory instead of faulting fresh pages in each time
-    # (tasks.dataset.worker_heap; measured 2-5x on this work in a VM)
+    # (tasks.dataset.worker_heap; docs/report.md#memory)
     with heap_kept():
         return _analyze(run, bins, temporary_calls, top_processes, parts)
 
@@ -849,24 +880,48 @@ def _live(rep: HeapReport, images: list[_Image], bins: int, top: int) -> None:
                 per[id(im)][1][a + full] += nbytes
         total = np.cumsum(w.delta)
         total += carry
-        # the largest total in each bin; an empty bin keeps the value before it
-        starts = np.searchsorted(w.time, edges[a:b], "left")
-        ends = np.append(starts[1:], len(total))
-        full = starts < ends
-        out = live_max[a:b]
-        if full.any():
-            out[full] = np.maximum.reduceat(total, starts[full])
-        prev = starts[~full] - 1
-        out[~full] = np.where(prev >= 0, total[np.maximum(prev, 0)], carry)
+        _bin_max(total, np.searchsorted(w.time, edges[a:b], "left"), carry, live_max[a:b])
         k = int(np.argmax(total))
         if best is None or total[k] > best:
             best, best_at = int(total[k]), (a, b, rel, k)
         carry = int(total[-1])
 
-    # the peak: which rows of which images were the last before it, and their classes
+    rep.peak_bytes = best
+    _peak(rep, images, bounds, edges, rel_all, best_at)
+    rep.total = Series("all processes", live_max, alloc_calls, alloc_bytes)
+    for im in ranked if per else []:
+        curve = _process_curve(im, bounds[images.index(im)], edges)
+        calls, nbytes = per[id(im)]
+        p = im.proc
+        rep.per_process.append(
+            Series(f"{p.name} (pid {p.pid})", curve, calls, nbytes, image=p.image)
+        )
+
+
+def _bin_max(total: np.ndarray, starts: np.ndarray, before: int, out: np.ndarray) -> None:
+    """Into `out`, the largest running total in each bin (bins starting at rows `starts`); an
+    empty bin keeps the value before it (`before`: the one before the first row)."""
+    ends = np.append(starts[1:], len(total))
+    full = starts < ends
+    if full.any():
+        out[full] = np.maximum.reduceat(total, starts[full])
+    prev = starts[~full] - 1
+    out[~full] = np.where(prev >= 0, total[np.maximum(prev, 0)], before)
+
+
+def _peak(
+    rep: HeapReport,
+    images: list[_Image],
+    bounds: list[np.ndarray],
+    edges: np.ndarray,
+    rel_all: list[tuple[int, int, int]],
+    best_at: tuple[int, int, list, int],
+) -> None:
+    """The peak's time and what was live there: which rows of which images were the last
+    before it, their live bytes by process and their classes; an invariant checked."""
     a, b, rel, k = best_at
     w = _Window(images, bounds, rel, a, b)
-    rep.peak_bytes, rep.peak_ns = best, int(w.time[k])
+    rep.peak_ns = int(w.time[k])
     upto = w.sources_upto(k)
     rows = {i: int(bounds[i][a]) - 1 for i in range(len(images))}  # last row before the window
     for (i, s, _e), c in zip(w.src, upto):
@@ -891,19 +946,18 @@ def _live(rep: HeapReport, images: list[_Image], bins: int, top: int) -> None:
             f"or by size class ({int(cls_bytes.sum())}) differ from the peak ({rep.peak_bytes})"
         )
 
-    rep.total = Series("all processes", live_max, alloc_calls, alloc_bytes)
-    for im in ranked if per else []:
-        p, sj = im.proc, bounds[images.index(im)]
-        starts, ends = sj[:-1], sj[1:]
-        full = starts < ends
-        curve = np.full(nb, np.nan)
-        if full.any():
-            curve[full] = np.maximum.reduceat(im.live, starts[full])
-        empty = ~full & (starts > 0)
-        curve[empty] = im.live[starts[empty] - 1]
-        alive = (edges[1:] > p.first_ns) & (edges[:-1] <= p.last_ns)
-        curve[~alive] = np.nan
-        calls, nbytes = per[id(im)]
-        rep.per_process.append(
-            Series(f"{p.name} (pid {p.pid})", curve, calls, nbytes, image=p.image)
-        )
+
+def _process_curve(im: _Image, sj: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """One image's largest live bytes in each bin (rows sj[j]..sj[j+1]-1 in bin j), the value
+    before an empty bin, NaN outside its life."""
+    p = im.proc
+    starts, ends = sj[:-1], sj[1:]
+    full = starts < ends
+    curve = np.full(len(edges) - 1, np.nan)
+    if full.any():
+        curve[full] = np.maximum.reduceat(im.live, starts[full])
+    empty = ~full & (starts > 0)
+    curve[empty] = im.live[starts[empty] - 1]
+    alive = (edges[1:] > p.first_ns) & (edges[:-1] <= p.last_ns)
+    curve[~alive] = np.nan
+    return curve

@@ -412,7 +412,9 @@ def _timeline_rows(rep: HeapReport) -> list[Process]:
     return shown
 
 
-def fig_processes(reps: Sequence[HeapReport]):
+def _panel_per_report(reps: Sequence[HeapReport]):
+    """(plotly's graph objects, a figure with one panel per report side by side, titled by the
+    reports' names where there are two)."""
     go, make_subplots = _go()
     fig = make_subplots(
         rows=1,
@@ -420,6 +422,28 @@ def fig_processes(reps: Sequence[HeapReport]):
         subplot_titles=_names(reps) if len(reps) > 1 else None,
         horizontal_spacing=0.2,
     )
+    return go, fig
+
+
+def _add_ranked_bars(fig, go, reps: Sequence[HeapReport], c: int, xtitle: str, **bar) -> None:
+    """Report c's horizontal bars in panel c, in its colour, the first row at the top."""
+    fig.add_trace(
+        go.Bar(
+            **bar,
+            orientation="h",
+            marker_color=COLORS[c - 1],
+            name=_names(reps)[c - 1],
+            showlegend=len(reps) > 1,
+        ),
+        row=1,
+        col=c,
+    )
+    fig.update_yaxes(autorange="reversed", row=1, col=c)
+    fig.update_xaxes(title_text=xtitle, row=1, col=c)
+
+
+def fig_processes(reps: Sequence[HeapReport]):
+    go, fig = _panel_per_report(reps)
     height = FIG_HEIGHT
     for c, rep in enumerate(reps, start=1):
         rows = _timeline_rows(rep)
@@ -432,23 +456,18 @@ def fig_processes(reps: Sequence[HeapReport]):
             f"{p.events:,} events, {p.threads} thread(s), peak {fmt_bytes(p.peak_bytes)}"
             for p in rows
         ]
-        fig.add_trace(
-            go.Bar(
-                y=labels,
-                x=dur,
-                base=start,
-                orientation="h",
-                marker_color=COLORS[c - 1],
-                hovertext=hover,
-                hoverinfo="text",
-                name=_names(reps)[c - 1],
-                showlegend=len(reps) > 1,
-            ),
-            row=1,
-            col=c,
+        _add_ranked_bars(
+            fig,
+            go,
+            reps,
+            c,
+            "seconds since the first event",
+            y=labels,
+            x=dur,
+            base=start,
+            hovertext=hover,
+            hoverinfo="text",
         )
-        fig.update_yaxes(autorange="reversed", row=1, col=c)
-        fig.update_xaxes(title_text="seconds since the first event", row=1, col=c)
     n = max(len([p for p in r.processes if p.events]) for r in reps)
     note = f" (the {MAX_TIMELINE} with the most events)" if n > MAX_TIMELINE else ""
     _layout(
@@ -458,13 +477,7 @@ def fig_processes(reps: Sequence[HeapReport]):
 
 
 def fig_threads(reps: Sequence[HeapReport]):
-    go, make_subplots = _go()
-    fig = make_subplots(
-        rows=1,
-        cols=len(reps),
-        subplot_titles=_names(reps) if len(reps) > 1 else None,
-        horizontal_spacing=0.2,
-    )
+    go, fig = _panel_per_report(reps)
     height = FIG_HEIGHT
     for c, rep in enumerate(reps, start=1):
         top = rep.threads[:MAX_THREADS]
@@ -473,20 +486,7 @@ def fig_threads(reps: Sequence[HeapReport]):
             f"#{img} tid {tid} (pid {rep.processes[img].pid} {rep.processes[img].name})"[:52]
             for img, tid, _ in top
         ]
-        fig.add_trace(
-            go.Bar(
-                y=labels,
-                x=[n for _, _, n in top],
-                orientation="h",
-                marker_color=COLORS[c - 1],
-                name=_names(reps)[c - 1],
-                showlegend=len(reps) > 1,
-            ),
-            row=1,
-            col=c,
-        )
-        fig.update_yaxes(autorange="reversed", row=1, col=c)
-        fig.update_xaxes(title_text="heap calls", row=1, col=c)
+        _add_ranked_bars(fig, go, reps, c, "heap calls", y=labels, x=[n for _, _, n in top])
     n = max(r.thread_count for r in reps)
     note = f" (the {MAX_THREADS} busiest of {n})" if n > MAX_THREADS else ""
     _layout(fig, f"Threads: heap calls per thread{note}", min(height, 1200))

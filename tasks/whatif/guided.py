@@ -92,14 +92,20 @@ def _label_distance(table: pa.Table, scope: str) -> np.ndarray:
     return _in_table_order(table, order, _distance(starts, _free_class(table)[order], req))
 
 
-def _topk_distance(table: pa.Table, top: np.ndarray) -> np.ndarray:
-    """Per row of `table`: the distance (calls of its thread) to the next call whose `top`
-    [rows, k] holds the class the row frees."""
+def _top_rows(table: pa.Table, top: np.ndarray) -> np.ndarray:
+    """`top` as [rows, k] (a column of classes: k = 1), one row per row of `table`."""
     top = np.asarray(top)
     if top.ndim == 1:
         top = top[:, None]
     if len(top) != table.num_rows:
         raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
+    return top
+
+
+def _topk_distance(table: pa.Table, top: np.ndarray) -> np.ndarray:
+    """Per row of `table`: the distance (calls of its thread) to the next call whose `top`
+    [rows, k] holds the class the row frees."""
+    top = _top_rows(table, top)
     order, starts = _stream_order(table, "thread")
     topo = np.ascontiguousarray(top[order].astype(np.int64))
     return _in_table_order(table, order, _distance(starts, _free_class(table)[order], topo))
@@ -157,11 +163,7 @@ def next_call_top(table: pa.Table, top: np.ndarray) -> np.ndarray:
     """`top` [rows, k] per row of `table`, `top[j]` predicted for row j from the earlier calls of
     its thread -> per row i, the top-k predicted for the next call of its thread, which the
     predictor has at row i (it has seen row i). A thread's last row: empty (NONE_TOKEN)."""
-    top = np.asarray(top)
-    if top.ndim == 1:
-        top = top[:, None]
-    if len(top) != table.num_rows:
-        raise ValueError(f"top has {len(top)} rows, the table {table.num_rows}")
+    top = _top_rows(table, top)
     order, starts = _stream_order(table, "thread")
     topo = top[order]
     shifted = np.full_like(topo, NONE_TOKEN)

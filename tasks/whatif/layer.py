@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,12 @@ import numpy as np
 
 from tasks.format.native_sources import LAYER_SOURCES, NativeBuildError, build_native
 from tasks.replay.inputs import prepare_input_dir
-from tasks.replay.runners.base import SANDBOX_TRACE, EngineError, Runner, RunRequest
+from tasks.replay.runners.base import SANDBOX_TRACE, EngineError, Runner
 from tasks.replay.runners.preload import (
     PreloadSpec,
     balanced_orders,
     build_probe,
-    probed_request,
+    fresh_probed_request,
     verify_result,
 )
 from tasks.replay.workloads import Workload, WorkloadInput
@@ -218,6 +219,84 @@ def _arm_workload(
     return workload.model_copy(update={"env": env})
 
 
+@dataclass(frozen=True)
+class _ArmRuns:
+    """What every measured run of one workload's input under the arms shares."""
+
+    workload: Workload
+    inp: WorkloadInput
+    input_dir: Path
+    runner: Runner
+    policy: LargestConfig
+    static_threshold: bool
+    layer: Path
+    probe: Path
+    sandboxed: bool  # the program sees its trace folder at SANDBOX_TRACE
+
+    def sample(self, arm: str, run_dir: Path, rep: int) -> dict[str, Any]:
+        """One measured run of `arm` in a fresh `run_dir`: its usage, output digest, any error
+        (the engine's, or the probe's verdict that the layer was not loaded) and the layer's
+        counters."""
+        trace_dir = run_dir / "trace"
+        trace_seen = str(SANDBOX_TRACE if self.sandboxed else trace_dir.resolve())
+        stats_seen = f"{trace_seen}/{STATS_FILE}" if arm != "plain" else None
+        w = _arm_workload(self.workload, arm, self.policy, self.static_threshold, stats_seen)
+        spec = PreloadSpec(name=arm, host_library=self.layer if arm != "plain" else None)
+        request = fresh_probed_request(run_dir, w, self.inp, self.input_dir, spec, self.probe)
+        error = None
+        result = None
+        try:
+            result = self.runner.run(request)
+        except EngineError as err:
+            error = f"engine error: {err}"
+        stats_path = trace_dir / STATS_FILE
+        stats = parse_stats(stats_path.read_text()) if stats_path.exists() else []
+        verified = verify_result(spec, request, result) if result is not None else None
+        if error is None and verified is not None and not verified.applied:
+            error = f"not applied: {verified.reason}"
+        u = result.usage if result is not None else None
+        return {
+            "arm": arm,
+            "rep": rep,
+            "exit_code": result.exit_code if result is not None else None,
+            "timed_out": result.timed_out if result is not None else None,
+            "error": error or (result.error if result is not None else None),
+            "minor_faults": u.minor_faults if u else None,
+            "major_faults": u.major_faults if u else None,
+            "wall_s": u.wall_s if u else None,
+            "peak_memory_bytes": u.peak_memory_bytes if u else None,
+            "stdout_sha256": result.stdout_sha256 if result is not None else None,
+            "processes_with_layer": len(stats),
+            **stat_sums(stats),
+        }
+
+
+def _arms_summary(
+    samples: list[dict[str, Any]], arms: tuple[str, ...], page: int
+) -> dict[str, Any]:
+    """Each arm's minor faults (clean runs), their median and range; whether every run printed
+    and exited the same; the fault bytes the layer avoided against plain and disabled."""
+    out: dict[str, Any] = {"arms": {}}
+    ok = [s for s in samples if s["error"] is None and s["minor_faults"] is not None]
+    for arm in arms:
+        f = [s["minor_faults"] for s in ok if s["arm"] == arm]
+        out["arms"][arm] = {
+            "minor_faults": f,
+            "median": float(np.median(f)) if f else None,
+            "min": min(f) if f else None,
+            "max": max(f) if f else None,
+        }
+    digests = {(s["exit_code"], s["stdout_sha256"]) for s in samples}
+    out["same_output"] = len(digests) == 1 and len(ok) == len(samples)
+    out["exit_codes"] = sorted({s["exit_code"] for s in samples}, key=str)
+    med = {a: out["arms"][a]["median"] for a in arms}
+    if med.get("plain") is not None and med.get("layer") is not None:
+        out["fault_bytes_avoided"] = int((med["plain"] - med["layer"]) * page)
+    if med.get("disabled") is not None and med.get("layer") is not None:
+        out["fault_bytes_avoided_vs_disabled"] = int((med["disabled"] - med["layer"]) * page)
+    return out
+
+
 def measure_layer_workload(
     workload: Workload,
     inp: WorkloadInput,
@@ -256,70 +335,24 @@ def measure_layer_workload(
     sandboxed = runner.kind == "docker" or getattr(runner, "sandbox", "") == "bwrap"
     try:
         input_dir = prepare_input_dir(workload.generator, inp.seed, inp.size, scratch)
-
-        def one(arm: str, run_dir: Path, rep: int) -> dict[str, Any]:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
-            for d in dirs.values():
-                d.mkdir(parents=True)
-            trace_seen = str(SANDBOX_TRACE if sandboxed else dirs["trace"].resolve())
-            stats_seen = f"{trace_seen}/{STATS_FILE}" if arm != "plain" else None
-            w = _arm_workload(workload, arm, policy, static_threshold, stats_seen)
-            spec = PreloadSpec(name=arm, host_library=lib if arm != "plain" else None)
-            request = probed_request(
-                RunRequest(
-                    workload=w,
-                    input=inp,
-                    tracer=None,
-                    input_dir=input_dir,
-                    trace_dir=dirs["trace"],
-                    work_dir=dirs["work"],
-                    measure_dir=dirs["measure"],
-                ),
-                spec,
-                probe,
-            )
-            error = None
-            result = None
-            try:
-                result = runner.run(request)
-            except EngineError as err:
-                error = f"engine error: {err}"
-            stats_path = dirs["trace"] / STATS_FILE
-            stats = parse_stats(stats_path.read_text()) if stats_path.exists() else []
-            verified = verify_result(spec, request, result) if result is not None else None
-            if error is None and verified is not None and not verified.applied:
-                error = f"not applied: {verified.reason}"
-            u = result.usage if result is not None else None
-            return {
-                "arm": arm,
-                "rep": rep,
-                "exit_code": result.exit_code if result is not None else None,
-                "timed_out": result.timed_out if result is not None else None,
-                "error": error or (result.error if result is not None else None),
-                "minor_faults": u.minor_faults if u else None,
-                "major_faults": u.major_faults if u else None,
-                "wall_s": u.wall_s if u else None,
-                "peak_memory_bytes": u.peak_memory_bytes if u else None,
-                "stdout_sha256": result.stdout_sha256 if result is not None else None,
-                "processes_with_layer": len(stats),
-                **stat_sums(stats),
-            }
-
+        runs = _ArmRuns(
+            workload, inp, input_dir, runner, policy, static_threshold, lib, probe, sandboxed
+        )
         for i in range(warmup):
-            one("plain", scratch / f"warmup-{i}", 0)
+            runs.sample("plain", scratch / f"warmup-{i}", 0)
             shutil.rmtree(scratch / f"warmup-{i}", ignore_errors=True)
         for rep, order in enumerate(balanced_orders(list(arms), repetitions)):
             for arm in order:
                 run_dir = scratch / f"r{rep + 1}-{arm}"
-                s = one(arm, run_dir, rep + 1)
+                s = runs.sample(arm, run_dir, rep + 1)
                 shutil.rmtree(run_dir, ignore_errors=True)
                 if log is not None:
                     log(f"{label} {arm} round {rep + 1}: {s['minor_faults']} minor faults")
                 samples.append(s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    out: dict[str, Any] = {
+    summary = _arms_summary(samples, arms, page)
+    return {
         "workload": workload.name,
         "input": inp.name,
         "runner": runner.kind,
@@ -329,24 +362,9 @@ def measure_layer_workload(
         "repetitions": repetitions,
         "page_size": page,
         "samples": samples,
-        "arms": {},
+        "arms": summary.pop("arms"),
+        "same_output": summary.pop("same_output"),
+        "exit_codes": summary.pop("exit_codes"),
+        "expected_exit_code": workload.expected_exit_code,
+        **summary,
     }
-    ok = [s for s in samples if s["error"] is None and s["minor_faults"] is not None]
-    for arm in arms:
-        f = [s["minor_faults"] for s in ok if s["arm"] == arm]
-        out["arms"][arm] = {
-            "minor_faults": f,
-            "median": float(np.median(f)) if f else None,
-            "min": min(f) if f else None,
-            "max": max(f) if f else None,
-        }
-    digests = {(s["exit_code"], s["stdout_sha256"]) for s in samples}
-    out["same_output"] = len(digests) == 1 and len(ok) == len(samples)
-    out["exit_codes"] = sorted({s["exit_code"] for s in samples}, key=str)
-    out["expected_exit_code"] = workload.expected_exit_code
-    med = {a: out["arms"][a]["median"] for a in arms}
-    if med.get("plain") is not None and med.get("layer") is not None:
-        out["fault_bytes_avoided"] = int((med["plain"] - med["layer"]) * page)
-    if med.get("disabled") is not None and med.get("layer") is not None:
-        out["fault_bytes_avoided_vs_disabled"] = int((med["disabled"] - med["layer"]) * page)
-    return out

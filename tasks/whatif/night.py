@@ -791,13 +791,9 @@ def _param(r) -> str:
     return text + (" (over budget)" if r.over_budget else "")
 
 
-def summary_markdown(
-    rep: pd.DataFrame,
-    replays: list[RunReplay],
-    ref: ModelRef,
-    params: WhatifParams,
-    table_url: str | None,
-) -> str:
+def _markdown_intro(ref: ModelRef, params: WhatifParams, table_url: str | None) -> list[str]:
+    """The summary's opening: the model, how the policies are compared and what each is, which
+    calls each run is replayed on, where the answers come from, where the full table is."""
     lines = [
         f"# whatif: allocator caching with {ref.name} v{ref.version}",
         "",
@@ -841,6 +837,45 @@ def summary_markdown(
     ]
     if table_url:
         lines += [f"Every config of every run: `{table_url}`.", ""]
+    return lines
+
+
+def _workload_table(w: str, g: pd.DataFrame) -> list[str]:
+    """One workload's table: each policy at its best within the idle budget, the oracle's
+    bound."""
+    runs = int(g["runs"].max())
+    lines = [
+        f"## {w} ({runs} run{'s' if runs != 1 else ''})",
+        "",
+        "| policy | config | hit rate | idle mean | idle peak | peak footprint (live peak) "
+        "| fault bytes avoided | gap to oracle |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in g.itertuples(index=False):
+        if r.label == "oracle":
+            lines.append(
+                f"| oracle (bound) | budget={_bytes(r.param)} | {r.hit_rate:.4f} | | | | | |"
+            )
+            continue
+        name = f"**{r.label}**" if r.label.startswith(("guided", "best")) else r.label
+        lines.append(
+            f"| {name} | {_cell(_param(r))} | {r.hit_rate:.4f} | {_bytes(r.idle_bytes_mean)} "
+            f"| {_bytes(r.idle_bytes_peak)} | {_bytes(r.peak_footprint)} "
+            f"({_bytes(r.live_peak)}) | {_bytes(r.fault_bytes_avoided)} | "
+            f"{r.oracle_gap:+.4f} |"
+        )
+    lines.append("")
+    return lines
+
+
+def summary_markdown(
+    rep: pd.DataFrame,
+    replays: list[RunReplay],
+    ref: ModelRef,
+    params: WhatifParams,
+    table_url: str | None,
+) -> str:
+    lines = _markdown_intro(ref, params, table_url)
     failed = [r for r in replays if not r.ok]
     if failed:
         lines += ["## Runs not replayed", "", "| run | why |", "|---|---|"]
@@ -853,28 +888,7 @@ def summary_markdown(
         lines.append("No run could be replayed.")
         return "\n".join(lines) + "\n"
     for w, g in rep.groupby("workload", sort=False):
-        runs = int(g["runs"].max())
-        lines += [
-            f"## {w} ({runs} run{'s' if runs != 1 else ''})",
-            "",
-            "| policy | config | hit rate | idle mean | idle peak | peak footprint (live peak) "
-            "| fault bytes avoided | gap to oracle |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in g.itertuples(index=False):
-            if r.label == "oracle":
-                lines.append(
-                    f"| oracle (bound) | budget={_bytes(r.param)} | {r.hit_rate:.4f} | | | | | |"
-                )
-                continue
-            name = f"**{r.label}**" if r.label.startswith(("guided", "best")) else r.label
-            lines.append(
-                f"| {name} | {_cell(_param(r))} | {r.hit_rate:.4f} | {_bytes(r.idle_bytes_mean)} "
-                f"| {_bytes(r.idle_bytes_peak)} | {_bytes(r.peak_footprint)} "
-                f"({_bytes(r.live_peak)}) | {_bytes(r.fault_bytes_avoided)} | "
-                f"{r.oracle_gap:+.4f} |"
-            )
-        lines.append("")
+        lines += _workload_table(w, g)
     return "\n".join(lines) + "\n"
 
 

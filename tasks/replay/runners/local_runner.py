@@ -22,6 +22,7 @@ import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from tasks.replay.runners.base import (
     PROBE_REPORT,
@@ -238,8 +239,6 @@ class LocalRunner(Runner):
         log_path = request.work_dir.parent / f"{request.work_dir.name}.log"
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         t0 = time.monotonic()
-        timed_out = False
-        hit: str | None = None
 
         def failed(error: str) -> RunResult:
             return RunResult(
@@ -277,38 +276,8 @@ class LocalRunner(Runner):
                 proc.stdin.close()  # EOF: the gate exits without running the program
                 proc.wait()
                 return failed(f"could not put the run under its limits ({limits.tag}): {err}")
-            # said first in the run's own log (the gate has written nothing yet), so that
-            # whoever reads it knows the run was not held to a limit the catalog sets
-            for note in enforcement.unenforced:
-                log.write(f"heapcast local runner: {note}\n".encode())
-            log.flush()
-            try:
-                proc.stdin.write(b"go\n")
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass  # the gate is gone already: its exit code says why
-            deadline = t0 + request.time_limit_s
-            code: int | None = None
-            while True:
-                try:
-                    code = proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                hit = limits.exceeded()
-                if hit is not None:
-                    _stop(proc, limits)
-                    code = proc.wait()
-                    break
-                if time.monotonic() >= deadline:
-                    timed_out = True
-                    _stop(proc, limits)
-                    code = None
-                    break
-            if hit is None and not timed_out:
-                # an OOM kill or a refused fork the program outlived (or died of) still fails
-                # the run: it did not run as it would have with room enough
-                hit = limits.exceeded()
+            _open_gate(proc, log, enforcement.unenforced)
+            code, timed_out, hit = _watch(proc, limits, t0 + request.time_limit_s)
         duration = time.monotonic() - t0
         logs = log_path.read_bytes().decode("utf-8", "replace") if log_path.exists() else ""
         log_path.unlink(missing_ok=True)
@@ -398,6 +367,43 @@ def bwrap_argv(
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args + ["--"]
+
+
+def _open_gate(proc: subprocess.Popen, log: BinaryIO, unenforced: list[str]) -> None:
+    """Let the gate run the program, once the run's own log says first (the gate has written
+    nothing yet) which limits the catalog sets the run is not held to."""
+    assert proc.stdin is not None
+    for note in unenforced:
+        log.write(f"heapcast local runner: {note}\n".encode())
+    log.flush()
+    try:
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the gate is gone already: its exit code says why
+
+
+def _watch(
+    proc: subprocess.Popen, limits: RunLimits, deadline: float
+) -> tuple[int | None, bool, str | None]:
+    """Wait for the run, stopping it at a limit or the deadline: (its exit code, None when it
+    timed out; whether it timed out; the limit it hit)."""
+    while True:
+        try:
+            code = proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        hit = limits.exceeded()
+        if hit is not None:
+            _stop(proc, limits)
+            return proc.wait(), False, hit
+        if time.monotonic() >= deadline:
+            _stop(proc, limits)
+            return None, True, None
+    # an OOM kill or a refused fork the program outlived (or died of) still fails the run: it
+    # did not run as it would have with room enough
+    return code, False, limits.exceeded()
 
 
 def _stop(proc: subprocess.Popen, limits: RunLimits) -> None:

@@ -13,6 +13,7 @@ container's or sandbox's start.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -58,27 +59,49 @@ def build_measure_tool(cache_dir: Path | None = None) -> Path:
             f"cannot build hc-measure: {SOURCE} is missing (run from a checkout of the repository, "
             "whose native/ folder holds it)"
         )
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    out = cache / f"hc-measure-{digest}"
+    return compile_once(
+        SOURCE,
+        cache / "hc-measure-{digest}",
+        ["-static"],
+        [],
+        MeasureToolError,
+        what="hc-measure",
+        packages="gcc libc6-dev",
+        needs=" (static: needs libc6-dev's libc.a)",
+    )
+
+
+def compile_once(
+    source: Path,
+    pattern: Path,
+    flags: list[str],
+    libs: list[str],
+    error: type[Exception],
+    *,
+    what: str,
+    packages: str,
+    needs: str = "",
+) -> Path:
+    """`source` compiled by gcc -O2 -Wall with `flags` and `libs` into `pattern` ({digest}: the
+    source's), once per source version: a finished file is reused, and a build writes a file
+    of its own then renames it into place, so that concurrent builds agree. `error` says what
+    is missing (gcc: `packages` to install) or gcc's own message."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    out = pattern.with_name(pattern.name.format(digest=digest))
     if out.is_file():
         return out
     gcc = shutil.which("gcc")
     if gcc is None:
-        raise MeasureToolError(
-            "cannot build hc-measure: gcc is not on PATH (apt-get install gcc libc6-dev)"
-        )
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+        raise error(f"cannot build {what}: gcc is not on PATH (apt-get install {packages})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     proc = subprocess.run(
-        [gcc, "-O2", "-Wall", "-static", "-o", str(tmp), str(SOURCE)],
+        [gcc, "-O2", "-Wall", *flags, "-o", str(tmp), str(source), *libs],
         capture_output=True,
         text=True,
     )
     if proc.returncode != 0:
-        raise MeasureToolError(
-            f"cannot build hc-measure from {SOURCE} (static: needs libc6-dev's libc.a):\n"
-            + proc.stderr[-2000:]
-        )
+        raise error(f"cannot build {what} from {source}{needs}:\n{proc.stderr[-2000:]}")
     tmp.chmod(0o755)
     tmp.replace(out)
     return out

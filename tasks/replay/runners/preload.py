@@ -10,7 +10,6 @@ The checks: docs/allocators.md#confirming-the-library-was-loaded
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -37,10 +36,12 @@ from tasks.replay.runners.measure_tool import (
     STDOUT_NAME,
     ResourceUsage,
     build_measure_tool,
+    compile_once,
     measured_command,
     sha256_of,
     usage_from_report,
 )
+from tasks.replay.workloads import Workload, WorkloadInput
 
 PROBE_SOURCE = PROJECT_DIR / "native" / "probe" / "hc_probe.c"
 MIN_CPU_S = 0.05  # below this the CPU share says nothing (start-up noise)
@@ -89,27 +90,15 @@ class Verification:
 
 def build_probe(cache_dir: Path | None = None) -> Path:
     """Compile the probe (once per source version); its path."""
-    cache = cache_dir or CACHE_DIR
-    digest = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()[:12]
-    out = cache / f"libhcprobe-{digest}.so"
-    if out.is_file():
-        return out
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        raise ProbeBuildError("cannot build the probe: gcc is not on PATH (apt-get install gcc)")
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    proc = subprocess.run(
-        [gcc, "-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden", "-o", str(tmp)]
-        + [str(PROBE_SOURCE), "-ldl"],
-        capture_output=True,
-        text=True,
+    return compile_once(
+        PROBE_SOURCE,
+        (cache_dir or CACHE_DIR) / "libhcprobe-{digest}.so",
+        ["-fPIC", "-shared", "-fvisibility=hidden"],
+        ["-ldl"],
+        ProbeBuildError,
+        what="the probe",
+        packages="gcc",
     )
-    if proc.returncode != 0:
-        raise ProbeBuildError(f"cannot build the probe from {PROBE_SOURCE}:\n{proc.stderr[-2000:]}")
-    tmp.chmod(0o755)
-    tmp.replace(out)
-    return out
 
 
 def preload_refused(log_tail: str) -> str | None:
@@ -281,6 +270,33 @@ def probed_request(request: RunRequest, spec: PreloadSpec, probe: Path) -> RunRe
         probe=probe,
         env=request.env + spec.env,
     )
+
+
+def fresh_probed_request(
+    run_dir: Path,
+    workload: Workload,
+    inp: WorkloadInput,
+    input_dir: Path,
+    spec: PreloadSpec,
+    probe: Path,
+    tracer: Path | None = None,
+) -> RunRequest:
+    """A probed request (probed_request) for one measured run in `run_dir`, emptied first,
+    with its trace, work and measure folders made there."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    dirs = {d: run_dir / d for d in ("trace", "work", "measure")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    request = RunRequest(
+        workload=workload,
+        input=inp,
+        tracer=tracer,
+        input_dir=input_dir,
+        trace_dir=dirs["trace"],
+        work_dir=dirs["work"],
+        measure_dir=dirs["measure"],
+    )
+    return probed_request(request, spec, probe)
 
 
 def verify_result(spec: PreloadSpec, request: RunRequest, result: RunResult) -> Verification:
