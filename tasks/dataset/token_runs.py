@@ -58,9 +58,9 @@ class TokenRun:
         lengths = self.thread_lengths()
         return np.arange(self.n_tokens, dtype=np.int64) - np.repeat(self.offsets[:-1], lengths)
 
-    def head(self, max_tokens: int) -> TokenRun:
-        """The first `max_tokens` tokens (whole threads in order, the last one cut)."""
-        if max_tokens >= self.n_tokens:
+    def head(self, max_tokens: int | None) -> TokenRun:
+        """The first `max_tokens` tokens (whole threads in order, the last one cut); None: all."""
+        if max_tokens is None or max_tokens >= self.n_tokens:
             return self
         offsets = np.concatenate([self.offsets[self.offsets < max_tokens], [max_tokens]])
         return TokenRun(self.workload, self.run, self.tokens[:max_tokens], offsets, self.part)
@@ -102,9 +102,11 @@ def list_runs(root: Root) -> dict[str, list[str]]:
     return found
 
 
-def read_run(root: Root, workload: str, run: str) -> TokenRun:
-    """One run's tokens, per thread (per (pid, thread)), each thread ordered by seq."""
-    return token_run(read_events_run(root, workload, run, COLUMNS), workload, run)
+def read_run(root: Root, workload: str, run: str, max_tokens: int | None = None) -> TokenRun:
+    """One run's tokens, per thread (per (pid, thread)), each thread ordered by seq; its first
+    `max_tokens` (TokenRun.head) when given."""
+    tokens = token_run(read_events_run(root, workload, run, COLUMNS), workload, run)
+    return tokens.head(max_tokens)
 
 
 def thread_key(table: pa.Table) -> np.ndarray:

@@ -178,26 +178,22 @@ def load_split(root: Root, cfg: DataConfig) -> Split:
         per_run_cap = max(1, cfg.max_train_tokens // n_train_runs)
     for w, roles in plan.items():
         for r in roles["train"]:
-            run = read_run(root, w, r)
-            if not roles["validation"]:
-                head, tail = run.split_tail(cfg.validation_fraction)
-                notes.append(
-                    f"{w}: only two runs; validation (early stopping, n-gram order) is the last "
-                    f"{cfg.validation_fraction:.0%} of each thread of train run {r}"
-                )
-                run = head
-                validation.append(_cap(tail, cfg.max_validation_tokens))
-            train.append(_cap(run, per_run_cap))
+            if roles["validation"]:
+                train.append(read_run(root, w, r, per_run_cap))
+                continue
+            head, tail = read_run(root, w, r).split_tail(cfg.validation_fraction)
+            notes.append(
+                f"{w}: only two runs; validation (early stopping, n-gram order) is the last "
+                f"{cfg.validation_fraction:.0%} of each thread of train run {r}"
+            )
+            train.append(head.head(per_run_cap))
+            validation.append(tail.head(cfg.max_validation_tokens))
         for r in roles["validation"]:
-            validation.append(_cap(read_run(root, w, r), cfg.max_validation_tokens))
+            validation.append(read_run(root, w, r, cfg.max_validation_tokens))
         for r in roles["evaluation"]:
-            evaluation.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
+            evaluation.append(read_run(root, w, r, cfg.max_eval_tokens))
         for r in roles["heldout"]:
-            heldout.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
+            heldout.append(read_run(root, w, r, cfg.max_eval_tokens))
         for r in roles["unseen"]:
-            unseen.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
+            unseen.append(read_run(root, w, r, cfg.max_eval_tokens))
     return Split(train, validation, evaluation, heldout, notes, unseen)
-
-
-def _cap(run: TokenRun, cap: int | None) -> TokenRun:
-    return run if cap is None else run.head(cap)
