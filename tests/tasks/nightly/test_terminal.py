@@ -4,7 +4,7 @@ GIVEN a night with every section present (replays with a failure, converted runs
 promoted model over a previous champion, what-if, allocators, the layer's cases, heap reports,
 allocator advice), built with the stages' own types and the tests' factories; and nights that
 trained nothing or kept the champion
-WHEN the summary is rendered for the terminal (`terminal()`) and as markdown (`markdown()`)
+WHEN the summary is rendered for the terminal (`terminal_text`) and as markdown (`markdown_text`)
 THEN the first 25 terminal lines say whether the champion changed and by how much against the
 previous champion and the online counter, what the what-if and the layer bought, and where the
 pages are; no terminal line is over 100 characters; the markdown keeps every wide table.
@@ -21,16 +21,11 @@ from tasks.allocators.report import write_outcome
 from tasks.allocators.seeds import SeedsOutcome, seed_lines
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel, TrainResult
-from tasks.nightly.night_summary import (
-    NightlySummary,
-    StageOutcome,
-    StageReport,
-    publish_summary,
-    skipped,
-    summarize,
-)
+from tasks.nightly.markdown import markdown_text
+from tasks.nightly.night_summary import StageOutcome, publish_summary, skipped, summarize
 from tasks.nightly.params import NightContext
-from tasks.nightly.terminal import _fold_command
+from tasks.nightly.summary_model import NightlySummary, StageReport
+from tasks.nightly.terminal import _fold_command, terminal_text
 from tasks.registry import headline
 from tasks.registry.champion import PromotionDecision, decision_json
 from tasks.registry.register import TAG_DECISION
@@ -219,7 +214,7 @@ def _summarize(context, trace, converted, outcome, model, seeds, root) -> Nightl
 
 def test_a_night_on_a_prefect_server_links_its_flow_run(full_night):
     run = "http://127.0.0.1:4200/runs/flow-run/0b1c"
-    top = first_screen(full_night.model_copy(update={"prefect_ui": run}).terminal())
+    top = first_screen(terminal_text(full_night.model_copy(update={"prefect_ui": run})))
     assert "Prefect UI (artifact `nightly-summary`)" in top and run in top
     assert "services.sh up" not in top
 
@@ -229,7 +224,7 @@ def first_screen(text: str) -> str:
 
 
 def test_the_first_screen_gives_the_verdict_the_bought_and_the_pages(full_night):
-    text = full_night.terminal()
+    text = terminal_text(full_night)
     top = first_screen(text)
     flat = top.replace("\n  ", " ")  # the verdict's lines unwrapped
     # did tonight's model win, against the previous champion and the online counter
@@ -269,7 +264,7 @@ def test_the_first_screen_gives_the_verdict_the_bought_and_the_pages(full_night)
 
 
 def test_no_terminal_line_is_over_100_characters(full_night):
-    text = full_night.terminal()
+    text = terminal_text(full_night)
     too_wide = [line for line in text.splitlines() if len(line) > WIDTH]
     assert not too_wide, "\n".join(too_wide)
     # the detail is there, narrow: the evaluation, the what-if, the layer, the advice, reports
@@ -280,16 +275,16 @@ def test_no_terminal_line_is_over_100_characters(full_night):
     assert "Allocator advice (last measured" in text
     assert "sqlite3/medium" in text and "1,234,567" in text
     # and the markdown is wider: it keeps what the terminal leaves out
-    assert max(len(line) for line in full_night.markdown().splitlines()) > WIDTH
+    assert max(len(line) for line in markdown_text(full_night).splitlines()) > WIDTH
 
 
 def test_a_narrower_terminal_is_respected_too(full_night):
-    too_wide = [line for line in full_night.terminal(width=80).splitlines() if len(line) > 80]
+    too_wide = [line for line in terminal_text(full_night, width=80).splitlines() if len(line) > 80]
     assert not too_wide, "\n".join(too_wide)
 
 
 def test_the_markdown_keeps_every_wide_table(full_night):
-    page = full_night.markdown()
+    page = markdown_text(full_night)
     # the verdict opens the page too
     assert page.splitlines()[2].startswith("- CHAMPION CHANGED: v7 replaces v6")
     # the evaluation per workload and predictor, the headline, the what-if, the layer's lines
@@ -311,7 +306,7 @@ def test_publishing_writes_the_full_markdown_to_the_summary_file(full_night, pre
     root = Root.from_url(full_night.root)
     assert full_night.summary_file.startswith(root.url_of("nightly") + "/")
     with root.fs.open(full_night.summary_file) as f:
-        assert f.read().decode() == markdown == full_night.markdown()
+        assert f.read().decode() == markdown == markdown_text(full_night)
 
 
 def bare_night(**fields) -> NightlySummary:
@@ -338,7 +333,7 @@ def test_a_night_that_trained_nothing_says_so_first():
         champion_before="3",
         champion_after="3",
     )
-    text = night.terminal()
+    text = terminal_text(night)
     lines = text.splitlines()
     assert lines[0] == "heapcast nightly, 2026-11-24 03:52 UTC: 1 of 4 stages ok, NO MODEL TRAINED"
     assert lines[2].startswith(f"NO MODEL TRAINED: {why}.")
@@ -349,7 +344,7 @@ def test_a_night_that_trained_nothing_says_so_first():
     trace = [line for line in lines if line.startswith("  trace")]
     assert trace and "FAILED" in trace[0]
     assert all(len(line) <= WIDTH for line in lines)
-    assert "(no model trained)" in night.markdown()
+    assert "(no model trained)" in markdown_text(night)
 
 
 def test_a_kept_champion_says_by_how_much_tonights_model_lost():
@@ -369,7 +364,7 @@ def test_a_kept_champion_says_by_how_much_tonights_model_lost():
             "previous_score": 0.905,
         },
     )
-    top = first_screen(night.terminal())
+    top = first_screen(terminal_text(night))
     assert (
         "Champion unchanged: tonight's v8 did not beat it; the champion stays v6: top-1 on "
         "unseen runs 0.9000 vs v6's 0.9050 (-0.0050)." in top.replace("\n  ", " ")
@@ -393,7 +388,7 @@ def test_a_promotion_decision_that_cannot_be_read_is_said_not_fatal(context):
         "1",
     )
     assert night.promotion is None and night.promotion_unread
-    top = first_screen(night.terminal()).replace("\n  ", " ")
+    top = first_screen(terminal_text(night)).replace("\n  ", " ")
     assert "CHAMPION: v1 is the first champion (the scores could not be read: " in top
     assert "What-if: the whatif stage skipped: no runs to replay." in top
 
