@@ -17,20 +17,15 @@ from __future__ import annotations
 import datetime as _dt
 import textwrap
 
-from tasks.allocators.seeds import SeedLine, short_case_names
 from tasks.nightly.advice import advice_section
 from tasks.nightly.summary_model import NightlySummary
 from tasks.nightly.verdict import (
     ELLIPSIS,
-    TABLE_NAMES,
-    VS_COUNTER,
-    VS_NONE,
-    ms_text,
     one_line,
-    pair_bought,
     verdict_lines,
 )
 from tasks.report.page import fmt_bytes
+from tasks.whatif.night import AtBudget
 
 
 def terminal_text(s: NightlySummary, width: int = 100) -> str:
@@ -74,7 +69,8 @@ def pages(s: NightlySummary, width: int) -> list[str]:
         failed = f", {len(r.failed)} failed" if r.failed else ""
         out += _place(f"heap reports ({len(r.reports)} page(s){failed})", r.folder, width)
     if s.mlflow_ui:
-        out += _place("MLflow UI, started with", s.mlflow_ui, width)
+        # the command after the label, folded with shell continuations: pasteable from `.venv`
+        out += _fold_command(s.mlflow_ui, width, "      ", "  MLflow UI:")
         out.append(f"    then open {_model_page(s)}")
     elif s.mlflow_ui_url:
         out += _place("MLflow UI", _model_page(s), width)
@@ -109,11 +105,9 @@ def _model_page(s: NightlySummary) -> str:
 
 
 def full_tables_line(s: NightlySummary) -> str:
-    where = f"`{s.summary_file}`, " if s.summary_file else ""
-    return (
-        f"Every predictor, policy, allocator and question in full: {where}the Prefect "
-        "artifact `nightly-summary` and the model's MLflow run."
-    )
+    """Where every row is: the full summary (under Pages), the artifact, MLflow."""
+    where = "the full summary, " if s.summary_file else ""
+    return f"Every table in full: {where}the artifact `nightly-summary`, the model's MLflow run."
 
 
 # ----------------------------------------------------------------------------- stages, detail
@@ -141,87 +135,93 @@ def stage_lines(s: NightlySummary, width: int) -> list[str]:
 
 
 def detail_blocks(s: NightlySummary, width: int) -> list[list[str]]:
-    blocks = []
-    if s.replays_failed:
-        blocks.append(
-            ["Failed replays"]
-            + [_cut(f"  {run}: {one_line(why)}", width) for run, why in s.replays_failed.items()]
-        )
-    if s.tables:
-        rows = [
-            [
-                TABLE_NAMES.get(t.table, t.table),
-                f"{t.positions:,}",
-                f"{t.model:.4f}",
-                "n/a" if t.hedged is None else f"{t.hedged:.4f}",
-                "n/a" if t.online_counter is None else f"{t.online_counter:.4f}",
-                f"{t.best_baseline} {t.best_baseline_top1:.4f}",
-                f"{t.model - t.best_baseline_top1:+.4f}",
-            ]
-            for t in s.tables
-        ]
-        head = [
-            "table",
-            "positions",
-            "model",
-            "hedged",
-            "online counter",
-            "best baseline",
-            "margin",
-        ]
-        title = "Top-1 on runs never trained on (all workloads; margin: over the best baseline)"
-        blocks.append([title, *_table(head, rows, width, right={1, 2, 3, 4, 6})])
-        if s.allocator_questions or s.program_questions:
-            blocks[-1].append(
-                "  (the allocator's questions, reuse and lifetime, per table and program: "
-                "in the full summary)"
-            )
-    if s.whatif_at_budget and s.whatif_budget is not None:
-        head = ["workload", "best heuristic", "model", "reuse net", "oracle"]
-        rows = [_bought_cells(a.workload, a) for a in s.whatif_at_budget]
-        title = f"What-if hit rates at {fmt_bytes(s.whatif_budget)} held idle"
-        blocks.append([title, *_table(head, rows, width, right={1, 2, 3, 4})])
-        if s.whatif_by_budget:
-            head[0] = "held idle"
-            rows = [_bought_cells(fmt_bytes(a.budget or 0), a) for a in s.whatif_by_budget]
-            blocks[-1] += ["", "All workloads, by idle budget"]
-            blocks[-1] += _table(head, rows, width, right={0, 1, 2, 3, 4})
-    if s.seed_cases:
-        blocks.append(layer_table(s.seed_cases, width))
-    elif s.seed_lines:
-        blocks.append(["What the layer bought (seeds' cases)"])
-        for line in s.seed_lines:
-            blocks[-1] += _wrap_lines(line, width, "    ", "  - ")
-    blocks.append(advice_lines(s, width))
-    if s.heap_reports is not None and s.heap_reports.reports:
-        rows = [
-            [
-                f"{r.run}",
-                f"{r.events:,}",
-                fmt_bytes(r.peak_bytes),
-                f"{r.leaks:,} / {fmt_bytes(r.leak_bytes)}",
-                f"{len(r.warnings)}" if r.warnings else "",
-            ]
-            for r in s.heap_reports.reports
-        ]
-        head = ["heap report (run)", "heap calls", "peak live", "leaked blocks / bytes", "warn"]
-        blocks.append(_table(head, rows, width, right={1, 2, 3, 4}))
-    if s.heap_reports is not None and s.heap_reports.failed:
-        blocks.append(
-            ["Heap reports that failed"]
-            + [
-                _cut(f"  {run}: {one_line(why)}", width)
-                for run, why in s.heap_reports.failed.items()
-            ]
-        )
-    return blocks
+    """What failed, the what-if's workloads off the pooled verdict, the allocator advice: each
+    block only when it has something to say. (The evaluation per table, the layer per case and
+    the heap reports' figures are in the verdict and the pages; their tables in full.)"""
+    blocks = [failed_lines(s, width), whatif_rows(s, width), advice_lines(s, width)]
+    return [block for block in blocks if block]
+
+
+SHOWN = 3  # rows of a kind the terminal shows; the rest are counted, and in the full summary
+
+
+def failed_lines(s: NightlySummary, width: int) -> list[str]:
+    """A line per failed replay and failed heap report (the first SHOWN), the reason cut."""
+    failed = [(f"replay {run}", why) for run, why in s.replays_failed.items()]
+    if s.heap_reports is not None:
+        failed += [(f"heap report {run}", why) for run, why in s.heap_reports.failed.items()]
+    if not failed:
+        return []
+    out = ["Failed"] + [_cut(f"  {what}: {one_line(why)}", width) for what, why in failed[:SHOWN]]
+    if len(failed) > SHOWN:
+        out.append(f"  and {len(failed) - SHOWN} more")
+    return out
+
+
+EVEN = 0.005  # hit rates closer than this: the model and the best heuristic are even
+
+
+def _lead(a: AtBudget) -> float | None:
+    """The model's hit rate over the best heuristic's (None: either is missing)."""
+    if a.guided_hit_rate is None or a.best_heuristic_hit_rate is None:
+        return None
+    return a.guided_hit_rate - a.best_heuristic_hit_rate
+
+
+def _side(lead: float | None) -> str | None:
+    if lead is None:
+        return None
+    return "even" if abs(lead) < EVEN else "ahead" if lead > 0 else "behind"
+
+
+def whatif_rows(s: NightlySummary, width: int) -> list[str]:
+    """What-if at the idle budget: how many workloads the model leads, is even with or trails
+    the best heuristic on; the pooled row and the workloads whose verdict is not the pooled
+    one (the widest margins first); the pooled margin at each idle budget."""
+    if not s.whatif_at_budget or s.whatif_budget is None:
+        return []
+    pooled = next((a for a in s.whatif_at_budget if a.workload == "all"), None)
+    each = [a for a in s.whatif_at_budget if a.workload != "all"]
+    sides = [_side(_lead(a)) for a in each]
+    counts = ", ".join(f"{k} {sides.count(k)}" for k in ("ahead", "even", "behind"))
+    verdict = _side(_lead(pooled)) if pooled is not None else None
+    differ = sorted(
+        (a for a, side in zip(each, sides, strict=True) if side not in (None, "even", verdict)),
+        key=lambda a: -abs(_lead(a) or 0.0),
+    )
+    if not any(sides):
+        counts = "the model's hit rates n/a"
+    title = (
+        f"What-if at {fmt_bytes(s.whatif_budget)} held idle, model vs best heuristic on "
+        f"{len(each)} workloads: {counts}"
+    )
+    out = _wrap_lines(title, width, "  ", "")
+    if pooled is not None or differ:
+        shown = [a for a in [pooled, *differ[:SHOWN]] if a is not None]
+        head = ["workload", "best heuristic", "model", "reuse net", "oracle", "model - best"]
+        rows = [[*_bought_cells(a.workload, a), _margin(_lead(a))] for a in shown]
+        out += _table(head, rows, width, right={1, 2, 3, 4, 5})
+    if len(differ) > SHOWN:
+        out.append(f"  and {len(differ) - SHOWN} more off the pooled verdict")
+    by_budget = [
+        f"{fmt_bytes(a.budget or 0)} {_margin(_lead(a))} ({a.best_heuristic or 'n/a'})"
+        for a in s.whatif_by_budget
+    ]
+    if by_budget:
+        line = "All workloads by idle budget, model - best heuristic: " + ", ".join(by_budget)
+        out += _wrap_lines(line, width, "  ", "")
+    return out
+
+
+def _margin(lead: float | None) -> str:
+    return "n/a" if lead is None else f"{lead:+.4f}"
 
 
 def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _bought_cells(first: str, a) -> list[str]:
+def _bought_cells(first: str, a: AtBudget) -> list[str]:
     best = _rate(a.best_heuristic_hit_rate)
     if a.best_heuristic is not None:
         best = f"{a.best_heuristic} {best}"
@@ -234,40 +234,9 @@ def _bought_cells(first: str, a) -> list[str]:
     ]
 
 
-def layer_table(cases: list[SeedLine], width: int) -> list[str]:
-    """Per case: the model's table against the counter and against no prediction (median ms,
-    the rank test's p), and the table's own and glibc's medians."""
-    short = short_case_names([c.case for c in cases])
-    rows = []
-    for c in cases:
-        by = {f.allocator: f for f in c.figures}
-        own = by.get(VS_COUNTER[0])
-        glibc = by.get("glibc")
-        rows.append(
-            [
-                short[c.case],
-                str(c.repetitions),
-                ms_text(pair_bought(c, VS_COUNTER)),
-                ms_text(pair_bought(c, VS_NONE)),
-                _figure(own),
-                _figure(glibc),
-            ]
-        )
-    head = ["layer case", "rounds", "vs counter", "vs no prediction", "table ms/MB", "glibc"]
-    title = "What the layer bought, measured (the model's table; medians, negative: saved)"
-    return [title, *_table(head, rows, width, right={1, 2, 3, 4, 5})]
-
-
-def _figure(f) -> str:
-    if f is None:
-        return "n/a"
-    if f.wall_ms is None or f.peak_rss_mb is None:
-        return "failed"
-    return f"{f.wall_ms:.0f}/{f.peak_rss_mb:.0f}"
-
-
 def advice_lines(s: NightlySummary, width: int) -> list[str]:
-    """The allocator advice section of the markdown, as wrapped text (no emphasis marks)."""
+    """The allocator advice section of the markdown as wrapped text (no emphasis marks), a
+    line per case; where its full table lives is in the full summary."""
     out = []
     for i, line in enumerate(advice_section(s.allocator_advice)):
         text = line.replace("**", "")
@@ -275,8 +244,6 @@ def advice_lines(s: NightlySummary, width: int) -> list[str]:
             out.append(text.removeprefix("## "))
         elif text.startswith("- "):
             out += _wrap_lines(text[2:], width, "    ", "  - ")
-        elif text:
-            out += _wrap_lines(text, width, "  ", "  ")
     return out
 
 

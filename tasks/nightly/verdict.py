@@ -159,7 +159,7 @@ def layer_line(s: NightlySummary) -> str:
     (median wall ms; negative: time saved)."""
     if not s.seed_cases:
         if s.seed_lines:  # a summary made before the figures were kept: the text lines
-            return f"Layer: measured on {len(s.seed_lines)} case(s): see the table below."
+            return f"Layer: measured on {len(s.seed_lines)} case(s): see the full summary."
         off = "not measured tonight (the `seeds` option is off)"
         return f"Layer: {_not_run(s, 'seeds', off)}."
     short = short_case_names([c.case for c in s.seed_cases])
