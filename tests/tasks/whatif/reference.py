@@ -6,7 +6,7 @@ and malloc(0)), unpaired frees and failed allocations, addresses reused after fr
 few recurring classes below and above the mmap threshold, times with ties, threads.
 
 `reference(table, policy, predictions)` replays it event by event with dicts and lists,
-written from the simulator's rules (docs/whatif.md#the-simulator), independently of its arrays,
+written from the simulator's rules (docs/whatif-simulator.md#the-simulator), independently of its arrays,
 for the policies the compiled loop runs (none, lru, guided, belady). The policies heapcast's
 layer runs (largest, pools, layer_guided) have no copy here: the simulator asks the layer's own
 code (the policy core), and tests/tasks/whatif/test_policy_core.py holds it to the real layer:
