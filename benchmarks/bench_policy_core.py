@@ -35,7 +35,8 @@ SIZES = np.array([150_000, 300_000, 310_000, 1_000_000, 2_500_000], np.int64)
 
 def synthetic(n_events: int, seed: int = 0, window: int = 8) -> SimInput:
     """Block j asked for at row 2j, and at row 2j + 1 a block of the window of `window` blocks
-    before freed, the window's blocks in a shuffled order (docs/speeds-layer.md#the-policy-core-benchmark)."""
+    before freed, the window's blocks in a shuffled order
+    (docs/speeds-layer.md#the-policy-core-benchmark)."""
     rng = np.random.default_rng(seed)
     n_blocks = n_events // 2 // window * window
     n = 2 * n_blocks
