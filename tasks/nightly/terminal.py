@@ -3,9 +3,10 @@
 The verdict first (tasks/nightly/verdict.py): did tonight's model win, against the online counter
 and the previous champion, by how much; what the predictions bought (the what-if's pooled hit
 rate, the layer's measured milliseconds); where the pages are (the heap reports, the MLflow UI,
-the Prefect UI, the full summary). Then one line per stage, then narrow tables of the verdicts
-and of the few rows that differ from them (the workloads where the model's verdict is not the
-pooled one, the heap reports with a failure or a warning); a line says where the rest is. No
+the Prefect UI, the full summary). Then one line per stage, then the few rows that differ
+from the verdict: the replays and heap reports that failed, the what-if's workloads whose
+verdict is not the pooled one (a count of each side, the widest margins first), and the
+allocator advice; a last line says where the rest is. It does not grow with the catalog. No
 line is wider than `width`: prose is wrapped, a command is folded with shell continuations
 (`\\`, still pasteable), a table cell is cut with an ellipsis. Every table in full (every
 predictor, policy, workload and allocator) stays in tasks/nightly/markdown.py's page: the
