@@ -5,7 +5,7 @@ Keras rebuilds a custom layer (NGramFeatures, OnlineOrders) only from its regist
 objects, and never imports a module named in a model file. The one line in heapcast-keras.pth
 (written into site-packages by scripts/setup.sh) calls `install()` at start-up: an import hook
 that, once Keras' registry module is loaded, swaps its dict for one that imports
-tasks.learning.model the first time a name under heapcast's package ("heapcast>...") is looked
+tasks.learning.nextcall.model the first time a name under heapcast's package ("heapcast>...") is looked
 up. Stdlib only; only heapcast's own module is ever imported, by its fixed name; it steps aside
 on anything unexpected. Why and how: docs/results.md#loading-a-model-in-a-fresh-python.
 """
@@ -20,7 +20,7 @@ import sys
 
 REGISTRY_MODULE = "keras.src.saving.object_registration"
 PACKAGE_PREFIX = "heapcast>"  # register_keras_serializable(package="heapcast") names
-LAYERS_MODULE = "tasks.learning.model"
+LAYERS_MODULE = "tasks.learning.nextcall.model"
 
 
 class LazyRegistry(dict):

@@ -1,4 +1,4 @@
-"""The layer's table (native/TABLE.md, tasks/learning/table.py): what it answers, and its cost.
+"""The layer's table (native/TABLE.md, tasks/learning/table/distill.py): what it answers, and its cost.
 
 Part 1, on a data root: the table built from the split's training runs, at every evaluation
 free of the three tables: its coverage, its agreement with the per-process class counter, and
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.storage import Root
-from tasks.learning.questions import question_evaluation  # noqa: E402
-from tasks.learning.reuse import question_lines
-from tasks.learning.sequences import load_split
-from tasks.learning.table import write_layer_table
+from tasks.learning.questions.evaluation import question_evaluation  # noqa: E402
+from tasks.learning.questions.reuse import question_lines
+from tasks.learning.split import load_split
+from tasks.learning.table.layer_file import write_layer_table
 from tasks.learning.train_config import load_train_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Speed of the online counter (tasks/learning/online.py): compiled vs a plain-Python dict loop.
+"""Speed of the online counter (tasks/learning/counters/online.py): compiled vs a plain-Python dict loop.
 
     .venv/bin/python benchmarks/bench_online.py                  # 8 M tokens, 200 k for the loop
     .venv/bin/python benchmarks/bench_online.py --tokens 2000000 --reference-tokens 50000
@@ -31,12 +31,12 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.harness import write_result  # noqa: E402
-from tasks.learning.online import (  # noqa: E402
+from tasks.dataset.token_runs import TokenRun, eval_positions  # noqa: E402
+from tasks.learning.counters.online import (  # noqa: E402
     DEFAULT_ORDERS,
     OnlineCounter,
     online_features,
 )
-from tasks.learning.sequences import TokenRun, eval_positions  # noqa: E402
 
 
 def patterned_run(n_tokens: int, noise: float, seed: int) -> TokenRun:
@@ -130,7 +130,7 @@ def main() -> None:
     t_stream = time.perf_counter() - t0
 
     # the dict reference on a slice (whole threads of the run, cut at --reference-tokens)
-    from tests.tasks.learning.test_online import reference
+    from tests.tasks.learning.counters.test_online import reference
 
     head = run.head(args.reference_tokens)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -195,7 +195,7 @@ def main() -> None:
     write_result(
         "online",
         result,
-        reference="the same counter as a plain-Python dict loop (tests/tasks/learning/test_online.py)",
+        reference="the same counter as a plain-Python dict loop (tests/tasks/learning/counters/test_online.py)",
         out=args.out,
     )
     if not equal:

@@ -83,7 +83,7 @@ def lifetime_table(exe: Path, argv: list[str], work: Path) -> Path:
         "import sys; from pathlib import Path\n"
         "from tasks.dataset.convert import events_from_trace\n"
         "from tasks.format.trace_reader import read_trace\n"
-        "from tasks.learning.question_network import observed_lifetime\n"
+        "from tasks.learning.questions.network import observed_lifetime\n"
         "from tasks.registry.table_files import write_lifetime_table\n"
         "ts = [events_from_trace(read_trace(p)) for p in sorted(Path(sys.argv[1]).glob('*.hct'))]\n"
         "write_lifetime_table(Path(sys.argv[2]), *observed_lifetime(ts), 0)\n"

@@ -1,4 +1,4 @@
-"""Cost per prediction of the champion in streaming form (tasks/learning/streaming.py).
+"""Cost per prediction of the champion in streaming form (tasks/learning/serving/streaming.py).
 
     .venv/bin/python benchmarks/bench_streaming.py                       # the quick config's model
     .venv/bin/python benchmarks/bench_streaming.py --root data           # the registered champion
@@ -32,7 +32,7 @@ from tasks.core.config import apply_embedded_defaults  # noqa: E402
 
 
 def quick_model(stream: np.ndarray):
-    from tasks.learning.model import NGramTable, build_hybrid
+    from tasks.learning.nextcall.model import NGramTable, build_hybrid
     from tasks.learning.train_config import QUICK_CONFIG, load_train_config
 
     cfg = load_train_config(QUICK_CONFIG)
@@ -44,7 +44,7 @@ def quick_model(stream: np.ndarray):
 
 def champion_model(root: str):
     from tasks.core.storage import Root
-    from tasks.learning.streaming import StreamingPredictor
+    from tasks.learning.serving.streaming import StreamingPredictor
     from tasks.registry.tracking import configure, tracking_for
 
     tracking = tracking_for(Root.from_url(root))
@@ -93,15 +93,15 @@ def main() -> int:
     a = ap.parse_args()
     apply_embedded_defaults()
 
-    from tasks.learning.backend import placement
-    from tasks.learning.model import (
+    from tasks.dataset.token_runs import TokenRun
+    from tasks.learning.nextcall.backend import placement
+    from tasks.learning.nextcall.model import (
         online_feature_matrix,
         online_orders,
         online_ranks,
         takes_online,
     )
-    from tasks.learning.sequences import TokenRun
-    from tasks.learning.streaming import HedgedStream, StatefulStream, StreamingPredictor
+    from tasks.learning.serving.streaming import HedgedStream, StatefulStream, StreamingPredictor
 
     stream = patterned(200_000, 0)
     model, context, which = champion_model(a.root) if a.root else quick_model(stream)

@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 from benchmarks.harness import write_result  # noqa: E402
 from tasks.core.config import default_root  # noqa: E402
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.sequences import concat_runs, load_split  # noqa: E402
+from tasks.dataset.token_runs import concat_runs  # noqa: E402
+from tasks.learning.split import load_split
 from tasks.learning.train_config import QUICK_CONFIG, load_train_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
@@ -41,9 +42,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
 def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
     import keras
 
-    from tasks.learning.fitting import _throughput_meter
-    from tasks.learning.model import build_model
-    from tasks.learning.token_data import sequence_dataset, windows_dataset
+    from tasks.learning.nextcall.fitting import _throughput_meter
+    from tasks.learning.nextcall.model import build_model
+    from tasks.learning.nextcall.token_data import sequence_dataset, windows_dataset
 
     keras.utils.set_random_seed(cfg.seed)
     # the network alone: the hybrid's n-gram lookup and online counter are measured by part 2's
@@ -103,7 +104,7 @@ def main() -> int:
         )
         print(f"no events under {a.root}: synthetic dataset in {root.url}", file=sys.stderr)
 
-    from tasks.learning.backend import placement
+    from tasks.learning.nextcall.backend import placement
 
     where = placement()
     split = load_split(root, cfg.data)

@@ -62,7 +62,7 @@ def _timed(fn, reps: int) -> tuple[float, float]:
 
 
 def load_runs(root: Root) -> list[tuple[str, str, pa.Table]]:
-    from tasks.learning.sequences import list_runs
+    from tasks.dataset.token_runs import list_runs
 
     try:
         runs = list_runs(root)

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Root.from_url(a.root)
     logged = WhatifParams(root=root.url)
     again = WhatifParams(root=root.url, recompute=True)
-    ref = registered_ref(logged)
+    ref = registered_ref(logged, root)
     predictor = load_predictor.fn(ref)
     t0 = time.perf_counter()
     if predictor.model is None or predictor.questions is None:  # loads both, once

@@ -27,9 +27,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.model import predict_positions  # noqa: E402
-from tasks.learning.online import OnlineCounter  # noqa: E402
-from tasks.learning.sequences import eval_positions, read_run  # noqa: E402
+from tasks.dataset.token_runs import eval_positions, read_run  # noqa: E402
+from tasks.learning.counters.online import OnlineCounter  # noqa: E402
+from tasks.learning.nextcall.model import predict_positions  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
 from tasks.whatif.guided import (  # noqa: E402
     keep_at_free,
@@ -125,7 +125,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/results/whatif_causal.json"))
     a = ap.parse_args()
     root = Root.from_url(a.root)
-    ref = registered_ref(WhatifParams(root=a.root, model=a.model))
+    ref = registered_ref(WhatifParams(root=a.root, model=a.model), root)
     predictor = load_predictor.fn(ref)
     df = replay(root, ref, predictor)
     rows = against_heuristics(df)

@@ -25,7 +25,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.sequences import list_runs, read_run  # noqa: E402
+from tasks.dataset.token_runs import list_runs, read_run  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
 from tasks.whatif.guided import reuse_tiers  # noqa: E402
 from tasks.whatif.night import predictions_for  # noqa: E402

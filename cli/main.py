@@ -859,15 +859,15 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     # deferred: imported on first use, for start-up time
     from pydantic import ValidationError
 
-    from tasks.learning.bundle import BundleError
+    from tasks.learning.nextcall.bundle import BundleError
 
     try:
         if args.action == "export":
             # deferred: imported on first use, for start-up time
             from tasks.core.config import default_root
             from tasks.core.storage import Root
+            from tasks.learning.nextcall.training import export_bundle
             from tasks.learning.train_config import DEFAULT_CONFIG, QUICK_CONFIG, load_train_config
-            from tasks.learning.training import export_bundle
 
             path = args.config or (QUICK_CONFIG if args.quick else DEFAULT_CONFIG)
             cfg = load_train_config(path, _settings(args.set))
@@ -880,7 +880,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             )
             return 0
         # deferred: imported on first use, for start-up time
-        from tasks.learning.bundle import read_bundle, train_bundle
+        from tasks.learning.nextcall.bundle import read_bundle, train_bundle
 
         result = train_bundle(read_bundle(args.bundle), args.output, _settings(args.set))
         where = result["placement"]

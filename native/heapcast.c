@@ -60,6 +60,8 @@
 #include "bootstrap_pool.h"
 #include "module_range.h"
 #include "heapcast_format.h"
+#include "say.h"
+#include "options.h"
 
 #define HC_EXPORT __attribute__((visibility("default")))
 #define HC_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -80,20 +82,6 @@
 /* ------------------------------------------------------------------------------------------- */
 /* The hooked functions, listed once. X(name, return type, parameter list)                      */
 
-/* The allocator functions, in the order their real ones are published (real.h): malloc last, so
- * that whoever sees malloc sees free and the others. */
-#define HC_ALLOC_FUNCS(X)                                                                         \
-    X(malloc_usable_size, size_t, (void *))                                                      \
-    X(free, void, (void *))                                                                      \
-    X(realloc, void *, (void *, size_t))                                                         \
-    X(reallocarray, void *, (void *, size_t, size_t))                                            \
-    X(posix_memalign, int, (void **, size_t, size_t))                                            \
-    X(aligned_alloc, void *, (size_t, size_t))                                                   \
-    X(memalign, void *, (size_t, size_t))                                                        \
-    X(valloc, void *, (size_t))                                                                  \
-    X(pvalloc, void *, (size_t))                                                                 \
-    X(calloc, void *, (size_t, size_t))                                                          \
-    X(malloc, void *, (size_t))
 
 /* Functions that replace the process image or end it: we flush before calling the real one. */
 #define HC_EXIT_FUNCS(X)                                                                          \
@@ -106,8 +94,9 @@
     X(_Exit, void, (int))
 
 /* The real functions (real.h: hc_real, hc_resolve, HC_REAL): the exit functions first, the
- * allocator's last. While dlsym runs, bootstrap_pool.h serves its calloc. */
-#define HC_REAL_FUNCS(X) HC_EXIT_FUNCS(X) HC_ALLOC_FUNCS(X)
+ * allocator's (real.h's one list, HC_REAL_ALLOC) last. While dlsym runs, bootstrap_pool.h serves
+ * its calloc. */
+#define HC_REAL_FUNCS(X) HC_EXIT_FUNCS(X) HC_REAL_ALLOC(X)
 #include "real.h"
 
 /* clang-format off */

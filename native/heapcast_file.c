@@ -71,32 +71,22 @@ static void hc_clock_start(int calibrate) {
 static void hc_say(const char *a, const char *b, const char *c, int err) {
     if (__atomic_exchange_n(&hc_told, 1, __ATOMIC_RELAXED)) return;
     char line[PATH_MAX + 256];
-    size_t n = 0;
-    const char *parts[5] = {"heapcast: ", a, b, c, err ? ": " : NULL};
-    for (int i = 0; i < 5; i++) {
-        for (const char *s = parts[i]; s && *s && n < sizeof line - 128; s++) line[n++] = *s;
-    }
+    char *end = line + sizeof line, *p = line;
+    char *parts_end = end - 128; /* room kept for the error and the tail */
+    p = hc_text(p, parts_end, "heapcast: ");
+    p = hc_text(p, parts_end, a);
+    p = hc_text(p, parts_end, b);
+    p = hc_text(p, parts_end, c);
     if (err) {
         const char *e = strerrordesc_np(err);
-        for (const char *s = e ? e : "error"; *s && n < sizeof line - 2; s++) line[n++] = *s;
+        p = hc_text(hc_text(p, parts_end, ": "), end - 2, e ? e : "error");
     }
-    const char *tail = "; the program runs untraced\n";
-    for (const char *s = tail; *s && n < sizeof line; s++) line[n++] = *s;
-    ssize_t w = write(2, line, n);
-    (void)w;
+    p = hc_text(p, end, "; the program runs untraced\n");
+    hc_write_all(2, line, (size_t)(p - line));
 }
 
 /* ------------------------------------------------------------------------------------------- */
 /* The trace file                                                                                */
-
-static char *hc_put_u64(char *p, uint64_t v) {
-    char tmp[24];
-    int n = 0;
-    do tmp[n++] = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    while (n) *p++ = tmp[--n];
-    return p;
-}
 
 static int hc_remember_fd(int fd) {
     struct stat st;
@@ -118,16 +108,16 @@ static int hc_open_trace(void) {
     }
     int fd = -1;
     for (unsigned k = 0; k < 1000; k++) {
-        char *p = hc_path;
+        char *p = hc_path, *end = hc_path + sizeof hc_path;
         memcpy(p, hc_out_dir, dl);
         p += dl;
         if (dl && p[-1] != '/') *p++ = '/';
-        p = hc_put_u64(p, pid);
+        p = hc_text_u64(p, end, pid);
         *p++ = '-';
-        p = hc_put_u64(p, rt);
+        p = hc_text_u64(p, end, rt);
         if (k) {
             *p++ = '-';
-            p = hc_put_u64(p, k);
+            p = hc_text_u64(p, end, k);
         }
         memcpy(p, ".hct", 5);
         fd = open(hc_path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);

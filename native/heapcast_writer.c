@@ -224,15 +224,17 @@ static int hc_init(void) {
     long ps = sysconf(_SC_PAGESIZE);
     if (ps > 0) hc_pagesize = (uint64_t)ps;
 
-    const char *clock = getenv("HEAPCAST_CLOCK");
+    /* the variables' values (options.h): HEAPCAST_CLOCK=monotonic, HEAPCAST_CALLER=1, the
+     * directory HEAPCAST_OUT; any other value of the first two leaves their default */
+    static const char *const clocks[] = {"tsc", "monotonic"}, *const flags[] = {"0", "1"};
 #if defined(__x86_64__)
-    hc_clock = (clock && strcmp(clock, "monotonic") == 0) ? HC_CLOCK_MONOTONIC : HC_CLOCK_TSC;
+    int mono = hc_option_word(getenv("HEAPCAST_CLOCK"), clocks, 2) == 1;
+    hc_clock = mono ? HC_CLOCK_MONOTONIC : HC_CLOCK_TSC;
 #else
-    (void)clock;
+    (void)clocks;
     hc_clock = HC_CLOCK_MONOTONIC;
 #endif
-    const char *caller = getenv("HEAPCAST_CALLER");
-    if (caller && strcmp(caller, "1") == 0) {
+    if (hc_option_word(getenv("HEAPCAST_CALLER"), flags, 2) == 1) {
         hc_flags |= HC_FLAG_CALLER;
         hc_record_size = sizeof(struct hc_record_caller);
     }
@@ -241,11 +243,10 @@ static int hc_init(void) {
         hc_say("HEAPCAST_OUT is not set (it names the directory for trace files)", "", "", 0);
         return 1;
     }
-    if (strlen(out) >= sizeof hc_out_dir) {
+    if (!hc_option_copy(hc_out_dir, sizeof hc_out_dir, out)) {
         hc_say("HEAPCAST_OUT is too long", "", "", 0);
         return 1;
     }
-    strcpy(hc_out_dir, out);
 
     hc_key_ok = pthread_key_create(&hc_key, hc_thread_exit) == 0;
     pthread_atfork(hc_fork_prepare, hc_fork_parent, hc_fork_child);

@@ -1,16 +1,22 @@
 /*
- * The real functions behind an LD_PRELOAD library's hooks: looked up once with
- * dlsym(RTLD_NEXT, ...) (glibc, or the next preloaded allocator), lazily, on the first call that
- * needs one. Shared by the tracer (heapcast.c) and the allocator layer (layers/layer.c).
+ * The real functions behind an LD_PRELOAD library's hooks: the list of the allocator's functions
+ * (HC_REAL_ALLOC, below: one list for the tracer, heapcast.c, and both layers, layers/layer.c and
+ * layers/place.c), looked up once with dlsym(RTLD_NEXT, ...) (glibc, or the next preloaded
+ * allocator), lazily, on the first call that needs one.
  *
  * Use, once per library (one translation unit):
  *
- *     #define HC_REAL_FUNCS(X) X(free, void, (void *)) ... X(malloc, void *, (size_t))
+ *     #include "real.h"            (the allocator's functions: HC_REAL_ALLOC)
+ *
+ * or, with functions of its own in front of them (the tracer's exec family):
+ *
+ *     #define HC_REAL_FUNCS(X) MY_FUNCS(X) HC_REAL_ALLOC(X)
  *     #include "real.h"
  *
  * which defines `struct hc_real` (one function pointer per entry), `hc_real` (the pointers),
  * `hc_resolve()` (look them all up) and `HC_REAL(name)` (the real function `name`, looked up on
- * first use; NULL while dlsym runs).
+ * first use; NULL while dlsym runs). A function a library calls only where it is needed, outside
+ * the list (jemalloc's mallocx, C++'s operators), is looked up on first use by HC_NEXT.
  *
  * Start-up: dlsym itself may call calloc (its error buffer), which reaches the library's own
  * hook while the lookup is under way. A nested hc_resolve returns at once and HC_REAL yields
@@ -18,7 +24,7 @@
  * pool did not make).
  *
  * Order: the pointers are published in the order HC_REAL_FUNCS lists them, each with a release
- * store; list malloc last, so that a thread that sees malloc sees every other one too (the hot
+ * store; malloc comes last, so that a thread that sees malloc sees every other one too (the hot
  * paths read the others without a check once malloc or the library's own start flag is seen).
  */
 #ifndef HEAPCAST_REAL_H
@@ -26,8 +32,26 @@
 
 #include <dlfcn.h>
 
+/* The allocator's functions, X(name, return type, (parameter types)); malloc last (see Order).
+ * A library looks them all up and calls those it needs: the tracer every one but mallopt, the
+ * layer every one but reallocarray, placement neither of those nor pvalloc (place/hooks.c says
+ * why). */
+#define HC_REAL_ALLOC(X)                                                                          \
+    X(mallopt, int, (int, int))                                                                   \
+    X(malloc_usable_size, size_t, (void *))                                                       \
+    X(free, void, (void *))                                                                       \
+    X(realloc, void *, (void *, size_t))                                                          \
+    X(reallocarray, void *, (void *, size_t, size_t))                                             \
+    X(posix_memalign, int, (void **, size_t, size_t))                                             \
+    X(aligned_alloc, void *, (size_t, size_t))                                                    \
+    X(memalign, void *, (size_t, size_t))                                                         \
+    X(valloc, void *, (size_t))                                                                   \
+    X(pvalloc, void *, (size_t))                                                                  \
+    X(calloc, void *, (size_t, size_t))                                                           \
+    X(malloc, void *, (size_t))
+
 #ifndef HC_REAL_FUNCS
-#error "define HC_REAL_FUNCS(X), X(name, return type, (parameter types)), before including real.h"
+#define HC_REAL_FUNCS(X) HC_REAL_ALLOC(X)
 #endif
 
 /* On cache lines of its own (the size rounds up to them): read at every call by every thread,
@@ -64,6 +88,18 @@ static void hc_resolve(void) {
             hc_f_ = __atomic_load_n(&hc_real.name, __ATOMIC_ACQUIRE);                             \
         }                                                                                         \
         hc_f_;                                                                                    \
+    })
+
+/* A function of the next library that is not in the list, looked up on first use into `fn` (a
+ * static pointer of its type; NULL if there is none). One acquire load once found. */
+#define HC_NEXT(fn, name)                                                                         \
+    ({                                                                                            \
+        __typeof__(fn) hc_n_ = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);                            \
+        if (__builtin_expect(hc_n_ == NULL, 0)) {                                                 \
+            hc_n_ = (__typeof__(fn))dlsym(RTLD_NEXT, name);                                       \
+            __atomic_store_n(&fn, hc_n_, __ATOMIC_RELEASE);                                       \
+        }                                                                                         \
+        hc_n_;                                                                                    \
     })
 
 #endif

@@ -13,13 +13,13 @@
 #
 # The scaling study (benchmarks/studies/bench_scaling.py, issue 43) on the same machine:
 #   scripts/gpu_check.sh scaling-prepare ROOT       ROOT's events cut to the next-call columns
-#        (tasks/learning/slim_root.py: ~15 MiB for 60 M calls) into .gpu/scaling-root
+#        (tasks/learning/nextcall/slim_root.py: ~15 MiB for 60 M calls) into .gpu/scaling-root
 # then one call, carry [".gpu"]:  scripts/gpu_check.sh scaling-device SECONDS [STUDY OPTIONS]
 # which runs the study there for at most SECONDS (every finished point is kept: the JSON is
 # written after each) into $OUT/scaling; draw its plot here with --render-only.
 #
 # On the device: the wheels go to /tmp/site, KERAS_BACKEND=jax, and the bundle is trained twice
-# with the project's own code (tasks/learning/bundle.py): at the config's batch size, then at the
+# with the project's own code (tasks/learning/nextcall/bundle.py): at the config's batch size, then at the
 # batch the GPU prefers (gpu_batch_size), each scored on the bundle's evaluation runs. What comes
 # back under $OUT: device.txt, batch/result.json, gpu_batch/result.json and gpu_batch/model.keras.
 set -euo pipefail
@@ -74,7 +74,7 @@ device_setup() {
 scaling_prepare() {
   local root=${1:?give the data root the study reads (benchmarks/studies/README.md, Scaling)}
   rm -rf "$GPU_DIR/scaling-root"
-  .venv/bin/python -m tasks.learning.slim_root --root "$root" --out "$GPU_DIR/scaling-root" \
+  .venv/bin/python -m tasks.learning.nextcall.slim_root --root "$root" --out "$GPU_DIR/scaling-root" \
     --max-tokens-per-run 0
   wheels
   total=$(du -cb "$GPU_DIR" | tail -1 | cut -f1)
@@ -102,12 +102,12 @@ reference() {
   rm -rf "$GPU_DIR/reference/checkpoints"
 }
 
-# train BUNDLE OUT [KEY=VALUE] [PYTHON]: tasks/learning/bundle.py's train_bundle, with its line
+# train BUNDLE OUT [KEY=VALUE] [PYTHON]: tasks/learning/nextcall/bundle.py's train_bundle, with its line
 train() {
   local py=${4:-python3}
   "$py" - "$1" "$2" "${3:-}" <<'EOF'
 import sys, yaml
-from tasks.learning.bundle import read_bundle, train_bundle
+from tasks.learning.nextcall.bundle import read_bundle, train_bundle
 bundle, out, setting = sys.argv[1:4]
 over = {}
 if setting:

@@ -12,7 +12,7 @@ Imports run one way, down this list: a stage imports only the stages above it.
 """
 
 from tasks.core.config import apply_embedded_defaults
-from tasks.learning.backend import check_before_keras
+from tasks.learning.nextcall.backend import check_before_keras
 
 apply_embedded_defaults()
 check_before_keras()  # KERAS_BACKEND checked at the first `import keras`, with what to install

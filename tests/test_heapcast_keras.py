@@ -31,7 +31,7 @@ import heapcast_keras
 assert isinstance(reg.GLOBAL_CUSTOM_OBJECTS, heapcast_keras.LazyRegistry)
 assert not any(isinstance(f, heapcast_keras._RegistryHook) for f in sys.meta_path)  # one-shot
 assert reg.get_registered_object("other>Thing") is None
-assert "tasks.learning.model" not in sys.modules
+assert "tasks.learning.nextcall.model" not in sys.modules
 found = reg.get_registered_object("heapcast>NGramFeatures")
 print(found.__module__, found.__name__)
 """
@@ -40,7 +40,7 @@ print(found.__module__, found.__name__)
 def test_a_fresh_python_finds_heapcast_layers_on_first_look_up():
     out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "tasks.learning.model NGramFeatures"
+    assert out.stdout.strip().splitlines()[-1] == "tasks.learning.nextcall.model NGramFeatures"
 
 
 def test_a_failing_layers_module_is_tried_once_and_keras_answers(monkeypatch):

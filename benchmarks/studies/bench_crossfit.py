@@ -25,15 +25,16 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.model import NGramTable  # noqa: E402
-from tasks.learning.sequences import concat_runs, load_split  # noqa: E402
-from tasks.learning.train_config import load_train_config  # noqa: E402
-from tasks.learning.training import (  # noqa: E402
+from tasks.dataset.token_runs import concat_runs  # noqa: E402
+from tasks.learning.nextcall.model import NGramTable  # noqa: E402
+from tasks.learning.nextcall.training import (  # noqa: E402
     crossfit_features,
     crossfit_rows,
     training_features,
     training_tables,
 )
+from tasks.learning.split import load_split  # noqa: E402
+from tasks.learning.train_config import load_train_config  # noqa: E402
 
 
 def refit_per_workload(feats: np.ndarray, runs: list, cfg) -> int:

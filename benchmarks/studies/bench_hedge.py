@@ -3,7 +3,7 @@ answers), on a night's evaluation rows (unseen programs, held-out workloads, uns
 the champion's question network from the night's MLflow store: log-loss per program and
 question for the majority, the network, process_prior, the hedge as it was (network, site and
 class counters, network_survival), with process_prior added (share 0.05 and 0.02), with the
-majority too, and as the product runs it (tasks.learning.hedge.EXPERTS, SHARE).
+majority too, and as the product runs it (tasks.learning.questions.hedge.EXPERTS, SHARE).
 
     .venv/bin/python benchmarks/studies/bench_hedge.py --root data --config configs/train-quick.yaml
 
@@ -26,17 +26,18 @@ import numpy as np  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.hedge import EXPERTS, SHARE, hedge_keys, hedged, process_prior  # noqa: E402
+from tasks.dataset.token_runs import head_rows  # noqa: E402
 from tasks.learning.labels import (  # noqa: E402
     LIFETIME_CALL_EDGES,
     REUSE_EDGES,
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.lifetime import NETWORK_SURVIVAL, lifetime_majority, network_survival  # noqa: E402
-from tasks.learning.question_network import network_answers  # noqa: E402
-from tasks.learning.reuse import MIN_PROB, QUESTION, call_sites, majority_of, read_events  # noqa: E402
-from tasks.learning.sequences import head_rows, load_split  # noqa: E402
+from tasks.learning.questions.hedge import EXPERTS, SHARE, hedge_keys, hedged, process_prior  # noqa: E402
+from tasks.learning.questions.lifetime import NETWORK_SURVIVAL, lifetime_majority, network_survival  # noqa: E402
+from tasks.learning.questions.network import network_answers  # noqa: E402
+from tasks.learning.questions.reuse import MIN_PROB, QUESTION, call_sites, majority_of, read_events  # noqa: E402
+from tasks.learning.split import load_split  # noqa: E402
 from tasks.learning.train_config import load_train_config  # noqa: E402
 from tasks.registry.question_artifacts import fetch_question_network  # noqa: E402
 
@@ -151,7 +152,7 @@ Path(args.out).write_text(
     "# The hedge before and after its fallback experts (issue 43), log-loss per program and question\n\n"
     f"    {' '.join(['.venv/bin/python', *sys.argv])}\n\n"
     f"champion v{v.version}; hedge_before: network, site_online, class_online, network_survival; "
-    "hedge_product: tasks.learning.hedge.EXPERTS (with process_prior and the majority), SHARE\n\n"
+    "hedge_product: tasks.learning.questions.hedge.EXPERTS (with process_prior and the majority), SHARE\n\n"
     + "\n".join(lines)
     + "\n"
 )

@@ -27,10 +27,10 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
+from tasks.dataset.token_runs import head_rows  # noqa: E402
 from tasks.learning.labels import LIFETIME_CLASSES, request_and_free_classes  # noqa: E402
-from tasks.learning.lifetime import QUESTIONS  # noqa: E402
-from tasks.learning.reuse import MIN_PROB, call_sites, read_events  # noqa: E402
-from tasks.learning.sequences import head_rows  # noqa: E402
+from tasks.learning.questions.lifetime import QUESTIONS  # noqa: E402
+from tasks.learning.questions.reuse import MIN_PROB, call_sites, read_events  # noqa: E402
 from tasks.whatif.night import WhatifParams, parse_runs, registered_ref  # noqa: E402
 
 TABLES = (
@@ -44,7 +44,7 @@ COUNTERS = ("class_online", "site_online", "site_survival")
 
 def answered(root: Root, network, w: str, r: str, cap: int | None) -> dict:
     """One run's allocations: their keys, true classes, the network's and the counters' answers."""
-    from tasks.learning.question_network import network_answers  # deferred: Keras' start-up
+    from tasks.learning.questions.network import network_answers  # deferred: Keras' start-up
 
     t = head_rows(read_events(root, w, r), cap)
     answers, said = network_answers(t, network)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
-    ref = registered_ref(WhatifParams(root=root.url))
+    ref = registered_ref(WhatifParams(root=root.url), root)
     model = ref.model
 
     import mlflow  # deferred: start-up time

@@ -1,7 +1,7 @@
 """The next-call hedge's fixed share on a night's evaluation tables and champion.
 
 The network alone, the online counter, and the mix of the network, the counter and the majority
-at each share (tasks/learning/next_hedge.py: NEXT_SHARE); top-1, top-5 and log-loss per table,
+at each share (tasks/learning/nextcall/hedge.py: NEXT_SHARE); top-1, top-5 and log-loss per table,
 every answer made as the night makes it (evaluate_model's inputs, one pass of the network and of
 the counter per run).
 
@@ -50,12 +50,13 @@ def main() -> int:
     apply_embedded_defaults()
     import mlflow.keras
 
-    import tasks.learning.model as M
+    import tasks.learning.nextcall.model as M
     from tasks.core.storage import Root
-    from tasks.learning.baselines import Baselines
-    from tasks.learning.next_hedge import NEXT_SHARE, hedged_next, thread_of
+    from tasks.dataset.token_runs import eval_positions
+    from tasks.learning.counters.baselines import Baselines
+    from tasks.learning.nextcall.hedge import NEXT_SHARE, hedged_next, thread_of
     from tasks.learning.predictions import ranked
-    from tasks.learning.sequences import eval_positions, load_split
+    from tasks.learning.split import load_split
     from tasks.learning.train_config import load_train_config
     from tasks.registry.tracking import configure, tracking_for
 

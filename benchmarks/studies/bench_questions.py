@@ -11,7 +11,7 @@ to a predictor or a counter is measured on the full night's data in minutes.
         [--out benchmarks/studies/results/questions.json]
 
 Prints each question's line per table and the per-program verdicts of the unseen programs
-(tasks/learning/reuse.py program_lines), and writes every score (JSON).
+(tasks/learning/questions/reuse.py program_lines), and writes every score (JSON).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT))
 
 from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.reuse import program_lines, question_lines  # noqa: E402
-from tasks.learning.sequences import load_split  # noqa: E402
+from tasks.learning.questions.reuse import program_lines, question_lines  # noqa: E402
+from tasks.learning.split import load_split  # noqa: E402
 from tasks.learning.train_config import load_train_config  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     # deferred: TensorFlow's start-up
-    from tasks.learning.questions import question_evaluation
+    from tasks.learning.questions.evaluation import question_evaluation
 
     cfg = load_train_config(a.config)
     root = Root.from_url(a.root)

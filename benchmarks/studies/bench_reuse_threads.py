@@ -26,10 +26,10 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
+from tasks.dataset.token_runs import list_runs  # noqa: E402
 from tasks.learning.labels import REUSE_EDGES, process_order, request_and_free_classes  # noqa: E402
-from tasks.learning.reuse import read_events  # noqa: E402
-from tasks.learning.sequences import list_runs  # noqa: E402
-from tasks.learning.table import LAYER_SOON_CLASS  # noqa: E402
+from tasks.learning.questions.reuse import read_events  # noqa: E402
+from tasks.learning.table.distill import LAYER_SOON_CLASS  # noqa: E402
 
 LARGE = 128 * 1024
 SOON = int(REUSE_EDGES[LAYER_SOON_CLASS])  # 4096 calls

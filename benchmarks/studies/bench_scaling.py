@@ -33,7 +33,7 @@ DEFAULT_PROGRAMS = ("2", "4", "8", "16", "all")
 DEFAULT_SIZES = ("32/16", "64/32")
 OUT_DIR = PROJECT / "benchmarks" / "studies" / "results"
 NAME = "scaling"
-# the allocator's questions the table shows, and their baselines (tasks/learning/reuse.py)
+# the allocator's questions the table shows, and their baselines (tasks/learning/questions/reuse.py)
 QUESTIONS = ("reuse", "lifetime_calls")
 QUESTION_BASELINES = ("majority", "class_online", "site_online", "site_survival")
 # a (program, question) cell's verdict: network_hedged strictly ahead of every baseline in
@@ -131,7 +131,8 @@ class Inventory:
 
 def inventory(root, catalog, heldout_programs: list[str], root_arg: str) -> Inventory:
     """Read the root's events dataset; ScalingError names what is missing and what to run."""
-    from tasks.learning.sequences import EventsNotFound, list_runs
+    from tasks.dataset.events_reader import EventsNotFound
+    from tasks.dataset.token_runs import list_runs
 
     replay = (
         f"`heapcast replay --root {root_arg} [WORKLOAD...]` then "
@@ -254,13 +255,13 @@ def question_scores(
 
 
 def top1_headroom(runs: list, kept: list, baselines) -> dict[str, Any]:
-    """The top-1 headroom (tasks/learning/headroom.py) on `runs` (the held-out programs'),
+    """The top-1 headroom (tasks/learning/nextcall/headroom.py) on `runs` (the held-out programs'),
     pooled and per program: the counter's and the network's top-1 (the network's from `kept`,
     evaluate_model's RunAnswers), their agreement, each right alone, the better of the two and the
     hindsight n-gram (both optimistic bounds)."""
     # deferred: the study's top stays free of the project's modules (--render-only)
-    from tasks.learning.headroom import Headroom, hindsight_top1
-    from tasks.learning.sequences import eval_positions
+    from tasks.dataset.token_runs import eval_positions
+    from tasks.learning.nextcall.headroom import Headroom, hindsight_top1
 
     per: dict[str, Any] = {}
     for run in runs:
@@ -288,7 +289,7 @@ def inputs_key(cfg) -> str:
 def by_workload(evaluation, table: str) -> dict[str, dict[str, dict[str, float]]]:
     """{workload or `all`: {predictor: {top1, top5, log_loss, positions}}} on `table`: the
     network, the online counter and their per-thread mixture with the majority (model_hedged,
-    tasks/learning/next_hedge.py), as evaluate_model scored them."""
+    tasks/learning/nextcall/hedge.py), as evaluate_model scored them."""
     from tasks.learning.scores import HEDGED_NEXT, MODEL, ONLINE_COUNTER
 
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -323,12 +324,13 @@ def run_point(
 
     import numpy as np
 
+    from tasks.dataset.token_runs import eval_positions
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
-    from tasks.learning.fitting import fit_inputs, placement_facts
-    from tasks.learning.questions import question_evaluation
-    from tasks.learning.reuse import hedged_cells
-    from tasks.learning.sequences import eval_positions, load_split
-    from tasks.learning.training import evaluate_model, training_inputs
+    from tasks.learning.nextcall.fitting import fit_inputs, placement_facts
+    from tasks.learning.nextcall.training import evaluate_model, training_inputs
+    from tasks.learning.questions.evaluation import question_evaluation
+    from tasks.learning.questions.reuse import hedged_cells
+    from tasks.learning.split import load_split
 
     key = inputs_key(cfg)
     t0 = time.perf_counter()
@@ -453,7 +455,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "Next call on the unseen programs: top-1 / top-5 / log-loss. Network hedged: the "
         "network, the online counter and the majority mixed per thread by what each predicted "
         "of the thread's calls so far, its top-5 the counter's list until the network's has "
-        "led it in the thread (tasks/learning/next_hedge.py; `-`: a point run before it). "
+        "led it in the thread (tasks/learning/nextcall/hedge.py; `-`: a point run before it). "
         "Epochs: run (best; `cap`: still improving when the --epochs cap stopped it).",
         "",
         "| programs | size | params | train tokens | epochs (best) | network | online counter "
@@ -548,7 +550,7 @@ def headroom_lines(point: dict) -> list[str]:
         "(they read what no predictor has when it answers): the better of the two at every "
         "call (an oracle choosing between them) and the counter's back-off n-gram had it "
         "read the whole thread first (hindsight: the same contexts at every other call, "
-        "before and after; tasks/learning/headroom.py).",
+        "before and after; tasks/learning/nextcall/headroom.py).",
         "",
         "| program | positions | counter | network | agree | counter alone | network alone "
         "| better of the two (bound) | hindsight n-gram (bound) |",
@@ -769,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
 
     apply_embedded_defaults()
     from tasks.core.storage import Root
-    from tasks.learning.backend import backend_name
+    from tasks.learning.nextcall.backend import backend_name
     from tasks.learning.train_config import (
         DEFAULT_CONFIG,
         QUICK_CONFIG,

@@ -27,10 +27,11 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
+from tasks.dataset.token_runs import head_rows  # noqa: E402
 from tasks.learning.labels import request_and_free_classes  # noqa: E402
-from tasks.learning.reuse import call_sites, read_events  # noqa: E402
-from tasks.learning.sequences import head_rows  # noqa: E402
-from tasks.learning.table import HEADER, keep_soon, soon_of_reuse  # noqa: E402
+from tasks.learning.questions.reuse import call_sites, read_events  # noqa: E402
+from tasks.learning.table.distill import keep_soon, soon_of_reuse  # noqa: E402
+from tasks.learning.table.layer_file import HEADER  # noqa: E402
 from tasks.whatif.night import WhatifParams, registered_ref  # noqa: E402
 
 TABLES = (
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/studies/results/table_bound.json"))
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
-    ref = registered_ref(WhatifParams(root=root.url))
+    ref = registered_ref(WhatifParams(root=root.url), root)
     model = ref.model
 
     import mlflow  # deferred: start-up time
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     # the registered table's format says at which horizon its agreement was logged (1: 16 calls)
     head = Path(mlflow.artifacts.download_artifacts(f"runs:/{ref.run_id}/table/heapcast.hcltab"))
     table_format = HEADER.unpack_from(head.read_bytes())[1]
-    from tasks.learning.question_network import network_answers
+    from tasks.learning.questions.network import network_answers
     from tasks.registry.question_artifacts import fetch_question_network
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,10 +23,11 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
+from tasks.dataset.token_runs import head_rows  # noqa: E402
 from tasks.learning.labels import process_order, request_and_free_classes  # noqa: E402
-from tasks.learning.reuse import read_events  # noqa: E402
-from tasks.learning.sequences import head_rows, load_split  # noqa: E402
-from tasks.learning.table import keep_soon, soon_of_reuse  # noqa: E402
+from tasks.learning.questions.reuse import read_events  # noqa: E402
+from tasks.learning.split import load_split  # noqa: E402
+from tasks.learning.table.distill import keep_soon, soon_of_reuse  # noqa: E402
 from tasks.learning.train_config import load_train_config  # noqa: E402
 
 ORDERS = (0, 1, 2, 3, 4)
@@ -56,7 +57,7 @@ def context_keys(table, rows: np.ndarray) -> dict[int, np.ndarray]:
 
 def keeps(table, model) -> tuple[np.ndarray, np.ndarray]:
     """(the labelled frees' rows, the network's keep decision at each)."""
-    from tasks.learning.question_network import network_answers
+    from tasks.learning.questions.network import network_answers
 
     counters, said = network_answers(table, model)
     rows = counters["reuse"].rows
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/studies/results/table_context.json"))
     a = ap.parse_args(argv)
 
-    from tasks.learning.question_network import load_question_network  # deferred: Keras
+    from tasks.learning.questions.network import load_question_network  # deferred: Keras
 
     cfg = load_train_config(a.config)
     root = Root.from_url(a.root)

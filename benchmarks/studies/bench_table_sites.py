@@ -29,16 +29,12 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 
 from tasks.core.storage import Root  # noqa: E402
+from tasks.dataset.sites import call_sites  # noqa: E402
+from tasks.dataset.token_runs import head_rows  # noqa: E402
 from tasks.learning.labels import request_and_free_classes  # noqa: E402
-from tasks.learning.reuse import majority_of, read_events  # noqa: E402
-from tasks.learning.sequences import head_rows  # noqa: E402
-from tasks.learning.sites import call_sites  # noqa: E402
-from tasks.learning.table import (  # noqa: E402
-    LAYER_SOON_CLASS,
-    keep_soon,
-    soon_of_reuse,
-    write_layer_table,
-)
+from tasks.learning.questions.reuse import majority_of, read_events  # noqa: E402
+from tasks.learning.table.distill import LAYER_SOON_CLASS, keep_soon, soon_of_reuse  # noqa: E402
+from tasks.learning.table.layer_file import write_layer_table  # noqa: E402
 from tasks.whatif.night import WhatifParams, parse_runs, registered_ref  # noqa: E402
 
 TABLES = (
@@ -100,12 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     root = Root.from_url(a.root)
     params = WhatifParams(root=root.url, **({"model": a.model} if a.model else {}))
-    ref = registered_ref(params)
+    ref = registered_ref(params, root)
     model = ref.model
 
     import mlflow  # deferred: start-up time
 
-    from tasks.learning.question_network import answered_inputs, distilled_table
+    from tasks.learning.questions.network import answered_inputs, distilled_table
     from tasks.registry.question_artifacts import fetch_question_network
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "within_calls": 4096,
         "tables": [],
     }
-    from tasks.learning.question_network import network_answers
+    from tasks.learning.questions.network import network_answers
 
     for table, field in TABLES:
         cols: dict[str, list[np.ndarray]] = {}

@@ -368,7 +368,7 @@ def drill_killed_training(work: Path, n: int) -> list[Attempt]:
     from tasks.core.storage import Root
     from tasks.dataset.synthetic_events import write_synthetic_events
     from tasks.learning.train import train
-    from tests.tasks.learning.test_train_killed import Epochs, kill_training, tiny
+    from tests.tasks.learning.nextcall.test_train_killed import Epochs, kill_training, tiny
 
     root = Root.from_url(str(work / "events"))
     write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=3000)
@@ -398,7 +398,7 @@ def drill_torn_backup(work: Path, n: int) -> list[Attempt]:
     from tasks.core.storage import Root
     from tasks.dataset.synthetic_events import write_synthetic_events
     from tasks.learning.train import train
-    from tests.tasks.learning.test_train_killed import Epochs, kill_training, tiny
+    from tests.tasks.learning.nextcall.test_train_killed import Epochs, kill_training, tiny
 
     root = Root.from_url(str(work / "events"))
     write_synthetic_events(root, {"alpha": 3, "beta": 2}, tokens_per_run=3000)

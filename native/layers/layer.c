@@ -11,12 +11,11 @@
  *
  * Policies (one layer, configurations of it; `min`, `cap`, `madv` apply to all; `madv`: the
  * pages of a block kept idle for 100 ms are madvise(MADV_FREE)d, so the kernel may take them
- * back under memory pressure, as seed 002 asks; not at once: in a tight loop the syscall and
- * its TLB flush would cost far more than glibc's own reuse of the block):
- *  - largest (default): the n (4) largest recently freed blocks (/work/shared/seeds/002): a
- *    freed block is kept if fewer than n are, or if it is at least as large as the smallest kept
- *    one, which is given back.
- *  - pools: size-class pools with timed decay (seeds/001): every freed block is kept; a block
+ * back under memory pressure; not at once: in a tight loop the syscall and its TLB flush would
+ * cost far more than glibc's own reuse of the block):
+ *  - largest (default): the n (4) largest recently freed blocks: a freed block is kept if fewer
+ *    than n are, or if it is at least as large as the smallest kept one, which is given back.
+ *  - pools: size-class pools with timed decay: every freed block is kept; a block
  *    idle for more than `decay` ms is given back (checked at each of the layer's large-block
  *    calls: no timer thread, so a process that stops allocating keeps at most `cap` bytes).
  *  - guided: as pools, but a freed block of class c is kept only when the thread's
@@ -136,6 +135,8 @@
 
 #include "../bootstrap_pool.h"
 #include "../module_range.h"
+#include "../say.h"
+#include "../options.h"
 #include "../site_key.h"
 #include "../table_head.h"
 #include "predictor.h"
@@ -175,19 +176,7 @@ static const struct {
     enum hl_policy policy;
 } hl_renamed_policies[] = {{"seed002", HL_LARGEST}, {"seed001", HL_POOLS}};
 
-/* The next allocator's functions (../real.h: hc_real, HC_REAL); malloc last. */
-#define HC_REAL_FUNCS(X)                                                                          \
-    X(mallopt, int, (int, int))                                                                   \
-    X(free, void, (void *))                                                                       \
-    X(malloc_usable_size, size_t, (void *))                                                       \
-    X(realloc, void *, (void *, size_t))                                                          \
-    X(posix_memalign, int, (void **, size_t, size_t))                                             \
-    X(aligned_alloc, void *, (size_t, size_t))                                                    \
-    X(memalign, void *, (size_t, size_t))                                                         \
-    X(valloc, void *, (size_t))                                                                   \
-    X(pvalloc, void *, (size_t))                                                                  \
-    X(calloc, void *, (size_t, size_t))                                                           \
-    X(malloc, void *, (size_t))
+/* The next allocator's functions (../real.h: hc_real, HC_REAL) */
 #include "../real.h"
 
 /* The policies' decisions: the policy core, shared with the what-if replay */

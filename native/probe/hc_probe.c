@@ -18,11 +18,10 @@
  * mapping and relocating the image's libraries, the preloaded ones among them; and an earlier
  * image of the same process, which exec'd this one and so wrote no exit line; 0 in a forked
  * child, whose clock starts at the fork), so the reader can tell how much of the program's work
- * ran with the library. A short process is mostly its loader's work: 300 runs of `git
- * --version` from a shell spent 74% of their CPU before the probe started, and without it the
- * reader (tasks/replay/runners/preload.py) refused glibc itself there. A process that is
- * statically linked, setuid, or started by a parent that cleared its environment never loads
- * the probe and leaves no line.
+ * ran with the library: a short process is mostly its loader's work, which the reader
+ * (tasks/replay/runners/preload.py) counts as the program's (docs/changelog.md, "the figures in
+ * native/'s comments"). A process that is statically linked, setuid, or started by a parent that
+ * cleared its environment never loads the probe and leaves no line.
  *
  *   mallopt pid mallopt.<param>        (the program fixed one of glibc's knobs itself)
  *

@@ -19,7 +19,7 @@ from tasks.allocators.place import (
 from tasks.allocators.rounds import plan_rounds
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
 from tasks.core.policy_names import RENAMED_POLICIES, current_policy
-from tasks.learning.table import ModelTable
+from tasks.learning.table.layer_file import ModelTable
 from tasks.replay.runners.base import MEASURE_PLACEHOLDER
 from tasks.replay.runners.preload import PreloadSpec
 from tasks.replay.workloads import Name

@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.allocators.config import AllocatorsConfig
 from tasks.allocators.measure import run_logger
-from tasks.learning.table import ModelTable, read_table_file
+from tasks.learning.table.layer_file import ModelTable, read_table_file
 from tasks.registry.tracking import TrackingConfig
 
 

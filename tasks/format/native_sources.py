@@ -24,6 +24,8 @@ TRACER_SOURCES = (
     "bootstrap_pool.h",
     "module_range.h",
     "real.h",
+    "say.h",
+    "options.h",
     "Makefile",
 )
 # the allocator layer, native/build/libheapcast_layer.so (make's `layer` target): layers/layer.c
@@ -50,17 +52,33 @@ LAYER_SOURCES = (
     "bootstrap_pool.h",
     "module_range.h",
     "site_key.h",
+    "table_head.h",
     "real.h",
+    "say.h",
+    "options.h",
     "Makefile",
 )
 # the placement layer, native/build/libheapcast_place.so (make's `place` target): layers/place.c
 # and the parts it includes (one translation unit)
 PLACE_SOURCES = (
     "layers/place.c",
+    "layers/place/options.c",
+    "layers/place/sites.c",
+    "layers/place/stats.c",
+    "layers/place/sample.c",
+    "layers/place/life.c",
+    "layers/place/sites_file.c",
+    "layers/place/init.c",
+    "layers/place/decide.c",
+    "layers/place/hooks.c",
+    "layers/place/cxx.c",
     "bootstrap_pool.h",
     "site_key.h",
     "module_range.h",
+    "table_head.h",
     "real.h",
+    "say.h",
+    "options.h",
     "Makefile",
 )
 # the policy core's batch replay, native/build/libheapcast_policy.so (make's `policy` target):

@@ -1,7 +1,7 @@
 """What a version's networks answered on its evaluation runs, kept for the stages after training.
 
 The evaluation keeps, per evaluation run (`RunAnswers`), the next-call model's top-5 at each
-scored position (tasks.learning.model.predict_positions) and the questions' network's reuse
+scored position (tasks.learning.nextcall.model.predict_positions) and the questions' network's reuse
 answer at each free (question_network.soon_of); the registry logs them with the version
 (tasks/registry/answer_artifacts.py) and whatif reads them back instead of computing them again.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from tasks.learning.sequences import TokenRun
+from tasks.dataset.token_runs import TokenRun
 
 FORMAT = 1  # the file's layout; a file of another format is refused
 ROW_KEY = ("pid", "thread", "seq")  # what names an events row within its run

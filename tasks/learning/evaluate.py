@@ -1,7 +1,7 @@
 """Metrics over `Predictions`, and the `Evaluation` handed to registration (tasks/learning/outcome.py).
 
 Every predictor is scored on the same positions: the caller computes them once per run
-(tasks.learning.sequences.eval_positions) and hands the same labels to every predictor's scores.
+(tasks.dataset.token_runs.eval_positions) and hands the same labels to every predictor's scores.
 Slices are each workload and OVERALL (all positions of the table pooled). No TensorFlow here.
 """
 

@@ -12,17 +12,18 @@ import numpy as np
 
 from tasks.learning.scores import Evaluation, QuestionScores
 
-if TYPE_CHECKING:  # table.py reads the events (labels -> sequences -> this module)
+if TYPE_CHECKING:
+    from tasks.core.storage import Root
     from tasks.learning.answers import RunAnswers
-    from tasks.learning.question_network import QuestionNetwork
-    from tasks.learning.table import ClassTable, TableAgreement
+    from tasks.learning.questions.network import QuestionNetwork
+    from tasks.learning.table.distill import ClassTable, TableAgreement
 
 
 @dataclass(frozen=True)
 class DatasetRef:
     """Which data a model was trained and evaluated on."""
 
-    root: str
+    root: Root  # the data root, resolved where the flow started
     train_runs: tuple[tuple[str, str], ...]  # (workload, run)
     eval_runs: tuple[tuple[str, str], ...]  # runs of the same workloads, never seen in training
     heldout_runs: tuple[tuple[str, str], ...]  # workloads held out entirely (second table)
@@ -55,17 +56,17 @@ class TrainOutcome:
     # Added by training: sentences a reader of the run must see (a validation cut from a train
     # run's thread tails, a resumed training), worth logging as tags or in the description.
     notes: list[str] = field(default_factory=list)
-    # where it trained (tasks/learning/backend.py): {"backend", "device", "precision", "batch_size"}
+    # where it trained (tasks/learning/nextcall/backend.py): {"backend", "device", "precision", "batch_size"}
     placement: dict[str, str] = field(default_factory=dict)
     # The allocator's questions, predicted causally by the network and the counters on the same
-    # positions of the same tables (tasks/learning/reuse.py; metric keys reuse.question_metrics)
+    # positions of the same tables (tasks/learning/questions/reuse.py; metric keys reuse.question_metrics)
     question_scores: tuple[QuestionScores, ...] = ()
-    # The layer's table (tasks/learning/table.py), distilled from the questions' network (else
+    # The layer's table (tasks/learning/table/distill.py), distilled from the questions' network (else
     # from the training runs' statistics), written with the registered version, and its
     # coverage/agreement at each table's frees
     class_table: ClassTable | None = None
     table_agreement: tuple[TableAgreement, ...] = ()
-    # the questions' network (tasks/learning/question_network.py), logged with the version
+    # the questions' network (tasks/learning/questions/network.py), logged with the version
     question_network: QuestionNetwork | None = None
     # what the model and the questions' network answered on each evaluation run, logged with
     # the version for whatif to read (tasks/learning/answers.py)

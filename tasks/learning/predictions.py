@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.dataset.token_runs import TokenRun
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.sequences import TokenRun
 
 TOP_K = 5
 NONE = np.uint8(255)  # an empty top-k slot

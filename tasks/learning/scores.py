@@ -14,10 +14,10 @@ import numpy as np
 # Stable predictor names: MLflow metric keys are built from them, so the UI's compare view lines
 # runs and baselines up under the same names from one run to the next.
 MODEL = "model"
-# the network mixed per thread with the online counter and the majority (tasks/learning/next_hedge.py)
+# the network mixed per thread with the online counter and the majority (tasks/learning/nextcall/hedge.py)
 HEDGED_NEXT = "model_hedged"
 MODELS = (MODEL, HEDGED_NEXT)
-# ngram_online: the online counter (tasks/learning/online.py), trained on nothing, learning from
+# ngram_online: the online counter (tasks/learning/counters/online.py), trained on nothing, learning from
 # the thread's own past as it runs: the predictor an allocator inside the program always has.
 ONLINE_COUNTER = "ngram_online"
 BASELINES = ("majority", "repeat_last", "ngram", ONLINE_COUNTER)
@@ -41,7 +41,7 @@ class PredictorScores:
 
 @dataclass(frozen=True)
 class QuestionScores:
-    """One predictor's scores on one allocator question (tasks/learning/reuse.py: "reuse"), one
+    """One predictor's scores on one allocator question (tasks/learning/questions/reuse.py: "reuse"), one
     slice (a workload, or OVERALL), one table; positions are that question's (e.g. frees)."""
 
     question: str

@@ -1,7 +1,7 @@
 """Prefect tasks `train` and `evaluate`: the next-call model, trained and honestly scored.
 
-`train` reads the split (tasks.learning.sequences.load_split), answers the allocator's questions
-and fits the model (tasks/learning/training.py: early stopping, resumable checkpoints);
+`train` reads the split (tasks.learning.split.load_split), answers the allocator's questions
+and fits the model (tasks/learning/nextcall/training.py: early stopping, resumable checkpoints);
 `evaluate` scores it beside the baselines on runs it never saw and returns the `TrainOutcome`
 that registration logs (tasks/learning/outcome.py). The work itself is in training.py, which
 imports no orchestrator: a study or a lent GPU machine runs it without Prefect.
@@ -22,22 +22,22 @@ from prefect.cache_policies import NONE as NO_CACHE
 from tasks.core.storage import Root
 from tasks.learning.answers import RunAnswers, merged
 from tasks.learning.evaluate import evaluation_markdown
-from tasks.learning.fitting import placement_facts
-from tasks.learning.outcome import DatasetRef, TrainOutcome
-from tasks.learning.question_network import QuestionNetwork
-from tasks.learning.questions import question_evaluation
-from tasks.learning.reuse import question_markdown
-from tasks.learning.scores import QuestionScores
-from tasks.learning.sequences import Split, load_split
-from tasks.learning.table import ClassTable, TableAgreement
-from tasks.learning.train_config import TrainConfig
-from tasks.learning.training import (
+from tasks.learning.nextcall.fitting import placement_facts
+from tasks.learning.nextcall.training import (
     checkpoint_dir,
     evaluate_model,
     fit_model,
     input_example,
     require_evaluation,
 )
+from tasks.learning.outcome import DatasetRef, TrainOutcome
+from tasks.learning.questions.evaluation import question_evaluation
+from tasks.learning.questions.network import QuestionNetwork
+from tasks.learning.questions.reuse import question_markdown
+from tasks.learning.scores import QuestionScores
+from tasks.learning.split import Split, load_split
+from tasks.learning.table.distill import ClassTable, TableAgreement
+from tasks.learning.train_config import TrainConfig
 
 
 @dataclass
@@ -46,7 +46,7 @@ class TrainedModel:
 
     model: Any  # keras.Model
     config: TrainConfig
-    root: str
+    root: Root
     split: Split
     history: dict[str, list[float]]
     predictions_per_second: float
@@ -56,7 +56,7 @@ class TrainedModel:
     initial_epoch: int  # > 0 when this training resumed a killed one
     notes: list[str] = field(default_factory=list)
     question_scores: tuple[QuestionScores, ...] = ()  # the allocator's questions' predictors
-    # the layer's table and its agreement (tasks/learning/table.py), the questions' network
+    # the layer's table and its agreement (tasks/learning/table/distill.py), the questions' network
     class_table: ClassTable | None = None
     table_agreement: tuple[TableAgreement, ...] = ()
     question_network: QuestionNetwork | None = None
@@ -88,7 +88,7 @@ def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -
     return TrainedModel(
         model=model,
         config=config,
-        root=r.url,
+        root=r,
         split=split,
         history=facts["history"],
         predictions_per_second=facts["predictions_per_second"],

@@ -86,7 +86,7 @@ class ModelConfig(StrictModel):
     embedding: Literal["onehot"] = "onehot"  # frozen identity embedding, as in the article
     # hybrid (sequence mode): besides each token the network gets the back-off n-gram's answer
     # over exact contexts of orders 1..ngram_order from the training runs (leave-one-out on
-    # the training positions; tasks/learning/model.py, NGramFeatures); the table is inside the model
+    # the training positions; tasks/learning/nextcall/model.py, NGramFeatures); the table is inside the model
     ngram_features: bool = False
     ngram_order: int = Field(default=16, ge=1, le=16)  # orders > 9 use a 61-bit hash of the context
     # Cross-fitting: this share of the training positions (in blocks of ten contexts) gets its
@@ -95,10 +95,10 @@ class ModelConfig(StrictModel):
     # (0: every position leave-one-out from the whole table). Needs two training workloads.
     ngram_crossfit: float = Field(default=0.0, ge=0.0, le=1.0)
     # A copy path per feature source (n-gram, online): gate * onehot(source's top-1) added to the
-    # logits (tasks/learning/model.py _copy_network). Hybrids only.
+    # logits (tasks/learning/nextcall/model.py _copy_network). Hybrids only.
     copy_path: bool = False
     # online (sequence mode): besides each token the network gets the online counter's answer
-    # (tasks/learning/online.py) over the thread's WHOLE history so far, beyond the context:
+    # (tasks/learning/counters/online.py) over the thread's WHOLE history so far, beyond the context:
     # top-1, the order it answered from, count and share buckets. Causal by construction (only
     # calls before each position are counted), so train, evaluation and streaming compute it
     # the same way; the registered model takes it as a second input (`online`).
@@ -128,7 +128,7 @@ class NgramConfig(StrictModel):
 
 
 class QuestionsConfig(StrictModel):
-    """The network of the allocator's two questions (tasks/learning/question_network.py): reuse
+    """The network of the allocator's two questions (tasks/learning/questions/network.py): reuse
     at a free, lifetime at an allocation. Trained beside the next-call model on the same
     training runs (their events, capped as data.max_eval_tokens caps each run)."""
 
@@ -159,10 +159,10 @@ class TrainConfig(StrictModel):
     clipnorm: float | None = Field(default=None, gt=0.0)  # per-step gradient norm clip
     # sequence mode: a training chunk is this many contexts long (1: `context` tokens). A chunk
     # starts with an empty state, so longer chunks give more of the positions a long history;
-    # evaluation chunks are unchanged (tasks.learning.sequences.eval_chunks).
+    # evaluation chunks are unchanged (tasks.learning.nextcall.chunks.eval_chunks).
     train_chunk_contexts: int = Field(default=1, ge=1)
     batch_size: int = Field(default=64, ge=1)
-    # on a GPU (tasks/learning/backend.py), the batch it prefers instead of batch_size: a GPU
+    # on a GPU (tasks/learning/nextcall/backend.py), the batch it prefers instead of batch_size: a GPU
     # trains heapcast's network at ~5x the positions a second at 1024 as at 128 (NOTES); None:
     # batch_size there too
     gpu_batch_size: int | None = Field(default=1024, ge=1)

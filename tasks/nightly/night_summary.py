@@ -26,7 +26,7 @@ from tasks.allocators.seeds import SeedsOutcome
 from tasks.core.storage import Root
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import RegisteredModel, TrainResult
-from tasks.learning.reuse import program_lines, question_lines
+from tasks.learning.questions.reuse import program_lines, question_lines
 from tasks.learning.scores import BASELINES, HEDGED_NEXT, MODEL, ONLINE_COUNTER, OVERALL, Evaluation
 from tasks.nightly.markdown import markdown_text
 from tasks.nightly.params import NightContext

@@ -65,9 +65,10 @@ class NightlySummary(BaseModel):
     best_baseline: str | None = None
     best_baseline_top1: float | None = None
     evaluation_markdown: str = ""
-    # the allocator's questions per evaluation table (tasks/learning/reuse.py: question_lines)
+    # the allocator's questions per evaluation table
+    # (tasks/learning/questions/reuse.py: question_lines)
     allocator_questions: list[str] = Field(default_factory=list)
-    # ... and per program never trained on (tasks/learning/reuse.py: program_lines)
+    # ... and per program never trained on (tasks/learning/questions/reuse.py: program_lines)
     program_questions: list[str] = Field(default_factory=list)
     champion_before: str | None = None
     champion_after: str | None = None

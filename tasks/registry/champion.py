@@ -122,7 +122,7 @@ def load_version(name: str, version: str):
     # deferred: imported on first use, for start-up time
     import mlflow.keras
 
-    import tasks.learning.model  # noqa: F401  (registers the custom layers)
+    import tasks.learning.nextcall.model  # noqa: F401  (registers the custom layers)
 
     return mlflow.keras.load_model(f"models:/{name}/{version}")
 

@@ -1,6 +1,6 @@
 """The pyfunc loader of heapcast's registered Keras models.
 
-The hybrid model carries the back-off n-gram table in a custom layer (tasks.learning.model.NGramFeatures).
+The hybrid model carries the back-off n-gram table in a custom layer (tasks.learning.nextcall.model.NGramFeatures).
 Keras rebuilds a custom layer only when the module that registers it was imported, and MLflow's
 own Keras pyfunc loader imports nothing of ours: `mlflow.pyfunc.load_model("models:/...")` in a
 fresh process would fail with "Could not locate class 'NGramFeatures'". tasks/registry/register.py points
@@ -16,7 +16,7 @@ import functools
 from mlflow.keras.load import KerasModelWrapper
 from mlflow.keras.load import _load_pyfunc as load_keras_pyfunc
 
-import tasks.learning.model  # noqa: F401  (registers heapcast's custom Keras layers)
+import tasks.learning.nextcall.model  # noqa: F401  (registers heapcast's custom Keras layers)
 
 
 class QuietKerasModel(KerasModelWrapper):

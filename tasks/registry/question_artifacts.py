@@ -1,11 +1,11 @@
-"""The allocator's questions (tasks/learning/reuse.py) and the layer's table
-(tasks/learning/table.py), logged with a registered version.
+"""The allocator's questions (tasks/learning/questions/reuse.py) and the layer's table
+(tasks/learning/table/distill.py), logged with a registered version.
 
 Per evaluation table, every predictor's scores on every question as one MLflow table
 (`questions/<table>.json`: one row per question, workload and predictor), rather than hundreds
 of metrics; three headline metrics; and the layer's table file (`table/heapcast.hcltab`) written
 for this version, with its coverage and agreement (`questions/table_agreement.json`), and the
-questions' network itself (`questions/network.keras`, tasks/learning/question_network.py
+questions' network itself (`questions/network.keras`, tasks/learning/questions/network.py
 load_question_network reads it). Beside the layer's table, the placement layer's lifetime table
 (`table/heapcast.hclife`, native/TABLE.md), distilled here from the network over the training
 runs' allocations (`distil_lifetime`).
@@ -18,13 +18,12 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from tasks.core.storage import Root
-from tasks.learning.hedge import HEDGED
+from tasks.dataset.token_runs import head_rows
 from tasks.learning.outcome import TrainOutcome
-from tasks.learning.reuse import read_events
+from tasks.learning.questions.hedge import HEDGED
+from tasks.learning.questions.reuse import read_events
 from tasks.learning.scores import OVERALL
-from tasks.learning.sequences import head_rows
-from tasks.learning.table import ModelTable, model_version_number, write_layer_table
+from tasks.learning.table.layer_file import ModelTable, model_version_number, write_layer_table
 from tasks.registry.table_files import (
     lifetime_file,
     table_file,
@@ -89,9 +88,9 @@ def distil_lifetime(outcome: TrainOutcome):
     capped it: data.max_eval_tokens), averaged per (allocation call site, size class)
     (question_network.distilled_lifetime). (keys, scores); raises what reading the runs raises."""
     # deferred: Keras
-    from tasks.learning.question_network import answered_inputs, distilled_lifetime
+    from tasks.learning.questions.network import answered_inputs, distilled_lifetime
 
-    root = Root.from_url(outcome.dataset.root)
+    root = outcome.dataset.root
     cap = (outcome.config.get("data") or {}).get("max_eval_tokens")
     model = outcome.question_network.model
     inputs, answers = [], []
@@ -115,7 +114,7 @@ def log_lifetime_table(outcome: TrainOutcome, version: str) -> None:
     except (OSError, ValueError) as err:  # pyarrow's errors are ValueErrors or OSErrors
         mlflow.set_tag(
             TAG_LIFETIME,
-            f"not made: the training runs under {outcome.dataset.root} could not be read ({err})",
+            f"not made: the training runs under {outcome.dataset.root.url} could not be read ({err})",
         )
         return
     if len(keys) == 0:
@@ -155,7 +154,7 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
             path = Path(tmp) / NETWORK_FILE
             net.model.save(path)
             mlflow.log_artifact(str(path), NETWORK_ARTIFACT)
-        from tasks.learning.question_network import INPUTS_VERSION  # deferred: Keras
+        from tasks.learning.questions.network import INPUTS_VERSION  # deferred: Keras
 
         mlflow.set_tag(TAG_NETWORK_INPUTS, str(INPUTS_VERSION))
     log_lifetime_table(outcome, version)
@@ -244,7 +243,7 @@ def fetch_question_network(run_id: str, dest: Path):
     caller's (mlflow.set_tracking_uri, or a store `configure` set up)."""
     import mlflow  # deferred: start-up time
 
-    from tasks.learning.question_network import INPUTS_VERSION, load_question_network
+    from tasks.learning.questions.network import INPUTS_VERSION, load_question_network
 
     logged = mlflow.get_run(run_id).data.tags.get(TAG_NETWORK_INPUTS, "1")
     if logged != str(INPUTS_VERSION):

@@ -45,11 +45,11 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.config import PROJECT_DIR
 from tasks.learning import plots
 from tasks.learning.evaluate import TABLES, evaluation_markdown
-from tasks.learning.next_hedge import HEDGE_ARTIFACT, hedge_settings
+from tasks.learning.nextcall.hedge import HEDGE_ARTIFACT, hedge_settings
+from tasks.learning.nextcall.training import score_model_on_unseen_runs
 from tasks.learning.outcome import DatasetRef, RegisteredModel, TrainOutcome
 from tasks.learning.scores import BASELINES, MODEL, OVERALL, Evaluation
 from tasks.learning.train_config import TrainConfig
-from tasks.learning.training import score_model_on_unseen_runs
 from tasks.registry import champion as champion_rules
 from tasks.registry import headline
 from tasks.registry.answer_artifacts import log_answers
@@ -154,7 +154,7 @@ def dataset_params(outcome: TrainOutcome) -> dict[str, str]:
     unseen_programs = sorted({w for w, _ in d.unseen_program_runs})
     runs = lambda rs: ",".join(f"{w}/{r}" for w, r in rs)  # noqa: E731
     return {
-        "dataset.root": d.root,
+        "dataset.root": d.root.url,
         "dataset.content_hash": d.content_hash,
         "dataset.workloads": ",".join(workloads),
         "dataset.heldout_workloads": ",".join(heldout),
@@ -315,7 +315,7 @@ def _dataset_input(outcome: TrainOutcome):
         ):  # "can be interpreted in multiple ways": both are local files
             warnings.simplefilter("ignore", UserWarning)
             return mlflow.data.from_pandas(
-                df, source=d.root, name=DATASET_NAME, digest=d.content_hash[:36]
+                df, source=d.root.url, name=DATASET_NAME, digest=d.content_hash[:36]
             )
     except Exception:  # a root URL MLflow has no dataset source for: keep the URL in params only
         return mlflow.data.from_pandas(df, name=DATASET_NAME, digest=d.content_hash[:36])

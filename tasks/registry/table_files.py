@@ -16,17 +16,17 @@ from pathlib import Path
 
 from tasks.core.storage import Root, scratch_parent
 
-# native/TABLE.md's header (tasks/learning/table.py HEADER, MAGIC; the tests hold them together)
+# native/TABLE.md's header (tasks/learning/table/distill.py HEADER, MAGIC; the tests hold them together)
 _HEADER = struct.Struct("<8sIIIIQ")  # magic, format, model version, n_tokens, payload bytes, FNV
 _MAGIC = b"HCLTAB\x00\x01"
 _FORMATS = (2, 3)  # the formats the layer reads
 _N_TOKENS = 64
-# The placement's lifetime table (native/TABLE.md; native/layers/place.c hp_load_life): the same
+# The placement's lifetime table (native/TABLE.md; native/layers/place/life.c hp_load_life): the same
 # 32-byte header, its own magic; uint32 entries (site * 32 + class) << 8 | score, keys rising
 LIFE_MAGIC = b"HCLIFE\x00\x01"
 LIFE_FORMAT = 1
 LIFE_CLASSES = 32
-LIFE_SITES = 4096  # tasks/learning/sites.py SITE_VOCABULARY
+LIFE_SITES = 4096  # tasks/dataset/sites.py SITE_VOCABULARY
 LIFE_LONG_SCORE = 128  # the layer places long at a score of at least this (P(long) >= ~1/2)
 
 

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import field_validator
+from pydantic import PlainSerializer, PlainValidator, field_validator
 
 from tasks.core.config import CONFIG_DIR, PROJECT_DIR, StrictModel, default_root, load_config
 from tasks.core.storage import Root
@@ -43,6 +43,17 @@ _QUIET_ENV = {
 }
 
 
+def _data_root(value: Root | str) -> Root:
+    """A config's data root: resolved once, where the YAML (or the flow's root) is read."""
+    return value if isinstance(value, Root) else Root.from_url(str(value))
+
+
+# A Root in memory, its URL in a YAML file or a JSON dump.
+DataRoot = Annotated[
+    Root, PlainValidator(_data_root), PlainSerializer(lambda r: r.url, return_type=str)
+]
+
+
 class TrackingConfig(StrictModel):
     """Where runs and models go, and how a champion is chosen."""
 
@@ -50,7 +61,7 @@ class TrackingConfig(StrictModel):
     tracking_uri: str | None = None
     # The data root whose mlflow/ folder holds the embedded store (a URL); None in
     # configs/tracking.yaml: the flow's data root (tracking_for fills it in).
-    root: str | None = None
+    root: DataRoot | None = None
     experiment: str = DEFAULT_EXPERIMENT
     model_name: str = DEFAULT_MODEL_NAME
     # The score a candidate must beat the champion on: the model's, over all workloads, on the
@@ -88,14 +99,12 @@ def tracking_for(root: Root) -> TrackingConfig:
     """configs/tracking.yaml, with the flow's resolved data root and $MLFLOW_TRACKING_URI where
     it says null."""
     tracking = load_tracking_config()
-    update: dict[str, str] = {}
+    update: dict[str, object] = {}
     if tracking.root is None:
-        update["root"] = root.url
+        update["root"] = root
     if tracking.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
         update["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
-    return (
-        TrackingConfig.model_validate({**tracking.model_dump(), **update}) if update else tracking
-    )
+    return TrackingConfig.model_validate({**dict(tracking), **update}) if update else tracking
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ def resolve_target(tracking: TrackingConfig) -> TrackingTarget:
             "build it with tracking_for(root) (the flow's data root), or set one of the two in "
             "configs/tracking.yaml"
         )
-    root = Root.from_url(tracking.root)
+    root = tracking.root
     if root.is_local:
         base = Path(root.path) / "mlflow"
         base.mkdir(parents=True, exist_ok=True)
@@ -267,7 +276,7 @@ def server_store(root: Root) -> dict[str, str]:
     logged without a server. Runs logged through the server into that store keep the
     experiment's own artifact location (file:// or s3://, written by the client directly).
     """
-    target = resolve_target(TrackingConfig(root=root.url))
+    target = resolve_target(TrackingConfig(root=root))
     db = target.tracking_uri.removeprefix("sqlite:///")
     loc = target.artifact_location or ""
     artifacts = Path(loc.removeprefix("file://")).as_posix() if loc.startswith("file://") else loc

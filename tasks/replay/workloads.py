@@ -370,6 +370,6 @@ class TraceParams(StrictModel):
     )
     max_parallel: int = Field(default=2, ge=1, le=16, description="replays at once")
     # on by default: the allocator questions' network and the per-site counters read the call
-    # site (tasks/learning/reuse.py call_sites); the tracer's cost with callers is measured by
+    # site (tasks/learning/questions/reuse.py call_sites); the tracer's cost with callers is measured by
     # benchmarks/bench_tracer.py
     caller: bool = Field(default=True, description="record each call's return address")

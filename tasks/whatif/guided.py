@@ -17,7 +17,7 @@ from numba import njit
 from tasks.dataset.tokens import size_class
 from tasks.whatif.events import _DEFINES, N_CLASSES, NEVER
 
-NONE_TOKEN = 255  # an empty top-k slot (tasks.learning.baselines.NONE)
+NONE_TOKEN = 255  # an empty top-k slot (tasks.learning.counters.baselines.NONE)
 
 
 def _stream_order(table: pa.Table, scope: str) -> tuple[np.ndarray, np.ndarray]:

@@ -36,13 +36,14 @@ from tasks.core.config import StrictModel, default_root
 from tasks.core.policy_names import RENAMED_POLICIES, current_policy
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import list_runs
+from tasks.dataset.sites import NO_CALL_SITES, has_call_sites
+from tasks.dataset.token_runs import eval_positions, head_rows, token_run
 from tasks.learning.answers import RunAnswers
-from tasks.learning.baselines import NONE, TOP_K
-from tasks.learning.online import OnlineCounter
+from tasks.learning.counters.baselines import NONE, TOP_K
+from tasks.learning.counters.online import OnlineCounter
 from tasks.learning.outcome import RegisteredModel
-from tasks.learning.sequences import eval_positions, head_rows, token_run
-from tasks.learning.sites import NO_CALL_SITES, has_call_sites
-from tasks.learning.table import HEADER, keep_soon, read_table_file
+from tasks.learning.table.distill import keep_soon
+from tasks.learning.table.layer_file import HEADER, read_table_file
 from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
@@ -70,7 +71,7 @@ from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_
 ARTIFACT_KEY = "whatif"
 ALL = "all"  # the workload slice that pools every run
 THREAD_FUTURE = f"thread_future{OPTIMISTIC}"  # the true next calls of the freeing thread
-# questions: the allocator questions' own network (tasks/learning/question_network.py), logged
+# questions: the allocator questions' own network (tasks/learning/questions/network.py), logged
 # with the version; it answers the reuse question at the free itself (causal at every horizon)
 PREDICTORS = ("model", "questions", "online", THREAD_FUTURE)
 QUESTIONS_COLUMNS = ("lifetime_ns", "caller_module", "caller_offset")  # its inputs beyond COLUMNS
@@ -379,10 +380,10 @@ def model_ref(model: RegisteredModel, params: WhatifParams, tracking: TrackingCo
     return ModelRef(model, tuple(runs), champion_config(_client(tracking), model))
 
 
-def registered_ref(params: WhatifParams) -> ModelRef:
+def registered_ref(params: WhatifParams, root: Root) -> ModelRef:
     """The version `params.model` names, resolved as the whatif flow does at its edge, outside a
     flow (the benchmarks that read a version's runs and answers)."""
-    tracking = tracking_for(Root.from_url(params.root))
+    tracking = tracking_for(root)
     return model_ref.fn(resolve_model.fn(params, tracking), params, tracking)
 
 
@@ -398,7 +399,7 @@ def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
     """The version as a sequence-mode model and its questions' network, into `predictor`."""
     try:
         # deferred: imported on first use (TensorFlow), for start-up time
-        from tasks.learning.model import as_sequence_model
+        from tasks.learning.nextcall.model import as_sequence_model
         from tasks.registry.champion import load_version
 
         if ref.config is None:
@@ -481,7 +482,7 @@ def predictions_for(
         top = answers.top_for(token_run) if answers is not None else None
         if top is None and predictor.model is not None:
             # deferred: imported on first use, for start-up time
-            from tasks.learning.model import predict_positions
+            from tasks.learning.nextcall.model import predict_positions
 
             top = predict_positions(
                 predictor.model, token_run, predictor.context, predictor.batch_size
@@ -495,7 +496,7 @@ def predictions_for(
         soon = answers.soon_for(table) if answers is not None else None
         if soon is None and predictor.questions is not None:
             # deferred: imported on first use (TensorFlow), for start-up time
-            from tasks.learning.question_network import soon_probability
+            from tasks.learning.questions.network import soon_probability
 
             soon = soon_probability(table, predictor.questions)
             if answers is not None:
@@ -559,7 +560,7 @@ def replay_run(
 ) -> RunReplay:
     """One run through the grid; its events missing or unreadable: a RunReplay with the error.
     `max_tokens`: the run is replayed as the model's evaluation scored it (the rows of its first
-    max_tokens calls, tasks.learning.sequences.head_rows), so the evaluation's answers apply."""
+    max_tokens calls, tasks.dataset.token_runs.head_rows), so the evaluation's answers apply."""
 
     try:
         # Read once: the simulator's table and the model's tokens are the same rows.

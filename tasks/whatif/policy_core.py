@@ -25,9 +25,9 @@ from pydantic import Field, field_validator
 
 from tasks.core.config import StrictModel
 from tasks.core.policy_names import current_policy
+from tasks.dataset.sites import SITE_VOCABULARY, call_sites
 from tasks.dataset.tokens import size_class
 from tasks.format.native_sources import POLICY_SOURCES, NativeBuildError, build_native
-from tasks.learning.sites import SITE_VOCABULARY, call_sites
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.policies import (
     MMAP_THRESHOLD,
@@ -214,7 +214,7 @@ def site_scores_of(entries: bytes | np.ndarray) -> np.ndarray | None:
 
 def class_scores_of(payload: bytes | np.ndarray) -> np.ndarray:
     """The scores a layer table file holds, as the core reads them: its payload's (after the
-    header: tasks.learning.table) first 64 * 64 bytes, uint8 [64, 64], C order; given the whole
+    header: tasks.learning.table.distill) first 64 * 64 bytes, uint8 [64, 64], C order; given the whole
     payload of a format 3 file (bytes, or a flat uint8 array), its site entries after them too,
     parsed once (`site_scores_of`): a TableScores whose `sites` the replay asks first, as the
     layer does. A [64, 64] array keeps the sites it carries."""
@@ -235,7 +235,7 @@ def class_scores_of(payload: bytes | np.ndarray) -> np.ndarray:
 
 
 def with_call_sites(x: SimInput, table: pa.Table) -> SimInput:
-    """`x` (prepared from `table`) with each row's call site (tasks.learning.sites.call_sites,
+    """`x` (prepared from `table`) with each row's call site (tasks.dataset.sites.call_sites,
     the key the layer computes at a free; -1: none, as in a trace without callers) in
     simulation order, where a table with site entries asks them (`core_batch`). Returns `x`."""
     x.cache[CALL_SITES] = x.align(call_sites(table))

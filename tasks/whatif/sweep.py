@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.learning.sequences import list_runs
+from tasks.dataset.token_runs import list_runs
 from tasks.whatif.events import SimInput, prepare, read_events
 from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (

@@ -197,7 +197,7 @@ def test_layer_reads_the_registered_models_table_by_alias_or_version(tmp_path):
     import numpy as np
 
     from tasks.learning.labels import REUSE_CLASSES
-    from tasks.learning.table import ClassTable
+    from tasks.learning.table.distill import ClassTable
     from tasks.registry.register import register_outcome
     from tasks.registry.tracking import TrackingConfig
     from tests.tasks.registry.outcome_factory import make_outcome, tiny_model

@@ -121,7 +121,7 @@ def test_whatif_replays_the_champions_evaluation_runs(prefect_harness, tmp_path,
     assert logged and {f"answers/beta/{r}.npz" for w, r in evaluated[1:]} == logged
     assert "answered here" not in page and "first 1,500 tokens" in page
     # outside a flow (the benchmarks), the same version, runs and cap
-    ref = registered_ref(WhatifParams(root=root.url))
+    ref = registered_ref(WhatifParams(root=root.url), root)
     assert (ref.version, ref.run_id, ref.max_eval_tokens) == ("1", model.run_id, 1500)
     assert sorted(ref.runs) == sorted(evaluated)
     # and they are the very answers the networks give when asked again

@@ -3,7 +3,7 @@
 Each policy (largest, pools, guided) keeps the output and exit code of real programs (python3
 with numpy on seed 002's expression, sqlite3, a threaded C program, fork beside a working
 thread) and reuses blocks (its counters at exit). The predictor equals the project's online
-counter (tasks/learning/online.py, orders (2, 1)) on a token sequence. A setting it cannot
+counter (tasks/learning/counters/online.py, orders (2, 1)) on a token sequence. A setting it cannot
 parse, or a table file it cannot trust, is said in one line on stderr and never stops the
 program. The layer keeps
 nothing until reuse is proven (`proof`), and steps aside where it is not.
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.learning.online import online_features
+from tasks.learning.counters.online import online_features
 from tasks.replay.inputs import generate_input
 from tests.conftest import need_tool
 from tests.native.tracer_harness import NATIVE

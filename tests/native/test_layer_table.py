@@ -1,5 +1,5 @@
 """The layer (native/layers/layer.c) loads the table the learning stage writes
-(tasks/learning/table.py, native/TABLE.md): the real layer, a real written file."""
+(tasks/learning/table/distill.py, native/TABLE.md): the real layer, a real written file."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from tasks.dataset.convert import events_from_trace
+from tasks.dataset.sites import SITE_VOCABULARY, call_sites
 from tasks.learning.labels import REUSE_CLASSES, request_and_free_classes
-from tasks.learning.sites import SITE_VOCABULARY, call_sites
-from tasks.learning.table import ClassTable, write_layer_table
+from tasks.learning.table.distill import ClassTable
+from tasks.learning.table.layer_file import write_layer_table
 from tests.native.test_layer import BIG, _env, _stats, heapcast_layer  # noqa: F401 (fixture)
 
 MAJORITY = np.full(REUSE_CLASSES, 1.0 / REUSE_CLASSES)
@@ -81,7 +82,7 @@ def test_the_layer_finds_the_call_sites_the_dataset_names(
     tmp_path,
 ):
     # GIVEN the program's frees traced with callers, and their call-site keys as the dataset
-    # and the training name them (module path + offset, hashed: tasks/learning/sites.py)
+    # and the training name them (module path + offset, hashed: tasks/dataset/sites.py)
     exe = program("bigblocks")
     run = run_traced([exe, "5", "1", *BIG], HEAPCAST_CALLER="1")
     assert run.proc.returncode == 0, run.proc.stderr

@@ -438,11 +438,11 @@ def _table(path: Path, keys, score: int) -> Path:
 def burstkv_keys(burstkv, tmp_path_factory) -> list[int]:
     """Every (call site, size class) key of burstkv's own two call sites (request buffers and
     entries), as the training data names them: the sites a run learning every site (horizon=1)
-    wrote as "- OFFSET", hashed by tasks/learning/sites.py call_sites from the program's path (as
+    wrote as "- OFFSET", hashed by tasks/dataset/sites.py call_sites from the program's path (as
     the tracer records it) and the offset."""
     import pyarrow as pa
 
-    from tasks.learning.sites import call_sites
+    from tasks.dataset.sites import call_sites
 
     sites = tmp_path_factory.mktemp("learn") / "sites"
     r = _run([burstkv, "1", "2000", "10"], place=f"sample=1,horizon=1,learn={sites}")

@@ -84,7 +84,8 @@ __attribute__((destructor)) static void hl_fini(void) {
     char line[768];
     char *end = line + sizeof line - 1, *p = line;
     hl_lock_take();
-#define F(key, v) p = hl_num(hl_cat(p, end, key "="), end, (uint64_t)(v)), p = hl_cat(p, end, " ")
+#define F(key, v)                                                                                 \
+    p = hc_text_u64(hc_text(p, end, key "="), end, (uint64_t)(v)), p = hc_text(p, end, " ")
     F("pid", getpid());
     F("policy", hl_set.policy);
     F("table", hl_use_table);
@@ -143,15 +144,15 @@ __attribute__((destructor)) static void hl_fini(void) {
     p[-1] = '\n';
     if (!strcmp(hl_set.stats, "1")) {
         char out[800];
-        char *q = hl_cat(out, out + sizeof out, "heapcast layer: ");
+        char *q = hc_text(out, out + sizeof out, "heapcast layer: ");
         size_t len = (size_t)(p - line);
         memcpy(q, line, len);
-        hl_write(2, out, (size_t)(q - out) + len);
+        hc_write_all(2, out, (size_t)(q - out) + len);
         return;
     }
     int fd = open(hl_set.stats, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
-        hl_write(fd, line, (size_t)(p - line));
+        hc_write_all(fd, line, (size_t)(p - line));
         close(fd);
     }
 }

@@ -47,10 +47,10 @@ static inline int hl_in_scope(const void *p) {
 /* A large free the layer does not keep goes to the next allocator. glibc may then give heap
  * memory back too: when its top grows past the trim threshold it lowers the break (sbrk), and the
  * next blocks are faulted in again, page by page, as mmapped ones are: a training loop freeing its
- * large tensors together pays that at every step (seed 001's case). So once glibc has trimmed at
- * such a free, its heap blocks are in scope too. sbrk(0) reads glibc's copy of the break (no
- * syscall); another thread moving it meanwhile can only turn scope on early. Thread arenas shrink
- * their heaps without the break and are not seen: their blocks stay glibc's. */
+ * large tensors together pays that at every step. So once glibc has trimmed at such a free, its
+ * heap blocks are in scope too. sbrk(0) reads glibc's copy of the break (no syscall); another
+ * thread moving it meanwhile can only turn scope on early. Thread arenas shrink their heaps
+ * without the break and are not seen: their blocks stay glibc's. */
 static void hl_pass_free(void *p) {
     void *brk0 = hl_glibc_next && !hl_trimmed ? sbrk(0) : NULL;
     hc_real.free(p);

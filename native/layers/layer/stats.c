@@ -15,11 +15,10 @@ static struct {
  * them per thread: with one counter line for all, threads passing large heap blocks meet on it at
  * every call. A thread owns its stripe (claimed at its first count from a mask, given back by its
  * key's destructor, hl_thread_exit), so it counts with a plain load and store, not an atomic add at
- * each large call passed on (../../README.md, Measured: that add was half of what the layer added
- * to glibc's own large heap blocks). A thread finding none free (HL_STRIPES live threads) or
- * without a destructor shares the last stripe, counting atomically. Summed at exit; a stripe given
- * back keeps its counts, and its next owner adds to them (the mask's release and acquire order the
- * two). */
+ * each large call passed on (its cost: ../../README.md, Measured). A thread finding none free
+ * (HL_STRIPES live threads) or without a destructor shares the last stripe, counting atomically.
+ * Summed at exit; a stripe given back keeps its counts, and its next owner adds to them (the
+ * mask's release and acquire order the two). */
 #define HL_STRIPES 64 /* owned; hl_stripes[HL_STRIPES] is the shared one */
 struct hl_stripe {
     /* calls passed through, one counter each (the stats' `passed` is their sum): misses, and

@@ -16,7 +16,7 @@ from tasks.core.storage import Root
 from tasks.replay.workloads import Catalog, Workload, parse_catalog
 
 if TYPE_CHECKING:  # numba behind it: not imported by every allocators test
-    from tasks.learning.table import ModelTable
+    from tasks.learning.table.layer_file import ModelTable
 
 PROGRAMS = Path(__file__).parent / "programs"
 GENERATOR = "alloc_mix_program"

@@ -11,7 +11,8 @@ from tasks.allocators.config import Allocator, load_allocators_config
 from tasks.allocators.measure import CaseInfo, Measurements, Sample, Unavailable, round_orders
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.learning.labels import REUSE_CLASSES
-from tasks.learning.table import N_SIZE_CLASSES, ClassTable, ModelTable, write_layer_table
+from tasks.learning.table.distill import N_SIZE_CLASSES, ClassTable
+from tasks.learning.table.layer_file import ModelTable, write_layer_table
 
 OK_HASH = "a" * 64
 

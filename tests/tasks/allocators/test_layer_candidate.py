@@ -164,7 +164,7 @@ def test_the_layers_counters_are_summed_over_the_processes(tmp_path):
 
 
 def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
-    from tasks.learning.table import ModelTable
+    from tasks.learning.table.layer_file import ModelTable
 
     cfg = CFG.with_model_table(ModelTable(path=Path("/t/v12.hcltab"), version=12, run_id="r"))
     runs = {

@@ -103,7 +103,7 @@ def test_a_table_file_is_measured_as_the_layer_reads_it_and_a_refused_one_stops_
     format) stops the stage with one message naming it, before any run measures the online
     counter under the table's name."""
     from tasks.allocators.model_table import with_model_table
-    from tasks.learning.table import HEADER, read_table_file
+    from tasks.learning.table.layer_file import HEADER, read_table_file
     from tasks.registry.tracking import TrackingConfig
 
     t = written_table(tmp_path, 9)

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.dataset.synthetic_events import events_table
+from tasks.dataset.token_runs import head_rows, token_run
 from tasks.learning.answers import (
     AnswersError,
     RunAnswers,
@@ -17,7 +18,6 @@ from tasks.learning.answers import (
     rows_digest,
     tokens_digest,
 )
-from tasks.learning.sequences import head_rows, token_run
 
 
 @pytest.fixture

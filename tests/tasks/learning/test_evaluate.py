@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.learning.baselines import NONE, Predictions
+from tasks.learning.counters.baselines import NONE, Predictions
 from tasks.learning.evaluate import (
     HELDOUT_WORKLOADS,
     UNSEEN_RUNS,

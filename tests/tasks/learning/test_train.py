@@ -9,13 +9,13 @@ pytest.importorskip("keras")
 
 from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
-from tasks.learning.hedge import HEDGED  # noqa: E402
-from tasks.learning.lifetime import NETWORK_SURVIVAL, SURVIVAL  # noqa: E402
+from tasks.learning.nextcall.training import checkpoint_dir, fit_model  # noqa: E402
 from tasks.learning.outcome import TrainOutcome  # noqa: E402
+from tasks.learning.questions.hedge import HEDGED  # noqa: E402
+from tasks.learning.questions.lifetime import NETWORK_SURVIVAL, SURVIVAL  # noqa: E402
 from tasks.learning.scores import BASELINES, MODEL, MODELS, OVERALL
-from tasks.learning.sequences import load_split  # noqa: E402
+from tasks.learning.split import load_split  # noqa: E402
 from tasks.learning.train import evaluate, train  # noqa: E402
-from tasks.learning.training import checkpoint_dir, fit_model  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
@@ -155,7 +155,8 @@ def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tm
 
 
 def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_root, tmp_path):
-    from tasks.learning.sequences import concat_runs, train_chunks
+    from tasks.dataset.token_runs import concat_runs
+    from tasks.learning.nextcall.chunks import train_chunks
 
     cfg = tiny_train_config(
         tmp_path / "ckpt", train_chunk_contexts=3, lr_schedule="cosine", clipnorm=1.0, epochs=1
@@ -180,9 +181,13 @@ def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_pa
 
 
 def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_path):
-    from tasks.learning.model import NGramTable
-    from tasks.learning.sequences import concat_runs
-    from tasks.learning.training import crossfit_features, training_features, training_tables
+    from tasks.dataset.token_runs import concat_runs
+    from tasks.learning.nextcall.model import NGramTable
+    from tasks.learning.nextcall.training import (
+        crossfit_features,
+        training_features,
+        training_tables,
+    )
 
     cfg = tiny_train_config(
         tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_crossfit": 0.5}

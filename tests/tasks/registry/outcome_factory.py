@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tasks.core.storage import Root
 from tasks.learning.outcome import DatasetRef, TrainOutcome
 from tasks.learning.scores import (
     BASELINES,
@@ -82,7 +83,7 @@ def make_outcome(
     hist = np.zeros(64, dtype=np.int64)
     hist[USED] = np.arange(1, USED.size + 1) * 1000
     dataset = DatasetRef(
-        root="/tmp/heapcast-test-root",
+        root=Root.from_url("/tmp/heapcast-test-root"),
         train_runs=(("sqlite3", "r1"), ("redis", "r1")),
         eval_runs=(("sqlite3", "r2"), ("redis", "r2")),
         heldout_runs=(("git", "r1"),),

@@ -44,7 +44,7 @@ print("bare", "same" if np.allclose(model.predict(x, verbose=0), y, atol=1e-5) e
 LOAD_VERSION = """
 from tasks.registry.champion import load_version
 
-assert "tasks.learning.model" not in sys.modules, "the test must start without the layers"
+assert "tasks.learning.nextcall.model" not in sys.modules, "the test must start without the layers"
 model = load_version({name!r}, "1")
 print("load_version", "same" if np.allclose(model.predict(x, verbose=0), y, atol=1e-5) else "differs")
 """
@@ -64,10 +64,10 @@ print("pyfunc", "same" if all(np.allclose(a, y, atol=1e-5) for a in answers) els
 def fresh_load(tmp_path_factory):
     """The fresh processes' output ({"load_version": ..., "pyfunc": ...}), after the hybrid
     model was registered."""
-    from tasks.learning.model import NGramTable, build_hybrid
+    from tasks.learning.nextcall.model import NGramTable, build_hybrid
     from tasks.registry.register import register_outcome
     from tasks.registry.tracking import TrackingConfig, resolve_target
-    from tests.tasks.learning.test_model import _flat, _threads, tiny
+    from tests.tasks.learning.nextcall.test_model import _flat, _threads, tiny
 
     tmp_path = tmp_path_factory.mktemp("fresh-load")
     rng = np.random.default_rng(5)

@@ -96,7 +96,7 @@ def test_a_sound_local_file_is_used_without_a_store_and_a_bad_one_fetched_again(
     path.write_bytes(path.read_bytes()[:-1])
 
     def fetch(tracking, model, dest):
-        from tasks.learning.table import ModelTable
+        from tasks.learning.table.layer_file import ModelTable
 
         p = write_lifetime_table(lifetime_file(dest, int(model)), [7], [0], int(model))
         return ModelTable(path=p, version=int(model), run_id="r")
@@ -107,7 +107,7 @@ def test_a_sound_local_file_is_used_without_a_store_and_a_bad_one_fetched_again(
 
 
 def _inputs(sites, tokens, labels):
-    from tasks.learning.question_network import N_FEATURES, QuestionInputs
+    from tasks.learning.questions.network import N_FEATURES, QuestionInputs
 
     n = len(tokens)
     return QuestionInputs(
@@ -127,7 +127,7 @@ def test_the_network_is_distilled_per_allocation_site_and_class():
     site, WHEN distilled, THEN one entry per (site, class) allocated, its score the mean
     P(lifetime class >= 4: beyond 65536 calls, or never freed); nothing for the free or the
     allocation without a site (the counter answers there)."""
-    from tasks.learning.question_network import LONG_LIFETIME_CLASS, distilled_lifetime
+    from tasks.learning.questions.network import LONG_LIFETIME_CLASS, distilled_lifetime
 
     assert LONG_LIFETIME_CLASS == 4 and LIFETIME_CLASSES == 6
     inp = _inputs(
@@ -153,7 +153,7 @@ def test_the_lifetime_table_is_logged_with_the_version_and_fetched_by_it(tmp_pat
     could not be read says why in its tag, and asking for its table names the version."""
     from mlflow import MlflowClient
 
-    from tasks.learning.question_network import QuestionNetwork, build_network
+    from tasks.learning.questions.network import QuestionNetwork, build_network
     from tasks.registry import question_artifacts
     from tasks.registry.question_artifacts import TAG_LIFETIME, fetch_lifetime_table
     from tasks.registry.register import register_outcome
@@ -187,7 +187,7 @@ def test_the_lifetime_table_is_logged_with_the_version_and_fetched_by_it(tmp_pat
         [200],
     )
     # and kept on this host by version (the CLI's --predictor model:N)
-    local = model_table(Root.from_url(tracking.root), result.model_version, kind="lifetime")
+    local = model_table(tracking.root, result.model_version, kind="lifetime")
     assert (
         local.version == int(result.model_version)
         and lifetime_fault(local.path, local.version) == ""

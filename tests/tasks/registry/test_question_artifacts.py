@@ -13,7 +13,8 @@ import pytest
 
 from tasks.learning.labels import REUSE_CLASSES
 from tasks.learning.scores import OVERALL, QuestionScores
-from tasks.learning.table import MAGIC, ClassTable, TableAgreement
+from tasks.learning.table.distill import ClassTable, TableAgreement
+from tasks.learning.table.layer_file import MAGIC
 from tasks.registry.register import register_outcome
 from tasks.registry.tracking import TrackingConfig
 from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
@@ -85,7 +86,7 @@ def test_question_scores_and_the_layer_table_are_logged_with_the_version(tmp_pat
 def test_the_questions_network_is_logged_with_the_version_and_loads_back(tmp_path):
     from mlflow import MlflowClient
 
-    from tasks.learning.question_network import (
+    from tasks.learning.questions.network import (
         N_FEATURES,
         QuestionNetwork,
         build_network,
@@ -120,7 +121,7 @@ def test_the_questions_network_is_logged_with_the_version_and_loads_back(tmp_pat
     # AND fetched for answering only with the inputs it was trained on: this code's, tagged
     import pytest
 
-    from tasks.learning.question_network import INPUTS_VERSION
+    from tasks.learning.questions.network import INPUTS_VERSION
     from tasks.registry.question_artifacts import TAG_NETWORK_INPUTS, fetch_question_network
 
     assert client.get_run(run_id).data.tags[TAG_NETWORK_INPUTS] == str(INPUTS_VERSION)

@@ -167,7 +167,7 @@ def test_params_hold_config_dataset_code_and_libraries(store):
         mlflow.__version__,
     )
     assert p["predictor.ngram.order"] == "7"
-    # where it trained, as training reported it (tasks/learning/backend.py)
+    # where it trained, as training reported it (tasks/learning/nextcall/backend.py)
     assert (p["train.backend"], p["train.device"], p["train.precision"]) == (
         "jax",
         "gpu: NVIDIA H200",
@@ -392,10 +392,10 @@ def test_a_registered_hybrid_champion_loads_through_pyfunc_in_a_fresh_process(
     import subprocess
     import sys
 
-    from tasks.learning.model import NGramTable, build_hybrid
+    from tasks.learning.nextcall.model import NGramTable, build_hybrid
     from tasks.registry.register import register_outcome
     from tasks.registry.tracking import TrackingConfig, configure, resolve_target
-    from tests.tasks.learning.test_model import _flat, _threads, tiny
+    from tests.tasks.learning.nextcall.test_model import _flat, _threads, tiny
 
     rng = np.random.default_rng(5)
     table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
@@ -448,7 +448,9 @@ def test_run_logs_the_heap_report_of_its_training_data(model, tmp_path):
     outcome = dataclasses.replace(
         outcome,
         dataset=dataclasses.replace(
-            outcome.dataset, root=str(data), train_runs=(("hand", "r1"), ("redis", "r1"))
+            outcome.dataset,
+            root=Root.from_url(str(data)),
+            train_runs=(("hand", "r1"), ("redis", "r1")),
         ),
     )
     # WHEN the flow's report step made its page and it is registered with it

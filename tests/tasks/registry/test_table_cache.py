@@ -22,7 +22,8 @@ import pytest
 
 from tasks.core.storage import Root
 from tasks.learning.labels import REUSE_CLASSES
-from tasks.learning.table import HEADER, MAGIC, ClassTable, read_table_file, write_layer_table
+from tasks.learning.table.distill import ClassTable
+from tasks.learning.table.layer_file import HEADER, MAGIC, read_table_file, write_layer_table
 from tasks.registry import table_cache, table_files
 from tasks.registry.register import register_outcome
 from tasks.registry.table_cache import NoSuchVersion, alias_version, model_table
@@ -184,7 +185,7 @@ def test_no_registered_version_is_none_without_mlflow(store, scratch, tmp_path, 
 
 
 def test_the_header_check_is_the_layers(tmp_path):
-    """table_fault reads the file as tasks.learning.table writes it (native/TABLE.md)."""
+    """table_fault reads the file as tasks.learning.table.distill writes it (native/TABLE.md)."""
     assert (table_files._HEADER.format, table_files._MAGIC) == (HEADER.format, MAGIC)
     table = ClassTable(np.ones((32, REUSE_CLASSES)), np.full(REUSE_CLASSES, 0.2))
     path = write_layer_table(tmp_path / "v5.hcltab", table, 5)

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.core.storage import Root
 from tasks.format.trace_reader import Op, read_trace
-from tasks.learning.sequences import plan_split
+from tasks.learning.split import plan_split
 from tasks.learning.train_config import load_train_config
 from tasks.replay import inputs as inputs_module
 from tasks.replay.images import build_all

@@ -50,7 +50,7 @@ LEAK_BYTES = sum(b for b, _ in sc.LEAKS.values())  # 2440
 
 def dataset_ref(root: Path, train_runs: tuple = ()) -> DatasetRef:
     return DatasetRef(
-        root=str(root),
+        root=Root.from_url(str(root)),
         train_runs=train_runs,
         eval_runs=(),
         heldout_runs=(),

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.learning.sequences import TokenRun
+from tasks.dataset.token_runs import TokenRun
 from tasks.whatif.guided import (
     NONE_TOKEN,
     _free_class,
@@ -35,7 +35,7 @@ def _trace(seed: int) -> pa.Table:
 
 
 def _token_run(table: pa.Table) -> TokenRun:
-    """The run's tokens as tasks.learning.sequences.read_run orders them."""
+    """The run's tokens as tasks.dataset.token_runs.read_run orders them."""
     key = (table.column("pid").to_numpy().astype(np.uint64) << np.uint64(16)) | table.column(
         "thread"
     ).to_numpy().astype(np.uint64)
@@ -108,7 +108,7 @@ def test_decision_at_a_free_ignores_every_later_event_and_prediction(seed):
 def test_the_reuse_networks_decision_at_a_free_ignores_every_later_event(seed):
     import keras
 
-    from tasks.learning.question_network import build_network, soon_probability
+    from tasks.learning.questions.network import build_network, soon_probability
     from tasks.whatif.night import Predictor
 
     # GIVEN the questions' network (untrained: random weights, so any path from a later call

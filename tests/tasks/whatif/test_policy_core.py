@@ -25,11 +25,12 @@ import pyarrow as pa
 import pytest
 
 from tasks.dataset.convert import convert_trace
+from tasks.dataset.sites import SITE_VOCABULARY, call_sites
 from tasks.dataset.tokens import size_class
 from tasks.format.trace_reader import read_trace
 from tasks.learning.labels import REUSE_CLASSES
-from tasks.learning.sites import SITE_VOCABULARY, call_sites
-from tasks.learning.table import HEADER, ClassTable, write_layer_table
+from tasks.learning.table.distill import ClassTable
+from tasks.learning.table.layer_file import HEADER, write_layer_table
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.layer import build_layer, parse_stats
 from tasks.whatif.policies import (

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
+from tasks.dataset.sites import call_sites
 from tasks.format.trace_reader import Op
-from tasks.learning.sites import call_sites
 from tasks.whatif.events import prepare
 from tasks.whatif.guided import reuse_labels
 from tasks.whatif.policies import (

@@ -1,0 +1,66 @@
+/* Part of layers/place.c (one translation unit; never compiled alone).
+ * C++'s operator new and delete, in all their forms.
+ * jemalloc exports its own (they call mallocx and sdallocx, never malloc): without these a C++
+ * program's new would reach jemalloc past the layer, never placed, never sampled. Each new here
+ * asks the site's class like malloc; a long site goes to the long arena, and a failure there to
+ * the next operator new, which throws (or returns NULL, nothrow) as without the layer. Each
+ * delete ends the block's sample, then calls the next delete of the same signature. The next
+ * functions are looked up on first use (HC_NEXT, ../../real.h: jemalloc's, else libstdc++'s,
+ * which call malloc and free, our hooks, again: harmless). std::align_val_t is a size_t in the
+ * ABI, a nothrow_t& a pointer. */
+
+/* X(mangled name, parameter list, argument list, the alignment argument or 0) */
+#define HP_NEWS(X)                                                                                \
+    X(_Znwm, (size_t n), (n), 0)                                                                  \
+    X(_Znam, (size_t n), (n), 0)                                                                  \
+    X(_ZnwmRKSt9nothrow_t, (size_t n, const void *nt), (n, nt), 0)                                \
+    X(_ZnamRKSt9nothrow_t, (size_t n, const void *nt), (n, nt), 0)                                \
+    X(_ZnwmSt11align_val_t, (size_t n, size_t al), (n, al), al)                                   \
+    X(_ZnamSt11align_val_t, (size_t n, size_t al), (n, al), al)                                   \
+    X(_ZnwmSt11align_val_tRKSt9nothrow_t, (size_t n, size_t al, const void *nt), (n, al, nt), al) \
+    X(_ZnamSt11align_val_tRKSt9nothrow_t, (size_t n, size_t al, const void *nt), (n, al, nt), al)
+
+#define HP_DELETES(X)                                                                             \
+    X(_ZdlPv, (void *p), (p))                                                                     \
+    X(_ZdaPv, (void *p), (p))                                                                     \
+    X(_ZdlPvm, (void *p, size_t n), (p, n))                                                       \
+    X(_ZdaPvm, (void *p, size_t n), (p, n))                                                       \
+    X(_ZdlPvRKSt9nothrow_t, (void *p, const void *nt), (p, nt))                                   \
+    X(_ZdaPvRKSt9nothrow_t, (void *p, const void *nt), (p, nt))                                   \
+    X(_ZdlPvSt11align_val_t, (void *p, size_t al), (p, al))                                       \
+    X(_ZdaPvSt11align_val_t, (void *p, size_t al), (p, al))                                       \
+    X(_ZdlPvmSt11align_val_t, (void *p, size_t n, size_t al), (p, n, al))                         \
+    X(_ZdaPvmSt11align_val_t, (void *p, size_t n, size_t al), (p, n, al))                         \
+    X(_ZdlPvSt11align_val_tRKSt9nothrow_t, (void *p, size_t al, const void *nt), (p, al, nt))     \
+    X(_ZdaPvSt11align_val_tRKSt9nothrow_t, (void *p, size_t al, const void *nt), (p, al, nt))
+
+#define HP_NEW_(name, params, args, align)                                                        \
+    HP_EXPORT void *name params;                                                                  \
+    void *name params {                                                                           \
+        static void *(*next) params;                                                              \
+        uintptr_t site = HP_SITE;                                                                 \
+        int on = hp_on();                                                                         \
+        void *p = NULL;                                                                           \
+        int lng = on && hp_long(n, site);                                                         \
+        if (HP_UNLIKELY(lng))                                                                     \
+            p = hp_long_alloc(n, (align) ? HP_MALLOCX_LG_ALIGN(__builtin_ctzll(align)) : 0);     \
+        if (p == NULL) {                                                                          \
+            lng = 0; /* not in the long arena: jemalloc's own new serves it */                    \
+            void *(*f) params = HC_NEXT(next, #name);                                             \
+            p = f ? f args : malloc(n);                                                           \
+        }                                                                                         \
+        if (on && hp_sampling()) hp_sample(p, site, lng);                                         \
+        return p;                                                                                 \
+    }
+HP_NEWS(HP_NEW_)
+
+#define HP_DELETE_(name, params, args)                                                            \
+    HP_EXPORT void name params;                                                                   \
+    void name params {                                                                            \
+        static void (*next) params;                                                               \
+        if (hp_learning) hp_free_sampled(p);                                                      \
+        void (*f) params = HC_NEXT(next, #name);                                                  \
+        if (f) f args;                                                                            \
+        else free(p);                                                                             \
+    }
+HP_DELETES(HP_DELETE_)

@@ -1,0 +1,147 @@
+/* Part of layers/place.c (one translation unit; never compiled alone).
+ * The decision on the allocation path (hp_long): the prediction (the table, the sites file, size
+ * alone, or the online counter), the counter's floor, the long arena made on first need; then
+ * the allocation itself, short (the real function) or long (mallocx into the long arena). */
+
+/* Make the long arena (once, by the first thread to ask; jemalloc's arenas.create); 1 once it
+ * exists. While another thread makes it, or where jemalloc refused (said once), 0: the request
+ * is placed short, as it would be without the layer (so too, for good, in a child forked while
+ * another thread was making it). */
+static __attribute__((noinline)) int hp_make_arena(void) {
+    int expect = HP_ARENA_NONE;
+    if (!__atomic_compare_exchange_n(&hp_arena, &expect, HP_ARENA_MAKING, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return expect == HP_ARENA_READY;
+    size_t large = 0, large_len = sizeof large;
+    if (hp_mallctl("arenas.lextent.0.size", &large, &large_len, NULL, 0) == 0 && large)
+        __atomic_store_n(&hp_large_min, large, __ATOMIC_RELAXED);
+    unsigned arena = 0;
+    size_t len = sizeof arena;
+    if (hp_mallctl("arenas.create", &arena, &len, NULL, 0) != 0) {
+        hp_say("mallctl arenas.create failed; placing every request short");
+        __atomic_store_n(&hp_arena, HP_ARENA_FAILED, __ATOMIC_RELEASE);
+        return 0;
+    }
+    __atomic_store_n(&hp_flags, HP_MALLOCX_ARENA(arena) | HP_MALLOCX_TCACHE_NONE,
+                     __ATOMIC_RELEASE);
+    __atomic_store_n(&hp_arena, HP_ARENA_READY, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* 1 once the long arena exists (made now if it was not). */
+static inline int hp_arena_ready(void) {
+    return HP_LIKELY(__atomic_load_n(&hp_flags, __ATOMIC_ACQUIRE) != 0) || hp_make_arena();
+}
+
+/* The counter's floor (min_mb): its verdicts place long only once the process has had min_mb
+ * resident. Below it, the long arena's fixed cost (jemalloc's control tables, the arena's
+ * metadata, a slab per size class it serves) is a few percent of the program, while all it can
+ * save is a share of a heap that small (docs/layer.md, "A small process places nothing long by
+ * the counter"). The table and the sites file place from the first call: what they know was
+ * learnt elsewhere. hp_big: 1 once the floor was reached (for good); the resident set is read
+ * from /proc/self/statm by one thread at a time, at most once per 65536 allocations of the
+ * clock. */
+static uint64_t hp_rss_read_at = (uint64_t)-1; /* the clock at the last read; -1: never */
+
+static __attribute__((noinline)) int hp_reached_floor(void) {
+    uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
+    uint64_t then = __atomic_load_n(&hp_rss_read_at, __ATOMIC_RELAXED);
+    if (then != (uint64_t)-1 && now - then < 65536) return 0;
+    if (!__atomic_compare_exchange_n(&hp_rss_read_at, &then, now, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return 0; /* another thread reads it */
+    int saved = errno, big = 0;
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[128];
+        ssize_t got = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (got > 0) {
+            buf[got] = 0;
+            char *p = strchr(buf, ' '); /* size, then resident, in pages */
+            uint64_t pages = p ? strtoull(p + 1, NULL, 10) : 0;
+            big = pages * (uint64_t)sysconf(_SC_PAGESIZE) >= hp_set.min_rss;
+        }
+    }
+    errno = saved;
+    if (big) __atomic_store_n(&hp_big, 1, __ATOMIC_RELAXED);
+    return big;
+}
+
+/* This request's prediction: 0 short, HP_BY_COUNTER long by the online counter's verdict,
+ * HP_KNOWN long by the table, the sites file or size alone. Three loads on the path of every
+ * allocation without a table: the mode flag, the large-size limit and the site's table word
+ * (with one: the lifetime table first). */
+enum { HP_BY_COUNTER = 1, HP_KNOWN = 2 };
+static inline int hp_predicted_long(size_t n, uintptr_t site) {
+    if (HP_UNLIKELY(hp_by_size)) return n >= hp_set.big ? HP_KNOWN : 0;
+    if (HP_UNLIKELY(n >= __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED)))
+        return 0; /* a large block pins no neighbour */
+    if (HP_UNLIKELY(hp_life_on)) {
+        int said = hp_life_long(n, site);
+        if (said >= 0) return said ? HP_KNOWN : 0;
+    }
+    uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
+    if (HP_LIKELY((w >> 1) != site || !(w & 1))) return 0;
+    return hp_learning ? HP_BY_COUNTER : HP_KNOWN;
+}
+
+/* 1: this request goes to the long arena: predicted long (by the counter, once the process is
+ * past its floor), the arena there to take it, and (the limit known once the arena is made) not
+ * of a large class, but in mode size. */
+static inline int hp_long(size_t n, uintptr_t site) {
+    int why = hp_predicted_long(n, site);
+    if (HP_LIKELY(!why)) return 0;
+    if (why == HP_BY_COUNTER && HP_UNLIKELY(!__atomic_load_n(&hp_big, __ATOMIC_RELAXED)) &&
+        !hp_reached_floor()) {
+        HP_COUNT(hp_stripe(), held_small);
+        return 0;
+    }
+    return hp_arena_ready() &&
+           (hp_by_size || n < __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED));
+}
+
+/* 1 in `sample` allocations of the thread (the caller then calls hp_sample, which resets the
+ * countdown; outside mode=predict it parks it at INT_MAX) */
+static inline int hp_sampling(void) { return HP_UNLIKELY(--hp_tls_countdown <= 0); }
+
+static inline int hp_on(void) {
+    int st = __atomic_load_n(&hp_state, __ATOMIC_ACQUIRE);
+    if (HP_LIKELY(st == HP_ON)) return 1;
+    if (st == HP_START) hp_start();
+    return __atomic_load_n(&hp_state, __ATOMIC_ACQUIRE) == HP_ON;
+}
+
+static __attribute__((noinline)) void *hp_long_alloc(size_t n, int flags) {
+    HP_COUNT(hp_stripe(), long_allocs);
+    void *p = hp_mallocx(n ? n : 1, hp_flags | flags); /* mallocx(0) is undefined */
+    if (p == NULL) errno = ENOMEM;
+    return p;
+}
+
+/* malloc and calloc share it: zero: MALLOCX_ZERO on the long path, calloc on the short one. */
+static inline void *hp_alloc(size_t n, int zero, uintptr_t site) {
+    void *p;
+    int lng = hp_long(n, site);
+    if (HP_UNLIKELY(lng)) p = hp_long_alloc(n, zero ? HP_MALLOCX_ZERO : 0);
+    else p = zero ? hc_real.calloc(1, n) : hc_real.malloc(n);
+    if (hp_sampling()) hp_sample(p, site, lng);
+    return p;
+}
+
+static int hp_pow2(size_t a) { return a != 0 && (a & (a - 1)) == 0; }
+
+/* The aligned family: a long site with a valid alignment to mallocx, else fn() (the real
+ * function, which also answers an invalid alignment as it would without the layer). */
+static void *hp_aligned(size_t align, size_t n, uintptr_t site, int *handled) {
+    *handled = 0;
+    if (!hp_on() || !hp_pow2(align)) return NULL;
+    if (!hp_long(n, site)) {
+        if (hp_sampling()) hp_tls_countdown = 1; /* sample the next one instead */
+        return NULL;
+    }
+    *handled = 1;
+    void *p = hp_long_alloc(n, HP_MALLOCX_LG_ALIGN(__builtin_ctzll(align)));
+    if (hp_sampling()) hp_sample(p, site, 1);
+    return p;
+}

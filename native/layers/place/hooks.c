@@ -1,0 +1,153 @@
+/* Part of layers/place.c (one translation unit; never compiled alone).
+ * The exported entry points of the malloc family. Each: the real function not yet known (start-up:
+ * the bootstrap pool, ../real.h), the layer not on (passed through), else the decision (decide.c).
+ * realloc: a long site's realloc asks rallocx for the long arena (jemalloc grows in place where it
+ * can, else moves the block there), otherwise the real realloc. The aligned family: a valid
+ * alignment goes to mallocx with MALLOCX_ALIGN, an invalid one to the real function, for its own
+ * error. */
+
+#define HP_SITE ((uintptr_t)__builtin_return_address(0))
+
+HP_EXPORT void *malloc(size_t n) {
+    void *(*f)(size_t) = HC_REAL(malloc);
+    if (HP_UNLIKELY(!f)) return hc_pool_alloc(n, 16);
+    if (HP_UNLIKELY(!hp_on())) return f(n);
+    return hp_alloc(n, 0, HP_SITE);
+}
+
+HP_EXPORT void free(void *p) {
+    if (HP_UNLIKELY(hc_in_pool(p))) return; /* the start-up pool's blocks are never reused */
+    void (*f)(void *) = HC_REAL(free);
+    if (HP_UNLIKELY(!f)) return; /* start-up: no real free yet, and p is not the pool's: leak */
+    if (hp_learning) hp_free_sampled(p);
+    f(p);
+}
+
+HP_EXPORT void *calloc(size_t m, size_t n) {
+    size_t total;
+    if (__builtin_mul_overflow(m, n, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *(*f)(size_t, size_t) = HC_REAL(calloc);
+    if (HP_UNLIKELY(!f)) return hc_pool_alloc(total, 16);
+    if (HP_UNLIKELY(!hp_on())) return f(m, n);
+    return hp_alloc(total, 1, HP_SITE);
+}
+
+HP_EXPORT void *realloc(void *old, size_t n) {
+    uintptr_t site = HP_SITE;
+    if (old == NULL) {
+        void *(*f)(size_t) = HC_REAL(malloc);
+        if (HP_UNLIKELY(!f)) return hc_pool_alloc(n, 16);
+        if (HP_UNLIKELY(!hp_on())) return f(n);
+        return hp_alloc(n, 0, site);
+    }
+    if (HP_UNLIKELY(hc_in_pool(old))) {
+        void *q = malloc(n ? n : 1);
+        if (q) {
+            size_t o = hc_pool_size(old);
+            memcpy(q, old, o < n ? o : n);
+        }
+        return q;
+    }
+    void *(*real_realloc)(void *, size_t) = HC_REAL(realloc);
+    if (HP_UNLIKELY(!real_realloc)) {
+        errno = ENOMEM; /* start-up, a block not the pool's: a failed realloc keeps it */
+        return NULL;
+    }
+    if (HP_UNLIKELY(!hp_on()) || n == 0) {
+        if (n == 0 && hp_learning) hp_free_sampled(old);
+        return real_realloc(old, n);
+    }
+    /* the old block's sample (if any) ends here: its life as this block is over */
+    if (hp_learning) hp_free_sampled(old);
+    void *q;
+    int lng = hp_long(n, site);
+    if (lng) {
+        HP_COUNT(hp_stripe(), long_allocs);
+        q = hp_rallocx(old, n, hp_flags); /* in place where it can, else moved to the arena */
+        if (q == NULL) errno = ENOMEM;
+    } else {
+        q = real_realloc(old, n);
+    }
+    if (hp_sampling()) hp_sample(q, site, lng);
+    return q;
+}
+
+HP_EXPORT void *reallocarray(void *old, size_t m, size_t n) {
+    size_t total;
+    if (__builtin_mul_overflow(m, n, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return realloc(old, total);
+}
+
+HP_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
+    int (*f)(void **, size_t, size_t) = HC_REAL(posix_memalign);
+    if (HP_UNLIKELY(!f)) {
+        if (!hp_pow2(align) || align % sizeof(void *) != 0) return EINVAL;
+        void *p = hc_pool_alloc(n, align);
+        if (!p) return ENOMEM;
+        *out = p;
+        return 0;
+    }
+    if (align % sizeof(void *) != 0) return f(out, align, n);
+    int handled, saved = errno;
+    void *p = hp_aligned(align, n, HP_SITE, &handled);
+    if (!handled) return f(out, align, n);
+    if (p == NULL) return errno = saved, ENOMEM;
+    *out = p;
+    return 0;
+}
+
+HP_EXPORT void *aligned_alloc(size_t align, size_t n) {
+    void *(*f)(size_t, size_t) = HC_REAL(aligned_alloc);
+    if (HP_UNLIKELY(!f)) return hp_pow2(align) ? hc_pool_alloc(n, align) : NULL;
+    int handled;
+    void *p = hp_aligned(align, n, HP_SITE, &handled);
+    return handled ? p : f(align, n);
+}
+
+HP_EXPORT void *memalign(size_t align, size_t n) {
+    void *(*f)(size_t, size_t) = HC_REAL(memalign);
+    if (HP_UNLIKELY(!f)) return hp_pow2(align) ? hc_pool_alloc(n, align) : NULL;
+    int handled;
+    void *p = hp_aligned(align, n, HP_SITE, &handled);
+    return handled ? p : f(align, n);
+}
+
+HP_EXPORT void *valloc(size_t n) {
+    void *(*f)(size_t) = HC_REAL(valloc);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (HP_UNLIKELY(!f)) return hc_pool_alloc(n, page);
+    int handled;
+    void *p = hp_aligned(page, n, HP_SITE, &handled);
+    return handled ? p : f(n);
+}
+
+/* obsolete: valloc of n rounded up to whole pages (one page for 0), as glibc's. Never the next
+ * allocator's own pvalloc: jemalloc 5.3 exports none, so dlsym finds glibc's, whose block
+ * jemalloc's free then takes for its own (tests/native/programs/allforms.c crashes under jemalloc
+ * alone); memalign is in both. */
+HP_EXPORT void *pvalloc(size_t n) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t rounded = n == 0 ? page : (n + page - 1) & ~(page - 1);
+    if (rounded < n) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *(*f)(size_t, size_t) = HC_REAL(memalign);
+    if (HP_UNLIKELY(!f)) return hc_pool_alloc(rounded, page);
+    int handled;
+    void *p = hp_aligned(page, rounded, HP_SITE, &handled);
+    return handled ? p : f(page, rounded);
+}
+
+HP_EXPORT size_t malloc_usable_size(void *p) {
+    if (p == NULL) return 0;
+    if (hc_in_pool(p)) return hc_pool_size(p);
+    size_t (*f)(void *) = HC_REAL(malloc_usable_size);
+    return f ? f(p) : 0;
+}

@@ -1,0 +1,110 @@
+/* Part of layers/place.c (one translation unit; never compiled alone).
+ * Sampling (mode=predict): 1 in `sample` allocations of each thread is recorded in a
+ * direct-mapped table of HP_NSAMPLES slots, ptr -> (site entry, the process's allocation clock);
+ * the clock advances by `sample` at each sampled allocation, so it counts the process's
+ * allocations to within a sample. A sampled block freed before `horizon` later allocations counts
+ * short for its site; one still live past the horizon counts long, at its free, when a later
+ * sample claims its slot, or when the sweep finds it. */
+
+struct hp_sample {
+    uintptr_t ptr; /* 0: free slot */
+    uint64_t val;  /* HP_PLACED_LONG | site entry << 48 | the clock at its allocation */
+};
+#define HP_PLACED_LONG (UINT64_C(1) << 63) /* the sampled block went to the long arena */
+static struct hp_sample hp_samples[HP_NSAMPLES] __attribute__((aligned(64)));
+static uint64_t hp_clock __attribute__((aligned(64)));
+/* the thread's allocations left until its next sample (decide.c hp_sampling counts it down) */
+static __thread int hp_tls_countdown __attribute__((tls_model("initial-exec")));
+
+static inline unsigned hp_sample_index(uintptr_t p) {
+    return (unsigned)((p * UINT64_C(0x9E3779B97F4A7C15)) >> 52) & (HP_NSAMPLES - 1);
+}
+
+/* A sampled block's verdict (`v` its slot's value): its site learns it, and it counts as a right
+ * or a wrong long placement if it was placed long. */
+static void hp_verdict(uint64_t v, int outlived) {
+    if (v & HP_PLACED_LONG)
+        __atomic_fetch_add(outlived ? &hp_long_old : &hp_long_young, 1, __ATOMIC_RELAXED);
+    hp_learn((unsigned)((v >> 48) & (HP_NSITES - 1)), outlived);
+}
+
+static void hp_sweep(uint64_t now);
+
+/* A sampled allocation: claim the site's entry if another site holds it, record p (and whether
+ * it went to the long arena: placed_long). */
+static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site, int placed_long) {
+    if (!hp_learning) {
+        hp_tls_countdown = INT32_MAX; /* mode=sites, size: nothing to learn */
+        return;
+    }
+    hp_tls_countdown = hp_set.sample;
+    if (p == NULL) return;
+    struct hp_stripe *s = hp_stripe();
+    HP_COUNT(s, sampled);
+    unsigned e = hp_site_index(site);
+    uintptr_t w = __atomic_load_n(&hp_sites[e].word, __ATOMIC_RELAXED);
+    if ((w >> 1) != site) { /* new here: this site takes the entry, counts afresh */
+        __atomic_store_n(&hp_sites[e].nshort, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&hp_sites[e].nlong, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&hp_sites[e].falls, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&hp_sites[e].word, site << 1, __ATOMIC_RELAXED);
+    }
+    uint64_t now = __atomic_add_fetch(&hp_clock, (uint64_t)hp_set.sample, __ATOMIC_RELAXED);
+    hp_sweep(now);
+    struct hp_sample *slot = &hp_samples[hp_sample_index((uintptr_t)p)];
+    uintptr_t old = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
+    if (old != 0) {
+        uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_RELAXED);
+        if (((now - v) & HP_CLOCK_MASK) < hp_set.horizon) {
+            HP_COUNT(s, dropped); /* the slot's block is young still: keep watching it */
+            return;
+        }
+        if (!__atomic_compare_exchange_n(&slot->ptr, &old, (uintptr_t)p, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            return;
+        __atomic_fetch_add(&hp_evicted_long, 1, __ATOMIC_RELAXED);
+        hp_verdict(v, 1); /* outlived the horizon: its site's long count */
+    } else if (!__atomic_compare_exchange_n(&slot->ptr, &old, (uintptr_t)p, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_RELAXED)) {
+        return;
+    }
+    uint64_t mark = placed_long ? HP_PLACED_LONG : 0;
+    __atomic_store_n(&slot->val, mark | ((uint64_t)e << 48) | (now & HP_CLOCK_MASK),
+                     __ATOMIC_RELEASE);
+}
+
+/* At each sample, HP_SWEEP more slots in turn: a block live past the horizon gets its verdict
+ * (long) and frees its slot within HP_NSAMPLES / HP_SWEEP samples of passing it, rather than
+ * when a new sample happens to land on its slot (on average another horizon later). */
+#define HP_SWEEP 4u
+static unsigned hp_sweep_cursor;
+
+static void hp_sweep(uint64_t now) {
+    unsigned c = __atomic_fetch_add(&hp_sweep_cursor, HP_SWEEP, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < HP_SWEEP; i++) {
+        struct hp_sample *slot = &hp_samples[(c + i) & (HP_NSAMPLES - 1)];
+        uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
+        if (k == 0) continue;
+        uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_ACQUIRE);
+        if (((now - v) & HP_CLOCK_MASK) < hp_set.horizon) continue;
+        if (!__atomic_compare_exchange_n(&slot->ptr, &k, 0, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            continue;
+        __atomic_fetch_add(&hp_evicted_long, 1, __ATOMIC_RELAXED);
+        hp_verdict(v, 1);
+    }
+}
+
+/* At a free: if p is a sampled block, its verdict. Then the caller frees it. */
+static inline void hp_free_sampled(void *p) {
+    struct hp_sample *slot = &hp_samples[hp_sample_index((uintptr_t)p)];
+    uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_RELAXED);
+    if (HP_LIKELY(k != (uintptr_t)p) || p == NULL) return;
+    uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_ACQUIRE);
+    if (!__atomic_compare_exchange_n(&slot->ptr, &k, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        return;
+    uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
+    int outlived = ((now - v) & HP_CLOCK_MASK) >= hp_set.horizon;
+    __atomic_fetch_add(outlived ? &hp_freed_long : &hp_freed_short, 1, __ATOMIC_RELAXED);
+    hp_verdict(v, outlived);
+}

@@ -1,0 +1,159 @@
+"""Per-thread token sequences of a run from the events dataset, and the positions that get scored.
+
+A run's tokens are held as the trace itself: one flat uint8 array, the threads one after the
+other (each ordered by `seq`), and `offsets` marking where each thread starts (n_threads + 1
+entries). Scored positions are index arrays into that flat array, so no window is materialised.
+Every stage that reads a run's calls in order (learning, the allocator's questions, whatif)
+reads them here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.core.storage import Root
+from tasks.dataset.events_reader import EVENTS_DIR, EventsNotFound, has_dataset
+from tasks.dataset.events_reader import list_runs as list_events_runs
+from tasks.dataset.events_reader import read_run as read_events_run
+from tasks.dataset.tokens import N_TOKENS
+
+COLUMNS = ["pid", "thread", "seq", "token"]
+
+
+@dataclass(frozen=True)
+class TokenRun:
+    """The token sequences of one run (or a part of one): flat tokens + thread offsets."""
+
+    workload: str
+    run: str
+    tokens: np.ndarray  # uint8 [n]
+    offsets: np.ndarray  # int64 [n_threads + 1], offsets[0] == 0, offsets[-1] == n
+    part: str = "all"  # "all", or "head"/"tail" when a run was cut for validation
+
+    def __post_init__(self) -> None:
+        if self.offsets[0] != 0 or self.offsets[-1] != len(self.tokens):
+            raise ValueError(f"{self.name}: offsets do not span the tokens")
+
+    @property
+    def name(self) -> str:
+        suffix = "" if self.part == "all" else f"[{self.part}]"
+        return f"{self.workload}/{self.run}{suffix}"
+
+    @property
+    def n_tokens(self) -> int:
+        return int(len(self.tokens))
+
+    @property
+    def n_threads(self) -> int:
+        return int(len(self.offsets) - 1)
+
+    def thread_lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def position_in_thread(self) -> np.ndarray:
+        """For every token, its index within its thread (int64 [n])."""
+        lengths = self.thread_lengths()
+        return np.arange(self.n_tokens, dtype=np.int64) - np.repeat(self.offsets[:-1], lengths)
+
+    def head(self, max_tokens: int) -> TokenRun:
+        """The first `max_tokens` tokens (whole threads in order, the last one cut)."""
+        if max_tokens >= self.n_tokens:
+            return self
+        offsets = np.concatenate([self.offsets[self.offsets < max_tokens], [max_tokens]])
+        return TokenRun(self.workload, self.run, self.tokens[:max_tokens], offsets, self.part)
+
+    def split_tail(self, fraction: float) -> tuple[TokenRun, TokenRun]:
+        """(head, tail): the time-ordered last `fraction` of every thread goes to the tail."""
+        lengths = self.thread_lengths()
+        tail_len = np.floor(lengths * fraction).astype(np.int64)
+        head_len = lengths - tail_len
+        pos = self.position_in_thread()
+        in_head = pos < np.repeat(head_len, lengths)
+        head_off = np.concatenate([[0], np.cumsum(head_len)])
+        tail_off = np.concatenate([[0], np.cumsum(tail_len)])
+        return (
+            TokenRun(self.workload, self.run, self.tokens[in_head], head_off, "head"),
+            TokenRun(self.workload, self.run, self.tokens[~in_head], tail_off, "tail"),
+        )
+
+
+def concat_runs(runs: list[TokenRun], workload: str = "*", run: str = "*") -> TokenRun:
+    """Several runs as one (threads never join: boundaries are kept)."""
+    if not runs:
+        return TokenRun(workload, run, np.zeros(0, np.uint8), np.zeros(1, np.int64))
+    tokens = np.concatenate([r.tokens for r in runs])
+    starts = np.cumsum([0] + [r.n_tokens for r in runs[:-1]])
+    offsets = np.concatenate([r.offsets[:-1] + s for r, s in zip(runs, starts)] + [[len(tokens)]])
+    return TokenRun(workload, run, tokens, offsets.astype(np.int64))
+
+
+def list_runs(root: Root) -> dict[str, list[str]]:
+    """{workload: sorted runs} of the events dataset (tasks.dataset.events_reader)."""
+    if not has_dataset(root):
+        raise EventsNotFound(
+            f"{root.url_of(EVENTS_DIR)}: no events dataset; run the dataset flow first"
+        )
+    found: dict[str, list[str]] = {}
+    for r in list_events_runs(root):
+        found.setdefault(r.workload, []).append(r.run)
+    return found
+
+
+def read_run(root: Root, workload: str, run: str) -> TokenRun:
+    """One run's tokens, per thread (per (pid, thread)), each thread ordered by seq."""
+    return token_run(read_events_run(root, workload, run, COLUMNS), workload, run)
+
+
+def thread_key(table: pa.Table) -> np.ndarray:
+    """uint64 per row: its thread, (pid << 16) | thread (a run's threads in this key's order)."""
+    pid = table.column("pid").to_numpy().astype(np.uint64)
+    return (pid << np.uint64(16)) | table.column("thread").to_numpy().astype(np.uint64)
+
+
+def token_run(table: pa.Table, workload: str, run: str) -> TokenRun:
+    """The tokens of one run's events (columns pid, thread, seq, token; any row order), per
+    thread (per (pid, thread)), each thread ordered by seq."""
+    if table.num_rows == 0:
+        raise ValueError(f"run {workload}/{run} has no events")
+    seq = table.column("seq").to_numpy()
+    token = table.column("token").to_numpy().astype(np.uint8)
+    key = thread_key(table)
+    # Parts arrive in call order (a process's calls in time order, threads interleaved): sort
+    # only when needed (a stable lexsort otherwise).
+    if len(key) > 1 and not (
+        np.all(key[1:] >= key[:-1]) and np.all((key[1:] != key[:-1]) | (seq[1:] > seq[:-1]))
+    ):
+        order = np.lexsort((seq, key))
+        key, token = key[order], token[order]
+    if int(token.max(initial=0)) >= N_TOKENS:
+        raise ValueError(f"run {workload}/{run}: token {int(token.max())} outside 0..63")
+    starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    offsets = np.concatenate([starts, [len(token)]]).astype(np.int64)
+    return TokenRun(workload, run, token, offsets)
+
+
+def head_rows(table: pa.Table, max_tokens: int | None) -> pa.Table:
+    """The rows of one run's events (columns pid, thread, seq; any row order) whose tokens are
+    `token_run(table, ...).head(max_tokens)`, in the table's row order: the part of a run the
+    evaluation scores when data.max_eval_tokens caps it, which every stage that reads the same
+    run beside the evaluation (the allocator's questions, whatif) reads too, so that their
+    answers are made on the same calls. None, or a cap the run fits in: the table itself."""
+    if max_tokens is None or table.num_rows <= max_tokens:
+        return table
+    order = np.lexsort((table.column("seq").to_numpy(), thread_key(table)))
+    keep = np.zeros(table.num_rows, bool)
+    keep[order[:max_tokens]] = True
+    return table.filter(pa.array(keep))
+
+
+def eval_positions(run: TokenRun) -> np.ndarray:
+    """Scored positions, defined once for every predictor: every token but a thread's first.
+
+    Position p's label is tokens[p]; a predictor may look at tokens[p - k : p] of the same
+    thread only.
+    """
+    pos = run.position_in_thread()
+    return np.flatnonzero(pos >= 1).astype(np.int64)

@@ -1,0 +1,182 @@
+"""The allocator's two questions scored together: reuse of a freed class (tasks/learning/questions/reuse.py)
+and lifetime of a block (tasks/learning/questions/lifetime.py), every model-free predictor on the split's
+evaluation runs in the three tables, and the layer's table with its coverage and agreement.
+
+Apart from reuse.py and lifetime.py because it needs both, and lifetime.py builds on reuse.py's
+call sites."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import head_rows
+from tasks.learning.answers import RunAnswers, rows_digest
+from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
+from tasks.learning.labels import (
+    LIFETIME_CALL_EDGES,
+    REUSE_EDGES,
+    process_order,
+    request_and_free_classes,
+)
+from tasks.learning.questions.hedge import (
+    EXPERTS,
+    HEDGED,
+    PRIOR,
+    hedge_keys,
+    hedged,
+    process_prior,
+)
+from tasks.learning.questions.lifetime import (
+    NETWORK_SURVIVAL,
+    lifetime_answers,
+    lifetime_majority,
+    network_survival,
+)
+from tasks.learning.questions.network import (
+    PREDICTOR,
+    QuestionNetwork,
+    distilled_table,
+    question_inputs,
+    soon_of,
+    train_network,
+)
+from tasks.learning.questions.reuse import (
+    QUESTION,
+    ReuseAnswers,
+    call_sites,
+    majority_of,
+    read_events,
+    reuse_answers,
+    score_answers,
+)
+from tasks.learning.scores import OVERALL, QuestionScores
+from tasks.learning.split import Split
+from tasks.learning.table.distill import ClassTable, TableAgreement, class_table, table_agreement
+from tasks.learning.train_config import QuestionsConfig
+
+
+@dataclass(frozen=True)
+class QuestionEvaluation:
+    """The allocator's questions scored in the three tables, and the layer's table (distilled
+    from the network, or from the training runs' statistics without one) with its coverage and
+    agreement at each table's frees."""
+
+    scores: tuple[QuestionScores, ...]
+    table: ClassTable
+    agreement: tuple[TableAgreement, ...]
+    network: QuestionNetwork | None = None
+    # the network's reuse answer at every evaluation run's frees (tasks/learning/answers.py)
+    answers: tuple[RunAnswers, ...] = ()
+
+
+def question_evaluation(
+    root: Root,
+    split: Split,
+    max_rows: int | None = None,
+    network: QuestionsConfig | None = None,
+    seed: int = 0,
+) -> QuestionEvaluation:
+    """Every predictor of the reuse and lifetime questions (tasks/learning/questions/lifetime.py) on the
+    split's evaluation runs, in the three tables (per workload and pooled as "all"); the
+    majorities from its training runs, and the network (`network.network`) trained on them, the
+    layer's table distilled from it. `max_rows` caps each run's events to the rows of its tokens
+    that data.max_eval_tokens keeps (tasks.dataset.token_runs.head_rows), so that every answer
+    here is made on the calls the next-call model's evaluation scores."""
+
+    def events(workload: str, run: str) -> pa.Table:
+        return head_rows(read_events(root, workload, run), max_rows)
+
+    train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
+    majority = majority_of(train_events)
+    lifetime_maj = lifetime_majority(train_events)
+
+    def counters(t: pa.Table) -> dict[str, ReuseAnswers]:
+        return {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
+
+    net = None
+    if network is not None and network.network:
+        train_inputs = [question_inputs(t, counters(t)) for t in train_events]
+        net = train_network(train_inputs, network, seed)
+        known = distilled_table(train_inputs, [net.answer(i) for i in train_inputs], majority)
+        del train_inputs
+    else:
+        known = class_table(train_events, majority)
+    del train_events
+    scores: list[QuestionScores] = []
+    agreement: list[TableAgreement] = []
+    kept: dict[tuple[str, str], RunAnswers] = {}  # the network's answers, for whatif
+    for table, runs in (
+        (UNSEEN_RUNS, split.evaluation),
+        (UNSEEN_PROGRAMS, split.unseen_programs),
+        (HELDOUT_WORKLOADS, split.heldout),
+    ):
+        # {question: {workload: [answers of each run]}}
+        by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
+        for w, r in sorted({(x.workload, x.run) for x in runs}):
+            t = events(w, r)
+            answers = {
+                QUESTION: reuse_answers(t, majority, known=known),
+                **lifetime_answers(t, lifetime_maj),
+            }
+            if net is not None:
+                said = net.answer(question_inputs(t, answers))
+                order, starts = process_order(t)
+                req_cls, free_cls = request_and_free_classes(t)
+                sites = call_sites(t)
+                for q, a in answers.items():
+                    a.probs[PREDICTOR] = said[q][a.rows]
+                    if q != QUESTION:
+                        a.probs[NETWORK_SURVIVAL] = network_survival(
+                            order, starts, req_cls, sites, a, a.probs[PREDICTOR]
+                        )
+                    # the expert the mixture falls back on: the process's own classes so far,
+                    # from the training runs' majority (never worse than it for long)
+                    q_maj, edges = (
+                        (majority, len(REUSE_EDGES))
+                        if q == QUESTION
+                        else (lifetime_maj[q], len(LIFETIME_CALL_EDGES))
+                    )
+                    a.probs[PRIOR] = process_prior(
+                        order, starts, a.learnt, a.rows, q_maj, a.labels, edges
+                    )
+                    # the network corrected inside the run by what each predictor got right,
+                    # as each answer's class becomes known, in part before the whole (a block
+                    # still live past an edge; a freed class not requested by an edge)
+                    # keyed by the class the question is about: the freed block's for reuse,
+                    # the requested one's for a lifetime (they differ at a realloc)
+                    keys = hedge_keys(sites, free_cls if q == QUESTION else req_cls)
+                    a.probs[HEDGED] = hedged(
+                        order, starts, a.learnt, a.rows, a.labels,
+                        [a.probs[e] for e in EXPERTS if e in a.probs], keys=keys[a.rows],
+                    )  # fmt: skip
+                kept[(w, r)] = RunAnswers(
+                    w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])
+                )
+            for q, a in answers.items():
+                by_q.setdefault(q, {}).setdefault(w, []).append(a)
+        for q, by_workload in by_q.items():
+            for w, answers in by_workload.items():
+                scores += score_answers(answers, table, w, q)
+            pooled = [a for answers in by_workload.values() for a in answers]
+            scores += score_answers(pooled, table, OVERALL, q)
+        frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
+        if frees:
+            # the table is held to what it was made from: the network, else the class counter
+            against = PREDICTOR if net is not None else "class_online"
+            agreement.append(
+                table_agreement(
+                    table,
+                    np.concatenate([a.table_covered for a in frees]),
+                    np.concatenate([a.probs["table"] for a in frees]),
+                    np.concatenate([a.probs[against] for a in frees]),
+                    against,
+                    np.concatenate([a.table_at_site for a in frees]),
+                )
+            )
+    return QuestionEvaluation(
+        tuple(scores), known, tuple(agreement), net, tuple(kept[k] for k in sorted(kept))
+    )

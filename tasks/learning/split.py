@@ -1,0 +1,210 @@
+"""The split: which runs a training job trains on, validates on and is scored on, by the rule of
+tasks/learning/train_config.py, read as token runs (tasks/dataset/token_runs.py).
+
+No TensorFlow in this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import TokenRun, list_runs, read_run
+from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.train_config import DataConfig
+from tasks.replay.workloads import load_catalog
+
+
+@dataclass(frozen=True)
+class Split:
+    """The runs of a training job, by role (see tasks/learning/train_config.py for the rule)."""
+
+    train: list[TokenRun]
+    validation: list[TokenRun]
+    evaluation: list[TokenRun]  # unseen runs of trained workloads
+    heldout: list[TokenRun]  # runs of held-out workloads whose program is trained on elsewhere
+    notes: list[str] = field(default_factory=list)
+    unseen_programs: list[TokenRun] = field(default_factory=list)  # programs never trained on
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.train)
+
+    @property
+    def eval_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.evaluation + self.heldout + self.unseen_programs)
+
+    def content_hash(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for role, runs in (
+            ("train", self.train),
+            ("validation", self.validation),
+            ("evaluation", self.evaluation),
+            ("heldout", self.heldout),
+            # only when present, so a split without unseen programs hashes as it always did
+            *((("unseen_programs", self.unseen_programs),) if self.unseen_programs else ()),
+        ):
+            for r in runs:
+                h.update(f"{role}:{r.name}:".encode())
+                h.update(r.offsets.tobytes())
+                h.update(r.tokens.tobytes())
+        return h.hexdigest()
+
+    def token_histogram(self) -> np.ndarray:
+        hist = np.zeros(N_TOKENS, np.int64)
+        for r in self.train:
+            hist += np.bincount(r.tokens, minlength=N_TOKENS)
+        return hist
+
+
+def workload_programs(cfg: DataConfig, workloads: list[str]) -> dict[str, str]:
+    """{workload: program} from the catalog; a workload it does not list is its own program."""
+
+    known = load_catalog(cfg.catalog).programs()
+    return {w: known.get(w, w) for w in workloads}
+
+
+def plan_split(
+    available: dict[str, list[str]],
+    cfg: DataConfig,
+    programs: dict[str, str] | None = None,
+) -> dict[str, dict[str, list[str]]]:
+    """{workload: {"train"|"validation"|"evaluation"|"heldout"|"unseen": runs}}, no tokens read.
+
+    Default per trained workload, runs sorted: 3+ runs -> last is evaluation, second to last
+    validation, the rest train; 2 runs -> first train, last evaluation, validation cut from the
+    train run's thread tails. One run cannot be evaluated honestly: an error says what to do.
+    Held-out runs go to "unseen" when no trained workload runs the same program (`programs`:
+    {workload: program}; a workload missing from it is its own program), else to "heldout".
+    """
+    programs = {w: (programs or {}).get(w, w) for w in available}
+    missing = [w for w in (cfg.workloads or []) + cfg.heldout_workloads if w not in available]
+    if missing:
+        raise ValueError(
+            f"workloads {missing} are not in the events dataset (found: {sorted(available)})"
+        )
+    unknown = [p for p in cfg.heldout_programs if p not in programs.values()]
+    if unknown:
+        raise ValueError(
+            f"data.heldout_programs: {unknown} is no program of the events dataset's workloads "
+            f"(programs: {sorted(set(programs.values()))}); fix the name or replay it first"
+        )
+    trained_anyway = [w for w in cfg.workloads or [] if programs[w] in cfg.heldout_programs]
+    if trained_anyway:
+        raise ValueError(
+            f"data.workloads lists {trained_anyway}, whose program "
+            f"{sorted({programs[w] for w in trained_anyway})} is in data.heldout_programs: "
+            "a program cannot be both trained on and unseen; remove one of the two"
+        )
+    heldout = list(cfg.heldout_workloads)
+    heldout += [w for w in available if programs[w] in cfg.heldout_programs and w not in heldout]
+    if cfg.workloads is not None:
+        workloads = list(cfg.workloads)
+    else:
+        # Chosen automatically: a workload with a single run (an ad-hoc `heapcast trace`, a
+        # new catalog entry) cannot be evaluated on an unseen run of itself, so it joins the
+        # held-out table instead of stopping the training. Named workloads still must have two.
+        workloads = [w for w in available if w not in heldout and len(available[w]) >= 2]
+        heldout += [w for w in available if w not in heldout and len(available[w]) < 2]
+    if not workloads:
+        raise ValueError("no workload left to train on; check data.workloads / heldout_workloads")
+    plan: dict[str, dict[str, list[str]]] = {}
+    for w in workloads:
+        runs = available[w]
+        explicit = cfg.runs.get(w)
+        if explicit and explicit.train and explicit.evaluation:
+            tr, va, ev = list(explicit.train), list(explicit.validation), list(explicit.evaluation)
+            unknown = [r for r in tr + va + ev if r not in runs]
+            if unknown:
+                raise ValueError(f"workload {w}: runs {unknown} not found (found: {runs})")
+        elif len(runs) >= 3:
+            tr, va, ev = runs[:-2], [runs[-2]], [runs[-1]]
+        elif len(runs) == 2:
+            tr, va, ev = [runs[0]], [], [runs[1]]
+        else:
+            raise ValueError(
+                f"workload {w} has only run {runs}: an honest evaluation needs another run "
+                f"(another input); replay it again or list it under data.heldout_workloads"
+            )
+        plan[w] = {"train": tr, "validation": va, "evaluation": ev, "heldout": [], "unseen": []}
+    trained_programs = {programs[w] for w in workloads}
+    for w in heldout:
+        role = "heldout" if programs[w] in trained_programs else "unseen"
+        plan[w] = {"train": [], "validation": [], "evaluation": [], "heldout": [], "unseen": []}
+        plan[w][role] = list(available[w])
+    return plan
+
+
+def absent_heldout(
+    available: dict[str, list[str]], cfg: DataConfig
+) -> tuple[DataConfig, list[str]]:
+    """Drop held-out names that the catalog knows but tonight's dataset lacks, with a note each.
+
+    A night whose perl replay failed must still train and evaluate the rest: the held-out name is
+    right (the catalog lists it), only its data is missing tonight. A name the catalog does not
+    know either stays, and plan_split names it as an error.
+    """
+
+    catalog = load_catalog(cfg.catalog).programs()
+    present = {catalog.get(w, w) for w in available}
+    gone_w = [w for w in cfg.heldout_workloads if w not in available and w in catalog]
+    gone_p = [p for p in cfg.heldout_programs if p not in present and p in set(catalog.values())]
+    if not gone_w and not gone_p:
+        return cfg, []
+    notes = [
+        f"held-out {kind} {name}: in the catalog but not in tonight's events dataset "
+        "(its replay failed or was not run); its table lacks it tonight"
+        for kind, names in (("workload", gone_w), ("program", gone_p))
+        for name in names
+    ]
+    cfg = cfg.model_copy(
+        update={
+            "heldout_workloads": [w for w in cfg.heldout_workloads if w not in gone_w],
+            "heldout_programs": [p for p in cfg.heldout_programs if p not in gone_p],
+        }
+    )
+    return cfg, notes
+
+
+def load_split(root: Root, cfg: DataConfig) -> Split:
+    """Read every run the plan names and apply the validation cut and the token caps."""
+    available = list_runs(root)
+    cfg, notes = absent_heldout(available, cfg)
+    plan = plan_split(available, cfg, workload_programs(cfg, list(available)))
+    train: list[TokenRun] = []
+    validation: list[TokenRun] = []
+    evaluation: list[TokenRun] = []
+    heldout: list[TokenRun] = []
+    unseen: list[TokenRun] = []
+    per_run_cap = None
+    n_train_runs = sum(len(p["train"]) for p in plan.values())
+    if cfg.max_train_tokens is not None and n_train_runs:
+        per_run_cap = max(1, cfg.max_train_tokens // n_train_runs)
+    for w, roles in plan.items():
+        for r in roles["train"]:
+            run = read_run(root, w, r)
+            if not roles["validation"]:
+                head, tail = run.split_tail(cfg.validation_fraction)
+                notes.append(
+                    f"{w}: only two runs; validation (early stopping, n-gram order) is the last "
+                    f"{cfg.validation_fraction:.0%} of each thread of train run {r}"
+                )
+                run = head
+                validation.append(_cap(tail, cfg.max_validation_tokens))
+            train.append(_cap(run, per_run_cap))
+        for r in roles["validation"]:
+            validation.append(_cap(read_run(root, w, r), cfg.max_validation_tokens))
+        for r in roles["evaluation"]:
+            evaluation.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
+        for r in roles["heldout"]:
+            heldout.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
+        for r in roles["unseen"]:
+            unseen.append(_cap(read_run(root, w, r), cfg.max_eval_tokens))
+    return Split(train, validation, evaluation, heldout, notes, unseen)
+
+
+def _cap(run: TokenRun, cap: int | None) -> TokenRun:
+    return run if cap is None else run.head(cap)

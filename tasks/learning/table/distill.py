@@ -1,0 +1,209 @@
+"""The allocator layer's table (native/TABLE.md), distilled from the questions' network.
+
+The layer asks at a free of a block of size class c the reuse question of tasks/learning/labels.py.
+This module holds, per key, the sum of the network's answers over the training runs' frees
+(`ClassTable`, question_network.distilled_table; without a network, `class_table` counts the frees'
+true reuse classes instead), answers the question from it at the evaluation positions (the predictor
+`table`, tasks/learning/questions/reuse.py), and writes the layer's file: the keep score P(reuse class <=
+LAYER_SOON_CLASS | a free of class c).
+
+Its keys (format 3): the free's call site (tasks/dataset/sites.py) and size class where the
+training frees had that site; elsewhere the layer asks its online counter, and the evaluation
+`class_online`. A table without site keys (format 2) answers by the size class alone.
+`TableAgreement.site_coverage` says how many frees a site answered. Why sites, and the figures:
+docs/layer.md#the-table-distilled-from-the-network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.dataset.sites import SITE_VOCABULARY, call_sites
+from tasks.learning.labels import (
+    NO_LABEL,
+    REUSE_CLASSES,
+    allocator_labels,
+    request_and_free_classes,
+)
+
+N_SIZE_CLASSES = 32
+N_TOKENS = 64  # the project's tokens: allocations 0..31, frees 32 + class
+FREE_TOKEN = 32
+SOON_CLASS = 1  # whatif's "soon": reuse class <= 1, the class requested again within 16 calls
+# The layer's "soon": reuse class <= 3, requested again within REUSE_EDGES[3] = 4096 calls of the
+# process. The layer keeps blocks of 128 KiB and more until reused or idle for a second, so reuse
+# within 16 calls (SOON_CLASS) asks what the layer never needs (docs/layer.md).
+LAYER_SOON_CLASS = 3
+
+
+@dataclass(frozen=True)
+class ClassTable:
+    """The training runs' frees, per size class: how many fell in each reuse class (or, distilled,
+    the sum of the network's answers there)."""
+
+    reuse_counts: np.ndarray  # float64 [N_SIZE_CLASSES, REUSE_CLASSES]
+    majority: np.ndarray  # float64 [REUSE_CLASSES]: the answer for a class never freed in training
+    # float64 [SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES]: the same, per call site and class
+    # of the training frees that had a call site; None: no site keys (a trace without callers)
+    site_counts: np.ndarray | None = None
+
+    def covered(self) -> np.ndarray:
+        """bool [N_SIZE_CLASSES]: the classes some training free answers for."""
+        return self.reuse_counts.sum(axis=1) > 0
+
+    def site_known(self) -> np.ndarray:
+        """bool [SITE_VOCABULARY, N_SIZE_CLASSES]: the (site, class) keys some training free
+        answers for."""
+        if self.site_counts is None:
+            return np.zeros((SITE_VOCABULARY, N_SIZE_CLASSES), bool)
+        return self.site_counts.sum(axis=2) > 0
+
+    def answer(
+        self,
+        site: np.ndarray,
+        cls: np.ndarray,
+        eps: float = 0.1,
+        counter: np.ndarray | None = None,
+    ):
+        """At frees of size class `cls` (>= 0) from call site `site` (-1: none): the reuse
+        classes as the layer's table answers them, by site and class where that key is known;
+        elsewhere, in a table with site keys (a file with site entries), the online counter's
+        answer (`counter`, float [n, REUSE_CLASSES]: the layer asks its own there), else by
+        class. Also bool [n]: where the site answered."""
+        known = self.site_known()
+        sited = bool(known.any())  # as the layer: a file without entries answers by class
+        if sited and counter is not None:
+            probs = np.array(counter, dtype=np.float64)
+        else:
+            probs = self.reuse_probs(eps)[cls]
+        at_site = np.zeros(len(cls), bool)
+        if sited:
+            has = site >= 0
+            at_site[has] = known[site[has], cls[has]]
+            probs[at_site] = _smoothed(self.site_counts[site[at_site], cls[at_site]], eps)
+        return probs, at_site
+
+    def reuse_probs(self, eps: float = 0.1) -> np.ndarray:
+        """float64 [N_SIZE_CLASSES, REUSE_CLASSES]: each class's reuse classes, smoothed as the
+        counters smooth theirs; the majority for a class with no training free."""
+        p = _smoothed(self.reuse_counts, eps)
+        return np.where(self.covered()[:, None], p, self.majority[None, :])
+
+    def keep_scores(self) -> np.ndarray:
+        """uint8 [N_TOKENS, N_TOKENS]: the layer's payload. Entry [FREE_TOKEN + c][c] is
+        255 * P(reuse class <= LAYER_SOON_CLASS) of class c; the layer asks no other entry, so
+        the others are 0."""
+        soon = soon_of_reuse(self.reuse_probs())
+        scores = np.zeros((N_TOKENS, N_TOKENS), np.uint8)
+        c = np.arange(N_SIZE_CLASSES)
+        scores[FREE_TOKEN + c, c] = _score(soon)
+        return scores
+
+    def site_scores(self, eps: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+        """uint8 [SITE_VOCABULARY, N_SIZE_CLASSES] keep scores by call site and class (0 where
+        unknown) and bool [SITE_VOCABULARY, N_SIZE_CLASSES]: known."""
+        known = self.site_known()
+        if self.site_counts is None:
+            return np.zeros(known.shape, np.uint8), known
+        soon = soon_of_reuse(_smoothed(self.site_counts, eps))
+        return np.where(known, _score(soon), 0).astype(np.uint8), known
+
+
+def _smoothed(counts: np.ndarray, eps: float) -> np.ndarray:
+    """Reuse-class counts (last axis) as distributions, smoothed as the counters smooth theirs."""
+    return (counts + eps) / (counts.sum(axis=-1, keepdims=True) + eps * REUSE_CLASSES)
+
+
+def soon_of_reuse(probs: np.ndarray) -> np.ndarray:
+    """P(reuse class <= LAYER_SOON_CLASS) from reuse distributions (last axis): the layer's
+    question, reuse within 4096 calls."""
+    return probs[..., : LAYER_SOON_CLASS + 1].sum(axis=-1)
+
+
+def _score(p: np.ndarray) -> np.ndarray:
+    """uint8 keep scores from probabilities: 255 * p, rounded."""
+    return np.rint(np.clip(p, 0.0, 1.0) * 255).astype(np.uint8)
+
+
+def class_table(tables: list[pa.Table], majority: np.ndarray) -> ClassTable:
+    """The reuse classes of the training runs' frees per size class, and per call site and class
+    where the free has a site (`tables`: their events, callers where traced)."""
+    counts = np.zeros(N_SIZE_CLASSES * REUSE_CLASSES)
+    by_site = np.zeros(SITE_VOCABULARY * N_SIZE_CLASSES * REUSE_CLASSES)
+    for t in tables:
+        label = allocator_labels(t).reuse
+        _, free_cls = request_and_free_classes(t)
+        site = call_sites(t)
+        at = (label != NO_LABEL) & (free_cls >= 0)
+        key = free_cls[at] * REUSE_CLASSES + label[at]
+        counts += np.bincount(key, minlength=len(counts))
+        s = site[at]
+        has = s >= 0
+        by_site += np.bincount(
+            s[has] * (N_SIZE_CLASSES * REUSE_CLASSES) + key[has], minlength=len(by_site)
+        )
+    return ClassTable(
+        counts.reshape(N_SIZE_CLASSES, REUSE_CLASSES),
+        np.asarray(majority, float),
+        by_site.reshape(SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES),
+    )
+
+
+@dataclass(frozen=True)
+class TableAgreement:
+    """The table at one evaluation table's reuse positions (frees)."""
+
+    table: str
+    positions: int
+    coverage: float  # share of positions whose class some training free answers for
+    keep_agreement: float  # on covered positions: the layer's keep decision, table vs `against`
+    top1_agreement: float  # on covered positions: the reuse class top-1, table vs `against`
+    against: str = "class_online"  # the predictor the table follows (the one it was made from)
+    # share of positions the table answers by call site and class (a key training saw), and
+    # the keep agreement on those; the rest answer as the online counter (by class in a table
+    # without site keys)
+    site_coverage: float = float("nan")
+    keep_agreement_at_sites: float = float("nan")
+
+
+KEEP_AT = 0.5  # keep a freed block when P(reuse soon) is at least this (the layer; whatif)
+
+
+def keep_soon(soon: np.ndarray) -> np.ndarray:
+    """bool per row from P(reuse soon) per row (NaN where the row frees nothing): the layer's
+    rule, which whatif's `guided_questions` applies to the questions' network."""
+    return np.nan_to_num(soon, nan=0.0) >= KEEP_AT
+
+
+def table_agreement(
+    table: str,
+    covered: np.ndarray,
+    table_probs: np.ndarray,
+    counter_probs: np.ndarray,
+    against: str = "class_online",
+    at_site: np.ndarray | None = None,
+) -> TableAgreement:
+    """Coverage and agreement with the predictor `against` (its answers `counter_probs`: the
+    network the table is distilled from, else the layer's online class counter) at one
+    evaluation table's frees; keep = P(reuse class <= LAYER_SOON_CLASS) >= 1/2 (the layer's
+    rule at topk=2); `at_site`: where the table answered by call site."""
+    n = len(covered)
+    if n == 0:
+        return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"), against)
+    same = keep_soon(soon_of_reuse(table_probs)) == keep_soon(soon_of_reuse(counter_probs))
+    top = table_probs.argmax(axis=1) == counter_probs.argmax(axis=1)
+    m = int(covered.sum())
+    sites = at_site if at_site is not None else np.zeros(n, bool)
+    return TableAgreement(
+        table,
+        n,
+        m / n,
+        float(same[covered].mean()) if m else float("nan"),
+        float(top[covered].mean()) if m else float("nan"),
+        against,
+        float(sites.mean()),
+        float(same[sites].mean()) if sites.any() else float("nan"),
+    )
