@@ -51,7 +51,8 @@ LEAD = 8
 # costs 0.012-0.017 nats where the network already leads (a thread's behaviour rarely changes in
 # a way that needs a weight back within tens of calls). Chosen on the quick night's three tables
 # (benchmarks/studies/bench_next_share.py; the figures for 0.05-0.002 in
-# docs/learning.md#the-next-call-hedge), confirmed on the scaling study's six held-out programs.
+# docs/learning-nextcall.md#the-next-call-hedge), confirmed on the scaling study's six held-out
+# programs.
 NEXT_SHARE = 0.01
 
 # What the hedge needs beyond the network's weights, logged beside each registered model: the
