@@ -5,20 +5,21 @@
     python -m benchmarks --list          # what would run, and the studies, without running
 
 Each runs as its own process from the repository root (`python benchmarks/bench_X.py ARGS`);
-its file is then put in the one shape (benchmarks/harness.py) with the command that reproduces
-it. A benchmark whose data is missing is skipped with the reason; a failed one is named at the
+it writes its file through the harness (benchmarks/harness.py), in the one shape with the command
+that reproduces it. A benchmark whose data is missing is skipped with the reason; a failed one is named at the
 end and the exit status is 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 
-from benchmarks.harness import REPO, RESULTS, adopt
+from benchmarks.harness import REPO, RESULTS, is_envelope
 from benchmarks.suite import STUDIES, Benchmark, by_name
 
 
@@ -34,13 +35,13 @@ def plan(benchmarks: list[Benchmark]) -> str:
 
 
 def studies() -> str:
-    lines = ["studies (not run here; commands in benchmarks/studies/README.md):"]
-    lines += [f"  {s.name:<14} {s.script}  ({s.why})" for s in STUDIES]
+    lines = ["studies (not run here; each folder's README.md has its commands, studies/README.md):"]
+    lines += [f"  {s.name:<14} {s.script or s.folder + '/'}  ({s.why})" for s in STUDIES]
     return "\n".join(lines)
 
 
 def run(b: Benchmark) -> tuple[str, float]:
-    """Run one benchmark and put its file in the one shape; (outcome, seconds)."""
+    """Run one benchmark and check that its file has the one shape; (outcome, seconds)."""
     if b.missing():
         return f"skipped: no {', '.join(b.missing())} (`make run` makes it)", 0.0
     env = {
@@ -55,7 +56,11 @@ def run(b: Benchmark) -> tuple[str, float]:
     path = RESULTS / b.result_file
     if not path.is_file():
         return f"failed: it wrote no {path.relative_to(REPO)}", seconds
-    adopt(path, b.name, reference=b.reference, command_line=" ".join(b.command()))
+    if not is_envelope(json.loads(path.read_text())):
+        return (
+            f"failed: {path.relative_to(REPO)} is not in the harness's shape (write_result)",
+            seconds,
+        )
     return "ok", seconds
 
 

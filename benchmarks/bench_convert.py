@@ -293,7 +293,7 @@ def _gz_lines(path: Path) -> int:
     return lines
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=450_000, help="sqlite3 rows (default 450k)")
     ap.add_argument(
@@ -319,24 +319,110 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results" / "convert.json")
     ap.add_argument("--keep", type=Path, help="work folder to keep (default: a temp folder)")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def the_article_log(args: argparse.Namespace, work: Path) -> tuple[Path, int]:
+    """The article tracer's log of the same sqlite3 run: reused where given and present, else
+    written; (its path, its lines)."""
+    alog = args.article_log or work / "article.log.gz"
+    if alog.exists():
+        alog_lines = _gz_lines(alog)
+        print(f"article's log {alog} reused: {alog_lines:,} lines", flush=True)
+    else:
+        alog_lines = article_log(args.rows, alog, work)
+        print(f"article's log written: {alog_lines:,} lines", flush=True)
+    return alog, alog_lines
+
+
+def compare(
+    args: argparse.Namespace,
+    trace: Path,
+    events: int,
+    alog: Path,
+    alog_lines: int,
+    own_log: float | None,
+    hc: dict,
+    ref: dict,
+) -> dict:
+    """heapcast's conversion beside the line loop: bytes and events a second, the ratios, the
+    targets and whether both saw the same calls."""
+    raw_bytes = trace.stat().st_size
+    ref_rate = ref["lines"] / ref["cpu_s"]
+    first = hc["rows"] / hc["worker_cpu_s"]
+    steady = hc["rows"] / hc["next_file"]["worker_cpu_s"]
+    parquet = hc["parquet_bytes"] / hc["rows"]
+    alog_bpe = alog.stat().st_size / alog_lines
+    diff = np.asarray(ref["token_hist"]) - np.asarray(hc["summary"]["token_hist"])
+    result = {
+        "what": "raw trace -> events Parquet (heapcast) vs the article's gzip'ed text log "
+        "parsed line by line",
+        "trace": {
+            "file": trace.name,
+            "events": events,
+            "raw_bytes": raw_bytes,
+            "sqlite_rows": args.rows,
+        },
+        "article_log": {"file": alog.name, "lines": alog_lines, "bytes": alog.stat().st_size},
+        "bytes_per_event": {
+            "raw": raw_bytes / events,
+            "parquet": parquet,
+            "article_gzip_log": alog_bpe,
+            "article_format_gzip_log_of_heapcast_times": own_log,
+        },
+        "events_per_s": {
+            "heapcast_per_cpu_s_first_file": first,
+            "heapcast_wall_first_file": hc["rows"] / hc["wall_s"],
+            "heapcast_per_cpu_s_next_file": steady,
+            "heapcast_wall_next_file": hc["rows"] / hc["next_file"]["wall_s"],
+            "line_loop_per_cpu_s": ref_rate,
+            "line_loop_wall": ref["lines"] / ref["wall_s"],
+        },
+        "ratios": {
+            "heapcast_first_file_vs_line_loop_per_core": first / ref_rate,
+            "heapcast_next_file_vs_line_loop_per_core": steady / ref_rate,
+            "parquet_vs_article_gzip_log_bytes": parquet / alog_bpe,
+            "parquet_vs_article_format_log_of_heapcast_times": parquet / own_log
+            if own_log
+            else None,
+        },
+        "targets": {
+            "events_per_s_per_core": 5e6,
+            "vs_line_loop": 20,
+            "parquet_over_gzip_text_at_most": 0.5,
+        },
+        "heapcast": hc,
+        "line_loop": ref,
+        # the article's log holds the same calls plus free(NULL) (token 32, unpaired), which
+        # heapcast does not record: the histograms differ there by exactly those lines
+        "same_tokens_but_free_null": bool(
+            np.all(np.delete(diff, 32) == 0)
+            and diff[32]
+            == ref["lines"] - hc["rows"]
+            == ref["checksum"]["unpaired_frees"] - hc["summary"]["unpaired_frees"]
+        ),
+    }
+    result["targets_met"] = {
+        "events_per_s_per_core_first_file": first >= 5e6,
+        "events_per_s_per_core_next_file": steady >= 5e6,
+        "vs_line_loop_first_file": first / ref_rate > 20,
+        "vs_line_loop_next_file": steady / ref_rate > 20,
+        "parquet_over_article_log": parquet / alog_bpe <= 0.5,
+    }
+    return result
+
+
+def main() -> None:
+    args = parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="heapcast-bench-convert-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         trace = args.trace or trace_sqlite(args.rows, work)
-        raw_bytes = trace.stat().st_size
         tr = read_trace(trace)
         events = len(tr) - int(np.count_nonzero(tr.op == Op.THREAD_START))
         del tr
         print(f"trace {trace.name}: {events:,} events", flush=True)
-        alog = args.article_log or work / "article.log.gz"
-        if alog.exists():
-            alog_lines = _gz_lines(alog)
-            print(f"article's log {alog} reused: {alog_lines:,} lines", flush=True)
-        else:
-            alog_lines = article_log(args.rows, alog, work)
-            print(f"article's log written: {alog_lines:,} lines", flush=True)
+        alog, alog_lines = the_article_log(args, work)
         own_log = None
         if args.log:
             if not args.log.exists():
@@ -351,68 +437,7 @@ def main() -> None:
         )
         ref = reference_line_loop(alog, args.ref_lines or None)
         print(f"line loop: {ref['lines']:,} lines in {ref['cpu_s']:.1f} CPU-s", flush=True)
-
-        ref_rate = ref["lines"] / ref["cpu_s"]
-        first = hc["rows"] / hc["worker_cpu_s"]
-        steady = hc["rows"] / hc["next_file"]["worker_cpu_s"]
-        parquet = hc["parquet_bytes"] / hc["rows"]
-        alog_bpe = alog.stat().st_size / alog_lines
-        diff = np.asarray(ref["token_hist"]) - np.asarray(hc["summary"]["token_hist"])
-        result = {
-            "what": "raw trace -> events Parquet (heapcast) vs the article's gzip'ed text log "
-            "parsed line by line",
-            "trace": {
-                "file": trace.name,
-                "events": events,
-                "raw_bytes": raw_bytes,
-                "sqlite_rows": args.rows,
-            },
-            "article_log": {"file": alog.name, "lines": alog_lines, "bytes": alog.stat().st_size},
-            "bytes_per_event": {
-                "raw": raw_bytes / events,
-                "parquet": parquet,
-                "article_gzip_log": alog_bpe,
-                "article_format_gzip_log_of_heapcast_times": own_log,
-            },
-            "events_per_s": {
-                "heapcast_per_cpu_s_first_file": first,
-                "heapcast_wall_first_file": hc["rows"] / hc["wall_s"],
-                "heapcast_per_cpu_s_next_file": steady,
-                "heapcast_wall_next_file": hc["rows"] / hc["next_file"]["wall_s"],
-                "line_loop_per_cpu_s": ref_rate,
-                "line_loop_wall": ref["lines"] / ref["wall_s"],
-            },
-            "ratios": {
-                "heapcast_first_file_vs_line_loop_per_core": first / ref_rate,
-                "heapcast_next_file_vs_line_loop_per_core": steady / ref_rate,
-                "parquet_vs_article_gzip_log_bytes": parquet / alog_bpe,
-                "parquet_vs_article_format_log_of_heapcast_times": parquet / own_log
-                if own_log
-                else None,
-            },
-            "targets": {
-                "events_per_s_per_core": 5e6,
-                "vs_line_loop": 20,
-                "parquet_over_gzip_text_at_most": 0.5,
-            },
-            "heapcast": hc,
-            "line_loop": ref,
-            # the article's log holds the same calls plus free(NULL) (token 32, unpaired), which
-            # heapcast does not record: the histograms differ there by exactly those lines
-            "same_tokens_but_free_null": bool(
-                np.all(np.delete(diff, 32) == 0)
-                and diff[32]
-                == ref["lines"] - hc["rows"]
-                == ref["checksum"]["unpaired_frees"] - hc["summary"]["unpaired_frees"]
-            ),
-        }
-        result["targets_met"] = {
-            "events_per_s_per_core_first_file": first >= 5e6,
-            "events_per_s_per_core_next_file": steady >= 5e6,
-            "vs_line_loop_first_file": first / ref_rate > 20,
-            "vs_line_loop_next_file": steady / ref_rate > 20,
-            "parquet_over_article_log": parquet / alog_bpe <= 0.5,
-        }
+        result = compare(args, trace, events, alog, alog_lines, own_log, hc, ref)
         write_result(
             "convert",
             result,

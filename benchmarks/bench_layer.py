@@ -17,7 +17,6 @@ instead of native/build/libheapcast_layer.so, which is then neither built nor to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,10 +27,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import compile_c, write_result  # noqa: E402
+
 NATIVE = REPO / "native"
 LAYER = NATIVE / "build" / "libheapcast_layer.so"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+CFLAGS = ("-O2", "-fno-builtin", "-pthread", f"-I{NATIVE}")
 OUT = REPO / "benchmarks" / "results" / "layer.json"
+REFERENCE = "glibc (no preload) and tcmalloc, rounds alternating"
 
 NUMPY_CASE = """
 import time, numpy as np
@@ -64,14 +69,6 @@ def rotation(arms: list[str], rep: int) -> list[str]:
     return arms[k:] + arms[:k]
 
 
-def compile_c(src: Path, out: Path) -> Path:
-    subprocess.run(
-        ["gcc", "-O2", "-fno-builtin", "-pthread", f"-I{NATIVE}", "-o", str(out), str(src)],
-        check=True,
-    )
-    return out
-
-
 def run_wait4(argv: list[str], env: dict[str, str]) -> tuple[str, int, int]:
     """stdout, peak RSS (KiB) and minor faults of a child (os.wait4: the child alone)."""
     with tempfile.TemporaryFile() as out:
@@ -84,7 +81,7 @@ def run_wait4(argv: list[str], env: dict[str, str]) -> tuple[str, int, int]:
 
 
 def pair_costs(work: Path, reps: int, pairs: int) -> dict:
-    loop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop")
+    loop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop", *CFLAGS)
     arms = ["glibc", "layer-off", "layer-largest", "layer-pools", "layer-guided"]
     # glibc's threshold fixed at 128 KiB: every 256 KiB block is mapped, so the layer keeps it
     # (without, glibc raises its threshold at the first free and serves them from its heap)
@@ -117,7 +114,9 @@ def pair_costs(work: Path, reps: int, pairs: int) -> dict:
             "added_ns_per_pair": {a: round(min(v) - base, 2) for a, v in samples.items()},
         }
         print(name, out[name]["ns_per_pair_min"], flush=True)
-    bench = compile_c(REPO / "tests" / "native" / "programs" / "predict_tokens.c", work / "pt")
+    bench = compile_c(
+        REPO / "tests" / "native" / "programs" / "predict_tokens.c", work / "pt", *CFLAGS
+    )
     ns = []
     for _ in range(reps):
         text = subprocess.run(
@@ -133,7 +132,7 @@ def pair_costs(work: Path, reps: int, pairs: int) -> dict:
 def lock_floor(work: Path, reps: int, pairs: int) -> dict:
     """ns a pair of lockfloor.c, one lock shared by all threads against one per thread (min
     over alternating rounds): the cost of largest's one lock before any of its work."""
-    prog = compile_c(REPO / "benchmarks" / "programs" / "lockfloor.c", work / "lockfloor")
+    prog = compile_c(REPO / "benchmarks" / "programs" / "lockfloor.c", work / "lockfloor", *CFLAGS)
     out = {}
     for threads in (1, 2, 8):
         samples: dict[str, list[float]] = {"shared": [], "per thread": []}
@@ -224,8 +223,7 @@ def main() -> None:
         result["numpy_temporaries"] = numpy_case(args.reps, args.iters)
         for arm, s in result["numpy_temporaries"]["summary"].items():
             print(arm, s, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result("layer", result, reference=REFERENCE, out=args.out)
     print("wrote", args.out)
 
 

@@ -15,7 +15,6 @@ writes benchmarks/results/layer_table.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import write_result
 from tasks.core.storage import Root
 from tasks.learning.questions.evaluation import question_evaluation  # noqa: E402
 from tasks.learning.questions.reuse import question_lines
@@ -35,6 +35,7 @@ from tasks.learning.train_config import load_train_config
 REPO = Path(__file__).resolve().parents[1]
 PREDICTOR_H = REPO / "native" / "layers" / "predictor.h"
 RESULTS = REPO / "benchmarks" / "results" / "layer_table.json"
+REFERENCE = "the online counter's question (predictor.h hcp_soon) it replaces"
 
 C_BENCH = r"""
 #include <stdio.h>
@@ -133,25 +134,23 @@ def main() -> None:
         f"(hcp_soon, topk 2, horizon 4) {costs['counter_soon_ns_min']:.2f} ns "
         f"(min of {args.reps})"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "command": "benchmarks/bench_layer_table.py "
-                + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
-                "machine": platform.node(),
-                "root": args.root,
-                "config": args.config,
-                "train_runs": sorted({f"{r.workload}/{r.run}" for r in split.train}),
-                "evaluation_seconds": seconds,
-                "agreement": [asdict(a) for a in questions.agreement],
-                "reuse": [asdict(s) for s in questions.scores if s.question == "reuse"],
-                "covered_classes": np.flatnonzero(questions.table.covered()).tolist(),
-                "c": costs,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        "layer_table",
+        {
+            "command": "benchmarks/bench_layer_table.py "
+            + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+            "machine": platform.node(),
+            "root": args.root,
+            "config": args.config,
+            "train_runs": sorted({f"{r.workload}/{r.run}" for r in split.train}),
+            "evaluation_seconds": seconds,
+            "agreement": [asdict(a) for a in questions.agreement],
+            "reuse": [asdict(s) for s in questions.scores if s.question == "reuse"],
+            "covered_classes": np.flatnonzero(questions.table.covered()).tolist(),
+            "c": costs,
+        },
+        reference=REFERENCE,
+        out=RESULTS,
     )
     print(f"wrote {RESULTS}")
 

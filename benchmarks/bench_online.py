@@ -81,7 +81,7 @@ def best_of(repeat: int, fn) -> tuple[float, float, object]:
     return wall, cpu, out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=8_000_000)
     ap.add_argument("--reference-tokens", type=int, default=200_000)
@@ -90,13 +90,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=PROJECT / "benchmarks/results/online.json")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    run = patterned_run(args.tokens, args.noise, args.seed)
-    pos = eval_positions(run)
-    counter = OnlineCounter.fit([run])  # the fallback ranking only
 
-    # compile, on a tiny run (a fresh cache directory: this is the real compile)
+def compile_seconds(counter: OnlineCounter, run: TokenRun) -> dict[str, float]:
+    """What the first call of each compiled path costs, on a tiny run (a fresh cache directory:
+    this is the real compile); features reuse predict's compiled loop (the same signature)."""
     tiny = TokenRun("bench", "tiny", run.tokens[:50].copy(), np.array([0, 30, 50]))
     t0 = time.perf_counter()
     counter.predict(tiny, eval_positions(tiny))
@@ -109,17 +108,17 @@ def main() -> None:
     s.push(1)
     s.answer()
     compile_stream = time.perf_counter() - t0
+    return {
+        "predict": round(compile_predict, 2),
+        "features": round(compile_features, 2),
+        "streaming": round(compile_stream, 2),
+    }
 
-    t_pred, c_pred, pred = best_of(args.repeat, lambda: counter.predict(run, pos))
-    t_feat, c_feat, _ = best_of(args.repeat, lambda: online_features(run.tokens, run.offsets))
-    y = run.tokens[pos]
-    top1 = float((pred.top1 == y).mean())
-    top5 = float((pred.top == y[:, None]).any(axis=1).mean())
-    log_loss = float(-np.log(pred.p_true).mean())
 
-    # streaming: the longest thread's first calls, push + answer per event
+def streaming_seconds(counter: OnlineCounter, run: TokenRun, n_tokens: int) -> tuple[int, float]:
+    """The longest thread's first calls, push + answer per event: (events, seconds)."""
     longest = int(np.argmax(run.thread_lengths()))
-    n_stream = min(args.stream_tokens, int(run.thread_lengths()[longest]))
+    n_stream = min(n_tokens, int(run.thread_lengths()[longest]))
     start = int(run.offsets[longest])
     stream_tokens = [int(t) for t in run.tokens[start : start + n_stream]]
     state = counter.state()
@@ -127,12 +126,14 @@ def main() -> None:
     for tok in stream_tokens:
         state.push(tok)
         state.answer()
-    t_stream = time.perf_counter() - t0
+    return n_stream, time.perf_counter() - t0
 
-    # the dict reference on a slice (whole threads of the run, cut at --reference-tokens)
+
+def against_reference(counter: OnlineCounter, head: TokenRun) -> tuple[float, float, bool]:
+    """The dict reference on `head`: (wall s, CPU s, whether the compiled counter's answers
+    equal its own)."""
     from tests.tasks.learning.counters.test_online import reference
 
-    head = run.head(args.reference_tokens)
     t0, c0 = time.perf_counter(), time.process_time()
     ref = reference(head.tokens, head.offsets, DEFAULT_ORDERS, counter.smoothing, counter.fallback)
     t_ref, c_ref = time.perf_counter() - t0, time.process_time() - c0
@@ -141,6 +142,27 @@ def main() -> None:
         np.array_equal(mine.top, ref["top"].astype(np.uint8))
         and np.allclose(mine.p_true, ref["p"], rtol=1e-12, atol=0)
     )
+    return t_ref, c_ref, equal
+
+
+def main() -> None:
+    args = parse_args()
+    run = patterned_run(args.tokens, args.noise, args.seed)
+    pos = eval_positions(run)
+    counter = OnlineCounter.fit([run])  # the fallback ranking only
+    compile_s = compile_seconds(counter, run)
+
+    t_pred, c_pred, pred = best_of(args.repeat, lambda: counter.predict(run, pos))
+    t_feat, c_feat, _ = best_of(args.repeat, lambda: online_features(run.tokens, run.offsets))
+    y = run.tokens[pos]
+    top1 = float((pred.top1 == y).mean())
+    top5 = float((pred.top == y[:, None]).any(axis=1).mean())
+    log_loss = float(-np.log(pred.p_true).mean())
+
+    n_stream, t_stream = streaming_seconds(counter, run, args.stream_tokens)
+    # the dict reference on a slice (whole threads of the run, cut at --reference-tokens)
+    head = run.head(args.reference_tokens)
+    t_ref, c_ref, equal = against_reference(counter, head)
 
     compiled_rate = len(pos) / t_pred
     ref_rate = head.n_tokens / t_ref
@@ -157,11 +179,7 @@ def main() -> None:
             "seed": args.seed,
         },
         "orders": list(counter.orders),
-        "compile_s": {  # features reuse predict's compiled loop (the same signature)
-            "predict": round(compile_predict, 2),
-            "features": round(compile_features, 2),
-            "streaming": round(compile_stream, 2),
-        },
+        "compile_s": compile_s,
         "compiled": {
             "predict_s": round(t_pred, 3),
             "predict_positions_per_s": round(compiled_rate),

@@ -20,7 +20,6 @@ writes benchmarks/results/place.json: medians and min-max for time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -31,6 +30,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import compile_c, write_result  # noqa: E402
+
 NATIVE = REPO / "native"
 PLACE = NATIVE / "build" / "libheapcast_place.so"
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
@@ -40,6 +43,10 @@ MIMALLOC = LIBDIR / "libmimalloc.so.2"
 TRACER = NATIVE / "build" / "libheapcast.so"
 PYTHON = Path("/usr/bin/python3.11")  # the real binary (the unseen program)
 OUT = REPO / "benchmarks" / "results" / "place.json"
+REFERENCE = (
+    "glibc, tcmalloc, mimalloc, jemalloc and jemalloc with placement off, rounds alternating; "
+    "the bound (a first run's sites) and placement by size beside it"
+)
 # part 1b: a program the table never saw, bursts of dying objects with every EVERY-th kept
 UNSEEN = """
 import sys
@@ -60,11 +67,7 @@ print(f"rss_kb end {rss()}", file=sys.stderr)
 print(f"entries={len(keep)} sum={sum(map(len, keep))}")
 """
 PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
-
-
-def compile_c(src: Path, exe: Path) -> Path:
-    subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe), str(src)], check=True)
-    return exe
+CFLAGS = ("-O2", "-pthread")
 
 
 def lifetime_table(exe: Path, argv: list[str], work: Path) -> Path:
@@ -267,8 +270,15 @@ def main() -> None:
     subprocess.run(["make", "-s", "-C", str(NATIVE), "place"], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        burstkv = compile_c(REPO / "benchmarks" / "programs" / "burstkv.c", work / "burstkv")
-        pairloop = compile_c(REPO / "benchmarks" / "programs" / "pairloop.c", work / "pairloop")
+        burstkv = compile_c(
+            REPO / "benchmarks" / "programs" / "burstkv.c", work / "burstkv", *CFLAGS, compiler="cc"
+        )
+        pairloop = compile_c(
+            REPO / "benchmarks" / "programs" / "pairloop.c",
+            work / "pairloop",
+            *CFLAGS,
+            compiler="cc",
+        )
         train = [str(args.train_bursts), str(args.train_shorts), str(args.every)]
         table_file = lifetime_table(burstkv, train, work)
         argv = [str(burstkv), str(args.bursts), str(args.shorts), str(args.every)]
@@ -294,8 +304,7 @@ def main() -> None:
             ),
             "cost": bench_pairs(pairloop, args, table_file),
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result("place", result, reference=REFERENCE, out=args.out)
     for part in ("workload", "unseen"):
         print(part, result[part]["argv"])
         for name, a in result[part]["arms"].items():

@@ -28,7 +28,6 @@ writes benchmarks/results/place_servers.json: medians and min-max for time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -41,6 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from bench_place import (  # noqa: E402
     JEMALLOC,
     MIMALLOC,
@@ -53,7 +53,14 @@ from bench_place import (  # noqa: E402
     learn_env,
 )
 
+from benchmarks.harness import write_result  # noqa: E402
+
 OUT = REPO / "benchmarks" / "results" / "place_servers.json"
+REFERENCE = (
+    "redis-server as Debian links it (jemalloc) and kv_service under glibc, tcmalloc, mimalloc "
+    "and jemalloc with placement off, rounds alternating; the bound (a first run's sites) and "
+    "placement by size"
+)
 KV_SRC = REPO / "docker" / "workloads" / "threads" / "src"
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -324,8 +331,7 @@ def main() -> None:
             "arms": {n: summarize(results[n]) for n in names},
             "kv_service": kv,
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result("place_servers", result, reference=REFERENCE, out=args.out)
     print(result["redis"])
     print("counter:", *result["counter_stats"])
     for name, a in result["arms"].items():

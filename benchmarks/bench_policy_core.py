@@ -14,7 +14,6 @@ core. Writes benchmarks/results/policy_core.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -25,11 +24,13 @@ sys.path.insert(0, str(PROJECT))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.harness import write_result  # noqa: E402
 from tasks.whatif import policy_core  # noqa: E402
 from tasks.whatif.events import SimInput  # noqa: E402
 from tasks.whatif.policies import LargestConfig, LayerGuidedConfig, PoolsConfig  # noqa: E402
 from tasks.whatif.simulate import layer_metrics  # noqa: E402
 
+REFERENCE = "the core's C call alone, and simulate()'s layer_metrics, on the same events"
 SIZES = np.array([150_000, 300_000, 310_000, 1_000_000, 2_500_000], np.int64)
 
 
@@ -119,9 +120,7 @@ def main() -> None:
         "python": platform.python_version(),
         "rows": rows,
     }
-    out = PROJECT / "benchmarks" / "results" / "policy_core.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result("policy_core", result, reference=REFERENCE)
 
 
 if __name__ == "__main__":

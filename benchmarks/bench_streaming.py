@@ -83,25 +83,126 @@ def patterned(n: int, seed: int) -> np.ndarray:
     return out[:n]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=None, help="a data root with a registered champion")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the stateful stream's steps")
     ap.add_argument("--out", default=str(PROJECT / "benchmarks/results/streaming.json"))
-    a = ap.parse_args()
-    apply_embedded_defaults()
+    return ap.parse_args()
 
+
+def window_stream_rate(model, context: int, stream: np.ndarray, starts: np.ndarray, a) -> float:
+    """The window stream (StreamingPredictor) on the threads' calls: predictions a second."""
+    from tasks.learning.serving.streaming import StreamingPredictor
+
+    sp = StreamingPredictor(model, context)
+    for t, s in enumerate(starts):
+        for tok in stream[s : s + context]:
+            sp.observe(t, int(tok))
+    sp.step({t: int(stream[s + context]) for t, s in enumerate(starts)})  # warm-up, traced
+    t0 = time.perf_counter()
+    for k in range(1, a.steps):
+        sp.step({t: int(stream[s + context + k]) for t, s in enumerate(starts)})
+    streaming_s = time.perf_counter() - t0
+    return len(starts) * (a.steps - 1) / streaming_s
+
+
+def batch_rate(model, context: int, stream: np.ndarray, starts: np.ndarray, a) -> float:
+    """The reference: the same windows in batch form, every position scored; positions a
+    second."""
     from tasks.dataset.token_runs import TokenRun
-    from tasks.learning.nextcall.backend import placement
     from tasks.learning.nextcall.model import (
         online_feature_matrix,
         online_orders,
         online_ranks,
         takes_online,
     )
-    from tasks.learning.serving.streaming import HedgedStream, StatefulStream, StreamingPredictor
+
+    windows = np.stack([stream[s : s + context] for s in starts]).astype(np.int32)
+    x: object = windows
+    if takes_online(model):
+        online = np.stack(
+            [
+                online_feature_matrix(
+                    TokenRun("w", "t", stream[s : s + context], np.array([0, context])),
+                    online_orders(model),
+                    online_ranks(model),
+                )
+                for s in starts
+            ]
+        ).astype(np.int32)
+        x = {"tokens": windows, "online": online}
+    whole = model.predict_on_batch  # compiled by the backend, as streaming is
+    np.asarray(whole(x))  # warm-up, traced
+    reps = max(1, a.steps // 4)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        np.asarray(whole(x))
+    batch_s = time.perf_counter() - t0
+    return len(starts) * context * reps / batch_s
+
+
+def stepped_rounds(make, context: int, stream: np.ndarray, starts: np.ndarray, a):
+    """A fresh stream from `make`, warmed up on the window's calls, then --rounds rounds of
+    steps: (wall us per prediction a round, CPU us a round)."""
+    # TensorFlow's pool threads spin for a while after each call, on the same 2 cores: the
+    # compiled stream is timed first, once they have gone idle (timed right after the window
+    # stream, 8 threads showed 84 us of CPU for 47 us of wall per prediction), its warm-up
+    # after the pause, and without a garbage collection of the Keras objects in the middle
+    time.sleep(0.5)
+    ss = make()
+    for k in range(context + 1):  # the same calls as the window stream's warm-up
+        ss.step({t: int(stream[s + k]) for t, s in enumerate(starts)})
+    return _rounds(ss, stream, starts, context, a)
+
+
+def threads_row(b: int, model, context: int, stream: np.ndarray, hedged, a) -> dict:
+    """The three streams and the batch reference for `b` threads: one row, printed."""
+    from tasks.learning.serving.streaming import StatefulStream
+
+    # each thread starts `context` calls into its own stream, so windows are full
+    span = context + a.steps * max(a.rounds, 1) + 1
+    starts = np.random.default_rng(b).integers(0, len(stream) - span, b)
+    walls, cpus = stepped_rounds(lambda: StatefulStream(model, context), context, stream, starts, a)
+    stateful_us, stateful_cpu_us = float(np.median(walls)), float(np.median(cpus))
+    stateful_per_s = 1e6 / stateful_us
+    # the hedged stream on the same calls (the network's stream plus the counter and the mix)
+    hedged_walls, _ = stepped_rounds(hedged, context, stream, starts, a)
+    hedged_us = float(np.median(hedged_walls))
+    per_s = window_stream_rate(model, context, stream, starts, a)
+    batch_per_s = batch_rate(model, context, stream, starts, a)
+    print(
+        f"B={b:4d}: streaming {per_s:10.0f} predictions/s ({1e6 / per_s:8.1f} us each); "
+        f"batch scoring {batch_per_s:10.0f} positions/s; a streamed answer costs "
+        f"{batch_per_s / per_s:.1f}x a batch-scored position; stateful "
+        f"{stateful_us:.2f} us each ({stateful_cpu_us:.2f} us of CPU; median of {len(walls)} "
+        f"rounds, {min(walls):.2f}-{max(walls):.2f}); hedged {hedged_us:.2f} us each "
+        f"({hedged_us / stateful_us:.2f}x the stateful stream)"
+    )
+    return {
+        "threads": b,
+        "streaming_predictions_per_s": round(per_s, 1),
+        "streaming_us_per_prediction": round(1e6 / per_s, 1),
+        "stateful_us_per_prediction": round(stateful_us, 2),
+        "stateful_us_per_prediction_rounds": [round(x, 2) for x in walls],
+        "stateful_cpu_us_per_prediction": round(stateful_cpu_us, 2),
+        "batch_positions_per_s": round(batch_per_s, 1),
+        "streaming_cost_vs_batch": round(batch_per_s / per_s, 1),
+        "stateful_cost_vs_batch": round(batch_per_s / stateful_per_s, 2),
+        "hedged_us_per_prediction": round(hedged_us, 2),
+        "hedged_us_per_prediction_rounds": [round(x, 2) for x in hedged_walls],
+        "hedged_cost_vs_stateful": round(hedged_us / stateful_us, 2),
+    }
+
+
+def main() -> int:
+    a = parse_args()
+    apply_embedded_defaults()
+
+    from tasks.learning.nextcall.backend import placement
+    from tasks.learning.serving.streaming import HedgedStream, StatefulStream
 
     stream = patterned(200_000, 0)
     model, context, which = champion_model(a.root) if a.root else quick_model(stream)
@@ -110,93 +211,12 @@ def main() -> int:
     hedged = partial(HedgedStream, model, np.bincount(stream, minlength=64), context=context)
     where = placement()
     device = f"{where.backend} on {where.device}"
-    rows = []
     # once per process: the compiled stream's first table growth compiles its numpy block
     # (70 ms), which would otherwise land inside the first timed steps
     ss = StatefulStream(model, context)
     for tok in stream[:2000]:
         ss.step({0: int(tok)})
-    for b in a.threads:
-        # each thread starts `context` calls into its own stream, so windows are full
-        span = context + a.steps * max(a.rounds, 1) + 1
-        starts = np.random.default_rng(b).integers(0, len(stream) - span, b)
-        # TensorFlow's pool threads spin for a while after each call, on the same 2 cores: the
-        # compiled stream is timed first, once they have gone idle (timed right after the window
-        # stream, 8 threads showed 84 us of CPU for 47 us of wall per prediction), its warm-up
-        # after the pause, and without a garbage collection of the Keras objects in the middle
-        time.sleep(0.5)
-        ss = StatefulStream(model, context)
-        for k in range(context + 1):  # the same calls as the window stream's warm-up below
-            ss.step({t: int(stream[s + k]) for t, s in enumerate(starts)})
-        walls, cpus = _rounds(ss, stream, starts, context, a)
-        stateful_us, stateful_cpu_us = float(np.median(walls)), float(np.median(cpus))
-        stateful_per_s = 1e6 / stateful_us
-        # the hedged stream on the same calls (the network's stream plus the counter and the mix)
-        time.sleep(0.5)
-        hs = hedged()
-        for k in range(context + 1):
-            hs.step({t: int(stream[s + k]) for t, s in enumerate(starts)})
-        hedged_walls, _ = _rounds(hs, stream, starts, context, a)
-        hedged_us = float(np.median(hedged_walls))
-
-        sp = StreamingPredictor(model, context)
-        for t, s in enumerate(starts):
-            for tok in stream[s : s + context]:
-                sp.observe(t, int(tok))
-        sp.step({t: int(stream[s + context]) for t, s in enumerate(starts)})  # warm-up, traced
-        t0 = time.perf_counter()
-        for k in range(1, a.steps):
-            sp.step({t: int(stream[s + context + k]) for t, s in enumerate(starts)})
-        streaming_s = time.perf_counter() - t0
-        per_s = b * (a.steps - 1) / streaming_s
-
-        # reference: the same windows in batch form, every position scored
-        windows = np.stack([stream[s : s + context] for s in starts]).astype(np.int32)
-        x: object = windows
-        if takes_online(model):
-            online = np.stack(
-                [
-                    online_feature_matrix(
-                        TokenRun("w", "t", stream[s : s + context], np.array([0, context])),
-                        online_orders(model),
-                        online_ranks(model),
-                    )
-                    for s in starts
-                ]
-            ).astype(np.int32)
-            x = {"tokens": windows, "online": online}
-        whole = model.predict_on_batch  # compiled by the backend, as streaming is
-        np.asarray(whole(x))  # warm-up, traced
-        reps = max(1, a.steps // 4)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            np.asarray(whole(x))
-        batch_s = time.perf_counter() - t0
-        batch_per_s = b * context * reps / batch_s
-        rows.append(
-            {
-                "threads": b,
-                "streaming_predictions_per_s": round(per_s, 1),
-                "streaming_us_per_prediction": round(1e6 / per_s, 1),
-                "stateful_us_per_prediction": round(stateful_us, 2),
-                "stateful_us_per_prediction_rounds": [round(x, 2) for x in walls],
-                "stateful_cpu_us_per_prediction": round(stateful_cpu_us, 2),
-                "batch_positions_per_s": round(batch_per_s, 1),
-                "streaming_cost_vs_batch": round(batch_per_s / per_s, 1),
-                "stateful_cost_vs_batch": round(batch_per_s / stateful_per_s, 2),
-                "hedged_us_per_prediction": round(hedged_us, 2),
-                "hedged_us_per_prediction_rounds": [round(x, 2) for x in hedged_walls],
-                "hedged_cost_vs_stateful": round(hedged_us / stateful_us, 2),
-            }
-        )
-        print(
-            f"B={b:4d}: streaming {per_s:10.0f} predictions/s ({1e6 / per_s:8.1f} us each); "
-            f"batch scoring {batch_per_s:10.0f} positions/s; a streamed answer costs "
-            f"{batch_per_s / per_s:.1f}x a batch-scored position; stateful "
-            f"{stateful_us:.2f} us each ({stateful_cpu_us:.2f} us of CPU; median of {len(walls)} "
-            f"rounds, {min(walls):.2f}-{max(walls):.2f}); hedged {hedged_us:.2f} us each "
-            f"({hedged_us / stateful_us:.2f}x the stateful stream)"
-        )
+    rows = [threads_row(b, model, context, stream, hedged, a) for b in a.threads]
     result = {
         "model": which,
         "context": context,

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import write_result  # noqa: E402
+from benchmarks.harness import compile_c, write_result  # noqa: E402
 from tasks.format.build import build_tracer  # noqa: E402
 from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 from tasks.replay.inputs import generate_input  # noqa: E402
@@ -78,7 +78,7 @@ def run_once(argv: list[str], env: dict[str, str], stdin_path: Path | None) -> t
     return wall, ru.ru_utime + ru.ru_stime
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--loop-iters", type=int, default=250_000, help="per thread")
@@ -86,86 +86,90 @@ def main() -> int:
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--no-caller", action="store_true", help="skip the heapcast --caller mode")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "tracer.json")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    for tool in ("gcc", "sqlite3"):
-        if shutil.which(tool) is None:
-            sys.exit(f"bench_tracer: `{tool}` is not installed")
-    modes = [
+
+def chosen_modes(args: argparse.Namespace) -> list[str]:
+    """The modes this run measures: heaptrack only where installed, --caller unless skipped."""
+    return [
         m
         for m in MODES
         if not (m == "heaptrack" and (args.no_heaptrack or not shutil.which("heaptrack")))
         and not (m == "heapcast_caller" and args.no_caller)
     ]
-    lib = build_tracer.fn()
-    work = Path(tempfile.mkdtemp(prefix="heapcast-bench-"))
-    try:
-        loop = work / "loop"
-        subprocess.run(
-            [
-                "gcc",
-                "-O2",
-                "-fno-builtin",
-                "-pthread",
-                "-o",
-                str(loop),
-                str(REPO / "benchmarks" / "programs" / "loop.c"),
-            ],
-            check=True,
-        )
-        (sql_name,) = generate_input("sql", SQL_SEED, args.sqlite_rows, work)
-        sql = work / sql_name
-        workloads = {
-            "loop": ([str(loop), "8", str(args.loop_iters)], {}, None),
-            "sqlite3": ([shutil.which("sqlite3"), ":memory:"], {}, sql),
-            "cpython": ([PYTHON, "-c", CHURN], {"PYTHONMALLOC": "malloc"}, None),
-        }
-        base_env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("LD_PRELOAD", "HEAPCAST_OUT", "HEAPCAST_CALLER", "HEAPCAST_CLOCK")
-        }
-        samples = {w: {m: {"wall": [], "cpu": []} for m in modes} for w in workloads}
-        stats = {w: {} for w in workloads}
-        load_before = os.getloadavg()
-        for rep in range(args.reps):
-            for wi, (name, (argv, extra_env, stdin_path)) in enumerate(workloads.items()):
-                k = (rep + wi) % len(modes)
-                for mode in modes[k:] + modes[:k]:  # rotate the order every repetition
-                    out = work / f"{name}-{mode}"
-                    out.mkdir()
-                    env = base_env | extra_env
-                    cmd = list(argv)
-                    if mode in HEAPCAST_MODES:
-                        env |= {"LD_PRELOAD": str(lib), "HEAPCAST_OUT": str(out)}
-                        if mode == "heapcast_caller":
-                            env["HEAPCAST_CALLER"] = "1"
-                    elif mode == "heaptrack":
-                        cmd = ["heaptrack", "--raw", "-o", str(out / "ht"), *argv]
-                    wall, cpu = run_once(cmd, env, stdin_path)
-                    samples[name][mode]["wall"].append(wall)
-                    samples[name][mode]["cpu"].append(cpu)
-                    if rep == 0 and mode != "untraced":
-                        files = list(out.iterdir())
-                        stats[name][f"{mode}_bytes"] = sum(f.stat().st_size for f in files)
-                        if mode == "heapcast":
-                            traces = [read_trace(f) for f in files if f.suffix == ".hct"]
-                            stats[name]["events"] = int(
-                                sum((t.op != Op.THREAD_START).sum() for t in traces)
-                            )
-                            stats[name]["processes"] = len(traces)
-                    shutil.rmtree(out)
-                print(
-                    f"rep {rep + 1}/{args.reps} {name}: "
-                    + ", ".join(f"{m} {samples[name][m]['wall'][-1]:.3f}s" for m in modes),
-                    flush=True,
-                )
-        load_after = os.getloadavg()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
+
+def workloads_in(work: Path, args: argparse.Namespace) -> dict[str, tuple]:
+    """The three programs, built or generated in `work`: name -> (argv, extra env, stdin)."""
+    loop = compile_c(
+        REPO / "benchmarks" / "programs" / "loop.c",
+        work / "loop",
+        "-O2",
+        "-fno-builtin",
+        "-pthread",
+    )
+    (sql_name,) = generate_input("sql", SQL_SEED, args.sqlite_rows, work)
+    return {
+        "loop": ([str(loop), "8", str(args.loop_iters)], {}, None),
+        "sqlite3": ([shutil.which("sqlite3"), ":memory:"], {}, work / sql_name),
+        "cpython": ([PYTHON, "-c", CHURN], {"PYTHONMALLOC": "malloc"}, None),
+    }
+
+
+def measure(args: argparse.Namespace, modes: list[str], lib: Path, work: Path, workloads: dict):
+    """Every workload under every mode, --reps times, the order rotated each repetition:
+    (samples: workload -> mode -> wall and cpu lists, stats: the first repetition's trace sizes
+    and event counts)."""
+    base_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_PRELOAD", "HEAPCAST_OUT", "HEAPCAST_CALLER", "HEAPCAST_CLOCK")
+    }
+    samples = {w: {m: {"wall": [], "cpu": []} for m in modes} for w in workloads}
+    stats = {w: {} for w in workloads}
+    for rep in range(args.reps):
+        for wi, (name, (argv, extra_env, stdin_path)) in enumerate(workloads.items()):
+            k = (rep + wi) % len(modes)
+            for mode in modes[k:] + modes[:k]:  # rotate the order every repetition
+                out = work / f"{name}-{mode}"
+                out.mkdir()
+                env = base_env | extra_env
+                cmd = list(argv)
+                if mode in HEAPCAST_MODES:
+                    env |= {"LD_PRELOAD": str(lib), "HEAPCAST_OUT": str(out)}
+                    if mode == "heapcast_caller":
+                        env["HEAPCAST_CALLER"] = "1"
+                elif mode == "heaptrack":
+                    cmd = ["heaptrack", "--raw", "-o", str(out / "ht"), *argv]
+                wall, cpu = run_once(cmd, env, stdin_path)
+                samples[name][mode]["wall"].append(wall)
+                samples[name][mode]["cpu"].append(cpu)
+                if rep == 0 and mode != "untraced":
+                    record_output(stats[name], mode, out)
+                shutil.rmtree(out)
+            print(
+                f"rep {rep + 1}/{args.reps} {name}: "
+                + ", ".join(f"{m} {samples[name][m]['wall'][-1]:.3f}s" for m in modes),
+                flush=True,
+            )
+    return samples, stats
+
+
+def record_output(stats: dict, mode: str, out: Path) -> None:
+    """What a traced run wrote: its bytes, and for heapcast the events and processes."""
+    files = list(out.iterdir())
+    stats[f"{mode}_bytes"] = sum(f.stat().st_size for f in files)
+    if mode == "heapcast":
+        traces = [read_trace(f) for f in files if f.suffix == ".hct"]
+        stats["events"] = int(sum((t.op != Op.THREAD_START).sum() for t in traces))
+        stats["processes"] = len(traces)
+
+
+def summarize(samples: dict, stats: dict, modes: list[str]) -> dict[str, dict]:
+    """Per workload: minima and medians, slowdowns and ns per event against the untraced run,
+    bytes per event, the --caller extra and heaptrack's overhead against heapcast's."""
     results = {}
-    for name in workloads:
+    for name in samples:
         s = samples[name]
         ev = stats[name]["events"]
         r = {"events": ev, "processes": stats[name]["processes"]}
@@ -189,12 +193,17 @@ def main() -> int:
                 ht = r[f"heaptrack_{kind}_min_s"] - r[f"untraced_{kind}_min_s"]
                 r[f"heaptrack_vs_heapcast_overhead_{kind}"] = ht / hc if hc > 0 else None
         results[name] = r
+    return results
 
-    def fmt(value, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
 
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_tables(results: dict[str, dict], reps: int, modes: list[str]) -> None:
+    """The table of the three modes, and with --caller its own."""
     print(
-        f"\nminimum of {args.reps} alternating runs; wall = elapsed, cpu = user+sys of the process tree"
+        f"\nminimum of {reps} alternating runs; wall = elapsed, cpu = user+sys of the process tree"
     )
     print(
         f"{'workload':9} {'events':>9} {'clock':5} {'untraced':>9} {'heapcast':>9} {'heaptrack':>9} "
@@ -205,33 +214,36 @@ def main() -> int:
             print(
                 f"{name if kind == 'wall' else '':9} {r['events'] if kind == 'wall' else '':>9} {kind:5} "
                 f"{r[f'untraced_{kind}_min_s']:>9.3f} {r[f'heapcast_{kind}_min_s']:>9.3f} "
-                f"{fmt(r.get(f'heaptrack_{kind}_min_s'), '>9.3f'):>9} "
+                f"{_fmt(r.get(f'heaptrack_{kind}_min_s'), '>9.3f'):>9} "
                 f"{r[f'heapcast_slowdown_{kind}']:>7.2f}x {r[f'heapcast_ns_per_event_{kind}']:>8.1f} "
-                f"{fmt(r.get(f'heaptrack_ns_per_event_{kind}'), '>8.1f'):>8} "
-                f"{fmt(r.get(f'heaptrack_vs_heapcast_overhead_{kind}'), '>5.1f'):>5}x "
-                f"{r['heapcast_bytes_per_event']:>7.2f} {fmt(r.get('heaptrack_bytes_per_event'), '>7.2f'):>7}"
+                f"{_fmt(r.get(f'heaptrack_ns_per_event_{kind}'), '>8.1f'):>8} "
+                f"{_fmt(r.get(f'heaptrack_vs_heapcast_overhead_{kind}'), '>5.1f'):>5}x "
+                f"{r['heapcast_bytes_per_event']:>7.2f} {_fmt(r.get('heaptrack_bytes_per_event'), '>7.2f'):>7}"
+            )
+    if "heapcast_caller" not in modes:
+        return
+    print(
+        "\nwith --caller (HEAPCAST_CALLER=1: return address per record + module map), "
+        "minima as above"
+    )
+    print(
+        f"{'workload':9} {'clock':5} {'heapcast':>9} {'+caller':>9} {'hc ns/ev':>8} "
+        f"{'+c ns/ev':>8} {'extra':>6} {'hc B/ev':>7} {'+c B/ev':>7}"
+    )
+    for name, r in results.items():
+        for kind in ("wall", "cpu"):
+            print(
+                f"{name if kind == 'wall' else '':9} {kind:5} "
+                f"{r[f'heapcast_{kind}_min_s']:>9.3f} {r[f'heapcast_caller_{kind}_min_s']:>9.3f} "
+                f"{r[f'heapcast_ns_per_event_{kind}']:>8.1f} "
+                f"{r[f'heapcast_caller_ns_per_event_{kind}']:>8.1f} "
+                f"{r[f'caller_extra_ns_per_event_{kind}']:>6.1f} "
+                f"{r['heapcast_bytes_per_event']:>7.2f} {r['heapcast_caller_bytes_per_event']:>7.2f}"
             )
 
-    if "heapcast_caller" in modes:
-        print(
-            "\nwith --caller (HEAPCAST_CALLER=1: return address per record + module map), "
-            "minima as above"
-        )
-        print(
-            f"{'workload':9} {'clock':5} {'heapcast':>9} {'+caller':>9} {'hc ns/ev':>8} "
-            f"{'+c ns/ev':>8} {'extra':>6} {'hc B/ev':>7} {'+c B/ev':>7}"
-        )
-        for name, r in results.items():
-            for kind in ("wall", "cpu"):
-                print(
-                    f"{name if kind == 'wall' else '':9} {kind:5} "
-                    f"{r[f'heapcast_{kind}_min_s']:>9.3f} {r[f'heapcast_caller_{kind}_min_s']:>9.3f} "
-                    f"{r[f'heapcast_ns_per_event_{kind}']:>8.1f} "
-                    f"{r[f'heapcast_caller_ns_per_event_{kind}']:>8.1f} "
-                    f"{r[f'caller_extra_ns_per_event_{kind}']:>6.1f} "
-                    f"{r['heapcast_bytes_per_event']:>7.2f} {r['heapcast_caller_bytes_per_event']:>7.2f}"
-                )
 
+def judge(results: dict[str, dict], modes: list[str]) -> dict[str, dict]:
+    """Each target met or not, on CPU time and on wall, printed."""
     # Targets are judged on CPU time: on this shared 2-core machine the wall clock mostly
     # measures other workers' load (both are in the json).
     verdicts = {}
@@ -261,7 +273,27 @@ def main() -> int:
             f"{v['target']:<5} {'met' if v['cpu']['met'] else 'MISSED'} "
             f"({'met' if v['wall']['met'] else 'missed'})"
         )
+    return verdicts
 
+
+def main() -> int:
+    args = parse_args()
+    for tool in ("gcc", "sqlite3"):
+        if shutil.which(tool) is None:
+            sys.exit(f"bench_tracer: `{tool}` is not installed")
+    modes = chosen_modes(args)
+    lib = build_tracer.fn()
+    work = Path(tempfile.mkdtemp(prefix="heapcast-bench-"))
+    try:
+        workloads = workloads_in(work, args)
+        load_before = os.getloadavg()
+        samples, stats = measure(args, modes, lib, work, workloads)
+        load_after = os.getloadavg()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results = summarize(samples, stats, modes)
+    print_tables(results, args.reps, modes)
+    verdicts = judge(results, modes)
     write_result(
         "tracer",
         {

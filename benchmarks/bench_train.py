@@ -80,7 +80,7 @@ def measure(mode: str, cfg, run, steps: int, warmup: int) -> dict:
     }
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=default_root(), help="data root holding events/")
     ap.add_argument("--config", default=str(QUICK_CONFIG))
@@ -89,8 +89,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--out", default=str(RESULTS))
-    a = ap.parse_args()
+    return ap.parse_args()
 
+
+def the_data(a: argparse.Namespace):
+    """The root and config trained on: --root's events, or a synthetic dataset where it has none
+    (then `gamma` held out); (root, config, synthetic)."""
     cfg = load_train_config(a.config, json.loads(a.override))
     root = Root.from_url(a.root)
     synthetic = not root.fs.exists(root.join("events"))
@@ -103,6 +107,76 @@ def main() -> int:
             a.config, {**json.loads(a.override), "data": {"heldout_workloads": ["gamma"]}}
         )
         print(f"no events under {a.root}: synthetic dataset in {root.url}", file=sys.stderr)
+    return root, cfg, synthetic
+
+
+def throughput(cfg, run, a: argparse.Namespace) -> dict:
+    """Part 1: windows then sequence, the same data, network and batch; printed."""
+    rows = [measure(m, cfg, run, a.steps, a.warmup) for m in ("windows", "sequence")]
+    ratio = rows[1]["predictions_per_second"] / rows[0]["predictions_per_second"]
+    for r in rows:
+        print(
+            f"{r['mode']:>8}: {r['predictions_per_second']:>12,.0f} predictions/s "
+            f"({r['seconds_per_step'] * 1000:.1f} ms/step, {r['predictions_per_step']} per step)"
+        )
+    print(f"sequence / windows: {ratio:.1f}x (target >= 50x)")
+    return {
+        "windows": rows[0],
+        "sequence": rows[1],
+        "sequence_over_windows": ratio,
+        "target_ratio": 50.0,
+    }
+
+
+def accuracy(root, cfg) -> dict:
+    """Part 2: the configured training and its honest evaluation, the model beside every
+    baseline per table and slice; the markdown printed."""
+    from tasks.learning.evaluate import evaluation_markdown
+    from tasks.learning.scores import BASELINES, MODEL
+    from tasks.learning.train import evaluate, train
+
+    t0 = time.perf_counter()
+    trained = train.fn(root, cfg)
+    outcome = evaluate.fn(trained)
+    ev = outcome.evaluation
+    table = []
+    for s in ev.scores:
+        if s.predictor == MODEL:
+            best = max(BASELINES, key=lambda b: ev.get(b, s.slice, s.table).top1)
+            table.append(
+                {
+                    "table": s.table,
+                    "slice": s.slice,
+                    "positions": s.positions,
+                    **{
+                        f"{p}_{m}": getattr(ev.get(p, s.slice, s.table), m)
+                        for p in (MODEL, *BASELINES)
+                        for m in ("top1", "top5", "log_loss")
+                    },
+                    "best_baseline": best,
+                    "margin_top1": ev.margin_over_best_baseline(s.slice, s.table),
+                }
+            )
+    md = evaluation_markdown(ev, outcome.notes)
+    print(md)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "train_seconds": outcome.seconds,
+        "train_predictions_per_second": outcome.predictions_per_second,
+        "epochs": len(outcome.history.get("loss", [])),
+        "history": outcome.history,
+        "ngram_order": ev.get("ngram").detail.get("order"),
+        "eval_runs": [f"{w}/{r}" for w, r in outcome.dataset.eval_runs],
+        "heldout_runs": [f"{w}/{r}" for w, r in outcome.dataset.heldout_runs],
+        "table": table,
+        "markdown": md,
+        "notes": outcome.notes,
+    }
+
+
+def main() -> int:
+    a = parse_args()
+    root, cfg, synthetic = the_data(a)
 
     from tasks.learning.nextcall.backend import placement
 
@@ -123,65 +197,11 @@ def main() -> int:
     }
 
     # Part 1: throughput, windows then sequence, same data/network/batch.
-    rows = [measure(m, cfg, run, a.steps, a.warmup) for m in ("windows", "sequence")]
-    ratio = rows[1]["predictions_per_second"] / rows[0]["predictions_per_second"]
-    result["throughput"] = {
-        "windows": rows[0],
-        "sequence": rows[1],
-        "sequence_over_windows": ratio,
-        "target_ratio": 50.0,
-    }
-    for r in rows:
-        print(
-            f"{r['mode']:>8}: {r['predictions_per_second']:>12,.0f} predictions/s "
-            f"({r['seconds_per_step'] * 1000:.1f} ms/step, {r['predictions_per_step']} per step)"
-        )
-    print(f"sequence / windows: {ratio:.1f}x (target >= 50x)")
+    result["throughput"] = throughput(cfg, run, a)
     _write(a.out, result)
-
     # Part 2: the configured training and its honest evaluation.
     if not a.skip_accuracy:
-        from tasks.learning.evaluate import evaluation_markdown
-        from tasks.learning.scores import BASELINES, MODEL
-        from tasks.learning.train import evaluate, train
-
-        t0 = time.perf_counter()
-        trained = train.fn(root, cfg)
-        outcome = evaluate.fn(trained)
-        ev = outcome.evaluation
-        table = []
-        for s in ev.scores:
-            if s.predictor == MODEL:
-                best = max(BASELINES, key=lambda b: ev.get(b, s.slice, s.table).top1)
-                table.append(
-                    {
-                        "table": s.table,
-                        "slice": s.slice,
-                        "positions": s.positions,
-                        **{
-                            f"{p}_{m}": getattr(ev.get(p, s.slice, s.table), m)
-                            for p in (MODEL, *BASELINES)
-                            for m in ("top1", "top5", "log_loss")
-                        },
-                        "best_baseline": best,
-                        "margin_top1": ev.margin_over_best_baseline(s.slice, s.table),
-                    }
-                )
-        md = evaluation_markdown(ev, outcome.notes)
-        result["accuracy"] = {
-            "seconds": time.perf_counter() - t0,
-            "train_seconds": outcome.seconds,
-            "train_predictions_per_second": outcome.predictions_per_second,
-            "epochs": len(outcome.history.get("loss", [])),
-            "history": outcome.history,
-            "ngram_order": ev.get("ngram").detail.get("order"),
-            "eval_runs": [f"{w}/{r}" for w, r in outcome.dataset.eval_runs],
-            "heldout_runs": [f"{w}/{r}" for w, r in outcome.dataset.heldout_runs],
-            "table": table,
-            "markdown": md,
-            "notes": outcome.notes,
-        }
-        print(md)
+        result["accuracy"] = accuracy(root, cfg)
         _write(a.out, result)
     return 0
 

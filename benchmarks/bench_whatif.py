@@ -31,6 +31,7 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from benchmarks.harness import compile_c, write_result  # noqa: E402
 from tasks.core.storage import Root  # noqa: E402
 from tasks.whatif.events import prepare, read_events  # noqa: E402
 from tasks.whatif.guided import reuse_labels, reuse_tiers  # noqa: E402
@@ -47,6 +48,7 @@ from tasks.whatif.simulate import layer_metrics, run_kernel, simulate  # noqa: E
 from tasks.whatif.sweep import sweep_run  # noqa: E402
 
 RESULTS = PROJECT / "benchmarks" / "results" / "whatif.json"
+REFERENCE = "the real largest layer's page faults beside the simulator's"
 TARGET = 10_000_000
 
 
@@ -188,12 +190,8 @@ def bench_layer() -> dict:
     tracer = PROJECT / "native" / "build" / "libheapcast.so"
     out: dict = {"layer": str(lib.relative_to(PROJECT))}
     with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "bigblocks"
-        subprocess.run(
-            ["gcc", "-O1", "-fno-builtin", "-pthread", "-o", str(exe),
-             str(PROJECT / "tests" / "native" / "programs" / "bigblocks.c")],
-            check=True,
-        )  # fmt: skip
+        src = PROJECT / "tests" / "native" / "programs" / "bigblocks.c"
+        exe = compile_c(src, Path(tmp) / "bigblocks", "-O1", "-fno-builtin", "-pthread")
         numpy_code = (
             "import numpy as np\n"
             "a = np.arange(1_000_000, dtype=np.float64)\n"
@@ -274,9 +272,7 @@ def main() -> None:
         result["layer"] = bench_layer()
     result["simulator"] = bench_simulator(Root.from_url(args.root), args.min_events, args.reps)
     result["machine"]["load_avg_at_end"] = list(os.getloadavg())
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result("whatif", result, reference=REFERENCE, out=args.out)
     print(json.dumps(result, indent=1))
 
 

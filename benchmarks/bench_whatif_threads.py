@@ -13,7 +13,6 @@ docs/speeds-layer.md#the-threads-benchmark. Writes benchmarks/results/whatif_thr
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from benchmarks.harness import compile_c, write_result  # noqa: E402
 from tasks.dataset.convert import convert_trace  # noqa: E402
 from tasks.format.trace_reader import read_trace  # noqa: E402
 from tasks.whatif.events import _DEFINES, prepare  # noqa: E402
@@ -34,6 +34,7 @@ from tasks.whatif.policies import MMAP_THRESHOLD  # noqa: E402
 from tasks.whatif.policy_core import UNTOLD_BY_A_TRACE, LayerPolicy, replay  # noqa: E402
 
 NATIVE = PROJECT / "native"
+REFERENCE = "the real layer's counters from the same multi-threaded run"
 PROGRAMS = PROJECT / "tests" / "native" / "programs"
 COMPARED = (
     "hits",
@@ -56,13 +57,8 @@ POLICIES = [
 
 
 def _build(name: str, out: Path) -> Path:
-    exe = out / name
-    subprocess.run(
-        ["gcc", "-O1", "-g", "-fno-builtin", "-Wall", "-pthread", f"-I{NATIVE}", "-o", str(exe),
-         str(PROGRAMS / f"{name}.c")],
-        check=True,
-    )  # fmt: skip
-    return exe
+    flags = ("-O1", "-g", "-fno-builtin", "-Wall", "-pthread", f"-I{NATIVE}")
+    return compile_c(PROGRAMS / f"{name}.c", out / name, *flags)
 
 
 def _run(argv: list[str], preload: list[Path], out: Path, layer_env: str | None) -> pa.Table:
@@ -125,10 +121,8 @@ def main() -> None:
                     + f"  (core fronts at exit {core['bytes_in_fronts']})",
                     flush=True,
                 )
-    out = PROJECT / "benchmarks" / "results" / "whatif_threads.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     note = f"layer/core per counter; what the replay cannot know: {UNTOLD_BY_A_TRACE}"
-    out.write_text(json.dumps({"note": note, "rows": rows}, indent=2) + "\n")
+    write_result("whatif_threads", {"note": note, "rows": rows}, reference=REFERENCE)
 
 
 if __name__ == "__main__":

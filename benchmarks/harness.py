@@ -12,7 +12,7 @@ a data root given as `roots` as `<root>`, temporary folders as `<tmp>`: a result
 names a private path (tests/benchmarks/test_results.py scans for them).
 
 The runner (`python -m benchmarks`, benchmarks/suite.py) runs the maintained benchmarks and
-wraps, with `adopt`, the result of a script that writes its own shape.
+fails one whose file is not in this shape.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -31,6 +32,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 ENVELOPE = ("benchmark", "command", "commit", "when", "machine", "reference", "results")
+# What `portable` leaves in no result: an absolute path under a private root (/work, /root, /tmp,
+# /home), not `configs/workloads.yaml` nor a bare `/tmp` (the benchmarks' and the studies' tests)
+PRIVATE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|root|tmp|home)/\S")
 
 
 def machine() -> dict[str, Any]:
@@ -154,17 +158,15 @@ def write_result(
     return path
 
 
+def compile_c(src: Path, exe: Path, *flags: str, compiler: str = "gcc") -> Path:
+    """A C program a benchmark runs (benchmarks/programs/, tests/native/programs/), built with
+    the flags its figures were measured with: `compiler FLAGS -o exe src`; `exe`."""
+    subprocess.run([compiler, *flags, "-o", str(exe), str(src)], check=True)
+    return exe
+
+
 def is_envelope(doc: Any) -> bool:
     return isinstance(doc, dict) and all(k in doc for k in ENVELOPE)
-
-
-def adopt(path: Path, name: str, *, reference: str, command_line: str) -> None:
-    """Put a script's own JSON into the one shape (its figures under `results`), paths made
-    portable; a file already in the shape only has its paths made portable."""
-    doc = json.loads(path.read_text())
-    if not is_envelope(doc):
-        doc = envelope(name, doc, reference=reference, command_line=command_line)
-    path.write_text(json.dumps(portable(doc), indent=1) + "\n")
 
 
 def _jsonable(v: Any) -> Any:

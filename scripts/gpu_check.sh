@@ -9,9 +9,9 @@
 # then one call of the device tool, from the repository root:
 #   command: scripts/gpu_check.sh device    carry: [".gpu"]    timeout_s: 480
 # and, with the folder the call's files came back in:
-#   scripts/gpu_check.sh compare DIR                the table of benchmarks/studies/results/gpu_training.md
+#   scripts/gpu_check.sh compare DIR                the table of studies/gpu_training/gpu_training.md
 #
-# The scaling study (benchmarks/studies/bench_scaling.py, issue 43) on the same machine:
+# The scaling study (studies/scaling/scaling.py, issue 43) on the same machine:
 #   scripts/gpu_check.sh scaling-prepare ROOT       ROOT's events cut to the next-call columns
 #        (tasks/learning/nextcall/slim_root.py: ~15 MiB for 60 M calls) into .gpu/scaling-root
 # then one call, carry [".gpu"]:  scripts/gpu_check.sh scaling-device SECONDS [STUDY OPTIONS]
@@ -72,7 +72,7 @@ device_setup() {
 }
 
 scaling_prepare() {
-  local root=${1:?give the data root the study reads (benchmarks/studies/README.md, Scaling)}
+  local root=${1:?give the data root the study reads (studies/scaling/README.md)}
   rm -rf "$GPU_DIR/scaling-root"
   .venv/bin/python -m tasks.learning.nextcall.slim_root --root "$root" --out "$GPU_DIR/scaling-root" \
     --max-tokens-per-run 0
@@ -85,7 +85,7 @@ scaling_device() {
   local seconds=${1:?give the seconds the study may run}; shift
   device_setup
   # SIGINT first: a point cut short is dropped, every finished one is already written
-  timeout -s INT -k 30 "$seconds" python3 benchmarks/studies/bench_scaling.py \
+  timeout -s INT -k 30 "$seconds" python3 studies/scaling/scaling.py \
     --root "$GPU_DIR/scaling-root" --out-dir "$OUT/scaling" "$@" || echo "gpu_check: study exit $?"
 }
 
@@ -121,7 +121,7 @@ EOF
 }
 
 compare() {
-  .venv/bin/python benchmarks/studies/bench_gpu_training.py "$GPU_DIR/reference" "${1:?give the folder where the device call put its files}"
+  .venv/bin/python studies/gpu_training/gpu_training.py "$GPU_DIR/reference" "${1:?give the folder where the device call put its files}"
 }
 
 case "${1:-}" in

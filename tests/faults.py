@@ -4,7 +4,7 @@ The child runs real heapcast code; a hook placed in it (`pause_here`) writes a m
 the chosen point is reached and then waits forever. `kill_at_marker` starts the child, waits
 for the marker (or for the child to end, which is an error naming its output) and kills it with
 SIGKILL: no handler, no `finally`, no flush runs, as when the OOM killer or a power cut ends a
-night. Used by the fault tests and by benchmarks/studies/fault_drill.py.
+night. Used by the fault tests and by studies/fault_drill/fault_drill.py.
 
     kill_at_marker(f'''
         import tasks.dataset.partitions as p

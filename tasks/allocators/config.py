@@ -731,5 +731,5 @@ class AllocatorsParams(StrictModel):
         default=None,
         description="a layer table file (native/TABLE.md) the table-guided layer reads instead "
         "of a registered version's, its model version from its header: a table distilled apart "
-        "(benchmarks/studies/bench_table_sites.py --table-out) measured without touching the registry",
+        "(studies/table_sites/table_sites.py --table-out) measured without touching the registry",
     )

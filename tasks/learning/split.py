@@ -60,13 +60,6 @@ class Split:
         return hist
 
 
-def workload_programs(cfg: DataConfig, workloads: list[str]) -> dict[str, str]:
-    """{workload: program} from the catalog; a workload it does not list is its own program."""
-
-    known = load_catalog(cfg.catalog).programs()
-    return {w: known.get(w, w) for w in workloads}
-
-
 def plan_split(
     available: dict[str, list[str]],
     cfg: DataConfig,
@@ -139,16 +132,15 @@ def plan_split(
 
 
 def absent_heldout(
-    available: dict[str, list[str]], cfg: DataConfig
+    available: dict[str, list[str]], cfg: DataConfig, catalog: dict[str, str]
 ) -> tuple[DataConfig, list[str]]:
     """Drop held-out names that the catalog knows but tonight's dataset lacks, with a note each.
 
     A night whose perl replay failed must still train and evaluate the rest: the held-out name is
-    right (the catalog lists it), only its data is missing tonight. A name the catalog does not
+    right (the catalog, {workload: program}, lists it), only its data is missing tonight. A name the catalog does not
     know either stays, and plan_split names it as an error.
     """
 
-    catalog = load_catalog(cfg.catalog).programs()
     present = {catalog.get(w, w) for w in available}
     gone_w = [w for w in cfg.heldout_workloads if w not in available and w in catalog]
     gone_p = [p for p in cfg.heldout_programs if p not in present and p in set(catalog.values())]
@@ -172,8 +164,9 @@ def absent_heldout(
 def load_split(root: Root, cfg: DataConfig) -> Split:
     """Read every run the plan names and apply the validation cut and the token caps."""
     available = list_runs(root)
-    cfg, notes = absent_heldout(available, cfg)
-    plan = plan_split(available, cfg, workload_programs(cfg, list(available)))
+    catalog = load_catalog(cfg.catalog).programs()  # a workload it does not list: its own program
+    cfg, notes = absent_heldout(available, cfg, catalog)
+    plan = plan_split(available, cfg, {w: catalog.get(w, w) for w in available})
     train: list[TokenRun] = []
     validation: list[TokenRun] = []
     evaluation: list[TokenRun] = []

@@ -162,9 +162,9 @@ class TrainConfig(StrictModel):
     # evaluation chunks are unchanged (tasks.learning.nextcall.chunks.eval_chunks).
     train_chunk_contexts: int = Field(default=1, ge=1)
     batch_size: int = Field(default=64, ge=1)
-    # on a GPU (tasks/learning/nextcall/backend.py), the batch it prefers instead of batch_size: a GPU
-    # trains heapcast's network at ~5x the positions a second at 1024 as at 128 (NOTES); None:
-    # batch_size there too
+    # on a GPU (tasks/learning/nextcall/backend.py), the batch it prefers instead of batch_size:
+    # small batches leave a GPU idle (the throughput by batch: docs/gpu.md); None: batch_size
+    # there too
     gpu_batch_size: int | None = Field(default=1024, ge=1)
     epochs: int = Field(default=20, ge=1)
     steps_per_epoch: int | None = Field(default=None, ge=1)  # None: one pass over the chunks

@@ -51,7 +51,7 @@ Predictions = Mapping[tuple[str, str], np.ndarray] | Callable[[pa.Table], np.nda
 def default_grid(guided_ttl: int | None = GUIDED_HORIZON) -> list[_Policy]:
     """The sweep. Guided: the `priority` mode (lru that releases unpredicted blocks first; a
     prediction is never demoted: measured better than demotion after the horizon for the online
-    counter, benchmarks/studies/results/whatif_guided.json) and one `admit` curve (keep only predicted
+    counter, studies/whatif_guided/whatif_guided.json) and one `admit` curve (keep only predicted
     blocks, released after `guided_ttl` calls unused: the old policy, to compare with)."""
     grid: list[_Policy] = [NoneConfig()]
     grid += [LargestConfig(n=n) for n in (1, 2, 4, 8, 16, 32, 64)]

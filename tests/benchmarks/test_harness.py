@@ -1,8 +1,8 @@
 """benchmarks/harness.py: one JSON shape for every benchmark, with the machine, the commit, the
 reference and the command, and no private path.
 
-GIVEN a benchmark's figures WHEN the harness writes them (or adopts a script's own JSON) THEN
-the file has the one shape and its paths are relative to the repository, `<root>` or `<tmp>`.
+GIVEN a benchmark's figures WHEN the harness writes them THEN the file has the one shape and its
+paths are relative to the repository, `<root>` or `<tmp>`.
 """
 
 from __future__ import annotations
@@ -43,17 +43,6 @@ def test_a_result_has_the_one_shape_and_no_private_path(tmp_path):
     assert doc["results"]["root"] == "<root>/events"
     assert doc["results"]["work"] == "<tmp>/heapcast-bench-x/run"
     assert doc["results"]["rate"] == 1.5
-
-
-def test_a_script_s_own_json_is_adopted_into_the_shape(tmp_path):
-    own = tmp_path / "own.json"
-    own.write_text(json.dumps({"events_per_s": 1e7, "root": f"{REPO}/data"}))
-    harness.adopt(own, "own", reference="glibc", command_line="python benchmarks/bench_own.py")
-    doc = json.loads(own.read_text())
-    assert harness.is_envelope(doc)
-    assert doc["results"] == {"events_per_s": 1e7, "root": "data"}
-    harness.adopt(own, "own", reference="glibc", command_line="x")  # already in the shape
-    assert json.loads(own.read_text())["command"] == "python benchmarks/bench_own.py"
 
 
 def test_the_runner_lists_what_it_runs_without_running(capsys):

@@ -85,49 +85,16 @@ def fit_inputs(
 
     from tasks.learning.nextcall.model import build_hybrid, build_model
 
-    # deferred: Keras at its top, imported on first use
-    from tasks.learning.nextcall.token_data import sequence_dataset, windows_dataset
-
     keras.utils.set_random_seed(cfg.seed)
-    train_run, val_run = inputs.train_run, inputs.val_run
-    train_feats, val_feats, table = inputs.train_feats, inputs.val_feats, inputs.table
-    c, b = cfg.context, cfg.batch_size
+    table, b = inputs.table, cfg.batch_size
     where = placement()
     if where.on_gpu and cfg.gpu_batch_size:
         b = cfg.gpu_batch_size  # the batch an accelerator prefers (configs/train.yaml)
-    if cfg.mode == "sequence":
-        chunk = c * cfg.train_chunk_contexts
-        train_ds, n = sequence_dataset(train_run, chunk, b, seed=cfg.seed, features=train_feats)
-        val_ds, n_val = sequence_dataset(
-            val_run, chunk, b, shuffle=False, repeat=False, features=val_feats
-        )
-        per_batch = b * chunk
-    else:
-        train_ds, n = windows_dataset(train_run, c, b, seed=cfg.seed)
-        val_ds, n_val = windows_dataset(
-            val_run, c, b, shuffle=False, repeat=False, max_windows=cfg.validation_windows
-        )
-        per_batch = b
-    if n < b:
-        raise ValueError(
-            f"{n} training {'chunks' if cfg.mode == 'sequence' else 'windows'} of context {c} "
-            f"in {inputs.train_names}: fewer than one batch of {b}; "
-            f"lower batch_size or context, or add runs"
-        )
+    train_ds, n, val_ds, n_val, per_batch = _datasets(cfg, inputs, b)
     steps = train_ds.steps = cfg.steps_per_epoch or max(1, n // b)
     monitor = "val_loss" if n_val else "loss"
 
-    ckpt.mkdir(parents=True, exist_ok=True)
-    backup = ckpt / "backup"
-    history_csv = ckpt / "history.csv"
-    resuming = backup.exists() and any(backup.iterdir())
-    discarded = resuming and not backup_readable(backup)
-    if discarded:  # killed while writing it: nothing can resume from it, start over
-        shutil.rmtree(backup)
-        resuming = False
-    if not resuming and history_csv.exists():
-        history_csv.unlink()  # a finished or abandoned earlier training: start the curves anew
-
+    backup, history_csv, discarded = _resumable(ckpt)
     meter = _throughput_meter(per_batch)
     start_epoch = _epoch_recorder()
     with data_parallel(where, b):  # over every device the backend sees (one: as it is)
@@ -145,22 +112,7 @@ def fit_inputs(
             per_batch,
             verbose,
             [
-                # order matters: the backup is written before any later callback can fail
-                keras.callbacks.BackupAndRestore(str(backup)),
-                keras.callbacks.ModelCheckpoint(
-                    str(ckpt / "best.weights.h5"),
-                    monitor=monitor,
-                    save_best_only=True,
-                    save_weights_only=True,
-                ),
-                keras.callbacks.EarlyStopping(
-                    monitor=monitor, patience=cfg.patience, restore_best_weights=True
-                ),
-                keras.callbacks.CSVLogger(str(history_csv), append=True),
-                # a resumed training draws the batches an uninterrupted one would have
-                keras.callbacks.LambdaCallback(
-                    on_epoch_begin=lambda epoch, logs: setattr(train_ds, "epoch", epoch)
-                ),
+                *_checkpoints(cfg, ckpt, backup, history_csv, monitor, train_ds),
                 meter,
                 start_epoch,
                 *callbacks,
@@ -181,6 +133,78 @@ def fit_inputs(
     if table is not None:
         facts["ngram_table_keys"] = int(len(table.keys))
     return full, facts
+
+
+def _datasets(cfg: TrainConfig, inputs: TrainingInputs, b: int) -> tuple[Any, int, Any, int, int]:
+    """(train batches, training units, validation batches, validation units, predictions per
+    batch) for cfg's mode; ValueError when the runs give less than one batch."""
+    # deferred: Keras at its top, imported on first use
+    from tasks.learning.nextcall.token_data import sequence_dataset, windows_dataset
+
+    c, train_run, val_run = cfg.context, inputs.train_run, inputs.val_run
+    if cfg.mode == "sequence":
+        chunk = c * cfg.train_chunk_contexts
+        train_ds, n = sequence_dataset(
+            train_run, chunk, b, seed=cfg.seed, features=inputs.train_feats
+        )
+        val_ds, n_val = sequence_dataset(
+            val_run, chunk, b, shuffle=False, repeat=False, features=inputs.val_feats
+        )
+        per_batch = b * chunk
+    else:
+        train_ds, n = windows_dataset(train_run, c, b, seed=cfg.seed)
+        val_ds, n_val = windows_dataset(
+            val_run, c, b, shuffle=False, repeat=False, max_windows=cfg.validation_windows
+        )
+        per_batch = b
+    if n < b:
+        raise ValueError(
+            f"{n} training {'chunks' if cfg.mode == 'sequence' else 'windows'} of context {c} "
+            f"in {inputs.train_names}: fewer than one batch of {b}; "
+            f"lower batch_size or context, or add runs"
+        )
+    return train_ds, n, val_ds, n_val, per_batch
+
+
+def _resumable(ckpt: Path) -> tuple[Path, Path, bool]:
+    """(the backup folder, the curves' CSV, whether an unreadable backup was discarded): a
+    backup torn by a kill while it was written cannot be resumed from, so training starts over;
+    curves without a backup belong to an earlier training and start anew."""
+    ckpt.mkdir(parents=True, exist_ok=True)
+    backup = ckpt / "backup"
+    history_csv = ckpt / "history.csv"
+    resuming = backup.exists() and any(backup.iterdir())
+    discarded = resuming and not backup_readable(backup)
+    if discarded:
+        shutil.rmtree(backup)
+        resuming = False
+    if not resuming and history_csv.exists():
+        history_csv.unlink()
+    return backup, history_csv, discarded
+
+
+def _checkpoints(cfg, ckpt: Path, backup: Path, history_csv: Path, monitor: str, train_ds) -> list:
+    """The callbacks that make a training resumable and keep its best weights and curves."""
+    import keras  # deferred: imported on first use, for start-up time
+
+    return [
+        # order matters: the backup is written before any later callback can fail
+        keras.callbacks.BackupAndRestore(str(backup)),
+        keras.callbacks.ModelCheckpoint(
+            str(ckpt / "best.weights.h5"),
+            monitor=monitor,
+            save_best_only=True,
+            save_weights_only=True,
+        ),
+        keras.callbacks.EarlyStopping(
+            monitor=monitor, patience=cfg.patience, restore_best_weights=True
+        ),
+        keras.callbacks.CSVLogger(str(history_csv), append=True),
+        # a resumed training draws the batches an uninterrupted one would have
+        keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: setattr(train_ds, "epoch", epoch)
+        ),
+    ]
 
 
 def _fit(model, train_ds, val_ds, cfg, where, b: int, per_batch: int, verbose: int, callbacks):

@@ -47,12 +47,10 @@ __all__ = [
 # program earns within a few hundred calls.
 LEAD = 8
 
-# The fixed share moved back evenly after each call. The questions' hedge moves 0.05; here that
-# costs 0.012-0.017 nats where the network already leads (a thread's behaviour rarely changes in
-# a way that needs a weight back within tens of calls). Chosen on the quick night's three tables
-# (benchmarks/studies/bench_next_share.py; the figures for 0.05-0.002 in
-# docs/learning-nextcall.md#the-next-call-hedge), confirmed on the scaling study's six held-out
-# programs.
+# The fixed share moved back evenly after each call: smaller than the questions' hedge's, since
+# a thread's behaviour rarely changes in a way that needs a weight back within tens of calls and
+# every share costs log-loss where the network already leads (the study that chose it and its
+# figures: studies/next_share/, docs/learning-nextcall.md#the-next-call-hedge).
 NEXT_SHARE = 0.01
 
 # What the hedge needs beyond the network's weights, logged beside each registered model: the

@@ -8,7 +8,7 @@ next-call study reads (pid, thread, seq, token: tasks/learning/sequences.COLUMNS
 first --max-tokens-per-run tokens in thread order (`head_rows`, the rows the evaluation's own
 cap keeps), and the run's summary with the manifest naming that part. The allocator's
 questions read addresses and sizes: they are not in it (bench_scaling.py --no-questions).
-A point of the scaling study (benchmarks/studies/bench_scaling.py) trained on the slim root
+A point of the scaling study (studies/scaling/scaling.py) trained on the slim root
 sees the same tokens as on S wherever its caps are at or under the cut (the held-out programs'
 --eval-tokens above all).
 """

@@ -51,9 +51,8 @@ class ChunkBatches(keras.utils.PyDataset):
         repeat: bool,
         seed: int,
     ) -> None:
-        # two threads cut the next batches while the backend trains on this one (a batch cuts in
-        # ~0.5 ms; the rest is Keras handing it to the backend): on TensorFlow, 2 cores, the
-        # quick config trained at 46 k positions/s with none, 51-60 k with two (tf.data: 68-72 k)
+        # two threads cut the next batches while the backend trains on this one, so cutting a
+        # batch never waits for a step (the throughput with and without: docs/learning.md)
         super().__init__(workers=2, use_multiprocessing=False, max_queue_size=8)
         self.starts, self.extra, self.cut = starts, extra, cut
         self.batch_size, self.shuffle, self.repeat = batch_size, shuffle, repeat

@@ -104,7 +104,7 @@ def crossfit_features(
     Leave-one-out features on the table's own runs say what the n-gram knows about a workload it
     was trained on; on a program it never saw, its contexts come from other programs and are
     often confidently wrong. Trained on the first kind alone, the network trusts them on the
-    second (benchmarks/studies/results/model_variants.json); cross-fitted blocks teach it when not to.
+    second (studies/model_variants/model_variants.json); cross-fitted blocks teach it when not to.
     """
     if chosen is None:
         chosen = crossfit_rows(runs, cfg, others)

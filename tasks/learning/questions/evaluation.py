@@ -124,59 +124,79 @@ def question_evaluation(
             }
             if net is not None:
                 said = net.answer(question_inputs(t, answers))
-                order, starts = process_order(t)
-                req_cls, free_cls = request_and_free_classes(t)
-                sites = call_sites(t)
-                for q, a in answers.items():
-                    a.probs[PREDICTOR] = said[q][a.rows]
-                    if q != QUESTION:
-                        a.probs[NETWORK_SURVIVAL] = network_survival(
-                            order, starts, req_cls, sites, a, a.probs[PREDICTOR]
-                        )
-                    # the expert the mixture falls back on: the process's own classes so far,
-                    # from the training runs' majority (never worse than it for long)
-                    q_maj, edges = (
-                        (majority, len(REUSE_EDGES))
-                        if q == QUESTION
-                        else (lifetime_maj[q], len(LIFETIME_CALL_EDGES))
-                    )
-                    a.probs[PRIOR] = process_prior(
-                        order, starts, a.learnt, a.rows, q_maj, a.labels, edges
-                    )
-                    # the network corrected inside the run by what each predictor got right,
-                    # as each answer's class becomes known, in part before the whole (a block
-                    # still live past an edge; a freed class not requested by an edge)
-                    # keyed by the class the question is about: the freed block's for reuse,
-                    # the requested one's for a lifetime (they differ at a realloc)
-                    keys = hedge_keys(sites, free_cls if q == QUESTION else req_cls)
-                    a.probs[HEDGED] = hedged(
-                        order, starts, a.learnt, a.rows, a.labels,
-                        [a.probs[e] for e in EXPERTS if e in a.probs], keys=keys[a.rows],
-                    )  # fmt: skip
+                _add_network_answers(t, answers, said, majority, lifetime_maj)
                 kept[(w, r)] = RunAnswers(
                     w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])
                 )
             for q, a in answers.items():
                 by_q.setdefault(q, {}).setdefault(w, []).append(a)
-        for q, by_workload in by_q.items():
-            for w, answers in by_workload.items():
-                scores += score_answers(answers, table, w, q)
-            pooled = [a for answers in by_workload.values() for a in answers]
-            scores += score_answers(pooled, table, OVERALL, q)
-        frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
-        if frees:
-            # the table is held to what it was made from: the network, else the class counter
-            against = PREDICTOR if net is not None else "class_online"
-            agreement.append(
-                table_agreement(
-                    table,
-                    np.concatenate([a.table_covered for a in frees]),
-                    np.concatenate([a.probs["table"] for a in frees]),
-                    np.concatenate([a.probs[against] for a in frees]),
-                    against,
-                    np.concatenate([a.table_at_site for a in frees]),
-                )
-            )
+        in_table, held_to = _table_scores(table, by_q, net is not None)
+        scores += in_table
+        agreement += held_to
     return QuestionEvaluation(
         tuple(scores), known, tuple(agreement), net, tuple(kept[k] for k in sorted(kept))
     )
+
+
+def _add_network_answers(
+    t: pa.Table,
+    answers: dict[str, ReuseAnswers],
+    said: dict[str, np.ndarray],
+    majority: np.ndarray,
+    lifetime_maj: dict[str, np.ndarray],
+) -> None:
+    """Beside each question's counters on the run `t`: the network's answers (`said`), its
+    survival form for the lifetimes, the process's prior and the hedge of them all."""
+    order, starts = process_order(t)
+    req_cls, free_cls = request_and_free_classes(t)
+    sites = call_sites(t)
+    for q, a in answers.items():
+        a.probs[PREDICTOR] = said[q][a.rows]
+        if q != QUESTION:
+            a.probs[NETWORK_SURVIVAL] = network_survival(
+                order, starts, req_cls, sites, a, a.probs[PREDICTOR]
+            )
+        # the expert the mixture falls back on: the process's own classes so far, from the
+        # training runs' majority (never worse than it for long)
+        q_maj, edges = (
+            (majority, len(REUSE_EDGES))
+            if q == QUESTION
+            else (lifetime_maj[q], len(LIFETIME_CALL_EDGES))
+        )
+        a.probs[PRIOR] = process_prior(order, starts, a.learnt, a.rows, q_maj, a.labels, edges)
+        # the network corrected inside the run by what each predictor got right, as each
+        # answer's class becomes known, in part before the whole (a block still live past an
+        # edge; a freed class not requested by an edge), keyed by the class the question is
+        # about: the freed block's for reuse, the requested one's for a lifetime (they differ
+        # at a realloc)
+        keys = hedge_keys(sites, free_cls if q == QUESTION else req_cls)
+        a.probs[HEDGED] = hedged(
+            order, starts, a.learnt, a.rows, a.labels,
+            [a.probs[e] for e in EXPERTS if e in a.probs], keys=keys[a.rows],
+        )  # fmt: skip
+
+
+def _table_scores(
+    table: str, by_q: dict[str, dict[str, list[ReuseAnswers]]], networked: bool
+) -> tuple[list[QuestionScores], list[TableAgreement]]:
+    """One evaluation table's scores (each workload and pooled, per question) and the layer's
+    table held to what it was made from: the network, else the class counter."""
+    scores: list[QuestionScores] = []
+    for q, by_workload in by_q.items():
+        for w, answers in by_workload.items():
+            scores += score_answers(answers, table, w, q)
+        pooled = [a for answers in by_workload.values() for a in answers]
+        scores += score_answers(pooled, table, OVERALL, q)
+    frees = [a for answers in by_q.get(QUESTION, {}).values() for a in answers]
+    if not frees:
+        return scores, []
+    against = PREDICTOR if networked else "class_online"
+    agreement = table_agreement(
+        table,
+        np.concatenate([a.table_covered for a in frees]),
+        np.concatenate([a.probs["table"] for a in frees]),
+        np.concatenate([a.probs[against] for a in frees]),
+        against,
+        np.concatenate([a.table_at_site for a in frees]),
+    )
+    return scores, [agreement]

@@ -33,8 +33,8 @@ EXPERTS = (
     "site_survival",
 )  # fmt: skip
 # fixed share: each update moves this much weight back to every predictor evenly, so a weight
-# can recover when a site's behaviour changes (0.02-0.1 gave the same tables within 0.01 on the
-# quick night; 0 let a process commit to one predictor early and lose up to 0.14 in log-loss)
+# can recover when a site's behaviour changes; without one a process commits to one predictor
+# early (the shares tried and their log-loss: docs/learning-questions.md#the-hedge)
 SHARE = 0.05
 FLOOR = 1e-6  # a probability is never taken below this (a predictor's one miss is not fatal)
 

@@ -78,20 +78,13 @@ def _layers(model):
             yield from _layers(layer)
 
 
-def step_weights(model) -> StepWeights:
-    """The weights of a (registered) Keras next-call model, for the compiled step.
+def _f32(x) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x), np.float32)
 
-    ValueError, naming the model, for an architecture the step does not know."""
-    # deferred: imported on first use, for start-up time
-    from tasks.learning.nextcall.model import (
-        _COUNT_BUCKETS,
-        _SHARE_BUCKETS,
-        NGramFeatures,
-        online_orders,
-        takes_online,
-    )
 
-    layers = {layer.name: layer for layer in _layers(model)}
+def _recurrent_layers(model, layers: dict) -> tuple[list, bool]:
+    """The model's recurrent layers and whether they are LSTMs; ValueError, naming the model, for
+    what the compiled step cannot run (no one-hot input, mixed kinds, other activations)."""
     rec = [
         layer
         for layer in _layers(model)
@@ -112,41 +105,47 @@ def step_weights(model) -> StepWeights:
             raise ValueError(f"model {model.name}: layer {layer.name} has other activations")
         if not lstm and not cfg.get("reset_after", True):
             raise ValueError(f"model {model.name}: GRU {layer.name} without reset_after")
-    units = tuple(int(layer.get_config()["units"]) for layer in rec)
+    return rec, lstm
 
-    def w(x):
-        return np.ascontiguousarray(np.asarray(x), np.float32)
 
+def _recurrent_weights(rec: list, lstm: bool) -> tuple[list, list, list, list]:
+    """Per recurrent layer: kernel, recurrent kernel, input bias, recurrent bias (an LSTM has
+    one bias: the recurrent one is zeros)."""
     kernels, recurrent, bias_in, bias_rec = [], [], [], []
     for layer in rec:
-        ws = [w(v) for v in layer.get_weights()]
-        k, r, b = ws
-        if lstm:
-            b_in, b_rec = b, np.zeros_like(b)
-        else:
-            b_in, b_rec = b[0], b[1]
+        k, r, b = (_f32(v) for v in layer.get_weights())
+        b_in, b_rec = (b, np.zeros_like(b)) if lstm else (b[0], b[1])
         kernels.append(k)
         recurrent.append(r)
         bias_in.append(np.ascontiguousarray(b_in))
         bias_rec.append(np.ascontiguousarray(b_rec))
-    # layer 0: fold each one-hot group's embedding into the kernel's rows
-    present = [(c, name) for c, name in enumerate(_FEATURE_LAYERS) if name in layers]
-    folded, cols, offs, row = [], [], [], 0
-    for c, name in present:
-        emb = w(layers[name].get_weights()[0])
-        folded.append(emb @ kernels[0][row : row + emb.shape[1]])
+    return kernels, recurrent, bias_in, bias_rec
+
+
+def _folded_inputs(model, layers: dict, kernel: np.ndarray) -> tuple[np.ndarray, list, np.ndarray]:
+    """Layer 0's kernel with each one-hot group's embedding folded into its rows: (the folded
+    kernel, each group's feature column, each group's first row)."""
+    folded, cols, row = [], [], 0
+    for c, name in enumerate(_FEATURE_LAYERS):
+        if name not in layers:
+            continue
+        emb = _f32(layers[name].get_weights()[0])
+        folded.append(emb @ kernel[row : row + emb.shape[1]])
         cols.append(c)
         row += emb.shape[1]
-    if row != kernels[0].shape[0]:
+    if row != kernel.shape[0]:
         raise ValueError(
-            f"model {model.name}: its first recurrent layer takes {kernels[0].shape[0]} inputs, "
+            f"model {model.name}: its first recurrent layer takes {kernel.shape[0]} inputs, "
             f"its one-hot features give {row}"
         )
     offs = np.cumsum([0] + [f.shape[0] for f in folded[:-1]]).astype(np.int64)
-    kernels[0] = np.ascontiguousarray(np.concatenate(folded).astype(np.float32))
-    u_last = units[-1]
-    # each copy source: (its layers' prefix, its top column, whose confidence gates it); the
-    # counter's candidate r has its own column and the top-1's confidence
+    return np.ascontiguousarray(np.concatenate(folded).astype(np.float32)), cols, offs
+
+
+def _copy_sources(layers: dict, u_last: int) -> dict:
+    """The copy gates' weights, one row per copy source present: (its layers' prefix, its top
+    column, whose confidence gates it); the counter's candidate r has its own column and the
+    top-1's confidence. The output layer is next_logits when any source is mixed in."""
     sources = [
         (s, top, conf)
         for s, top, conf in (
@@ -156,37 +155,71 @@ def step_weights(model) -> StepWeights:
         )
         if f"{s}_gate" in layers
     ]
-    if sources:
-        out_k, out_b = (w(v) for v in layers["next_logits"].get_weights())
-    else:
-        out_k, out_b = (w(v) for v in layers["next"].get_weights())
+    out_k, out_b = (_f32(v) for v in layers["next_logits" if sources else "next"].get_weights())
     top_col, conf_col, conf_off, gate_h, gate_conf, gate_b, copy = [], [], [], [], [], [], []
     row = 0
     for s, top, conf_src in sources:
         base = 1 if conf_src == "ngram" else 5  # the confidence's columns follow its top-1's
-        gk, gb = (w(v) for v in layers[f"{s}_gate"].get_weights())
+        gk, gb = (_f32(v) for v in layers[f"{s}_gate"].get_weights())
         top_col.append(top)
         conf_col.append([base + 1, base + 2, base + 3])
         gate_h.append(gk[:u_last, 0])
         offs_s, at = [], u_last
         for name in ("order", "count", "share"):
-            emb = w(layers[f"{conf_src}_{name}"].get_weights()[0])
+            emb = _f32(layers[f"{conf_src}_{name}"].get_weights()[0])
             gate_conf.append(emb @ gk[at : at + emb.shape[1], 0])
             offs_s.append(row)
             row += emb.shape[0]
             at += emb.shape[1]
         conf_off.append(offs_s)
         gate_b.append(gb[0])
-        copy.append(w(layers[f"{s}_copy"].get_weights()[0]))
-    ngram = next((layer for layer in _layers(model) if isinstance(layer, NGramFeatures)), None)
-    if ngram is not None:
-        m = ngram.n_keys
-        keys, top1, count1, total = (np.asarray(v) for v in ngram.get_weights())
-        ngram_arrays = [a[:m].astype(np.int64) for a in (keys, top1, count1, total)]
-        ngram_order = ngram.max_order
-    else:
-        ngram_arrays = [np.zeros(0, np.int64)] * 4
-        ngram_order = 0
+        copy.append(_f32(layers[f"{s}_copy"].get_weights()[0]))
+    n = len(sources)
+    return dict(
+        out_kernel=out_k,
+        out_bias=out_b,
+        src_top_col=np.array(top_col, np.int64),
+        src_conf_col=np.array(conf_col, np.int64).reshape(n, 3),
+        src_conf_off=np.array(conf_off, np.int64).reshape(n, 3),
+        gate_h=np.array(gate_h, np.float32).reshape(n, u_last),
+        gate_conf=np.concatenate(gate_conf).astype(np.float32)
+        if gate_conf
+        else np.zeros(0, np.float32),
+        gate_bias=np.array(gate_b, np.float32),
+        copy=np.array(copy, np.float32).reshape(n, N_TOKENS + 1, N_TOKENS),
+    )
+
+
+def _ngram_table(model, ngram_layer) -> tuple[np.ndarray, int]:
+    """The model's back-off n-gram table as hashed rows, and its order (none: empty, 0)."""
+    ngram = next((layer for layer in _layers(model) if isinstance(layer, ngram_layer)), None)
+    if ngram is None:
+        return _hashed_rows(np.stack([np.zeros(0, np.int64)] * 4, axis=1)), 0
+    m = ngram.n_keys
+    keys, top1, count1, total = (np.asarray(v) for v in ngram.get_weights())
+    arrays = [a[:m].astype(np.int64) for a in (keys, top1, count1, total)]
+    return _hashed_rows(np.stack(arrays, axis=1)), int(ngram.max_order)
+
+
+def step_weights(model) -> StepWeights:
+    """The weights of a (registered) Keras next-call model, for the compiled step.
+
+    ValueError, naming the model, for an architecture the step does not know."""
+    # deferred: imported on first use, for start-up time
+    from tasks.learning.nextcall.model import (
+        _COUNT_BUCKETS,
+        _SHARE_BUCKETS,
+        NGramFeatures,
+        online_orders,
+        takes_online,
+    )
+
+    layers = {layer.name: layer for layer in _layers(model)}
+    rec, lstm = _recurrent_layers(model, layers)
+    units = tuple(int(layer.get_config()["units"]) for layer in rec)
+    kernels, recurrent, bias_in, bias_rec = _recurrent_weights(rec, lstm)
+    kernels[0], cols, offs = _folded_inputs(model, layers, kernels[0])
+    ngram_rows, ngram_order = _ngram_table(model, NGramFeatures)
     return StepWeights(
         lstm=lstm,
         units=units,
@@ -196,19 +229,9 @@ def step_weights(model) -> StepWeights:
         recurrent=tuple(recurrent),
         bias_in=tuple(bias_in),
         bias_rec=tuple(bias_rec),
-        out_kernel=out_k,
-        out_bias=out_b,
-        src_top_col=np.array(top_col, np.int64),
-        src_conf_col=np.array(conf_col, np.int64).reshape(len(sources), 3),
-        src_conf_off=np.array(conf_off, np.int64).reshape(len(sources), 3),
-        gate_h=np.array(gate_h, np.float32).reshape(len(sources), u_last),
-        gate_conf=np.concatenate(gate_conf).astype(np.float32)
-        if gate_conf
-        else np.zeros(0, np.float32),
-        gate_bias=np.array(gate_b, np.float32),
-        copy=np.array(copy, np.float32).reshape(len(sources), N_TOKENS + 1, N_TOKENS),
-        ngram_rows=_hashed_rows(np.stack(ngram_arrays, axis=1)),
-        ngram_order=int(ngram_order),
+        **_copy_sources(layers, units[-1]),
+        ngram_rows=ngram_rows,
+        ngram_order=ngram_order,
         online_orders=online_orders(model) if takes_online(model) else (),
         count_buckets=_COUNT_BUCKETS,
         share_buckets=_SHARE_BUCKETS,

@@ -10,7 +10,7 @@ THEN  the simulated hits equal the layer's `hits` and the simulated requests >= 
       layer's hits + misses; output and exit code are unchanged under the layer.
 One thread: with several, the interleaving of the threads' calls differs from run to run (two
 threads of bigblocks: 62 simulated against 57 measured), so equality is a single-thread fact.
-(The fault comparison is a benchmark: benchmarks/bench_whatif_layer.py.)
+(The fault comparison is a benchmark: studies/whatif_layer/whatif_layer.py.)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 min=131072,madv=off,proof=0) on a catalog workload through the replay runners
 (tasks.whatif.layer.measure_layer_workload, the allocators stage's measured runs): output and
 exit code unchanged, page faults reduced. No timing assertions: minor faults are counted.
-benchmarks/bench_whatif_layer.py compares the savings with the simulator's."""
+studies/whatif_layer/whatif_layer.py compares the savings with the simulator's."""
 
 from __future__ import annotations
 

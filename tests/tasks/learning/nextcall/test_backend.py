@@ -23,7 +23,7 @@ from tasks.learning.nextcall.backend import out_of_memory, precision_for  # noqa
 from tasks.learning.nextcall.fitting import TrainingOutOfMemory, _fit  # noqa: E402
 from tasks.learning.train_config import TrainConfig  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[3]
+PROJECT = Path(__file__).resolve().parents[4]
 HERE = keras.backend.backend()
 OTHER = "jax" if HERE == "tensorflow" else "tensorflow"
 

@@ -24,7 +24,7 @@ from tasks.learning.scores import MODEL, OVERALL  # noqa: E402
 from tasks.learning.split import load_split  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[3]
+PROJECT = Path(__file__).resolve().parents[4]
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
 pytestmark = [pytest.mark.backends, pytest.mark.slow]
