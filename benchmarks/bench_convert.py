@@ -8,7 +8,7 @@ Reference: the article's tracer (benchmarks/reference/libtracemalloc.c) and its 
 parsed line by line in Python (`reference_line_loop`); heapcast:
 `tasks.dataset.partitions.convert_run` on a one-core Dask worker, raw file to Parquet. Reported:
 events per second (wall and per CPU-second), bytes per event on disk. The details:
-docs/results.md#the-conversion-benchmark. Results go to benchmarks/results/convert.json
+docs/speeds-pipeline.md#the-conversion-benchmark. Results go to benchmarks/results/convert.json
 (benchmarks/harness.py's shape).
 """
 

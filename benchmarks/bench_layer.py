@@ -5,7 +5,7 @@ and 8 threads, the threads' own CPU time per pair, under glibc and the layer (po
 pools, guided); plus the predictor's own cost and the floor of largest's shared lock
 (benchmarks/programs/lockfloor.c). Part 2, seed 002's numpy case: wall, CPU, peak RSS and minor
 faults under glibc, tcmalloc and the layer, rounds alternating the arms. The sizes, goals and arms
-are in docs/results.md#the-layer-benchmark.
+are in docs/speeds-layer.md#the-layer-benchmark.
 
     .venv/bin/python benchmarks/bench_layer.py [--reps 3] [--pairs 2000000] [--iters 60]
         [--library PATH] [--out PATH]

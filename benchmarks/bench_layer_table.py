@@ -5,7 +5,7 @@ free of the three tables: its coverage, its agreement with the per-process class
 the reuse question's top-1 and log-loss of every model-free predictor (question_evaluation).
 Part 2, in C: one lookup as the layer makes it against the online counter's question it
 replaces (predictor.h: hcp_soon), the minimum over --reps rounds. The details:
-docs/results.md#the-layer-table-benchmark.
+docs/speeds-layer.md#the-layer-table-benchmark.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_layer_table.py [--root DIR]         [--config configs/train-quick.yaml] [--reps 5] [--lookups 20000000]
 

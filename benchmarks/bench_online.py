@@ -7,7 +7,7 @@ On a patterned, seeded token stream (routines chosen by a Markov chain, --noise)
 process on one core: OnlineCounter.predict over the whole run (the numba compile timed apart),
 OnlineState.push + answer() per event, and the dict reference the tests hold the counter equal to,
 its answers checked equal. Reported: positions per second of each and the ratio, top-1/top-5
-accuracy, peak RSS. The details: docs/results.md#the-online-counter-benchmark. Writes
+accuracy, peak RSS. The details: docs/speeds-pipeline.md#the-online-counter-benchmark. Writes
 benchmarks/results/online.json (benchmarks/harness.py's shape).
 """
 

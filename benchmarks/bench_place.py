@@ -7,7 +7,8 @@ online counter; by a lifetime table from a traced run of a smaller input), the l
 placement off, and two references (a first run's sites: the bound; size alone). Every jemalloc
 arm runs again with prompt purging. Part 1b: the same arms on a program the table never saw
 (CPython). Part 2 (benchmarks/programs/pairloop.c): the cost per malloc(64)/free pair, 1 and 2
-threads. Rounds alternate the arms. Arms, options and why: docs/results.md#the-placement-benchmark.
+threads. Rounds alternate the arms. Arms, options and why:
+docs/speeds-layer.md#the-placement-benchmark.
 
     .venv/bin/python benchmarks/bench_place.py [--reps 5] [--bursts 8] [--shorts 200000]
         [--every 100] [--pairs 2000000] [--train-bursts 4] [--train-shorts 50000]

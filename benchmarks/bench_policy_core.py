@@ -7,7 +7,7 @@ Events: one process, one thread, built with numpy (block j asked for at row 2j, 
 lag of 1..8 blocks, so the cache both hits and misses). Timed, best of --reps after a warm-up
 call, per CPU second: tasks.whatif.policy_core.replay end to end and the C call alone, and
 tasks.whatif.simulate.layer_metrics. The events and arms in full:
-docs/results.md#the-policy-core-benchmark. Target (issue 44): the core >= 10 M events/s per
+docs/speeds-layer.md#the-policy-core-benchmark. Target (issue 44): the core >= 10 M events/s per
 core. Writes benchmarks/results/policy_core.json.
 """
 
@@ -36,7 +36,8 @@ SIZES = np.array([150_000, 300_000, 310_000, 1_000_000, 2_500_000], np.int64)
 
 def synthetic(n_events: int, seed: int = 0, window: int = 8) -> SimInput:
     """Block j asked for at row 2j, and at row 2j + 1 a block of the window of `window` blocks
-    before freed, the window's blocks in a shuffled order (docs/results.md#the-policy-core-benchmark)."""
+    before freed, the window's blocks in a shuffled order
+    (docs/speeds-layer.md#the-policy-core-benchmark)."""
     rng = np.random.default_rng(seed)
     n_blocks = n_events // 2 // window * window
     n = 2 * n_blocks

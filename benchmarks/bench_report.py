@@ -8,7 +8,7 @@ The run: three process images written as raw traces and converted with the datas
 per-file conversion (tasks.dataset.partitions.convert_file). Each measurement (`analyze`,
 `render`, the whole `heapcast report` command line, on the events run and on the raw folder)
 runs in a fresh process, --repeat times, the fastest kept; wall and CPU seconds both. The run
-and the measurements in full: docs/results.md#the-report-benchmark. Results go to
+and the measurements in full: docs/speeds-pipeline.md#the-report-benchmark. Results go to
 benchmarks/results/report.json (benchmarks/harness.py's shape).
 """
 

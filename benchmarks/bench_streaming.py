@@ -9,7 +9,7 @@ configs/train-quick.yaml's architecture, which costs the same per prediction. Me
 in one process: StreamingPredictor.step, StatefulStream.step and HedgedStream.step (the network
 mixed with the online counter and the majority) for B threads at once (goals, issue 23: <= 100 us
 a prediction for one thread, <= 10 us over 256), and the same model scoring the same windows in
-batch form. The details: docs/results.md#the-streaming-benchmark. Writes
+batch form. The details: docs/speeds-pipeline.md#the-streaming-benchmark. Writes
 benchmarks/results/streaming.json (benchmarks/harness.py's shape).
 """
 

@@ -8,7 +8,7 @@ generated SQL, and Debian's python3.11 with PYTHONMALLOC=malloc. Each repetition
 (workload, mode) once, the mode order rotating; the table uses the minimum (and shows the
 median) of wall clock and CPU. Event counts and bytes come from the heapcast trace. Mode
 `heapcast_caller` is `heapcast trace --caller`; its cost is given per event and as the extra
-over plain heapcast. The details: docs/results.md#the-tracer-benchmark.
+over plain heapcast. The details: docs/speeds-layer.md#the-tracer-benchmark.
 
 Prints a table and writes benchmarks/results/tracer.json (benchmarks/harness.py's shape).
 """

@@ -5,7 +5,7 @@ predictions per second while training, `windows` (one label per window, the arti
 `sequence` (a label at every position), `--steps` timed steps after a warm-up. Target: sequence
 >= 50x windows on the CPU. Part 2: the configured training (train + evaluate tasks) on the
 root's events, and the model's accuracy against the baselines per workload, on runs never seen
-in training. The details: docs/results.md#the-training-benchmark.
+in training. The details: docs/speeds-pipeline.md#the-training-benchmark.
 
     .venv/bin/python benchmarks/bench_train.py --root data --config configs/train-quick.yaml
 

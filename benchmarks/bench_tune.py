@@ -8,7 +8,7 @@ to the program's own time (glibc's median wall in the same run), and the answer.
 Programs: `numpy` (seed 002's case, `--iterations` times) and `big-blocks` (a C program built
 here that allocates, touches and frees a 40 MiB block `--iterations` times). tune runs as a user
 meets it; the goal (issue 47) is under 30 s for a 1-second program on 2 cores; the CLI's
-start-up is given beside the ratio. The details: docs/results.md#the-tune-benchmark. Writes the
+start-up is given beside the ratio. The details: docs/speeds-layer.md#the-tune-benchmark. Writes the
 table, the ratio and the recommendation as JSON.
 """
 

@@ -8,7 +8,7 @@ the real runs under <root>/events, reading, `prepare`, the compiled loop per pol
 bound and a default-grid sweep timed apart; target: the compiled loop >= 10 M events/s per core
 for every policy. Part 2, the layer (tasks/whatif/layer.py `measure_layer`): minor page faults
 with and without it on bigblocks and a numpy script, next to the simulated fault bytes avoided.
-The details: docs/results.md#the-what-if-benchmark.
+The details: docs/speeds-pipeline.md#the-what-if-benchmark.
 
 Writes benchmarks/results/whatif.json.
 """

@@ -8,7 +8,7 @@ preloaded, so the trace and the layer's stats line come from one run; the trace 
 hold the program's calls, then replayed by the policy core (tasks.whatif.policy_core.replay)
 under the same LayerPolicy. On one thread the counters are equal; with several, what the replay
 cannot know (policy_core.UNTOLD_BY_A_TRACE) shows as the difference. The details:
-docs/results.md#the-threads-benchmark. Writes benchmarks/results/whatif_threads.json.
+docs/speeds-layer.md#the-threads-benchmark. Writes benchmarks/results/whatif_threads.json.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Composition only. Each stage is a subflow whose final state is kept, so a failing stage does not
 stop the night; the night fails at the end only when no model could be trained, and a night
 whose data is broken registers nothing. The summary (tasks/nightly/night_summary.py) is the
-`nightly-summary` markdown artifact. The form's strings are resolved once, here
-(`params.stages()`), into the night's `NightContext`, which every step takes; the registered
-model is handed on as a `RegisteredModel`. In full: docs/pipeline.md#the-nightly-flow.
+`nightly-summary` markdown artifact and one screen in the terminal. The form's strings are
+resolved once, here (`params.stages()`), into the night's `NightContext`, which every step
+takes; the registered model is handed on as a `RegisteredModel`. In full:
+docs/pipeline.md#the-nightly-flow.
 
     python -m flows.nightly --quick          # the quick subset, embedded services
     python -m flows.nightly --root s3://bucket/heapcast
@@ -32,7 +33,6 @@ from tasks.allocators import AllocatorsOutcome
 from tasks.allocators.seeds import SeedsOutcome
 from tasks.learning.outcome import TrainResult
 from tasks.nightly.night_summary import (
-    NightlySummary,
     NothingTrained,
     broken_data,
     champion_version,
@@ -44,6 +44,8 @@ from tasks.nightly.night_summary import (
     summarize,
 )
 from tasks.nightly.params import NightlyParams
+from tasks.nightly.summary_model import NightlySummary
+from tasks.nightly.terminal import terminal_text
 from tasks.replay.replays import TraceSummary
 from tasks.report.night_reports import report_night
 from tasks.whatif.night import WhatifSummary, whatif_plan
@@ -139,12 +141,12 @@ def run(args: argparse.Namespace) -> int:
     except NothingTrained as err:
         # the night's summary still says what every stage did, the verdict first
         if err.summary is not None:
-            print(err.summary.terminal())
+            print(terminal_text(err.summary))
         print(f"{args.prog}: the night trained no model: {err}", file=sys.stderr)
         return 1
-    # the verdict on the first screen, 100 columns at most; the wide tables are in the summary
-    # file and the `nightly-summary` artifact (summary.markdown())
-    print(summary.terminal())
+    # one screen, 100 columns at most; every table is in the summary file and the
+    # `nightly-summary` artifact (tasks/nightly/markdown.py)
+    print(terminal_text(summary))
     print(f"nightly finished in {time.monotonic() - t0:.0f} s; data: {summary.root}")
     return 0
 

@@ -1,7 +1,7 @@
 """The one rule of `heapcast tune` and of the allocators stage (the night's catalog and the
 layer's seeds): how many rounds, which candidates run on, when the rounds stop, who wins. Pure:
 arrays in, a verdict out. The rule, its statistics (tasks.allocators.decide: the rank test,
-Holm's correction) and what it costs are in docs/allocators.md#the-rule-of-the-rounds.
+Holm's correction) and what it costs are in docs/allocators-rule.md#the-rule-of-the-rounds.
 
 The plan, before any run (`plan_rounds`). A winner must beat the baseline by a one-sided exact
 rank test (its runs lower than the baseline's), Holm-corrected over the m candidates compared,

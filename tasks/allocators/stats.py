@@ -5,7 +5,7 @@ unlike the baseline's) or `ok`; each metric gets its median and spread. The reco
 (configs/allocators.yaml `rule`): the fastest eligible candidate that beats the baseline beyond
 the noise, Holm-adjusted, with a bootstrap margin; else the baseline stays.
 
-The states and the rule: docs/allocators.md#from-samples-to-a-recommendation
+The states and the rule: docs/allocators-rule.md#from-samples-to-a-recommendation
 """
 
 from __future__ import annotations

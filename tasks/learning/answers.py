@@ -8,7 +8,8 @@ answer at each free (question_network.soon_of); the registry logs them with the 
 An answer is only reused on exactly the calls it was made on: each carries the digest of what
 it answered (`tokens_digest` for `top`, `rows_digest` for `soon`), and a reader holding
 different calls computes its own. The answers are causal, so reading them changes no decision:
-whatif's tests hold the two paths equal row for row. Why: docs/learning.md#the-logged-answers.
+whatif's tests hold the two paths equal row for row. Why:
+docs/learning-questions.md#the-logged-answers.
 """
 
 from __future__ import annotations

@@ -1,40 +1,32 @@
-"""The night's summary as a person reads it in a terminal, in a minute.
+"""The night's summary as a person reads it in a terminal: one screen, even on the whole catalog.
 
-First screen (well within 25 lines): the verdict. Did tonight's model win, against the online
-counter and the previous champion, by how much; what the predictions bought (the what-if's
-pooled hit rate, the layer's measured milliseconds); where the pages are (the heap reports, the
-MLflow UI, the Prefect UI, the full summary). Then one line per stage, then narrow tables. No line
-is wider than `width`: prose is wrapped, a command is folded with shell continuations (`\\`, still
-pasteable), a table cell is cut with an ellipsis. The wide tables (every predictor, every policy,
-every allocator) stay in `NightlySummary.markdown()`: the Prefect artifact and the summary file.
-
-Only the rendering lives here; the figures are the summary's (tasks/nightly/night_summary.py), which
-imports this module, so NightlySummary is named here for type checking only.
+The verdict first (tasks/nightly/verdict.py): did tonight's model win, against the online counter
+and the previous champion, by how much; what the predictions bought (the what-if's pooled hit
+rate, the layer's measured milliseconds); where the pages are (the heap reports, the MLflow UI,
+the Prefect UI, the full summary). Then one line per stage, then the few rows that differ
+from the verdict: the replays and heap reports that failed, the what-if's workloads whose
+verdict is not the pooled one (a count of each side, the widest margins first), and the
+allocator advice; a last line says where the rest is. It does not grow with the catalog. No
+line is wider than `width`: prose is wrapped, a command is folded with shell continuations
+(`\\`, still pasteable), a table cell is cut with an ellipsis. Every table in full (every
+predictor, policy, workload and allocator) stays in tasks/nightly/markdown.py's page: the
+Prefect artifact, the summary file and the model's MLflow run.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import textwrap
-from typing import TYPE_CHECKING
 
-from tasks.allocators.seeds import HEADLINE_PAIRS, SeedLine, short_case_names
 from tasks.nightly.advice import advice_section
+from tasks.nightly.summary_model import NightlySummary
+from tasks.nightly.verdict import (
+    ELLIPSIS,
+    one_line,
+    verdict_lines,
+)
 from tasks.report.page import fmt_bytes
-
-if TYPE_CHECKING:
-    from tasks.nightly.night_summary import NightlySummary
-
-ELLIPSIS = "…"
-TABLE_NAMES = {
-    "unseen_runs": "unseen runs",
-    "unseen_programs": "never-seen programs",
-    "heldout_workloads": "held-out workloads",
-}
-# the layer's pairs the verdict reads (tasks/allocators/seeds.py: HEADLINE_PAIRS)
-VS_COUNTER = next(pair for pair, name in HEADLINE_PAIRS.items() if name == "vs_counter")
-VS_NONE = next(pair for pair, name in HEADLINE_PAIRS.items() if name == "vs_none")
-P_DECIDES = 0.05  # the rank test's level for "beyond the noise" (tasks/allocators/decide.py)
+from tasks.whatif.night import AtBudget
 
 
 def terminal_text(s: NightlySummary, width: int = 100) -> str:
@@ -62,166 +54,6 @@ def title(s: NightlySummary) -> str:
     return head + ("" if s.trained else ", NO MODEL TRAINED")
 
 
-def verdict_lines(s: NightlySummary) -> list[str]:
-    """The verdict as logical lines (each wrapped by the caller): the champion, the model
-    against the online counter, what the what-if and the layer bought. The markdown page
-    opens with the same lines."""
-    lines = [champion_line(s)]
-    counter = counter_line(s)
-    if counter:
-        lines.append(counter)
-    lines += [whatif_line(s), layer_line(s)]
-    return lines
-
-
-def _v(version: str | None) -> str:
-    return f"v{version}" if version is not None else "(none)"
-
-
-def champion_line(s: NightlySummary) -> str:
-    """Did tonight's model win: the champion before and after, with both scores."""
-    stays = (
-        f"the champion stays {_v(s.champion_after)}"
-        if s.champion_after is not None
-        else "no champion in the registry"
-    )
-    if not s.trained:
-        why = s.not_registered or "the train stage did not run"
-        return f"NO MODEL TRAINED: {why}. Nothing was registered; {stays}."
-    p = s.promotion
-    metric = "top-1" if p is None or p.metric == "top1" else p.metric
-    tonight = _v(s.model_version)
-    scores = ""
-    if p is not None:
-        scores = f"{metric} on unseen runs {p.candidate_score:.4f}"
-        if p.previous_score is not None:
-            gain = p.candidate_score - p.previous_score
-            rescored = f"; {_v(p.previous_version)} re-scored on them" if p.reevaluated else ""
-            scores += (
-                f" vs {_v(p.previous_version)}'s {p.previous_score:.4f} ({gain:+.4f}{rescored})"
-            )
-    unread = f" (the scores could not be read: {s.promotion_unread})" if s.promotion_unread else ""
-    if s.champion_changed:
-        if s.champion_before is None:
-            head = f"CHAMPION: {_v(s.champion_after)} is the first champion"
-        else:
-            head = f"CHAMPION CHANGED: {_v(s.champion_after)} replaces {_v(s.champion_before)}"
-        if s.champion_after != s.model_version:  # another registration took the alias
-            head += f" (tonight's model is {tonight})"
-        return f"{head}: {scores}{unread}." if scores else f"{head}{unread}."
-    if p is not None and p.decision == "not_comparable":
-        return (
-            f"Champion unchanged: {stays}; tonight's {tonight} could not be compared with it "
-            f"(scored on other data and not re-scored){unread}."
-        )
-    head = f"Champion unchanged: tonight's {tonight} did not beat it; {stays}"
-    return f"{head}: {scores}{unread}." if scores else f"{head}{unread}."
-
-
-def counter_line(s: NightlySummary) -> str:
-    """The model against the online counter (an allocator can always have that one), per
-    evaluation table: the first in full, the others as margins."""
-    if not s.tables:
-        return ""
-    first, *rest = s.tables
-    where = f"{TABLE_NAMES.get(first.table, first.table)}, {first.positions:,} positions"
-    if first.online_counter is None:
-        line = f"Against the online counter: not scored tonight ({where})"
-    else:
-        line = (
-            f"Against the online counter: top-1 {first.model:.4f} vs {first.online_counter:.4f} "
-            f"({first.model - first.online_counter:+.4f}, {where})"
-        )
-        if first.hedged is not None:
-            line += f"; mixed with it per thread {first.hedged:.4f}"
-    line += (
-        f"; best baseline {first.best_baseline} {first.best_baseline_top1:.4f} "
-        f"({first.model - first.best_baseline_top1:+.4f})"
-    )
-    others = [
-        f"{TABLE_NAMES.get(t.table, t.table)} {t.model - t.online_counter:+.4f}"
-        for t in rest
-        if t.online_counter is not None
-    ]
-    if others:
-        line += f"; on {', '.join(others)}"
-    return line + "."
-
-
-def _stage(s: NightlySummary, name: str):
-    return next((st for st in s.stages if st.name == name), None)
-
-
-def _not_run(s: NightlySummary, name: str, off: str) -> str:
-    """Why a stage gave no figures: it failed (its error), was skipped (why), or was off."""
-    st = _stage(s, name)
-    if st is None:
-        return off
-    if not st.ok:
-        return f"the {name} stage {st.state.lower()}: {_one_line(st.error or '', 160)}"
-    return "no figures"
-
-
-def whatif_line(s: NightlySummary) -> str:
-    """What the predictions bought in simulation: the pooled hit rate at the idle budget."""
-    pooled = next((a for a in s.whatif_at_budget if a.workload == "all"), None)
-    if pooled is None and s.whatif_at_budget:
-        pooled = s.whatif_at_budget[-1]
-    if pooled is None or s.whatif_budget is None:
-        return f"What-if: {_not_run(s, 'whatif', 'not run tonight')}."
-    kind = "causal"
-    if any(k.startswith("headline/whatif_optimistic.") for k in s.headline):
-        kind = "optimistic: later predictions read, a bound"
-    where = f"{pooled.workload} workloads" if pooled.workload == "all" else pooled.workload
-    guided = pooled.guided_hit_rate
-    best = pooled.best_heuristic_hit_rate
-    line = f"What-if ({fmt_bytes(s.whatif_budget)} held idle, {where}, {kind}): hit rate "
-    if guided is None:
-        line += "guided by the model n/a (the model could not load)"
-    else:
-        line += f"guided by the model {guided:.4f}"
-    if best is not None:
-        line += f" vs best heuristic {pooled.best_heuristic or ''} {best:.4f}".replace("  ", " ")
-        if guided is not None:
-            line += f" ({guided - best:+.4f})"
-    if pooled.oracle_hit_rate is not None:
-        line += f"; oracle {pooled.oracle_hit_rate:.4f}"
-    return line + "."
-
-
-def _bought(line: SeedLine, pair: tuple[str, str]):
-    return next((b for b in line.bought if (b.who, b.against) == pair), None)
-
-
-def _ms(b) -> str:
-    if b is None or b.wall_ms is None:
-        return "n/a"
-    return f"{b.wall_ms:+.0f} ms (p={b.p_wall:.2g})"
-
-
-def layer_line(s: NightlySummary) -> str:
-    """What the layer bought, measured: the model's table against the online counter, per case
-    (median wall ms; negative: time saved)."""
-    if not s.seed_cases:
-        if s.seed_lines:  # a summary made before the figures were kept: the text lines
-            return f"Layer: measured on {len(s.seed_lines)} case(s): see the table below."
-        off = "not measured tonight (the `seeds` option is off)"
-        return f"Layer: {_not_run(s, 'seeds', off)}."
-    short = short_case_names([c.case for c in s.seed_cases])
-    cells = [f"{short[c.case]} {_ms(_bought(c, VS_COUNTER))}" for c in s.seed_cases]
-    rounds = min(c.repetitions for c in s.seed_cases)
-    decided = [
-        b
-        for c in s.seed_cases
-        if (b := _bought(c, VS_COUNTER)) is not None and b.p_wall < P_DECIDES
-    ]
-    if rounds < 5:
-        noise = f"{rounds} rounds: too few for the rank test"
-    else:
-        noise = f"{rounds} rounds, {len(decided)} of {len(s.seed_cases)} beyond the noise"
-    return f"Layer, the model's table vs the online counter ({noise}): " + ", ".join(cells) + "."
-
-
 # ----------------------------------------------------------------------------- the pages
 
 
@@ -238,7 +70,8 @@ def pages(s: NightlySummary, width: int) -> list[str]:
         failed = f", {len(r.failed)} failed" if r.failed else ""
         out += _place(f"heap reports ({len(r.reports)} page(s){failed})", r.folder, width)
     if s.mlflow_ui:
-        out += _place("MLflow UI, started with", s.mlflow_ui, width)
+        # the command after the label, folded with shell continuations: pasteable from `.venv`
+        out += _fold_command(s.mlflow_ui, width, "      ", "  MLflow UI:")
         out.append(f"    then open {_model_page(s)}")
     elif s.mlflow_ui_url:
         out += _place("MLflow UI", _model_page(s), width)
@@ -273,11 +106,9 @@ def _model_page(s: NightlySummary) -> str:
 
 
 def full_tables_line(s: NightlySummary) -> str:
-    where = f"`{s.summary_file}`, " if s.summary_file else ""
-    return (
-        f"Every predictor, policy, allocator and question in full: {where}the Prefect "
-        "artifact `nightly-summary` and the model's MLflow run."
-    )
+    """Where every row is: the full summary (under Pages), the artifact, MLflow."""
+    where = "the full summary, " if s.summary_file else ""
+    return f"Every table in full: {where}the artifact `nightly-summary`, the model's MLflow run."
 
 
 # ----------------------------------------------------------------------------- stages, detail
@@ -294,9 +125,9 @@ def stage_lines(s: NightlySummary, width: int) -> list[str]:
         state = "ok" if st.ok else st.state.upper()
         head = f"  {st.name:<{name_w}}  {state:<9} "
         if st.ok:
-            out.append(_cut(head + _one_line(st.detail), width))
+            out.append(_cut(head + one_line(st.detail), width))
             continue
-        why = _one_line(st.error or f"ended {st.state.lower()}")
+        why = one_line(st.error or f"ended {st.state.lower()}")
         wrapped = _wrap_lines(why, width, " " * len(head), head)
         if len(wrapped) > 3:
             wrapped = [*wrapped[:2], _cut(wrapped[2] + " " + ELLIPSIS * 2, width)]
@@ -305,87 +136,93 @@ def stage_lines(s: NightlySummary, width: int) -> list[str]:
 
 
 def detail_blocks(s: NightlySummary, width: int) -> list[list[str]]:
-    blocks = []
-    if s.replays_failed:
-        blocks.append(
-            ["Failed replays"]
-            + [_cut(f"  {run}: {_one_line(why)}", width) for run, why in s.replays_failed.items()]
-        )
-    if s.tables:
-        rows = [
-            [
-                TABLE_NAMES.get(t.table, t.table),
-                f"{t.positions:,}",
-                f"{t.model:.4f}",
-                "n/a" if t.hedged is None else f"{t.hedged:.4f}",
-                "n/a" if t.online_counter is None else f"{t.online_counter:.4f}",
-                f"{t.best_baseline} {t.best_baseline_top1:.4f}",
-                f"{t.model - t.best_baseline_top1:+.4f}",
-            ]
-            for t in s.tables
-        ]
-        head = [
-            "table",
-            "positions",
-            "model",
-            "hedged",
-            "online counter",
-            "best baseline",
-            "margin",
-        ]
-        title = "Top-1 on runs never trained on (all workloads; margin: over the best baseline)"
-        blocks.append([title, *_table(head, rows, width, right={1, 2, 3, 4, 6})])
-        if s.allocator_questions or s.program_questions:
-            blocks[-1].append(
-                "  (the allocator's questions, reuse and lifetime, per table and program: "
-                "in the full summary)"
-            )
-    if s.whatif_at_budget and s.whatif_budget is not None:
-        head = ["workload", "best heuristic", "model", "reuse net", "oracle"]
-        rows = [_bought_cells(a.workload, a) for a in s.whatif_at_budget]
-        title = f"What-if hit rates at {fmt_bytes(s.whatif_budget)} held idle"
-        blocks.append([title, *_table(head, rows, width, right={1, 2, 3, 4})])
-        if s.whatif_by_budget:
-            head[0] = "held idle"
-            rows = [_bought_cells(fmt_bytes(a.budget or 0), a) for a in s.whatif_by_budget]
-            blocks[-1] += ["", "All workloads, by idle budget"]
-            blocks[-1] += _table(head, rows, width, right={0, 1, 2, 3, 4})
-    if s.seed_cases:
-        blocks.append(layer_table(s.seed_cases, width))
-    elif s.seed_lines:
-        blocks.append(["What the layer bought (seeds' cases)"])
-        for line in s.seed_lines:
-            blocks[-1] += _wrap_lines(line, width, "    ", "  - ")
-    blocks.append(advice_lines(s, width))
-    if s.heap_reports is not None and s.heap_reports.reports:
-        rows = [
-            [
-                f"{r.run}",
-                f"{r.events:,}",
-                fmt_bytes(r.peak_bytes),
-                f"{r.leaks:,} / {fmt_bytes(r.leak_bytes)}",
-                f"{len(r.warnings)}" if r.warnings else "",
-            ]
-            for r in s.heap_reports.reports
-        ]
-        head = ["heap report (run)", "heap calls", "peak live", "leaked blocks / bytes", "warn"]
-        blocks.append(_table(head, rows, width, right={1, 2, 3, 4}))
-    if s.heap_reports is not None and s.heap_reports.failed:
-        blocks.append(
-            ["Heap reports that failed"]
-            + [
-                _cut(f"  {run}: {_one_line(why)}", width)
-                for run, why in s.heap_reports.failed.items()
-            ]
-        )
-    return blocks
+    """What failed, the what-if's workloads off the pooled verdict, the allocator advice: each
+    block only when it has something to say. (The evaluation per table, the layer per case and
+    the heap reports' figures are in the verdict and the pages; their tables in full.)"""
+    blocks = [failed_lines(s, width), whatif_rows(s, width), advice_lines(s, width)]
+    return [block for block in blocks if block]
+
+
+SHOWN = 3  # rows of a kind the terminal shows; the rest are counted, and in the full summary
+
+
+def failed_lines(s: NightlySummary, width: int) -> list[str]:
+    """A line per failed replay and failed heap report (the first SHOWN), the reason cut."""
+    failed = [(f"replay {run}", why) for run, why in s.replays_failed.items()]
+    if s.heap_reports is not None:
+        failed += [(f"heap report {run}", why) for run, why in s.heap_reports.failed.items()]
+    if not failed:
+        return []
+    out = ["Failed"] + [_cut(f"  {what}: {one_line(why)}", width) for what, why in failed[:SHOWN]]
+    if len(failed) > SHOWN:
+        out.append(f"  and {len(failed) - SHOWN} more")
+    return out
+
+
+EVEN = 0.005  # hit rates closer than this: the model and the best heuristic are even
+
+
+def _lead(a: AtBudget) -> float | None:
+    """The model's hit rate over the best heuristic's (None: either is missing)."""
+    if a.guided_hit_rate is None or a.best_heuristic_hit_rate is None:
+        return None
+    return a.guided_hit_rate - a.best_heuristic_hit_rate
+
+
+def _side(lead: float | None) -> str | None:
+    if lead is None:
+        return None
+    return "even" if abs(lead) < EVEN else "ahead" if lead > 0 else "behind"
+
+
+def whatif_rows(s: NightlySummary, width: int) -> list[str]:
+    """What-if at the idle budget: how many workloads the model leads, is even with or trails
+    the best heuristic on; the pooled row and the workloads whose verdict is not the pooled
+    one (the widest margins first); the pooled margin at each idle budget."""
+    if not s.whatif_at_budget or s.whatif_budget is None:
+        return []
+    pooled = next((a for a in s.whatif_at_budget if a.workload == "all"), None)
+    each = [a for a in s.whatif_at_budget if a.workload != "all"]
+    sides = [_side(_lead(a)) for a in each]
+    counts = ", ".join(f"{k} {sides.count(k)}" for k in ("ahead", "even", "behind"))
+    verdict = _side(_lead(pooled)) if pooled is not None else None
+    differ = sorted(
+        (a for a, side in zip(each, sides, strict=True) if side not in (None, "even", verdict)),
+        key=lambda a: -abs(_lead(a) or 0.0),
+    )
+    if not any(sides):
+        counts = "the model's hit rates n/a"
+    title = (
+        f"What-if at {fmt_bytes(s.whatif_budget)} held idle, model vs best heuristic on "
+        f"{len(each)} workloads: {counts}"
+    )
+    out = _wrap_lines(title, width, "  ", "")
+    if pooled is not None or differ:
+        shown = [a for a in [pooled, *differ[:SHOWN]] if a is not None]
+        head = ["workload", "best heuristic", "model", "reuse net", "oracle", "model - best"]
+        rows = [[*_bought_cells(a.workload, a), _margin(_lead(a))] for a in shown]
+        out += _table(head, rows, width, right={1, 2, 3, 4, 5})
+    if len(differ) > SHOWN:
+        out.append(f"  and {len(differ) - SHOWN} more off the pooled verdict")
+    by_budget = [
+        f"{fmt_bytes(a.budget or 0)} {_margin(_lead(a))} ({a.best_heuristic or 'n/a'})"
+        for a in s.whatif_by_budget
+    ]
+    if by_budget:
+        line = "All workloads by idle budget, model - best heuristic: " + ", ".join(by_budget)
+        out += _wrap_lines(line, width, "  ", "")
+    return out
+
+
+def _margin(lead: float | None) -> str:
+    return "n/a" if lead is None else f"{lead:+.4f}"
 
 
 def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _bought_cells(first: str, a) -> list[str]:
+def _bought_cells(first: str, a: AtBudget) -> list[str]:
     best = _rate(a.best_heuristic_hit_rate)
     if a.best_heuristic is not None:
         best = f"{a.best_heuristic} {best}"
@@ -398,40 +235,9 @@ def _bought_cells(first: str, a) -> list[str]:
     ]
 
 
-def layer_table(cases: list[SeedLine], width: int) -> list[str]:
-    """Per case: the model's table against the counter and against no prediction (median ms,
-    the rank test's p), and the table's own and glibc's medians."""
-    short = short_case_names([c.case for c in cases])
-    rows = []
-    for c in cases:
-        by = {f.allocator: f for f in c.figures}
-        own = by.get(VS_COUNTER[0])
-        glibc = by.get("glibc")
-        rows.append(
-            [
-                short[c.case],
-                str(c.repetitions),
-                _ms(_bought(c, VS_COUNTER)),
-                _ms(_bought(c, VS_NONE)),
-                _figure(own),
-                _figure(glibc),
-            ]
-        )
-    head = ["layer case", "rounds", "vs counter", "vs no prediction", "table ms/MB", "glibc"]
-    title = "What the layer bought, measured (the model's table; medians, negative: saved)"
-    return [title, *_table(head, rows, width, right={1, 2, 3, 4, 5})]
-
-
-def _figure(f) -> str:
-    if f is None:
-        return "n/a"
-    if f.wall_ms is None or f.peak_rss_mb is None:
-        return "failed"
-    return f"{f.wall_ms:.0f}/{f.peak_rss_mb:.0f}"
-
-
 def advice_lines(s: NightlySummary, width: int) -> list[str]:
-    """The allocator advice section of the markdown, as wrapped text (no emphasis marks)."""
+    """The allocator advice section of the markdown as wrapped text (no emphasis marks), a
+    line per case; where its full table lives is in the full summary."""
     out = []
     for i, line in enumerate(advice_section(s.allocator_advice)):
         text = line.replace("**", "")
@@ -439,19 +245,10 @@ def advice_lines(s: NightlySummary, width: int) -> list[str]:
             out.append(text.removeprefix("## "))
         elif text.startswith("- "):
             out += _wrap_lines(text[2:], width, "    ", "  - ")
-        elif text:
-            out += _wrap_lines(text, width, "  ", "  ")
     return out
 
 
 # ----------------------------------------------------------------------------- text helpers
-
-
-def _one_line(text: str, limit: int | None = None) -> str:
-    flat = " ".join(str(text).split())
-    if limit is not None and len(flat) > limit:
-        return flat[: limit - 1] + ELLIPSIS
-    return flat
 
 
 def _cut(line: str, width: int) -> str:
@@ -462,7 +259,7 @@ def _wrap_lines(text: str, width: int, indent: str, first: str | None = None) ->
     """`text` on lines of at most `width`: the first starts with `first` (default `indent`),
     the rest with `indent`; a word longer than a line is broken."""
     return textwrap.wrap(
-        _one_line(text),
+        one_line(text),
         width=width,
         initial_indent=indent if first is None else first,
         subsequent_indent=indent,

@@ -5,7 +5,7 @@ At a free of class c: "is class c among the next k calls of this thread?". Causa
 free; optimistic (`reuse_labels`, `reuse_tiers`, top-k at horizon > 1) reads later events.
 `align_token_run` maps learning-stage arrays to rows. Compiled loops (numba).
 
-The decision, each function, causal vs optimistic: docs/whatif.md#guided-predictions
+The decision, each function, causal vs optimistic: docs/whatif-policies.md#guided-predictions
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def tiers_from_topk(
 def reuse_labels(table: pa.Table, horizon: int = 1, scope: str = "thread") -> np.ndarray:
     """Per row: it frees a block of class c and one of the next `horizon` calls of its thread
     (or process) allocates class c. Reads the future: optimistic, and not a bound (see
-    docs/whatif.md#optimistic)."""
+    docs/whatif-policies.md#optimistic)."""
     _check_horizon(horizon)
     return _label_distance(table, scope) <= horizon
 
@@ -154,7 +154,7 @@ def predictions_from_topk(table: pa.Table, top: np.ndarray, horizon: int = 1) ->
     """Per row: it frees a block of class c and c is in `top` of one of the next `horizon` calls
     of its thread. `top`: [rows, k] tokens per row of `table` (NONE_TOKEN = empty slot).
     Causal at horizon 1 only (= keep_at_free(table, next_call_top(table, top))); beyond, it is
-    optimistic (see docs/whatif.md#optimistic)."""
+    optimistic (see docs/whatif-policies.md#optimistic)."""
     _check_horizon(horizon)
     return _topk_distance(table, top) <= horizon
 

@@ -4,7 +4,7 @@ Not a policy: choosing blocks of many sizes under a byte budget is a packing pro
 = min(k(B * span), H_inf)` is >= the hits of every policy whose idle_bytes_mean is <= B (k: the
 most requests whose cheapest idle-byte costs fit in B * span; H_inf: an infinite cache's hits).
 
-Why a bound, the proof and largest's exception: docs/whatif.md#the-oracle
+Why a bound, the proof and largest's exception: docs/whatif-simulator.md#the-oracle
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Each policy is one frozen model with a `kind` literal; `PolicyConfig` is their u
 N = 0, a budget <= 0 and the like are validation errors that name the field.
 
 The fit rule and each policy (none, largest, pools, layer_guided, lru, guided, belady, oracle):
-docs/whatif.md#the-policies. largest, pools and layer_guided are the policies heapcast's layer
-runs: the simulator computes them with the layer's own decisions, the policy core
+docs/whatif-policies.md#the-policies. largest, pools and layer_guided are the policies
+heapcast's layer runs: the simulator computes them with the layer's own decisions, the policy core
 (tasks/whatif/policy_core.py, `layer_policy` maps a config to the layer's options).
 
 """

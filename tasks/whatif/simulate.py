@@ -9,7 +9,7 @@ policy core (tasks/whatif/policy_core.py), decide them, and `layer_metrics` turn
 answers into the same figures in numpy.
 
 The rules (the cache, largest, hit rate, realloc, bytes, the page-fault model, guided tiers):
-docs/whatif.md#the-simulator
+docs/whatif-simulator.md#the-simulator
 """
 
 from __future__ import annotations
@@ -748,7 +748,8 @@ def simulate(
     run: str = "",
     class_scores: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Metrics of one run under one policy (every rule: docs/whatif.md#the-simulator).
+    """Metrics of one run under one policy (every rule:
+    docs/whatif-simulator.md#the-simulator).
 
     `predictions`: the guided policy's keep/drop per row of the input table (bool array).
     The policies the layer runs (largest, pools, layer_guided) are the layer's own decisions,

@@ -1,10 +1,10 @@
 """Sweep policies over their parameter on runs; one table row per (run, policy, param); plot.
 
 `sweep(root, runs)` reads each run once (tasks.whatif.events), prepares it once and replays it
-through every config of the grid (`default_grid()`: the policies the layer runs through the
-policy core, and lru, guided, belady and the oracle bound; each grid in
-docs/whatif.md#the-sweep), so each policy draws a curve of hit rate against bytes held idle.
-`sweep_run` does the same for one table. `pareto_plot` draws those curves (one PNG; one panel
+through every config of the grid (`default_grid()`: the policies the layer runs through the policy
+core, and lru, guided, belady and the oracle bound; each grid in
+docs/whatif-simulator.md#the-sweep), so each policy draws a curve of hit rate against bytes held
+idle. `sweep_run` does the same for one table. `pareto_plot` draws those curves (one PNG; one panel
 per run).
 
 The guided policy needs a prediction per event: `predictions` maps (workload, run) to a bool

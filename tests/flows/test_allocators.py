@@ -24,6 +24,7 @@ from prefect import flow
 from tasks.allocators.config import AllocatorsParams, load_allocators_config
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel, TrainResult
+from tasks.nightly.markdown import markdown_text
 from tasks.nightly.params import NightlyParams
 from tasks.replay.replays import TraceSummary
 from tasks.whatif.night import WhatifSummary
@@ -197,7 +198,7 @@ def test_nightly_runs_the_allocators_stage_only_with_its_option(
     assert on.stages[-1].detail.startswith("recommended: alloc_mix: ")
     # the night's root, not the stage's own default
     assert len(list((Path(data) / "allocators" / "summary").glob("night=*/part-0.parquet"))) == 1
-    assert "| allocators | ok |" in on.markdown()
+    assert "| allocators | ok |" in markdown_text(on)
 
 
 def test_a_failing_allocators_stage_does_not_fail_the_night(

@@ -17,8 +17,10 @@ import pytest
 from flows.nightly import nightly
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.nightly.markdown import markdown_text
 from tasks.nightly.night_summary import ARTIFACT_KEY, NothingTrained
 from tasks.nightly.params import NightlyParams
+from tasks.nightly.terminal import terminal_text
 from tests.flows.flow_harness import TINY_TRAINING, latest_artifact
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
@@ -100,7 +102,7 @@ def test_failed_stage_does_not_stop_the_night(prefect_harness, tmp_path):
     assert summary.trained  # dataset and train went on with the data there was
     whatif = next(s for s in summary.stages if s.name == "whatif")
     assert whatif.ok and "replayed for v1" in whatif.detail  # tonight's model, after training
-    assert "**failed**" in summary.markdown()
+    assert "**failed**" in markdown_text(summary)
 
 
 def test_night_without_a_model_fails_at_the_end(prefect_harness, tmp_path):
@@ -116,4 +118,4 @@ def test_night_without_a_model_fails_at_the_end(prefect_harness, tmp_path):
     # the error carries the summary, so that the command line still prints the verdict first
     summary = failed.value.summary
     assert summary is not None and not summary.trained
-    assert summary.terminal().splitlines()[2].startswith("NO MODEL TRAINED: ")
+    assert terminal_text(summary).splitlines()[2].startswith("NO MODEL TRAINED: ")

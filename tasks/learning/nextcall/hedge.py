@@ -50,7 +50,7 @@ LEAD = 8
 # The fixed share moved back evenly after each call: smaller than the questions' hedge's, since
 # a thread's behaviour rarely changes in a way that needs a weight back within tens of calls and
 # every share costs log-loss where the network already leads (the study that chose it and its
-# figures: studies/next_share/, docs/learning.md#the-next-call-hedge).
+# figures: studies/next_share/, docs/learning-nextcall.md#the-next-call-hedge).
 NEXT_SHARE = 0.01
 
 # What the hedge needs beyond the network's weights, logged beside each registered model: the

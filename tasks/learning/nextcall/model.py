@@ -8,7 +8,7 @@ precision); the recurrent layers keep cuDNN's conditions and the softmax stays f
 mode can add the back-off n-gram's answer (`model.ngram_features`: NGramTable, NGramFeatures,
 build_hybrid, the section "hybrid" below) and the online counter's (`model.online_features`: a
 second input, `online` [B, T, 4], computed causally outside the graph). In full:
-docs/learning.md#the-next-call-models.
+docs/learning-nextcall.md#the-next-call-models.
 """
 
 from __future__ import annotations

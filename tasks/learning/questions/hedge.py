@@ -5,7 +5,7 @@ Once a call's answer becomes known (labels.py), each predictor's probability of 
 its likelihood; the weights are the predictors' posterior (Bayes' rule over experts, with a small
 fixed share, SHARE, so that a weight can recover). The majority and process_prior are among the
 experts, so a network out of its depth costs little: the bound and the figures measured are in
-docs/learning.md#the-hedge.
+docs/learning-questions.md#the-hedge.
 
 Causal: the answer at a call reads the predictors' answers at that call and the labels known before
 it (due <= the call), nothing later; tests/tasks/learning/questions/test_hedge.py changes the later labels.
@@ -34,7 +34,7 @@ EXPERTS = (
 )  # fmt: skip
 # fixed share: each update moves this much weight back to every predictor evenly, so a weight
 # can recover when a site's behaviour changes; without one a process commits to one predictor
-# early (the shares tried and their log-loss: docs/learning.md#the-hedge)
+# early (the shares tried and their log-loss: docs/learning-questions.md#the-hedge)
 SHARE = 0.05
 FLOOR = 1e-6  # a probability is never taken below this (a predictor's one miss is not fatal)
 
@@ -186,7 +186,7 @@ def process_prior(
     past an edge; the split of those between "later" and "never freed" stays the majority's). A
     Bayes estimate centred on the majority (the hazards' Beta priors of `weight` blocks); not a
     bound against the majority by itself, hence the majority beside it in EXPERTS
-    (docs/learning.md#the-hedge).
+    (docs/learning-questions.md#the-hedge).
 
     `edges`: the question's class edges (k - 1 for reuse, k - 2 for a lifetime). Causal: the answer
     at a call reads the events at rows <= the call only.

@@ -6,7 +6,7 @@ never freed a class of its own? The predictors answer at every allocation: major
 class_online and site_online (counted at the call that frees a block, so they never learn "never
 freed"), and site_survival (censored Kaplan-Meier hazards per call site and class, which learn
 long lives before any such block is freed: _survival). Each, in full:
-docs/learning.md#the-lifetime-questions-predictors.
+docs/learning-questions.md#the-lifetime-questions-predictors.
 
 Where a free lands: the dataset's lifetime_calls counts calls of the process from the
 allocation to the free, so the free is that many calls later in the process's call order

@@ -14,7 +14,7 @@ head per question on one recurrent state:
 
 PREDICTOR names it in the three tables; `distilled_table` makes the layer's table
 (tasks/learning/table/distill.py) from its reuse answers at the training frees. More:
-docs/learning.md#the-questions-network.
+docs/learning-questions.md#the-questions-network.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ and site_online (counters over the process's earlier frees) answer from the call
 free; the network and network_hedged join them (tasks/learning/questions/evaluation.py). Compiled (numba),
 one pass per run.
 
-Each predictor, the call site, the metric keys: docs/learning.md#the-reuse-questions-predictors
+Each predictor, the call site, the metric keys:
+docs/learning-questions.md#the-reuse-questions-predictors
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Two staggered states per thread compute exactly the chunked function the evaluat
 features and the online counter's answer. No TensorFlow here: `step_weights` reads a Keras
 model's weights as numpy arrays.
 
-Which function, the inputs, the cells: docs/learning.md#the-network-one-call-at-a-time
+Which function, the inputs, the cells: docs/learning-nextcall.md#the-network-one-call-at-a-time
 """
 
 from __future__ import annotations

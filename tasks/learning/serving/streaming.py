@@ -20,7 +20,7 @@ distribution after each. Three forms:
     p = sp.predict([7])                                   # {7: float32[64]}: its next call
     dists = sp.step({7: 32 + 6, 9: 12})                   # observe one call on each, then predict
 
-The state kept per thread and the batching: docs/learning.md#streaming-the-champion.
+The state kept per thread and the batching: docs/learning-nextcall.md#streaming-the-champion.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ built here), and `verify` checks what it wrote against the `PreloadSpec`: applie
 applied and why. Through a replay runner (`probed_request`, then `verify_result`) or on this
 host (`run_preloaded`, for `heapcast tune`).
 
-The checks: docs/allocators.md#confirming-the-library-was-loaded
+The checks: docs/allocators-measured.md#confirming-the-library-was-loaded
 """
 
 from __future__ import annotations

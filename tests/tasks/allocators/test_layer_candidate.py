@@ -16,7 +16,8 @@ from tasks.allocators.measure import read_layer_stats
 from tasks.allocators.seeds import seed_lines
 from tasks.core.config import ConfigError, load_config
 from tasks.core.storage import Root
-from tasks.nightly.night_summary import NightlySummary
+from tasks.nightly.markdown import markdown_text
+from tasks.nightly.summary_model import NightlySummary
 from tasks.replay.runners.base import SANDBOX_PATHS, program_env
 from tasks.replay.runners.preload import verify
 from tests.tasks.allocators.programs_build import measure_alloc_mix
@@ -185,11 +186,11 @@ def test_the_seed_summary_line_gives_ms_mb_and_what_each_prediction_bought():
     )
     assert "layer-guided (online counter) -50 ms -2.0 MB vs layer-largest (no prediction)" in text
     assert "layer-guided (online counter) -360 ms +2.0 MB vs glibc (p=0.1, RSS p=0.1)" in text
-    page = NightlySummary(root="/r", finished_at="now", stages=[], seed_lines=[text]).markdown()
+    page = markdown_text(NightlySummary(root="/r", finished_at="now", stages=[], seed_lines=[text]))
     assert "## What the layer bought, measured (seeds' cases; medians, ms and MB)" in page
     assert f"- {text}" in page
     # a night without the seeds' cases says so where their figures would be
-    quiet = NightlySummary(root="/r", finished_at="now", stages=[]).markdown()
+    quiet = markdown_text(NightlySummary(root="/r", finished_at="now", stages=[]))
     assert "Not measured tonight: the night's `seeds` option is off" in quiet
 
 

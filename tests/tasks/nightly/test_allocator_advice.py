@@ -15,6 +15,7 @@ import pytest
 from tasks.allocators.config import load_allocators_config
 from tasks.allocators.report import write_outcome
 from tasks.core.storage import Root
+from tasks.nightly.markdown import markdown_text
 from tasks.nightly.night_summary import summarize
 from tasks.nightly.params import NightContext
 from tasks.registry.tracking import TrackingConfig
@@ -56,7 +57,7 @@ def measured(tmp_path):
 
 def test_the_newest_recommendation_per_workload_with_the_line_to_paste(measured):
     root, cfg = measured
-    page = night_of(root).markdown()
+    page = markdown_text(night_of(root))
     assert "## Allocator advice (last measured 2026-11-08 02:00 UTC)" in page
     (sqlite3,) = [line for line in page.splitlines() if line.startswith("- sqlite3")]
     # the newer night's answer, with its margin's interval and `heapcast tune`'s line
@@ -72,7 +73,7 @@ def test_the_newest_recommendation_per_workload_with_the_line_to_paste(measured)
 
 
 def test_without_measurements_the_summary_says_how_to_get_them(tmp_path):
-    page = night_of(Root.from_url(str(tmp_path))).markdown()
+    page = markdown_text(night_of(Root.from_url(str(tmp_path))))
     assert "## Allocator advice\n" in page
     assert "No allocator measurements under this root yet" in page
     assert "prefect deployment run 'allocators/allocators'" in page
@@ -84,7 +85,7 @@ def test_a_corrupt_table_is_one_line_and_the_others_still_count(measured):
     broken = root.join("allocators", "summary", f"night={NEWER}", "part-0.parquet")
     with root.fs.open(broken, "wb") as f:
         f.write(b"not parquet")
-    page = night_of(root).markdown()
+    page = markdown_text(night_of(root))
     where = root.url_of("allocators", "summary", f"night={NEWER}")
     (problem,) = [line for line in page.splitlines() if line.startswith("- could not read")]
     assert where in problem
@@ -107,7 +108,7 @@ def test_a_newer_measurement_too_short_to_decide_does_not_replace_a_decisive_one
         },
     ).model_copy(update={"night": "20261115T020000Z"})
     write_outcome(root, short, cfg, to_mlflow=False)
-    page = night_of(root).markdown()
+    page = markdown_text(night_of(root))
     (sqlite3,) = [line for line in page.splitlines() if line.startswith("- sqlite3")]
     assert sqlite3.startswith("- sqlite3 (measured 2026-11-08 02:00 UTC): **jemalloc**")
     # one candidate, 3 runs against 3: p 1/20 at best, not below 0.05; 4 rounds would reach it

@@ -12,6 +12,7 @@ import pytest
 
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel, TrainResult
+from tasks.nightly.markdown import markdown_text
 from tasks.nightly.night_summary import StageOutcome, summarize
 from tasks.nightly.params import NightContext
 from tasks.registry import headline
@@ -59,7 +60,7 @@ def test_the_summary_shows_the_headline_under_its_mlflow_names(tmp_path):
     assert night.headline["headline/unseen_programs.top1.margin"] == pytest.approx(0.05)
     assert night.headline["headline/whatif_optimistic.hit_rate.gain"] == pytest.approx(0.125)
     assert night.headline["train/seconds"] == 3.0
-    page = night.markdown()
+    page = markdown_text(night)
     assert "## Headline" in page
     assert "| headline/whatif_optimistic.hit_rate.gain | 0.125 |" in page
     assert "| headline/unseen_runs.top1.model | 0.8 |" in page

@@ -4,10 +4,12 @@ GIVEN a night with every section present (replays with a failure, converted runs
 promoted model over a previous champion, what-if, allocators, the layer's cases, heap reports,
 allocator advice), built with the stages' own types and the tests' factories; and nights that
 trained nothing or kept the champion
-WHEN the summary is rendered for the terminal (`terminal()`) and as markdown (`markdown()`)
+WHEN the summary is rendered for the terminal (`terminal_text`) and as markdown (`markdown_text`)
 THEN the first 25 terminal lines say whether the champion changed and by how much against the
 previous champion and the online counter, what the what-if and the layer bought, and where the
-pages are; no terminal line is over 100 characters; the markdown keeps every wide table.
+pages are; no terminal line is over 100 characters; on the whole catalog the terminal stays one
+screen (at most 50 lines: the verdicts and the rows that differ from them); the markdown keeps
+every wide table and every row.
 """
 
 from __future__ import annotations
@@ -21,16 +23,11 @@ from tasks.allocators.report import write_outcome
 from tasks.allocators.seeds import SeedsOutcome, seed_lines
 from tasks.core.storage import Root
 from tasks.learning.outcome import RegisteredModel, TrainResult
-from tasks.nightly.night_summary import (
-    NightlySummary,
-    StageOutcome,
-    StageReport,
-    publish_summary,
-    skipped,
-    summarize,
-)
+from tasks.nightly.markdown import markdown_text
+from tasks.nightly.night_summary import StageOutcome, publish_summary, skipped, summarize
 from tasks.nightly.params import NightContext
-from tasks.nightly.terminal import _fold_command
+from tasks.nightly.summary_model import NightlySummary, StageReport
+from tasks.nightly.terminal import _fold_command, terminal_text
 from tasks.registry import headline
 from tasks.registry.champion import PromotionDecision, decision_json
 from tasks.registry.register import TAG_DECISION
@@ -217,9 +214,54 @@ def _summarize(context, trace, converted, outcome, model, seeds, root) -> Nightl
     )
 
 
+# the whole catalog's night: a what-if row per workload (the model behind the best heuristic on
+# BEHIND, even on EVEN, ahead on the rest) and a heap report per evaluation run (one run of each
+# workload and of each held-out program: 56 pages)
+BEHIND = {"redis": -0.0400, "git": -0.0210, "gcc": -0.0150, "lua": -0.0090, "php": -0.0060}
+EVEN = {"sed": 0.0010, "m4": -0.0020}
+HELD_OUT = ("perl", "redis", "freeciv", "lua", "jq", "dot", "nasm", "ghostscript", "numpy_stack")
+
+
+@pytest.fixture(scope="module")
+def whole_catalog(full_night) -> NightlySummary:
+    """`full_night` on every catalog workload: 47 what-if rows and the pooled one, 56 heap
+    reports (the scheduled night's shape; its terminal summary was 176 lines)."""
+    workloads = [w.name for w in load_catalog().workloads]
+    pooled = next(a for a in full_night.whatif_at_budget if a.workload == "all")
+    at_budget = [
+        pooled.model_copy(
+            update={
+                "workload": w,
+                "guided_hit_rate": pooled.best_heuristic_hit_rate
+                + BEHIND.get(w, EVEN.get(w, 0.05)),
+            }
+        )
+        for w in workloads
+    ]
+    one = full_night.heap_reports.reports[0]
+    runs = [f"{w}/medium" for w in workloads] + [f"{p}/small" for p in HELD_OUT]
+    reports = [one.model_copy(update={"run": run}) for run in runs]
+    # under a root of the usual length (the pytest folder's is twice as long)
+    tmp, root = full_night.root, "/srv/heapcast/data"
+    return full_night.model_copy(
+        update={
+            "root": root,
+            "summary_file": full_night.summary_file.replace(tmp, root),
+            "mlflow_ui": full_night.mlflow_ui.replace(tmp, root),
+            "whatif_at_budget": [*at_budget, pooled],
+            "heap_reports": full_night.heap_reports.model_copy(
+                update={
+                    "reports": reports,
+                    "folder": full_night.heap_reports.folder.replace(tmp, root),
+                }
+            ),
+        }
+    )
+
+
 def test_a_night_on_a_prefect_server_links_its_flow_run(full_night):
     run = "http://127.0.0.1:4200/runs/flow-run/0b1c"
-    top = first_screen(full_night.model_copy(update={"prefect_ui": run}).terminal())
+    top = first_screen(terminal_text(full_night.model_copy(update={"prefect_ui": run})))
     assert "Prefect UI (artifact `nightly-summary`)" in top and run in top
     assert "services.sh up" not in top
 
@@ -229,7 +271,7 @@ def first_screen(text: str) -> str:
 
 
 def test_the_first_screen_gives_the_verdict_the_bought_and_the_pages(full_night):
-    text = full_night.terminal()
+    text = terminal_text(full_night)
     top = first_screen(text)
     flat = top.replace("\n  ", " ")  # the verdict's lines unwrapped
     # did tonight's model win, against the previous champion and the online counter
@@ -253,7 +295,7 @@ def test_the_first_screen_gives_the_verdict_the_bought_and_the_pages(full_night)
     joined = pages.replace("\\\n", "").replace(" \\\n", " ")
     assert "heap reports (3 page(s), 1 failed):" in pages
     assert full_night.heap_reports.folder in " ".join(joined.split())
-    assert "MLflow UI, started with:" in pages
+    assert "MLflow UI: .venv/bin/mlflow ui" in pages
     assert f"{full_night.mlflow_ui}" in " ".join(joined.split())
     assert f"then open http://127.0.0.1:5000/#/models/{NAME}/versions/7" in pages
     assert (
@@ -269,27 +311,47 @@ def test_the_first_screen_gives_the_verdict_the_bought_and_the_pages(full_night)
 
 
 def test_no_terminal_line_is_over_100_characters(full_night):
-    text = full_night.terminal()
+    text = terminal_text(full_night)
     too_wide = [line for line in text.splitlines() if len(line) > WIDTH]
     assert not too_wide, "\n".join(too_wide)
-    # the detail is there, narrow: the evaluation, the what-if, the layer, the advice, reports
-    assert "Top-1 on runs never trained on" in text and "held-out workloads" in text
-    assert "What-if hit rates at 64.00 KiB held idle" in text
-    assert "All workloads, by idle budget" in text
-    assert "What the layer bought, measured" in text
+    # the detail is there, narrow: what failed, the what-if per workload and budget, the advice
+    assert "  replay git/small: exit code 3" in text and "  heap report git/small: " in text
+    assert "What-if at 64.00 KiB held idle, model vs best heuristic on 3 workloads:" in text
+    assert "All workloads by idle budget, model - best heuristic: 4.00 KiB +0.0625" in text
     assert "Allocator advice (last measured" in text
-    assert "sqlite3/medium" in text and "1,234,567" in text
+    assert text.splitlines()[-1].startswith("Every table in full: the full summary, the artifact")
     # and the markdown is wider: it keeps what the terminal leaves out
-    assert max(len(line) for line in full_night.markdown().splitlines()) > WIDTH
+    assert max(len(line) for line in markdown_text(full_night).splitlines()) > WIDTH
+
+
+def test_the_whole_catalog_stays_one_screen(whole_catalog):
+    text = terminal_text(whole_catalog)
+    lines = text.splitlines()
+    # GIVEN 47 what-if rows and 56 heap reports (176 terminal lines before)
+    # THEN one screen: the verdicts, the pooled what-if and the workloads off its verdict
+    assert len(lines) <= 50, text
+    assert all(len(line) <= WIDTH for line in lines)
+    assert "model vs best heuristic on 47 workloads: ahead 40, even 2, behind 5" in text
+    table = [p for p in map(str.split, lines) if len(p) == 7 and p[1:3] == ["largest", "0.7500"]]
+    rows = {p[0] for p in table}
+    assert rows == {"all", "redis", "git", "gcc"}  # the widest margins against the verdict
+    assert "  and 2 more off the pooled verdict" in text  # lua, php; the even sed, m4 are not
+    assert "heap reports (56 page(s), 1 failed):" in text
+    # AND the markdown keeps every row: each workload's what-if, each heap report
+    page = markdown_text(whole_catalog)
+    for a in whole_catalog.whatif_at_budget:
+        assert f"| {a.workload} | largest 0.7500 | " in page
+    for r in whole_catalog.heap_reports.reports:
+        assert f"| {r.run} | {r.table} | 1,234,567 |" in page
 
 
 def test_a_narrower_terminal_is_respected_too(full_night):
-    too_wide = [line for line in full_night.terminal(width=80).splitlines() if len(line) > 80]
+    too_wide = [line for line in terminal_text(full_night, width=80).splitlines() if len(line) > 80]
     assert not too_wide, "\n".join(too_wide)
 
 
 def test_the_markdown_keeps_every_wide_table(full_night):
-    page = full_night.markdown()
+    page = markdown_text(full_night)
     # the verdict opens the page too
     assert page.splitlines()[2].startswith("- CHAMPION CHANGED: v7 replaces v6")
     # the evaluation per workload and predictor, the headline, the what-if, the layer's lines
@@ -311,7 +373,7 @@ def test_publishing_writes_the_full_markdown_to_the_summary_file(full_night, pre
     root = Root.from_url(full_night.root)
     assert full_night.summary_file.startswith(root.url_of("nightly") + "/")
     with root.fs.open(full_night.summary_file) as f:
-        assert f.read().decode() == markdown == full_night.markdown()
+        assert f.read().decode() == markdown == markdown_text(full_night)
 
 
 def bare_night(**fields) -> NightlySummary:
@@ -338,7 +400,7 @@ def test_a_night_that_trained_nothing_says_so_first():
         champion_before="3",
         champion_after="3",
     )
-    text = night.terminal()
+    text = terminal_text(night)
     lines = text.splitlines()
     assert lines[0] == "heapcast nightly, 2026-11-24 03:52 UTC: 1 of 4 stages ok, NO MODEL TRAINED"
     assert lines[2].startswith(f"NO MODEL TRAINED: {why}.")
@@ -349,7 +411,7 @@ def test_a_night_that_trained_nothing_says_so_first():
     trace = [line for line in lines if line.startswith("  trace")]
     assert trace and "FAILED" in trace[0]
     assert all(len(line) <= WIDTH for line in lines)
-    assert "(no model trained)" in night.markdown()
+    assert "(no model trained)" in markdown_text(night)
 
 
 def test_a_kept_champion_says_by_how_much_tonights_model_lost():
@@ -369,7 +431,7 @@ def test_a_kept_champion_says_by_how_much_tonights_model_lost():
             "previous_score": 0.905,
         },
     )
-    top = first_screen(night.terminal())
+    top = first_screen(terminal_text(night))
     assert (
         "Champion unchanged: tonight's v8 did not beat it; the champion stays v6: top-1 on "
         "unseen runs 0.9000 vs v6's 0.9050 (-0.0050)." in top.replace("\n  ", " ")
@@ -393,7 +455,7 @@ def test_a_promotion_decision_that_cannot_be_read_is_said_not_fatal(context):
         "1",
     )
     assert night.promotion is None and night.promotion_unread
-    top = first_screen(night.terminal()).replace("\n  ", " ")
+    top = first_screen(terminal_text(night)).replace("\n  ", " ")
     assert "CHAMPION: v1 is the first champion (the scores could not be read: " in top
     assert "What-if: the whatif stage skipped: no runs to replay." in top
 

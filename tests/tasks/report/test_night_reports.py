@@ -21,8 +21,9 @@ from pydantic import ValidationError
 
 from tasks.core.storage import Root
 from tasks.learning.outcome import DatasetRef, RegisteredModel
-from tasks.nightly.night_summary import NightlySummary
+from tasks.nightly.markdown import markdown_text
 from tasks.nightly.params import NightlyParams
+from tasks.nightly.summary_model import NightlySummary
 from tasks.report.analysis import analyze
 from tasks.report.night_reports import (
     KEEP_NIGHTS,
@@ -116,7 +117,7 @@ def test_a_page_per_evaluation_run_and_a_failed_run_named(root, model):
 def test_the_summary_shows_the_figures_paths_and_failures(root, model):
     reports = report_evaluation_runs(Root.from_url(str(root)), model, night="n2")
     summary = NightlySummary(root=str(root), finished_at="now", stages=[], heap_reports=reports)
-    md = summary.markdown()
+    md = markdown_text(summary)
 
     assert "## Heap reports (evaluation runs)" in md
     row = next(line for line in md.splitlines() if line.startswith("| hand/r1 |"))

@@ -5,13 +5,13 @@ does, but with real pairing): processes of mallocs, callocs, frees, reallocs (al
 and malloc(0)), unpaired frees and failed allocations, addresses reused after free, sizes in a
 few recurring classes below and above the mmap threshold, times with ties, threads.
 
-`reference(table, policy, predictions)` replays it event by event with dicts and lists,
-written from the simulator's rules (docs/whatif.md#the-simulator), independently of its arrays,
-for the policies the compiled loop runs (none, lru, guided, belady). The policies heapcast's
-layer runs (largest, pools, layer_guided) have no copy here: the simulator asks the layer's own
-code (the policy core), and tests/tasks/whatif/test_policy_core.py holds it to the real layer:
-blocks are paired by ADDRESS here (the simulator uses lifetime_calls), processes are merged by
-sorting (time, process, row) here.
+`reference(table, policy, predictions)` replays it event by event with dicts and lists, written from
+the simulator's rules (docs/whatif-simulator.md#the-simulator), independently of its arrays, for the
+policies the compiled loop runs (none, lru, guided, belady). The policies heapcast's layer runs
+(largest, pools, layer_guided) have no copy here: the simulator asks the layer's own code (the
+policy core), and tests/tasks/whatif/test_policy_core.py holds it to the real layer: blocks are
+paired by ADDRESS here (the simulator uses lifetime_calls), processes are merged by sorting (time,
+process, row) here.
 """
 
 from __future__ import annotations

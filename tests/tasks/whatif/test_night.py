@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.outcome import RegisteredModel
+from tasks.nightly.markdown import markdown_text
 from tasks.nightly.night_summary import StageOutcome, skipped
 from tasks.nightly.night_summary import summarize as summarize_night
 from tasks.nightly.params import NightlyParams
@@ -244,7 +245,7 @@ def test_nightly_step_plans_on_tonights_model_and_reports_a_failure(tmp_path):
     context = NightlyParams(root=data.url).stages().context
     night = summarize_night.fn(context, [failed], None, None)
     assert [(s.name, s.ok, s.error) for s in night.stages] == [("whatif", False, "KeyError: boom")]
-    assert "What the predictions bought" not in night.markdown()
+    assert "What the predictions bought" not in markdown_text(night)
     assert "no model" in whatif_plan(data, None) and skipped("whatif", "x").state == "SKIPPED"
 
 
@@ -289,7 +290,7 @@ def test_the_night_summary_prints_what_the_predictions_bought(replayed, tmp_path
     # WHEN the night's summary is made from the completed whatif stage
     context = NightlyParams(root=str(tmp_path / "data")).stages().context
     done = StageOutcome("whatif", "COMPLETED", None, s)
-    md = summarize_night.fn(context, [done], None, None).markdown()
+    md = markdown_text(summarize_night.fn(context, [done], None, None))
     # THEN the printed summary says what the predictions bought, per workload, at the budget
     assert "## What the predictions bought (whatif, at 64.00 KiB held idle)" in md
     alpha = s.at_budget[0]

@@ -166,7 +166,8 @@ def test_the_nightly_summary_shows_each_question_per_table():
     from tasks.learning.questions.reuse import question_lines
     from tasks.learning.scores import OVERALL, QuestionScores
     from tasks.learning.table.distill import TableAgreement
-    from tasks.nightly.night_summary import NightlySummary
+    from tasks.nightly.markdown import markdown_text
+    from tasks.nightly.summary_model import NightlySummary
 
     # GIVEN the reuse and lifetime scores of two tables, and the table's agreement on one
     scores = [
@@ -187,9 +188,9 @@ def test_the_nightly_summary_shows_each_question_per_table():
     # the table is held to the network it was distilled from, on the reuse question only
     assert "covers 95.0% of the frees and keeps as the network does on 90.0%" in lines[1]
     assert "covers" not in lines[0] and "covers" not in lines[3]
-    md = NightlySummary(
-        root="r", finished_at="now", stages=[], allocator_questions=lines
-    ).markdown()
+    md = markdown_text(
+        NightlySummary(root="r", finished_at="now", stages=[], allocator_questions=lines)
+    )
     assert "## The allocator's questions: the network against the counters" in md
     assert f"- {lines[1]}" in md
 
@@ -223,7 +224,8 @@ def test_the_layer_table_counts_each_classes_training_frees_and_answers_them():
 def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
     from tasks.learning.questions.reuse import program_lines
     from tasks.learning.scores import OVERALL, QuestionScores
-    from tasks.nightly.night_summary import NightlySummary
+    from tasks.nightly.markdown import markdown_text
+    from tasks.nightly.summary_model import NightlySummary
 
     # GIVEN two programs never trained on: on perl the hedged network leads both metrics; on
     # redis a counter has the better log-loss, and the network ties the best top-1
@@ -248,9 +250,15 @@ def test_the_nightly_summary_says_per_unseen_program_whether_the_model_leads():
         "(baseline ahead or even); log-loss network_hedged 0.300 against site_online 0.260 "
         "(baseline ahead or even); network_hedged alone: top-1 not ahead, log-loss not ahead",
     ]
-    md = NightlySummary(
-        root="r", finished_at="now", stages=[], allocator_questions=["x"], program_questions=lines
-    ).markdown()
+    md = markdown_text(
+        NightlySummary(
+            root="r",
+            finished_at="now",
+            stages=[],
+            allocator_questions=["x"],
+            program_questions=lines,
+        )
+    )
     assert "Per program never trained on, the best of the model's answers" in md
     assert "whether network_hedged alone" in md
     assert f"- {lines[1]}" in md
