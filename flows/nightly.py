@@ -123,7 +123,7 @@ def nightly(params: NightlyParams = NightlyParams()) -> NightlySummary:
         after,
         heap_reports=heap_reports,
     )
-    publish_summary(summary)
+    publish_summary(summary, ctx.root)
     return finish(summary)
 
 

@@ -360,9 +360,10 @@ def champion_version(tracking: TrackingConfig) -> str | None:
 
 
 @task(name="publish-nightly-summary", cache_policy=NO_CACHE)
-def publish_summary(summary: NightlySummary) -> str:
+def publish_summary(summary: NightlySummary, root: Root) -> str:
     """The night's summary as a Prefect markdown artifact and the file `summary.summary_file`
-    (a file that cannot be written is a warning, never a failed night); returns the markdown."""
+    under `root` (a file that cannot be written is a warning, never a failed night); returns
+    the markdown."""
     markdown = markdown_text(summary)
     create_markdown_artifact(
         markdown=markdown,
@@ -371,7 +372,7 @@ def publish_summary(summary: NightlySummary) -> str:
     )
     if summary.summary_file:
         try:
-            write_summary_file(summary.summary_file, markdown)
+            write_summary_file(root, summary.summary_file, markdown)
         except Exception as err:  # the root unreachable now: the artifact still has it all
             get_run_logger().warning(
                 "the night's summary could not be written to %s: %s: %s",
@@ -382,12 +383,11 @@ def publish_summary(summary: NightlySummary) -> str:
     return markdown
 
 
-def write_summary_file(url: str, markdown: str) -> None:
-    """`markdown` at `url` (a path under the data root, local or s3://)."""
-    parent, name = url.rsplit("/", 1)
-    root = Root.from_url(parent)
-    root.fs.makedirs(root.path, exist_ok=True)
-    with root.fs.open(root.join(name), "w") as f:
+def write_summary_file(root: Root, url: str, markdown: str) -> None:
+    """`markdown` at `url`, a file under the night's summaries of `root` (local or s3://)."""
+    name = url.rsplit("/", 1)[1]
+    root.fs.makedirs(root.join(SUMMARY_DIR), exist_ok=True)
+    with root.fs.open(root.join(SUMMARY_DIR, name), "w") as f:
         f.write(markdown)
 
 

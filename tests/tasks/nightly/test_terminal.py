@@ -369,8 +369,8 @@ def test_the_markdown_keeps_every_wide_table(full_night):
 
 
 def test_publishing_writes_the_full_markdown_to_the_summary_file(full_night, prefect_harness):
-    markdown = publish_summary(full_night)
     root = Root.from_url(full_night.root)
+    markdown = publish_summary(full_night, root)
     assert full_night.summary_file.startswith(root.url_of("nightly") + "/")
     with root.fs.open(full_night.summary_file) as f:
         assert f.read().decode() == markdown == markdown_text(full_night)
