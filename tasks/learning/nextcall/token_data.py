@@ -52,7 +52,7 @@ class ChunkBatches(keras.utils.PyDataset):
         seed: int,
     ) -> None:
         # two threads cut the next batches while the backend trains on this one, so cutting a
-        # batch never waits for a step (the throughput with and without: docs/learning.md)
+        # batch never waits for a step (the throughput with and without: docs/learning-nextcall.md)
         super().__init__(workers=2, use_multiprocessing=False, max_queue_size=8)
         self.starts, self.extra, self.cut = starts, extra, cut
         self.batch_size, self.shuffle, self.repeat = batch_size, shuffle, repeat
