@@ -101,16 +101,12 @@ def test_python_numpy_under_the_layer(layer):
     assert m["minor_faults_with"] < m["minor_faults_without"]
 
 
-def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp_path):
-    """Trace the program, simulate largest on its events, compare with the measured faults."""
+def _traced_events(argv: list[str], libheapcast: Path, out: Path) -> tuple[pa.Table, dict]:
+    """argv traced into `out` (glibc's mmap threshold fixed at 128 KiB, as the simulator
+    assumes): its events as one table, and the environment it ran with."""
     from tasks.dataset.convert import convert_trace
     from tasks.format.trace_reader import read_trace
-    from tasks.whatif.policies import LargestConfig
-    from tasks.whatif.simulate import simulate
 
-    exe = program("bigblocks")
-    argv = [str(exe), "30", "1", *BIG]
-    out = tmp_path / "trace"
     out.mkdir()
     env = dict(
         os.environ,
@@ -120,6 +116,17 @@ def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp
     )
     subprocess.run(argv, env=env, check=True, capture_output=True)
     table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
+    return table, env
+
+
+def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp_path):
+    """Trace the program, simulate largest on its events, compare with the measured faults."""
+    from tasks.whatif.policies import LargestConfig
+    from tasks.whatif.simulate import simulate
+
+    exe = program("bigblocks")
+    argv = [str(exe), "30", "1", *BIG]
+    table, env = _traced_events(argv, libheapcast, tmp_path / "trace")
     sim = simulate(table, LargestConfig(n=4))
     m = measure_layer(argv, layer=layer, policy=LargestConfig(n=4))
     _same(m)
@@ -157,22 +164,11 @@ SEQ = (
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_simulator_holds_to_the_layer_on_a_hand_made_sequence(layer, libheapcast, program, n,
                                                               tmp_path):  # fmt: skip
-    from tasks.dataset.convert import convert_trace
-    from tasks.format.trace_reader import read_trace
     from tasks.whatif.policies import LargestConfig
     from tasks.whatif.simulate import simulate
 
     argv = [str(program("layerseq")), *SEQ]
-    out = tmp_path / "trace"
-    out.mkdir()
-    env = dict(
-        os.environ,
-        LD_PRELOAD=str(libheapcast),
-        HEAPCAST_OUT=str(out),
-        MALLOC_MMAP_THRESHOLD_="131072",
-    )
-    subprocess.run(argv, env=env, check=True, capture_output=True)
-    table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
+    table, _ = _traced_events(argv, libheapcast, tmp_path / "trace")
     # kept from the first free (proof=0): the sequence reuses a few blocks, each a rule's case
     policy = LargestConfig(n=n, proof=0)
     sim = simulate(table, policy)
