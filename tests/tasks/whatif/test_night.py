@@ -34,6 +34,7 @@ from tasks.whatif.night import (
     whatif_plan,
     write_table,
 )
+from tests.tasks.whatif.reference import ROW_FIGURES
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
 pytestmark = pytest.mark.slow
@@ -74,22 +75,7 @@ def test_rows_per_run_policy_and_predictor(replayed):
     assert url == root.url_of("whatif", "heapcast-next-call-v1.parquet")
     df = pq.read_table(url).to_pandas()
     assert not [p for p in (root.fs.ls(root.join("whatif"))) if p.endswith(".tmp")]
-    for col in (
-        "workload",
-        "run",
-        "policy",
-        "predictor",
-        "config",
-        "hit_rate",
-        "idle_bytes_mean",
-        "idle_bytes_peak",
-        "peak_footprint",
-        "live_peak",
-        "fault_bytes_avoided",
-        "max_rss",
-        "ideal_rss",
-        "model_version",
-    ):
+    for col in ("workload", "run", "policy", "predictor", "config", *ROW_FIGURES, "model_version"):
         assert col in df.columns, col
     # per run: every non-guided config once, the guided one per predictor (no model here)
     for _, g in df.groupby(["workload", "run"]):

@@ -10,22 +10,9 @@ from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.whatif import policies
 from tasks.whatif.events import read_events
 from tasks.whatif.sweep import default_grid, pareto_plot, sweep, sweep_run
-from tests.tasks.whatif.reference import random_events
+from tests.tasks.whatif.reference import ROW_FIGURES, random_events
 
-COLUMNS = [
-    "run",
-    "workload",
-    "policy",
-    "param",
-    "hit_rate",
-    "idle_bytes_mean",
-    "idle_bytes_peak",
-    "peak_footprint",
-    "live_peak",
-    "fault_bytes_avoided",
-    "max_rss",
-    "ideal_rss",
-]
+COLUMNS = ["run", "workload", "policy", "param", *ROW_FIGURES]
 
 
 def test_sweep_from_root_and_plot(tmp_path):
