@@ -104,23 +104,8 @@ def _events(steps: list[tuple[str, int, int, int]]) -> SimInput:
             owner[s] = i
             if op == "a":
                 align[i] = addr[i] = al
-    zero = np.zeros(n, np.int32)
-    return SimInput(
-        proc=zero,
-        n_proc=1,
-        req=req,
-        freed=freed,
-        cls_req=np.zeros(n, np.uint8),
-        cls_free=np.zeros(n, np.uint8),
-        partner=partner,
-        time=np.zeros(n, np.int64),
-        is_last=np.arange(n) == n - 1,
-        row=np.arange(n),
-        align_req=align,
-        addr_align=addr,
-        thread=zero,
-        n_threads=1,
-        time_basis="calls",
+    return SimInput.one_thread(
+        req, freed, partner, np.zeros(n, np.int64), align, addr, time_basis="calls"
     )
 
 
