@@ -55,24 +55,8 @@ def synthetic(n_events: int, seed: int = 0, window: int = 8) -> SimInput:
     align = np.zeros(n, np.int64)
     align[0::2] = np.where(rng.random(n_blocks) < 0.125, 4096, 0)
     addr = np.where(align > 0, align, 16)
-    zero = np.zeros(n, np.int32)
-    cls = np.zeros(n, np.uint8)
-    return SimInput(
-        proc=zero,
-        n_proc=1,
-        req=req,
-        freed=freed,
-        cls_req=cls,
-        cls_free=cls,
-        partner=partner,
-        time=np.arange(n, dtype=np.int64) * 1000,
-        is_last=np.arange(n) == n - 1,
-        row=np.arange(n),
-        align_req=align,
-        addr_align=addr,
-        thread=zero,
-        n_threads=1,
-        time_basis="ns",
+    return SimInput.one_thread(
+        req, freed, partner, np.arange(n, dtype=np.int64) * 1000, align, addr
     )
 
 

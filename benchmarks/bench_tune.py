@@ -36,35 +36,14 @@ NUMPY = (
     "for _ in range({iterations}):\n    c = (a * b) ** 2 + 3\n"
     "print(float(c[12345]))\n"
 )
-BIG_BLOCKS = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-int main(int argc, char **argv) {
-    int n = atoi(argv[1]);
-    unsigned long sum = 0;
-    for (int i = 0; i < n; i++) {
-        size_t size = 40u << 20;
-        unsigned char *p = malloc(size);
-        memset(p, i, size);
-        sum += p[size / 2];
-        free(p);
-    }
-    printf("%lu\n", sum);
-    return 0;
-}
-"""
+LARGE_CHURN = PROJECT / "tests" / "native" / "programs" / "large_churn.c"
 
 
 def program(name: str, iterations: int, work: Path) -> list[str]:
     if name == "numpy":
         return [sys.executable, "-c", NUMPY.format(iterations=iterations)]
     exe = work / "big_blocks"
-    subprocess.run(
-        ["cc", "-O1", "-fno-builtin", "-o", str(exe), "-x", "c", "-"],
-        input=BIG_BLOCKS.encode(),
-        check=True,
-    )
+    subprocess.run(["cc", "-O1", "-fno-builtin", "-o", str(exe), str(LARGE_CHURN)], check=True)
     return [str(exe), str(iterations)]
 
 

@@ -181,9 +181,7 @@ def bench_simulator(root: Root, min_events: int, reps: int) -> dict:
 
 
 def bench_layer() -> dict:
-    from tasks.dataset.convert import convert_trace
-    from tasks.format.trace_reader import read_trace
-    from tasks.whatif.layer import build_layer, measure_layer
+    from tasks.whatif.layer import build_layer, measure_layer, traced_events
 
     lib = build_layer()
     subprocess.run(["make", "-s", "-C", str(PROJECT / "native")], check=True)
@@ -228,16 +226,7 @@ def bench_layer() -> dict:
             }
         # simulated vs measured, bigblocks single-threaded
         argv = cases["bigblocks 40 rounds, 1 thread, 300000 1000000 2500000 B"][0]
-        tdir = Path(tmp) / "trace"
-        tdir.mkdir()
-        env = dict(
-            os.environ,
-            LD_PRELOAD=str(tracer),
-            HEAPCAST_OUT=str(tdir),
-            MALLOC_MMAP_THRESHOLD_="131072",
-        )
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
-        table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in tdir.glob("*.hct")])
+        table, _ = traced_events(argv, tracer, Path(tmp) / "trace")
         sim = simulate(table, LargestConfig(n=4))
         measured = out["bigblocks 40 rounds, 1 thread, 300000 1000000 2500000 B"]
         out["simulated_vs_measured_bigblocks"] = {

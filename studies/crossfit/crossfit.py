@@ -14,26 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import concat_runs  # noqa: E402
-from tasks.learning.nextcall.model import NGramTable  # noqa: E402
-from tasks.learning.nextcall.training import (  # noqa: E402
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import concat_runs
+from tasks.learning.nextcall.model import NGramTable
+from tasks.learning.nextcall.training import (
     crossfit_features,
     crossfit_rows,
     training_features,
     training_tables,
 )
-from tasks.learning.split import load_split  # noqa: E402
-from tasks.learning.train_config import load_train_config  # noqa: E402
+from tasks.learning.split import load_split
+from tasks.learning.train_config import load_train_config
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def refit_per_workload(feats: np.ndarray, runs: list, cfg) -> int:

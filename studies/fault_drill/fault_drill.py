@@ -322,27 +322,23 @@ def drill_killed_conversion(work: Path, n: int, client) -> list[Attempt]:
 
 
 def drill_disk_full(work: Path, n: int, client) -> list[Attempt]:
-    from tasks.core.storage import Root
-    from tasks.dataset.partitions import DiskFull, RunRef, convert_run
-    from tests.faults import small_tmpfs
-    from tests.tasks.dataset.test_partition_faults import RUN, add_raw, events, staged_files
+    from tasks.dataset.partitions import DiskFull, convert_run
+    from tests.tasks.dataset import test_partition_faults as faults
 
     out = []
     for i in range(n):
         root_dir = work / f"attempt-{i}" / "root"
-        root = Root.from_url(str(root_dir))
-        other = RunRef("w", "other")
-        with small_tmpfs(root_dir / "events", "8m") as disk:
-            add_raw(root_dir, RUN, 100, 6000)
-            add_raw(root_dir, other, 500, 6000)
-            convert_run(root, RUN, client=client)
-            convert_run(root, other, client=client)
-            before, before_other = events(root, runs=["r1"]), events(root, runs=["other"])
+        with faults.two_runs_on_a_small_disk(root_dir, client) as (
+            root,
+            disk,
+            before,
+            before_other,
+        ):
             free = shutil.disk_usage(disk).free
-            add_raw(root_dir, RUN, 300, [1_400_000, 2_000_000, 3_000_000][i % 3])
+            faults.add_raw(root_dir, faults.RUN, 300, [1_400_000, 2_000_000, 3_000_000][i % 3])
             message = ""
             try:
-                convert_run(root, RUN, client=client)
+                convert_run(root, faults.RUN, client=client)
             except DiskFull as err:
                 message = str(err)
             named = message.startswith("w/r1:") and "needs about" in message
@@ -350,9 +346,9 @@ def drill_disk_full(work: Path, n: int, client) -> list[Attempt]:
             out.append(
                 Attempt(
                     nothing_lost=named
-                    and events(root, runs=["r1"]).equals(before)
-                    and events(root, runs=["other"]).equals(before_other),
-                    nothing_duplicated=not staged_files(root_dir)
+                    and faults.events(root, runs=["r1"]).equals(before)
+                    and faults.events(root, runs=["other"]).equals(before_other),
+                    nothing_duplicated=not faults.staged_files(root_dir)
                     and shutil.disk_usage(disk).free == free,
                     champion_never_worse=None,
                     note=f"w/r1 needs about {needs}" if named else f"no DiskFull: {message[:80]}",

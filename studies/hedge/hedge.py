@@ -18,28 +18,27 @@ import tempfile
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+import mlflow
+import numpy as np
+from mlflow import MlflowClient
 
-import mlflow  # noqa: E402
-import numpy as np  # noqa: E402
-from mlflow import MlflowClient  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import head_rows  # noqa: E402
-from tasks.learning.labels import (  # noqa: E402
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import head_rows
+from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
     REUSE_EDGES,
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.questions.hedge import EXPERTS, SHARE, hedge_keys, hedged, process_prior  # noqa: E402
-from tasks.learning.questions.lifetime import NETWORK_SURVIVAL, lifetime_majority, network_survival  # noqa: E402
-from tasks.learning.questions.network import network_answers  # noqa: E402
-from tasks.learning.questions.reuse import MIN_PROB, QUESTION, call_sites, majority_of, read_events  # noqa: E402
-from tasks.learning.split import load_split  # noqa: E402
-from tasks.learning.train_config import load_train_config  # noqa: E402
-from tasks.registry.question_artifacts import fetch_question_network  # noqa: E402
+from tasks.learning.questions.hedge import EXPERTS, SHARE, hedge_keys, hedged, process_prior
+from tasks.learning.questions.lifetime import NETWORK_SURVIVAL, lifetime_majority, network_survival
+from tasks.learning.questions.network import network_answers
+from tasks.learning.questions.reuse import MIN_PROB, QUESTION, call_sites, majority_of, read_events
+from tasks.learning.split import load_split
+from tasks.learning.train_config import load_train_config
+from tasks.registry.question_artifacts import fetch_question_network
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--root", default="data", help="the night's data root (events, mlflow)")

@@ -51,27 +51,27 @@ def _env(lib: Path, policy: str, mode: str) -> dict[str, str]:
     return env
 
 
-def instructions(pl: Path, lib: Path, policy: str, threads: int, mode: str, pairs: int) -> int:
-    out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(pl)]
-        + [str(threads), str(pairs), str(SIZE)],
+def _pairloop(pl: Path, lib: Path, policy: str, threads: int, mode: str, pairs: int, *before: str):
+    """pairloop's `pairs` malloc/free pairs on `threads` threads under the layer (after the
+    command `before`, valgrind's); it must exit 0."""
+    return subprocess.run(
+        [*before, str(pl), str(threads), str(pairs), str(SIZE)],
         env=_env(lib, policy, mode),
         capture_output=True,
         text=True,
         check=True,
-    ).stderr
+    )
+
+
+def instructions(pl: Path, lib: Path, policy: str, threads: int, mode: str, pairs: int) -> int:
+    valgrind = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+    out = _pairloop(pl, lib, policy, threads, mode, pairs, *valgrind).stderr
     return int(out.split("Collected : ")[1].split()[0])
 
 
 def ns_per_pair(pl: Path, lib: Path, policy: str, threads: int, mode: str) -> float:
     iters = 20000 if threads > 1 else 200000
-    out = subprocess.run(
-        [str(pl), str(threads), str(iters), str(SIZE)],
-        env=_env(lib, policy, mode),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = _pairloop(pl, lib, policy, threads, mode, iters).stdout
     return float(out.split("ns_per_pair=")[1].split()[0])
 
 

@@ -14,19 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
+import numpy as np
+
+from tasks.allocators.config import load_allocators_config
+from tasks.allocators.decide import mann_whitney_p
+from tasks.allocators.measure import Case, measure_cases
+from tasks.core.storage import Root
+from tasks.replay.workloads import load_catalog
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
-
-import numpy as np  # noqa: E402
-
-from tasks.allocators.config import load_allocators_config  # noqa: E402
-from tasks.allocators.decide import mann_whitney_p  # noqa: E402
-from tasks.allocators.measure import Case, measure_cases  # noqa: E402
-from tasks.core.storage import Root  # noqa: E402
-from tasks.replay.workloads import load_catalog  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -16,27 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import head_rows
+from tasks.learning.labels import LIFETIME_CLASSES, request_and_free_classes
+from tasks.learning.questions.lifetime import QUESTIONS
+from tasks.learning.questions.reuse import MIN_PROB, call_sites, read_events
+from tasks.whatif.night import WhatifParams, parse_runs, registered_ref
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
 
-import numpy as np  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import head_rows  # noqa: E402
-from tasks.learning.labels import LIFETIME_CLASSES, request_and_free_classes  # noqa: E402
-from tasks.learning.questions.lifetime import QUESTIONS  # noqa: E402
-from tasks.learning.questions.reuse import MIN_PROB, call_sites, read_events  # noqa: E402
-from tasks.whatif.night import WhatifParams, parse_runs, registered_ref  # noqa: E402
-
-TABLES = (
-    ("unseen_runs", "eval_runs"),
-    ("unseen_programs", "unseen_program_runs"),
-    ("heldout_workloads", "heldout_runs"),
-)
 KEYS = ("class", "site_and_class")
 COUNTERS = ("class_online", "site_online", "site_survival")
 
@@ -91,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     cap = ref.max_eval_tokens
     trained = [answered(root, network, w, r, cap) for w, r in train]
     evaluated = {
-        table: [answered(root, network, w, r, cap) for w, r in getattr(model, field)]
-        for table, field in TABLES
+        table: [answered(root, network, w, r, cap) for w, r in runs]
+        for table, runs in model.runs_by_table.items()
     }
     out: dict = {"model": f"{ref.name} v{ref.version}", "train_runs": len(train), "rows": []}
     for q in QUESTIONS:

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
 
 VARIANTS = {
     "ngram_online": {"model": {"ngram_features": True, "online_features": True}},

@@ -14,13 +14,11 @@ Writes studies/next_share/next_share_quick.md (about 2 minutes on the quick nigh
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+import numpy as np
 
-import numpy as np  # noqa: E402
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def _scores(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:

@@ -24,13 +24,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+from tasks.core.storage import Root
+from tasks.learning.questions.reuse import program_lines, question_lines
+from tasks.learning.split import load_split
+from tasks.learning.train_config import load_train_config
 
-from tasks.core.storage import Root  # noqa: E402
-from tasks.learning.questions.reuse import program_lines, question_lines  # noqa: E402
-from tasks.learning.split import load_split  # noqa: E402
-from tasks.learning.train_config import load_train_config  # noqa: E402
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+import numpy as np
+
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import list_runs
+from tasks.learning.labels import REUSE_EDGES, process_order, request_and_free_classes
+from tasks.learning.questions.reuse import read_events
+from tasks.learning.table.distill import LAYER_SOON_CLASS
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
-
-import numpy as np  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import list_runs  # noqa: E402
-from tasks.learning.labels import REUSE_EDGES, process_order, request_and_free_classes  # noqa: E402
-from tasks.learning.questions.reuse import read_events  # noqa: E402
-from tasks.learning.table.distill import LAYER_SOON_CLASS  # noqa: E402
 
 LARGE = 128 * 1024
 SOON = int(REUSE_EDGES[LAYER_SOON_CLASS])  # 4096 calls

@@ -17,28 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import head_rows
+from tasks.learning.labels import request_and_free_classes
+from tasks.learning.questions.reuse import call_sites, read_events
+from tasks.learning.table.distill import keep_soon, soon_of_reuse
+from tasks.learning.table.layer_file import HEADER
+from tasks.whatif.night import WhatifParams, registered_ref
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
-
-import numpy as np  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import head_rows  # noqa: E402
-from tasks.learning.labels import request_and_free_classes  # noqa: E402
-from tasks.learning.questions.reuse import call_sites, read_events  # noqa: E402
-from tasks.learning.table.distill import keep_soon, soon_of_reuse  # noqa: E402
-from tasks.learning.table.layer_file import HEADER  # noqa: E402
-from tasks.whatif.night import WhatifParams, registered_ref  # noqa: E402
-
-TABLES = (
-    ("unseen_runs", "eval_runs"),
-    ("unseen_programs", "unseen_program_runs"),
-    ("heldout_workloads", "heldout_runs"),
-)
 
 
 def best_agreement(keep: np.ndarray, key: np.ndarray) -> tuple[float, int]:
@@ -77,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         "bound_within_calls": 4096,
         "tables": [],
     }
-    for table, field in TABLES:
+    for table, runs in model.runs_by_table.items():
         keep, cls, site = [], [], []
-        for w, r in getattr(model, field):
+        for w, r in runs:
             t = head_rows(read_events(root, w, r), ref.max_eval_tokens)
             reuse = network_answers(t, network)[1]["reuse"]
             _, free = request_and_free_classes(t)

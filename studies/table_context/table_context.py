@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+import numpy as np
+
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import head_rows
+from tasks.learning.labels import process_order, request_and_free_classes
+from tasks.learning.questions.reuse import read_events
+from tasks.learning.split import load_split
+from tasks.learning.table.distill import keep_soon, soon_of_reuse
+from tasks.learning.train_config import load_train_config
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
-
-import numpy as np  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import head_rows  # noqa: E402
-from tasks.learning.labels import process_order, request_and_free_classes  # noqa: E402
-from tasks.learning.questions.reuse import read_events  # noqa: E402
-from tasks.learning.split import load_split  # noqa: E402
-from tasks.learning.table.distill import keep_soon, soon_of_reuse  # noqa: E402
-from tasks.learning.train_config import load_train_config  # noqa: E402
 
 ORDERS = (0, 1, 2, 3, 4)
 OTHER, BEFORE = 64, 65  # a call with no known class; no call (before the process's first)

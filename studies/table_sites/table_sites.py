@@ -18,30 +18,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from tasks.core.storage import Root
+from tasks.dataset.sites import call_sites
+from tasks.dataset.token_runs import head_rows
+from tasks.learning.labels import request_and_free_classes
+from tasks.learning.questions.reuse import majority_of, read_events
+from tasks.learning.table.distill import LAYER_SOON_CLASS, keep_soon, soon_of_reuse
+from tasks.learning.table.layer_file import write_layer_table
+from tasks.whatif.night import WhatifParams, parse_runs, registered_ref
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
-
-import numpy as np  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.sites import call_sites  # noqa: E402
-from tasks.dataset.token_runs import head_rows  # noqa: E402
-from tasks.learning.labels import request_and_free_classes  # noqa: E402
-from tasks.learning.questions.reuse import majority_of, read_events  # noqa: E402
-from tasks.learning.table.distill import LAYER_SOON_CLASS, keep_soon, soon_of_reuse  # noqa: E402
-from tasks.learning.table.layer_file import write_layer_table  # noqa: E402
-from tasks.whatif.night import WhatifParams, parse_runs, registered_ref  # noqa: E402
-
-TABLES = (
-    ("unseen_runs", "eval_runs"),
-    ("unseen_programs", "unseen_program_runs"),
-    ("heldout_workloads", "heldout_runs"),
-)
 
 
 def _keep(probs: np.ndarray) -> np.ndarray:
@@ -196,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         "within_calls": 4096,
         "tables": [],
     }
-    for table, field in TABLES:
-        cols = table_columns(sorted(set(getattr(model, field))), events, network, sited)
+    for table, runs in model.runs_by_table.items():
+        cols = table_columns(sorted(set(runs)), events, network, sited)
         if not cols:
             continue
         c = {key: np.concatenate(v) for key, v in cols.items()}

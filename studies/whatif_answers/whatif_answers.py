@@ -17,24 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.whatif.night import (  # noqa: E402
+from tasks.core.storage import Root
+from tasks.whatif.night import (
     WhatifParams,
     load_predictor,
     registered_ref,
     replay_run,
     smallest_run_per_workload,
 )
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def timed(root, w, r, params, predictor, cap) -> tuple[float, pd.DataFrame, list[str]]:

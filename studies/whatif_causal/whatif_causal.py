@@ -20,38 +20,37 @@ import sys
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import ScoredRun, eval_positions  # noqa: E402
-from tasks.learning.counters.online import OnlineCounter  # noqa: E402
-from tasks.learning.nextcall.model import predict_positions  # noqa: E402
-from tasks.whatif.events import prepare, read_events  # noqa: E402
-from tasks.whatif.guided import (  # noqa: E402
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import ScoredRun, eval_positions
+from tasks.learning.counters.online import OnlineCounter
+from tasks.learning.nextcall.model import predict_positions
+from tasks.whatif.events import prepare, read_events
+from tasks.whatif.guided import (
     keep_at_free,
     next_call_top,
     predictions_from_topk,
     reuse_labels,
 )
-from tasks.whatif.night import (  # noqa: E402
+from tasks.whatif.night import (
     HEURISTICS,
     WhatifParams,
     _top_per_row,
     load_predictor,
     registered_ref,
 )
-from tasks.whatif.policies import (  # noqa: E402
+from tasks.whatif.policies import (
     GuidedConfig,
     LargestConfig,
     LruConfig,
     NoneConfig,
     PoolsConfig,
 )
-from tasks.whatif.sweep import BUDGETS, GUIDED_HORIZON, sweep_run  # noqa: E402
+from tasks.whatif.sweep import BUDGETS, GUIDED_HORIZON, sweep_run
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 GUIDED_BUDGETS = (4 << 10, 16 << 10, 256 << 10)
 PREDICTORS = (

@@ -21,18 +21,17 @@ import sys
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+from tasks.core.storage import Root
+from tasks.dataset.token_runs import ScoredRun, list_runs
+from tasks.whatif.events import prepare, read_events
+from tasks.whatif.guided import reuse_tiers
+from tasks.whatif.night import predictions_for
+from tasks.whatif.oracle import bound_hits
+from tasks.whatif.policies import GuidedConfig, LruConfig
+from tasks.whatif.simulate import simulate
+from tasks.whatif.sweep import default_grid
 
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.token_runs import ScoredRun, list_runs  # noqa: E402
-from tasks.whatif.events import prepare, read_events  # noqa: E402
-from tasks.whatif.guided import reuse_tiers  # noqa: E402
-from tasks.whatif.night import predictions_for  # noqa: E402
-from tasks.whatif.oracle import bound_hits  # noqa: E402
-from tasks.whatif.policies import GuidedConfig, LruConfig  # noqa: E402
-from tasks.whatif.simulate import simulate  # noqa: E402
-from tasks.whatif.sweep import default_grid  # noqa: E402
+PROJECT = Path(__file__).resolve().parents[2]
 
 RESULTS = PROJECT / "studies" / "whatif_guided" / "whatif_guided.json"
 HEURISTICS = ("largest", "pools", "lru")

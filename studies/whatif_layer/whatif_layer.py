@@ -25,15 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
+
+from tasks.core.storage import Root
+from tasks.whatif.layer import STAT_KEYS
+from tasks.whatif.policies import LargestConfig
+from tasks.whatif.simulate import simulate
+
 PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
-
-import pyarrow as pa  # noqa: E402
-
-from tasks.core.storage import Root  # noqa: E402
-from tasks.whatif.layer import STAT_KEYS  # noqa: E402
-from tasks.whatif.policies import LargestConfig  # noqa: E402
-from tasks.whatif.simulate import simulate  # noqa: E402
 
 DEFAULT_CASES = "numpy_stack/small,numpy_stack/medium,perl/medium,git/small,make_build/small"
 OUT = PROJECT / "studies" / "whatif_layer" / "whatif_layer.json"

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(PROJECT))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+PROJECT = Path(__file__).resolve().parents[2]
 
 HEURISTICS = ("largest", "pools", "lru")
 BUDGETS = (4 << 10, 16 << 10, 1 << 20, 16 << 20)

@@ -331,6 +331,23 @@ def missing_message(allocator: Allocator, workload: Workload, runner_kind: str) 
     )
 
 
+# why an allocator that reads a registered version's table has none, by its table_kind: what it
+# reads, then the cases besides "no version is registered yet"
+_NO_TABLE = {
+    "reuse": (
+        "table",
+        "or the one named has no table (a night registers a version and logs its table; "
+        "`python -m flows.allocators` reads the champion's, or --table-model's)",
+    ),
+    "lifetime": (
+        "lifetime table",
+        "the one named has none (registered before lifetime tables were logged with each "
+        "version; the stage's log says which), or a layer table file was given (--table-file: "
+        "the lifetime table comes from a registered version only)",
+    ),
+}
+
+
 def check_allocators(
     runner: Runner, runner_kind: str, workload: Workload, allocators: list[Allocator]
 ) -> dict[str, AllocatorMissing]:
@@ -355,20 +372,11 @@ def check_allocators(
                 f"(apt-get install {a.package or JEMALLOC_PACKAGE}; scripts/setup.sh does)"
             )
     for a in allocators:
-        if a.table_kind == "reuse" and a.model_table is None:
+        if a.table_kind in _NO_TABLE and a.model_table is None:
+            what, why = _NO_TABLE[a.table_kind]
             out[a.name] = AllocatorMissing(
-                f"allocator {a.name!r} reads the registered model's table, and none was given: "
-                "no version is registered yet, or the one named has no table (a night "
-                "registers a version and logs its table; `python -m flows.allocators` reads "
-                "the champion's, or --table-model's)"
-            )
-        elif a.table_kind == "lifetime" and a.model_table is None:
-            out[a.name] = AllocatorMissing(
-                f"allocator {a.name!r} reads the registered model's lifetime table, and none "
-                "was given: no version is registered yet, the one named has none (registered "
-                "before lifetime tables were logged with each version; the stage's log says "
-                "which), or a layer table file was given (--table-file: the lifetime table "
-                "comes from a registered version only)"
+                f"allocator {a.name!r} reads the registered model's {what}, and none was given: "
+                f"no version is registered yet, {why}"
             )
     return out
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
 from tasks.learning.scores import Evaluation, QuestionScores
 
 if TYPE_CHECKING:
@@ -100,6 +101,16 @@ class RegisteredModel:
         return tuple(
             dict.fromkeys((*self.eval_runs, *self.unseen_program_runs, *self.heldout_runs))
         )
+
+    @property
+    def runs_by_table(self) -> dict[str, Runs]:
+        """The runs of each evaluation table, by its name (tasks.learning.evaluate.TABLES), in
+        table order."""
+        return {
+            UNSEEN_RUNS: self.eval_runs,
+            UNSEEN_PROGRAMS: self.unseen_program_runs,
+            HELDOUT_WORKLOADS: self.heldout_runs,
+        }
 
     @property
     def uri(self) -> str:

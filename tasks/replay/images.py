@@ -90,16 +90,16 @@ def build_base(host: str | None = None, force: bool = False) -> ImageBuild:
             raise RuntimeError(
                 f"{BASE_SCRIPT} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
             )
-        img = client.images.get(BASE_IMAGE)
-        return ImageBuild(
-            image="base",
-            tag=BASE_IMAGE,
-            image_id=img.id,
-            built=True,
-            seconds=round(time.monotonic() - t0, 1),
-        )
+        return _built("base", BASE_IMAGE, client.images.get(BASE_IMAGE).id, t0)
     finally:
         client.close()
+
+
+def _built(image: str, tag: str, image_id: str, t0: float) -> ImageBuild:
+    """An image built just now, in the seconds since t0 (time.monotonic)."""
+    return ImageBuild(
+        image=image, tag=tag, image_id=image_id, built=True, seconds=round(time.monotonic() - t0, 1)
+    )
 
 
 def build_workload_image(
@@ -145,13 +145,7 @@ def build_workload_image(
             ) from None
         except APIError as err:
             raise EngineError(f"image {image!r}: the engine failed the build: {err}") from err
-        return ImageBuild(
-            image=image,
-            tag=tag,
-            image_id=img.id,
-            built=True,
-            seconds=round(time.monotonic() - t0, 1),
-        )
+        return _built(image, tag, img.id, t0)
     finally:
         client.close()
 

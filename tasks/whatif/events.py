@@ -116,6 +116,39 @@ class SimInput:
     run: str = ""
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @classmethod
+    def one_thread(
+        cls,
+        req: np.ndarray,
+        freed: np.ndarray,
+        partner: np.ndarray,
+        time: np.ndarray,
+        align_req: np.ndarray,
+        addr_align: np.ndarray,
+        time_basis: str = "ns",
+    ) -> SimInput:
+        """A stream made by hand or generated, as one process of one thread, its sizes all of
+        class 0 (what the policy core's tests and benchmark replay)."""
+        n = len(req)
+        zero = np.zeros(n, np.int32)
+        return cls(
+            proc=zero,
+            n_proc=1,
+            req=req,
+            freed=freed,
+            cls_req=np.zeros(n, np.uint8),
+            cls_free=np.zeros(n, np.uint8),
+            partner=partner,
+            time=time,
+            is_last=np.arange(n) == n - 1,
+            row=np.arange(n),
+            align_req=align_req,
+            addr_align=addr_align,
+            thread=zero,
+            n_threads=1,
+            time_basis=time_basis,
+        )
+
     @property
     def n(self) -> int:
         return len(self.req)

@@ -205,6 +205,27 @@ LAYER_FILE = "libheapcast_layer.so"
 STATS_FILE = "layer.stats"
 
 
+def traced_events(argv: list[str], tracer: str | Path, out: Path) -> tuple[Any, dict[str, str]]:
+    """argv run once under the tracer, writing into `out` (made here), with glibc's mmap
+    threshold fixed as the simulator assumes: its events as one table (what `simulate` takes,
+    to compare with `measure_layer` on the same command), and the environment it ran with."""
+    import pyarrow as pa  # deferred, with the converter: measuring the layer needs neither
+
+    from tasks.dataset.convert import convert_trace
+    from tasks.format.trace_reader import read_trace
+
+    out.mkdir()
+    env = dict(
+        os.environ,
+        LD_PRELOAD=str(tracer),
+        HEAPCAST_OUT=str(out),
+        MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+    )
+    subprocess.run(argv, env=env, check=True, capture_output=True)
+    table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
+    return table, env
+
+
 def _arm_workload(
     workload, arm: str, policy: LargestConfig, static_threshold: bool, stats: str | None = None
 ):

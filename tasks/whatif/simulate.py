@@ -24,15 +24,12 @@ from numba import njit
 from tasks.whatif.events import N_CLASSES, NEVER, SimInput, prepare
 from tasks.whatif.oracle import oracle_metrics
 from tasks.whatif.policies import (
+    LAYER_KINDS,
     MMAP_THRESHOLD,
-    BeladyConfig,
     GuidedConfig,
-    LargestConfig,
     LayerGuidedConfig,
-    LruConfig,
     NoneConfig,
     OracleConfig,
-    PoolsConfig,
     _Policy,
 )
 from tasks.whatif.policy_core import (
@@ -442,12 +439,7 @@ def _simulate(
     return g, floats, idle_peak_process
 
 
-_KIND = {
-    NoneConfig: K_NONE,
-    LruConfig: K_LRU,
-    GuidedConfig: K_GUIDED,
-    BeladyConfig: K_BELADY,
-}
+_KIND = {"none": K_NONE, "lru": K_LRU, "guided": K_GUIDED, "belady": K_BELADY}  # by policy kind
 _NO_PRED = np.zeros(0, np.int64)
 _NO_NEXT = np.zeros(0, np.int64)
 
@@ -482,12 +474,12 @@ def run_kernel(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The compiled loop on a prepared run: (counters, integrals, per-process idle peak). The
     policies the layer runs are not here: `simulate` hands them to the policy core."""
-    if type(policy) not in _KIND:
+    if policy.kind not in _KIND:  # type: ignore[attr-defined]
         raise ValueError(
             f"{policy.kind} is a policy the layer runs: the policy core computes it "  # type: ignore[attr-defined]
             "(simulate, or tasks.whatif.policy_core), not the compiled loop"
         )
-    kind = _KIND[type(policy)]
+    kind = _KIND[policy.kind]  # type: ignore[attr-defined]
     pred, n_tiers = _NO_PRED, 1
     tier_ttl = np.zeros(MAX_TIERS, np.int64)
     if kind == K_GUIDED:
@@ -761,7 +753,7 @@ def simulate(
         return oracle_metrics(x, policy, base)
     if isinstance(policy, NoneConfig):
         out = dict(base)
-    elif isinstance(policy, (LargestConfig, PoolsConfig, LayerGuidedConfig)):
+    elif policy.kind in LAYER_KINDS:  # type: ignore[attr-defined]
         out, _ = layer_metrics(x, policy, class_scores, mmap_threshold)
     else:
         out = _metrics(x, policy, *run_kernel(x, policy, predictions, mmap_threshold))

@@ -10,10 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from tasks.whatif.layer import build_layer, measure_layer, run_measured
+from tasks.whatif.layer import build_layer, measure_layer, run_measured, traced_events
 from tasks.whatif.policies import LargestConfig
 from tests.native.tracer_harness import NATIVE
 
@@ -103,23 +102,12 @@ def test_python_numpy_under_the_layer(layer):
 
 def test_layer_with_tracer_and_simulated_faults(layer, libheapcast, program, tmp_path):
     """Trace the program, simulate largest on its events, compare with the measured faults."""
-    from tasks.dataset.convert import convert_trace
-    from tasks.format.trace_reader import read_trace
     from tasks.whatif.policies import LargestConfig
     from tasks.whatif.simulate import simulate
 
     exe = program("bigblocks")
     argv = [str(exe), "30", "1", *BIG]
-    out = tmp_path / "trace"
-    out.mkdir()
-    env = dict(
-        os.environ,
-        LD_PRELOAD=str(libheapcast),
-        HEAPCAST_OUT=str(out),
-        MALLOC_MMAP_THRESHOLD_="131072",
-    )
-    subprocess.run(argv, env=env, check=True, capture_output=True)
-    table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
+    table, env = traced_events(argv, libheapcast, tmp_path / "trace")
     sim = simulate(table, LargestConfig(n=4))
     m = measure_layer(argv, layer=layer, policy=LargestConfig(n=4))
     _same(m)
@@ -157,22 +145,11 @@ SEQ = (
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_simulator_holds_to_the_layer_on_a_hand_made_sequence(layer, libheapcast, program, n,
                                                               tmp_path):  # fmt: skip
-    from tasks.dataset.convert import convert_trace
-    from tasks.format.trace_reader import read_trace
     from tasks.whatif.policies import LargestConfig
     from tasks.whatif.simulate import simulate
 
     argv = [str(program("layerseq")), *SEQ]
-    out = tmp_path / "trace"
-    out.mkdir()
-    env = dict(
-        os.environ,
-        LD_PRELOAD=str(libheapcast),
-        HEAPCAST_OUT=str(out),
-        MALLOC_MMAP_THRESHOLD_="131072",
-    )
-    subprocess.run(argv, env=env, check=True, capture_output=True)
-    table = pa.concat_tables([convert_trace(read_trace(p))[0] for p in sorted(out.glob("*.hct"))])
+    table, _ = traced_events(argv, libheapcast, tmp_path / "trace")
     # kept from the first free (proof=0): the sequence reuses a few blocks, each a rule's case
     policy = LargestConfig(n=n, proof=0)
     sim = simulate(table, policy)

@@ -13,6 +13,16 @@ def op_sizes(trace) -> list[tuple[int, int]]:
     return list(zip(trace.op.tolist(), trace.size.tolist()))
 
 
+def _parent_and_child_pid(run, files: int):
+    """The run exited 0, quietly, and left `files` traces: the parent's trace and the child's
+    pid (the program prints it second)."""
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert run.proc.stderr == ""
+    child_pid = int(run.proc.stdout.split()[1])
+    assert len(run.traces) == files
+    return next(t for t in run.traces if t.header.pid != child_pid), child_pid
+
+
 @pytest.mark.parametrize("how", ["exit", "_exit"])
 def test_fork_child_writes_its_own_file(program, run_traced, assert_frees_paired, how):
     # GIVEN a parent holding 3 unflushed malloc(111) records when it forks
@@ -22,11 +32,7 @@ def test_fork_child_writes_its_own_file(program, run_traced, assert_frees_paired
     run = run_traced([exe, how])
 
     # THEN there are two files: the parent's and the child's, whose ppid is the parent
-    assert run.proc.returncode == 0, run.proc.stderr
-    assert run.proc.stderr == ""
-    child_pid = int(run.proc.stdout.split()[1])
-    assert len(run.traces) == 2
-    parent = next(t for t in run.traces if t.header.pid != child_pid)
+    parent, child_pid = _parent_and_child_pid(run, files=2)
     child = next(t for t in run.traces if t.header.pid == child_pid)
     assert child.header.ppid == parent.header.pid
     assert child.header.cmdline == parent.header.cmdline == (str(exe), how)
@@ -66,11 +72,7 @@ def test_fork_then_exec_traces_each_image(program, run_traced, how):
 
     # THEN three files: parent, the child before exec (buffer flushed by the exec hook),
     # and the exec'd image (same pid, its own file)
-    assert run.proc.returncode == 0, run.proc.stderr
-    assert run.proc.stderr == ""
-    child_pid = int(run.proc.stdout.split()[1])
-    assert len(run.traces) == 3
-    parent = next(t for t in run.traces if t.header.pid != child_pid)
+    parent, child_pid = _parent_and_child_pid(run, files=3)
     pre_exec = next(
         t for t in run.traces if t.header.pid == child_pid and t.header.cmdline[-1] == how
     )

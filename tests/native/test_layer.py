@@ -77,16 +77,19 @@ def _stats(path: Path) -> list[dict[str, int]]:
     ]
 
 
+def _plain_and_under(argv, lib, setting, stdin=None, **extra):
+    """argv run plainly, then under the layer with HEAPCAST_LAYER=setting: both runs."""
+    kw = dict(capture_output=True, text=True, input=stdin, timeout=600)
+    plain = subprocess.run([str(a) for a in argv], env=_env(None, **extra), **kw)
+    return plain, subprocess.run([str(a) for a in argv], env=_env(lib, setting, **extra), **kw)
+
+
 def _same_under_layer(argv, lib, setting, tmp_path, stdin=None, **extra):
     """Run argv plainly and under the layer; assert identical stdout, stderr and exit code;
     return the layer's stats lines."""
     stats = tmp_path / "stats"
     stats.unlink(missing_ok=True)
-    kw = dict(capture_output=True, text=True, input=stdin, timeout=600)
-    plain = subprocess.run([str(a) for a in argv], env=_env(None, **extra), **kw)
-    under = subprocess.run(
-        [str(a) for a in argv], env=_env(lib, f"{setting},stats={stats}", **extra), **kw
-    )
+    plain, under = _plain_and_under(argv, lib, f"{setting},stats={stats}", stdin, **extra)
     assert under.returncode == plain.returncode, (under.returncode, under.stderr[-2000:])
     assert under.stdout == plain.stdout
     assert under.stderr == plain.stderr
@@ -215,12 +218,8 @@ def test_the_layer_keeps_nothing_until_reuse_is_proven(heapcast_layer, program, 
 def test_a_setting_it_cannot_parse_passes_through(heapcast_layer, program, setting, tmp_path):
     exe = program("bigblocks")
     stats = tmp_path / "stats"
-    plain = subprocess.run([exe, "5", "1", *BIG], capture_output=True, text=True, env=_env(None))
-    r = subprocess.run(
-        [exe, "5", "1", *BIG],
-        capture_output=True,
-        text=True,
-        env=_env(heapcast_layer, f"policy=guided,stats={stats},{setting}"),
+    plain, r = _plain_and_under(
+        [exe, "5", "1", *BIG], heapcast_layer, f"policy=guided,stats={stats},{setting}"
     )
     assert r.returncode == plain.returncode == 0
     assert r.stdout == plain.stdout
@@ -295,14 +294,10 @@ def test_a_table_it_cannot_trust_is_refused(heapcast_layer, program, kind, reaso
     model = "5" if kind == "model" else "3"
     exe = program("bigblocks")
     stats = tmp_path / "stats"
-    plain = subprocess.run([exe, "5", "1", *BIG], capture_output=True, text=True, env=_env(None))
-    r = subprocess.run(
+    plain, r = _plain_and_under(
         [exe, "5", "1", *BIG],
-        capture_output=True,
-        text=True,
-        env=_env(
-            heapcast_layer, f"policy=guided,predictor=table:{table},model={model},stats={stats}"
-        ),
+        heapcast_layer,
+        f"policy=guided,predictor=table:{table},model={model},stats={stats}",
     )
     assert r.returncode == 0 and r.stdout == plain.stdout
     assert r.stderr.splitlines() == [

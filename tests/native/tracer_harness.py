@@ -17,6 +17,16 @@ from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trac
 REPO = Path(__file__).resolve().parents[2]
 NATIVE = REPO / "native"
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+# what programs/startup_dlsym.c prints when a layer serves the calls its dlsym makes during the
+# layer's first lookup; the realloc of a block the layer did not make, before it knows the real
+# realloc, is refused and the block kept intact
+STARTUP_DLSYM_SERVED = [
+    "posix_memalign rc=0 aligned=1",
+    "aligned_alloc aligned=1",
+    "memalign aligned=1",
+    "valloc aligned=1",
+    "realloc refused errno=ENOMEM",
+]
 
 
 @dataclass

@@ -30,6 +30,16 @@
 
 static size_t size;
 
+/* After a double free: main mallocs SIZE beside the block q another thread got; prints "same"
+ * (the one block handed to two owners: exit 1) or "distinct" (exit 0); 2 when a malloc failed. */
+static int same_or_distinct(char *q) {
+    char *r = malloc(size);
+    if (!q || !r) return 2;
+    printf("%s\n", q == r ? "same" : "distinct");
+    fflush(stdout);
+    return q == r ? 1 : 0;
+}
+
 /* doublefree ------------------------------------------------------------------------------- */
 static pthread_barrier_t bar;
 static char *shared;
@@ -54,11 +64,7 @@ static int doublefree(void) {
     free(shared); /* the second free, from another thread */
     pthread_barrier_wait(&bar);
     pthread_join(t, NULL);
-    char *r = malloc(size);
-    if (!q || !r) return 2;
-    printf("%s\n", q == r ? "same" : "distinct");
-    fflush(stdout);
-    return q == r ? 1 : 0;
+    return same_or_distinct(q);
 }
 
 static char *late_block;
@@ -78,11 +84,7 @@ static int late(void) {
     char *q = NULL;
     pthread_create(&t, NULL, second_free, &q);
     pthread_join(t, NULL);
-    char *r = malloc(size);
-    if (!q || !r) return 2;
-    printf("%s\n", q == r ? "same" : "distinct");
-    fflush(stdout);
-    return q == r ? 1 : 0;
+    return same_or_distinct(q);
 }
 
 /* idle ------------------------------------------------------------------------------------- */

@@ -5,13 +5,12 @@ false one no more often than alpha."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.harness import REPO
 from studies.advice_rule import advice_rule as bench
+from tests.studies.study_script import run_writing_nothing
 
 BENCH = REPO / "studies" / "advice_rule" / "advice_rule.py"
 pytestmark = pytest.mark.slow  # the study's trials: about 20 s of one core
@@ -55,22 +54,12 @@ def test_the_quick_seeds_never_decide_and_say_what_they_would_need(result):
 
 
 def test_help_runs_nothing(tmp_path):
-    out = tmp_path / "out.json"
-    p = subprocess.run(
-        [sys.executable, str(BENCH), "--help", "--out", str(out)], capture_output=True, text=True
-    )
+    p = run_writing_nothing(BENCH, tmp_path, "--help")
     assert p.returncode == 0 and "--trials" in p.stdout
-    assert not out.exists()
 
 
 def test_a_runs_file_without_the_baseline_is_named(tmp_path):
     bad = tmp_path / "runs.json"
     bad.write_text(json.dumps({"tcmalloc": [0.3, 0.4]}))
-    out = tmp_path / "out.json"
-    p = subprocess.run(
-        [sys.executable, str(BENCH), "--runs", str(bad), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
+    p = run_writing_nothing(BENCH, tmp_path, "--runs", str(bad))
     assert p.returncode == 2 and str(bad) in p.stderr and "'glibc'" in p.stderr
-    assert not out.exists()

@@ -4,36 +4,25 @@ each judged within the goal's margin, in the noise, over it, failed or not appli
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.harness import REPO
 from studies.place_catalog import place_catalog as bench
 from tasks.allocators.measure import Sample
+from tests.studies.study_script import run_writing_nothing
 
 BENCH = REPO / "studies" / "place_catalog" / "place_catalog.py"
 
 
 def test_help_runs_nothing(tmp_path):
-    out = tmp_path / "out.json"
-    p = subprocess.run(
-        [sys.executable, str(BENCH), "--help", "--out", str(out)], capture_output=True, text=True
-    )
+    p = run_writing_nothing(BENCH, tmp_path, "--help")
     assert p.returncode == 0 and "--tolerance" in p.stdout
-    assert not out.exists()
 
 
 def test_an_unknown_workload_is_named_before_anything_runs(tmp_path):
-    out = tmp_path / "out.json"
-    p = subprocess.run(
-        [sys.executable, str(BENCH), "no_such_program", "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
+    p = run_writing_nothing(BENCH, tmp_path, "no_such_program")
     assert p.returncode == 2 and "no_such_program" in p.stderr
-    assert not out.exists()
 
 
 def runs(allocator, walls, rss, *, ok=True, applied=True, long=0):

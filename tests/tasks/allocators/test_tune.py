@@ -15,6 +15,7 @@ import pytest
 from tasks.allocators.config import Allocator, load_allocators_config
 from tasks.allocators.tune import TuneError, tune
 from tasks.core.config import PROJECT_DIR
+from tests.native.tracer_harness import PROGRAMS
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
 pytestmark = pytest.mark.slow
@@ -81,32 +82,12 @@ def test_tune_on_seed_002_numpy(config, tmp_path):
     assert "What the traced run showed" in out.table and "stopped: " in out.table
 
 
-BIG_BLOCKS = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-int main(void) {
-    unsigned long sum = 0;
-    for (int i = 0; i < 12; i++) {
-        size_t n = 40u << 20;  /* 40 MiB: above glibc's dynamic mmap threshold (32 MiB) */
-        unsigned char *p = malloc(n);
-        memset(p, i, n);
-        sum += p[n / 2];
-        free(p);
-    }
-    printf("%lu\n", sum);
-    return 0;
-}
-"""
-
-
 def test_tune_derives_glibc_settings_from_the_trace_and_runs_them_in_force(config, tmp_path):
     # GIVEN a small C program that allocates, touches and frees a 40 MiB block, 12 times
     # (-fno-builtin: gcc may otherwise drop the malloc/free pair)
     prog = tmp_path / "big_blocks"
     subprocess.run(
-        ["cc", "-O1", "-fno-builtin", "-o", str(prog), "-x", "c", "-"],
-        input=BIG_BLOCKS.encode(),
+        ["cc", "-O1", "-fno-builtin", "-o", str(prog), str(PROGRAMS / "large_churn.c")],
         check=True,
     )
     # WHEN tune runs it with the config's list

@@ -184,6 +184,16 @@ def reference_pairing(def_addr, free_addr):
     return alloc_of_free, free_of_alloc
 
 
+def assert_pairs_as_the_reference(rng, pool: np.ndarray, n: int) -> None:
+    """n rows, each allocating at a random address of `pool` half the time and freeing one half
+    the time: pair_frees pairs them as reference_pairing does."""
+    def_addr = np.where(rng.random(n) < 0.5, rng.choice(pool, n), 0).astype(np.uint64)
+    free_addr = np.where(rng.random(n) < 0.5, rng.choice(pool, n), 0).astype(np.uint64)
+    p = pair_frees(def_addr, free_addr)
+    a, f = reference_pairing(def_addr, free_addr)
+    assert p.alloc_of_free.tolist() == a and p.free_of_alloc.tolist() == f
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_pairing_matches_a_dict_of_live_pointers(seed):
     rng = np.random.default_rng(seed)
@@ -195,23 +205,14 @@ def test_pairing_matches_a_dict_of_live_pointers(seed):
         + [0x7FFF_F000_0000 + 4096 * k for k in range(5)],
         dtype=np.uint64,
     )
-    def_addr = np.where(rng.random(n) < 0.5, rng.choice(pool, n), 0).astype(np.uint64)
-    free_addr = np.where(rng.random(n) < 0.5, rng.choice(pool, n), 0).astype(np.uint64)
-    p = pair_frees(def_addr, free_addr)
-    a, f = reference_pairing(def_addr, free_addr)
-    assert p.alloc_of_free.tolist() == a
-    assert p.free_of_alloc.tolist() == f
+    assert_pairs_as_the_reference(rng, pool, n)
 
 
 def test_pairing_with_unaligned_addresses_takes_the_general_path():
     # odd addresses spread over the whole 64-bit range do not fit the packed sort key
     rng = np.random.default_rng(3)
     pool = rng.integers(1, 2**63, 40, dtype=np.uint64) | np.uint64(1)
-    def_addr = np.where(rng.random(500) < 0.5, rng.choice(pool, 500), 0).astype(np.uint64)
-    free_addr = np.where(rng.random(500) < 0.5, rng.choice(pool, 500), 0).astype(np.uint64)
-    p = pair_frees(def_addr, free_addr)
-    a, f = reference_pairing(def_addr, free_addr)
-    assert p.alloc_of_free.tolist() == a and p.free_of_alloc.tolist() == f
+    assert_pairs_as_the_reference(rng, pool, 500)
 
 
 def test_synthetic_multithreaded_trace_has_every_free_paired():
@@ -342,11 +343,7 @@ def test_pairing_with_far_apart_address_regions_takes_the_unique_path():
         + [0x7F00_0000_0000_2000 + 16 * k for k in range(10)],
         dtype=np.uint64,
     )
-    def_addr = np.where(rng.random(800) < 0.5, rng.choice(pool, 800), 0).astype(np.uint64)
-    free_addr = np.where(rng.random(800) < 0.5, rng.choice(pool, 800), 0).astype(np.uint64)
-    p = pair_frees(def_addr, free_addr)
-    a, f = reference_pairing(def_addr, free_addr)
-    assert p.alloc_of_free.tolist() == a and p.free_of_alloc.tolist() == f
+    assert_pairs_as_the_reference(rng, pool, 800)
 
 
 def test_callers_get_their_module_and_offset_from_the_module_map():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -145,9 +146,10 @@ def test_a_conversion_killed_midway_leaves_one_conversion_visible(tmp_path, clie
     assert staged_files(root_dir) == []
 
 
-def test_a_full_disk_fails_the_run_by_name_and_keeps_its_previous_partition(tmp_path, client):
-    # GIVEN a data root whose events live on an 8 MiB disk, with two small runs converted
-    root_dir = tmp_path / "root"
+@contextmanager
+def two_runs_on_a_small_disk(root_dir: Path, client: Client):
+    """A data root whose events live on an 8 MiB disk, with two small runs converted (RUN and
+    w/other): (the root, the disk's mount point, RUN's events, the other run's)."""
     root = Root.from_url(str(root_dir))
     other = RunRef("w", "other")
     with small_tmpfs(root_dir / "events", "8m") as disk:
@@ -155,7 +157,13 @@ def test_a_full_disk_fails_the_run_by_name_and_keeps_its_previous_partition(tmp_
         add_raw(root_dir, other, 500, 6000)
         convert_run(root, RUN, client=client)
         convert_run(root, other, client=client)
-        before, before_other = events(root, runs=["r1"]), events(root, runs=["other"])
+        yield root, disk, events(root, runs=["r1"]), events(root, runs=["other"])
+
+
+def test_a_full_disk_fails_the_run_by_name_and_keeps_its_previous_partition(tmp_path, client):
+    # GIVEN a data root whose events live on an 8 MiB disk, with two small runs converted
+    root_dir = tmp_path / "root"
+    with two_runs_on_a_small_disk(root_dir, client) as (root, disk, before, before_other):
         free_before = shutil.disk_usage(disk).free
         # WHEN the run grows by traces whose events need more than the disk has left
         add_raw(root_dir, RUN, 300, 1_600_000)

@@ -6,21 +6,12 @@ import numpy as np
 import pytest
 
 from tasks.core.config import ConfigError, load_config
-from tasks.core.storage import Root
-from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.dataset.token_runs import (
     TokenRun,
     list_runs,
 )
 from tasks.learning.split import load_split, plan_split
 from tasks.learning.train_config import DEFAULT_CONFIG, QUICK_CONFIG, DataConfig, TrainConfig
-
-
-@pytest.fixture(scope="module")
-def events_root(tmp_path_factory) -> Root:
-    root = Root.from_url(str(tmp_path_factory.mktemp("events")))
-    write_synthetic_events(root, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=2000)
-    return root
 
 
 def test_split_default_rule(events_root):

@@ -7,8 +7,6 @@ import pytest
 
 pytest.importorskip("keras")
 
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.nextcall.training import checkpoint_dir, fit_model  # noqa: E402
 from tasks.learning.outcome import TrainOutcome  # noqa: E402
 from tasks.learning.questions.hedge import HEDGED  # noqa: E402
@@ -20,13 +18,6 @@ from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
 pytestmark = [pytest.mark.backends, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def events_root(tmp_path_factory) -> Root:
-    root = Root.from_url(str(tmp_path_factory.mktemp("train-events")))
-    write_synthetic_events(root, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=3000)
-    return root
 
 
 def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):

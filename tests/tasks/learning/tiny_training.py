@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tasks.learning.train_config import TrainConfig
 
+# the synthetic workloads it trains on (runs each); gamma is the held-out one
+TINY_WORKLOADS = {"alpha": 3, "beta": 2, "gamma": 2}
 TINY_TRAINING = {
     "data": {"heldout_workloads": ["gamma"]},
     "context": 10,

@@ -25,7 +25,6 @@ import pytest
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
 from tasks.learning.train import evaluate, train
-from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.register import register_outcome, registered_model
 from tasks.registry.tracking import TrackingConfig, configure
@@ -39,6 +38,7 @@ from tasks.whatif.night import (
 )
 from tasks.whatif.policies import GuidedConfig, LargestConfig, LruConfig, NoneConfig
 from tests.localhost import mlflow_server
+from tests.tasks.learning.tiny_training import tiny_train_config
 
 pytestmark = pytest.mark.integration
 
@@ -49,23 +49,6 @@ WHATIF_GRID = [
     LruConfig(budget=1 << 16),
     GuidedConfig(budget=1 << 16, ttl_calls=16),
 ]
-
-
-def tiny_config(seed: int, ckpt: Path) -> TrainConfig:
-    return TrainConfig.model_validate(
-        {
-            "data": {"heldout_workloads": ["gamma"]},
-            "context": 10,
-            "model": {"units": [8]},
-            "batch_size": 8,
-            "epochs": 1,
-            "steps_per_epoch": 2,
-            "eval_batch_size": 32,
-            "ngram": {"max_order": 3},
-            "seed": seed,
-            "checkpoint_dir": str(ckpt),
-        }
-    )
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +63,16 @@ def store(tmp_path_factory):
     write_synthetic_events(data, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=2000)
     runs = []
     for seed, night in enumerate(NIGHTS):
-        trained = train.fn(data, tiny_config(seed, base / f"ck{seed}"))
+        trained = train.fn(
+            data,
+            tiny_train_config(
+                base / f"ck{seed}",
+                epochs=1,
+                steps_per_epoch=2,
+                ngram={"max_order": 3},
+                seed=seed,
+            ),
+        )
         outcome = evaluate.fn(trained)
         reg = register_outcome(outcome, tracking, run_name=night)
         params = WhatifParams(root=data.url, policies=WHATIF_GRID, idle_budget=1 << 16)

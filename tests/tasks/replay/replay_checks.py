@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace
+from tasks.replay.inputs import generate_input
+from tasks.replay.runners.base import RunRequest
+from tasks.replay.workloads import Workload
 
 
 def tracer_path() -> Path:
@@ -57,3 +60,46 @@ def op_counts(traces: list[Trace]) -> dict[str, int]:
         for k, v in t.counts_by_op().items():
             out[k] = out.get(k, 0) + v
     return out
+
+
+def files_of(d: Path) -> dict[str, bytes]:
+    """Every file of folder `d`: its bytes by name."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def assert_seeded_flat_input(generator: str, scale: int, tmp_path: Path) -> None:
+    """The generator's input is its seed's alone (same seed, same bytes; another seed, others),
+    and the names it returns are every file written, all plain files in one folder: the replay
+    makes each of them read-only (0644), which would lock a subfolder."""
+    names = generate_input(generator, 5, scale, tmp_path / "a")
+    generate_input(generator, 5, scale, tmp_path / "b")
+    generate_input(generator, 6, scale, tmp_path / "c")
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+    assert files_of(tmp_path / "a") != files_of(tmp_path / "c")
+    assert sorted(names) == sorted(files_of(tmp_path / "a"))
+    assert all((tmp_path / "a" / n).is_file() for n in names)
+
+
+def run_request(w: Workload, tmp_path: Path, tracer: Path | None) -> RunRequest:
+    """A request to run w's small input, with fresh input, trace and work folders under
+    tmp_path."""
+    dirs = {d: tmp_path / d for d in ("input", "trace", "work")}
+    for d in dirs.values():
+        d.mkdir()
+    return RunRequest(
+        workload=w,
+        input=w.input("small"),
+        tracer=tracer,
+        input_dir=dirs["input"],
+        trace_dir=dirs["trace"],
+        work_dir=dirs["work"],
+    )
+
+
+def reachable_by_nobody(path: Path) -> None:
+    """The programs run as nobody (bound into the sandbox, or straight from the host): path and
+    every folder above it let others in."""
+    for p in (path, *path.parents):
+        mode = p.stat().st_mode
+        if mode & 0o005 != 0o005:
+            p.chmod(mode | 0o755)

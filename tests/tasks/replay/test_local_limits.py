@@ -23,7 +23,7 @@ from tasks.replay.runners.limits import RunLimits
 from tasks.replay.runners.local_runner import LocalRunner, bwrap_works
 from tasks.replay.workloads import Workload
 from tests.conftest import need_tool
-from tests.tasks.replay.replay_checks import tracer_path
+from tests.tasks.replay.replay_checks import reachable_by_nobody, run_request, tracer_path
 
 HOG_C = r"""
 #include <stdio.h>
@@ -96,7 +96,7 @@ def programs(tmp_path_factory) -> Path:
         src.write_text(source)
         subprocess.run([gcc, "-O1", "-Wall", "-o", str(out / name), str(src)], check=True)
     # the programs run as nobody (bound into the sandbox, or straight from here)
-    _reachable_by_nobody(out)
+    reachable_by_nobody(out)
     return out
 
 
@@ -268,23 +268,5 @@ def test_unsandboxed_runs_get_the_limits_and_the_gate_is_not_traced(
 
 def _request(w: Workload, tmp_path: Path) -> RunRequest:
     tmp_path.mkdir(exist_ok=True)
-    _reachable_by_nobody(tmp_path)
-    dirs = {d: tmp_path / d for d in ("input", "trace", "work")}
-    for d in dirs.values():
-        d.mkdir()
-    return RunRequest(
-        workload=w,
-        input=w.input("small"),
-        tracer=tracer_path(),
-        input_dir=dirs["input"],
-        trace_dir=dirs["trace"],
-        work_dir=dirs["work"],
-    )
-
-
-def _reachable_by_nobody(path: Path) -> None:
-    """The programs run as nobody (bound into the sandbox, or straight from the host)."""
-    for p in (path, *path.parents):
-        mode = p.stat().st_mode
-        if mode & 0o005 != 0o005:
-            p.chmod(mode | 0o755)
+    reachable_by_nobody(tmp_path)
+    return run_request(w, tmp_path, tracer_path())

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from tasks.replay.images import build_all
-from tasks.replay.runners.base import RunRequest
 from tasks.replay.runners.docker_runner import DockerRunner
 from tasks.replay.workloads import parse_catalog
+from tests.tasks.replay.replay_checks import run_request
 
 pytestmark = pytest.mark.integration
 
@@ -39,20 +39,8 @@ def test_docker_runner_binds_a_mount_read_only(engine, tmp_path):
         },
         "test",
     ).get("mounted")
-    dirs = {d: tmp_path / d for d in ("input", "trace", "work")}
-    for d in dirs.values():
-        d.mkdir()
     # WHEN it runs through the docker runner, untraced
-    result = DockerRunner(engine).run(
-        RunRequest(
-            workload=w,
-            input=w.input("small"),
-            tracer=None,
-            input_dir=dirs["input"],
-            trace_dir=dirs["trace"],
-            work_dir=dirs["work"],
-        )
-    )
+    result = DockerRunner(engine).run(run_request(w, tmp_path, tracer=None))
     # THEN it read the host's file and could not write beside it
     assert result.exit_code == 1, result.log_tail
     assert "heapcast mount marker" in result.log_tail and "WROTE" not in result.log_tail

@@ -12,26 +12,15 @@ import pytest
 from tasks.replay.inputs import DEBIAN_NUMPY_DIR, generate_input
 from tasks.replay.workloads import IMAGES_DIR, load_catalog
 from tests.conftest import in_ci, need_tool
+from tests.tasks.replay.replay_checks import assert_seeded_flat_input
 
 NEW = {"perl": "perl_script", "make_build": "c_project", "numpy_stack": "numpy_script"}
 IMAGES = {"perl": "perl", "make_build": "make", "numpy_stack": "numpy"}
 
 
-def _files(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
-
-
 @pytest.mark.parametrize("generator", sorted(NEW.values()))
 def test_generator_same_seed_same_bytes(generator, tmp_path):
-    names = generate_input(generator, 5, 6, tmp_path / "a")
-    generate_input(generator, 5, 6, tmp_path / "b")
-    generate_input(generator, 6, 6, tmp_path / "c")
-    assert _files(tmp_path / "a") == _files(tmp_path / "b")
-    assert _files(tmp_path / "a") != _files(tmp_path / "c")
-    # the names returned are every file written, all plain files in one folder: the replay
-    # makes each of them read-only (0644), which would lock a subfolder
-    assert sorted(names) == sorted(_files(tmp_path / "a"))
-    assert all((tmp_path / "a" / n).is_file() for n in names)
+    assert_seeded_flat_input(generator, 6, tmp_path)
 
 
 def test_catalog_has_the_new_programs_each_with_two_quick_inputs_and_a_larger_one():

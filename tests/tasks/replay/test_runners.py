@@ -15,7 +15,12 @@ from tasks.replay.runners import RunnerUnavailable, resolve_runner_kind
 from tasks.replay.runners.docker_runner import DockerRunner
 from tasks.replay.runners.local_runner import LocalRunner, bwrap_works
 from tasks.replay.workloads import load_catalog
-from tests.tasks.replay.replay_checks import tracer_path, unpaired_frees
+from tests.tasks.replay.replay_checks import (
+    reachable_by_nobody,
+    run_request,
+    tracer_path,
+    unpaired_frees,
+)
 
 LIMITS = Path(__file__).parent / "catalogs" / "limits.yaml"
 NO_ENGINE = "unix:///nonexistent/heapcast-test/docker.sock"
@@ -115,31 +120,16 @@ def test_replay_through_docker_with_engine_down_fails_before_running(
 
 def test_local_runner_without_sandbox_runs_with_host_paths(tracer, catalog, tmp_path):
     from tasks.replay.inputs import generate_input
-    from tasks.replay.runners.base import RunRequest
 
     w = catalog.get("sqlite3")
     inp = w.input("small")
     # without a sandbox a root caller runs the program as nobody, who must reach the folders:
     # every folder above them too (under pytest-xdist the temporary root is one level deeper)
-    for p in (tmp_path, *tmp_path.parents):
-        mode = p.stat().st_mode
-        if mode & 0o005 != 0o005:
-            p.chmod(mode | 0o755)
-    dirs = {d: tmp_path / d for d in ("input", "trace", "work")}
-    for d in dirs.values():
-        d.mkdir()
-    generate_input(w.generator, inp.seed, inp.size, dirs["input"])
-    res = LocalRunner(sandbox="none").run(
-        RunRequest(
-            workload=w,
-            input=inp,
-            tracer=tracer,
-            input_dir=dirs["input"],
-            trace_dir=dirs["trace"],
-            work_dir=dirs["work"],
-        )
-    )
+    reachable_by_nobody(tmp_path)
+    request = run_request(w, tmp_path, tracer)
+    generate_input(w.generator, inp.seed, inp.size, request.input_dir)
+    res = LocalRunner(sandbox="none").run(request)
     assert res.exit_code == 0 and not res.timed_out and res.sandbox == "none"
-    assert res.command[-1] == f".read {dirs['input']}/input.sql"
-    assert list(dirs["trace"].glob("*.hct"))
+    assert res.command[-1] == f".read {request.input_dir}/input.sql"
+    assert list(request.trace_dir.glob("*.hct"))
     json.dumps(res.env)

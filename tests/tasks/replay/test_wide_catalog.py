@@ -20,7 +20,7 @@ from tasks.replay.inputs_programs import WIDE_GENERATORS
 from tasks.replay.replays import replay_input
 from tasks.replay.runners.base import SANDBOX_BIN, SANDBOX_INPUT, SANDBOX_WORK
 from tasks.replay.workloads import Workload, WorkloadInput, load_catalog
-from tests.tasks.replay.replay_checks import tracer_path
+from tests.tasks.replay.replay_checks import assert_seeded_flat_input, tracer_path
 
 NEW_IMAGES = ("tools", "langs")
 
@@ -101,19 +101,9 @@ def _executable(w: Workload) -> str:
     return w.command[2] if w.command[0] == STDOUT_TO else w.command[0]
 
 
-def _files(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
-
-
 @pytest.mark.parametrize("generator", sorted(WIDE_GENERATORS))
 def test_new_generator_same_seed_same_bytes(generator, tmp_path):
-    names = generate_input(generator, 5, 12, tmp_path / "a")
-    generate_input(generator, 5, 12, tmp_path / "b")
-    generate_input(generator, 6, 12, tmp_path / "c")
-    assert _files(tmp_path / "a") == _files(tmp_path / "b")
-    assert _files(tmp_path / "a") != _files(tmp_path / "c")
-    assert sorted(names) == sorted(_files(tmp_path / "a"))
-    assert all((tmp_path / "a" / n).is_file() for n in names)
+    assert_seeded_flat_input(generator, 12, tmp_path)
 
 
 # ---------------------------------------------------------------- integration

@@ -17,11 +17,12 @@ import pytest
 
 from tasks.core.config import ConfigError
 from tasks.replay.inputs import generate_input
-from tasks.replay.runners.base import SANDBOX, RunRequest
+from tasks.replay.runners.base import SANDBOX
 from tasks.replay.runners.local_runner import bwrap_argv
 from tasks.replay.workloads import IMAGES_DIR, RUNNER_FOLDERS, load_catalog, parse_catalog
 from tests.conftest import in_ci, need_tool
 from tests.native.tracer_harness import NATIVE
+from tests.tasks.replay.replay_checks import run_request
 
 # workload -> its `program`
 NEW = {
@@ -249,17 +250,7 @@ def test_a_mount_binds_its_host_folder_read_only_in_the_sandbox(tmp_path):
     w = load_catalog().get("keras_gru")
     ((host, target),) = w.host_mounts()
     assert (host / "tensorflow").is_dir() and target == f"{SANDBOX}/pylib"
-    dirs = {d: tmp_path / d for d in ("input", "trace", "work")}
-    for d in dirs.values():
-        d.mkdir()
-    request = RunRequest(
-        workload=w,
-        input=w.input("small"),
-        tracer=None,
-        input_dir=dirs["input"],
-        trace_dir=dirs["trace"],
-        work_dir=dirs["work"],
-    )
+    request = run_request(w, tmp_path, tracer=None)
     argv = bwrap_argv(request, {})
     i = argv.index(str(host))
     assert argv[i - 1 : i + 2] == ["--ro-bind", str(host), target]

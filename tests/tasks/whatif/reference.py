@@ -25,6 +25,17 @@ from tasks.dataset.events_schema import EVENTS_SCHEMA
 from tasks.format.trace_reader import Op
 
 M = 128 * 1024
+# the figures every row of a sweep (and of the what-if table) carries
+ROW_FIGURES = (
+    "hit_rate",
+    "idle_bytes_mean",
+    "idle_bytes_peak",
+    "peak_footprint",
+    "live_peak",
+    "fault_bytes_avoided",
+    "max_rss",
+    "ideal_rss",
+)
 PAGE = 4096
 SCAN = 64
 

@@ -19,6 +19,7 @@ from tasks.nightly.night_summary import summarize as summarize_night
 from tasks.nightly.params import NightlyParams
 from tasks.registry.tracking import configure, resolve_target, tracking_for
 from tasks.report.page import fmt_bytes
+from tasks.whatif import policies
 from tasks.whatif.night import (
     SWEEP_BUDGETS,
     ModelRef,
@@ -34,32 +35,23 @@ from tasks.whatif.night import (
     whatif_plan,
     write_table,
 )
-from tasks.whatif.policies import (
-    BeladyConfig,
-    GuidedConfig,
-    LargestConfig,
-    LayerGuidedConfig,
-    LruConfig,
-    NoneConfig,
-    OracleConfig,
-    PoolsConfig,
-)
+from tests.tasks.whatif.reference import ROW_FIGURES
 
 # trains, runs programs or servers, or takes seconds: not in the quick tier (make test-quick)
 pytestmark = pytest.mark.slow
 
 GRID = [
-    NoneConfig(),
-    LargestConfig(n=2),
-    PoolsConfig(decay_ns=1000),
-    LayerGuidedConfig(),
-    LayerGuidedConfig(regret=True),
-    LayerGuidedConfig(table=True),  # no model, no table: no row
-    LruConfig(budget=1 << 16),
-    GuidedConfig(budget=1 << 16, ttl_calls=16),
-    BeladyConfig(budget=1 << 16),
-    OracleConfig(budget=1e3),
-    OracleConfig(budget=1e6),
+    policies.NoneConfig(),
+    policies.LargestConfig(n=2),
+    policies.PoolsConfig(decay_ns=1000),
+    policies.LayerGuidedConfig(),
+    policies.LayerGuidedConfig(regret=True),
+    policies.LayerGuidedConfig(table=True),  # no model, no table: no row
+    policies.LruConfig(budget=1 << 16),
+    policies.GuidedConfig(budget=1 << 16, ttl_calls=16),
+    policies.BeladyConfig(budget=1 << 16),
+    policies.OracleConfig(budget=1e3),
+    policies.OracleConfig(budget=1e6),
 ]
 RUNS = (("alpha", "r0"), ("beta", "r0"), ("gone", "r9"))
 
@@ -84,22 +76,7 @@ def test_rows_per_run_policy_and_predictor(replayed):
     assert url == root.url_of("whatif", "heapcast-next-call-v1.parquet")
     df = pq.read_table(url).to_pandas()
     assert not [p for p in (root.fs.ls(root.join("whatif"))) if p.endswith(".tmp")]
-    for col in (
-        "workload",
-        "run",
-        "policy",
-        "predictor",
-        "config",
-        "hit_rate",
-        "idle_bytes_mean",
-        "idle_bytes_peak",
-        "peak_footprint",
-        "live_peak",
-        "fault_bytes_avoided",
-        "max_rss",
-        "ideal_rss",
-        "model_version",
-    ):
+    for col in ("workload", "run", "policy", "predictor", "config", *ROW_FIGURES, "model_version"):
         assert col in df.columns, col
     # per run: every non-guided config once, the guided one per predictor (no model here)
     for _, g in df.groupby(["workload", "run"]):
@@ -216,7 +193,10 @@ def test_params_are_strict():
     with pytest.raises(ValidationError, match="extra"):
         WhatifParams(budget=1)
     p = WhatifParams(policies=[{"kind": "lru", "budget": 4096}])
-    assert p.grid() == [LruConfig(budget=4096), OracleConfig(budget=float(p.idle_budget))]
+    assert p.grid() == [
+        policies.LruConfig(budget=4096),
+        policies.OracleConfig(budget=float(p.idle_budget)),
+    ]
     assert len(WhatifParams().grid()) > 50  # the default grid
 
 

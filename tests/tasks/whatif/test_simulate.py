@@ -12,17 +12,9 @@ from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
 from tasks.dataset.sites import call_sites
 from tasks.dataset.token_runs import ScoredRun
 from tasks.format.trace_reader import Op
+from tasks.whatif import policies
 from tasks.whatif.events import prepare
 from tasks.whatif.guided import reuse_labels
-from tasks.whatif.policies import (
-    BeladyConfig,
-    GuidedConfig,
-    LargestConfig,
-    LayerGuidedConfig,
-    LruConfig,
-    NoneConfig,
-    PoolsConfig,
-)
 from tasks.whatif.policy_core import (
     LayerPolicy,
     class_scores_of,
@@ -55,21 +47,21 @@ EXACT = (
 )
 
 POLICIES = [
-    NoneConfig(),
-    LruConfig(budget=4096),
-    LruConfig(budget=700_000),
-    LruConfig(budget=1 << 40),
-    GuidedConfig(budget=300_000),
-    GuidedConfig(budget=5000, ttl_calls=5),
-    GuidedConfig(budget=700_000, ttl_calls=2),
-    GuidedConfig(budget=1 << 40, ttl_calls=7),
-    GuidedConfig(budget=20_000, horizons=(3, 10, 40)),
-    GuidedConfig(budget=300_000, horizons=(5,)),
-    GuidedConfig(budget=300_000, mode="admit"),
-    GuidedConfig(budget=1 << 40, ttl_calls=7, mode="admit"),
-    BeladyConfig(budget=5000),
-    BeladyConfig(budget=900_000),
-    BeladyConfig(budget=1 << 40, min_size=100),
+    policies.NoneConfig(),
+    policies.LruConfig(budget=4096),
+    policies.LruConfig(budget=700_000),
+    policies.LruConfig(budget=1 << 40),
+    policies.GuidedConfig(budget=300_000),
+    policies.GuidedConfig(budget=5000, ttl_calls=5),
+    policies.GuidedConfig(budget=700_000, ttl_calls=2),
+    policies.GuidedConfig(budget=1 << 40, ttl_calls=7),
+    policies.GuidedConfig(budget=20_000, horizons=(3, 10, 40)),
+    policies.GuidedConfig(budget=300_000, horizons=(5,)),
+    policies.GuidedConfig(budget=300_000, mode="admit"),
+    policies.GuidedConfig(budget=1 << 40, ttl_calls=7, mode="admit"),
+    policies.BeladyConfig(budget=5000),
+    policies.BeladyConfig(budget=900_000),
+    policies.BeladyConfig(budget=1 << 40, min_size=100),
 ]
 
 
@@ -104,15 +96,15 @@ def test_large_blocks_only_match_reference(seed, policy):
 
 
 LAYER_POLICIES = [
-    LargestConfig(n=1),
-    LargestConfig(n=4),
-    LargestConfig(n=4, peak=None),  # without the layer's bound on live + kept
-    LargestConfig(n=3, min_size=0),
-    LargestConfig(n=4, proof=0),  # kept from the first free (no proof)
-    PoolsConfig(decay_ns=5),
-    PoolsConfig(decay_ns=10**9, proof=0),
-    LayerGuidedConfig(),
-    LayerGuidedConfig(regret=True, proof=0),
+    policies.LargestConfig(n=1),
+    policies.LargestConfig(n=4),
+    policies.LargestConfig(n=4, peak=None),  # without the layer's bound on live + kept
+    policies.LargestConfig(n=3, min_size=0),
+    policies.LargestConfig(n=4, proof=0),  # kept from the first free (no proof)
+    policies.PoolsConfig(decay_ns=5),
+    policies.PoolsConfig(decay_ns=10**9, proof=0),
+    policies.LayerGuidedConfig(),
+    policies.LayerGuidedConfig(regret=True, proof=0),
 ]
 
 
@@ -130,7 +122,9 @@ def test_layer_policies_are_the_policy_cores_decisions(seed, policy):
     assert got["evictions"] == core["given_back"]
     assert got["evicted_bytes"] == core["bytes_given_back"]
     assert 0 <= got["idle_bytes_mean"] <= got["idle_bytes_peak"] <= got["peak_footprint"]
-    assert got["live_peak"] == simulate(table, NoneConfig())["live_peak"]  # not the policy's
+    assert (
+        got["live_peak"] == simulate(table, policies.NoneConfig())["live_peak"]
+    )  # not the policy's
     with pytest.raises(ValueError, match="policy core"):
         run_kernel(prepare(table), policy)
 
@@ -140,8 +134,11 @@ def test_a_layer_policy_that_never_hits_has_no_caches_faults(seed):
     """The byte figures of the layer's policies follow the compiled loop's fault model: a
     policy that keeps nothing (min_size above every block) has the figures of no cache."""
     table = random_events(seed, n_proc=1 + seed % 3, n_events=250)
-    none = simulate(table, NoneConfig())
-    for policy in (LargestConfig(min_size=1 << 40), LayerGuidedConfig(min_size=1 << 40)):
+    none = simulate(table, policies.NoneConfig())
+    for policy in (
+        policies.LargestConfig(min_size=1 << 40),
+        policies.LayerGuidedConfig(min_size=1 << 40),
+    ):
         got = simulate(table, policy)
         assert got["hits"] == 0 and got["idle_bytes_peak"] == 0
         for k in ("fault_bytes_mmap", "fault_bytes_heap", "max_rss", "peak_footprint"):
@@ -153,7 +150,11 @@ def test_shuffled_rows_give_the_same_result():
     # calls of a process never share a time: their order is then the table's to lose
     table = random_events(11, n_proc=3, n_events=300, min_step=1)
     shuffled = with_rows(table, np.random.default_rng(0).permutation(table.num_rows))
-    for policy in (LruConfig(budget=100_000), LargestConfig(), BeladyConfig(budget=50_000)):
+    for policy in (
+        policies.LruConfig(budget=100_000),
+        policies.LargestConfig(),
+        policies.BeladyConfig(budget=50_000),
+    ):
         a, b = simulate(table, policy), simulate(shuffled, policy)
         for k in EXACT + ("idle_bytes_mean",):
             assert a[k] == b[k], (policy, k)
@@ -162,21 +163,21 @@ def test_shuffled_rows_give_the_same_result():
 def test_guided_all_true_is_lru_and_all_false_is_none():
     table = random_events(3, n_proc=2)
     yes, no = np.ones(table.num_rows, bool), np.zeros(table.num_rows, bool)
-    lru = simulate(table, LruConfig(budget=200_000))
+    lru = simulate(table, policies.LruConfig(budget=200_000))
     assert lru["hits"] > 0
     # priority: a prediction only orders evictions; all equal, the order is lru's
     for pred in (yes, no):
         for ttl in (None, 3):
-            g = simulate(table, GuidedConfig(budget=200_000, ttl_calls=ttl), pred)
+            g = simulate(table, policies.GuidedConfig(budget=200_000, ttl_calls=ttl), pred)
             for k in EXACT:
                 assert g[k] == lru[k], (k, ttl)
-    g = simulate(table, GuidedConfig(budget=200_000, mode="admit"), yes)
+    g = simulate(table, policies.GuidedConfig(budget=200_000, mode="admit"), yes)
     for k in EXACT:
         assert g[k] == lru[k]
-    g0 = simulate(table, GuidedConfig(budget=200_000, mode="admit"), no)
+    g0 = simulate(table, policies.GuidedConfig(budget=200_000, mode="admit"), no)
     assert g0["hits"] == 0 and g0["fault_bytes_avoided"] == 0
     with pytest.raises(ValueError, match="prediction"):
-        simulate(table, GuidedConfig())
+        simulate(table, policies.GuidedConfig())
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -194,7 +195,7 @@ def test_guided_tiers_match_reference(seed, policy):
 def test_guided_with_labels_matches_reference(mode):
     table = random_events(5, n_proc=2, n_events=300)
     for budget, ttl in ((1 << 30, 4), (3000, 4), (3000, None), (400_000, 1)):
-        policy = GuidedConfig(budget=budget, ttl_calls=ttl, mode=mode)
+        policy = policies.GuidedConfig(budget=budget, ttl_calls=ttl, mode=mode)
         _check(table, policy, reuse_labels(table, horizon=4))
 
 
@@ -205,7 +206,7 @@ def test_same_time_everywhere_counts_calls():
         pa.field("time_ns", pa.int64(), nullable=False),
         pa.array(np.zeros(table.num_rows, np.int64)),
     )
-    got = _check(table, LruConfig(budget=300_000))
+    got = _check(table, policies.LruConfig(budget=300_000))
     assert got["time_basis"] == "calls"
 
 
@@ -275,12 +276,12 @@ def test_fault_accounting_large_blocks():
     # mmap chunk: round_up(((200000 + 8 + 15) & ~15) + 8, 4096) = 49 pages; heap: chunk(100) =
     # 112 bytes -> one page
     mmap_one = 49 * 4096
-    none = simulate(t, NoneConfig())
+    none = simulate(t, policies.NoneConfig())
     assert none["fault_bytes_mmap"] == 2 * mmap_one
     assert none["fault_bytes_heap"] == 4096
     assert none["max_rss"] == mmap_one + 4096
     assert none["live_peak"] == 200_100 == none["peak_footprint"] == none["ideal_rss"]
-    s2 = simulate(t, LargestConfig(n=4, proof=0))
+    s2 = simulate(t, policies.LargestConfig(n=4, proof=0))
     assert s2["hits"] == 1 and s2["allocations"] == 3
     assert s2["fault_bytes_mmap"] == mmap_one
     assert s2["fault_bytes_avoided"] == mmap_one
@@ -300,9 +301,9 @@ def test_fault_accounting_heap_growth_when_caching():
             (FREE, 0, 0x2000, 9000),
         ]
     )
-    none = simulate(t, NoneConfig())
+    none = simulate(t, policies.NoneConfig())
     assert none["fault_bytes"] == none["fault_bytes_heap"] == 12288  # hwm 9024 bytes: 3 pages
-    lru = simulate(t, LruConfig(budget=1 << 20))
+    lru = simulate(t, policies.LruConfig(budget=1 << 20))
     assert lru["hits"] == 0
     assert lru["fault_bytes_heap"] == 16384  # 6016 + 9024 held at once: 4 pages
     assert lru["fault_bytes_avoided"] == -4096
@@ -318,7 +319,7 @@ def test_hit_with_a_larger_block_returns_the_larger_block():
             (MALLOC, 290_000, 0x3000, None),  # the block comes back as 300000: fits
         ]
     )
-    r = simulate(t, LruConfig(budget=1 << 20))
+    r = simulate(t, policies.LruConfig(budget=1 << 20))
     assert r["hits"] == 2
     assert r["waste_bytes"] == 30_000 + 10_000
     assert r["peak_footprint"] == r["live_peak"] == 300_000  # one block, first 300000 live
@@ -355,7 +356,7 @@ def test_largest_follows_the_layers_rules():
         ]
     )
     t = _aligned(t, {9: 64, 11: 64}, {9: Op.POSIX_MEMALIGN, 11: Op.POSIX_MEMALIGN})
-    r = simulate(t, LargestConfig(n=4, proof=0))
+    r = simulate(t, policies.LargestConfig(n=4, proof=0))
     assert r["hits"] == 3
     assert r["allocations"] == 7
     # the old rule (same class, requested size b >= s) would hit only at row 11 (row 8's
@@ -365,7 +366,7 @@ def test_largest_follows_the_layers_rules():
     assert r["fault_bytes_avoided"] == want_avoided
     # n = 1: eviction by usable size; the 303100 block (larger) replaces the 300000 one at row
     # 5, the 600000 one it at row 7; rows 2, 8 and 11 still hit
-    r1 = simulate(t, LargestConfig(n=1, proof=0, peak=None))
+    r1 = simulate(t, policies.LargestConfig(n=1, proof=0, peak=None))
     assert r1["hits"] == 3 and r1["evictions"] == 2
     assert r1["fault_bytes_avoided"] == want_avoided
 
@@ -388,7 +389,7 @@ def test_largest_keeps_nothing_until_its_proof():
         ]
     )
     for proof, hits in ((0, 3), (1, 2), (2, 1), (3, 0)):
-        got = simulate(t, LargestConfig(n=4, proof=proof, peak=None))
+        got = simulate(t, policies.LargestConfig(n=4, proof=proof, peak=None))
         assert got["hits"] == hits, (proof, got["hits"])
 
 
@@ -403,7 +404,7 @@ def test_largest_keeps_only_blocks_the_layer_handed_out():
             (MALLOC, 131_072, 0x5010, None),  # would fit 131080: a miss all the same
         ]
     )
-    r = simulate(t, LargestConfig(n=4, proof=0))
+    r = simulate(t, policies.LargestConfig(n=4, proof=0))
     assert r["hits"] == 0 and r["cached_frees"] == 0
 
 
@@ -417,7 +418,7 @@ def test_layer_guided_asks_the_class_table_it_is_given():
         rows += [(MALLOC, 300_000, 0x10 + k * 0x100000, None)]
         rows += [(FREE, 0, 0x10 + k * 0x100000, 300_000)]
     t = _events(rows)
-    policy = LayerGuidedConfig(table=True, proof=0, peak=None)
+    policy = policies.LayerGuidedConfig(table=True, proof=0, peak=None)
     keep = np.zeros((64, 64), np.uint8)
     keep[32 + 19, 19] = 255  # the entry the layer reads at a free of class 19
     assert simulate(t, policy, class_scores=keep)["hits"] == 5
@@ -441,7 +442,7 @@ def test_priority_eviction_beats_lru_at_a_tight_budget():
     )
     labels = reuse_labels(t, horizon=2)
     assert labels.tolist() == [False, False, True, False, False]
-    lru = simulate(t, LruConfig(budget=1000))
+    lru = simulate(t, policies.LruConfig(budget=1000))
     assert (lru["hits"], lru["allocations"], lru["evictions"], lru["evicted_bytes"]) == (
         0,
         3,
@@ -450,15 +451,15 @@ def test_priority_eviction_beats_lru_at_a_tight_budget():
     )
     assert lru["idle_bytes_peak"] == 600
     for ttl in (None, 2):
-        g = simulate(t, GuidedConfig(budget=1000, ttl_calls=ttl), labels)
+        g = simulate(t, policies.GuidedConfig(budget=1000, ttl_calls=ttl), labels)
         assert (g["hits"], g["evictions"], g["evicted_bytes"]) == (1, 1, 600)
         assert g["waste_bytes"] == 100 and g["idle_bytes_peak"] == 500
         assert g["hit_rate"] == 1 / 3 > lru["hit_rate"]
         assert g["idle_bytes_mean"] < lru["idle_bytes_mean"]
-        _check(t, GuidedConfig(budget=1000, ttl_calls=ttl), labels)
+        _check(t, policies.GuidedConfig(budget=1000, ttl_calls=ttl), labels)
     # without the prediction (all false, or all true) it is lru, hit for hit
     for pred in (np.zeros(5, bool), np.ones(5, bool)):
-        assert simulate(t, GuidedConfig(budget=1000), pred)["hits"] == 0
+        assert simulate(t, policies.GuidedConfig(budget=1000), pred)["hits"] == 0
 
 
 def _with_callers(t: pa.Table, offsets: list[int], module: str = "/usr/bin/prog") -> pa.Table:
@@ -517,7 +518,7 @@ def test_layer_guided_asks_the_call_site_entries_first():
     assert replay(t, policy, class_scores=classes).stats["sited"] == 0
     sim = simulate(
         with_call_sites(prepare(t), t),
-        LayerGuidedConfig(table=True, proof=0, peak=None),
+        policies.LayerGuidedConfig(table=True, proof=0, peak=None),
         class_scores=scores,
     )
     assert (sim["hits"], sim["cached_frees"]) == (core.stats["hits"], core.stats["kept"])
@@ -558,7 +559,7 @@ def test_the_nights_table_row_asks_the_call_site_entries():
     classes[32 + 19, 19] = 255  # the class scores keep every free
     site = int(call_sites(t)[1])
     payload = _site_payload(classes, {(site, 19): 0})  # the free's site entry: pass on
-    config = LayerGuidedConfig(table=True, proof=0, peak=None)
+    config = policies.LayerGuidedConfig(table=True, proof=0, peak=None)
     run = ScoredRun.of(t, "w", "r")
     frame, _ = replay_events(run, [config], Predictor(class_scores=payload), horizon=1)
     assert frame["hits"].tolist() == [0]

@@ -7,33 +7,12 @@ import pyarrow.parquet as pq
 
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import write_synthetic_events
+from tasks.whatif import policies
 from tasks.whatif.events import read_events
-from tasks.whatif.policies import (
-    BeladyConfig,
-    GuidedConfig,
-    LargestConfig,
-    LruConfig,
-    NoneConfig,
-    OracleConfig,
-    PoolsConfig,
-)
 from tasks.whatif.sweep import default_grid, pareto_plot, sweep, sweep_run
-from tests.tasks.whatif.reference import random_events
+from tests.tasks.whatif.reference import ROW_FIGURES, random_events
 
-COLUMNS = [
-    "run",
-    "workload",
-    "policy",
-    "param",
-    "hit_rate",
-    "idle_bytes_mean",
-    "idle_bytes_peak",
-    "peak_footprint",
-    "live_peak",
-    "fault_bytes_avoided",
-    "max_rss",
-    "ideal_rss",
-]
+COLUMNS = ["run", "workload", "policy", "param", *ROW_FIGURES]
 
 
 def test_sweep_from_root_and_plot(tmp_path):
@@ -50,14 +29,14 @@ def test_sweep_from_root_and_plot(tmp_path):
     assert ev.num_rows == t.num_rows and set(ev.column("image").to_numpy()) == {0, 1}
 
     grid = [
-        NoneConfig(),
-        LargestConfig(n=2),
-        PoolsConfig(decay_ns=1000),
-        LruConfig(budget=1 << 16),
-        GuidedConfig(budget=1 << 16),
-        BeladyConfig(budget=1 << 16),
-        OracleConfig(budget=1e3),
-        OracleConfig(budget=1e6),
+        policies.NoneConfig(),
+        policies.LargestConfig(n=2),
+        policies.PoolsConfig(decay_ns=1000),
+        policies.LruConfig(budget=1 << 16),
+        policies.GuidedConfig(budget=1 << 16),
+        policies.BeladyConfig(budget=1 << 16),
+        policies.OracleConfig(budget=1e3),
+        policies.OracleConfig(budget=1e6),
     ]
     df = sweep(root, policies=grid)
     assert set(COLUMNS) <= set(df.columns)

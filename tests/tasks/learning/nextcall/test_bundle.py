@@ -15,8 +15,6 @@ import pytest
 pytest.importorskip("keras")
 
 from cli.main import main  # noqa: E402
-from tasks.core.storage import Root  # noqa: E402
-from tasks.dataset.synthetic_events import write_synthetic_events  # noqa: E402
 from tasks.learning.evaluate import UNSEEN_RUNS  # noqa: E402
 from tasks.learning.nextcall.bundle import BundleError, read_bundle, train_bundle, write_bundle  # noqa: E402
 from tasks.learning.nextcall.training import export_bundle, score_model_on_unseen_runs  # noqa: E402
@@ -28,13 +26,6 @@ PROJECT = Path(__file__).resolve().parents[4]
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
 pytestmark = [pytest.mark.backends, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def events_root(tmp_path_factory) -> Root:
-    root = Root.from_url(str(tmp_path_factory.mktemp("bundle-events")))
-    write_synthetic_events(root, {"alpha": 3, "beta": 2, "gamma": 2}, tokens_per_run=3000)
-    return root
 
 
 def _cfg(tmp_path):

@@ -179,6 +179,15 @@ def _threads(rng, n, length, vocab):
     ]
 
 
+def _tiny_hybrid(rng):
+    """An order-3 n-gram table of two random threads, and the tiny hybrid network over it."""
+    table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
+    _, full = build_hybrid(
+        tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table
+    )
+    return table, full
+
+
 def _flat(threads):
     return np.concatenate(threads), np.concatenate([np.arange(len(t)) for t in threads])
 
@@ -258,10 +267,7 @@ def test_ngram_lookup_layer_backs_off_on_a_hand_made_table():
 
 def test_hybrid_saves_loads_and_predicts_from_tokens_alone(tmp_path):
     rng = np.random.default_rng(2)
-    table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
-    core, full = build_hybrid(
-        tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table
-    )
+    table, full = _tiny_hybrid(rng)
     x = np.asarray(_threads(rng, 2, 12, 6), np.int32)
     before = full.predict(x, verbose=0)
     assert before.shape == (2, 12, 64) and np.allclose(before.sum(-1), 1.0, atol=1e-4)
@@ -285,10 +291,7 @@ def test_hybrid_round_trips_through_mlflow_keras_and_pyfunc(tmp_path):
     import mlflow.pyfunc
 
     rng = np.random.default_rng(3)
-    table = NGramTable.fit(*_flat(_threads(rng, 2, 80, 6)), 3)
-    _, full = build_hybrid(
-        tiny(model={"units": [8], "ngram_features": True, "ngram_order": 3}), table
-    )
+    _, full = _tiny_hybrid(rng)
     x = np.asarray(_threads(rng, 3, 10, 6), np.int32)
     expected = full.predict(x, verbose=0)
     path = str(tmp_path / "model")
