@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from tasks.dataset.convert import convert_trace
 from tasks.format.native_sources import LAYER_SOURCES, NativeBuildError, build_native
+from tasks.format.trace_reader import read_trace
 from tasks.replay.inputs import prepare_input_dir
 from tasks.replay.runners.base import SANDBOX_TRACE, EngineError, Runner
 from tasks.replay.runners.preload import (
@@ -209,11 +212,6 @@ def traced_events(argv: list[str], tracer: str | Path, out: Path) -> tuple[Any, 
     """argv run once under the tracer, writing into `out` (made here), with glibc's mmap
     threshold fixed as the simulator assumes: its events as one table (what `simulate` takes,
     to compare with `measure_layer` on the same command), and the environment it ran with."""
-    import pyarrow as pa  # deferred, with the converter: measuring the layer needs neither
-
-    from tasks.dataset.convert import convert_trace
-    from tasks.format.trace_reader import read_trace
-
     out.mkdir()
     env = dict(
         os.environ,
