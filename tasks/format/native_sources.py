@@ -5,8 +5,10 @@ from tasks.format.build (which imports Prefect), so that the CLI can read it at 
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
@@ -108,12 +110,30 @@ def build_native(
     of `sources`; its path. `what` names the library in errors (raised as `error`)."""
     native = Path(native_dir or NATIVE_DIR).resolve()
     lib = native / "build" / library
+    if _up_to_date(native, lib, sources):
+        return lib
+    # one build at a time, across threads and processes: two makes of one library write the
+    # same temporary file, and the second's `mv` finds it gone
+    (native / "build").mkdir(parents=True, exist_ok=True)
+    with _BUILD_LOCK, open(native / "build" / ".build.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if _up_to_date(native, lib, sources):  # built meanwhile by the holder before us
+            return lib
+        return _make(native, lib, target, what, error)
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def _up_to_date(native: Path, lib: Path, sources: tuple[str, ...]) -> bool:
     try:
         built = lib.stat().st_mtime_ns
-        if all((native / s).stat().st_mtime_ns <= built for s in sources):
-            return lib
+        return all((native / s).stat().st_mtime_ns <= built for s in sources)
     except FileNotFoundError:
-        pass
+        return False
+
+
+def _make(native: Path, lib: Path, target: str, what: str, error: type[NativeBuildError]) -> Path:
     for tool in ("make", "cc"):
         if shutil.which(tool) is None:
             raise error(
