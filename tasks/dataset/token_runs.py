@@ -172,10 +172,6 @@ class ScoredRun:
     tokens: TokenRun
     positions: np.ndarray  # eval_positions(tokens)
 
-    @property
-    def name(self) -> str:
-        return self.tokens.name
-
     @classmethod
     def of(cls, table: pa.Table, workload: str, run: str) -> ScoredRun:
         """The run whose rows `table` holds (columns pid, thread, seq, token; any order)."""
