@@ -1,5 +1,5 @@
 /*
- * heapcast raw trace format, version 2: the C mirror of native/FORMAT.md.
+ * heapcast raw trace format, version 3: the C mirror of native/FORMAT.md.
  *
  * FORMAT.md is the spec; this header only restates it for the tracer, and the static asserts
  * below pin every size and offset the spec gives. tests/native/test_format_layout.py compiles a
@@ -14,9 +14,10 @@
 #include <stdint.h>
 
 #define HC_MAGIC "HEAPCAST" /* 8 bytes, no NUL in the file */
-#define HC_VERSION 2u /* 2: module records (HC_OP_MODULE, HC_OP_MODULE_PATH) with the caller */
+#define HC_VERSION 3u /* 3: stack records (HC_OP_STACK_NODE); 2: module records with the caller */
 
 #define HC_FLAG_CALLER 1u /* bit 0: records carry the caller's return address */
+#define HC_FLAG_STACKS 2u /* bit 1: records carry a stack id (only with bit 0) */
 
 #define HC_CLOCK_MONOTONIC 1u /* record time = CLOCK_MONOTONIC ns, ns_per_tick = 1 */
 #define HC_CLOCK_TSC 2u       /* record time = rdtsc ticks */
@@ -55,6 +56,13 @@ struct hc_record_caller {
     uint64_t caller;    /* 32: return address of the call */
 };
 
+/* Record with the stack (flags bit 1): 48 bytes. */
+struct hc_record_stack {
+    struct hc_record r; /*  0 */
+    uint64_t caller;    /* 32: return address of the call */
+    uint64_t stack;     /* 40: STACK_NODE id of the call's innermost frame, 0: none */
+};
+
 #define HC_SIZE_BITS 40
 #define HC_SIZE_MAX ((UINT64_C(1) << HC_SIZE_BITS) - 1) /* sizes saturate here */
 #define HC_OP_SHIFT 40
@@ -75,6 +83,7 @@ enum hc_op {
     HC_OP_THREAD_START = 64,
     HC_OP_MODULE = 65,      /* version 2, caller traces only: a mapped ELF module (see below) */
     HC_OP_MODULE_PATH = 66, /* version 2: HC_MODULE_PATH_CHUNK bytes of the preceding module's path */
+    HC_OP_STACK_NODE = 67,  /* version 3, stack traces only: a node of the process's stack trie */
 };
 
 /* Module records (version 2, written only when flags bit 0 is set, so always 40 bytes):
@@ -85,6 +94,12 @@ enum hc_op {
  *                      (zero-padded), size bits = bytes used, caller = 0.
  * A module record is followed directly by ceil(path length / 24) path records. */
 #define HC_MODULE_PATH_CHUNK 24u
+
+/* Stack node records (version 3, flags bit 1, so 48 bytes): time = ticks, addr = node id,
+ * arg = parent node id (0: the root), size bits = depth (1: the root's child), caller = the
+ * frame's address, stack = 0. Written once per process, before the first record that uses the
+ * node in the writing thread's stream. */
+#define HC_FRAMES_MAX 128u /* HEAPCAST_FRAMES at most */
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "heapcast traces are little-endian");
 _Static_assert(sizeof(double) == 8, "ns_per_tick is an IEEE f64");
@@ -112,5 +127,7 @@ _Static_assert(offsetof(struct hc_record, arg) == 16, "FORMAT.md record offsets"
 _Static_assert(offsetof(struct hc_record, packed) == 24, "FORMAT.md record offsets");
 _Static_assert(sizeof(struct hc_record_caller) == 40, "record with caller is 40 bytes");
 _Static_assert(offsetof(struct hc_record_caller, caller) == 32, "FORMAT.md record offsets");
+_Static_assert(sizeof(struct hc_record_stack) == 48, "record with stack is 48 bytes");
+_Static_assert(offsetof(struct hc_record_stack, stack) == 40, "FORMAT.md record offsets");
 
 #endif /* HEAPCAST_FORMAT_H */

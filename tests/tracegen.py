@@ -1,4 +1,4 @@
-"""Write valid heapcast trace files (native/FORMAT.md, version 2) from given records.
+"""Write valid heapcast trace files (native/FORMAT.md, version 3) from given records.
 
 For tests that need exact control over what a trace holds (reused addresses, double frees,
 unpaired frees, realloc chains, several threads), without running the tracer. Other test
@@ -6,6 +6,15 @@ modules may use it too:
 
     from tests.tracegen import Rec, write_trace, malloc, free, realloc, thread_start
     write_trace(path, [thread_start(0, tid=100), malloc(10, 24, 0x1000), free(20, 0x1000)])
+
+Stack traces (version 3): give `stacks=True`, a `stack` (a node id) on each allocating Rec, and
+the trie's nodes as `stack_node` records (or build both from frame lists with `StackTrie`):
+
+    trie = StackTrie()
+    recs = [thread_start(0, tid=100), malloc(10, 24, 0x1000, caller=0x401234,
+            stack=trie.id((0x401234, 0x401500, 0x401600)))]
+    write_trace(path, module(0, 0x400000, 0x500000, 0, "/bin/prog") + trie.records() + recs,
+                stacks=True)
 
 Times are record clock ticks; with the default clock (CLOCK_MONOTONIC, 1 ns per tick) they are
 the events' `time_ns`.
@@ -23,11 +32,13 @@ import numpy as np
 from tasks.format.trace_reader import (
     CLOCK_MONOTONIC,
     FLAG_CALLER,
+    FLAG_STACKS,
     FORMAT_VERSION,
     MAGIC,
     OP_SHIFT,
     RECORD_DTYPE,
     RECORD_DTYPE_CALLER,
+    RECORD_DTYPE_STACK,
     SIZE_MASK,
     THREAD_SHIFT,
     Op,
@@ -47,14 +58,17 @@ class Rec:
     arg: int = 0
     thread: int = 0
     caller: int = 0
+    stack: int = 0
 
 
 def thread_start(time: int, tid: int, thread: int = 0) -> Rec:
     return Rec(time, Op.THREAD_START, 0, 0, tid, thread)
 
 
-def malloc(time: int, size: int, addr: int, thread: int = 0, caller: int = 0) -> Rec:
-    return Rec(time, Op.MALLOC, size, addr, 0, thread, caller)
+def malloc(
+    time: int, size: int, addr: int, thread: int = 0, caller: int = 0, stack: int = 0
+) -> Rec:
+    return Rec(time, Op.MALLOC, size, addr, 0, thread, caller, stack)
 
 
 def calloc(time: int, size: int, addr: int, thread: int = 0) -> Rec:
@@ -86,14 +100,48 @@ def module(time: int, start: int, end: int, bias: int, path: str) -> list[Rec]:
     return out
 
 
-def records_array(recs: Sequence[Rec], caller: bool = False) -> np.ndarray:
-    """The structured record array (RECORD_DTYPE or RECORD_DTYPE_CALLER) for `recs`."""
-    dtype = RECORD_DTYPE_CALLER if caller else RECORD_DTYPE
+def stack_node(time: int, node: int, parent: int, address: int, depth: int) -> Rec:
+    """A STACK_NODE record (FORMAT.md, Stacks; stack traces only)."""
+    return Rec(time, Op.STACK_NODE, depth, node, parent, 0, address)
+
+
+class StackTrie:
+    """Builds a process's stack trie as the tracer does: `id(frames)` (innermost first) gives a
+    stack's id, making the nodes it lacks; `records()` are their STACK_NODE records."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[tuple[int, int], int] = {}  # (parent, address) -> id
+        self.made: list[Rec] = []
+
+    def id(self, frames: Sequence[int], time: int = 0) -> int:
+        parent = 0
+        for depth, address in enumerate(reversed(frames), start=1):
+            key = (parent, address)
+            if key not in self.nodes:
+                self.nodes[key] = len(self.nodes) + 1
+                self.made.append(stack_node(time, self.nodes[key], parent, address, depth))
+            parent = self.nodes[key]
+        return parent
+
+    def records(self) -> list[Rec]:
+        return list(self.made)
+
+
+def _dtype(caller: bool, stacks: bool) -> np.dtype:
+    if stacks:
+        return RECORD_DTYPE_STACK
+    return RECORD_DTYPE_CALLER if caller else RECORD_DTYPE
+
+
+def records_array(recs: Sequence[Rec], caller: bool = False, stacks: bool = False) -> np.ndarray:
+    """The structured record array (RECORD_DTYPE, _CALLER or _STACK) for `recs`."""
+    dtype = _dtype(caller, stacks)
     out = np.zeros(len(recs), dtype=dtype)
     if not len(recs):
         return out
     cols = np.array(
-        [(r.time, r.addr, r.arg, r.size, r.op, r.thread, r.caller) for r in recs], dtype=np.uint64
+        [(r.time, r.addr, r.arg, r.size, r.op, r.thread, r.caller, r.stack) for r in recs],
+        dtype=np.uint64,
     )
     out["time"], out["addr"], out["arg"] = cols[:, 0], cols[:, 1], cols[:, 2]
     out["packed"] = (
@@ -101,8 +149,10 @@ def records_array(recs: Sequence[Rec], caller: bool = False) -> np.ndarray:
         | (cols[:, 4] << np.uint64(OP_SHIFT))
         | (cols[:, 5] << np.uint64(THREAD_SHIFT))
     )
-    if caller:
+    if caller or stacks:
         out["caller"] = cols[:, 6]
+    if stacks:
+        out["stack"] = cols[:, 7]
     return out
 
 
@@ -111,6 +161,7 @@ def header_bytes(
     pid: int = 4242,
     ppid: int = 1,
     caller: bool = False,
+    stacks: bool = False,
     cmdline: Iterable[str] = ("prog", "arg"),
     version: int = FORMAT_VERSION,
     start_realtime_ns: int = 1_700_000_000_000_000_000,
@@ -121,13 +172,13 @@ def header_bytes(
 ) -> bytes:
     cmd = b"".join(a.encode() + b"\0" for a in cmdline)
     header_size = (80 + len(cmd) + 7) // 8 * 8
-    record_size = (RECORD_DTYPE_CALLER if caller else RECORD_DTYPE).itemsize
+    record_size = _dtype(caller, stacks).itemsize
     fixed = _HEADER.pack(
         MAGIC,
         version,
         header_size,
         record_size,
-        FLAG_CALLER if caller else 0,
+        (FLAG_CALLER if caller or stacks else 0) | (FLAG_STACKS if stacks else 0),
         pid,
         ppid,
         start_realtime_ns,
@@ -141,18 +192,26 @@ def header_bytes(
     return (fixed + cmd).ljust(header_size, b"\0")
 
 
-def trace_bytes(recs: Sequence[Rec] | np.ndarray, *, caller: bool = False, **header) -> bytes:
-    arr = recs if isinstance(recs, np.ndarray) else records_array(recs, caller=caller)
-    return header_bytes(caller=caller, **header) + arr.tobytes()
+def trace_bytes(
+    recs: Sequence[Rec] | np.ndarray, *, caller: bool = False, stacks: bool = False, **header
+) -> bytes:
+    arr = recs if isinstance(recs, np.ndarray) else records_array(recs, caller, stacks)
+    return header_bytes(caller=caller, stacks=stacks, **header) + arr.tobytes()
 
 
 def write_trace(
-    path: str | Path, recs: Sequence[Rec] | np.ndarray, *, caller: bool = False, **header
+    path: str | Path,
+    recs: Sequence[Rec] | np.ndarray,
+    *,
+    caller: bool = False,
+    stacks: bool = False,
+    **header,
 ) -> Path:
-    """Write a trace file at `path` (header keywords as in `header_bytes`)."""
+    """Write a trace file at `path` (header keywords as in `header_bytes`; `stacks` implies
+    the caller)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(trace_bytes(recs, caller=caller, **header))
+    path.write_bytes(trace_bytes(recs, caller=caller, stacks=stacks, **header))
     return path
 
 

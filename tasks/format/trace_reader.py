@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"HEAPCAST"
-FORMAT_VERSION = 2  # written by this tracer; READ_VERSIONS are read
-READ_VERSIONS = (1, 2)  # 2 added module records (caller traces only); 1 has none
+FORMAT_VERSION = 3  # written by this tracer; READ_VERSIONS are read
+READ_VERSIONS = (1, 2, 3)  # 3 added stack records, 2 module records (caller traces only)
 FLAG_CALLER = 1
+FLAG_STACKS = 2  # version 3: allocating calls carry a stack id (HEAPCAST_FRAMES)
 CLOCK_MONOTONIC = 1
 CLOCK_TSC = 2
 TRACE_SUFFIX = ".hct"
@@ -38,6 +39,16 @@ THREAD_SHIFT = 48
 RECORD_DTYPE = np.dtype([("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8")])
 RECORD_DTYPE_CALLER = np.dtype(
     [("time", "<u8"), ("addr", "<u8"), ("arg", "<u8"), ("packed", "<u8"), ("caller", "<u8")]
+)
+RECORD_DTYPE_STACK = np.dtype(
+    [
+        ("time", "<u8"),
+        ("addr", "<u8"),
+        ("arg", "<u8"),
+        ("packed", "<u8"),
+        ("caller", "<u8"),
+        ("stack", "<u8"),
+    ]
 )
 
 
@@ -57,9 +68,11 @@ class Op(enum.IntEnum):
     THREAD_START = 64
     MODULE = 65  # version 2: a mapped module; not a heap call, not in Trace.records
     MODULE_PATH = 66  # version 2: 24 bytes of the preceding MODULE's path
+    STACK_NODE = 67  # version 3: a node of the process's stack trie; not in Trace.records
 
 
 MODULE_OPS = (Op.MODULE, Op.MODULE_PATH)
+MAP_OPS = (Op.MODULE, Op.MODULE_PATH, Op.STACK_NODE)  # records that are not heap calls
 MODULE_PATH_CHUNK = 24
 
 ALLOCATING_OPS = (
@@ -133,6 +146,46 @@ class Modules:
 
 
 @dataclass(frozen=True)
+class StackNodes:
+    """A process's stack trie (FORMAT.md, Stacks), sorted by node id: node `id[i]` is the frame
+    `address[i]` called from node `parent[i]` (0: the root, so the frame is the outermost one
+    recorded) at `depth[i]` (1 for the root's children). A stack id is its innermost node."""
+
+    id: np.ndarray  # uint64, ascending, unique
+    parent: np.ndarray  # uint64
+    address: np.ndarray  # uint64, return address (the interrupted PC above a signal frame)
+    depth: np.ndarray  # uint32
+
+    def __len__(self) -> int:
+        return len(self.id)
+
+    def index(self, ids: np.ndarray) -> np.ndarray:
+        """Row of each node id in this table (int64), -1 for 0 and ids without a node."""
+        ids = np.asarray(ids, dtype=np.uint64)
+        if len(self.id) == 0:
+            return np.full(len(ids), -1, np.int64)
+        j = np.searchsorted(self.id, ids).astype(np.int64)
+        jc = np.minimum(j, len(self.id) - 1)
+        return np.where((j < len(self.id)) & (self.id[jc] == ids), jc, -1)
+
+    def frames(self, ids: np.ndarray, max_depth: int | None = None) -> np.ndarray:
+        """uint64 [len(ids), D]: the frames of each stack, innermost first, 0 past its
+        outermost frame; D is the deepest of them (or `max_depth`). One numpy step a depth."""
+        rows = self.index(ids)
+        depth = int(self.depth[rows[rows >= 0]].max(initial=0))
+        if max_depth is not None:
+            depth = min(depth, max_depth)
+        out = np.zeros((len(rows), depth), np.uint64)
+        parent_row = self.index(self.parent)
+        cur = rows
+        for d in range(depth):  # a loop over depth, not events
+            ok = cur >= 0
+            out[ok, d] = self.address[cur[ok]]
+            cur = np.where(ok, parent_row[np.maximum(cur, 0)], -1)
+        return out
+
+
+@dataclass(frozen=True)
 class TraceHeader:
     path: str
     version: int
@@ -151,6 +204,16 @@ class TraceHeader:
     @property
     def has_caller(self) -> bool:
         return bool(self.flags & FLAG_CALLER)
+
+    @property
+    def has_stacks(self) -> bool:
+        return bool(self.flags & FLAG_STACKS)
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.has_stacks:
+            return RECORD_DTYPE_STACK
+        return RECORD_DTYPE_CALLER if self.has_caller else RECORD_DTYPE
 
 
 def ticks_to_ns(ticks: np.ndarray, h: TraceHeader, out: np.ndarray | None = None) -> np.ndarray:
@@ -182,6 +245,7 @@ class Trace:
     records: np.ndarray  # heap calls and THREAD_START markers; never module records
     dropped_bytes: int = 0
     modules: Modules | None = None  # version 2 caller traces: the module map
+    stacks: StackNodes | None = None  # version 3 stack traces: the stack trie
 
     def __len__(self) -> int:
         return len(self.records)
@@ -209,6 +273,11 @@ class Trace:
     @property
     def caller(self) -> np.ndarray | None:
         return self.records["caller"] if self.header.has_caller else None
+
+    @property
+    def stack(self) -> np.ndarray | None:
+        """Each record's stack id (a node of `stacks`; 0: none), or None without stacks."""
+        return self.records["stack"] if self.header.has_stacks else None
 
     @cached_property
     def time_ns(self) -> np.ndarray:
@@ -262,7 +331,17 @@ def parse_header(data: bytes | memoryview, path: str) -> TraceHeader:
             f"{' and '.join(map(str, READ_VERSIONS))}; re-record it with the matching tracer "
             "or upgrade heapcast"
         )
-    expected_record = RECORD_DTYPE_CALLER.itemsize if flags & FLAG_CALLER else RECORD_DTYPE.itemsize
+    if flags & FLAG_STACKS and not flags & FLAG_CALLER:
+        raise TraceFormatError(
+            f"{path}: header flags {flags} say stacks without callers, which no tracer writes; "
+            "the file is corrupt"
+        )
+    if flags & FLAG_STACKS:
+        expected_record = RECORD_DTYPE_STACK.itemsize
+    elif flags & FLAG_CALLER:
+        expected_record = RECORD_DTYPE_CALLER.itemsize
+    else:
+        expected_record = RECORD_DTYPE.itemsize
     if record_size != expected_record:
         raise TraceFormatError(
             f"{path}: header says record_size {record_size}, expected "
@@ -298,7 +377,7 @@ def parse_header(data: bytes | memoryview, path: str) -> TraceHeader:
 def parse_trace(data: bytes | memoryview, path: str) -> Trace:
     """View `data` (a whole trace file's bytes) as a Trace without copying the records."""
     header = parse_header(data, path)
-    dtype = RECORD_DTYPE_CALLER if header.has_caller else RECORD_DTYPE
+    dtype = header.dtype
     body = len(data) - header.header_size
     count, dropped = divmod(body, header.record_size)
     if dropped:
@@ -308,29 +387,70 @@ def parse_trace(data: bytes | memoryview, path: str) -> Trace:
             stacklevel=2,
         )
     records = np.frombuffer(data, dtype=dtype, count=count, offset=header.header_size)
-    modules = None
+    modules = stacks = None
     if header.version >= 2 and header.has_caller:
-        records, modules = _split_modules(records, path)
-    return Trace(header=header, records=records, dropped_bytes=dropped, modules=modules)
+        records, modules, stacks = _split_maps(records, path, header.has_stacks)
+    return Trace(header=header, records=records, dropped_bytes=dropped, modules=modules, stacks=stacks)
 
 
-def _split_modules(records: np.ndarray, path: str) -> tuple[np.ndarray, Modules]:
-    """The heap records and the module map of a version-2 caller trace. The tracer writes the
-    module records in whole blocks, first after the header and then where a scan found new
-    modules: when they are all at the start (a program that loads nothing later), the heap
-    records stay a view of the file; else they are copied without the module records."""
+def _split_maps(
+    records: np.ndarray, path: str, has_stacks: bool
+) -> tuple[np.ndarray, Modules, StackNodes | None]:
+    """The heap records, the module map and the stack trie of a version-2/3 caller trace. The
+    tracer writes the module records in whole blocks, first after the header and then where a
+    scan found new modules, and stack nodes among the heap records: when they are all at the
+    start (a program that loads nothing later, no stacks), the heap records stay a view of the
+    file; else they are copied without them."""
     op = records.view(np.uint8).reshape(len(records), records.dtype.itemsize)[:, 29]
-    is_mod = op >= np.uint8(Op.MODULE)
-    is_mod &= op <= np.uint8(Op.MODULE_PATH)
-    mod_idx = np.flatnonzero(is_mod)
-    if len(mod_idx) == 0:
-        return records, _modules_of(records[:0], path)
-    mods = records[mod_idx]
-    if mod_idx[-1] == len(mod_idx) - 1:
-        heap = records[len(mod_idx) :]
+    is_map = op >= np.uint8(Op.MODULE)
+    is_map &= op <= np.uint8(Op.STACK_NODE if has_stacks else Op.MODULE_PATH)
+    map_idx = np.flatnonzero(is_map)
+    stacks = _stacks_of(records[:0], path) if has_stacks else None
+    if len(map_idx) == 0:
+        return records, _modules_of(records[:0], path), stacks
+    maps = records[map_idx]
+    if map_idx[-1] == len(map_idx) - 1:
+        heap = records[len(map_idx) :]
     else:
-        heap = records[~is_mod]
-    return heap, _modules_of(mods, path)
+        heap = records[~is_map]
+    if has_stacks:
+        is_node = op[map_idx] == np.uint8(Op.STACK_NODE)
+        stacks = _stacks_of(maps[is_node], path)
+        maps = maps[~is_node]
+        heap = _drop_unknown_stacks(heap, stacks, path)
+    return heap, _modules_of(maps, path), stacks
+
+
+def _stacks_of(nodes: np.ndarray, path: str) -> StackNodes:
+    """The stack trie from STACK_NODE records (any order; a node written twice counts once)."""
+    ids, first = np.unique(nodes["addr"], return_index=True)
+    packed = nodes["packed"][first]
+    return StackNodes(
+        id=ids.astype(np.uint64),
+        parent=nodes["arg"][first].copy(),
+        address=nodes["caller"][first].copy(),
+        depth=(packed & np.uint64(SIZE_MASK)).astype(np.uint32),
+    )
+
+
+def _drop_unknown_stacks(heap: np.ndarray, stacks: StackNodes, path: str) -> np.ndarray:
+    """Heap records whose stack id has no node in the file read as stack 0 (FORMAT.md, Stacks:
+    a thread killed before its buffer was written), with a warning that counts them."""
+    sid = heap["stack"]
+    used = sid != 0
+    if not used.any():
+        return heap
+    unknown = used & (stacks.index(sid) < 0)
+    n = int(unknown.sum())
+    if n:
+        warnings.warn(
+            f"{path}: {n} records name a stack whose nodes are not in the file (a thread's "
+            "buffer was lost, e.g. killed); they read as without a stack",
+            stacklevel=3,
+        )
+        heap = heap.copy()
+        heap["stack"][unknown] = 0
+    return heap
 
 
 def _modules_of(mods: np.ndarray, path: str) -> Modules:
