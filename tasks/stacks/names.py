@@ -1,0 +1,62 @@
+"""Frame names: the function holding each (module, offset), demangled.
+
+The symbol tables are read by tasks.report.symbols (pyelftools: `.symtab`, `.dynsym`, and a
+stripped module's separate debug file when installed). A replay in a container ran the image's
+own files, not this host's: its modules are looked up under the run's `sysroot` (a folder that
+holds copies of them at their paths, made by the replay) before this host's path. C++ names are
+demangled with binutils' c++filt, once per distinct name. A frame without a symbol is "".
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tasks.report.symbols import symbol_table
+
+
+def module_file(module: str, sysroot: Path | None = None) -> str:
+    """Where a module's file is read: its copy under `sysroot` when there is one, else the
+    path itself."""
+    if sysroot is not None and module.startswith("/"):
+        copy = Path(sysroot) / module.lstrip("/")
+        if copy.is_file():
+            return str(copy)
+    return module
+
+
+def demangle(names: Sequence[str]) -> list[str]:
+    """C++ (Itanium ABI) names demangled, others as they are; one c++filt process for all."""
+    todo = sorted({n for n in names if n.startswith("_Z")})
+    if not todo or shutil.which("c++filt") is None:
+        return list(names)
+    out = subprocess.run(
+        ["c++filt"], input="\n".join(todo) + "\n", capture_output=True, text=True, check=False
+    )
+    lines = out.stdout.splitlines()
+    plain = dict(zip(todo, lines)) if out.returncode == 0 and len(lines) == len(todo) else {}
+    return [plain.get(n, n) for n in names]
+
+
+def frame_names(
+    modules: Sequence[str], offsets: np.ndarray, sysroot: Path | None = None
+) -> list[str]:
+    """The demangled function holding each frame (`offsets[i]` in `modules[i]`, a return
+    address: the symbol holding offset - 1 is named), "" where none can be named. One symbol
+    table lookup per module, vectorised over its frames."""
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    raw = [""] * len(modules)
+    by_module: dict[str, list[int]] = {}
+    for i, m in enumerate(modules):  # a loop over distinct frames, not events
+        if m:
+            by_module.setdefault(m, []).append(i)
+    for m, idx in by_module.items():
+        found = symbol_table(module_file(m, sysroot)).lookup(offsets[idx])
+        for i, hit in zip(idx, found):
+            if hit is not None:
+                raw[i] = hit[0]
+    return demangle(raw)
