@@ -198,17 +198,18 @@ def test_every_stack_begins_at_the_caller_and_frees_have_none(tree):
 
 def test_a_signal_handler_s_stack_steps_through_the_signal_frame(tree):
     trace = tree.trace_with(7201)
-    stacks = recorded_stacks(trace, [7201, 7202])
-    # GIVEN a handler run by a timer over a loop: the handler's frames, at most the signal
+    stacks = recorded_stacks(trace, [7201, 7202, 7203])
+    # GIVEN a handler run by a timer over a loop, twice, over two loops whose frames are at the
+    # same address (so the handler's frames are too): the handler's frames, at most the signal
     # trampoline (libc), then the interrupted function and its callers
-    (timer,) = stacks[7201]
-    assert _names(timer[:2]) == ["xmalloc", "on_alarm"], timer
-    rest = timer[2:]
-    if rest and rest[0].module == LIBC:
-        rest = rest[1:]
-    path = ["spin_until_alarm", "signal_case", "main"]
-    assert _names(rest[:3]) == path, timer
-    assert_start_frames(rest[3:], tree.exe, "size 7201")
+    for size, interrupted in ((7201, "spin_until_alarm"), (7203, "spin_again")):
+        (timer,) = stacks[size]
+        assert _names(timer[:2]) == ["xmalloc", "on_alarm"], timer
+        rest = timer[2:]
+        if rest and rest[0].module == LIBC:
+            rest = rest[1:]
+        assert _names(rest[:3]) == [interrupted, "signal_case", "main"], f"size {size}: {timer}"
+        assert_start_frames(rest[3:], tree.exe, f"size {size}")
     # AND a handler run by raise(): libc's frames between the handler and raise's caller
     (raised,) = stacks[7202]
     assert _names(raised[:2]) == ["xmalloc", "on_usr1"], raised

@@ -6,7 +6,10 @@
  *
  *   7005, 7020  recursion_case -> recurse x6 / x21 -> xmalloc   (recursion 5 and 20 levels deep)
  *   7101..7104  one wrapper (xmalloc) from four paths: parse_config, load_table, grow_table, main
- *   7201        a SIGVTALRM handler interrupting spin_until_alarm (signal_case) -> xmalloc
+ *   7201, 7203  a SIGVTALRM handler interrupting spin_until_alarm, then spin_again (signal_case)
+ *               -> xmalloc: the two loops have the same frame at the same stack pointer, so
+ *               the handler's frames are at the same addresses both times, and only the
+ *               interrupted code (the signal frame's saved registers) tells the stacks apart
  *   7202        a SIGUSR1 handler run by raise() in raise_case -> xmalloc
  *   7301..7303  longjmp_case: jump_outer -> jump_middle -> jump_inner -> xmalloc, which jumps back
  *               to longjmp_case (7301); then after_jump -> xmalloc (7302) and the same nested
@@ -89,9 +92,10 @@ NOIPA void wrapper_case(void) {
 static volatile sig_atomic_t got_alarm;
 static volatile unsigned long spins;
 static void *alarm_block, *usr1_block;
+static size_t alarm_size;
 
 NOIPA void on_alarm(int sig) {
-    alarm_block = xmalloc(7201);
+    alarm_block = xmalloc(alarm_size);
     got_alarm = sig;
 }
 
@@ -115,10 +119,22 @@ NOIPA void spin_until_alarm(void) {
     while (!got_alarm) spins++;
 }
 
+/* spin_until_alarm's twin, apart from one more iteration's worth of work */
+NOIPA void spin_again(void) {
+    arm_alarm();
+    while (!got_alarm) spins += 2;
+}
+
 NOIPA void signal_case(void) {
+    alarm_size = 7201;
     spin_until_alarm();
+    void *first = alarm_block;
+    got_alarm = 0;
+    alarm_size = 7203;
+    spin_again();
+    free(first);
     free(alarm_block);
-    printf("signal handler over a loop\n");
+    printf("signal handler over two loops\n");
 }
 
 NOIPA void raise_case(void) {
