@@ -226,7 +226,7 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
             if (rule & HC_RULE_STOP) break;
             const ucontext_t *uc = (const ucontext_t *)(uintptr_t)sp;
             uint64_t nsp = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
-            if ((nsp & 7) || (nsp > sp ? nsp - sp : sp - nsp) > HC_UW_SIGNAL_MAX) break;
+            if (!nsp || (nsp & 7)) break;
             ip = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
             bp = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
             sp = nsp;

@@ -22,16 +22,17 @@
  * the function keeps its frame there.
  *
  * Safety: the stack is only read at CFA - 8 and CFA - 8 * slot, and only when the CFA is above
- * the current stack pointer and less than HC_UW_FRAME_MAX above it; a signal frame's
- * interrupted stack pointer must be 8-byte aligned and within HC_UW_SIGNAL_MAX of the handler's
- * (a handler on a sigaltstack far away ends the walk). */
+ * the current stack pointer and less than HC_UW_FRAME_MAX above it. A signal frame's registers
+ * are the kernel's (only the trampoline's CIE says 'S'); its interrupted stack pointer, which
+ * may be far from the handler's (a handler on a sigaltstack), must be 8-byte aligned and
+ * becomes the base of the checks above. */
 
 #include <ucontext.h>
 
 #define HC_UW_BITS 18u /* 2^18 cache words (2 MiB), direct-mapped by the low bits of the key */
 #define HC_UW_MASK ((1u << HC_UW_BITS) - 1u)
-#define HC_UW_FRAME_MAX (1u << 20) /* larger frames end the walk */
-#define HC_UW_SIGNAL_MAX (UINT64_C(1) << 28)
+#define HC_UW_OFF_MAX (1u << 20)   /* a rule's CFA offset: larger ones end the walk */
+#define HC_UW_FRAME_MAX (8u << 20) /* a frame (CFA - sp, alloca included): the default stack */
 
 /* a rule in 32 bits: flags (bits 0-3), rbp's slot below the CFA in words (4-11), CFA offset
  * (12-31, bytes) */
@@ -338,7 +339,7 @@ static uint32_t hc_uw_rule_in(const uint8_t *hdr, uint64_t addr) {
 
     if (row.cfa_expr) return cie.signal ? HC_RULE(HC_RULE_SIGNAL, 0, 0) : stop;
     if (row.cfa_reg != HC_DW_RSP && row.cfa_reg != HC_DW_RBP) return stop;
-    if (row.cfa_off <= 0 || row.cfa_off >= (int64_t)HC_UW_FRAME_MAX) return stop;
+    if (row.cfa_off <= 0 || row.cfa_off >= (int64_t)HC_UW_OFF_MAX) return stop;
     if (row.ra_how != HC_HOW_OFFSET || row.ra_off != -8) return stop; /* undefined: outermost */
     uint32_t flags = row.cfa_reg == HC_DW_RBP ? HC_RULE_CFA_BP : 0, slot = 0;
     if (row.bp_how == HC_HOW_OFFSET) {
