@@ -452,7 +452,12 @@ def _drop_unknown_stacks(heap: np.ndarray, stacks: StackNodes, path: str) -> tup
     used = sid != 0
     if not used.any():
         return heap, 0
-    unknown = used & (stacks.index(sid) < 0)
+    if len(stacks) and int(stacks.id[-1]) == len(stacks):
+        # ids 1..N, each with its node (the tracer counts them from 1): one compare a record,
+        # not a search
+        unknown = sid > np.uint64(len(stacks))
+    else:
+        unknown = used & (stacks.index(sid) < 0)
     n = int(unknown.sum())
     if n:
         warnings.warn(
