@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, STACKS_SCHEMA
 from tasks.format.trace_reader import StackNodes, Trace
+from tasks.stacks.names import frame_names, module_file
 
 # A file's stacks before naming: STACKS_SCHEMA less the function column.
 FRAMES_SCHEMA = pa.schema([f for f in STACKS_SCHEMA if f.name != "function"])
@@ -237,8 +238,6 @@ def run_stacks(tables: Sequence[pa.Table], sysroot: Path | None = None) -> RunSt
     kept once (its frames from the first file that has it: equal ids, equal frames), sorted by
     (stack, depth); each distinct (module, offset) named once (tasks.stacks.names, under
     `sysroot` first: a container replay's copies of the image's modules)."""
-    from tasks.stacks.names import frame_names, module_file  # pyelftools: only when naming
-
     paths: dict[str, int] = {}
     cols: dict[str, list[np.ndarray]] = {"stack": [], "depth": [], "module": [], "offset": []}
     for i, t in enumerate(list(tables) or [FRAMES_SCHEMA.empty_table()]):  # a loop over files
