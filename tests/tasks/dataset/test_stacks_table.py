@@ -9,7 +9,9 @@ truncated trie or a frame in no module is one warning naming the file, never a c
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +30,9 @@ from tasks.dataset.events_reader import (
 from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
 from tasks.dataset.partitions import RunRef, convert_run, summary_markdown
 from tasks.dataset.stacks_table import ProcessStacks, run_stacks
-from tasks.format.trace_reader import Op, parse_trace
+from tasks.format.trace_reader import Op, parse_trace, read_trace
 from tasks.report.symbols import symbol_table
+from tests.conftest import need_tool
 from tests.tracegen import (
     StackTrie,
     free,
@@ -284,3 +287,56 @@ def test_stack_frames_matrix_is_cut_at_a_depth_and_of_gives_one_stack():
     first = sf.of(table.column("stack")[0].as_py())
     assert m[0].tolist() == first[:2].tolist() and len(first) == 3
     assert len(sf.of(12345)) == 0
+
+
+PROJECT = Path(__file__).resolve().parents[3]
+LIB = PROJECT / "native" / "build" / "libheapcast.so"
+
+
+@pytest.mark.slow
+def test_a_real_stack_trace_joins_the_frames_the_tracer_wrote(tmp_path):
+    # GIVEN tests/tasks/dataset/programs/pairs.c traced with 16 frames a call
+    need_tool("gcc")
+    if not LIB.exists():
+        subprocess.run(["make", "-C", str(PROJECT / "native")], check=True, capture_output=True)
+    exe = tmp_path / "pairs"
+    src = Path(__file__).parent / "programs" / "pairs.c"
+    subprocess.run(["gcc", "-O1", "-fno-builtin", "-pthread", "-o", str(exe), str(src)], check=True)
+    raw = tmp_path / "raw" / "w" / "r"
+    raw.mkdir(parents=True)
+    env = dict(os.environ, LD_PRELOAD=str(LIB), HEAPCAST_OUT=str(raw), HEAPCAST_FRAMES="16")
+    done = subprocess.run([str(exe)], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout == "done\n"
+    (path,) = raw.glob("*.hct")
+    # WHEN its run is converted
+    root = Root.from_url(str(tmp_path))
+    with Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as c:
+        summary = convert_run(root, RunRef("w", "r"), client=c)
+    assert summary["warnings"] == []
+    ev = read_run(root, "w", "r", ["op", "size", "stack", "caller_offset"])
+    sf = read_stack_frames(root, "w", "r")
+    # THEN each event's frames are the trie's, located in their modules, in call order
+    tr = read_trace(path)
+    heap = tr.op != Op.THREAD_START
+    order = np.argsort(tr.time_ns[heap], kind="stable")
+    raw_frames = tr.stacks.frames(tr.stack[heap][order])
+    idx, off = tr.modules.locate(raw_frames.reshape(-1))
+    want = np.where(idx >= 0, off, raw_frames.reshape(-1)).reshape(raw_frames.shape)
+    m = sf.matrix(ev["stack"], depth=raw_frames.shape[1])
+    got = np.where(m >= 0, sf.frames.offset[np.maximum(m, 0)], 0)
+    assert (got == want).all()
+    # AND every allocation has a stack whose innermost frame is its caller
+    alloc = np.isin(ev["op"].to_numpy(), [Op.MALLOC, Op.CALLOC, Op.REALLOC, Op.POSIX_MEMALIGN])
+    assert (m[alloc, 0] >= 0).all()
+    caller = ev["caller_offset"].to_numpy(zero_copy_only=False)
+    assert (sf.frames.offset[m[alloc, 0]] == caller[alloc]).all()
+    # AND the marker's allocation (777777 bytes; marker() is inlined) is named from main out to
+    # _start, the worker thread's from worker
+    size = ev["size"].to_numpy()
+
+    def names(k: int) -> list[str]:
+        return [sf.frames.function[j] for j in m[k] if j >= 0]
+
+    at_marker = names(int(np.flatnonzero(size == 777777)[0]))
+    assert at_marker[0] == "main" and at_marker[-1] == "_start"
+    assert names(int(np.flatnonzero(size == 40)[0]))[0] == "worker"
