@@ -44,6 +44,7 @@ MAIN_PATHS = {
     7301: ["xmalloc", "jump_inner", "jump_middle", "jump_outer", "longjmp_case", "main"],
     7302: ["xmalloc", "after_jump", "longjmp_case", "main"],
     7303: ["xmalloc", "jump_inner", "jump_middle", "jump_outer", "longjmp_case", "main"],
+    7305: ["xmalloc", "big_inner", "big_frame_case", "main"],  # a frame of 2 MiB
 }
 # ... in calltree's fork child, and in its child before it execs calltree_cxx
 FORK_PATHS = {7601: ["xmalloc", "child_work", "fork_case", "main"]}
@@ -198,7 +199,7 @@ def test_every_stack_begins_at_the_caller_and_frees_have_none(tree):
 
 def test_a_signal_handler_s_stack_steps_through_the_signal_frame(tree):
     trace = tree.trace_with(7201)
-    stacks = recorded_stacks(trace, [7201, 7202, 7203])
+    stacks = recorded_stacks(trace, [7201, 7202, 7203, 7204])
     # GIVEN a handler run by a timer over a loop, twice, over two loops whose frames are at the
     # same address (so the handler's frames are too): the handler's frames, at most the signal
     # trampoline (libc), then the interrupted function and its callers
@@ -210,15 +211,20 @@ def test_a_signal_handler_s_stack_steps_through_the_signal_frame(tree):
             rest = rest[1:]
         assert _names(rest[:3]) == [interrupted, "signal_case", "main"], f"size {size}: {timer}"
         assert_start_frames(rest[3:], tree.exe, f"size {size}")
-    # AND a handler run by raise(): libc's frames between the handler and raise's caller
-    (raised,) = stacks[7202]
-    assert _names(raised[:2]) == ["xmalloc", "on_usr1"], raised
-    k = 2
-    while k < len(raised) and raised[k].module == LIBC:
-        k += 1
-    assert k > 2, raised
-    assert _names(raised[k : k + 2]) == ["raise_case", "main"], raised
-    assert_start_frames(raised[k + 2 :], tree.exe, "size 7202")
+    # AND handlers run by raise(), on the thread's stack and on an alternate signal stack:
+    # libc's frames between the handler and raise's caller
+    for size, handler, caller in (
+        (7202, "on_usr1", "raise_case"),
+        (7204, "on_usr2", "altstack_case"),
+    ):
+        (raised,) = stacks[size]
+        assert _names(raised[:2]) == ["xmalloc", handler], raised
+        k = 2
+        while k < len(raised) and raised[k].module == LIBC:
+            k += 1
+        assert k > 2, raised
+        assert _names(raised[k : k + 2]) == [caller, "main"], f"size {size}: {raised}"
+        assert_start_frames(raised[k + 2 :], tree.exe, f"size {size}")
 
 
 def test_each_thread_records_its_own_path_up_to_its_start(tree):

@@ -11,11 +11,14 @@
  *               the handler's frames are at the same addresses both times, and only the
  *               interrupted code (the signal frame's saved registers) tells the stacks apart
  *   7202        a SIGUSR1 handler run by raise() in raise_case -> xmalloc
+ *   7204        a SIGUSR2 handler on an alternate signal stack (a malloc'd block, far from the
+ *               thread's stack) run by raise() in altstack_case -> xmalloc
  *   7301..7303  longjmp_case: jump_outer -> jump_middle -> jump_inner -> xmalloc, which jumps back
  *               to longjmp_case (7301); then after_jump -> xmalloc (7302) and the same nested
  *               path without the jump (7303)
  *   7501..7503  three threads: thread_a -> a_work, thread_b -> b_work -> b_deeper, thread_c ->
  *               recurse x4, each -> xmalloc
+ *   7305        big_frame_case, a frame of 2 MiB (alloca) -> big_inner -> xmalloc
  *   7601        a fork child: fork_case -> child_work -> xmalloc
  *   7602        a fork child before exec: exec_case -> pre_exec_work -> xmalloc, then it execs
  *               argv[1] (the C++ program calltree_cxx.cpp), whose allocations are its own
@@ -145,6 +148,43 @@ NOIPA void raise_case(void) {
     raise(SIGUSR1);
     free(usr1_block);
     printf("signal handler under raise\n");
+}
+
+NOIPA void on_usr2(int sig) {
+    usr1_block = xmalloc(7204);
+    KEEP(usr1_block);
+}
+
+NOIPA void altstack_case(void) {
+    stack_t alt = {.ss_sp = xmalloc(1 << 16), .ss_size = 1 << 16}, old;
+    sigaltstack(&alt, &old);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr2;
+    sa.sa_flags = SA_ONSTACK;
+    sigaction(SIGUSR2, &sa, NULL);
+    raise(SIGUSR2);
+    sigaltstack(&old, NULL);
+    free(usr1_block);
+    free(alt.ss_sp);
+    printf("signal handler on an alternate stack\n");
+}
+
+/* ---- a frame larger than most: 2 MiB of the 8 MiB stack */
+NOIPA void *big_inner(void) {
+    void *p = xmalloc(7305);
+    KEEP(p);
+    return p;
+}
+
+NOIPA void big_frame_case(size_t bytes) {
+    char *buf = __builtin_alloca(bytes);
+    memset(buf, 1, 64);
+    void *p = big_inner();
+    KEEP(buf);
+    KEEP(p);
+    free(p);
+    printf("a frame of %zu KiB\n", bytes >> 10);
 }
 
 /* ---- longjmp out of a nested path, then allocating again */
@@ -317,6 +357,8 @@ int main(int argc, char **argv) {
     free(xmalloc(7104));
     signal_case();
     raise_case();
+    altstack_case();
+    big_frame_case(2 << 20);
     longjmp_case();
     threads_case();
     fork_case();
