@@ -55,6 +55,10 @@ class RunManifest(BaseModel):
         default_factory=list,
         description="the image's modules copied into sysroot/ beside the traces, as they name them",
     )
+    sysroot_bytes: int = Field(
+        default=0, description="what sysroot/ holds, modules and debug files"
+    )
+    sysroot_s: float = Field(default=0.0, description="seconds spent copying them out")
     host: str
     log_tail: str = Field(default="", description="last lines of the program's output")
 

@@ -200,6 +200,8 @@ def _manifest(
         caller=request.caller,
         frames=request.frames,
         sysroot=list(result.sysroot.modules) if result.sysroot else [],
+        sysroot_bytes=result.sysroot.bytes if result.sysroot else 0,
+        sysroot_s=result.sysroot.seconds if result.sysroot else 0.0,
         host=result.host or socket.gethostname(),
         log_tail=result.log_tail,
     )

@@ -58,6 +58,7 @@ from tasks.replay.runners.sysroot import (
     SysrootCopy,
     archive,
     copy_modules,
+    image_cache,
     named_modules,
 )
 from tasks.replay.workloads import Workload
@@ -248,7 +249,9 @@ class DockerRunner(Runner):
                 container.wait(timeout=60)
             duration = time.monotonic() - t0
             if request.sysroot and request.tracer is not None:
-                sysroot, warning = _copy_sysroot(container, request)
+                sysroot, warning = _copy_sysroot(
+                    container, request, image_cache(w.image_tag, image.id)
+                )
                 warnings += [warning] if warning else []
             if not timed_out:
                 container.reload()
@@ -286,12 +289,16 @@ class DockerRunner(Runner):
         return result
 
 
-def _copy_sysroot(container, request: RunRequest) -> tuple[SysrootCopy | None, str | None]:
+def _copy_sysroot(
+    container, request: RunRequest, cache: Path
+) -> tuple[SysrootCopy | None, str | None]:
     """The image's modules the run's traces name, copied into `trace_dir/sysroot/` (sysroot.py)
-    from the stopped container; a failure only warns: the frames then stay module + offset."""
+    from the stopped container or the image's cache; a failure only warns: the frames then stay
+    module + offset."""
     try:
         modules = named_modules(request.trace_dir)
-        return copy_modules(container, modules, request.trace_dir / SYSROOT_DIR, NotFound), None
+        sysroot = request.trace_dir / SYSROOT_DIR
+        return copy_modules(container, modules, sysroot, NotFound, cache), None
     except (APIError, DockerException, OSError, requests.exceptions.RequestException) as err:
         return None, (
             f"workload {request.workload.name!r}: could not copy its modules out of the "

@@ -7,7 +7,8 @@ a caller or a stack frame out of the container into `<trace dir>/sysroot/<path>`
 run, stored at the path the trace names (symlinks in the image followed), with its separate debug
 file when the image has one (`/usr/lib/debug/.build-id/<xx>/<rest>.debug`, Debian's -dbgsym
 packages). `tasks/stacks/names.module_file(module, sysroot)` reads them there; the dataset reads
-`sysroot/` beside the traces.
+`sysroot/` beside the traces. Each file of an image is asked of the engine once: later runs of the
+same image take it from a cache on this host (`image_cache`; hard links where they can).
 
 Not copied: unnamed mappings and the vDSO (no file), modules under /heapcast/ (the tracer, host
 libraries and host mounts: this host's own files, not the image's), modules the image no longer
@@ -17,9 +18,11 @@ has (`missing`: a file deleted after it was loaded). The cost on the catalog: do
 from __future__ import annotations
 
 import io
+import os
 import posixpath
 import shutil
 import tarfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -46,6 +49,24 @@ class SysrootCopy:
     missing: tuple[str, ...]  # named by the traces, absent from the image
     bytes: int  # modules and debug files together
     seconds: float
+
+
+def image_cache(image: str, image_id: str) -> Path:
+    """The folder that keeps image `image`'s files copied so far (its id `image_id`), made
+    empty of the files of the image's earlier ids: one id an image is kept. Under
+    $HEAPCAST_SYSROOT_CACHE, else $XDG_CACHE_HOME/heapcast/sysroot, else ~/.cache/..."""
+    base = os.environ.get("HEAPCAST_SYSROOT_CACHE")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "heapcast", "sysroot")
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in image)
+    folder = Path(base) / name
+    keep = image_id.removeprefix("sha256:")[:32]
+    if folder.is_dir():
+        for old in folder.iterdir():  # an image's earlier builds (one or two)
+            if old.name != keep:
+                shutil.rmtree(old, ignore_errors=True)
+    return folder / keep
 
 
 def image_module(path: str) -> bool:
@@ -166,12 +187,58 @@ def copy_file(container, path: str, dest: Path, not_found: type[Exception]) -> i
     return size
 
 
+def _place(src: Path, dest: Path) -> None:
+    """`dest` becomes `src`'s content: a hard link where both are on one file system (the
+    files are never written again), else a copy; through a temporary name, so that a reader
+    (or a replay running beside this one) never sees half a file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+class ImageFiles:
+    """A container's files, through a cache of what earlier runs of the same image copied.
+
+    An image's files never change (its id is its content's hash), and a workload's inputs run
+    the same image, so each file of an image is asked of the engine once: `cache` (a folder for
+    this image id; None: no cache) keeps them."""
+
+    def __init__(self, container, not_found: type[Exception], cache: Path | None = None):
+        self.container = container
+        self.not_found = not_found
+        self.cache = cache
+
+    def copy(self, path: str, dest: Path) -> int | None:
+        """Copy the file at `path` to `dest`; its size, or None when the image has none."""
+        cached = self.cache / path.lstrip("/") if self.cache is not None else None
+        if cached is not None and cached.is_file():
+            _place(cached, dest)
+            return cached.stat().st_size
+        size = copy_file(self.container, path, dest, self.not_found)
+        if size is not None and cached is not None:
+            try:
+                _place(dest, cached)
+            except OSError:  # a cache that cannot be written only costs the next run time
+                pass
+        return size
+
+
 def copy_modules(
-    container, modules: Iterable[str], sysroot: Path, not_found: type[Exception]
+    container,
+    modules: Iterable[str],
+    sysroot: Path,
+    not_found: type[Exception],
+    cache: Path | None = None,
 ) -> SysrootCopy:
     """Copy each module (a path in the container) to `sysroot/<path>`, and its separate debug
-    file when the image has one; one engine request a file (two for a module with a build id)."""
+    file when the image has one; one engine request a file (two for a module with a build id),
+    none for a file already in `cache` (this image's, see ImageFiles)."""
     t0 = time.monotonic()
+    files = ImageFiles(container, not_found, cache)
     copied: list[str] = []
     debug: list[str] = []
     missing: list[str] = []
@@ -181,7 +248,7 @@ def copy_modules(
         dest = sysroot / norm.lstrip("/")
         if dest.is_file():  # named twice (two spellings of one path)
             continue
-        size = copy_file(container, norm, dest, not_found)
+        size = files.copy(norm, dest)
         if size is None:
             missing.append(module)
             continue
@@ -191,7 +258,7 @@ def copy_modules(
         if build is None or len(build) < 3:
             continue
         dbg = debug_file(build)
-        size = copy_file(container, dbg, sysroot / dbg.lstrip("/"), not_found)
+        size = files.copy(dbg, sysroot / dbg.lstrip("/"))
         if size is not None:
             debug.append(dbg)
             total += size

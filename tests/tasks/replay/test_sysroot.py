@@ -16,6 +16,7 @@ from tasks.replay.runners.sysroot import (
     build_id,
     copy_modules,
     debug_file,
+    image_cache,
     named_modules,
 )
 from tasks.stacks.names import frame_names, module_file
@@ -163,3 +164,20 @@ def test_frames_are_named_from_the_sysroot_copy_not_the_host_path(tmp_path):
     # THEN the frame is named through the copy; without the sysroot it stays unnamed
     assert frame_names(["/image-only/libc.so.6"], [at], sysroot) == ["malloc"]
     assert frame_names(["/image-only/libc.so.6"], [at]) == [""]
+
+
+def test_an_images_files_are_asked_of_the_engine_once(tmp_path, monkeypatch):
+    # GIVEN the cache of one image id, filled by a first run
+    monkeypatch.setenv("HEAPCAST_SYSROOT_CACHE", str(tmp_path / "cache"))
+    cache = image_cache("heapcast/prog:bookworm", "sha256:" + "a" * 64)
+    first = StandInContainer({"/usr/bin/prog": b"prog bytes"})
+    copy_modules(first, ["/usr/bin/prog"], tmp_path / "run1", Absent, cache)
+    # WHEN a second run of that image copies the same module
+    second = StandInContainer({"/usr/bin/prog": b"prog bytes"})
+    got = copy_modules(second, ["/usr/bin/prog"], tmp_path / "run2", Absent, cache)
+    # THEN it comes from the cache: no request to the engine, the same bytes
+    assert second.asked == [] and got.modules == ("/usr/bin/prog",) and got.bytes == 10
+    assert (tmp_path / "run2/usr/bin/prog").read_bytes() == b"prog bytes"
+    # and the image rebuilt (a new id) starts a new cache, the old one gone
+    rebuilt = image_cache("heapcast/prog:bookworm", "sha256:" + "b" * 64)
+    assert rebuilt != cache and not cache.exists() and rebuilt.parent == cache.parent
