@@ -77,7 +77,8 @@ def test_trace_records_call_sites_unless_told_not_to(tmp_path):
         assert r.returncode == 0, r.stderr
         traces = [read_trace(f) for f in out.glob("*/*.hct")]
         assert traces and {t.header.has_caller for t in traces} == {want}, (options, env)
-        assert {t.header.record_size for t in traces} == {40 if want else 32}
+        # with the caller come stacks, 32 frames deep by default (48-byte records)
+        assert {t.header.record_size for t in traces} == {48 if want else 32}
 
 
 def test_trace_sets_the_stack_depth_for_the_tracer(tmp_path):
@@ -86,6 +87,7 @@ def test_trace_sets_the_stack_depth_for_the_tracer(tmp_path):
     import os
 
     script = 'echo "${HEAPCAST_FRAMES-unset}"'
+    sizes = {"unset": 32, "32": 48, "8": 48, "128": 48}
     for i, (options, env, want) in enumerate(
         (
             ((), {}, "32"),
@@ -102,6 +104,16 @@ def test_trace_sets_the_stack_depth_for_the_tracer(tmp_path):
             cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env},
         )  # fmt: skip
         assert (r.returncode, r.stdout) == (0, want + "\n"), (options, r.stderr)
+        # and the tracer recorded what it was told: sh's allocations with or without stacks
+        traces = [read_trace(f) for f in (tmp_path / f"out{i}").glob("*/*.hct")]
+        has_stacks = {t.header.has_stacks for t in traces}
+        assert traces and has_stacks == {want != "unset"}, (options, has_stacks)
+        if options == ("--frames", "0"):
+            assert {t.header.record_size for t in traces} == {40}
+        elif want != "unset":
+            assert {t.header.record_size for t in traces} == {sizes[want]}
+            depth = max(int(t.stacks.depth.max(initial=0)) for t in traces)
+            assert 1 < depth <= int(want), (options, depth)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +156,10 @@ def test_inspect_prints_header_and_counts(tmp_path):
     (f,) = (tmp_path / "out").glob("*/*.hct")
     r = heapcast("inspect", str(f), cwd=tmp_path)
     assert r.returncode == 0
-    assert "format version 2" in r.stdout and "command sh -c true" in r.stdout
+    assert "format version 3" in r.stdout and "command sh -c true" in r.stdout
+    assert re.search(
+        r"record 48 bytes, caller yes, modules \d+, stacks yes \(\d+ nodes\)", r.stdout
+    )
     assert re.search(r"malloc\s+\d+", r.stdout)
 
 

@@ -167,4 +167,5 @@ def test_local_replay_records_stacks_as_asked_and_needs_no_sysroot(tracer, catal
     assert (m.env["HEAPCAST_FRAMES"], m.env["HEAPCAST_CALLER"]) == ("8", "1")
     assert not (run_dir / "sysroot").exists()
     trace = read_trace(run_dir / m.files[0])
-    assert trace.header.has_caller and trace.modules is not None
+    assert trace.header.has_caller and trace.header.has_stacks and trace.modules is not None
+    assert 1 < int(trace.stacks.depth.max()) <= 8

@@ -72,16 +72,15 @@ def test_the_modules_the_traces_name_are_the_images_own_files(run, engine):
 def test_callers_and_frames_are_named_from_the_sysroot(run):
     m, run_dir = run
     (trace,) = [read_trace(run_dir / f) for f in m.files]
-    # every distinct return address the run recorded: callers, and stack frames when the
-    # tracer records them
-    addresses = [trace.caller[trace.caller != 0]]
-    if trace.stacks is not None:
-        addresses.append(trace.stacks.address)
-    distinct = np.unique(np.concatenate(addresses))
+    # every distinct return address the run recorded: callers and stack frames
+    assert trace.header.has_stacks and int(trace.stacks.depth.max()) > 3
+    distinct = np.unique(np.concatenate([trace.caller[trace.caller != 0], trace.stacks.address]))
     idx, offset = trace.modules.locate(distinct)
     modules = [trace.modules.path[i] if i >= 0 else "" for i in idx]
     names = frame_names(modules, offset, run_dir / SYSROOT_DIR)
     named = {n for n in names if n}
-    # sqlite3's allocator wrapper (exported) is named, and every image module was copied
+    # sqlite3's allocator wrapper (exported) is named, and the program's start in libc: a
+    # stack's outer frames are named from the image's files; every image module was copied
     assert "sqlite3_free" in named or "sqlite3_malloc64" in named, sorted(named)
+    assert "__libc_start_call_main" in named or "__libc_start_main" in named, sorted(named)
     assert all(mod in m.sysroot for mod in modules if image_module(mod))
