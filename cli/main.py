@@ -27,9 +27,6 @@ import argparse
 import os
 import sys
 
-# the tracer's stack depth: its variable, bounds and default (standard library only)
-from tasks.format.stack_depth import DEFAULT_FRAMES, FRAMES_ENV, FRAMES_MAX, frames_problem
-
 # what each library is built from (no Prefect: read at once)
 from tasks.format.native_sources import (
     LAYER_SOURCES,
@@ -37,6 +34,9 @@ from tasks.format.native_sources import (
     NativeBuildError,
     build_native,
 )
+
+# the tracer's stack depth: its variable, bounds and default (standard library only)
+from tasks.format.stack_depth import DEFAULT_FRAMES, FRAMES_ENV, FRAMES_MAX, frames_problem
 
 EPILOG = """\
 examples:

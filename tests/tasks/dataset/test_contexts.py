@@ -9,7 +9,7 @@ from tasks.dataset.contexts import NO_CONTEXT, event_contexts
 from tasks.dataset.events_reader import StackFrames
 from tasks.dataset.stacks_table import ProcessStacks, run_stacks
 from tasks.format.trace_reader import parse_trace
-from tests.tasks.dataset.test_stacks_table import PROG, PROG_BASES, convert_trace_with, stack_trace
+from tests.tasks.dataset.test_stacks_table import PROG, convert_trace_with, stack_trace
 
 CALLS = [
     ((PROG, 0x1100), (PROG, 0x1200), (PROG, 0x1300)),
