@@ -290,8 +290,8 @@ def stack_traces(events: int, stacks: int, work: Path) -> tuple[Path, Path]:
     stacks and as a stack trace whose allocations carry one of `stacks` distinct stacks of
     STACK_DEPTH frames (a trie as a program's: stacks share their outer frames), every frame at
     a function of libc (so naming reads a real symbol table); both with the same module map."""
+    from tasks.format.symbols import symbol_table
     from tasks.format.trace_reader import RECORD_DTYPE_STACK
-    from tasks.report.symbols import symbol_table
     from tests.tracegen import StackTrie, header_bytes, module, records_array, synthetic_records
 
     rng = np.random.default_rng(7)

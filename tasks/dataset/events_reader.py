@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from tasks.core.storage import Root
 from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
-from tasks.stacks.profile import Frames
+from tasks.format.frames import Frames
 
 EVENTS_DIR = "events"
 SUMMARY_NAME = "_summary.json"

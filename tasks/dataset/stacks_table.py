@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, STACKS_SCHEMA
+from tasks.format.frames import frame_names, module_file
 from tasks.format.trace_reader import StackNodes, Trace
-from tasks.stacks.names import frame_names, module_file
 
 # A file's stacks before naming: STACKS_SCHEMA less the function column.
 FRAMES_SCHEMA = pa.schema([f for f in STACKS_SCHEMA if f.name != "function"])
@@ -236,7 +236,7 @@ class RunStacks:
 def run_stacks(tables: Sequence[pa.Table], sysroot: Path | None = None) -> RunStacks:
     """The run's stacks table from its files' (FRAMES_SCHEMA): a stack several processes used is
     kept once (its frames from the first file that has it: equal ids, equal frames), sorted by
-    (stack, depth); each distinct (module, offset) named once (tasks.stacks.names, under
+    (stack, depth); each distinct (module, offset) named once (tasks.format.frames, under
     `sysroot` first: a container replay's copies of the image's modules)."""
     paths: dict[str, int] = {}
     cols: dict[str, list[np.ndarray]] = {"stack": [], "depth": [], "module": [], "offset": []}

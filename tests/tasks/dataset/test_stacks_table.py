@@ -30,8 +30,8 @@ from tasks.dataset.events_reader import (
 from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
 from tasks.dataset.partitions import RunRef, convert_run, summary_markdown
 from tasks.dataset.stacks_table import ProcessStacks, run_stacks
+from tasks.format.symbols import symbol_table
 from tasks.format.trace_reader import Op, parse_trace, read_trace
-from tasks.report.symbols import symbol_table
 from tests.conftest import need_tool
 from tests.tracegen import (
     StackTrie,
