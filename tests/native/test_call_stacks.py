@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tasks.format.frames import frame_names
 from tasks.format.trace_reader import ALLOCATING_OPS, Op, Trace
-from tasks.stacks.names import frame_names
 from tests.conftest import need_tool
 from tests.native.tracer_harness import PROGRAMS, read_traces, tracer_env
 
