@@ -45,8 +45,8 @@ NO_CALL_SITES = (
 # --frames 0) says how to record them, rather than showing an empty graph.
 NO_STACKS = (
     "this run's traces hold no call stacks (recorded with --frames 0, or by a tracer that did "
-    "not record them): trace it again with `heapcast trace --frames 32` (N frames deep) to see "
-    "which call paths allocate"
+    "not record them): trace it again with `heapcast trace --frames N` (N frames deep, e.g. "
+    "32) to see which call paths allocate"
 )
 PLOTLY_JS = "plotly.min.js"  # the shared copy of plotly.js, next to the pages that load it
 
@@ -797,9 +797,9 @@ def _stacks_html(reps: Sequence[HeapReport]) -> str:
     the stacks that changed most; a run without stacks says how to record them."""
     with_stacks = [has_stacks(r.stacks) for r in reps]
     if not any(with_stacks):
-        return f"<p class='note'>Call stacks: {html.escape(NO_STACKS)}.</p>"
+        return f"<p class='note'>Call stacks: {html.escape(NO_STACKS, quote=False)}.</p>"
     out = [
-        f"<p class='note'>{html.escape(r.label)}: {html.escape(NO_STACKS)}.</p>"
+        f"<p class='note'>{html.escape(r.label)}: {html.escape(NO_STACKS, quote=False)}.</p>"
         for r, has in zip(reps, with_stacks)
         if not has
     ]

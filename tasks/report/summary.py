@@ -24,6 +24,7 @@ from tasks.report.analysis import (
     analyze,
 )
 from tasks.report.page import NO_CALL_SITES, class_range, fmt_bytes, render, top_callers
+from tasks.report.run_stacks import read_stacks
 from tasks.report.sources import resolve
 
 
@@ -49,18 +50,22 @@ def make_report(
     temporary_calls: int = DEFAULT_TEMPORARY_CALLS,
     top_processes: int = DEFAULT_TOP_PROCESSES,
     plotly_src: str | None = None,
+    sysroot: Path | None = None,
 ) -> ReportResult:
     """Report the run named by `spec` (a run folder, trace or part files, or WORKLOAD/RUN under
     `root`) into the HTML page `out`; with `diff`, side by side with that run (A = spec, B =
     diff). The page stands alone (plotly.js inlined) unless `plotly_src` names the shared copy it
-    loads (page.PLOTLY_JS, which the caller writes next to it). Raises sources.ReportInputError
-    when a run cannot be read at all."""
+    loads (page.PLOTLY_JS, which the caller writes next to it). The call stacks come from the
+    runs' raw traces (run_stacks; `sysroot`: where a container run's modules were copied).
+    Raises sources.ReportInputError when a run cannot be read at all."""
     names = [spec] + ([diff] if diff is not None else [])
     runs = [resolve(s, root) for s in names]  # both resolved before the long part starts
     reps = [
         analyze(r, bins=bins, temporary_calls=temporary_calls, top_processes=top_processes)
         for r in runs
     ]
+    for rep, run in zip(reps, runs):
+        rep.stacks = read_stacks(run, sysroot)
     page = render(reps, plotly_src).encode()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
