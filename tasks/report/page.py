@@ -857,6 +857,7 @@ details[open] > summary.st-row .st-name::before { content: "▾ "; }
 .st-more { color: #777; }
 .st-name { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .stack-changes summary { cursor: pointer; }
+.stack-functions td.n, .stack-changes td.n { white-space: nowrap; }
 """
 
 # Called by each figure once plotly has drawn it: counts the figures drawn with their traces.
