@@ -4,8 +4,8 @@ function out to its callers), the functions (inclusive: every stack through the 
 own: the stacks it allocates in), and for two runs the stacks whose figures changed most.
 
 Trees are collapsible (<details>); a node shows its children that hold at least SHOWN_SHARE of
-the run's bytes, calls, peak or leaks (the rest are counted in one line); lists show their
-top N, with a note saying so.
+the run's bytes, calls, peak or leaks, MAX_CHILDREN at most (the rest are summed on one line);
+lists show their top N, with a note saying so.
 """
 
 from __future__ import annotations
@@ -74,16 +74,24 @@ def tree_html(tree: CallTree) -> str:
         row = label + _cells(tree.values[k])
         order = sorted(kids[k], key=lambda c: (-tree.values[c, by_bytes], c))
         shown = [c for c in order if big[c]][:MAX_CHILDREN]
+        # `order` is by bytes: a child shown for its leaks or calls alone may come after one
+        # folded; put the shown ones first so the rest are what was folded
+        order = shown + [c for c in order if not big[c] or c not in shown]
         if not order:
             return f"<div class='st-row st-leaf'>{row}</div>"
         rest = len(order) - len(shown)
         inner = "".join(node(c, depth + 1) for c in shown)
         if rest:
-            others = tree.values[[c for c in order if c not in set(shown)]].sum(axis=0)
+            folded = order[len(shown) :]
+            why = (
+                f"the smallest ({MAX_CHILDREN} shown at most)"
+                if big[folded].any()
+                else f"each under {SHOWN_SHARE:.0%}"
+            )
             inner += (
                 f"<div class='st-row st-more'><span class='st-name' "
-                f"style='padding-left:{(depth + 1) * 1.1:.1f}em'>… {rest} more, each under "
-                f"{SHOWN_SHARE:.0%}</span>{_cells(others)}</div>"
+                f"style='padding-left:{(depth + 1) * 1.1:.1f}em'>… {rest} more, {why}</span>"
+                f"{_cells(tree.values[folded].sum(axis=0))}</div>"
             )
         is_open = " open" if depth < OPEN_DEPTH else ""
         return f"<details{is_open}><summary class='st-row'>{row}</summary>{inner}</details>"

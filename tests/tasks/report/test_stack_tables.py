@@ -69,14 +69,17 @@ def test_a_tree_folds_frames_under_one_percent_into_one_line():
     # THEN only the 25 largest are rows, largest first, and the rest is one line with its sums
     assert shown == [f"f{i}" for i in range(199, 174, -1)]
     rest = sum(k * k for k in range(1, 176))
-    assert "… 175 more, each under 1%" in html
     assert re.search(
-        rf"each under 1%</span><span class='n' title='175'>175</span>"
+        r"… 175 more, the smallest \(25 shown at most\)</span><span class='n' title='175'>175</span>"
         rf"<span class='n' title='{rest:,}'>",
         html,
     )
     # the root and its first levels are open, each a <details>
     assert html.startswith("<details open><summary class='st-row'>")
+    # GIVEN 20 callees, none with 1% of anything but their 5% of the calls: all shown; with
+    # 300 (each 0.3% of the calls, the bytes as above): the rest are "each under 1%"
+    assert "more," not in tree_html(call_tree(_fan(20)))
+    assert re.search(r"… \d+ more, each under 1%", tree_html(call_tree(_fan(300))))
 
 
 def test_functions_list_the_top_n_and_say_so():
