@@ -82,45 +82,50 @@ class CallTree:
     def label(self, k: int) -> str:
         return ROOT if k == 0 else self.names[self.name[k]]
 
-    def children(self) -> list[list[int]]:
+    def children(self) -> list[np.ndarray]:
         """Each node's children, in node order."""
-        out: list[list[int]] = [[] for _ in range(len(self))]
-        for k in range(1, len(self)):  # a loop over tree nodes
-            out[self.parent[k]].append(k)
-        return out
+        kids = np.argsort(self.parent[1:], kind="stable") + 1
+        counts = np.bincount(self.parent[1:], minlength=len(self))
+        return np.split(kids, np.cumsum(counts)[:-1])
 
 
 def call_tree(profile: StackProfile, inverted: bool = False) -> CallTree:
     """The top-down tree of the profile's stacks (outermost frame first), or the bottom-up one
-    (`inverted`: the allocating function first)."""
+    (`inverted`: the allocating function first). Built a depth at a time: the nodes at depth d
+    are the distinct (node at depth d - 1, name at depth d) of the stacks that deep."""
     names = frame_names(profile)
-    kids: dict[tuple[int, int], int] = {}
-    parent, name = [-1], [-1]
-    path_nodes: list[np.ndarray] = []
-    for path in _named_stacks(profile, names):  # a loop over distinct stacks
-        node, nodes = 0, []
-        for f in (path if inverted else path[::-1]).tolist():
-            child = kids.get((node, f))
-            if child is None:
-                child = kids[(node, f)] = len(parent)
-                parent.append(node)
-                name.append(f)
-            nodes.append(child)
-            node = child
-        path_nodes.append(np.array(nodes, dtype=np.int64))
-    values = np.zeros((len(parent), len(COLUMNS)), dtype=np.int64)
-    if path_nodes:
-        lengths = np.array([len(p) for p in path_nodes])
-        rows = np.concatenate(path_nodes)
-        per_stack = stack_values(profile)
-        for j in range(len(COLUMNS)):
-            w = np.repeat(per_stack[:, j], lengths).astype(np.float64)
-            values[:, j] = np.rint(np.bincount(rows, weights=w, minlength=len(parent)))
-        values[0] = per_stack.sum(axis=0)
+    paths = _named_stacks(profile, names)
+    n_names = len(names.names)
+    lengths = np.array([len(p) for p in paths], dtype=np.int64)
+    per_stack = stack_values(profile)
+    parent, name = [np.array([-1])], [np.array([-1])]
+    values = [per_stack.sum(axis=0, keepdims=True)]
+    if len(paths):
+        flat = np.concatenate(paths).astype(np.int64)
+        stack_of = np.repeat(np.arange(len(paths)), lengths)
+        pos = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        depth = pos if inverted else np.repeat(lengths, lengths) - 1 - pos
+        # by depth, then stack: the frames at each depth are one slice
+        order = np.lexsort((stack_of, depth))
+        flat, stack_of, depth = flat[order], stack_of[order], depth[order]
+        bounds = np.searchsorted(depth, np.arange(int(lengths.max()) + 1))
+        node = np.zeros(len(paths), dtype=np.int64)  # each stack's node so far: the root
+        count = 1
+        for d in range(len(bounds) - 1):  # a loop over depths
+            at = slice(bounds[d], bounds[d + 1])
+            s = stack_of[at]
+            uniq, inv = np.unique(node[s] * n_names + flat[at], return_inverse=True)
+            parent.append(uniq // n_names)
+            name.append(uniq % n_names)
+            node[s] = count + inv
+            v = np.zeros((len(uniq), len(COLUMNS)), dtype=np.int64)
+            np.add.at(v, inv, per_stack[s])
+            values.append(v)
+            count += len(uniq)
     return CallTree(
-        np.array(parent, dtype=np.int32),
-        np.array(name, dtype=np.int32),
-        values,
+        np.concatenate(parent).astype(np.int32),
+        np.concatenate(name).astype(np.int32),
+        np.concatenate(values),
         names.names,
         names.modules,
         inverted,
@@ -150,7 +155,8 @@ def function_sums(profile: StackProfile) -> FunctionSums:
         lengths = np.array([len(p) for p in paths])
         stack_of = np.repeat(np.arange(len(paths)), lengths)
         # one (stack, function) pair per function in a stack, however often it recurses
-        pair = np.unique(stack_of * n + np.concatenate(paths).astype(np.int64))
+        pair = np.sort(stack_of * n + np.concatenate(paths).astype(np.int64))
+        pair = pair[np.r_[True, pair[1:] != pair[:-1]]]
         ps, pf = pair // n, pair % n
         first = np.array([p[0] for p in paths], dtype=np.int64)
         for j in range(len(COLUMNS)):
