@@ -23,9 +23,12 @@ from tasks.report.analysis import (
     HeapReport,
     analyze,
 )
+from tasks.report.calltree import has_stacks, stack_paths
 from tasks.report.page import NO_CALL_SITES, class_range, fmt_bytes, render, top_callers
 from tasks.report.run_stacks import read_stacks
 from tasks.report.sources import resolve
+
+STACK_LINE_FRAMES = 3  # frames of the top stack the summary names
 
 
 @dataclass
@@ -113,7 +116,21 @@ def run_lines(rep: HeapReport) -> list[str]:
         )
     else:
         lines.append(f"  callers     none: {NO_CALL_SITES}")
+    lines.append("  stacks      " + stacks_line(rep))
     return lines
+
+
+def stacks_line(rep: HeapReport) -> str:
+    """The run's stacks in one line: how many, and the one that allocated the most bytes."""
+    if not has_stacks(rep.stacks):
+        return "none recorded (heapcast trace --frames N records them)"
+    p = rep.stacks
+    top = int(np.argmax(p.bytes))
+    path = stack_paths(p)[top]
+    shown = " <- ".join(path[:STACK_LINE_FRAMES]) + (
+        " <- ..." if len(path) > STACK_LINE_FRAMES else ""
+    )
+    return f"{len(p):,} distinct; most bytes: {shown} ({fmt_bytes(p.bytes[top])})"
 
 
 def _change(a: float, b: float, fmt=lambda v: f"{v:,}") -> str:

@@ -7,8 +7,10 @@ import re
 
 import numpy as np
 
+from tasks.report.analysis import HeapReport
 from tasks.report.calltree import COLUMNS, call_tree
 from tasks.report.stack_tables import changes_html, functions_html, stack_changes, tree_html
+from tasks.report.summary import stacks_line
 from tasks.stacks.profile import Frames, StackProfile
 from tests.tasks.report import stack_scenario as sc
 
@@ -89,3 +91,10 @@ def test_functions_list_the_top_n_and_say_so():
     assert names == ["main", *(f"f{i}" for i in range(39, 30, -1))]
     # all shown: no note
     assert "The " not in functions_html(sc.PROFILE).split("<table")[0]
+
+
+def test_the_terminal_summary_names_the_stack_that_allocated_most():
+    rep = HeapReport("run", "raw", None, 4, stacks=sc.PROFILE)
+    assert stacks_line(rep) == ("5 distinct; most bytes: libx.so+0x44 <- render <- main (3.91 KiB)")
+    rep.stacks = sc.without_frames(sc.PROFILE)
+    assert stacks_line(rep) == "none recorded (heapcast trace --frames N records them)"
