@@ -14,6 +14,7 @@ from tasks.report.analysis import analyze
 from tasks.report.page import figures, render, tree_lines
 from tasks.report.sources import resolve
 from tasks.report.summary import make_report
+from tests.native.tracer_harness import NATIVE, tracer_env
 from tests.tasks.report import scenario as sc
 from tests.tasks.stacks import known_stacks as known
 from tests.tracegen import write_trace
@@ -263,3 +264,40 @@ def test_a_run_without_stacks_says_how_to_record_them(raw, tmp_path):
     assert "<p class='note'>Call stacks: this run's traces hold no call stacks" in page
     assert "trace it again with `heapcast trace --frames N`" in page
     assert "class='flame'" not in page and "d3-flame-graph" not in page
+
+
+# A program with a known call tree: parse allocates 10 x 100 bytes through xalloc, each freed;
+# render allocates 4,000 bytes through xalloc, never freed.
+KNOWN_TREE_C = r"""
+#include <stdlib.h>
+__attribute__((noinline)) void *xalloc(size_t n) { void *p = malloc(n); if (!p) abort(); return p; }
+__attribute__((noinline)) void parse(void) { for (int i = 0; i < 10; i++) free(xalloc(100)); }
+__attribute__((noinline)) void *render(void) { return xalloc(4000); }
+int main(void) { parse(); void *volatile kept = render(); (void)kept; return 0; }
+"""
+
+
+@pytest.mark.integration
+def test_a_real_programs_stacks_in_the_flame_graph(tmp_path):
+    # GIVEN the tracer, and a program built with its symbols, traced 16 frames deep
+    subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
+    src = tmp_path / "tree.c"
+    src.write_text(KNOWN_TREE_C)
+    exe = tmp_path / "tree"
+    subprocess.run(["gcc", "-O1", "-g", "-fno-builtin", "-o", str(exe), str(src)], check=True)
+    out = tmp_path / "run"
+    out.mkdir()
+    lib = NATIVE / "build" / "libheapcast.so"
+    env = tracer_env(lib, out, HEAPCAST_FRAMES="16")
+    assert subprocess.run([str(exe)], env=env, timeout=60).returncode == 0
+    # WHEN reported and drawn by Chromium
+    res = make_report(str(out), tmp_path / "tree.html")
+    assert "most bytes: xalloc <- render <- main <- ..." in res.text
+    w = _widths(flame_dom(res.html_path, tmp_path)["flame-a"])
+    # THEN the known frames are there, by name, and render's width is 4x parse's
+    assert {"main", "parse", "render", "xalloc"} <= set(w)
+    assert w["render"][0] / w["parse"][0] == pytest.approx(4000 / 1000)
+    assert len(w["xalloc"]) == 2  # one under each caller
+    # and by what leaked: render's block, not parse's
+    leaked = _widths(flame_dom(res.html_path, tmp_path, "#weight=leaked")["flame-a"])
+    assert "render" in leaked and "parse" not in leaked
