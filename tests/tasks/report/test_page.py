@@ -236,6 +236,35 @@ def test_flame_graph_weight_and_search_from_the_address(stack_run, tmp_path):
     assert g["attrs"]["data-search-value"] == "1650"  # A's 650 and C's 1,000
 
 
+# What a user does, as events: weigh by the peak, click a frame, type in the search box.
+_USER = """<script>window.addEventListener('load', function () { setTimeout(function () {
+  var div = document.getElementById('flame-a');
+  div.querySelector("input[value='peak']").click();
+  setTimeout(function () {
+    var g = Array.from(div.querySelectorAll('g.frame'))
+      .find(function (g) { return g.getAttribute('name') === 'prog+0x1300'; });
+    g.dispatchEvent(new MouseEvent('click', {bubbles: true}));
+    var s = div.querySelector('.flame-search');
+    s.value = '0x1020';
+    s.dispatchEvent(new Event('input'));
+  }, 1000);
+}, 500); });</script>"""
+
+
+def test_clicks_switch_the_weight_zoom_and_search(stack_run, tmp_path):
+    res = make_report(str(stack_run), tmp_path / "stacks.html")
+    clicked = tmp_path / "clicked.html"
+    clicked.write_text(res.html_path.read_text().replace("</body>", _USER + "</body>"))
+    g = flame_dom(clicked, tmp_path)["flame-a"]
+    # THEN the switch weighs by the peak (B's 1,000 and C's 1,000 bytes)
+    assert g["attrs"]["data-weight"] == "peak" and g["attrs"]["data-total"] == "2000"
+    # the click zoomed into C's frame: it spans the graph, its sibling is gone
+    w = _widths(g)
+    assert w["prog+0x1300"] == [pytest.approx(w["all"][0])] and "prog+0x1200" not in w
+    # and the search found B's frame (outside the zoom: highlighted, its bytes not shown)
+    assert g["attrs"]["data-search-matches"] == "1"
+
+
 def test_two_runs_draw_a_differential_graph_and_the_changed_stacks(stack_run, tmp_path):
     # GIVEN B: the same run without its second process (pid 11: A's 500 and B's 800)
     one = tmp_path / "one"
