@@ -45,6 +45,7 @@
       .cellHeight(18)
       .minFrameSize(0.3) // frames under a third of a pixel (and empty ones) are not drawn
       .transitionDuration(250)
+      .resetHeightOnZoom(true) // a zoom or a weight with shallower stacks: a shorter graph
       .sort(function (a, b) { return b.value - a.value; })
       .getName(function (d) { return nameOf(d.data.f); })
       .getValue(function (d) { return d.v ? d.v[col] : d.value; })
