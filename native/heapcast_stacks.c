@@ -96,9 +96,10 @@ struct hc_walk {
     uint64_t hash[HC_FRAMES_MAX]; /* hash of frames 0..p, folded from the outermost */
     uint8_t how[HC_FRAMES_MAX];   /* how frame p's caller (p - 1) was stepped to: 0 rbp kept,
                                    * k rbp read at CFA - 8k, HC_STEP_SIGNAL */
+    uint8_t used_bp[HC_FRAMES_MAX]; /* the step from frame p read rbp (a CFA from rbp) */
     /* the walk in progress, innermost first */
     uint64_t new_ip[HC_FRAMES_MAX], new_sp[HC_FRAMES_MAX], new_bp[HC_FRAMES_MAX];
-    uint8_t new_how[HC_FRAMES_MAX];
+    uint8_t new_how[HC_FRAMES_MAX], new_used_bp[HC_FRAMES_MAX];
 };
 
 static size_t hc_walk_bytes(void) { return sizeof(struct hc_walk); }
@@ -108,17 +109,30 @@ static inline uint64_t hc_stack_mix(uint64_t h, uint64_t ip) {
     return h ^ (h >> 32);
 }
 
-/* Whether the stack above frame q of the last walk is unchanged (see struct hc_walk). */
+/* Whether the walk from frame q of the last walk outwards read q's rbp before replacing it
+ * (code that keeps no frame pointer uses rbp for anything: its value then says nothing). */
+static inline int hc_walk_needs_bp(const struct hc_walk *w, unsigned q) {
+    for (unsigned p = q + 1; p-- > 0;) {
+        if (w->used_bp[p]) return 1;
+        if (w->how[p]) return 0; /* read from the stack (or a signal frame's registers) */
+    }
+    return 0;
+}
+
+/* The deepest frame v <= q of the last walk such that the stack above it is unchanged (see
+ * struct hc_walk): every word the walk read from frame v outwards still holds what it read;
+ * -1 when even the outermost step's words changed. Read outermost first, so that one scan a
+ * walk serves every later candidate frame too. */
 static inline int hc_walk_holds(const struct hc_walk *w, unsigned q) {
-    int same = 1;
-    for (unsigned p = q; p > 0; p--) {
+    for (unsigned p = 1; p <= q; p++) {
         uint8_t how = w->how[p];
         uint64_t csp = w->sp[p - 1];
-        if (how == HC_STEP_SIGNAL) return 0;
-        same &= *(const uint64_t *)(uintptr_t)(csp - 8) == w->ip[p - 1];
-        if (how) same &= *(const uint64_t *)(uintptr_t)(csp - 8 * (uint64_t)how) == w->bp[p - 1];
+        if (how == HC_STEP_SIGNAL) return (int)p - 1;
+        if (*(const uint64_t *)(uintptr_t)(csp - 8) != w->ip[p - 1]) return (int)p - 1;
+        if (how && *(const uint64_t *)(uintptr_t)(csp - 8 * (uint64_t)how) != w->bp[p - 1])
+            return (int)p - 1;
     }
-    return same;
+    return (int)q;
 }
 
 #ifdef HC_WALK_CHECK
@@ -179,7 +193,7 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
     const uint64_t *f = fp;
     uint64_t ip = f[1], sp = (uint64_t)(uintptr_t)(f + 2), bp = f[0];
     unsigned max = hc_frames, j = 0, p = 0, truncated = 0;
-    int q = -1, exact = 0, trying = 0;
+    int q = -1, exact = 0, trying = 0, held = -2; /* held: hc_walk_holds' answer, -2 not asked */
     if (w->n && w->gen == __atomic_load_n(&hc_uw_generation, __ATOMIC_RELAXED)) p = w->n, trying = 1;
     while (ip) {
         if (j == max) {
@@ -189,18 +203,22 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
         if (trying) { /* the last walk's frame at this stack pointer, if any */
             while (p && w->sp[p - 1] < sp) p--;
             if (!p) trying = 0;
-            else if (w->sp[p - 1] == sp && w->ip[p - 1] == ip && w->bp[p - 1] == bp && !exact) {
+            else if (w->sp[p - 1] == sp && w->ip[p - 1] == ip && !exact &&
+                     (w->bp[p - 1] == bp || !hc_walk_needs_bp(w, p - 1))) {
                 unsigned at = p - 1;
-                trying = 0; /* one full check a walk at most */
-                if ((w->truncated ? j + at + 1 == max : j + at + 1 <= max) && hc_walk_holds(w, at)) {
+                if (held == -2) held = hc_walk_holds(w, at); /* one scan a walk */
+                if ((int)at <= held && (w->truncated ? j + at + 1 == max : j + at + 1 <= max)) {
                     q = (int)at;
                     break;
                 }
+                if (held < 0) trying = 0;
             }
         }
         w->new_ip[j] = ip;
         w->new_sp[j] = sp;
         w->new_bp[j] = bp;
+        w->new_how[j] = 0;
+        w->new_used_bp[j] = 0;
         j++;
         if (j == max) continue; /* the loop's head ends it (truncated only if there was more) */
         uint32_t rule = hc_uw_rule(exact ? ip : ip - 1);
@@ -208,7 +226,7 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
             if (rule & HC_RULE_STOP) break;
             const ucontext_t *uc = (const ucontext_t *)(uintptr_t)sp;
             uint64_t nsp = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
-            if ((nsp & 7) || (nsp > sp ? nsp - sp : sp - nsp) > HC_UW_SIGNAL_MAX) break;
+            if (!nsp || (nsp & 7)) break;
             ip = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
             bp = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
             sp = nsp;
@@ -216,6 +234,7 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
             w->new_how[j - 1] = HC_STEP_SIGNAL;
             continue;
         }
+        w->new_used_bp[j - 1] = (uint8_t)(rule & HC_RULE_CFA_BP);
         uint64_t cfa = ((rule & HC_RULE_CFA_BP) ? bp : sp) + (rule >> 12);
         if (cfa <= sp || cfa - sp > HC_UW_FRAME_MAX) break;
         uint32_t slot = (rule & HC_RULE_BP_SAVED) ? (rule >> 4) & 0xff : 0;
@@ -238,6 +257,7 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
         w->sp[at] = w->new_sp[from];
         w->bp[at] = w->new_bp[from];
         w->how[at] = w->new_how[from];
+        w->used_bp[at] = w->new_used_bp[from];
         h = hc_stack_mix(h, w->ip[at]);
         w->hash[at] = h;
     }

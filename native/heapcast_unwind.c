@@ -15,23 +15,24 @@
  * interrupted registers are in the ucontext at the stack pointer), or that the walk stops
  * here: no module, no FDE, a CFA by expression, a register the rule keeps elsewhere, the
  * return address undefined (the outermost frame: _start, clone's child). Rules are computed
- * without any lock (dl_iterate_phdr takes the loader's own), and two threads computing the
- * same one store the same word. The cache is cleared when the loader unloads a module (the
+ * inside dl_iterate_phdr's callback (under the loader's lock, so the module stays mapped) and
+ * under no lock of ours; two threads computing the same one store the same word. The cache is cleared when the loader unloads a module (the
  * tracer's module scan sees it): an address may then belong to other code. Frame pointers
  * alone are not enough: Debian builds without them, so rbp is only followed where the CFI says
  * the function keeps its frame there.
  *
  * Safety: the stack is only read at CFA - 8 and CFA - 8 * slot, and only when the CFA is above
- * the current stack pointer and less than HC_UW_FRAME_MAX above it; a signal frame's
- * interrupted stack pointer must be 8-byte aligned and within HC_UW_SIGNAL_MAX of the handler's
- * (a handler on a sigaltstack far away ends the walk). */
+ * the current stack pointer and less than HC_UW_FRAME_MAX above it. A signal frame's registers
+ * are the kernel's (only the trampoline's CIE says 'S'); its interrupted stack pointer, which
+ * may be far from the handler's (a handler on a sigaltstack), must be 8-byte aligned and
+ * becomes the base of the checks above. */
 
 #include <ucontext.h>
 
 #define HC_UW_BITS 18u /* 2^18 cache words (2 MiB), direct-mapped by the low bits of the key */
 #define HC_UW_MASK ((1u << HC_UW_BITS) - 1u)
-#define HC_UW_FRAME_MAX (1u << 20) /* larger frames end the walk */
-#define HC_UW_SIGNAL_MAX (UINT64_C(1) << 28)
+#define HC_UW_OFF_MAX (1u << 20)   /* a rule's CFA offset: larger ones end the walk */
+#define HC_UW_FRAME_MAX (8u << 20) /* a frame (CFA - sp, alloca included): the default stack */
 
 /* a rule in 32 bits: flags (bits 0-3), rbp's slot below the CFA in words (4-11), CFA offset
  * (12-31, bytes) */
@@ -296,32 +297,10 @@ static int hc_cie_parse(const uint8_t *at, struct hc_cie *cie) {
 
 /* ---- finding the FDE ---------------------------------------------------------------------- */
 
-struct hc_uw_find {
-    uint64_t addr;
-    const uint8_t *hdr; /* the module's .eh_frame_hdr, NULL when none holds addr */
-};
-
-static int hc_uw_find_cb(struct dl_phdr_info *info, size_t size, void *data) {
-    struct hc_uw_find *f = data;
-    const ElfW(Phdr) *hdr = NULL;
-    int inside = 0;
-    for (unsigned i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        uint64_t lo = info->dlpi_addr + ph->p_vaddr;
-        if (ph->p_type == PT_LOAD && f->addr >= lo && f->addr < lo + ph->p_memsz) inside = 1;
-        else if (ph->p_type == PT_GNU_EH_FRAME) hdr = ph;
-    }
-    if (!inside) return 0;
-    f->hdr = hdr ? (const uint8_t *)(uintptr_t)(info->dlpi_addr + hdr->p_vaddr) : NULL;
-    return 1;
-}
-
-/* The rule for code address `addr` (a return address - 1, or an interrupted instruction). */
-static uint32_t hc_uw_compute(uint64_t addr) {
+/* The rule for code address `addr` (a return address - 1, or an interrupted instruction) in the
+ * module whose .eh_frame_hdr is `hdr`. */
+static uint32_t hc_uw_rule_in(const uint8_t *hdr, uint64_t addr) {
     const uint32_t stop = HC_RULE(HC_RULE_STOP, 0, 0);
-    struct hc_uw_find f = {addr, NULL};
-    if (!dl_iterate_phdr(hc_uw_find_cb, &f) || !f.hdr) return stop; /* JIT code, no CFI */
-    const uint8_t *hdr = f.hdr;
     if (hdr[0] != 1 || hdr[3] != 0x3b) return stop; /* version 1, datarel|sdata4 table */
     struct hc_dw d = {hdr + 4, hdr + 4 + 32, 0};
     hc_dw_encoded(&d, hdr[1], (uint64_t)(uintptr_t)hdr); /* eh_frame_ptr */
@@ -360,7 +339,7 @@ static uint32_t hc_uw_compute(uint64_t addr) {
 
     if (row.cfa_expr) return cie.signal ? HC_RULE(HC_RULE_SIGNAL, 0, 0) : stop;
     if (row.cfa_reg != HC_DW_RSP && row.cfa_reg != HC_DW_RBP) return stop;
-    if (row.cfa_off <= 0 || row.cfa_off >= (int64_t)HC_UW_FRAME_MAX) return stop;
+    if (row.cfa_off <= 0 || row.cfa_off >= (int64_t)HC_UW_OFF_MAX) return stop;
     if (row.ra_how != HC_HOW_OFFSET || row.ra_off != -8) return stop; /* undefined: outermost */
     uint32_t flags = row.cfa_reg == HC_DW_RBP ? HC_RULE_CFA_BP : 0, slot = 0;
     if (row.bp_how == HC_HOW_OFFSET) {
@@ -371,6 +350,35 @@ static uint32_t hc_uw_compute(uint64_t addr) {
         return stop;
     }
     return HC_RULE(flags, slot, (uint64_t)row.cfa_off);
+}
+
+struct hc_uw_find {
+    uint64_t addr;
+    uint32_t rule;
+};
+
+/* Called by dl_iterate_phdr, which holds the loader's lock: the module cannot be unloaded while
+ * its CFI is read (as libgcc's _Unwind_Find_FDE does it). */
+static int hc_uw_find_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    struct hc_uw_find *f = data;
+    const ElfW(Phdr) *hdr = NULL;
+    int inside = 0;
+    for (unsigned i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uint64_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && f->addr >= lo && f->addr < lo + ph->p_memsz) inside = 1;
+        else if (ph->p_type == PT_GNU_EH_FRAME) hdr = ph;
+    }
+    if (!inside) return 0;
+    if (hdr) f->rule = hc_uw_rule_in((const uint8_t *)(uintptr_t)(info->dlpi_addr + hdr->p_vaddr), f->addr);
+    return 1;
+}
+
+/* The rule for code address `addr`: stop where no module holds it (JIT code) or it has no CFI. */
+static uint32_t hc_uw_compute(uint64_t addr) {
+    struct hc_uw_find f = {addr, HC_RULE(HC_RULE_STOP, 0, 0)};
+    dl_iterate_phdr(hc_uw_find_cb, &f);
+    return f.rule;
 }
 
 static HC_NOINLINE uint32_t hc_uw_miss(uint64_t key) {

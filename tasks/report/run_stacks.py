@@ -20,7 +20,7 @@ def read_stacks(run: RunInput, sysroot: Path | None = None) -> StackProfile | No
     """The StackProfile of the run's traces when one of them recorded stacks, else None (the
     processes that did not count under their caller's one frame, or no frame: collect's
     rule). A trace that cannot be read is left out (the report's analysis names it among its
-    warnings); `sysroot`: where a container run's modules are copied (tasks.stacks.names)."""
+    warnings); `sysroot`: where a container run's modules are copied (tasks.format.frames)."""
     traces = []
     for path in run.traces:  # a loop over process images
         try:

@@ -18,7 +18,8 @@ import dataclasses
 
 import numpy as np
 
-from tasks.stacks.profile import Frames, StackProfile
+from tasks.format.frames import Frames
+from tasks.stacks.profile import StackProfile
 
 FRAMES = Frames(
     function=("main", "parse", "xmalloc", "", "render", "eval", "xmalloc"),

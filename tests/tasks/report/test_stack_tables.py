@@ -7,11 +7,12 @@ import re
 
 import numpy as np
 
+from tasks.format.frames import Frames
 from tasks.report.analysis import HeapReport
 from tasks.report.calltree import COLUMNS, call_tree
 from tasks.report.stack_tables import changes_html, functions_html, stack_changes, tree_html
 from tasks.report.summary import stacks_line
-from tasks.stacks.profile import Frames, StackProfile
+from tasks.stacks.profile import StackProfile
 from tests.tasks.report import stack_scenario as sc
 
 
