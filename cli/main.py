@@ -880,14 +880,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"heapcast export: warning: {w}", file=sys.stderr)
     profile = stack_profile(traces)
     try:
-        size = write(profile, args.format, out, args.weight, " ".join(args.run))
+        write(profile, args.format, out, args.weight, " ".join(args.run))
     except OSError as err:
         print(f"heapcast export: {args.output}: {err.strerror}", file=sys.stderr)
         return 2
     w = profile.weight(args.weight)
     print(
         f"heapcast export: {args.output}: {args.format}, {len(profile):,} stacks, "
-        f"{len(profile.frames):,} frames, {int(w.sum()):,} {args.weight} in all ({size:,} bytes)"
+        f"{len(profile.frames):,} frames, {args.weight} {int(w.sum()):,} in all"
     )
     return 0
 
