@@ -32,9 +32,11 @@
  *   heapcast_state.c    the writer's per-thread and process-wide state
  *   heapcast_file.c     the record clock, the stderr line, the trace file and its header, the
  *                       serialised write
+ *   heapcast_unwind.c   the unwinder: a frame's rule from the module's .eh_frame, cached
  *   heapcast_modules.c  the module map (HEAPCAST_CALLER=1)
  *   heapcast_writer.c   per-thread buffers (the data path, hc_emit, and its slow paths); start,
  *                       exit, fork; the guard (hc_enter, hc_leave)
+ *   heapcast_stacks.c   call stacks (HEAPCAST_FRAMES): the stack trie and each thread's cache
  *   heapcast_hooks.c    the hooks: malloc family, exec family, _exit
  */
 #define _GNU_SOURCE
@@ -102,7 +104,9 @@
 /* clang-format off */
 #include "heapcast_state.c"
 #include "heapcast_file.c"
+#include "heapcast_unwind.c"
 #include "heapcast_modules.c"
 #include "heapcast_writer.c"
+#include "heapcast_stacks.c"
 #include "heapcast_hooks.c"
 /* clang-format on */

@@ -43,6 +43,8 @@ static void *hc_pool_realloc(void *p, size_t n) {
  * address and record it first). */
 
 #define HC_CALLER() ((uint64_t)(uintptr_t)__builtin_return_address(0))
+/* the call stack (HEAPCAST_FRAMES), unwound from this hook's own frame */
+#define HC_STACK(t) hc_stack_of((t), __builtin_frame_address(0))
 
 static inline uint64_t hc_mul_sat(size_t a, size_t b) {
     size_t r;
@@ -53,7 +55,7 @@ HC_EXPORT void *malloc(size_t n) {
     struct hc_tls *t = hc_enter();
     if (HC_UNLIKELY(!t)) return hc_plain_malloc(n);
     void *p = hc_real.malloc(n);
-    hc_emit(t, HC_OP_MALLOC, (uintptr_t)p, 0, n, HC_CALLER());
+    hc_emit(t, HC_OP_MALLOC, (uintptr_t)p, 0, n, HC_CALLER(), HC_STACK(t));
     hc_leave(t);
     return p;
 }
@@ -67,7 +69,7 @@ HC_EXPORT void free(void *p) {
         if (f) f(p);
         return;
     }
-    hc_emit(t, HC_OP_FREE, (uintptr_t)p, 0, 0, HC_CALLER());
+    hc_emit(t, HC_OP_FREE, (uintptr_t)p, 0, 0, HC_CALLER(), 0);
     hc_real.free(p);
     hc_leave(t);
 }
@@ -76,7 +78,7 @@ HC_EXPORT void *calloc(size_t m, size_t n) {
     struct hc_tls *t = hc_enter();
     if (HC_UNLIKELY(!t)) return hc_plain_calloc(m, n);
     void *p = hc_real.calloc(m, n);
-    hc_emit(t, HC_OP_CALLOC, (uintptr_t)p, 0, hc_mul_sat(m, n), HC_CALLER());
+    hc_emit(t, HC_OP_CALLOC, (uintptr_t)p, 0, hc_mul_sat(m, n), HC_CALLER(), HC_STACK(t));
     hc_leave(t);
     return p;
 }
@@ -89,7 +91,7 @@ HC_EXPORT void *realloc(void *old, size_t n) {
          * point of view this is a fresh allocation; it is recorded as malloc. */
         void *q = hc_pool_realloc(old, n);
         if ((t = hc_enter()) != NULL) {
-            hc_emit(t, HC_OP_MALLOC, (uintptr_t)q, 0, n, caller);
+            hc_emit(t, HC_OP_MALLOC, (uintptr_t)q, 0, n, caller, HC_STACK(t));
             hc_leave(t);
         }
         return q;
@@ -100,7 +102,7 @@ HC_EXPORT void *realloc(void *old, size_t n) {
         return f ? f(old, n) : hc_pool_realloc(old, n); /* no real realloc: old is NULL or pool */
     }
     void *p = hc_real.realloc(old, n);
-    hc_emit(t, HC_OP_REALLOC, (uintptr_t)p, (uintptr_t)old, n, caller);
+    hc_emit(t, HC_OP_REALLOC, (uintptr_t)p, (uintptr_t)old, n, caller, HC_STACK(t));
     hc_leave(t);
     return p;
 }
@@ -116,7 +118,7 @@ HC_EXPORT void *reallocarray(void *old, size_t m, size_t n) {
         }
         void *q = hc_pool_realloc(old, total);
         if ((t = hc_enter()) != NULL) {
-            hc_emit(t, HC_OP_MALLOC, (uintptr_t)q, 0, total, caller);
+            hc_emit(t, HC_OP_MALLOC, (uintptr_t)q, 0, total, caller, HC_STACK(t));
             hc_leave(t);
         }
         return q;
@@ -133,7 +135,7 @@ HC_EXPORT void *reallocarray(void *old, size_t m, size_t n) {
         return hc_pool_realloc(old, total);
     }
     void *p = hc_real.reallocarray(old, m, n);
-    hc_emit(t, HC_OP_REALLOCARRAY, (uintptr_t)p, (uintptr_t)old, hc_mul_sat(m, n), caller);
+    hc_emit(t, HC_OP_REALLOCARRAY, (uintptr_t)p, (uintptr_t)old, hc_mul_sat(m, n), caller, HC_STACK(t));
     hc_leave(t);
     return p;
 }
@@ -149,7 +151,7 @@ HC_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
         return 0;
     }
     int rc = hc_real.posix_memalign(out, align, n);
-    hc_emit(t, HC_OP_POSIX_MEMALIGN, rc == 0 ? (uintptr_t)*out : 0, align, n, HC_CALLER());
+    hc_emit(t, HC_OP_POSIX_MEMALIGN, rc == 0 ? (uintptr_t)*out : 0, align, n, HC_CALLER(), HC_STACK(t));
     hc_leave(t);
     return rc;
 }
@@ -161,7 +163,7 @@ HC_EXPORT void *aligned_alloc(size_t align, size_t n) {
         return f ? f(align, n) : hc_pool_alloc(n, align);
     }
     void *p = hc_real.aligned_alloc(align, n);
-    hc_emit(t, HC_OP_ALIGNED_ALLOC, (uintptr_t)p, align, n, HC_CALLER());
+    hc_emit(t, HC_OP_ALIGNED_ALLOC, (uintptr_t)p, align, n, HC_CALLER(), HC_STACK(t));
     hc_leave(t);
     return p;
 }
@@ -170,7 +172,7 @@ HC_EXPORT void *memalign(size_t align, size_t n) {
     struct hc_tls *t = hc_enter();
     if (HC_UNLIKELY(!t)) return hc_plain_memalign(align, n);
     void *p = hc_real.memalign(align, n);
-    hc_emit(t, HC_OP_MEMALIGN, (uintptr_t)p, align, n, HC_CALLER());
+    hc_emit(t, HC_OP_MEMALIGN, (uintptr_t)p, align, n, HC_CALLER(), HC_STACK(t));
     hc_leave(t);
     return p;
 }
@@ -182,7 +184,7 @@ HC_EXPORT void *valloc(size_t n) {
         return f ? f(n) : hc_pool_alloc(n, 4096);
     }
     void *p = hc_real.valloc(n);
-    hc_emit(t, HC_OP_VALLOC, (uintptr_t)p, hc_pagesize, n, HC_CALLER());
+    hc_emit(t, HC_OP_VALLOC, (uintptr_t)p, hc_pagesize, n, HC_CALLER(), HC_STACK(t));
     hc_leave(t);
     return p;
 }
@@ -194,7 +196,7 @@ HC_EXPORT void *pvalloc(size_t n) {
         return f ? f(n) : hc_pool_alloc((n + 4095) & ~(size_t)4095, 4096);
     }
     void *p = hc_real.pvalloc(n);
-    hc_emit(t, HC_OP_PVALLOC, (uintptr_t)p, hc_pagesize, n, HC_CALLER());
+    hc_emit(t, HC_OP_PVALLOC, (uintptr_t)p, hc_pagesize, n, HC_CALLER(), HC_STACK(t));
     hc_leave(t);
     return p;
 }

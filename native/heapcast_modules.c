@@ -60,6 +60,7 @@ static void hc_mod_put(uint64_t *r, uint64_t op, uint64_t a, uint64_t b, uint64_
     r[2] = c;
     r[3] = size | (op << HC_OP_SHIFT);
     r[4] = caller;
+    if (hc_flags & HC_FLAG_STACKS) r[5] = 0;
 }
 
 static int hc_module_cb(struct dl_phdr_info *info, size_t size, void *data) {
@@ -73,6 +74,7 @@ static int hc_module_cb(struct dl_phdr_info *info, size_t size, void *data) {
              * every module again (the later record wins, FORMAT.md) */
             memset(hc_mod_seen, 0, sizeof hc_mod_seen);
             hc_mod_count = 0;
+            hc_uw_forget(); /* and the unwinder's rules for its addresses */
         }
         hc_mod_adds = info->dlpi_adds;
         hc_mod_subs = info->dlpi_subs;
@@ -96,18 +98,19 @@ static int hc_module_cb(struct dl_phdr_info *info, size_t size, void *data) {
         memcpy(path, name, len);
     }
     size_t chunks = (len + HC_MODULE_PATH_CHUNK - 1) / HC_MODULE_PATH_CHUNK;
-    if (hc_mlog_reserve((1 + chunks) * sizeof(struct hc_record_caller)) != 0) return 0;
+    size_t words = hc_record_size / 8;
+    if (hc_mlog_reserve((1 + chunks) * hc_record_size) != 0) return 0;
     uint64_t *r = (uint64_t *)(hc_mlog + hc_mlog_len);
     uint64_t now = hc_now();
     hc_mod_put(r, HC_OP_MODULE, now, start, end, len, bias);
     for (size_t k = 0; k < chunks; k++) {
-        uint64_t *p = r + 5 * (k + 1);
+        uint64_t *p = r + words * (k + 1);
         size_t at = k * HC_MODULE_PATH_CHUNK, n = len - at;
         if (n > HC_MODULE_PATH_CHUNK) n = HC_MODULE_PATH_CHUNK;
         hc_mod_put(p, HC_OP_MODULE_PATH, 0, 0, 0, n, 0);
         memcpy(p, path + at, n);
     }
-    hc_mlog_len += (1 + chunks) * sizeof(struct hc_record_caller);
+    hc_mlog_len += (1 + chunks) * hc_record_size;
     return 0;
 }
 

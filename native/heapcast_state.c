@@ -4,6 +4,11 @@
 
 /* Per-thread state */
 
+struct hc_stack_slot { /* heapcast_stacks.c: a thread's cache of stack hash -> stack id */
+    uint64_t hash, id;
+};
+struct hc_walk; /* heapcast_stacks.c */
+
 struct hc_buffer {
     size_t pos;     /* bytes appended; written only by the owner (release), reset under lock */
     size_t cap;     /* data capacity; 0 for the two sentinels below (forces the slow path) */
@@ -13,6 +18,8 @@ struct hc_buffer {
     struct hc_buffer *prev, *next; /* registry, under hc_registry_lock */
     size_t map_bytes;              /* mmap length, 0 for static buffers */
     unsigned char *data;
+    struct hc_stack_slot *stack_cache; /* with stacks: HC_STACK_CACHE slots in the mapping */
+    struct hc_walk *walk;              /* with stacks: the thread's last walk, in the mapping */
 };
 
 /* Sentinels: a thread that has not allocated yet points at hc_unregistered, a thread whose key
@@ -50,6 +57,7 @@ static dev_t hc_fd_dev;
 static ino_t hc_fd_ino;
 static uint32_t hc_record_size = sizeof(struct hc_record);
 static uint32_t hc_flags;
+static unsigned hc_frames; /* HEAPCAST_FRAMES: frames recorded per allocation, 0 = no stacks */
 static uint32_t hc_clock = HC_CLOCK_MONOTONIC;
 static uint64_t hc_start_ticks;
 static uint64_t hc_start_mono_ns;
@@ -65,6 +73,20 @@ static pthread_mutex_t hc_registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t hc_file_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct hc_buffer *hc_registry; /* live thread buffers */
 static uint32_t hc_next_thread;       /* next thread number, atomic */
+
+/* The stack trie (heapcast_stacks.c): nodes by id, and an open-addressing index of them by
+ * (parent, address), under hc_trie_lock. */
+#define HC_STACK_CACHE 4096u /* slots of a thread's stack cache: 64 KiB */
+struct hc_node {
+    uint64_t parent, addr;
+    uint32_t depth;
+};
+static pthread_mutex_t hc_trie_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct hc_node *hc_nodes; /* by id; [0] unused */
+static uint64_t hc_node_count, hc_node_cap;
+static uint32_t *hc_trie_index; /* node ids, 0 = empty */
+static uint64_t hc_trie_cap;
+static void hc_stacks_replay(void);
 
 static unsigned char hc_orphan_data[HC_ORPHAN_BYTES] __attribute__((aligned(64)));
 static struct hc_buffer hc_orphan = {

@@ -40,34 +40,41 @@ static inline uint64_t hc_pack(uint64_t size, uint64_t op, uint64_t thread_bits)
 }
 
 static inline void hc_fill(unsigned char *at, uint64_t op, uint64_t addr, uint64_t arg, uint64_t size,
-                           uint64_t thread_bits, uint64_t caller) {
+                           uint64_t thread_bits, uint64_t caller, uint64_t stack) {
     uint64_t *r = (uint64_t *)at;
     r[0] = hc_now();
     r[1] = addr;
     r[2] = arg;
     r[3] = hc_pack(size, op, thread_bits);
     if (hc_flags & HC_FLAG_CALLER) r[4] = caller;
+    if (hc_flags & HC_FLAG_STACKS) r[5] = stack;
 }
 
 static void hc_emit_slow(struct hc_tls *t, uint64_t op, uint64_t addr, uint64_t arg, uint64_t size,
-                         uint64_t caller);
+                         uint64_t caller, uint64_t stack);
 
-/* The data path: one bounds check, five stores, one release store (a plain mov on x86). */
+/* The data path: one bounds check, six stores, one release store (a plain mov on x86). */
 static inline __attribute__((always_inline)) void hc_emit(struct hc_tls *t, uint64_t op, uint64_t addr,
-                                                          uint64_t arg, uint64_t size, uint64_t caller) {
+                                                          uint64_t arg, uint64_t size, uint64_t caller,
+                                                          uint64_t stack) {
     struct hc_buffer *b = t->buf;
     size_t pos = b->pos;
     if (HC_UNLIKELY(pos + hc_record_size > b->cap)) {
-        hc_emit_slow(t, op, addr, arg, size, caller);
+        hc_emit_slow(t, op, addr, arg, size, caller, stack);
         return;
     }
-    hc_fill(b->data + pos, op, addr, arg, size, t->thread_bits, caller);
+    hc_fill(b->data + pos, op, addr, arg, size, t->thread_bits, caller, stack);
     __atomic_store_n(&b->pos, pos + hc_record_size, __ATOMIC_RELEASE);
 }
 
-/* First call of a thread: a buffer, a number, a registry entry, THREAD_START. */
+static size_t hc_walk_bytes(void);
+
+/* First call of a thread: a buffer (and with stacks its stack cache, in the same mapping), a
+ * number, a registry entry, THREAD_START. */
 static struct hc_buffer *hc_register_thread(struct hc_tls *t) {
-    size_t bytes = HC_BUFFER_BYTES + 4096;
+    size_t cache = hc_frames ? HC_STACK_CACHE * sizeof(struct hc_stack_slot) : 0;
+    size_t walk = hc_frames ? (hc_walk_bytes() + 4095) / 4096 * 4096 : 0;
+    size_t bytes = HC_BUFFER_BYTES + 4096 + cache + walk;
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
     struct hc_buffer *b = m;
@@ -77,7 +84,9 @@ static struct hc_buffer *hc_register_thread(struct hc_tls *t) {
     b->retired = 0;
     pthread_mutex_init(&b->lock, NULL);
     b->map_bytes = bytes;
-    b->data = (unsigned char *)m + 4096;
+    b->data = (unsigned char *)m + 4096 + cache + walk;
+    b->stack_cache = cache ? (struct hc_stack_slot *)((unsigned char *)m + 4096) : NULL;
+    b->walk = walk ? (struct hc_walk *)((unsigned char *)m + 4096 + cache) : NULL; /* zeroed: n 0 */
 
     uint32_t num = __atomic_fetch_add(&hc_next_thread, 1, __ATOMIC_RELAXED);
     if (num > HC_THREAD_MAX) num = HC_THREAD_MAX;
@@ -92,30 +101,30 @@ static struct hc_buffer *hc_register_thread(struct hc_tls *t) {
 
     t->buf = b;
     if (hc_key_ok) pthread_setspecific(hc_key, b); /* the destructor flushes and retires it */
-    hc_fill(b->data, HC_OP_THREAD_START, 0, (uint64_t)syscall(SYS_gettid), 0, t->thread_bits, 0);
+    hc_fill(b->data, HC_OP_THREAD_START, 0, (uint64_t)syscall(SYS_gettid), 0, t->thread_bits, 0, 0);
     __atomic_store_n(&b->pos, hc_record_size, __ATOMIC_RELEASE);
     return b;
 }
 
 static HC_NOINLINE void hc_emit_slow(struct hc_tls *t, uint64_t op, uint64_t addr, uint64_t arg,
-                                     uint64_t size, uint64_t caller) {
+                                     uint64_t size, uint64_t caller, uint64_t stack) {
     struct hc_buffer *b = t->buf;
     if (b == &hc_unregistered) {
         if (!hc_register_thread(t)) return; /* no memory for a buffer: drop */
-        hc_emit(t, op, addr, arg, size, caller);
+        hc_emit(t, op, addr, arg, size, caller, stack);
     } else if (b == &hc_retired) {
         pthread_mutex_lock(&hc_orphan.lock);
         if (hc_orphan.pos + hc_record_size > hc_orphan.cap) {
             hc_write(hc_orphan.data, hc_orphan.pos);
             hc_orphan.pos = 0;
         }
-        hc_fill(hc_orphan.data + hc_orphan.pos, op, addr, arg, size, t->thread_bits, caller);
+        hc_fill(hc_orphan.data + hc_orphan.pos, op, addr, arg, size, t->thread_bits, caller, stack);
         hc_orphan.pos += hc_record_size;
         pthread_mutex_unlock(&hc_orphan.lock);
     } else {
         hc_modules_scan(0);
         hc_flush_buffer(b, 1);
-        hc_emit(t, op, addr, arg, size, caller);
+        hc_emit(t, op, addr, arg, size, caller, stack);
     }
 }
 
@@ -162,6 +171,7 @@ static void hc_atexit(void) { hc_finish(); }
 static void hc_fork_prepare(void) {
     hc_tls.guard++;
     HC_SIGNAL_FENCE();
+    pthread_mutex_lock(&hc_trie_lock); /* first: a trie insert may flush (file lock) */
     pthread_mutex_lock(&hc_module_lock);
     pthread_mutex_lock(&hc_registry_lock);
     pthread_mutex_lock(&hc_orphan.lock);
@@ -173,6 +183,7 @@ static void hc_fork_parent(void) {
     pthread_mutex_unlock(&hc_orphan.lock);
     pthread_mutex_unlock(&hc_registry_lock);
     pthread_mutex_unlock(&hc_module_lock);
+    pthread_mutex_unlock(&hc_trie_lock);
     HC_SIGNAL_FENCE();
     hc_tls.guard--;
 }
@@ -181,6 +192,7 @@ static void hc_fork_parent(void) {
  * belong to the parent, which flushes them itself), numbers its threads from 0 again and writes
  * its own file, whose ppid is the forking process. */
 static void hc_fork_child(void) {
+    pthread_mutex_init(&hc_trie_lock, NULL);
     pthread_mutex_init(&hc_module_lock, NULL);
     pthread_mutex_init(&hc_registry_lock, NULL);
     pthread_mutex_init(&hc_orphan.lock, NULL);
@@ -207,8 +219,9 @@ static void hc_fork_child(void) {
         hc_clock_start(0);
         hc_fd = hc_open_trace();
         __atomic_store_n(&hc_tracing, hc_fd >= 0, __ATOMIC_RELEASE);
-        /* the parent's module map is this image's too */
+        /* the parent's module map and stack trie are this image's too */
         if (hc_mlog_len) hc_write(hc_mlog, hc_mlog_len);
+        if (hc_frames) hc_stacks_replay();
     }
     HC_SIGNAL_FENCE();
     hc_tls.guard--;
@@ -237,6 +250,18 @@ static int hc_init(void) {
     if (hc_option_word(getenv("HEAPCAST_CALLER"), flags, 2) == 1) {
         hc_flags |= HC_FLAG_CALLER;
         hc_record_size = sizeof(struct hc_record_caller);
+    }
+    /* HEAPCAST_FRAMES=N (1..HC_FRAMES_MAX): call stacks, which carry the caller too; 0, unset
+     * or anything else: none */
+    uint64_t frames = 0;
+    const char *fv = getenv("HEAPCAST_FRAMES");
+    if (fv && hc_option_uint(fv, 0, HC_FRAMES_MAX, &frames) && frames > 0) {
+        hc_uw_start();
+        if (hc_uw_cache) {
+            hc_frames = (unsigned)frames;
+            hc_flags |= HC_FLAG_CALLER | HC_FLAG_STACKS;
+            hc_record_size = sizeof(struct hc_record_stack);
+        }
     }
     const char *out = getenv("HEAPCAST_OUT");
     if (!out || !*out) {

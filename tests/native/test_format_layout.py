@@ -7,7 +7,7 @@ import struct
 import subprocess
 
 from tasks.format import trace_reader
-from tasks.format.trace_reader import RECORD_DTYPE, RECORD_DTYPE_CALLER, Op
+from tasks.format.trace_reader import RECORD_DTYPE, RECORD_DTYPE_CALLER, RECORD_DTYPE_STACK, Op
 
 HEADER_FIELDS = [
     "magic",
@@ -55,6 +55,10 @@ def test_c_struct_layout_matches_the_reader(program):
     assert layout["record_caller_size"] == RECORD_DTYPE_CALLER.itemsize == 40
     assert layout["record"] == {name: RECORD_DTYPE.fields[name][1] for name in RECORD_DTYPE.names}
     assert layout["caller"] == RECORD_DTYPE_CALLER.fields["caller"][1]
+    assert layout["record_stack_size"] == RECORD_DTYPE_STACK.itemsize == 48
+    assert layout["stack"] == RECORD_DTYPE_STACK.fields["stack"][1]
+    assert layout["stack_caller"] == RECORD_DTYPE_STACK.fields["caller"][1]
+    assert layout["flag_stacks"] == trace_reader.FLAG_STACKS
 
     # AND the header layout is the reader's header struct, field by field
     fmt = trace_reader._HEADER.format
@@ -68,5 +72,5 @@ def test_c_struct_layout_matches_the_reader(program):
     assert layout["ops"] == {op.name: int(op) for op in Op}
 
     # AND the version the tracer writes, and the module records' path chunk (FORMAT.md, Modules)
-    assert layout["version"] == trace_reader.FORMAT_VERSION == 2
+    assert layout["version"] == trace_reader.FORMAT_VERSION == 3
     assert layout["module_path_chunk"] == trace_reader.MODULE_PATH_CHUNK

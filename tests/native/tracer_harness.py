@@ -52,7 +52,7 @@ def read_traces(out_dir: Path) -> list[Trace]:
 
 def tracer_env(lib: Path, out_dir: Path | None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("HEAPCAST_OUT", "HEAPCAST_CALLER", "HEAPCAST_CLOCK", "LD_PRELOAD"):
+    for k in ("HEAPCAST_OUT", "HEAPCAST_CALLER", "HEAPCAST_FRAMES", "HEAPCAST_CLOCK", "LD_PRELOAD"):
         env.pop(k, None)
     env["LD_PRELOAD"] = str(lib)
     if out_dir is not None:

@@ -12,6 +12,9 @@ int main(void) {
     printf("{\"header_size\": %zu, \"record_size\": %zu, \"record_caller_size\": %zu, ",
            sizeof(struct hc_header), sizeof(struct hc_record), sizeof(struct hc_record_caller));
     printf("\"caller\": %zu, ", offsetof(struct hc_record_caller, caller));
+    printf("\"record_stack_size\": %zu, \"stack\": %zu, \"stack_caller\": %zu, \"flag_stacks\": %u, ",
+           sizeof(struct hc_record_stack), offsetof(struct hc_record_stack, stack),
+           offsetof(struct hc_record_stack, caller), HC_FLAG_STACKS);
     printf("\"header\": {");
     H(magic); H(version); H(header_size); H(record_size); H(flags); H(pid); H(ppid);
     H(start_realtime_ns); H(start_monotonic_ns); H(start_ticks); H(ns_per_tick); H(clock);
@@ -25,8 +28,9 @@ int main(void) {
            HC_OP_MALLOC, HC_OP_CALLOC, HC_OP_REALLOC, HC_OP_REALLOCARRAY, HC_OP_FREE);
     printf("\"POSIX_MEMALIGN\": %d, \"ALIGNED_ALLOC\": %d, \"MEMALIGN\": %d, \"VALLOC\": %d, ",
            HC_OP_POSIX_MEMALIGN, HC_OP_ALIGNED_ALLOC, HC_OP_MEMALIGN, HC_OP_VALLOC);
-    printf("\"PVALLOC\": %d, \"THREAD_START\": %d, \"MODULE\": %d, \"MODULE_PATH\": %d}, ",
-           HC_OP_PVALLOC, HC_OP_THREAD_START, HC_OP_MODULE, HC_OP_MODULE_PATH);
+    printf("\"PVALLOC\": %d, \"THREAD_START\": %d, \"MODULE\": %d, \"MODULE_PATH\": %d, "
+           "\"STACK_NODE\": %d}, ",
+           HC_OP_PVALLOC, HC_OP_THREAD_START, HC_OP_MODULE, HC_OP_MODULE_PATH, HC_OP_STACK_NODE);
     printf("\"version\": %u, \"module_path_chunk\": %u}\n", HC_VERSION, HC_MODULE_PATH_CHUNK);
     return 0;
 }
