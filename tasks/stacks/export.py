@@ -40,15 +40,16 @@ def _label(profile: StackProfile, frame: int) -> str:
 
 
 def collapsed(profile: StackProfile, weight: str = "bytes") -> str:
-    """The profile as folded stacks weighted by `weight`, heaviest first."""
+    """The profile as folded stacks weighted by `weight`, heaviest first; stacks named alike
+    (calls from two lines of one function) are one line."""
     w = profile.weight(weight)
-    lines = []
-    for k in np.argsort(-w, kind="stable").tolist():  # a loop over distinct stacks
-        if w[k] <= 0:
-            break
+    lines: dict[str, int] = {}
+    for k in np.flatnonzero(w > 0).tolist():  # a loop over distinct stacks
         frames = [_label(profile, int(f)) for f in profile.stacks[k][::-1]] or [NO_STACK]
-        lines.append(f"{';'.join(frames)} {int(w[k])}\n")
-    return "".join(lines)
+        line = ";".join(frames)
+        lines[line] = lines.get(line, 0) + int(w[k])
+    order = sorted(lines.items(), key=lambda kv: -kv[1])  # stable: first seen first among equals
+    return "".join(f"{line} {n}\n" for line, n in order)
 
 
 # ------------------------------------------------------------------------------ pprof encoder
@@ -121,7 +122,9 @@ def pprof(profile: StackProfile, weight: str = "bytes", comment: str = "") -> by
         _packed(sample, 2, values[k].tolist())
         _bytes(out, 2, bytes(sample))
 
-    modules = sorted({m for m in fr.module if m})
+    # in the order the frames first name them: the first process's first module (its
+    # executable, as the tracer records modules) first, which pprof shows as the profile's File
+    modules = list(dict.fromkeys(m for m in fr.module if m))
     mapping_id = {m: i + 1 for i, m in enumerate(modules)}
     offsets = fr.offset.astype(np.uint64)
     for m in modules:  # Profile.mapping = 3: addresses are offsets in the module's ELF file

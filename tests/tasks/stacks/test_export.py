@@ -58,8 +58,8 @@ def pprof_raw(path: Path, *args: str) -> str:
 
 
 def parse_raw(text: str) -> tuple[list[str], dict[tuple[str, ...], list[int]]]:
-    """`go tool pprof -raw`: the sample types (the default marked [dflt]) and each sample's
-    values by its stack's location names, leaf first."""
+    """`go tool pprof -raw`: the sample types (the default marked [dflt]) and the samples'
+    values by their stack's location names, leaf first."""
     lines = text.splitlines()
     at = lines.index("Samples:")
     types = lines[at + 1].split()
@@ -73,7 +73,11 @@ def parse_raw(text: str) -> tuple[list[str], dict[tuple[str, ...], list[int]]]:
         m = re.match(r"\s+(\d+): 0x[0-9a-f]+ (?:M=\d+ )?(.+?) :0 s=0$", line)
         if m:
             names[m[1]] = m[2]
-    return types, {tuple(names[i] for i in ids): values for values, ids in samples}
+    out: dict[tuple[str, ...], list[int]] = {}
+    for values, ids in samples:  # stacks through different lines of one function: summed
+        key = tuple(names[i] for i in ids)
+        out[key] = [a + b for a, b in zip(out.get(key, [0] * len(values)), values)]
+    return types, out
 
 
 def test_pprof_is_read_by_go_tool_pprof(profile, tmp_path):
