@@ -10,7 +10,7 @@
   few messages needed are encoded here (protobuf's wire format: varints and length-delimited
   fields), not with a generated module.
 
-The format: docs/report.md#export
+The formats and what each weight counts: docs/export.md
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.core.storage import Root
+from tasks.format.trace_reader import Trace, TraceFormatError, read_trace
+from tasks.report.sources import ReportInputError, resolve
 from tasks.stacks.profile import WEIGHTS, StackProfile
 
 FORMATS = ("collapsed", "pprof")
@@ -183,15 +186,11 @@ class ExportInputError(ValueError):
     """Nothing can be exported from what was named; the message names it and says why."""
 
 
-def run_traces(specs: list[str], root=None) -> tuple[list, list[str]]:
+def run_traces(specs: list[str], root: Root | None = None) -> tuple[list[Trace], list[str]]:
     """The process traces of the run `specs` names, as `heapcast report` takes it
     (tasks.report.sources.resolve: a run folder, trace files, or WORKLOAD/RUN under `root`),
     and warnings: files that cannot be read (skipped) and traces without stacks. Raises
     ExportInputError when nothing can be read."""
-    # deferred: the report's sources import pyarrow and the converter
-    from tasks.format.trace_reader import TraceFormatError, read_trace
-    from tasks.report.sources import ReportInputError, resolve
-
     try:
         run = resolve(specs, root)
     except ReportInputError as err:
