@@ -84,17 +84,19 @@ def _rows(trace: Trace) -> _Rows:
 
 
 def _temporaries(rows: _Rows, alloc: np.ndarray) -> np.ndarray:
-    """Which of the allocation rows `alloc` made a temporary (heaptrack's word): a block freed
-    before its thread's next allocation (the realloc that frees it may be that allocation: its
-    free comes first)."""
+    """Which of the allocation rows `alloc` (ascending) made a temporary (heaptrack's word): a
+    block freed before its thread's next allocation (the realloc that frees it may be that
+    allocation: its free comes first)."""
     n = len(rows.time)
-    th = rows.thread.astype(np.int64)
-    key = th[alloc] * (n + 1) + alloc  # sorted by thread, then row
-    order = np.argsort(key, kind="stable")
-    key_s = key[order]
-    nxt = np.full(len(alloc), n, np.int64)  # the thread's next allocation row (n: none)
-    same = (key_s[1:] // (n + 1)) == (key_s[:-1] // (n + 1))
-    nxt[order[:-1][same]] = (key_s[1:] % (n + 1))[same]
+    th = rows.thread[alloc]
+    nxt = np.append(alloc[1:], n)  # the next allocation row (n: none)
+    if len(th) and th.min() != th.max():  # the thread's next: by thread (a radix sort), then row
+        order = np.argsort(th, kind="stable")
+        t_s = th[order]
+        nxt_s = np.append(alloc[order][1:], n)
+        nxt_s[:-1][t_s[1:] != t_s[:-1]] = n
+        nxt = np.empty_like(nxt_s)
+        nxt[order] = nxt_s
     f = rows.free_row[alloc]
     return (f >= 0) & (f <= nxt)
 
@@ -124,18 +126,30 @@ def _peak_rows(images: list[_Rows]) -> list[int]:
     return [-1 if upto[len(images) + i] else int(upto[i]) - 1 for i in range(len(images))]
 
 
-def _stack_keys(trace: Trace, record: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per allocation record: a key naming its stack in this trace (uint64); the distinct keys,
-    sorted; and for each its frames' addresses, innermost first, 0 past the outermost: the stack id
-    (its trie's frames) with stacks; the caller (one frame) without, or where a stack id has
-    no node; 0 (no frame) without either."""
+def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct keys, ascending; each key's index among them): a lookup table where the
+    keys are small (stack ids count nodes), else a sort."""
+    top = int(key.max()) if len(key) else 0
+    if top < 1 << 24:
+        seen = np.zeros(top + 1, bool)
+        seen[key] = True
+        index = np.cumsum(seen) - 1
+        return np.flatnonzero(seen).astype(np.uint64), index[key]
+    uniq, inverse = np.unique(key, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
+def _stack_keys(trace: Trace, record: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For allocation records: each one's index among its trace's distinct stacks, and each
+    distinct stack's frame addresses, innermost first, 0 past the outermost. With stacks, the
+    trie's frames of its stack id; without (or where a stack id has no node), its caller as one
+    frame; without either, no frame."""
     caller = trace.caller
     if trace.stack is not None and trace.stacks is not None:
         ids = trace.stack[record]
-        has = ids != 0
         # ids have no top bit (node counts); a caller-only key sets it
-        key = np.where(has, ids, caller[record] | np.uint64(1 << 63))
-        uniq = np.unique(key)
+        key = np.where(ids != 0, ids, caller[record] | np.uint64(1 << 63))
+        uniq, local = _distinct(key)
         stacked = (uniq >> np.uint64(63)) == 0
         frames = trace.stacks.frames(np.where(stacked, uniq, 0))
         if frames.shape[1] == 0:
@@ -143,10 +157,10 @@ def _stack_keys(trace: Trace, record: np.ndarray) -> tuple[np.ndarray, np.ndarra
         lone = ~stacked
         frames[lone] = 0
         frames[lone, 0] = uniq[lone] & np.uint64((1 << 63) - 1)
-        return key, uniq, frames
+        return local, frames
     key = caller[record] if caller is not None else np.zeros(len(record), np.uint64)
-    uniq = np.unique(key)
-    return key, uniq, uniq.reshape(-1, 1)
+    uniq, local = _distinct(key)
+    return local, uniq.reshape(-1, 1)
 
 
 class _Interner:
@@ -161,22 +175,19 @@ class _Interner:
         innermost first, 0 past the outermost)."""
         mods = trace.modules
         present = frames != 0
-        addr = frames[present]
+        addr, inverse = np.unique(frames[present], return_inverse=True)  # distinct addresses
         if mods is not None and len(mods):
             midx, off = mods.locate(addr)
         else:
             midx, off = np.full(len(addr), -1, np.int32), np.zeros(len(addr), np.uint64)
         off = np.where(midx >= 0, off, addr)  # no module: the raw address
-        pairs, inv = np.unique(
-            np.stack([midx.astype(np.int64), off.view(np.int64)], 1), axis=0, return_inverse=True
-        )
         paths = mods.path if mods is not None else ()
-        fid = np.empty(len(pairs), np.int64)
-        for j, (m, o) in enumerate(pairs.tolist()):  # a loop over distinct frames
-            fkey = (paths[m] if m >= 0 else "", o & 0xFFFF_FFFF_FFFF_FFFF)
+        fid = np.empty(len(addr), np.int64)
+        for j, (m, o) in enumerate(zip(midx.tolist(), off.tolist())):  # distinct frames
+            fkey = (paths[m] if m >= 0 else "", o)
             fid[j] = self.frames.setdefault(fkey, len(self.frames))
         fid_of = np.full(frames.shape, -1, np.int64)
-        fid_of[present] = fid[inv.reshape(-1)]
+        fid_of[present] = fid[inverse.reshape(-1)]
         out = np.empty(len(frames), np.int64)
         depth = np.count_nonzero(present, axis=1)  # frames end at the first 0
         for s in range(len(frames)):  # a loop over distinct stacks
@@ -208,8 +219,7 @@ def stack_profile(traces: Sequence[Trace], sysroot: Path | None = None) -> Stack
     for trace in traces:  # a loop over process images
         rows = _rows(trace)
         alloc = np.flatnonzero(rows.defines)
-        key, uniq, frames = _stack_keys(trace, rows.record[alloc])
-        local = np.searchsorted(uniq, key)
+        local, frames = _stack_keys(trace, rows.record[alloc])
         allocs.append((alloc, interner.stack_rows(trace, frames)[local]))
         images.append(rows)
 
