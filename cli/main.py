@@ -4,6 +4,7 @@ heapcast trace [-o DIR] -- PROGRAM ARGS...      trace any program, like heaptrac
 heapcast layer [--policy P] -- PROGRAM ARGS...  run any program over heapcast's allocator layer
 heapcast inspect FILE...                        a trace's header and per-operation counts
 heapcast report RUN [-o HTML] [--diff RUN]      a run's heap report: HTML and a summary
+heapcast export --format F -o FILE RUN          call stacks for flamegraph.pl, speedscope, pprof
 heapcast tune [-o HTML] -- PROGRAM ARGS...      which allocator and settings suit a program
 heapcast run [...]                              the whole pipeline once (flow nightly)
 heapcast bundle export|train ...                train the network elsewhere (a lent GPU)
@@ -891,6 +892,85 @@ def _report_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpForma
     r.set_defaults(func=cmd_report)
 
 
+EXPORT_EPILOG = """\
+The run is named as for `heapcast report`: a folder of traces, trace files, or WORKLOAD/RUN under
+the data root (its raw traces). Every allocation that returned a block is counted on its call
+stack (traces recorded without stacks: one frame, malloc's caller). --weight: bytes allocated
+(default), calls, peak (bytes live when the run's live heap peaked) or leaked (never freed).
+
+examples:
+  heapcast export --format pprof -o heap.pb.gz traces/<run>
+      all four weights in one profile.proto: go tool pprof -http=: heap.pb.gz
+  heapcast export --format collapsed --weight peak -o peak.folded traces/<run>
+      folded stacks: flamegraph.pl peak.folded > peak.svg, or open it in speedscope
+"""
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`heapcast export`: a run's call stacks as folded stacks or pprof; exit 2 on bad input."""
+    # deferred: imported on first use, for start-up time (numpy, pyarrow)
+    from tasks.core.config import default_root
+    from tasks.core.storage import Root
+    from tasks.stacks.collect import stack_profile
+    from tasks.stacks.export import ExportInputError, run_traces, write
+
+    out = os.path.abspath(args.output)
+    if os.path.isdir(out) or not os.access(os.path.dirname(out), os.W_OK):
+        print(
+            f"heapcast export: {args.output}: cannot write here (a folder, or no such "
+            "writable folder): give a file path in a writable folder",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        traces, warnings = run_traces(args.run, Root.from_url(args.root or default_root()))
+    except ExportInputError as err:
+        print(f"heapcast export: {err}", file=sys.stderr)
+        return 2
+    for w in warnings:
+        print(f"heapcast export: warning: {w}", file=sys.stderr)
+    profile = stack_profile(traces)
+    try:
+        write(profile, args.format, out, args.weight, " ".join(args.run))
+    except OSError as err:
+        print(f"heapcast export: {args.output}: {err.strerror}", file=sys.stderr)
+        return 2
+    w = profile.weight(args.weight)
+    print(
+        f"heapcast export: {args.output}: {args.format}, {len(profile):,} stacks, "
+        f"{len(profile.frames):,} frames, {args.weight} {int(w.sum()):,} in all"
+    )
+    return 0
+
+
+def _export_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
+    """`heapcast export`: the run, the format, the file, the weight."""
+    # the choices, written here: the module that defines them imports numpy (start-up time)
+    e = sub.add_parser(
+        "export",
+        help="a run's call stacks for other tools: heapcast export --format collapsed|pprof "
+        "-o FILE RUN",
+        description="A run's allocations by call stack, for other tools: folded stacks "
+        "(flamegraph.pl, speedscope, inferno)\nor pprof's profile.proto (go tool pprof, "
+        "Pyroscope).",
+        epilog=EXPORT_EPILOG,
+        formatter_class=raw,
+    )
+    e.add_argument("run", nargs="+", metavar="RUN_OR_FILES", help="a run folder, files, or W/R")
+    e.add_argument("--format", required=True, choices=("collapsed", "pprof"), help="the format")
+    e.add_argument("-o", "--output", required=True, metavar="FILE", help="the file written")
+    e.add_argument(
+        "--weight",
+        default="bytes",
+        choices=("bytes", "calls", "peak", "leaked"),
+        help="what a stack weighs: collapsed's numbers, pprof's default sample (bytes)",
+    )
+    e.add_argument(
+        "--root", help="data root for WORKLOAD/RUN names (default $HEAPCAST_ROOT, ./data)"
+    )
+    e.set_defaults(func=cmd_export)
+
+
 def _tune_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatter]) -> None:
     """`heapcast tune`: the candidates, the rounds, the objective, the program."""
     tu = sub.add_parser(
@@ -957,6 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
         _layer_parser,
         _inspect_parser,
         _report_parser,
+        _export_parser,
         _tune_parser,
         _bundle_parser,
     ):

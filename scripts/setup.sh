@@ -16,6 +16,7 @@ APT_PACKAGES=(
   heaptrack                          # the benchmark's reference tracer
   libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0   # allocators compared (configs/allocators.yaml)
   chromium fonts-dejavu-core         # the report test opens its HTML in headless chromium (with a font)
+  golang-go nodejs                   # the export tests read heapcast's exports with go tool pprof and speedscope
   curl ca-certificates
 )
 
@@ -52,5 +53,15 @@ fi
 purelib=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo 'import importlib.util; importlib.util.find_spec("heapcast_keras") and __import__("heapcast_keras").install()' \
   > "$purelib/heapcast-keras.pth"
+# speedscope's importer reads `heapcast export --format collapsed` files in the export tests
+# (tests/tasks/stacks/speedscope_folded.mjs); npm's package, pinned, kept out of the tree
+if [ ! -f .cache/npm/node_modules/speedscope/package.json ]; then
+  if ! command -v npm >/dev/null; then  # Debian's nodejs comes without it (NodeSource's has it)
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  echo "heapcast setup: installing speedscope (npm) into .cache/npm"
+  npm install -s --no-audit --no-fund --prefix .cache/npm speedscope@1.25.0 >/dev/null
+fi
 make -s -C native >/dev/null
 echo "heapcast setup: ready (.venv/bin/heapcast)"
