@@ -42,7 +42,7 @@ from tasks.learning.questions.lifetime import lifetime_due  # noqa: E402
 DEPTHS = (1, 2, 3, 4, 8, 32)  # 32: the whole stack as the catalog records it
 K = LIFETIME_CLASSES
 EPS = 1e-3
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent
 
 
 def load(root: Root, workload: str, run: str) -> dict | None:
