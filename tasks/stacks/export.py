@@ -193,6 +193,12 @@ def run_traces(specs: list[str], root: Root | None = None) -> tuple[list[Trace],
     ExportInputError when nothing can be read."""
     try:
         run = resolve(specs, root)
+        if run.kind != "raw" and root is not None and root.is_local and len(specs) == 1:
+            # WORKLOAD/RUN converted: the report reads its events, an export its raw traces
+            w, _, r = specs[0].strip("/").partition("/")
+            raw = Path(root.raw_run(w, r))
+            if r and "/" not in r and not Path(specs[0]).exists() and any(raw.glob("*.hct")):
+                run = resolve(str(raw), root)
     except ReportInputError as err:
         raise ExportInputError(str(err)) from None
     if run.kind != "raw":
