@@ -2,6 +2,12 @@
 
     .venv/bin/python benchmarks/bench_convert.py            # sqlite3, 450k rows: 22.5 M calls
     .venv/bin/python benchmarks/bench_convert.py --trace X.hct --article-log X.log.gz  # reuse
+    .venv/bin/python benchmarks/bench_convert.py --stacks-only   # the stacks' cost alone
+
+Call stacks (`stacks_side_by_side`): the same synthetic events (`--stacks-events`) written
+twice, as a caller trace without stacks and as a stack trace (16 frames a call, `--stacks`
+distinct stacks over libc's functions, tests/tracegen.StackTrie), each converted as above; the
+ratio of their events per CPU-second is the stacks' cost (target: at least 0.8).
 
 The workload: sqlite3 on a generated, seeded SQL script (`--rows`), traced once by each tracer.
 Reference: the article's tracer (benchmarks/reference/libtracemalloc.c) and its gzip'ed text log
@@ -36,6 +42,9 @@ from benchmarks.harness import write_result  # noqa: E402
 from tasks.format.trace_reader import Op, read_trace  # noqa: E402
 
 OP_NAMES = {int(o): o.name.lower() for o in Op}
+STACKS_REFERENCE = (
+    "call stacks: the same synthetic events converted without stacks (a caller trace)"
+)
 
 
 def sqlite_sql(rows: int, path: Path) -> None:
@@ -228,7 +237,7 @@ def heapcast_convert(trace_path: Path, work: Path) -> dict:
     from tasks.dataset.partitions import RunRef, convert_run
 
     raw = work / "root" / "raw" / "sqlite" / "bench"
-    raw.mkdir(parents=True)
+    raw.mkdir(parents=True, exist_ok=True)
     os.link(
         trace_path, raw / trace_path.name
     ) if trace_path.stat().st_dev == raw.stat().st_dev else shutil.copy(
@@ -269,6 +278,101 @@ def heapcast_convert(trace_path: Path, work: Path) -> dict:
                 "token_hist",
             )
         },
+    }
+
+
+STACK_DEPTH = 16
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+
+
+def stack_traces(events: int, stacks: int, work: Path) -> tuple[Path, Path]:
+    """The same synthetic calls (tests/tracegen.synthetic_records) as a caller trace without
+    stacks and as a stack trace whose allocations carry one of `stacks` distinct stacks of
+    STACK_DEPTH frames (a trie as a program's: stacks share their outer frames), every frame at
+    a function of libc (so naming reads a real symbol table); both with the same module map."""
+    from tasks.format.symbols import symbol_table
+    from tasks.format.trace_reader import RECORD_DTYPE_STACK
+    from tests.tracegen import StackTrie, header_bytes, module, records_array, synthetic_records
+
+    rng = np.random.default_rng(7)
+    base = 0x7F00_0000_0000
+    functions = symbol_table(LIBC).start + np.uint64(1)  # return addresses inside functions
+    # a trie as a program's: outer frames from few functions, inner ones from many
+    pool = [rng.choice(functions, size=min(len(functions), 4 + 40 * d)) for d in range(STACK_DEPTH)]
+    trie = StackTrie()
+    ids = np.array(
+        [
+            trie.id(
+                [
+                    int(
+                        base
+                        + pool[STACK_DEPTH - 1 - d][rng.integers(len(pool[STACK_DEPTH - 1 - d]))]
+                    )
+                    for d in range(STACK_DEPTH)
+                ]
+            )
+            for _ in range(stacks)
+        ],
+        dtype=np.uint64,
+    )  # a loop over stacks, not events
+    inner = np.array([n.caller for n in trie.records()], np.uint64)
+    plain = synthetic_records(events, caller=True, threads=2)
+    alloc = (plain["packed"] >> np.uint64(40)) & np.uint64(0xFF) == np.uint64(Op.MALLOC)
+    # a few stacks take most calls, as in programs (Zipf-like weights)
+    weights = 1.0 / np.arange(1, stacks + 1)
+    pick = rng.choice(stacks, size=len(plain), p=weights / weights.sum())
+    node_row = ids[pick].astype(np.int64) - 1
+    plain["caller"] = np.where(alloc, inner[node_row], np.uint64(0))
+    withs = np.zeros(len(plain), RECORD_DTYPE_STACK)
+    for f in plain.dtype.names:
+        withs[f] = plain[f]
+    withs["stack"] = np.where(alloc, ids[pick], np.uint64(0))
+    mods = module(0, base, base + 0x1000_0000, base, LIBC)
+    out = []
+    for name, recs, stacked in (("plain", plain, False), ("stacks", withs, True)):
+        maps = records_array(
+            mods + (trie.records() if stacked else []), caller=True, stacks=stacked
+        )
+        path = work / f"{name}" / f"4242-{name}.hct"
+        path.parent.mkdir(parents=True)
+        with open(path, "wb") as f:
+            f.write(header_bytes(caller=True, stacks=stacked, pid=4242))
+            f.write(maps.tobytes())
+            f.write(recs.tobytes())
+        out.append(path)
+    return out[0], out[1]
+
+
+def stacks_side_by_side(events: int, stacks: int, work: Path) -> dict:
+    """The conversion of a stack trace beside that of the same events without stacks: events
+    per worker CPU-second of each (first file and next file of a worker) and their ratios."""
+    plain_trace, stack_trace = stack_traces(events, stacks, work)
+    plain = heapcast_convert(plain_trace, work / "plain")
+    stacked = heapcast_convert(stack_trace, work / "stacks")
+    assert plain["rows"] == stacked["rows"]
+
+    def rate(hc: dict, which: str) -> float:
+        return hc["rows"] / (hc if which == "first" else hc["next_file"])["worker_cpu_s"]
+
+    ratios = {w: rate(stacked, w) / rate(plain, w) for w in ("first", "next")}
+    return {
+        "events": plain["rows"],
+        "distinct_stacks": stacks,
+        "frames_per_stack": STACK_DEPTH,
+        "events_per_cpu_s": {
+            f"{k}_{w}_file": rate(hc, w)
+            for k, hc in (("without_stacks", plain), ("with_stacks", stacked))
+            for w in ("first", "next")
+        },
+        "ratio_with_over_without_first_file": ratios["first"],
+        "ratio_with_over_without_next_file": ratios["next"],
+        "parquet_bytes_per_event": {
+            "without_stacks": plain["parquet_bytes"] / plain["rows"],
+            "with_stacks": stacked["parquet_bytes"] / stacked["rows"],
+            "stack_column": stacked["parquet_columns"].get("stack"),
+        },
+        "target_ratio_at_least": 0.8,
+        "target_met": min(ratios.values()) >= 0.8,
     }
 
 
@@ -317,7 +421,19 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--ref-lines", type=int, default=0, help="stop the reference loop after N lines (0: all)"
     )
-    ap.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results" / "convert.json")
+    ap.add_argument(
+        "--stacks-events",
+        type=int,
+        default=20_000_000,
+        help="events of the call stacks' side-by-side (default 20 M)",
+    )
+    ap.add_argument("--stacks", type=int, default=3000, help="its distinct stacks (default 3000)")
+    ap.add_argument(
+        "--stacks-only",
+        action="store_true",
+        help="only the call stacks' side-by-side, printed (written only with --out)",
+    )
+    ap.add_argument("--out", type=Path, help="default benchmarks/results/convert.json")
     ap.add_argument("--keep", type=Path, help="work folder to keep (default: a temp folder)")
     return ap.parse_args()
 
@@ -417,6 +533,12 @@ def main() -> None:
     work = args.keep or Path(tempfile.mkdtemp(prefix="heapcast-bench-convert-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        if args.stacks_only:
+            side = stacks_side_by_side(args.stacks_events, args.stacks, work / "stacks")
+            if args.out:
+                write_result("convert", {"stacks": side}, reference=STACKS_REFERENCE, out=args.out)
+            print(json.dumps(side, indent=1))
+            return
         trace = args.trace or trace_sqlite(args.rows, work)
         tr = read_trace(trace)
         events = len(tr) - int(np.count_nonzero(tr.op == Op.THREAD_START))
@@ -438,12 +560,14 @@ def main() -> None:
         ref = reference_line_loop(alog, args.ref_lines or None)
         print(f"line loop: {ref['lines']:,} lines in {ref['cpu_s']:.1f} CPU-s", flush=True)
         result = compare(args, trace, events, alog, alog_lines, own_log, hc, ref)
+        result["stacks"] = stacks_side_by_side(args.stacks_events, args.stacks, work / "stacks")
+        print(f"stacks: {json.dumps(result['stacks'])}", flush=True)
         write_result(
             "convert",
             result,
             reference="the article's gzip'ed text log parsed line by line in Python "
-            "(benchmarks/reference/), from the same program's calls",
-            out=args.out,
+            "(benchmarks/reference/), from the same program's calls; " + STACKS_REFERENCE,
+            out=args.out or PROJECT / "benchmarks" / "results" / "convert.json",
         )
         print(
             json.dumps(
@@ -453,6 +577,7 @@ def main() -> None:
                         "bytes_per_event",
                         "events_per_s",
                         "ratios",
+                        "stacks",
                         "same_tokens_but_free_null",
                         "targets_met",
                     )

@@ -101,6 +101,7 @@ STUDIES: tuple[Study, ...] = (
     Study("next_share", "a night's data, champion"),
     Study("place_catalog", "containers, 40 minutes"),
     Study("questions", "a full night's data"),
+    Study("replay_stacks", "containers, 5 minutes"),
     Study("reuse_threads", "a full night's data"),
     Study("scaling", "a network a point, 20+ minutes"),
     Study("table_bound", "a registered model"),

@@ -36,6 +36,9 @@ from tasks.format.native_sources import (
     build_native,
 )
 
+# the tracer's stack depth: its variable, bounds and default (standard library only)
+from tasks.format.stack_depth import DEFAULT_FRAMES, FRAMES_ENV, FRAMES_MAX, frames_problem
+
 EPILOG = """\
 examples:
   heapcast trace -o traces -- sqlite3 :memory: 'select 1'
@@ -92,11 +95,15 @@ examples:
   heapcast trace -o traces -- sqlite3 :memory: 'select 6*7'
       prints 42 as sqlite3 would, exits with sqlite3's code, then on stderr:
       heapcast: 1 process(es), 1 thread(s), 1234 events -> traces/<run>/<pid>-<ns>.hct
-      each call's return address and the module map are recorded (the report's top callers,
+      each call's return address, each allocation's call stack (up to 32 frames; each distinct
+      stack stored once) and the module map are recorded (the report's top callers and stacks,
       by name; the call sites the questions and the layer's table read)
+  heapcast trace --frames 8 -o traces -- python3 script.py
+      stacks up to 8 frames deep (1 to 128; --frames 0: the caller only, 8 bytes less per event)
   heapcast trace --no-caller -o traces -- make -j2
-      without them: 8 bytes less per event; the report and the questions then say the trace
-      has no call sites
+      no caller and no stacks: 16 bytes less per event; the report and the questions then say
+      the trace has no call sites (--no-caller with --frames N > 0 is refused: stacks begin
+      with the caller)
 """
 
 LAYER_EPILOG = """\
@@ -129,7 +136,7 @@ INSPECT_EPILOG = """\
 example:
   heapcast inspect traces/*/*.hct
       traces/20260101T120000-42/42-1767268800000000000.hct
-        format version 2, record 40 bytes, caller yes
+        format version 3, record 48 bytes, caller yes, modules 12, stacks yes (5678 nodes)
         pid 42, parent 41, clock tsc
         ...
         threads 1, events 1234, span 0.012 s
@@ -233,12 +240,31 @@ def _exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _trace_frames(args: argparse.Namespace) -> int | None:
+    """The stack depth to record: --frames, else DEFAULT_FRAMES with the caller and 0 without;
+    None, said on stderr, for --no-caller with --frames N > 0 (a stack's first frame is the
+    caller: asking for stacks without it is a contradiction, not a choice to guess)."""
+    if args.frames is None:
+        return DEFAULT_FRAMES if args.caller else 0
+    if args.frames and not args.caller:
+        print(
+            f"heapcast trace: --frames {args.frames} records call stacks, whose first frame is "
+            "the caller; drop --no-caller, or give --frames 0",
+            file=sys.stderr,
+        )
+        return None
+    return args.frames
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     # deferred: imported on first use, for start-up time
     from pathlib import Path
 
     program = _program(args, "trace", "trace: heapcast trace [-o DIR] -- PROGRAM ARGS...")
     if not program:
+        return 2
+    frames = _trace_frames(args)
+    if frames is None:
         return 2
     lib = _tracer_library()
     if lib is None:
@@ -251,6 +277,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
         env["HEAPCAST_CALLER"] = "1"
     else:
         env.pop("HEAPCAST_CALLER", None)
+    if frames:  # the whole call stack, as the catalog's replays record it (FORMAT.md, Stacks)
+        env[FRAMES_ENV] = str(frames)
+    else:
+        env.pop(FRAMES_ENV, None)
     code = _run_program(program, env, "trace")
     if code is None:
         return 127
@@ -558,6 +588,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"  format version {h.version}, record {h.record_size} bytes, "
             f"caller {'yes' if h.has_caller else 'no'}"
             + (f", modules {len(t.modules)}" if t.modules is not None else "")
+            + (f", stacks yes ({len(t.stacks)} nodes)" if t.stacks is not None else ", stacks no")
         )
         print(f"  pid {h.pid}, parent {h.ppid}, clock {'tsc' if h.clock == 2 else 'monotonic'}")
         print(
@@ -721,6 +752,18 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def _frames(text: str) -> int:
+    """--frames N: a whole number the tracer takes (tasks/format/frames.py)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    problem = frames_problem(n)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return n
+
+
 def _positive(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -748,7 +791,15 @@ def _trace_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormat
         action=argparse.BooleanOptionalAction,
         default=True,
         help="record each call's return address and the module map: the report's callers, the "
-        "questions' call sites (default: on; --no-caller: 8 bytes less per event, no call sites)",
+        "questions' call sites (default: on; --no-caller: no call sites and no stacks, 32-byte records)",
+    )
+    t.add_argument(
+        "--frames",
+        type=_frames,
+        default=None,
+        metavar="N",
+        help=f"record each allocation's call stack, up to N frames, 0 to {FRAMES_MAX} (default "
+        f"{DEFAULT_FRAMES}; 0: the caller only; with --no-caller: 0)",
     )
     t.add_argument("program", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from tasks.format.stack_depth import DEFAULT_FRAMES, FRAMES_MAX
+
 RUNNERS = ("auto", "docker", "local")
 ROOT_HELP = "data root: a folder or an s3:// URL (default $HEAPCAST_ROOT, else ./data)"
 
@@ -118,6 +120,7 @@ def trace_parser(prog: str = "python -m flows.trace") -> argparse.ArgumentParser
         ("", "the whole catalog, runner auto"),
         ("--quick --runner local", "the quick inputs, replayed here, without containers"),
         ("sqlite3 git --no-caller", "two workloads, without the return addresses"),
+        ("perl --frames 8", "perl, its call stacks 8 frames deep (default 32)"),
     )
     _catalog_options(p, "only the quick inputs (small)", "replays")
     p.add_argument(
@@ -127,6 +130,13 @@ def trace_parser(prog: str = "python -m flows.trace") -> argparse.ArgumentParser
         "--caller",
         action=argparse.BooleanOptionalAction,
         help="record each call's return address (default: on)",
+    )
+    p.add_argument(
+        "--frames",
+        type=_at_least(0, FRAMES_MAX),
+        metavar="N",
+        help=f"record each allocation's call stack, up to N frames (default {DEFAULT_FRAMES}; "
+        "0: the caller only; a workload's own `frames` caps it)",
     )
     return p
 

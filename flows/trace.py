@@ -40,6 +40,7 @@ def replay_catalog(params: TraceParams, root: Root, catalog: Catalog) -> TraceSu
         root=root,
         runner=kind,
         caller=params.caller,
+        frames=params.stack_frames,
     )
     return report_replays(pairs, futures, runner=kind, runner_reason=why, tracer=tracer, root=root)
 

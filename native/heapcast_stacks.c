@@ -142,8 +142,10 @@ static unsigned long hc_walk_all, hc_walk_checked, hc_walk_differed;
 int snprintf(char *, size_t, const char *, ...);
 static void hc_walk_check_say(void) {
     char line[160];
-    int n = snprintf(line, sizeof line, "heapcast walk check: %lu walks, %lu reused, %lu differed\n",
-                     hc_walk_all, hc_walk_checked, hc_walk_differed);
+    int n = snprintf(line, sizeof line, "heapcast walk check: %lu walks, %lu reused, %lu differed; %lu rules computed "
+                     "in %lu ticks\n",
+                     hc_walk_all, hc_walk_checked, hc_walk_differed,
+                     (unsigned long)hc_uw_misses, (unsigned long)hc_uw_miss_ticks);
     if (n > 0) (void)!write(2, line, (size_t)n);
 }
 static void hc_walk_check(const void *fp, const struct hc_walk *w, int q, unsigned j) {

@@ -381,8 +381,19 @@ static uint32_t hc_uw_compute(uint64_t addr) {
     return f.rule;
 }
 
+#ifdef HC_WALK_CHECK
+static uint64_t hc_uw_misses, hc_uw_miss_ticks; /* said at exit by the walk check */
+#endif
+
 static HC_NOINLINE uint32_t hc_uw_miss(uint64_t key) {
+#ifdef HC_WALK_CHECK
+    uint64_t t0 = __rdtsc();
     uint32_t rule = hc_uw_compute(key);
+    __atomic_fetch_add(&hc_uw_misses, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&hc_uw_miss_ticks, __rdtsc() - t0, __ATOMIC_RELAXED);
+#else
+    uint32_t rule = hc_uw_compute(key);
+#endif
     uint64_t word = ((key >> HC_UW_BITS) << 32) | rule;
     __atomic_store_n(&hc_uw_cache[key & HC_UW_MASK], word, __ATOMIC_RELAXED);
     return rule;

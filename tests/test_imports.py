@@ -23,6 +23,7 @@ STAGE_FLOOR = {
     "replay": 1,
     "dataset": 1,
     "learning": 2,
+    "stacks": 2,
     "registry": 3,
     "report": 4,
     "whatif": 5,

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.dataset.events_schema import CALLER_MODULE_TYPE, EVENTS_SCHEMA
+from tasks.dataset.stacks_table import ProcessStacks
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS, size_class
 from tasks.format.trace_reader import (
     ALIGNED_OPS,
@@ -419,6 +420,7 @@ def _unpack(records: np.ndarray, h: TraceHeader, fields: tuple[str, ...]) -> dic
         "addr": np.uint64,
         "arg": np.uint64,
         "caller": np.uint64,
+        "stack": np.uint64,
     }
     out = {f: np.empty(n, dtype=dtypes[f]) for f in fields}
     for s in range(0, n, _UNPACK_STEP):
@@ -454,6 +456,7 @@ class _Plan:
     stats: FileStats
     kind: np.ndarray  # per row: _KIND of its op
     any_aligned: bool  # some row is an aligned allocation
+    stacks: ProcessStacks | None = None  # a stack trace's trie, keyed for the run
 
 
 def _scan_records(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -699,7 +702,9 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
     rec = plan.rec
     records = trace.records[rec + s : rec + e] if isinstance(rec, int) else trace.records[rec[s:e]]
     fields = ("time", "op", "size", "addr", "arg") + (() if plan.single_thread else ("thread",))
-    cols_g = _unpack(records, h, fields + (("caller",) if trace.caller is not None else ()))
+    fields += ("caller",) if trace.caller is not None else ()
+    fields += ("stack",) if plan.stacks is not None else ()
+    cols_g = _unpack(records, h, fields)
     time_ns, op, size, addr, arg = (cols_g[k] for k in ("time", "op", "size", "addr", "arg"))
 
     kind = plan.kind[s:e]
@@ -755,6 +760,11 @@ def _group_table(trace: Trace, plan: _Plan, s: int, e: int, state: _GroupState) 
         "lifetime_ns": _nullable(lifetime_ns, freed, pa.int64()),
         "lifetime_calls": _nullable(lifetime_calls, freed, pa.int64()),
         "token": pa.array(token),
+        "stack": (
+            plan.stacks.column(cols_g["stack"])
+            if plan.stacks is not None
+            else _constant(None, pa.uint64(), g)
+        ),
     }
     return pa.Table.from_arrays([cols[f.name] for f in EVENTS_SCHEMA], schema=EVENTS_SCHEMA)
 
@@ -780,11 +790,18 @@ def _caller_modules(trace: Trace, caller: np.ndarray | None, g: int) -> dict[str
     }
 
 
-def convert_groups(trace: Trace) -> tuple[Iterator[pa.Table], FileStats]:
+def convert_groups(
+    trace: Trace, stacks: ProcessStacks | None = None
+) -> tuple[Iterator[pa.Table], FileStats]:
     """The events of one trace as consecutive tables of up to GROUP_ROWS rows (EVENTS_SCHEMA),
     and its summary facts, complete once the tables are all consumed. Only one group's columns
-    are in memory at a time: a writer writes each as a row group and lets it go."""
+    are in memory at a time: a writer writes each as a row group and lets it go.
+
+    A stack trace's `stack` column comes through `stacks` (ProcessStacks.of_trace(trace), made
+    here when not given): once the tables are consumed, its `table()` holds the frames of the
+    stacks the events name (tasks.dataset.stacks_table)."""
     plan = _plan(trace)
+    plan.stacks = stacks if stacks is not None else ProcessStacks.of_trace(trace)
     state = _GroupState()
     stats = plan.stats
 

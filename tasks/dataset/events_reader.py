@@ -5,6 +5,8 @@ through it; `partitions` is the writer.
     read_run(root, w, r, columns)                one run as a table, in CALL ORDER
     iter_batches(root, w, r, columns)            the same rows a record batch at a time
     RunParts.of_run(root, w, r) / .of_folder()   the committed parts, for a reader per part
+    read_stacks(root, w, r)                      the run's stacks table (STACKS_SCHEMA)
+    read_stack_frames(root, w, r)                the same as StackFrames: events' stack -> frames
 
 CALL ORDER: one part per raw trace file (per process image), parts in the order of their names,
 within a part the process's calls in time order; a reader that wants per-thread order sorts by (pid,
@@ -32,13 +34,16 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tasks.core.storage import Root
-from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
+from tasks.format.frames import Frames
 
 EVENTS_DIR = "events"
 SUMMARY_NAME = "_summary.json"
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 PARTS_KEY = "parts"  # the summary's list of committed part files (the manifest)
+STACKS_KEY = "stacks"  # the summary's facts of the run's stacks table, with its file's name
+STACKS_NAME = "_stacks.parquet"  # the run's stacks table (a plain reader of events skips it)
 COMMIT_KEY = "commit"  # the commit's id: object-store parts carry it in their names
 BATCH_ROWS = 1 << 17  # pyarrow's own default
 # A part written by a commit on an object store: part-<stem>.<16 hex digits>.parquet
@@ -401,3 +406,145 @@ def iter_part_batches(
         yield from dataset.to_batches(
             columns=columns, batch_size=batch_rows, batch_readahead=4, fragment_readahead=2
         )
+
+
+# -------------------------------------------------------------------------------- call stacks
+
+
+def _read_stacks_file(parts: RunParts) -> pa.Table:
+    """The stacks table the summary names; an empty one where it names none (a run of traces
+    without stacks, or converted before the stacks table existed)."""
+    stacks = (parts.summary or {}).get(STACKS_KEY)
+    if not isinstance(stacks, dict) or not stacks.get("file"):
+        return STACKS_SCHEMA.empty_table()
+    name = str(stacks["file"])
+    path = (
+        parts.handle.path(name) if parts.handle is not None else posixpath.join(parts.folder, name)
+    )
+    try:
+        if parts.handle is not None:
+            table = pq.read_table(path)
+        else:
+            with parts.fs.open(path, "rb") as f:
+                table = pq.read_table(f)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as err:
+        raise EventsReadError(
+            f"{posixpath.join(parts.url, name)}: not a readable stacks table of {parts.label} "
+            f"({err}); convert the run again (dataset flow with force)"
+        ) from err
+    return table.select(STACKS_SCHEMA.names).cast(STACKS_SCHEMA)
+
+
+def read_stacks(root: Root, workload: str, run: str) -> pa.Table:
+    """The run's call stacks (STACKS_SCHEMA: one row per (stack, depth), sorted so), the same
+    commit as its events (the manifest rule); empty where the run has none. An event's `stack`
+    is a row group's `stack` here (docs/dataset.md#call-stacks)."""
+    for attempt in (0, 1):
+        with RunParts.of_run(root, workload, run) as parts:
+            try:
+                return _read_stacks_file(parts)
+            except FileNotFoundError as err:
+                if attempt:
+                    raise _changed(parts, err) from err
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class StackFrames:
+    """A stacks table (STACKS_SCHEMA) for joins: `frames` the distinct frames (the stacks'
+    contract, tasks.stacks.profile.Frames), and each stack's frames as rows of them, innermost
+    first (`ids[k]`'s are `frame_rows[start[k]:start[k + 1]]`)."""
+
+    frames: Frames
+    ids: np.ndarray  # uint64, the stack ids, ascending
+    start: np.ndarray  # int64 [len(ids) + 1]
+    frame_rows: np.ndarray  # int32
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> StackFrames:
+        """From a stacks table (sorted by stack, depth, as read_stacks gives it)."""
+        t = table.unify_dictionaries().combine_chunks()
+        stack = t.column("stack").to_numpy()
+        offset = t.column("offset").to_numpy()
+        module = _dictionary_codes(t.column("module"))
+        function = _dictionary_codes(t.column("function"))
+        mod_names = _dictionary_values(t.column("module"))
+        fn_names = _dictionary_values(t.column("function"))
+        # a frame is (module, offset, function): distinct rows of the three, numbered
+        keys = np.stack([module.astype(np.uint64), offset, function.astype(np.uint64)], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        frames = Frames(
+            function=tuple(fn_names[int(f)] if f >= 0 else "" for f in uniq[:, 2].astype(np.int64)),
+            module=tuple(mod_names[int(m)] if m >= 0 else "" for m in uniq[:, 0].astype(np.int64)),
+            offset=uniq[:, 1].astype(np.uint64),
+        )  # loops over distinct frames
+        first = np.ones(len(stack), bool)
+        first[1:] = stack[1:] != stack[:-1]
+        at = np.flatnonzero(first)
+        return cls(
+            frames=frames,
+            ids=stack[at],
+            start=np.append(at, len(stack)).astype(np.int64),
+            frame_rows=inverse.reshape(-1).astype(np.int32),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def index(self, stacks: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarray:
+        """The row (int64, into `ids`) of each event's stack; -1 for null or an id not here."""
+        if isinstance(stacks, pa.ChunkedArray | pa.Array):
+            valid = stacks.is_valid().to_numpy(zero_copy_only=False)
+            stacks = stacks.fill_null(0).to_numpy(zero_copy_only=False)
+        else:
+            valid = np.ones(len(stacks), bool)
+        stacks = np.asarray(stacks, dtype=np.uint64)
+        if len(self.ids) == 0:
+            return np.full(len(stacks), -1, np.int64)
+        j = np.searchsorted(self.ids, stacks).astype(np.int64)
+        jc = np.minimum(j, len(self.ids) - 1)
+        return np.where(valid & (self.ids[jc] == stacks), jc, -1)
+
+    def of(self, stack: int) -> np.ndarray:
+        """The frames (rows of `frames`, int32) of one stack id, innermost first; empty if it is
+        not here."""
+        k = int(self.index(np.array([stack], np.uint64))[0])
+        if k < 0:
+            return np.zeros(0, np.int32)
+        return self.frame_rows[self.start[k] : self.start[k + 1]]
+
+    def matrix(self, stacks: pa.Array | pa.ChunkedArray | np.ndarray, depth: int | None = None):
+        """int32 [len(stacks), D]: each event's frames (rows of `frames`), innermost first, -1
+        past its outermost frame and for an event without a stack; D: the deepest stack here
+        (or `depth`). One numpy step a depth, not a loop over events."""
+        k = self.index(stacks)
+        length = np.diff(self.start)
+        deepest = int(length.max(initial=0))
+        d = deepest if depth is None else depth
+        out = np.full((len(k), d), -1, np.int32)
+        has = k >= 0
+        base = self.start[np.maximum(k, 0)]
+        n = np.where(has, length[np.maximum(k, 0)], 0) if len(length) else np.zeros(len(k), int)
+        for i in range(min(d, deepest)):
+            ok = n > i
+            out[ok, i] = self.frame_rows[base[ok] + i]
+        return out
+
+
+def _dictionary_codes(column: pa.ChunkedArray) -> np.ndarray:
+    """The int64 dictionary indices of a one-chunk dictionary column; -1 where null."""
+    if column.num_chunks == 0:
+        return np.zeros(0, np.int64)
+    return column.chunk(0).indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _dictionary_values(column: pa.ChunkedArray) -> list[str]:
+    return column.chunk(0).dictionary.to_pylist() if column.num_chunks else []
+
+
+def read_stack_frames(root: Root, workload: str, run: str) -> StackFrames:
+    """The run's stacks as StackFrames: `read_stack_frames(...).matrix(events["stack"])` gives
+    every event's frames."""
+    return StackFrames.of_table(read_stacks(root, workload, run))

@@ -1,8 +1,12 @@
-"""The events dataset's schema, written once (DESIGN.md: data contracts).
+"""The events dataset's schemas, written once (DESIGN.md: data contracts).
 
-One row per heap call (THREAD_START markers of the raw trace are not rows), in call order per
-process. Stored as Parquet under `<root>/events/workload=<w>/run=<r>/part-*.parquet`; the
-partition columns `workload` and `run` come from the path.
+EVENTS_SCHEMA: one row per heap call (THREAD_START markers of the raw trace are not rows), in
+call order per process. Stored as Parquet under `<root>/events/workload=<w>/run=<r>/part-*.parquet`;
+the partition columns `workload` and `run` come from the path.
+
+STACKS_SCHEMA: the run's call stacks, one row per (stack, depth), in
+`<root>/events/workload=<w>/run=<r>/_stacks.parquet` (docs/dataset.md#call-stacks); an event's
+`stack` joins its `stack` column.
 """
 
 from __future__ import annotations
@@ -36,8 +40,30 @@ EVENTS_SCHEMA = pa.schema(
         # no module map (no caller, or a version 1 trace) or no module holds the address
         pa.field("caller_module", CALLER_MODULE_TYPE, nullable=True),
         pa.field("caller_offset", pa.uint64(), nullable=True),
+        # the call's stack in the run's stacks table (STACKS_SCHEMA.stack): a hash of its
+        # frames (module path and offset each, innermost first), so one id per distinct frame
+        # sequence over the run's processes; null where the trace has no stacks (version 1/2,
+        # or recorded without HEAPCAST_FRAMES) or the call took none (frees, a walk that found
+        # no frame, a stack whose nodes the file lost)
+        pa.field("stack", pa.uint64(), nullable=True),
     ],
-    metadata={"heapcast.events.version": "1"},
+    # 2: the stack column (a version 1 part reads it as nulls: tasks.dataset.events_reader)
+    metadata={"heapcast.events.version": "2"},
+)
+
+STACKS_SCHEMA = pa.schema(
+    [
+        pa.field("stack", pa.uint64(), nullable=False),  # EVENTS_SCHEMA.stack
+        pa.field("depth", pa.uint16(), nullable=False),  # 0: the innermost frame (malloc's caller)
+        # the frame's module (its path; dictionary-encoded) and the frame's address in that
+        # module's own ELF addresses (return address - load bias); where no module of the
+        # process's map holds the address, module is null and offset is the raw address
+        pa.field("module", CALLER_MODULE_TYPE, nullable=True),
+        pa.field("offset", pa.uint64(), nullable=False),
+        # the function holding the frame, demangled; "" where no symbol names it
+        pa.field("function", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+    ],
+    metadata={"heapcast.stacks.version": "1"},
 )
 
 PARTITION_COLUMNS = ("workload", "run")

@@ -1,7 +1,8 @@
 """The events dataset: every raw run converted to Parquet with Dask, one task per raw file.
 
-Each raw file becomes one part under `events/workload=<w>/run=<r>/`; `_summary.json` lists the
-committed parts. A run's partition is replaced atomically and idempotently: parts are staged in
+Each raw file becomes one part under `events/workload=<w>/run=<r>/`; a run of stack traces also
+gets its stacks table there, `_stacks.parquet` (tasks.dataset.stacks_table); `_summary.json`
+lists the committed parts. A run's partition is replaced atomically and idempotently: parts are staged in
 `events/_staging/`, then committed by a swap (local folder) or by the summary's single write
 (object store); a failed conversion leaves nothing. Every stage reads through `events_reader`.
 
@@ -20,9 +21,12 @@ import mmap
 import os
 import posixpath
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -38,12 +42,15 @@ from tasks.dataset.events_reader import (
     EVENTS_DIR,
     PART_PREFIX,
     PARTS_KEY,
+    STACKS_KEY,
+    STACKS_NAME,
     SUMMARY_NAME,
     committed_name,
     list_runs,
     read_run,
 )
 from tasks.dataset.events_schema import EVENTS_SCHEMA, PARTITION_COLUMNS
+from tasks.dataset.stacks_table import ProcessStacks, run_stacks
 from tasks.dataset.tokens import N_TOKENS
 from tasks.dataset.worker_heap import heap_kept
 from tasks.format.trace_reader import (
@@ -58,9 +65,11 @@ log = logging.getLogger(__name__)
 
 STAGING_DIR = "_staging"
 MANIFEST_NAME = "manifest.json"
+SYSROOT_DIR = "sysroot"  # a raw run's copies of a container's modules (tasks/replay)
+FRAMES_DIR = "_frames"  # in a staging folder: each file's stacks, unnamed, until the run's table
 # Bump when the conversion's output changes for the same input: it is part of the fingerprint,
 # so every run converted by an older converter is out of date.
-CONVERTER_VERSION = "2"
+CONVERTER_VERSION = "3"
 
 # Parquet settings, chosen by benchmarks/bench_convert.py on real traces: monotone or
 # slowly-varying integers (time, seq) delta-encode to a few bits; columns with few distinct values
@@ -285,7 +294,8 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
             trace = _read_raw(raw_path, root)
         except TraceFormatError as err:
             return {"file": name, "skipped": str(err)}
-        tables, stats = convert_groups(trace)
+        stacks = ProcessStacks.of_trace(trace)
+        tables, stats = convert_groups(trace, stacks)
         part = part_name(name)
         out = posixpath.join(out_dir, part)
         if root.is_local:
@@ -294,6 +304,13 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
             with fs.open(out, "wb") as f:
                 write_events(tables, f)
     h = trace.header
+    warnings = _file_warnings(raw_path, trace.dropped_bytes)
+    facts: dict[str, Any] = {}
+    if stacks is not None:
+        frames = stacks.table()
+        _write_table(root, frames, posixpath.join(out_dir, FRAMES_DIR, part))
+        warnings += stacks.warnings()
+        facts["distinct_stacks"] = stacks.count()
     return {
         "file": name,
         "part": part,
@@ -301,9 +318,93 @@ def convert_file(raw_path: str, root: Root, out_dir: str) -> dict[str, Any]:
         "ppid": h.ppid,
         "cmdline": list(h.cmdline),
         "dropped_bytes": trace.dropped_bytes,
-        "warnings": _file_warnings(raw_path, trace.dropped_bytes),
+        "warnings": warnings,
+        **facts,
         **stats.to_dict(),
     }
+
+
+def _write_table(root: Root, table: pa.Table, path: str) -> None:
+    """A small table (a file's or a run's stacks) as one Parquet file in the root's filesystem."""
+    root.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    if root.is_local:
+        pq.write_table(table, path, compression="zstd")
+    else:
+        with root.fs.open(path, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+
+
+def _read_table(root: Root, path: str) -> pa.Table:
+    if root.is_local:
+        return pq.read_table(path)
+    with root.fs.open(path, "rb") as f:
+        return pq.read_table(f)
+
+
+@contextmanager
+def _local_sysroot(root: Root, run: RunRef, sysroot: str | None, modules: list[str]):
+    """A local folder holding the run's modules at their paths, or None: `sysroot` as given (a
+    local folder), else the raw run's `sysroot/` when it has one; on an object store, the
+    `modules` it holds are fetched into a temporary folder first."""
+    if sysroot is not None:
+        yield Path(sysroot)
+        return
+    fs = root.fs
+    remote = posixpath.join(root.raw_run(run.workload, run.run), SYSROOT_DIR)
+    if not fs.isdir(remote):
+        yield None
+    elif root.is_local:
+        yield Path(remote)
+    else:
+        with tempfile.TemporaryDirectory(prefix="heapcast-sysroot-") as tmp:
+            for m in modules:  # a loop over the run's modules
+                src = posixpath.join(remote, m.lstrip("/"))
+                if m.startswith("/") and fs.isfile(src):
+                    dst = Path(tmp) / m.lstrip("/")
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    fs.get_file(src, str(dst))
+            yield Path(tmp)
+
+
+def write_run_stacks(
+    root: Root, run: RunRef, staging: str, sysroot: str | None = None
+) -> dict[str, Any]:
+    """Dask task: the run's stacks table from its files' (staged under FRAMES_DIR), named, into
+    `staging`/STACKS_NAME; the facts for the run's summary."""
+    fs = root.fs
+    frames_dir = posixpath.join(staging, FRAMES_DIR)
+    paths = sorted(p for p in fs.ls(frames_dir, detail=False) if p.endswith(".parquet"))
+    tables = [_read_table(root, p) for p in paths]
+    modules = sorted({m for t in tables for m in t.column("module").unique().to_pylist() if m})
+    with _local_sysroot(root, run, sysroot, modules) as local:
+        found = run_stacks(tables, local)
+    _write_table(root, found.table, posixpath.join(staging, STACKS_NAME))
+    fs.rm(frames_dir, recursive=True)
+    warnings = []
+    if found.unreadable_modules:
+        m = found.unreadable_modules
+        warnings.append(
+            f"{run}: {len(m)} module(s) of its stacks cannot be read here ({', '.join(m[:3])}"
+            f"{', ...' if len(m) > 3 else ''}): their frames are unnamed (module + offset); "
+            "convert it where the binaries are, or give the run a sysroot "
+            "(docs/dataset.md#call-stacks)"
+        )
+    return {
+        "file": STACKS_NAME,
+        "stacks": found.stacks,
+        "frames": found.frames,
+        "named": found.named,
+        "sysroot": _sysroot_label(sysroot, root, run),
+        "warnings": warnings,
+    }
+
+
+def _sysroot_label(sysroot: str | None, root: Root, run: RunRef) -> str | None:
+    """The sysroot the names came from, for the summary: as given, or the raw run's."""
+    if sysroot is not None:
+        return sysroot
+    remote = posixpath.join(root.raw_run(run.workload, run.run), SYSROOT_DIR)
+    return root.url_of("raw", run.workload, run.run, SYSROOT_DIR) if root.fs.isdir(remote) else None
 
 
 def _file_warnings(raw_path: str, dropped_bytes: int) -> list[str]:
@@ -337,16 +438,22 @@ def _merge_stats(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def convert_run(
-    root: Root, run: RunRef, client: Any = None, scheduler: str | None = None
+    root: Root,
+    run: RunRef,
+    client: Any = None,
+    scheduler: str | None = None,
+    sysroot: str | None = None,
 ) -> dict[str, Any]:
     """Convert one raw run into its events partition (atomically replaced); its summary.
 
     `client`: a dask.distributed Client to use; else one is opened on `scheduler` (an address)
-    or on the local cluster (tasks.dataset.dask_cluster).
+    or on the local cluster (tasks.dataset.dask_cluster). `sysroot`: a local folder holding the
+    run's modules at their paths, where its stacks' frames are named (default: the raw run's
+    `sysroot/` folder when it has one, else this host's files; docs/dataset.md#call-stacks).
     """
     if client is None:
         with dask_client(scheduler) as c:
-            return convert_run(root, run, client=c)
+            return convert_run(root, run, client=c, sysroot=sysroot)
 
     fs = root.fs
     files = raw_files(root, run)
@@ -366,7 +473,14 @@ def convert_run(
             convert_file, [e["name"] for e in files], root=root, out_dir=staging, pure=False
         )
         results = _gather_all(client, futures)
-        summary = _run_summary(run, fingerprint, results)
+        stacks = None
+        if any("distinct_stacks" in r for r in results):  # the run's stacks table, named once
+            stacks = client.submit(
+                write_run_stacks, root, run, staging, sysroot, pure=False
+            ).result()
+        summary = _run_summary(run, fingerprint, results, stacks)
+        for line in summary["warnings"]:
+            log.warning("%s", line)
         _commit(root, run, staging, staging_base, summary)
     except BaseException as err:
         # Never leave a partial output behind: invisible to readers, but it holds disk space.
@@ -395,7 +509,12 @@ def _gather_all(client: Any, futures: list) -> list[dict[str, Any]]:
     return client.gather(futures)
 
 
-def _run_summary(run: RunRef, fingerprint: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+def _run_summary(
+    run: RunRef,
+    fingerprint: str,
+    results: list[dict[str, Any]],
+    stacks: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     done = sorted((r for r in results if "skipped" not in r), key=lambda r: r["file"])
     skipped = sorted(
         ({"file": r["file"], "reason": r["skipped"]} for r in results if "skipped" in r),
@@ -411,7 +530,12 @@ def _run_summary(run: RunRef, fingerprint: str, results: list[dict[str, Any]]) -
         "processes": len(done),
         "skipped": skipped,
         "files": done,
+        # what a reader should know: each file's warnings, then the stacks table's
+        "warnings": [w for r in done for w in r.get("warnings", [])]
+        + (stacks["warnings"] if stacks else []),
     }
+    if stacks is not None:
+        summary[STACKS_KEY] = stacks
     return summary
 
 
@@ -501,15 +625,21 @@ def _commit(
         staged = f["part"]
         f["part"] = committed_name(staged, commit)
         fs.copy(posixpath.join(staging, staged), posixpath.join(final, f["part"]))
+    stacks = summary.get(STACKS_KEY)
+    if stacks is not None:
+        stacks["file"] = committed_name(STACKS_NAME, commit)
+        fs.copy(posixpath.join(staging, STACKS_NAME), posixpath.join(final, stacks["file"]))
     parts = sorted(f["part"] for f in summary["files"])
     summary.update({COMMIT_KEY: commit, PARTS_KEY: parts})
     fs.pipe_file(posixpath.join(final, SUMMARY_NAME), json.dumps(summary, indent=1).encode())
     # Only now the stale parts (the previous commit's, or a killed commit's): a reader still on
     # the previous summary finds one gone and reads again through the new one.
     fs.invalidate_cache(final)
+    kept = set(parts) | ({stacks["file"]} if stacks is not None else set())
+    stale_stacks = STACKS_NAME.removesuffix(".parquet") + "."
     for e in _ls(fs, final):
         name = _basename(e["name"])
-        if name.startswith(PART_PREFIX) and name not in parts:
+        if name.startswith((PART_PREFIX, stale_stacks)) and name not in kept:
             fs.rm_file(e["name"])
     fs.rm(staging_base, recursive=True)
     fs.invalidate_cache()
@@ -617,9 +747,19 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     hist = summary["token_hist"]
     lines += ["", "| token | events |", "|---:|---:|"]
     lines += [f"| {t} | {c:,} |" for t, c in enumerate(hist) if c]
+    stacks = summary.get(STACKS_KEY)
+    if stacks:
+        lines += [
+            "",
+            f"- call stacks: {stacks['stacks']:,} distinct, {stacks['frames']:,} distinct "
+            f"frames, {stacks['named']:,} of them named",
+        ]
     if summary["skipped"]:
         lines += ["", "## Skipped files", ""]
         lines += [f"- `{s['file']}`: {s['reason']}" for s in summary["skipped"]]
+    if summary.get("warnings"):
+        lines += ["", "## Warnings", ""]
+        lines += [f"- {w}" for w in summary["warnings"]]
     return "\n".join(lines) + "\n"
 
 

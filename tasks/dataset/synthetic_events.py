@@ -81,6 +81,7 @@ def events_table(threads: list[np.ndarray], pid: int = 1000) -> pa.Table:
         "token": pa.array(tokens),
         "caller_module": pa.nulls(n, CALLER_MODULE_TYPE),
         "caller_offset": null,
+        "stack": pa.nulls(n, pa.uint64()),
     }
     return pa.table(cols, schema=EVENTS_SCHEMA)
 

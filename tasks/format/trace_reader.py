@@ -246,6 +246,7 @@ class Trace:
     dropped_bytes: int = 0
     modules: Modules | None = None  # version 2 caller traces: the module map
     stacks: StackNodes | None = None  # version 3 stack traces: the stack trie
+    unknown_stack_records: int = 0  # records whose stack had no node in the file: read as 0
 
     def __len__(self) -> int:
         return len(self.records)
@@ -388,15 +389,24 @@ def parse_trace(data: bytes | memoryview, path: str) -> Trace:
         )
     records = np.frombuffer(data, dtype=dtype, count=count, offset=header.header_size)
     modules = stacks = None
+    unknown = 0
     if header.version >= 2 and header.has_caller:
-        records, modules, stacks = _split_maps(records, path, header.has_stacks)
-    return Trace(header=header, records=records, dropped_bytes=dropped, modules=modules, stacks=stacks)
+        records, modules, stacks, unknown = _split_maps(records, path, header.has_stacks)
+    return Trace(
+        header=header,
+        records=records,
+        dropped_bytes=dropped,
+        modules=modules,
+        stacks=stacks,
+        unknown_stack_records=unknown,
+    )
 
 
 def _split_maps(
     records: np.ndarray, path: str, has_stacks: bool
-) -> tuple[np.ndarray, Modules, StackNodes | None]:
-    """The heap records, the module map and the stack trie of a version-2/3 caller trace. The
+) -> tuple[np.ndarray, Modules, StackNodes | None, int]:
+    """The heap records, the module map, the stack trie of a version-2/3 caller trace and how
+    many records named a stack without a node (`_drop_unknown_stacks`). The
     tracer writes the module records in whole blocks, first after the header and then where a
     scan found new modules, and stack nodes among the heap records: when they are all at the
     start (a program that loads nothing later, no stacks), the heap records stay a view of the
@@ -407,7 +417,7 @@ def _split_maps(
     map_idx = np.flatnonzero(is_map)
     stacks = _stacks_of(records[:0], path) if has_stacks else None
     if len(map_idx) == 0:
-        return records, _modules_of(records[:0], path), stacks
+        return records, _modules_of(records[:0], path), stacks, 0
     maps = records[map_idx]
     if map_idx[-1] == len(map_idx) - 1:
         heap = records[len(map_idx) :]
@@ -417,8 +427,9 @@ def _split_maps(
         is_node = op[map_idx] == np.uint8(Op.STACK_NODE)
         stacks = _stacks_of(maps[is_node], path)
         maps = maps[~is_node]
-        heap = _drop_unknown_stacks(heap, stacks, path)
-    return heap, _modules_of(maps, path), stacks
+        heap, unknown = _drop_unknown_stacks(heap, stacks, path)
+        return heap, _modules_of(maps, path), stacks, unknown
+    return heap, _modules_of(maps, path), stacks, 0
 
 
 def _stacks_of(nodes: np.ndarray, path: str) -> StackNodes:
@@ -433,14 +444,20 @@ def _stacks_of(nodes: np.ndarray, path: str) -> StackNodes:
     )
 
 
-def _drop_unknown_stacks(heap: np.ndarray, stacks: StackNodes, path: str) -> np.ndarray:
+def _drop_unknown_stacks(heap: np.ndarray, stacks: StackNodes, path: str) -> tuple[np.ndarray, int]:
     """Heap records whose stack id has no node in the file read as stack 0 (FORMAT.md, Stacks:
-    a thread killed before its buffer was written), with a warning that counts them."""
+    a thread killed before its buffer was written), with a warning that counts them; and the
+    count."""
     sid = heap["stack"]
     used = sid != 0
     if not used.any():
-        return heap
-    unknown = used & (stacks.index(sid) < 0)
+        return heap, 0
+    if len(stacks) and int(stacks.id[-1]) == len(stacks):
+        # ids 1..N, each with its node (the tracer counts them from 1): one compare a record,
+        # not a search
+        unknown = sid > np.uint64(len(stacks))
+    else:
+        unknown = used & (stacks.index(sid) < 0)
     n = int(unknown.sum())
     if n:
         warnings.warn(
@@ -450,7 +467,7 @@ def _drop_unknown_stacks(heap: np.ndarray, stacks: StackNodes, path: str) -> np.
         )
         heap = heap.copy()
         heap["stack"][unknown] = 0
-    return heap
+    return heap, n
 
 
 def _modules_of(mods: np.ndarray, path: str) -> Modules:

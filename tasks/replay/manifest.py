@@ -50,6 +50,15 @@ class RunManifest(BaseModel):
     input_files: list[str]
     tracer_sha256: str
     caller: bool
+    frames: int = Field(default=0, description="frames per call stack (HEAPCAST_FRAMES; 0: none)")
+    sysroot: list[str] = Field(
+        default_factory=list,
+        description="the image's modules copied into sysroot/ beside the traces, as they name them",
+    )
+    sysroot_bytes: int = Field(
+        default=0, description="what sysroot/ holds, modules and debug files"
+    )
+    sysroot_s: float = Field(default=0.0, description="seconds spent copying them out")
     host: str
     log_tail: str = Field(default="", description="last lines of the program's output")
 

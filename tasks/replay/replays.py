@@ -1,6 +1,7 @@
 """Replay one workload input with the tracer preloaded and publish its traces and manifest.
 
     <root>/raw/<workload>/<run>/<pid>-<ns>.hct ... manifest.json      (run = the input's name)
+    <root>/raw/<workload>/<run>/sysroot/<path>    a container run's modules (runners/sysroot.py)
 
 The traces are written into a staging folder and swapped in when the replay ends, so a replay
 that fails never destroys the previous good run: a failed run (wrong exit code, time limit,
@@ -113,8 +114,9 @@ def publish_run(root: Root, local_dir: Path, workload: str, run: str, ok: bool) 
     if root.is_local:
         shutil.move(str(local_dir), staging)
     else:
-        for p in sorted(local_dir.iterdir()):
-            fs.put_file(str(p), posixpath.join(staging, p.name))
+        for p in sorted(local_dir.rglob("*")):  # the traces, the manifest, sysroot/'s files
+            if p.is_file():
+                fs.put_file(str(p), posixpath.join(staging, *p.relative_to(local_dir).parts))
     if fs.exists(final):
         _move_tree(root, final, old)
     _move_tree(root, staging, final)
@@ -163,7 +165,6 @@ def _manifest(
     result: RunResult,
     counts: TraceCounts,
     input_files: list[str],
-    caller: bool,
 ) -> RunManifest:
     """The run's manifest: what ran where, how it ended, what it traced, and the verdict."""
     error = judge(workload, result, counts, request.time_limit_s)
@@ -196,7 +197,11 @@ def _manifest(
         unreadable_files=counts.unreadable_files,
         input_files=input_files,
         tracer_sha256=sha256_file(tracer),
-        caller=caller,
+        caller=request.caller,
+        frames=request.frames,
+        sysroot=list(result.sysroot.modules) if result.sysroot else [],
+        sysroot_bytes=result.sysroot.bytes if result.sysroot else 0,
+        sysroot_s=result.sysroot.seconds if result.sysroot else 0.0,
         host=result.host or socket.gethostname(),
         log_tail=result.log_tail,
     )
@@ -210,8 +215,13 @@ def replay_input(
     runner: str = "auto",
     caller: bool = False,
     log=None,
+    frames: int = 0,
 ) -> RunManifest:
     """Generate the input, run it, count the traces, publish traces + manifest.
+
+    `frames`: the call stacks' depth asked for (the workload's own `frames` caps it; stacks need
+    `caller`). A run in a container also brings home the image's modules its traces name
+    (`<run>/sysroot/`, runners/sysroot.py), so that its frames can be named.
 
     Returns the manifest of a good run; raises ReplayFailed (after publishing) for a bad one,
     EngineError for an engine hiccup (nothing published: worth a retry), RunnerUnavailable
@@ -245,13 +255,15 @@ def replay_input(
             trace_dir=trace_dir,
             work_dir=work_dir,
             caller=caller,
+            frames=workload.frames_for(frames),
+            sysroot=True,
         )
         result = run_runner.run(request)
         for note in result.warnings:  # a limit of the catalog this run was not held to
             log.warning(f"{workload.name}/{inp.name}: {note}")
         _own(trace_dir)
         counts = count_traces(trace_dir)
-        manifest = _manifest(workload, inp, request, result, counts, input_files, caller)
+        manifest = _manifest(workload, inp, request, result, counts, input_files)
         (trace_dir / MANIFEST_NAME).write_text(manifest.to_json())
         where = publish_run(root, trace_dir, workload.name, inp.name, manifest.ok)
         where_url = where if root.is_local else root.url.split("://")[0] + "://" + where
@@ -262,6 +274,13 @@ def replay_input(
             f"{workload.name}/{inp.name}: {manifest.events:,} events, "
             f"{manifest.processes} processes, {manifest.duration_s:.1f} s -> {where_url}"
         )
+        if result.sysroot is not None:
+            s = result.sysroot
+            log.info(
+                f"{workload.name}/{inp.name}: sysroot: {len(s.modules)} modules, "
+                f"{len(s.debug_files)} debug files, {s.bytes / 1e6:.1f} MB in {s.seconds:.1f} s"
+                + (f"; not in the image: {', '.join(s.missing)}" if s.missing else "")
+            )
         return manifest
     finally:
         _own(scratch)
@@ -300,9 +319,12 @@ def replay(
     root: Root,
     runner: str = "auto",
     caller: bool = False,
+    frames: int = 0,
 ) -> RunManifest:
     """Replay one workload input in its container (or sandbox) and publish its traces."""
-    return replay_input(workload, input, tracer, root=root, runner=runner, caller=caller)
+    return replay_input(
+        workload, input, tracer, root=root, runner=runner, caller=caller, frames=frames
+    )
 
 
 class ReplayOutcome(BaseModel):

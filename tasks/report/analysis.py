@@ -19,9 +19,9 @@ import pyarrow as pa
 
 from tasks.dataset.tokens import FREE_OFFSET, size_class
 from tasks.dataset.worker_heap import heap_kept
+from tasks.format.symbols import caller_label, resolve
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, op_name
 from tasks.report.sources import Part, ReportInputError, RunInput, iter_parts
-from tasks.report.symbols import caller_label, resolve
 
 N_CLASSES = 32  # size classes 0..31: a block of n bytes is min(n.bit_length(), 31)
 N_LOG2 = 64  # bins of the lifetime histogram in ns: bit length of the lifetime

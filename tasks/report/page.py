@@ -498,7 +498,7 @@ _CALLER_INTS = (*CALLER_COLUMNS, "image")
 
 def caller_name(rep: HeapReport, i: int) -> str:
     """The report's name of caller i: `function+0x.. (module)` or `module+0x..` where the trace
-    recorded its module map (tasks.report.symbols), else the raw return address."""
+    recorded its module map (tasks.format.symbols), else the raw return address."""
     c = rep.callers
     if "label" in c:
         return str(c["label"][i])

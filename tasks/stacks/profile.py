@@ -2,42 +2,19 @@
 stacks' readers and their users: the report's flame graphs and tables, `heapcast export`).
 
 A stack is a tuple of frames, innermost first (frame 0 is malloc's caller); a frame is a row of
-`Frames` (function, module, offset), shared by every stack that holds it. Stacks of different
+`Frames` (function, module, offset: tasks/format/frames.py), shared by every stack that holds it. Stacks of different
 processes of one run with the same frames are one stack.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.format.frames import Frames
+
 WEIGHTS = ("bytes", "calls", "peak", "leaked")  # what a flame graph or an export can weigh by
-
-
-@dataclass(frozen=True)
-class Frames:
-    """Distinct frames: a function name (demangled; "" when the module has no symbol for it),
-    the module's path ("" when no module holds the address) and the offset in the module's
-    own ELF addresses (the return address minus the load bias; the raw address without a
-    module)."""
-
-    function: tuple[str, ...]
-    module: tuple[str, ...]
-    offset: np.ndarray  # uint64
-
-    def __len__(self) -> int:
-        return len(self.function)
-
-    def label(self, i: int) -> str:
-        """How pages and folded stacks name frame i: its function, else `module+0xoffset`,
-        else the raw address."""
-        if self.function[i]:
-            return self.function[i]
-        if self.module[i]:
-            return f"{os.path.basename(self.module[i])}+0x{int(self.offset[i]):x}"
-        return f"0x{int(self.offset[i]):x}"
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,78 @@ def test_trace_records_call_sites_unless_told_not_to(tmp_path):
         assert r.returncode == 0, r.stderr
         traces = [read_trace(f) for f in out.glob("*/*.hct")]
         assert traces and {t.header.has_caller for t in traces} == {want}, (options, env)
-        assert {t.header.record_size for t in traces} == {40 if want else 32}
+        # with the caller come stacks, 32 frames deep by default (48-byte records)
+        assert {t.header.record_size for t in traces} == {48 if want else 32}
+
+
+def test_trace_sets_the_stack_depth_for_the_tracer(tmp_path):
+    """--frames N reaches the tracer as HEAPCAST_FRAMES (32 by default, as the catalog's
+    replays); --frames 0 and --no-caller record no stacks, even where the environment asks."""
+    import os
+
+    script = 'echo "${HEAPCAST_FRAMES-unset}"'
+    sizes = {"unset": 32, "32": 48, "8": 48, "128": 48}
+    for i, (options, env, want) in enumerate(
+        (
+            ((), {}, "32"),
+            (("--frames", "8"), {}, "8"),
+            (("--frames", "128"), {}, "128"),
+            (("--frames", "0"), {"HEAPCAST_FRAMES": "5"}, "unset"),
+            (("--no-caller",), {"HEAPCAST_FRAMES": "5"}, "unset"),
+            (("--no-caller", "--frames", "0"), {}, "unset"),
+        )
+    ):
+        r = subprocess.run(
+            [str(HEAPCAST), "trace", *options, "-o", str(tmp_path / f"out{i}"), "--", "sh", "-c",
+             script],
+            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env},
+        )  # fmt: skip
+        assert (r.returncode, r.stdout) == (0, want + "\n"), (options, r.stderr)
+        # and the tracer recorded what it was told: sh's allocations with or without stacks
+        traces = [read_trace(f) for f in (tmp_path / f"out{i}").glob("*/*.hct")]
+        has_stacks = {t.header.has_stacks for t in traces}
+        assert traces and has_stacks == {want != "unset"}, (options, has_stacks)
+        if options == ("--frames", "0"):
+            assert {t.header.record_size for t in traces} == {40}
+        elif want != "unset":
+            assert {t.header.record_size for t in traces} == {sizes[want]}
+            depth = max(int(t.stacks.depth.max(initial=0)) for t in traces)
+            assert 1 < depth <= int(want), (options, depth)
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (("--frames", "129"), "must be 0 (no stacks) to 128 frames, not 129"),
+        (("--frames", "-1"), "must be 0 (no stacks) to 128 frames, not -1"),
+        (("--frames", "deep"), "not a whole number: 'deep'"),
+        (("--no-caller", "--frames", "4"), "drop --no-caller, or give --frames 0"),
+    ],
+)
+def test_trace_refuses_a_depth_it_cannot_record_before_running_anything(options, says, tmp_path):
+    r = heapcast("trace", *options, "-o", "out", "--", "touch", "ran", cwd=tmp_path)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+
+
+def test_inspect_says_whether_a_trace_has_stacks(tmp_path):
+    from tests.tracegen import StackTrie, malloc, module, thread_start, write_trace
+
+    trie = StackTrie()
+    recs = [thread_start(0, tid=7)] + [
+        malloc(10 + i, 24, 0x1000 * (i + 1), caller=0x401000 + i,
+               stack=trie.id((0x401000 + i, 0x401500, 0x401600)))
+        for i in range(3)
+    ]  # fmt: skip
+    prog = module(0, 0x400000, 0x500000, 0, "/bin/prog")
+    write_trace(tmp_path / "stacks.hct", prog + trie.records() + recs, stacks=True)
+    write_trace(tmp_path / "caller.hct", prog + recs[:1], caller=True)
+    r = heapcast("inspect", "stacks.hct", "caller.hct", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    stacks, caller = r.stdout.split("caller.hct")
+    # 3 distinct stacks sharing their two outer frames: 2 + 3 nodes
+    assert "record 48 bytes, caller yes, modules 1, stacks yes (5 nodes)" in stacks
+    assert "record 40 bytes, caller yes, modules 1, stacks no" in caller
 
 
 def test_inspect_prints_header_and_counts(tmp_path):
@@ -85,7 +156,10 @@ def test_inspect_prints_header_and_counts(tmp_path):
     (f,) = (tmp_path / "out").glob("*/*.hct")
     r = heapcast("inspect", str(f), cwd=tmp_path)
     assert r.returncode == 0
-    assert "format version 2" in r.stdout and "command sh -c true" in r.stdout
+    assert "format version 3" in r.stdout and "command sh -c true" in r.stdout
+    assert re.search(
+        r"record 48 bytes, caller yes, modules \d+, stacks yes \(\d+ nodes\)", r.stdout
+    )
     assert re.search(r"malloc\s+\d+", r.stdout)
 
 

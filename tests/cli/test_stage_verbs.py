@@ -122,3 +122,23 @@ def test_a_bad_argument_is_refused_by_name(verb, capsys):
     assert end.value.code == 2
     err = capsys.readouterr().err
     assert f"heapcast {verb}: error: unrecognized arguments: --no-such-option" in err
+
+
+def test_replay_takes_the_stack_depth_and_refuses_stacks_without_the_caller(monkeypatch, capsys):
+    # GIVEN the replay's flow replaced by one that records its parameters
+    module = importlib.import_module("flows.trace")
+    given = []
+    monkeypatch.setattr(module, "trace", lambda params: given.append(params) or FLOWS["replay"][2])
+    # WHEN the depth is given, or left to its default THEN the flow gets it
+    assert main(["replay", "sqlite3", "--frames", "8"]) == 0
+    assert main(["replay", "sqlite3"]) == 0
+    assert main(["replay", "sqlite3", "--no-caller"]) == 0
+    assert [p.stack_frames for p in given] == [8, 32, 0]
+    # a depth the tracer does not take, or stacks without the caller: exit 2, by name
+    for argv, says in (
+        (["--frames", "129"], "argument --frames: must be from 0 to 128, not 129"),
+        (["--no-caller", "--frames", "4"], "frames 4 records call stacks"),
+    ):
+        with pytest.raises(SystemExit) as end:
+            main(["replay", "sqlite3", *argv])
+        assert end.value.code == 2 and says in capsys.readouterr().err, argv

@@ -26,7 +26,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.format.stack_depth import FRAMES_ENV, frames_problem
 from tasks.replay.runners.measure_tool import ResourceUsage
+from tasks.replay.runners.sysroot import SysrootCopy
 from tasks.replay.workloads import Workload, WorkloadInput
 
 SANDBOX = Path("/heapcast")
@@ -91,7 +93,10 @@ class RunRequest:
     /heapcast/lib in a sandbox) and preloaded after `preload` (a heapcast layer).
     `probe`: the loading probe on this host (preload.py), preloaded first after the tracer,
     writing into `measure_dir` (which it needs), so that the run's loading can be verified.
-    `env`: variables set for the program after the workload's own (an allocator's knobs)."""
+    `env`: variables set for the program after the workload's own (an allocator's knobs).
+    `frames`: the call stacks' depth (HEAPCAST_FRAMES; 0: none); stacks imply `caller`.
+    `sysroot`: after the run, copy the modules its traces name from where the program ran
+    into `trace_dir/sysroot/` (sysroot.py; the docker runner: the image's own files)."""
 
     workload: Workload
     input: WorkloadInput
@@ -105,8 +110,18 @@ class RunRequest:
     host_libraries: tuple[Path, ...] = ()
     probe: Path | None = None
     env: tuple[tuple[str, str], ...] = ()
+    frames: int = 0
+    sysroot: bool = False
 
     def __post_init__(self) -> None:
+        problem = frames_problem(self.frames)
+        if problem is not None:
+            raise ValueError(f"workload {self.workload.name!r}: frames {problem}")
+        if self.frames and not self.caller:
+            raise ValueError(
+                f"workload {self.workload.name!r}: frames {self.frames} records stacks, whose "
+                "first frame is the caller: set caller too (or frames 0)"
+            )
         if self.probe is not None and self.measure_dir is None:
             raise ValueError("a probed run writes into measure_dir: set measure_dir too")
 
@@ -137,6 +152,7 @@ class RunResult:
     # could not be (a local run with no cgroup), and then a line in `warnings` too
     limits: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    sysroot: SysrootCopy | None = None  # what `RunRequest.sysroot` copied
 
 
 def substitute(text: str, workload: Workload, inp: WorkloadInput, paths: Paths) -> str:
@@ -166,6 +182,7 @@ def program_env(
     probe_out: str | None = None,
     extra: tuple[tuple[str, str], ...] = (),
     measure: str | None = None,
+    frames: int = 0,
 ) -> dict[str, str]:
     """The whole environment of the program: nothing leaks in from the caller's.
 
@@ -173,7 +190,8 @@ def program_env(
     the tracer's dlsym(RTLD_NEXT) finds the preloaded allocator's malloc; no LD_PRELOAD at all
     when there is none. `probe_out`: the file the probe appends to (as the program sees it).
     `extra` comes last: an allocator's knobs win over the workload's; MEASURE_PLACEHOLDER in
-    them is `measure`, the measure folder as the program sees it."""
+    them is `measure`, the measure folder as the program sees it. `frames` > 0 (traced runs):
+    HEAPCAST_FRAMES, the call stacks' depth."""
     env = {
         "PATH": SEARCH_PATH,
         "HOME": paths.work,
@@ -189,6 +207,8 @@ def program_env(
         env["HEAPCAST_OUT"] = paths.trace
     if caller and paths.tracer:
         env["HEAPCAST_CALLER"] = "1"
+    if frames and paths.tracer:
+        env[FRAMES_ENV] = str(frames)
     for key, value in workload.env.items():
         env[key] = substitute(value, workload, inp, paths)
     for key, value in extra:

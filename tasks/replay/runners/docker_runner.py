@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import posixpath
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +52,14 @@ from tasks.replay.runners.measure_tool import (
     build_measure_tool,
     measured_command,
     read_measurement,
+)
+from tasks.replay.runners.sysroot import (
+    SYSROOT_DIR,
+    SysrootCopy,
+    archive,
+    copy_modules,
+    image_cache,
+    named_modules,
 )
 from tasks.replay.workloads import Workload
 
@@ -147,6 +154,7 @@ class DockerRunner(Runner):
             probe_out=f"{SANDBOX_MEASURE}/{PROBE_REPORT}",
             extra=request.env,
             measure=str(SANDBOX_MEASURE) if request.measure_dir is not None else None,
+            frames=request.frames,
         )
         shared_gids = {
             share_with_run_user(d)
@@ -217,6 +225,8 @@ class DockerRunner(Runner):
         timed_out = False
         exit_code: int | None = None
         error = None
+        sysroot: SysrootCopy | None = None
+        warnings: list[str] = []
         try:
             try:
                 container.start()
@@ -238,6 +248,11 @@ class DockerRunner(Runner):
                 container.kill()
                 container.wait(timeout=60)
             duration = time.monotonic() - t0
+            if request.sysroot and request.tracer is not None:
+                sysroot, warning = _copy_sysroot(
+                    container, request, image_cache(w.image_tag, image.id)
+                )
+                warnings += [warning] if warning else []
             if not timed_out:
                 container.reload()
                 if container.attrs.get("State", {}).get("OOMKilled"):
@@ -266,10 +281,29 @@ class DockerRunner(Runner):
             image_id=image.id,
             log_tail=tail_lines(logs),
             error=error,
+            warnings=warnings,
+            sysroot=sysroot,
         )
         if request.measure_dir is not None and not timed_out:
             read_measurement(request.measure_dir, result)
         return result
+
+
+def _copy_sysroot(
+    container, request: RunRequest, cache: Path
+) -> tuple[SysrootCopy | None, str | None]:
+    """The image's modules the run's traces name, copied into `trace_dir/sysroot/` (sysroot.py)
+    from the stopped container or the image's cache; a failure only warns: the frames then stay
+    module + offset."""
+    try:
+        modules = named_modules(request.trace_dir)
+        sysroot = request.trace_dir / SYSROOT_DIR
+        return copy_modules(container, modules, sysroot, NotFound, cache), None
+    except (APIError, DockerException, OSError, requests.exceptions.RequestException) as err:
+        return None, (
+            f"workload {request.workload.name!r}: could not copy its modules out of the "
+            f"container ({type(err).__name__}: {err}); its frames stay unnamed (module + offset)"
+        )
 
 
 def _image(client, w: Workload):
@@ -284,22 +318,14 @@ def _image(client, w: Workload):
         ) from None
 
 
-def _exists_in(container, path: str, not_found: type[Exception], hops: int = 8) -> bool:
-    """Whether `path` exists in a container's file system, symlinks followed (the engine's
-    stat of a path reports a symlink's target as `linkTarget`)."""
-    try:
-        stream, stat = container.get_archive(path)
-    except not_found:
+def _exists_in(container, path: str, not_found: type[Exception]) -> bool:
+    """Whether `path` exists in a container's file system, symlinks followed."""
+    found = archive(container, path, not_found)
+    if found is None:
         return False
-    for _ in stream:  # drain the archive (a library: under a MB) so the connection is reused
+    for _ in found[0]:  # drain the archive (a library: under a MB) so the connection is reused
         pass
-    target = stat.get("linkTarget") or ""
-    if not target:
-        return True
-    if hops == 0:
-        return False
-    nxt = target if target.startswith("/") else posixpath.join(posixpath.dirname(path), target)
-    return _exists_in(container, posixpath.normpath(nxt), not_found, hops - 1)
+    return True
 
 
 def share_with_run_user(path: Path) -> int | None:

@@ -8,7 +8,8 @@ Limits as the docker runner's (limits.py): a cgroup made for the run, else RLIMI
 memory limit not enforced (the result's `limits` and `warnings` say which), the time limit by the
 runner's timer. The program starts behind a gate (`GATE_SCRIPT`) opened once its pid is in the
 cgroup. A measured run (`measure_dir`) runs under `hc-measure` (measure_tool.py). The details:
-docs/tracing.md#the-local-runner.
+docs/tracing.md#the-local-runner. No sysroot (`RunRequest.sysroot`): the program ran this host's
+own files, where its frames are named.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ class LocalRunner(Runner):
             probe_out=probe_out,
             extra=request.env,
             measure=measure if request.measure_dir is not None else None,
+            frames=request.frames,
         )
         command = argv
         if tool is not None and request.measure_dir is not None:

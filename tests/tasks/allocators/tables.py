@@ -157,6 +157,7 @@ def events_table(rows: list[tuple[int, int, int, int, int | None]]) -> pa.Table:
             "token": pa.array(np.zeros(n, np.uint8)),
             "caller_module": pa.nulls(n, CALLER_MODULE_TYPE),
             "caller_offset": null,
+            "stack": pa.nulls(n, pa.uint64()),
         },
         schema=EVENTS_SCHEMA,
     )

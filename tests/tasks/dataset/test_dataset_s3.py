@@ -235,3 +235,39 @@ def test_a_report_of_an_s3_run_reads_the_parts_its_summary_commits(tmp_path, s3_
     assert run.kind == "events" and not run.warnings
     assert [f.rsplit("/", 1)[1] for f in run.files] == summary["parts"]
     assert rows == summary["rows"]
+
+
+def test_a_stack_run_through_s3_commits_its_stacks_table_with_its_events(
+    tmp_path, s3_endpoint, client
+):
+    from tasks.dataset.events_reader import read_stack_frames, read_stacks
+    from tests.tasks.dataset.test_stacks_table import PROG, stack_trace
+
+    # GIVEN a run of two stack traces in a bucket, its program in the run's sysroot
+    raw = tmp_path / "raw" / "w" / "st"
+    raw.mkdir(parents=True)
+    for pid in (100, 200):
+        (raw / f"{pid}-1.hct").write_bytes(stack_trace(pid))
+    (raw / "sysroot" / PROG.lstrip("/")).parent.mkdir(parents=True)
+    shutil.copy(sys.executable, raw / "sysroot" / PROG.lstrip("/"))
+    s3 = Root.from_url("s3://heapcast-stacks/data")
+    s3.fs.mkdir("heapcast-stacks")
+    s3.fs.put(str(tmp_path / "raw"), "heapcast-stacks/data/raw", recursive=True)
+    run = RunRef("w", "st")
+    # WHEN it is converted twice
+    convert_run(s3, run, client=client)
+    summary = convert_run(s3, run, client=client)
+    # THEN the stacks table is the commit's (named with it), the previous one is gone, and the
+    # events join it
+    name = committed_name("_stacks.parquet", summary["commit"])
+    assert summary["stacks"]["file"] == name
+    assert summary["stacks"]["sysroot"] == "s3://heapcast-stacks/data/raw/w/st/sysroot"
+    s3.fs.invalidate_cache()
+    stacks_files = [p for p in s3.fs.ls(s3.events_run("w", "st")) if "_stacks" in p]
+    assert [p.rsplit("/", 1)[1] for p in stacks_files] == [name]
+    stacks = read_stacks(s3, "w", "st")
+    assert stacks.num_rows == 3 + 3 + 1 + 2
+    # (named from the sysroot's copy, fetched from the bucket: the module is on no host)
+    assert summary["stacks"]["named"] == 4 and "" not in stacks.column("function").to_pylist()[:3]
+    ev = read_run(s3, "w", "st", ["stack"])
+    assert (read_stack_frames(s3, "w", "st").matrix(ev["stack"])[:, 0] >= 0).sum() == 16

@@ -26,8 +26,10 @@ from tasks.dataset.events_reader import (
     iter_batches,
     list_runs,
     read_run,
+    read_stack_frames,
+    read_stacks,
 )
-from tasks.dataset.events_schema import EVENTS_SCHEMA
+from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
 from tasks.dataset.partitions import RunRef, _exchange, convert_run
 from tasks.dataset.synthetic_events import events_table
 from tests.tasks.dataset.test_partitions import good_trace
@@ -91,6 +93,31 @@ def test_a_part_written_before_a_column_existed_reads_it_as_nulls(tmp_path):
     t = read_run(root, "w", "old", ["pid", "caller_module"])
     assert t.column("caller_module").null_count == 4
     assert t.schema.field("caller_module").type == EVENTS_SCHEMA.field("caller_module").type
+
+
+def test_a_dataset_from_before_stacks_reads_without_them(tmp_path):
+    # GIVEN a run converted before the stack column and the stacks table existed
+    root = Root.from_url(str(tmp_path))
+    old = events_table([_tokens(4, 1)], pid=3).drop_columns(["stack"])
+    _write_run(root, "w", "old", {"part-3-1.parquet": old}, summary={"parts": ["part-3-1.parquet"]})
+    # THEN its events read with a null stack, and its stacks table is empty
+    t = read_run(root, "w", "old", ["pid", "stack"])
+    assert t.column("stack").null_count == 4
+    assert t.schema.field("stack").type == EVENTS_SCHEMA.field("stack").type
+    stacks = read_stacks(root, "w", "old")
+    assert stacks.num_rows == 0 and stacks.schema.equals(STACKS_SCHEMA)
+    # AND every event joins no frame
+    assert read_stack_frames(root, "w", "old").matrix(t.column("stack")).shape == (4, 0)
+
+
+def test_an_unreadable_stacks_table_is_named(root):
+    path = root.events_run("w", "r1")
+    root.fs.pipe_file(f"{path}/_stacks.parquet", b"not parquet")
+    summary = json.loads(root.fs.cat_file(f"{path}/{SUMMARY_NAME}"))
+    summary["stacks"] = {"file": "_stacks.parquet"}
+    root.fs.pipe_file(f"{path}/{SUMMARY_NAME}", json.dumps(summary).encode())
+    with pytest.raises(EventsReadError, match=r"run=r1/_stacks.parquet: not a readable stacks"):
+        read_stacks(root, "w", "r1")
 
 
 def test_batches_cover_the_run_in_the_same_order(root):

@@ -108,7 +108,7 @@ def test_parts_carry_the_schema(tmp_path, client):
     convert_run(root, RunRef("w", "r1"), client=client)
     part = next((tmp_path / "events" / "workload=w" / "run=r1").glob("part-*.parquet"))
     assert pq.read_schema(part).equals(EVENTS_SCHEMA, check_metadata=False)
-    assert pq.read_schema(part).metadata[b"heapcast.events.version"] == b"1"
+    assert pq.read_schema(part).metadata[b"heapcast.events.version"] == b"2"
     meta = pq.ParquetFile(part).metadata.row_group(0)
     encodings = {
         meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)

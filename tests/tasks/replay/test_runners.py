@@ -133,3 +133,39 @@ def test_local_runner_without_sandbox_runs_with_host_paths(tracer, catalog, tmp_
     assert res.command[-1] == f".read {request.input_dir}/input.sql"
     assert list(request.trace_dir.glob("*.hct"))
     json.dumps(res.env)
+
+
+def test_the_stack_depth_reaches_a_traced_program_only(catalog, tmp_path):
+    import dataclasses
+
+    from tasks.replay.runners.base import SANDBOX_PATHS, program_env
+
+    w = catalog.get("sqlite3")
+    inp = w.input("small")
+    env = program_env(w, inp, SANDBOX_PATHS, True, frames=16)
+    assert (env["HEAPCAST_FRAMES"], env["HEAPCAST_CALLER"]) == ("16", "1")
+    assert "HEAPCAST_FRAMES" not in program_env(w, inp, SANDBOX_PATHS, True)
+    untraced = dataclasses.replace(SANDBOX_PATHS, tracer=None)
+    assert "HEAPCAST_FRAMES" not in program_env(w, inp, untraced, True, frames=16)
+    # a request for stacks without the caller, or deeper than the tracer goes, is refused
+    request = run_request(w, tmp_path, None)
+    with pytest.raises(ValueError, match="'sqlite3': frames 8 records stacks.*set caller too"):
+        dataclasses.replace(request, frames=8)
+    with pytest.raises(ValueError, match="'sqlite3': frames must be 0 .* to 128 frames, not 129"):
+        dataclasses.replace(request, caller=True, frames=129)
+
+
+def test_local_replay_records_stacks_as_asked_and_needs_no_sysroot(tracer, catalog, tmp_path):
+    # GIVEN a replay asked for stacks 8 deep WHEN it runs here
+    w = catalog.get("sqlite3")
+    root = Root.from_url(str(tmp_path))
+    m = replay_input(w, w.input("small"), tracer, root=root, runner="local", caller=True, frames=8)
+    # THEN the program was told, the manifest says so, and nothing was copied: the program ran
+    # this host's own files, where its frames are named
+    run_dir = tmp_path / "raw" / "sqlite3" / "small"
+    assert m.ok and m.frames == 8 and m.caller and m.sysroot == []
+    assert (m.env["HEAPCAST_FRAMES"], m.env["HEAPCAST_CALLER"]) == ("8", "1")
+    assert not (run_dir / "sysroot").exists()
+    trace = read_trace(run_dir / m.files[0])
+    assert trace.header.has_caller and trace.header.has_stacks and trace.modules is not None
+    assert 1 < int(trace.stacks.depth.max()) <= 8

@@ -63,3 +63,25 @@ def test_top_level_mistakes():
         parse_catalog({"workloads": []}, "x.yaml")
     with pytest.raises(ConfigError, match="not found"):
         load_catalog("/nonexistent/workloads.yaml")
+
+
+def test_replays_record_stacks_by_default_and_a_workload_caps_their_depth():
+    from pydantic import ValidationError
+
+    from tasks.format.stack_depth import DEFAULT_FRAMES
+    from tasks.replay.workloads import TraceParams
+
+    # GIVEN the trace flow's parameters: stacks by default, none without the caller
+    assert TraceParams().stack_frames == DEFAULT_FRAMES == 32
+    assert TraceParams(caller=False).stack_frames == 0
+    assert TraceParams(frames=8).stack_frames == 8
+    assert TraceParams(frames=0).stack_frames == 0
+    # stacks without the caller, or deeper than the tracer goes, are refused by name
+    with pytest.raises(ValidationError, match="turn caller on, or set frames to 0"):
+        TraceParams(caller=False, frames=4)
+    with pytest.raises(ValidationError, match="frames"):
+        TraceParams(frames=129)
+    # WHEN a workload caps its depth THEN its replays go no deeper, and shallower when asked
+    w = load_catalog().get("sqlite3").model_copy(update={"frames": 4})
+    assert (w.frames_for(32), w.frames_for(2), w.frames_for(0)) == (4, 2, 0)
+    assert load_catalog().get("sqlite3").frames_for(32) == 32

@@ -253,6 +253,7 @@ def _events(calls: list[tuple], pid: int = 7) -> pa.Table:
             "token": np.zeros(n, np.uint8),
             "caller_module": pa.nulls(n, CALLER_MODULE_TYPE),
             "caller_offset": pa.nulls(n, pa.uint64()),
+            "stack": pa.nulls(n, pa.uint64()),
         },
         schema=EVENTS_SCHEMA,
     )

@@ -1,6 +1,8 @@
-"""Frame names: the function holding each (module, offset), demangled.
+"""Named frames: `Frames` (function, module, offset: what the dataset's stacks table, the
+report and the exports name a frame by), and the function holding each (module, offset),
+demangled.
 
-The symbol tables are read by tasks.report.symbols (pyelftools: `.symtab`, `.dynsym`, and a
+The symbol tables are read by tasks.format.symbols (pyelftools: `.symtab`, `.dynsym`, and a
 stripped module's separate debug file when installed). A replay in a container ran the image's
 own files, not this host's: its modules are looked up under the run's `sysroot` (a folder that
 holds copies of them at their paths, made by the replay) before this host's path. C++ names are
@@ -9,14 +11,40 @@ demangled with binutils' c++filt, once per distinct name. A frame without a symb
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tasks.report.symbols import symbol_table
+from tasks.format.symbols import symbol_table
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Distinct frames: a function name (demangled; "" when the module has no symbol for it),
+    the module's path ("" when no module holds the address) and the offset in the module's
+    own ELF addresses (the return address minus the load bias; the raw address without a
+    module)."""
+
+    function: tuple[str, ...]
+    module: tuple[str, ...]
+    offset: np.ndarray  # uint64
+
+    def __len__(self) -> int:
+        return len(self.function)
+
+    def label(self, i: int) -> str:
+        """How pages and folded stacks name frame i: its function, else `module+0xoffset`,
+        else the raw address."""
+        if self.function[i]:
+            return self.function[i]
+        if self.module[i]:
+            return f"{os.path.basename(self.module[i])}+0x{int(self.offset[i]):x}"
+        return f"0x{int(self.offset[i]):x}"
 
 
 def module_file(module: str, sysroot: Path | None = None) -> str:

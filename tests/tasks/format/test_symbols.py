@@ -1,4 +1,4 @@
-"""tasks.report.symbols: (module, offset) callers named from ELF symbol tables, offline."""
+"""tasks.format.symbols: (module, offset) callers named from ELF symbol tables, offline."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import subprocess
 
 import numpy as np
 
-from tasks.report import symbols
-from tasks.report.symbols import caller_label, resolve, symbol_table
+from tasks.format import symbols
+from tasks.format.symbols import caller_label, resolve, symbol_table
 from tests.conftest import need_tool
 
 SOURCE = """
