@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from tasks.dataset.convert import convert_groups
+from tasks.format.frames import Frames, frame_names
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace
-from tasks.stacks.names import frame_names
-from tasks.stacks.profile import Frames, StackProfile
+from tasks.stacks.profile import StackProfile
 
 _IS_DEF = np.zeros(256, dtype=bool)  # ops that may define a block (when they return an address)
 _IS_DEF[list(ALLOCATING_OPS) + list(REALLOCATING_OPS)] = True
