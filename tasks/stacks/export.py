@@ -40,15 +40,15 @@ def _label(profile: StackProfile, frame: int) -> str:
 
 
 def collapsed(profile: StackProfile, weight: str = "bytes") -> str:
-    """The profile as folded stacks weighted by `weight`, heaviest first; stacks named alike
-    (calls from two lines of one function) are one line."""
+    """The profile as folded stacks weighted by `weight`, heaviest first (then by name);
+    stacks named alike (calls from two lines of one function) are one line."""
     w = profile.weight(weight)
     lines: dict[str, int] = {}
     for k in np.flatnonzero(w > 0).tolist():  # a loop over distinct stacks
         frames = [_label(profile, int(f)) for f in profile.stacks[k][::-1]] or [NO_STACK]
         line = ";".join(frames)
         lines[line] = lines.get(line, 0) + int(w[k])
-    order = sorted(lines.items(), key=lambda kv: -kv[1])  # stable: first seen first among equals
+    order = sorted(lines.items(), key=lambda kv: (-kv[1], kv[0]))
     return "".join(f"{line} {n}\n" for line, n in order)
 
 
