@@ -22,6 +22,7 @@ from tasks.dataset.worker_heap import heap_kept
 from tasks.format.symbols import caller_label, resolve
 from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, op_name
 from tasks.report.sources import Part, ReportInputError, RunInput, iter_parts
+from tasks.stacks.profile import StackProfile
 
 N_CLASSES = 32  # size classes 0..31: a block of n bytes is min(n.bit_length(), 31)
 N_LOG2 = 64  # bins of the lifetime histogram in ns: bit length of the lifetime
@@ -132,6 +133,9 @@ class HeapReport:
     # Callers with a module are one entry per (module, offset) over all processes; `caller` is
     # then the lowest of their raw addresses. Without one, per raw address.
     callers: dict[str, np.ndarray] | None = None
+    # what each distinct call stack allocated (the page's flame graphs and stack tables); None
+    # when not read (summary.make_report reads it from the run's traces)
+    stacks: StackProfile | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property

@@ -23,7 +23,11 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from tasks.report import stack_tables
 from tasks.report.analysis import CALLER_COLUMNS, N_CLASSES, HeapReport, Process, calls_bin_range
+from tasks.report.calltree import has_stacks
+from tasks.report.flame import flame_graphs, vendor_scripts
+from tasks.report.formats import fmt_bytes
 
 COLORS = ("#1f77b4", "#d62728")  # run A, run B
 FIG_HEIGHT = 420
@@ -37,21 +41,17 @@ NO_CALL_SITES = (
     "this trace has no call sites (recorded with --no-caller): no callers to show; trace it "
     "again without --no-caller to see which functions allocate"
 )
+# A run whose traces hold no call stacks (recorded before the tracer kept them, or with
+# --frames 0) says how to record them, rather than showing an empty graph.
+NO_STACKS = (
+    "this run's traces hold no call stacks (recorded with --frames 0, or by a tracer that did "
+    "not record them): trace it again with `heapcast trace --frames N` (N frames deep, e.g. "
+    "32) to see which call paths allocate"
+)
 PLOTLY_JS = "plotly.min.js"  # the shared copy of plotly.js, next to the pages that load it
 
 
 # ---------------------------------------------------------------------------------- formats
-
-
-def fmt_bytes(n: float) -> str:
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.2f} TiB"
 
 
 def fmt_ns(ns: float) -> str:
@@ -792,6 +792,39 @@ def _callers_html(reps: Sequence[HeapReport]) -> str:
     return "\n".join(out)
 
 
+def _stacks_html(reps: Sequence[HeapReport]) -> str:
+    """The flame graphs, the top-down and bottom-up trees, the functions and, for two runs,
+    the stacks that changed most; a run without stacks says how to record them."""
+    with_stacks = [has_stacks(r.stacks) for r in reps]
+    if not any(with_stacks):
+        return f"<p class='note'>Call stacks: {html.escape(NO_STACKS, quote=False)}.</p>"
+    out = [
+        f"<p class='note'>{html.escape(r.label)}: {html.escape(NO_STACKS, quote=False)}.</p>"
+        for r, has in zip(reps, with_stacks)
+        if not has
+    ]
+    out.append(
+        "<p class='note'>Each frame's width is what the stacks through it allocated (or held "
+        "live at the peak, or leaked, or their calls); the frame below it is its caller. "
+        "Click a frame to zoom into it; the search highlights the frames whose name holds the "
+        "text. The address can choose both: <code>#weight=leaked&amp;search=xmalloc</code>. "
+        "Frames under 1/20,000 of every weight are left out (counted in their caller).</p>"
+    )
+    profiles = [r.stacks if has else None for r, has in zip(reps, with_stacks)]
+    out += flame_graphs(profiles, [r.label for r in reps])
+    for i, (r, has) in enumerate(zip(reps, with_stacks)):
+        if has:
+            tag = f"{'AB'[i]}: {html.escape(r.label)}: " if len(reps) > 1 else ""
+            out.append(f"<h3>{tag}Stacks as trees</h3>" + stack_tables.trees_html(r.stacks))
+            out.append(f"<h3>{tag}Functions</h3>" + stack_tables.functions_html(r.stacks))
+    if len(reps) == 2 and all(with_stacks):
+        out.append(
+            "<h3>Stacks that changed (B − A; stacks matched by their frames' names)</h3>"
+            + stack_tables.changes_html(reps[0].stacks, reps[1].stacks)
+        )
+    return "\n".join(out)
+
+
 # ----------------------------------------------------------------------------------- the page
 
 _CSS = """
@@ -804,6 +837,27 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .cols { display: flex; gap: 32px; flex-wrap: wrap; }
 pre.tree { background: #f7f7f7; padding: 8px; overflow-x: auto; font-size: 0.85em; }
 .note { color: #666; font-size: 0.9em; }
+.flame { margin: 12px 0 24px; }
+.flame-controls { margin: 4px 0; font-size: 0.9em; }
+.flame-controls label { margin-right: 10px; }
+.flame-search { margin-left: 16px; width: 16em; }
+.flame-total { font-weight: 600; margin: 4px 0; }
+.flame-details { min-height: 1.3em; }
+.stacktree { font-size: 0.85em; margin: 6px 0 16px; max-height: 640px; overflow: auto;
+  border: 1px solid #ddd; }
+.st-row { display: grid; grid-template-columns: minmax(320px, 1fr) repeat(5, 7.5em);
+  gap: 0 8px; padding: 1px 6px; }
+.st-row > .n { text-align: right; font-variant-numeric: tabular-nums; }
+.st-head { font-weight: 600; background: #f3f3f3; position: sticky; top: 0; }
+summary.st-row { cursor: pointer; list-style: none; }
+summary.st-row::-webkit-details-marker { display: none; }
+summary.st-row .st-name::before { content: "▸ "; color: #888; }
+details[open] > summary.st-row .st-name::before { content: "▾ "; }
+.st-leaf .st-name::before, .st-more .st-name::before { content: "  "; white-space: pre; }
+.st-more { color: #777; }
+.st-name { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.stack-changes summary { cursor: pointer; }
+.stack-functions td.n, .stack-changes td.n { white-space: nowrap; }
 """
 
 # Called by each figure once plotly has drawn it: counts the figures drawn with their traces.
@@ -862,6 +916,7 @@ def render(reps: Sequence[HeapReport], plotly_src: str | None = None) -> str:
             f"<h3>{html.escape(r.label)}: fork/exec tree</h3>{_processes_html(r)}" for r in reps
         ),
         "callers": _callers_html(reps),
+        "stacks": _stacks_html(reps),
     }
     warnings = [f"{r.label}: {w}" if len(reps) > 1 else w for r in reps for w in r.warnings]
     body = [f"<h1>{html.escape(title)}</h1>"]
@@ -894,6 +949,7 @@ def render(reps: Sequence[HeapReport], plotly_src: str | None = None) -> str:
         ("leaks", "Leaks", ["leaks"]),
         ("processes", "Processes and threads", ["processes", "note", "threads"]),
         ("callers", "Callers", ["callers", "note"]),
+        ("stacks", "Call stacks", ["note"]),
     ]
     for sid, heading, items in sections:
         if sid == "callers" and sid not in divs:
@@ -901,6 +957,8 @@ def render(reps: Sequence[HeapReport], plotly_src: str | None = None) -> str:
         body.append(f"<h2 id='{sid}'>{html.escape(heading)}</h2>")
         for item in items:
             body.append(notes.get(sid, "") if item == "note" else divs.get(item, ""))
+    if any(has_stacks(r.stacks) for r in reps):
+        body.append(vendor_scripts())  # d3 and d3-flame-graph, inlined: the page opens offline
     return _page(title, body, plotly_src)
 
 

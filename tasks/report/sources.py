@@ -96,7 +96,15 @@ class RunInput:
     summary: dict[str, Any] | None = None  # events/.../_summary.json (the conversion's)
     # a run folder of the events dataset: its committed parts, through the one reader
     parts: RunParts | None = None
+    # the run's raw traces: `files` for a raw run; for a run of the events dataset, those of
+    # the data root's raw/<w>/<r>/ when they are still there (the call stacks are read from
+    # them: tasks.report.run_stacks)
+    traces: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.kind == "raw" and not self.traces:
+            self.traces = list(self.files)
 
     @property
     def command(self) -> list[str] | None:
@@ -140,6 +148,10 @@ def _from_folder(folder: Path, label: str) -> RunInput:
         if w.startswith("workload=") and r.startswith("run="):
             raw = folder.parents[2] / "raw" / w[len("workload=") :] / r[len("run=") :]
             run.manifest = _read_json(str(raw / MANIFEST_NAME))
+            if raw.is_dir():
+                run.traces = sorted(
+                    str(p) for p in raw.glob(f"*{TRACE_SUFFIX}") if _visible(p.name)
+                )
         return run
     sub = sorted(p.name for p in folder.iterdir() if p.is_dir())
     hint = ""
@@ -202,15 +214,16 @@ def _from_root(workload: str, run: str, root: Root, label: str) -> RunInput:
             committed = RunParts.of_run(root, workload, run)
         except EventsNotFound:
             committed = None
-        if committed is not None and committed.names:
-            found = _events_input(label, committed)
-            found.manifest = _read_json(f"{raw_s}/{MANIFEST_NAME}", fs)
-            return found
         try:
             names = sorted(fs.ls(raw_s, detail=False))
         except FileNotFoundError:
             names = []
         files = [n for n in names if n.endswith(TRACE_SUFFIX) and _visible(n.rsplit("/", 1)[-1])]
+        if committed is not None and committed.names:
+            found = _events_input(label, committed)
+            found.manifest = _read_json(f"{raw_s}/{MANIFEST_NAME}", fs)
+            found.traces = files
+            return found
         if files:
             return RunInput(
                 label, "raw", files, fs=fs, manifest=_read_json(f"{raw_s}/{MANIFEST_NAME}", fs)
@@ -258,7 +271,7 @@ def start_ns_of(name: str) -> int | None:
     return int(m[2]) if m else None
 
 
-def _open_trace(path: str, fs: Any) -> tuple[Any, str | None]:
+def open_trace(path: str, fs: Any) -> tuple[Any, str | None]:
     """A Trace, and the warning for a truncated last record if any. A local file is
     memory-mapped (records viewed in the page cache, not copied). The truncated record is cut
     here, not left to the reader's warnings.warn: this runs in a reading thread, where
@@ -292,7 +305,7 @@ def _raw_parts(run: RunInput) -> Iterator[Part]:
     for path in run.files:
         name = _name(path)
         try:
-            trace, why = _open_trace(path, run.fs)
+            trace, why = open_trace(path, run.fs)
         except TraceFormatError as err:
             run.warnings.append(f"skipped {err}")
             continue

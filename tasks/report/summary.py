@@ -23,8 +23,12 @@ from tasks.report.analysis import (
     HeapReport,
     analyze,
 )
+from tasks.report.calltree import has_stacks, stack_paths
 from tasks.report.page import NO_CALL_SITES, class_range, fmt_bytes, render, top_callers
+from tasks.report.run_stacks import read_stacks
 from tasks.report.sources import resolve
+
+STACK_LINE_FRAMES = 3  # frames of the top stack the summary names
 
 
 @dataclass
@@ -49,18 +53,22 @@ def make_report(
     temporary_calls: int = DEFAULT_TEMPORARY_CALLS,
     top_processes: int = DEFAULT_TOP_PROCESSES,
     plotly_src: str | None = None,
+    sysroot: Path | None = None,
 ) -> ReportResult:
     """Report the run named by `spec` (a run folder, trace or part files, or WORKLOAD/RUN under
     `root`) into the HTML page `out`; with `diff`, side by side with that run (A = spec, B =
     diff). The page stands alone (plotly.js inlined) unless `plotly_src` names the shared copy it
-    loads (page.PLOTLY_JS, which the caller writes next to it). Raises sources.ReportInputError
-    when a run cannot be read at all."""
+    loads (page.PLOTLY_JS, which the caller writes next to it). The call stacks come from the
+    runs' raw traces (run_stacks; `sysroot`: where a container run's modules were copied).
+    Raises sources.ReportInputError when a run cannot be read at all."""
     names = [spec] + ([diff] if diff is not None else [])
     runs = [resolve(s, root) for s in names]  # both resolved before the long part starts
     reps = [
         analyze(r, bins=bins, temporary_calls=temporary_calls, top_processes=top_processes)
         for r in runs
     ]
+    for rep, run in zip(reps, runs):
+        rep.stacks = read_stacks(run, sysroot)
     page = render(reps, plotly_src).encode()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +116,21 @@ def run_lines(rep: HeapReport) -> list[str]:
         )
     else:
         lines.append(f"  callers     none: {NO_CALL_SITES}")
+    lines.append("  stacks      " + stacks_line(rep))
     return lines
+
+
+def stacks_line(rep: HeapReport) -> str:
+    """The run's stacks in one line: how many, and the one that allocated the most bytes."""
+    if not has_stacks(rep.stacks):
+        return "none recorded (heapcast trace --frames N records them)"
+    p = rep.stacks
+    top = int(np.argmax(p.bytes))
+    path = stack_paths(p)[top]
+    shown = " <- ".join(path[:STACK_LINE_FRAMES]) + (
+        " <- ..." if len(path) > STACK_LINE_FRAMES else ""
+    )
+    return f"{len(p):,} distinct; most bytes: {shown} ({fmt_bytes(p.bytes[top])})"
 
 
 def _change(a: float, b: float, fmt=lambda v: f"{v:,}") -> str:
