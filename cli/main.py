@@ -906,13 +906,59 @@ examples:
 """
 
 
+def _export_traces(specs: list[str], root) -> tuple[list, list[str]]:
+    """The process traces of the run `specs` names, as `heapcast report` takes it (a run
+    folder, trace files, or WORKLOAD/RUN under `root`: its raw traces, where the stacks are,
+    even once converted), and warnings: files skipped, traces without stacks. Raises
+    ReportInputError naming what cannot be read."""
+    # deferred: imported on first use, for start-up time (numpy, pyarrow)
+    from tasks.format.trace_reader import TraceFormatError, read_trace
+    from tasks.report.sources import ReportInputError, resolve
+
+    run = resolve(specs, root)
+    if run.kind != "raw" and root.is_local and len(specs) == 1 and not os.path.exists(specs[0]):
+        w, _, r = specs[0].strip("/").partition("/")
+        raw = root.raw_run(w, r)
+        if (
+            r
+            and "/" not in r
+            and os.path.isdir(raw)
+            and any(n.endswith(".hct") for n in os.listdir(raw))
+        ):
+            run = resolve(raw, root)
+    if run.kind != "raw":
+        raise ReportInputError(
+            f"{run.label}: an events run: its parts carry no call stacks; name the run's raw "
+            "traces (its raw/WORKLOAD/RUN folder or its *.hct files)"
+        )
+    traces, warnings = [], list(run.warnings)
+    for path in run.files:  # a loop over process images
+        try:
+            traces.append(read_trace(path, fs=run.fs))
+        except (TraceFormatError, OSError) as err:
+            warnings.append(f"skipped {err}")
+            continue
+        h = traces[-1].header
+        if not h.has_stacks:
+            what = "malloc's caller" if h.has_caller else "no frame (no caller recorded)"
+            warnings.append(
+                f"{path}: no call stacks (format version {h.version}, or traced with "
+                f"--frames 0): its stacks are one frame, {what}"
+            )
+    if not traces:
+        why = "; ".join(warnings) or "no files"
+        raise ReportInputError(f"{run.label}: no readable trace ({why})")
+    return traces, warnings
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """`heapcast export`: a run's call stacks as folded stacks or pprof; exit 2 on bad input."""
     # deferred: imported on first use, for start-up time (numpy, pyarrow)
     from tasks.core.config import default_root
     from tasks.core.storage import Root
+    from tasks.report.sources import ReportInputError
     from tasks.stacks.collect import stack_profile
-    from tasks.stacks.export import ExportInputError, run_traces, write
+    from tasks.stacks.export import write
 
     out = os.path.abspath(args.output)
     if os.path.isdir(out) or not os.access(os.path.dirname(out), os.W_OK):
@@ -923,8 +969,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        traces, warnings = run_traces(args.run, Root.from_url(args.root or default_root()))
-    except ExportInputError as err:
+        traces, warnings = _export_traces(args.run, Root.from_url(args.root or default_root()))
+    except ReportInputError as err:
         print(f"heapcast export: {err}", file=sys.stderr)
         return 2
     for w in warnings:

@@ -2,12 +2,14 @@
 allocations did (vectorised per event; Python loops run over traces, distinct stacks and
 distinct frames only).
 
-The rows and their pairing are the converter's (`tasks.dataset.convert.convert_groups`, what
-`heapcast report` reads): a row defines a block when an allocating call returned an address (a
-failed call and `realloc(p, 0)` that only frees define none), and the row that frees it is the
-row `lifetime_calls` later. The run's peak is the report's (tasks.report.analysis): the largest
-total of live bytes over all processes merged by time, a process's heap released after its last
-call; `peak` is each stack's bytes live at that instant (summed, it equals the report's peak).
+The rows, their pairing and their stacks are the converter's (`tasks.dataset.convert`, what
+`heapcast report` and the dataset read): a row defines a block when an allocating call returned
+an address (a failed call and `realloc(p, 0)` that only frees define none), the row that frees
+it is the row `lifetime_calls` later, and its `stack` is the run-level id of its frames
+(`tasks.dataset.stacks_table`: the same frames in two processes, one id), whose frames the
+process's stacks table gives. The run's peak is the report's (tasks.report.analysis): the
+largest total of live bytes over all processes merged by time, a process's heap released after
+its last call; `peak` is each stack's bytes live at that instant (summed, the report's peak).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from tasks.dataset.convert import convert_groups
-from tasks.format.frames import frame_names
-from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Op, Trace
-from tasks.stacks.profile import Frames, StackProfile
+from tasks.dataset.stacks_table import FRAMES_SCHEMA, ProcessStacks
+from tasks.format.frames import Frames, frame_names
+from tasks.format.trace_reader import ALLOCATING_OPS, REALLOCATING_OPS, Trace
+from tasks.stacks.profile import StackProfile
 
 _IS_DEF = np.zeros(256, dtype=bool)  # ops that may define a block (when they return an address)
 _IS_DEF[list(ALLOCATING_OPS) + list(REALLOCATING_OPS)] = True
@@ -37,49 +41,44 @@ class _Rows:
     freed: np.ndarray  # int64: bytes of the paired block it frees (0: none)
     free_row: np.ndarray  # int64: the row freeing the block it defines, -1: never freed
     thread: np.ndarray  # uint16: the record's thread number
-    record: np.ndarray  # int64: the record it is (an index into trace.records)
-
-
-def _row_records(trace: Trace) -> np.ndarray:
-    """The record of each of the converter's rows: heap calls (THREAD_START markers left out)
-    by time, then file order."""
-    keep = trace.op != Op.THREAD_START
-    t = trace.time_ns
-    if len(t) < 2 or bool(np.all(t[1:] >= t[:-1])):
-        return np.flatnonzero(keep)
-    order = np.argsort(t, kind="stable")
-    return order[keep[order]]
+    stack: np.ndarray  # uint64: the run-level id of its stack, where `has_stack`
+    has_stack: np.ndarray  # bool
+    caller: np.ndarray  # uint64: malloc's caller (0: not recorded)
+    frames: pa.Table  # FRAMES_SCHEMA: the frames of the stacks its rows name
 
 
 def _rows(trace: Trace) -> _Rows:
-    """The rows of one trace, paired by the converter."""
-    tables, _ = convert_groups(trace)
-    time, op, size, addr, freed, lt = [], [], [], [], [], []
+    """The rows of one trace, paired and given their stacks by the converter; each column is
+    filled a row group at a time into one array (no list of groups then a copy)."""
+    stacks = ProcessStacks.of_trace(trace)
+    tables, stats = convert_groups(trace, stacks)
+    n = stats.rows  # known before the groups are read
+    nulls = {"lifetime_calls": -1}  # never freed; other nulls are 0
+    names = ("time_ns", "op", "size", "addr", "freed_size", "lifetime_calls", "thread", "stack")
+    dtypes = (np.int64, np.uint8, np.int64, np.uint64, np.int64, np.int64, np.uint16, np.uint64)
+    a = {c: np.empty(n, dt) for c, dt in zip(names, dtypes)}
+    a["caller"], a["has_stack"] = np.empty(n, np.uint64), np.empty(n, bool)
+    at = 0
     for t in tables:  # a loop over row groups of up to 1 M rows
-        time.append(t["time_ns"].to_numpy())
-        op.append(t["op"].to_numpy())
-        size.append(t["size"].to_numpy())
-        addr.append(t["addr"].to_numpy())
-        freed.append(t["freed_size"].fill_null(0).to_numpy())
-        lt.append(t["lifetime_calls"].fill_null(-1).to_numpy())
-    time_a, op_a = np.concatenate(time), np.concatenate(op)
-    record = _row_records(trace)
-    if len(record) != len(time_a):  # the converter's row rule changed: said, not guessed
-        raise RuntimeError(
-            f"{trace.header.path}: {len(time_a)} converted rows but {len(record)} heap calls"
-        )
-    defines = np.take(_IS_DEF, op_a) & (np.concatenate(addr) != 0)
-    lt_a = np.concatenate(lt).astype(np.int64)
-    rows = np.arange(len(lt_a), dtype=np.int64)
-    free_row = np.where(defines & (lt_a >= 0), rows + lt_a, -1)
+        e = at + t.num_rows
+        for c in (*names, "caller"):
+            a[c][at:e] = t[c].fill_null(nulls.get(c, 0)).to_numpy()
+        a["has_stack"][at:e] = t["stack"].is_valid().to_numpy()
+        at = e
+    defines = np.take(_IS_DEF, a["op"]) & (a["addr"] != 0)
+    lt = a["lifetime_calls"]
+    free_row = np.where(defines & (lt >= 0), np.arange(n, dtype=np.int64) + lt, -1)
     return _Rows(
-        time=time_a.astype(np.int64),
+        time=a["time_ns"],
         defines=defines,
-        size=np.where(defines, np.concatenate(size), 0).astype(np.int64),
-        freed=np.concatenate(freed).astype(np.int64),
+        size=np.where(defines, a["size"], 0),
+        freed=a["freed_size"],
         free_row=free_row,
-        thread=trace.thread[record],
-        record=record,
+        thread=a["thread"],
+        stack=a["stack"],
+        has_stack=a["has_stack"],
+        caller=a["caller"],
+        frames=stacks.table() if stacks is not None else FRAMES_SCHEMA.empty_table(),
     )
 
 
@@ -126,43 +125,6 @@ def _peak_rows(images: list[_Rows]) -> list[int]:
     return [-1 if upto[len(images) + i] else int(upto[i]) - 1 for i in range(len(images))]
 
 
-def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct keys, ascending; each key's index among them): a lookup table where the
-    keys are small (stack ids count nodes), else a sort."""
-    top = int(key.max()) if len(key) else 0
-    if top < 1 << 24:
-        seen = np.zeros(top + 1, bool)
-        seen[key] = True
-        index = np.cumsum(seen) - 1
-        return np.flatnonzero(seen).astype(np.uint64), index[key]
-    uniq, inverse = np.unique(key, return_inverse=True)
-    return uniq, inverse.reshape(-1)
-
-
-def _stack_keys(trace: Trace, record: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For allocation records: each one's index among its trace's distinct stacks, and each
-    distinct stack's frame addresses, innermost first, 0 past the outermost. With stacks, the
-    trie's frames of its stack id; without (or where a stack id has no node), its caller as one
-    frame; without either, no frame."""
-    caller = trace.caller
-    if trace.stack is not None and trace.stacks is not None:
-        ids = trace.stack[record]
-        # ids have no top bit (node counts); a caller-only key sets it
-        key = np.where(ids != 0, ids, caller[record] | np.uint64(1 << 63))
-        uniq, local = _distinct(key)
-        stacked = (uniq >> np.uint64(63)) == 0
-        frames = trace.stacks.frames(np.where(stacked, uniq, 0))
-        if frames.shape[1] == 0:
-            frames = np.zeros((len(uniq), 1), np.uint64)
-        lone = ~stacked
-        frames[lone] = 0
-        frames[lone, 0] = uniq[lone] & np.uint64((1 << 63) - 1)
-        return local, frames
-    key = caller[record] if caller is not None else np.zeros(len(record), np.uint64)
-    uniq, local = _distinct(key)
-    return local, uniq.reshape(-1, 1)
-
-
 class _Interner:
     """Distinct frames (module path, offset) and stacks (tuples of frame rows) over a run."""
 
@@ -170,42 +132,79 @@ class _Interner:
         self.frames: dict[tuple[str, int], int] = {}
         self.stacks: dict[tuple[int, ...], int] = {}
 
-    def stack_rows(self, trace: Trace, frames: np.ndarray) -> np.ndarray:
-        """The run-wide stack row of each process-local stack (rows of frame addresses,
-        innermost first, 0 past the outermost)."""
-        mods = trace.modules
-        present = frames != 0
-        addr, inverse = np.unique(frames[present], return_inverse=True)  # distinct addresses
-        if mods is not None and len(mods):
-            midx, off = mods.locate(addr)
-        else:
-            midx, off = np.full(len(addr), -1, np.int32), np.zeros(len(addr), np.uint64)
-        off = np.where(midx >= 0, off, addr)  # no module: the raw address
-        paths = mods.path if mods is not None else ()
-        fid = np.empty(len(addr), np.int64)
-        for j, (m, o) in enumerate(zip(midx.tolist(), off.tolist())):  # distinct frames
-            fkey = (paths[m] if m >= 0 else "", o)
-            fid[j] = self.frames.setdefault(fkey, len(self.frames))
-        fid_of = np.full(frames.shape, -1, np.int64)
-        fid_of[present] = fid[inverse.reshape(-1)]
-        out = np.empty(len(frames), np.int64)
-        depth = np.count_nonzero(present, axis=1)  # frames end at the first 0
-        for s in range(len(frames)):  # a loop over distinct stacks
-            key = tuple(fid_of[s, : depth[s]].tolist())
-            out[s] = self.stacks.setdefault(key, len(self.stacks))
+    def _frame_rows(self, modules: list[str], offsets: np.ndarray) -> np.ndarray:
+        out = np.empty(len(modules), np.int64)
+        for j, key in enumerate(zip(modules, offsets.tolist())):  # a loop over distinct frames
+            out[j] = self.frames.setdefault(key, len(self.frames))
         return out
+
+    def _stack_row(self, frames: tuple[int, ...]) -> int:
+        return self.stacks.setdefault(frames, len(self.stacks))
+
+    def by_id(self, ids: np.ndarray, frames: pa.Table) -> np.ndarray:
+        """The stack row of each distinct stack id (ascending), from the stacks table
+        (FRAMES_SCHEMA) holding their frames."""
+        t = frames.combine_chunks()
+        stack = t["stack"].to_numpy()
+        order = np.lexsort((t["depth"].to_numpy(), stack))
+        mod = t["module"]
+        mod = mod.chunk(0) if mod.num_chunks else pa.array([], type=t.schema.field("module").type)
+        paths = [*mod.dictionary.to_pylist(), ""]  # index -1: no module
+        idx = mod.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        # distinct (module, offset) of the table's rows, each interned once: one uint64 key
+        # (module + 1 above bit 48; user-space addresses and offsets are below 2^47)
+        offset = t["offset"].to_numpy()
+        if len(offset) and (int(offset.max()) >> 48 or len(paths) >= 1 << 15):
+            raise ValueError(f"frames beyond 2^48 or {len(paths)} modules: not a user-space stack")
+        key = (idx + 1).astype(np.uint64) << np.uint64(48) | offset
+        uniq, inverse = np.unique(key, return_inverse=True)
+        m = (uniq >> np.uint64(48)).astype(np.int64) - 1
+        fid = self._frame_rows([paths[k] for k in m.tolist()], uniq & np.uint64((1 << 48) - 1))
+        fid = fid[inverse.reshape(-1)][order]
+        bounds = np.searchsorted(stack[order], ids, side="left")
+        ends = np.searchsorted(stack[order], ids, side="right")
+        return np.array(
+            [self._stack_row(tuple(fid[a:b].tolist())) for a, b in zip(bounds, ends)],
+            dtype=np.int64,
+        )  # a loop over distinct stacks
+
+    def by_caller(self, trace: Trace, callers: np.ndarray) -> np.ndarray:
+        """The stack row of each distinct caller (one frame; 0: no frame)."""
+        mods = trace.modules
+        if mods is not None and len(mods):
+            midx, off = mods.locate(callers)
+        else:
+            midx, off = np.full(len(callers), -1, np.int32), np.zeros(len(callers), np.uint64)
+        off = np.where(midx >= 0, off, callers)  # no module: the raw address
+        paths = [*(mods.path if mods is not None else ()), ""]
+        fid = self._frame_rows([paths[m] for m in midx.tolist()], off)
+        return np.array(
+            [self._stack_row((f,) if c else ()) for f, c in zip(fid.tolist(), callers.tolist())],
+            dtype=np.int64,
+        )
+
+
+def _stacks_of(interner: _Interner, trace: Trace, rows: _Rows, alloc: np.ndarray) -> np.ndarray:
+    """The run's stack row of each allocation row: its stack's, else its caller's one frame."""
+    out = np.empty(len(alloc), np.int64)
+    has = rows.has_stack[alloc]
+    ids, inverse = np.unique(rows.stack[alloc][has], return_inverse=True)
+    out[has] = interner.by_id(ids, rows.frames)[inverse.reshape(-1)]
+    callers, inverse = np.unique(rows.caller[alloc][~has], return_inverse=True)
+    out[~has] = interner.by_caller(trace, callers)[inverse.reshape(-1)]
+    return out
 
 
 def stack_profile(traces: Sequence[Trace], sysroot: Path | None = None) -> StackProfile:
     """The StackProfile of a run's process traces (one per process image, in the run's file
     order). Stacks of different processes with the same frames ((module, offset) each) are
-    one stack; frames are named once each (tasks.stacks.names, under `sysroot` for a
+    one stack; frames are named once each (tasks.format.frames, under `sysroot` for a
     container's run).
 
     A trace without stacks (format version 1 or 2, or one recorded with `--frames 0`) gives
     one-frame stacks, malloc's caller, when it records callers, else empty stacks (one stack
-    of no frame for all its calls); an allocation whose stack id has no node in its trace gets
-    its caller's one frame too.
+    of no frame for all its calls); an allocation whose stack the converter could not give (a
+    stack id with no node in its trace) gets its caller's one frame too.
 
     Counted per stack over the allocations that returned a block: `calls`, `bytes` (their
     sizes), `leaked` (bytes never freed in the trace), `temporaries` (blocks freed before the
@@ -219,8 +218,12 @@ def stack_profile(traces: Sequence[Trace], sysroot: Path | None = None) -> Stack
     for trace in traces:  # a loop over process images
         rows = _rows(trace)
         alloc = np.flatnonzero(rows.defines)
-        local, frames = _stack_keys(trace, rows.record[alloc])
-        allocs.append((alloc, interner.stack_rows(trace, frames)[local]))
+        allocs.append((alloc, _stacks_of(interner, trace, rows, alloc)))
+        # interned: what only named the stacks is let go (the peak needs the rest)
+        rows.frames, rows.stack, rows.has_stack, rows.caller = (
+            FRAMES_SCHEMA.empty_table(),
+            *(np.zeros(0, a.dtype) for a in (rows.stack, rows.has_stack, rows.caller)),
+        )
         images.append(rows)
 
     n = len(interner.stacks)

@@ -20,9 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.core.storage import Root
-from tasks.format.trace_reader import Trace, TraceFormatError, read_trace
-from tasks.report.sources import ReportInputError, resolve
 from tasks.stacks.profile import WEIGHTS, StackProfile
 
 FORMATS = ("collapsed", "pprof")
@@ -43,15 +40,15 @@ def _label(profile: StackProfile, frame: int) -> str:
 
 
 def collapsed(profile: StackProfile, weight: str = "bytes") -> str:
-    """The profile as folded stacks weighted by `weight`, heaviest first; stacks named alike
-    (calls from two lines of one function) are one line."""
+    """The profile as folded stacks weighted by `weight`, heaviest first (then by name);
+    stacks named alike (calls from two lines of one function) are one line."""
     w = profile.weight(weight)
     lines: dict[str, int] = {}
     for k in np.flatnonzero(w > 0).tolist():  # a loop over distinct stacks
         frames = [_label(profile, int(f)) for f in profile.stacks[k][::-1]] or [NO_STACK]
         line = ";".join(frames)
         lines[line] = lines.get(line, 0) + int(w[k])
-    order = sorted(lines.items(), key=lambda kv: -kv[1])  # stable: first seen first among equals
+    order = sorted(lines.items(), key=lambda kv: (-kv[1], kv[0]))
     return "".join(f"{line} {n}\n" for line, n in order)
 
 
@@ -177,44 +174,3 @@ def write(
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     Path(path).write_bytes(data)
     return len(data)
-
-
-# ------------------------------------------------------------------------------- a run's files
-
-
-class ExportInputError(ValueError):
-    """Nothing can be exported from what was named; the message names it and says why."""
-
-
-def run_traces(specs: list[str], root: Root | None = None) -> tuple[list[Trace], list[str]]:
-    """The process traces of the run `specs` names, as `heapcast report` takes it
-    (tasks.report.sources.resolve: a run folder, trace files, or WORKLOAD/RUN under `root`),
-    and warnings: files that cannot be read (skipped) and traces without stacks. Raises
-    ExportInputError when nothing can be read."""
-    try:
-        run = resolve(specs, root)
-    except ReportInputError as err:
-        raise ExportInputError(str(err)) from None
-    if run.kind != "raw":
-        raise ExportInputError(
-            f"{run.label}: an events run: its parts carry no call stacks; name the run's raw "
-            "traces (its raw/WORKLOAD/RUN folder or its *.hct files)"
-        )
-    traces, warnings = [], list(run.warnings)
-    for path in run.files:  # a loop over process images
-        try:
-            traces.append(read_trace(path, fs=run.fs))
-        except (TraceFormatError, OSError) as err:
-            warnings.append(f"skipped {err}")
-            continue
-        h = traces[-1].header
-        if not h.has_stacks:
-            what = "malloc's caller" if h.has_caller else "no frame (no caller recorded)"
-            warnings.append(
-                f"{path}: no call stacks (format version {h.version}, or traced with "
-                f"--frames 0): its stacks are one frame, {what}"
-            )
-    if not traces:
-        why = "; ".join(warnings) or "no files"
-        raise ExportInputError(f"{run.label}: no readable trace ({why})")
-    return traces, warnings

@@ -9,6 +9,7 @@ import pytest
 from cli.main import build_parser, main
 from tasks.stacks.export import FORMATS
 from tasks.stacks.profile import WEIGHTS
+from tests.tasks.report import scenario
 from tests.tasks.stacks import known_stacks as known
 from tests.tracegen import malloc, thread_start, write_trace
 
@@ -118,3 +119,31 @@ def test_the_choices_are_the_exports(tmp_path):
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices["export"]
     choices = {a.dest: tuple(a.choices) for a in sub._actions if a.choices}
     assert choices == {"format": FORMATS, "weight": WEIGHTS}
+
+
+def test_an_events_run_says_to_name_its_raw_traces(tmp_path, capsys):
+    # GIVEN a run converted into the events dataset (its parts carry no stacks)
+    events = scenario.write_events(scenario.write_raw(tmp_path / "raw"), tmp_path / "root")
+    # WHEN exported from its events folder
+    code, said, err = run(capsys, "--format", "pprof", "-o", str(tmp_path / "x"), str(events))
+    # THEN one line says to name the raw traces instead
+    assert (code, said) == (2, "")
+    assert err == (
+        f"heapcast export: {events}: an events run: its parts carry no call stacks; name the "
+        "run's raw traces (its raw/WORKLOAD/RUN folder or its *.hct files)\n"
+    )
+
+
+def test_a_converted_workload_run_is_exported_from_its_raw_traces(tmp_path, capsys):
+    # GIVEN a data root holding a run's raw traces and their conversion
+    root = tmp_path / "root"
+    raw = known.write_run(root / "raw" / "prog" / "r1")[0].parent
+    scenario.write_events(raw, root, workload="prog", run="r1")
+    # WHEN exported by its WORKLOAD/RUN name
+    out = tmp_path / "heap.folded"
+    code, _, err = run(
+        capsys, "--format", "collapsed", "--root", str(root), "-o", str(out), "prog/r1"
+    )
+    # THEN its raw traces (where the stacks are) are read
+    assert (code, err) == (0, "")
+    assert out.read_text().endswith("prog+0x1030 8\n")
