@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.format.symbols import symbol_table
+from tasks.format.symbols import DEBUG_ROOT, symbol_table
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,10 @@ def frame_names(
     for i, m in enumerate(modules):  # a loop over distinct frames, not events
         if m:
             by_module.setdefault(m, []).append(i)
+    # a container's separate debug files came home with its modules (the replay's sysroot)
+    debug_root = str(Path(sysroot) / DEBUG_ROOT.lstrip("/")) if sysroot is not None else DEBUG_ROOT
     for m, idx in by_module.items():
-        found = symbol_table(module_file(m, sysroot)).lookup(offsets[idx])
+        found = symbol_table(module_file(m, sysroot), debug_root).lookup(offsets[idx])
         for i, hit in zip(idx, found):
             if hit is not None:
                 raw[i] = hit[0]

@@ -82,12 +82,12 @@ def _read_symbols(path: str, best: dict[int, tuple[int, str]]) -> str | None:
 
 
 @lru_cache(maxsize=256)
-def _load(path: str, mtime_ns: int) -> SymbolTable:
+def _load(path: str, mtime_ns: int, debug_root: str) -> SymbolTable:
     best: dict[int, tuple[int, str]] = {}  # value -> (size, name): one name per address
     build_id = _read_symbols(path, best)
     # a stripped module's static functions are in its separate debug file, when installed
     if build_id and len(build_id) > 2:
-        debug = os.path.join(DEBUG_ROOT, build_id[:2], build_id[2:] + ".debug")
+        debug = os.path.join(debug_root, build_id[:2], build_id[2:] + ".debug")
         if os.path.isfile(debug):
             _read_symbols(debug, best)
     if not best:
@@ -100,7 +100,7 @@ def _load(path: str, mtime_ns: int) -> SymbolTable:
     )
 
 
-def symbol_table(path: str) -> SymbolTable:
+def symbol_table(path: str, debug_root: str = DEBUG_ROOT) -> SymbolTable:
     """The function symbols of the ELF file at `path` (cached; empty when it cannot be read)."""
     if not path or not path.startswith("/"):
         return _EMPTY
@@ -108,7 +108,7 @@ def symbol_table(path: str) -> SymbolTable:
         st = os.stat(path)
     except OSError:
         return _EMPTY
-    return _load(path, st.st_mtime_ns)
+    return _load(path, st.st_mtime_ns, debug_root)
 
 
 def resolve(modules: list[str], offsets: np.ndarray) -> list[str]:

@@ -6,7 +6,7 @@ before its container is removed, the docker runner copies the modules the run's 
 a caller or a stack frame out of the container into `<trace dir>/sysroot/<path>`: each once per
 run, stored at the path the trace names (symlinks in the image followed), with its separate debug
 file when the image has one (`/usr/lib/debug/.build-id/<xx>/<rest>.debug`, Debian's -dbgsym
-packages). `tasks/stacks/names.module_file(module, sysroot)` reads them there; the dataset reads
+packages). `tasks/format/frames.module_file(module, sysroot)` reads them there; the dataset reads
 `sysroot/` beside the traces. Each file of an image is asked of the engine once: later runs of the
 same image take it from a cache on this host (`image_cache`; hard links where they can).
 

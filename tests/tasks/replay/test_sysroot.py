@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.format.frames import frame_names, module_file
+from tasks.format.symbols import symbol_table
 from tasks.replay.runners.sysroot import (
     SYSROOT_DIR,
     build_id,
@@ -19,7 +21,6 @@ from tasks.replay.runners.sysroot import (
     image_cache,
     named_modules,
 )
-from tasks.stacks.names import frame_names, module_file
 from tests.tracegen import StackTrie, free, malloc, module, thread_start, write_trace
 
 
@@ -157,8 +158,6 @@ def test_frames_are_named_from_the_sysroot_copy_not_the_host_path(tmp_path):
     image = StandInContainer({"/image-only/libc.so.6": host_lib.read_bytes()})
     sysroot = tmp_path / SYSROOT_DIR
     copy_modules(image, ["/image-only/libc.so.6"], sysroot, Absent)
-    from tasks.report.symbols import symbol_table
-
     table = symbol_table(str(host_lib))
     at = int(table.start[table.names.index("malloc")]) + 1  # a return address inside malloc
     # THEN the frame is named through the copy; without the sysroot it stays unnamed

@@ -12,12 +12,12 @@ import pytest
 
 import docker
 from tasks.core.storage import Root
+from tasks.format.frames import frame_names
 from tasks.format.trace_reader import read_trace
 from tasks.replay.images import build_all
 from tasks.replay.replays import replay_input
 from tasks.replay.runners.sysroot import SYSROOT_DIR, archive, image_module
 from tasks.replay.workloads import load_catalog
-from tasks.stacks.names import frame_names
 from tests.tasks.replay.replay_checks import tracer_path
 
 pytestmark = pytest.mark.integration
