@@ -83,7 +83,7 @@ def frame_names(
         if m:
             by_module.setdefault(m, []).append(i)
     # a container's separate debug files came home with its modules (the replay's sysroot)
-    debug_root = str(Path(sysroot) / DEBUG_ROOT.lstrip("/")) if sysroot is not None else DEBUG_ROOT
+    debug_root = str(Path(sysroot) / DEBUG_ROOT.lstrip("/")) if sysroot is not None else None
     for m, idx in by_module.items():
         found = symbol_table(module_file(m, sysroot), debug_root).lookup(offsets[idx])
         for i, hit in zip(idx, found):

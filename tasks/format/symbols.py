@@ -75,7 +75,8 @@ def _read_symbols(path: str, best: dict[int, tuple[int, str]]) -> str | None:
                     old = best.get(e.st_value)
                     # prefer a sized symbol, then a global name over a local alias
                     if old is None or (old[0] == 0 and e.st_size) or old[1].startswith("_"):
-                        best[e.st_value] = (int(e.st_size), sym.name)
+                        # a symbol version (`memcpy@@GLIBC_2.14`, in .symtab) is not the name
+                        best[e.st_value] = (int(e.st_size), sym.name.split("@", 1)[0])
     except (OSError, ELFError, ValueError, KeyError):
         return None
     return build_id
@@ -100,15 +101,16 @@ def _load(path: str, mtime_ns: int, debug_root: str) -> SymbolTable:
     )
 
 
-def symbol_table(path: str, debug_root: str = DEBUG_ROOT) -> SymbolTable:
-    """The function symbols of the ELF file at `path` (cached; empty when it cannot be read)."""
+def symbol_table(path: str, debug_root: str | None = None) -> SymbolTable:
+    """The function symbols of the ELF file at `path` (cached; empty when it cannot be read);
+    a separate debug file is looked for under `debug_root` (default: this host's DEBUG_ROOT)."""
     if not path or not path.startswith("/"):
         return _EMPTY
     try:
         st = os.stat(path)
     except OSError:
         return _EMPTY
-    return _load(path, st.st_mtime_ns, debug_root)
+    return _load(path, st.st_mtime_ns, debug_root or DEBUG_ROOT)
 
 
 def resolve(modules: list[str], offsets: np.ndarray) -> list[str]:
