@@ -51,6 +51,49 @@ _EMPTY = SymbolTable(np.zeros(0, np.uint64), np.zeros(0, np.uint64), ())
 DEBUG_ROOT = "/usr/lib/debug/.build-id"  # separate debug files (Debian's *-dbgsym packages)
 
 
+# Elf64_Sym, little-endian: read a whole symbol table with numpy, not a Python object a symbol
+_SYM64 = np.dtype(
+    [
+        ("name", "<u4"),
+        ("info", "u1"),
+        ("other", "u1"),
+        ("shndx", "<u2"),
+        ("value", "<u8"),
+        ("size", "<u8"),
+    ]
+)
+_FUNC_TYPES = (2, 10)  # STT_FUNC, STT_GNU_IFUNC
+
+
+def _function_symbols(elf: ELFFile, sec: SymbolTableSection) -> tuple[np.ndarray, list[str]]:
+    """The defined function symbols of one symbol table: their entries and names."""
+    if elf.elfclass == 64 and elf.little_endian:
+        syms = np.frombuffer(sec.data(), _SYM64)
+        keep = (
+            np.isin(syms["info"] & 0xF, _FUNC_TYPES) & (syms["shndx"] != 0) & (syms["value"] != 0)
+        )
+        syms = syms[keep]
+        strtab = elf.get_section(sec["sh_link"]).data()
+        nul = np.flatnonzero(np.frombuffer(strtab, np.uint8) == 0)
+        start = syms["name"].astype(np.int64)
+        end = nul[np.minimum(np.searchsorted(nul, start), len(nul) - 1)] if len(nul) else start
+        names = [
+            strtab[a:b].decode("utf-8", "replace") for a, b in zip(start.tolist(), end.tolist())
+        ]
+        return syms, names
+    # other ELF classes: pyelftools a symbol at a time
+    rows, names = [], []
+    for sym in sec.iter_symbols():
+        e = sym.entry
+        if e.st_info.type not in ("STT_FUNC", "STT_GNU_IFUNC") or e.st_shndx == "SHN_UNDEF":
+            continue
+        rows.append((0, 2, 0, 1, e.st_value, e.st_size))
+        names.append(sym.name)
+    syms = np.array(rows, _SYM64) if rows else np.zeros(0, _SYM64)
+    keep = syms["value"] != 0
+    return syms[keep], [n for n, k in zip(names, keep) if k]
+
+
 def _read_symbols(path: str, best: dict[int, tuple[int, str]]) -> str | None:
     """Adds the function symbols of `path` to `best` (value -> (size, name)); returns the file's
     GNU build id (hex) when it has one."""
@@ -66,17 +109,16 @@ def _read_symbols(path: str, best: dict[int, tuple[int, str]]) -> str | None:
                             build_id = str(note["n_desc"])
                 if not isinstance(sec, SymbolTableSection):
                     continue
-                for sym in sec.iter_symbols():
-                    e = sym.entry
-                    if e.st_info.type not in ("STT_FUNC", "STT_GNU_IFUNC") or not sym.name:
+                syms, names = _function_symbols(elf, sec)
+                # a loop over function symbols (tens of thousands at most), not events
+                for value, size, name in zip(syms["value"].tolist(), syms["size"].tolist(), names):
+                    if not name:
                         continue
-                    if e.st_shndx == "SHN_UNDEF" or e.st_value == 0:
-                        continue
-                    old = best.get(e.st_value)
+                    old = best.get(value)
                     # prefer a sized symbol, then a global name over a local alias
-                    if old is None or (old[0] == 0 and e.st_size) or old[1].startswith("_"):
+                    if old is None or (old[0] == 0 and size) or old[1].startswith("_"):
                         # a symbol version (`memcpy@@GLIBC_2.14`, in .symtab) is not the name
-                        best[e.st_value] = (int(e.st_size), sym.name.split("@", 1)[0])
+                        best[value] = (size, name.split("@", 1)[0])
     except (OSError, ELFError, ValueError, KeyError):
         return None
     return build_id
