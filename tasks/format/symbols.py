@@ -125,14 +125,17 @@ def _read_symbols(path: str, best: dict[int, tuple[int, str]]) -> str | None:
 
 
 @lru_cache(maxsize=256)
-def _load(path: str, mtime_ns: int, debug_root: str) -> SymbolTable:
+def _load(path: str, mtime_ns: int, debug_roots: tuple[str, ...]) -> SymbolTable:
     best: dict[int, tuple[int, str]] = {}  # value -> (size, name): one name per address
     build_id = _read_symbols(path, best)
-    # a stripped module's static functions are in its separate debug file, when installed
+    # a stripped module's static functions are in its separate debug file, when installed: the
+    # first of the roots that has the file of its build id (an exact match of the module's bytes)
     if build_id and len(build_id) > 2:
-        debug = os.path.join(debug_root, build_id[:2], build_id[2:] + ".debug")
-        if os.path.isfile(debug):
-            _read_symbols(debug, best)
+        for root in debug_roots:
+            debug = os.path.join(root, build_id[:2], build_id[2:] + ".debug")
+            if os.path.isfile(debug):
+                _read_symbols(debug, best)
+                break
     if not best:
         return _EMPTY
     values = np.array(sorted(best), dtype=np.uint64)
@@ -145,14 +148,16 @@ def _load(path: str, mtime_ns: int, debug_root: str) -> SymbolTable:
 
 def symbol_table(path: str, debug_root: str | None = None) -> SymbolTable:
     """The function symbols of the ELF file at `path` (cached; empty when it cannot be read);
-    a separate debug file is looked for under `debug_root` (default: this host's DEBUG_ROOT)."""
+    a separate debug file is looked for under `debug_root` (a container run's copies), then
+    this host's DEBUG_ROOT."""
     if not path or not path.startswith("/"):
         return _EMPTY
     try:
         st = os.stat(path)
     except OSError:
         return _EMPTY
-    return _load(path, st.st_mtime_ns, debug_root or DEBUG_ROOT)
+    roots = (debug_root, DEBUG_ROOT) if debug_root else (DEBUG_ROOT,)
+    return _load(path, st.st_mtime_ns, roots)
 
 
 def resolve(modules: list[str], offsets: np.ndarray) -> list[str]:
