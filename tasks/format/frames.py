@@ -90,3 +90,38 @@ def frame_names(
             if hit is not None:
                 raw[i] = hit[0]
     return demangle(raw)
+
+
+def frame_lines(
+    modules: Sequence[str], offsets: np.ndarray, sysroot: Path | None = None
+) -> list[tuple[str, int]]:
+    """(source file, line) of each frame's call (the instruction before its return address) from
+    the module's DWARF line table, by binutils' addr2line (one process a module, which also finds
+    an installed separate debug file); ("", 0) where the module has no line table or addr2line
+    is missing. A loop over distinct frames."""
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    out: list[tuple[str, int]] = [("", 0)] * len(modules)
+    tool = shutil.which("addr2line")
+    if tool is None:
+        return out
+    by_module: dict[str, list[int]] = {}
+    for i, m in enumerate(modules):
+        if m and offsets[i] > 0:
+            by_module.setdefault(m, []).append(i)
+    for m, idx in by_module.items():
+        path = module_file(m, sysroot)
+        if not os.path.isfile(path):
+            continue
+        query = "".join(f"0x{int(offsets[i]) - 1:x}\n" for i in idx)
+        run = subprocess.run(
+            [tool, "-e", path], input=query, capture_output=True, text=True, check=False
+        )
+        lines = run.stdout.splitlines()
+        if run.returncode != 0 or len(lines) != len(idx):
+            continue
+        for i, text in zip(idx, lines):
+            where = text.split(" (discriminator")[0]
+            file, _, line = where.rpartition(":")
+            if file and file != "??" and line.isdigit() and int(line) > 0:
+                out[i] = (file, int(line))
+    return out

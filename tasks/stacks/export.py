@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.format.frames import frame_lines
 from tasks.stacks.profile import WEIGHTS, StackProfile
 
 FORMATS = ("collapsed", "pprof")
@@ -137,21 +138,24 @@ def pprof(profile: StackProfile, weight: str = "bytes", comment: str = "") -> by
             _message((1, mapping_id[m]), (2, 0), (3, limit), (5, s(m)), (7, int(named))),
         )
 
-    function_id: dict[str, int] = {}
+    # source lines where the modules have DWARF line tables (a binary built with -g, or with
+    # its debug file installed): pprof's -lines and its source view read them
+    lines = frame_lines(fr.module, offsets)
+    function_id: dict[tuple[str, str], int] = {}
     for i in range(len(fr)):  # Profile.location = 4; a loop over distinct frames
-        name = fr.label(i)
-        fid = function_id.setdefault(name, len(function_id) + 1)
+        file, line = lines[i]
+        fid = function_id.setdefault((fr.label(i), file), len(function_id) + 1)
         loc = bytearray(_message((1, i + 1), (2, mapping_id.get(fr.module[i], 0))))
         _int(loc, 3, int(offsets[i]))
-        _bytes(loc, 4, _message((1, fid)))
+        _bytes(loc, 4, _message((1, fid), (2, line)))
         _bytes(out, 4, bytes(loc))
     if used_no_stack:
-        fid = function_id.setdefault(NO_STACK, len(function_id) + 1)
+        fid = function_id.setdefault((NO_STACK, ""), len(function_id) + 1)
         loc = bytearray(_message((1, no_stack)))
         _bytes(loc, 4, _message((1, fid)))
         _bytes(out, 4, bytes(loc))
-    for name, fid in function_id.items():  # Profile.function = 5
-        _bytes(out, 5, _message((1, fid), (2, s(name)), (3, s(name))))
+    for (name, file), fid in function_id.items():  # Profile.function = 5
+        _bytes(out, 5, _message((1, fid), (2, s(name)), (3, s(name)), (4, s(file))))
 
     if comment:
         _int(out, 13, s(comment))

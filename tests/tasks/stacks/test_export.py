@@ -70,7 +70,7 @@ def parse_raw(text: str) -> tuple[list[str], dict[tuple[str, ...], list[int]]]:
         j += 1
     names = {}
     for line in lines[lines.index("Locations") + 1 :]:
-        m = re.match(r"\s+(\d+): 0x[0-9a-f]+ (?:M=\d+ )?(.+?) :0 s=0$", line)
+        m = re.match(r"\s+(\d+): 0x[0-9a-f]+ (?:M=\d+ )?(.+?) \S*:\d+ s=0$", line)
         if m:
             names[m[1]] = m[2]
     out: dict[tuple[str, ...], list[int]] = {}

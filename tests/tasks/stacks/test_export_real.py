@@ -81,3 +81,17 @@ def test_real_exports_read_by_go_tool_pprof_and_speedscope(traced, tmp_path):
     got = speedscope(folded)
     assert got["total"] == int(profile.bytes.sum())
     assert got["frames"]["wrapper"][1] == 300 + 10000
+
+
+def test_pprof_locations_carry_the_source_lines_of_a_binary_built_with_debug_info(traced, tmp_path):
+    # GIVEN the program built with -g: its DWARF line table says where each call is
+    source = SOURCE.read_text().splitlines()
+    malloc_line = next(i + 1 for i, text in enumerate(source) if "malloc(n)" in text)
+    small_line = next(i + 1 for i, text in enumerate(source) if "wrapper(100)" in text)
+    pb = tmp_path / "heap.pb.gz"
+    write(stack_profile(read_traces(traced)), "pprof", pb, "bytes")
+    # WHEN go tool pprof lists the stacks by line
+    text = pprof_raw(pb, "-traces", "-lines")
+    # THEN the wrapper's frame is its malloc call's line, small_path's its call of the wrapper
+    assert f"wrapper two_paths.c:{malloc_line}" in text.replace(str(SOURCE.parent) + "/", "")
+    assert f"small_path two_paths.c:{small_line}" in text.replace(str(SOURCE.parent) + "/", "")
