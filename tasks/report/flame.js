@@ -44,7 +44,7 @@
       .width(Math.max(chartEl.clientWidth || 0, 600))
       .cellHeight(18)
       .minFrameSize(0.3) // frames under a third of a pixel (and empty ones) are not drawn
-      .transitionDuration(250)
+      .transitionDuration(0) // the first drawing at once (a screenshot, a printed page)
       .resetHeightOnZoom(true) // a zoom or a weight with shallower stacks: a shorter graph
       .sort(function (a, b) { return b.value - a.value; })
       .getName(function (d) { return nameOf(d.data.f); })
@@ -102,6 +102,7 @@
         chart.update(data.root);
       } else {
         d3.select(chartEl).datum(data.root).call(chart);
+        chart.transitionDuration(250); // zooms and weights animate
         div.setAttribute('data-drawn', '1');
       }
       if (search.value) chart.search(search.value);
