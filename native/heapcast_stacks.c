@@ -135,6 +135,38 @@ static inline int hc_walk_holds(const struct hc_walk *w, unsigned q) {
     return (int)q;
 }
 
+/* One step of a walk: from the frame (ip, sp, bp; `exact`: ip is an interrupted instruction,
+ * not a return address) to its caller, in place. Returns 0 where the walk ends (no rule, a
+ * CFA the checks refuse, a signal frame's stack pointer not aligned). *how: 0 rbp kept, k rbp
+ * read at CFA - 8k, HC_STEP_SIGNAL; *used_bp: the CFA was read from rbp. The walk and the walk
+ * check step alike through this one function. */
+static inline __attribute__((always_inline)) int hc_step(uint64_t *ip, uint64_t *sp, uint64_t *bp,
+                                                         int *exact, uint8_t *how, uint8_t *used_bp) {
+    uint32_t rule = hc_uw_rule(*exact ? *ip : *ip - 1);
+    if (HC_UNLIKELY(rule & (HC_RULE_STOP | HC_RULE_SIGNAL))) {
+        if (rule & HC_RULE_STOP) return 0;
+        const ucontext_t *uc = (const ucontext_t *)(uintptr_t)*sp;
+        uint64_t nsp = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
+        if (!nsp || (nsp & 7)) return 0;
+        *ip = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
+        *bp = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
+        *sp = nsp;
+        *exact = 1;
+        *how = HC_STEP_SIGNAL;
+        return 1;
+    }
+    *used_bp = (uint8_t)(rule & HC_RULE_CFA_BP);
+    uint64_t cfa = ((rule & HC_RULE_CFA_BP) ? *bp : *sp) + (rule >> 12);
+    if (cfa <= *sp || cfa - *sp > HC_UW_FRAME_MAX) return 0;
+    uint32_t slot = (rule & HC_RULE_BP_SAVED) ? (rule >> 4) & 0xff : 0;
+    if (slot) *bp = *(const uint64_t *)(uintptr_t)(cfa - 8 * (uint64_t)slot);
+    *ip = *(const uint64_t *)(uintptr_t)(cfa - 8);
+    *sp = cfa;
+    *exact = 0;
+    *how = (uint8_t)slot;
+    return 1;
+}
+
 #ifdef HC_WALK_CHECK
 /* Tests (tests/native): every walk that reused the last one is stepped again in full and
  * compared; a difference is counted and said at exit. */
@@ -158,25 +190,10 @@ static void hc_walk_check(const void *fp, const struct hc_walk *w, int q, unsign
     uint64_t ip = f[1], sp = (uint64_t)(uintptr_t)(f + 2), bp = f[0];
     unsigned n = 0;
     int exact = 0;
+    uint8_t how, used_bp;
     while (ip && n < hc_frames) {
         full[n++] = ip;
-        if (n == hc_frames) break;
-        uint32_t rule = hc_uw_rule(exact ? ip : ip - 1);
-        if (rule & HC_RULE_STOP) break;
-        if (rule & HC_RULE_SIGNAL) {
-            const ucontext_t *uc = (const ucontext_t *)(uintptr_t)sp;
-            ip = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
-            bp = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
-            sp = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
-            exact = 1;
-            continue;
-        }
-        uint64_t cfa = ((rule & HC_RULE_CFA_BP) ? bp : sp) + (rule >> 12);
-        if (cfa <= sp || cfa - sp > HC_UW_FRAME_MAX) break;
-        if (rule & HC_RULE_BP_SAVED) bp = *(const uint64_t *)(uintptr_t)(cfa - 8 * ((rule >> 4) & 0xff));
-        ip = *(const uint64_t *)(uintptr_t)(cfa - 8);
-        sp = cfa;
-        exact = 0;
+        if (n == hc_frames || !hc_step(&ip, &sp, &bp, &exact, &how, &used_bp)) break;
     }
     /* the reused walk: new frames innermost first, then the last walk's from q outwards */
     unsigned m = j + (unsigned)q + 1, bad = m != n;
@@ -223,28 +240,7 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
         w->new_used_bp[j] = 0;
         j++;
         if (j == max) continue; /* the loop's head ends it (truncated only if there was more) */
-        uint32_t rule = hc_uw_rule(exact ? ip : ip - 1);
-        if (HC_UNLIKELY(rule & (HC_RULE_STOP | HC_RULE_SIGNAL))) {
-            if (rule & HC_RULE_STOP) break;
-            const ucontext_t *uc = (const ucontext_t *)(uintptr_t)sp;
-            uint64_t nsp = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
-            if (!nsp || (nsp & 7)) break;
-            ip = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
-            bp = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
-            sp = nsp;
-            exact = 1;
-            w->new_how[j - 1] = HC_STEP_SIGNAL;
-            continue;
-        }
-        w->new_used_bp[j - 1] = (uint8_t)(rule & HC_RULE_CFA_BP);
-        uint64_t cfa = ((rule & HC_RULE_CFA_BP) ? bp : sp) + (rule >> 12);
-        if (cfa <= sp || cfa - sp > HC_UW_FRAME_MAX) break;
-        uint32_t slot = (rule & HC_RULE_BP_SAVED) ? (rule >> 4) & 0xff : 0;
-        if (slot) bp = *(const uint64_t *)(uintptr_t)(cfa - 8 * (uint64_t)slot);
-        ip = *(const uint64_t *)(uintptr_t)(cfa - 8);
-        sp = cfa;
-        exact = 0;
-        w->new_how[j - 1] = (uint8_t)slot;
+        if (!hc_step(&ip, &sp, &bp, &exact, &w->new_how[j - 1], &w->new_used_bp[j - 1])) break;
     }
 #ifdef HC_WALK_CHECK
     hc_walk_check(fp, w, q, j);
@@ -270,7 +266,6 @@ static __attribute__((noinline)) uint64_t hc_stack_walk(struct hc_tls *t, const 
     struct hc_stack_slot *e = &t->buf->stack_cache[(h ^ (h >> 29)) & (HC_STACK_CACHE - 1)];
     if (HC_LIKELY(e->hash == h && e->id)) return w->id = e->id;
     uint64_t id = hc_trie_insert(t, w->ip, n);
-    w = t->buf->walk; /* the insert may have flushed, never remapped: the same mapping */
     e->hash = h;
     e->id = id;
     return w->id = id;
