@@ -915,24 +915,14 @@ def _export_traces(specs: list[str], root) -> tuple[list, list[str]]:
     from tasks.format.trace_reader import TraceFormatError, read_trace
     from tasks.report.sources import ReportInputError, resolve
 
-    run = resolve(specs, root)
-    if run.kind != "raw" and root.is_local and len(specs) == 1 and not os.path.exists(specs[0]):
-        w, _, r = specs[0].strip("/").partition("/")
-        raw = root.raw_run(w, r)
-        if (
-            r
-            and "/" not in r
-            and os.path.isdir(raw)
-            and any(n.endswith(".hct") for n in os.listdir(raw))
-        ):
-            run = resolve(raw, root)
-    if run.kind != "raw":
+    run = resolve(specs, root)  # an events run comes with the raw traces beside it, if any
+    if not run.traces:
         raise ReportInputError(
             f"{run.label}: an events run: its parts carry no call stacks; name the run's raw "
             "traces (its raw/WORKLOAD/RUN folder or its *.hct files)"
         )
     traces, warnings = [], list(run.warnings)
-    for path in run.files:  # a loop over process images
+    for path in run.traces:  # a loop over process images
         try:
             traces.append(read_trace(path, fs=run.fs))
         except (TraceFormatError, OSError) as err:
