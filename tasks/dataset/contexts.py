@@ -10,22 +10,22 @@ stack of a run (a numpy step per depth), then gathered per event.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pyarrow as pa
 
 from tasks.dataset.events_reader import StackFrames
+from tasks.dataset.sites import module_hashes, site_keys
 
 NO_CONTEXT = -1  # an event without a stack (a free, a trace recorded without stacks)
 
 
 def frame_keys(frames: StackFrames) -> np.ndarray:
-    """uint64 [len(frames.frames)]: each distinct frame's key."""
+    """uint64 [len(frames.frames)]: each distinct frame's key (the call site's, sites.py)."""
     f = frames.frames
-    mod_hash = {m: zlib.crc32(m.encode()) for m in set(f.module) if m}  # per module, not event
-    h = np.array([mod_hash.get(m, 0) for m in f.module], np.uint64)
-    return (h << np.uint64(32)) ^ f.offset.astype(np.uint64)
+    paths = sorted(set(f.module))
+    row = {m: i for i, m in enumerate(paths)}  # per distinct module, not event
+    hashes = module_hashes(paths)[[row[m] for m in f.module]] if len(f) else np.zeros(0, np.uint64)
+    return site_keys(hashes, f.offset)
 
 
 def stack_contexts(frames: StackFrames, depths: tuple[int, ...]) -> dict[int, np.ndarray]:

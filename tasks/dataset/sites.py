@@ -25,6 +25,17 @@ NO_CALL_SITES = (
 )
 
 
+def module_hashes(paths: list[str] | tuple[str, ...]) -> np.ndarray:
+    """uint64 per module path: its crc32 ("" for none: 0). A loop over modules, not rows."""
+    return np.array([zlib.crc32(m.encode()) for m in paths], np.uint64)
+
+
+def site_keys(module_hash: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The key of each (module, offset) before hashing to the vocabulary: crc32(path) << 32 xor
+    offset, what the layer computes too (the calling contexts fold these, one a frame)."""
+    return (module_hash.astype(np.uint64) << np.uint64(32)) ^ np.asarray(offset, np.uint64)
+
+
 def has_call_sites(table: pa.Table) -> bool:
     """Whether any row of an events table has a call site (its trace recorded callers)."""
     if "caller_module" not in table.column_names or "caller_offset" not in table.column_names:
@@ -46,15 +57,14 @@ def call_sites(table: pa.Table, vocabulary: int = SITE_VOCABULARY) -> np.ndarray
         module = module.cast(pa.string())
     # the modules once each (Arrow's hash table, not Python strings per row), crc32 per module
     coded = pc.dictionary_encode(module.fill_null(""))
-    names = coded.dictionary.to_pylist()
     ids = coded.indices.to_numpy(zero_copy_only=False)
-    name_hash = np.array([zlib.crc32(m.encode()) for m in names], np.uint64)
+    name_hash = module_hashes(coded.dictionary.to_pylist())
     offset = table.column("caller_offset")
     valid = np.asarray(pc.is_valid(offset).to_numpy(zero_copy_only=False), bool)
     valid &= np.asarray(pc.is_valid(module).to_numpy(zero_copy_only=False), bool)
     off = offset.fill_null(0).to_numpy().astype(np.uint64)
     with np.errstate(over="ignore"):
-        h = (name_hash[ids] << np.uint64(32)) ^ off
+        h = site_keys(name_hash[ids], off)
         h = h * np.uint64(0x9E3779B97F4A7C15)
         h ^= h >> np.uint64(29)
     return np.where(valid, (h % np.uint64(vocabulary)).astype(np.int64), -1)
