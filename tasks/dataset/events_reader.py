@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from tasks.core.storage import Root
 from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
 from tasks.format.frames import Frames
+from tasks.format.trace_reader import rows_of
 
 EVENTS_DIR = "events"
 SUMMARY_NAME = "_summary.json"
@@ -500,12 +501,7 @@ class StackFrames:
             stacks = stacks.fill_null(0).to_numpy(zero_copy_only=False)
         else:
             valid = np.ones(len(stacks), bool)
-        stacks = np.asarray(stacks, dtype=np.uint64)
-        if len(self.ids) == 0:
-            return np.full(len(stacks), -1, np.int64)
-        j = np.searchsorted(self.ids, stacks).astype(np.int64)
-        jc = np.minimum(j, len(self.ids) - 1)
-        return np.where(valid & (self.ids[jc] == stacks), jc, -1)
+        return np.where(valid, rows_of(self.ids, stacks), -1)
 
     def of(self, stack: int) -> np.ndarray:
         """The frames (rows of `frames`, int32) of one stack id, innermost first; empty if it is

@@ -145,6 +145,17 @@ class Modules:
         return idx, offset.astype(np.uint64)
 
 
+def rows_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """int64: the row of each `wanted` id in `ids` (uint64, ascending, unique), -1 where it is
+    not there (a stack table's lookup: the trie's nodes, a run's stacks)."""
+    wanted = np.asarray(wanted, dtype=np.uint64)
+    if len(ids) == 0:
+        return np.full(len(wanted), -1, np.int64)
+    j = np.searchsorted(ids, wanted).astype(np.int64)
+    jc = np.minimum(j, len(ids) - 1)
+    return np.where((j < len(ids)) & (ids[jc] == wanted), jc, -1)
+
+
 @dataclass(frozen=True)
 class StackNodes:
     """A process's stack trie (FORMAT.md, Stacks), sorted by node id: node `id[i]` is the frame
@@ -161,12 +172,7 @@ class StackNodes:
 
     def index(self, ids: np.ndarray) -> np.ndarray:
         """Row of each node id in this table (int64), -1 for 0 and ids without a node."""
-        ids = np.asarray(ids, dtype=np.uint64)
-        if len(self.id) == 0:
-            return np.full(len(ids), -1, np.int64)
-        j = np.searchsorted(self.id, ids).astype(np.int64)
-        jc = np.minimum(j, len(self.id) - 1)
-        return np.where((j < len(self.id)) & (self.id[jc] == ids), jc, -1)
+        return rows_of(self.id, ids)
 
     def frames(self, ids: np.ndarray, max_depth: int | None = None) -> np.ndarray:
         """uint64 [len(ids), D]: the frames of each stack, innermost first, 0 past its
