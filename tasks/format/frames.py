@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.format.symbols import DEBUG_ROOT, symbol_table
+from tasks.format.symbols import DEBUG_ROOT, by_module, lookup
 
 
 @dataclass(frozen=True)
@@ -76,19 +76,10 @@ def frame_names(
     """The demangled function holding each frame (`offsets[i]` in `modules[i]`, a return
     address: the symbol holding offset - 1 is named), "" where none can be named. One symbol
     table lookup per module, vectorised over its frames."""
-    offsets = np.asarray(offsets, dtype=np.uint64)
-    raw = [""] * len(modules)
-    by_module: dict[str, list[int]] = {}
-    for i, m in enumerate(modules):  # a loop over distinct frames, not events
-        if m:
-            by_module.setdefault(m, []).append(i)
     # a container's separate debug files came home with its modules (the replay's sysroot)
     debug_root = str(Path(sysroot) / DEBUG_ROOT.lstrip("/")) if sysroot is not None else None
-    for m, idx in by_module.items():
-        found = symbol_table(module_file(m, sysroot), debug_root).lookup(offsets[idx])
-        for i, hit in zip(idx, found):
-            if hit is not None:
-                raw[i] = hit[0]
+    hits = lookup(modules, offsets, lambda m: module_file(m, sysroot), debug_root)
+    raw = ["" if hit is None else hit[0] for hit in hits]
     return demangle(raw)
 
 
@@ -104,13 +95,10 @@ def frame_lines(
     tool = shutil.which("addr2line")
     if tool is None:
         return out
-    by_module: dict[str, list[int]] = {}
-    for i, m in enumerate(modules):
-        if m and offsets[i] > 0:
-            by_module.setdefault(m, []).append(i)
-    for m, idx in by_module.items():
+    for m, idx in by_module(modules).items():
+        idx = [i for i in idx if offsets[i] > 0]
         path = module_file(m, sysroot)
-        if not os.path.isfile(path):
+        if not idx or not os.path.isfile(path):
             continue
         query = "".join(f"0x{int(offsets[i]) - 1:x}\n" for i in idx)
         run = subprocess.run(

@@ -12,6 +12,7 @@ as the symbol tables hold them (C++ names stay mangled). The limits: docs/report
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -160,23 +161,40 @@ def symbol_table(path: str, debug_root: str | None = None) -> SymbolTable:
     return _load(path, st.st_mtime_ns, roots)
 
 
+def by_module(modules: Sequence[str]) -> dict[str, list[int]]:
+    """The rows of each named module ("" left out): the loop over distinct callers or frames
+    that lets each module's table be read once and looked up vectorised."""
+    rows: dict[str, list[int]] = {}
+    for i, m in enumerate(modules):
+        if m:
+            rows.setdefault(m, []).append(i)
+    return rows
+
+
+def lookup(
+    modules: Sequence[str],
+    offsets: np.ndarray,
+    file_of: Callable[[str], str] = str,
+    debug_root: str | None = None,
+) -> list[tuple[str, int] | None]:
+    """(name, offset within the symbol) of the function holding each (module, return address
+    offset), or None; the module read from `file_of(module)` (a container run's copy)."""
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    out: list[tuple[str, int] | None] = [None] * len(modules)
+    for m, idx in by_module(modules).items():
+        for i, hit in zip(idx, symbol_table(file_of(m), debug_root).lookup(offsets[idx])):
+            out[i] = hit
+    return out
+
+
 def resolve(modules: list[str], offsets: np.ndarray) -> list[str]:
     """The function name of each (module, offset) caller, with the offset inside the function
     when it is not 0 (`name+0x1f`), or "" where it cannot be named. One table lookup per
     module, vectorised over its callers."""
-    offsets = np.asarray(offsets, dtype=np.uint64)
-    out = [""] * len(modules)
-    by_module: dict[str, list[int]] = {}
-    for i, m in enumerate(modules):
-        if m:
-            by_module.setdefault(m, []).append(i)
-    for m, idx in by_module.items():
-        found = symbol_table(m).lookup(offsets[idx])
-        for i, hit in zip(idx, found):
-            if hit is not None:
-                name, within = hit
-                out[i] = f"{name}+0x{within:x}" if within else name
-    return out
+    return [
+        "" if hit is None else f"{hit[0]}+0x{hit[1]:x}" if hit[1] else hit[0]
+        for hit in lookup(modules, offsets)
+    ]
 
 
 def caller_label(module: str, offset: int, function: str, caller: int) -> str:
