@@ -12,7 +12,7 @@ stack.
 Scored on every allocation with a lifetime label (LIFETIME_CALL_EDGES classes, never freed one of
 its own): top-1 and log-loss. Usage:
 
-    .venv/bin/python studies/context_depth/context_depth.py --root data [--workloads a,b]
+    .venv/bin/python studies/context_depth/context_depth.py --root data [--root R2 ...] [--workloads a,b]
 """
 
 from __future__ import annotations
@@ -201,20 +201,31 @@ def markdown(result: dict, root_url: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--root", required=True, help="the data root (a night's root, or data after make run)"
+        "--root",
+        required=True,
+        action="append",
+        help="a data root (a night's root, or data after make run); repeat it to join roots "
+        "whose workloads differ (a workload in two roots is refused)",
     )
     p.add_argument(
         "--workloads", default="", help="comma-separated workloads (default: all with stacks)"
     )
     p.add_argument("--out", default=str(RESULTS), help="folder for context_depth.json/.md")
     args = p.parse_args(argv)
-    root = Root.from_url(args.root)
-    result = study(root, [w for w in args.workloads.split(",") if w] or None)
+    wanted = [w for w in args.workloads.split(",") if w] or None
+    result: dict = {}
+    for url in args.root:
+        part = study(Root.from_url(url), wanted)
+        both = sorted(set(part) & set(result))
+        if both:
+            p.error(f"workload(s) {', '.join(both)} in more than one --root; keep one root each")
+        result.update(part)
+    result = dict(sorted(result.items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "context_depth.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "context_depth.md").write_text(markdown(result, "<root>"))
-    print(markdown(result, args.root))
+    print(markdown(result, " + ".join(args.root)))
     return 0
 
 

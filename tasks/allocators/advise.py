@@ -7,7 +7,8 @@ is run, and the reason each one left out is not run. Pure: no run, no file.
 The rules, each a function below, are in docs/allocators.md#advice-from-the-trace: `glibc-derived`
 (glibc's tunables at the trace's values; a knob the program sets itself with mallopt is left alone),
 the layer's `largest` policy where large blocks are freed and requested again, `jemalloc-place`
-(memory objective only) where the trace has its case, and the fixed candidates ruled out where the
+(memory objective only) where the trace has its case, with and without jemalloc returning freed
+pages at once (and jemalloc alone so, for reference), and the fixed candidates ruled out where the
 trace says they cannot help. The thresholds are the constants below; `Advice.place` says why
 placement was or was not proposed.
 """
@@ -23,6 +24,12 @@ DERIVED = "glibc-derived"
 LAYER_LARGE = "layer-largest"  # the layer's policy for large blocks freed and requested again
 FIXED_GLIBC = ("glibc-fixed", "glibc-arena2")
 PLACE = "jemalloc-place"  # jemalloc behind the placement layer
+JEMALLOC = "jemalloc"
+# jemalloc returning a burst's freed pages to the system at once, not after its decay (10 s by
+# default): where a run is shorter than the decay, or judged by its peak, the pages placement
+# frees show only so; each candidate is measured with and without it, the time it costs beside
+PROMPT_PURGE = "dirty_decay_ms:0,muzzy_decay_ms:0"
+PROMPT_SUFFIX = "-prompt"
 PLACE_MIN_PEAK = 8 * 1024 * 1024  # small bytes live at once, at least: fewer pages do not show
 PLACE_MIN_LONG = 64  # long-lived small blocks among short ones, at least
 PLACE_MAX_LONG_SHARE = 0.25  # of the small allocations, at most: a minority
@@ -116,6 +123,16 @@ def derived_glibc(knobs: dict[str, int]) -> Allocator:
     return Allocator(name=DERIVED, package="libc6", env={"GLIBC_TUNABLES": value})
 
 
+def prompt_purge(a: Allocator) -> Allocator:
+    """`a` (jemalloc, or jemalloc behind the placement layer) with PROMPT_PURGE added to its
+    MALLOC_CONF, named `a.name` + PROMPT_SUFFIX."""
+    env = dict(a.env)
+    env["MALLOC_CONF"] = ",".join(c for c in (env.get("MALLOC_CONF"), PROMPT_PURGE) if c)
+    return Allocator.model_validate(
+        {**a.model_dump(exclude={"model_table"}), "name": a.name + PROMPT_SUFFIX, "env": env}
+    )
+
+
 def run_time_s(facts: HeapFacts) -> float:
     """The traced run's time: its wall time, else the span of its heap calls."""
     return max(facts.wall_s or 0.0, facts.span_s)
@@ -171,6 +188,14 @@ def placement_case(facts: HeapFacts) -> tuple[bool, str]:
     )
 
 
+def _placement_candidates(config: AllocatorsConfig) -> list[Allocator]:
+    """jemalloc-place, and both it and jemalloc with prompt purging (PROMPT_PURGE)."""
+    out = [config.get(PLACE), prompt_purge(config.get(PLACE))]
+    if JEMALLOC in config.names():
+        out.append(prompt_purge(config.get(JEMALLOC)))
+    return out
+
+
 def advise(
     facts: HeapFacts, config: AllocatorsConfig, names: list[str], cpus: int, objective: str
 ) -> Advice:
@@ -220,8 +245,18 @@ def advise(
     if PLACE in config.names() and PLACE not in names:
         case, why = placement_case(facts)
         if case and objective == "memory":
-            derived.append(config.get(PLACE))
+            derived += _placement_candidates(config)
             run[PLACE] = f"heapcast's placement layer in front of jemalloc: {why}"
+            run[PLACE + PROMPT_SUFFIX] = (
+                f"the same, jemalloc returning freed pages at once ({PROMPT_PURGE}): a "
+                "burst's pages leave the resident set now, not after jemalloc's decay; the "
+                "madvise calls cost time, measured here"
+            )
+            if JEMALLOC in config.names():
+                run[JEMALLOC + PROMPT_SUFFIX] = (
+                    f"jemalloc alone with {PROMPT_PURGE}: what returning pages at once buys "
+                    "without placement, so that placement's own share shows"
+                )
             place = f"proposed: {why}"
         elif case:
             place = (

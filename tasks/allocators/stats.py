@@ -73,6 +73,7 @@ class Recommendation(BaseModel):
     # 1 - objective / the baseline's (time or memory): 0.12 = 12% less than the baseline
     margin: float | None = None
     memory_vs_baseline: float | None = None
+    time_vs_baseline: float | None = None  # the winner's median time / the baseline's
     p_value: float | None = None  # one-sided exact Mann-Whitney, winner below the baseline
     p_adjusted: float | None = None  # the same, Holm-corrected for the candidates compared
     compared: int = 0  # candidates compared with the baseline (the correction's m)
@@ -276,6 +277,7 @@ def _recommend_case(
     elif winner.allocator == m.baseline:
         rec.margin = 0.0
         rec.memory_vs_baseline = 1.0
+        rec.time_vs_baseline = 1.0
         others = [p for p in eligible if p.allocator != m.baseline]
         shown = min(others, key=key) if others else winner
         notes.append(_why_baseline_stays(m.baseline, rule, rounds, decides, shown))
@@ -348,6 +350,7 @@ def _fill_margin(
     if is_winner:
         rec.margin = margin
         rec.memory_vs_baseline = _ratio(shown.median(rule.memory), base.median(rule.memory))
+        rec.time_vs_baseline = _ratio(shown.median(rule.time), base.median(rule.time))
     rec.margin_low, rec.margin_high = low, high
     rec.p_value = judged.raw[shown.allocator]
     rec.p_adjusted = judged.adjusted.get(shown.allocator)

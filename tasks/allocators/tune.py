@@ -651,11 +651,18 @@ def _verdict(rec: Recommendation, config: AllocatorsConfig) -> str:
                 f"p={rec.p_value:.3f}, Holm-adjusted {rec.p_adjusted:.3f}"
             )
         return f"Keep {rec.baseline}: {why}{extra}."
-    metric = rec.time_metric if rec.objective == "time" else rec.memory_metric
+    on_time = rec.objective == "time"
+    metric = rec.time_metric if on_time else rec.memory_metric
+    # the other side of the bargain: what a time win costs in memory, a memory win in time
+    other = (
+        f"memory ×{rec.memory_vs_baseline:.2f}"
+        if on_time or rec.time_vs_baseline is None
+        else f"at ×{rec.time_vs_baseline:.2f} its time"
+    )
     return (
         f"Recommended: {rec.allocator}, {rec.margin * 100:.1f}% less {metric} than "
         f"{rec.baseline} ({config.rule.confidence:.0%} interval {rec.margin_low * 100:.1f}% to "
-        f"{rec.margin_high * 100:.1f}%), memory ×{rec.memory_vs_baseline:.2f}; p={rec.p_value:.4f}, "
+        f"{rec.margin_high * 100:.1f}%), {other}; p={rec.p_value:.4f}, "
         f"Holm-adjusted over {rec.compared} candidates {rec.p_adjusted:.4f}."
         + (f" ({rec.note})" if rec.note else "")
     )

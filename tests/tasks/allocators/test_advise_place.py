@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.allocators.advise import PLACE, advise, placement_case
+from tasks.allocators.advise import PLACE, PROMPT_PURGE, PROMPT_SUFFIX, advise, placement_case
 from tasks.allocators.config import load_allocators_config
 from tasks.allocators.trace_facts import PLACE_HORIZON, heap_facts
 from tasks.format.trace_reader import OP_SHIFT, RECORD_DTYPE_CALLER, THREAD_SHIFT, Op
@@ -112,3 +112,23 @@ def test_a_short_run_or_a_small_peak_gets_no_placement(config, tmp_path):
     _bursts(small, size=16)  # 1.6 MB at the peak: too few pages to show
     ok, why = placement_case(heap_facts(small, check_imports=False))
     assert not ok and "too few pages for placement to show" in why
+
+
+def test_placement_for_memory_comes_with_and_without_prompt_purging(config, tmp_path):
+    # GIVEN the bursts' case, for the memory objective
+    _bursts(tmp_path)
+    advice = advise(heap_facts(tmp_path, check_imports=False), config, FIXED, 2, "memory")
+    derived = {a.name: a for a in advice.derived}
+    # THEN placement is measured as it is, with freed pages returned at once, and jemalloc
+    # alone with them returned at once (placement's own share), each with why
+    assert {PLACE, PLACE + PROMPT_SUFFIX, "jemalloc" + PROMPT_SUFFIX} <= set(derived)
+    prompt = derived[PLACE + PROMPT_SUFFIX]
+    assert prompt.kind == "place" and prompt.library == derived[PLACE].library
+    assert prompt.env["MALLOC_CONF"].endswith(PROMPT_PURGE)
+    assert prompt.env["HEAPCAST_PLACE"] == derived[PLACE].env["HEAPCAST_PLACE"]
+    assert derived["jemalloc" + PROMPT_SUFFIX].env["MALLOC_CONF"] == PROMPT_PURGE
+    assert "cost time, measured here" in advice.run[PLACE + PROMPT_SUFFIX]
+    assert "placement's own share" in advice.run["jemalloc" + PROMPT_SUFFIX]
+    # and not for time: no prompt candidates either
+    timed = advise(heap_facts(tmp_path, check_imports=False), config, FIXED, 2, "time")
+    assert not {a.name for a in timed.derived} & {PLACE + PROMPT_SUFFIX, "jemalloc-prompt"}
