@@ -38,6 +38,9 @@ static __attribute__((noinline)) void hp_start(void) {
                 }
             }
             hp_by_size = hp_set.mode == HP_SIZE;
+            /* the table keys on the call site (../TABLE.md); mode=sites takes the depth its
+             * file was learned at (the constructor, sites_file.c) */
+            if (hp_set.mode == HP_PREDICT && !hp_life_on) hp_key_depth(hp_set.depth);
             next = HP_ON;
         }
     }
@@ -65,6 +68,7 @@ static void hp_write_stats(void) {
     char *end = line + sizeof line - 1, *p = hc_text(line, end, "heapcast place: pid=");
     p = hc_text_u64(p, end, (uint64_t)getpid());
     p = hc_text(hc_text(p, end, " mode="), end, hp_mode_names[hp_set.mode]);
+    p = hc_text_u64(hc_text(p, end, " depth="), end, hp_depth > 1 ? hp_depth : 1);
 #define F(key, v) p = hc_text_u64(hc_text(p, end, " " key "="), end, (uint64_t)(v))
     F("long", t.long_allocs);
     F("sampled", t.sampled);
