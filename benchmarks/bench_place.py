@@ -70,6 +70,7 @@ print(f"entries={len(keep)} sum={sum(map(len, keep))}")
 """
 PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
 PARTS = ("workload", "unseen", "wrapper", "cost")
+CONTEXT_DEPTHS = (1, 2, 8)  # part 2's arms beside the layer's default depth (4)
 CFLAGS = ("-O2", "-pthread")
 
 
@@ -307,8 +308,13 @@ def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
         for n, e in layer_arms(table_file=table_file).items()
         if n in ("jemalloc+place-off", "jemalloc+place", "jemalloc+place-table")
     }
-    # the one-frame counter beside the default (the context at the layer's default depth)
-    table["jemalloc+place-depth1"] = {**table["jemalloc+place"], "HEAPCAST_PLACE": "depth=1"}
+    # the counter keyed on one frame and on other depths beside the default (the context at the
+    # layer's default depth): what the context's walk costs
+    for depth in CONTEXT_DEPTHS:
+        table[f"jemalloc+place-depth{depth}"] = {
+            **table["jemalloc+place"],
+            "HEAPCAST_PLACE": f"depth={depth}",
+        }
 
     def pair_ns(threads: int, name: str) -> float:
         argv = [str(exe), str(threads), str(args.pairs), "64"]
