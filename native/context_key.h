@@ -136,6 +136,28 @@ static __attribute__((noinline)) uint64_t hc_ctx_alone(const uint64_t *f, unsign
     return hc_ctx_first(&w, f[1], (uint64_t)(uintptr_t)(f + 2), f[0], depth);
 }
 
+#ifdef HC_CTX_CHECK
+/* Tests (`make placecheck`): every key is computed again by a walk that reuses nothing, and a
+ * difference counted; the counts are said on stderr at exit. */
+static unsigned long hc_ctx_all, hc_ctx_differed;
+int snprintf(char *, size_t, const char *, ...);
+int atexit(void (*)(void));
+static void hc_ctx_check_say(void) {
+    char line[128];
+    int n = snprintf(line, sizeof line, "heapcast context check: %lu keys, %lu differed\n",
+                     hc_ctx_all, hc_ctx_differed);
+    if (n > 0) (void)!write(2, line, (size_t)n);
+}
+static void hc_ctx_check(const uint64_t *f, unsigned depth, uint64_t key) {
+    static int registered;
+    if (!__atomic_exchange_n(&registered, 1, __ATOMIC_RELAXED)) atexit(hc_ctx_check_say);
+    struct hc_ctx_walk w;
+    uint64_t fresh = hc_ctx_first(&w, f[1], (uint64_t)(uintptr_t)(f + 2), f[0], depth);
+    __atomic_fetch_add(&hc_ctx_all, 1, __ATOMIC_RELAXED);
+    if (fresh != key) __atomic_fetch_add(&hc_ctx_differed, 1, __ATOMIC_RELAXED);
+}
+#endif
+
 /* The context key of depth `depth` of the call into the hook whose frame pointer is `fp`. */
 static inline uint64_t hc_ctx_of(const void *fp, unsigned depth) {
     const uint64_t *f = fp;
@@ -159,6 +181,9 @@ static inline uint64_t hc_ctx_of(const void *fp, unsigned depth) {
     } else {
         key = hc_ctx_first(w, ip0, sp0, bp0, depth);
     }
+#ifdef HC_CTX_CHECK
+    hc_ctx_check(f, depth, key);
+#endif
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     w->busy = 0;
     return key;

@@ -6,6 +6,8 @@ program's output is unchanged across threads, fork and signal frames."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -15,7 +17,17 @@ from tasks.dataset.contexts import stack_contexts
 from tasks.dataset.convert import convert_groups
 from tasks.dataset.events_reader import StackFrames
 from tasks.dataset.stacks_table import ProcessStacks, run_stacks
-from tests.native.test_place import EAGER, REPO, _run, _same_output, _stats, built  # noqa: F401
+from tests.native.test_place import (  # noqa: F401 (built: the module's fixture)
+    EAGER,
+    JEMALLOC,
+    PYTHON,
+    REPO,
+    _run,
+    _same_output,
+    _stats,
+    built,
+)
+from tests.native.tracer_harness import NATIVE
 
 pytestmark = pytest.mark.slow
 
@@ -155,3 +167,49 @@ def test_same_output_keyed_on_the_context(program, name, args, depth):
     assert under.returncode == alone.returncode, (under.returncode, under.stderr[-2000:])
     assert alone.returncode == (3 if name == "calltree" else 0)  # calltree's own exit code
     _same_output(name, under, alone)
+
+
+@pytest.fixture(scope="module")
+def place_check() -> Path:
+    """The placement layer built with -DHC_CTX_CHECK: each key computed again from scratch."""
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "placecheck"], check=True)
+    return NATIVE / "build" / "libheapcast_place_check.so"
+
+
+PYTHON_THREADS = """
+import json, threading
+def work(n):
+    json.dumps([{"k": i, "v": str(i) * 3} for i in range(n)])
+ts = [threading.Thread(target=work, args=(5000 + t,)) for t in range(4)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("burstkv", ["2", "20000", "100", "wrap"]),  # two callers of one wrapper, alternating
+        (
+            "calltree",
+            [],
+        ),  # signal frames, an alternate stack, longjmp, threads, a frame without CFI
+        ("fronts", ["relay", "2000", "8", "3000"]),  # threads
+        ("python", ["-c", PYTHON_THREADS]),  # an interpreter's deep stacks, on four threads
+    ],
+)
+def test_the_thread_s_last_walk_gives_the_key_a_fresh_walk_gives(
+    place_check, program, burstkv, name, args
+):
+    # GIVEN a program, and the layer built to compute every key again without the last walk
+    exe = {"burstkv": burstkv, "python": PYTHON}.get(name) or program(name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    env |= {"LD_PRELOAD": f"{place_check} {JEMALLOC}", "HEAPCAST_PLACE": "depth=8"}
+    env["PYTHONMALLOC"] = "malloc"  # CPython's objects through malloc, not its own pools
+    # WHEN it runs keyed on 8 frames
+    r = subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, timeout=300)
+    # THEN every key the reused walks gave is the one a walk from scratch gives
+    said = re.findall(r"heapcast context check: (\d+) keys, (\d+) differed", r.stderr)
+    assert said and all(int(n) > 0 for n, _ in said), r.stderr[-2000:]
+    assert all(d == "0" for _, d in said), said
