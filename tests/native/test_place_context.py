@@ -213,3 +213,27 @@ def test_the_thread_s_last_walk_gives_the_key_a_fresh_walk_gives(
     said = re.findall(r"heapcast context check: (\d+) keys, (\d+) differed", r.stderr)
     assert said and all(int(n) > 0 for n, _ in said), r.stderr[-2000:]
     assert all(d == "0" for _, d in said), said
+
+
+def test_libraries_unloaded_and_reloaded_keyed_on_the_context(program, place_check, tmp_path):
+    # GIVEN two libraries, each dlopen'ed, allocated through and dlclose'd in turn, 3 rounds
+    libs = []
+    for name in ("a", "b"):
+        so = tmp_path / f"libplugin_{name}.so"
+        src = REPO / "tests" / "native" / "programs" / "plugin.c"
+        subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-o", so, src], check=True)
+        libs.append(so)
+    argv = [program("place_reload", "-ldl"), "3", *libs]
+    alone = _run(argv, place=None)
+    assert alone.returncode == 0 and alone.stdout.startswith("rounds=3 kept=300 "), alone.stderr
+    # WHEN the layer keys on the context (every block sampled, long after 100 more)
+    under = _run(argv, place=f"{EAGER},depth=4")
+    # THEN the output is jemalloc's
+    assert under.returncode == 0 and under.stdout == alone.stdout, under.stderr[-2000:]
+    # AND the checked build's reused walks agree with fresh ones across the unloads
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    env |= {"LD_PRELOAD": f"{place_check} {JEMALLOC}", "HEAPCAST_PLACE": f"{EAGER},depth=4"}
+    r = subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True)
+    assert r.stdout == alone.stdout
+    (said,) = re.findall(r"heapcast context check: (\d+) keys, (\d+) differed", r.stderr)
+    assert int(said[0]) >= 30000 and said[1] == "0", said
