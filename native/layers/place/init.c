@@ -68,7 +68,6 @@ static void hp_write_stats(void) {
     char *end = line + sizeof line - 1, *p = hc_text(line, end, "heapcast place: pid=");
     p = hc_text_u64(p, end, (uint64_t)getpid());
     p = hc_text(hc_text(p, end, " mode="), end, hp_mode_names[hp_set.mode]);
-    p = hc_text_u64(hc_text(p, end, " depth="), end, hp_depth > 1 ? hp_depth : 1);
 #define F(key, v) p = hc_text_u64(hc_text(p, end, " " key "="), end, (uint64_t)(v))
     F("long", t.long_allocs);
     F("sampled", t.sampled);
@@ -86,6 +85,7 @@ static void hp_write_stats(void) {
     F("long_young", hp_long_young);
     F("long_old", hp_long_old);
     F("held_small", t.held_small);
+    F("depth", hp_depth > 1 ? hp_depth : 1);
 #undef F
     *p++ = '\n';
     if (!strcmp(hp_set.stats, "1")) {
