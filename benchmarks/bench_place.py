@@ -6,13 +6,15 @@ time and minor faults under glibc, tcmalloc, mimalloc, jemalloc, jemalloc + plac
 online counter; by a lifetime table from a traced run of a smaller input), the layer with
 placement off, and two references (a first run's sites: the bound; size alone). Every jemalloc
 arm runs again with prompt purging. Part 1b: the same arms on a program the table never saw
-(CPython). Part 2 (benchmarks/programs/pairloop.c): the cost per malloc(64)/free pair, 1 and 2
-threads. Rounds alternate the arms. Arms, options and why:
-docs/speeds-layer.md#the-placement-benchmark.
+(CPython). Part 1c: burstkv with every block through one wrapper (`wrap`), prompt purging:
+jemalloc, a first run's sites keyed on one frame, and on the calling context (`depth`), beside
+burstkv as is (distinct call sites). Part 2 (benchmarks/programs/pairloop.c): the cost per
+malloc(64)/free pair, 1 and 2 threads, the context (the default depth) beside one frame. Rounds
+alternate the arms. Arms, options and why: docs/speeds-layer.md#the-placement-benchmark.
 
     .venv/bin/python benchmarks/bench_place.py [--reps 5] [--bursts 8] [--shorts 200000]
         [--every 100] [--pairs 2000000] [--train-bursts 4] [--train-shorts 50000]
-        [--unseen-shorts 100000] [--out PATH]
+        [--unseen-shorts 100000] [--depth 4] [--parts workload,unseen,wrapper,cost] [--out PATH]
 
 writes benchmarks/results/place.json: medians and min-max for time.
 """
@@ -67,6 +69,8 @@ print(f"rss_kb end {rss()}", file=sys.stderr)
 print(f"entries={len(keep)} sum={sum(map(len, keep))}")
 """
 PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
+PARTS = ("workload", "unseen", "wrapper", "cost")
+CONTEXT_DEPTHS = (1, 2, 8)  # part 2's arms beside the layer's default depth (4)
 CFLAGS = ("-O2", "-pthread")
 
 
@@ -118,9 +122,11 @@ def layer_arms(
     return out
 
 
-def learn_env(sites_file: Path) -> dict[str, str]:
-    """The bound's first run: the online counter, its long sites written to `sites_file` at exit."""
-    return {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": f"learn={sites_file}"}
+def learn_env(sites_file: Path, depth: int | None = None) -> dict[str, str]:
+    """The bound's first run: the online counter (keyed on `depth` frames, else the layer's
+    default), its long sites written to `sites_file` at exit."""
+    place = f"learn={sites_file}" + (f",depth={depth}" if depth else "")
+    return {"LD_PRELOAD": f"{PLACE} {JEMALLOC}", "HEAPCAST_PLACE": place}
 
 
 def alternating(names: list[str], reps: int, run) -> dict[str, list]:
@@ -226,6 +232,75 @@ def bench_workload(
     }
 
 
+def wrapper_arms(
+    argv: list[str], wrap: list[str], work: Path, depth: int
+) -> tuple[dict[str, tuple], dict[str, Path]]:
+    """Part 1c's arms, name -> (argv, environment), every one with prompt purging: burstkv with
+    every block through one wrapper (`wrap`) under jemalloc, a first run's sites keyed on one
+    frame and on `depth` frames, the online counter at `depth`; burstkv as is (distinct call
+    sites) under jemalloc and its one-frame sites. The first runs are made here; their sites
+    files beside."""
+    sites = {}
+    for name, args, d in (
+        ("wrap-1", wrap, 1),
+        (f"wrap-{depth}", wrap, depth),
+        ("as-is-1", argv, 1),
+    ):
+        sites[name] = work / f"sites-{name}.txt"
+        run_measured(args, clean_env(learn_env(sites[name], d)))
+    place = f"{PLACE} {JEMALLOC}"
+
+    def env(setting: str | None) -> dict[str, str]:
+        e = (
+            {"LD_PRELOAD": place, "HEAPCAST_PLACE": setting}
+            if setting
+            else {"LD_PRELOAD": str(JEMALLOC)}
+        )
+        return {**e, "MALLOC_CONF": PROMPT}
+
+    arms = {
+        "wrapper: jemalloc": (wrap, env(None)),
+        "wrapper: one frame's sites": (wrap, env(f"mode=sites,sites={sites['wrap-1']}")),
+        f"wrapper: context's sites (depth {depth})": (
+            wrap,
+            env(f"mode=sites,sites={sites[f'wrap-{depth}']}"),
+        ),
+        f"wrapper: online counter (depth {depth})": (wrap, env(f"mode=predict,depth={depth}")),
+        "distinct call sites: jemalloc": (argv, env(None)),
+        "distinct call sites: one frame's sites": (
+            argv,
+            env(f"mode=sites,sites={sites['as-is-1']}"),
+        ),
+    }
+    return arms, sites
+
+
+def bench_wrapper(argv: list[str], args: argparse.Namespace, work: Path) -> dict:
+    """Part 1c: placement by context where one wrapper makes every block; the end RSS of each
+    arm against jemalloc's on the same program (medians of alternating rounds)."""
+    table, sites = wrapper_arms(argv, [*argv, "wrap"], work, args.depth)
+    names = list(table)
+    results = alternating(
+        names, args.reps, lambda n: run_measured(table[n][0], clean_env(table[n][1]))
+    )
+    arms = {n: summarize(results[n]) for n in names}
+    vs = {
+        n: "wrapper: jemalloc" if n.startswith("wrapper") else "distinct call sites: jemalloc"
+        for n in names
+    }
+    outputs = {n: {x["stdout"] for x in results[n]} for n in names}
+    return {
+        "argv": [*argv[1:], "wrap"],
+        "depth": args.depth,
+        "sites": {name: path.read_text().splitlines() for name, path in sites.items()},
+        "output_identical_across_arms": len(set().union(*outputs.values())) == 1,
+        "rss_end_vs_jemalloc": {
+            n: arms[n]["rss_end_kb"] / arms[vs[n]]["rss_end_kb"] for n in names
+        },
+        "arms": arms,
+    }
+
+
 def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
     table = {"jemalloc": {"LD_PRELOAD": str(JEMALLOC)}}
     table |= {
@@ -233,6 +308,13 @@ def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
         for n, e in layer_arms(table_file=table_file).items()
         if n in ("jemalloc+place-off", "jemalloc+place", "jemalloc+place-table")
     }
+    # the counter keyed on one frame and on other depths beside the default (the context at the
+    # layer's default depth): what the context's walk costs
+    for depth in CONTEXT_DEPTHS:
+        table[f"jemalloc+place-depth{depth}"] = {
+            **table["jemalloc+place"],
+            "HEAPCAST_PLACE": f"depth={depth}",
+        }
 
     def pair_ns(threads: int, name: str) -> float:
         argv = [str(exe), str(threads), str(args.pairs), "64"]
@@ -251,6 +333,7 @@ def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
             "added_ns_min": mins["jemalloc+place"] - mins["jemalloc"],
             "ratio_min": mins["jemalloc+place"] / mins["jemalloc"],
             "table_added_ns_min": mins["jemalloc+place-table"] - mins["jemalloc"],
+            "context_added_ns_min": mins["jemalloc+place"] - mins["jemalloc+place-depth1"],
         }
     return out
 
@@ -265,8 +348,15 @@ def main() -> None:
     ap.add_argument("--train-bursts", type=int, default=4, help="the table's traced run")
     ap.add_argument("--train-shorts", type=int, default=50_000, help="the table's traced run")
     ap.add_argument("--unseen-shorts", type=int, default=100_000, help="part 1b's bursts")
+    ap.add_argument("--depth", type=int, default=4, help="part 1c's context depth")
+    ap.add_argument(
+        "--parts", default=",".join(PARTS), help="a comma-separated subset of " + ",".join(PARTS)
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    parts = args.parts.split(",")
+    if not set(parts) <= set(PARTS):
+        ap.error(f"--parts: {args.parts!r} names a part not among {', '.join(PARTS)}")
     subprocess.run(["make", "-s", "-C", str(NATIVE), "place"], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -298,22 +388,31 @@ def main() -> None:
                 "trained_on": ["burstkv", *train],
                 "entries": (table_file.stat().st_size - 32) // 4,
             },
-            "workload": bench_workload(argv, args, work, table_file),
-            "unseen": bench_workload(
-                unseen, args, work, table_file, base={"PYTHONMALLOC": "malloc"}
-            ),
-            "cost": bench_pairs(pairloop, args, table_file),
         }
+        if "workload" in parts:
+            result["workload"] = bench_workload(argv, args, work, table_file)
+        if "unseen" in parts:
+            result["unseen"] = bench_workload(
+                unseen, args, work, table_file, base={"PYTHONMALLOC": "malloc"}
+            )
+        if "wrapper" in parts:
+            result["wrapper"] = bench_wrapper(argv, args, work)
+        if "cost" in parts:
+            result["cost"] = bench_pairs(pairloop, args, table_file)
     write_result("place", result, reference=REFERENCE, out=args.out)
-    for part in ("workload", "unseen"):
+    for part in ("workload", "unseen", "wrapper"):
+        if part not in result:
+            continue
         print(part, result[part]["argv"])
         for name, a in result[part]["arms"].items():
             print(
-                f"{name:32s} end {a['rss_end_kb'] / 1024:6.1f} MB  peak "
+                f"{name:44s} end {a['rss_end_kb'] / 1024:6.1f} MB  peak "
                 f"{a['peak_rss_kb'] / 1024:6.1f} MB  cpu {a['cpu_s']:.3f} s  wall "
                 f"{a['wall_s']:.3f} s  faults {a['minor_faults']:.0f}"
             )
-    for k, v in result["cost"].items():
+    for name, r in result.get("wrapper", {}).get("rss_end_vs_jemalloc", {}).items():
+        print(f"{name:44s} end RSS {r:.2f}x jemalloc's")
+    for k, v in result.get("cost", {}).items():
         print(k, {n: round(x, 2) for n, x in v["ns_per_pair_min"].items()})
 
 

@@ -87,7 +87,6 @@ static HC_NOINLINE uint64_t hc_trie_insert(struct hc_tls *t, const uint64_t *out
  * are their hashes, and only the new inner frames are stepped. The reads being independent,
  * that check costs a fraction of stepping (a serial chain of loads). In a loop that allocates
  * from one place the walk is then the check alone. */
-#define HC_STEP_SIGNAL 0xff /* how: the step read a signal frame's registers: not reused */
 struct hc_walk {
     uint32_t n, gen;     /* frames; hc_uw_generation when walked */
     uint32_t truncated;  /* it ended because hc_frames were taken */
@@ -133,38 +132,6 @@ static inline int hc_walk_holds(const struct hc_walk *w, unsigned q) {
             return (int)p - 1;
     }
     return (int)q;
-}
-
-/* One step of a walk: from the frame (ip, sp, bp; `exact`: ip is an interrupted instruction,
- * not a return address) to its caller, in place. Returns 0 where the walk ends (no rule, a
- * CFA the checks refuse, a signal frame's stack pointer not aligned). *how: 0 rbp kept, k rbp
- * read at CFA - 8k, HC_STEP_SIGNAL; *used_bp: the CFA was read from rbp. The walk and the walk
- * check step alike through this one function. */
-static inline __attribute__((always_inline)) int hc_step(uint64_t *ip, uint64_t *sp, uint64_t *bp,
-                                                         int *exact, uint8_t *how, uint8_t *used_bp) {
-    uint32_t rule = hc_uw_rule(*exact ? *ip : *ip - 1);
-    if (HC_UNLIKELY(rule & (HC_RULE_STOP | HC_RULE_SIGNAL))) {
-        if (rule & HC_RULE_STOP) return 0;
-        const ucontext_t *uc = (const ucontext_t *)(uintptr_t)*sp;
-        uint64_t nsp = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
-        if (!nsp || (nsp & 7)) return 0;
-        *ip = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
-        *bp = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
-        *sp = nsp;
-        *exact = 1;
-        *how = HC_STEP_SIGNAL;
-        return 1;
-    }
-    *used_bp = (uint8_t)(rule & HC_RULE_CFA_BP);
-    uint64_t cfa = ((rule & HC_RULE_CFA_BP) ? *bp : *sp) + (rule >> 12);
-    if (cfa <= *sp || cfa - *sp > HC_UW_FRAME_MAX) return 0;
-    uint32_t slot = (rule & HC_RULE_BP_SAVED) ? (rule >> 4) & 0xff : 0;
-    if (slot) *bp = *(const uint64_t *)(uintptr_t)(cfa - 8 * (uint64_t)slot);
-    *ip = *(const uint64_t *)(uintptr_t)(cfa - 8);
-    *sp = cfa;
-    *exact = 0;
-    *how = (uint8_t)slot;
-    return 1;
 }
 
 #ifdef HC_WALK_CHECK

@@ -1,4 +1,7 @@
-/* Part of heapcast.c (one translation unit; never compiled alone): the unwinder (x86-64).
+/* The unwinder (x86-64): part of heapcast.c (the tracer's stacks) and of context_key.h (the
+ * layers' calling context), one translation unit each; never compiled alone. The includer
+ * defines HC_LIKELY, HC_UNLIKELY and HC_NOINLINE and includes <link.h>, <string.h> and
+ * <sys/mman.h>.
  *
  * What it does: from a hook's frame, the return addresses of its callers, innermost first
  * (FORMAT.md, Stacks). How: each frame is stepped with one rule read from the module's own
@@ -16,8 +19,9 @@
  * here: no module, no FDE, a CFA by expression, a register the rule keeps elsewhere, the
  * return address undefined (the outermost frame: _start, clone's child). Rules are computed
  * inside dl_iterate_phdr's callback (under the loader's lock, so the module stays mapped) and
- * under no lock of ours; two threads computing the same one store the same word. The cache is cleared when the loader unloads a module (the
- * tracer's module scan sees it): an address may then belong to other code. Frame pointers
+ * under no lock of ours; two threads computing the same one store the same word. The cache is
+ * cleared (hc_uw_forget) when the loader unloads a module (the tracer's module scan sees it;
+ * the layers hook dlclose): an address may then belong to other code. Frame pointers
  * alone are not enough: Debian builds without them, so rbp is only followed where the CFI says
  * the function keeps its frame there.
  *
@@ -403,4 +407,40 @@ static inline __attribute__((always_inline)) uint32_t hc_uw_rule(uint64_t key) {
     uint64_t word = __atomic_load_n(&hc_uw_cache[key & HC_UW_MASK], __ATOMIC_RELAXED);
     if (HC_LIKELY(word && (word >> 32) == (key >> HC_UW_BITS))) return (uint32_t)word;
     return hc_uw_miss(key);
+}
+
+/* ---- one step ------------------------------------------------------------------------------ */
+
+#define HC_STEP_SIGNAL 0xff /* how: the step read a signal frame's registers: not reused */
+
+/* One step of a walk: from the frame (ip, sp, bp; `exact`: ip is an interrupted instruction,
+ * not a return address) to its caller, in place. Returns 0 where the walk ends (no rule, a
+ * CFA the checks refuse, a signal frame's stack pointer not aligned). *how: 0 rbp kept, k rbp
+ * read at CFA - 8k, HC_STEP_SIGNAL; *used_bp: the CFA was read from rbp. The walk and the walk
+ * check step alike through this one function. */
+static inline __attribute__((always_inline)) int hc_step(uint64_t *ip, uint64_t *sp, uint64_t *bp,
+                                                         int *exact, uint8_t *how, uint8_t *used_bp) {
+    uint32_t rule = hc_uw_rule(*exact ? *ip : *ip - 1);
+    if (HC_UNLIKELY(rule & (HC_RULE_STOP | HC_RULE_SIGNAL))) {
+        if (rule & HC_RULE_STOP) return 0;
+        const ucontext_t *uc = (const ucontext_t *)(uintptr_t)*sp;
+        uint64_t nsp = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
+        if (!nsp || (nsp & 7)) return 0;
+        *ip = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
+        *bp = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
+        *sp = nsp;
+        *exact = 1;
+        *how = HC_STEP_SIGNAL;
+        return 1;
+    }
+    *used_bp = (uint8_t)(rule & HC_RULE_CFA_BP);
+    uint64_t cfa = ((rule & HC_RULE_CFA_BP) ? *bp : *sp) + (rule >> 12);
+    if (cfa <= *sp || cfa - *sp > HC_UW_FRAME_MAX) return 0;
+    uint32_t slot = (rule & HC_RULE_BP_SAVED) ? (rule >> 4) & 0xff : 0;
+    if (slot) *bp = *(const uint64_t *)(uintptr_t)(cfa - 8 * (uint64_t)slot);
+    *ip = *(const uint64_t *)(uintptr_t)(cfa - 8);
+    *sp = cfa;
+    *exact = 0;
+    *how = (uint8_t)slot;
+    return 1;
 }

@@ -4,7 +4,10 @@
  * new_entry, a distinct call site) every EVERY requests; at the burst's end every request buffer
  * is freed, the entries stay. After each burst and at the end the process's resident set
  * (/proc/self/statm) goes to stderr ("rss_kb burst=I N", "rss_kb end N"); stdout gets one
- * checksum line, the same under every allocator. Usage: burstkv BURSTS SHORT EVERY */
+ * checksum line, the same under every allocator. Usage: burstkv BURSTS SHORT EVERY [wrap]
+ * wrap: every block (the requests, the entries, the two arrays) comes from one allocation
+ * wrapper, xmalloc, as in programs that check every malloc in one place: one call site for all,
+ * the requests and the entries told apart by xmalloc's callers (the calling context) alone. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,15 +20,24 @@ static unsigned next_size(void) {
     return 32 + (unsigned)((lcg >> 33) % 257);
 }
 
+static int wrap; /* every block through xmalloc */
+
+/* The wrapper: one call site of malloc for every block of a wrap run. */
+__attribute__((noinline)) static void *xmalloc(size_t n) {
+    void *p = malloc(n);
+    if (!p) exit(3);
+    return p;
+}
+
 __attribute__((noinline)) static char *new_request(size_t n) {
-    char *p = malloc(n);
+    char *p = wrap ? xmalloc(n) : malloc(n);
     if (!p) exit(3);
     memset(p, (int)(n & 0xff), n);
     return p;
 }
 
 __attribute__((noinline)) static char *new_entry(size_t n) {
-    char *p = malloc(n);
+    char *p = wrap ? xmalloc(n) : malloc(n);
     if (!p) exit(3);
     memset(p, (int)(n & 0x7f), n);
     return p;
@@ -42,13 +54,16 @@ static long rss_kb(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) return 2;
+    if (argc != 4 && !(argc == 5 && !strcmp(argv[4], "wrap"))) return 2;
+    wrap = argc == 5;
     int bursts = atoi(argv[1]);
     long shorts = atol(argv[2]), every = atol(argv[3]);
     if (bursts <= 0 || shorts <= 0 || every <= 0) return 2;
-    char **req = malloc((size_t)shorts * sizeof *req);
+    size_t req_bytes = (size_t)shorts * sizeof(char *);
+    char **req = wrap ? xmalloc(req_bytes) : malloc(req_bytes);
     long nent = (long)bursts * (shorts / every + 1);
-    char **ent = malloc((size_t)nent * sizeof *ent);
+    size_t ent_bytes = (size_t)nent * sizeof(char *);
+    char **ent = wrap ? xmalloc(ent_bytes) : malloc(ent_bytes);
     if (!req || !ent) return 3;
     long ne = 0;
     uint64_t sum = 0;

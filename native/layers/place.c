@@ -1,6 +1,7 @@
 /*
  * heapcast's placement layer: LD_PRELOAD in front of jemalloc, every allocation (small ones
- * included) placed by its call site's predicted lifetime class: short in jemalloc's own
+ * included) placed by its site's predicted lifetime class (the site: the calling context of
+ * `depth` frames, ../context_key.h, or the call site alone at depth 1): short in jemalloc's own
  * automatic arena and thread cache (the real malloc, untouched), long in one arena of its own,
  * so that blocks that outlive a burst do not pin the pages of blocks that die with it. The design,
  * its options and its measurements: docs/layer.md, "Placement"; the table file: ../TABLE.md.
@@ -31,6 +32,7 @@
  * (layer.c) and mimalloc's src/static.c are, so that the hooks inline the decision as in one
  * file; they are never compiled alone. Each part may use what the parts before it define:
  *   place/options.c     HEAPCAST_PLACE parsed into hp_set (HP_OPTIONS, below); the one line hp_say
+ *   place/site_here.c   the site of a call: its return address, or its calling context's key
  *   place/sites.c       the site table: one word per call site (site << 1 | long), its counts
  *   place/stats.c       the counters: a stripe per thread, and the process-wide ones
  *   place/sample.c      sampling: 1 in `sample` allocations watched until its free or the horizon
@@ -54,6 +56,7 @@
 #include "../say.h"
 #include "../options.h"
 #include "../site_key.h"
+#include "../context_key.h"
 #include "../table_head.h"
 
 #define HP_EXPORT __attribute__((visibility("default")))
@@ -69,8 +72,9 @@
     X(falls, "1", "a site whose verdict fell from long to short this many times stays short")    \
     X(big, "1024", "mode=size: requests of at least this many bytes go to the second arena")     \
     X(min_mb, "16", "the counter places long only past this many MB resident (0: no floor)")     \
-    X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote")               \
-    X(learn, "", "write the long sites at exit to FILE (module offset lines)")                    \
+    X(depth, "4", "frames of the calling context a site is (1: the return address alone; 1..16)") \
+    X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote (its depth)")  \
+    X(learn, "", "write the long sites at exit to FILE (native/TABLE.md, The sites file)")      \
     X(table, "", "predict: a lifetime table (TABLE.md); the counter where it has no key")         \
     X(model, "0", "table=: the model version the file must be written for (0: any)")             \
     X(stats, "0", "0 | 1 (one line on stderr at exit) | a file path (one line appended)")
@@ -92,6 +96,7 @@ enum hp_state { HP_START, HP_STARTING, HP_ON, HP_ASIDE };
 struct hp_settings {
     enum hp_mode mode;
     int sample, pct, falls;
+    unsigned depth; /* the context's frames (context_key.h); 1: the return address alone */
     uint64_t horizon, min_rss; /* min_rss: min_mb in bytes */
     size_t big;
     uint32_t model;
@@ -118,6 +123,10 @@ static int hp_learning; /* HP_ON in mode=predict: samples taken, frees checked *
 static int hp_by_size;  /* HP_ON in mode=size */
 static int hp_off; /* the options read, mode=off: every call passes, the stats line says so */
 static int hp_big; /* 1 once the counter's floor was reached, or there is none (decide.c) */
+/* The depth of the context a site is (place/site_here.c): 0 or 1 the return address alone,
+ * else the key of that many frames (../context_key.h). Set once the layer is on (start, or the
+ * sites file's own depth at the constructor), read on every allocation. */
+static unsigned hp_depth;
 
 /* The long arena (decide.c). hp_flags: the mallocx flags that reach it (MALLOCX_ARENA |
  * TCACHE_NONE); 0 until it exists. It is made at the first request predicted long, not at start,
@@ -144,6 +153,7 @@ static int (*hp_mallctl)(const char *, void *, size_t *, void *, size_t);
 
 /* clang-format off */
 #include "place/options.c"
+#include "place/site_here.c"
 #include "place/sites.c"
 #include "place/stats.c"
 #include "place/sample.c"

@@ -31,6 +31,7 @@ PLACE_OPTIONS = {
     "falls",
     "big",
     "min_mb",
+    "depth",
     "sites",
     "learn",
     "table",
@@ -113,7 +114,7 @@ def check_settings(value: str) -> None:
     if "table" in names and mode != "predict":
         raise ValueError("HEAPCAST_PLACE: table=FILE needs mode=predict (the counter answers "
                          "where the table has no key)")  # fmt: skip
-    for name in ("sample", "horizon", "pct", "big", "model"):
+    for name in ("sample", "horizon", "pct", "big", "model", "depth"):
         if name in names and not names[name].isdigit():
             raise ValueError(f"HEAPCAST_PLACE {name}: {names[name]!r} is not a whole number")
 

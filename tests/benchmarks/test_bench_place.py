@@ -1,5 +1,6 @@
-"""benchmarks/bench_place.py: burstkv, the unseen CPython program and the allocation path under
-every arm, on a small input; the arms and rounds both placement benches share."""
+"""benchmarks/bench_place.py: burstkv (as is and through one wrapper), the unseen CPython program
+and the allocation path under every arm, on a small input; the arms and rounds both placement
+benches share."""
 
 from __future__ import annotations
 
@@ -66,4 +67,10 @@ def test_every_arm_gives_the_same_output_and_the_table_knows_burstkv(tmp_path):
             "jemalloc+place-off",
             "jemalloc+place",
             "jemalloc+place-table",
+            "jemalloc+place-depth1",
+            "jemalloc+place-depth2",
+            "jemalloc+place-depth8",
         }
+    assert r["wrapper"]["output_identical_across_arms"]
+    assert r["wrapper"]["sites"]["wrap-1"][0] == "# heapcast place sites 2 depth=1"
+    assert r["wrapper"]["rss_end_vs_jemalloc"]["wrapper: jemalloc"] == 1.0

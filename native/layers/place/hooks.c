@@ -4,9 +4,7 @@
  * realloc: a long site's realloc asks rallocx for the long arena (jemalloc grows in place where it
  * can, else moves the block there), otherwise the real realloc. The aligned family: a valid
  * alignment goes to mallocx with MALLOCX_ALIGN, an invalid one to the real function, for its own
- * error. */
-
-#define HP_SITE ((uintptr_t)__builtin_return_address(0))
+ * error. The site of each call: HP_SITE (site_here.c). */
 
 HP_EXPORT void *malloc(size_t n) {
     void *(*f)(size_t) = HC_REAL(malloc);

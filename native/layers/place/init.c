@@ -38,6 +38,9 @@ static __attribute__((noinline)) void hp_start(void) {
                 }
             }
             hp_by_size = hp_set.mode == HP_SIZE;
+            /* the table keys on the call site (../TABLE.md); mode=sites takes the depth its
+             * file was learned at (the constructor, sites_file.c) */
+            if (hp_set.mode == HP_PREDICT && !hp_life_on) hp_key_depth(hp_set.depth);
             next = HP_ON;
         }
     }
@@ -82,6 +85,7 @@ static void hp_write_stats(void) {
     F("long_young", hp_long_young);
     F("long_old", hp_long_old);
     F("held_small", t.held_small);
+    F("depth", hp_depth > 1 ? hp_depth : 1);
 #undef F
     *p++ = '\n';
     if (!strcmp(hp_set.stats, "1")) {

@@ -28,6 +28,8 @@ static int hp_apply(void *settings, const char *k, const char *v) {
         return hc_option_uint(v, 0, 1u << 20, &x) ? (st->min_rss = x << 20, 1) : 0;
     if (!strcmp(k, "model"))
         return hc_option_uint(v, 0, UINT32_MAX, &x) ? (st->model = (uint32_t)x, 1) : 0;
+    if (!strcmp(k, "depth"))
+        return hc_option_uint(v, 1, HC_CTX_MAX, &x) ? (st->depth = (unsigned)x, 1) : 0;
     if (!strcmp(k, "sites")) return hc_option_copy(st->sites, sizeof st->sites, v);
     if (!strcmp(k, "learn")) return hc_option_copy(st->learn, sizeof st->learn, v);
     if (!strcmp(k, "table")) return hc_option_copy(st->table, sizeof st->table, v);
