@@ -666,17 +666,95 @@ def _metrics(
     }
 
 
-@njit(cache=True, nogil=True)
-def _layer_alloc(g, heap, hwm, mapped, p, s, m):
+# a process's fields in the layer's figures, one int64 row per process
+L_HEAP, L_HWM, L_MAPPED, L_LIVE_REQ, L_LIVE_BLK, L_IDLE, L_RSS = range(7)
+_LF = 7
+
+
+@_inlined
+def _layer_alloc(g, lp, p, s, m):
     """The system allocates s bytes for process p: a mapping of m bytes, or (m = 0) the heap."""
     if m > 0:
-        mapped[p] += m
+        lp[p, L_MAPPED] += m
         g[G_FAULT_MMAP] += m
     else:
-        heap[p] += _chunk(s)
-        if heap[p] > hwm[p]:
-            g[G_FAULT_HEAP] += _pages(heap[p]) - _pages(hwm[p])
-            hwm[p] = heap[p]
+        lp[p, L_HEAP] += _chunk(s)
+        if lp[p, L_HEAP] > lp[p, L_HWM]:
+            g[G_FAULT_HEAP] += _pages(lp[p, L_HEAP]) - _pages(lp[p, L_HWM])
+            lp[p, L_HWM] = lp[p, L_HEAP]
+
+
+@_inlined
+def _layer_release(lp, p, b, m):
+    """A block of b bytes leaves process p: its mapping of m bytes, or (m = 0) the heap."""
+    if m > 0:
+        lp[p, L_MAPPED] -= m
+    else:
+        lp[p, L_HEAP] -= _chunk(b)
+
+
+@_inlined
+def _layer_old_block(blk, mp, a, w, mmap_threshold):
+    """The block a free of w requested bytes releases and its mapping: the one its request
+    (row a) got, else (a = -1: allocated before the trace) the system's for w bytes."""
+    if a >= 0:
+        return blk[a], mp[a]
+    return w, _mmap_bytes(w) if w >= mmap_threshold else 0
+
+
+@_inlined
+def _layer_request(g, lp, blk, mp, i, p, s, w, bo, mo, hit, usable, mmap_threshold):
+    """Row i's request of s bytes: a kept block of `usable` bytes (a hit: mapped, as the layer
+    keeps only blocks it mapped), else the system's, which reallocates the old block (bo bytes,
+    mapping mo) of a realloc (w >= 0); the block and its mapping in blk[i] and mp[i]."""
+    g[G_ALLOCS] += 1
+    g[G_REQ_BYTES] += s
+    if hit:
+        b = usable
+        m = _pages(b + 16)
+        lp[p, L_MAPPED] += m
+        g[G_HITS] += 1
+        g[G_HIT_BYTES] += s
+        g[G_WASTE] += b - s
+    else:
+        b = s
+        m = _mmap_bytes(s) if s >= mmap_threshold else 0
+        g[G_SYS] += 1
+        if w >= 0 and mo > 0 and m > 0:  # mremap: new pages only
+            if m > mo:
+                g[G_FAULT_MMAP] += m - mo
+            lp[p, L_MAPPED] += m - mo
+        else:  # a move (the old block released, the new one allocated), or a new block
+            if w >= 0:
+                _layer_release(lp, p, bo, mo)
+            _layer_alloc(g, lp, p, s, m)
+    blk[i] = b
+    mp[i] = m
+    lp[p, L_LIVE_REQ] += s
+    lp[p, L_LIVE_BLK] += b
+    g[G_LIVE_REQ] += s
+    g[G_LIVE_BLK] += b
+
+
+@_inlined
+def _layer_keeps(g, lp, p, kept):
+    """After a row, process p keeps `kept` usable bytes (the core's): idle bytes and the RSS
+    (its heap's high-water pages, its mappings and what it keeps)."""
+    g[G_IDLE] += kept - lp[p, L_IDLE]
+    lp[p, L_IDLE] = kept
+    r = _pages(lp[p, L_HWM]) + lp[p, L_MAPPED] + kept
+    g[G_RSS] += r - lp[p, L_RSS]
+    lp[p, L_RSS] = r
+
+
+@_called
+def _layer_exit(g, lp, p):
+    """Process p exits: its live and kept bytes and its RSS leave the run."""
+    g[G_LIVE_REQ] -= lp[p, L_LIVE_REQ]
+    g[G_LIVE_BLK] -= lp[p, L_LIVE_BLK]
+    g[G_IDLE] -= lp[p, L_IDLE]
+    g[G_RSS] -= lp[p, L_RSS]
+    lp[p, L_LIVE_REQ] = lp[p, L_LIVE_BLK] = lp[p, L_IDLE] = lp[p, L_RSS] = lp[p, L_MAPPED] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -690,13 +768,7 @@ def _layer_figures(
     g = np.zeros(_GF, np.int64)
     blk = np.zeros(n, np.int64)  # the block each request got (a hit: the kept block's usable)
     mp = np.zeros(n, np.int64)  # its mapping (0: on the heap)
-    heap = np.zeros(n_proc, np.int64)
-    hwm = np.zeros(n_proc, np.int64)
-    mapped = np.zeros(n_proc, np.int64)  # mappings of the live blocks
-    live_req = np.zeros(n_proc, np.int64)
-    live_blk = np.zeros(n_proc, np.int64)
-    idle = np.zeros(n_proc, np.int64)  # usable bytes kept (the core's)
-    rss = np.zeros(n_proc, np.int64)
+    lp = np.zeros((n_proc, _LF), np.int64)
     idle_peak_process = 0
     integral = 0.0
     foot_integral = 0.0
@@ -710,71 +782,25 @@ def _layer_figures(
             live_integral += float(g[G_LIVE_REQ]) * dt
         s = req[i]
         w = freed[i]
-        a = partner[i]
-        sysrealloc = False
+        bo, mo = _layer_old_block(blk, mp, partner[i], w, mmap_threshold) if w >= 0 else (0, 0)
         if s >= 0:
-            g[G_ALLOCS] += 1
-            g[G_REQ_BYTES] += s
-            if hit[i]:  # a kept block: mapped (the layer keeps blocks it mapped)
-                b = got_usable[i]
-                m = _pages(b + 16)
-                mapped[p] += m
-                g[G_HITS] += 1
-                g[G_HIT_BYTES] += s
-                g[G_WASTE] += b - s
-            else:
-                b = s
-                m = _mmap_bytes(s) if s >= mmap_threshold else 0
-                g[G_SYS] += 1
-                if w >= 0:  # realloc the cache does not serve: the system reallocates
-                    sysrealloc = True
-                    bo = blk[a] if a >= 0 else w
-                    mo = mp[a] if a >= 0 else (_mmap_bytes(w) if w >= mmap_threshold else 0)
-                    if mo > 0 and m > 0:  # mremap: new pages only
-                        if m > mo:
-                            g[G_FAULT_MMAP] += m - mo
-                        mapped[p] += m - mo
-                    else:  # a move: the old block released, the new one allocated
-                        if mo > 0:
-                            mapped[p] -= mo
-                        else:
-                            heap[p] -= _chunk(bo)
-                        _layer_alloc(g, heap, hwm, mapped, p, s, m)
-                else:
-                    _layer_alloc(g, heap, hwm, mapped, p, s, m)
-            blk[i] = b
-            mp[i] = m
-            live_req[p] += s
-            live_blk[p] += b
-            g[G_LIVE_REQ] += s
-            g[G_LIVE_BLK] += b
+            _layer_request(
+                g, lp, blk, mp, i, p, s, w, bo, mo, hit[i], got_usable[i], mmap_threshold
+            )
         if w >= 0:
             g[G_FREES] += 1
-            b = blk[a] if a >= 0 else w
-            mo = mp[a] if a >= 0 else (_mmap_bytes(w) if w >= mmap_threshold else 0)
-            live_req[p] -= w
-            live_blk[p] -= b
+            lp[p, L_LIVE_REQ] -= w
+            lp[p, L_LIVE_BLK] -= bo
             g[G_LIVE_REQ] -= w
-            g[G_LIVE_BLK] -= b
-            if not sysrealloc:  # the block leaves the program: kept (counted in idle) or freed
-                if mo > 0:
-                    mapped[p] -= mo
-                else:
-                    heap[p] -= _chunk(b)
-        g[G_IDLE] += kept[i] - idle[p]
-        idle[p] = kept[i]
-        r = _pages(hwm[p]) + mapped[p] + idle[p]
-        g[G_RSS] += r - rss[p]
-        rss[p] = r
-        if idle[p] > idle_peak_process:
-            idle_peak_process = idle[p]
+            g[G_LIVE_BLK] -= bo
+            if s < 0 or hit[i]:  # the block leaves the program: kept (counted in idle) or freed
+                _layer_release(lp, p, bo, mo)
+        _layer_keeps(g, lp, p, kept[i])
+        if kept[i] > idle_peak_process:
+            idle_peak_process = kept[i]
         _note_peaks(g)
         if is_last[i]:  # the process exits
-            g[G_LIVE_REQ] -= live_req[p]
-            g[G_LIVE_BLK] -= live_blk[p]
-            g[G_IDLE] -= idle[p]
-            g[G_RSS] -= rss[p]
-            live_req[p] = live_blk[p] = idle[p] = rss[p] = mapped[p] = 0
+            _layer_exit(g, lp, p)
     return g, np.array([integral, foot_integral, live_integral]), idle_peak_process
 
 
