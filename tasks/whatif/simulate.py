@@ -162,37 +162,50 @@ def _sys_release(ps, g, p, b, mmap_threshold):
         g[G_RSS] -= f
 
 
+# A node is in two doubly linked lists: its class's (N_CPREV, N_CNEXT; head and tail in ch and
+# ct) and its process's list of its tier (N_GPREV, N_GNEXT; head and tail in the process's row).
+@_inlined
+def _detach(nodes, k, prev, nxt, heads, tails, row, head, tail):
+    """Take node k out of a list: its links in fields prev and nxt, the list's head and tail at
+    heads[row, head] and tails[row, tail]."""
+    a = nodes[k, prev]
+    b = nodes[k, nxt]
+    if a >= 0:
+        nodes[a, nxt] = b
+    else:
+        heads[row, head] = b
+    if b >= 0:
+        nodes[b, prev] = a
+    else:
+        tails[row, tail] = a
+
+
+@_inlined
+def _append(nodes, k, prev, nxt, heads, tails, row, head, tail):
+    """Append node k at the tail (most recent end) of a list (as `_detach`'s)."""
+    last = tails[row, tail]
+    nodes[k, prev] = last
+    nodes[k, nxt] = -1
+    if last >= 0:
+        nodes[last, nxt] = k
+    else:
+        heads[row, head] = k
+    tails[row, tail] = k
+
+
 @_inlined
 def _unlink(nodes, ps, k):
     """Take node k out of its process's list (of its tier)."""
-    p = nodes[k, N_PROC]
     h = P_GHEAD + 2 * nodes[k, N_TIER]
-    a = nodes[k, N_GPREV]
-    b = nodes[k, N_GNEXT]
-    if a >= 0:
-        nodes[a, N_GNEXT] = b
-    else:
-        ps[p, h] = b
-    if b >= 0:
-        nodes[b, N_GPREV] = a
-    else:
-        ps[p, h + 1] = a
+    _detach(nodes, k, N_GPREV, N_GNEXT, ps, ps, nodes[k, N_PROC], h, h + 1)
 
 
 @_inlined
 def _link(nodes, ps, k, tier):
     """Append node k at the tail (most recent end) of its process's list of `tier`."""
-    p = nodes[k, N_PROC]
     h = P_GHEAD + 2 * tier
     nodes[k, N_TIER] = tier
-    tail = ps[p, h + 1]
-    nodes[k, N_GPREV] = tail
-    nodes[k, N_GNEXT] = -1
-    if tail >= 0:
-        nodes[tail, N_GNEXT] = k
-    else:
-        ps[p, h] = k
-    ps[p, h + 1] = k
+    _append(nodes, k, N_GPREV, N_GNEXT, ps, ps, nodes[k, N_PROC], h, h + 1)
 
 
 @_inlined
@@ -200,16 +213,7 @@ def _remove(nodes, ch, ct, ps, g, k):
     """Take node k out of its class list and its process's list; recycle it."""
     p = nodes[k, N_PROC]
     c = nodes[k, N_CLS]
-    a = nodes[k, N_CPREV]
-    b = nodes[k, N_CNEXT]
-    if a >= 0:
-        nodes[a, N_CNEXT] = b
-    else:
-        ch[p, c] = b
-    if b >= 0:
-        nodes[b, N_CPREV] = a
-    else:
-        ct[p, c] = a
+    _detach(nodes, k, N_CPREV, N_CNEXT, ch, ct, p, c, c)
     _unlink(nodes, ps, k)
     size = nodes[k, N_SIZE]
     ps[p, P_COUNT] -= 1
@@ -400,14 +404,7 @@ def _cache_block(nodes, ch, ct, ps, g, k, p, b, c, t, q, tier):
     nodes[k, N_POS] = q
     nodes[k, N_PROC] = p
     nodes[k, N_TIER] = 0
-    tail = ct[p, c]
-    nodes[k, N_CPREV] = tail
-    nodes[k, N_CNEXT] = -1
-    if tail >= 0:
-        nodes[tail, N_CNEXT] = k
-    else:
-        ch[p, c] = k
-    ct[p, c] = k
+    _append(nodes, k, N_CPREV, N_CNEXT, ch, ct, p, c, c)
     _link(nodes, ps, k, tier)
     ps[p, P_COUNT] += 1
     ps[p, P_IDLE] += b
