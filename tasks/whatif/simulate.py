@@ -97,9 +97,10 @@ _GF = 22
 # fields and counts a reference on each on the way in and out (an atomic add and a call), which
 # for a step done per row costs more than the step. The steps only read and write arrays their
 # caller holds and never allocate, so they are compiled without reference counting (numba's
-# `_nrt=False`); the steps done per row are inlined by LLVM (`forceinline`: the loop's code is
-# the one it would be written as one function), the rare ones stay calls. Both flags are given
-# explicitly: a callee left without them inherits those of the first caller that compiles it.
+# `_nrt=False`); the steps done per row are inlined by LLVM (`forceinline`: the compiled loop is
+# as if written in one piece), the rare ones stay calls. Both flags are given explicitly: a
+# callee left without them inherits those of the first caller that compiles it
+# (docs/whatif-simulator.md#how-the-loop-is-compiled-and-its-speed).
 _inlined = njit(cache=True, nogil=True, _nrt=False, forceinline=True)
 _called = njit(cache=True, nogil=True, _nrt=False, forceinline=False)
 
