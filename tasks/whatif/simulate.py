@@ -93,24 +93,36 @@ _PF = 2 * MAX_TIERS + 9
 _GF = 22
 
 
-@njit(cache=True, nogil=True)
+# How the loop's steps are compiled. A call between numba functions passes each array as its
+# fields and counts a reference on each on the way in and out (an atomic add and a call), which
+# for a step done per row costs more than the step. The steps only read and write arrays their
+# caller holds and never allocate, so they are compiled without reference counting (numba's
+# `_nrt=False`); the steps done per row are inlined by LLVM (`forceinline`: the compiled loop is
+# as if written in one piece), the rare ones stay calls. Both flags are given explicitly: a
+# callee left without them inherits those of the first caller that compiles it
+# (docs/whatif-simulator.md#how-the-loop-is-compiled-and-its-speed).
+_inlined = njit(cache=True, nogil=True, _nrt=False, forceinline=True)
+_called = njit(cache=True, nogil=True, _nrt=False, forceinline=False)
+
+
+@_inlined
 def _chunk(s: int) -> int:
     """glibc's chunk size for a request of s bytes (64-bit)."""
     c = (s + 8 + 15) & ~15
     return c if c >= 32 else 32
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _pages(x: int) -> int:
     return (x + PAGE - 1) // PAGE * PAGE
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _mmap_bytes(s: int) -> int:
     return _pages(_chunk(s) + 8)
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _note_peaks(g):
     """After a row: the peaks of idle, live, footprint and RSS bytes (g's G_*_PEAK slots)."""
     if g[G_IDLE] > g[G_IDLE_PEAK]:
@@ -123,7 +135,7 @@ def _note_peaks(g):
         g[G_RSS_PEAK] = g[G_RSS]
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _sys_alloc(ps, g, p, s, mmap_threshold):
     g[G_SYS] += 1
     if s < mmap_threshold:
@@ -141,7 +153,7 @@ def _sys_alloc(ps, g, p, s, mmap_threshold):
         g[G_RSS] += f
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _sys_release(ps, g, p, b, mmap_threshold):
     if b < mmap_threshold:
         ps[p, P_HEAP] -= _chunk(b)
@@ -151,54 +163,58 @@ def _sys_release(ps, g, p, b, mmap_threshold):
         g[G_RSS] -= f
 
 
-@njit(cache=True, nogil=True)
+# A node is in two doubly linked lists: its class's (N_CPREV, N_CNEXT; head and tail in ch and
+# ct) and its process's list of its tier (N_GPREV, N_GNEXT; head and tail in the process's row).
+@_inlined
+def _detach(nodes, k, prev, nxt, heads, tails, row, head, tail):
+    """Take node k out of a list: its links in fields prev and nxt, the list's head and tail at
+    heads[row, head] and tails[row, tail]."""
+    a = nodes[k, prev]
+    b = nodes[k, nxt]
+    if a >= 0:
+        nodes[a, nxt] = b
+    else:
+        heads[row, head] = b
+    if b >= 0:
+        nodes[b, prev] = a
+    else:
+        tails[row, tail] = a
+
+
+@_inlined
+def _append(nodes, k, prev, nxt, heads, tails, row, head, tail):
+    """Append node k at the tail (most recent end) of a list (as `_detach`'s)."""
+    last = tails[row, tail]
+    nodes[k, prev] = last
+    nodes[k, nxt] = -1
+    if last >= 0:
+        nodes[last, nxt] = k
+    else:
+        heads[row, head] = k
+    tails[row, tail] = k
+
+
+@_inlined
 def _unlink(nodes, ps, k):
     """Take node k out of its process's list (of its tier)."""
-    p = nodes[k, N_PROC]
     h = P_GHEAD + 2 * nodes[k, N_TIER]
-    a = nodes[k, N_GPREV]
-    b = nodes[k, N_GNEXT]
-    if a >= 0:
-        nodes[a, N_GNEXT] = b
-    else:
-        ps[p, h] = b
-    if b >= 0:
-        nodes[b, N_GPREV] = a
-    else:
-        ps[p, h + 1] = a
+    _detach(nodes, k, N_GPREV, N_GNEXT, ps, ps, nodes[k, N_PROC], h, h + 1)
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _link(nodes, ps, k, tier):
     """Append node k at the tail (most recent end) of its process's list of `tier`."""
-    p = nodes[k, N_PROC]
     h = P_GHEAD + 2 * tier
     nodes[k, N_TIER] = tier
-    tail = ps[p, h + 1]
-    nodes[k, N_GPREV] = tail
-    nodes[k, N_GNEXT] = -1
-    if tail >= 0:
-        nodes[tail, N_GNEXT] = k
-    else:
-        ps[p, h] = k
-    ps[p, h + 1] = k
+    _append(nodes, k, N_GPREV, N_GNEXT, ps, ps, nodes[k, N_PROC], h, h + 1)
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _remove(nodes, ch, ct, ps, g, k):
     """Take node k out of its class list and its process's list; recycle it."""
     p = nodes[k, N_PROC]
     c = nodes[k, N_CLS]
-    a = nodes[k, N_CPREV]
-    b = nodes[k, N_CNEXT]
-    if a >= 0:
-        nodes[a, N_CNEXT] = b
-    else:
-        ch[p, c] = b
-    if b >= 0:
-        nodes[b, N_CPREV] = a
-    else:
-        ct[p, c] = a
+    _detach(nodes, k, N_CPREV, N_CNEXT, ch, ct, p, c, c)
     _unlink(nodes, ps, k)
     size = nodes[k, N_SIZE]
     ps[p, P_COUNT] -= 1
@@ -208,7 +224,7 @@ def _remove(nodes, ch, ct, ps, g, k):
     g[G_FREE_NODE] = k
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
     size = nodes[k, N_SIZE]
     p = nodes[k, N_PROC]
@@ -218,7 +234,7 @@ def _evict(nodes, ch, ct, ps, g, k, mmap_threshold):
     g[G_EVICT_BYTES] += size
 
 
-@njit(cache=True, nogil=True)
+@_inlined
 def _farthest_class(ch, nxt, p):
     """Belady: the non-empty class of process p whose next request is farthest (-1: none)."""
     best = -1
@@ -228,6 +244,211 @@ def _farthest_class(ch, nxt, p):
             best = c
             best_at = nxt[p, c]
     return best
+
+
+@_inlined
+def _demote_outlived(nodes, ps, p, q, tier_ttl, n_tiers):
+    """Guided priority: blocks whose prediction is outlived at call q of process p move to the
+    unpredicted blocks' recent end."""
+    for tier in range(1, n_tiers):
+        life = tier_ttl[tier]
+        if life > 0:
+            k = ps[p, 2 * tier]
+            while k >= 0 and nodes[k, N_POS] + life < q:
+                _unlink(nodes, ps, k)
+                _link(nodes, ps, k, 0)
+                k = ps[p, 2 * tier]
+
+
+@_inlined
+def _evict_outlived(nodes, ch, ct, ps, g, p, q, ttl, mmap_threshold):
+    """Guided admit: blocks kept more than ttl calls of process p ago are evicted."""
+    k = ps[p, P_GHEAD]
+    while k >= 0 and nodes[k, N_POS] + ttl < q:
+        _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
+        k = ps[p, P_GHEAD]
+
+
+@_inlined
+def _lookup(nodes, ct, p, c, s):
+    """The cached block of class c that serves s bytes: the most recent one that fits among the
+    SCAN_LIMIT most recent of the class (-1: a miss)."""
+    k = ct[p, c]
+    scanned = 0
+    while k >= 0 and scanned < SCAN_LIMIT:
+        if nodes[k, N_SIZE] >= s:
+            return k
+        k = nodes[k, N_CPREV]
+        scanned += 1
+    return -1
+
+
+@_called
+def _sys_realloc(ps, g, p, s, bo, mmap_threshold):
+    """The system reallocates a block of bo bytes to s bytes (a realloc the cache cannot
+    serve): mremap between two mappings, else a release and an allocation."""
+    if bo >= mmap_threshold and s >= mmap_threshold:  # mremap: new pages only
+        g[G_SYS] += 1
+        d = _mmap_bytes(s) - _mmap_bytes(bo)
+        ps[p, P_MAPPED] += d
+        g[G_RSS] += d
+        if d > 0:
+            g[G_FAULT_MMAP] += d
+    else:  # in place on the heap, or a move between heap and mmap
+        _sys_release(ps, g, p, bo, mmap_threshold)
+        _sys_alloc(ps, g, p, s, mmap_threshold)
+
+
+@_inlined
+def _request(nodes, ch, ct, ps, g, blk, i, p, s, c, cached, freed, partner, mmap_threshold):
+    """Row i's request of s bytes (class c): a hit from the cache (`cached`: the policy looks
+    there), else the system; the block it got in blk[i]. True when the system reallocated."""
+    g[G_ALLOCS] += 1
+    g[G_REQ_BYTES] += s
+    hit = _lookup(nodes, ct, p, c, s) if cached else -1
+    sysrealloc = False
+    if hit >= 0:
+        b = nodes[hit, N_SIZE]
+        _remove(nodes, ch, ct, ps, g, hit)
+        g[G_HITS] += 1
+        g[G_HIT_BYTES] += s
+        g[G_WASTE] += b - s
+    else:
+        b = s
+        if freed[i] >= 0:  # a realloc the cache cannot serve: the old block never reaches it
+            sysrealloc = True
+            a = partner[i]
+            _sys_realloc(ps, g, p, s, blk[a] if a >= 0 else freed[i], mmap_threshold)
+        else:
+            _sys_alloc(ps, g, p, s, mmap_threshold)
+    blk[i] = b
+    ps[p, P_LIVE_REQ] += s
+    ps[p, P_LIVE_BLK] += b
+    g[G_LIVE_REQ] += s
+    g[G_LIVE_BLK] += b
+    return sysrealloc
+
+
+@_called
+def _drop_class(nodes, ch, ct, ps, g, p, c, mmap_threshold):
+    """Belady: class c of process p is never requested again; its cached blocks are evicted."""
+    k = ch[p, c]
+    while k >= 0:
+        _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
+        k = ch[p, c]
+
+
+@_inlined
+def _keeps(kind, tiered, b, c, p, i, min_size, budget, pred, nxt):
+    """Whether the policy keeps a freed block of b bytes (class c, process p, row i)."""
+    if kind == K_NONE or b < min_size or b > budget:
+        return False
+    if kind == K_LRU:
+        return True
+    if kind == K_GUIDED:
+        return tiered or pred[i] > 0
+    return nxt[p, c] != NEVER
+
+
+@njit(cache=True, nogil=True)
+def _new_state(kind, n_proc, n):
+    """The loop's state, empty: run counters, process rows, class lists' heads and tails, the
+    node table, and the block each request got."""
+    g = np.zeros(_GF, np.int64)
+    g[G_FREE_NODE] = -1
+    ps = np.zeros((n_proc, _PF), np.int64)
+    ps[:, : 2 * MAX_TIERS] = -1
+    ch = np.full((n_proc, N_CLASSES), -1, np.int64)
+    ct = np.full((n_proc, N_CLASSES), -1, np.int64)
+    nodes = np.empty((1024 if kind != K_NONE else 1, _NF), np.int64)
+    return g, ps, ch, ct, nodes, np.zeros(n, np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _grown(nodes):
+    """The node table with twice the rows."""
+    grown = np.empty((2 * nodes.shape[0], _NF), np.int64)
+    grown[: nodes.shape[0]] = nodes
+    return grown
+
+
+@_inlined
+def _take_node(nodes, g):
+    """A node for a block: a recycled one, else the next row of the table (the caller grows a
+    full table first)."""
+    k = g[G_FREE_NODE]
+    if k >= 0:
+        g[G_FREE_NODE] = nodes[k, N_CNEXT]
+    else:
+        k = g[G_NODES]
+        g[G_NODES] = k + 1
+    return k
+
+
+@_inlined
+def _book_free(ps, g, p, w, b):
+    """A free of w requested bytes (a block of b) of process p: the live bytes drop."""
+    g[G_FREES] += 1
+    ps[p, P_LIVE_REQ] -= w
+    ps[p, P_LIVE_BLK] -= b
+    g[G_LIVE_REQ] -= w
+    g[G_LIVE_BLK] -= b
+
+
+@_inlined
+def _cache_block(nodes, ch, ct, ps, g, k, p, b, c, t, q, tier):
+    """Node k holds a freed block (b bytes, class c, freed at time t, call q of process p): at
+    the recent end of its class list and of its process's list of `tier`."""
+    nodes[k, N_SIZE] = b
+    nodes[k, N_CLS] = c
+    nodes[k, N_TIME] = t
+    nodes[k, N_POS] = q
+    nodes[k, N_PROC] = p
+    nodes[k, N_TIER] = 0
+    _append(nodes, k, N_CPREV, N_CNEXT, ch, ct, p, c, c)
+    _link(nodes, ps, k, tier)
+    ps[p, P_COUNT] += 1
+    ps[p, P_IDLE] += b
+    g[G_IDLE] += b
+    g[G_CACHED] += 1
+
+
+@_inlined
+def _make_room(nodes, ch, ct, ps, g, nxt, p, kind, budget, n_tiers, mmap_threshold):
+    """Evictions until process p's idle bytes are within the budget: LRU and guided the least
+    recent block of the lowest tier, Belady a block of the class requested farthest ahead."""
+    if kind == K_LRU or kind == K_GUIDED:
+        while ps[p, P_IDLE] > budget:  # lowest tier first (only tier 0 but tiered)
+            k = ps[p, P_GHEAD]
+            tier = 1
+            while k < 0 and tier < n_tiers:
+                k = ps[p, 2 * tier]
+                tier += 1
+            _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
+    elif kind == K_BELADY:
+        while ps[p, P_IDLE] > budget:
+            cc = _farthest_class(ch, nxt, p)
+            _evict(nodes, ch, ct, ps, g, ch[p, cc], mmap_threshold)
+    if ps[p, P_IDLE] > ps[p, P_IDLE_PEAK]:
+        ps[p, P_IDLE_PEAK] = ps[p, P_IDLE]
+
+
+@_called
+def _process_exit(nodes, ch, ct, ps, g, p, n_lists, mmap_threshold):
+    """Process p exits: its cached blocks (its n_lists lists) and live blocks leave the run."""
+    for tier in range(n_lists):
+        k = ps[p, 2 * tier]
+        while k >= 0:
+            size = nodes[k, N_SIZE]
+            _remove(nodes, ch, ct, ps, g, k)
+            _sys_release(ps, g, p, size, mmap_threshold)
+            k = ps[p, 2 * tier]
+    g[G_LIVE_REQ] -= ps[p, P_LIVE_REQ]
+    g[G_LIVE_BLK] -= ps[p, P_LIVE_BLK]
+    g[G_RSS] -= _pages(ps[p, P_HWM]) + ps[p, P_MAPPED]
+    ps[p, P_LIVE_REQ] = 0
+    ps[p, P_LIVE_BLK] = 0
+    ps[p, P_MAPPED] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -252,191 +473,60 @@ def _simulate(
     next_same,
     first_req,
 ):
-    n = len(req)
-    g = np.zeros(_GF, np.int64)
-    g[G_FREE_NODE] = -1
-    ps = np.zeros((n_proc, _PF), np.int64)
-    ps[:, : 2 * MAX_TIERS] = -1
-    ch = np.full((n_proc, N_CLASSES), -1, np.int64)
-    ct = np.full((n_proc, N_CLASSES), -1, np.int64)
-    nxt = first_req.copy()
-    nodes = np.empty((1024 if kind != K_NONE else 1, _NF), np.int64)
-    blk = np.zeros(n, np.int64)  # block size each request got
+    """The compiled loop: each row's request, then its free, through the policy `kind`;
+    (counters, integrals of idle, footprint and live bytes over time, per-process idle peak)."""
+    g, ps, ch, ct, nodes, blk = _new_state(kind, n_proc, len(req))
+    nxt = first_req.copy()  # Belady: each process's next request of each class
     integral = 0.0
     foot_integral = 0.0
     live_integral = 0.0
-    caching = kind != K_NONE
     tiered = kind == K_GUIDED and n_tiers > 1  # priority mode
-    for i in range(n):
+    for i in range(len(req)):
         p = proc[i]
-        t = time[i]
         if i > 0:
-            dt = float(t - time[i - 1])
+            dt = float(time[i] - time[i - 1])
             integral += float(g[G_IDLE]) * dt
             foot_integral += float(g[G_LIVE_BLK] + g[G_IDLE]) * dt
             live_integral += float(g[G_LIVE_REQ]) * dt
         ps[p, P_POS] += 1
         q = ps[p, P_POS]
-        if tiered:  # predictions outlived: demoted to the unpredicted blocks' recent end
-            for tier in range(1, n_tiers):
-                life = tier_ttl[tier]
-                if life > 0:
-                    k = ps[p, 2 * tier]
-                    while k >= 0 and nodes[k, N_POS] + life < q:
-                        _unlink(nodes, ps, k)
-                        _link(nodes, ps, k, 0)
-                        k = ps[p, 2 * tier]
+        if tiered:
+            _demote_outlived(nodes, ps, p, q, tier_ttl, n_tiers)
         elif kind == K_GUIDED and ttl > 0:  # admit mode
-            k = ps[p, P_GHEAD]
-            while k >= 0 and nodes[k, N_POS] + ttl < q:
-                _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
-                k = ps[p, P_GHEAD]
-
-        # --- request half
+            _evict_outlived(nodes, ch, ct, ps, g, p, q, ttl, mmap_threshold)
         sysrealloc = False
         s = req[i]
         if s >= 0:
             c = cls_req[i]
-            g[G_ALLOCS] += 1
-            g[G_REQ_BYTES] += s
-            hit = -1
-            if caching and s >= min_size:
-                k = ct[p, c]
-                scanned = 0
-                while k >= 0 and scanned < SCAN_LIMIT:
-                    if nodes[k, N_SIZE] >= s:
-                        hit = k
-                        break
-                    k = nodes[k, N_CPREV]
-                    scanned += 1
-            if hit >= 0:
-                b = nodes[hit, N_SIZE]
-                _remove(nodes, ch, ct, ps, g, hit)
-                g[G_HITS] += 1
-                g[G_HIT_BYTES] += s
-                g[G_WASTE] += b - s
-            elif freed[i] >= 0:
-                # realloc that the cache cannot serve: the system reallocates the old block
-                b = s
-                sysrealloc = True
-                a = partner[i]
-                bo = blk[a] if a >= 0 else freed[i]
-                if bo >= mmap_threshold and s >= mmap_threshold:  # mremap: new pages only
-                    g[G_SYS] += 1
-                    d = _mmap_bytes(s) - _mmap_bytes(bo)
-                    ps[p, P_MAPPED] += d
-                    g[G_RSS] += d
-                    if d > 0:
-                        g[G_FAULT_MMAP] += d
-                else:  # in place on the heap, or a move between heap and mmap
-                    _sys_release(ps, g, p, bo, mmap_threshold)
-                    _sys_alloc(ps, g, p, s, mmap_threshold)
-            else:
-                b = s
-                _sys_alloc(ps, g, p, s, mmap_threshold)
-            blk[i] = b
-            ps[p, P_LIVE_REQ] += s
-            ps[p, P_LIVE_BLK] += b
-            g[G_LIVE_REQ] += s
-            g[G_LIVE_BLK] += b
+            cached = kind != K_NONE and s >= min_size
+            sysrealloc = _request(
+                nodes, ch, ct, ps, g, blk, i, p, s, c, cached, freed, partner, mmap_threshold
+            )
             if kind == K_BELADY:
                 nxt[p, c] = next_same[i]
-                if next_same[i] == NEVER:  # the class is never requested again: drop its pool
-                    k = ch[p, c]
-                    while k >= 0:
-                        _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
-                        k = ch[p, c]
-
-        # --- free half
+                if next_same[i] == NEVER:  # the class is never requested again
+                    _drop_class(nodes, ch, ct, ps, g, p, c, mmap_threshold)
         w = freed[i]
         if w >= 0:
-            g[G_FREES] += 1
             a = partner[i]
             b = blk[a] if a >= 0 else w
             c = cls_free[i]
-            ps[p, P_LIVE_REQ] -= w
-            ps[p, P_LIVE_BLK] -= b
-            g[G_LIVE_REQ] -= w
-            g[G_LIVE_BLK] -= b
-            keep = False
+            _book_free(ps, g, p, w, b)
             if sysrealloc:
                 pass  # the system reallocated the block: nothing to release or keep
-            elif caching and b >= min_size:
-                if kind == K_LRU:
-                    keep = b <= budget
-                elif kind == K_GUIDED:
-                    keep = b <= budget and (tiered or pred[i] > 0)
-                elif kind == K_BELADY:
-                    keep = b <= budget and nxt[p, c] != NEVER
-            if keep:
-                k = g[G_FREE_NODE]
-                if k >= 0:
-                    g[G_FREE_NODE] = nodes[k, N_CNEXT]
-                else:
-                    k = g[G_NODES]
-                    if k == nodes.shape[0]:
-                        grown = np.empty((2 * k, _NF), np.int64)
-                        grown[:k] = nodes
-                        nodes = grown
-                    g[G_NODES] = k + 1
-                nodes[k, N_SIZE] = b
-                nodes[k, N_CLS] = c
-                nodes[k, N_TIME] = t
-                nodes[k, N_POS] = q
-                nodes[k, N_PROC] = p
-                nodes[k, N_TIER] = 0
-                tail = ct[p, c]
-                nodes[k, N_CPREV] = tail
-                nodes[k, N_CNEXT] = -1
-                if tail >= 0:
-                    nodes[tail, N_CNEXT] = k
-                else:
-                    ch[p, c] = k
-                ct[p, c] = k
-                _link(nodes, ps, k, pred[i] if tiered else 0)
-                ps[p, P_COUNT] += 1
-                ps[p, P_IDLE] += b
-                g[G_IDLE] += b
-                g[G_CACHED] += 1
-                if kind == K_LRU or kind == K_GUIDED:
-                    while ps[p, P_IDLE] > budget:  # lowest tier first (only tier 0 but tiered)
-                        k = ps[p, P_GHEAD]
-                        tier = 1
-                        while k < 0 and tier < n_tiers:
-                            k = ps[p, 2 * tier]
-                            tier += 1
-                        _evict(nodes, ch, ct, ps, g, k, mmap_threshold)
-                elif kind == K_BELADY:
-                    while ps[p, P_IDLE] > budget:
-                        cc = _farthest_class(ch, nxt, p)
-                        _evict(nodes, ch, ct, ps, g, ch[p, cc], mmap_threshold)
-                if ps[p, P_IDLE] > ps[p, P_IDLE_PEAK]:
-                    ps[p, P_IDLE_PEAK] = ps[p, P_IDLE]
-            elif not sysrealloc:
+            elif _keeps(kind, tiered, b, c, p, i, min_size, budget, pred, nxt):
+                if g[G_FREE_NODE] < 0 and g[G_NODES] == nodes.shape[0]:
+                    nodes = _grown(nodes)
+                k = _take_node(nodes, g)
+                _cache_block(nodes, ch, ct, ps, g, k, p, b, c, time[i], q, pred[i] if tiered else 0)
+                _make_room(nodes, ch, ct, ps, g, nxt, p, kind, budget, n_tiers, mmap_threshold)
+            else:
                 _sys_release(ps, g, p, b, mmap_threshold)
-
-        # --- peaks, then the process's exit
         _note_peaks(g)
         if is_last[i]:
-            for tier in range(n_tiers if tiered else 1):
-                k = ps[p, 2 * tier]
-                while k >= 0:
-                    size = nodes[k, N_SIZE]
-                    _remove(nodes, ch, ct, ps, g, k)
-                    _sys_release(ps, g, p, size, mmap_threshold)
-                    k = ps[p, 2 * tier]
-            g[G_LIVE_REQ] -= ps[p, P_LIVE_REQ]
-            g[G_LIVE_BLK] -= ps[p, P_LIVE_BLK]
-            g[G_RSS] -= _pages(ps[p, P_HWM]) + ps[p, P_MAPPED]
-            ps[p, P_LIVE_REQ] = 0
-            ps[p, P_LIVE_BLK] = 0
-            ps[p, P_MAPPED] = 0
-    idle_peak_process = 0
-    for p in range(n_proc):
-        if ps[p, P_IDLE_PEAK] > idle_peak_process:
-            idle_peak_process = ps[p, P_IDLE_PEAK]
+            _process_exit(nodes, ch, ct, ps, g, p, n_tiers if tiered else 1, mmap_threshold)
     floats = np.array([integral, foot_integral, live_integral])
-    return g, floats, idle_peak_process
+    return g, floats, ps[:, P_IDLE_PEAK].max() if n_proc else 0
 
 
 _KIND = {"none": K_NONE, "lru": K_LRU, "guided": K_GUIDED, "belady": K_BELADY}  # by policy kind
@@ -574,17 +664,95 @@ def _metrics(
     }
 
 
-@njit(cache=True, nogil=True)
-def _layer_alloc(g, heap, hwm, mapped, p, s, m):
+# a process's fields in the layer's figures, one int64 row per process
+L_HEAP, L_HWM, L_MAPPED, L_LIVE_REQ, L_LIVE_BLK, L_IDLE, L_RSS = range(7)
+_LF = 7
+
+
+@_inlined
+def _layer_alloc(g, lp, p, s, m):
     """The system allocates s bytes for process p: a mapping of m bytes, or (m = 0) the heap."""
     if m > 0:
-        mapped[p] += m
+        lp[p, L_MAPPED] += m
         g[G_FAULT_MMAP] += m
     else:
-        heap[p] += _chunk(s)
-        if heap[p] > hwm[p]:
-            g[G_FAULT_HEAP] += _pages(heap[p]) - _pages(hwm[p])
-            hwm[p] = heap[p]
+        lp[p, L_HEAP] += _chunk(s)
+        if lp[p, L_HEAP] > lp[p, L_HWM]:
+            g[G_FAULT_HEAP] += _pages(lp[p, L_HEAP]) - _pages(lp[p, L_HWM])
+            lp[p, L_HWM] = lp[p, L_HEAP]
+
+
+@_inlined
+def _layer_release(lp, p, b, m):
+    """A block of b bytes leaves process p: its mapping of m bytes, or (m = 0) the heap."""
+    if m > 0:
+        lp[p, L_MAPPED] -= m
+    else:
+        lp[p, L_HEAP] -= _chunk(b)
+
+
+@_inlined
+def _layer_old_block(blk, mp, a, w, mmap_threshold):
+    """The block a free of w requested bytes releases and its mapping: the one its request
+    (row a) got, else (a = -1: allocated before the trace) the system's for w bytes."""
+    if a >= 0:
+        return blk[a], mp[a]
+    return w, _mmap_bytes(w) if w >= mmap_threshold else 0
+
+
+@_inlined
+def _layer_request(g, lp, blk, mp, i, p, s, w, bo, mo, hit, usable, mmap_threshold):
+    """Row i's request of s bytes: a kept block of `usable` bytes (a hit: mapped, as the layer
+    keeps only blocks it mapped), else the system's, which reallocates the old block (bo bytes,
+    mapping mo) of a realloc (w >= 0); the block and its mapping in blk[i] and mp[i]."""
+    g[G_ALLOCS] += 1
+    g[G_REQ_BYTES] += s
+    if hit:
+        b = usable
+        m = _pages(b + 16)
+        lp[p, L_MAPPED] += m
+        g[G_HITS] += 1
+        g[G_HIT_BYTES] += s
+        g[G_WASTE] += b - s
+    else:
+        b = s
+        m = _mmap_bytes(s) if s >= mmap_threshold else 0
+        g[G_SYS] += 1
+        if w >= 0 and mo > 0 and m > 0:  # mremap: new pages only
+            if m > mo:
+                g[G_FAULT_MMAP] += m - mo
+            lp[p, L_MAPPED] += m - mo
+        else:  # a move (the old block released, the new one allocated), or a new block
+            if w >= 0:
+                _layer_release(lp, p, bo, mo)
+            _layer_alloc(g, lp, p, s, m)
+    blk[i] = b
+    mp[i] = m
+    lp[p, L_LIVE_REQ] += s
+    lp[p, L_LIVE_BLK] += b
+    g[G_LIVE_REQ] += s
+    g[G_LIVE_BLK] += b
+
+
+@_inlined
+def _layer_keeps(g, lp, p, kept):
+    """After a row, process p keeps `kept` usable bytes (the core's): idle bytes and the RSS
+    (its heap's high-water pages, its mappings and what it keeps)."""
+    g[G_IDLE] += kept - lp[p, L_IDLE]
+    lp[p, L_IDLE] = kept
+    r = _pages(lp[p, L_HWM]) + lp[p, L_MAPPED] + kept
+    g[G_RSS] += r - lp[p, L_RSS]
+    lp[p, L_RSS] = r
+
+
+@_called
+def _layer_exit(g, lp, p):
+    """Process p exits: its live and kept bytes and its RSS leave the run."""
+    g[G_LIVE_REQ] -= lp[p, L_LIVE_REQ]
+    g[G_LIVE_BLK] -= lp[p, L_LIVE_BLK]
+    g[G_IDLE] -= lp[p, L_IDLE]
+    g[G_RSS] -= lp[p, L_RSS]
+    lp[p, L_LIVE_REQ] = lp[p, L_LIVE_BLK] = lp[p, L_IDLE] = lp[p, L_RSS] = lp[p, L_MAPPED] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -598,13 +766,7 @@ def _layer_figures(
     g = np.zeros(_GF, np.int64)
     blk = np.zeros(n, np.int64)  # the block each request got (a hit: the kept block's usable)
     mp = np.zeros(n, np.int64)  # its mapping (0: on the heap)
-    heap = np.zeros(n_proc, np.int64)
-    hwm = np.zeros(n_proc, np.int64)
-    mapped = np.zeros(n_proc, np.int64)  # mappings of the live blocks
-    live_req = np.zeros(n_proc, np.int64)
-    live_blk = np.zeros(n_proc, np.int64)
-    idle = np.zeros(n_proc, np.int64)  # usable bytes kept (the core's)
-    rss = np.zeros(n_proc, np.int64)
+    lp = np.zeros((n_proc, _LF), np.int64)
     idle_peak_process = 0
     integral = 0.0
     foot_integral = 0.0
@@ -618,71 +780,25 @@ def _layer_figures(
             live_integral += float(g[G_LIVE_REQ]) * dt
         s = req[i]
         w = freed[i]
-        a = partner[i]
-        sysrealloc = False
+        bo, mo = _layer_old_block(blk, mp, partner[i], w, mmap_threshold) if w >= 0 else (0, 0)
         if s >= 0:
-            g[G_ALLOCS] += 1
-            g[G_REQ_BYTES] += s
-            if hit[i]:  # a kept block: mapped (the layer keeps blocks it mapped)
-                b = got_usable[i]
-                m = _pages(b + 16)
-                mapped[p] += m
-                g[G_HITS] += 1
-                g[G_HIT_BYTES] += s
-                g[G_WASTE] += b - s
-            else:
-                b = s
-                m = _mmap_bytes(s) if s >= mmap_threshold else 0
-                g[G_SYS] += 1
-                if w >= 0:  # realloc the cache does not serve: the system reallocates
-                    sysrealloc = True
-                    bo = blk[a] if a >= 0 else w
-                    mo = mp[a] if a >= 0 else (_mmap_bytes(w) if w >= mmap_threshold else 0)
-                    if mo > 0 and m > 0:  # mremap: new pages only
-                        if m > mo:
-                            g[G_FAULT_MMAP] += m - mo
-                        mapped[p] += m - mo
-                    else:  # a move: the old block released, the new one allocated
-                        if mo > 0:
-                            mapped[p] -= mo
-                        else:
-                            heap[p] -= _chunk(bo)
-                        _layer_alloc(g, heap, hwm, mapped, p, s, m)
-                else:
-                    _layer_alloc(g, heap, hwm, mapped, p, s, m)
-            blk[i] = b
-            mp[i] = m
-            live_req[p] += s
-            live_blk[p] += b
-            g[G_LIVE_REQ] += s
-            g[G_LIVE_BLK] += b
+            _layer_request(
+                g, lp, blk, mp, i, p, s, w, bo, mo, hit[i], got_usable[i], mmap_threshold
+            )
         if w >= 0:
             g[G_FREES] += 1
-            b = blk[a] if a >= 0 else w
-            mo = mp[a] if a >= 0 else (_mmap_bytes(w) if w >= mmap_threshold else 0)
-            live_req[p] -= w
-            live_blk[p] -= b
+            lp[p, L_LIVE_REQ] -= w
+            lp[p, L_LIVE_BLK] -= bo
             g[G_LIVE_REQ] -= w
-            g[G_LIVE_BLK] -= b
-            if not sysrealloc:  # the block leaves the program: kept (counted in idle) or freed
-                if mo > 0:
-                    mapped[p] -= mo
-                else:
-                    heap[p] -= _chunk(b)
-        g[G_IDLE] += kept[i] - idle[p]
-        idle[p] = kept[i]
-        r = _pages(hwm[p]) + mapped[p] + idle[p]
-        g[G_RSS] += r - rss[p]
-        rss[p] = r
-        if idle[p] > idle_peak_process:
-            idle_peak_process = idle[p]
+            g[G_LIVE_BLK] -= bo
+            if s < 0 or hit[i]:  # the block leaves the program: kept (counted in idle) or freed
+                _layer_release(lp, p, bo, mo)
+        _layer_keeps(g, lp, p, kept[i])
+        if kept[i] > idle_peak_process:
+            idle_peak_process = kept[i]
         _note_peaks(g)
         if is_last[i]:  # the process exits
-            g[G_LIVE_REQ] -= live_req[p]
-            g[G_LIVE_BLK] -= live_blk[p]
-            g[G_IDLE] -= idle[p]
-            g[G_RSS] -= rss[p]
-            live_req[p] = live_blk[p] = idle[p] = rss[p] = mapped[p] = 0
+            _layer_exit(g, lp, p)
     return g, np.array([integral, foot_integral, live_integral]), idle_peak_process
 
 

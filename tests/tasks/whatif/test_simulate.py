@@ -1,6 +1,6 @@
 """The compiled simulator against the plain-Python reference, exactly, on random traces (the
 policies it runs itself); the policies the layer runs as the policy core decides them; the fault
-model on hand-made traces."""
+model on hand-made traces; the cache lookup step on hand-made caches."""
 
 from __future__ import annotations
 
@@ -22,7 +22,19 @@ from tasks.whatif.policy_core import (
     replay,
     with_call_sites,
 )
-from tasks.whatif.simulate import run_kernel, simulate
+from tasks.whatif.simulate import (
+    G_IDLE,
+    K_LRU,
+    P_IDLE,
+    SCAN_LIMIT,
+    _cache_block,
+    _lookup,
+    _new_state,
+    _remove,
+    _take_node,
+    run_kernel,
+    simulate,
+)
 from tests.tasks.whatif.reference import random_events, reference, with_rows
 
 EXACT = (
@@ -566,3 +578,32 @@ def test_the_nights_table_row_asks_the_call_site_entries():
     assert frame["hits"].tolist() == [0]
     frame, _ = replay_events(run, [config], Predictor(class_scores=classes), horizon=1)
     assert frame["hits"].tolist() == [5]
+
+
+def _cache_of(sizes):
+    """Process 0's cache holding blocks of `sizes` (class 0), kept in that order by the loop's
+    own steps; node k holds sizes[k]."""
+    g, ps, ch, ct, nodes, _ = _new_state(K_LRU, 1, 0)
+    for q, b in enumerate(sizes):
+        k = _take_node(nodes, g)
+        _cache_block(nodes, ch, ct, ps, g, k, 0, b, 0, q, q, 0)
+    return nodes, ch, ct, ps, g
+
+
+def test_lookup_takes_the_most_recent_block_that_fits():
+    nodes, ch, ct, ps, g = _cache_of([100, 50, 200, 80, 60])
+    assert ps[0, P_IDLE] == g[G_IDLE] == 490
+    assert _lookup(nodes, ct, 0, 0, 70) == 3  # 60 is too small, 80 the most recent that fits
+    assert _lookup(nodes, ct, 0, 0, 150) == 2
+    assert _lookup(nodes, ct, 0, 0, 201) == -1
+    _remove(nodes, ch, ct, ps, g, 3)  # a hit takes it out
+    assert _lookup(nodes, ct, 0, 0, 70) == 2
+    assert ps[0, P_IDLE] == g[G_IDLE] == 410
+
+
+def test_lookup_looks_at_the_64_most_recent_blocks_of_a_class():
+    assert SCAN_LIMIT == 64
+    nodes, _, ct, _, _ = _cache_of([1000] + [10] * 63)
+    assert _lookup(nodes, ct, 0, 0, 500) == 0
+    nodes, _, ct, _, _ = _cache_of([1000] + [10] * 64)
+    assert _lookup(nodes, ct, 0, 0, 500) == -1
