@@ -62,7 +62,9 @@ def arms_config(config, prompt: bool):
     for d, name in zip(DEPTHS, ARMS[1:], strict=True):
         env = {"HEAPCAST_PLACE": f"mode=predict,depth={d}", **conf}
         arms.append(
-            Allocator(name=name, kind="place", library=place.library, package=place.package, env=env)
+            Allocator(
+                name=name, kind="place", library=place.library, package=place.package, env=env
+            )
         )
     return config.model_copy(
         update={"allocators": arms, "baseline": JEMALLOC, "max_repetitions": None, "warmup": 1}
@@ -120,9 +122,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         long = "n/a" if a["placed_long"] is None else f"{a['placed_long']:,.0f}"
         return f"{ratios} | {long} | {a['verdict']}"
 
-    head = " | ".join(
-        f"depth {d}: peak / process peak | placed long | verdict" for d in DEPTHS
-    )
+    head = " | ".join(f"depth {d}: peak / process peak | placed long | verdict" for d in DEPTHS)
     lines = [
         f"| workload | jemalloc peak MB | {head} |",
         "|---|---|" + "---|---|---|" * len(DEPTHS),

@@ -196,6 +196,38 @@ def _placement_candidates(config: AllocatorsConfig) -> list[Allocator]:
     return out
 
 
+def _placement(
+    facts: HeapFacts,
+    config: AllocatorsConfig,
+    objective: str,
+    derived: list[Allocator],
+    run: dict[str, str],
+) -> str:
+    """Whether placement is proposed, and why (Advice.place); its candidates join `derived` and
+    `run` where it is."""
+    case, why = placement_case(facts)
+    if case and objective == "memory":
+        derived += _placement_candidates(config)
+        run[PLACE] = f"heapcast's placement layer in front of jemalloc: {why}"
+        run[PLACE + PROMPT_SUFFIX] = (
+            f"the same, jemalloc returning freed pages at once ({PROMPT_PURGE}): a "
+            "burst's pages leave the resident set now, not after jemalloc's decay; the "
+            "madvise calls cost time, measured here"
+        )
+        if JEMALLOC in config.names():
+            run[JEMALLOC + PROMPT_SUFFIX] = (
+                f"jemalloc alone with {PROMPT_PURGE}: what returning pages at once buys "
+                "without placement, so that placement's own share shows"
+            )
+        return f"proposed: {why}"
+    if case:
+        return (
+            f"not proposed: the trace has its case ({why}), but it buys memory after "
+            "bursts, not time (tune --objective memory measures it)"
+        )
+    return f"not proposed: {why}"
+
+
 def advise(
     facts: HeapFacts, config: AllocatorsConfig, names: list[str], cpus: int, objective: str
 ) -> Advice:
@@ -243,28 +275,7 @@ def advise(
             run[n] = "glibc with other settings"
     place = ""
     if PLACE in config.names() and PLACE not in names:
-        case, why = placement_case(facts)
-        if case and objective == "memory":
-            derived += _placement_candidates(config)
-            run[PLACE] = f"heapcast's placement layer in front of jemalloc: {why}"
-            run[PLACE + PROMPT_SUFFIX] = (
-                f"the same, jemalloc returning freed pages at once ({PROMPT_PURGE}): a "
-                "burst's pages leave the resident set now, not after jemalloc's decay; the "
-                "madvise calls cost time, measured here"
-            )
-            if JEMALLOC in config.names():
-                run[JEMALLOC + PROMPT_SUFFIX] = (
-                    f"jemalloc alone with {PROMPT_PURGE}: what returning pages at once buys "
-                    "without placement, so that placement's own share shows"
-                )
-            place = f"proposed: {why}"
-        elif case:
-            place = (
-                f"not proposed: the trace has its case ({why}), but it buys memory after "
-                "bursts, not time (tune --objective memory measures it)"
-            )
-        else:
-            place = f"not proposed: {why}"
+        place = _placement(facts, config, objective, derived, run)
     share = heap_share_bound(facts)
     if objective == "time" and share < HEAP_MATTERS_SHARE:
         reason = (
