@@ -28,9 +28,10 @@ from benchmarks.harness import write_result
 from tasks.core.storage import Root
 from tasks.learning.questions.evaluation import question_evaluation  # noqa: E402
 from tasks.learning.questions.reuse import question_lines
-from tasks.learning.split import load_split
+from tasks.learning.split import read_training_data
 from tasks.learning.table.layer_file import write_layer_table
 from tasks.learning.train_config import load_train_config
+from tasks.replay.workloads import load_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 PREDICTOR_H = REPO / "native" / "layers" / "predictor.h"
@@ -121,8 +122,8 @@ def main() -> None:
     cfg = load_train_config(args.config)
     root = Root.from_url(args.root)
     t0 = time.perf_counter()
-    split = load_split(root, cfg.data)
-    questions = question_evaluation(root, split, cfg.data.max_eval_tokens)
+    data = read_training_data(root, cfg.data, load_catalog(cfg.data.catalog))
+    questions = question_evaluation(data.split, data.events)
     seconds = time.perf_counter() - t0
     for line in question_lines(list(questions.scores), questions.agreement):
         print(line)
@@ -142,7 +143,7 @@ def main() -> None:
             "machine": platform.node(),
             "root": args.root,
             "config": args.config,
-            "train_runs": sorted({f"{r.workload}/{r.run}" for r in split.train}),
+            "train_runs": sorted({f"{r.workload}/{r.run}" for r in data.split.train}),
             "evaluation_seconds": seconds,
             "agreement": [asdict(a) for a in questions.agreement],
             "reuse": [asdict(s) for s in questions.scores if s.question == "reuse"],

@@ -134,9 +134,10 @@ def accuracy(root, cfg) -> dict:
     from tasks.learning.evaluate import evaluation_markdown
     from tasks.learning.scores import BASELINES, MODEL
     from tasks.learning.train import evaluate, train
+    from tasks.replay.workloads import load_catalog
 
     t0 = time.perf_counter()
-    trained = train.fn(root, cfg)
+    trained = train.fn(root, cfg, load_catalog(cfg.data.catalog))
     outcome = evaluate.fn(trained)
     ev = outcome.evaluation
     table = []

@@ -26,6 +26,7 @@ from tasks.learning.train import evaluate, publish_evaluation, train
 from tasks.learning.train_config import QUICK_CONFIG, TrainParams, load_train_config
 from tasks.registry.register import champion_rescorer, register
 from tasks.registry.tracking import TrackingConfig, tracking_for
+from tasks.replay.workloads import load_catalog
 from tasks.report.night_reports import report_training_run
 
 
@@ -33,7 +34,7 @@ def train_and_register(params: TrainParams, root: Root, tracking: TrackingConfig
     """Train, evaluate, report the training data, register; the outcome and the registered
     model."""
     config = load_train_config(params.config, params.overrides)
-    trained = train(root, config)
+    trained = train(root, config, load_catalog(config.data.catalog))
     outcome = evaluate(trained)
     # the page lives until registration has logged it
     with tempfile.TemporaryDirectory(prefix="heapcast-train-report-") as folder:

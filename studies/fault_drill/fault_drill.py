@@ -364,6 +364,7 @@ def drill_killed_training(work: Path, n: int) -> list[Attempt]:
     from tasks.core.storage import Root
     from tasks.dataset.synthetic_events import write_synthetic_events
     from tasks.learning.train import train
+    from tasks.replay.workloads import load_catalog
     from tests.tasks.learning.nextcall.test_train_killed import Epochs, kill_training, tiny
 
     root = Root.from_url(str(work / "events"))
@@ -376,7 +377,7 @@ def drill_killed_training(work: Path, n: int) -> list[Attempt]:
         batch = i % 4
         kill_training(d, root, cfg, epoch=1, batch=batch)
         epochs = Epochs()
-        trained = train.fn(root, cfg, callbacks=[epochs])
+        trained = train.fn(root, cfg, load_catalog(cfg.data.catalog), callbacks=[epochs])
         out.append(
             Attempt(
                 nothing_lost=trained.initial_epoch == 1 and epochs.seen == [1, 2],
@@ -394,6 +395,7 @@ def drill_torn_backup(work: Path, n: int) -> list[Attempt]:
     from tasks.core.storage import Root
     from tasks.dataset.synthetic_events import write_synthetic_events
     from tasks.learning.train import train
+    from tasks.replay.workloads import load_catalog
     from tests.tasks.learning.nextcall.test_train_killed import Epochs, kill_training, tiny
 
     root = Root.from_url(str(work / "events"))
@@ -408,7 +410,7 @@ def drill_torn_backup(work: Path, n: int) -> list[Attempt]:
         kill_training(d, root, cfg, epoch=1, batch=0, torn=which)
         epochs = Epochs()
         try:
-            trained = train.fn(root, cfg, callbacks=[epochs])
+            trained = train.fn(root, cfg, load_catalog(cfg.data.catalog), callbacks=[epochs])
         except Exception as err:  # what happened before: every later night failed here
             out.append(Attempt(False, True, None, f"{which} torn: {type(err).__name__}"))
             continue

@@ -77,6 +77,7 @@ def main() -> int:
     from tasks.learning.evaluate import TABLES
     from tasks.learning.train import evaluate, train
     from tasks.learning.train_config import QUICK_CONFIG, load_train_config
+    from tasks.replay.workloads import load_catalog
 
     root = Root.from_url(a.root)
     out = Path(a.out)
@@ -85,7 +86,7 @@ def main() -> int:
     for name in a.variants:
         cfg = load_train_config(a.config or QUICK_CONFIG, VARIANTS[name])
         t0 = time.perf_counter()
-        trained = train.fn(root, cfg)
+        trained = train.fn(root, cfg, load_catalog(cfg.data.catalog))
         outcome = evaluate.fn(trained)
         seconds = time.perf_counter() - t0
         results["variants"][name] = {

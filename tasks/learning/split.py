@@ -1,5 +1,7 @@
 """The split: which runs a training job trains on, validates on and is scored on, by the rule of
-tasks/learning/train_config.py, read as token runs (tasks/dataset/token_runs.py).
+tasks/learning/train_config.py, read as token runs (tasks/dataset/token_runs.py), beside the
+events the allocator's questions read of the same runs: all a training reads of the data root,
+read here at once (read_training_data) before anything is learnt.
 
 No TensorFlow in this module.
 """
@@ -10,12 +12,15 @@ import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.dataset.token_runs import TokenRun, list_runs, read_run
+from tasks.dataset.events_reader import read_run as read_events_run
+from tasks.dataset.token_runs import TokenRun, head_rows, list_runs, read_run
 from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.labels import QUESTION_COLUMNS
 from tasks.learning.train_config import DataConfig
-from tasks.replay.workloads import load_catalog
+from tasks.replay.workloads import Catalog, load_catalog
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,13 @@ class Split:
                 h.update(r.offsets.tobytes())
                 h.update(r.tokens.tobytes())
         return h.hexdigest()
+
+    def question_runs(self) -> list[tuple[str, str]]:
+        """(workload, run) of each run the allocator's questions learn from or are scored on
+        (QUESTION_ROLES): the training runs (whole: the validation cut is the next-call
+        model's) and the three tables' runs."""
+        runs = self.train + self.evaluation + self.heldout + self.unseen_programs
+        return sorted({(r.workload, r.run) for r in runs})
 
     def token_histogram(self) -> np.ndarray:
         hist = np.zeros(N_TOKENS, np.int64)
@@ -161,12 +173,34 @@ def absent_heldout(
     return cfg, notes
 
 
-def load_split(root: Root, cfg: DataConfig) -> Split:
-    """Read every run the plan names and apply the validation cut and the token caps."""
+@dataclass(frozen=True)
+class TrainingData:
+    """All that a training reads from the data root, read in one pass before anything is
+    learnt (read_training_data): the split's token runs, and the events the allocator's
+    questions learn from and are scored on."""
+
+    split: Split
+    # (workload, run) -> the events of each training and scored run, the questions' columns cut
+    # to the calls the evaluation scores (question_events); empty when read for the split alone
+    events: dict[tuple[str, str], pa.Table]
+
+
+# the runs whose events the questions read: the validation runs are the next-call model's alone
+QUESTION_ROLES = ("train", "evaluation", "heldout", "unseen")
+
+
+def read_training_data(
+    root: Root, cfg: DataConfig, catalog: Catalog, questions: bool = True
+) -> TrainingData:
+    """Read every run the plan names, with the validation cut and the token caps, and (with
+    `questions`) the questions' events of its training and scored runs. `catalog`: where the
+    workloads' programs come from (the one data.catalog names, read where the flow starts)."""
     available = list_runs(root)
-    catalog = load_catalog(cfg.catalog).programs()  # a workload it does not list: its own program
-    cfg, notes = absent_heldout(available, cfg, catalog)
-    plan = plan_split(available, cfg, {w: catalog.get(w, w) for w in available})
+    programs = catalog.programs()  # a workload it does not list: its own program
+    cfg, notes = absent_heldout(available, cfg, programs)
+    plan = plan_split(available, cfg, {w: programs.get(w, w) for w in available})
+    asked = [(w, r) for w, roles in plan.items() for role in QUESTION_ROLES for r in roles[role]]
+    events = question_events(root, asked if questions else [], cfg.max_eval_tokens)
     train: list[TokenRun] = []
     validation: list[TokenRun] = []
     evaluation: list[TokenRun] = []
@@ -196,4 +230,21 @@ def load_split(root: Root, cfg: DataConfig) -> Split:
             heldout.append(read_run(root, w, r, cfg.max_eval_tokens))
         for r in roles["unseen"]:
             unseen.append(read_run(root, w, r, cfg.max_eval_tokens))
-    return Split(train, validation, evaluation, heldout, notes, unseen)
+    return TrainingData(Split(train, validation, evaluation, heldout, notes, unseen), events)
+
+
+def question_events(
+    root: Root, runs: list[tuple[str, str]], max_rows: int | None
+) -> dict[tuple[str, str], pa.Table]:
+    """The questions' columns (tasks.learning.labels.QUESTION_COLUMNS) of each (workload, run)
+    of `runs`, cut to the rows of the tokens that `max_rows` keeps (head_rows; data.max_eval_tokens
+    in training), so that every answer is made on the calls the next-call model's evaluation
+    scores."""
+    return {
+        (w, r): head_rows(read_events_run(root, w, r, QUESTION_COLUMNS), max_rows) for w, r in runs
+    }
+
+
+def load_split(root: Root, cfg: DataConfig) -> Split:
+    """The split alone, with the catalog that data.catalog names (the training bundle, studies)."""
+    return read_training_data(root, cfg, load_catalog(cfg.catalog), questions=False).split

@@ -1,7 +1,9 @@
 """Prefect tasks `train` and `evaluate`: the next-call model, trained and honestly scored.
 
-`train` reads the split (tasks.learning.split.load_split), answers the allocator's questions
-and fits the model (tasks/learning/nextcall/training.py: early stopping, resumable checkpoints);
+`train` reads all it needs of the data root first, at once (tasks.learning.split.read_training_data:
+the split's token runs and the questions' events), then answers the allocator's questions and fits
+the model on what it read (tasks/learning/nextcall/training.py: early stopping, resumable
+checkpoints);
 `evaluate` scores it beside the baselines on runs it never saw and returns the `TrainOutcome`
 that registration logs (tasks/learning/outcome.py). The work itself is in training.py, which
 imports no orchestrator: a study or a lent GPU machine runs it without Prefect.
@@ -35,9 +37,10 @@ from tasks.learning.questions.evaluation import question_evaluation
 from tasks.learning.questions.network import QuestionNetwork
 from tasks.learning.questions.reuse import question_markdown
 from tasks.learning.scores import QuestionScores
-from tasks.learning.split import Split, load_split
+from tasks.learning.split import Split, read_training_data
 from tasks.learning.table.distill import ClassTable, TableAgreement
 from tasks.learning.train_config import TrainConfig
+from tasks.replay.workloads import Catalog
 
 
 @dataclass
@@ -64,17 +67,20 @@ class TrainedModel:
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train(root: Root, config: TrainConfig, callbacks: list[Any] | None = None) -> TrainedModel:
-    """Train the next-call model on the configured runs (resumes a killed training)."""
+def train(
+    root: Root, config: TrainConfig, catalog: Catalog, callbacks: list[Any] | None = None
+) -> TrainedModel:
+    """Train the next-call model on the configured runs (resumes a killed training); `catalog`:
+    the one config.data.catalog names (the workloads' programs), read where the flow starts."""
     r = root
-    split = load_split(r, config.data)
+    data = read_training_data(r, config.data, catalog)
+    split = data.split
     if not split.train:
         raise ValueError(f"{r.url}: the split has no training run")
     require_evaluation(split, config.data.min_eval_positions, r.url)
     # the reuse question's predictors read the events (call sites, frees), not the tokens
-    questions = question_evaluation(
-        r, split, config.data.max_eval_tokens, config.questions, config.seed
-    )
+    questions = question_evaluation(split, data.events, config.questions, config.seed)
+    del data  # the events: the questions' answers are all that is kept of them
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()
     model, facts = fit_model(config, split, ckpt, callbacks or [])

@@ -39,11 +39,10 @@ def train_chunks(run: TokenRun, context: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def window_starts(run: TokenRun, context: int) -> np.ndarray:
-    """The article's windows: every start whose `context` tokens and next token lie in one thread."""
-    pos = run.position_in_thread()
-    lengths = np.repeat(run.thread_lengths(), run.thread_lengths())
-    ok = pos + context < lengths
-    return np.flatnonzero(ok).astype(np.int64)
+    """The article's windows: every start whose `context` tokens and next token lie in one thread,
+    that is, every token i with i + context before its thread's end (the run's offsets)."""
+    ends = np.repeat(run.offsets[1:], np.diff(run.offsets))
+    return np.flatnonzero(np.arange(len(run.tokens)) + context < ends).astype(np.int64)
 
 
 def eval_chunks(run: TokenRun, context: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

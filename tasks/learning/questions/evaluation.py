@@ -7,13 +7,12 @@ call sites."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from tasks.core.storage import Root
-from tasks.dataset.token_runs import head_rows
 from tasks.learning.answers import RunAnswers, rows_digest
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
 from tasks.learning.labels import (
@@ -49,7 +48,6 @@ from tasks.learning.questions.reuse import (
     ReuseAnswers,
     call_sites,
     majority_of,
-    read_events,
     reuse_answers,
     score_answers,
 )
@@ -74,23 +72,18 @@ class QuestionEvaluation:
 
 
 def question_evaluation(
-    root: Root,
     split: Split,
-    max_rows: int | None = None,
+    events: Mapping[tuple[str, str], pa.Table],
     network: QuestionsConfig | None = None,
     seed: int = 0,
 ) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/questions/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
     majorities from its training runs, and the network (`network.network`) trained on them, the
-    layer's table distilled from it. `max_rows` caps each run's events to the rows of its tokens
-    that data.max_eval_tokens keeps (tasks.dataset.token_runs.head_rows), so that every answer
-    here is made on the calls the next-call model's evaluation scores."""
-
-    def events(workload: str, run: str) -> pa.Table:
-        return head_rows(read_events(root, workload, run), max_rows)
-
-    train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
+    layer's table distilled from it. `events`: each training and scored run's, by (workload,
+    run), as tasks.learning.split.question_events reads them (the calls the next-call model's
+    evaluation scores)."""
+    train_events = [events[k] for k in sorted({(r.workload, r.run) for r in split.train})]
     majority = majority_of(train_events)
     lifetime_maj = lifetime_majority(train_events)
 
@@ -117,7 +110,7 @@ def question_evaluation(
         # {question: {workload: [answers of each run]}}
         by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
         for w, r in sorted({(x.workload, x.run) for x in runs}):
-            t = events(w, r)
+            t = events[(w, r)]
             answers = {
                 QUESTION: reuse_answers(t, majority, known=known),
                 **lifetime_answers(t, lifetime_maj),

@@ -23,8 +23,8 @@ from tasks.dataset.events_reader import read_run
 from tasks.dataset.sites import NO_CALL_SITES, SITE_VOCABULARY, call_sites
 from tasks.learning.counters.by_due import known_at, online_by_due
 from tasks.learning.labels import (
-    LABEL_COLUMNS,
     NO_LABEL,
+    QUESTION_COLUMNS,
     REUSE_CLASSES,
     REUSE_EDGES,
     allocator_labels,
@@ -159,7 +159,7 @@ def score_answers(
 def read_events(root: Root, workload: str, run: str) -> pa.Table:
     """One run's events with the columns the labels and the call sites need."""
     # a part written before callers were traced reads them as nulls: positions without a site
-    table = read_run(root, workload, run, LABEL_COLUMNS + ["caller_module", "caller_offset"])
+    table = read_run(root, workload, run, QUESTION_COLUMNS)
     if table.num_rows == 0:
         raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")
     return table

@@ -9,9 +9,12 @@ from tasks.core.config import ConfigError, load_config
 from tasks.dataset.token_runs import (
     TokenRun,
     list_runs,
+    read_run,
+    thread_key,
 )
-from tasks.learning.split import load_split, plan_split
+from tasks.learning.split import load_split, plan_split, read_training_data
 from tasks.learning.train_config import DEFAULT_CONFIG, QUICK_CONFIG, DataConfig, TrainConfig
+from tasks.replay.workloads import load_catalog
 
 
 def test_split_default_rule(events_root):
@@ -91,6 +94,26 @@ def test_load_split_cuts_validation_from_thread_tails_and_caps(events_root):
     assert any("only two runs" in n for n in split.notes)
     assert split.token_histogram().sum() == split.train_tokens
     assert len(split.content_hash()) == 32
+
+
+def test_a_training_reads_the_questions_events_of_its_trained_and_scored_runs(events_root):
+    # GIVEN a split with a validation run (alpha/r1), a cut one (beta/r0) and capped scored runs
+    cfg = DataConfig(heldout_workloads=["gamma"], max_train_tokens=1500, max_eval_tokens=500)
+    # WHEN a training reads all it needs at once
+    data = read_training_data(events_root, cfg, load_catalog(cfg.catalog))
+    # THEN the split is load_split's, and the events are those of each run the questions learn
+    # from or are scored on (never a validation run), whole runs cut to max_eval_tokens calls
+    assert data.split.content_hash() == load_split(events_root, cfg).content_hash()
+    assert sorted(data.events) == data.split.question_runs()
+    assert ("alpha", "r1") not in data.events and ("beta", "r0") in data.events
+    for (w, r), t in data.events.items():
+        assert t.num_rows == min(500, read_run(events_root, w, r).n_tokens)
+    # AND a scored run's events are the calls its tokens are: as many in each thread
+    for run in data.split.evaluation + data.split.unseen_programs:
+        _, per_thread = np.unique(
+            thread_key(data.events[(run.workload, run.run)]), return_counts=True
+        )
+        assert per_thread.tolist() == run.thread_lengths().tolist()
 
 
 def test_split_tail_keeps_time_order():

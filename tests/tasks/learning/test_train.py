@@ -14,6 +14,7 @@ from tasks.learning.questions.lifetime import NETWORK_SURVIVAL, SURVIVAL  # noqa
 from tasks.learning.scores import BASELINES, MODEL, MODELS, OVERALL
 from tasks.learning.split import load_split  # noqa: E402
 from tasks.learning.train import evaluate, train  # noqa: E402
+from tasks.replay.workloads import load_catalog  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 # run under every Keras backend (`make test`: TensorFlow, then JAX)
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.backends, pytest.mark.slow]
 
 def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     cfg = tiny_train_config(tmp_path / "ckpt")
-    trained = train.fn(events_root, cfg)
+    trained = train.fn(events_root, cfg, load_catalog(cfg.data.catalog))
     outcome = evaluate.fn(trained)
     assert isinstance(outcome, TrainOutcome)
     ev = outcome.evaluation
@@ -97,7 +98,7 @@ def test_without_the_questions_network_the_counters_answer_and_the_table_follows
     events_root, tmp_path
 ):
     cfg = tiny_train_config(tmp_path / "ckpt", questions={"network": False})
-    outcome = evaluate.fn(train.fn(events_root, cfg))
+    outcome = evaluate.fn(train.fn(events_root, cfg, load_catalog(cfg.data.catalog)))
     assert outcome.question_network is None
     assert "network" not in {s.predictor for s in outcome.question_scores}
     assert {a.against for a in outcome.table_agreement} == {"class_online"}
@@ -139,7 +140,7 @@ def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tm
         validation_windows=50,
         data={"workloads": ["alpha"]},
     )
-    outcome = evaluate.fn(train.fn(events_root, cfg))
+    outcome = evaluate.fn(train.fn(events_root, cfg, load_catalog(cfg.data.catalog)))
     ev = outcome.evaluation
     assert ev.get(MODEL).positions == ev.get("ngram").positions > 0
     assert outcome.model.output_shape == (None, 64)
@@ -162,7 +163,7 @@ def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_pa
     cfg = tiny_train_config(
         tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_order": 3}
     )
-    trained = train.fn(events_root, cfg)
+    trained = train.fn(events_root, cfg, load_catalog(cfg.data.catalog))
     assert trained.model.input_shape == (None, None)  # tokens only; the table is inside
     outcome = evaluate.fn(trained)
     ev = outcome.evaluation
@@ -233,7 +234,7 @@ def test_an_online_hybrid_champion_is_rescored_exactly_as_it_was_scored(events_r
             "online_features": True,
         },
     )
-    trained = train.fn(events_root, cfg)
+    trained = train.fn(events_root, cfg, load_catalog(cfg.data.catalog))
     outcome = evaluate.fn(trained)
     # WHEN promotion re-scores it as a champion (its own config, as logged with it)
     again = champion_rescorer(cfg, trained.split)(trained.model, cfg.model_dump(mode="json"))

@@ -28,6 +28,7 @@ from tasks.learning.train import evaluate, train
 from tasks.registry.champion import champion_config
 from tasks.registry.register import register_outcome, registered_model
 from tasks.registry.tracking import TrackingConfig, configure
+from tasks.replay.workloads import load_catalog
 from tasks.whatif.night import (
     ModelRef,
     WhatifParams,
@@ -72,6 +73,7 @@ def store(tmp_path_factory):
                 ngram={"max_order": 3},
                 seed=seed,
             ),
+            load_catalog(),
         )
         outcome = evaluate.fn(trained)
         reg = register_outcome(outcome, tracking, run_name=night)

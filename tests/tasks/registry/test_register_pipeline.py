@@ -16,6 +16,7 @@ from tasks.learning.train import evaluate, train  # noqa: E402
 from tasks.learning.train_config import TrainConfig  # noqa: E402
 from tasks.registry.register import champion_rescorer, register_outcome  # noqa: E402
 from tasks.registry.tracking import TrackingConfig  # noqa: E402
+from tasks.replay.workloads import load_catalog  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,7 @@ def tiny(mode: str, ckpt) -> TrainConfig:
 
 
 def trained_on(root: Root, cfg: TrainConfig):
-    t = train.fn(root, cfg)
+    t = train.fn(root, cfg, load_catalog(cfg.data.catalog))
     return t, evaluate.fn(t)
 
 

@@ -31,6 +31,12 @@ def test_short_threads_give_no_training_chunk():
     assert window_starts(run, 4).tolist() == [3]
 
 
+def test_windows_are_every_start_whose_context_and_next_token_lie_in_one_thread():
+    # threads of 3, 1, 16 and 20 tokens: the first two are too short for a window of 4 + 1
+    run = TokenRun("w", "r", np.zeros(40, np.uint8), np.array([0, 3, 4, 20, 40]))
+    assert window_starts(run, 4).tolist() == [*range(4, 16), *range(20, 36)]
+
+
 def test_eval_chunks_score_exactly_the_eval_positions_with_full_context():
     run = TokenRun("w", "r", np.zeros(250, np.uint8), np.array([0, 1, 30, 250]))
     c = 10

@@ -22,6 +22,7 @@ from tasks.learning.nextcall.training import checkpoint_dir  # noqa: E402
 from tasks.learning.split import load_split  # noqa: E402
 from tasks.learning.train import train  # noqa: E402
 from tasks.learning.train_config import TrainConfig  # noqa: E402
+from tasks.replay.workloads import load_catalog  # noqa: E402
 from tests.faults import kill_at_marker  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
@@ -52,6 +53,7 @@ CHILD_TRAINS = """
     from tasks.core.storage import Root
     from tasks.learning.train import train
     from tasks.learning.train_config import TrainConfig
+    from tasks.replay.workloads import load_catalog
 
     class KilledMidEpoch(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -78,7 +80,7 @@ CHILD_TRAINS = """
         keras.callbacks.BackupAndRestore._save_model = save
 
     cfg = TrainConfig.model_validate_json({config!r})
-    train.fn(Root.from_url({root!r}), cfg, callbacks=[KilledMidEpoch()])
+    train.fn(Root.from_url({root!r}), cfg, load_catalog(cfg.data.catalog), callbacks=[KilledMidEpoch()])
 """
 
 
@@ -134,7 +136,7 @@ def test_a_training_killed_mid_epoch_resumes_from_its_checkpoint(
         assert not backup.exists()  # killed before any backup
     # THEN the next run resumes at the epoch that was cut short and completes
     epochs = Epochs()
-    trained = train.fn(events_root, cfg, callbacks=[epochs])
+    trained = train.fn(events_root, cfg, load_catalog(cfg.data.catalog), callbacks=[epochs])
     assert epochs.seen == list(range(resumes_at, 3))
     assert trained.initial_epoch == resumes_at
     assert len(trained.history["loss"]) == 3  # every epoch's curve point once
@@ -153,7 +155,7 @@ def test_a_training_killed_while_writing_its_backup_starts_over(events_root, tmp
     # THEN the next run cannot resume from it (Keras would fail on it every night): it discards
     # it, trains from the first epoch, completes, and says so
     epochs = Epochs()
-    trained = train.fn(events_root, cfg, callbacks=[epochs])
+    trained = train.fn(events_root, cfg, load_catalog(cfg.data.catalog), callbacks=[epochs])
     assert epochs.seen == [0, 1, 2] and trained.initial_epoch == 0
     assert len(trained.history["loss"]) == 3
     assert any(n.startswith("discarded the unreadable backup") for n in trained.notes)
