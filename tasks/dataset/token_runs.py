@@ -9,6 +9,7 @@ reads them here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,6 +150,38 @@ def head_rows(table: pa.Table, max_tokens: int | None) -> pa.Table:
     keep = np.zeros(table.num_rows, bool)
     keep[order[:max_tokens]] = True
     return table.filter(pa.array(keep))
+
+
+class HeadEvents(Mapping[tuple[str, str], pa.Table]):
+    """(workload, run) -> `columns` of the run's events cut to the rows of the tokens that
+    `max_rows` keeps (head_rows): what a stage that answers beside the evaluation reads of each
+    run. Read from the root when asked, never held: a caller keeps the runs it needs at once and
+    lets the others go, so that a night's runs are not in memory together."""
+
+    def __init__(
+        self,
+        root: Root,
+        runs: list[tuple[str, str]],
+        columns: list[str],
+        max_rows: int | None,
+    ) -> None:
+        self.root, self.columns, self.max_rows = root, list(columns), max_rows
+        self._runs = list(dict.fromkeys(runs))
+
+    def __getitem__(self, key: tuple[str, str]) -> pa.Table:
+        if key not in self._runs:
+            raise KeyError(key)
+        w, r = key
+        return head_rows(read_events_run(self.root, w, r, self.columns), self.max_rows)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._runs)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._runs
 
 
 def eval_positions(run: TokenRun) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The split: which runs a training job trains on, validates on and is scored on, by the rule of
 tasks/learning/train_config.py, read as token runs (tasks/dataset/token_runs.py), beside the
 events the allocator's questions read of the same runs: all a training reads of the data root,
-read here at once (read_training_data) before anything is learnt.
+named here at once (read_training_data) before anything is learnt (the token runs read, each
+run's events read when the questions ask for them).
 
 No TensorFlow in this module.
 """
@@ -9,14 +10,14 @@ No TensorFlow in this module.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.dataset.events_reader import read_run as read_events_run
-from tasks.dataset.token_runs import TokenRun, head_rows, list_runs, read_run
+from tasks.dataset.token_runs import HeadEvents, TokenRun, list_runs, read_run
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.labels import QUESTION_COLUMNS
 from tasks.learning.train_config import DataConfig
@@ -175,14 +176,15 @@ def absent_heldout(
 
 @dataclass(frozen=True)
 class TrainingData:
-    """All that a training reads from the data root, read in one pass before anything is
-    learnt (read_training_data): the split's token runs, and the events the allocator's
+    """All that a training reads from the data root, gathered before anything is learnt
+    (read_training_data): the split's token runs, and the events the allocator's
     questions learn from and are scored on."""
 
     split: Split
     # (workload, run) -> the events of each training and scored run, the questions' columns cut
-    # to the calls the evaluation scores (question_events); empty when read for the split alone
-    events: dict[tuple[str, str], pa.Table]
+    # to the calls the evaluation scores (question_events), read when asked; empty when read for
+    # the split alone
+    events: Mapping[tuple[str, str], pa.Table]
 
 
 # the runs whose events the questions read: the validation runs are the next-call model's alone
@@ -233,16 +235,12 @@ def read_training_data(
     return TrainingData(Split(train, validation, evaluation, heldout, notes, unseen), events)
 
 
-def question_events(
-    root: Root, runs: list[tuple[str, str]], max_rows: int | None
-) -> dict[tuple[str, str], pa.Table]:
+def question_events(root: Root, runs: list[tuple[str, str]], max_rows: int | None) -> HeadEvents:
     """The questions' columns (tasks.learning.labels.QUESTION_COLUMNS) of each (workload, run)
     of `runs`, cut to the rows of the tokens that `max_rows` keeps (head_rows; data.max_eval_tokens
     in training), so that every answer is made on the calls the next-call model's evaluation
-    scores."""
-    return {
-        (w, r): head_rows(read_events_run(root, w, r, QUESTION_COLUMNS), max_rows) for w, r in runs
-    }
+    scores; each run read when asked (HeadEvents)."""
+    return HeadEvents(root, runs, QUESTION_COLUMNS, max_rows)
 
 
 def load_split(root: Root, cfg: DataConfig) -> Split:

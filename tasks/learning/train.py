@@ -1,7 +1,7 @@
 """Prefect tasks `train` and `evaluate`: the next-call model, trained and honestly scored.
 
-`train` reads all it needs of the data root first, at once (tasks.learning.split.read_training_data:
-the split's token runs and the questions' events), then answers the allocator's questions and fits
+`train` gathers all it needs of the data root first (tasks.learning.split.read_training_data: the
+split's token runs, and the questions' events, each run's read when asked), then answers the allocator's questions and fits
 the model on what it read (tasks/learning/nextcall/training.py: early stopping, resumable
 checkpoints);
 `evaluate` scores it beside the baselines on runs it never saw and returns the `TrainOutcome`
@@ -80,7 +80,7 @@ def train(
     require_evaluation(split, config.data.min_eval_positions, r.url)
     # the reuse question's predictors read the events (call sites, frees), not the tokens
     questions = question_evaluation(split, data.events, config.questions, config.seed)
-    del data  # the events: the questions' answers are all that is kept of them
+    del data  # the questions' answers are all that is kept of the events
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()
     model, facts = fit_model(config, split, ckpt, callbacks or [])

@@ -7,6 +7,7 @@ import numpy as np
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import events_table
 from tasks.dataset.token_runs import (
+    HeadEvents,
     head_rows,
     list_runs,
     read_run,
@@ -58,3 +59,25 @@ def test_head_rows_are_the_rows_of_the_capped_token_run():
         at = [where[k] for k in keys(rows)]
         assert at == sorted(at)
     assert head_rows(table, 140) is table and head_rows(table, None) is table
+
+
+def test_head_events_reads_each_run_when_asked_and_only_those_named(tmp_path):
+    # GIVEN a root with one run of 10 calls on one thread
+    import pyarrow.parquet as pq
+    import pytest
+
+    root = Root.from_url(str(tmp_path))
+    path = root.events_run("w", "r")
+    root.fs.makedirs(path)
+    pq.write_table(events_table([np.arange(10, dtype=np.uint8)], pid=7), f"{path}/part-0.parquet")
+    # WHEN a mapping names it twice, capped at 4 calls
+    events = HeadEvents(root, [("w", "r"), ("w", "r")], ["pid", "thread", "seq", "op"], 4)
+    # THEN it names the run once, reads its first 4 calls, and refuses a run it does not name
+    assert list(events) == [("w", "r")] and len(events) == 1 and ("w", "r") in events
+    got = events[("w", "r")]
+    assert got.num_rows == 4 and got.column_names == ["pid", "thread", "seq", "op"]
+    assert sorted(got.column("seq").to_pylist()) == sorted(
+        head_rows(events_table([np.arange(10, dtype=np.uint8)], pid=7), 4).column("seq").to_pylist()
+    )
+    with pytest.raises(KeyError):
+        events[("w", "other")]
