@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
+from tasks.dataset.events_reader import read_stack_frames
 from tasks.dataset.token_runs import head_rows
 from tasks.learning.answers import RunAnswers, rows_digest
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
@@ -90,7 +91,8 @@ def question_evaluation(
     def events(workload: str, run: str) -> pa.Table:
         return head_rows(read_events(root, workload, run), max_rows)
 
-    train_events = [events(w, r) for w, r in sorted({(r.workload, r.run) for r in split.train})]
+    train_runs = sorted({(r.workload, r.run) for r in split.train})
+    train_events = [events(w, r) for w, r in train_runs]
     majority = majority_of(train_events)
     lifetime_maj = lifetime_majority(train_events)
 
@@ -99,7 +101,10 @@ def question_evaluation(
 
     net = None
     if network is not None and network.network:
-        train_inputs = [question_inputs(t, counters(t)) for t in train_events]
+        train_inputs = [
+            question_inputs(t, counters(t), read_stack_frames(root, w, r), network.frame_depth)
+            for t, (w, r) in zip(train_events, train_runs, strict=True)
+        ]
         net = train_network(train_inputs, network, seed)
         known = distilled_table(train_inputs, [net.answer(i) for i in train_inputs], majority)
         del train_inputs
@@ -123,7 +128,8 @@ def question_evaluation(
                 **lifetime_answers(t, lifetime_maj),
             }
             if net is not None:
-                said = net.answer(question_inputs(t, answers))
+                frames = read_stack_frames(root, w, r)  # the network reads each call's stack
+                said = net.answer(question_inputs(t, answers, frames, network.frame_depth))
                 _add_network_answers(t, answers, said, majority, lifetime_maj)
                 kept[(w, r)] = RunAnswers(
                     w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])
