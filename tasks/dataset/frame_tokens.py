@@ -32,7 +32,9 @@ import pyarrow as pa
 from tasks.dataset.events_reader import StackFrames
 
 FRAME_PIECES = 5  # sub-word tokens a frame: a name's last ones (its own name, not its namespace)
-FRAME_VOCABULARY = 8192  # hashed ids 1..8191; 0: padding
+# hashed ids 1..FRAME_VOCABULARY - 1; 0: padding. Large beside the few thousand words of a
+# training set, so that a new program's words seldom land on a trained word's id.
+FRAME_VOCABULARY = 32768
 OFFSET_PAGE_BITS = 12  # an unnamed frame's offset bucket: the 4 KiB page of code it is in
 NO_MODULE = "<no module>"
 

@@ -8,7 +8,7 @@ head per question on one recurrent state:
   the counters do; 0 without callers), time since the previous call, the online counters'
   answers at it (class_online, site_online: causal), and the call's stack as sub-word tokens of
   its frames' names (tasks/dataset/frame_tokens.py; a free reads its block's allocation's
-  stack; all padding in a trace without stacks), read by StackEncoder.
+  stack; all padding in a trace without stacks), read by `stack_encoder`.
 - CAUSALITY: a GRU reads forward only, over windows of WINDOW calls (state reset at each,
   padding after the last call): an answer reads its call and those before it in its window,
   nothing after (tests/tasks/learning/questions/test_network.py).
@@ -84,6 +84,11 @@ N_FEATURES = 3 + sum(k * (len(COUNTERS) + 1) for k in QUESTION_CLASSES.values())
 TIME_SCALE = 1.0 / 25.0  # log1p(ns) is at most ~25 for a 100-year gap: features stay in [0, 1]
 FRAME_DEPTH = 8  # frames of a call's stack read, innermost first (QuestionsConfig.frame_depth)
 ANSWER_WINDOWS = 1024  # windows a predict call reads (the frame tokens are gathered per chunk)
+# Training only: a call's stack is dropped whole (all padding) with STACK_DROPOUT, each of its
+# pieces with PIECE_DROPOUT, so that the network learns to answer from the words it recognises
+# and without a stack; a program never trained on is mostly words it never saw.
+STACK_DROPOUT = 0.3
+PIECE_DROPOUT = 0.15
 
 
 @dataclass(frozen=True)
@@ -305,11 +310,17 @@ def stack_encoder(frames, depth: int, width: int = 16, units: int = 32):
     """frames [batch, calls, depth, FRAME_PIECES] (int32 token ids) -> [batch, calls, units]:
     each piece embedded (its sub-word's meaning, shared by every program), pooled per frame,
     then the `depth` frames, innermost first, read together by one dense layer (a weight per
-    depth: where a frame sits in the stack matters). Reads only the call's own stack: causal."""
-    embedded = layers.Embedding(FRAME_VOCABULARY, width, name="frame_pieces")(frames)
+    depth: where a frame sits in the stack matters). Reads only the call's own stack: causal.
+    The embeddings start at zero: a word no training call had stays zero, as padding, rather
+    than a random direction the network reads as a meaning."""
+    embedded = layers.Embedding(
+        FRAME_VOCABULARY, width, embeddings_initializer="zeros", name="frame_pieces"
+    )(frames)
     per_frame = FramePooling(name="frame_pooling")(embedded, frames)
     flat = layers.Reshape((-1, depth * width), name="stack_frames")(per_frame)
-    return layers.Dense(units, activation="relu", name="stack")(flat)
+    # tanh, not relu: at a stack of padding (zeros) a relu's gradient is 0 and, the embeddings
+    # starting at zero, the branch would never learn
+    return layers.Dense(units, activation="tanh", name="stack")(flat)
 
 
 def masked_crossentropy(y_true, y_pred):
@@ -402,12 +413,13 @@ def train_network(
 
 class _WindowBatches(keras.utils.PyDataset):
     """Training batches of windows in a seeded shuffled order (a new one each epoch), their
-    frame tokens gathered per batch: the stacked tokens of every window at once would be
-    depth x FRAME_PIECES times the calls."""
+    frame tokens gathered per batch (the stacked tokens of every window at once would be
+    depth x FRAME_PIECES times the calls) and dropped (STACK_DROPOUT, PIECE_DROPOUT)."""
 
     def __init__(self, x, y, stacks: np.ndarray, batch_size: int, seed: int) -> None:
         super().__init__()
         self.x, self.y, self.stacks, self.batch_size = x, y, stacks, batch_size
+        self.seed, self.epoch = seed, 0
         self.rng = np.random.default_rng(seed)
         self.order = self.rng.permutation(len(x["tokens"]))
 
@@ -416,10 +428,16 @@ class _WindowBatches(keras.utils.PyDataset):
 
     def __getitem__(self, i: int):
         keep = np.sort(self.order[i * self.batch_size : (i + 1) * self.batch_size])
-        return _with_frames(self.x, self.stacks, keep), {q: v[keep] for q, v in self.y.items()}
+        x = _with_frames(self.x, self.stacks, keep)
+        frames = x["frames"]  # a copy (fancy indexing): dropped in place
+        rng = np.random.default_rng((self.seed, self.epoch, i))  # the same batch, the same drops
+        frames[rng.random(frames.shape[:2]) < STACK_DROPOUT] = 0
+        frames[rng.random(frames.shape) < PIECE_DROPOUT] = 0
+        return x, {q: v[keep] for q, v in self.y.items()}
 
     def on_epoch_end(self) -> None:
         self.order = self.rng.permutation(len(self.order))
+        self.epoch += 1
 
 
 def distilled_table(

@@ -101,6 +101,8 @@ def test_an_answer_never_reads_the_calls_after_it():
 
     keras.utils.set_random_seed(1)
     net = QuestionNetwork(build_network(16), 0, 0, 0.0)
+    pieces = net.model.get_layer("frame_pieces")  # zeros until trained: made to read the stacks
+    pieces.embeddings.assign(np.random.default_rng(2).normal(size=pieces.embeddings.shape))
     got_a, got_b = net.answer(a), net.answer(b)
     for q in got_a:
         np.testing.assert_allclose(got_a[q][:cut], got_b[q][:cut], rtol=1e-5, atol=1e-6)
