@@ -128,7 +128,11 @@ def study(root: Root, heldout: list[str], rows: int, cold: int, cfg: QuestionsCo
         by: dict[str, dict[str, dict[str, list]]] = {arm: {} for arm in ARMS}
         for w, r in runs:
             whole = read_events(root, w, r)
-            t = first_calls_of_each_process(whole, cold) if table == COLD else head_rows(whole, rows)
+            t = (
+                first_calls_of_each_process(whole, cold)
+                if table == COLD
+                else head_rows(whole, rows)
+            )
             positions[f"{table}/{w}/{r}"] = t.num_rows
             got = run_answers(t, read_stack_frames(root, w, r), nets, majority, life_maj,
                               cfg.frame_depth)  # fmt: skip
@@ -182,7 +186,9 @@ def markdown(result: dict, command: str) -> str:
             base = [idx.get(("stacks", table, prog, q, p)) for p in SHOWN[:4]]
             arms = [idx.get((a, table, prog, q, p)) for p in SHOWN[4:] for a in ARMS]
             n = next(s["positions"] for s in base + arms if s)
-            lines.append(f"| {prog} | {q} | {n:,} | " + " | ".join(_cell(s) for s in base + arms) + " |")
+            lines.append(
+                f"| {prog} | {q} | {n:,} | " + " | ".join(_cell(s) for s in base + arms) + " |"
+            )
         lines.append("")
     for arm in ARMS:
         got = result["cold_cells"][arm]

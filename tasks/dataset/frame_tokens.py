@@ -41,22 +41,15 @@ NO_MODULE = "<no module>"
 # Pieces a language model's vocabulary holds whole, that C names glue to a prefix without a
 # boundary (`xmalloc`, `safesysmalloc`, `newsv`): a word is cut greedily, longest piece first,
 # at each of these it contains; what lies between is a piece of its own.
-STEMS = tuple(
-    sorted(
-        {
-            "alloc", "malloc", "calloc", "realloc", "free", "new", "del", "delete", "dup",
-            "str", "string", "buf", "buffer", "mem", "copy", "init", "create", "make",
-            "list", "array", "vec", "vector", "hash", "dict", "map", "table", "node", "tree",
-            "insert", "append", "push", "grow", "resize", "extend", "concat", "format",
-            "read", "write", "open", "close", "parse", "load", "get", "set", "safe", "sys",
-            "obj", "object", "type", "name", "file", "path", "char", "byte", "bytes", "long",
-            "float", "tuple", "unicode", "text", "line", "token", "expr", "sym", "pool",
-            "arena", "cache", "block", "page", "chunk", "stack", "frame", "func", "call",
-            "eval", "exec", "compile", "lex", "emit", "build", "lib", "add", "sv", "av", "hv",
-            "parser", "execute", "address", "size", "sizes", "insert",
-        }  # fmt: skip
-    )
-)
+_STEM_WORDS = """
+alloc malloc calloc realloc free new del delete dup str string buf buffer mem copy init
+create make list array vec vector hash dict map table node tree insert append push grow
+resize extend concat format read write open close parse load get set safe sys obj object
+type name file path char byte bytes long float tuple unicode text line token expr sym
+pool arena cache block page chunk stack frame func call eval exec compile lex emit build
+lib add sv av hv parser execute address size sizes
+"""
+STEMS = tuple(sorted(set(_STEM_WORDS.split())))
 _STEM_LENGTHS = sorted({len(s) for s in STEMS}, reverse=True)
 _STEM_SET = frozenset(STEMS)
 # camelCase and digit boundaries: "XMLParser" -> XML Parser, "newSV" -> new SV, "utf8" -> utf 8

@@ -63,7 +63,7 @@ def test_a_frame_without_a_name_is_its_module_and_the_page_of_its_offset():
     words = frame_words("", "/lib/x86_64-linux-gnu/libc.so.6", 0x12345)
     assert words == ["libc", "libc.so.6@12"]
     # the same page of the same module is the same token; another page is another
-    assert frame_words("", "/lib/x86_64-linux-gnu/libc.so.6", 0x12fff)[-1] == words[-1]
+    assert frame_words("", "/lib/x86_64-linux-gnu/libc.so.6", 0x12FFF)[-1] == words[-1]
     assert frame_words("", "/lib/x86_64-linux-gnu/libc.so.6", 0x13000)[-1] != words[-1]
     assert frame_words("", "", 0x7F0012345678) == [NO_MODULE]  # JIT code: no module
     # a long name keeps its last pieces (the function's own name)
