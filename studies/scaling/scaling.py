@@ -411,10 +411,11 @@ def point_questions(root, split, cfg, question_tokens: int | None, unseen_runs: 
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
     from tasks.learning.questions.evaluation import question_evaluation
     from tasks.learning.questions.reuse import hedged_cells
-    from tasks.learning.split import question_events
+    from tasks.learning.split import question_events, question_frames
 
     events = question_events(root, split.question_runs(), question_tokens)
-    q = question_evaluation(split, events, cfg.questions, cfg.seed)
+    frames = question_frames(root, split.question_runs())
+    q = question_evaluation(split, events, cfg.questions, cfg.seed, frames=frames)
     out = {
         "unseen_programs": question_scores(q.scores, UNSEEN_PROGRAMS),
         "by_program": {

@@ -9,8 +9,9 @@ reads them here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +21,8 @@ from tasks.dataset.events_reader import EVENTS_DIR, EventsNotFound, has_dataset
 from tasks.dataset.events_reader import list_runs as list_events_runs
 from tasks.dataset.events_reader import read_run as read_events_run
 from tasks.dataset.tokens import N_TOKENS
+
+T = TypeVar("T")
 
 COLUMNS = ["pid", "thread", "seq", "token"]
 
@@ -152,27 +155,19 @@ def head_rows(table: pa.Table, max_tokens: int | None) -> pa.Table:
     return table.filter(pa.array(keep))
 
 
-class HeadEvents(Mapping[tuple[str, str], pa.Table]):
-    """(workload, run) -> `columns` of the run's events cut to the rows of the tokens that
-    `max_rows` keeps (head_rows): what a stage that answers beside the evaluation reads of each
-    run. Read from the root when asked, never held: a caller keeps the runs it needs at once and
-    lets the others go, so that a night's runs are not in memory together."""
+class RunsRead(Mapping[tuple[str, str], T]):
+    """(workload, run) -> `read(workload, run)` for the runs named, read when asked and never
+    held: a caller keeps the runs it needs at once and lets the others go, so that a night's runs
+    are not in memory together."""
 
-    def __init__(
-        self,
-        root: Root,
-        runs: list[tuple[str, str]],
-        columns: list[str],
-        max_rows: int | None,
-    ) -> None:
-        self.root, self.columns, self.max_rows = root, list(columns), max_rows
+    def __init__(self, runs: list[tuple[str, str]], read: Callable[[str, str], T]) -> None:
         self._runs = list(dict.fromkeys(runs))
+        self._read = read
 
-    def __getitem__(self, key: tuple[str, str]) -> pa.Table:
+    def __getitem__(self, key: tuple[str, str]) -> T:
         if key not in self._runs:
             raise KeyError(key)
-        w, r = key
-        return head_rows(read_events_run(self.root, w, r, self.columns), self.max_rows)
+        return self._read(*key)
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self._runs)
@@ -182,6 +177,15 @@ class HeadEvents(Mapping[tuple[str, str], pa.Table]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._runs
+
+
+def head_events(
+    root: Root, runs: list[tuple[str, str]], columns: list[str], max_rows: int | None
+) -> RunsRead[pa.Table]:
+    """`columns` of each run's events cut to the rows of the tokens that `max_rows` keeps
+    (head_rows): what a stage that answers beside the evaluation reads of each run."""
+    cols = list(columns)
+    return RunsRead(runs, lambda w, r: head_rows(read_events_run(root, w, r, cols), max_rows))
 
 
 def eval_positions(run: TokenRun) -> np.ndarray:

@@ -42,9 +42,9 @@ LABEL_COLUMNS = [
     "pid", "thread", "seq", "time_ns", "op", "size", "addr", "freed_size", "lifetime_ns",
     "lifetime_calls",
 ]  # fmt: skip
-# what the allocator's questions read of a run's events: the labels' columns and the call site
-# (tasks.dataset.sites.call_sites)
-QUESTION_COLUMNS = [*LABEL_COLUMNS, "caller_module", "caller_offset"]
+# what the allocator's questions read of a run's events: the labels' columns, the call site
+# (tasks.dataset.sites.call_sites) and the call stack's id (tasks/dataset/stacks_table.py)
+QUESTION_COLUMNS = [*LABEL_COLUMNS, "caller_module", "caller_offset", "stack"]
 _DEFINING = np.zeros(256, bool)
 _DEFINING[[int(o) for o in (*ALLOCATING_OPS, *REALLOCATING_OPS)]] = True
 _FREEING = np.zeros(256, bool)

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.dataset.token_runs import HeadEvents, TokenRun, list_runs, read_run
+from tasks.dataset.events_reader import StackFrames, read_stack_frames
+from tasks.dataset.token_runs import RunsRead, TokenRun, head_events, list_runs, read_run
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.labels import QUESTION_COLUMNS
 from tasks.learning.train_config import DataConfig
@@ -177,7 +178,7 @@ def absent_heldout(
 @dataclass(frozen=True)
 class TrainingData:
     """All that a training reads from the data root, gathered before anything is learnt
-    (read_training_data): the split's token runs, and the events the allocator's
+    (read_training_data): the split's token runs, and the events (and stacks) the allocator's
     questions learn from and are scored on."""
 
     split: Split
@@ -185,6 +186,8 @@ class TrainingData:
     # to the calls the evaluation scores (question_events), read when asked; empty when read for
     # the split alone
     events: Mapping[tuple[str, str], pa.Table]
+    # ... and the same runs' call stacks (read_stack_frames: none where traced without them)
+    frames: Mapping[tuple[str, str], StackFrames]
 
 
 # the runs whose events the questions read: the validation runs are the next-call model's alone
@@ -202,7 +205,9 @@ def read_training_data(
     cfg, notes = absent_heldout(available, cfg, programs)
     plan = plan_split(available, cfg, {w: programs.get(w, w) for w in available})
     asked = [(w, r) for w, roles in plan.items() for role in QUESTION_ROLES for r in roles[role]]
-    events = question_events(root, asked if questions else [], cfg.max_eval_tokens)
+    asked = asked if questions else []
+    events = question_events(root, asked, cfg.max_eval_tokens)
+    frames = question_frames(root, asked)
     train: list[TokenRun] = []
     validation: list[TokenRun] = []
     evaluation: list[TokenRun] = []
@@ -232,15 +237,24 @@ def read_training_data(
             heldout.append(read_run(root, w, r, cfg.max_eval_tokens))
         for r in roles["unseen"]:
             unseen.append(read_run(root, w, r, cfg.max_eval_tokens))
-    return TrainingData(Split(train, validation, evaluation, heldout, notes, unseen), events)
+    split = Split(train, validation, evaluation, heldout, notes, unseen)
+    return TrainingData(split, events, frames)
 
 
-def question_events(root: Root, runs: list[tuple[str, str]], max_rows: int | None) -> HeadEvents:
+def question_events(
+    root: Root, runs: list[tuple[str, str]], max_rows: int | None
+) -> RunsRead[pa.Table]:
     """The questions' columns (tasks.learning.labels.QUESTION_COLUMNS) of each (workload, run)
     of `runs`, cut to the rows of the tokens that `max_rows` keeps (head_rows; data.max_eval_tokens
     in training), so that every answer is made on the calls the next-call model's evaluation
-    scores; each run read when asked (HeadEvents)."""
-    return HeadEvents(root, runs, QUESTION_COLUMNS, max_rows)
+    scores; each run read when asked."""
+    return head_events(root, runs, QUESTION_COLUMNS, max_rows)
+
+
+def question_frames(root: Root, runs: list[tuple[str, str]]) -> RunsRead[StackFrames]:
+    """The call stacks of each (workload, run) of `runs` (read_stack_frames), each read when
+    asked: what the questions' network reads beside question_events."""
+    return RunsRead(runs, lambda w, r: read_stack_frames(root, w, r))
 
 
 def load_split(root: Root, cfg: DataConfig) -> Split:

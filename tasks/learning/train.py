@@ -79,7 +79,9 @@ def train(
         raise ValueError(f"{r.url}: the split has no training run")
     require_evaluation(split, config.data.min_eval_positions, r.url)
     # the reuse question's predictors read the events (call sites, frees), not the tokens
-    questions = question_evaluation(split, data.events, config.questions, config.seed)
+    questions = question_evaluation(
+        split, data.events, config.questions, config.seed, frames=data.frames
+    )
     del data  # the questions' answers are all that is kept of the events
     ckpt = checkpoint_dir(r, config, split)
     t0 = time.perf_counter()

@@ -139,6 +139,8 @@ class QuestionsConfig(StrictModel):
     learning_rate: float = Field(default=3e-3, gt=0.0)
     # a sample of the training runs' calls (whole windows), for the night's time
     max_train_calls: int | None = Field(default=None, gt=0)
+    # frames of each call's stack the network reads, innermost first (question_network.stack_encoder)
+    frame_depth: int = Field(default=8, ge=1, le=64)
 
 
 class TrainConfig(StrictModel):

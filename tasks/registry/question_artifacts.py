@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from tasks.dataset.events_reader import read_stack_frames
 from tasks.dataset.token_runs import head_rows
 from tasks.learning.outcome import TrainOutcome
 from tasks.learning.questions.hedge import HEDGED
@@ -95,7 +96,8 @@ def distil_lifetime(outcome: TrainOutcome):
     model = outcome.question_network.model
     inputs, answers = [], []
     for w, r in outcome.dataset.train_runs:
-        _, inp, said = answered_inputs(head_rows(read_events(root, w, r), cap), model)
+        events = head_rows(read_events(root, w, r), cap)
+        _, inp, said = answered_inputs(events, model, read_stack_frames(root, w, r))
         inputs.append(inp)
         answers.append(said)
     return distilled_lifetime(inputs, answers)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from tasks.dataset.events_reader import StackFrames
 from tasks.learning.answers import RunAnswers, rows_digest
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
 from tasks.learning.labels import (
@@ -76,14 +77,21 @@ def question_evaluation(
     events: Mapping[tuple[str, str], pa.Table],
     network: QuestionsConfig | None = None,
     seed: int = 0,
+    frames: Mapping[tuple[str, str], StackFrames] | None = None,
 ) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/questions/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
     majorities from its training runs, and the network (`network.network`) trained on them, the
     layer's table distilled from it. `events`: each training and scored run's, by (workload,
     run), as tasks.learning.split.question_events reads them (the calls the next-call model's
-    evaluation scores)."""
-    train_events = [events[k] for k in sorted({(r.workload, r.run) for r in split.train})]
+    evaluation scores); `frames`: the same runs' stacks, which the network reads (None: it reads
+    padding)."""
+
+    def stacks(key: tuple[str, str]) -> StackFrames | None:
+        return None if frames is None else frames[key]
+
+    train_runs = sorted({(r.workload, r.run) for r in split.train})
+    train_events = [events[k] for k in train_runs]
     majority = majority_of(train_events)
     lifetime_maj = lifetime_majority(train_events)
 
@@ -92,7 +100,10 @@ def question_evaluation(
 
     net = None
     if network is not None and network.network:
-        train_inputs = [question_inputs(t, counters(t)) for t in train_events]
+        train_inputs = [
+            question_inputs(t, counters(t), stacks(k), network.frame_depth)
+            for t, k in zip(train_events, train_runs, strict=True)
+        ]
         net = train_network(train_inputs, network, seed)
         known = distilled_table(train_inputs, [net.answer(i) for i in train_inputs], majority)
         del train_inputs
@@ -116,7 +127,8 @@ def question_evaluation(
                 **lifetime_answers(t, lifetime_maj),
             }
             if net is not None:
-                said = net.answer(question_inputs(t, answers))
+                # the network reads each call's stack
+                said = net.answer(question_inputs(t, answers, stacks((w, r)), network.frame_depth))
                 _add_network_answers(t, answers, said, majority, lifetime_maj)
                 kept[(w, r)] = RunAnswers(
                     w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])

@@ -5,8 +5,10 @@ at an allocation, "how long will this block live?" (lifetime, tasks/learning/que
 head per question on one recurrent state:
 
 - Inputs: a PROCESS's calls in call order (labels.process_order): token, call site (hashed as
-  the counters do; 0 without callers), time since the previous call, and the online counters'
-  answers at it (class_online, site_online: causal).
+  the counters do; 0 without callers), time since the previous call, the online counters'
+  answers at it (class_online, site_online: causal), and the call's stack as sub-word tokens of
+  its frames' names (tasks/dataset/frame_tokens.py; a free reads its block's allocation's
+  stack; all padding in a trace without stacks), read by `stack_encoder`.
 - CAUSALITY: a GRU reads forward only, over windows of WINDOW calls (state reset at each,
   padding after the last call): an answer reads its call and those before it in its window,
   nothing after (tests/tasks/learning/questions/test_network.py).
@@ -28,6 +30,13 @@ import numpy as np
 import pyarrow as pa
 from keras import layers, ops
 
+from tasks.dataset.events_reader import StackFrames
+from tasks.dataset.frame_tokens import (
+    FRAME_PIECES,
+    FRAME_VOCABULARY,
+    event_stack_rows,
+    stack_tokens,
+)
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 from tasks.learning.counters.by_due import online_by_due
 from tasks.learning.labels import (
@@ -63,8 +72,9 @@ COUNTERS = ("class_online", "site_online")
 # What the network's inputs mean, versioned: a network is answered only with the inputs it was
 # trained on (the registry tags each logged network; tasks/registry/question_artifacts.py refuses another).
 # 1: the reuse counters counted a free only at the next request of its class;
-# 2 (2026-11-26): they count it "later or never" once the last edge has passed without one.
-INPUTS_VERSION = 2
+# 2 (2026-11-26): they count it "later or never" once the last edge has passed without one;
+# 3: the call's stack as frame tokens (the `frames` input).
+INPUTS_VERSION = 3
 WINDOW = 256  # calls per window (the state is reset at each)
 # the project's tokens (tasks/dataset/tokens.py), and one more: a call that neither defines nor
 # frees a known-size block (a failed malloc)
@@ -72,6 +82,13 @@ OTHER_TOKEN = N_TOKENS
 N_INPUT_TOKENS = N_TOKENS + 1
 N_FEATURES = 3 + sum(k * (len(COUNTERS) + 1) for k in QUESTION_CLASSES.values())
 TIME_SCALE = 1.0 / 25.0  # log1p(ns) is at most ~25 for a 100-year gap: features stay in [0, 1]
+FRAME_DEPTH = 8  # frames of a call's stack read, innermost first (QuestionsConfig.frame_depth)
+ANSWER_WINDOWS = 1024  # windows a predict call reads (the frame tokens are gathered per chunk)
+# Training only: a call's stack is dropped whole (all padding) with STACK_DROPOUT, each of its
+# pieces with PIECE_DROPOUT, so that the network learns to answer from the words it recognises
+# and without a stack; a program never trained on is mostly words it never saw.
+STACK_DROPOUT = 0.3
+PIECE_DROPOUT = 0.15
 
 
 @dataclass(frozen=True)
@@ -85,11 +102,21 @@ class QuestionInputs:
     features: np.ndarray  # float32 [n, N_FEATURES]
     labels: dict[str, np.ndarray]  # question -> int32 [n], NO_LABEL where it does not apply
     free_class: np.ndarray  # int64 [n]: the freed block's size class, -1 where none
+    # the call's row of stack_tokens (0: none): its own stack, a free its block's allocation's
+    stack_rows: np.ndarray | None = None  # int32 [n]; None: no call has a stack
+    stack_tokens: np.ndarray | None = None  # int32 [stacks + 1, depth, FRAME_PIECES]
 
 
-def question_inputs(table: pa.Table, answers: dict[str, ReuseAnswers]) -> QuestionInputs:
+def question_inputs(
+    table: pa.Table,
+    answers: dict[str, ReuseAnswers],
+    frames: StackFrames | None = None,
+    depth: int = FRAME_DEPTH,
+) -> QuestionInputs:
     """The network's inputs for one run's events table, from the counters' `answers` (every
-    question of QUESTION_CLASSES, as reuse_answers / lifetime_answers give them)."""
+    question of QUESTION_CLASSES, as reuse_answers / lifetime_answers give them) and the run's
+    stacks (`frames`, read_stack_frames; None: the frame inputs are all padding), each call's
+    first `depth` frames."""
     n = table.num_rows
     order, starts = process_order(table)
     req_cls, free_cls = request_and_free_classes(table)
@@ -124,6 +151,7 @@ def question_inputs(table: pa.Table, answers: dict[str, ReuseAnswers]) -> Questi
             col += k
         features[:, col : col + k] = _process_counter(starts, labels[q], due[q], k)
         col += k
+    rows, tok = _stack_inputs(table, order, starts, frames, depth)
     return QuestionInputs(
         order,
         starts,
@@ -132,7 +160,28 @@ def question_inputs(table: pa.Table, answers: dict[str, ReuseAnswers]) -> Questi
         features,
         labels,
         free_cls[order],
+        rows,
+        tok,
     )
+
+
+def _stack_inputs(
+    table: pa.Table, order: np.ndarray, starts: np.ndarray, frames: StackFrames | None, depth: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(each call's row of the run's stack tokens, process order; the tokens): a call's own
+    stack, and at a free without one its block's allocation's (the row whose lifetime ends at
+    the free: lifetime_due, a numpy join; 0 where that allocation is not in the table)."""
+    if frames is None or not len(frames) or "stack" not in table.column_names:
+        return None, None
+    rows = event_stack_rows(frames, table.column("stack"))[order]
+    due = lifetime_due(table, order, starts)  # an allocation's free, process order
+    freed_by = np.full(len(rows), -1, np.int64)
+    alloc = np.flatnonzero(due >= 0)
+    freed_by[due[alloc]] = alloc
+    _, free_cls = request_and_free_classes(table)
+    borrow = (rows == 0) & (free_cls[order] >= 0) & (freed_by >= 0)
+    rows[borrow] = rows[freed_by[borrow]]
+    return rows, stack_tokens(frames, depth)
 
 
 def _positions(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -181,10 +230,15 @@ def _windows(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return offset[proc] + pos // WINDOW, pos % WINDOW, int(per.sum())
 
 
-def _as_windows(inputs: list[QuestionInputs]) -> tuple[dict[str, np.ndarray], dict, list]:
-    """Stack runs' calls as windows: (x, y, [(window, slot) of each run's calls])."""
-    tok, site, feat, where = [], [], [], []
+def _as_windows(
+    inputs: list[QuestionInputs], depth: int
+) -> tuple[dict[str, np.ndarray], dict, list, np.ndarray]:
+    """Stack runs' calls as windows: (x, y, [(window, slot) of each run's calls], the runs' stack
+    tokens at `depth` frames, stacked). x's "stack_rows" index those tokens (0: padding);
+    `_with_frames` gathers them for the windows read."""
+    tok, site, feat, rows, where = [], [], [], [], []
     ys: dict[str, list[np.ndarray]] = {q: [] for q in QUESTION_CLASSES}
+    stacks = [np.zeros((1, depth, FRAME_PIECES), np.int32)]
     base = 0
     for inp in inputs:
         w, s, m = _windows(inp.starts)
@@ -195,19 +249,78 @@ def _as_windows(inputs: list[QuestionInputs]) -> tuple[dict[str, np.ndarray], di
         si[w, s] = inp.sites
         f = np.zeros((m, WINDOW, N_FEATURES), np.float32)
         f[w, s] = inp.features
+        r = np.zeros((m, WINDOW), np.int32)
+        if inp.stack_rows is not None and inp.stack_tokens is not None:
+            offset = sum(len(x) for x in stacks) - 1  # a run's row 0 is the shared padding
+            r[w, s] = np.where(inp.stack_rows > 0, inp.stack_rows + offset, 0)
+            stacks.append(_at_depth(inp.stack_tokens[1:], depth))
         for q in QUESTION_CLASSES:
             y = np.full((m, WINDOW), NO_LABEL, np.int32)
             y[w, s] = inp.labels[q]
             ys[q].append(y)
-        tok.append(t), site.append(si), feat.append(f)
+        tok.append(t), site.append(si), feat.append(f), rows.append(r)
         base += m
     x = {
         "tokens": np.concatenate(tok) if tok else np.zeros((0, WINDOW), np.int32),
         "sites": np.concatenate(site) if site else np.zeros((0, WINDOW), np.int32),
         "features": np.concatenate(feat) if feat else np.zeros((0, WINDOW, N_FEATURES), np.float32),
+        "stack_rows": np.concatenate(rows) if rows else np.zeros((0, WINDOW), np.int32),
     }
     y = {q: np.concatenate(v) if v else np.zeros((0, WINDOW), np.int32) for q, v in ys.items()}
-    return x, y, where
+    return x, y, where, np.concatenate(stacks)
+
+
+def _at_depth(tokens: np.ndarray, depth: int) -> np.ndarray:
+    """Stack tokens [stacks, d, FRAME_PIECES] cut or padded to `depth` frames."""
+    if tokens.shape[1] >= depth:
+        return tokens[:, :depth]
+    pad = np.zeros((len(tokens), depth - tokens.shape[1], FRAME_PIECES), np.int32)
+    return np.concatenate([tokens, pad], axis=1)
+
+
+def _with_frames(x: dict[str, np.ndarray], stacks: np.ndarray, keep) -> dict[str, np.ndarray]:
+    """The model's inputs for the windows `keep` (indices or a slice) of `x`: its stack rows
+    replaced by their frame tokens [windows, WINDOW, depth, FRAME_PIECES]."""
+    return {
+        "tokens": x["tokens"][keep],
+        "sites": x["sites"][keep],
+        "features": x["features"][keep],
+        "frames": stacks[x["stack_rows"][keep]],
+    }
+
+
+def frame_depth_of(model: keras.Model) -> int:
+    """The frames of a call's stack a network reads (its `frames` input's shape)."""
+    return int(model.get_layer("frames").output.shape[2])
+
+
+@keras.saving.register_keras_serializable(package="heapcast")
+class FramePooling(layers.Layer):
+    """[..., pieces, width] embeddings and their [..., pieces] token ids -> [..., width]: each
+    frame's mean embedding over its pieces, padding (id 0) left out; a frame of padding only
+    is zeros."""
+
+    def call(self, embedded, ids):
+        present = ops.expand_dims(ops.cast(ops.greater(ids, 0), embedded.dtype), -1)
+        total = ops.sum(embedded * present, axis=-2)
+        return total / ops.maximum(ops.sum(present, axis=-2), 1.0)
+
+
+def stack_encoder(frames, depth: int, width: int = 16, units: int = 32):
+    """frames [batch, calls, depth, FRAME_PIECES] (int32 token ids) -> [batch, calls, units]:
+    each piece embedded (its sub-word's meaning, shared by every program), pooled per frame,
+    then the `depth` frames, innermost first, read together by one dense layer (a weight per
+    depth: where a frame sits in the stack matters). Reads only the call's own stack: causal.
+    The embeddings start at zero: a word no training call had stays zero, as padding, rather
+    than a random direction the network reads as a meaning."""
+    embedded = layers.Embedding(
+        FRAME_VOCABULARY, width, embeddings_initializer="zeros", name="frame_pieces"
+    )(frames)
+    per_frame = FramePooling(name="frame_pooling")(embedded, frames)
+    flat = layers.Reshape((-1, depth * width), name="stack_frames")(per_frame)
+    # tanh, not relu: at a stack of padding (zeros) a relu's gradient is 0 and, the embeddings
+    # starting at zero, the branch would never learn
+    return layers.Dense(units, activation="tanh", name="stack")(flat)
 
 
 def masked_crossentropy(y_true, y_pred):
@@ -218,16 +331,19 @@ def masked_crossentropy(y_true, y_pred):
     return ops.sum(ce * valid) / ops.maximum(ops.sum(valid), 1.0)
 
 
-def build_network(units: int = 48) -> keras.Model:
-    """tokens, sites, features [batch, calls] -> one softmax per question [batch, calls, k]."""
+def build_network(units: int = 48, frame_depth: int = FRAME_DEPTH) -> keras.Model:
+    """tokens, sites [batch, calls], features [batch, calls, N_FEATURES], frames [batch, calls,
+    frame_depth, FRAME_PIECES] -> one softmax per question [batch, calls, k]."""
     tokens = keras.Input((None,), dtype="int32", name="tokens")
     sites = keras.Input((None,), dtype="int32", name="sites")
     features = keras.Input((None, N_FEATURES), name="features")
+    frames = keras.Input((None, frame_depth, FRAME_PIECES), dtype="int32", name="frames")
     x = layers.Concatenate()(
         [
             layers.Embedding(N_INPUT_TOKENS, 16)(tokens),
             layers.Embedding(SITE_VOCABULARY + 1, 8)(sites),
             features,
+            stack_encoder(frames, frame_depth),
         ]
     )
     x = layers.Dense(units, activation="relu")(x)
@@ -236,7 +352,8 @@ def build_network(units: int = 48) -> keras.Model:
     outputs = {
         q: layers.Dense(k, activation="softmax", name=q)(z) for q, k in QUESTION_CLASSES.items()
     }
-    return keras.Model({"tokens": tokens, "sites": sites, "features": features}, outputs)
+    inputs = {"tokens": tokens, "sites": sites, "features": features, "frames": frames}
+    return keras.Model(inputs, outputs)
 
 
 @dataclass(frozen=True)
@@ -250,14 +367,21 @@ class QuestionNetwork:
 
     def answer(self, inputs: QuestionInputs, batch_size: int = 128) -> dict[str, np.ndarray]:
         """{question: float64 [n, k]}: the network's answer at every call, in TABLE row order."""
-        x, _, where = _as_windows([inputs])
-        out = self.model.predict(x, batch_size=batch_size, verbose=0)
+        x, _, where, stacks = _as_windows([inputs], frame_depth_of(self.model))
+        m = len(x["tokens"])
+        out: dict[str, list[np.ndarray]] = {q: [] for q in QUESTION_CLASSES}
+        for lo in range(0, m, ANSWER_WINDOWS):  # a loop over chunks of windows
+            chunk = _with_frames(x, stacks, slice(lo, lo + ANSWER_WINDOWS))
+            said = self.model.predict(chunk, batch_size=batch_size, verbose=0)
+            for q in QUESTION_CLASSES:
+                out[q].append(np.asarray(said[q]))
         w, s = where[0]
         n = len(inputs.order)
         answers = {}
         for q, k in QUESTION_CLASSES.items():
             p = np.empty((n, k), np.float64)
-            p[inputs.order] = np.asarray(out[q])[w, s]
+            if n:
+                p[inputs.order] = np.concatenate(out[q])[w, s]
             answers[q] = p
         return answers
 
@@ -269,21 +393,51 @@ def train_network(
     windows, drawn with `seed`)."""
     t0 = time.perf_counter()
     keras.utils.set_random_seed(seed)
-    x, y, _ = _as_windows(inputs)
+    x, y, _, stacks = _as_windows(inputs, config.frame_depth)
     cap = config.max_train_calls
     if cap is not None and len(x["tokens"]) * WINDOW > cap:
         keep = np.random.default_rng(seed).permutation(len(x["tokens"]))[: max(1, cap // WINDOW)]
         x = {k: v[keep] for k, v in x.items()}
         y = {k: v[keep] for k, v in y.items()}
-    model = build_network(config.units)
+    model = build_network(config.units, config.frame_depth)
     model.compile(
         optimizer=keras.optimizers.Adam(config.learning_rate),
         loss={q: masked_crossentropy for q in QUESTION_CLASSES},
     )
     if len(x["tokens"]):
-        model.fit(x, y, batch_size=config.batch_size, epochs=config.epochs, shuffle=True, verbose=0)
+        batches = _WindowBatches(x, y, stacks, config.batch_size, seed)
+        model.fit(batches, epochs=config.epochs, verbose=0)
     calls = int(sum(len(i.order) for i in inputs))
     return QuestionNetwork(model, calls, config.epochs, time.perf_counter() - t0)
+
+
+class _WindowBatches(keras.utils.PyDataset):
+    """Training batches of windows in a seeded shuffled order (a new one each epoch), their
+    frame tokens gathered per batch (the stacked tokens of every window at once would be
+    depth x FRAME_PIECES times the calls) and dropped (STACK_DROPOUT, PIECE_DROPOUT)."""
+
+    def __init__(self, x, y, stacks: np.ndarray, batch_size: int, seed: int) -> None:
+        super().__init__()
+        self.x, self.y, self.stacks, self.batch_size = x, y, stacks, batch_size
+        self.seed, self.epoch = seed, 0
+        self.rng = np.random.default_rng(seed)
+        self.order = self.rng.permutation(len(x["tokens"]))
+
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.batch_size)
+
+    def __getitem__(self, i: int):
+        keep = np.sort(self.order[i * self.batch_size : (i + 1) * self.batch_size])
+        x = _with_frames(self.x, self.stacks, keep)
+        frames = x["frames"]  # a copy (fancy indexing): dropped in place
+        rng = np.random.default_rng((self.seed, self.epoch, i))  # the same batch, the same drops
+        frames[rng.random(frames.shape[:2]) < STACK_DROPOUT] = 0
+        frames[rng.random(frames.shape) < PIECE_DROPOUT] = 0
+        return x, {q: v[keep] for q, v in self.y.items()}
+
+    def on_epoch_end(self) -> None:
+        self.order = self.rng.permutation(len(self.order))
+        self.epoch += 1
 
 
 def distilled_table(
@@ -372,16 +526,17 @@ def load_question_network(path: str | Path) -> keras.Model:
 
 
 def network_answers(
-    table: pa.Table, model: keras.Model
+    table: pa.Table, model: keras.Model, frames: StackFrames | None = None
 ) -> tuple[dict[str, ReuseAnswers], dict[str, np.ndarray]]:
-    """A logged network's answers on an events table (LABEL_COLUMNS, callers where traced):
-    (the counters' answers it reads, {question: its answer at every row, TABLE row order})."""
-    answers, _, said = answered_inputs(table, model)
+    """A logged network's answers on an events table (LABEL_COLUMNS, callers where traced; its
+    run's stacks in `frames`, read_stack_frames, None: answered without them): (the counters'
+    answers it reads, {question: its answer at every row, TABLE row order})."""
+    answers, _, said = answered_inputs(table, model, frames)
     return answers, said
 
 
 def answered_inputs(
-    table: pa.Table, model: keras.Model
+    table: pa.Table, model: keras.Model, frames: StackFrames | None = None
 ) -> tuple[dict[str, ReuseAnswers], QuestionInputs, dict[str, np.ndarray]]:
     """network_answers, and the inputs the network read (what `distilled_table` needs)."""
     flat = {q: np.full(k, 1.0 / k) for q, k in QUESTION_CLASSES.items()}
@@ -389,15 +544,18 @@ def answered_inputs(
         "reuse": reuse_answers(table, flat["reuse"]),
         **lifetime_answers(table, {q: flat[q] for q in ("lifetime_calls", "lifetime_time")}),
     }
-    inputs = question_inputs(table, answers)
+    inputs = question_inputs(table, answers, frames, frame_depth_of(model))
     return answers, inputs, QuestionNetwork(model, 0, 0, 0.0).answer(inputs)
 
 
-def soon_probability(table: pa.Table, model: keras.Model) -> np.ndarray:
-    """float64 per row of an events table (LABEL_COLUMNS, callers where traced): the network's
-    P(the class the row frees is requested again within REUSE_EDGES[SOON_CLASS] calls of the
-    process), NaN where the row frees no block of known size. Causal: its answer at the free."""
-    return soon_of(table, network_answers(table, model)[1]["reuse"])
+def soon_probability(
+    table: pa.Table, model: keras.Model, frames: StackFrames | None = None
+) -> np.ndarray:
+    """float64 per row of an events table (LABEL_COLUMNS, callers where traced; the run's stacks
+    in `frames`): the network's P(the class the row frees is requested again within
+    REUSE_EDGES[SOON_CLASS] calls of the process), NaN where the row frees no block of known
+    size. Causal: its answer at the free."""
+    return soon_of(table, network_answers(table, model, frames)[1]["reuse"])
 
 
 def soon_of(table: pa.Table, reuse: np.ndarray) -> np.ndarray:

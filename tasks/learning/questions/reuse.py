@@ -157,8 +157,9 @@ def score_answers(
 
 
 def read_events(root: Root, workload: str, run: str) -> pa.Table:
-    """One run's events with the columns the labels and the call sites need."""
-    # a part written before callers were traced reads them as nulls: positions without a site
+    """One run's events with the columns the labels, the call sites and the stacks need."""
+    # a part written before callers (stacks) were traced reads them as nulls: positions without
+    # a site (a stack)
     table = read_run(root, workload, run, QUESTION_COLUMNS)
     if table.num_rows == 0:
         raise ValueError(f"{root.url_of('events')}: run {workload}/{run} has no events")

@@ -7,7 +7,7 @@ import numpy as np
 from tasks.core.storage import Root
 from tasks.dataset.synthetic_events import events_table
 from tasks.dataset.token_runs import (
-    HeadEvents,
+    head_events,
     head_rows,
     list_runs,
     read_run,
@@ -71,7 +71,7 @@ def test_head_events_reads_each_run_when_asked_and_only_those_named(tmp_path):
     root.fs.makedirs(path)
     pq.write_table(events_table([np.arange(10, dtype=np.uint8)], pid=7), f"{path}/part-0.parquet")
     # WHEN a mapping names it twice, capped at 4 calls
-    events = HeadEvents(root, [("w", "r"), ("w", "r")], ["pid", "thread", "seq", "op"], 4)
+    events = head_events(root, [("w", "r"), ("w", "r")], ["pid", "thread", "seq", "op"], 4)
     # THEN it names the run once, reads its first 4 calls, and refuses a run it does not name
     assert list(events) == [("w", "r")] and len(events) == 1 and ("w", "r") in events
     got = events[("w", "r")]

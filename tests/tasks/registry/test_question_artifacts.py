@@ -110,6 +110,7 @@ def test_the_questions_network_is_logged_with_the_version_and_loads_back(tmp_pat
         "tokens": np.array([[1, 33, 2]], np.int32),
         "sites": np.zeros((1, 3), np.int32),
         "features": np.random.default_rng(0).random((1, 3, N_FEATURES)).astype(np.float32),
+        "frames": np.random.default_rng(1).integers(0, 50, (1, 3, 8, 5)).astype(np.int32),
     }
     want, got = net.model.predict(x, verbose=0), load_question_network(path).predict(x, verbose=0)
     for q in want:
@@ -129,9 +130,13 @@ def test_the_questions_network_is_logged_with_the_version_and_loads_back(tmp_pat
     for q, v in fetched.predict(x, verbose=0).items():
         np.testing.assert_allclose(v, want[q], rtol=1e-5)
     # a network logged before the tag (inputs version 1: the reuse counters that never learnt
-    # "later") is refused in one line naming the run and what to do
+    # "later"), or on version 2's inputs (no stacks), is refused in one line naming the run and
+    # what to do
+    client.set_tag(run_id, TAG_NETWORK_INPUTS, "2")
+    with pytest.raises(ValueError, match=rf"run {run_id}: .* inputs v2, this code computes v3"):
+        fetch_question_network(run_id, tmp_path / "v2")
     client.delete_tag(run_id, TAG_NETWORK_INPUTS)
-    with pytest.raises(ValueError, match=rf"run {run_id}: .* inputs v1, this code computes v2"):
+    with pytest.raises(ValueError, match=rf"run {run_id}: .* inputs v1, this code computes v3"):
         fetch_question_network(run_id, tmp_path / "old")
 
 
