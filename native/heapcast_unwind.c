@@ -33,7 +33,9 @@
 
 #include <ucontext.h>
 
+#ifndef HC_UW_BITS
 #define HC_UW_BITS 18u /* 2^18 cache words (2 MiB), direct-mapped by the low bits of the key */
+#endif
 #define HC_UW_MASK ((1u << HC_UW_BITS) - 1u)
 #define HC_UW_OFF_MAX (1u << 20)   /* a rule's CFA offset: larger ones end the walk */
 #define HC_UW_FRAME_MAX (8u << 20) /* a frame (CFA - sp, alloca included): the default stack */
@@ -47,6 +49,15 @@
 #define HC_RULE(flags, slot, off) ((uint32_t)(flags) | ((uint32_t)(slot) << 4) | ((uint32_t)(off) << 12))
 
 static uint64_t *hc_uw_cache; /* mmap'd at start when stacks are recorded */
+
+/* A code address's word in the cache: its low bits mixed with its high ones (the word's tag),
+ * so that code a multiple of the table's span apart (a program's and a library's hot paths)
+ * does not share a word; the slot and the tag still give the address back, so a tag that
+ * matches is the address's own rule. */
+static inline uint32_t hc_uw_slot(uint64_t key) {
+    uint64_t tag = key >> HC_UW_BITS;
+    return (uint32_t)((key ^ ((tag * 0x9E3779B97F4A7C15ull) >> 24)) & HC_UW_MASK);
+}
 
 static void hc_uw_start(void) {
     void *m = mmap(NULL, sizeof(uint64_t) << HC_UW_BITS, PROT_READ | PROT_WRITE,
@@ -399,12 +410,12 @@ static HC_NOINLINE uint32_t hc_uw_miss(uint64_t key) {
     uint32_t rule = hc_uw_compute(key);
 #endif
     uint64_t word = ((key >> HC_UW_BITS) << 32) | rule;
-    __atomic_store_n(&hc_uw_cache[key & HC_UW_MASK], word, __ATOMIC_RELAXED);
+    __atomic_store_n(&hc_uw_cache[hc_uw_slot(key)], word, __ATOMIC_RELAXED);
     return rule;
 }
 
 static inline __attribute__((always_inline)) uint32_t hc_uw_rule(uint64_t key) {
-    uint64_t word = __atomic_load_n(&hc_uw_cache[key & HC_UW_MASK], __ATOMIC_RELAXED);
+    uint64_t word = __atomic_load_n(&hc_uw_cache[hc_uw_slot(key)], __ATOMIC_RELAXED);
     if (HC_LIKELY(word && (word >> 32) == (key >> HC_UW_BITS))) return (uint32_t)word;
     return hc_uw_miss(key);
 }

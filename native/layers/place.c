@@ -56,6 +56,9 @@
 #include "../say.h"
 #include "../options.h"
 #include "../site_key.h"
+/* the unwinder's rule cache at 2^16 words (512 KiB, the tracer's is 2 MiB): a layer stays in the
+ * program for good, and its walks are shallow */
+#define HC_UW_BITS 16u
 #include "../context_key.h"
 #include "../table_head.h"
 
@@ -72,7 +75,7 @@
     X(falls, "1", "a site whose verdict fell from long to short this many times stays short")    \
     X(big, "1024", "mode=size: requests of at least this many bytes go to the second arena")     \
     X(min_mb, "16", "the counter places long only past this many MB resident (0: no floor)")     \
-    X(depth, "4", "frames of the calling context a site is (1: the return address alone; 1..16)") \
+    X(depth, "1", "frames of the calling context a site is (1: the return address alone; 1..16)") \
     X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote (its depth)")  \
     X(learn, "", "write the long sites at exit to FILE (native/TABLE.md, The sites file)")      \
     X(table, "", "predict: a lifetime table (TABLE.md); the counter where it has no key")         \
