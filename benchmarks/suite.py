@@ -98,6 +98,8 @@ STUDIES: tuple[Study, ...] = (
     Study("layer_proof", "the allocators stage, containers", script=None),
     Study("layer_seeds", "containers"),
     Study("lifetime_table", "a registered model"),
+    Study("network_stacks", "trains two networks, 10 minutes"),
+    Study("place_context", "containers, 15 minutes"),
     Study("model_variants", "trains every variant"),
     Study("next_share", "a night's data, champion"),
     Study("place_catalog", "containers, 40 minutes"),

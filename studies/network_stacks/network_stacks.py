@@ -16,7 +16,7 @@ scores it (the counters, the network, network_survival, process_prior and networ
 
 Usage (the figures of studies/network_stacks/README.md):
 
-    .venv/bin/python studies/network_stacks/network_stacks.py --root /tmp/run1/data \\
+    .venv/bin/python studies/network_stacks/network_stacks.py --root data \\
         --heldout git,numpy_stack,perl
 """
 
