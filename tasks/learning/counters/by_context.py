@@ -96,6 +96,21 @@ def dense_ids(proc: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, int]:
     return out, int(new.sum())
 
 
+def chain_ids(
+    starts: np.ndarray, ask: np.ndarray, levels: list[np.ndarray]
+) -> tuple[np.ndarray, int]:
+    """(int64 [levels, n] ids, their number): dense_ids of each level's keys at the asking rows
+    (process order), numbered apart across levels (-1: a row without a key, or not asking)."""
+    proc = np.cumsum(starts) - 1
+    ids = np.full((len(levels), len(ask)), -1, np.int64)
+    n_ids = 0
+    for lv, key in enumerate(levels):  # a loop over levels, not rows
+        got, m = dense_ids(proc, np.where(ask, key, NO_KEY))
+        ids[lv] = np.where(got >= 0, got + n_ids, -1)
+        n_ids += m
+    return ids, n_ids
+
+
 @dataclass(frozen=True)
 class ContextPrior:
     """Training runs' counts per level and key: level l's keys `keys[l]` (sorted, int64) have
@@ -155,13 +170,7 @@ def backoff_online(
     bool [n]); `levels`: the chain's keys per row (coarsest first, each int64 [n]), `due`
     and `label` as counters/by_due.py's, all in process order; `prior`: the training runs'
     counts of the same chain (the run's keys looked up in it)."""
-    proc = np.cumsum(starts) - 1
-    ids = np.full((len(levels), len(ask)), -1, np.int64)
-    n_ids = 0
-    for lv, key in enumerate(levels):  # a loop over levels, not rows
-        got, m = dense_ids(proc, np.where(ask, key, NO_KEY))
-        ids[lv] = np.where(got >= 0, got + n_ids, -1)
-        n_ids += m
+    ids, n_ids = chain_ids(starts, ask, levels)
     if prior is None:
         rows, table = np.zeros((len(levels), 0), np.int64), np.zeros((0, k))
     else:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from tasks.learning.counters.by_context import NO_KEY, ContextPrior, dense_ids
+from tasks.learning.counters.by_context import NO_KEY, ContextPrior, chain_ids
 from tasks.learning.counters.by_due import lifetime_due, online_by_due
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
@@ -155,14 +155,8 @@ def _survival_at(
     of keys `levels` (NO_KEY: none), label, prior per row in table order; events in process
     order)."""
     n = len(order)
-    proc = np.cumsum(starts) - 1
     ask = np.ascontiguousarray(req_cls[order])
-    ids = np.full((len(levels), n), -1, np.int64)
-    n_ids = 0
-    for lv, key in enumerate(levels):  # a loop over levels, not rows
-        got, m = dense_ids(proc, np.where(ask >= 0, key[order], NO_KEY))
-        ids[lv] = np.where(got >= 0, got + n_ids, -1)
-        n_ids += m
+    ids, n_ids = chain_ids(starts, ask >= 0, [key[order] for key in levels])
     lab = np.ascontiguousarray(np.maximum(label[order], 0).astype(np.int64))
     pri = np.zeros((0, LIFETIME_CLASSES)) if prior is None else np.ascontiguousarray(prior[order])
     p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
