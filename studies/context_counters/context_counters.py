@@ -44,6 +44,7 @@ from tasks.learning.questions.context import (  # noqa: E402
     CONTEXT_TABLE,
     QUESTION_CLASSES,
     context_priors,
+    key_chain,
     lifetime_levels,
     read_contexts,
     reuse_levels,
@@ -181,17 +182,17 @@ def _chain(table, ctx, question: str) -> dict:
         lab, due = every.lifetime_calls, life_due
     ask = (lab != NO_LABEL)[order]
     return {
-        "starts": starts, "ask": ask, "due": due, "levels": [x[order] for x in levels],
-        "label": np.maximum(lab[order], 0).astype(np.int64), "y": lab[order][ask],
+        "chain": key_chain(order, starts, lab != NO_LABEL, levels), "due": due,
+        "label": np.maximum(lab[order], 0).astype(np.int64), "y": lab[order][ask], "ask": ask,
     }  # fmt: skip
 
 
 def _swept(c: dict, k: int, prior, backoff: float, cap: float) -> np.ndarray:
     """[top-1, log-loss] of the back-off on one run's chain `c` (_chain)."""
-    p = backoff_online(
-        c["starts"], c["ask"], c["levels"], c["due"], c["label"], k,
-        backoff=backoff, prior=prior, cap=cap,
-    )[c["ask"]]  # fmt: skip
+    online, table = backoff_online(
+        c["chain"], c["due"], c["label"], k, backoff=backoff, prior=prior, cap=cap
+    )
+    p = (online if table is None else table)[c["ask"]]
     y = c["y"]
     ll = -np.log(np.clip(p[np.arange(len(y)), y], MIN_PROB, 1.0)).mean()
     return np.array([(p.argmax(axis=1) == y).mean(), ll])

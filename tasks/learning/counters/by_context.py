@@ -26,55 +26,66 @@ from numba import njit
 
 NO_KEY = -1
 BACKOFF = 4.0  # blocks' worth of the shallower level's answer in a deeper level's estimate
-PRIOR_CAP = 16.0  # a key's training blocks count as at most this many of the run's own
+PRIOR_CAP = 256.0  # a key's training blocks count as at most this many of the run's own
 
 
 @njit(cache=True)
-def _backoff_by_due(ask, ids, n_ids, due, label, k, eps, a, prior_rows, prior, cap, out):
-    """out[i] at every asking row i (ask[i]): the chain's estimate from the earlier asking rows
-    of its process whose label[.] became known at a row <= i (due[.], -1: never). ids int64
-    [levels, n]: each row's key id per level, the process folded in (-1: none); prior_rows int64
-    [levels, n] (or [levels, 0]): the row of `prior` (float64 [m, k], training counts) holding
-    each row's key per level, -1 none."""
+def _estimate(counts, totals, ids, i, prior_rows, prior, cap, use_prior, eps, a, p):
+    """p = the chain's estimate at row i: down the levels from the uniform, each level's key's
+    counts (and with use_prior its training counts, capped) smoothed toward the level above."""
+    k = p.shape[0]
+    for j in range(k):
+        p[j] = 1.0 / k
+    for lv in range(ids.shape[0]):
+        key = ids[lv, i]
+        if key < 0:
+            continue
+        r = prior_rows[lv, i] if use_prior else -1
+        scale, t_tot = 0.0, 0.0
+        if r >= 0:
+            for j in range(k):
+                t_tot += prior[r, j]
+            scale = min(1.0, cap / t_tot) if t_tot > 0 else 0.0
+        tot = totals[key]
+        if tot + scale * t_tot <= 0.0:
+            continue  # a key with no block known: the shallower level's answer
+        w = eps * k if lv == 0 else a
+        den = tot + scale * t_tot + w
+        for j in range(k):
+            t = prior[r, j] * scale if r >= 0 else 0.0
+            p[j] = (counts[key, j] + t + w * p[j]) / den
+
+
+@njit(cache=True)
+def _backoff_by_due(ask, ids, n_ids, due, label, eps, a, prior_rows, prior, cap, out):
+    """out[0, i] at every asking row i (ask[i]): the chain's estimate from the earlier asking
+    rows of its process whose label[.] became known at a row <= i (due[.], -1: never); out[1, i]
+    the same with the training counts (when out has two planes). ids int64 [levels, n]: each
+    row's key id per level, the process folded in (-1: none); prior_rows int64 [levels, n] (or
+    [levels, 0]): the row of `prior` (float64 [m, k], training counts) holding each row's key
+    per level, -1 none. One pass counts for both."""
     levels, n = ids.shape
+    k = out.shape[2]
     counts = np.zeros((n_ids, k), np.float64)
+    totals = np.zeros(n_ids, np.float64)
     head = np.full(n, -1, np.int64)  # the rows whose label is known at row r, a linked list
     nxt = np.full(n, -1, np.int64)
-    with_prior = prior_rows.shape[1] > 0
     p = np.empty(k)
     for i in range(n):
         f = head[i]
         while f >= 0:
             for lv in range(levels):
-                if ids[lv, f] >= 0:
-                    counts[ids[lv, f], label[f]] += 1.0
+                key = ids[lv, f]
+                if key >= 0:
+                    counts[key, label[f]] += 1.0
+                    totals[key] += 1.0
             f = nxt[f]
         if not ask[i]:
             continue
-        for j in range(k):
-            p[j] = 1.0 / k
-        for lv in range(levels):
-            key = ids[lv, i]
-            if key < 0:
-                continue
-            tot = 0.0
+        for plane in range(out.shape[0]):
+            _estimate(counts, totals, ids, i, prior_rows, prior, cap, plane == 1, eps, a, p)
             for j in range(k):
-                tot += counts[key, j]
-            r = prior_rows[lv, i] if with_prior else -1
-            scale, t_tot = 0.0, 0.0
-            if r >= 0:
-                for j in range(k):
-                    t_tot += prior[r, j]
-                scale = min(1.0, cap / t_tot) if t_tot > 0 else 0.0
-            if tot + scale * t_tot <= 0.0:
-                continue  # a key with no block known: the shallower level's answer
-            w = eps * k if lv == 0 else a
-            den = tot + scale * t_tot + w
-            for j in range(k):
-                t = prior[r, j] * scale if r >= 0 else 0.0
-                p[j] = (counts[key, j] + t + w * p[j]) / den
-        for j in range(k):
-            out[i, j] = p[j]
+                out[plane, i, j] = p[j]
         d = due[i]
         if d > i:
             nxt[i] = head[d]
@@ -96,19 +107,28 @@ def dense_ids(proc: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, int]:
     return out, int(new.sum())
 
 
-def chain_ids(
-    starts: np.ndarray, ask: np.ndarray, levels: list[np.ndarray]
-) -> tuple[np.ndarray, int]:
-    """(int64 [levels, n] ids, their number): dense_ids of each level's keys at the asking rows
-    (process order), numbered apart across levels (-1: a row without a key, or not asking)."""
-    proc = np.cumsum(starts) - 1
-    ids = np.full((len(levels), len(ask)), -1, np.int64)
-    n_ids = 0
-    for lv, key in enumerate(levels):  # a loop over levels, not rows
-        got, m = dense_ids(proc, np.where(ask, key, NO_KEY))
-        ids[lv] = np.where(got >= 0, got + n_ids, -1)
-        n_ids += m
-    return ids, n_ids
+@dataclass(frozen=True)
+class KeyChain:
+    """One run's chain of keys for one question, rows in process order, numbered once for every
+    counter that reads it: `levels` the keys (coarsest first, each int64 [n], NO_KEY: none),
+    `ids` int64 [levels, n] the dense ids of (process, key) at the asking rows, numbered apart
+    across levels (-1: a row without a key, or not asking)."""
+
+    ask: np.ndarray  # bool [n]
+    levels: tuple[np.ndarray, ...]
+    ids: np.ndarray
+    n_ids: int
+
+    @classmethod
+    def of(cls, starts: np.ndarray, ask: np.ndarray, levels: list[np.ndarray]) -> KeyChain:
+        proc = np.cumsum(starts) - 1
+        ids = np.full((len(levels), len(ask)), -1, np.int64)
+        n_ids = 0
+        for lv, key in enumerate(levels):  # a loop over levels, not rows
+            got, m = dense_ids(proc, np.where(ask, key, NO_KEY))
+            ids[lv] = np.where(got >= 0, got + n_ids, -1)
+            n_ids += m
+        return cls(np.ascontiguousarray(ask), tuple(levels), ids, n_ids)
 
 
 @dataclass(frozen=True)
@@ -148,16 +168,16 @@ class ContextPrior:
             )
         out = np.full((len(levels), len(levels[0]) if levels else 0), -1, np.int64)
         for lv, (key, uk) in enumerate(zip(levels, self.keys, strict=True)):
-            j = np.minimum(np.searchsorted(uk, key), max(len(uk) - 1, 0))
-            hit = (key != NO_KEY) & (uk[j] == key) if len(uk) else np.zeros(len(key), bool)
-            out[lv] = np.where(hit, self.offset[lv] + j, -1)
+            at = np.flatnonzero(key != NO_KEY)
+            if len(uk) == 0 or len(at) == 0:
+                continue
+            j = np.minimum(np.searchsorted(uk, key[at]), len(uk) - 1)
+            out[lv, at] = np.where(uk[j] == key[at], self.offset[lv] + j, -1)
         return out
 
 
 def backoff_online(
-    starts: np.ndarray,
-    ask: np.ndarray,
-    levels: list[np.ndarray],
+    chain: KeyChain,
     due: np.ndarray,
     label: np.ndarray,
     k: int,
@@ -165,19 +185,18 @@ def backoff_online(
     backoff: float = BACKOFF,
     prior: ContextPrior | None = None,
     cap: float = PRIOR_CAP,
-) -> np.ndarray:
-    """float64 [n, k] in process order: the backed-off counters at every asking row (`ask`
-    bool [n]); `levels`: the chain's keys per row (coarsest first, each int64 [n]), `due`
-    and `label` as counters/by_due.py's, all in process order; `prior`: the training runs'
-    counts of the same chain (the run's keys looked up in it)."""
-    ids, n_ids = chain_ids(starts, ask, levels)
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(float64 [n, k] the run's own counts, and with `prior` the same starting from the
+    training runs' counts of the same chain, else None), in process order, at every asking
+    row of `chain`; `due` and `label` as counters/by_due.py's, in process order."""
+    n_levels, n = len(chain.levels), len(chain.ask)
     if prior is None:
-        rows, table = np.zeros((len(levels), 0), np.int64), np.zeros((0, k))
+        rows, table = np.zeros((n_levels, 0), np.int64), np.zeros((0, k))
     else:
-        rows, table = prior.rows(levels), prior.counts
-    out = np.zeros((len(ask), k), np.float64)
+        rows, table = prior.rows(list(chain.levels)), prior.counts
+    out = np.zeros((1 if prior is None else 2, n, k), np.float64)
     _backoff_by_due(
-        np.ascontiguousarray(ask), ids, n_ids, np.ascontiguousarray(due),
-        np.ascontiguousarray(label), k, eps, backoff, rows, table, cap, out,
+        chain.ask, chain.ids, chain.n_ids, np.ascontiguousarray(due),
+        np.ascontiguousarray(label), eps, backoff, rows, table, cap, out,
     )  # fmt: skip
-    return out
+    return out[0], (out[1] if prior is not None else None)

@@ -23,7 +23,7 @@ from tasks.core.storage import Root
 from tasks.dataset.contexts import NO_CONTEXT, event_contexts
 from tasks.dataset.events_reader import StackFrames, read_stacks
 from tasks.dataset.sites import call_sites
-from tasks.learning.counters.by_context import NO_KEY, ContextPrior, backoff_online
+from tasks.learning.counters.by_context import NO_KEY, ContextPrior, KeyChain, backoff_online
 from tasks.learning.counters.by_due import lifetime_due
 from tasks.learning.labels import (
     LIFETIME_CLASSES,
@@ -97,29 +97,41 @@ def reuse_levels(
 
 def context_answers(
     order: np.ndarray,
-    starts: np.ndarray,
-    levels: list[np.ndarray],
-    ask: np.ndarray,
+    chain: KeyChain,
     due: np.ndarray,
     label: np.ndarray,
+    rows: np.ndarray,
     site_online: np.ndarray,
-    k: int,
     prior: ContextPrior | None = None,
     eps: float = 0.1,
 ) -> dict[str, np.ndarray]:
-    """{CONTEXT_ONLINE, and CONTEXT_TABLE with a prior: float64 [n, k] in table order}: the
-    back-off over `levels` (table order) at every asking row (`ask`, table order; `due` and
-    `label` in process order), site_online's answer (table order) where a row has no context."""
-    lv = [np.ascontiguousarray(x[order]) for x in levels]
-    without = levels[-1] == NO_KEY
-    out = {}
-    for name, p in ((CONTEXT_ONLINE, None), (CONTEXT_TABLE, prior)):
-        if name == CONTEXT_TABLE and prior is None:
-            continue
-        got = np.empty((len(order), k))
-        got[order] = backoff_online(starts, ask[order], lv, due, label, k, eps, prior=p)
-        out[name] = np.where(without[:, None], site_online, got)
+    """{CONTEXT_ONLINE, and CONTEXT_TABLE with a prior: float64 [m, k]} at `rows` (table order):
+    the back-off down `chain` (key_chain of a question's levels; `due` and `label` in process
+    order), site_online's answer there (float64 [m, k]) where a row has no context."""
+    at = np.empty(len(order), np.int64)
+    at[order] = np.arange(len(order))
+    at = at[rows]  # each scored row's place in process order
+    without = (chain.levels[-1] == NO_KEY)[at][:, None]
+    online, table = backoff_online(chain, due, label, site_online.shape[1], eps, prior=prior)
+    out = {CONTEXT_ONLINE: np.where(without, site_online, online[at])}
+    if table is not None:
+        out[CONTEXT_TABLE] = np.where(without, site_online, table[at])
     return out
+
+
+def without_context(order: np.ndarray, chain: KeyChain) -> np.ndarray:
+    """bool [n] in table order: the rows with no key at the chain's deepest level, which
+    answer as the call-site counters do."""
+    out = np.empty(len(order), bool)
+    out[order] = chain.levels[-1] == NO_KEY
+    return out
+
+
+def key_chain(
+    order: np.ndarray, starts: np.ndarray, ask: np.ndarray, levels: list[np.ndarray]
+) -> KeyChain:
+    """KeyChain of `levels` at the asking rows (`ask` and `levels` in table order)."""
+    return KeyChain.of(starts, ask[order], [np.ascontiguousarray(x[order]) for x in levels])
 
 
 def context_priors(

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from tasks.learning.counters.by_context import NO_KEY, ContextPrior, chain_ids
+from tasks.learning.counters.by_context import ContextPrior, KeyChain
 from tasks.learning.counters.by_due import lifetime_due, online_by_due
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
@@ -32,7 +32,13 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
-from tasks.learning.questions.context import CONTEXT_SURVIVAL, context_answers, lifetime_levels
+from tasks.learning.questions.context import (
+    CONTEXT_SURVIVAL,
+    context_answers,
+    key_chain,
+    lifetime_levels,
+    without_context,
+)
 from tasks.learning.questions.hedge import censored_events, hedge_keys
 from tasks.learning.questions.reuse import SITE_VOCABULARY, ReuseAnswers, call_sites
 
@@ -146,22 +152,21 @@ def _survival_at(
     order: np.ndarray,
     starts: np.ndarray,
     req_cls: np.ndarray,
-    levels: list[np.ndarray],
+    chain: KeyChain,
     label: np.ndarray,
     events: tuple[np.ndarray, np.ndarray, np.ndarray],
     prior: np.ndarray | None = None,
 ) -> np.ndarray:
-    """float64 [n, LIFETIME_CLASSES] in table order: _survival over one run (req_cls, the chain
-    of keys `levels` (NO_KEY: none), label, prior per row in table order; events in process
-    order)."""
+    """float64 [n, LIFETIME_CLASSES] in table order: _survival over one run down `chain`
+    (context.key_chain of the allocations' keys); req_cls, label, prior per row in table
+    order, events in process order."""
     n = len(order)
     ask = np.ascontiguousarray(req_cls[order])
-    ids, n_ids = chain_ids(starts, ask >= 0, [key[order] for key in levels])
     lab = np.ascontiguousarray(np.maximum(label[order], 0).astype(np.int64))
     pri = np.zeros((0, LIFETIME_CLASSES)) if prior is None else np.ascontiguousarray(prior[order])
     p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
     _survival(
-        np.ascontiguousarray(starts), ask, ids, n_ids, *events, lab, LIFETIME_CLASSES,
+        np.ascontiguousarray(starts), ask, chain.ids, chain.n_ids, *events, lab, LIFETIME_CLASSES,
         SURVIVAL_EPS, pri, p_ord,
     )  # fmt: skip
     p = np.empty_like(p_ord)
@@ -189,10 +194,8 @@ def network_survival(
     label[answers.rows] = answers.labels
     prior = np.zeros((n, LIFETIME_CLASSES), np.float64)
     prior[answers.rows] = network
-    site_key = [hedge_keys(site, req_cls)]
-    return _survival_at(order, starts, req_cls, site_key, label, answers.learnt, prior)[
-        answers.rows
-    ]
+    chain = key_chain(order, starts, req_cls >= 0, [hedge_keys(site, req_cls)])
+    return _survival_at(order, starts, req_cls, chain, label, answers.learnt, prior)[answers.rows]
 
 
 def lifetime_answers(
@@ -213,38 +216,42 @@ def lifetime_answers(
     due = lifetime_due(table, order, starts)
     ask = np.ascontiguousarray(req_cls[order])
     rows = np.flatnonzero(labels.lifetime_calls != NO_LABEL)
-    levels = None if contexts is None else lifetime_levels(contexts, req_cls)
+    # the chains of keys, numbered once for both questions: the site's, the context's
+    site_chain = key_chain(order, starts, req_cls >= 0, [hedge_keys(site, req_cls)])
+    ctx_chain = None
+    if contexts is not None:
+        ctx_chain = key_chain(order, starts, req_cls >= 0, lifetime_levels(contexts, req_cls))
     out = {}
     for question, lab in (
         ("lifetime_calls", labels.lifetime_calls),
         ("lifetime_time", labels.lifetime_time),
     ):
         label = np.ascontiguousarray(np.maximum(lab[order], 0).astype(np.int64))
-        probs, full = {}, {}
+        probs = {}
         for name, s in (("class_online", np.full(n, -1, np.int64)), ("site_online", site)):
             p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
             online_by_due(
                 starts, ask, np.ascontiguousarray(s[order]), due, label, SITE_VOCABULARY,
                 LIFETIME_CLASSES, eps, p_ord,
             )  # fmt: skip
-            full[name] = np.empty_like(p_ord)
-            full[name][order] = p_ord
-            probs[name] = full[name][rows]
-        if levels is not None:
-            got = context_answers(
-                order, starts, levels, req_cls >= 0, due, label, full["site_online"], LIFETIME_CLASSES,
-                (priors or {}).get(question), eps,
-            )  # fmt: skip
-            probs.update({name: g[rows] for name, g in got.items()})
+            p = np.empty_like(p_ord)
+            p[order] = p_ord
+            probs[name] = p[rows]
         # the censoring-aware counter: what is known of the earlier blocks, freed or still live
         events = censored_events(starts, outlived_at(table, order, starts, question), due)
-        survival = _survival_at(order, starts, req_cls, [hedge_keys(site, req_cls)], lab, events)
+        survival = _survival_at(order, starts, req_cls, site_chain, lab, events)
         probs[SURVIVAL] = survival[rows]
-        if levels is not None:  # the same down the context's chain; site_survival without one
-            ctx = _survival_at(order, starts, req_cls, levels, lab, events)
-            probs[CONTEXT_SURVIVAL] = np.where(
-                levels[-1][rows, None] == NO_KEY, survival[rows], ctx[rows]
-            )
+        if ctx_chain is not None:
+            probs.update(
+                context_answers(
+                    order, ctx_chain, due, label, rows, probs["site_online"],
+                    (priors or {}).get(question), eps,
+                )
+            )  # fmt: skip
+            # the survival estimate down the context's chain; site_survival's without a context
+            ctx = _survival_at(order, starts, req_cls, ctx_chain, lab, events)
+            without = without_context(order, ctx_chain)[rows]
+            probs[CONTEXT_SURVIVAL] = np.where(without[:, None], survival[rows], ctx[rows])
         probs["majority"] = np.broadcast_to(majority[question], (len(rows), LIFETIME_CLASSES))
         out[question] = ReuseAnswers(
             rows, lab[rows], probs, int((site[rows] < 0).sum()), learnt=events

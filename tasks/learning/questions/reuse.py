@@ -37,6 +37,7 @@ from tasks.learning.questions.context import (
     CONTEXT_SURVIVAL,
     CONTEXT_TABLE,
     context_answers,
+    key_chain,
     reuse_levels,
 )
 from tasks.learning.questions.hedge import HEDGED, censored_events
@@ -136,16 +137,14 @@ def reuse_answers(
         )  # fmt: skip
         p[order] = p_ord
         out[name] = p
-    if contexts is not None:
-        levels = reuse_levels(contexts, free_cls, site, order, lifetime_due(table, order, starts))
-        out.update(
-            context_answers(
-                order, starts, levels, labels != NO_LABEL, due, label, out["site_online"],
-                REUSE_CLASSES, prior, eps,
-            )
-        )  # fmt: skip
     rows = np.flatnonzero(labels != NO_LABEL)
     probs = {name: out[name][rows] for name in out}
+    if contexts is not None:
+        levels = reuse_levels(contexts, free_cls, site, order, lifetime_due(table, order, starts))
+        chain = key_chain(order, starts, labels != NO_LABEL, levels)
+        probs.update(
+            context_answers(order, chain, due, label, rows, probs["site_online"], prior, eps)
+        )
     probs["majority"] = np.broadcast_to(majority, (len(rows), REUSE_CLASSES))
     covered = at_site = None
     if known is not None:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.learning.counters.by_context import NO_KEY, ContextPrior, backoff_online, dense_ids
+from tasks.learning.counters.by_context import (
+    NO_KEY,
+    ContextPrior,
+    KeyChain,
+    backoff_online,
+    dense_ids,
+)
 
 K = 3
 
@@ -14,8 +20,9 @@ K = 3
 def _run(n: int, keys: list[np.ndarray], due: np.ndarray, label: np.ndarray, **kw) -> np.ndarray:
     starts = np.zeros(n, bool)
     starts[0] = True
-    ask = np.ones(n, bool)
-    return backoff_online(starts, ask, keys, due, label, K, **kw)
+    chain = KeyChain.of(starts, np.ones(n, bool), keys)
+    online, with_prior = backoff_online(chain, due, label, K, **kw)
+    return online if with_prior is None else with_prior
 
 
 def test_a_label_counts_only_from_its_due_row():
@@ -67,8 +74,10 @@ def test_the_training_prior_is_used_then_corrected():
     keys = [np.zeros(n, np.int64), np.full(n, 7, np.int64)]
     due = np.append(np.arange(1, n), -1)
     label = np.zeros(n, np.int64)
-    got = _run(n, keys, due, label, prior=prior, cap=16.0)
-    online = _run(n, keys, due, label)
+    chain = KeyChain.of(np.arange(n) == 0, np.ones(n, bool), keys)
+    online, got = backoff_online(chain, due, label, K, prior=prior, cap=16.0)
+    # (one pass answers both: the run's own counts alone, and from the prior)
+    np.testing.assert_array_equal(online, _run(n, keys, due, label))
     # THEN its first call answers by the training runs (the online counter cannot)
     assert got[0].argmax() == 2
     np.testing.assert_allclose(online[0], 1.0 / K)
