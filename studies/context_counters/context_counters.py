@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true", help="the back-off's sensitivity too")
     p.add_argument("--timing", action="store_true", help="the CPU cost on the largest run too")
     p.add_argument("--out", default=str(RESULTS), help="folder for context_counters.json/.md")
+    p.add_argument("--tag", default="", help="name the results context_counters_TAG.json/.md")
     args = p.parse_args(argv)
     root = Root.from_url(args.root)
     workloads = [w for w in args.workloads.split(",") if w] or None
@@ -321,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"counters": result, "sweep": swept, "timing": timed}
-    (out / "context_counters.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "context_counters.md").write_text(markdown(result, swept, timed))
+    name = "context_counters" + (f"_{args.tag}" if args.tag else "")
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(result, swept, timed))
     print(markdown(result, swept, timed))
     return 0
 
