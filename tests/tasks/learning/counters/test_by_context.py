@@ -25,22 +25,29 @@ def _run(n: int, keys: list[np.ndarray], due: np.ndarray, label: np.ndarray, **k
     return online if with_prior is None else with_prior
 
 
-def test_a_label_counts_only_from_its_due_row():
-    # GIVEN ten blocks of one context, each block's class known three rows after it
+@pytest.mark.parametrize("with_prior", [False, True], ids=["online", "table"])
+def test_a_label_counts_only_from_its_due_row(with_prior):
+    # GIVEN ten blocks of one context, each block's class known three rows after it (and, for
+    # the table, training counts of that context)
     n = 10
     keys = [np.zeros(n, np.int64), np.full(n, 5, np.int64)]
     due = np.arange(n) + 3
     due[due >= n] = -1
     label = np.zeros(n, np.int64)
+    kw = {}
+    if with_prior:
+        kw["prior"] = ContextPrior.of(
+            [[np.zeros(4, np.int64), np.full(4, 5, np.int64)]], [np.array([0, 1, 1, 2])], K
+        )
     # WHEN the blocks whose class is not yet known at row 5 (rows 3.. , due 6..) change class
     future = label.copy()
     future[3:] = 2
-    a, b = _run(n, keys, due, label), _run(n, keys, due, future)
+    a, b = _run(n, keys, due, label, **kw), _run(n, keys, due, future, **kw)
     # THEN no answer up to row 5 changes, and a later one does (the test can see the future)
     np.testing.assert_array_equal(a[:6], b[:6])
     assert not np.allclose(a[6:], b[6:])
-    # and before any block's class is known, the answer is uniform
-    np.testing.assert_allclose(a[:3], 1.0 / K)
+    # and before any block's class is known, the answer is the prior's (uniform without one)
+    assert np.allclose(a[:3], 1.0 / K) != with_prior
 
 
 def test_an_unseen_deep_key_answers_as_its_shallower_key():

@@ -24,6 +24,7 @@ from tasks.learning.questions.context import (
 )
 from tasks.learning.questions.lifetime import lifetime_answers, lifetime_majority
 from tasks.learning.questions.reuse import call_sites, majority_of, reuse_answers
+from tests.tasks.learning.questions.test_lifetime import _freed_after
 from tests.tasks.learning.questions.test_reuse import _with_callers
 from tests.tasks.learning.test_labels import _events
 
@@ -108,3 +109,25 @@ def test_contexts_behind_one_call_site_are_told_apart():
     # THEN the context counters answer better than the one site can
     assert top1(CONTEXT_ONLINE) > top1("site_online") + 0.2
     assert top1(CONTEXT_SURVIVAL) > top1("site_survival") + 0.2
+
+
+def test_the_context_counters_read_only_what_is_known_before_the_call():
+    # GIVEN a run with stacks, and the same run where every block still live at row `cut` of
+    # its process lives longer or is never freed; the training counts from a third run
+    t = _with_callers(_events(11, n=400), 11)
+    cut = 250
+    where, never, life, later = _freed_after(t, cut)
+    longer = pa.array(np.where(later, life + 5000, life), mask=never | (later & (life % 2 == 0)))
+    u = t.set_column(t.column_names.index("lifetime_calls"), "lifetime_calls", longer)
+    rng = np.random.default_rng(3)
+    ctx = {d: rng.integers(0, 3 * d, t.num_rows).astype(np.int64) for d in CONTEXT_DEPTHS}
+    other = _with_callers(_events(12, n=400), 12)
+    priors = context_priors([other], [{d: k.copy() for d, k in ctx.items()}])
+    maj = lifetime_majority([other])
+    a = lifetime_answers(t, maj, contexts=ctx, priors=priors)["lifetime_calls"]
+    b = lifetime_answers(u, maj, contexts=ctx, priors=priors)["lifetime_calls"]
+    # THEN every context counter's answer at or before the cut is the same, and a later differs
+    early = where[a.rows] <= cut
+    for name in (CONTEXT_ONLINE, CONTEXT_TABLE, CONTEXT_SURVIVAL):
+        np.testing.assert_array_equal(a.probs[name][early], b.probs[name][early])
+        assert not np.array_equal(a.probs[name][~early], b.probs[name][~early])
