@@ -75,3 +75,12 @@ def lifetime_due(table: pa.Table, order: np.ndarray, starts: np.ndarray) -> np.n
     freed = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)[order]
     life = col.fill_null(0).to_numpy().astype(np.int64)[order]
     return known_at(freed & (life > 0), life, starts)
+
+
+def freed_allocations(due: np.ndarray) -> np.ndarray:
+    """int64 [n], process order: at each row that frees a block, the row that allocated it
+    (-1: none in the table); `due`: lifetime_due, which names each allocation's free."""
+    out = np.full(len(due), -1, np.int64)
+    alloc = np.flatnonzero(due >= 0)
+    out[due[alloc]] = alloc
+    return out

@@ -24,7 +24,7 @@ from tasks.dataset.contexts import NO_CONTEXT, event_contexts
 from tasks.dataset.events_reader import StackFrames, read_stacks
 from tasks.dataset.sites import call_sites
 from tasks.learning.counters.by_context import NO_KEY, ContextPrior, KeyChain, backoff_online
-from tasks.learning.counters.by_due import lifetime_due
+from tasks.learning.counters.by_due import freed_allocations, lifetime_due
 from tasks.learning.labels import (
     LIFETIME_CLASSES,
     NO_LABEL,
@@ -84,9 +84,9 @@ def reuse_levels(
     """The reuse question's chain (table order): the class, the free's call site (-1: none),
     then each depth of the freed block's allocation context. `due`: lifetime_due (process
     order), which names each allocation's free."""
-    alloc = np.full(len(order), -1, np.int64)  # table row of the block each row frees
-    freed = due >= 0
-    alloc[order[due[freed]]] = order[np.flatnonzero(freed)]
+    by_order = freed_allocations(due)  # the allocation each row frees, process order
+    alloc = np.full(len(order), -1, np.int64)  # the same in table rows
+    alloc[order] = np.where(by_order >= 0, order[np.maximum(by_order, 0)], -1)
     site_key = np.where(site >= 0, with_class(site, free_cls), NO_KEY)
     levels = [free_cls.astype(np.int64), site_key]
     for d in CONTEXT_DEPTHS:
