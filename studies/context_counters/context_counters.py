@@ -33,6 +33,7 @@ from tasks.learning.counters.by_context import backoff_online  # noqa: E402
 from tasks.learning.labels import (  # noqa: E402
     LIFETIME_CALL_EDGES,
     NO_LABEL,
+    QUESTION_CLASSES,
     REUSE_EDGES,
     allocator_labels,
     process_order,
@@ -42,7 +43,6 @@ from tasks.learning.questions.context import (  # noqa: E402
     CONTEXT_ONLINE,
     CONTEXT_SURVIVAL,
     CONTEXT_TABLE,
-    QUESTION_CLASSES,
     context_priors,
     key_chain,
     lifetime_levels,

@@ -26,9 +26,8 @@ from tasks.dataset.sites import call_sites
 from tasks.learning.counters.by_context import NO_KEY, ContextPrior, KeyChain, backoff_online
 from tasks.learning.counters.by_due import freed_allocations, lifetime_due
 from tasks.learning.labels import (
-    LIFETIME_CLASSES,
     NO_LABEL,
-    REUSE_CLASSES,
+    QUESTION_CLASSES,
     allocator_labels,
     process_order,
     request_and_free_classes,
@@ -40,11 +39,6 @@ CONTEXT_TABLE = "context_table"
 CONTEXT_SURVIVAL = "context_survival"
 CONTEXT_DEPTHS = (1, 2, 4, 8, 32)  # 32: the whole stack as the catalog records it
 _MIX = np.uint64(0x9E3779B97F4A7C15)
-QUESTION_CLASSES = {
-    "reuse": REUSE_CLASSES,
-    "lifetime_calls": LIFETIME_CLASSES,
-    "lifetime_time": LIFETIME_CLASSES,
-}
 
 
 def run_contexts(frames: StackFrames, table: pa.Table) -> dict[int, np.ndarray]:
