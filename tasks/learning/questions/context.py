@@ -1,7 +1,8 @@
 """The questions' counters on the calling context (issue 65): `context_online`, learned inside the
 run, and `context_table`, which starts from the training runs' counts of the same keys and is
 corrected by the run's own (tasks/learning/counters/by_context.py, the back-off and its figures:
-docs/learning-questions.md#the-context-counters).
+docs/learning-questions.md#the-context-counters); the lifetimes' `context_survival` walks the
+same chain (lifetime.py).
 
 The chain of keys, coarsest first, each with the size class the question is about:
 - a lifetime (at an allocation): the class, then the allocation's context at each depth of
@@ -21,7 +22,7 @@ import pyarrow as pa
 
 from tasks.core.storage import Root
 from tasks.dataset.contexts import NO_CONTEXT, event_contexts
-from tasks.dataset.events_reader import StackFrames, read_stacks
+from tasks.dataset.events_reader import StackFrames, read_stack_frames
 from tasks.dataset.sites import call_sites
 from tasks.learning.counters.by_context import NO_KEY, ContextPrior, KeyChain, backoff_online
 from tasks.learning.counters.by_due import freed_allocations, lifetime_due
@@ -51,7 +52,7 @@ def run_contexts(frames: StackFrames, table: pa.Table) -> dict[int, np.ndarray]:
 def read_contexts(root: Root, workload: str, run: str, table: pa.Table) -> dict[int, np.ndarray]:
     """run_contexts of one run's events `table` (its rows, read with the `stack` column), from
     the run's stacks table (empty for a run without stacks: every row NO_CONTEXT)."""
-    return run_contexts(StackFrames.of_table(read_stacks(root, workload, run)), table)
+    return run_contexts(read_stack_frames(root, workload, run), table)
 
 
 def with_class(key: np.ndarray, cls: np.ndarray) -> np.ndarray:
