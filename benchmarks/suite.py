@@ -87,6 +87,7 @@ SPEED: tuple[Benchmark, ...] = (
 STUDIES: tuple[Study, ...] = (
     Study("advice_rule", "2,000 races, 2 minutes"),
     Study("allocators", "containers, 20+ minutes"),
+    Study("context_counters", "a night's data with call stacks, 15 minutes"),
     Study("context_depth", "a night's data with call stacks"),
     Study("crossfit", "a full night's data"),
     Study("fault_drill", "a drill, not a speed; as root"),

@@ -53,6 +53,8 @@ def event_contexts(
     frames: StackFrames, stack: pa.ChunkedArray | pa.Array | np.ndarray, depths: tuple[int, ...]
 ) -> dict[int, np.ndarray]:
     """int64 [n events] per depth: each event's context key, NO_CONTEXT without a stack."""
-    per_stack = stack_contexts(frames, depths)
     row = frames.index(stack)
+    if len(frames) == 0:  # a run without stacks (recorded with --frames 0, an older dataset)
+        return {d: np.full(len(row), NO_CONTEXT, np.int64) for d in depths}
+    per_stack = stack_contexts(frames, depths)
     return {d: np.where(row >= 0, k[np.maximum(row, 0)], NO_CONTEXT) for d, k in per_stack.items()}

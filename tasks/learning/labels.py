@@ -38,6 +38,12 @@ LIFETIME_NS_EDGES = (10_000, 1_000_000, 100_000_000, 10_000_000_000)  # 10 us, 1
 REUSE_CLASSES = len(REUSE_EDGES) + 1
 LIFETIME_CLASSES = len(LIFETIME_CALL_EDGES) + 2  # the edges' buckets, beyond, never freed
 NEVER_FREED = LIFETIME_CLASSES - 1
+# each question and its number of classes
+QUESTION_CLASSES = {
+    "reuse": REUSE_CLASSES,
+    "lifetime_calls": LIFETIME_CLASSES,
+    "lifetime_time": LIFETIME_CLASSES,
+}
 LABEL_COLUMNS = [
     "pid", "thread", "seq", "time_ns", "op", "size", "addr", "freed_size", "lifetime_ns",
     "lifetime_calls",

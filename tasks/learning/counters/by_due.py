@@ -3,7 +3,7 @@ size class (and per call site and class), counts of the classes of the process's
 whose label is known by then, the distribution a program that watches itself can keep.
 
 Where a label becomes known is the question's fact (`due`): a lifetime at the block's free
-(lifetime.lifetime_due), a reuse distance at the next request of the class or once its last
+(lifetime_due), a reuse distance at the next request of the class or once its last
 edge has passed without one (reuse.reuse_due). One compiled pass per run, rows in process call
 order.
 """
@@ -11,6 +11,8 @@ order.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from numba import njit
 
 
@@ -64,3 +66,21 @@ def known_at(defined: np.ndarray, distance: np.ndarray, starts: np.ndarray) -> n
     proc_end = np.flatnonzero(np.append(starts[1:], True))  # last row of each process
     at = np.arange(n) + np.minimum(distance, n)
     return np.where(defined & (at <= proc_end[proc]), at, -1)
+
+
+def lifetime_due(table: pa.Table, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """int64 [n], in process order: the row (in process order) of each allocation's free, where
+    its lifetime becomes known; -1: not freed in its process."""
+    col = table.column("lifetime_calls")
+    freed = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)[order]
+    life = col.fill_null(0).to_numpy().astype(np.int64)[order]
+    return known_at(freed & (life > 0), life, starts)
+
+
+def freed_allocations(due: np.ndarray) -> np.ndarray:
+    """int64 [n], process order: at each row that frees a block, the row that allocated it
+    (-1: none in the table); `due`: lifetime_due, which names each allocation's free."""
+    out = np.full(len(due), -1, np.int64)
+    alloc = np.flatnonzero(due >= 0)
+    out[due[alloc]] = alloc
+    return out

@@ -22,6 +22,7 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
+from tasks.learning.questions.context import context_priors, run_contexts
 from tasks.learning.questions.hedge import (
     EXPERTS,
     HEDGED,
@@ -94,6 +95,15 @@ def question_evaluation(
     train_events = [events[k] for k in train_runs]
     majority = majority_of(train_events)
     lifetime_maj = lifetime_majority(train_events)
+    # the context counters' training counts (context_table), keyed on each call's stack;
+    # without the stacks read, no context counters
+    priors = {}
+    if frames is not None:
+        train_ctx = [
+            run_contexts(frames[k], t) for k, t in zip(train_runs, train_events, strict=True)
+        ]
+        priors = context_priors(train_events, train_ctx)
+        del train_ctx
 
     def counters(t: pa.Table) -> dict[str, ReuseAnswers]:
         return {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
@@ -121,14 +131,17 @@ def question_evaluation(
         # {question: {workload: [answers of each run]}}
         by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
         for w, r in sorted({(x.workload, x.run) for x in runs}):
-            t = events[(w, r)]
+            t, stack = events[(w, r)], stacks((w, r))
+            ctx = None if stack is None else run_contexts(stack, t)
             answers = {
-                QUESTION: reuse_answers(t, majority, known=known),
-                **lifetime_answers(t, lifetime_maj),
+                QUESTION: reuse_answers(
+                    t, majority, known=known, contexts=ctx, prior=priors.get(QUESTION)
+                ),
+                **lifetime_answers(t, lifetime_maj, contexts=ctx, priors=priors),
             }
             if net is not None:
                 # the network reads each call's stack
-                said = net.answer(question_inputs(t, answers, stacks((w, r)), network.frame_depth))
+                said = net.answer(question_inputs(t, answers, stack, network.frame_depth))
                 _add_network_answers(t, answers, said, majority, lifetime_maj)
                 kept[(w, r)] = RunAnswers(
                     w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])

@@ -27,10 +27,12 @@ PRIOR_WEIGHT = 4.0  # blocks' worth of the majority's hazards in the process's o
 # the mixture's predictors, in this order: those a question has. network_survival and
 # site_survival answer the lifetime questions only (the network's answer, or the process's
 # hazards, corrected by the site's own blocks, still-live ones included: lifetime.py)
-# PRIOR and majority: the fallbacks, as good as the majority whatever the network says
+# PRIOR and majority: the fallbacks, as good as the majority whatever the network says;
+# context_online, context_table and context_survival: the counters on the calling context
+# (context.py), which answer as site_online (site_survival) where a call has no stack
 EXPERTS = (
     "network", "site_online", "class_online", "network_survival", PRIOR, "majority",
-    "site_survival",
+    "site_survival", "context_online", "context_table", "context_survival",
 )  # fmt: skip
 # fixed share: each update moves this much weight back to every predictor evenly, so a weight
 # can recover when a site's behaviour changes; without one a process commits to one predictor

@@ -5,7 +5,9 @@ block live, in calls of the process ("lifetime_calls") and in time ("lifetime_ti
 never freed a class of its own? The predictors answer at every allocation: majority,
 class_online and site_online (counted at the call that frees a block, so they never learn "never
 freed"), and site_survival (censored Kaplan-Meier hazards per call site and class, which learn
-long lives before any such block is freed: _survival). Each, in full:
+long lives before any such block is freed: _survival); with the calls' stacks, the same keyed on
+the calling context with back-off (context_online, context_table, context_survival:
+tasks/learning/questions/context.py). Each, in full:
 docs/learning-questions.md#the-lifetime-questions-predictors.
 
 Where a free lands: the dataset's lifetime_calls counts calls of the process from the
@@ -17,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from numba import njit
 
-from tasks.learning.counters.by_due import known_at, online_by_due
+from tasks.learning.counters.by_context import ContextPrior, KeyChain
+from tasks.learning.counters.by_due import lifetime_due, online_by_due
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
     LIFETIME_CLASSES,
@@ -30,19 +32,17 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
+from tasks.learning.questions.context import (
+    CONTEXT_SURVIVAL,
+    context_answers,
+    key_chain,
+    lifetime_levels,
+    without_context,
+)
 from tasks.learning.questions.hedge import censored_events, hedge_keys
 from tasks.learning.questions.reuse import SITE_VOCABULARY, ReuseAnswers, call_sites
 
 QUESTIONS = ("lifetime_calls", "lifetime_time")
-
-
-def lifetime_due(table: pa.Table, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """int64 [n], in process order: the row (in process order) of each allocation's free, where
-    its lifetime becomes known; -1: not freed in its process."""
-    col = table.column("lifetime_calls")
-    freed = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)[order]
-    life = col.fill_null(0).to_numpy().astype(np.int64)[order]
-    return known_at(freed & (life > 0), life, starts)
 
 
 def outlived_at(
@@ -74,41 +74,47 @@ SURVIVAL_EPS = 4.0  # blocks' worth of the process's hazards in a site's own est
 
 
 @njit(cache=True)
-def _survival(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, k, eps, prior, out):
-    """out[i] at every allocation row i (ask[i] >= 0): from the process's earlier allocations of i's
-    key, what became known of them by row i (events as tasks/learning/questions/hedge.py's censored_events:
-    ev_j >= 0, the block outlived edge ev_j; ev_j < 0, its free with its class), the Kaplan-Meier
-    estimate: for each class j below the last edge, the hazard ended[j] / (ended[j] +
-    outlived[j]) (a block still inside class j's interval counts for neither), each shrunk toward
-    a prior hazard with `eps` blocks' weight; past the last edge, the blocks freed so far against
-    those not yet freed split the rest between "later" and "never freed", shrunk the same way.
-    The prior: prior[i] where that row sums to > 0 (the network's answer at i), else the
-    process's hazards so far. Rows in process call order; prior float64 [n, k] or [0, k] for
-    none.
+def _survival(proc_start, ask, ids, n_ids, ev_row, ev_f, ev_j, label, k, eps, prior, out):
+    """out[i] at every allocation row i (ask[i] >= 0): from the process's earlier allocations,
+    what became known of them by row i (events as tasks/learning/questions/hedge.py's
+    censored_events: ev_j >= 0, the block outlived edge ev_j; ev_j < 0, its free with its
+    class), the Kaplan-Meier estimate down a chain of keys (ids int64 [levels, n], coarsest
+    first, the process folded in; -1: the row has no key at that level): for each class j below
+    the last edge, the hazard ended[j] / (ended[j] + outlived[j]) (a block still inside class
+    j's interval counts for neither) of each level's key, shrunk toward the coarser level's
+    hazard with `eps` blocks' weight; past the last edge, the blocks freed so far against those
+    not yet freed split the rest between "later" and "never freed", shrunk the same way. The
+    chain starts from a prior hazard: prior[i] where that row sums to > 0 (the network's answer
+    at i), else the process's hazards so far. Rows in process call order; prior float64 [n, k]
+    or [0, k] for none.
     """
-    ended = np.zeros((n_keys, k))
-    outlived = np.zeros((n_keys, k))
+    levels = ids.shape[0]
+    ended = np.zeros((n_ids, k))
+    outlived = np.zeros((n_ids, k))
     p_ended = np.zeros(k)
     p_outlived = np.zeros(k)
     p = 0
     for i in range(ask.shape[0]):
         if proc_start[i]:
-            ended[:, :] = 0.0
-            outlived[:, :] = 0.0
             p_ended[:] = 0.0
             p_outlived[:] = 0.0
         while p < ev_row.shape[0] and ev_row[p] <= i:
             f, j = ev_f[p], ev_j[p]
             if ask[f] >= 0:
                 if j >= 0:
-                    outlived[key[f], j] += 1.0
                     p_outlived[j] += 1.0
                 else:
-                    ended[key[f], label[f]] += 1.0
                     p_ended[label[f]] += 1.0
+                for lv in range(levels):
+                    key = ids[lv, f]
+                    if key < 0:
+                        continue
+                    if j >= 0:
+                        outlived[key, j] += 1.0
+                    else:
+                        ended[key, label[f]] += 1.0
             p += 1
         if ask[i] >= 0:
-            ki = key[i]
             given = False
             if prior.shape[0] > 0:
                 given = prior[i].sum() > 0.0
@@ -118,20 +124,26 @@ def _survival(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, k, eps, p
                     rest = 0.0
                     for c in range(j, k):
                         rest += prior[i, c]
-                    h0 = min(max(prior[i, j] / max(rest, 1e-12), 1e-6), 1.0 - 1e-6)
+                    h = min(max(prior[i, j] / max(rest, 1e-12), 1e-6), 1.0 - 1e-6)
                 else:
-                    h0 = (p_ended[j] + 0.5) / (p_ended[j] + p_outlived[j] + 1.0)
-                h = (ended[ki, j] + eps * h0) / (ended[ki, j] + outlived[ki, j] + eps)
+                    h = (p_ended[j] + 0.5) / (p_ended[j] + p_outlived[j] + 1.0)
+                for lv in range(levels):
+                    key = ids[lv, i]
+                    if key >= 0:
+                        h = (ended[key, j] + eps * h) / (ended[key, j] + outlived[key, j] + eps)
                 out[i, j] = alive * h
                 alive *= 1.0 - h
             j = k - 2  # past the last edge: freed since, or not (yet)
             if given:
                 tail = max(prior[i, j] + prior[i, j + 1], 1e-12)
-                f0 = min(max(prior[i, j] / tail, 1e-3), 1.0 - 1e-3)
+                freed = min(max(prior[i, j] / tail, 1e-3), 1.0 - 1e-3)
             else:
-                f0 = min((p_ended[j] + 0.5) / (p_outlived[j - 1] + 1.0), 1.0)
-            freed = (ended[ki, j] + eps * f0) / (outlived[ki, j - 1] + eps)
-            freed = min(max(freed, 1e-3), 1.0 - 1e-3)
+                freed = min((p_ended[j] + 0.5) / (p_outlived[j - 1] + 1.0), 1.0)
+            for lv in range(levels):
+                key = ids[lv, i]
+                if key >= 0:
+                    freed = (ended[key, j] + eps * freed) / (outlived[key, j - 1] + eps)
+                    freed = min(max(freed, 1e-3), 1.0 - 1e-3)
             out[i, j] = alive * freed
             out[i, k - 1] = alive * (1.0 - freed)
 
@@ -140,22 +152,22 @@ def _survival_at(
     order: np.ndarray,
     starts: np.ndarray,
     req_cls: np.ndarray,
-    site: np.ndarray,
+    chain: KeyChain,
     label: np.ndarray,
     events: tuple[np.ndarray, np.ndarray, np.ndarray],
     prior: np.ndarray | None = None,
 ) -> np.ndarray:
-    """float64 [n, LIFETIME_CLASSES] in table order: _survival over one run (req_cls, site,
-    label, prior per row in table order; events in process order)."""
+    """float64 [n, LIFETIME_CLASSES] in table order: _survival over one run down `chain`
+    (context.key_chain of the allocations' keys); req_cls, label, prior per row in table
+    order, events in process order."""
     n = len(order)
-    key = hedge_keys(site, req_cls)[order]
     ask = np.ascontiguousarray(req_cls[order])
     lab = np.ascontiguousarray(np.maximum(label[order], 0).astype(np.int64))
     pri = np.zeros((0, LIFETIME_CLASSES)) if prior is None else np.ascontiguousarray(prior[order])
     p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
     _survival(
-        np.ascontiguousarray(starts), ask, key, int(key.max(initial=0)) + 1, *events, lab,
-        LIFETIME_CLASSES, SURVIVAL_EPS, pri, p_ord,
+        np.ascontiguousarray(starts), ask, chain.ids, chain.n_ids, *events, lab, LIFETIME_CLASSES,
+        SURVIVAL_EPS, pri, p_ord,
     )  # fmt: skip
     p = np.empty_like(p_ord)
     p[order] = p_ord
@@ -182,13 +194,20 @@ def network_survival(
     label[answers.rows] = answers.labels
     prior = np.zeros((n, LIFETIME_CLASSES), np.float64)
     prior[answers.rows] = network
-    return _survival_at(order, starts, req_cls, site, label, answers.learnt, prior)[answers.rows]
+    chain = key_chain(order, starts, req_cls >= 0, [hedge_keys(site, req_cls)])
+    return _survival_at(order, starts, req_cls, chain, label, answers.learnt, prior)[answers.rows]
 
 
 def lifetime_answers(
-    table: pa.Table, majority: dict[str, np.ndarray], eps: float = 0.1
+    table: pa.Table,
+    majority: dict[str, np.ndarray],
+    eps: float = 0.1,
+    contexts: dict[int, np.ndarray] | None = None,
+    priors: dict[str, ContextPrior] | None = None,
 ) -> dict[str, ReuseAnswers]:
-    """{question: every predictor's answer at every allocation} of one run's events table."""
+    """{question: every predictor's answer at every allocation} of one run's events table;
+    with the rows' `contexts` (context.read_contexts), the context counters too, and with the
+    training runs' `priors` ({question: context.context_prior}), context_table."""
     labels = allocator_labels(table)
     order, starts = process_order(table)
     req_cls, _ = request_and_free_classes(table)
@@ -197,6 +216,11 @@ def lifetime_answers(
     due = lifetime_due(table, order, starts)
     ask = np.ascontiguousarray(req_cls[order])
     rows = np.flatnonzero(labels.lifetime_calls != NO_LABEL)
+    # the chains of keys, numbered once for both questions: the site's, the context's
+    site_chain = key_chain(order, starts, req_cls >= 0, [hedge_keys(site, req_cls)])
+    ctx_chain = None
+    if contexts is not None:
+        ctx_chain = key_chain(order, starts, req_cls >= 0, lifetime_levels(contexts, req_cls))
     out = {}
     for question, lab in (
         ("lifetime_calls", labels.lifetime_calls),
@@ -215,7 +239,19 @@ def lifetime_answers(
             probs[name] = p[rows]
         # the censoring-aware counter: what is known of the earlier blocks, freed or still live
         events = censored_events(starts, outlived_at(table, order, starts, question), due)
-        probs[SURVIVAL] = _survival_at(order, starts, req_cls, site, lab, events)[rows]
+        survival = _survival_at(order, starts, req_cls, site_chain, lab, events)
+        probs[SURVIVAL] = survival[rows]
+        if ctx_chain is not None:
+            probs.update(
+                context_answers(
+                    order, ctx_chain, due, label, rows, probs["site_online"],
+                    (priors or {}).get(question), eps,
+                )
+            )  # fmt: skip
+            # the survival estimate down the context's chain; site_survival's without a context
+            ctx = _survival_at(order, starts, req_cls, ctx_chain, lab, events)
+            without = without_context(order, ctx_chain)[rows]
+            probs[CONTEXT_SURVIVAL] = np.where(without[:, None], survival[rows], ctx[rows])
         probs["majority"] = np.broadcast_to(majority[question], (len(rows), LIFETIME_CLASSES))
         out[question] = ReuseAnswers(
             rows, lab[rows], probs, int((site[rows] < 0).sum()), learnt=events

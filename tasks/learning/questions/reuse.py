@@ -21,7 +21,8 @@ import pyarrow as pa
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import read_run
 from tasks.dataset.sites import NO_CALL_SITES, SITE_VOCABULARY, call_sites
-from tasks.learning.counters.by_due import known_at, online_by_due
+from tasks.learning.counters.by_context import ContextPrior
+from tasks.learning.counters.by_due import known_at, lifetime_due, online_by_due
 from tasks.learning.labels import (
     NO_LABEL,
     QUESTION_COLUMNS,
@@ -31,6 +32,14 @@ from tasks.learning.labels import (
     process_order,
     request_and_free_classes,
 )
+from tasks.learning.questions.context import (
+    CONTEXT_ONLINE,
+    CONTEXT_SURVIVAL,
+    CONTEXT_TABLE,
+    context_answers,
+    key_chain,
+    reuse_levels,
+)
 from tasks.learning.questions.hedge import HEDGED, censored_events
 from tasks.learning.scores import OVERALL, QuestionScores
 from tasks.learning.table.distill import ClassTable, TableAgreement
@@ -38,15 +47,20 @@ from tasks.learning.table.distill import ClassTable, TableAgreement
 QUESTION = "reuse"
 # site_survival, network_survival: the lifetime questions' censoring-aware estimates
 # (tasks/learning/questions/lifetime.py)
+# context_online, context_table, context_survival: keyed on the calling context
+# (tasks/learning/questions/context.py; context_survival answers the lifetime questions only)
 PREDICTORS = (
-    "majority", "class_online", "site_online", "site_survival", "table", "network",
-    "network_survival", HEDGED,
+    "majority", "class_online", "site_online", "site_survival", CONTEXT_ONLINE, CONTEXT_TABLE,
+    CONTEXT_SURVIVAL, "table", "network", "network_survival", HEDGED,
 )  # fmt: skip
 # what the model answers (the network, and the network corrected inside the run) and what it is
 # held against (the issue's baselines: the counters and the majority); the table, the network's
 # distillation for the layer, is neither
 MODEL_PREDICTORS = ("network", "network_survival", HEDGED)
-BASELINE_PREDICTORS = ("majority", "class_online", "site_online", "site_survival")
+BASELINE_PREDICTORS = (
+    "majority", "class_online", "site_online", "site_survival", CONTEXT_ONLINE, CONTEXT_TABLE,
+    CONTEXT_SURVIVAL,
+)  # fmt: skip
 # the table (tasks/learning/table/distill.py) answers the reuse question only
 N_SIZE_CLASSES = 32
 MIN_PROB = 1e-7  # the log-loss clip of tasks.learning.evaluate
@@ -93,10 +107,17 @@ class ReuseAnswers:
 
 
 def reuse_answers(
-    table: pa.Table, majority: np.ndarray, eps: float = 0.1, known: ClassTable | None = None
+    table: pa.Table,
+    majority: np.ndarray,
+    eps: float = 0.1,
+    known: ClassTable | None = None,
+    contexts: dict[int, np.ndarray] | None = None,
+    prior: ContextPrior | None = None,
 ) -> ReuseAnswers:
     """Every predictor's answer at every scored free of one run's events table; `known`: the
-    table from the training runs (the predictor `table`), when given."""
+    table from the training runs (the predictor `table`), when given; with the rows'
+    `contexts` (context.read_contexts), the context counters, and with the training runs'
+    `prior` (context.context_prior), context_table."""
     every = allocator_labels(table)
     labels = every.reuse
     order, starts = process_order(table)
@@ -118,6 +139,12 @@ def reuse_answers(
         out[name] = p
     rows = np.flatnonzero(labels != NO_LABEL)
     probs = {name: out[name][rows] for name in out}
+    if contexts is not None:
+        levels = reuse_levels(contexts, free_cls, site, order, lifetime_due(table, order, starts))
+        chain = key_chain(order, starts, labels != NO_LABEL, levels)
+        probs.update(
+            context_answers(order, chain, due, label, rows, probs["site_online"], prior, eps)
+        )
     probs["majority"] = np.broadcast_to(majority, (len(rows), REUSE_CLASSES))
     covered = at_site = None
     if known is not None:

@@ -4,9 +4,11 @@ every process of a run, and depth 1 is the call site."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from tasks.dataset.contexts import NO_CONTEXT, event_contexts
 from tasks.dataset.events_reader import StackFrames
+from tasks.dataset.events_schema import STACKS_SCHEMA
 from tasks.dataset.stacks_table import ProcessStacks, run_stacks
 from tasks.format.trace_reader import parse_trace
 from tests.tasks.dataset.test_stacks_table import PROG, convert_trace_with, stack_trace
@@ -44,3 +46,12 @@ def test_a_context_is_its_first_frames_and_the_same_in_every_process():
     assert np.array_equal(deep, three)
     # AND a one-frame stack's key is the same at every depth (its whole self)
     assert a[1][3] == a[2][3] == a[3][3] == a[8][3]
+
+
+def test_a_run_without_stacks_has_no_context_at_any_depth():
+    # GIVEN a run recorded without stacks: an empty stacks table, every event's stack null
+    frames = StackFrames.of_table(STACKS_SCHEMA.empty_table())
+    got = event_contexts(frames, pa.nulls(5, pa.uint64()), (1, 4))
+    # THEN every event, at every depth, has none
+    assert sorted(got) == [1, 4]
+    assert all((k == NO_CONTEXT).all() and len(k) == 5 for k in got.values())

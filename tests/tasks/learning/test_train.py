@@ -71,6 +71,8 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     by_question = {}
     for s in outcome.question_scores:
         by_question.setdefault(s.question, set()).add(s.predictor)
+    # the counters on the calling context too (here without stacks: as the call-site ones)
+    context = {"context_online", "context_table"}
     assert by_question["reuse"] == {
         "majority",
         "class_online",
@@ -78,12 +80,13 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
         "table",
         "network",
         HEDGED,
+        *context,
     }
     for q in ("lifetime_calls", "lifetime_time"):
         # and the lifetime's censoring-aware counter, alone and from the network's answer
         assert by_question[q] == {
             "majority", "class_online", "site_online", SURVIVAL, "network", NETWORK_SURVIVAL,
-            HEDGED,
+            HEDGED, *context, "context_survival",
         }  # fmt: skip
     assert all(np.isfinite(s.log_loss) for s in outcome.question_scores)
     assert [a.table for a in outcome.table_agreement] == ["unseen_runs", "unseen_programs"]
