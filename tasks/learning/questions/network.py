@@ -38,11 +38,11 @@ from tasks.dataset.frame_tokens import (
     stack_tokens,
 )
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
-from tasks.learning.counters.by_due import online_by_due
+from tasks.learning.counters.by_due import freed_allocations, online_by_due
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
-    LIFETIME_CLASSES,
     NO_LABEL,
+    QUESTION_CLASSES,
     REUSE_CLASSES,
     allocator_labels,
     process_order,
@@ -60,11 +60,6 @@ from tasks.learning.table.distill import N_SIZE_CLASSES, SOON_CLASS, ClassTable
 from tasks.learning.train_config import QuestionsConfig
 
 PREDICTOR = "network"
-QUESTION_CLASSES = {
-    "reuse": REUSE_CLASSES,
-    "lifetime_calls": LIFETIME_CLASSES,
-    "lifetime_time": LIFETIME_CLASSES,
-}
 # the counters whose answers are inputs, and one counter more of the process as a whole (any
 # class, _process_counter): a new program's base rates, known long before each class's counter
 # has seen its first answers
@@ -174,10 +169,7 @@ def _stack_inputs(
     if frames is None or not len(frames) or "stack" not in table.column_names:
         return None, None
     rows = event_stack_rows(frames, table.column("stack"))[order]
-    due = lifetime_due(table, order, starts)  # an allocation's free, process order
-    freed_by = np.full(len(rows), -1, np.int64)
-    alloc = np.flatnonzero(due >= 0)
-    freed_by[due[alloc]] = alloc
+    freed_by = freed_allocations(lifetime_due(table, order, starts))
     _, free_cls = request_and_free_classes(table)
     borrow = (rows == 0) & (free_cls[order] >= 0) & (freed_by >= 0)
     rows[borrow] = rows[freed_by[borrow]]
