@@ -17,7 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.dataset.events_reader import EVENTS_DIR, EventsNotFound, has_dataset
+from tasks.dataset.events_reader import (
+    EVENTS_DIR,
+    EventsNotFound,
+    StackFrames,
+    has_dataset,
+    read_stack_frames,
+)
 from tasks.dataset.events_reader import list_runs as list_events_runs
 from tasks.dataset.events_reader import read_run as read_events_run
 from tasks.dataset.tokens import N_TOKENS
@@ -208,12 +214,15 @@ class ScoredRun:
     table: pa.Table
     tokens: TokenRun
     positions: np.ndarray  # eval_positions(tokens)
+    frames: StackFrames | None = None  # the run's call stacks, where read (read_scored_run)
 
     @classmethod
-    def of(cls, table: pa.Table, workload: str, run: str) -> ScoredRun:
+    def of(
+        cls, table: pa.Table, workload: str, run: str, frames: StackFrames | None = None
+    ) -> ScoredRun:
         """The run whose rows `table` holds (columns pid, thread, seq, token; any order)."""
         tokens = token_run(table, workload, run)
-        return cls(table, tokens, eval_positions(tokens))
+        return cls(table, tokens, eval_positions(tokens), frames)
 
 
 def read_scored_run(
@@ -223,9 +232,12 @@ def read_scored_run(
     columns: tuple[str, ...] | list[str],
     max_tokens: int | None = None,
     part_column: str | None = None,
+    stacks: bool = False,
 ) -> ScoredRun:
     """The run's `columns` (with those of its tokens) through the dataset's one reader, cut to
-    the rows the evaluation scores (EventsNotFound when the run is not there)."""
+    the rows the evaluation scores (EventsNotFound when the run is not there); with `stacks`,
+    its call stacks too (the `stack` column among `columns` names each row's)."""
     wanted = list(dict.fromkeys([*columns, *COLUMNS]))
     events = read_events_run(root, workload, run, wanted, part_column=part_column)
-    return ScoredRun.of(head_rows(events, max_tokens), workload, run)
+    frames = read_stack_frames(root, workload, run) if stacks else None
+    return ScoredRun.of(head_rows(events, max_tokens), workload, run, frames)

@@ -75,7 +75,8 @@ THREAD_FUTURE = f"thread_future{OPTIMISTIC}"  # the true next calls of the freei
 # questions: the allocator questions' own network (tasks/learning/questions/network.py), logged
 # with the version; it answers the reuse question at the free itself (causal at every horizon)
 PREDICTORS = ("model", "questions", "online", THREAD_FUTURE)
-QUESTIONS_COLUMNS = ("lifetime_ns", "caller_module", "caller_offset")  # its inputs beyond COLUMNS
+# the questions' network's inputs beyond COLUMNS (and the run's stacks, read beside them)
+QUESTIONS_COLUMNS = ("lifetime_ns", "caller_module", "caller_offset", "stack")
 BELADY = f"belady{OPTIMISTIC}"  # clairvoyant: keeps by the next request of each class
 CAUSAL_HORIZON = 1  # the prediction made at the free, for the next call: what a live cache has
 HEURISTICS = ("largest", "pools", "lru")
@@ -499,7 +500,7 @@ def predictions_for(
             # deferred: imported on first use (TensorFlow), for start-up time
             from tasks.learning.questions.network import soon_probability
 
-            soon = soon_probability(table, predictor.questions)
+            soon = soon_probability(table, predictor.questions, run.frames)
             if answers is not None:
                 notes.append(
                     f"{name}: `questions` answered here (not the calls it was evaluated on)"
@@ -565,7 +566,9 @@ def replay_run(
         # Read once: the simulator's table and the model's tokens are the same rows.
         extra = QUESTIONS_COLUMNS if predictor is not None else ()
         columns = (*EVENTS_COLUMNS, "token", *extra)
-        scored = read_scored_run(root, workload, run, columns, max_tokens, part_column=PART)
+        scored = read_scored_run(
+            root, workload, run, columns, max_tokens, part_column=PART, stacks=bool(extra)
+        )
     except Exception as err:  # noqa: BLE001 - named in the artifact; the other runs go on
         return RunReplay(workload, run, error=f"{type(err).__name__}: {err}"[:500])
     answers, notes = None, []

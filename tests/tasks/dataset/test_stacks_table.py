@@ -30,6 +30,7 @@ from tasks.dataset.events_reader import (
 from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
 from tasks.dataset.partitions import RunRef, convert_run, summary_markdown
 from tasks.dataset.stacks_table import ProcessStacks, run_stacks
+from tasks.dataset.token_runs import read_scored_run
 from tasks.format.symbols import symbol_table
 from tasks.format.trace_reader import Op, parse_trace, read_trace
 from tests.conftest import need_tool
@@ -247,6 +248,11 @@ def test_frames_are_named_from_the_run_sysroot_once_per_frame(tmp_path):
     # AND the stacks table is read with the same commit as the events
     assert read_stacks(root, "w", "r").num_rows == 5
     assert not list((tmp_path / "events" / "workload=w" / "run=r").glob("_frames*"))
+    # AND a run read as the evaluation scores it (whatif) carries its stacks where asked
+    scored = read_scored_run(root, "w", "r", ["op", "stack"], stacks=True)
+    got = scored.frames.matrix(scored.table["stack"])
+    assert [[sf.frames.function[i] for i in row if i >= 0] for row in got][:2] == want
+    assert read_scored_run(root, "w", "r", ["op", "stack"]).frames is None
 
 
 def _named_calls():
