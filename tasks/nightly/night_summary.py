@@ -26,7 +26,7 @@ from tasks.allocators.seeds import SeedsOutcome
 from tasks.core.storage import Root
 from tasks.learning.evaluate import evaluation_markdown
 from tasks.learning.outcome import RegisteredModel, TrainResult
-from tasks.learning.questions.reuse import program_lines, question_lines
+from tasks.learning.questions.reuse import context_line, program_lines, question_lines
 from tasks.learning.scores import BASELINES, HEDGED_NEXT, MODEL, ONLINE_COUNTER, OVERALL, Evaluation
 from tasks.nightly.markdown import markdown_text
 from tasks.nightly.params import NightContext
@@ -219,6 +219,7 @@ def read_train(train: StageOutcome[TrainResult], context: NightContext) -> Stage
         evaluation_markdown=evaluation_markdown(evaluation, outcome.notes),
         allocator_questions=question_lines(list(outcome.question_scores), outcome.table_agreement),
         program_questions=program_lines(list(outcome.question_scores)),
+        context=context_line(list(outcome.question_scores)),
         model_name=reg.name,
         model_version=reg.version,
         tables=table_verdicts(evaluation),

@@ -70,6 +70,9 @@ class NightlySummary(BaseModel):
     allocator_questions: list[str] = Field(default_factory=list)
     # ... and per program never trained on (tasks/learning/questions/reuse.py: program_lines)
     program_questions: list[str] = Field(default_factory=list)
+    # what the calling context bought the questions' counters over one frame, on unseen runs
+    # (tasks/learning/questions/reuse.py: context_line); "" without stacks
+    context: str = ""
     champion_before: str | None = None
     champion_after: str | None = None
     registration: str | None = None  # the registry's decision and its reason, when returned

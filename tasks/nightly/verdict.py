@@ -23,12 +23,10 @@ P_DECIDES = 0.05  # the rank test's level for "beyond the noise" (tasks/allocato
 
 def verdict_lines(s: NightlySummary) -> list[str]:
     """The verdict as logical lines (each wrapped by the caller): the champion, the model
-    against the online counter, what the what-if and the layer bought. The markdown page
-    opens with the same lines."""
+    against the online counter, what the calling context bought the counters, what the what-if
+    and the layer bought. The markdown page opens with the same lines."""
     lines = [champion_line(s)]
-    counter = counter_line(s)
-    if counter:
-        lines.append(counter)
+    lines += [line for line in (counter_line(s), s.context) if line]
     lines += [whatif_line(s), layer_line(s)]
     return lines
 

@@ -380,3 +380,28 @@ def question_lines(
 def _siteless(s: QuestionScores) -> bool:
     """Whether none of the positions scored had a call site: traces recorded without callers."""
     return s.positions > 0 and s.positions_without_site == s.positions
+
+
+def context_line(scores: list[QuestionScores], table: str = "unseen_runs") -> str:
+    """What the calling context bought on `table` (all its workloads pooled), per question: the
+    one-frame counter (site_online) against the counter on the context that knows the training
+    runs (context_table), top-1 and log-loss; "" where the scores have no context_table (a
+    night without stacks)."""
+    pooled = {
+        (s.question, s.predictor): s for s in scores if s.slice == OVERALL and s.table == table
+    }
+    cells = []
+    for question in ("lifetime_calls", "lifetime_time", QUESTION):
+        one, ctx = pooled.get((question, "site_online")), pooled.get((question, CONTEXT_TABLE))
+        if one is None or ctx is None:
+            continue
+        cells.append(
+            f"{question} top-1 {one.top1:.3f} -> {ctx.top1:.3f} ({ctx.top1 - one.top1:+.3f}), "
+            f"log-loss {one.log_loss:.3f} -> {ctx.log_loss:.3f}"
+        )
+    if not cells:
+        return ""
+    return (
+        f"The calling context on {table.replace('_', ' ')}, one frame (site_online) -> the "
+        f"context ({CONTEXT_TABLE}): " + "; ".join(cells) + "."
+    )

@@ -474,3 +474,14 @@ def test_a_folded_command_pastes_back_to_the_same_words(width):
         ["bash", "-c", 'printf "%s\\n" ' + "\n".join(lines)], capture_output=True, text=True
     )
     assert echoed.stdout.split("\n")[:-1] == cmd.split()
+
+
+def test_what_the_context_bought_is_in_the_verdict_of_both_renderings():
+    # GIVEN a night whose questions' counters had stacks (night_summary: context_line)
+    said = "The calling context on unseen runs, one frame (site_online) -> the context: x."
+    night = bare_night(stages=[], trained=False, not_registered="why", context=said)
+    # THEN the terminal's first screen and the markdown page both carry it; without it, neither
+    assert said in first_screen(terminal_text(night)).replace("\n  ", " ")
+    assert said in markdown_text(night)
+    bare = bare_night(stages=[], trained=False, not_registered="w")
+    assert "calling context" not in terminal_text(bare)

@@ -386,3 +386,30 @@ def test_the_question_lines_say_plainly_where_traces_had_no_call_sites():
     assert not has_call_sites(_events(7, n=50))
     assert has_call_sites(_with_callers(_events(7, n=50), 7))
     assert not has_call_sites(_with_callers(_events(7, n=50), 7, missing=1.0))
+
+
+def test_the_context_line_says_what_the_context_bought_over_one_frame_and_nothing_without():
+    from tasks.learning.questions.reuse import context_line
+    from tasks.learning.scores import OVERALL, QuestionScores
+
+    # GIVEN pooled unseen-runs scores of the one-frame counter and the context's, and a
+    # workload's row that the line must not read
+    def row(question, predictor, top1, loss, slice_=OVERALL, table="unseen_runs"):
+        return QuestionScores(question, predictor, slice_, table, 100, top1, loss)
+
+    scores = [
+        row("lifetime_calls", "site_online", 0.727, 1.19),
+        row("lifetime_calls", "context_table", 0.862, 0.48),
+        row("lifetime_calls", "context_table", 0.1, 9.0, slice_="perl"),
+        row("reuse", "site_online", 0.80, 0.60),
+        row("reuse", "context_table", 0.83, 0.55),
+        row("reuse", "context_table", 0.99, 0.01, table="unseen_programs"),
+    ]
+    # THEN one line, each question's top-1 and log-loss from one frame to the context
+    line = context_line(scores)
+    assert line.startswith("The calling context on unseen runs, one frame (site_online) -> ")
+    assert "lifetime_calls top-1 0.727 -> 0.862 (+0.135), log-loss 1.190 -> 0.480" in line
+    assert "reuse top-1 0.800 -> 0.830 (+0.030), log-loss 0.600 -> 0.550" in line
+    assert "lifetime_time" not in line
+    # AND a night without stacks (no context_table) gets no line
+    assert context_line([s for s in scores if s.predictor == "site_online"]) == ""
