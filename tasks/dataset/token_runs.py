@@ -4,7 +4,9 @@ A run's tokens are held as the trace itself: one flat uint8 array, the threads o
 other (each ordered by `seq`), and `offsets` marking where each thread starts (n_threads + 1
 entries). Scored positions are index arrays into that flat array, so no window is materialised.
 Every stage that reads a run's calls in order (learning, the allocator's questions, whatif)
-reads them here.
+reads them here. A stage that reads each call's stack as well (the next-call network with
+model.frame_depth) asks for it beside the tokens (read_run_stacks: CallStacks, 4 bytes a call
+and the run's frames), so that no other stage holds it.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ from tasks.dataset.events_reader import (
 )
 from tasks.dataset.events_reader import list_runs as list_events_runs
 from tasks.dataset.events_reader import read_run as read_events_run
+from tasks.dataset.frame_tokens import event_stack_rows
 from tasks.dataset.tokens import N_TOKENS
 
 T = TypeVar("T")
 
 COLUMNS = ["pid", "thread", "seq", "token"]
+# what read_run_stacks reads besides: each call's stack, and what pairs a free with its block's
+# allocation (the process's call order and the allocation's lifetime in calls)
+STACK_COLUMNS = ["time_ns", "lifetime_calls", "stack"]
 
 
 @dataclass(frozen=True)
@@ -75,13 +81,20 @@ class TokenRun:
         offsets = np.concatenate([self.offsets[self.offsets < max_tokens], [max_tokens]])
         return TokenRun(self.workload, self.run, self.tokens[:max_tokens], offsets, self.part)
 
+    def _head_lengths(self, fraction: float) -> np.ndarray:
+        lengths = self.thread_lengths()
+        return lengths - np.floor(lengths * fraction).astype(np.int64)
+
+    def head_mask(self, fraction: float) -> np.ndarray:
+        """bool [n]: the tokens split_tail(fraction) keeps in the head."""
+        head_len = self._head_lengths(fraction)
+        return self.position_in_thread() < np.repeat(head_len, self.thread_lengths())
+
     def split_tail(self, fraction: float) -> tuple[TokenRun, TokenRun]:
         """(head, tail): the time-ordered last `fraction` of every thread goes to the tail."""
-        lengths = self.thread_lengths()
-        tail_len = np.floor(lengths * fraction).astype(np.int64)
-        head_len = lengths - tail_len
-        pos = self.position_in_thread()
-        in_head = pos < np.repeat(head_len, lengths)
+        head_len = self._head_lengths(fraction)
+        tail_len = self.thread_lengths() - head_len
+        in_head = self.head_mask(fraction)
         head_off = np.concatenate([[0], np.cumsum(head_len)])
         tail_off = np.concatenate([[0], np.cumsum(tail_len)])
         return (
@@ -119,10 +132,85 @@ def read_run(root: Root, workload: str, run: str, max_tokens: int | None = None)
     return tokens.head(max_tokens)
 
 
+@dataclass(frozen=True)
+class CallStacks:
+    """Each call's stack of a TokenRun, held beside it (read_run_stacks): `rows[i]` is call i's
+    row of frame_tokens.stack_tokens(frames, depth), 0 where it has none. A free, at which the
+    tracer takes no stack, reads its block's allocation's (a free's next calls follow from
+    where its block came from)."""
+
+    rows: np.ndarray  # int32 [n], aligned with the run's tokens
+    frames: StackFrames  # the run's stacks (read_stack_frames)
+
+    def head(self, max_tokens: int | None) -> CallStacks:
+        """The rows of TokenRun.head(max_tokens)."""
+        if max_tokens is None or max_tokens >= len(self.rows):
+            return self
+        return CallStacks(self.rows[:max_tokens], self.frames)
+
+    def split_tail(self, run: TokenRun, fraction: float) -> tuple[CallStacks, CallStacks]:
+        """The rows of run.split_tail(fraction): (head's, tail's)."""
+        in_head = run.head_mask(fraction)
+        return CallStacks(self.rows[in_head], self.frames), CallStacks(
+            self.rows[~in_head], self.frames
+        )
+
+
+def read_run_stacks(
+    root: Root, workload: str, run: str, max_tokens: int | None = None
+) -> tuple[TokenRun, CallStacks]:
+    """read_run's tokens, and each call's stack beside them (CallStacks)."""
+    table = read_events_run(root, workload, run, [*COLUMNS, *STACK_COLUMNS])
+    tokens = token_run(table, workload, run)
+    frames = read_stack_frames(root, workload, run)
+    rows = call_stack_rows(table, frames)
+    order = thread_order(table)
+    stacks = CallStacks(rows if order is None else rows[order], frames)
+    return tokens.head(max_tokens), stacks.head(max_tokens)
+
+
+def call_stack_rows(table: pa.Table, frames: StackFrames) -> np.ndarray:
+    """int32 [n], the table's row order: each event's row of stack_tokens(frames, ...), a free
+    without a stack its block's allocation's (the row `lifetime_calls` calls of its process
+    after the allocation, the process's calls ordered by time, thread and seq); 0: none."""
+    rows = event_stack_rows(frames, table.column("stack"))
+    pid = table.column("pid").to_numpy().astype(np.int64)
+    order = np.lexsort(
+        (table.column("seq").to_numpy(), table.column("thread").to_numpy(),
+         table.column("time_ns").to_numpy(), pid)
+    )  # fmt: skip
+    life = table.column("lifetime_calls").fill_null(0).to_numpy().astype(np.int64)[order]
+    p = pid[order]
+    last = np.flatnonzero(np.append(p[1:] != p[:-1], True))  # each process's last call
+    end = last[np.searchsorted(last, np.arange(len(p)))]
+    at = np.arange(len(p)) + life
+    alloc = np.flatnonzero((life > 0) & (at <= end))
+    ordered = rows[order]
+    free = at[alloc]
+    borrow = ordered[free] == 0
+    ordered[free[borrow]] = ordered[alloc[borrow]]
+    rows[order] = ordered
+    return rows
+
+
 def thread_key(table: pa.Table) -> np.ndarray:
     """uint64 per row: its thread, (pid << 16) | thread (a run's threads in this key's order)."""
     pid = table.column("pid").to_numpy().astype(np.uint64)
     return (pid << np.uint64(16)) | table.column("thread").to_numpy().astype(np.uint64)
+
+
+def thread_order(table: pa.Table) -> np.ndarray | None:
+    """The rows of one run's events (columns pid, thread, seq) per thread, each by seq (the
+    TokenRun's order); None where the table is in that order already."""
+    seq = table.column("seq").to_numpy()
+    key = thread_key(table)
+    # Parts arrive in call order (a process's calls in time order, threads interleaved): sort
+    # only when needed (a stable lexsort otherwise).
+    if len(key) > 1 and not (
+        np.all(key[1:] >= key[:-1]) and np.all((key[1:] != key[:-1]) | (seq[1:] > seq[:-1]))
+    ):
+        return np.lexsort((seq, key))
+    return None
 
 
 def token_run(table: pa.Table, workload: str, run: str) -> TokenRun:
@@ -130,15 +218,10 @@ def token_run(table: pa.Table, workload: str, run: str) -> TokenRun:
     thread (per (pid, thread)), each thread ordered by seq."""
     if table.num_rows == 0:
         raise ValueError(f"run {workload}/{run} has no events")
-    seq = table.column("seq").to_numpy()
     token = table.column("token").to_numpy().astype(np.uint8)
     key = thread_key(table)
-    # Parts arrive in call order (a process's calls in time order, threads interleaved): sort
-    # only when needed (a stable lexsort otherwise).
-    if len(key) > 1 and not (
-        np.all(key[1:] >= key[:-1]) and np.all((key[1:] != key[:-1]) | (seq[1:] > seq[:-1]))
-    ):
-        order = np.lexsort((seq, key))
+    order = thread_order(table)
+    if order is not None:
         key, token = key[order], token[order]
     if int(token.max(initial=0)) >= N_TOKENS:
         raise ValueError(f"run {workload}/{run}: token {int(token.max())} outside 0..63")

@@ -73,7 +73,7 @@ def train(
     """Train the next-call model on the configured runs (resumes a killed training); `catalog`:
     the one config.data.catalog names (the workloads' programs), read where the flow starts."""
     r = root
-    data = read_training_data(r, config.data, catalog)
+    data = read_training_data(r, config.data, catalog, stacks=config.model.frame_depth > 0)
     split = data.split
     if not split.train:
         raise ValueError(f"{r.url}: the split has no training run")
@@ -150,6 +150,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
             cfg.context,
             cfg.model.online_orders if cfg.model.online_features else None,
             cfg.model.online_ranks,
+            cfg.model.frame_depth,
         ),
         notes=list(trained.notes),
     )

@@ -108,6 +108,11 @@ class ModelConfig(StrictModel):
     # path each (1: its top-1 only). With 5 the network can rank the counter's whole top-5, which
     # its own top-5 otherwise trails on programs it never saw. Needs online_features, copy_path.
     online_ranks: int = Field(default=1, ge=1, le=5)
+    # stack (sequence mode, hybrids): besides each call the network reads the first
+    # `frame_depth` frames of its stack, innermost first, as sub-word tokens of their names
+    # (tasks/dataset/frame_tokens.py, tasks/learning/stack_encoder.py); a free reads its block's
+    # allocation's. Position t reads the stacks of calls <= t only. 0: no stack input.
+    frame_depth: int = Field(default=0, ge=0, le=32)
 
     @model_validator(mode="after")
     def _orders_longest_first(self) -> ModelConfig:
@@ -179,6 +184,8 @@ class TrainConfig(StrictModel):
     def fingerprint(self) -> str:
         """Hash of every setting that shapes the trained weights (not where checkpoints go)."""
         payload = self.model_dump(mode="json", exclude={"checkpoint_dir"})
+        if not payload["model"]["frame_depth"]:  # a config without the stack hashes as before
+            del payload["model"]["frame_depth"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from tasks.dataset.token_runs import TokenRun
 from tasks.learning.nextcall.backend import data_parallel, out_of_memory, placement
+from tasks.learning.nextcall.stack_input import StackInput
 from tasks.learning.train_config import TrainConfig
 
 if TYPE_CHECKING:  # deferred at run time: the model module imports Keras at its top
@@ -36,6 +37,9 @@ class TrainingInputs:
     val_feats: np.ndarray | None  # uint8 [validation tokens, F]: n-gram (plain), online
     table: NGramTable | None  # the training runs' n-gram table (model.ngram_features)
     train_names: list[str]  # the training runs' names, for messages
+    # each call's stack (model.frame_depth > 0), rows aligned with train_run / val_run
+    train_stacks: StackInput | None = None
+    val_stacks: StackInput | None = None
 
 
 class TrainingOutOfMemory(RuntimeError):
@@ -98,7 +102,7 @@ def fit_inputs(
     meter = _throughput_meter(per_batch)
     start_epoch = _epoch_recorder()
     with data_parallel(where, b):  # over every device the backend sees (one: as it is)
-        if cfg.model.ngram_features or cfg.model.online_features:
+        if cfg.model.ngram_features or cfg.model.online_features or cfg.model.frame_depth:
             model, full = build_hybrid(cfg, table, total_steps=cfg.epochs * steps)
         else:
             model = full = build_model(cfg, total_steps=cfg.epochs * steps)
@@ -145,10 +149,21 @@ def _datasets(cfg: TrainConfig, inputs: TrainingInputs, b: int) -> tuple[Any, in
     if cfg.mode == "sequence":
         chunk = c * cfg.train_chunk_contexts
         train_ds, n = sequence_dataset(
-            train_run, chunk, b, seed=cfg.seed, features=inputs.train_feats
+            train_run,
+            chunk,
+            b,
+            seed=cfg.seed,
+            features=inputs.train_feats,
+            stacks=inputs.train_stacks,
         )
         val_ds, n_val = sequence_dataset(
-            val_run, chunk, b, shuffle=False, repeat=False, features=inputs.val_feats
+            val_run,
+            chunk,
+            b,
+            shuffle=False,
+            repeat=False,
+            features=inputs.val_feats,
+            stacks=inputs.val_stacks,
         )
         per_batch = b * chunk
     else:

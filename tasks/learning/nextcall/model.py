@@ -7,7 +7,9 @@ TensorFlow, JAX and PyTorch (keras.ops or numpy only; tasks/learning/nextcall/ba
 precision); the recurrent layers keep cuDNN's conditions and the softmax stays float32. Sequence
 mode can add the back-off n-gram's answer (`model.ngram_features`: NGramTable, NGramFeatures,
 build_hybrid, the section "hybrid" below) and the online counter's (`model.online_features`: a
-second input, `online` [B, T, 4], computed causally outside the graph). In full:
+second input, `online` [B, T, 4], computed causally outside the graph) and each call's stack
+(`model.frame_depth`: an input `frames` [B, T, depth, FRAME_PIECES], read by the shared
+stack_encoder; position t reads calls <= t only). In full:
 docs/learning-nextcall.md#the-next-call-models.
 """
 
@@ -19,11 +21,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from tasks.dataset.token_runs import TokenRun, eval_positions
+from tasks.dataset.frame_tokens import FRAME_PIECES
+from tasks.dataset.token_runs import CallStacks, TokenRun, eval_positions
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.counters.online import online_features
 from tasks.learning.nextcall.backend import configure, placement, use_placement
+from tasks.learning.nextcall.stack_input import stack_input
 from tasks.learning.predictions import TOP_K, Predictions
+from tasks.learning.stack_encoder import stack_encoder
 from tasks.learning.train_config import TrainConfig
 
 configure()  # the backend checked and set up (JAX's 64-bit keys) before any layer is built
@@ -129,8 +134,10 @@ def build_model(
     `total_steps` (the planned training steps) shapes a cosine learning-rate schedule. With
     `model.ngram_features` use build_hybrid (the n-gram table comes from the training data)."""
     mode = mode or cfg.mode
-    if cfg.model.ngram_features or cfg.model.online_features:
-        raise ValueError("model.ngram_features / online_features: build it with build_hybrid")
+    if cfg.model.ngram_features or cfg.model.online_features or cfg.model.frame_depth:
+        raise ValueError(
+            "model.ngram_features / online_features / frame_depth: build it with build_hybrid"
+        )
     set_precision_policy()
     length = None if mode == "sequence" else cfg.context  # a sequence model takes any length
     inputs = keras.Input(shape=(length,), dtype="int32", name="tokens")
@@ -146,20 +153,27 @@ def feature_width(cfg: TrainConfig) -> int:
 
 
 def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | None = None):
-    """(core, full), sequence mode, with n-gram features (`table`) and/or online features.
+    """(core, full), sequence mode, with n-gram features (`table`), online features and/or the
+    stack (model.frame_depth).
 
-    core maps (tokens, features [B, T, feature_width]) -> probabilities and is what trains (on
-    leave-one-out n-gram features); full maps tokens (and, with online features, `online`
-    [B, T, online_width]) -> probabilities, computing the n-gram features in-graph from `table`
-    (NGramFeatures) and sharing core's weights. `full` is evaluated and registered."""
+    core maps (tokens, [features [B, T, feature_width]], [frames]) -> probabilities and is what
+    trains (on leave-one-out n-gram features); full maps tokens (and, with online features,
+    `online` [B, T, online_width]; with the stack, `frames` [B, T, depth, FRAME_PIECES]) ->
+    probabilities, computing the n-gram features in-graph from `table` (NGramFeatures) and
+    sharing core's weights. `full` is evaluated and registered."""
     if cfg.mode != "sequence":
-        raise ValueError("model.ngram_features / model.online_features need mode: sequence")
+        raise ValueError("model.ngram_features / online_features / frame_depth need mode: sequence")
     if cfg.model.ngram_features != (table is not None):
         raise ValueError("model.ngram_features: give the n-gram table (and only then)")
     set_precision_policy()
+    depth = cfg.model.frame_depth
     tok = keras.Input(shape=(None,), dtype="int32", name="tokens")
-    feat = keras.Input(shape=(None, feature_width(cfg)), dtype="int32", name="features")
+    width = feature_width(cfg)
+    feat = keras.Input(shape=(None, width), dtype="int32", name="features") if width else None
+    frames_in = _frames_input(depth) if depth else None
     parts = [_onehot(N_TOKENS, "onehot")(tok)]
+    if frames_in is not None:  # call t's own stack beside token t: causal
+        parts.append(stack_encoder(frames_in, depth))
     sources = []  # (name, top-1, confidence one-hots) for the copy path
     col = 0
     if table is not None:
@@ -188,7 +202,8 @@ def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | 
             )
     x = keras.layers.Concatenate(name="inputs")(parts)
     out = _copy_network(cfg, x, sources) if cfg.model.copy_path else _network(cfg, "sequence", x)
-    core = keras.Model([tok, feat], out, name=f"heapcast_{cfg.model.kind}_core")
+    core_in = [t for t in (tok, feat, frames_in) if t is not None]
+    core = keras.Model(core_in, out, name=f"heapcast_{cfg.model.kind}_core")
     _compile(core, cfg, total_steps)
     tokens = keras.Input(shape=(None,), dtype="int32", name="tokens")
     inputs, feats = [tokens], []
@@ -201,17 +216,65 @@ def build_hybrid(cfg: TrainConfig, table: NGramTable | None, total_steps: int | 
         online = keras.Input(shape=(None, width), dtype="int32", name="online")
         inputs.append(online)
         feats.append(OnlineOrders(cfg.model.online_orders, name="online_orders")(online))
-    all_feats = feats[0] if len(feats) == 1 else keras.layers.Concatenate(name="features")(feats)
+    core_args = [tokens]
+    if feats:
+        core_args.append(
+            feats[0] if len(feats) == 1 else keras.layers.Concatenate(name="features")(feats)
+        )
+    if depth:
+        frames = _frames_input(depth)
+        inputs.append(frames)
+        core_args.append(frames)
     kind = "_".join(
-        k for k, on in (("ngram", table is not None), ("online", cfg.model.online_features)) if on
+        k
+        for k, on in (
+            ("ngram", table is not None),
+            ("online", cfg.model.online_features),
+            ("stack", depth > 0),
+        )
+        if on
     )
     full = keras.Model(
         inputs if len(inputs) > 1 else tokens,
-        core([tokens, all_feats]),
+        core(core_args if len(core_args) > 1 else tokens),
         name=f"heapcast_{cfg.model.kind}_{kind}_hybrid",
     )
     _compile(full, cfg, total_steps)
     return core, full
+
+
+def _frames_input(depth: int):
+    return keras.Input(shape=(None, depth, FRAME_PIECES), dtype="int32", name="frames")
+
+
+def takes_frames(model: keras.Model) -> bool:
+    """Whether a (registered) model reads each call's stack (a `frames` input)."""
+    return any(t.name.split(":")[0] == "frames" for t in model.inputs)
+
+
+def frame_depth_of(model: keras.Model) -> int:
+    """The frames of each call's stack a model reads (0: none)."""
+    frames = next((t for t in model.inputs if t.name.split(":")[0] == "frames"), None)
+    return 0 if frames is None else int(frames.shape[2])
+
+
+def refuse_frames(model: keras.Model, where: str) -> None:
+    """ValueError where a path that cannot give each call's stack is handed a model that reads
+    it (the streaming and stepping predictors, the training bundle)."""
+    if takes_frames(model):
+        raise ValueError(
+            f"{where}: model {model.name} reads each call's stack (model.frame_depth > 0), "
+            "which this path does not give it yet; serve a model trained with frame_depth: 0"
+        )
+
+
+def run_stack_input(model: keras.Model, run: TokenRun, stacks: CallStacks | None):
+    """The StackInput a model that reads the stack needs for `run` (None for one that does
+    not); StacksMissing where the run's stacks were not read."""
+    depth = frame_depth_of(model)
+    if not depth:
+        return None
+    return stack_input([run], None if stacks is None else {run.name: stacks}, depth)
 
 
 def takes_online(model: keras.Model) -> bool:
@@ -239,15 +302,20 @@ def as_sequence_model(model: keras.Model, cfg: TrainConfig) -> keras.Model:
 
 
 def predict_positions(
-    seq_model: keras.Model, run: TokenRun, context: int, batch_size: int
+    seq_model: keras.Model,
+    run: TokenRun,
+    context: int,
+    batch_size: int,
+    stacks: CallStacks | None = None,
 ) -> Predictions:
-    """A sequence-mode model's top-5 and p(true token) at eval_positions(run), in order.
+    """A sequence-mode model's top-5 and p(true token) at eval_positions(run), in order (a model
+    that reads the stack: with the run's `stacks`).
 
     Stateless chunks of 2*context with a warm-up prefix (tasks.learning.nextcall.chunks.eval_chunks): every
     scored position past a thread's first 2*context tokens has >= context tokens in view.
     """
     tops, ps = [], []
-    for (top, p_true), keep in _scored_batches(seq_model, run, context, batch_size, True):
+    for (top, p_true), keep in _scored_batches(seq_model, run, context, batch_size, True, stacks):
         tops.append(np.asarray(top)[keep].astype(np.uint8))
         ps.append(np.asarray(p_true)[keep].astype(np.float64))
     top = np.concatenate(tops) if tops else np.zeros((0, TOP_K), np.uint8)
@@ -257,21 +325,27 @@ def predict_positions(
 
 
 def predict_distribution(
-    seq_model: keras.Model, run: TokenRun, context: int, batch_size: int
+    seq_model: keras.Model,
+    run: TokenRun,
+    context: int,
+    batch_size: int,
+    stacks: CallStacks | None = None,
 ) -> np.ndarray:
     """float32 [n, 64]: the model's probability of every token at eval_positions(run), in
     order (predict_positions' positions; a row's argmax is its top-1): what a mixture of
     predictors reads (tasks/learning/nextcall/hedge.py)."""
     rows = [
         np.asarray(probs)[keep].astype(np.float32)
-        for probs, keep in _scored_batches(seq_model, run, context, batch_size, False)
+        for probs, keep in _scored_batches(seq_model, run, context, batch_size, False, stacks)
     ]
     out = np.concatenate(rows) if rows else np.zeros((0, N_TOKENS), np.float32)
     _check_scored(run, len(out))
     return out
 
 
-def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, scored: bool):
+def _scored_batches(
+    seq_model, run: TokenRun, context: int, batch_size: int, scored: bool, stacks=None
+):
     """(the model's outputs, the mask of their scored positions) per batch of eval chunks:
     the scorer's (top-5, p(true)) when `scored`, else the probabilities. One compiled call a
     batch."""
@@ -281,7 +355,8 @@ def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, sco
     online = None
     if takes_online(seq_model):
         online = online_feature_matrix(run, online_orders(seq_model), online_ranks(seq_model))
-    batches, lo, hi = eval_batches(run, context, batch_size, features=online)
+    held = run_stack_input(seq_model, run, stacks)
+    batches, lo, hi = eval_batches(run, context, batch_size, features=online, stacks=held)
     score = _scorer(seq_model) if scored else None
     out = np.arange(2 * context)[None, :]
     done = 0

@@ -16,6 +16,8 @@ import numpy as np
 
 from tasks.dataset.token_runs import TokenRun
 from tasks.learning.nextcall.chunks import eval_chunks, train_chunks, window_starts
+from tasks.learning.nextcall.stack_input import StackInput
+from tasks.learning.stack_encoder import drop_stacks
 
 
 def _padded(a: np.ndarray, pad: int) -> np.ndarray:
@@ -29,6 +31,20 @@ def _checked_features(features: np.ndarray | None, run: TokenRun, pad: int) -> n
     if len(features) != len(run.tokens):
         raise ValueError(f"{len(features)} feature rows for {len(run.tokens)} tokens")
     return _padded(np.asarray(features, np.uint8), pad)
+
+
+def _checked_stacks(stacks: StackInput | None, run: TokenRun, pad: int) -> StackInput | None:
+    if stacks is None:
+        return None
+    if len(stacks.rows) != len(run.tokens):
+        raise ValueError(f"{len(stacks.rows)} stack rows for {len(run.tokens)} tokens")
+    return stacks.padded(pad)
+
+
+def _inputs(tokens: np.ndarray, feats: np.ndarray | None, frames: np.ndarray | None):
+    """A batch's x as the model takes it: tokens alone, or (tokens, [features], [frames])."""
+    extra = [a for a in (feats, frames) if a is not None]
+    return (tokens, *extra) if extra else tokens
 
 
 class ChunkBatches(keras.utils.PyDataset):
@@ -100,11 +116,15 @@ def sequence_dataset(
     repeat: bool = True,
     seed: int = 0,
     features: np.ndarray | None = None,
+    stacks: StackInput | None = None,
 ) -> tuple[ChunkBatches, int]:
     """(batches of (x [B, c] int32, y [B, c] int32, weight [B, c] float32), number of chunks).
 
     `features` (uint8 [n_tokens, F], aligned with run.tokens: row i describes token i+1, e.g.
     the n-gram features of tasks.learning.nextcall.model.NGramTable): x becomes (tokens, features [B, c, F]).
+    `stacks` (row i: call i's stack): x gains frames [B, c, depth, FRAME_PIECES], gathered per
+    batch; in training (`repeat`) whole stacks and pieces dropped (stack_encoder.drop_stacks),
+    the same drops for the same batch.
 
     Chunks come from tasks.learning.nextcall.chunks.train_chunks: a loss at every position of every chunk,
     weight 0 only where an end-aligned chunk repeats targets of the chunk before it. With
@@ -113,6 +133,7 @@ def sequence_dataset(
     starts, first = train_chunks(run, context)
     tokens = _padded(run.tokens, context + 1)
     feats = _checked_features(features, run, context + 1)
+    held = _checked_stacks(stacks, run, context + 1)
     offsets = np.arange(context + 1, dtype=np.int64)
     positions = np.arange(context, dtype=np.int32)
 
@@ -120,9 +141,11 @@ def sequence_dataset(
         idx = s[:, None] + offsets[None, :]
         chunk = tokens[idx].astype(np.int32)
         weight = (positions[None, :] >= f[:, None]).astype(np.float32)
-        if feats is None:
-            return chunk[:, :-1], chunk[:, 1:], weight
-        return (chunk[:, :-1], feats[idx[:, :-1]].astype(np.int32)), chunk[:, 1:], weight
+        ft = None if feats is None else feats[idx[:, :-1]].astype(np.int32)
+        frames = None if held is None else held.frames(idx[:, :-1])
+        if frames is not None and repeat:
+            drop_stacks(frames, np.random.default_rng((seed, int(s[0]), len(s))))
+        return _inputs(chunk[:, :-1], ft, frames), chunk[:, 1:], weight
 
     order = {"shuffle": shuffle, "repeat": repeat, "seed": seed}
     return ChunkBatches(np.asarray(starts, np.int64), first, cut, batch_size, **order), len(starts)
@@ -158,28 +181,33 @@ def windows_dataset(
 
 
 def eval_batches(
-    run: TokenRun, context: int, batch_size: int, features: np.ndarray | None = None
+    run: TokenRun,
+    context: int,
+    batch_size: int,
+    features: np.ndarray | None = None,
+    stacks: StackInput | None = None,
 ) -> tuple[Iterator, np.ndarray, np.ndarray]:
     """Evaluation chunks (tasks.learning.nextcall.chunks.eval_chunks) as (x [B, 2c], y [B, 2c]) int32.
 
     Returns the batches and each chunk's scored output range (lo, hi). Inputs beyond a thread's
     end are padding or the next thread: the model is causal and those outputs are not scored.
     `features` (uint8 [n_tokens, F], row i describing token i+1, e.g. the online counter's
-    answers over the whole thread so far): x becomes (tokens, features [B, 2c, F]).
+    answers over the whole thread so far): x becomes (tokens, features [B, 2c, F]); `stacks`
+    (row i: call i's stack): x gains frames [B, 2c, depth, FRAME_PIECES].
     """
     starts, lo, hi = eval_chunks(run, context)
     width = 2 * context
     tokens = _padded(run.tokens, width + 1)
     feats = _checked_features(features, run, width + 1)
+    held = _checked_stacks(stacks, run, width + 1)
     offsets = np.arange(width + 1, dtype=np.int64)
 
     def batches():
         for b in range(0, len(starts), batch_size):
             idx = np.asarray(starts[b : b + batch_size], np.int64)[:, None] + offsets[None, :]
             chunk = tokens[idx].astype(np.int32)
-            if feats is None:
-                yield chunk[:, :-1], chunk[:, 1:]
-            else:
-                yield (chunk[:, :-1], feats[idx[:, :-1]].astype(np.int32)), chunk[:, 1:]
+            ft = None if feats is None else feats[idx[:, :-1]].astype(np.int32)
+            frames = None if held is None else held.frames(idx[:, :-1])
+            yield _inputs(chunk[:, :-1], ft, frames), chunk[:, 1:]
 
     return batches(), lo, hi

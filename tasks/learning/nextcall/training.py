@@ -173,14 +173,28 @@ def training_inputs(cfg: TrainConfig, split: Split) -> TrainingInputs:
         on_val = online_feature_matrix(val_run, orders, ranks)
         train_feats = on_train if train_feats is None else np.hstack([train_feats, on_train])
         val_feats = on_val if val_feats is None else np.hstack([val_feats, on_val])
-    return TrainingInputs(
-        train_run, val_run, train_feats, val_feats, table, [r.name for r in split.train]
-    )
+    stacks = {}
+    if cfg.model.frame_depth:
+        # deferred: imported on first use (frame tokens), for start-up time
+        from tasks.learning.nextcall.stack_input import stack_input
+
+        depth = cfg.model.frame_depth
+        stacks = {
+            "train_stacks": stack_input(split.train, split.stacks, depth),
+            "val_stacks": stack_input(split.validation, split.stacks, depth),
+        }
+    names = [r.name for r in split.train]
+    return TrainingInputs(train_run, val_run, train_feats, val_feats, table, names, **stacks)
 
 
 def export_bundle(root: Root, cfg: TrainConfig, path: Path) -> tuple[int, TrainingBundle]:
     """The training bundle of `root`'s split under `cfg` (tasks/learning/nextcall/bundle.py), written to
     `path`; returns its size in bytes and the bundle."""
+    if cfg.model.frame_depth:
+        raise ValueError(
+            "heapcast bundle: a bundle does not carry each call's stack yet; export it with "
+            "model.frame_depth: 0 (the config's stack input is trained on this machine only)"
+        )
     split = load_split(root, cfg.data)
     if not split.train:
         raise ValueError(f"{root.url}: the split has no training run")
@@ -229,7 +243,7 @@ def evaluate_model(
         (UNSEEN_PROGRAMS, split.unseen_programs),
         (HELDOUT_WORKLOADS, split.heldout),
     )
-    _score_runs(builder, tables, seq_model, cfg, baselines, keep)
+    _score_runs(builder, tables, seq_model, cfg, baselines, split.stacks, keep)
     return builder.build(), baselines
 
 
@@ -246,7 +260,7 @@ def score_model_on_unseen_runs(model: Any, cfg: TrainConfig, split: Split) -> Ev
         predictors=(MODEL,),
     )
     seq_model = as_sequence_model(model, cfg)
-    _score_runs(builder, ((UNSEEN_RUNS, split.evaluation),), seq_model, cfg, None)
+    _score_runs(builder, ((UNSEEN_RUNS, split.evaluation),), seq_model, cfg, None, split.stacks)
     return builder.build()
 
 
@@ -256,10 +270,12 @@ def _score_runs(
     seq_model,
     cfg: TrainConfig,
     baselines: Baselines | None,
+    stacks: dict | None = None,
     keep: list[RunAnswers] | None = None,
 ):
-    """Every predictor's answers at eval_positions of each run of each (table, runs); the
-    model's top-5 on each run appended to `keep` when given. With the baselines, the network's
+    """Every predictor's answers at eval_positions of each run of each (table, runs) (a model
+    that reads the stack: with each run's from `stacks`, Split.stacks); the model's top-5 on
+    each run appended to `keep` when given. With the baselines, the network's
     and the counter's whole distributions are read once and their per-thread mixture with the
     majority (tasks/learning/nextcall/hedge.py) is scored as HEDGED_NEXT."""
     # deferred: imported on first use, for start-up time
@@ -271,13 +287,16 @@ def _score_runs(
             if not len(pos):
                 continue
             y = run.tokens[pos]
+            calls = (stacks or {}).get(run.name)
             if baselines is None:
                 answers = {
-                    MODEL: predict_positions(seq_model, run, cfg.context, cfg.eval_batch_size)
+                    MODEL: predict_positions(
+                        seq_model, run, cfg.context, cfg.eval_batch_size, calls
+                    )
                 }
             else:
                 answers, counter = baselines.predict_with_counter(run, pos)
-                net = predict_distribution(seq_model, run, cfg.context, cfg.eval_batch_size)
+                net = predict_distribution(seq_model, run, cfg.context, cfg.eval_batch_size, calls)
                 answers[MODEL] = ranked(net, y)
                 answers[HEDGED_NEXT] = hedged_next(
                     [net, counter, baselines.majority.probs],
@@ -294,11 +313,29 @@ def _score_runs(
 
 
 def input_example(
-    run: TokenRun, context: int, online_orders: list[int] | None = None, online_ranks: int = 1
+    run: TokenRun,
+    context: int,
+    online_orders: list[int] | None = None,
+    online_ranks: int = 1,
+    frame_depth: int = 0,
 ) -> np.ndarray | dict[str, np.ndarray]:
     """int32 [1, context]: the first tokens of a run's longest thread (zero-padded); with
     `online_orders`, {"tokens": that, "online": int32 [1, context, online_width]} (the online
-    features, with the counter's top `online_ranks` candidates)."""
+    features, with the counter's top `online_ranks` candidates); with `frame_depth`, "frames"
+    besides: int32 [1, context, frame_depth, FRAME_PIECES] of padding (calls without a stack)."""
+    example = _token_example(run, context, online_orders, online_ranks)
+    if not frame_depth:
+        return example
+    # deferred: imported on first use, for start-up time
+    from tasks.dataset.frame_tokens import FRAME_PIECES
+
+    out = example if isinstance(example, dict) else {"tokens": example}
+    return {**out, "frames": np.zeros((1, context, frame_depth, FRAME_PIECES), np.int32)}
+
+
+def _token_example(
+    run: TokenRun, context: int, online_orders: list[int] | None, online_ranks: int
+) -> np.ndarray | dict[str, np.ndarray]:
     longest = int(np.argmax(run.thread_lengths())) if run.n_threads else 0
     start = int(run.offsets[longest]) if run.n_threads else 0
     n = min(context, int(run.thread_lengths()[longest])) if run.n_threads else 0

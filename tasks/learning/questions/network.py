@@ -31,12 +31,7 @@ import pyarrow as pa
 from keras import layers, ops
 
 from tasks.dataset.events_reader import StackFrames
-from tasks.dataset.frame_tokens import (
-    FRAME_PIECES,
-    FRAME_VOCABULARY,
-    event_stack_rows,
-    stack_tokens,
-)
+from tasks.dataset.frame_tokens import FRAME_PIECES, event_stack_rows, stack_tokens
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 from tasks.learning.counters.by_due import freed_allocations, online_by_due
 from tasks.learning.labels import (
@@ -56,6 +51,7 @@ from tasks.learning.questions.reuse import (
     reuse_answers,
     reuse_due,
 )
+from tasks.learning.stack_encoder import drop_stacks, stack_encoder
 from tasks.learning.table.distill import N_SIZE_CLASSES, SOON_CLASS, ClassTable
 from tasks.learning.train_config import QuestionsConfig
 
@@ -79,11 +75,6 @@ N_FEATURES = 3 + sum(k * (len(COUNTERS) + 1) for k in QUESTION_CLASSES.values())
 TIME_SCALE = 1.0 / 25.0  # log1p(ns) is at most ~25 for a 100-year gap: features stay in [0, 1]
 FRAME_DEPTH = 8  # frames of a call's stack read, innermost first (QuestionsConfig.frame_depth)
 ANSWER_WINDOWS = 1024  # windows a predict call reads (the frame tokens are gathered per chunk)
-# Training only: a call's stack is dropped whole (all padding) with STACK_DROPOUT, each of its
-# pieces with PIECE_DROPOUT, so that the network learns to answer from the words it recognises
-# and without a stack; a program never trained on is mostly words it never saw.
-STACK_DROPOUT = 0.3
-PIECE_DROPOUT = 0.15
 
 
 @dataclass(frozen=True)
@@ -286,35 +277,6 @@ def frame_depth_of(model: keras.Model) -> int:
     return int(model.get_layer("frames").output.shape[2])
 
 
-@keras.saving.register_keras_serializable(package="heapcast")
-class FramePooling(layers.Layer):
-    """[..., pieces, width] embeddings and their [..., pieces] token ids -> [..., width]: each
-    frame's mean embedding over its pieces, padding (id 0) left out; a frame of padding only
-    is zeros."""
-
-    def call(self, embedded, ids):
-        present = ops.expand_dims(ops.cast(ops.greater(ids, 0), embedded.dtype), -1)
-        total = ops.sum(embedded * present, axis=-2)
-        return total / ops.maximum(ops.sum(present, axis=-2), 1.0)
-
-
-def stack_encoder(frames, depth: int, width: int = 16, units: int = 32):
-    """frames [batch, calls, depth, FRAME_PIECES] (int32 token ids) -> [batch, calls, units]:
-    each piece embedded (its sub-word's meaning, shared by every program), pooled per frame,
-    then the `depth` frames, innermost first, read together by one dense layer (a weight per
-    depth: where a frame sits in the stack matters). Reads only the call's own stack: causal.
-    The embeddings start at zero: a word no training call had stays zero, as padding, rather
-    than a random direction the network reads as a meaning."""
-    embedded = layers.Embedding(
-        FRAME_VOCABULARY, width, embeddings_initializer="zeros", name="frame_pieces"
-    )(frames)
-    per_frame = FramePooling(name="frame_pooling")(embedded, frames)
-    flat = layers.Reshape((-1, depth * width), name="stack_frames")(per_frame)
-    # tanh, not relu: at a stack of padding (zeros) a relu's gradient is 0 and, the embeddings
-    # starting at zero, the branch would never learn
-    return layers.Dense(units, activation="tanh", name="stack")(flat)
-
-
 def masked_crossentropy(y_true, y_pred):
     """Mean cross-entropy over the calls the question applies to (label >= 0)."""
     y = ops.cast(y_true, "int32")
@@ -421,10 +383,8 @@ class _WindowBatches(keras.utils.PyDataset):
     def __getitem__(self, i: int):
         keep = np.sort(self.order[i * self.batch_size : (i + 1) * self.batch_size])
         x = _with_frames(self.x, self.stacks, keep)
-        frames = x["frames"]  # a copy (fancy indexing): dropped in place
-        rng = np.random.default_rng((self.seed, self.epoch, i))  # the same batch, the same drops
-        frames[rng.random(frames.shape[:2]) < STACK_DROPOUT] = 0
-        frames[rng.random(frames.shape) < PIECE_DROPOUT] = 0
+        # a copy (fancy indexing), dropped in place; the same batch, the same drops
+        drop_stacks(x["frames"], np.random.default_rng((self.seed, self.epoch, i)))
         return x, {q: v[keep] for q, v in self.y.items()}
 
     def on_epoch_end(self) -> None:

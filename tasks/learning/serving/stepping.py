@@ -211,8 +211,11 @@ def step_weights(model) -> StepWeights:
         _SHARE_BUCKETS,
         NGramFeatures,
         online_orders,
+        refuse_frames,
         takes_online,
     )
+
+    refuse_frames(model, "the stepped stream (step_weights)")
 
     layers = {layer.name: layer for layer in _layers(model)}
     rec, lstm = _recurrent_layers(model, layers)

@@ -63,8 +63,14 @@ class StreamingPredictor:
 
     def __post_init__(self) -> None:
         # deferred: imported on first use, for start-up time
-        from tasks.learning.nextcall.model import online_orders, online_ranks, takes_online
+        from tasks.learning.nextcall.model import (
+            online_orders,
+            online_ranks,
+            refuse_frames,
+            takes_online,
+        )
 
+        refuse_frames(self.model, "StreamingPredictor")
         self._online = takes_online(self.model)
         self._orders = online_orders(self.model) if self._online else ()
         self._ranks = online_ranks(self.model) if self._online else 1
@@ -184,9 +190,11 @@ def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
         online_feature_matrix,
         online_orders,
         online_ranks,
+        refuse_frames,
         takes_online,
     )
 
+    refuse_frames(model, "predict_window")
     tokens = np.asarray(tokens, np.uint8)
     width = min(context, len(tokens))
     x: object = tokens[None, -width:].astype(np.int32)
@@ -418,9 +426,11 @@ def predict_chunked(model, tokens: np.ndarray, context: int = 100) -> np.ndarray
         online_feature_matrix,
         online_orders,
         online_ranks,
+        refuse_frames,
         takes_online,
     )
 
+    refuse_frames(model, "predict_window")
     tokens = np.asarray(tokens, np.uint8)
     start = max(0, (len(tokens) - 1) // context - 1) * context
     x: object = tokens[None, start:].astype(np.int32)

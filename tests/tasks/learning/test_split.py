@@ -147,3 +147,30 @@ def test_a_catalog_heldout_missing_tonight_is_noted_and_the_rest_is_evaluated(ev
     # AND a name that the catalog does not know either is still an error naming it
     with pytest.raises(ValueError, match="nope"):
         load_split(events_root, DataConfig(heldout_workloads=["nope"]))
+
+
+def test_a_split_read_with_stacks_holds_each_runs_calls_stacks_beside_its_tokens(events_root):
+    # GIVEN the split of the test above, read with each call's stack
+    cfg = DataConfig(heldout_workloads=["gamma"], max_train_tokens=1500, max_eval_tokens=500)
+    split = load_split(events_root, cfg, stacks=True)
+    # THEN every run, the cut ones too, has its stacks under its name, one row a call
+    runs = split.train + split.validation + split.evaluation + split.heldout + split.unseen_programs
+    assert split.stacks is not None and set(split.stacks) == {r.name for r in runs}
+    assert all(len(split.stacks[r.name].rows) == r.n_tokens for r in runs)
+    # and the tokens are the split's without them; a split read without holds none
+    plain = load_split(events_root, cfg)
+    assert plain.stacks is None and plain.content_hash() == split.content_hash()
+
+
+def test_a_config_without_the_stack_keeps_its_fingerprint():
+    # the checkpoints of a config from before model.frame_depth still resume: frame_depth 0
+    # is not in what is hashed
+    import hashlib
+    import json
+
+    cfg = TrainConfig()
+    payload = cfg.model_dump(mode="json", exclude={"checkpoint_dir"})
+    del payload["model"]["frame_depth"]
+    before = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    assert cfg.fingerprint() == before
+    assert TrainConfig.model_validate({"model": {"frame_depth": 8}}).fingerprint() != before
