@@ -103,6 +103,7 @@ STUDIES: tuple[Study, ...] = (
     Study("place_context", "containers, 15 minutes"),
     Study("model_variants", "trains every variant"),
     Study("next_share", "a night's data, champion"),
+    Study("nextcall_stacks", "trains two next-call networks, 15 minutes"),
     Study("place_catalog", "containers, 40 minutes"),
     Study("questions", "a full night's data"),
     Study("replay_stacks", "containers, 5 minutes"),
