@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tasks.core.storage import Root  # noqa: E402
 from tasks.dataset.events_reader import read_stack_frames  # noqa: E402
+from tasks.dataset.frame_tokens import RunStacks  # noqa: E402
 from tasks.dataset.token_runs import head_rows, list_runs  # noqa: E402
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS  # noqa: E402
 from tasks.learning.labels import process_order  # noqa: E402
@@ -93,13 +94,14 @@ def run_answers(t: pa.Table, frames, nets: dict, majority, life_maj, depth: int)
     out = {}
     for arm, net in nets.items():
         answers = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, life_maj)}
-        inputs = question_inputs(t, answers, frames if arm == "stacks" else None, depth)
+        stacks = RunStacks.of(frames, depth) if arm == "stacks" else None
+        inputs = question_inputs(t, answers, stacks)
         _add_network_answers(t, answers, net.answer(inputs), majority, life_maj)
         out[arm] = answers
     return out
 
 
-def train(root, runs, rows: int, cfg: QuestionsConfig, seed: int):
+def train(root, runs, rows: int, cfg: QuestionsConfig, depth: int, seed: int):
     """(the two networks, the majorities, seconds): trained on the same calls, seed, budget."""
     from tasks.learning.questions.network import question_inputs, train_network
 
@@ -108,7 +110,8 @@ def train(root, runs, rows: int, cfg: QuestionsConfig, seed: int):
     inputs = []
     for t, (w, r) in zip(events, runs, strict=True):
         answers = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, life_maj)}
-        inputs.append(question_inputs(t, answers, read_stack_frames(root, w, r), cfg.frame_depth))
+        stacks = RunStacks.of(read_stack_frames(root, w, r), depth)
+        inputs.append(question_inputs(t, answers, stacks))
     blind = [dataclasses.replace(i, stack_rows=None, stack_tokens=None) for i in inputs]
     nets, seconds = {}, {}
     for arm, data in (("no_stacks", blind), ("stacks", inputs)):
@@ -118,9 +121,17 @@ def train(root, runs, rows: int, cfg: QuestionsConfig, seed: int):
     return nets, majority, life_maj, seconds, sum(len(i.order) for i in inputs)
 
 
-def study(root: Root, heldout: list[str], rows: int, cold: int, cfg: QuestionsConfig, seed: int):
+def study(
+    root: Root,
+    heldout: list[str],
+    rows: int,
+    cold: int,
+    cfg: QuestionsConfig,
+    depth: int,
+    seed: int,
+):
     roles = plan(root, heldout)
-    nets, majority, life_maj, seconds, calls = train(root, roles["train"], rows, cfg, seed)
+    nets, majority, life_maj, seconds, calls = train(root, roles["train"], rows, cfg, depth, seed)
     scores: dict[str, list] = {arm: [] for arm in ARMS}
     positions: dict[str, int] = {}
     for table in (UNSEEN_RUNS, UNSEEN_PROGRAMS, HELDOUT_WORKLOADS, COLD):
@@ -134,8 +145,7 @@ def study(root: Root, heldout: list[str], rows: int, cold: int, cfg: QuestionsCo
                 else head_rows(whole, rows)
             )
             positions[f"{table}/{w}/{r}"] = t.num_rows
-            got = run_answers(t, read_stack_frames(root, w, r), nets, majority, life_maj,
-                              cfg.frame_depth)  # fmt: skip
+            got = run_answers(t, read_stack_frames(root, w, r), nets, majority, life_maj, depth)
             for arm, answers in got.items():
                 for q, a in answers.items():
                     by[arm].setdefault(q, {}).setdefault(w, []).append(a)
@@ -215,13 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold", type=int, default=65_536, help="first calls of each process (cold)")
     p.add_argument("--units", type=int, default=48)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--depth", type=int, default=8, help="frames a call (frame_depth)")
+    p.add_argument("--depth", type=int, default=8, help="frames a call (data.frame_depth)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="network_stacks")
     a = p.parse_args(argv)
-    cfg = QuestionsConfig(units=a.units, epochs=a.epochs, frame_depth=a.depth)
+    cfg = QuestionsConfig(units=a.units, epochs=a.epochs)
     t0 = time.perf_counter()
-    result = study(Root.from_url(a.root), a.heldout.split(","), a.rows, a.cold, cfg, a.seed)
+    result = study(
+        Root.from_url(a.root), a.heldout.split(","), a.rows, a.cold, cfg, a.depth, a.seed
+    )
     result["seconds"] = round(time.perf_counter() - t0)
     result["config"] = cfg.model_dump()
     command = "python studies/network_stacks/network_stacks.py " + " ".join(argv or sys.argv[1:])

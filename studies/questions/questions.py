@@ -25,8 +25,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tasks.core.storage import Root
+from tasks.dataset.frame_tokens import read_run_stacks
 from tasks.learning.questions.reuse import program_lines, question_lines
-from tasks.learning.split import load_split, question_events, question_frames
+from tasks.learning.split import load_split, question_events
 from tasks.learning.train_config import load_train_config
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     split = load_split(root, cfg.data)
     t0 = time.perf_counter()
     events = question_events(root, split.question_runs(), cfg.data.max_eval_tokens)
-    frames = question_frames(root, split.question_runs())
+    frames = read_run_stacks(root, split.question_runs(), cfg.data.frame_depth)
     q = question_evaluation(split, events, cfg.questions, cfg.seed, frames=frames)
     seconds = time.perf_counter() - t0
     scores = list(q.scores)

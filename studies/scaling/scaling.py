@@ -408,13 +408,14 @@ def point_questions(root, split, cfg, question_tokens: int | None, unseen_runs: 
     with the goal's verdict on each (program, question) cell, and on the unseen runs if asked."""
     import dataclasses
 
+    from tasks.dataset.frame_tokens import read_run_stacks
     from tasks.learning.evaluate import UNSEEN_PROGRAMS, UNSEEN_RUNS
     from tasks.learning.questions.evaluation import question_evaluation
     from tasks.learning.questions.reuse import hedged_cells
-    from tasks.learning.split import question_events, question_frames
+    from tasks.learning.split import question_events
 
     events = question_events(root, split.question_runs(), question_tokens)
-    frames = question_frames(root, split.question_runs())
+    frames = read_run_stacks(root, split.question_runs(), cfg.data.frame_depth)
     q = question_evaluation(split, events, cfg.questions, cfg.seed, frames=frames)
     out = {
         "unseen_programs": question_scores(q.scores, UNSEEN_PROGRAMS),

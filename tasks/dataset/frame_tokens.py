@@ -25,11 +25,14 @@ from __future__ import annotations
 import posixpath
 import re
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from tasks.dataset.events_reader import StackFrames
+from tasks.core.storage import Root
+from tasks.dataset.events_reader import StackFrames, read_stack_frames
+from tasks.dataset.token_runs import RunsRead
 
 FRAME_PIECES = 5  # sub-word tokens a frame: a name's last ones (its own name, not its namespace)
 # hashed ids 1..FRAME_VOCABULARY - 1; 0: padding. Large beside the few thousand words of a
@@ -151,3 +154,26 @@ def event_stack_rows(
     """int32 [n]: each event's row of stack_tokens(frames, ...), 0 where it has no stack (a
     free, a trace without stacks, an id the stacks table lacks)."""
     return (frames.index(stack) + 1).astype(np.int32)
+
+
+FRAME_DEPTH = 8  # frames of a call's stack the questions' network reads by default
+
+
+@dataclass(frozen=True)
+class RunStacks:
+    """A run's call stacks as the questions' network reads them: the frames, and each distinct
+    stack's first `depth` frames as tokens (stack_tokens), made where the run is read."""
+
+    frames: StackFrames
+    tokens: np.ndarray  # int32 [len(frames) + 1, depth, FRAME_PIECES]
+
+    @classmethod
+    def of(cls, frames: StackFrames, depth: int) -> RunStacks:
+        return cls(frames, stack_tokens(frames, depth))
+
+
+def read_run_stacks(root: Root, runs: list[tuple[str, str]], depth: int) -> RunsRead[RunStacks]:
+    """The call stacks of each (workload, run) of `runs` (read_stack_frames), with the tokens of
+    each stack's first `depth` frames, each run read when asked: what the questions' counters and
+    network read beside a run's events."""
+    return RunsRead(runs, lambda w, r: RunStacks.of(read_stack_frames(root, w, r), depth))

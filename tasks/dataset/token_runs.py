@@ -5,7 +5,7 @@ other (each ordered by `seq`), and `offsets` marking where each thread starts (n
 entries). Scored positions are index arrays into that flat array, so no window is materialised.
 Every stage that reads a run's calls in order (learning, the allocator's questions, whatif)
 reads them here. A stage that reads each call's stack as well (the next-call network with
-model.frame_depth) asks for it beside the tokens (read_run_stacks: CallStacks, 4 bytes a call
+model.frame_depth) asks for it beside the tokens (read_run_with_stacks: CallStacks, 4 bytes a call
 and the run's frames), so that no other stage holds it.
 """
 
@@ -34,7 +34,7 @@ from tasks.dataset.tokens import N_TOKENS
 T = TypeVar("T")
 
 COLUMNS = ["pid", "thread", "seq", "token"]
-# what read_run_stacks reads besides: each call's stack, and what pairs a free with its block's
+# what read_run_with_stacks reads besides: each call's stack, and what pairs a free with its block's
 # allocation (the process's call order and the allocation's lifetime in calls)
 STACK_COLUMNS = ["time_ns", "lifetime_calls", "stack"]
 
@@ -134,7 +134,7 @@ def read_run(root: Root, workload: str, run: str, max_tokens: int | None = None)
 
 @dataclass(frozen=True)
 class CallStacks:
-    """Each call's stack of a TokenRun, held beside it (read_run_stacks): `rows[i]` is call i's
+    """Each call's stack of a TokenRun, held beside it (read_run_with_stacks): `rows[i]` is call i's
     row of frame_tokens.stack_tokens(frames, depth), 0 where it has none. A free, at which the
     tracer takes no stack, reads its block's allocation's (a free's next calls follow from
     where its block came from)."""
@@ -156,7 +156,7 @@ class CallStacks:
         )
 
 
-def read_run_stacks(
+def read_run_with_stacks(
     root: Root, workload: str, run: str, max_tokens: int | None = None
 ) -> tuple[TokenRun, CallStacks]:
     """read_run's tokens, and each call's stack beside them (CallStacks)."""

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.dataset.events_reader import StackFrames, read_stack_frames
+from tasks.dataset.frame_tokens import RunStacks, read_run_stacks
 from tasks.dataset.token_runs import (
     CallStacks,
     RunsRead,
@@ -25,7 +25,7 @@ from tasks.dataset.token_runs import (
     head_events,
     list_runs,
     read_run,
-    read_run_stacks,
+    read_run_with_stacks,
 )
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.labels import QUESTION_COLUMNS
@@ -197,8 +197,9 @@ class TrainingData:
     # to the calls the evaluation scores (question_events), read when asked; empty when read for
     # the split alone
     events: Mapping[tuple[str, str], pa.Table]
-    # ... and the same runs' call stacks (read_stack_frames: none where traced without them)
-    frames: Mapping[tuple[str, str], StackFrames]
+    # ... and the same runs' call stacks, with the tokens of their first frames the questions'
+    # network reads (read_run_stacks; empty frames where traced without them)
+    frames: Mapping[tuple[str, str], RunStacks]
 
 
 # the runs whose events the questions read: the validation runs are the next-call model's alone
@@ -206,7 +207,11 @@ QUESTION_ROLES = ("train", "evaluation", "heldout", "unseen")
 
 
 def read_training_data(
-    root: Root, cfg: DataConfig, catalog: Catalog, questions: bool = True, stacks: bool = False
+    root: Root,
+    cfg: DataConfig,
+    catalog: Catalog,
+    questions: bool = True,
+    stacks: bool = False,
 ) -> TrainingData:
     """Read every run the plan names, with the validation cut and the token caps, and (with
     `questions`) the questions' events of its training and scored runs; with `stacks`, each
@@ -219,7 +224,7 @@ def read_training_data(
     asked = [(w, r) for w, roles in plan.items() for role in QUESTION_ROLES for r in roles[role]]
     asked = asked if questions else []
     events = question_events(root, asked, cfg.max_eval_tokens)
-    frames = question_frames(root, asked)
+    frames = read_run_stacks(root, asked, cfg.frame_depth)
     train: list[TokenRun] = []
     validation: list[TokenRun] = []
     evaluation: list[TokenRun] = []
@@ -234,7 +239,7 @@ def read_training_data(
     def read(w: str, r: str, cap: int | None = None) -> TokenRun:
         if held is None:
             return read_run(root, w, r, cap)
-        run, calls = read_run_stacks(root, w, r, cap)
+        run, calls = read_run_with_stacks(root, w, r, cap)
         held[run.name] = calls
         return run
 
@@ -278,12 +283,6 @@ def question_events(
     in training), so that every answer is made on the calls the next-call model's evaluation
     scores; each run read when asked."""
     return head_events(root, runs, QUESTION_COLUMNS, max_rows)
-
-
-def question_frames(root: Root, runs: list[tuple[str, str]]) -> RunsRead[StackFrames]:
-    """The call stacks of each (workload, run) of `runs` (read_stack_frames), each read when
-    asked: what the questions' network reads beside question_events."""
-    return RunsRead(runs, lambda w, r: read_stack_frames(root, w, r))
 
 
 def load_split(root: Root, cfg: DataConfig, stacks: bool = False) -> Split:

@@ -55,6 +55,9 @@ class DataConfig(StrictModel):
     max_train_tokens: int | None = Field(default=None, gt=0)  # cap over all train runs
     max_validation_tokens: int | None = Field(default=None, gt=0)  # cap per validation run
     max_eval_tokens: int | None = Field(default=None, gt=0)  # cap per evaluation/held-out run
+    # frames of each call's stack read for the questions' network, innermost first (as tokens of
+    # their names: tasks/dataset/frame_tokens.py); the network reads as many as it is given
+    frame_depth: int = Field(default=8, ge=1, le=64)
     # Fewer scored positions than this on the evaluation runs (the unseen-runs table the
     # champion is chosen on) is broken data, not a night's result: nothing is trained or
     # registered, and the night's summary says why. 1,000 positions put a top-1 within about
@@ -144,8 +147,6 @@ class QuestionsConfig(StrictModel):
     learning_rate: float = Field(default=3e-3, gt=0.0)
     # a sample of the training runs' calls (whole windows), for the night's time
     max_train_calls: int | None = Field(default=None, gt=0)
-    # frames of each call's stack the network reads, innermost first (question_network.stack_encoder)
-    frame_depth: int = Field(default=8, ge=1, le=64)
 
 
 class TrainConfig(StrictModel):

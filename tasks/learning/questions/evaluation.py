@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tasks.dataset.events_reader import StackFrames
+from tasks.dataset.frame_tokens import RunStacks
 from tasks.learning.answers import RunAnswers, rows_digest
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS
 from tasks.learning.labels import (
@@ -78,17 +78,17 @@ def question_evaluation(
     events: Mapping[tuple[str, str], pa.Table],
     network: QuestionsConfig | None = None,
     seed: int = 0,
-    frames: Mapping[tuple[str, str], StackFrames] | None = None,
+    frames: Mapping[tuple[str, str], RunStacks] | None = None,
 ) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/questions/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
     majorities from its training runs, and the network (`network.network`) trained on them, the
     layer's table distilled from it. `events`: each training and scored run's, by (workload,
     run), as tasks.learning.split.question_events reads them (the calls the next-call model's
-    evaluation scores); `frames`: the same runs' stacks, which the network reads (None: it reads
-    padding)."""
+    evaluation scores); `frames`: the same runs' stacks (read_run_stacks), which the context
+    counters and the network read (None: no context counters, and the network reads padding)."""
 
-    def stacks(key: tuple[str, str]) -> StackFrames | None:
+    def stacks(key: tuple[str, str]) -> RunStacks | None:
         return None if frames is None else frames[key]
 
     train_runs = sorted({(r.workload, r.run) for r in split.train})
@@ -100,7 +100,7 @@ def question_evaluation(
     priors = {}
     if frames is not None:
         train_ctx = [
-            run_contexts(frames[k], t) for k, t in zip(train_runs, train_events, strict=True)
+            run_contexts(frames[k].frames, t) for k, t in zip(train_runs, train_events, strict=True)
         ]
         priors = context_priors(train_events, train_ctx)
         del train_ctx
@@ -111,7 +111,7 @@ def question_evaluation(
     net = None
     if network is not None and network.network:
         train_inputs = [
-            question_inputs(t, counters(t), stacks(k), network.frame_depth)
+            question_inputs(t, counters(t), stacks(k))
             for t, k in zip(train_events, train_runs, strict=True)
         ]
         net = train_network(train_inputs, network, seed)
@@ -132,7 +132,7 @@ def question_evaluation(
         by_q: dict[str, dict[str, list[ReuseAnswers]]] = {}
         for w, r in sorted({(x.workload, x.run) for x in runs}):
             t, stack = events[(w, r)], stacks((w, r))
-            ctx = None if stack is None else run_contexts(stack, t)
+            ctx = None if stack is None else run_contexts(stack.frames, t)
             answers = {
                 QUESTION: reuse_answers(
                     t, majority, known=known, contexts=ctx, prior=priors.get(QUESTION)
@@ -141,7 +141,7 @@ def question_evaluation(
             }
             if net is not None:
                 # the network reads each call's stack
-                said = net.answer(question_inputs(t, answers, stack, network.frame_depth))
+                said = net.answer(question_inputs(t, answers, stack))
                 _add_network_answers(t, answers, said, majority, lifetime_maj)
                 kept[(w, r)] = RunAnswers(
                     w, r, rows_digest=rows_digest(t), soon=soon_of(t, said[QUESTION])

@@ -31,7 +31,12 @@ import pyarrow as pa
 from keras import layers, ops
 
 from tasks.dataset.events_reader import StackFrames
-from tasks.dataset.frame_tokens import FRAME_PIECES, event_stack_rows, stack_tokens
+from tasks.dataset.frame_tokens import (
+    FRAME_DEPTH,
+    FRAME_PIECES,
+    RunStacks,
+    event_stack_rows,
+)
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 from tasks.learning.counters.by_due import freed_allocations, online_by_due
 from tasks.learning.labels import (
@@ -73,7 +78,6 @@ OTHER_TOKEN = N_TOKENS
 N_INPUT_TOKENS = N_TOKENS + 1
 N_FEATURES = 3 + sum(k * (len(COUNTERS) + 1) for k in QUESTION_CLASSES.values())
 TIME_SCALE = 1.0 / 25.0  # log1p(ns) is at most ~25 for a 100-year gap: features stay in [0, 1]
-FRAME_DEPTH = 8  # frames of a call's stack read, innermost first (QuestionsConfig.frame_depth)
 ANSWER_WINDOWS = 1024  # windows a predict call reads (the frame tokens are gathered per chunk)
 
 
@@ -96,13 +100,12 @@ class QuestionInputs:
 def question_inputs(
     table: pa.Table,
     answers: dict[str, ReuseAnswers],
-    frames: StackFrames | None = None,
-    depth: int = FRAME_DEPTH,
+    stacks: RunStacks | None = None,
 ) -> QuestionInputs:
     """The network's inputs for one run's events table, from the counters' `answers` (every
     question of QUESTION_CLASSES, as reuse_answers / lifetime_answers give them) and the run's
-    stacks (`frames`, read_stack_frames; None: the frame inputs are all padding), each call's
-    first `depth` frames."""
+    stacks (RunStacks: its frames, and each stack's first frames as tokens; None: the frame
+    inputs are all padding)."""
     n = table.num_rows
     order, starts = process_order(table)
     req_cls, free_cls = request_and_free_classes(table)
@@ -137,7 +140,7 @@ def question_inputs(
             col += k
         features[:, col : col + k] = _process_counter(starts, labels[q], due[q], k)
         col += k
-    rows, tok = _stack_inputs(table, order, starts, frames, depth)
+    rows, tok = _stack_inputs(table, order, starts, stacks)
     return QuestionInputs(
         order,
         starts,
@@ -152,19 +155,19 @@ def question_inputs(
 
 
 def _stack_inputs(
-    table: pa.Table, order: np.ndarray, starts: np.ndarray, frames: StackFrames | None, depth: int
+    table: pa.Table, order: np.ndarray, starts: np.ndarray, stacks: RunStacks | None
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(each call's row of the run's stack tokens, process order; the tokens): a call's own
     stack, and at a free without one its block's allocation's (the row whose lifetime ends at
     the free: lifetime_due, a numpy join; 0 where that allocation is not in the table)."""
-    if frames is None or not len(frames) or "stack" not in table.column_names:
+    if stacks is None or not len(stacks.frames) or "stack" not in table.column_names:
         return None, None
-    rows = event_stack_rows(frames, table.column("stack"))[order]
+    rows = event_stack_rows(stacks.frames, table.column("stack"))[order]
     freed_by = freed_allocations(lifetime_due(table, order, starts))
     _, free_cls = request_and_free_classes(table)
     borrow = (rows == 0) & (free_cls[order] >= 0) & (freed_by >= 0)
     rows[borrow] = rows[freed_by[borrow]]
-    return rows, stack_tokens(frames, depth)
+    return rows, stacks.tokens
 
 
 def _positions(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -251,6 +254,13 @@ def _as_windows(
     }
     y = {q: np.concatenate(v) if v else np.zeros((0, WINDOW), np.int32) for q, v in ys.items()}
     return x, y, where, np.concatenate(stacks)
+
+
+def input_depth(inputs: list[QuestionInputs]) -> int:
+    """The frames a call the inputs carry (their stack tokens' depth: data.frame_depth where
+    they were read), FRAME_DEPTH where none has stacks."""
+    depths = {i.stack_tokens.shape[1] for i in inputs if i.stack_tokens is not None}
+    return max(depths, default=FRAME_DEPTH)
 
 
 def _at_depth(tokens: np.ndarray, depth: int) -> np.ndarray:
@@ -347,13 +357,14 @@ def train_network(
     windows, drawn with `seed`)."""
     t0 = time.perf_counter()
     keras.utils.set_random_seed(seed)
-    x, y, _, stacks = _as_windows(inputs, config.frame_depth)
+    depth = input_depth(inputs)
+    x, y, _, stacks = _as_windows(inputs, depth)
     cap = config.max_train_calls
     if cap is not None and len(x["tokens"]) * WINDOW > cap:
         keep = np.random.default_rng(seed).permutation(len(x["tokens"]))[: max(1, cap // WINDOW)]
         x = {k: v[keep] for k, v in x.items()}
         y = {k: v[keep] for k, v in y.items()}
-    model = build_network(config.units, config.frame_depth)
+    model = build_network(config.units, depth)
     model.compile(
         optimizer=keras.optimizers.Adam(config.learning_rate),
         loss={q: masked_crossentropy for q in QUESTION_CLASSES},
@@ -496,7 +507,8 @@ def answered_inputs(
         "reuse": reuse_answers(table, flat["reuse"]),
         **lifetime_answers(table, {q: flat[q] for q in ("lifetime_calls", "lifetime_time")}),
     }
-    inputs = question_inputs(table, answers, frames, frame_depth_of(model))
+    stacks = None if frames is None else RunStacks.of(frames, frame_depth_of(model))
+    inputs = question_inputs(table, answers, stacks)
     return answers, inputs, QuestionNetwork(model, 0, 0, 0.0).answer(inputs)
 
 

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.dataset.events_reader import StackFrames
+from tasks.dataset.frame_tokens import RunStacks
 from tasks.format.trace_reader import Op
 from tasks.learning.labels import LIFETIME_CLASSES, NO_LABEL, REUSE_CLASSES
 from tasks.learning.questions.lifetime import lifetime_answers, lifetime_majority
@@ -46,10 +47,10 @@ FRAMES = StackFrames.of_table(
 )
 
 
-def _inputs(t: pa.Table, frames: StackFrames | None = FRAMES):
+def _inputs(t: pa.Table, frames: StackFrames | None = FRAMES, depth: int = 8):
     maj, life = majority_of([t]), lifetime_majority([t])
     answers = {"reuse": reuse_answers(t, maj), **lifetime_answers(t, life)}
-    return question_inputs(t, answers, frames)
+    return question_inputs(t, answers, None if frames is None else RunStacks.of(frames, depth))
 
 
 def _with_stacks(t: pa.Table, seed: int) -> pa.Table:
@@ -144,10 +145,10 @@ def test_a_free_reads_its_blocks_allocation_stack():
 
 def test_the_network_trains_answers_distributions_and_is_distilled_into_the_table(tmp_path):
     t1, t2 = _one_process(5, 600), _events(6, n=500)  # the second without callers nor stacks
-    inputs = [_inputs(t1), _inputs(t2)]
+    inputs = [_inputs(t1, depth=2), _inputs(t2)]  # the network reads the depth it is given
     assert inputs[1].sites.max() == 0 and inputs[0].features.shape[1] == N_FEATURES
     assert inputs[1].stack_rows is None and inputs[0].stack_rows.max() > 0
-    cfg = QuestionsConfig(units=8, epochs=1, batch_size=4, frame_depth=2)
+    cfg = QuestionsConfig(units=8, epochs=1, batch_size=4)
     net = train_network(inputs, cfg, seed=0)
     assert net.train_calls == 1100 and net.seconds > 0 and frame_depth_of(net.model) == 2
     answers = [net.answer(i) for i in inputs]
