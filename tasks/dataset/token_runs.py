@@ -5,8 +5,7 @@ other (each ordered by `seq`), and `offsets` marking where each thread starts (n
 entries). Scored positions are index arrays into that flat array, so no window is materialised.
 Every stage that reads a run's calls in order (learning, the allocator's questions, whatif)
 reads them here. A stage that reads each call's stack as well (the next-call network with
-model.frame_depth) asks for it beside the tokens (read_run_with_stacks: CallStacks, 4 bytes a call
-and the run's frames), so that no other stage holds it.
+model.frame_depth) asks for it beside the tokens (frame_tokens.read_run_with_stacks).
 """
 
 from __future__ import annotations
@@ -28,15 +27,11 @@ from tasks.dataset.events_reader import (
 )
 from tasks.dataset.events_reader import list_runs as list_events_runs
 from tasks.dataset.events_reader import read_run as read_events_run
-from tasks.dataset.frame_tokens import event_stack_rows
 from tasks.dataset.tokens import N_TOKENS
 
 T = TypeVar("T")
 
 COLUMNS = ["pid", "thread", "seq", "token"]
-# what read_run_with_stacks reads besides: each call's stack, and what pairs a free with its block's
-# allocation (the process's call order and the allocation's lifetime in calls)
-STACK_COLUMNS = ["time_ns", "lifetime_calls", "stack"]
 
 
 @dataclass(frozen=True)
@@ -130,67 +125,6 @@ def read_run(root: Root, workload: str, run: str, max_tokens: int | None = None)
     `max_tokens` (TokenRun.head) when given."""
     tokens = token_run(read_events_run(root, workload, run, COLUMNS), workload, run)
     return tokens.head(max_tokens)
-
-
-@dataclass(frozen=True)
-class CallStacks:
-    """Each call's stack of a TokenRun, held beside it (read_run_with_stacks): `rows[i]` is call i's
-    row of frame_tokens.stack_tokens(frames, depth), 0 where it has none. A free, at which the
-    tracer takes no stack, reads its block's allocation's (a free's next calls follow from
-    where its block came from)."""
-
-    rows: np.ndarray  # int32 [n], aligned with the run's tokens
-    frames: StackFrames  # the run's stacks (read_stack_frames)
-
-    def head(self, max_tokens: int | None) -> CallStacks:
-        """The rows of TokenRun.head(max_tokens)."""
-        if max_tokens is None or max_tokens >= len(self.rows):
-            return self
-        return CallStacks(self.rows[:max_tokens], self.frames)
-
-    def split_tail(self, run: TokenRun, fraction: float) -> tuple[CallStacks, CallStacks]:
-        """The rows of run.split_tail(fraction): (head's, tail's)."""
-        in_head = run.head_mask(fraction)
-        return CallStacks(self.rows[in_head], self.frames), CallStacks(
-            self.rows[~in_head], self.frames
-        )
-
-
-def read_run_with_stacks(
-    root: Root, workload: str, run: str, max_tokens: int | None = None
-) -> tuple[TokenRun, CallStacks]:
-    """read_run's tokens, and each call's stack beside them (CallStacks)."""
-    table = read_events_run(root, workload, run, [*COLUMNS, *STACK_COLUMNS])
-    tokens = token_run(table, workload, run)
-    frames = read_stack_frames(root, workload, run)
-    rows = call_stack_rows(table, frames)
-    order = thread_order(table)
-    stacks = CallStacks(rows if order is None else rows[order], frames)
-    return tokens.head(max_tokens), stacks.head(max_tokens)
-
-
-def call_stack_rows(table: pa.Table, frames: StackFrames) -> np.ndarray:
-    """int32 [n], the table's row order: each event's row of stack_tokens(frames, ...), a free
-    without a stack its block's allocation's (the row `lifetime_calls` calls of its process
-    after the allocation, the process's calls ordered by time, thread and seq); 0: none."""
-    rows = event_stack_rows(frames, table.column("stack"))
-    pid = table.column("pid").to_numpy().astype(np.int64)
-    order = np.lexsort(
-        (table.column("seq").to_numpy(), table.column("thread").to_numpy(),
-         table.column("time_ns").to_numpy(), pid)
-    )  # fmt: skip
-    life = table.column("lifetime_calls").fill_null(0).to_numpy().astype(np.int64)[order]
-    p = pid[order]
-    last = np.flatnonzero(np.append(p[1:] != p[:-1], True))  # each process's last call
-    end = last[np.searchsorted(last, np.arange(len(p)))]
-    at = np.arange(len(p)) + life
-    alloc = np.flatnonzero((life > 0) & (at <= end))
-    ordered = rows[order]
-    free = at[alloc]
-    borrow = ordered[free] == 0
-    ordered[free[borrow]] = ordered[alloc[borrow]]
-    rows[order] = ordered
-    return rows
 
 
 def thread_key(table: pa.Table) -> np.ndarray:

@@ -17,16 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.dataset.frame_tokens import RunStacks, read_run_stacks
-from tasks.dataset.token_runs import (
+from tasks.dataset.frame_tokens import (
     CallStacks,
-    RunsRead,
-    TokenRun,
-    head_events,
-    list_runs,
-    read_run,
+    RunStacks,
+    read_run_stacks,
     read_run_with_stacks,
 )
+from tasks.dataset.token_runs import RunsRead, TokenRun, head_events, list_runs, read_run
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.labels import QUESTION_COLUMNS
 from tasks.learning.train_config import DataConfig

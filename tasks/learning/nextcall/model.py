@@ -21,8 +21,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from tasks.dataset.frame_tokens import FRAME_PIECES
-from tasks.dataset.token_runs import CallStacks, TokenRun, eval_positions
+from tasks.dataset.frame_tokens import FRAME_PIECES, CallStacks
+from tasks.dataset.token_runs import TokenRun, eval_positions
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.counters.online import online_features
 from tasks.learning.nextcall.backend import configure, placement, use_placement

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.dataset.frame_tokens import FRAME_PIECES, stack_tokens
-from tasks.dataset.token_runs import CallStacks, TokenRun
+from tasks.dataset.frame_tokens import FRAME_PIECES, CallStacks, stack_tokens
+from tasks.dataset.token_runs import TokenRun
 
 
 class StacksMissing(ValueError):

@@ -19,6 +19,7 @@ import numpy as np
 
 from tasks.core.config import PROJECT_DIR
 from tasks.core.storage import Root
+from tasks.dataset.frame_tokens import FRAME_PIECES
 from tasks.dataset.token_runs import TokenRun, concat_runs, eval_positions
 from tasks.learning.answers import RunAnswers, tokens_digest
 from tasks.learning.counters.baselines import Baselines
@@ -31,6 +32,7 @@ from tasks.learning.evaluate import (
 from tasks.learning.nextcall.bundle import TrainingBundle, write_bundle
 from tasks.learning.nextcall.fitting import TrainingInputs, fit_inputs
 from tasks.learning.nextcall.hedge import hedged_next, thread_of
+from tasks.learning.nextcall.stack_input import stack_input
 from tasks.learning.predictions import ranked
 from tasks.learning.scores import HEDGED_NEXT, MODEL, ONLINE_COUNTER, Evaluation
 from tasks.learning.split import Split, load_split
@@ -175,9 +177,6 @@ def training_inputs(cfg: TrainConfig, split: Split) -> TrainingInputs:
         val_feats = on_val if val_feats is None else np.hstack([val_feats, on_val])
     stacks = {}
     if cfg.model.frame_depth:
-        # deferred: imported on first use (frame tokens), for start-up time
-        from tasks.learning.nextcall.stack_input import stack_input
-
         depth = cfg.model.frame_depth
         stacks = {
             "train_stacks": stack_input(split.train, split.stacks, depth),
@@ -326,9 +325,6 @@ def input_example(
     example = _token_example(run, context, online_orders, online_ranks)
     if not frame_depth:
         return example
-    # deferred: imported on first use, for start-up time
-    from tasks.dataset.frame_tokens import FRAME_PIECES
-
     out = example if isinstance(example, dict) else {"tokens": example}
     return {**out, "frames": np.zeros((1, context, frame_depth, FRAME_PIECES), np.int32)}
 

@@ -37,7 +37,6 @@ def test_read_run_orders_threads_by_seq(tmp_path):
 
 def test_head_rows_are_the_rows_of_the_capped_token_run():
     # GIVEN two processes of two threads each, their rows interleaved as a trace writes them
-    import pyarrow as pa
 
     rng = np.random.default_rng(3)
     a = events_table([rng.integers(0, 64, 50), rng.integers(0, 64, 30)], pid=7)
@@ -82,56 +81,3 @@ def test_head_events_reads_each_run_when_asked_and_only_those_named(tmp_path):
     )
     with pytest.raises(KeyError):
         events[("w", "other")]
-
-
-def _stack_events() -> pa.Table:
-    """One process, two threads, in the order a trace writes them (by time): thread 0 allocates
-    with stack 5 (freed 2 calls later, by thread 1) and with stack 9 (never freed); thread 1
-    frees the first block (no stack at a free), then reallocs with its own stack 9."""
-    import pyarrow as pa
-
-    return pa.table(
-        {
-            "pid": pa.array([7, 7, 7, 7], pa.uint32()),
-            "thread": pa.array([0, 0, 1, 1], pa.uint16()),
-            "seq": pa.array([0, 1, 0, 1], pa.uint64()),
-            "time_ns": pa.array([10, 20, 30, 40], pa.int64()),
-            "lifetime_calls": pa.array([2, None, None, None], pa.int64()),
-            "stack": pa.array([5, 9, None, 9], pa.uint64()),
-            "token": pa.array([3, 4, 35, 6], pa.uint8()),
-        }
-    )
-
-
-def _frames():
-    from tasks.dataset.events_reader import StackFrames
-    from tests.tasks.dataset.test_frame_tokens import stacks_table
-
-    return StackFrames.of_table(
-        stacks_table({5: [(None, 0, "xmalloc")], 9: [(None, 0, "g_malloc")]})
-    )
-
-
-def test_a_free_reads_its_blocks_allocation_stack():
-    from tasks.dataset.token_runs import call_stack_rows
-
-    # GIVEN a free without a stack whose block was allocated at stack 5 (row 1 of the tokens)
-    rows = call_stack_rows(_stack_events(), _frames())
-    # THEN each call reads its own stack, the free its block's allocation's
-    assert rows.tolist() == [1, 2, 1, 2]
-
-
-def test_call_stacks_are_cut_as_their_token_run_is():
-    from tasks.dataset.token_runs import CallStacks, call_stack_rows, thread_order
-
-    table = _stack_events().take(np.array([3, 0, 2, 1]))  # written shuffled
-    run = token_run(table, "w", "r")
-    order = thread_order(table)
-    stacks = CallStacks(call_stack_rows(table, _frames())[order], _frames())
-    # the rows follow the tokens' order (thread 0: 3, 4; thread 1: 35, 6)
-    assert run.tokens.tolist() == [3, 4, 35, 6] and stacks.rows.tolist() == [1, 2, 1, 2]
-    assert stacks.head(3).rows.tolist() == [1, 2, 1]
-    head, tail = run.split_tail(0.5)
-    h, t = stacks.split_tail(run, 0.5)
-    assert (head.tokens.tolist(), h.rows.tolist()) == ([3, 35], [1, 1])
-    assert (tail.tokens.tolist(), t.rows.tolist()) == ([4, 6], [2, 2])

@@ -11,8 +11,8 @@ pytestmark = [pytest.mark.backends, pytest.mark.slow]
 keras = pytest.importorskip("keras")
 
 from tasks.dataset.events_reader import StackFrames  # noqa: E402
-from tasks.dataset.frame_tokens import FRAME_PIECES  # noqa: E402
-from tasks.dataset.token_runs import CallStacks, TokenRun, eval_positions  # noqa: E402
+from tasks.dataset.frame_tokens import FRAME_PIECES, CallStacks  # noqa: E402
+from tasks.dataset.token_runs import TokenRun, eval_positions  # noqa: E402
 from tasks.learning.nextcall.model import (  # noqa: E402
     ONLINE_FEATURES,
     build_hybrid,
