@@ -73,6 +73,20 @@ SPEED: tuple[Benchmark, ...] = (
     Benchmark("streaming", minutes=2),
     Benchmark("layer", minutes=3),
     Benchmark("place", minutes=4),
+    # placement by the calling context on a wrapper program (part 1c) and the context's cost
+    Benchmark(
+        "place_wrapper",
+        script="benchmarks/bench_place.py",
+        args=(
+            "--reps",
+            "8",
+            "--parts",
+            "wrapper,cost",
+            "--out",
+            "benchmarks/results/place_wrapper.json",
+        ),
+        minutes=3,
+    ),
     Benchmark("place_servers", minutes=7),
     Benchmark("tune", minutes=2),
     # without events under data/, on a synthetic run
