@@ -198,13 +198,13 @@ class CallStacks:
     rows: np.ndarray  # int32 [n], aligned with the run's tokens
     frames: StackFrames  # the run's stacks (read_stack_frames)
 
-    def head(self, max_tokens: int | None) -> CallStacks:
+    def first_calls(self, max_tokens: int | None) -> CallStacks:
         """The rows of TokenRun.head(max_tokens)."""
         if max_tokens is None or max_tokens >= len(self.rows):
             return self
         return CallStacks(self.rows[:max_tokens], self.frames)
 
-    def split_tail(self, run: TokenRun, fraction: float) -> tuple[CallStacks, CallStacks]:
+    def cut_as(self, run: TokenRun, fraction: float) -> tuple[CallStacks, CallStacks]:
         """The rows of run.split_tail(fraction): (head's, tail's)."""
         in_head = run.head_mask(fraction)
         return CallStacks(self.rows[in_head], self.frames), CallStacks(
@@ -222,7 +222,7 @@ def read_run_with_stacks(
     rows = call_stack_rows(table, frames)
     order = thread_order(table)
     stacks = CallStacks(rows if order is None else rows[order], frames)
-    return tokens.head(max_tokens), stacks.head(max_tokens)
+    return tokens.head(max_tokens), stacks.first_calls(max_tokens)
 
 
 def call_stack_rows(table: pa.Table, frames: StackFrames) -> np.ndarray:

@@ -255,10 +255,10 @@ def read_training_data(
             validation.append(tail.head(cfg.max_validation_tokens))
             if held is not None:
                 calls = held.pop(whole.name)
-                h, t = calls.split_tail(whole, cfg.validation_fraction)
+                h, t = calls.cut_as(whole, cfg.validation_fraction)
                 held[head.name], held[tail.name] = (
-                    h.head(per_run_cap),
-                    t.head(cfg.max_validation_tokens),
+                    h.first_calls(per_run_cap),
+                    t.first_calls(cfg.max_validation_tokens),
                 )
         for r in roles["validation"]:
             validation.append(read(w, r, cfg.max_validation_tokens))

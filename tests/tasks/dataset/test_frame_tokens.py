@@ -144,8 +144,8 @@ def test_call_stacks_are_cut_as_their_token_run_is():
     stacks = CallStacks(call_stack_rows(table, _frames())[order], _frames())
     # the rows follow the tokens' order (thread 0: 3, 4; thread 1: 35, 6)
     assert run.tokens.tolist() == [3, 4, 35, 6] and stacks.rows.tolist() == [1, 2, 1, 2]
-    assert stacks.head(3).rows.tolist() == [1, 2, 1]
+    assert stacks.first_calls(3).rows.tolist() == [1, 2, 1]
     head, tail = run.split_tail(0.5)
-    h, t = stacks.split_tail(run, 0.5)
+    h, t = stacks.cut_as(run, 0.5)
     assert (head.tokens.tolist(), h.rows.tolist()) == ([3, 35], [1, 1])
     assert (tail.tokens.tolist(), t.rows.tolist()) == ([4, 6], [2, 2])
