@@ -15,10 +15,8 @@ name's last, a call without a stack.
     stack_tokens(frames, depth)     int32 [len(frames) + 1, depth, FRAME_PIECES]: row k + 1 the
                                     first `depth` frames of stack k, innermost first; row 0
                                     the padding of a call without a stack
-    event_stack_rows(frames, stack) int32 [n]: each event's row of stack_tokens (0: none)
+    (each event's row of stack_tokens: token_runs.event_stack_rows, read with the tokens)
     RunStacks                       a run's frames and their tokens (the questions' network)
-    CallStacks                      each call's row, aligned with a TokenRun (the next-call
-                                    network, read_run_with_stacks: 4 bytes a call)
 
 Loops run over distinct names and frames only; per event it is one numpy lookup.
 """
@@ -31,12 +29,10 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from tasks.core.storage import Root
 from tasks.dataset.events_reader import StackFrames, read_stack_frames
-from tasks.dataset.events_reader import read_run as read_events_run
-from tasks.dataset.token_runs import COLUMNS, RunsRead, TokenRun, thread_order, token_run
+from tasks.dataset.token_runs import RunsRead
 
 FRAME_PIECES = 5  # sub-word tokens a frame: a name's last ones (its own name, not its namespace)
 # hashed ids 1..FRAME_VOCABULARY - 1; 0: padding. Large beside the few thousand words of a
@@ -152,14 +148,6 @@ def stack_tokens(frames: StackFrames, depth: int) -> np.ndarray:
     return out
 
 
-def event_stack_rows(
-    frames: StackFrames, stack: pa.ChunkedArray | pa.Array | np.ndarray
-) -> np.ndarray:
-    """int32 [n]: each event's row of stack_tokens(frames, ...), 0 where it has no stack (a
-    free, a trace without stacks, an id the stacks table lacks)."""
-    return (frames.index(stack) + 1).astype(np.int32)
-
-
 FRAME_DEPTH = 8  # frames of a call's stack the questions' network reads by default
 
 
@@ -181,69 +169,3 @@ def read_run_stacks(root: Root, runs: list[tuple[str, str]], depth: int) -> Runs
     each stack's first `depth` frames, each run read when asked: what the questions' counters and
     network read beside a run's events."""
     return RunsRead(runs, lambda w, r: RunStacks.of(read_stack_frames(root, w, r), depth))
-
-
-# what read_run_with_stacks reads besides: each call's stack, and what pairs a free with its block's
-# allocation (the process's call order and the allocation's lifetime in calls)
-STACK_COLUMNS = ["time_ns", "lifetime_calls", "stack"]
-
-
-@dataclass(frozen=True)
-class CallStacks:
-    """Each call's stack of a TokenRun, held beside it (read_run_with_stacks): `rows[i]` is call i's
-    row of frame_tokens.stack_tokens(frames, depth), 0 where it has none. A free, at which the
-    tracer takes no stack, reads its block's allocation's (a free's next calls follow from
-    where its block came from)."""
-
-    rows: np.ndarray  # int32 [n], aligned with the run's tokens
-    frames: StackFrames  # the run's stacks (read_stack_frames)
-
-    def first_calls(self, max_tokens: int | None) -> CallStacks:
-        """The rows of TokenRun.head(max_tokens)."""
-        if max_tokens is None or max_tokens >= len(self.rows):
-            return self
-        return CallStacks(self.rows[:max_tokens], self.frames)
-
-    def cut_as(self, run: TokenRun, fraction: float) -> tuple[CallStacks, CallStacks]:
-        """The rows of run.split_tail(fraction): (head's, tail's)."""
-        in_head = run.head_mask(fraction)
-        return CallStacks(self.rows[in_head], self.frames), CallStacks(
-            self.rows[~in_head], self.frames
-        )
-
-
-def read_run_with_stacks(
-    root: Root, workload: str, run: str, max_tokens: int | None = None
-) -> tuple[TokenRun, CallStacks]:
-    """read_run's tokens, and each call's stack beside them (CallStacks)."""
-    table = read_events_run(root, workload, run, [*COLUMNS, *STACK_COLUMNS])
-    tokens = token_run(table, workload, run)
-    frames = read_stack_frames(root, workload, run)
-    rows = call_stack_rows(table, frames)
-    order = thread_order(table)
-    stacks = CallStacks(rows if order is None else rows[order], frames)
-    return tokens.head(max_tokens), stacks.first_calls(max_tokens)
-
-
-def call_stack_rows(table: pa.Table, frames: StackFrames) -> np.ndarray:
-    """int32 [n], the table's row order: each event's row of stack_tokens(frames, ...), a free
-    without a stack its block's allocation's (the row `lifetime_calls` calls of its process
-    after the allocation, the process's calls ordered by time, thread and seq); 0: none."""
-    rows = event_stack_rows(frames, table.column("stack"))
-    pid = table.column("pid").to_numpy().astype(np.int64)
-    order = np.lexsort(
-        (table.column("seq").to_numpy(), table.column("thread").to_numpy(),
-         table.column("time_ns").to_numpy(), pid)
-    )  # fmt: skip
-    life = table.column("lifetime_calls").fill_null(0).to_numpy().astype(np.int64)[order]
-    p = pid[order]
-    last = np.flatnonzero(np.append(p[1:] != p[:-1], True))  # each process's last call
-    end = last[np.searchsorted(last, np.arange(len(p)))]
-    at = np.arange(len(p)) + life
-    alloc = np.flatnonzero((life > 0) & (at <= end))
-    ordered = rows[order]
-    free = at[alloc]
-    borrow = ordered[free] == 0
-    ordered[free[borrow]] = ordered[alloc[borrow]]
-    rows[order] = ordered
-    return rows

@@ -5,7 +5,7 @@ other (each ordered by `seq`), and `offsets` marking where each thread starts (n
 entries). Scored positions are index arrays into that flat array, so no window is materialised.
 Every stage that reads a run's calls in order (learning, the allocator's questions, whatif)
 reads them here. A stage that reads each call's stack as well (the next-call network with
-model.frame_depth) asks for it beside the tokens (frame_tokens.read_run_with_stacks).
+model.frame_depth) asks read_run for it: it comes with the tokens, cut with them.
 """
 
 from __future__ import annotations
@@ -32,21 +32,45 @@ from tasks.dataset.tokens import N_TOKENS
 T = TypeVar("T")
 
 COLUMNS = ["pid", "thread", "seq", "token"]
+# what read_run(..., stacks=True) reads besides: each call's stack, and what pairs a free with its block's
+# allocation (the process's call order and the allocation's lifetime in calls)
+STACK_COLUMNS = ["time_ns", "lifetime_calls", "stack"]
+
+
+@dataclass(frozen=True)
+class CallStacks:
+    """Each call's stack, aligned with a TokenRun's tokens (TokenRun.stacks; read by
+    read_run(..., stacks=True)): `rows[i]` is call i's row of
+    frame_tokens.stack_tokens(frames, depth), 0 where it has none. A free, at which the tracer
+    takes no stack, reads its block's allocation's (a free's next calls follow from where its
+    block came from)."""
+
+    rows: np.ndarray  # int32 [n], aligned with the run's tokens
+    frames: StackFrames  # the run's stacks (read_stack_frames)
+
+    def take(self, calls) -> CallStacks:
+        """The stacks of the calls `calls` (a slice or a mask of the run's tokens)."""
+        return CallStacks(self.rows[calls], self.frames)
 
 
 @dataclass(frozen=True)
 class TokenRun:
-    """The token sequences of one run (or a part of one): flat tokens + thread offsets."""
+    """The token sequences of one run (or a part of one): flat tokens + thread offsets, and
+    each call's stack where it was read (the next-call network with model.frame_depth), cut
+    with the tokens."""
 
     workload: str
     run: str
     tokens: np.ndarray  # uint8 [n]
     offsets: np.ndarray  # int64 [n_threads + 1], offsets[0] == 0, offsets[-1] == n
     part: str = "all"  # "all", or "head"/"tail" when a run was cut for validation
+    stacks: CallStacks | None = None
 
     def __post_init__(self) -> None:
         if self.offsets[0] != 0 or self.offsets[-1] != len(self.tokens):
             raise ValueError(f"{self.name}: offsets do not span the tokens")
+        if self.stacks is not None and len(self.stacks.rows) != len(self.tokens):
+            raise ValueError(f"{self.name}: {len(self.stacks.rows)} stack rows for its tokens")
 
     @property
     def name(self) -> str:
@@ -74,27 +98,28 @@ class TokenRun:
         if max_tokens is None or max_tokens >= self.n_tokens:
             return self
         offsets = np.concatenate([self.offsets[self.offsets < max_tokens], [max_tokens]])
-        return TokenRun(self.workload, self.run, self.tokens[:max_tokens], offsets, self.part)
-
-    def _head_lengths(self, fraction: float) -> np.ndarray:
-        lengths = self.thread_lengths()
-        return lengths - np.floor(lengths * fraction).astype(np.int64)
-
-    def head_mask(self, fraction: float) -> np.ndarray:
-        """bool [n]: the tokens split_tail(fraction) keeps in the head."""
-        head_len = self._head_lengths(fraction)
-        return self.position_in_thread() < np.repeat(head_len, self.thread_lengths())
+        kept = (
+            None
+            if self.stacks is None
+            else CallStacks(self.stacks.rows[:max_tokens], self.stacks.frames)
+        )
+        return TokenRun(self.workload, self.run, self.tokens[:max_tokens], offsets, self.part, kept)
 
     def split_tail(self, fraction: float) -> tuple[TokenRun, TokenRun]:
         """(head, tail): the time-ordered last `fraction` of every thread goes to the tail."""
-        head_len = self._head_lengths(fraction)
-        tail_len = self.thread_lengths() - head_len
-        in_head = self.head_mask(fraction)
+        lengths = self.thread_lengths()
+        tail_len = np.floor(lengths * fraction).astype(np.int64)
+        head_len = lengths - tail_len
+        in_head = self.position_in_thread() < np.repeat(head_len, lengths)
         head_off = np.concatenate([[0], np.cumsum(head_len)])
         tail_off = np.concatenate([[0], np.cumsum(tail_len)])
+        stacks = self.stacks
+        head_calls = None if stacks is None else stacks.take(in_head)
+        tail_calls = None if stacks is None else stacks.take(~in_head)
+        w, r = self.workload, self.run
         return (
-            TokenRun(self.workload, self.run, self.tokens[in_head], head_off, "head"),
-            TokenRun(self.workload, self.run, self.tokens[~in_head], tail_off, "tail"),
+            TokenRun(w, r, self.tokens[in_head], head_off, "head", head_calls),
+            TokenRun(w, r, self.tokens[~in_head], tail_off, "tail", tail_calls),
         )
 
 
@@ -120,11 +145,54 @@ def list_runs(root: Root) -> dict[str, list[str]]:
     return found
 
 
-def read_run(root: Root, workload: str, run: str, max_tokens: int | None = None) -> TokenRun:
+def read_run(
+    root: Root, workload: str, run: str, max_tokens: int | None = None, stacks: bool = False
+) -> TokenRun:
     """One run's tokens, per thread (per (pid, thread)), each thread ordered by seq; its first
-    `max_tokens` (TokenRun.head) when given."""
-    tokens = token_run(read_events_run(root, workload, run, COLUMNS), workload, run)
+    `max_tokens` (TokenRun.head) when given; with `stacks`, each call's stack (TokenRun.stacks:
+    4 bytes a call and the run's frames, what the next-call network with model.frame_depth
+    reads)."""
+    table = read_events_run(root, workload, run, COLUMNS + (STACK_COLUMNS if stacks else []))
+    tokens = token_run(table, workload, run)
+    if stacks:
+        frames = read_stack_frames(root, workload, run)
+        rows = call_stack_rows(table, frames)
+        order = thread_order(table)
+        calls = CallStacks(rows if order is None else rows[order], frames)
+        tokens = TokenRun(workload, run, tokens.tokens, tokens.offsets, stacks=calls)
     return tokens.head(max_tokens)
+
+
+def event_stack_rows(
+    frames: StackFrames, stack: pa.ChunkedArray | pa.Array | np.ndarray
+) -> np.ndarray:
+    """int32 [n]: each event's row of stack_tokens(frames, ...), 0 where it has no stack (a
+    free, a trace without stacks, an id the stacks table lacks)."""
+    return (frames.index(stack) + 1).astype(np.int32)
+
+
+def call_stack_rows(table: pa.Table, frames: StackFrames) -> np.ndarray:
+    """int32 [n], the table's row order: each event's row of stack_tokens(frames, ...), a free
+    without a stack its block's allocation's (the row `lifetime_calls` calls of its process
+    after the allocation, the process's calls ordered by time, thread and seq); 0: none."""
+    rows = event_stack_rows(frames, table.column("stack"))
+    pid = table.column("pid").to_numpy().astype(np.int64)
+    order = np.lexsort(
+        (table.column("seq").to_numpy(), table.column("thread").to_numpy(),
+         table.column("time_ns").to_numpy(), pid)
+    )  # fmt: skip
+    life = table.column("lifetime_calls").fill_null(0).to_numpy().astype(np.int64)[order]
+    p = pid[order]
+    last = np.flatnonzero(np.append(p[1:] != p[:-1], True))  # each process's last call
+    end = last[np.searchsorted(last, np.arange(len(p)))]
+    at = np.arange(len(p)) + life
+    alloc = np.flatnonzero((life > 0) & (at <= end))
+    ordered = rows[order]
+    free = at[alloc]
+    borrow = ordered[free] == 0
+    ordered[free[borrow]] = ordered[alloc[borrow]]
+    rows[order] = ordered
+    return rows
 
 
 def thread_key(table: pa.Table) -> np.ndarray:

@@ -17,12 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.storage import Root
-from tasks.dataset.frame_tokens import (
-    CallStacks,
-    RunStacks,
-    read_run_stacks,
-    read_run_with_stacks,
-)
+from tasks.dataset.frame_tokens import RunStacks, read_run_stacks
 from tasks.dataset.token_runs import RunsRead, TokenRun, head_events, list_runs, read_run
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.labels import QUESTION_COLUMNS
@@ -40,9 +35,6 @@ class Split:
     heldout: list[TokenRun]  # runs of held-out workloads whose program is trained on elsewhere
     notes: list[str] = field(default_factory=list)
     unseen_programs: list[TokenRun] = field(default_factory=list)  # programs never trained on
-    # each run's call stacks by its name (TokenRun.name), when read_training_data was asked for
-    # them (a next-call network with model.frame_depth); None otherwise
-    stacks: dict[str, CallStacks] | None = None
 
     @property
     def train_tokens(self) -> int:
@@ -212,7 +204,7 @@ def read_training_data(
 ) -> TrainingData:
     """Read every run the plan names, with the validation cut and the token caps, and (with
     `questions`) the questions' events of its training and scored runs; with `stacks`, each
-    run's call stacks beside its tokens (Split.stacks). `catalog`: where the workloads'
+    run's call stacks with its tokens (TokenRun.stacks). `catalog`: where the workloads'
     programs come from (the one data.catalog names, read where the flow starts)."""
     available = list_runs(root)
     programs = catalog.programs()  # a workload it does not list: its own program
@@ -231,44 +223,28 @@ def read_training_data(
     n_train_runs = sum(len(p["train"]) for p in plan.values())
     if cfg.max_train_tokens is not None and n_train_runs:
         per_run_cap = max(1, cfg.max_train_tokens // n_train_runs)
-    held: dict[str, CallStacks] | None = {} if stacks else None
-
-    def read(w: str, r: str, cap: int | None = None) -> TokenRun:
-        if held is None:
-            return read_run(root, w, r, cap)
-        run, calls = read_run_with_stacks(root, w, r, cap)
-        held[run.name] = calls
-        return run
 
     for w, roles in plan.items():
         for r in roles["train"]:
             if roles["validation"]:
-                train.append(read(w, r, per_run_cap))
+                train.append(read_run(root, w, r, per_run_cap, stacks))
                 continue
-            whole = read(w, r)
-            head, tail = whole.split_tail(cfg.validation_fraction)
+            head, tail = read_run(root, w, r, stacks=stacks).split_tail(cfg.validation_fraction)
             notes.append(
                 f"{w}: only two runs; validation (early stopping, n-gram order) is the last "
                 f"{cfg.validation_fraction:.0%} of each thread of train run {r}"
             )
             train.append(head.head(per_run_cap))
             validation.append(tail.head(cfg.max_validation_tokens))
-            if held is not None:
-                calls = held.pop(whole.name)
-                h, t = calls.cut_as(whole, cfg.validation_fraction)
-                held[head.name], held[tail.name] = (
-                    h.first_calls(per_run_cap),
-                    t.first_calls(cfg.max_validation_tokens),
-                )
         for r in roles["validation"]:
-            validation.append(read(w, r, cfg.max_validation_tokens))
+            validation.append(read_run(root, w, r, cfg.max_validation_tokens, stacks))
         for r in roles["evaluation"]:
-            evaluation.append(read(w, r, cfg.max_eval_tokens))
+            evaluation.append(read_run(root, w, r, cfg.max_eval_tokens, stacks))
         for r in roles["heldout"]:
-            heldout.append(read(w, r, cfg.max_eval_tokens))
+            heldout.append(read_run(root, w, r, cfg.max_eval_tokens, stacks))
         for r in roles["unseen"]:
-            unseen.append(read(w, r, cfg.max_eval_tokens))
-    split = Split(train, validation, evaluation, heldout, notes, unseen, held)
+            unseen.append(read_run(root, w, r, cfg.max_eval_tokens, stacks))
+    split = Split(train, validation, evaluation, heldout, notes, unseen)
     return TrainingData(split, events, frames)
 
 
@@ -284,6 +260,6 @@ def question_events(
 
 def load_split(root: Root, cfg: DataConfig, stacks: bool = False) -> Split:
     """The split alone, with the catalog that data.catalog names (the training bundle, studies);
-    with `stacks`, each run's call stacks too (Split.stacks)."""
+    with `stacks`, each run's call stacks too (TokenRun.stacks)."""
     catalog = load_catalog(cfg.catalog)
     return read_training_data(root, cfg, catalog, questions=False, stacks=stacks).split

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tasks.dataset.frame_tokens import FRAME_PIECES, CallStacks
+from tasks.dataset.frame_tokens import FRAME_PIECES
 from tasks.dataset.token_runs import TokenRun, eval_positions
 from tasks.dataset.tokens import N_TOKENS
 from tasks.learning.counters.online import online_features
@@ -268,13 +268,13 @@ def refuse_frames(model: keras.Model, where: str) -> None:
         )
 
 
-def run_stack_input(model: keras.Model, run: TokenRun, stacks: CallStacks | None):
+def run_stack_input(model: keras.Model, run: TokenRun):
     """The StackInput a model that reads the stack needs for `run` (None for one that does
     not); StacksMissing where the run's stacks were not read."""
     depth = frame_depth_of(model)
     if not depth:
         return None
-    return stack_input([run], None if stacks is None else {run.name: stacks}, depth)
+    return stack_input([run], depth)
 
 
 def takes_online(model: keras.Model) -> bool:
@@ -306,16 +306,15 @@ def predict_positions(
     run: TokenRun,
     context: int,
     batch_size: int,
-    stacks: CallStacks | None = None,
 ) -> Predictions:
     """A sequence-mode model's top-5 and p(true token) at eval_positions(run), in order (a model
-    that reads the stack: with the run's `stacks`).
+    that reads the stack: with the run's TokenRun.stacks).
 
     Stateless chunks of 2*context with a warm-up prefix (tasks.learning.nextcall.chunks.eval_chunks): every
     scored position past a thread's first 2*context tokens has >= context tokens in view.
     """
     tops, ps = [], []
-    for (top, p_true), keep in _scored_batches(seq_model, run, context, batch_size, True, stacks):
+    for (top, p_true), keep in _scored_batches(seq_model, run, context, batch_size, True):
         tops.append(np.asarray(top)[keep].astype(np.uint8))
         ps.append(np.asarray(p_true)[keep].astype(np.float64))
     top = np.concatenate(tops) if tops else np.zeros((0, TOP_K), np.uint8)
@@ -329,23 +328,20 @@ def predict_distribution(
     run: TokenRun,
     context: int,
     batch_size: int,
-    stacks: CallStacks | None = None,
 ) -> np.ndarray:
     """float32 [n, 64]: the model's probability of every token at eval_positions(run), in
     order (predict_positions' positions; a row's argmax is its top-1): what a mixture of
     predictors reads (tasks/learning/nextcall/hedge.py)."""
     rows = [
         np.asarray(probs)[keep].astype(np.float32)
-        for probs, keep in _scored_batches(seq_model, run, context, batch_size, False, stacks)
+        for probs, keep in _scored_batches(seq_model, run, context, batch_size, False)
     ]
     out = np.concatenate(rows) if rows else np.zeros((0, N_TOKENS), np.float32)
     _check_scored(run, len(out))
     return out
 
 
-def _scored_batches(
-    seq_model, run: TokenRun, context: int, batch_size: int, scored: bool, stacks=None
-):
+def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, scored: bool):
     """(the model's outputs, the mask of their scored positions) per batch of eval chunks:
     the scorer's (top-5, p(true)) when `scored`, else the probabilities. One compiled call a
     batch."""
@@ -355,7 +351,7 @@ def _scored_batches(
     online = None
     if takes_online(seq_model):
         online = online_feature_matrix(run, online_orders(seq_model), online_ranks(seq_model))
-    held = run_stack_input(seq_model, run, stacks)
+    held = run_stack_input(seq_model, run)
     batches, lo, hi = eval_batches(run, context, batch_size, features=online, stacks=held)
     score = _scorer(seq_model) if scored else None
     out = np.arange(2 * context)[None, :]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.dataset.frame_tokens import FRAME_PIECES, CallStacks, stack_tokens
+from tasks.dataset.frame_tokens import FRAME_PIECES, stack_tokens
 from tasks.dataset.token_runs import TokenRun
 
 
@@ -41,16 +41,14 @@ class StackInput:
         return StackInput(np.concatenate([self.rows, np.zeros(pad, np.int32)]), self.tokens)
 
 
-def stack_input(
-    runs: list[TokenRun], stacks: dict[str, CallStacks] | None, depth: int
-) -> StackInput:
+def stack_input(runs: list[TokenRun], depth: int) -> StackInput:
     """The runs' calls, concatenated in order, with the first `depth` frames of their stacks
-    (`stacks`: by run name, Split.stacks); StacksMissing naming the run where one is absent."""
+    (TokenRun.stacks); StacksMissing naming the run whose stacks were not read."""
     rows, tables = [], [np.zeros((1, depth, FRAME_PIECES), np.int32)]
     base = 0  # rows before this run's in the joined table, less the shared padding row
     for run in runs:
-        calls = (stacks or {}).get(run.name)
-        if calls is None or len(calls.rows) != run.n_tokens:
+        calls = run.stacks
+        if calls is None:
             raise StacksMissing(
                 f"{run.name}: the network reads each call's stack (model.frame_depth) but the "
                 "run's stacks were not read beside its tokens: read the split with "

@@ -179,8 +179,8 @@ def training_inputs(cfg: TrainConfig, split: Split) -> TrainingInputs:
     if cfg.model.frame_depth:
         depth = cfg.model.frame_depth
         stacks = {
-            "train_stacks": stack_input(split.train, split.stacks, depth),
-            "val_stacks": stack_input(split.validation, split.stacks, depth),
+            "train_stacks": stack_input(split.train, depth),
+            "val_stacks": stack_input(split.validation, depth),
         }
     names = [r.name for r in split.train]
     return TrainingInputs(train_run, val_run, train_feats, val_feats, table, names, **stacks)
@@ -242,7 +242,7 @@ def evaluate_model(
         (UNSEEN_PROGRAMS, split.unseen_programs),
         (HELDOUT_WORKLOADS, split.heldout),
     )
-    _score_runs(builder, tables, seq_model, cfg, baselines, split.stacks, keep)
+    _score_runs(builder, tables, seq_model, cfg, baselines, keep)
     return builder.build(), baselines
 
 
@@ -259,7 +259,7 @@ def score_model_on_unseen_runs(model: Any, cfg: TrainConfig, split: Split) -> Ev
         predictors=(MODEL,),
     )
     seq_model = as_sequence_model(model, cfg)
-    _score_runs(builder, ((UNSEEN_RUNS, split.evaluation),), seq_model, cfg, None, split.stacks)
+    _score_runs(builder, ((UNSEEN_RUNS, split.evaluation),), seq_model, cfg, None)
     return builder.build()
 
 
@@ -269,11 +269,10 @@ def _score_runs(
     seq_model,
     cfg: TrainConfig,
     baselines: Baselines | None,
-    stacks: dict | None = None,
     keep: list[RunAnswers] | None = None,
 ):
     """Every predictor's answers at eval_positions of each run of each (table, runs) (a model
-    that reads the stack: with each run's from `stacks`, Split.stacks); the model's top-5 on
+    that reads the stack: with each run's TokenRun.stacks); the model's top-5 on
     each run appended to `keep` when given. With the baselines, the network's
     and the counter's whole distributions are read once and their per-thread mixture with the
     majority (tasks/learning/nextcall/hedge.py) is scored as HEDGED_NEXT."""
@@ -286,16 +285,13 @@ def _score_runs(
             if not len(pos):
                 continue
             y = run.tokens[pos]
-            calls = (stacks or {}).get(run.name)
             if baselines is None:
                 answers = {
-                    MODEL: predict_positions(
-                        seq_model, run, cfg.context, cfg.eval_batch_size, calls
-                    )
+                    MODEL: predict_positions(seq_model, run, cfg.context, cfg.eval_batch_size)
                 }
             else:
                 answers, counter = baselines.predict_with_counter(run, pos)
-                net = predict_distribution(seq_model, run, cfg.context, cfg.eval_batch_size, calls)
+                net = predict_distribution(seq_model, run, cfg.context, cfg.eval_batch_size)
                 answers[MODEL] = ranked(net, y)
                 answers[HEDGED_NEXT] = hedged_next(
                     [net, counter, baselines.majority.probs],

@@ -31,12 +31,8 @@ import pyarrow as pa
 from keras import layers, ops
 
 from tasks.dataset.events_reader import StackFrames
-from tasks.dataset.frame_tokens import (
-    FRAME_DEPTH,
-    FRAME_PIECES,
-    RunStacks,
-    event_stack_rows,
-)
+from tasks.dataset.frame_tokens import FRAME_DEPTH, FRAME_PIECES, RunStacks
+from tasks.dataset.token_runs import event_stack_rows
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 from tasks.learning.counters.by_due import freed_allocations, online_by_due
 from tasks.learning.labels import (

@@ -12,15 +12,12 @@ from tasks.dataset.frame_tokens import (
     FRAME_PIECES,
     FRAME_VOCABULARY,
     NO_MODULE,
-    CallStacks,
-    call_stack_rows,
-    event_stack_rows,
     frame_words,
     stack_tokens,
     subwords,
     token_id,
 )
-from tasks.dataset.token_runs import thread_order, token_run
+from tasks.dataset.token_runs import event_stack_rows
 
 
 def stacks_table(stacks: dict[int, list[tuple[str | None, int, str]]]) -> pa.Table:
@@ -105,47 +102,3 @@ def test_a_run_without_stacks_is_padding_only():
     tokens = stack_tokens(frames, depth=8)
     assert tokens.shape == (1, 8, FRAME_PIECES) and not tokens.any()
     assert (event_stack_rows(frames, pa.array([None, None], pa.uint64())) == 0).all()
-
-
-def _stack_events() -> pa.Table:
-    """One process, two threads, in the order a trace writes them (by time): thread 0 allocates
-    with stack 5 (freed 2 calls later, by thread 1) and with stack 9 (never freed); thread 1
-    frees the first block (no stack at a free), then reallocs with its own stack 9."""
-    return pa.table(
-        {
-            "pid": pa.array([7, 7, 7, 7], pa.uint32()),
-            "thread": pa.array([0, 0, 1, 1], pa.uint16()),
-            "seq": pa.array([0, 1, 0, 1], pa.uint64()),
-            "time_ns": pa.array([10, 20, 30, 40], pa.int64()),
-            "lifetime_calls": pa.array([2, None, None, None], pa.int64()),
-            "stack": pa.array([5, 9, None, 9], pa.uint64()),
-            "token": pa.array([3, 4, 35, 6], pa.uint8()),
-        }
-    )
-
-
-def _frames():
-    return StackFrames.of_table(
-        stacks_table({5: [(None, 0, "xmalloc")], 9: [(None, 0, "g_malloc")]})
-    )
-
-
-def test_a_free_reads_its_blocks_allocation_stack():
-    # GIVEN a free without a stack whose block was allocated at stack 5 (row 1 of the tokens)
-    rows = call_stack_rows(_stack_events(), _frames())
-    # THEN each call reads its own stack, the free its block's allocation's
-    assert rows.tolist() == [1, 2, 1, 2]
-
-
-def test_call_stacks_are_cut_as_their_token_run_is():
-    table = _stack_events().take(np.array([3, 0, 2, 1]))  # written shuffled
-    run = token_run(table, "w", "r")
-    order = thread_order(table)
-    stacks = CallStacks(call_stack_rows(table, _frames())[order], _frames())
-    # the rows follow the tokens' order (thread 0: 3, 4; thread 1: 35, 6)
-    assert run.tokens.tolist() == [3, 4, 35, 6] and stacks.rows.tolist() == [1, 2, 1, 2]
-    assert stacks.first_calls(3).rows.tolist() == [1, 2, 1]
-    head, tail = run.split_tail(0.5)
-    h, t = stacks.cut_as(run, 0.5)
-    assert (head.tokens.tolist(), h.rows.tolist()) == ([3, 35], [1, 1])
-    assert (tail.tokens.tolist(), t.rows.tolist()) == ([4, 6], [2, 2])

@@ -3,6 +3,8 @@ scored with the run's stacks, refused where a path cannot give them (tiny sizes)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -11,8 +13,8 @@ pytestmark = [pytest.mark.backends, pytest.mark.slow]
 keras = pytest.importorskip("keras")
 
 from tasks.dataset.events_reader import StackFrames  # noqa: E402
-from tasks.dataset.frame_tokens import FRAME_PIECES, CallStacks  # noqa: E402
-from tasks.dataset.token_runs import TokenRun, eval_positions  # noqa: E402
+from tasks.dataset.frame_tokens import FRAME_PIECES  # noqa: E402
+from tasks.dataset.token_runs import CallStacks, TokenRun, eval_positions  # noqa: E402
 from tasks.learning.nextcall.model import (  # noqa: E402
     ONLINE_FEATURES,
     build_hybrid,
@@ -105,16 +107,17 @@ def test_a_stack_model_is_scored_with_the_runs_stacks_and_refused_without():
     _, full = build_hybrid(stack_cfg(), None)
     _trained_encoder(full)
     stacks = _run_stacks()
+    run = replace(RUN, stacks=stacks)
     # WHEN scored with them
-    pred = predict_positions(full, RUN, 6, 4, stacks)
-    d = predict_distribution(full, RUN, 6, 4, stacks)
+    pred = predict_positions(full, run, 6, 4)
+    d = predict_distribution(full, run, 6, 4)
     # THEN at every scored position, the distribution's true token is p(true)
     pos = eval_positions(RUN)
     assert len(pred) == len(pos) and d.shape == (len(pos), 64)
     np.testing.assert_allclose(d[np.arange(len(pos)), RUN.tokens[pos]], pred.p_true, atol=1e-5)
     # and the stacks change the answers (another run's stacks, all padding, answer otherwise)
-    blind = CallStacks(np.zeros(60, np.int32), stacks.frames)
-    assert not np.allclose(predict_distribution(full, RUN, 6, 4, blind), d)
+    blind = replace(RUN, stacks=CallStacks(np.zeros(60, np.int32), stacks.frames))
+    assert not np.allclose(predict_distribution(full, blind, 6, 4), d)
     # and without them it is one clear error
     with pytest.raises(StacksMissing, match="w/r: the network reads each call's stack"):
         predict_positions(full, RUN, 6, 4)
@@ -135,7 +138,7 @@ def test_training_batches_gather_each_calls_stack_and_drop_some_in_training_only
     from tasks.learning.nextcall.token_data import eval_batches, sequence_dataset
 
     # GIVEN a run's stacks as the network reads them (row i: call i's frames)
-    held = stack_input([RUN], {RUN.name: _run_stacks()}, DEPTH)
+    held = stack_input([replace(RUN, stacks=_run_stacks())], DEPTH)
     want = held.tokens[held.rows]  # [calls, depth, pieces], only for this check
     # WHEN cut into validation batches (no drops) and evaluation batches
     val, _ = sequence_dataset(RUN, 6, 4, shuffle=False, repeat=False, stacks=held)
