@@ -33,6 +33,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from tasks.core.distinct import distinct_rows
 from tasks.core.storage import Root
 from tasks.dataset.events_schema import EVENTS_SCHEMA, STACKS_SCHEMA
 from tasks.format.frames import Frames
@@ -473,9 +474,11 @@ class StackFrames:
         function = _dictionary_codes(t.column("function"))
         mod_names = _dictionary_values(t.column("module"))
         fn_names = _dictionary_values(t.column("function"))
-        # a frame is (module, offset, function): distinct rows of the three, numbered
-        keys = np.stack([module.astype(np.uint64), offset, function.astype(np.uint64)], axis=1)
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        # a frame is (module, offset, function): distinct rows of the three, numbered in their
+        # order (as uint64: a null code last)
+        inverse, uniq = distinct_rows(
+            [module.astype(np.uint64), offset.astype(np.uint64), function.astype(np.uint64)]
+        )
         frames = Frames(
             function=tuple(fn_names[int(f)] if f >= 0 else "" for f in uniq[:, 2].astype(np.int64)),
             module=tuple(mod_names[int(m)] if m >= 0 else "" for m in uniq[:, 0].astype(np.int64)),

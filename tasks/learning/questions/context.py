@@ -106,11 +106,14 @@ def context_answers(
     at = np.empty(len(order), np.int64)
     at[order] = np.arange(len(order))
     at = at[rows]  # each scored row's place in process order
-    without = (chain.levels[-1] == NO_KEY)[at][:, None]
-    online, table = backoff_online(chain, due, label, site_online.shape[1], eps, prior=prior)
-    out = {CONTEXT_ONLINE: np.where(without, site_online, online[at])}
+    without = np.flatnonzero(chain.levels[-1][at] == NO_KEY)
+    k = site_online.shape[1]
+    online, table = backoff_online(chain, due, label, k, eps, prior=prior, at=at)
+    out = {CONTEXT_ONLINE: online}
     if table is not None:
-        out[CONTEXT_TABLE] = np.where(without, site_online, table[at])
+        out[CONTEXT_TABLE] = table
+    for p in out.values():
+        p[without] = site_online[without]
     return out
 
 

@@ -74,11 +74,12 @@ SURVIVAL_EPS = 4.0  # blocks' worth of the process's hazards in a site's own est
 
 
 @njit(cache=True)
-def _survival(proc_start, ask, ids, n_ids, ev_row, ev_f, ev_j, label, k, eps, prior, out):
-    """out[i] at every allocation row i (ask[i] >= 0): from the process's earlier allocations,
-    what became known of them by row i (events as tasks/learning/questions/hedge.py's
+def _survival(proc_start, ask, ids, n_ids, ev_row, ev_f, ev_j, label, k, eps, prior, slot, out):
+    """out[slot[i]] at every allocation row i (ask[i] >= 0) with slot[i] >= 0 (the rows asked
+    for; the others are still counted): from the process's earlier allocations, what became
+    known of them by row i (events as tasks/learning/questions/hedge.py's
     censored_events: ev_j >= 0, the block outlived edge ev_j; ev_j < 0, its free with its
-    class), the Kaplan-Meier estimate down a chain of keys (ids int64 [levels, n], coarsest
+    class), the Kaplan-Meier estimate down a chain of keys (ids int [levels, n], coarsest
     first, the process folded in; -1: the row has no key at that level): for each class j below
     the last edge, the hazard ended[j] / (ended[j] + outlived[j]) (a block still inside class
     j's interval counts for neither) of each level's key, shrunk toward the coarser level's
@@ -114,7 +115,8 @@ def _survival(proc_start, ask, ids, n_ids, ev_row, ev_f, ev_j, label, k, eps, pr
                     else:
                         ended[key, label[f]] += 1.0
             p += 1
-        if ask[i] >= 0:
+        o = slot[i]
+        if ask[i] >= 0 and o >= 0:
             given = False
             if prior.shape[0] > 0:
                 given = prior[i].sum() > 0.0
@@ -131,7 +133,7 @@ def _survival(proc_start, ask, ids, n_ids, ev_row, ev_f, ev_j, label, k, eps, pr
                     key = ids[lv, i]
                     if key >= 0:
                         h = (ended[key, j] + eps * h) / (ended[key, j] + outlived[key, j] + eps)
-                out[i, j] = alive * h
+                out[o, j] = alive * h
                 alive *= 1.0 - h
             j = k - 2  # past the last edge: freed since, or not (yet)
             if given:
@@ -144,8 +146,8 @@ def _survival(proc_start, ask, ids, n_ids, ev_row, ev_f, ev_j, label, k, eps, pr
                 if key >= 0:
                     freed = (ended[key, j] + eps * freed) / (outlived[key, j - 1] + eps)
                     freed = min(max(freed, 1e-3), 1.0 - 1e-3)
-            out[i, j] = alive * freed
-            out[i, k - 1] = alive * (1.0 - freed)
+            out[o, j] = alive * freed
+            out[o, k - 1] = alive * (1.0 - freed)
 
 
 def _survival_at(
@@ -155,23 +157,26 @@ def _survival_at(
     chain: KeyChain,
     label: np.ndarray,
     events: tuple[np.ndarray, np.ndarray, np.ndarray],
+    rows: np.ndarray,
     prior: np.ndarray | None = None,
 ) -> np.ndarray:
-    """float64 [n, LIFETIME_CLASSES] in table order: _survival over one run down `chain`
-    (context.key_chain of the allocations' keys); req_cls, label, prior per row in table
-    order, events in process order."""
+    """float64 [len(rows), LIFETIME_CLASSES] at `rows` (table order): _survival over one run
+    down `chain` (context.key_chain of the allocations' keys); req_cls, label, prior per row in
+    table order, events in process order."""
     n = len(order)
     ask = np.ascontiguousarray(req_cls[order])
     lab = np.ascontiguousarray(np.maximum(label[order], 0).astype(np.int64))
     pri = np.zeros((0, LIFETIME_CLASSES)) if prior is None else np.ascontiguousarray(prior[order])
-    p_ord = np.zeros((n, LIFETIME_CLASSES), np.float64)
+    place = np.empty(n, np.int64)  # each table row's place in process order
+    place[order] = np.arange(n)
+    slot = np.full(n, -1, np.int64)  # each row's place in the answer, process order
+    slot[place[rows]] = np.arange(len(rows))
+    out = np.zeros((len(rows), LIFETIME_CLASSES), np.float64)
     _survival(
         np.ascontiguousarray(starts), ask, chain.ids, chain.n_ids, *events, lab, LIFETIME_CLASSES,
-        SURVIVAL_EPS, pri, p_ord,
+        SURVIVAL_EPS, pri, slot, out,
     )  # fmt: skip
-    p = np.empty_like(p_ord)
-    p[order] = p_ord
-    return p
+    return out
 
 
 def network_survival(
@@ -195,7 +200,7 @@ def network_survival(
     prior = np.zeros((n, LIFETIME_CLASSES), np.float64)
     prior[answers.rows] = network
     chain = key_chain(order, starts, req_cls >= 0, [hedge_keys(site, req_cls)])
-    return _survival_at(order, starts, req_cls, chain, label, answers.learnt, prior)[answers.rows]
+    return _survival_at(order, starts, req_cls, chain, label, answers.learnt, answers.rows, prior)
 
 
 def lifetime_answers(
@@ -239,8 +244,7 @@ def lifetime_answers(
             probs[name] = p[rows]
         # the censoring-aware counter: what is known of the earlier blocks, freed or still live
         events = censored_events(starts, outlived_at(table, order, starts, question), due)
-        survival = _survival_at(order, starts, req_cls, site_chain, lab, events)
-        probs[SURVIVAL] = survival[rows]
+        probs[SURVIVAL] = _survival_at(order, starts, req_cls, site_chain, lab, events, rows)
         if ctx_chain is not None:
             probs.update(
                 context_answers(
@@ -249,9 +253,10 @@ def lifetime_answers(
                 )
             )  # fmt: skip
             # the survival estimate down the context's chain; site_survival's without a context
-            ctx = _survival_at(order, starts, req_cls, ctx_chain, lab, events)
-            without = without_context(order, ctx_chain)[rows]
-            probs[CONTEXT_SURVIVAL] = np.where(without[:, None], survival[rows], ctx[rows])
+            ctx = _survival_at(order, starts, req_cls, ctx_chain, lab, events, rows)
+            without = np.flatnonzero(without_context(order, ctx_chain)[rows])
+            ctx[without] = probs[SURVIVAL][without]
+            probs[CONTEXT_SURVIVAL] = ctx
         probs["majority"] = np.broadcast_to(majority[question], (len(rows), LIFETIME_CLASSES))
         out[question] = ReuseAnswers(
             rows, lab[rows], probs, int((site[rows] < 0).sum()), learnt=events

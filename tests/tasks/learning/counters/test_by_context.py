@@ -95,12 +95,39 @@ def test_the_training_prior_is_used_then_corrected():
 
 def test_a_prior_of_another_chain_is_refused():
     prior = ContextPrior.of([[np.zeros(3, np.int64)]], [np.zeros(3, np.int64)], K)
+    two_levels = [np.zeros(3, np.int64), np.zeros(3, np.int64)]
     with pytest.raises(ValueError, match="levels"):
-        prior.rows([np.zeros(3, np.int64), np.zeros(3, np.int64)])
+        _run(3, two_levels, np.full(3, -1), np.zeros(3, np.int64), prior=prior)
 
 
 def test_keys_are_counted_per_process():
     proc = np.array([0, 0, 1, 1])
-    ids, m = dense_ids(proc, np.array([5, NO_KEY, 5, 6]))
+    ids, keys = dense_ids(proc, np.array([5, NO_KEY, 5, 6]))
     # THEN one key in two processes is two ids, and a row without a key has none
-    assert m == 3 and ids[1] == -1 and len({ids[0], ids[2], ids[3]}) == 3
+    assert len(keys) == 3 and ids[1] == -1 and sorted({ids[0], ids[2], ids[3]}) == [0, 1, 2]
+    assert [keys[i] for i in ids[[0, 2, 3]]] == [5, 5, 6]
+
+
+def test_answers_at_some_rows_are_those_of_every_row():
+    # GIVEN two processes of random keys (some asking rows without a deeper key), blocks known
+    # a few rows later, and a training prior of some of the keys
+    rng = np.random.default_rng(5)
+    n = 300
+    starts = np.zeros(n, bool)
+    starts[[0, 120]] = True
+    ask = rng.random(n) < 0.8
+    keys = [rng.integers(0, 3, n), np.where(rng.random(n) < 0.2, NO_KEY, rng.integers(0, 9, n))]
+    due = np.arange(n) + rng.integers(1, 6, n)
+    due[due >= n] = -1
+    label = rng.integers(0, K, n)
+    prior = ContextPrior.of([[k[:150] for k in keys]], [label[:150]], K)
+    chain = KeyChain.of(starts, ask, keys)
+    every_online, every_table = backoff_online(chain, due, label, K, prior=prior, cap=8.0)
+    # WHEN answered only at some rows, in any order (asking or not)
+    at = rng.permutation(n)[:90]
+    online, table = backoff_online(chain, due, label, K, prior=prior, cap=8.0, at=at)
+    # THEN those are exactly the answers at those rows (zeros where a row does not ask)
+    np.testing.assert_array_equal(online, every_online[at])
+    np.testing.assert_array_equal(table, every_table[at])
+    assert (online[~ask[at]] == 0).all() and (online[ask[at]].sum(axis=1) > 0.99).all()
+    assert not np.array_equal(online, table)  # the prior counts
