@@ -115,6 +115,7 @@ STUDIES: tuple[Study, ...] = (
     Study("lifetime_table", "a registered model"),
     Study("network_stacks", "trains two networks, 10 minutes"),
     Study("place_context", "containers, 15 minutes"),
+    Study("context_speed", "an old commit's modules beside the new, 3 minutes"),
     Study("model_variants", "trains every variant"),
     Study("next_share", "a night's data, champion"),
     Study("nextcall_stacks", "trains two next-call networks, 15 minutes"),

@@ -6,7 +6,7 @@ lifetime_answers (with the context counters), of StackFrames.of_table and of con
 `--events` rows, with a stacks table of `--stacks` stacks sharing their inner frames), since
 the figures are relative. Usage:
 
-    .venv/bin/python studies/context_counters/speedup.py --old 0b5056f [--events 1200000]
+    .venv/bin/python studies/context_speed/context_speed.py --old 0b5056f [--events 1200000]
 """
 
 from __future__ import annotations
