@@ -89,7 +89,7 @@ def run_arm(cfg: TrainConfig, split) -> dict:
 def study(a: argparse.Namespace) -> dict:
     cfgs = arm_configs(a)
     root = Root.from_url(a.root)
-    split = load_split(root, cfgs["stacks"].data, stacks=True)
+    split = load_split(root, cfgs["stacks"].data)  # with call stacks: its model reads them
     out = {
         "config": a.config,
         "budget": {

@@ -200,11 +200,10 @@ def read_training_data(
     cfg: DataConfig,
     catalog: Catalog,
     questions: bool = True,
-    stacks: bool = False,
 ) -> TrainingData:
     """Read every run the plan names, with the validation cut and the token caps, and (with
-    `questions`) the questions' events of its training and scored runs; with `stacks`, each
-    run's call stacks with its tokens (TokenRun.stacks). `catalog`: where the workloads'
+    `questions`) the questions' events of its training and scored runs; with data.call_stacks,
+    each run's call stacks with its tokens (TokenRun.stacks). `catalog`: where the workloads'
     programs come from (the one data.catalog names, read where the flow starts)."""
     available = list_runs(root)
     programs = catalog.programs()  # a workload it does not list: its own program
@@ -227,9 +226,11 @@ def read_training_data(
     for w, roles in plan.items():
         for r in roles["train"]:
             if roles["validation"]:
-                train.append(read_run(root, w, r, per_run_cap, stacks))
+                train.append(read_run(root, w, r, per_run_cap, cfg.call_stacks))
                 continue
-            head, tail = read_run(root, w, r, stacks=stacks).split_tail(cfg.validation_fraction)
+            head, tail = read_run(root, w, r, stacks=cfg.call_stacks).split_tail(
+                cfg.validation_fraction
+            )
             notes.append(
                 f"{w}: only two runs; validation (early stopping, n-gram order) is the last "
                 f"{cfg.validation_fraction:.0%} of each thread of train run {r}"
@@ -237,13 +238,13 @@ def read_training_data(
             train.append(head.head(per_run_cap))
             validation.append(tail.head(cfg.max_validation_tokens))
         for r in roles["validation"]:
-            validation.append(read_run(root, w, r, cfg.max_validation_tokens, stacks))
+            validation.append(read_run(root, w, r, cfg.max_validation_tokens, cfg.call_stacks))
         for r in roles["evaluation"]:
-            evaluation.append(read_run(root, w, r, cfg.max_eval_tokens, stacks))
+            evaluation.append(read_run(root, w, r, cfg.max_eval_tokens, cfg.call_stacks))
         for r in roles["heldout"]:
-            heldout.append(read_run(root, w, r, cfg.max_eval_tokens, stacks))
+            heldout.append(read_run(root, w, r, cfg.max_eval_tokens, cfg.call_stacks))
         for r in roles["unseen"]:
-            unseen.append(read_run(root, w, r, cfg.max_eval_tokens, stacks))
+            unseen.append(read_run(root, w, r, cfg.max_eval_tokens, cfg.call_stacks))
     split = Split(train, validation, evaluation, heldout, notes, unseen)
     return TrainingData(split, events, frames)
 
@@ -258,8 +259,7 @@ def question_events(
     return head_events(root, runs, QUESTION_COLUMNS, max_rows)
 
 
-def load_split(root: Root, cfg: DataConfig, stacks: bool = False) -> Split:
+def load_split(root: Root, cfg: DataConfig) -> Split:
     """The split alone, with the catalog that data.catalog names (the training bundle, studies);
-    with `stacks`, each run's call stacks too (TokenRun.stacks)."""
-    catalog = load_catalog(cfg.catalog)
-    return read_training_data(root, cfg, catalog, questions=False, stacks=stacks).split
+    with data.call_stacks, each run's call stacks too (TokenRun.stacks)."""
+    return read_training_data(root, cfg, load_catalog(cfg.catalog), questions=False).split

@@ -73,7 +73,7 @@ def train(
     """Train the next-call model on the configured runs (resumes a killed training); `catalog`:
     the one config.data.catalog names (the workloads' programs), read where the flow starts."""
     r = root
-    data = read_training_data(r, config.data, catalog, stacks=config.model.frame_depth > 0)
+    data = read_training_data(r, config.data, catalog)
     split = data.split
     if not split.train:
         raise ValueError(f"{r.url}: the split has no training run")

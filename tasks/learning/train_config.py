@@ -58,6 +58,9 @@ class DataConfig(StrictModel):
     # frames of each call's stack read for the questions' network, innermost first (as tokens of
     # their names: tasks/dataset/frame_tokens.py); the network reads as many as it is given
     frame_depth: int = Field(default=8, ge=1, le=64)
+    # read each call's stack with the runs' tokens (TokenRun.stacks), what a next-call network
+    # with model.frame_depth reads: set for it (TrainConfig), so nobody needs to write it
+    call_stacks: bool = False
     # Fewer scored positions than this on the evaluation runs (the unseen-runs table the
     # champion is chosen on) is broken data, not a night's result: nothing is trained or
     # registered, and the night's summary says why. 1,000 positions put a top-1 within about
@@ -182,11 +185,30 @@ class TrainConfig(StrictModel):
     checkpoint_dir: str | None = None  # None: <root>/checkpoints (local roots) else .checkpoints
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stacks_read_for_the_network(cls, values: Any) -> Any:
+        """A network that reads each call's stack (model.frame_depth) gets the runs read with
+        their stacks (data.call_stacks), unasked, wherever a config is validated (a YAML file,
+        the night's overrides); model_copy does not validate, so code that copies a config into
+        one that reads the stack sets both."""
+        if not isinstance(values, dict):
+            return values
+        model, data = values.get("model") or {}, values.get("data") or {}
+        depth = model.get("frame_depth") if isinstance(model, dict) else model.frame_depth
+        if not depth:
+            return values
+        if isinstance(data, dict):
+            return {**values, "data": {**data, "call_stacks": True}}
+        return {**values, "data": data.model_copy(update={"call_stacks": True})}
+
     def fingerprint(self) -> str:
         """Hash of every setting that shapes the trained weights (not where checkpoints go)."""
         payload = self.model_dump(mode="json", exclude={"checkpoint_dir"})
         if not payload["model"]["frame_depth"]:  # a config without the stack hashes as before
             del payload["model"]["frame_depth"]
+        if not payload["data"]["call_stacks"]:
+            del payload["data"]["call_stacks"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

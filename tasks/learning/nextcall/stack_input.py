@@ -51,8 +51,8 @@ def stack_input(runs: list[TokenRun], depth: int) -> StackInput:
         if calls is None:
             raise StacksMissing(
                 f"{run.name}: the network reads each call's stack (model.frame_depth) but the "
-                "run's stacks were not read beside its tokens: read the split with "
-                "load_split(..., stacks=True) / read_training_data(..., stacks=True)"
+                "run's stacks were not read with its tokens: read the split with "
+                "data.call_stacks: true (a TrainConfig with model.frame_depth sets it)"
             )
         table = stack_tokens(calls.frames, depth)[1:]
         rows.append(np.where(calls.rows > 0, calls.rows + base, 0).astype(np.int32))

@@ -176,12 +176,9 @@ def training_inputs(cfg: TrainConfig, split: Split) -> TrainingInputs:
         train_feats = on_train if train_feats is None else np.hstack([train_feats, on_train])
         val_feats = on_val if val_feats is None else np.hstack([val_feats, on_val])
     stacks = {}
-    if cfg.model.frame_depth:
-        depth = cfg.model.frame_depth
-        stacks = {
-            "train_stacks": stack_input(split.train, depth),
-            "val_stacks": stack_input(split.validation, depth),
-        }
+    if cfg.model.frame_depth:  # each call's frames, the training's and the validation's
+        parts = {"train_stacks": split.train, "val_stacks": split.validation}
+        stacks = {k: stack_input(runs, cfg.model.frame_depth) for k, runs in parts.items()}
     names = [r.name for r in split.train]
     return TrainingInputs(train_run, val_run, train_feats, val_feats, table, names, **stacks)
 

@@ -152,7 +152,7 @@ def test_a_catalog_heldout_missing_tonight_is_noted_and_the_rest_is_evaluated(ev
 def test_a_split_read_with_stacks_holds_each_runs_calls_stacks_beside_its_tokens(events_root):
     # GIVEN the split of the test above, read with each call's stack
     cfg = DataConfig(heldout_workloads=["gamma"], max_train_tokens=1500, max_eval_tokens=500)
-    split = load_split(events_root, cfg, stacks=True)
+    split = load_split(events_root, cfg.model_copy(update={"call_stacks": True}))
     # THEN every run, the cut ones too, holds its stacks, one row a call
     runs = split.train + split.validation + split.evaluation + split.heldout + split.unseen_programs
     assert runs and all(r.stacks is not None and len(r.stacks.rows) == r.n_tokens for r in runs)
@@ -170,7 +170,10 @@ def test_a_config_without_the_stack_keeps_its_fingerprint():
 
     cfg = TrainConfig()
     payload = cfg.model_dump(mode="json", exclude={"checkpoint_dir"})
-    del payload["model"]["frame_depth"]
+    del payload["model"]["frame_depth"], payload["data"]["call_stacks"]
     before = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
     assert cfg.fingerprint() == before
-    assert TrainConfig.model_validate({"model": {"frame_depth": 8}}).fingerprint() != before
+    stack = TrainConfig.model_validate({"model": {"frame_depth": 8}})
+    assert stack.fingerprint() != before
+    # and a network that reads the stack gets its runs read with their stacks, unasked
+    assert stack.data.call_stacks and not cfg.data.call_stacks

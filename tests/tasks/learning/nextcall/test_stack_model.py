@@ -169,9 +169,9 @@ def test_a_stack_config_trains_from_a_split_read_with_stacks(events_root, tmp_pa
     cfg = stack_cfg(units=[4]).model_copy(
         update={"epochs": 1, "steps_per_epoch": 2, "data": TrainConfig().data.model_copy(
             update={"heldout_workloads": ["gamma"], "max_train_tokens": 1500,
-                    "max_eval_tokens": 300})}
+                    "max_eval_tokens": 300, "call_stacks": True})}
     )  # fmt: skip
-    split = load_split(events_root, cfg.data, stacks=True)
+    split = load_split(events_root, cfg.data)  # call_stacks: set by model.frame_depth
     # WHEN trained and scored as the night does
     model, _ = fit_inputs(cfg, training_inputs(cfg, split), tmp_path / "ckpt", verbose=0)
     evaluation, _ = evaluate_model(model, cfg, split)
@@ -179,8 +179,9 @@ def test_a_stack_config_trains_from_a_split_read_with_stacks(events_root, tmp_pa
     assert takes_frames(model) and frame_depth_of(model) == DEPTH
     assert evaluation.get("model").positions > 0
     # and a split read without stacks is refused by name
-    with pytest.raises(StacksMissing, match="stacks=True"):
-        training_inputs(cfg, load_split(events_root, cfg.data))
+    plain = cfg.data.model_copy(update={"call_stacks": False})
+    with pytest.raises(StacksMissing, match="data.call_stacks"):
+        training_inputs(cfg, load_split(events_root, plain))
 
 
 def test_a_bundle_of_a_stack_config_is_refused_by_name(events_root, tmp_path):
