@@ -10,7 +10,7 @@ from __future__ import annotations
 
 FRAMES_ENV = "HEAPCAST_FRAMES"
 FRAMES_MAX = 128  # HC_FRAMES_MAX in native/heapcast_format.h
-# The floor ("at least 32"); the cost on the catalog's replays: docs/tracing.md#call-stacks
+# The floor ("at least 32"); the cost on the catalog's replays: docs/tracing-stacks.md
 DEFAULT_FRAMES = 32
 
 

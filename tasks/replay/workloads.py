@@ -391,7 +391,7 @@ class TraceParams(StrictModel):
     caller: bool = Field(default=True, description="record each call's return address")
     # the whole call stack (native/FORMAT.md, Stacks): the caller is its first frame, so stacks
     # need `caller`; left empty, DEFAULT_FRAMES with the caller and 0 without (the cost:
-    # docs/tracing.md#call-stacks)
+    # docs/tracing-stacks.md)
     frames: int | None = Field(
         default=None,
         ge=0,

@@ -1,7 +1,7 @@
 """The questions' counters on the calling context (issue 65): `context_online`, learned inside the
 run, and `context_table`, which starts from the training runs' counts of the same keys and is
 corrected by the run's own (tasks/learning/counters/by_context.py, the back-off and its figures:
-docs/learning-questions.md#the-context-counters); the lifetimes' `context_survival` walks the
+docs/learning-context.md#the-context-counters); the lifetimes' `context_survival` walks the
 same chain (lifetime.py).
 
 The chain of keys, coarsest first, each with the size class the question is about:
