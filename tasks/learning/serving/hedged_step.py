@@ -85,13 +85,17 @@ def hedge_part(
 
 @njit(cache=True)
 def network_few(
-    idx, tokens, has_online, on_ctabs, on_ptabs, on_metas, on_hists, on_seen, on_ext, on_fallback,
-    context, n_seen, hist, ngram_rows, ngram_order, count_buckets, share_buckets,
-    lstm, h, c, group_col, group_off, kernels, recurrent, bias_in, bias_rec, out_kernel, out_bias,
-    src_top_col, src_conf_col, src_conf_off, gate_h, gate_conf, gate_bias, copy,
+    idx, tokens, on_ctabs, on_ptabs, on_metas, on_hists, on_seen, n_seen, hist, h, c, fixed,
 ):  # fmt: skip
     """StatefulStream._step's network for few threads (step_calls' _network_few path), the
-    network's online counter included: float32 [B, 64]."""
+    network's online counter included: float32 [B, 64]. `fixed`: what does not change while
+    the stream runs, one tuple (network_fixed's), since each argument costs a dispatch time."""
+    (
+        has_online, on_ext, on_fallback, context, ngram_rows, ngram_order, count_buckets,
+        share_buckets, lstm, group_col, group_off, kernels, recurrent, bias_in, bias_rec,
+        out_kernel, out_bias, src_top_col, src_conf_col, src_conf_off, gate_h, gate_conf,
+        gate_bias, copy,
+    ) = fixed  # fmt: skip
     n = idx.shape[0]
     online = np.zeros((n, ANSWER_WIDTH), np.int64)
     tokens8 = tokens.astype(np.uint8)
@@ -123,3 +127,17 @@ def network_few(
         gate_bias, copy, out,
     )  # fmt: skip
     return out
+
+
+def network_fixed(w, context: int, online) -> tuple:
+    """network_few's `fixed` for the weights w (StepWeights), a context and the network's
+    online counter (an OnlineStreams, or None)."""
+    return (
+        online is not None,
+        online._ext if online is not None else np.zeros(1, np.int64),
+        online._fallback if online is not None else np.zeros(0, np.uint8),
+        int(context), w.ngram_rows, w.ngram_order, w.count_buckets, w.share_buckets, w.lstm,
+        w.group_col, w.group_off, w.kernels, w.recurrent, w.bias_in, w.bias_rec, w.out_kernel,
+        w.out_bias, w.src_top_col, w.src_conf_col, w.src_conf_off, w.gate_h, w.gate_conf,
+        w.gate_bias, w.copy,
+    )  # fmt: skip

@@ -43,7 +43,7 @@ from tasks.learning.counters.online import (
 from tasks.learning.nextcall.hedge import HEDGE_ARTIFACT, LEAD, HedgeStreams, hedge_settings
 from tasks.learning.questions.hedge import FLOOR
 from tasks.learning.serving import stepping
-from tasks.learning.serving.hedged_step import first_bad, hedge_part, network_few
+from tasks.learning.serving.hedged_step import first_bad, hedge_part, network_few, network_fixed
 from tasks.learning.serving.stepping import step_calls, step_weights
 
 
@@ -238,6 +238,7 @@ class StatefulStream:
         self._online = None
         if w.online_orders:
             self._online = OnlineStreams(w.online_orders, fallback=NO_FALLBACK)
+        self._fixed = network_fixed(w, self.context, self._online)
         self._alloc(16)
 
     @classmethod
@@ -318,15 +319,10 @@ class StatefulStream:
         if n <= stepping.FEW_THREADS:  # read per call: tests set it
             # the counter, the cell steps and the answer in one compiled call: step_calls'
             # few-threads path without its Python (hedged_step.py)
-            w = self.weights
             on = self._online if self._online is not None else _NO_COUNTER
             out = network_few(
-                idx, tokens, self._online is not None, on._ctabs, on._ptabs, on._metas,
-                on._hists, on._n_seen, on._ext, on._fallback, self.context, self._n_seen,
-                self._hist, w.ngram_rows, w.ngram_order, w.count_buckets, w.share_buckets,
-                w.lstm, tuple(self._hs), tuple(self._cs), w.group_col, w.group_off, w.kernels,
-                w.recurrent, w.bias_in, w.bias_rec, w.out_kernel, w.out_bias, w.src_top_col,
-                w.src_conf_col, w.src_conf_off, w.gate_h, w.gate_conf, w.gate_bias, w.copy,
+                idx, tokens, on._ctabs, on._ptabs, on._metas, on._hists, on._n_seen,
+                self._n_seen, self._hist, tuple(self._hs), tuple(self._cs), self._fixed,
             )  # fmt: skip
             return names, idx, tokens, out
         if self._online is not None:
