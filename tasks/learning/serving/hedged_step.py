@@ -15,7 +15,14 @@ import numpy as np
 from numba import njit
 
 from tasks.dataset.tokens import N_TOKENS
-from tasks.learning.counters.online import ANSWER_WIDTH, _streams_step, _streams_step_dist
+from tasks.learning.counters.online import (
+    ANSWER_WIDTH,
+    _stream_answer,
+    _stream_distribution,
+    _stream_scratch,
+    _streams_step,
+    _streams_step_dist,
+)
 from tasks.learning.nextcall.hedge import _stream_mix
 from tasks.learning.predictions import TOP_K
 from tasks.learning.serving.stepping import _N_COLS, _answer, _network_few, _prepare
@@ -47,21 +54,40 @@ def _top5(p, out):
 
 
 @njit(cache=True)
+def _answer_dist(ctabs, ptabs, metas, hists, n_seen, idx, ext, fallback, eps, top, dist):
+    """_streams_step_dist without the push: the counter has learnt this call already."""
+    scratch = _stream_scratch(ext.shape[0])
+    for b in range(idx.shape[0]):
+        t = idx[b]
+        ctab, ptab, meta, hist = ctabs[t], ptabs[t], metas[t], hists[t]
+        _stream_answer(ctab, ptab, meta, hist, n_seen[t], ext, fallback, top[b], scratch)
+        _stream_distribution(ctab, ptab, meta, hist, n_seen[t], ext, eps, dist[b])
+
+
+@njit(cache=True)
 def hedge_part(
-    idx, tokens, net, ctabs, ptabs, metas, hists, c_seen, ext, fallback, eps,
-    answered, logws, hitss, prev_rows, prev_lists, fixed, lead_by, share, floor, mix_top,
+    idx, tokens, net, ctabs, ptabs, metas, hists, c_seen, answered, logws, hitss, prev_rows,
+    prev_lists, mix_top, fixed,
 ):  # fmt: skip
     """After the network's answers net (float32 [B, 64]): the hedge's counter learns tokens[b]
     and answers (push_distribution), and the mixture of the network, the counter and the fixed
-    experts learns and answers (HedgeStreams.step, its top-5 kept in mix_top). float64 [B, 64]."""
+    experts learns and answers (HedgeStreams.step, its top-5 kept in mix_top). float64 [B, 64].
+    `fixed`: hedge_fixed's tuple; where its `learn` is false the counter is the network's, which
+    has learnt the call already (the same orders: the same tables), and only answers, with its
+    own fallback and smoothing."""
+    learn, ext, fallback, eps, experts, lead_by, share, floor = fixed
     n = idx.shape[0]
     tokens8 = tokens.astype(np.uint8)
     counter_top = np.zeros((n, TOP_K), np.uint8)
     counter = np.zeros((n, N_TOKENS), np.float64)
-    _streams_step_dist(
-        ctabs, ptabs, metas, hists, c_seen, idx, tokens8, ext, fallback, eps, counter_top,
-        counter,
-    )  # fmt: skip
+    if learn:
+        _streams_step_dist(
+            ctabs, ptabs, metas, hists, c_seen, idx, tokens8, ext, fallback, eps, counter_top,
+            counter,
+        )  # fmt: skip
+    else:
+        _answer_dist(ctabs, ptabs, metas, hists, c_seen, idx, ext, fallback, eps, counter_top,
+                     counter)  # fmt: skip
     rows = np.empty((2, n, N_TOKENS), np.float32)
     lists = np.empty((2, n, TOP_K), np.uint8)
     for b in range(n):
@@ -74,7 +100,7 @@ def hedge_part(
     mixed = np.empty((n, N_TOKENS))
     top = np.empty((n, TOP_K), np.uint8)
     _stream_mix(
-        idx, tokens, answered, logws, hitss, prev_rows, prev_lists, rows, fixed, lists, lead_by,
+        idx, tokens, answered, logws, hitss, prev_rows, prev_lists, rows, experts, lists, lead_by,
         share, floor, top, mixed,
     )  # fmt: skip
     for b in range(n):

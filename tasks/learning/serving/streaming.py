@@ -369,6 +369,17 @@ class HedgedStream(StatefulStream):
         )
         self._mix = HedgeStreams(2, [self.majority.probs], 2)
         super().__init__(model, context)
+        # the network's online counter over the same orders holds the same tables: it learns
+        # each call once and answers twice, without and with the majority's ranking to fall on
+        counter = self._counter
+        learn = self._online is None or self._online.orders != counter.orders
+        if not learn:
+            self._counter = self._online
+        m = self._mix
+        self._hedge_fixed = (
+            learn, counter._ext, counter._fallback, counter.smoothing, m.fixed, LEAD, m.share,
+            FLOOR,
+        )  # fmt: skip
 
     @classmethod
     def from_registry(
@@ -422,9 +433,8 @@ class HedgedStream(StatefulStream):
         names, idx, tokens, net = self._step(calls)
         c, m = self._counter, self._mix
         mixed = hedge_part(
-            idx, tokens, net, c._ctabs, c._ptabs, c._metas, c._hists, c._n_seen, c._ext,
-            c._fallback, c.smoothing, m._answered, m._logw, m._hits, m._prev_rows,
-            m._prev_lists, m.fixed, LEAD, m.share, FLOOR, m._top,
+            idx, tokens, net, c._ctabs, c._ptabs, c._metas, c._hists, c._n_seen, m._answered,
+            m._logw, m._hits, m._prev_rows, m._prev_lists, m._top, self._hedge_fixed,
         )  # fmt: skip
         return dict(zip(names, mixed, strict=True))
 

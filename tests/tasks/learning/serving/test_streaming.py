@@ -290,11 +290,15 @@ def _separate_calls_hedged(hs, calls: dict) -> dict:
     return dict(zip(names, mixed, strict=True))
 
 
-@pytest.mark.parametrize("online", [True, False])
+@pytest.mark.parametrize(
+    "online,orders", [(True, (4, 2, 1)), (True, (12, 8, 6, 4, 3, 2, 1)), (False, (4, 2, 1))]
+)
 @pytest.mark.parametrize("n_threads", [3, 20])
-def test_the_compiled_hedged_step_answers_the_separate_calls_bit_for_bit(online, n_threads):
+def test_the_compiled_hedged_step_answers_the_separate_calls_bit_for_bit(online, orders, n_threads):
     # GIVEN one model streamed twice, hedged, over the same calls of a few or many threads (over
-    # FEW_THREADS: the batched network), threads of different ages past two windows
+    # FEW_THREADS: the batched network), threads of different ages past two windows, the hedge's
+    # counter over the network's online orders (4, 2, 1: one counter shared) or others
+    from tasks.learning.counters.online import OnlineStreams
     from tasks.learning.serving.streaming import HedgedStream
 
     rng = np.random.default_rng(5)
@@ -302,7 +306,12 @@ def test_the_compiled_hedged_step_answers_the_separate_calls_bit_for_bit(online,
     routines = [rng.integers(0, 64, 6) for _ in range(4)]
     runs = [np.concatenate([routines[i] for i in rng.integers(0, 4, 10)]) for _ in range(n_threads)]
     model = _model(online)
-    compiled, separate = (HedgedStream(model, counts, context=8) for _ in range(2))
+    compiled, separate = (
+        HedgedStream(model, counts, context=8, counter_orders=orders) for _ in range(2)
+    )
+    assert (compiled._counter is compiled._online) == (online and orders == (4, 2, 1))
+    # the reference's counter its own, as before the network's was shared where their orders are
+    separate._counter = OnlineStreams(orders, fallback=separate.majority.ranking)
     for i in range(30):
         calls = {f"t{j}": int(r[i - j % 5]) for j, r in enumerate(runs) if i >= j % 5}
         # WHEN one takes the compiled step and the other the separate calls
