@@ -124,6 +124,11 @@ STUDIES: tuple[Study, ...] = (
     Study("replay_stacks", "containers, 5 minutes"),
     Study("reuse_threads", "a full night's data"),
     Study("scaling", "a network a point, 20+ minutes"),
+    Study(
+        "stream_step_ab",
+        "an old commit's streaming.py beside the new, 4 minutes",
+        script="studies/stream_step_ab/stream_ab.py",
+    ),
     Study("table_bound", "a registered model"),
     Study("table_context", "a trained network"),
     Study("table_sites", "a registered model"),

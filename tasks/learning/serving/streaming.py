@@ -40,8 +40,10 @@ from tasks.learning.counters.online import (
     OnlineState,
     OnlineStreams,
 )
-from tasks.learning.nextcall.hedge import HEDGE_ARTIFACT, HedgeStreams, hedge_settings
-from tasks.learning.predictions import TOP_K, top_of
+from tasks.learning.nextcall.hedge import HEDGE_ARTIFACT, LEAD, HedgeStreams, hedge_settings
+from tasks.learning.questions.hedge import FLOOR
+from tasks.learning.serving import stepping
+from tasks.learning.serving.hedged_step import first_bad, hedge_part, network_few, network_fixed
 from tasks.learning.serving.stepping import step_calls, step_weights
 
 
@@ -208,6 +210,10 @@ def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
 # --- the stateful stream ------------------------------------------------------------------------
 
 
+# stands in for the network's online counter where the model takes none (never pushed)
+_NO_COUNTER = OnlineStreams(DEFAULT_ORDERS, capacity=1)
+
+
 class StatefulStream:
     """The model stepped one call at a time, two recurrent states carried per thread.
 
@@ -232,6 +238,7 @@ class StatefulStream:
         self._online = None
         if w.online_orders:
             self._online = OnlineStreams(w.online_orders, fallback=NO_FALLBACK)
+        self._fixed = network_fixed(w, self.context, self._online)
         self._alloc(16)
 
     @classmethod
@@ -298,16 +305,26 @@ class StatefulStream:
     def _step(self, calls: dict[Hashable, int]):
         """(thread names, their slots, their tokens, float32 [B, 64] the network's answers)."""
         names = list(calls)
-        tokens = np.fromiter(map(int, calls.values()), np.int64, len(names))
-        bad = np.flatnonzero((tokens < 0) | (tokens >= N_TOKENS))
-        if len(bad):
-            t = names[int(bad[0])]
+        n = len(names)
+        tokens = np.fromiter(map(int, calls.values()), np.int64, n)
+        bad = first_bad(tokens)
+        if bad >= 0:
+            t = names[bad]
             raise ValueError(f"thread {t!r}: token {calls[t]} is not in 0..{N_TOKENS - 1}")
         # known threads through the dict alone: per thread, this is most of the Python left
         slots = list(map(self._index.get, names))
         if None in slots:
             slots = list(map(self._slot, names))
         idx = np.array(slots, np.int64)
+        if n <= stepping.FEW_THREADS:  # read per call: tests set it
+            # the counter, the cell steps and the answer in one compiled call: step_calls'
+            # few-threads path without its Python (hedged_step.py)
+            on = self._online if self._online is not None else _NO_COUNTER
+            out = network_few(
+                idx, tokens, on._ctabs, on._ptabs, on._metas, on._hists, on._n_seen,
+                self._n_seen, self._hist, tuple(self._hs), tuple(self._cs), self._fixed,
+            )  # fmt: skip
+            return names, idx, tokens, out
         if self._online is not None:
             online = self._online.push_answer(idx, tokens)
         else:
@@ -352,6 +369,17 @@ class HedgedStream(StatefulStream):
         )
         self._mix = HedgeStreams(2, [self.majority.probs], 2)
         super().__init__(model, context)
+        # the network's online counter over the same orders holds the same tables: it learns
+        # each call once and answers twice, without and with the majority's ranking to fall on
+        counter = self._counter
+        learn = self._online is None or self._online.orders != counter.orders
+        if not learn:
+            self._counter = self._online
+        m = self._mix
+        self._hedge_fixed = (
+            learn, counter._ext, counter._fallback, counter.smoothing, m.fixed, LEAD, m.share,
+            FLOOR,
+        )  # fmt: skip
 
     @classmethod
     def from_registry(
@@ -398,14 +426,16 @@ class HedgedStream(StatefulStream):
 
     def step(self, calls: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         """Observe one call per thread (its token), then {thread: float64 [64]}: the mixture's
-        distribution of its next call (its top-5: `top`)."""
+        distribution of its next call (its top-5: `top`).
+
+        Two compiled calls (tasks/learning/serving/hedged_step.py): the network's (_step), then
+        the counter's and the mixture's."""
         names, idx, tokens, net = self._step(calls)
-        counter_top, counter = self._counter.push_distribution(idx, tokens)
-        rows = np.empty((2, len(idx), N_TOKENS), np.float32)
-        rows[0], rows[1] = net, counter
-        lists = np.empty((2, len(idx), TOP_K), np.uint8)
-        lists[0], lists[1] = counter_top, top_of(net)
-        mixed, _ = self._mix.step(idx, tokens, rows, lists)
+        c, m = self._counter, self._mix
+        mixed = hedge_part(
+            idx, tokens, net, c._ctabs, c._ptabs, c._metas, c._hists, c._n_seen, m._answered,
+            m._logw, m._hits, m._prev_rows, m._prev_lists, m._top, self._hedge_fixed,
+        )  # fmt: skip
         return dict(zip(names, mixed, strict=True))
 
     def top(self, thread: Hashable) -> np.ndarray:

@@ -263,3 +263,60 @@ def test_the_registered_champion_streams_hedged_and_an_older_version_says_what_i
         np.testing.assert_array_equal(
             np.stack([k for _, k in c[t]]), np.stack([k for _, k in d[t]])
         )
+
+
+def _separate_calls_hedged(hs, calls: dict) -> dict:
+    """The reference: HedgedStream.step as separate calls, as it was before its step was
+    compiled whole (tasks/learning/serving/hedged_step.py): the network's online counter,
+    step_calls, the hedge's counter, top_of, HedgeStreams.step."""
+    from tasks.learning.counters.online import ANSWER_WIDTH
+    from tasks.learning.predictions import top_of
+    from tasks.learning.serving.stepping import step_calls
+
+    names = list(calls)
+    tokens = np.array([calls[t] for t in names], np.int64)
+    idx = np.array([hs._slot(t) for t in names], np.int64)
+    if hs._online is not None:
+        online = hs._online.push_answer(idx, tokens)
+    else:
+        online = np.zeros((len(names), ANSWER_WIDTH), np.int64)
+    net = step_calls(
+        hs.weights, hs.context, hs._n_seen, hs._hist, hs._hs, hs._cs, idx, tokens, online
+    )
+    counter_top, counter = hs._counter.push_distribution(idx, tokens)
+    rows = np.stack([net, counter.astype(np.float32)])
+    lists = np.stack([counter_top, top_of(net)])
+    mixed, _ = hs._mix.step(idx, tokens, rows, lists)
+    return dict(zip(names, mixed, strict=True))
+
+
+@pytest.mark.parametrize(
+    "online,orders", [(True, (4, 2, 1)), (True, (12, 8, 6, 4, 3, 2, 1)), (False, (4, 2, 1))]
+)
+@pytest.mark.parametrize("n_threads", [3, 20])
+def test_the_compiled_hedged_step_answers_the_separate_calls_bit_for_bit(online, orders, n_threads):
+    # GIVEN one model streamed twice, hedged, over the same calls of a few or many threads (over
+    # FEW_THREADS: the batched network), threads of different ages past two windows, the hedge's
+    # counter over the network's online orders (4, 2, 1: one counter shared) or others
+    from tasks.learning.counters.online import OnlineStreams
+    from tasks.learning.serving.streaming import HedgedStream
+
+    rng = np.random.default_rng(5)
+    counts = rng.integers(0, 100, 64).astype(np.float64)
+    routines = [rng.integers(0, 64, 6) for _ in range(4)]
+    runs = [np.concatenate([routines[i] for i in rng.integers(0, 4, 10)]) for _ in range(n_threads)]
+    model = _model(online)
+    compiled, separate = (
+        HedgedStream(model, counts, context=8, counter_orders=orders) for _ in range(2)
+    )
+    assert (compiled._counter is compiled._online) == (online and orders == (4, 2, 1))
+    # the reference's counter its own, as before the network's was shared where their orders are
+    separate._counter = OnlineStreams(orders, fallback=separate.majority.ranking)
+    for i in range(30):
+        calls = {f"t{j}": int(r[i - j % 5]) for j, r in enumerate(runs) if i >= j % 5}
+        # WHEN one takes the compiled step and the other the separate calls
+        got, want = compiled.step(calls), _separate_calls_hedged(separate, calls)
+        # THEN every answer and top-5 is the same, bit for bit
+        for t in calls:
+            np.testing.assert_array_equal(got[t], want[t], err_msg=f"{t} at call {i}")
+            np.testing.assert_array_equal(compiled.top(t), separate.top(t))

@@ -1,0 +1,169 @@
+"""The streams' steps in two compiled calls: the network's (its online counter, the cell steps and
+the answer, for few threads) and the hedge's (its counter and the mixture).
+
+What it computes is what the separate calls compute (OnlineStreams.push_answer, step_calls,
+OnlineStreams.push_distribution, top_of, HedgeStreams.step), in the same order: it calls the
+same compiled functions. What it saves is the Python between them: at one thread, a dozen
+dispatches of compiled functions, the small arrays made for them and an argsort, about half the
+CPU time of a hedged prediction (docs/learning-nextcall.md#streaming-the-champion has the figures).
+tests/tasks/learning/serving/test_streaming.py checks the answers equal the separate calls'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.counters.online import (
+    ANSWER_WIDTH,
+    _stream_answer,
+    _stream_distribution,
+    _stream_scratch,
+    _streams_step,
+    _streams_step_dist,
+)
+from tasks.learning.nextcall.hedge import _stream_mix
+from tasks.learning.predictions import TOP_K
+from tasks.learning.serving.stepping import _N_COLS, _answer, _network_few, _prepare
+
+
+@njit(cache=True)
+def first_bad(tokens):
+    """The index of the first token outside 0..63, -1 if none."""
+    for b in range(tokens.shape[0]):
+        if tokens[b] < 0 or tokens[b] >= N_TOKENS:
+            return b
+    return -1
+
+
+@njit(cache=True)
+def _top5(p, out):
+    """out: p's most probable tokens, best first, ties the lower token first (top_of's row)."""
+    for slot in range(out.shape[0]):
+        best = -1
+        for j in range(p.shape[0]):
+            taken = False
+            for q in range(slot):
+                if out[q] == j:
+                    taken = True
+                    break
+            if not taken and (best < 0 or p[j] > p[best]):
+                best = j
+        out[slot] = best
+
+
+@njit(cache=True)
+def _answer_dist(ctabs, ptabs, metas, hists, n_seen, idx, ext, fallback, eps, top, dist):
+    """_streams_step_dist without the push: the counter has learnt this call already."""
+    scratch = _stream_scratch(ext.shape[0])
+    for b in range(idx.shape[0]):
+        t = idx[b]
+        ctab, ptab, meta, hist = ctabs[t], ptabs[t], metas[t], hists[t]
+        _stream_answer(ctab, ptab, meta, hist, n_seen[t], ext, fallback, top[b], scratch)
+        _stream_distribution(ctab, ptab, meta, hist, n_seen[t], ext, eps, dist[b])
+
+
+@njit(cache=True)
+def hedge_part(
+    idx, tokens, net, ctabs, ptabs, metas, hists, c_seen, answered, logws, hitss, prev_rows,
+    prev_lists, mix_top, fixed,
+):  # fmt: skip
+    """After the network's answers net (float32 [B, 64]): the hedge's counter learns tokens[b]
+    and answers (push_distribution), and the mixture of the network, the counter and the fixed
+    experts learns and answers (HedgeStreams.step, its top-5 kept in mix_top). float64 [B, 64].
+    `fixed`: hedge_fixed's tuple; where its `learn` is false the counter is the network's, which
+    has learnt the call already (the same orders: the same tables), and only answers, with its
+    own fallback and smoothing."""
+    learn, ext, fallback, eps, experts, lead_by, share, floor = fixed
+    n = idx.shape[0]
+    tokens8 = tokens.astype(np.uint8)
+    counter_top = np.zeros((n, TOP_K), np.uint8)
+    counter = np.zeros((n, N_TOKENS), np.float64)
+    if learn:
+        _streams_step_dist(
+            ctabs, ptabs, metas, hists, c_seen, idx, tokens8, ext, fallback, eps, counter_top,
+            counter,
+        )  # fmt: skip
+    else:
+        _answer_dist(ctabs, ptabs, metas, hists, c_seen, idx, ext, fallback, eps, counter_top,
+                     counter)  # fmt: skip
+    rows = np.empty((2, n, N_TOKENS), np.float32)
+    lists = np.empty((2, n, TOP_K), np.uint8)
+    for b in range(n):
+        for j in range(N_TOKENS):
+            rows[0, b, j] = net[b, j]
+            rows[1, b, j] = counter[b, j]
+        for j in range(TOP_K):
+            lists[0, b, j] = counter_top[b, j]
+        _top5(net[b], lists[1, b])
+    mixed = np.empty((n, N_TOKENS))
+    top = np.empty((n, TOP_K), np.uint8)
+    _stream_mix(
+        idx, tokens, answered, logws, hitss, prev_rows, prev_lists, rows, experts, lists, lead_by,
+        share, floor, top, mixed,
+    )  # fmt: skip
+    for b in range(n):
+        for j in range(TOP_K):
+            mix_top[idx[b], j] = top[b, j]
+    return mixed
+
+
+@njit(cache=True)
+def network_few(
+    idx, tokens, on_ctabs, on_ptabs, on_metas, on_hists, on_seen, n_seen, hist, h, c, fixed,
+):  # fmt: skip
+    """StatefulStream._step's network for few threads (step_calls' _network_few path), the
+    network's online counter included: float32 [B, 64]. `fixed`: what does not change while
+    the stream runs, one tuple (network_fixed's), since each argument costs a dispatch time."""
+    (
+        has_online, on_ext, on_fallback, context, ngram_rows, ngram_order, count_buckets,
+        share_buckets, lstm, group_col, group_off, kernels, recurrent, bias_in, bias_rec,
+        out_kernel, out_bias, src_top_col, src_conf_col, src_conf_off, gate_h, gate_conf,
+        gate_bias, copy,
+    ) = fixed  # fmt: skip
+    n = idx.shape[0]
+    online = np.zeros((n, ANSWER_WIDTH), np.int64)
+    tokens8 = tokens.astype(np.uint8)
+    if has_online:
+        _streams_step(
+            on_ctabs, on_ptabs, on_metas, on_hists, on_seen, idx, tokens8, on_ext, on_fallback,
+            online,
+        )  # fmt: skip
+    feats = np.empty((n, 2, _N_COLS), np.int64)
+    reset = np.empty((n, 2), np.bool_)
+    answering = np.empty(n, np.int64)
+    _prepare(
+        idx, tokens8, online, context, n_seen, hist, ngram_rows, ngram_order, count_buckets,
+        share_buckets, feats, reset, answering,
+    )  # fmt: skip
+    top = np.empty((n, h[-1].shape[2]), np.float32)
+    logits = np.empty((n, N_TOKENS), np.float32)
+    _network_few(
+        lstm, idx, feats, reset, answering, h, c, group_col, group_off, kernels, recurrent,
+        bias_in, bias_rec, out_kernel, out_bias, top, logits,
+    )  # fmt: skip
+    answers = np.empty((n, _N_COLS), np.int64)
+    for b in range(n):
+        for j in range(_N_COLS):
+            answers[b, j] = feats[b, answering[b], j]
+    out = np.empty((n, N_TOKENS), np.float32)
+    _answer(
+        logits, top, answers, src_top_col, src_conf_col, src_conf_off, gate_h, gate_conf,
+        gate_bias, copy, out,
+    )  # fmt: skip
+    return out
+
+
+def network_fixed(w, context: int, online) -> tuple:
+    """network_few's `fixed` for the weights w (StepWeights), a context and the network's
+    online counter (an OnlineStreams, or None)."""
+    return (
+        online is not None,
+        online._ext if online is not None else np.zeros(1, np.int64),
+        online._fallback if online is not None else np.zeros(0, np.uint8),
+        int(context), w.ngram_rows, w.ngram_order, w.count_buckets, w.share_buckets, w.lstm,
+        w.group_col, w.group_off, w.kernels, w.recurrent, w.bias_in, w.bias_rec, w.out_kernel,
+        w.out_bias, w.src_top_col, w.src_conf_col, w.src_conf_off, w.gate_h, w.gate_conf,
+        w.gate_bias, w.copy,
+    )  # fmt: skip
