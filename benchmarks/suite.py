@@ -112,6 +112,7 @@ STUDIES: tuple[Study, ...] = (
     ),
     Study("layer_proof", "the allocators stage, containers", script=None),
     Study("layer_seeds", "containers"),
+    Study("layer_zero_hit", "valgrind, 10 minutes"),
     Study("lifetime_table", "a registered model"),
     Study("network_stacks", "trains two networks, 10 minutes"),
     Study("place_context", "containers, 15 minutes"),

@@ -124,6 +124,9 @@ HP_EXPORT const char *malloc_conf = "lg_extent_max_active_fit:10";
 static int hp_state;    /* enum hp_state; HP_ON: the hot path routes */
 static int hp_learning; /* HP_ON in mode=predict: samples taken, frees checked */
 static int hp_by_size;  /* HP_ON in mode=size */
+/* 1 once on (HP_ON) with neither mode=size nor a lifetime table: the hot path's first questions
+ * answered at once (decide.c hp_long_plain). Set once, at the end of start, never cleared. */
+static int hp_plain;
 static int hp_off; /* the options read, mode=off: every call passes, the stats line says so */
 static int hp_big; /* 1 once the counter's floor was reached, or there is none (decide.c) */
 /* The depth of the context a site is (place/site_here.c): 0 or 1 the return address alone,

@@ -4,14 +4,39 @@
  * hl_active_min straight to it (one compare), else the request path (alloc.c) or the free path
  * (free.c). */
 
-HL_EXPORT void *malloc(size_t n) {
+/* malloc's start-up: the real malloc looked up, or the pool while dlsym runs (out of line, so
+ * that malloc itself needs no stack frame: a pass-through malloc is a compare and a jump) */
+static __attribute__((noinline, cold)) void *hl_malloc_start(size_t n) {
     void *(*f)(size_t) = HC_REAL(malloc);
-    if (HL_UNLIKELY(!f)) return hc_pool_alloc(n, 16);
+    if (!f) return hc_pool_alloc(n, 16);
+    if (n < hl_active_min) return f(n);
+    return hl_malloc_large(n);
+}
+
+HL_EXPORT void *malloc(size_t n) {
+    void *(*f)(size_t) = __atomic_load_n(&hc_real.malloc, __ATOMIC_ACQUIRE);
+    if (HL_UNLIKELY(!f)) return hl_malloc_start(n);
     if (HL_LIKELY(n < hl_active_min)) return f(n);
     return hl_malloc_large(n);
 }
 
-HL_EXPORT void free(void *p) { hl_free_from(p, __builtin_return_address(0)); }
+/* free's full path, out of line (free.c hl_free_from) */
+static __attribute__((noinline)) void hl_free_full(void *p, const void *caller) {
+    hl_free_from(p, caller);
+}
+
+/* Most frees are of small blocks: over glibc, one read of the chunk word and one compare
+ * (options.c hl_free_small) send them to the real free, as hl_free_from would; the rest (large
+ * blocks, before the start, over another allocator) take the full path, and so do the start-up
+ * pool's blocks, whose word has the top bit set (../../bootstrap_pool.h HC_POOL_MARK). */
+HL_EXPORT void free(void *p) {
+    if (HL_LIKELY(p != NULL) &&
+        HL_LIKELY(hl_chunk_word(p) < __atomic_load_n(&hl_free_small, __ATOMIC_ACQUIRE))) {
+        hc_real.free(p); /* published before hl_free_small (init.c hl_set_free_small) */
+        return;
+    }
+    hl_free_full(p, __builtin_return_address(0));
+}
 
 HL_EXPORT void *calloc(size_t m, size_t n) {
     size_t total;
@@ -52,6 +77,10 @@ HL_EXPORT void *realloc(void *old, size_t n) {
         return NULL;
     }
     if (hl_active_min == SIZE_MAX) return real_realloc(old, n);
+    /* a small block to a small size (over glibc: its chunk word, as free) */
+    if (hl_chunk_word(old) < __atomic_load_n(&hl_free_small, __ATOMIC_ACQUIRE) &&
+        n < hl_active_min)
+        return real_realloc(old, n);
     size_t usable = hc_real.malloc_usable_size(old);
     if (usable < hl_active_min && n < hl_active_min) return real_realloc(old, n);
     /* a large block on either side: a kept block that fits n, old copied and freed (into the

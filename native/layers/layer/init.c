@@ -29,6 +29,18 @@ static void hl_fork_child(void) {
     hl_fork_parent();
 }
 
+/* The free path's one compare (options.c hl_free_small): over glibc, a chunk word below the
+ * smaller of min and glibc's least mmap threshold (hl_free_from's small block; rounded up to 8,
+ * as the word's 3 flag bits are in the compare), every glibc word where the layer keeps nothing
+ * (hl_active_min SIZE_MAX: policy off), never a start-up pool block's (its word at or above
+ * HC_POOL_MARK). Over another allocator it stays 0. */
+static void hl_set_free_small(void) {
+    if (!hl_glibc_next || !hc_real.free) return;
+    size_t min = __atomic_load_n(&hl_active_min, __ATOMIC_RELAXED), small = HC_POOL_MARK;
+    if (min != SIZE_MAX) small = ((min < HL_FOLLOW_MIN ? min : HL_FOLLOW_MIN) + 7) & ~(size_t)7;
+    __atomic_store_n(&hl_free_small, small, __ATOMIC_RELEASE);
+}
+
 __attribute__((constructor)) static void hl_init(void) {
     hl_shards_init();
     hc_resolve();
@@ -77,6 +89,7 @@ __attribute__((constructor)) static void hl_init(void) {
         hl_follow_at = HL_FOLLOW_MIN;
     if (hl_set.policy != HL_OFF && hc_real.malloc_usable_size && hc_real.free)
         __atomic_store_n(&hl_active_min, hl_set.min, __ATOMIC_RELEASE);
+    hl_set_free_small();
 }
 
 __attribute__((destructor)) static void hl_fini(void) {

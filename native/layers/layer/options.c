@@ -91,4 +91,12 @@ static int hl_read_settings(struct hl_settings *st) {
 
 /* `min` once started and caching; SIZE_MAX: every call passes through (read at every call) */
 static size_t hl_active_min = SIZE_MAX;
+/* The free path's pass-through test, in one compare (hooks.c free): a free whose glibc chunk
+ * word (read before the block) is below this goes straight to the real free. 0 (before the
+ * constructor has looked everything up, or over another allocator: the word means nothing
+ * there): every free takes the full path (free.c hl_free_from). Set once, by init.c
+ * (hl_set_free_small), after hc_real and hl_active_min, and never changed: below it the full
+ * path would pass the free on too (free.c hl_free_from: a small block, or hl_active_min
+ * SIZE_MAX), so both paths decide alike. */
+static size_t hl_free_small;
 static size_t hl_page = 4096;

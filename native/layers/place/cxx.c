@@ -34,33 +34,56 @@
     X(_ZdlPvSt11align_val_tRKSt9nothrow_t, (void *p, size_t al, const void *nt), (p, al, nt))     \
     X(_ZdaPvSt11align_val_tRKSt9nothrow_t, (void *p, size_t al, const void *nt), (p, al, nt))
 
+#define HP_UNPAREN_(...) __VA_ARGS__
+#define HP_UNPAREN(list) HP_UNPAREN_ list
+/* Each new: the next function, the site, the decision; a short request with no sample due
+ * jumps to the next new (hp_unsampled), the rest (long, a sample, start-up) is out of line. */
 #define HP_NEW_(name, params, args, align)                                                        \
-    HP_EXPORT void *name params;                                                                  \
-    void *name params {                                                                           \
-        static void *(*next) params;                                                              \
-        uintptr_t site = HP_SITE;                                                                 \
-        int on = hp_on();                                                                         \
+    static void *(*name##_next) params;                                                           \
+    static __attribute__((noinline)) void *name##_rest(uintptr_t site, int on, int lng,           \
+                                                       HP_UNPAREN(params)) {                      \
         void *p = NULL;                                                                           \
-        int lng = on && hp_long(n, site);                                                         \
         if (HP_UNLIKELY(lng))                                                                     \
             p = hp_long_alloc(n, (align) ? HP_MALLOCX_LG_ALIGN(__builtin_ctzll(align)) : 0);     \
         if (p == NULL) {                                                                          \
             lng = 0; /* not in the long arena: jemalloc's own new serves it */                    \
-            void *(*f) params = HC_NEXT(next, #name);                                             \
+            void *(*f) params = HC_NEXT(name##_next, #name);                                      \
             p = f ? f args : malloc(n);                                                           \
         }                                                                                         \
         if (on && hp_sampling()) hp_sample(p, site, lng);                                         \
         return p;                                                                                 \
+    }                                                                                             \
+    HP_EXPORT void *name params;                                                                  \
+    void *name params {                                                                           \
+        uintptr_t site = HP_SITE;                                                                 \
+        int on = 1, lng;                                                                          \
+        if (HP_LIKELY(__atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE)))                              \
+            lng = hp_long_plain(n, site);                                                         \
+        else                                                                                      \
+            lng = (on = hp_on()) && hp_long(n, site);                                             \
+        void *(*f) params = __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE);                      \
+        if (HP_LIKELY(!lng) && HP_LIKELY(f != NULL) && (!on || hp_unsampled())) return f args;    \
+        return name##_rest(site, on, lng, HP_UNPAREN(args));                                      \
     }
 HP_NEWS(HP_NEW_)
 
+/* Each delete: a sampled block's verdict, then the next delete of its signature (out of line:
+ * a block not sampled goes to the next delete by a jump). */
 #define HP_DELETE_(name, params, args)                                                            \
-    HP_EXPORT void name params;                                                                   \
-    void name params {                                                                            \
-        static void (*next) params;                                                               \
+    static void (*name##_next) params;                                                            \
+    static __attribute__((noinline)) void name##_rest params {                                    \
         if (hp_learning) hp_free_sampled(p);                                                      \
-        void (*f) params = HC_NEXT(next, #name);                                                  \
+        void (*f) params = HC_NEXT(name##_next, #name);                                           \
         if (f) f args;                                                                            \
         else free(p);                                                                             \
+    }                                                                                             \
+    HP_EXPORT void name params;                                                                   \
+    void name params {                                                                            \
+        void (*f) params = __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE);                       \
+        if (HP_LIKELY(f != NULL) && HP_LIKELY(!hp_is_sampled(p))) {                               \
+            f args;                                                                               \
+            return;                                                                               \
+        }                                                                                         \
+        name##_rest args;                                                                         \
     }
 HP_DELETES(HP_DELETE_)

@@ -82,16 +82,25 @@ static inline int hp_predicted_long(size_t n, uintptr_t site) {
         if (said >= 0) return said ? HP_KNOWN : 0;
     }
     uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
-    if (HP_LIKELY((w >> 1) != site || !(w & 1))) return 0;
+    /* the site's own word, marked long: (w >> 1) == site and w & 1 (a site is at most 63 bits:
+     * site_here.c) */
+    if (HP_LIKELY(w != ((site << 1) | 1))) return 0;
     return hp_learning ? HP_BY_COUNTER : HP_KNOWN;
 }
 
 /* 1: this request goes to the long arena: predicted long (by the counter, once the process is
  * past its floor), the arena there to take it, and (the limit known once the arena is made) not
  * of a large class, but in mode size. */
-static inline int hp_long(size_t n, uintptr_t site) {
+static __attribute__((noinline)) int hp_long_why(size_t n, int why);
+static inline __attribute__((always_inline)) int hp_long(size_t n, uintptr_t site) {
     int why = hp_predicted_long(n, site);
     if (HP_LIKELY(!why)) return 0;
+    return hp_long_why(n, why);
+}
+
+/* hp_long past a prediction of long (out of line: the path of a short request stays in the
+ * hook, without a call or a stack frame of its own) */
+static __attribute__((noinline)) int hp_long_why(size_t n, int why) {
     if (why == HP_BY_COUNTER && HP_UNLIKELY(!__atomic_load_n(&hp_big, __ATOMIC_RELAXED)) &&
         !hp_reached_floor()) {
         HP_COUNT(hp_stripe(), held_small);
@@ -99,6 +108,15 @@ static inline int hp_long(size_t n, uintptr_t site) {
     }
     return hp_arena_ready() &&
            (hp_by_size || n < __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED));
+}
+
+/* hp_long where hp_plain is set (neither mode=size nor a table: hp_predicted_long's first
+ * questions skipped; the same answer) */
+static inline __attribute__((always_inline)) int hp_long_plain(size_t n, uintptr_t site) {
+    if (HP_UNLIKELY(n >= __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED))) return 0;
+    uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
+    if (HP_LIKELY(w != ((site << 1) | 1))) return 0;
+    return hp_long_why(n, hp_learning ? HP_BY_COUNTER : HP_KNOWN);
 }
 
 /* 1 in `sample` allocations of the thread (the caller then calls hp_sample, which resets the
@@ -119,14 +137,34 @@ static __attribute__((noinline)) void *hp_long_alloc(size_t n, int flags) {
     return p;
 }
 
-/* malloc and calloc share it: zero: MALLOCX_ZERO on the long path, calloc on the short one. */
-static inline void *hp_alloc(size_t n, int zero, uintptr_t site) {
+/* 1: neither this allocation nor one the next allocator might make inside it (a next
+ * operator new calling malloc: libstdc++'s; jemalloc's never does) is sampled, with the
+ * countdown taken one down now: the caller then calls the next function last (a jump, no
+ * frame). Above 2 only, so that the countdown reaches 1 and 0 on the same calls as when it is
+ * taken down after the call (hp_sampling): the same allocations are sampled. */
+static inline int hp_unsampled(void) {
+    int left = hp_tls_countdown;
+    if (HP_UNLIKELY(left <= 2)) return 0;
+    hp_tls_countdown = left - 1;
+    return 1;
+}
+
+/* hp_alloc's other path: long, or a sample due (out of line) */
+static __attribute__((noinline)) void *hp_alloc_rest(size_t n, int zero, uintptr_t site,
+                                                      int lng) {
     void *p;
-    int lng = hp_long(n, site);
     if (HP_UNLIKELY(lng)) p = hp_long_alloc(n, zero ? HP_MALLOCX_ZERO : 0);
     else p = zero ? hc_real.calloc(1, n) : hc_real.malloc(n);
     if (hp_sampling()) hp_sample(p, site, lng);
     return p;
+}
+
+/* malloc and calloc share it: zero: MALLOCX_ZERO on the long path, calloc on the short one. */
+static inline __attribute__((always_inline)) void *hp_alloc(size_t n, int zero, uintptr_t site) {
+    int lng = HP_LIKELY(__atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE)) ? hp_long_plain(n, site)
+                                                                      : hp_long(n, site);
+    if (HP_LIKELY(!lng) && hp_unsampled()) return zero ? hc_real.calloc(1, n) : hc_real.malloc(n);
+    return hp_alloc_rest(n, zero, site, lng);
 }
 
 static int hp_pow2(size_t a) { return a != 0 && (a & (a - 1)) == 0; }

@@ -9,16 +9,28 @@
 HP_EXPORT void *malloc(size_t n) {
     void *(*f)(size_t) = HC_REAL(malloc);
     if (HP_UNLIKELY(!f)) return hc_pool_alloc(n, 16);
-    if (HP_UNLIKELY(!hp_on())) return f(n);
+    if (HP_UNLIKELY(!__atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE)) && HP_UNLIKELY(!hp_on()))
+        return f(n);
     return hp_alloc(n, 0, HP_SITE);
 }
 
-HP_EXPORT void free(void *p) {
+/* free past a sampled block's verdict, or at start-up (out of line: free itself then only
+ * jumps to the real free) */
+static __attribute__((noinline)) void hp_free_rest(void *p) {
     if (HP_UNLIKELY(hc_in_pool(p))) return; /* the start-up pool's blocks are never reused */
     void (*f)(void *) = HC_REAL(free);
     if (HP_UNLIKELY(!f)) return; /* start-up: no real free yet, and p is not the pool's: leak */
     if (hp_learning) hp_free_sampled(p);
     f(p);
+}
+
+HP_EXPORT void free(void *p) {
+    void (*f)(void *) = __atomic_load_n(&hc_real.free, __ATOMIC_ACQUIRE);
+    if (HP_LIKELY(f != NULL) && HP_LIKELY(!hc_in_pool(p)) && HP_LIKELY(!hp_is_sampled(p))) {
+        f(p);
+        return;
+    }
+    hp_free_rest(p);
 }
 
 HP_EXPORT void *calloc(size_t m, size_t n) {

@@ -45,6 +45,8 @@ static __attribute__((noinline)) void hp_start(void) {
         }
     }
     __atomic_store_n(&hp_state, next, __ATOMIC_RELEASE);
+    if (next == HP_ON && !hp_by_size && !hp_life_on)
+        __atomic_store_n(&hp_plain, 1, __ATOMIC_RELEASE);
 }
 
 /* The stats line (stats=1: stderr; a path: appended), once, at exit. */

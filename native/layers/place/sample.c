@@ -96,7 +96,15 @@ static void hp_sweep(uint64_t now) {
 }
 
 /* At a free: if p is a sampled block, its verdict. Then the caller frees it. */
-static inline void hp_free_sampled(void *p) {
+static inline __attribute__((always_inline)) int hp_is_sampled(void *p) {
+    if (!hp_learning) return 0;
+    uintptr_t k = __atomic_load_n(&hp_samples[hp_sample_index((uintptr_t)p)].ptr, __ATOMIC_RELAXED);
+    return HP_UNLIKELY(k == (uintptr_t)p) && p != NULL;
+}
+
+/* p's verdict if p is a sampled block (the hooks ask hp_is_sampled first, inline, and call this
+ * out of line: a free of a block not sampled needs no stack frame) */
+static __attribute__((noinline)) void hp_free_sampled(void *p) {
     struct hp_sample *slot = &hp_samples[hp_sample_index((uintptr_t)p)];
     uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_RELAXED);
     if (HP_LIKELY(k != (uintptr_t)p) || p == NULL) return;
