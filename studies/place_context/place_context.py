@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # deferred: the stage's modules load Prefect and pandas; --help must not wait for them
     from tasks.allocators.config import load_allocators_config
-    from tasks.allocators.measure import Case, measure_cases
+    from tasks.allocators.measure import measure_cases, select_cases
     from tasks.core.storage import Root
     from tasks.replay.images import build_images
     from tasks.replay.workloads import load_catalog
@@ -160,14 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(catalog.names()))
     if unknown:
         ap.error(f"no catalog workload named {', '.join(unknown)} (configs/workloads.yaml)")
-    cases = []
-    for name in names:
-        w = catalog.get(name)
-        if a.input not in [i.name for i in w.inputs]:
-            print(f"{name}: no input {a.input!r}; left out", file=sys.stderr)
-            continue
-        cases.append(Case(w, w.input(a.input), name))
-    config = arms_config(load_allocators_config(), a.prompt)
+    # the stage's own selection, kept to the one input (a workload without it is left out)
+    stage = load_allocators_config().model_copy(update={"inputs": [a.input]})
+    try:
+        cases = select_cases(catalog, stage, names)
+    except ValueError as err:
+        ap.error(str(err))
+    left = [n for n in names if n not in {c.workload.name for c in cases}]
+    if left:
+        print(f"no input {a.input!r}: {', '.join(left)}; left out", file=sys.stderr)
+    config = arms_config(stage, a.prompt)
     build_images(list(dict.fromkeys(c.workload.image for c in cases)))
     load_before = os.getloadavg()
     m = measure_cases(cases, config, Root.from_url(a.root), "docker", repetitions=a.reps)
