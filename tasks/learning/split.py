@@ -222,7 +222,6 @@ def read_training_data(
     n_train_runs = sum(len(p["train"]) for p in plan.values())
     if cfg.max_train_tokens is not None and n_train_runs:
         per_run_cap = max(1, cfg.max_train_tokens // n_train_runs)
-
     for w, roles in plan.items():
         for r in roles["train"]:
             if roles["validation"]:
