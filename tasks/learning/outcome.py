@@ -69,6 +69,9 @@ class TrainOutcome:
     table_agreement: tuple[TableAgreement, ...] = ()
     # the questions' network (tasks/learning/questions/network.py), logged with the version
     question_network: QuestionNetwork | None = None
+    # the placement's lifetime table distilled from it at the training allocations (keys,
+    # scores: network.distilled_lifetime), logged with the version; None without a network
+    lifetime_table: tuple[np.ndarray, np.ndarray] | None = None
     # what the model and the questions' network answered on each evaluation run, logged with
     # the version for whatif to read (tasks/learning/answers.py)
     answers: tuple[RunAnswers, ...] = ()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
@@ -63,6 +64,7 @@ class TrainedModel:
     class_table: ClassTable | None = None
     table_agreement: tuple[TableAgreement, ...] = ()
     question_network: QuestionNetwork | None = None
+    lifetime_table: tuple[np.ndarray, np.ndarray] | None = None  # the placement's (outcome.py)
     question_answers: tuple[RunAnswers, ...] = ()  # the network's, per evaluation run
 
 
@@ -109,6 +111,7 @@ def train(
         class_table=questions.table,
         table_agreement=questions.agreement,
         question_network=questions.network,
+        lifetime_table=questions.lifetime_table,
         question_answers=questions.answers,
     )
 
@@ -144,6 +147,7 @@ def evaluate(trained: TrainedModel) -> TrainOutcome:
         class_table=trained.class_table,
         table_agreement=trained.table_agreement,
         question_network=trained.question_network,
+        lifetime_table=trained.lifetime_table,
         answers=merged(trained.question_answers, tops),
         input_example=input_example(
             split.train[0],

@@ -8,7 +8,7 @@ for this version, with its coverage and agreement (`questions/table_agreement.js
 questions' network itself (`questions/network.keras`, tasks/learning/questions/network.py
 load_question_network reads it). Beside the layer's table, the placement layer's lifetime table
 (`table/heapcast.hclife`, native/TABLE.md), distilled here from the network over the training
-runs' allocations (`distil_lifetime`).
+runs' allocations by the training (TrainOutcome.lifetime_table).
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from tasks.dataset.events_reader import read_stack_frames
-from tasks.dataset.token_runs import head_rows
 from tasks.learning.outcome import TrainOutcome
 from tasks.learning.questions.hedge import HEDGED
-from tasks.learning.questions.reuse import read_events
 from tasks.learning.scores import OVERALL
 from tasks.learning.table.layer_file import ModelTable, model_version_number, write_layer_table
 from tasks.registry.table_files import (
@@ -83,42 +80,19 @@ def headline_metrics(outcome: TrainOutcome) -> dict[str, float]:
     return out
 
 
-def distil_lifetime(outcome: TrainOutcome):
-    """The placement's lifetime table of this outcome: its questions' network asked at every
-    call of the training runs (read again from the dataset root, each capped as the evaluation
-    capped it: data.max_eval_tokens), averaged per (allocation call site, size class)
-    (question_network.distilled_lifetime). (keys, scores); raises what reading the runs raises."""
-    # deferred: Keras
-    from tasks.learning.questions.network import answered_inputs, distilled_lifetime
-
-    root = outcome.dataset.root
-    cap = (outcome.config.get("data") or {}).get("max_eval_tokens")
-    model = outcome.question_network.model
-    inputs, answers = [], []
-    for w, r in outcome.dataset.train_runs:
-        events = head_rows(read_events(root, w, r), cap)
-        _, inp, said = answered_inputs(events, model, read_stack_frames(root, w, r))
-        inputs.append(inp)
-        answers.append(said)
-    return distilled_lifetime(inputs, answers)
-
-
 def log_lifetime_table(outcome: TrainOutcome, version: str) -> None:
     """Inside the version's active MLflow run: the placement's lifetime table for `version`
-    (table/heapcast.hclife), or the tag saying why none was made."""
+    (table/heapcast.hclife, distilled by the training: TrainOutcome.lifetime_table), or the tag
+    saying why none was made."""
     import mlflow  # deferred: start-up time
 
     if outcome.question_network is None:
         mlflow.set_tag(TAG_LIFETIME, "not made: training built no questions' network")
         return
-    try:
-        keys, scores = distil_lifetime(outcome)
-    except (OSError, ValueError) as err:  # pyarrow's errors are ValueErrors or OSErrors
-        mlflow.set_tag(
-            TAG_LIFETIME,
-            f"not made: the training runs under {outcome.dataset.root.url} could not be read ({err})",
-        )
+    if outcome.lifetime_table is None:
+        mlflow.set_tag(TAG_LIFETIME, "not made: training distilled no lifetime table")
         return
+    keys, scores = outcome.lifetime_table
     if len(keys) == 0:
         mlflow.set_tag(TAG_LIFETIME, "not made: no training allocation had a call site")
         return

@@ -357,16 +357,28 @@ def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, sco
     out = np.arange(2 * context)[None, :]
     done = 0
     for x, y in batches:
-        inputs = [*x] if isinstance(x, tuple) else [x]
+        b = len(y)
+        # every call at the full batch size: a shorter last batch would make the backend trace
+        # (TensorFlow) or compile (JAX) the model once more, ~6 CPU s for the quick night's
+        # model, for a few rows; the copies of its last chunk are answered and dropped
+        inputs = [_filled(a, batch_size) for a in ([*x] if isinstance(x, tuple) else [x])]
         got = (
-            score.predict_on_batch([*inputs, y])
+            score.predict_on_batch([*inputs, _filled(y, batch_size)])
             if scored
             else seq_model.predict_on_batch(inputs if len(inputs) > 1 else inputs[0])
         )
-        b = len(y)
+        got = tuple(np.asarray(g)[:b] for g in got) if scored else np.asarray(got)[:b]
         keep = (out >= lo[done : done + b, None]) & (out < hi[done : done + b, None])
         yield got, keep
         done += b
+
+
+def _filled(a: np.ndarray, rows: int) -> np.ndarray:
+    """`a` [b, ...] with its last row repeated up to `rows` rows (b >= 1)."""
+    a = np.asarray(a)
+    if len(a) >= rows:
+        return a
+    return np.concatenate([a, np.repeat(a[-1:], rows - len(a), axis=0)])
 
 
 def _check_scored(run: TokenRun, n: int) -> None:

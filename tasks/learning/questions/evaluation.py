@@ -40,6 +40,7 @@ from tasks.learning.questions.lifetime import (
 from tasks.learning.questions.network import (
     PREDICTOR,
     QuestionNetwork,
+    distilled_lifetime,
     distilled_table,
     question_inputs,
     soon_of,
@@ -71,6 +72,10 @@ class QuestionEvaluation:
     network: QuestionNetwork | None = None
     # the network's reuse answer at every evaluation run's frees (tasks/learning/answers.py)
     answers: tuple[RunAnswers, ...] = ()
+    # the placement's lifetime table (keys, scores: network.distilled_lifetime), distilled from
+    # the network's answers at the training runs' allocations, as the layer's table is; None
+    # without a network
+    lifetime_table: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def question_evaluation(
@@ -108,15 +113,18 @@ def question_evaluation(
     def counters(t: pa.Table) -> dict[str, ReuseAnswers]:
         return {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, lifetime_maj)}
 
-    net = None
+    net, lifetime = None, None
     if network is not None and network.network:
         train_inputs = [
             question_inputs(t, counters(t), stacks(k))
             for t, k in zip(train_events, train_runs, strict=True)
         ]
         net = train_network(train_inputs, network, seed)
-        known = distilled_table(train_inputs, [net.answer(i) for i in train_inputs], majority)
-        del train_inputs
+        # both tables from one answer of the network at every training call
+        train_answers = [net.answer(i) for i in train_inputs]
+        known = distilled_table(train_inputs, train_answers, majority)
+        lifetime = distilled_lifetime(train_inputs, train_answers)
+        del train_inputs, train_answers
     else:
         known = class_table(train_events, majority)
     del train_events
@@ -152,7 +160,12 @@ def question_evaluation(
         scores += in_table
         agreement += held_to
     return QuestionEvaluation(
-        tuple(scores), known, tuple(agreement), net, tuple(kept[k] for k in sorted(kept))
+        tuple(scores),
+        known,
+        tuple(agreement),
+        net,
+        tuple(kept[k] for k in sorted(kept)),
+        lifetime,
     )
 
 

@@ -95,6 +95,26 @@ def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
         assert a.against == "network"
     assert outcome.class_table is not None and outcome.class_table.covered().any()
     assert outcome.question_network is not None and outcome.question_network.train_calls > 0
+    # the placement's lifetime table, distilled from the network's answers the training made
+    # at every training allocation: what answering the trained network again on those runs,
+    # as read from the root, gives (the synthetic runs have no call sites: no key either way;
+    # the keys of real runs: tests/tasks/registry/test_lifetime_table.py)
+    from tasks.dataset.events_reader import read_stack_frames
+    from tasks.dataset.token_runs import head_rows
+    from tasks.learning.questions.network import answered_inputs, distilled_lifetime
+    from tasks.learning.questions.reuse import read_events
+
+    inputs, answers = [], []
+    for w, r in outcome.dataset.train_runs:
+        events = head_rows(read_events(events_root, w, r), cfg.data.max_eval_tokens)
+        frames = read_stack_frames(events_root, w, r)
+        _, inp, said = answered_inputs(events, outcome.question_network.model, frames)
+        inputs.append(inp)
+        answers.append(said)
+    keys, scores = distilled_lifetime(inputs, answers)
+    assert outcome.lifetime_table is not None
+    assert np.array_equal(outcome.lifetime_table[0], keys)
+    assert np.array_equal(outcome.lifetime_table[1], scores)
 
 
 def test_without_the_questions_network_the_counters_answer_and_the_table_follows_them(

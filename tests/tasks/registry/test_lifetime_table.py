@@ -146,15 +146,14 @@ def test_the_network_is_distilled_per_allocation_site_and_class():
 
 
 @pytest.mark.slow
-def test_the_lifetime_table_is_logged_with_the_version_and_fetched_by_it(tmp_path, monkeypatch):
+def test_the_lifetime_table_is_logged_with_the_version_and_fetched_by_it(tmp_path):
     """GIVEN an outcome with a questions' network, WHEN registered, THEN the version's run holds
-    table/heapcast.hclife written for that version (the distillation stubbed: the test's dataset
-    root has no runs), fetched into the host's folder by number; a version whose training runs
-    could not be read says why in its tag, and asking for its table names the version."""
+    table/heapcast.hclife written for that version from the table the training distilled
+    (TrainOutcome.lifetime_table), fetched into the host's folder by number; a version without
+    one says why in its tag, and asking for its table names the version."""
     from mlflow import MlflowClient
 
     from tasks.learning.questions.network import QuestionNetwork, build_network
-    from tasks.registry import question_artifacts
     from tasks.registry.question_artifacts import TAG_LIFETIME, fetch_lifetime_table
     from tasks.registry.register import register_outcome
     from tests.tasks.registry.outcome_factory import make_outcome, tiny_model
@@ -162,20 +161,18 @@ def test_the_lifetime_table_is_logged_with_the_version_and_fetched_by_it(tmp_pat
     net = QuestionNetwork(build_network(8), train_calls=10, epochs=1, seconds=0.1)
     outcome = dataclasses.replace(make_outcome(tiny_model(), 0.8), question_network=net)
     tracking = TrackingConfig(root=str(tmp_path / "data"))
-    # the test's dataset root does not exist: not made, and the tag says why
+    # no table distilled: not made, and the tag says why
     bare = register_outcome(outcome, tracking)
     tag = MlflowClient().get_run(bare.run_id).data.tags[TAG_LIFETIME]
-    assert tag.startswith("not made: the training runs under /tmp/heapcast-test-root"), tag
+    assert tag == "not made: training distilled no lifetime table", tag
     with pytest.raises(FileNotFoundError, match=r"has no table/heapcast.hclife.*not made"):
         fetch_lifetime_table(tracking, bare.model_version, tmp_path / "none")
 
-    monkeypatch.setattr(
-        question_artifacts,
-        "distil_lifetime",
-        lambda o: (np.array([5 * 32 + 6], np.uint32), np.array([200], np.uint8)),
-    )
+    table = (np.array([5 * 32 + 6], np.uint32), np.array([200], np.uint8))
     again = make_outcome(tiny_model(), 0.8, seed=1)  # another outcome: registered afresh
-    result = register_outcome(dataclasses.replace(again, question_network=net), tracking)
+    result = register_outcome(
+        dataclasses.replace(again, question_network=net, lifetime_table=table), tracking
+    )
     tag = MlflowClient().get_run(result.run_id).data.tags[TAG_LIFETIME]
     assert tag.startswith("table/heapcast.hclife") and "1 (call site, size class) keys" in tag, tag
     got = fetch_lifetime_table(tracking, result.model_version, tmp_path / "t")
