@@ -78,18 +78,13 @@ def arms_config(config, off: bool = False):
     )
 
 
-def spread(values: list[float]) -> list[float] | None:
-    """[median, min, max], or None without a value."""
-    v = np.asarray(values, float)
-    return [float(np.median(v)), float(v.min()), float(v.max())] if v.size else None
-
-
 def summarise(samples: list[Any], case: str, tolerance: float) -> dict[str, Any]:
     """One case's row: each arm's medians, placement's ratios and p against jemalloc alone, what
     the layer placed, and the verdict (module doc); where the samples have the layer with
     placement off, placement's ratios against it too (`ratio_off`: what placement itself moved).
     `samples`: the stage's Samples of the case."""
     from tasks.allocators.decide import mann_whitney_p
+    from tasks.allocators.stats import Spread
 
     mine = [s for s in samples if s.case == case]
     arms = [*ARMS, OFF] if any(s.allocator == OFF for s in mine) else list(ARMS)
@@ -112,7 +107,7 @@ def summarise(samples: list[Any], case: str, tolerance: float) -> dict[str, Any]
         return [getattr(s, m) for s in runs[arm] if s.ok and getattr(s, m) is not None]
 
     for arm in arms:
-        row[arm] = {m: spread(values(arm, m)) for m in METRICS}
+        row[arm] = {m: Spread.bounds_of(values(arm, m)) for m in METRICS}
     for against, key in ((JEMALLOC, "ratio"), (OFF, "ratio_off")):
         if against not in runs:
             continue

@@ -46,12 +46,6 @@ ALPHA = 0.05
 PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
 
 
-def spread(values: list[float]) -> list[float] | None:
-    """[median, min, max], or None without a value."""
-    v = np.asarray(values, float)
-    return [float(np.median(v)), float(v.min()), float(v.max())] if v.size else None
-
-
 def arms_config(config, prompt: bool):
     """`config` with the three arms only, jemalloc the baseline, no rounds added."""
     from tasks.allocators.config import Allocator
@@ -74,6 +68,7 @@ def arms_config(config, prompt: bool):
 def summarise(samples: list[Any], case: str, tolerance: float) -> dict[str, Any]:
     """One case's row: each arm's medians, each placement arm's ratios, p and verdict."""
     from tasks.allocators.decide import mann_whitney_p
+    from tasks.allocators.stats import Spread
 
     mine = [s for s in samples if s.case == case]
     runs = {arm: [s for s in mine if s.allocator == arm] for arm in ARMS}
@@ -83,7 +78,7 @@ def summarise(samples: list[Any], case: str, tolerance: float) -> dict[str, Any]
 
     row: dict[str, Any] = {"case": case, "runs": {a: len(r) for a, r in runs.items()}}
     for arm in ARMS:
-        row[arm] = {m: spread(values(arm, m)) for m in METRICS}
+        row[arm] = {m: Spread.bounds_of(values(arm, m)) for m in METRICS}
     bad = any(not s.ok or not s.applied for arm in ARMS for s in runs[arm]) or not all(
         runs.values()
     )

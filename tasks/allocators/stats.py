@@ -39,6 +39,12 @@ class Spread(BaseModel):
         q1, med, q3 = np.quantile(v, [0.25, 0.5, 0.75])
         return cls(median=float(med), min=float(v.min()), max=float(v.max()), q1=q1, q3=q3)
 
+    @classmethod
+    def bounds_of(cls, values) -> list[float] | None:
+        """[median, min, max] of `values`, or None without one (the studies' JSON cells)."""
+        s = cls.of(values)
+        return None if s is None else [s.median, s.min, s.max]
+
 
 class PairSummary(BaseModel):
     case: str
