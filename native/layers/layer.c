@@ -138,6 +138,7 @@
 #include "../say.h"
 #include "../options.h"
 #include "../site_key.h"
+#include "../context_key.h"
 #include "../table_head.h"
 #include "predictor.h"
 
