@@ -1,8 +1,9 @@
 /* Part of layers/layer.c (one translation unit; never compiled alone).
  * guided's predictor in the process: the thread's online counter (../predictor.h) fed with the
- * thread's calls on large blocks, and the table file's answers (class scores, and call-site
- * entries keyed by the free's return address). The question at a free is the core's
- * (hpc_predict_reuse; policy.c's hl_keep_at_free asks it with the call site's score). */
+ * thread's calls on large blocks, and the table file's answers (class scores, call-site entries
+ * keyed by the free's return address, and format 4's entries keyed by the block's allocation
+ * context). The question at a free is the core's (hpc_predict_reuse; policy.c's hl_keep_at_free
+ * asks it with the context's or the call site's score). */
 
 static __thread struct hcp_counter *hl_counter; /* mmapped at registration (fronts.c) */
 
