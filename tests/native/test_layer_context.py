@@ -2,7 +2,8 @@
 "Context entries"): the keys it computes when it hands a block out are the dataset's context keys
 of the same calls (tasks/dataset/contexts.py), so a table written from them tells apart the
 blocks one wrapper makes for two callers, where the free's call site (one free wrapper) cannot;
-a format 4 file it cannot trust is refused in one line."""
+a format 4 file it cannot trust is refused in one line; programs with threads, fork and
+signal frames print what they print alone while every large request walks its context."""
 
 from __future__ import annotations
 
@@ -165,3 +166,37 @@ def test_a_format_4_table_it_cannot_trust_is_refused_in_one_line(
     ]
     (row,) = _stats(stats)
     assert row["table"] == 0 and row["table_refused"] == 1 and row["table_contexts"] == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("fronts", ["relay", "200000", "8", "3000"]),  # 8 threads trading large blocks
+        ("forkbig", ["40", "300000"]),  # fork beside a thread working on large blocks
+        ("bigblocks", ["5", "4", "300000", "1000000", "2500000"]),  # every allocating form
+        ("calltree", []),  # signal frames, an alternate stack, longjmp, threads
+    ],
+)
+def test_same_output_with_a_table_of_contexts(heapcast_layer, program, name, args, tmp_path):  # noqa: F811
+    # GIVEN a format 4 table (entries at keys these programs never compute: every in-scope
+    # large request walks its context, every free finds no entry and asks the counter)
+    per = np.zeros((2, REUSE_CLASSES))
+    per[:, 0] = 10
+    ctx = ContextCounts(DEPTH, np.array([1, 2]), np.array([CLASS, CLASS]), per)
+    table = write_layer_table(
+        tmp_path / "t.hcltab", ClassTable(np.ones((32, REUSE_CLASSES)), MAJORITY, None, ctx), 7
+    )
+    exe = program(name)
+    alone = subprocess.run([exe, *args], capture_output=True, text=True, env=_env(None))
+    stats = tmp_path / "stats"
+    under = subprocess.run(
+        [exe, *args],
+        capture_output=True,
+        text=True,
+        env=_env(heapcast_layer, f"policy=guided,predictor=table:{table},model=7,stats={stats}"),
+    )
+    # THEN the program prints and exits as alone, and the layer used the table
+    assert under.returncode == alone.returncode, (under.returncode, under.stderr[-2000:])
+    assert under.stdout == alone.stdout and under.stderr == alone.stderr
+    rows = _stats(stats)
+    assert rows and all(r["table"] == 1 and r["table_contexts"] == 0 for r in rows)
