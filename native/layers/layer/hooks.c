@@ -38,6 +38,48 @@ HL_EXPORT void free(void *p) {
     hl_free_full(p, __builtin_return_address(0));
 }
 
+/* The large paths of calloc, posix_memalign, valloc and pvalloc, out of line: their request's
+ * context (struct hl_ask, predict.c) then costs their pass-through path nothing. `ret`: where
+ * the program's call returns. */
+static __attribute__((noinline)) void *hl_calloc_large(size_t m, size_t n, size_t total,
+                                                       void *(*f)(size_t, size_t),
+                                                       const void *ret) {
+    struct hl_ask a = {ret, 0, 0};
+    hl_learn_alloc(total);
+    void *p = hl_take(total, 0, &a);
+    if (p) return memset(p, 0, total);
+    p = f(m, n);
+    hl_track(p, total, &a);
+    return p;
+}
+
+static __attribute__((noinline)) int hl_memalign_large(void **out, size_t align, size_t n,
+                                                       int (*f)(void **, size_t, size_t),
+                                                       const void *ret) {
+    struct hl_ask a = {ret, 0, 0};
+    hl_learn_alloc(n);
+    void *p = hl_take(n, align, &a);
+    if (p) {
+        *out = p;
+        return 0;
+    }
+    int rc = f(out, align, n);
+    if (rc == 0) hl_track(*out, n, &a);
+    return rc;
+}
+
+/* valloc (n == req) and pvalloc (req: n rounded up to a page) */
+static __attribute__((noinline)) void *hl_valloc_large(size_t n, size_t req, void *(*f)(size_t),
+                                                       const void *ret) {
+    struct hl_ask a = {ret, 0, 0};
+    hl_learn_alloc(req);
+    void *p = hl_take(req, hl_page, &a);
+    if (p) return p;
+    p = f(n);
+    hl_track(p, req, &a);
+    return p;
+}
+
 HL_EXPORT void *calloc(size_t m, size_t n) {
     size_t total;
     if (__builtin_mul_overflow(m, n, &total)) {
@@ -47,13 +89,7 @@ HL_EXPORT void *calloc(size_t m, size_t n) {
     void *(*f)(size_t, size_t) = HC_REAL(calloc);
     if (HL_UNLIKELY(!f)) return hc_pool_alloc(total, 16);
     if (HL_LIKELY(total < hl_active_min)) return f(m, n);
-    struct hl_ask a = HL_ASK();
-    hl_learn_alloc(total);
-    void *p = hl_take(total, 0, &a);
-    if (p) return memset(p, 0, total);
-    p = f(m, n);
-    hl_track(p, total, &a);
-    return p;
+    return hl_calloc_large(m, n, total, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *realloc(void *old, size_t n) {
@@ -146,16 +182,7 @@ HL_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
     }
     if (HL_LIKELY(n < hl_active_min) || !hl_pow2(align) || align % sizeof(void *) != 0)
         return f(out, align, n);
-    struct hl_ask a = HL_ASK();
-    hl_learn_alloc(n);
-    void *p = hl_take(n, align, &a);
-    if (p) {
-        *out = p;
-        return 0;
-    }
-    int rc = f(out, align, n);
-    if (rc == 0) hl_track(*out, n, &a);
-    return rc;
+    return hl_memalign_large(out, align, n, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *aligned_alloc(size_t align, size_t n) {
@@ -176,13 +203,7 @@ HL_EXPORT void *valloc(size_t n) {
     void *(*f)(size_t) = HC_REAL(valloc);
     if (HL_UNLIKELY(!f)) return hc_pool_alloc(n, hl_page);
     if (HL_LIKELY(n < hl_active_min)) return f(n);
-    struct hl_ask a = HL_ASK();
-    hl_learn_alloc(n);
-    void *p = hl_take(n, hl_page, &a);
-    if (p) return p;
-    p = f(n);
-    hl_track(p, n, &a);
-    return p;
+    return hl_valloc_large(n, n, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *pvalloc(size_t n) {
@@ -190,13 +211,7 @@ HL_EXPORT void *pvalloc(size_t n) {
     size_t rounded = (n + hl_page - 1) & ~(hl_page - 1);
     if (HL_UNLIKELY(!f)) return rounded >= n ? hc_pool_alloc(rounded, hl_page) : NULL;
     if (HL_LIKELY(rounded < hl_active_min) || rounded < n) return f(n);
-    struct hl_ask a = HL_ASK();
-    hl_learn_alloc(rounded);
-    void *p = hl_take(rounded, hl_page, &a);
-    if (p) return p;
-    p = f(n);
-    hl_track(p, rounded, &a);
-    return p;
+    return hl_valloc_large(n, rounded, f, __builtin_return_address(0));
 }
 
 HL_EXPORT size_t malloc_usable_size(void *p) {
