@@ -30,7 +30,9 @@
  * where the unwinder's checks allow (heapcast_unwind.c, Safety).
  *
  * Use: hc_ctx_start() once; then, in a hook, hc_ctx_of(__builtin_frame_address(0), depth) with
- * 1 <= depth <= HC_CTX_MAX (the hook keeps its frame pointer: -fno-omit-frame-pointer).
+ * 1 <= depth <= HC_CTX_MAX (the hook keeps its frame pointer: -fno-omit-frame-pointer), or
+ * hc_ctx_at(ip0, sp0, bp0, depth) with frame 0 found otherwise (the cache layer, whose hooks
+ * keep no frame on their pass-through path, steps up to it: layers/layer/predict.c).
  */
 #ifndef HEAPCAST_CONTEXT_KEY_H
 #define HEAPCAST_CONTEXT_KEY_H
@@ -131,9 +133,10 @@ static uint64_t hc_ctx_first(struct hc_ctx_walk *w, uint64_t ip0, uint64_t sp0, 
 }
 
 /* A signal handler's call while its thread's walk is under way: a walk of its own. */
-static __attribute__((noinline)) uint64_t hc_ctx_alone(const uint64_t *f, unsigned depth) {
+static __attribute__((noinline)) uint64_t hc_ctx_alone(uint64_t ip0, uint64_t sp0, uint64_t bp0,
+                                                       unsigned depth) {
     struct hc_ctx_walk w;
-    return hc_ctx_first(&w, f[1], (uint64_t)(uintptr_t)(f + 2), f[0], depth);
+    return hc_ctx_first(&w, ip0, sp0, bp0, depth);
 }
 
 #ifdef HC_CTX_CHECK
@@ -148,24 +151,26 @@ static void hc_ctx_check_say(void) {
                      hc_ctx_all, hc_ctx_differed);
     if (n > 0) (void)!write(2, line, (size_t)n);
 }
-static void hc_ctx_check(const uint64_t *f, unsigned depth, uint64_t key) {
+static void hc_ctx_check(uint64_t ip0, uint64_t sp0, uint64_t bp0, unsigned depth,
+                         uint64_t key) {
     static int registered;
     if (!__atomic_exchange_n(&registered, 1, __ATOMIC_RELAXED)) atexit(hc_ctx_check_say);
     struct hc_ctx_walk w;
-    uint64_t fresh = hc_ctx_first(&w, f[1], (uint64_t)(uintptr_t)(f + 2), f[0], depth);
+    uint64_t fresh = hc_ctx_first(&w, ip0, sp0, bp0, depth);
     __atomic_fetch_add(&hc_ctx_all, 1, __ATOMIC_RELAXED);
     if (fresh != key) __atomic_fetch_add(&hc_ctx_differed, 1, __ATOMIC_RELAXED);
 }
 #endif
 
-/* The context key of depth `depth` of the call into the hook whose frame pointer is `fp`. */
-static inline uint64_t hc_ctx_of(const void *fp, unsigned depth) {
-    const uint64_t *f = fp;
+/* The context key of depth `depth` whose frame 0 is (ip0, sp0, bp0): the hook's caller's return
+ * address, its stack pointer after the return, its rbp (hc_ctx_of: from the hook's frame; the
+ * cache layer's hl_ctx_from: stepped up from its own frame to the hook's caller). */
+static inline uint64_t hc_ctx_at(uint64_t ip0, uint64_t sp0, uint64_t bp0, unsigned depth) {
     struct hc_ctx_walk *w = &hc_ctx_tls;
-    if (HC_UNLIKELY(w->busy)) return hc_ctx_alone(f, depth);
+    if (HC_UNLIKELY(w->busy)) return hc_ctx_alone(ip0, sp0, bp0, depth);
     w->busy = 1;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    uint64_t ip0 = f[1], sp0 = (uint64_t)(uintptr_t)(f + 2), bp0 = f[0], key;
+    uint64_t key;
     if (HC_LIKELY(w->n && w->ip[0] == ip0 && w->sp[0] == sp0 && w->depth == depth &&
                   (w->bp[0] == bp0 || w->bp_step == HC_CTX_NONE) &&
                   w->gen == __atomic_load_n(&hc_uw_generation, __ATOMIC_RELAXED))) {
@@ -182,11 +187,17 @@ static inline uint64_t hc_ctx_of(const void *fp, unsigned depth) {
         key = hc_ctx_first(w, ip0, sp0, bp0, depth);
     }
 #ifdef HC_CTX_CHECK
-    hc_ctx_check(f, depth, key);
+    hc_ctx_check(ip0, sp0, bp0, depth, key);
 #endif
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     w->busy = 0;
     return key;
+}
+
+/* The context key of depth `depth` of the call into the hook whose frame pointer is `fp`. */
+static inline uint64_t hc_ctx_of(const void *fp, unsigned depth) {
+    const uint64_t *f = fp;
+    return hc_ctx_at(f[1], (uint64_t)(uintptr_t)(f + 2), f[0], depth);
 }
 
 #endif

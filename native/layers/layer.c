@@ -88,7 +88,9 @@
  * are in ../TABLE.md (the one description; tasks/learning/table.py writes it). In short (format
  * 3): a header, a keep score per size class, and (call site, class) entries in rising order; a
  * free whose (site, class) the table has reads that entry, any other asks the online counter (a
- * file without entries, or format 2: the class's score). A file it cannot trust is refused with
+ * file without entries, or format 2: the class's score). Format 4 adds (allocation context,
+ * class) entries, asked first: the block's allocation's context (../context_key.h), computed
+ * where a block the policy may keep is handed out and kept in its live-set slot (predict.c). A file it cannot trust is refused with
  * one line on stderr, and the online counter is used.
  *
  * Not async-signal-safe (neither is glibc's malloc).
@@ -103,8 +105,8 @@
  *   layer/live.c      the live set: the large blocks handed out, in shards by address
  *   layer/cache.c     the shared cache (the policy core's struct hpc_cache under hl_lock), the
  *                     clock, the real free of the blocks given back
- *   layer/predict.c   guided's predictor in the process: the thread's counter, call sites, the
- *                     table's scores
+ *   layer/predict.c   guided's predictor in the process: the thread's counter, call sites,
+ *                     allocation contexts, the table's scores
  *   layer/policy.c    where the layer asks the policy core (../policy/core.c, the decisions
  *                     the what-if replay runs too), and what it decides from what only a process
  *                     sees: scope (glibc's chunk word, its trimmed heap), the pages' advice
@@ -138,6 +140,7 @@
 #include "../say.h"
 #include "../options.h"
 #include "../site_key.h"
+#include "../context_key.h"
 #include "../table_head.h"
 #include "predictor.h"
 

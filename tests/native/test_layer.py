@@ -255,7 +255,7 @@ def write_table(path: Path, *, magic=b"HCLTAB\x00\x01", version=2, model=3, payl
     "kind, reason",
     [
         ("magic", "is not a heapcast layer table (magic)"),
-        ("version", "has another format version (this layer reads 2 and 3)"),
+        ("version", "has another format version (this layer reads 2, 3 and 4)"),
         ("truncated", "has a payload of the wrong length (truncated or extended)"),
         ("checksum", "is corrupt (payload checksum)"),
         ("disorder", "is corrupt (site entries out of order)"),

@@ -160,7 +160,7 @@ static void hl_free_large(void *p, size_t usable, const void *caller) {
         }
         size_t req = e->req ? e->req : 1;
         int passed_by_prediction = 0; /* regret=1: remembered (hl_ghost_add) */
-        int keep = hl_keep_at_free(req, site, wanted, unproven, &s->sited, &passed_by_prediction);
+        int keep = hl_keep_at_free(req, site, e->ctx, wanted, unproven, s, &passed_by_prediction);
         if (keep && front) {
             hl_free_to_front(s, e, p, usable, now);
             return;

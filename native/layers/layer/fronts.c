@@ -116,7 +116,7 @@ static inline int hl_front_open(void) {
 
 /* The front f still holds its block (its ticket is in the live set): 1, and the block is the
  * program's again (req > 0) or out of the live set (req == 0); 0 if a second free took it. */
-static int hl_front_claim(const struct hl_front *f, size_t req) {
+static int hl_front_claim(const struct hl_front *f, size_t req, uint64_t ctx) {
     struct hl_shard *s = hl_shard_of(f->p);
     hl_spin_lock(&s->lock);
     struct hl_live_slot *e = hl_live_find(s, f->p);
@@ -125,6 +125,7 @@ static int hl_front_claim(const struct hl_front *f, size_t req) {
         hl_bytes_move(&s->fronted, &s->live, e->usable);
         e->ticket = 0;
         e->req = req;
+        e->ctx = ctx; /* the new allocation's context (predict.c) */
         s->hits++;
     } else if (ours) {
         hl_live_remove(s, e);
@@ -136,7 +137,7 @@ static int hl_front_claim(const struct hl_front *f, size_t req) {
 /* The front's block goes back to the next allocator (idle past `decay`, the thread exits, or
  * hl_bound; f may be another thread's front); 0 if a second free took it first. */
 static int hl_front_give_back(const struct hl_front *f, int decayed) {
-    if (!hl_front_claim(f, 0)) return 0;
+    if (!hl_front_claim(f, 0, 0)) return 0;
     hl_lock_take();
     hpc_count_given_back(&hl_cache, f->usable, decayed);
     hl_lock_give();
@@ -149,7 +150,7 @@ static int hl_front_give_back(const struct hl_front *f, int decayed) {
 static void hl_front_to_shared(const struct hl_front *f, uint64_t now) {
     struct hpc_out out = {0};
     hl_lock_take();
-    if (hl_front_claim(f, 0)) {
+    if (hl_front_claim(f, 0, 0)) {
         struct hpc_block b = {(uintptr_t)f->p, f->usable, 0, f->since, 0};
         hpc_enter_shared(&hl_core, &hl_cache, &b, now, &out);
     }
@@ -207,12 +208,12 @@ static inline uint64_t hl_other_hints(void) {
 
 /* Nothing fits in the shared cache: a fitting block from another thread's front, made live for
  * n bytes; NULL if none. */
-static void *hl_steal(size_t n, uintptr_t mask) {
+static void *hl_steal(size_t n, uintptr_t mask, struct hl_ask *a) {
     for (uint64_t used = hl_other_hints(); used; used &= used - 1) {
         struct hl_front f;
         if (!hl_hint_read(&hl_hints[__builtin_ctzll(used)], &f)) continue;
         if (!hpc_serves((uintptr_t)f.p, f.usable, n, mask)) continue;
-        if (hl_front_claim(&f, n)) return f.p; /* as its owner would take it back */
+        if (hl_front_claim(&f, n, hl_ask_ctx(a))) return f.p; /* as its owner would take it back */
     }
     return NULL;
 }

@@ -10,14 +10,14 @@ static __attribute__((noinline, cold)) void *hl_malloc_start(size_t n) {
     void *(*f)(size_t) = HC_REAL(malloc);
     if (!f) return hc_pool_alloc(n, 16);
     if (n < hl_active_min) return f(n);
-    return hl_malloc_large(n);
+    return hl_malloc_large(n, __builtin_return_address(0));
 }
 
 HL_EXPORT void *malloc(size_t n) {
     void *(*f)(size_t) = __atomic_load_n(&hc_real.malloc, __ATOMIC_ACQUIRE);
     if (HL_UNLIKELY(!f)) return hl_malloc_start(n);
     if (HL_LIKELY(n < hl_active_min)) return f(n);
-    return hl_malloc_large(n);
+    return hl_malloc_large(n, __builtin_return_address(0));
 }
 
 /* free's full path, out of line (free.c hl_free_from) */
@@ -38,6 +38,48 @@ HL_EXPORT void free(void *p) {
     hl_free_full(p, __builtin_return_address(0));
 }
 
+/* The large paths of calloc, posix_memalign, valloc and pvalloc, out of line: their request's
+ * context (struct hl_ask, predict.c) then costs their pass-through path nothing. `ret`: where
+ * the program's call returns. */
+static __attribute__((noinline)) void *hl_calloc_large(size_t m, size_t n, size_t total,
+                                                       void *(*f)(size_t, size_t),
+                                                       const void *ret) {
+    struct hl_ask a = {ret, 0, 0};
+    hl_learn_alloc(total);
+    void *p = hl_take(total, 0, &a);
+    if (p) return memset(p, 0, total);
+    p = f(m, n);
+    hl_track(p, total, &a);
+    return p;
+}
+
+static __attribute__((noinline)) int hl_memalign_large(void **out, size_t align, size_t n,
+                                                       int (*f)(void **, size_t, size_t),
+                                                       const void *ret) {
+    struct hl_ask a = {ret, 0, 0};
+    hl_learn_alloc(n);
+    void *p = hl_take(n, align, &a);
+    if (p) {
+        *out = p;
+        return 0;
+    }
+    int rc = f(out, align, n);
+    if (rc == 0) hl_track(*out, n, &a);
+    return rc;
+}
+
+/* valloc (n == req) and pvalloc (req: n rounded up to a page) */
+static __attribute__((noinline)) void *hl_valloc_large(size_t n, size_t req, void *(*f)(size_t),
+                                                       const void *ret) {
+    struct hl_ask a = {ret, 0, 0};
+    hl_learn_alloc(req);
+    void *p = hl_take(req, hl_page, &a);
+    if (p) return p;
+    p = f(n);
+    hl_track(p, req, &a);
+    return p;
+}
+
 HL_EXPORT void *calloc(size_t m, size_t n) {
     size_t total;
     if (__builtin_mul_overflow(m, n, &total)) {
@@ -47,12 +89,7 @@ HL_EXPORT void *calloc(size_t m, size_t n) {
     void *(*f)(size_t, size_t) = HC_REAL(calloc);
     if (HL_UNLIKELY(!f)) return hc_pool_alloc(total, 16);
     if (HL_LIKELY(total < hl_active_min)) return f(m, n);
-    hl_learn_alloc(total);
-    void *p = hl_take(total, 0);
-    if (p) return memset(p, 0, total);
-    p = f(m, n);
-    hl_track(p, total);
-    return p;
+    return hl_calloc_large(m, n, total, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *realloc(void *old, size_t n) {
@@ -85,9 +122,10 @@ HL_EXPORT void *realloc(void *old, size_t n) {
     if (usable < hl_active_min && n < hl_active_min) return real_realloc(old, n);
     /* a large block on either side: a kept block that fits n, old copied and freed (into the
      * cache); otherwise the real realloc (in place, or mremap: no copy) */
+    struct hl_ask a = HL_ASK();
     if (n >= hl_active_min) {
         hl_learn_alloc(n);
-        void *q = hl_take(n, 0);
+        void *q = hl_take(n, 0, &a);
         if (q) {
             memcpy(q, old, usable < n ? usable : n);
             hl_free_from(old, __builtin_return_address(0));
@@ -117,10 +155,10 @@ HL_EXPORT void *realloc(void *old, size_t n) {
     }
     void *q = real_realloc(old, n);
     if (q == NULL) {
-        if (req) hl_live_track(old, req); /* failed: old stays the program's, asked for before */
+        if (req) hl_live_track(old, req, &a); /* failed: old stays the program's, asked for before */
         return NULL;
     }
-    if (n >= hl_active_min) hl_track(q, n);
+    if (n >= hl_active_min) hl_track(q, n, &a);
     return q;
 }
 
@@ -144,41 +182,28 @@ HL_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
     }
     if (HL_LIKELY(n < hl_active_min) || !hl_pow2(align) || align % sizeof(void *) != 0)
         return f(out, align, n);
-    hl_learn_alloc(n);
-    void *p = hl_take(n, align);
-    if (p) {
-        *out = p;
-        return 0;
-    }
-    int rc = f(out, align, n);
-    if (rc == 0) hl_track(*out, n);
-    return rc;
+    return hl_memalign_large(out, align, n, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *aligned_alloc(size_t align, size_t n) {
     void *(*f)(size_t, size_t) = HC_REAL(aligned_alloc);
     if (HL_UNLIKELY(!f)) return hl_pow2(align) ? hc_pool_alloc(n, align) : NULL;
     if (HL_LIKELY(n < hl_active_min) || !hl_pow2(align)) return f(align, n);
-    return hl_aligned_large(align, n, f);
+    return hl_aligned_large(align, n, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *memalign(size_t align, size_t n) {
     void *(*f)(size_t, size_t) = HC_REAL(memalign);
     if (HL_UNLIKELY(!f)) return hl_pow2(align) ? hc_pool_alloc(n, align) : NULL;
     if (HL_LIKELY(n < hl_active_min) || !hl_pow2(align)) return f(align, n);
-    return hl_aligned_large(align, n, f);
+    return hl_aligned_large(align, n, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *valloc(size_t n) {
     void *(*f)(size_t) = HC_REAL(valloc);
     if (HL_UNLIKELY(!f)) return hc_pool_alloc(n, hl_page);
     if (HL_LIKELY(n < hl_active_min)) return f(n);
-    hl_learn_alloc(n);
-    void *p = hl_take(n, hl_page);
-    if (p) return p;
-    p = f(n);
-    hl_track(p, n);
-    return p;
+    return hl_valloc_large(n, n, f, __builtin_return_address(0));
 }
 
 HL_EXPORT void *pvalloc(size_t n) {
@@ -186,12 +211,7 @@ HL_EXPORT void *pvalloc(size_t n) {
     size_t rounded = (n + hl_page - 1) & ~(hl_page - 1);
     if (HL_UNLIKELY(!f)) return rounded >= n ? hc_pool_alloc(rounded, hl_page) : NULL;
     if (HL_LIKELY(rounded < hl_active_min) || rounded < n) return f(n);
-    hl_learn_alloc(rounded);
-    void *p = hl_take(rounded, hl_page);
-    if (p) return p;
-    p = f(n);
-    hl_track(p, rounded);
-    return p;
+    return hl_valloc_large(n, rounded, f, __builtin_return_address(0));
 }
 
 HL_EXPORT size_t malloc_usable_size(void *p) {
@@ -199,4 +219,15 @@ HL_EXPORT size_t malloc_usable_size(void *p) {
     if (HL_UNLIKELY(hc_in_pool(p))) return hc_pool_size(p);
     size_t (*f)(void *) = HC_REAL(malloc_usable_size);
     return f ? f(p) : 0;
+}
+
+/* dlclose: an unloaded module's addresses may come to hold other code, whose frames must not be
+ * read by its unwind rules nor named by its frame keys (../../context_key.h hc_ctx_forget); only
+ * where the table's contexts are asked (a format 4 table: predict.c). */
+HL_EXPORT int dlclose(void *handle) {
+    static int (*next)(void *);
+    int (*f)(void *) = HC_NEXT(next, "dlclose");
+    int r = f ? f(handle) : -1;
+    if (hl_ctx_set != NULL) hc_ctx_forget();
+    return r;
 }

@@ -62,6 +62,13 @@ __attribute__((constructor)) static void hl_init(void) {
             hl_say("table file ", hl_set.table, " refused: it ", why);
         } else {
             hl_use_table = 1;
+            /* format 4's contexts need the unwinder's cache (../../context_key.h); without it
+             * the frees ask the sites and the counter, as format 3 */
+            if (hl_ctx_set != NULL && !hc_ctx_start()) {
+                hl_ctx_set = NULL;
+                hl_say("cannot map the unwinder's cache; the table's context entries are unused",
+                       "", "", "");
+            }
         }
     }
     hl_core = (struct hpc_settings){
@@ -103,12 +110,13 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("policy", hl_set.policy);
     F("table", hl_use_table);
     const struct hpc_stats *st = &hl_cache.stats;
-    uint64_t front_hits = 0, front_kept = 0, sited = 0;
+    uint64_t front_hits = 0, front_kept = 0, sited = 0, contexted = 0;
     for (int i = 0; i < HL_SHARDS; i++) {
         hl_spin_lock(&hl_shards[i].lock);
         front_hits += hl_shards[i].hits;
         front_kept += hl_shards[i].kept;
         sited += hl_shards[i].sited;
+        contexted += hl_shards[i].contexted;
         hl_spin_unlock(&hl_shards[i].lock);
     }
     F("hits", st->hits + front_hits);
@@ -135,6 +143,7 @@ __attribute__((destructor)) static void hl_fini(void) {
     F("live_peak", st->live_peak);
     F("table_refused", hl_stats.table_refused);
     F("table_sites", sited);
+    F("table_contexts", contexted); /* frees a context entry answered (format 4) */
     /* the proof (hl_ghost_hit): 1 once the layer keeps blocks; the reuses it saw of blocks
      * passed on before (`proof`, or a count more where threads raced the first keeps), and the
      * frees it passed on meanwhile */

@@ -2,7 +2,8 @@
  * The live set: which large blocks the layer handed out (only those are ever kept), and which
  * kept blocks wait in a thread's front.
  *
- * Live set: the large blocks handed out (key: address, value: requested size) and the blocks
+ * Live set: the large blocks handed out (key: address, value: requested size and, guided with a
+ * table of contexts, the allocation's context key) and the blocks
  * kept in a thread's front (ticket != 0), in HL_SHARDS shards by address, each under its own
  * lock: threads freeing and taking different blocks rarely meet. Open addressing with linear
  * probing, load <= 1/2, backward-shift deletion; grown by mmap (never malloc). If a shard cannot
@@ -11,6 +12,7 @@ struct hl_live_slot {
     uintptr_t p;
     size_t req, usable;
     uint64_t ticket; /* 0: the program's; else in the front of the thread that holds this ticket */
+    uint64_t ctx;    /* its allocation's context (HL_CTX_HAS | key, predict.c); 0: none asked */
 };
 
 #define HL_SHARDS 16
@@ -21,6 +23,7 @@ struct hl_shard {
     size_t cap, n;
     uint64_t hits, kept; /* the fronts' (the shared cache's are in hl_stats) */
     uint64_t sited;      /* frees a table's call-site entry answered (counted under the lock) */
+    uint64_t contexted;  /* frees a table's context entry answered (format 4; under the lock) */
     size_t live, fronted; /* bytes (usable) of its slots: the program's, in a thread's front */
     struct hl_live_slot first[HL_SHARD_START];
 } __attribute__((aligned(64)));
@@ -90,8 +93,9 @@ static inline void hl_unaccount(struct hl_shard *s, const struct hl_live_slot *e
     hl_bytes_move(e->ticket ? &s->fronted : &s->live, NULL, e->usable);
 }
 
-/* Add p as the program's (under s->lock); 0 if the shard cannot grow. */
-static int hl_live_add(struct hl_shard *s, void *p, size_t req, size_t usable) {
+/* Add p as the program's (under s->lock), allocated in context ctx (0: none asked); 0 if the
+ * shard cannot grow. */
+static int hl_live_add(struct hl_shard *s, void *p, size_t req, size_t usable, uint64_t ctx) {
     if ((s->n + 1) * 2 > s->cap) {
         size_t cap = s->cap * 2;
         void *m = mmap(NULL, cap * sizeof *s->t, PROT_READ | PROT_WRITE,
@@ -107,7 +111,7 @@ static int hl_live_add(struct hl_shard *s, void *p, size_t req, size_t usable) {
     size_t i = hl_probe(s->t, s->cap, (uintptr_t)p);
     if (!s->t[i].p) s->n++;
     else hl_unaccount(s, &s->t[i]);
-    s->t[i] = (struct hl_live_slot){(uintptr_t)p, req, usable, 0};
+    s->t[i] = (struct hl_live_slot){(uintptr_t)p, req, usable, 0, ctx};
     hl_bytes_move(NULL, &s->live, usable);
     return 1;
 }

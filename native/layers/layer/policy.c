@@ -103,21 +103,29 @@ static void hl_ghost_hit(size_t n, uintptr_t mask) {
 /* ---- What to keep at a free ---- */
 
 /* The policy's rule at a free (hpc_keep_at_free): keep (1) or pass on (0). guided: the thread's
- * counter, asked with the table's (site, class) score where the table has one (*sited counts
- * those answers), else its class score or the counter itself. Called under the block's shard
- * lock (which covers *sited). */
-static inline int hl_keep_at_free(size_t req, int site, int wanted, int unproven, uint64_t *sited,
-                                  int *passed_by_prediction) {
+ * counter, asked with the table's (allocation context, class) score where the table has one
+ * (format 4; *contexted counts those answers), else its (site, class) score (*sited), else its
+ * class score or the counter itself. ctx: the block's slot's (predict.c). Called under the
+ * block's shard lock (which covers *sited and *contexted). */
+static inline int hl_keep_at_free(size_t req, int site, uint64_t ctx, int wanted, int unproven,
+                                  struct hl_shard *s, int *passed_by_prediction) {
     struct hcp_counter *k = NULL;
     int score = -1;
     if (hl_set.policy == HL_GUIDED) { /* this thread's */
         k = hl_thread_counter();
         if (k != NULL && hl_use_sites) {
-            /* format 3: the (site, class) entry where training saw that key; elsewhere the
-             * thread's own past, not the class's average over other programs, which was wrong
-             * at sites training never saw (../../README.md, History) */
-            score = hl_site_score(site, hcp_class(req));
-            *sited += (uint64_t)(score >= 0); /* the caller holds the counter's lock */
+            /* format 4: the (context, class) entry where training saw that key; format 3 and
+             * after it: the (site, class) entry; elsewhere the thread's own past, not the
+             * class's average over other programs, which was wrong at sites training never saw
+             * (../../README.md, History) */
+            unsigned cls = hcp_class(req);
+            score = hl_ctx_score(ctx, cls);
+            if (score >= 0) {
+                s->contexted++;
+            } else {
+                score = hl_site_score(site, cls);
+                s->sited += (uint64_t)(score >= 0); /* the caller holds the shard's lock */
+            }
         }
     }
     return hpc_keep_at_free(&hl_core, &hl_cache, k, req, score, wanted, unproven,

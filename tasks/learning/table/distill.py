@@ -9,7 +9,10 @@ LAYER_SOON_CLASS | a free of class c).
 
 Its keys (format 3): the free's call site (tasks/dataset/sites.py) and size class where the
 training frees had that site; elsewhere the layer asks its online counter, and the evaluation
-`class_online`. A table without site keys (format 2) answers by the size class alone.
+`class_online`. A table without site keys (format 2) answers by the size class alone. Format 4 adds
+(allocation context, size class) keys (`ContextCounts`, `context_counts`): the freed block's
+allocation's calling context (tasks/dataset/contexts.py, at CONTEXT_DEPTH frames), which the layer
+computes when it hands the block out and asks at its free before the call site.
 `TableAgreement.site_coverage` says how many frees a site answered. Why sites, and the figures:
 docs/layer.md#the-table-distilled-from-the-network.
 """
@@ -21,11 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from tasks.dataset.contexts import NO_CONTEXT
 from tasks.dataset.sites import SITE_VOCABULARY, call_sites
+from tasks.learning.counters.by_due import freed_allocations, lifetime_due
 from tasks.learning.labels import (
     NO_LABEL,
     REUSE_CLASSES,
     allocator_labels,
+    process_order,
     request_and_free_classes,
 )
 
@@ -37,6 +43,29 @@ SOON_CLASS = 1  # whatif's "soon": reuse class <= 1, the class requested again w
 # process. The layer keeps blocks of 128 KiB and more until reused or idle for a second, so reuse
 # within 16 calls (SOON_CLASS) asks what the layer never needs (docs/layer.md).
 LAYER_SOON_CLASS = 3
+# The depth of the allocation contexts a format 4 table keys on (one of the questions' depths,
+# tasks/learning/questions/context.py CONTEXT_DEPTHS): a wrapper and its caller, and two more;
+# the file says its depth, and the layer walks that many frames (native/TABLE.md).
+CONTEXT_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class ContextCounts:
+    """The training runs' frees per (allocation context, size class): how many fell in each reuse
+    class. Keys sorted by (context, class), unique; contexts non-negative (63-bit keys)."""
+
+    depth: int  # the contexts' frames (2..16)
+    context: np.ndarray  # int64 [m]
+    cls: np.ndarray  # int64 [m]
+    counts: np.ndarray  # float64 [m, REUSE_CLASSES]
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.depth <= 16:
+            raise ValueError(f"context depth {self.depth}: the layer walks 2..16 frames")
+
+    def keep_scores(self, eps: float = 0.1) -> np.ndarray:
+        """uint8 [m]: 255 * P(reuse class <= LAYER_SOON_CLASS) per key, as site_scores."""
+        return _score(soon_of_reuse(_smoothed(self.counts, eps)))
 
 
 @dataclass(frozen=True)
@@ -49,6 +78,9 @@ class ClassTable:
     # float64 [SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES]: the same, per call site and class
     # of the training frees that had a call site; None: no site keys (a trace without callers)
     site_counts: np.ndarray | None = None
+    # per (allocation context, class) of the training frees whose allocation had a stack (format
+    # 4); None: no context keys
+    context_counts: ContextCounts | None = None
 
     def covered(self) -> np.ndarray:
         """bool [N_SIZE_CLASSES]: the classes some training free answers for."""
@@ -128,9 +160,54 @@ def _score(p: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(p, 0.0, 1.0) * 255).astype(np.uint8)
 
 
-def class_table(tables: list[pa.Table], majority: np.ndarray) -> ClassTable:
+def allocation_contexts(table: pa.Table, contexts: np.ndarray) -> np.ndarray:
+    """int64 [n], table order: at each row that frees a block, the context of the row that
+    allocated it (`contexts`: each row's key at one depth, tasks/dataset/contexts.py
+    event_contexts); NO_CONTEXT elsewhere (no free, an allocation outside the table, or one
+    without a stack). The allocation is the row whose lifetime ends at this free."""
+    order, starts = process_order(table)
+    by_order = freed_allocations(lifetime_due(table, order, starts))
+    alloc = np.full(table.num_rows, -1, np.int64)
+    alloc[order] = np.where(by_order >= 0, order[np.maximum(by_order, 0)], -1)
+    ctx = np.asarray(contexts, np.int64)
+    return np.where(alloc >= 0, ctx[np.maximum(alloc, 0)], NO_CONTEXT)
+
+
+def context_counts(
+    tables: list[pa.Table], contexts: list[np.ndarray | None], depth: int = CONTEXT_DEPTH
+) -> ContextCounts:
+    """The reuse classes of the training runs' frees per (allocation context, size class):
+    `contexts[i]` each row's context key at `depth` in tables[i] (None: a run without stacks)."""
+    keys, classes, labels = [], [], []
+    for t, ctx in zip(tables, contexts, strict=True):
+        if ctx is None:
+            continue
+        label = allocator_labels(t).reuse
+        _, free_cls = request_and_free_classes(t)
+        actx = allocation_contexts(t, ctx)
+        at = (label != NO_LABEL) & (free_cls >= 0) & (actx >= 0)
+        keys.append(actx[at])
+        classes.append(free_cls[at])
+        labels.append(label[at].astype(np.int64))
+    if not keys or not sum(len(k) for k in keys):
+        z = np.zeros(0, np.int64)
+        return ContextCounts(depth, z, z.copy(), np.zeros((0, REUSE_CLASSES)))
+    pair = np.stack([np.concatenate(keys), np.concatenate(classes)], axis=1)
+    uniq, inv = np.unique(pair, axis=0, return_inverse=True)
+    counts = np.zeros((len(uniq), REUSE_CLASSES))
+    np.add.at(counts, (inv.ravel(), np.concatenate(labels)), 1.0)
+    return ContextCounts(depth, uniq[:, 0].copy(), uniq[:, 1].copy(), counts)
+
+
+def class_table(
+    tables: list[pa.Table],
+    majority: np.ndarray,
+    contexts: list[np.ndarray | None] | None = None,
+    depth: int = CONTEXT_DEPTH,
+) -> ClassTable:
     """The reuse classes of the training runs' frees per size class, and per call site and class
-    where the free has a site (`tables`: their events, callers where traced)."""
+    where the free has a site (`tables`: their events, callers where traced); with `contexts`
+    (each table's rows' context keys at `depth`), per allocation context and class too."""
     counts = np.zeros(N_SIZE_CLASSES * REUSE_CLASSES)
     by_site = np.zeros(SITE_VOCABULARY * N_SIZE_CLASSES * REUSE_CLASSES)
     for t in tables:
@@ -149,6 +226,7 @@ def class_table(tables: list[pa.Table], majority: np.ndarray) -> ClassTable:
         counts.reshape(N_SIZE_CLASSES, REUSE_CLASSES),
         np.asarray(majority, float),
         by_site.reshape(SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES),
+        None if contexts is None else context_counts(tables, contexts, depth),
     )
 
 
