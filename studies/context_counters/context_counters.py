@@ -43,9 +43,9 @@ from tasks.learning.questions.context import (  # noqa: E402
     CONTEXT_ONLINE,
     CONTEXT_SURVIVAL,
     CONTEXT_TABLE,
+    allocation_levels,
     context_priors,
     key_chain,
-    lifetime_levels,
     read_contexts,
     reuse_levels,
 )
@@ -178,7 +178,7 @@ def _chain(table, ctx, question: str) -> dict:
         levels = reuse_levels(ctx, free_cls, call_sites(table), order, life_due)
         lab, due = every.reuse, reuse_due(every.reuse_calls[order], starts)
     else:
-        levels = lifetime_levels(ctx, req_cls)
+        levels = allocation_levels(table, ctx, order, starts)
         lab, due = every.lifetime_calls, life_due
     ask = (lab != NO_LABEL)[order]
     return {

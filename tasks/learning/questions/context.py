@@ -6,7 +6,11 @@ same chain (lifetime.py).
 
 The chain of keys, coarsest first, each with the size class the question is about:
 - a lifetime (at an allocation): the class, then the allocation's context at each depth of
-  CONTEXT_DEPTHS (depth 1: its call site; the last: the whole recorded stack);
+  CONTEXT_DEPTHS (depth 1: its call site; the last: the whole recorded stack), then beyond the
+  stack (lifetime_levels): the whole stack with the exact requested size, with the call site of
+  the process's previous allocation, and with the calls since the previous allocation of that
+  same key (bit length): what a wrapper's one stack serves alike, told apart by what the
+  program asked for and what it was doing (all known at the call);
 - reuse (at a free): the class, the free's own call site (what site_online keys on; frees carry
   no stack), then the freed block's ALLOCATION context at each depth, which the program knew
   when it allocated the block (the allocation is the row whose lifetime ends at this free).
@@ -24,6 +28,7 @@ from tasks.core.storage import Root
 from tasks.dataset.contexts import NO_CONTEXT, event_contexts
 from tasks.dataset.events_reader import StackFrames, read_stack_frames
 from tasks.dataset.sites import call_sites
+from tasks.dataset.tokens import bit_length
 from tasks.learning.counters.by_context import NO_KEY, ContextPrior, KeyChain, backoff_online
 from tasks.learning.counters.by_due import freed_allocations, lifetime_due
 from tasks.learning.labels import (
@@ -40,6 +45,7 @@ CONTEXT_TABLE = "context_table"
 CONTEXT_SURVIVAL = "context_survival"
 CONTEXT_DEPTHS = (1, 2, 4, 8, 32)  # 32: the whole stack as the catalog records it
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
 
 
 def run_contexts(frames: StackFrames, table: pa.Table) -> dict[int, np.ndarray]:
@@ -64,9 +70,72 @@ def with_class(key: np.ndarray, cls: np.ndarray) -> np.ndarray:
     )
 
 
-def lifetime_levels(contexts: dict[int, np.ndarray], req_cls: np.ndarray) -> list[np.ndarray]:
-    """The lifetime questions' chain (table order): the class, then each depth's context."""
-    return [req_cls.astype(np.int64), *(with_class(contexts[d], req_cls) for d in CONTEXT_DEPTHS)]
+def mixed(key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """int64 [n]: one key of (key, value) (any int64 / uint64 values), NO_KEY where key is."""
+    with np.errstate(over="ignore"):
+        m = (key.astype(np.uint64) * _MIX) ^ (value.astype(np.uint64) * _MIX2)
+        m ^= m >> np.uint64(29)
+    return np.where(key != NO_KEY, (m >> np.uint64(1)).astype(np.int64), NO_KEY)
+
+
+def previous_allocation(
+    key: np.ndarray, defines: np.ndarray, order: np.ndarray, starts: np.ndarray
+) -> np.ndarray:
+    """int64 [n] (table order): `key` of the process's allocation before each row (the last
+    earlier row of its process, in call order, with `defines`), NO_KEY before its first."""
+    n = len(order)
+    at = np.where(defines[order], np.arange(n), -1)
+    last = np.maximum.accumulate(at) if n else at
+    prev = np.full(n, -1, np.int64)
+    prev[1:] = last[:-1]
+    proc = np.cumsum(starts) - 1
+    ok = (prev >= 0) & (proc[np.maximum(prev, 0)] == proc)
+    out = np.empty(n, np.int64)
+    out[order] = np.where(ok, key[order][np.maximum(prev, 0)], NO_KEY)
+    return out
+
+
+def calls_since_same(key: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """int64 [n] (table order): the bit length of the calls of the process since its last
+    earlier row with the same `key`, NO_KEY where the key is NO_KEY or has no earlier row."""
+    n = len(order)
+    proc = np.cumsum(starts) - 1
+    k = key[order]
+    s = np.lexsort((np.arange(n), k, proc))  # by process, key, then call order
+    gap = np.full(n, NO_KEY, np.int64)
+    same = (k[s][1:] == k[s][:-1]) & (proc[s][1:] == proc[s][:-1]) & (k[s][1:] != NO_KEY)
+    later = s[1:][same]
+    gap[later] = bit_length((later - s[:-1][same]).astype(np.uint64)).astype(np.int64)
+    out = np.empty(n, np.int64)
+    out[order] = gap
+    return out
+
+
+def lifetime_levels(
+    contexts: dict[int, np.ndarray],
+    req_cls: np.ndarray,
+    size: np.ndarray,
+    order: np.ndarray,
+    starts: np.ndarray,
+) -> list[np.ndarray]:
+    """The lifetime questions' chain (table order): the class, each depth's context, then the
+    whole stack with the exact requested `size` (uint64 [n]), with the depth-1 context of the
+    process's previous allocation (order, starts: process_order), and with the bit length of
+    the calls since the previous allocation with that same key: each known at the call."""
+    levels = [req_cls.astype(np.int64), *(with_class(contexts[d], req_cls) for d in CONTEXT_DEPTHS)]
+    by_size = mixed(levels[-1], size)
+    after = mixed(by_size, previous_allocation(contexts[1], req_cls >= 0, order, starts))
+    since = mixed(after, calls_since_same(by_size, order, starts))
+    return [*levels, by_size, after, since]
+
+
+def allocation_levels(
+    table: pa.Table, contexts: dict[int, np.ndarray], order: np.ndarray, starts: np.ndarray
+) -> list[np.ndarray]:
+    """lifetime_levels of one run's events `table` (process_order's order and starts)."""
+    req_cls, _ = request_and_free_classes(table)
+    size = table.column("size").to_numpy().astype(np.uint64)
+    return lifetime_levels(contexts, req_cls, size, order, starts)
 
 
 def reuse_levels(
@@ -147,10 +216,11 @@ def context_priors(
         order, starts = process_order(t)
         req_cls, free_cls = request_and_free_classes(t)
         due = lifetime_due(t, order, starts)
+        life = allocation_levels(t, ctx, order, starts)
         chains = {
             "reuse": (reuse_levels(ctx, free_cls, call_sites(t), order, due), every.reuse),
-            "lifetime_calls": (lifetime_levels(ctx, req_cls), every.lifetime_calls),
-            "lifetime_time": (lifetime_levels(ctx, req_cls), every.lifetime_time),
+            "lifetime_calls": (life, every.lifetime_calls),
+            "lifetime_time": (life, every.lifetime_time),
         }
         for q, (lv, lab) in chains.items():
             asked = lab != NO_LABEL

@@ -34,9 +34,9 @@ from tasks.learning.labels import (
 )
 from tasks.learning.questions.context import (
     CONTEXT_SURVIVAL,
+    allocation_levels,
     context_answers,
     key_chain,
-    lifetime_levels,
     without_context,
 )
 from tasks.learning.questions.hedge import censored_events, hedge_keys
@@ -225,7 +225,8 @@ def lifetime_answers(
     site_chain = key_chain(order, starts, req_cls >= 0, [hedge_keys(site, req_cls)])
     ctx_chain = None
     if contexts is not None:
-        ctx_chain = key_chain(order, starts, req_cls >= 0, lifetime_levels(contexts, req_cls))
+        levels = allocation_levels(table, contexts, order, starts)
+        ctx_chain = key_chain(order, starts, req_cls >= 0, levels)
     out = {}
     for question, lab in (
         ("lifetime_calls", labels.lifetime_calls),
