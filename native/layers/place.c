@@ -133,6 +133,21 @@ static int hp_big; /* 1 once the counter's floor was reached, or there is none (
  * else the key of that many frames (../context_key.h). Set once the layer is on (start, or the
  * sites file's own depth at the constructor), read on every allocation. */
 static unsigned hp_depth;
+/* 1 while hp_plain is set and sites are call sites (hp_depth <= 1): the hooks' short path
+ * (decide.c hp_short) may answer. Set with hp_plain at start and again whenever the depth is
+ * set (hp_fast_update). */
+static int hp_fast;
+static void hp_fast_update(void) {
+    __atomic_store_n(&hp_fast,
+                     __atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE) &&
+                         __atomic_load_n(&hp_depth, __ATOMIC_ACQUIRE) <= 1,
+                     __ATOMIC_RELEASE);
+}
+/* free's next step for a block not sampled (hooks.c): hp_free_whole (the real free not yet
+ * known, or the start-up pool's blocks to tell apart) until start finds the real free and the
+ * pool unused (init.c hp_free_direct); then the real free itself. */
+static void hp_free_whole(void *p);
+static void (*hp_free_next)(void *) = hp_free_whole;
 
 /* The long arena (decide.c). hp_flags: the mallocx flags that reach it (MALLOCX_ARENA |
  * TCACHE_NONE); 0 until it exists. It is made at the first request predicted long, not at start,
