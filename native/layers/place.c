@@ -133,15 +133,25 @@ static int hp_big; /* 1 once the counter's floor was reached, or there is none (
  * else the key of that many frames (../context_key.h). Set once the layer is on (start, or the
  * sites file's own depth at the constructor), read on every allocation. */
 static unsigned hp_depth;
-/* 1 while hp_plain is set and sites are call sites (hp_depth <= 1): the hooks' short path
- * (decide.c hp_short) may answer. Set with hp_plain at start and again whenever the depth is
- * set (hp_fast_update). */
-static int hp_fast;
+/* The hooks' short path's one word (decide.c hp_short): 0 when it may answer without the site
+ * table; HP_GATE_WHOLE while it may not answer at all (the layer not on, or a table, mode=size,
+ * or a context deeper than the call site: hp_plain unset or hp_depth > 1; set again whenever
+ * those change, hp_fast_update); HP_GATE_ASK once any site has been marked long (sites.c
+ * hp_learn, sites_file.c; never cleared): from then on each allocation asks the site table, as
+ * hp_long_plain does. Until then no site is long, and the table's answer would be "short". */
+enum { HP_GATE_WHOLE = 1, HP_GATE_ASK = 2 };
+static int hp_gate = HP_GATE_WHOLE;
 static void hp_fast_update(void) {
-    __atomic_store_n(&hp_fast,
-                     __atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE) &&
-                         __atomic_load_n(&hp_depth, __ATOMIC_ACQUIRE) <= 1,
-                     __ATOMIC_RELEASE);
+    if (__atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&hp_depth, __ATOMIC_ACQUIRE) <= 1)
+        __atomic_fetch_and(&hp_gate, ~HP_GATE_WHOLE, __ATOMIC_ACQ_REL);
+    else
+        __atomic_fetch_or(&hp_gate, HP_GATE_WHOLE, __ATOMIC_ACQ_REL);
+}
+/* A site's word is about to be marked long: the short path asks the table from now on. */
+static inline void hp_gate_ask(void) {
+    if (!(__atomic_load_n(&hp_gate, __ATOMIC_RELAXED) & HP_GATE_ASK))
+        __atomic_fetch_or(&hp_gate, HP_GATE_ASK, __ATOMIC_ACQ_REL);
 }
 /* free's next step for a block not sampled (hooks.c): hp_free_whole (the real free not yet
  * known, or the start-up pool's blocks to tell apart) until start finds the real free and the

@@ -75,7 +75,7 @@
     HP_EXPORT void *name params;                                                                  \
     HP_SHORT_FN void *name params {                                                               \
         int how = hp_short((uintptr_t)__builtin_return_address(0));                               \
-        if (HP_LIKELY(how == HP_SHORT)) return __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE) args; \
+        if (HP_LIKELY(how == HP_SHORT)) return HP_JUMP(name##_next) args;                        \
         if (how == HP_UNDO) return name##_undo args;                                              \
         return name##_slow args;                                                                  \
     }                                                                                             \
@@ -102,7 +102,7 @@ HP_NEWS(HP_NEW_)
             name##_rest args;                                                                     \
             return;                                                                               \
         }                                                                                         \
-        __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE) args;                                     \
+        HP_JUMP(name##_next) args;                                                                \
     }                                                                                             \
     static void name##_lazy params {                                                              \
         void (*f) params = (void (*)params)dlsym(RTLD_NEXT, #name);                               \

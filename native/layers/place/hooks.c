@@ -55,7 +55,7 @@ HP_EXPORT void free(void *p) {
         hp_free_rest(p);
         return;
     }
-    __atomic_load_n(&hp_free_next, __ATOMIC_ACQUIRE)(p);
+    HP_JUMP(hp_free_next)(p);
 }
 
 static inline __attribute__((always_inline)) void *hp_calloc_whole(size_t total, size_t m,

@@ -106,8 +106,8 @@ static void hp_sweep(uint64_t now) {
  * hp_free_sampled (out of line). One scaled load and a compare: the table is empty outside
  * mode=predict, so no flag is asked first, and no slot holds NULL. */
 static inline __attribute__((always_inline)) int hp_is_sampled(void *p) {
-    uintptr_t k = __atomic_load_n(&hp_sample_ptr[hp_sample_index((uintptr_t)p)], __ATOMIC_RELAXED);
-    return HP_UNLIKELY(k == (uintptr_t)p);
+    /* a plain load (as decide.c hp_short's), so that the compare reads memory itself */
+    return HP_UNLIKELY(hp_sample_ptr[hp_sample_index((uintptr_t)p)] == (uintptr_t)p);
 }
 
 /* p's verdict if p is a sampled block (the hooks ask hp_is_sampled first, inline, and call this

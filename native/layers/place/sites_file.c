@@ -92,7 +92,10 @@ static void hp_read_sites(void) {
         } else {
             site = hp_site_named(line);
         }
-        if (site) hp_site_word[hp_site_index(site)] = site << 1 | 1;
+        if (site) {
+            hp_gate_ask();
+            hp_site_word[hp_site_index(site)] = site << 1 | 1;
+        }
     }
 }
 
