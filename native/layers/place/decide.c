@@ -151,18 +151,18 @@ static inline int hp_unsampled(void) {
 
 /* The hooks' short path (hooks.c, cxx.c), asked before anything else with the caller's return
  * address: HP_SHORT when the layer is on with neither a table, nor mode=size, nor a context
- * deeper than the call site, the site not marked long (asked only once some site has been:
- * hp_gate), and no sample due (hp_unsampled's question, one decrement: the countdown is kept
- * less 2); the hook then jumps to the next function. Otherwise the hook jumps to its whole
- * path, after putting the countdown back first where it was taken below 0 (HP_UNDO), so that
- * the whole path finds it as it was: the same decisions, the same samples. The whole path is a
- * function of its own, reached by a jump (a sibling call: the hook has no frame), so that its
- * return address and frame are the hook's (HP_SITE, a context's key). */
+ * deeper than the call site, the site not marked long (asked only where a site of its low
+ * bits has been: hp_gate), and no sample due (hp_unsampled's question, one decrement: the
+ * countdown is kept less 2); the hook then jumps to the next function. Otherwise the hook jumps
+ * to its whole path, after putting the countdown back first where it was taken below 0
+ * (HP_UNDO), so that the whole path finds it as it was: the same decisions, the same samples.
+ * The whole path is a function of its own, reached by a jump (a sibling call: the hook has no
+ * frame), so that its return address and frame are the hook's (HP_SITE, a context's key). */
 enum { HP_WHOLE, HP_SHORT, HP_UNDO };
 static inline __attribute__((always_inline)) int hp_short(uintptr_t site) {
-    int gate = __atomic_load_n(&hp_gate, __ATOMIC_ACQUIRE);
-    if (HP_UNLIKELY(gate != 0)) {
-        if (gate & HP_GATE_WHOLE) return HP_WHOLE;
+    uint64_t gate = __atomic_load_n(&hp_gate, __ATOMIC_ACQUIRE);
+    if (HP_UNLIKELY((gate >> (site & 63)) & 1)) {
+        if (!__atomic_load_n(&hp_fast, __ATOMIC_ACQUIRE)) return HP_WHOLE;
         /* a plain load (one aligned word, as the atomics' relaxed load is on x86-64), so that
          * the compare reads it from memory itself */
         if (HP_UNLIKELY(hp_site_word[hp_site_index(site)] == ((site << 1) | 1))) return HP_WHOLE;

@@ -1,6 +1,9 @@
 /* Part of layers/place.c (one translation unit; never compiled alone).
- * The exported entry points of the malloc family. Each: the real function not yet known (start-up:
- * the bootstrap pool, ../real.h), the layer not on (passed through), else the decision (decide.c).
+ * The exported entry points of the malloc family. malloc and calloc first ask the short path
+ * (decide.c hp_short: a load, a decrement, a jump to the real function), and otherwise jump to
+ * their whole path; free asks the sample slot alone, then jumps to hp_free_next. The whole path:
+ * the real function not yet known (start-up: the bootstrap pool, ../real.h), the layer not on
+ * (passed through), else the decision (decide.c).
  * realloc: a long site's realloc asks rallocx for the long arena (jemalloc grows in place where it
  * can, else moves the block there), otherwise the real realloc. The aligned family: a valid
  * alignment goes to mallocx with MALLOCX_ALIGN, an invalid one to the real function, for its own

@@ -41,6 +41,6 @@ static void hp_learn(unsigned e, int outlived) {
     if ((w & 1) && !lng && falls < UINT16_MAX)
         __atomic_store_n(&t->falls, ++falls, __ATOMIC_RELAXED);
     if (hp_aside(falls)) lng = 0; /* its verdict proved unstable */
-    if (lng) hp_gate_ask();
+    if (lng) hp_long_site(w >> 1);
     __atomic_store_n(&hp_site_word[e], (w & ~(uintptr_t)1) | lng, __ATOMIC_RELAXED);
 }

@@ -93,7 +93,7 @@ static void hp_read_sites(void) {
             site = hp_site_named(line);
         }
         if (site) {
-            hp_gate_ask();
+            hp_long_site(site);
             hp_site_word[hp_site_index(site)] = site << 1 | 1;
         }
     }
