@@ -23,6 +23,11 @@
  *   - Threads: no lock anywhere. The tables are lock-free (relaxed atomics, one compare-and-swap
  *     to claim or release a sample slot): a lost update only blurs a counter, never a block.
  *     The sampling countdown and the counter stripe are per thread (initial-exec TLS).
+ *   - The short path (decide.c hp_short): malloc, calloc and each operator new test their call
+ *     site's bit in one word (hp_gate), take one off the thread's countdown and jump to the next
+ *     function, asking the site table too where a site of that bit has been long; free and
+ *     each delete compare the block with its sample slot and jump. No frame, no call: anything else jumps to the hook's whole path,
+ *     which decides as before.
  *   - fork: no lock to hold across it; the child keeps its copy of the counters, and jemalloc
  *     handles its own locks.
  *   - Output (refusals, the stats line, the learn file): stack buffers and write(2), never
@@ -133,6 +138,43 @@ static int hp_big; /* 1 once the counter's floor was reached, or there is none (
  * else the key of that many frames (../context_key.h). Set once the layer is on (start, or the
  * sites file's own depth at the constructor), read on every allocation. */
 static unsigned hp_depth;
+/* The hooks' short path's one word (decide.c hp_short): a bit per value of a call site's low 6
+ * bits; where the caller's bit is clear the short path answers without the site table. All
+ * set while the short path may not answer at all (hp_fast 0: the layer not on, or a table,
+ * mode=size, or a context deeper than the call site), else hp_long_bits: the bit of every site
+ * ever marked long (sites.c hp_learn, sites_file.c; never cleared). A clear bit: no site with
+ * those low bits has been long, so the table's answer would be "short". hp_fast_update sets it
+ * again whenever hp_plain or hp_depth changes. */
+static uint64_t hp_gate = ~UINT64_C(0);
+static uint64_t hp_long_bits;
+static int hp_fast; /* hp_plain set and sites are call sites (hp_depth <= 1) */
+static void hp_fast_update(void) {
+    int fast = __atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE) &&
+               __atomic_load_n(&hp_depth, __ATOMIC_ACQUIRE) <= 1;
+    __atomic_store_n(&hp_fast, fast, __ATOMIC_SEQ_CST);
+    if (!fast) {
+        __atomic_store_n(&hp_gate, ~UINT64_C(0), __ATOMIC_SEQ_CST);
+        return;
+    }
+    uint64_t bits;
+    do { /* a bit hp_long_site adds meanwhile is copied again */
+        bits = __atomic_load_n(&hp_long_bits, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&hp_gate, bits, __ATOMIC_SEQ_CST);
+    } while (__atomic_load_n(&hp_long_bits, __ATOMIC_SEQ_CST) != bits);
+}
+/* `site` is about to be marked long: its bit in both words, before its word says so. */
+static inline void hp_long_site(uintptr_t site) {
+    uint64_t bit = UINT64_C(1) << (site & 63);
+    if (!(__atomic_load_n(&hp_long_bits, __ATOMIC_SEQ_CST) & bit))
+        __atomic_fetch_or(&hp_long_bits, bit, __ATOMIC_SEQ_CST);
+    if (!(__atomic_load_n(&hp_gate, __ATOMIC_SEQ_CST) & bit))
+        __atomic_fetch_or(&hp_gate, bit, __ATOMIC_SEQ_CST);
+}
+/* free's next step for a block not sampled (hooks.c): hp_free_whole (the real free not yet
+ * known, or the start-up pool's blocks to tell apart) until start finds the real free and the
+ * pool unused (init.c hp_free_direct); then the real free itself. */
+static void hp_free_whole(void *p);
+static void (*hp_free_next)(void *) = hp_free_whole;
 
 /* The long arena (decide.c). hp_flags: the mallocx flags that reach it (MALLOCX_ARENA |
  * TCACHE_NONE); 0 until it exists. It is made at the first request predicted long, not at start,

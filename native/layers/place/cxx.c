@@ -36,10 +36,13 @@
 
 #define HP_UNPAREN_(...) __VA_ARGS__
 #define HP_UNPAREN(list) HP_UNPAREN_ list
-/* Each new: the next function, the site, the decision; a short request with no sample due
- * jumps to the next new (hp_unsampled), the rest (long, a sample, start-up) is out of line. */
+/* Each new: the short path (hp_short: the site not long, no sample due) jumps to the next new;
+ * the whole path (the next function, the site, the decision) is out of line, and the rest of it
+ * (long, a sample, start-up) further out. name##_next starts as name##_lazy, which looks the
+ * next new up on its first call (never NULL: the short path jumps to it unasked). */
 #define HP_NEW_(name, params, args, align)                                                        \
-    static void *(*name##_next) params;                                                           \
+    static void *name##_lazy params;                                                              \
+    static void *(*name##_next) params = name##_lazy;                                             \
     static __attribute__((noinline)) void *name##_rest(uintptr_t site, int on, int lng,           \
                                                        HP_UNPAREN(params)) {                      \
         void *p = NULL;                                                                           \
@@ -47,14 +50,13 @@
             p = hp_long_alloc(n, (align) ? HP_MALLOCX_LG_ALIGN(__builtin_ctzll(align)) : 0);     \
         if (p == NULL) {                                                                          \
             lng = 0; /* not in the long arena: jemalloc's own new serves it */                    \
-            void *(*f) params = HC_NEXT(name##_next, #name);                                      \
-            p = f ? f args : malloc(n);                                                           \
+            void *(*f) params = __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE);                  \
+            p = f args;                                                                           \
         }                                                                                         \
         if (on && hp_sampling()) hp_sample(p, site, lng);                                         \
         return p;                                                                                 \
     }                                                                                             \
-    HP_EXPORT void *name params;                                                                  \
-    void *name params {                                                                           \
+    static inline __attribute__((always_inline)) void *name##_whole params {                      \
         uintptr_t site = HP_SITE;                                                                 \
         int on = 1, lng;                                                                          \
         if (HP_LIKELY(__atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE)))                              \
@@ -62,28 +64,53 @@
         else                                                                                      \
             lng = (on = hp_on()) && hp_long(n, site);                                             \
         void *(*f) params = __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE);                      \
-        if (HP_LIKELY(!lng) && HP_LIKELY(f != NULL) && (!on || hp_unsampled())) return f args;    \
+        if (HP_LIKELY(!lng) && (!on || hp_unsampled())) return f args;                            \
         return name##_rest(site, on, lng, HP_UNPAREN(args));                                      \
+    }                                                                                             \
+    static __attribute__((noinline)) void *name##_slow params { return name##_whole args; }       \
+    static __attribute__((noinline)) void *name##_undo params {                                   \
+        hp_tls_countdown++;                                                                       \
+        return name##_whole args;                                                                 \
+    }                                                                                             \
+    HP_EXPORT void *name params;                                                                  \
+    HP_SHORT_FN void *name params {                                                               \
+        int how = hp_short((uintptr_t)__builtin_return_address(0));                               \
+        if (HP_LIKELY(how == HP_SHORT)) return HP_JUMP(name##_next) args;                        \
+        if (how == HP_UNDO) return name##_undo args;                                              \
+        return name##_slow args;                                                                  \
+    }                                                                                             \
+    static void *name##_lazy params {                                                             \
+        void *(*f) params = (void *(*)params)dlsym(RTLD_NEXT, #name);                             \
+        if (f == NULL) return malloc(n); /* no next new: malloc's (a later call asks again) */   \
+        __atomic_store_n(&name##_next, f, __ATOMIC_RELEASE);                                      \
+        return f args;                                                                            \
     }
 HP_NEWS(HP_NEW_)
 
-/* Each delete: a sampled block's verdict, then the next delete of its signature (out of line:
- * a block not sampled goes to the next delete by a jump). */
+/* Each delete: a sampled block's verdict (out of line), else a jump to the next delete of its
+ * signature (name##_next: name##_lazy until looked up, as the news'). */
 #define HP_DELETE_(name, params, args)                                                            \
-    static void (*name##_next) params;                                                            \
+    static void name##_lazy params;                                                               \
+    static void (*name##_next) params = name##_lazy;                                              \
     static __attribute__((noinline)) void name##_rest params {                                    \
         if (hp_learning) hp_free_sampled(p);                                                      \
-        void (*f) params = HC_NEXT(name##_next, #name);                                           \
-        if (f) f args;                                                                            \
-        else free(p);                                                                             \
+        __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE) args;                                     \
     }                                                                                             \
     HP_EXPORT void name params;                                                                   \
     void name params {                                                                            \
-        void (*f) params = __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE);                       \
-        if (HP_LIKELY(f != NULL) && HP_LIKELY(!hp_is_sampled(p))) {                               \
-            f args;                                                                               \
+        if (HP_UNLIKELY(hp_is_sampled(p))) {                                                      \
+            name##_rest args;                                                                     \
             return;                                                                               \
         }                                                                                         \
-        name##_rest args;                                                                         \
+        HP_JUMP(name##_next) args;                                                                \
+    }                                                                                             \
+    static void name##_lazy params {                                                              \
+        void (*f) params = (void (*)params)dlsym(RTLD_NEXT, #name);                               \
+        if (f == NULL) { /* no next delete: free (a later call asks again) */                     \
+            free(p);                                                                              \
+            return;                                                                               \
+        }                                                                                         \
+        __atomic_store_n(&name##_next, f, __ATOMIC_RELEASE);                                      \
+        f args;                                                                                   \
     }
 HP_DELETES(HP_DELETE_)

@@ -81,7 +81,7 @@ static inline int hp_predicted_long(size_t n, uintptr_t site) {
         int said = hp_life_long(n, site);
         if (said >= 0) return said ? HP_KNOWN : 0;
     }
-    uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
+    uintptr_t w = __atomic_load_n(&hp_site_word[hp_site_index(site)], __ATOMIC_RELAXED);
     /* the site's own word, marked long: (w >> 1) == site and w & 1 (a site is at most 63 bits:
      * site_here.c) */
     if (HP_LIKELY(w != ((site << 1) | 1))) return 0;
@@ -114,14 +114,14 @@ static __attribute__((noinline)) int hp_long_why(size_t n, int why) {
  * questions skipped; the same answer) */
 static inline __attribute__((always_inline)) int hp_long_plain(size_t n, uintptr_t site) {
     if (HP_UNLIKELY(n >= __atomic_load_n(&hp_large_min, __ATOMIC_RELAXED))) return 0;
-    uintptr_t w = __atomic_load_n(&hp_sites[hp_site_index(site)].word, __ATOMIC_RELAXED);
+    uintptr_t w = __atomic_load_n(&hp_site_word[hp_site_index(site)], __ATOMIC_RELAXED);
     if (HP_LIKELY(w != ((site << 1) | 1))) return 0;
     return hp_long_why(n, hp_learning ? HP_BY_COUNTER : HP_KNOWN);
 }
 
 /* 1 in `sample` allocations of the thread (the caller then calls hp_sample, which resets the
  * countdown; outside mode=predict it parks it at INT_MAX) */
-static inline int hp_sampling(void) { return HP_UNLIKELY(--hp_tls_countdown <= 0); }
+static inline int hp_sampling(void) { return HP_UNLIKELY(--hp_tls_countdown <= HP_LEFT(0)); }
 
 static inline int hp_on(void) {
     int st = __atomic_load_n(&hp_state, __ATOMIC_ACQUIRE);
@@ -144,10 +144,39 @@ static __attribute__((noinline)) void *hp_long_alloc(size_t n, int flags) {
  * taken down after the call (hp_sampling): the same allocations are sampled. */
 static inline int hp_unsampled(void) {
     int left = hp_tls_countdown;
-    if (HP_UNLIKELY(left <= 2)) return 0;
+    if (HP_UNLIKELY(left <= HP_LEFT(2))) return 0;
     hp_tls_countdown = left - 1;
     return 1;
 }
+
+/* The hooks' short path (hooks.c, cxx.c), asked before anything else with the caller's return
+ * address: HP_SHORT when the layer is on with neither a table, nor mode=size, nor a context
+ * deeper than the call site, the site not marked long (asked only where a site of its low
+ * bits has been: hp_gate), and no sample due (hp_unsampled's question, one decrement: the
+ * countdown is kept less 2); the hook then jumps to the next function. Otherwise the hook jumps
+ * to its whole path, after putting the countdown back first where it was taken below 0
+ * (HP_UNDO), so that the whole path finds it as it was: the same decisions, the same samples.
+ * The whole path is a function of its own, reached by a jump (a sibling call: the hook has no
+ * frame), so that its return address and frame are the hook's (HP_SITE, a context's key). */
+enum { HP_WHOLE, HP_SHORT, HP_UNDO };
+static inline __attribute__((always_inline)) int hp_short(uintptr_t site) {
+    uint64_t gate = __atomic_load_n(&hp_gate, __ATOMIC_ACQUIRE);
+    if (HP_UNLIKELY((gate >> (site & 63)) & 1)) {
+        if (!__atomic_load_n(&hp_fast, __ATOMIC_ACQUIRE)) return HP_WHOLE;
+        /* a plain load (one aligned word, as the atomics' relaxed load is on x86-64), so that
+         * the compare reads it from memory itself */
+        if (HP_UNLIKELY(hp_site_word[hp_site_index(site)] == ((site << 1) | 1))) return HP_WHOLE;
+    }
+    if (HP_LIKELY(--hp_tls_countdown >= HP_LEFT(2))) return HP_SHORT;
+    return HP_UNDO;
+}
+/* The short path's functions: no frame of their own (the return address read from the stack),
+ * so that they end in a jump. */
+#define HP_SHORT_FN __attribute__((optimize("omit-frame-pointer")))
+/* The function pointer fp, read by one load the jump itself makes (`jmp *fp`: a volatile read,
+ * which the compiler neither splits nor repeats; the acquire load's plain move on x86-64, which
+ * the compiler keeps apart from the jump) */
+#define HP_JUMP(fp) (*(__typeof__(fp) volatile *)&(fp))
 
 /* hp_alloc's other path: long, or a sample due (out of line) */
 static __attribute__((noinline)) void *hp_alloc_rest(size_t n, int zero, uintptr_t site,
@@ -175,7 +204,7 @@ static void *hp_aligned(size_t align, size_t n, uintptr_t site, int *handled) {
     *handled = 0;
     if (!hp_on() || !hp_pow2(align)) return NULL;
     if (!hp_long(n, site)) {
-        if (hp_sampling()) hp_tls_countdown = 1; /* sample the next one instead */
+        if (hp_sampling()) hp_tls_countdown = HP_LEFT(1); /* sample the next one instead */
         return NULL;
     }
     *handled = 1;

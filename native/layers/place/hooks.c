@@ -1,17 +1,34 @@
 /* Part of layers/place.c (one translation unit; never compiled alone).
- * The exported entry points of the malloc family. Each: the real function not yet known (start-up:
- * the bootstrap pool, ../real.h), the layer not on (passed through), else the decision (decide.c).
+ * The exported entry points of the malloc family. malloc and calloc first ask the short path
+ * (decide.c hp_short: a load, a decrement, a jump to the real function), and otherwise jump to
+ * their whole path; free asks the sample slot alone, then jumps to hp_free_next. The whole path:
+ * the real function not yet known (start-up: the bootstrap pool, ../real.h), the layer not on
+ * (passed through), else the decision (decide.c).
  * realloc: a long site's realloc asks rallocx for the long arena (jemalloc grows in place where it
  * can, else moves the block there), otherwise the real realloc. The aligned family: a valid
  * alignment goes to mallocx with MALLOCX_ALIGN, an invalid one to the real function, for its own
  * error. The site of each call: HP_SITE (site_here.c). */
 
-HP_EXPORT void *malloc(size_t n) {
+/* malloc's whole path (hp_short: start-up, a long site, a sample due, a context); HP_UNDO: the
+ * countdown put back first */
+static inline __attribute__((always_inline)) void *hp_malloc_whole(size_t n) {
     void *(*f)(size_t) = HC_REAL(malloc);
-    if (HP_UNLIKELY(!f)) return hc_pool_alloc(n, 16);
+    if (HP_UNLIKELY(!f)) return hp_pool_alloc(n, 16);
     if (HP_UNLIKELY(!__atomic_load_n(&hp_plain, __ATOMIC_ACQUIRE)) && HP_UNLIKELY(!hp_on()))
         return f(n);
     return hp_alloc(n, 0, HP_SITE);
+}
+static __attribute__((noinline)) void *hp_malloc_slow(size_t n) { return hp_malloc_whole(n); }
+static __attribute__((noinline)) void *hp_malloc_undo(size_t n) {
+    hp_tls_countdown++;
+    return hp_malloc_whole(n);
+}
+
+HP_EXPORT HP_SHORT_FN void *malloc(size_t n) {
+    int how = hp_short((uintptr_t)__builtin_return_address(0));
+    if (HP_LIKELY(how == HP_SHORT)) return hc_real.malloc(n);
+    if (how == HP_UNDO) return hp_malloc_undo(n);
+    return hp_malloc_slow(n);
 }
 
 /* free past a sampled block's verdict, or at start-up (out of line: free itself then only
@@ -24,32 +41,58 @@ static __attribute__((noinline)) void hp_free_rest(void *p) {
     f(p);
 }
 
-HP_EXPORT void free(void *p) {
+/* free's next step while the real free is not known or the pool gave blocks (hp_free_next) */
+static __attribute__((noinline)) void hp_free_whole(void *p) {
     void (*f)(void *) = __atomic_load_n(&hc_real.free, __ATOMIC_ACQUIRE);
-    if (HP_LIKELY(f != NULL) && HP_LIKELY(!hc_in_pool(p)) && HP_LIKELY(!hp_is_sampled(p))) {
+    if (HP_LIKELY(f != NULL) && HP_LIKELY(!hc_in_pool(p))) {
         f(p);
         return;
     }
     hp_free_rest(p);
 }
 
-HP_EXPORT void *calloc(size_t m, size_t n) {
+/* A block not sampled (its sample slot does not hold it) goes to hp_free_next by a jump: the
+ * real free, once start found it and the pool unused. */
+HP_EXPORT void free(void *p) {
+    if (HP_UNLIKELY(hp_is_sampled(p))) {
+        hp_free_rest(p);
+        return;
+    }
+    HP_JUMP(hp_free_next)(p);
+}
+
+static inline __attribute__((always_inline)) void *hp_calloc_whole(size_t total, size_t m,
+                                                                    size_t n) {
+    void *(*f)(size_t, size_t) = HC_REAL(calloc);
+    if (HP_UNLIKELY(!f)) return hp_pool_alloc(total, 16);
+    if (HP_UNLIKELY(!hp_on())) return f(m, n);
+    return hp_alloc(total, 1, HP_SITE);
+}
+static __attribute__((noinline)) void *hp_calloc_slow(size_t total, size_t m, size_t n) {
+    return hp_calloc_whole(total, m, n);
+}
+static __attribute__((noinline)) void *hp_calloc_undo(size_t total, size_t m, size_t n) {
+    hp_tls_countdown++;
+    return hp_calloc_whole(total, m, n);
+}
+
+HP_EXPORT HP_SHORT_FN void *calloc(size_t m, size_t n) {
     size_t total;
     if (__builtin_mul_overflow(m, n, &total)) {
         errno = ENOMEM;
         return NULL;
     }
-    void *(*f)(size_t, size_t) = HC_REAL(calloc);
-    if (HP_UNLIKELY(!f)) return hc_pool_alloc(total, 16);
-    if (HP_UNLIKELY(!hp_on())) return f(m, n);
-    return hp_alloc(total, 1, HP_SITE);
+    int how = hp_short((uintptr_t)__builtin_return_address(0));
+    if (HP_LIKELY(how == HP_SHORT)) return hc_real.calloc(m, n);
+    if (how == HP_UNDO) return hp_calloc_undo(total, m, n);
+    return hp_calloc_slow(total, m, n);
 }
 
 HP_EXPORT void *realloc(void *old, size_t n) {
     uintptr_t site = HP_SITE;
     if (old == NULL) {
         void *(*f)(size_t) = HC_REAL(malloc);
-        if (HP_UNLIKELY(!f)) return hc_pool_alloc(n, 16);
+        if (HP_UNLIKELY(!f)) return hp_pool_alloc(n, 16);
         if (HP_UNLIKELY(!hp_on())) return f(n);
         return hp_alloc(n, 0, site);
     }
@@ -98,7 +141,7 @@ HP_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
     int (*f)(void **, size_t, size_t) = HC_REAL(posix_memalign);
     if (HP_UNLIKELY(!f)) {
         if (!hp_pow2(align) || align % sizeof(void *) != 0) return EINVAL;
-        void *p = hc_pool_alloc(n, align);
+        void *p = hp_pool_alloc(n, align);
         if (!p) return ENOMEM;
         *out = p;
         return 0;
@@ -114,7 +157,7 @@ HP_EXPORT int posix_memalign(void **out, size_t align, size_t n) {
 
 HP_EXPORT void *aligned_alloc(size_t align, size_t n) {
     void *(*f)(size_t, size_t) = HC_REAL(aligned_alloc);
-    if (HP_UNLIKELY(!f)) return hp_pow2(align) ? hc_pool_alloc(n, align) : NULL;
+    if (HP_UNLIKELY(!f)) return hp_pow2(align) ? hp_pool_alloc(n, align) : NULL;
     int handled;
     void *p = hp_aligned(align, n, HP_SITE, &handled);
     return handled ? p : f(align, n);
@@ -122,7 +165,7 @@ HP_EXPORT void *aligned_alloc(size_t align, size_t n) {
 
 HP_EXPORT void *memalign(size_t align, size_t n) {
     void *(*f)(size_t, size_t) = HC_REAL(memalign);
-    if (HP_UNLIKELY(!f)) return hp_pow2(align) ? hc_pool_alloc(n, align) : NULL;
+    if (HP_UNLIKELY(!f)) return hp_pow2(align) ? hp_pool_alloc(n, align) : NULL;
     int handled;
     void *p = hp_aligned(align, n, HP_SITE, &handled);
     return handled ? p : f(align, n);
@@ -131,7 +174,7 @@ HP_EXPORT void *memalign(size_t align, size_t n) {
 HP_EXPORT void *valloc(size_t n) {
     void *(*f)(size_t) = HC_REAL(valloc);
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    if (HP_UNLIKELY(!f)) return hc_pool_alloc(n, page);
+    if (HP_UNLIKELY(!f)) return hp_pool_alloc(n, page);
     int handled;
     void *p = hp_aligned(page, n, HP_SITE, &handled);
     return handled ? p : f(n);
@@ -149,7 +192,7 @@ HP_EXPORT void *pvalloc(size_t n) {
         return NULL;
     }
     void *(*f)(size_t, size_t) = HC_REAL(memalign);
-    if (HP_UNLIKELY(!f)) return hc_pool_alloc(rounded, page);
+    if (HP_UNLIKELY(!f)) return hp_pool_alloc(rounded, page);
     int handled;
     void *p = hp_aligned(page, rounded, HP_SITE, &handled);
     return handled ? p : f(page, rounded);

@@ -3,6 +3,29 @@
  * the options, the arenas API, the table), the constructor (the sites file), exit (the samples
  * still live judged, the learn file, the stats line). */
 
+/* free's next step the real free itself, if the start-up pool never gave a block (called at
+ * start, the real functions known). A block the pool gives meanwhile (a thread that found no
+ * real function before they were published) puts hp_free_whole back (hp_pool_alloc) before it
+ * returns the block: each side writes, then a fence, then the other side's word is read or
+ * written, so that either this one sees the pool used or the pool's write comes last. */
+static void hp_free_direct(void) {
+    void (*f)(void *) = __atomic_load_n(&hc_real.free, __ATOMIC_ACQUIRE);
+    if (f == NULL || __atomic_load_n(&hc_pool_used, __ATOMIC_RELAXED) != 0) return;
+    __atomic_store_n(&hp_free_next, f, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&hc_pool_used, __ATOMIC_RELAXED) != 0)
+        __atomic_store_n(&hp_free_next, hp_free_whole, __ATOMIC_RELAXED);
+}
+
+/* The start-up pool's block (bootstrap_pool.h), free's next step then the whole one
+ * (hp_free_direct says why) */
+static void *hp_pool_alloc(size_t n, size_t align) {
+    void *p = hc_pool_alloc(n, align);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    __atomic_store_n(&hp_free_next, hp_free_whole, __ATOMIC_RELAXED);
+    return p;
+}
+
 /* Once, from the first hook call that finds the real functions: the options, the arenas API,
  * the long arena. A call nested in it (dlsym's calloc, jemalloc's own start) passes through;
  * so do calls from other threads meanwhile (no waiting, no lock: safe across fork too). */
@@ -45,8 +68,11 @@ static __attribute__((noinline)) void hp_start(void) {
         }
     }
     __atomic_store_n(&hp_state, next, __ATOMIC_RELEASE);
-    if (next == HP_ON && !hp_by_size && !hp_life_on)
+    if (next == HP_ON && !hp_by_size && !hp_life_on) {
         __atomic_store_n(&hp_plain, 1, __ATOMIC_RELEASE);
+        hp_fast_update();
+    }
+    hp_free_direct();
 }
 
 /* The stats line (stats=1: stderr; a path: appended), once, at exit. */
@@ -62,9 +88,9 @@ static void hp_write_stats(void) {
     }
     unsigned long sites_long = 0, sites_seen = 0, sites_aside = 0;
     for (unsigned e = 0; e < HP_NSITES; e++) {
-        sites_seen += hp_sites[e].word != 0;
-        sites_long += hp_sites[e].word & 1;
-        sites_aside += hp_sites[e].word && hp_aside(hp_sites[e].falls);
+        sites_seen += hp_site_word[e] != 0;
+        sites_long += hp_site_word[e] & 1;
+        sites_aside += hp_site_word[e] && hp_aside(hp_sites[e].falls);
     }
     char line[768];
     char *end = line + sizeof line - 1, *p = hc_text(line, end, "heapcast place: pid=");
@@ -116,10 +142,9 @@ __attribute__((destructor)) static void hp_destructor(void) {
     uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
     if (hp_set.mode == HP_PREDICT) {
         for (unsigned i = 0; i < HP_NSAMPLES; i++) {
-            struct hp_sample *slot = &hp_samples[i];
-            uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
-            if (k == 0) continue;
-            uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_ACQUIRE);
+            uintptr_t k = __atomic_load_n(&hp_sample_ptr[i], __ATOMIC_ACQUIRE);
+            if (k == HP_EMPTY) continue;
+            uint64_t v = __atomic_load_n(&hp_sample_val[i], __ATOMIC_ACQUIRE);
             if (((now - v) & HP_CLOCK_MASK) >= hp_set.horizon) hp_verdict(v, 1);
         }
     }

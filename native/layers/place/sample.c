@@ -6,15 +6,22 @@
  * short for its site; one still live past the horizon counts long, at its free, when a later
  * sample claims its slot, or when the sweep finds it. */
 
-struct hp_sample {
-    uintptr_t ptr; /* 0: free slot */
-    uint64_t val;  /* HP_PLACED_LONG | site entry << 48 | the clock at its allocation */
-};
+/* A slot: hp_sample_ptr[i], the sampled block (HP_EMPTY: a free slot), and hp_sample_val[i],
+ * HP_PLACED_LONG | site entry << 48 | the clock at its allocation. Two arrays, so that a free
+ * asks its slot by one scaled load (hooks.c); a free slot holds 1, no block's address, so that
+ * free(NULL) matches none. */
 #define HP_PLACED_LONG (UINT64_C(1) << 63) /* the sampled block went to the long arena */
-static struct hp_sample hp_samples[HP_NSAMPLES] __attribute__((aligned(64)));
+#define HP_EMPTY ((uintptr_t)1)
+static uintptr_t hp_sample_ptr[HP_NSAMPLES] __attribute__((aligned(64))) = {
+    [0 ... HP_NSAMPLES - 1] = HP_EMPTY};
+static uint64_t hp_sample_val[HP_NSAMPLES] __attribute__((aligned(64)));
 static uint64_t hp_clock __attribute__((aligned(64)));
-/* the thread's allocations left until its next sample (decide.c hp_sampling counts it down) */
-static __thread int hp_tls_countdown __attribute__((tls_model("initial-exec")));
+/* The thread's allocations left until its next sample, less 2 (decide.c: hp_sampling counts it
+ * down, hp_unsampled and the hooks' short path take one off while it stays >= 0): so that the
+ * short path asks it by one decrement and its sign. -2 at a thread's start: its first allocation
+ * is sampled. */
+#define HP_LEFT(n) ((n) - 2) /* the stored value for n allocations left */
+static __thread int hp_tls_countdown __attribute__((tls_model("initial-exec"))) = HP_LEFT(0);
 
 static inline unsigned hp_sample_index(uintptr_t p) {
     return (unsigned)((p * UINT64_C(0x9E3779B97F4A7C15)) >> 52) & (HP_NSAMPLES - 1);
@@ -37,39 +44,39 @@ static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site, int pla
         hp_tls_countdown = INT32_MAX; /* mode=sites, size: nothing to learn */
         return;
     }
-    hp_tls_countdown = hp_set.sample;
+    hp_tls_countdown = HP_LEFT(hp_set.sample);
     if (p == NULL) return;
     struct hp_stripe *s = hp_stripe();
     HP_COUNT(s, sampled);
     unsigned e = hp_site_index(site);
-    uintptr_t w = __atomic_load_n(&hp_sites[e].word, __ATOMIC_RELAXED);
+    uintptr_t w = __atomic_load_n(&hp_site_word[e], __ATOMIC_RELAXED);
     if ((w >> 1) != site) { /* new here: this site takes the entry, counts afresh */
         __atomic_store_n(&hp_sites[e].nshort, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&hp_sites[e].nlong, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&hp_sites[e].falls, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&hp_sites[e].word, site << 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&hp_site_word[e], site << 1, __ATOMIC_RELAXED);
     }
     uint64_t now = __atomic_add_fetch(&hp_clock, (uint64_t)hp_set.sample, __ATOMIC_RELAXED);
     hp_sweep(now);
-    struct hp_sample *slot = &hp_samples[hp_sample_index((uintptr_t)p)];
-    uintptr_t old = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
-    if (old != 0) {
-        uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_RELAXED);
+    unsigned i = hp_sample_index((uintptr_t)p);
+    uintptr_t old = __atomic_load_n(&hp_sample_ptr[i], __ATOMIC_ACQUIRE);
+    if (old != HP_EMPTY) {
+        uint64_t v = __atomic_load_n(&hp_sample_val[i], __ATOMIC_RELAXED);
         if (((now - v) & HP_CLOCK_MASK) < hp_set.horizon) {
             HP_COUNT(s, dropped); /* the slot's block is young still: keep watching it */
             return;
         }
-        if (!__atomic_compare_exchange_n(&slot->ptr, &old, (uintptr_t)p, 0, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_RELAXED))
+        if (!__atomic_compare_exchange_n(&hp_sample_ptr[i], &old, (uintptr_t)p, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
             return;
         __atomic_fetch_add(&hp_evicted_long, 1, __ATOMIC_RELAXED);
         hp_verdict(v, 1); /* outlived the horizon: its site's long count */
-    } else if (!__atomic_compare_exchange_n(&slot->ptr, &old, (uintptr_t)p, 0, __ATOMIC_ACQ_REL,
-                                            __ATOMIC_RELAXED)) {
+    } else if (!__atomic_compare_exchange_n(&hp_sample_ptr[i], &old, (uintptr_t)p, 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
         return;
     }
     uint64_t mark = placed_long ? HP_PLACED_LONG : 0;
-    __atomic_store_n(&slot->val, mark | ((uint64_t)e << 48) | (now & HP_CLOCK_MASK),
+    __atomic_store_n(&hp_sample_val[i], mark | ((uint64_t)e << 48) | (now & HP_CLOCK_MASK),
                      __ATOMIC_RELEASE);
 }
 
@@ -82,12 +89,12 @@ static unsigned hp_sweep_cursor;
 static void hp_sweep(uint64_t now) {
     unsigned c = __atomic_fetch_add(&hp_sweep_cursor, HP_SWEEP, __ATOMIC_RELAXED);
     for (unsigned i = 0; i < HP_SWEEP; i++) {
-        struct hp_sample *slot = &hp_samples[(c + i) & (HP_NSAMPLES - 1)];
-        uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_ACQUIRE);
-        if (k == 0) continue;
-        uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_ACQUIRE);
+        unsigned j = (c + i) & (HP_NSAMPLES - 1);
+        uintptr_t k = __atomic_load_n(&hp_sample_ptr[j], __ATOMIC_ACQUIRE);
+        if (k == HP_EMPTY) continue;
+        uint64_t v = __atomic_load_n(&hp_sample_val[j], __ATOMIC_ACQUIRE);
         if (((now - v) & HP_CLOCK_MASK) < hp_set.horizon) continue;
-        if (!__atomic_compare_exchange_n(&slot->ptr, &k, 0, 0, __ATOMIC_ACQ_REL,
+        if (!__atomic_compare_exchange_n(&hp_sample_ptr[j], &k, HP_EMPTY, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_RELAXED))
             continue;
         __atomic_fetch_add(&hp_evicted_long, 1, __ATOMIC_RELAXED);
@@ -95,21 +102,23 @@ static void hp_sweep(uint64_t now) {
     }
 }
 
-/* At a free: if p is a sampled block, its verdict. Then the caller frees it. */
+/* At a free: 1 if p is a sampled block (its slot holds p), the caller then calls
+ * hp_free_sampled (out of line). One scaled load and a compare: the table is empty outside
+ * mode=predict, so no flag is asked first, and no slot holds NULL. */
 static inline __attribute__((always_inline)) int hp_is_sampled(void *p) {
-    if (!hp_learning) return 0;
-    uintptr_t k = __atomic_load_n(&hp_samples[hp_sample_index((uintptr_t)p)].ptr, __ATOMIC_RELAXED);
-    return HP_UNLIKELY(k == (uintptr_t)p) && p != NULL;
+    /* a plain load (as decide.c hp_short's), so that the compare reads memory itself */
+    return HP_UNLIKELY(hp_sample_ptr[hp_sample_index((uintptr_t)p)] == (uintptr_t)p);
 }
 
 /* p's verdict if p is a sampled block (the hooks ask hp_is_sampled first, inline, and call this
  * out of line: a free of a block not sampled needs no stack frame) */
 static __attribute__((noinline)) void hp_free_sampled(void *p) {
-    struct hp_sample *slot = &hp_samples[hp_sample_index((uintptr_t)p)];
-    uintptr_t k = __atomic_load_n(&slot->ptr, __ATOMIC_RELAXED);
-    if (HP_LIKELY(k != (uintptr_t)p) || p == NULL) return;
-    uint64_t v = __atomic_load_n(&slot->val, __ATOMIC_ACQUIRE);
-    if (!__atomic_compare_exchange_n(&slot->ptr, &k, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+    unsigned i = hp_sample_index((uintptr_t)p);
+    uintptr_t k = __atomic_load_n(&hp_sample_ptr[i], __ATOMIC_RELAXED);
+    if (HP_LIKELY(k != (uintptr_t)p) || k == HP_EMPTY) return;
+    uint64_t v = __atomic_load_n(&hp_sample_val[i], __ATOMIC_ACQUIRE);
+    if (!__atomic_compare_exchange_n(&hp_sample_ptr[i], &k, HP_EMPTY, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
         return;
     uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
     int outlived = ((now - v) & HP_CLOCK_MASK) >= hp_set.horizon;

@@ -22,6 +22,7 @@ static void hp_key_depth(unsigned depth) {
         depth = 1;
     }
     __atomic_store_n(&hp_depth, depth, __ATOMIC_RELEASE);
+    hp_fast_update();
 }
 
 /* dlclose: an unloaded module's addresses may come to hold other code, whose frames must not be

@@ -7,11 +7,14 @@
  * has fallen from long back to short `falls` times stays short (aside); a site never seen is
  * short. */
 
+/* hp_site_word[e]: site << 1 | long; 0: empty. The one word the hot path reads, in an array of
+ * its own so that the hooks index it by a scaled load (decide.c, hooks.c); hp_sites[e], its
+ * counts. */
 struct hp_site {
-    uintptr_t word;          /* site << 1 | long; 0: empty. The one field the hot path reads. */
     uint16_t nshort, nlong;  /* sampled blocks that died young, that outlived the horizon */
     uint16_t falls;          /* times its verdict fell from long back to short (hp_learn) */
 };
+static uintptr_t hp_site_word[HP_NSITES] __attribute__((aligned(64)));
 static struct hp_site hp_sites[HP_NSITES] __attribute__((aligned(64)));
 
 static inline unsigned hp_site_index(uintptr_t site) {
@@ -31,12 +34,13 @@ static void hp_learn(unsigned e, int outlived) {
     if (ns + nl > 256) ns /= 2, nl /= 2;
     __atomic_store_n(&t->nshort, ns, __ATOMIC_RELAXED);
     __atomic_store_n(&t->nlong, nl, __ATOMIC_RELAXED);
-    uintptr_t w = __atomic_load_n(&t->word, __ATOMIC_RELAXED);
+    uintptr_t w = __atomic_load_n(&hp_site_word[e], __ATOMIC_RELAXED);
     if (w == 0) return;
     uintptr_t lng = nl >= 2 && (uint64_t)nl * 100 >= (uint64_t)hp_set.pct * (ns + nl);
     uint16_t falls = __atomic_load_n(&t->falls, __ATOMIC_RELAXED);
     if ((w & 1) && !lng && falls < UINT16_MAX)
         __atomic_store_n(&t->falls, ++falls, __ATOMIC_RELAXED);
     if (hp_aside(falls)) lng = 0; /* its verdict proved unstable */
-    __atomic_store_n(&t->word, (w & ~(uintptr_t)1) | lng, __ATOMIC_RELAXED);
+    if (lng) hp_long_site(w >> 1);
+    __atomic_store_n(&hp_site_word[e], (w & ~(uintptr_t)1) | lng, __ATOMIC_RELAXED);
 }

@@ -92,7 +92,10 @@ static void hp_read_sites(void) {
         } else {
             site = hp_site_named(line);
         }
-        if (site) hp_sites[hp_site_index(site)].word = site << 1 | 1;
+        if (site) {
+            hp_long_site(site);
+            hp_site_word[hp_site_index(site)] = site << 1 | 1;
+        }
     }
 }
 
@@ -110,7 +113,7 @@ static void hp_write_sites(void) {
     *q++ = '\n';
     hc_write_all(fd, line, (size_t)(q - line));
     for (unsigned e = 0; e < HP_NSITES; e++) {
-        uintptr_t w = hp_sites[e].word;
+        uintptr_t w = hp_site_word[e];
         if (!(w & 1)) continue;
         q = line;
         if (depth > 1) {
