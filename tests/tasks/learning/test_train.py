@@ -17,10 +17,13 @@ from tasks.learning.train import evaluate, train  # noqa: E402
 from tasks.replay.workloads import load_catalog  # noqa: E402
 from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
-# run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = [pytest.mark.backends, pytest.mark.slow]
+# the tests marked `backends` (a model trained, scored, resumed) run under every Keras backend
+# (`make test`: TensorFlow, then JAX); the two that check backend-free code (the counters without
+# the questions' network, the cross-fitted tables in numpy) run once
+pytestmark = pytest.mark.slow
 
 
+@pytest.mark.backends
 def test_train_and_evaluate_give_a_complete_outcome(events_root, tmp_path):
     cfg = tiny_train_config(tmp_path / "ckpt")
     trained = train.fn(events_root, cfg, load_catalog(cfg.data.catalog))
@@ -127,6 +130,7 @@ def test_without_the_questions_network_the_counters_answer_and_the_table_follows
     assert {a.against for a in outcome.table_agreement} == {"class_online"}
 
 
+@pytest.mark.backends
 def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
     import keras
 
@@ -155,6 +159,7 @@ def test_a_killed_training_resumes_at_the_next_epoch(events_root, tmp_path):
     assert len(facts["history"]["loss"]) == 3
 
 
+@pytest.mark.backends
 def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tmp_path):
     cfg = tiny_train_config(
         tmp_path / "ckpt",
@@ -169,6 +174,7 @@ def test_windows_mode_trains_and_is_scored_on_the_same_positions(events_root, tm
     assert outcome.model.output_shape == (None, 64)
 
 
+@pytest.mark.backends
 def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_root, tmp_path):
     from tasks.dataset.token_runs import concat_runs
     from tasks.learning.nextcall.chunks import train_chunks
@@ -182,6 +188,7 @@ def test_train_chunk_contexts_sets_the_sequence_training_chunk_length(events_roo
     assert facts["predictions"] == (facts["steps_per_epoch"] - 2) * 8 * 30  # 2 untimed steps
 
 
+@pytest.mark.backends
 def test_ngram_hybrid_trains_and_is_scored_from_tokens_alone(events_root, tmp_path):
     cfg = tiny_train_config(
         tmp_path / "ckpt", model={"units": [8], "ngram_features": True, "ngram_order": 3}
@@ -243,6 +250,7 @@ def test_crossfit_features_come_from_the_other_workloads_table(events_root, tmp_
     assert training_tables(single, one, one.position_in_thread(), cfg)[1] is None
 
 
+@pytest.mark.backends
 def test_an_online_hybrid_champion_is_rescored_exactly_as_it_was_scored(events_root, tmp_path):
     # GIVEN the default family (n-gram + online features, cross-fitted), trained and scored
     from tasks.registry.register import champion_rescorer

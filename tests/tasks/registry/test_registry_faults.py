@@ -384,10 +384,12 @@ def race(tmp_path: Path, rounds: list[tuple[str, str]]) -> list[tuple[str, float
     return out
 
 
-# the races: three rounds with the better one first and three with the worse, with the code as
-# it is; then the better first with no store lock (a tracking server), and with neither lock nor
-# settle() (the control). One pair of processes runs them all, a fresh store each round.
-RACES = [("better", "safe"), ("worse", "safe")] * 3 + [
+# the races: a round with the better one first and one with the worse, with the code as it is;
+# then the better first with no store lock (a tracking server), and with neither lock nor
+# settle() (the control). One pair of processes runs them all, a fresh store each round. The
+# schedule is forced by signals (CHILD_RACES), so a round interleaves the same way every time:
+# one round per order shows what three did.
+RACES = [("better", "safe"), ("worse", "safe")] + [
     ("better", "settle-only"),
     ("better", "unsafe"),
 ]
@@ -405,10 +407,10 @@ def raced(tmp_path_factory) -> dict[str, list[tuple[str, float]]]:
 
 def test_two_processes_registering_at_once_leave_the_alias_on_the_better(raced):
     # GIVEN two real processes, one registering a better and one a worse model, racing on the
-    # same fresh SQLite store, three rounds with the better one first and three with the worse
+    # same fresh SQLite store, a round with the better one first and one with the worse
     # WHEN they register at once (see CHILD_RACES for the schedule)
     # THEN every round ends with the alias on the better model, whichever wrote last
-    assert [top1 for _, top1 in raced["safe"]] == [0.85] * 6, raced
+    assert [top1 for _, top1 in raced["safe"]] == [0.85] * 2, raced
 
 
 def test_the_schedule_loses_the_race_without_the_protections(raced):

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = [pytest.mark.backends, pytest.mark.slow]
+# the tests marked `backends` run under every Keras backend (`make test`: TensorFlow, then JAX):
+# a model saved here loads there, whichever is here; the others run once (the two-device step's
+# child is JAX whatever the pass, and the rest is backend-free)
+pytestmark = pytest.mark.slow
 
 keras = pytest.importorskip("keras")
 
@@ -69,6 +71,7 @@ def _hybrid(tmp_path: Path):
     return full, x, path
 
 
+@pytest.mark.backends
 def test_a_model_saved_on_one_backend_answers_the_same_on_the_other(tmp_path):
     # GIVEN a hybrid saved here (its n-gram table, 62-bit keys, inside as weights)
     full, x, path = _hybrid(tmp_path)
@@ -174,6 +177,7 @@ def test_a_step_split_over_two_devices_is_the_step_on_one():
     assert "batch size 7 does not split over 2 devices: use 6 or 8" in child.stdout.splitlines()[-1]
 
 
+@pytest.mark.backends
 def test_a_model_saved_before_the_backends_loads_and_answers_as_it_did():
     # GIVEN a hybrid (n-gram orders to 12, online features, copy paths) saved by heapcast before
     # the model was backend-neutral (commit 493191d, TensorFlow), with what it predicted then

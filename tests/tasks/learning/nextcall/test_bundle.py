@@ -24,8 +24,10 @@ from tests.tasks.learning.tiny_training import tiny_train_config  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[4]
 
-# run under every Keras backend (`make test`: TensorFlow, then JAX)
-pytestmark = [pytest.mark.backends, pytest.mark.slow]
+# the test marked `backends` (a bundle trained here) runs under every Keras backend (`make test`:
+# TensorFlow, then JAX); the others run once (the two-device training's child is JAX whatever the
+# pass, and the refusals are backend-free)
+pytestmark = pytest.mark.slow
 
 
 def _cfg(tmp_path):
@@ -34,6 +36,7 @@ def _cfg(tmp_path):
     )
 
 
+@pytest.mark.backends
 def test_a_bundle_reads_back_as_written_and_trains_to_the_nights_scores(events_root, tmp_path):
     # GIVEN a bundle exported from the data root (n-gram table, both feature columns)
     cfg = _cfg(tmp_path)

@@ -119,9 +119,11 @@ class Epochs:
 
 
 # the checkpoint a backend writes is the one it resumes from: under every Keras backend (`make
-# test`: TensorFlow, then JAX); a torn backup (below) is a file-level fact, checked once
-@pytest.mark.backends
-@pytest.mark.parametrize(("epoch", "resumes_at"), [(1, 1), (0, 0)])
+# test`: TensorFlow, then JAX); a kill before any backup (nothing to resume from) and a torn
+# backup (below) are file-level facts, checked once
+@pytest.mark.parametrize(
+    ("epoch", "resumes_at"), [pytest.param(1, 1, marks=pytest.mark.backends), (0, 0)]
+)
 def test_a_training_killed_mid_epoch_resumes_from_its_checkpoint(
     events_root, tmp_path, epoch, resumes_at
 ):
