@@ -104,3 +104,30 @@ def test_baselines_answer_the_same_positions():
     assert top1(truth, answers["ngram"]) > top1(truth, answers["majority"])
     # the online counter learns each run from its own past: the repeated pattern is soon exact
     assert top1(truth, answers["ngram_online"]) > top1(truth, answers["majority"])
+
+
+def test_top_of_is_the_stable_argsort_of_every_row_ties_lower_token_first():
+    """The evaluation's top-5 of a distribution: the stable argsort's, for float32 and float64,
+    with ties (equal values, zeros) answered lower token first."""
+    from tasks.learning.predictions import top_of
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        p = rng.dirichlet(np.full(64, 0.3), 2000).astype(dtype)
+        p[:300] = np.round(p[:300], 1)  # many ties
+        p[300:310] = 0
+        want = np.argsort(-p, axis=1, kind="stable")[:, :5].astype(np.uint8)
+        assert np.array_equal(top_of(p), want)
+    assert top_of(np.array([[0.1, 0.3, 0.3, 0.3]])).tolist() == [[1, 2, 3, 0]]
+
+
+def test_fill_top_matches_a_row_by_row_reading():
+    rng = np.random.default_rng(1)
+    cand = rng.integers(0, 64, (500, 12)).astype(np.uint8)
+    cand[rng.random(cand.shape) < 0.5] = NONE
+    fallback = np.array([7, 3, 7, 9, 1], np.uint8)
+    want = []
+    for row in cand:
+        seen = [t for t in dict.fromkeys([*row.tolist(), *fallback.tolist()]) if t != NONE][:5]
+        want.append(seen + [NONE] * (5 - len(seen)))
+    assert fill_top(cand, fallback).tolist() == want
