@@ -24,6 +24,7 @@ from keras import ops
 from tasks.dataset.frame_tokens import FRAME_PIECES
 from tasks.dataset.token_runs import TokenRun, eval_positions
 from tasks.dataset.tokens import N_TOKENS
+from tasks.learning.batching import filled
 from tasks.learning.counters.online import online_features
 from tasks.learning.nextcall.backend import configure, placement, use_placement
 from tasks.learning.nextcall.stack_input import stack_input
@@ -358,12 +359,10 @@ def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, sco
     done = 0
     for x, y in batches:
         b = len(y)
-        # every call at the full batch size: a shorter last batch would make the backend trace
-        # (TensorFlow) or compile (JAX) the model once more, ~6 CPU s for the quick night's
-        # model, for a few rows; the copies of its last chunk are answered and dropped
-        inputs = [_filled(a, batch_size) for a in ([*x] if isinstance(x, tuple) else [x])]
+        # every call at the full batch size (tasks/learning/batching.py)
+        inputs = [filled(a, batch_size) for a in ([*x] if isinstance(x, tuple) else [x])]
         got = (
-            score.predict_on_batch([*inputs, _filled(y, batch_size)])
+            score.predict_on_batch([*inputs, filled(y, batch_size)])
             if scored
             else seq_model.predict_on_batch(inputs if len(inputs) > 1 else inputs[0])
         )
@@ -371,14 +370,6 @@ def _scored_batches(seq_model, run: TokenRun, context: int, batch_size: int, sco
         keep = (out >= lo[done : done + b, None]) & (out < hi[done : done + b, None])
         yield got, keep
         done += b
-
-
-def _filled(a: np.ndarray, rows: int) -> np.ndarray:
-    """`a` [b, ...] with its last row repeated up to `rows` rows (b >= 1)."""
-    a = np.asarray(a)
-    if len(a) >= rows:
-        return a
-    return np.concatenate([a, np.repeat(a[-1:], rows - len(a), axis=0)])
 
 
 def _check_scored(run: TokenRun, n: int) -> None:

@@ -34,6 +34,7 @@ from tasks.dataset.events_reader import StackFrames
 from tasks.dataset.frame_tokens import FRAME_DEPTH, FRAME_PIECES, RunStacks
 from tasks.dataset.token_runs import event_stack_rows
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
+from tasks.learning.batching import filled, full_batches
 from tasks.learning.counters.by_due import freed_allocations, online_by_due
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
@@ -332,9 +333,11 @@ class QuestionNetwork:
         out: dict[str, list[np.ndarray]] = {q: [] for q in QUESTION_CLASSES}
         for lo in range(0, m, ANSWER_WINDOWS):  # a loop over chunks of windows
             chunk = _with_frames(x, stacks, slice(lo, lo + ANSWER_WINDOWS))
+            b = len(chunk["tokens"])  # the last chunk at full batches (tasks/learning/batching.py)
+            chunk = {k: filled(v, full_batches(b, batch_size)) for k, v in chunk.items()}
             said = self.model.predict(chunk, batch_size=batch_size, verbose=0)
             for q in QUESTION_CLASSES:
-                out[q].append(np.asarray(said[q]))
+                out[q].append(np.asarray(said[q])[:b])
         w, s = where[0]
         n = len(inputs.order)
         answers = {}

@@ -190,6 +190,11 @@ def test_a_network_answers_inputs_made_at_another_depth():
         # THEN each reads its own depth (cut, or padded), and answers every call
         assert got["reuse"].shape == (300, REUSE_CLASSES)
         np.testing.assert_allclose(got["lifetime_calls"].sum(axis=1), 1.0, rtol=1e-5)
+        # AND at any batch size (its last batch filled with copies, their answers dropped)
+        for batch_size in (1, 7):
+            again = QuestionNetwork(keras_net, 0, 0, 0.0).answer(inputs, batch_size=batch_size)
+            for q, p in got.items():
+                np.testing.assert_allclose(again[q], p, rtol=1e-5, atol=1e-6)
 
 
 def test_a_bad_setting_is_refused_with_its_field():
