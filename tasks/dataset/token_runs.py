@@ -171,16 +171,20 @@ def event_stack_rows(
     return (frames.index(stack) + 1).astype(np.int32)
 
 
-def call_stack_rows(table: pa.Table, frames: StackFrames) -> np.ndarray:
+def call_stack_rows(
+    table: pa.Table, frames: StackFrames, order: np.ndarray | None = None
+) -> np.ndarray:
     """int32 [n], the table's row order: each event's row of stack_tokens(frames, ...), a free
     without a stack its block's allocation's (the row `lifetime_calls` calls of its process
-    after the allocation, the process's calls ordered by time, thread and seq); 0: none."""
+    after the allocation, the process's calls ordered by time, thread and seq); 0: none.
+    `order`: that process order where the caller has it (tasks.learning.labels.process_order)."""
     rows = event_stack_rows(frames, table.column("stack"))
     pid = table.column("pid").to_numpy().astype(np.int64)
-    order = np.lexsort(
-        (table.column("seq").to_numpy(), table.column("thread").to_numpy(),
-         table.column("time_ns").to_numpy(), pid)
-    )  # fmt: skip
+    if order is None:
+        order = np.lexsort(
+            (table.column("seq").to_numpy(), table.column("thread").to_numpy(),
+             table.column("time_ns").to_numpy(), pid)
+        )  # fmt: skip
     life = table.column("lifetime_calls").fill_null(0).to_numpy().astype(np.int64)[order]
     p = pid[order]
     last = np.flatnonzero(np.append(p[1:] != p[:-1], True))  # each process's last call

@@ -32,10 +32,10 @@ from keras import layers, ops
 
 from tasks.dataset.events_reader import StackFrames
 from tasks.dataset.frame_tokens import FRAME_DEPTH, FRAME_PIECES, RunStacks
-from tasks.dataset.token_runs import event_stack_rows
+from tasks.dataset.token_runs import call_stack_rows
 from tasks.dataset.tokens import FREE_OFFSET, N_TOKENS
 from tasks.learning.batching import filled, full_batches
-from tasks.learning.counters.by_due import freed_allocations, online_by_due
+from tasks.learning.counters.by_due import online_by_due
 from tasks.learning.labels import (
     LIFETIME_CALL_EDGES,
     NO_LABEL,
@@ -155,16 +155,10 @@ def _stack_inputs(
     table: pa.Table, order: np.ndarray, starts: np.ndarray, stacks: RunStacks | None
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(each call's row of the run's stack tokens, process order; the tokens): a call's own
-    stack, and at a free without one its block's allocation's (the row whose lifetime ends at
-    the free: lifetime_due, a numpy join; 0 where that allocation is not in the table)."""
+    stack, and at a free without one its block's allocation's (call_stack_rows)."""
     if stacks is None or not len(stacks.frames) or "stack" not in table.column_names:
         return None, None
-    rows = event_stack_rows(stacks.frames, table.column("stack"))[order]
-    freed_by = freed_allocations(lifetime_due(table, order, starts))
-    _, free_cls = request_and_free_classes(table)
-    borrow = (rows == 0) & (free_cls[order] >= 0) & (freed_by >= 0)
-    rows[borrow] = rows[freed_by[borrow]]
-    return rows, stacks.tokens
+    return call_stack_rows(table, stacks.frames, order)[order], stacks.tokens
 
 
 def _positions(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
