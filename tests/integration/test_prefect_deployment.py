@@ -5,7 +5,9 @@ GIVEN a `prefect server start` on a free port (its own PREFECT_HOME), the `heapc
 WHEN  `prefect deployment run nightly/nightly` runs a tiny quick night (one quick workload, as
       tests/flows/test_nightly.py's, and a training of a few steps) into a temporary data root
 THEN  the flow run ends Completed with every stage completed, the registry there has a
-      `champion`, and the nightly schedule has produced upcoming scheduled runs.
+      `champion`, the summary page names the replays, conversions, evaluation, heap reports and
+      what-if figures (as the night ran in-process did before: tests/flows/test_nightly.py
+      keeps the night's failures), and the nightly schedule has upcoming scheduled runs.
 
 What the whole quick night (every quick workload, configs/train-quick.yaml untouched) learns is
 `make run`'s to show; here the deployment's path is what is tested, on the smallest night.
@@ -224,8 +226,37 @@ def test_quick_nightly_run_registers_a_champion(prefect_services):
 
     artifacts = api(url, "/artifacts/filter", {"artifacts": {"key": {"any_": ["nightly-summary"]}}})
     assert artifacts and "heapcast nightly" in artifacts[0]["data"]
+    page = artifacts[0]["data"]
     # a night that completes may still have failed a stage (it goes on without it): none did
-    assert "4 of 4 stages completed" in artifacts[0]["data"], artifacts[0]["data"]
+    assert "4 of 4 stages completed" in page, page
+    for stage in ("trace", "dataset", "train", "whatif"):
+        assert f"| {stage} | ok |" in page, page
+    # the summary says what ran: both replays, both conversions, the evaluation
+    assert "2 of 2 replays ok" in page and "2 run(s) converted: sqlite3/medium" in page
+    assert "ngram top-1" in page
+    # the first model in a fresh registry takes the alias
+    assert "**The champion changed**: version (none) → version 1." in page
+    # a heap report per evaluation run of the model (not the training run), under the root
+    assert "## Heap reports (evaluation runs)" in page
+    reports = re.findall(r"`(/[^`]+\.html)`", page)
+    assert reports and all(
+        Path(r).is_file() and r.startswith(str(root / "reports")) for r in reports
+    )
+    assert len(reports) < 2  # of the 2 runs, not the training run
+    # what the predictions bought: per workload at the whatif budget, guided by tonight's model
+    assert "## What the predictions bought (whatif, at 64.00 KiB held idle)" in page
+    assert "All workloads, by idle budget" in page
+    assert re.search(r"\n\| all \| \w+ 0\.\d+ \| 0\.\d+ \|", page), page
+    # the summary is kept under the data root too
+    (kept,) = (root / "nightly").glob("*.md")
+    assert "4 of 4 stages completed" in kept.read_text()
+    # the model's run stays readable: at most 60 metrics once the seeds stage (not in this
+    # night) adds its headline figures per case; its other figures go to a table
+    from tasks.allocators.seeds import HEADLINE_PAIRS
+
+    run = client.get_run(champion.run_id)
+    seed_cases = 3  # configs/allocators.yaml's seeds.workloads
+    assert len(run.data.metrics) + seed_cases * len(HEADLINE_PAIRS) <= 60, sorted(run.data.metrics)
 
 
 def _final_state(url: str, flow_run_id: str):
