@@ -58,6 +58,7 @@ from tasks.learning.scores import OVERALL, QuestionScores
 from tasks.learning.split import Split
 from tasks.learning.table.distill import (
     CONTEXT_DEPTH,
+    MIN_CONTEXT_FREES,
     ClassTable,
     TableAgreement,
     allocation_contexts,
@@ -91,6 +92,7 @@ def question_evaluation(
     network: QuestionsConfig | None = None,
     seed: int = 0,
     frames: Mapping[tuple[str, str], RunStacks] | None = None,
+    min_context_frees: float = MIN_CONTEXT_FREES,
 ) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/questions/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
@@ -98,7 +100,9 @@ def question_evaluation(
     layer's table distilled from it. `events`: each training and scored run's, by (workload,
     run), as tasks.learning.split.question_events reads them (the calls the next-call model's
     evaluation scores); `frames`: the same runs' stacks (read_run_stacks), which the context
-    counters and the network read (None: no context counters, and the network reads padding)."""
+    counters and the network read (None: no context counters, and the network reads padding);
+    `min_context_frees`: the training frees a table's (allocation context, class) key needs
+    (the night's: distill.MIN_CONTEXT_FREES; studies/night_context_table tries others)."""
 
     def stacks(key: tuple[str, str]) -> RunStacks | None:
         return None if frames is None else frames[key]
@@ -146,7 +150,7 @@ def question_evaluation(
     if known.context_counts is not None:
         # the keys the night's file holds (and the table answers from): enough training frees,
         # bounded in number (distill.MIN_CONTEXT_FREES, MAX_TABLE_CONTEXTS)
-        known = replace(known, context_counts=known.context_counts.bounded())
+        known = replace(known, context_counts=known.context_counts.bounded(min_context_frees))
     scores: list[QuestionScores] = []
     agreement: list[TableAgreement] = []
     kept: dict[tuple[str, str], RunAnswers] = {}  # the network's answers, for whatif
