@@ -51,6 +51,9 @@ from tasks.learning.train_config import load_train_config  # noqa: E402
 
 MIN_PROB = 1e-7  # the log-loss clip of tasks.learning.evaluate
 MIN_FREES = (1, 2, MIN_CONTEXT_FREES, 32, 128)  # the night's: MIN_CONTEXT_FREES
+# The classes the layer asks at all: blocks of min / 2 and up at its default min of 128 KiB
+# (layers/layer/table.c cmin = hcp_class(min / 2), the bit length of 65536)
+LAYER_MIN_CLASS = 17
 
 
 def _file(table, path: Path) -> dict:
@@ -63,11 +66,16 @@ def _file(table, path: Path) -> dict:
         "site_entries": len(got.sites),
         "context_entries": len(got.contexts),
         "context_depth": got.depth,
+        # the entries the layer loads and asks (its default min)
+        "site_entries_layer_classes": int(((got.sites >> 8) % 32 >= LAYER_MIN_CLASS).sum()),
+        "context_entries_layer_classes": int((got.contexts["word"] >> 8 >= LAYER_MIN_CLASS).sum()),
     }
 
 
 def _scores(y, probs, net_probs, at_site, at_ctx) -> dict:
     n = len(y)
+    if n == 0:
+        return {}
     p_true = probs[np.arange(n), y]
     keep = keep_soon(soon_of_reuse(probs)) == keep_soon(soon_of_reuse(net_probs))
     return {
@@ -130,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         (UNSEEN_PROGRAMS, split.unseen_programs),
         (HELDOUT_WORKLOADS, split.heldout),
     ):
-        got: dict[str, list] = {"y": [], "net": []}
+        got: dict[str, list] = {"y": [], "net": [], "cls": []}
         for w, r in sorted({(x.workload, x.run) for x in runs}):
             t, stack = events[(w, r)], frames[(w, r)]
             ctx = run_contexts(stack.frames, t)
@@ -143,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             site = call_sites(t)[rows_]
             alloc = allocation_contexts(t, ctx[CONTEXT_DEPTH])[rows_]
             got["y"].append(ans.labels.astype(np.int64))
+            got["cls"].append(cls)
             got["net"].append(said["reuse"][rows_])
             for name, v in variants.items():
                 # as the evaluation answers (reuse_answers): the layer's order of keys
@@ -152,11 +161,22 @@ def main(argv: list[str] | None = None) -> int:
         if not got["y"]:
             continue
         y, net = np.concatenate(got["y"]), np.concatenate(got["net"])
+        big = np.concatenate(got["cls"]) >= LAYER_MIN_CLASS
         none = np.zeros(len(y), bool)
-        row = {"table": table, "frees": len(y), "network": _scores(y, net, net, none, none)}
+        row = {
+            "table": table,
+            "frees": len(y),
+            "frees_layer_classes": int(big.sum()),
+            "network": _scores(y, net, net, none, none),
+            "network_layer_classes": _scores(y[big], net[big], net[big], none[big], none[big]),
+        }
         for name in variants:
             p, at_site, at_ctx = (np.concatenate(x) for x in zip(*got[name], strict=True))
             row[name] = _scores(y, p, net, at_site, at_ctx)
+            # the frees the layer asks about (large blocks)
+            row[f"{name}_layer_classes"] = _scores(
+                y[big], p[big], net[big], at_site[big], at_ctx[big]
+            )
         rows.append(row)
     if a.tables_out:
         for name in ("format_3", f"format_4_min{MIN_CONTEXT_FREES}"):
@@ -201,11 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['table']} ({r['frees']:,} frees), top-1 (log-loss), answered by context, site:")
         for name in ("network", *variants):
-            x = r[name]
-            print(
-                f"  {name}: {x['top1']:.4f} ({x['log_loss']:.3f}), {x['context_share']:.1%}, "
-                f"{x['site_share']:.1%}; keeps as the network {x['keep_agreement_with_network']:.1%}"
-            )
+            for sub, key in (("", name), (" (large)", f"{name}_layer_classes")):
+                x = r[key]
+                if not r["frees_layer_classes"] and sub:
+                    continue
+                print(
+                    f"  {name}{sub}: {x['top1']:.4f} ({x['log_loss']:.3f}), "
+                    f"{x['context_share']:.1%}, {x['site_share']:.1%}; keeps as the network "
+                    f"{x['keep_agreement_with_network']:.1%}"
+                )
+        print(f"  ({r['frees_layer_classes']:,} frees of blocks >= 64 KiB, the layer's)")
     print(f"files: {files}")
     print(f"the night's table rows: {night}")
     print(f"{seconds:.0f} s; wrote {a.out}")
