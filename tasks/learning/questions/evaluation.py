@@ -143,7 +143,7 @@ def question_evaluation(
         )
         known = distilled_table(train_inputs, train_answers, majority, alloc_ctx)
         lifetime = distilled_lifetime(train_inputs, train_answers)
-        del train_inputs, train_answers
+        del train_inputs, train_answers, alloc_ctx
     else:
         known = class_table(train_events, majority, table_ctx)
     del train_events, table_ctx
