@@ -114,6 +114,7 @@ STUDIES: tuple[Study, ...] = (
     Study("layer_seeds", "containers"),
     Study("layer_zero_hit", "valgrind, 10 minutes"),
     Study("layer_context_table", "the cache layer with two tables, 2 minutes"),
+    Study("night_context_table", "a quick night's data with call stacks, 3 minutes"),
     Study("lifetime_table", "a registered model"),
     Study("network_stacks", "trains two networks, 10 minutes"),
     Study("place_context", "containers, 15 minutes"),

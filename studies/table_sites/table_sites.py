@@ -134,7 +134,7 @@ def table_columns(runs, events, network, sited) -> dict[str, list[np.ndarray]]:
         at = np.isin(ra.rows, rows)
         cls, site = free[rows], call_sites(t)[rows]
         online = ra.probs["class_online"][at]
-        table_probs, by_site = sited.answer(site, cls, counter=online)
+        table_probs, by_site, _ = sited.answer(site, cls, counter=online)
         for key, v in (
             ("network", _keep(said["reuse"][rows])),
             ("table", _keep(table_probs)),

@@ -143,6 +143,7 @@ class Sample(BaseModel):
     layer_table: int | None = None
     layer_table_refused: int | None = None
     layer_table_sites: int | None = None  # frees a table's call-site entries answered
+    layer_table_contexts: int | None = None  # ... its allocation-context entries (format 4)
     # regret=1: misses a block the prediction passed on would have served, and the frees kept
     # on those regrets against the prediction (layer.c, The regret)
     layer_regret_hits: int | None = None
@@ -194,6 +195,7 @@ LAYER_COUNTERS = (
     "table",  # processes that used a table (the model's, for a table candidate)
     "table_refused",  # processes that refused the one they were given (one stderr line each)
     "table_sites",  # frees the table answered by call site and class (format 3), not by class
+    "table_contexts",  # frees the table answered by allocation context and class (format 4)
     "regret_hits",  # regret=1: misses a block the prediction passed on would have served
     "regret_keeps",  # regret=1: frees kept on the process's regrets against the prediction
 )

@@ -21,6 +21,7 @@ from pathlib import Path
 from tasks.learning.outcome import TrainOutcome
 from tasks.learning.questions.hedge import HEDGED
 from tasks.learning.scores import OVERALL
+from tasks.learning.table.distill import MIN_CONTEXT_FREES
 from tasks.learning.table.layer_file import ModelTable, model_version_number, write_layer_table
 from tasks.registry.table_files import (
     lifetime_file,
@@ -77,6 +78,9 @@ def headline_metrics(outcome: TrainOutcome) -> dict[str, float]:
             # the share the table answers by call site (format 3); NaN: no site keys
             if math.isfinite(a.site_coverage):
                 out[f"table.{HEADLINE_TABLE}.site_coverage"] = float(a.site_coverage)
+            # ... and by the freed block's allocation context (format 4)
+            if math.isfinite(a.context_coverage):
+                out[f"table.{HEADLINE_TABLE}.context_coverage"] = float(a.context_coverage)
     return out
 
 
@@ -147,11 +151,22 @@ def log_questions(outcome: TrainOutcome, version: str) -> None:
             Path(tmp) / TABLE_FILE, outcome.class_table, model_version_number(version)
         )
         mlflow.log_artifact(str(path), TABLE_ARTIFACT)
+        size = path.stat().st_size
+    ctx = outcome.class_table.context_counts
+    n_ctx = 0 if ctx is None else len(ctx.context)
+    mlflow.log_metrics({"table.context_entries": n_ctx, "table.file_bytes": size})
+    keys = (
+        f"each allocation context (depth {ctx.depth}) and size class with at least "
+        f"{MIN_CONTEXT_FREES} training frees ({n_ctx} keys, format 4), "
+        if n_ctx
+        else ""
+    )
     made_from = (
-        "distilled from the questions' network (its mean answer at the training frees of "
+        f"distilled from the questions' network (its mean answer at the training frees of {keys}"
         "each call site and size class, and of each size class)"
         if net is not None
-        else "from the training runs' statistics (per call site and size class, and per size class)"
+        else f"from the training runs' statistics (per {keys}call site and size class, and per "
+        "size class)"
     )
     mlflow.set_tag(
         TAG_TABLE,

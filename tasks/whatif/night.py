@@ -43,7 +43,7 @@ from tasks.learning.counters.baselines import NONE, TOP_K
 from tasks.learning.counters.online import OnlineCounter
 from tasks.learning.outcome import RegisteredModel
 from tasks.learning.table.distill import keep_soon
-from tasks.learning.table.layer_file import HEADER, read_table_file
+from tasks.learning.table.layer_file import HEADER, layer_entries, read_table_file
 from tasks.learning.train_config import TrainConfig
 from tasks.registry.champion import champion_config
 from tasks.registry.headline import PREFIX, WhatifHeadline, log_table
@@ -422,11 +422,22 @@ def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
         predictor.fail(questions_error=f"{type(err).__name__}: {err}"[:300])
 
 
+def table_file_scores(path: Path) -> np.ndarray:
+    """A layer table file's scores as the replay asks them (policy_core.class_scores_of): its
+    class scores, then its site entries, whatever its format (a format 4 file's context
+    entries are not replayed); a file the layer would refuse raises ValueError."""
+    read_table_file(path)
+    raw = path.read_bytes()
+    got = layer_entries(HEADER.unpack_from(raw)[1], raw[HEADER.size :])
+    return class_scores_of(got.keep_scores.tobytes() + got.sites.tobytes())
+
+
 def _fetch_class_scores(run_id: str) -> tuple[np.ndarray | None, str | None]:
     """The scores of the layer table a version's run logged (`table/heapcast.hcltab`,
     tasks/registry/question_artifacts.py), checked as the layer checks it: its class scores,
-    with its call-site entries where it has some (format 3; policy_core.TableScores, which the
-    replay asks as the layer does); or None and why."""
+    with its call-site entries where it has some (formats 3 and 4; policy_core.TableScores,
+    which the replay asks as the layer asks them); or None and why. A format 4 file's context
+    entries are not replayed: the replay keys a free on its call site, as a format 3 layer."""
     try:
         # deferred: imported on first use (MLflow), for start-up time
         import mlflow
@@ -435,9 +446,7 @@ def _fetch_class_scores(run_id: str) -> tuple[np.ndarray | None, str | None]:
             path = mlflow.artifacts.download_artifacts(
                 run_id=run_id, artifact_path=f"{TABLE_ARTIFACT}/{TABLE_FILE}", dst_path=tmp
             )
-            read_table_file(Path(path))  # refuses a file the layer would refuse
-            data = Path(path).read_bytes()[HEADER.size :]  # the class scores, then the sites
-        return class_scores_of(data), None
+            return table_file_scores(Path(path)), None
     except Exception as err:  # noqa: BLE001 - an older version logged none: said, not fatal
         return None, f"no layer table for layer_guided_table: {type(err).__name__}: {err}"[:300]
 

@@ -8,7 +8,7 @@ call sites."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +56,15 @@ from tasks.learning.questions.reuse import (
 )
 from tasks.learning.scores import OVERALL, QuestionScores
 from tasks.learning.split import Split
-from tasks.learning.table.distill import ClassTable, TableAgreement, class_table, table_agreement
+from tasks.learning.table.distill import (
+    CONTEXT_DEPTH,
+    MIN_CONTEXT_FREES,
+    ClassTable,
+    TableAgreement,
+    allocation_contexts,
+    class_table,
+    table_agreement,
+)
 from tasks.learning.train_config import QuestionsConfig
 
 
@@ -84,6 +92,7 @@ def question_evaluation(
     network: QuestionsConfig | None = None,
     seed: int = 0,
     frames: Mapping[tuple[str, str], RunStacks] | None = None,
+    min_context_frees: float = MIN_CONTEXT_FREES,
 ) -> QuestionEvaluation:
     """Every predictor of the reuse and lifetime questions (tasks/learning/questions/lifetime.py) on the
     split's evaluation runs, in the three tables (per workload and pooled as "all"); the
@@ -91,7 +100,9 @@ def question_evaluation(
     layer's table distilled from it. `events`: each training and scored run's, by (workload,
     run), as tasks.learning.split.question_events reads them (the calls the next-call model's
     evaluation scores); `frames`: the same runs' stacks (read_run_stacks), which the context
-    counters and the network read (None: no context counters, and the network reads padding)."""
+    counters and the network read (None: no context counters, and the network reads padding);
+    `min_context_frees`: the training frees a table's (allocation context, class) key needs
+    (the night's: distill.MIN_CONTEXT_FREES; studies/night_context_table tries others)."""
 
     def stacks(key: tuple[str, str]) -> RunStacks | None:
         return None if frames is None else frames[key]
@@ -103,11 +114,14 @@ def question_evaluation(
     # the context counters' training counts (context_table), keyed on each call's stack;
     # without the stacks read, no context counters
     priors = {}
+    # the rows' contexts at the layer table's depth (its format 4 keys); None without stacks
+    table_ctx: list[np.ndarray] | None = None
     if frames is not None:
         train_ctx = [
             run_contexts(frames[k].frames, t) for k, t in zip(train_runs, train_events, strict=True)
         ]
         priors = context_priors(train_events, train_ctx)
+        table_ctx = [c[CONTEXT_DEPTH] for c in train_ctx]
         del train_ctx
 
     def counters(t: pa.Table) -> dict[str, ReuseAnswers]:
@@ -122,12 +136,21 @@ def question_evaluation(
         net = train_network(train_inputs, network, seed)
         # both tables from one answer of the network at every training call
         train_answers = [net.answer(i) for i in train_inputs]
-        known = distilled_table(train_inputs, train_answers, majority)
+        alloc_ctx = (
+            None
+            if table_ctx is None
+            else [allocation_contexts(t, c) for t, c in zip(train_events, table_ctx, strict=True)]
+        )
+        known = distilled_table(train_inputs, train_answers, majority, alloc_ctx)
         lifetime = distilled_lifetime(train_inputs, train_answers)
-        del train_inputs, train_answers
+        del train_inputs, train_answers, alloc_ctx
     else:
-        known = class_table(train_events, majority)
-    del train_events
+        known = class_table(train_events, majority, table_ctx)
+    del train_events, table_ctx
+    if known.context_counts is not None:
+        # the keys the night's file holds (and the table answers from): enough training frees,
+        # bounded in number (distill.MIN_CONTEXT_FREES, MAX_TABLE_CONTEXTS)
+        known = replace(known, context_counts=known.context_counts.bounded(min_context_frees))
     scores: list[QuestionScores] = []
     agreement: list[TableAgreement] = []
     kept: dict[tuple[str, str], RunAnswers] = {}  # the network's answers, for whatif
@@ -229,5 +252,6 @@ def _table_scores(
         np.concatenate([a.probs[against] for a in frees]),
         against,
         np.concatenate([a.table_at_site for a in frees]),
+        np.concatenate([a.table_at_context for a in frees]),
     )
     return scores, [agreement]

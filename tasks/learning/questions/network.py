@@ -54,7 +54,13 @@ from tasks.learning.questions.reuse import (
     reuse_due,
 )
 from tasks.learning.stack_encoder import drop_stacks, stack_encoder
-from tasks.learning.table.distill import N_SIZE_CLASSES, SOON_CLASS, ClassTable
+from tasks.learning.table.distill import (
+    CONTEXT_DEPTH,
+    N_SIZE_CLASSES,
+    SOON_CLASS,
+    ClassTable,
+    context_sums,
+)
 from tasks.learning.train_config import QuestionsConfig
 
 PREDICTOR = "network"
@@ -397,22 +403,38 @@ class _WindowBatches(keras.utils.PyDataset):
 
 
 def distilled_table(
-    inputs: list[QuestionInputs], answers: list[dict[str, np.ndarray]], majority: np.ndarray
+    inputs: list[QuestionInputs],
+    answers: list[dict[str, np.ndarray]],
+    majority: np.ndarray,
+    alloc_contexts: list[np.ndarray | None] | None = None,
+    depth: int = CONTEXT_DEPTH,
 ) -> ClassTable:
     """The layer's table distilled from the network: per size class, and per call site and size
     class where the free had a site, the sum of the network's reuse distributions at the
     training frees with that key (ClassTable smooths them into the mean), so the table answers
-    each key as the network does on average there."""
+    each key as the network does on average there. With `alloc_contexts` (per run, TABLE row
+    order: the freed block's allocation's context at `depth`, distill.allocation_contexts;
+    None: a run without stacks), per (allocation context, size class) too (format 4), every
+    key the training frees had (ContextCounts.bounded trims them)."""
     sums = np.zeros((N_SIZE_CLASSES, REUSE_CLASSES))
     by_site = np.zeros((SITE_VOCABULARY, N_SIZE_CLASSES, REUSE_CLASSES))
-    for inp, ans in zip(inputs, answers, strict=True):
+    ctx_keys, ctx_cls, ctx_p = [], [], []
+    runs = alloc_contexts if alloc_contexts is not None else [None] * len(inputs)
+    for inp, ans, actx in zip(inputs, answers, runs, strict=True):
         cls = inp.free_class  # process order
         p = ans["reuse"][inp.order]  # process order
         at = (cls >= 0) & (inp.labels["reuse"] != NO_LABEL)
         np.add.at(sums, cls[at], p[at])
         has = at & (inp.sites > 0)  # sites: call site + 1, 0 where none
         np.add.at(by_site, (inp.sites[has] - 1, cls[has]), p[has])
-    return ClassTable(sums, np.asarray(majority, float), by_site)
+        if actx is not None:
+            c = np.asarray(actx, np.int64)[inp.order]  # process order
+            with_ctx = at & (c >= 0)
+            ctx_keys.append(c[with_ctx])
+            ctx_cls.append(cls[with_ctx])
+            ctx_p.append(p[with_ctx].astype(np.float64))
+    contexts = None if alloc_contexts is None else context_sums(depth, ctx_keys, ctx_cls, ctx_p)
+    return ClassTable(sums, np.asarray(majority, float), by_site, contexts)
 
 
 # The placement layer's "long" (native/layers/place/decide.c, native/TABLE.md): a block living past

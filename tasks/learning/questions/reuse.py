@@ -42,7 +42,7 @@ from tasks.learning.questions.context import (
 )
 from tasks.learning.questions.hedge import HEDGED, censored_events
 from tasks.learning.scores import OVERALL, QuestionScores
-from tasks.learning.table.distill import ClassTable, TableAgreement
+from tasks.learning.table.distill import ClassTable, TableAgreement, allocation_contexts
 
 QUESTION = "reuse"
 # site_survival, network_survival: the lifetime questions' censoring-aware estimates
@@ -104,6 +104,8 @@ class ReuseAnswers:
     learnt: tuple[np.ndarray, np.ndarray, np.ndarray]
     table_covered: np.ndarray | None = None  # bool [m]: the table has the free's class
     table_at_site: np.ndarray | None = None  # bool [m]: the table answered by call site
+    # bool [m]: the table answered by the freed block's allocation context (format 4)
+    table_at_context: np.ndarray | None = None
 
 
 def reuse_answers(
@@ -146,15 +148,23 @@ def reuse_answers(
             context_answers(order, chain, due, label, rows, probs["site_online"], prior, eps)
         )
     probs["majority"] = np.broadcast_to(majority, (len(rows), REUSE_CLASSES))
-    covered = at_site = None
+    covered = at_site = at_context = None
     if known is not None:
         cls = free_cls[rows]
-        probs["table"], at_site = known.answer(site[rows], cls, eps, probs["class_online"])
+        alloc_ctx = None
+        if known.context_counts is not None and contexts is not None:
+            # as the layer asks it: the context of the allocation this free frees, at the
+            # table's depth
+            alloc_ctx = allocation_contexts(table, contexts[known.context_counts.depth])[rows]
+        probs["table"], at_site, at_context = known.answer(
+            site[rows], cls, eps, probs["class_online"], alloc_ctx
+        )
         covered = known.covered()[cls]
     learnt = reuse_learnt(reuse_calls, ask >= 0, starts, due)
     return ReuseAnswers(
-        rows, labels[rows], probs, int((site[rows] < 0).sum()), learnt, covered, at_site
-    )
+        rows, labels[rows], probs, int((site[rows] < 0).sum()), learnt, covered, at_site,
+        at_context,
+    )  # fmt: skip
 
 
 def majority_of(tables: list[pa.Table], eps: float = 0.1) -> np.ndarray:
@@ -370,6 +380,11 @@ def question_lines(
                 line += (
                     f" ({a.site_coverage:.1%} of the frees answered by call site, "
                     f"{a.keep_agreement_at_sites:.1%} agreement there)"
+                )
+            if a.context_coverage > 0:  # NaN or 0: no allocation context it knows
+                line += (
+                    f" ({a.context_coverage:.1%} by allocation context, "
+                    f"{a.keep_agreement_at_contexts:.1%} agreement there)"
                 )
         if _siteless(first):
             line += f"; this table's traces have {NO_CALL_SITES}"

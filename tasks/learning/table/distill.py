@@ -12,8 +12,10 @@ training frees had that site; elsewhere the layer asks its online counter, and t
 `class_online`. A table without site keys (format 2) answers by the size class alone. Format 4 adds
 (allocation context, size class) keys (`ContextCounts`, `context_counts`): the freed block's
 allocation's calling context (tasks/dataset/contexts.py, at CONTEXT_DEPTH frames), which the layer
-computes when it hands the block out and asks at its free before the call site.
-`TableAgreement.site_coverage` says how many frees a site answered. Why sites, and the figures:
+computes when it hands the block out and asks at its free before the call site; `ClassTable.answer`
+asks them in the same order. The night's table keeps the keys with MIN_CONTEXT_FREES training
+frees, at most MAX_TABLE_CONTEXTS (`ContextCounts.bounded`). `TableAgreement.site_coverage` and
+`context_coverage` say how many frees a site, a context answered. Why sites, and the figures:
 docs/layer.md#the-table-distilled-from-the-network.
 """
 
@@ -47,6 +49,15 @@ LAYER_SOON_CLASS = 3
 # tasks/learning/questions/context.py CONTEXT_DEPTHS): a wrapper and its caller, and two more;
 # the file says its depth, and the layer walks that many frames (native/TABLE.md).
 CONTEXT_DEPTH = 4
+# The night's table keeps a (context, class) key only where at least this many training frees
+# had it: a key seen once or twice says what one run did, and the site entry (or the counter)
+# answers it no worse; the file stays small.
+MIN_CONTEXT_FREES = 8
+# ... and at most this many keys, those with the most training frees: every process the layer
+# runs in maps an open-addressing set of at least 32 bytes a key (16-byte slots, at most half
+# full, layers/layer/table.c) and the file holds 12 bytes a key, so 65,536 keys are at most
+# 2 MiB of each process's memory and 768 KiB of file; the layer itself reads up to 2^22.
+MAX_TABLE_CONTEXTS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,42 @@ class ContextCounts:
     def keep_scores(self, eps: float = 0.1) -> np.ndarray:
         """uint8 [m]: 255 * P(reuse class <= LAYER_SOON_CLASS) per key, as site_scores."""
         return _score(soon_of_reuse(_smoothed(self.counts, eps)))
+
+    def frees(self) -> np.ndarray:
+        """float64 [m]: the training frees each key had (a distilled key's rows are the
+        network's distributions, one per free, each summing to 1)."""
+        return self.counts.sum(axis=1)
+
+    def bounded(
+        self, min_frees: float = MIN_CONTEXT_FREES, cap: int = MAX_TABLE_CONTEXTS
+    ) -> ContextCounts:
+        """The keys with at least `min_frees` training frees, at most `cap` of them (the most
+        frees first; ties: the lower key), still sorted by (context, class)."""
+        n = self.frees()
+        keep = np.flatnonzero(n >= min_frees - 1e-9)
+        if len(keep) > cap:
+            keep = np.sort(keep[np.argsort(-n[keep], kind="stable")[:cap]])
+        return ContextCounts(self.depth, self.context[keep], self.cls[keep], self.counts[keep])
+
+    def lookup(self, context: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """int64 [n]: the key index of each (context, class) (NO_CONTEXT, or a key not held:
+        -1). Keys sorted by (context, class): each context's rank among the held contexts, then
+        (rank, class) searched as one sorted integer."""
+        context = np.asarray(context, np.int64)
+        cls = np.asarray(cls, np.int64)
+        out = np.full(len(context), -1, np.int64)
+        if len(self.context) == 0 or len(context) == 0:
+            return out
+        held = np.unique(self.context)  # sorted
+        rank = np.searchsorted(held, context)
+        ok = (context >= 0) & (cls >= 0) & (cls < N_SIZE_CLASSES)
+        ok &= held[np.minimum(rank, len(held) - 1)] == context
+        keys = np.searchsorted(held, self.context) * N_SIZE_CLASSES + self.cls  # rising
+        want = rank * N_SIZE_CLASSES + np.clip(cls, 0, N_SIZE_CLASSES - 1)
+        at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+        ok &= keys[at] == want
+        out[ok] = at[ok]
+        return out
 
 
 @dataclass(frozen=True)
@@ -99,24 +146,37 @@ class ClassTable:
         cls: np.ndarray,
         eps: float = 0.1,
         counter: np.ndarray | None = None,
-    ):
-        """At frees of size class `cls` (>= 0) from call site `site` (-1: none): the reuse
-        classes as the layer's table answers them, by site and class where that key is known;
-        elsewhere, in a table with site keys (a file with site entries), the online counter's
-        answer (`counter`, float [n, REUSE_CLASSES]: the layer asks its own there), else by
-        class. Also bool [n]: where the site answered."""
+        alloc_context: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """At frees of size class `cls` (>= 0) from call site `site` (-1: none) of blocks whose
+        allocation had the context `alloc_context` (allocation_contexts at the table's depth;
+        NO_CONTEXT, or None: none): the reuse classes as the layer's table answers them
+        (layers/layer/policy.c hl_keep_at_free): by (allocation context, class) where the table
+        holds that key; else by (site, class) where it holds that one; elsewhere, in a table
+        with site or context keys, the online counter's answer (`counter`, float
+        [n, REUSE_CLASSES]: the layer asks its own there), else by class. Also bool [n] each:
+        where a site answered, where a context answered (never both)."""
         known = self.site_known()
-        sited = bool(known.any())  # as the layer: a file without entries answers by class
-        if sited and counter is not None:
+        ctx = self.context_counts
+        held = ctx is not None and len(ctx.context) > 0
+        # as the layer: a file without entries answers by class (hl_use_sites: site or
+        # context entries)
+        keyed = bool(known.any()) or held
+        if keyed and counter is not None:
             probs = np.array(counter, dtype=np.float64)
         else:
             probs = self.reuse_probs(eps)[cls]
         at_site = np.zeros(len(cls), bool)
-        if sited:
-            has = site >= 0
+        at_context = np.zeros(len(cls), bool)
+        if held and alloc_context is not None:
+            entry = ctx.lookup(alloc_context, cls)
+            at_context = entry >= 0
+            probs[at_context] = _smoothed(ctx.counts[entry[at_context]], eps)
+        if known.any():
+            has = (site >= 0) & ~at_context
             at_site[has] = known[site[has], cls[has]]
             probs[at_site] = _smoothed(self.site_counts[site[at_site], cls[at_site]], eps)
-        return probs, at_site
+        return probs, at_site, at_context
 
     def reuse_probs(self, eps: float = 0.1) -> np.ndarray:
         """float64 [N_SIZE_CLASSES, REUSE_CLASSES]: each class's reuse classes, smoothed as the
@@ -173,6 +233,22 @@ def allocation_contexts(table: pa.Table, contexts: np.ndarray) -> np.ndarray:
     return np.where(alloc >= 0, ctx[np.maximum(alloc, 0)], NO_CONTEXT)
 
 
+def context_sums(
+    depth: int, contexts: list[np.ndarray], classes: list[np.ndarray], weights: list[np.ndarray]
+) -> ContextCounts:
+    """Per (allocation context, size class): the sum of `weights` (float [k, REUSE_CLASSES]
+    per free: a one-hot true class, or the network's answer) over the frees with that key."""
+    n = sum(len(k) for k in contexts)
+    if not n:
+        z = np.zeros(0, np.int64)
+        return ContextCounts(depth, z, z.copy(), np.zeros((0, REUSE_CLASSES)))
+    pair = np.stack([np.concatenate(contexts), np.concatenate(classes)], axis=1)
+    uniq, inv = np.unique(pair, axis=0, return_inverse=True)
+    counts = np.zeros((len(uniq), REUSE_CLASSES))
+    np.add.at(counts, inv.ravel(), np.concatenate(weights))
+    return ContextCounts(depth, uniq[:, 0].copy(), uniq[:, 1].copy(), counts)
+
+
 def context_counts(
     tables: list[pa.Table], contexts: list[np.ndarray | None], depth: int = CONTEXT_DEPTH
 ) -> ContextCounts:
@@ -188,15 +264,8 @@ def context_counts(
         at = (label != NO_LABEL) & (free_cls >= 0) & (actx >= 0)
         keys.append(actx[at])
         classes.append(free_cls[at])
-        labels.append(label[at].astype(np.int64))
-    if not keys or not sum(len(k) for k in keys):
-        z = np.zeros(0, np.int64)
-        return ContextCounts(depth, z, z.copy(), np.zeros((0, REUSE_CLASSES)))
-    pair = np.stack([np.concatenate(keys), np.concatenate(classes)], axis=1)
-    uniq, inv = np.unique(pair, axis=0, return_inverse=True)
-    counts = np.zeros((len(uniq), REUSE_CLASSES))
-    np.add.at(counts, (inv.ravel(), np.concatenate(labels)), 1.0)
-    return ContextCounts(depth, uniq[:, 0].copy(), uniq[:, 1].copy(), counts)
+        labels.append(np.eye(REUSE_CLASSES)[label[at].astype(np.int64)])
+    return context_sums(depth, keys, classes, labels)
 
 
 def class_table(
@@ -245,6 +314,10 @@ class TableAgreement:
     # without site keys)
     site_coverage: float = float("nan")
     keep_agreement_at_sites: float = float("nan")
+    # share of positions the table answers by (allocation context, class) (format 4; before
+    # any site), and the keep agreement on those
+    context_coverage: float = float("nan")
+    keep_agreement_at_contexts: float = float("nan")
 
 
 KEEP_AT = 0.5  # keep a freed block when P(reuse soon) is at least this (the layer; whatif)
@@ -263,11 +336,13 @@ def table_agreement(
     counter_probs: np.ndarray,
     against: str = "class_online",
     at_site: np.ndarray | None = None,
+    at_context: np.ndarray | None = None,
 ) -> TableAgreement:
     """Coverage and agreement with the predictor `against` (its answers `counter_probs`: the
     network the table is distilled from, else the layer's online class counter) at one
     evaluation table's frees; keep = P(reuse class <= LAYER_SOON_CLASS) >= 1/2 (the layer's
-    rule at topk=2); `at_site`: where the table answered by call site."""
+    rule at topk=2); `at_site`, `at_context`: where the table answered by call site, by
+    allocation context."""
     n = len(covered)
     if n == 0:
         return TableAgreement(table, 0, float("nan"), float("nan"), float("nan"), against)
@@ -275,6 +350,7 @@ def table_agreement(
     top = table_probs.argmax(axis=1) == counter_probs.argmax(axis=1)
     m = int(covered.sum())
     sites = at_site if at_site is not None else np.zeros(n, bool)
+    ctxs = at_context if at_context is not None else np.zeros(n, bool)
     return TableAgreement(
         table,
         n,
@@ -284,4 +360,6 @@ def table_agreement(
         against,
         float(sites.mean()),
         float(same[sites].mean()) if sites.any() else float("nan"),
+        float(ctxs.mean()),
+        float(same[ctxs].mean()) if ctxs.any() else float("nan"),
     )

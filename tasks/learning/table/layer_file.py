@@ -121,7 +121,7 @@ class ModelTable:
 
 def read_table_file(path: Path) -> ModelTable:
     """A layer table file someone hands in (the allocators stage's `table_file`), checked as the
-    layer checks it (native/TABLE.md): magic, a format the layer reads (2 or 3), 64 tokens, the
+    layer checks it (native/TABLE.md): magic, a format the layer reads (2, 3 or 4), 64 tokens, the
     payload's length and FNV-1a hash; its model version from the header. A file the layer would
     refuse raises ValueError naming the file and what is wrong: measured, it would have run as
     the online counter under the table's name."""

@@ -153,9 +153,11 @@ def test_the_layers_counters_are_summed_over_the_processes(tmp_path):
         "proof=4 proven=1 proof_hits=4 unproven=6\n"
         "pid=9 policy=1 table=0 hits=2 misses=1 kept=3 bytes_kept_peak=8192 given_back=1 "
         "bytes_given_back=5 bytes_advised=7 decayed=0 passed=1 double_frees=1 untracked=0 "
-        "proof=4 proven=0 proof_hits=1 unproven=2\n"
+        "proof=4 proven=0 proof_hits=1 unproven=2 table_sites=3 table_contexts=5\n"
     )
     got = read_layer_stats(stats)
+    # the frees a format 4 table's context entries answered, and its site entries
+    assert (got["layer_table_contexts"], got["layer_table_sites"]) == (5, 3)
     assert got["layer_processes"] == 2 and got["layer_hits"] == 82 and got["layer_kept"] == 151
     assert got["layer_bytes_kept_peak"] == 8192  # the largest, not the sum
     assert got["layer_bytes_given_back"] == 105 and got["layer_double_frees"] == 1

@@ -172,3 +172,57 @@ def test_the_layers_table_is_fetched_by_version_or_alias_for_the_allocators_stag
     assert bare.model_version != first.model_version
     with pytest.raises(FileNotFoundError, match=f"v{bare.model_version} .* has no table/heapcast"):
         fetch_table(tracking, bare.model_version, tmp_path / "t")
+
+
+def test_the_nights_registered_table_is_format_4_with_the_allocation_contexts(tmp_path):
+    """The night's path: the questions' evaluation trains the network on runs with stacks,
+    distills the table (its contexts too), and registration logs that table: a format 4 file
+    whose context entries are the distilled keys, each with enough training frees."""
+    from mlflow import MlflowClient
+
+    from tasks.dataset.frame_tokens import RunStacks
+    from tasks.dataset.token_runs import TokenRun
+    from tasks.learning.questions.evaluation import question_evaluation
+    from tasks.learning.split import Split
+    from tasks.learning.table.distill import CONTEXT_DEPTH, MIN_CONTEXT_FREES
+    from tasks.learning.table.layer_file import HEADER, layer_entries
+    from tasks.learning.train_config import QuestionsConfig
+    from tests.tasks.learning.questions.test_network import FRAMES, _one_process
+
+    def run(name: str) -> TokenRun:
+        return TokenRun("sqlite3", name, np.zeros(0, np.uint8), np.zeros(1, np.int64))
+
+    # GIVEN two training runs and an unseen one, every call but a free with a stack
+    events = {("sqlite3", f"r{i}"): _one_process(20 + i, 600) for i in range(3)}
+    frames = {k: RunStacks.of(FRAMES, 8) for k in events}
+    split = Split([run("r0"), run("r1")], [], [run("r2")], [])
+    # WHEN the night's evaluation runs and its outcome is registered
+    q = question_evaluation(
+        split, events, QuestionsConfig(units=8, epochs=1, batch_size=4), frames=frames
+    )
+    ctx = q.table.context_counts
+    assert ctx is not None and len(ctx.context) > 0 and ctx.depth == CONTEXT_DEPTH
+    assert (ctx.frees() >= MIN_CONTEXT_FREES - 1e-6).all()
+    # (some of the unseen run's frees are answered by their allocations' contexts)
+    assert q.agreement[0].context_coverage > 0
+    outcome = dataclasses.replace(
+        make_outcome(tiny_model(), 0.8),
+        question_scores=_questions(),
+        class_table=q.table,
+        table_agreement=q.agreement,
+        question_network=q.network,
+    )
+    result = register_outcome(outcome, TrackingConfig(root=str(tmp_path)))
+    client, run_id = MlflowClient(), result.run_id
+    raw = Path(client.download_artifacts(run_id, "table/heapcast.hcltab")).read_bytes()
+    # THEN the logged file is format 4 and holds every distilled key with its keep score
+    fmt = HEADER.unpack_from(raw)[1]
+    got = layer_entries(fmt, raw[HEADER.size :])
+    assert fmt == 4 and got.depth == CONTEXT_DEPTH
+    assert got.contexts["context"].tolist() == ctx.context.tolist()
+    assert (got.contexts["word"] >> 8).tolist() == ctx.cls.tolist()
+    assert (got.contexts["word"] & 0xFF).tolist() == ctx.keep_scores().tolist()
+    run_data = client.get_run(run_id).data
+    assert run_data.metrics["table.context_entries"] == len(ctx.context)
+    assert run_data.metrics["table.file_bytes"] == len(raw)
+    assert f"({len(ctx.context)} keys, format 4)" in run_data.tags["heapcast.table"]

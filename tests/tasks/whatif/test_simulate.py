@@ -580,6 +580,29 @@ def test_the_nights_table_row_asks_the_call_site_entries():
     assert frame["hits"].tolist() == [5]
 
 
+def test_a_format_4_table_file_replays_its_class_scores_and_call_site_entries(tmp_path):
+    """GIVEN a table written as the night now writes it (format 4: context entries after the
+    site entries) THEN the replay reads its class scores and its site entries, the same as the
+    format 3 file of the same table; the context entries are not read as sites."""
+    from tasks.learning.labels import REUSE_CLASSES
+    from tasks.learning.table.distill import ClassTable, ContextCounts
+    from tasks.learning.table.layer_file import HEADER, write_layer_table
+    from tasks.whatif.night import table_file_scores
+
+    sites = np.zeros((4096, 32, REUSE_CLASSES))
+    sites[7, 19, REUSE_CLASSES - 1] = 10
+    ctx = ContextCounts(4, np.array([5, 9]), np.array([19, 19]), np.eye(REUSE_CLASSES)[[0, 1]])
+    v4 = ClassTable(np.ones((32, REUSE_CLASSES)), np.full(REUSE_CLASSES, 0.2), sites, ctx)
+    v3 = ClassTable(v4.reuse_counts, v4.majority, sites)
+    f4 = write_layer_table(tmp_path / "v4.hcltab", v4, 1)
+    f3 = write_layer_table(tmp_path / "v3.hcltab", v3, 1)
+    assert HEADER.unpack_from(f4.read_bytes())[1] == 4
+    got, want = table_file_scores(f4), table_file_scores(f3)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got.sites, want.sites)
+    assert (got.sites >= 0).sum() == 1 and got.sites[7, 19] < 50
+
+
 def _cache_of(sizes):
     """Process 0's cache holding blocks of `sizes` (class 0), kept in that order by the loop's
     own steps; node k holds sizes[k]."""

@@ -202,3 +202,38 @@ def test_a_bad_setting_is_refused_with_its_field():
 
     with pytest.raises(ValidationError, match="epochs"):
         QuestionsConfig(epochs=0)
+
+
+def test_the_table_is_distilled_per_allocation_context_as_per_call_site():
+    # GIVEN a run with stacks, its allocation contexts at the table's depth, and answers at
+    # every call (any distributions: the distillation averages what it is given)
+    from tasks.dataset.contexts import event_contexts
+    from tasks.learning.table.distill import CONTEXT_DEPTH, allocation_contexts
+
+    t = _one_process(7, 600)
+    inp = _inputs(t)
+    rng = np.random.default_rng(0)
+    p = rng.random((t.num_rows, REUSE_CLASSES))
+    answers = [{"reuse": p / p.sum(axis=1, keepdims=True)}]
+    rows = event_contexts(FRAMES, t.column("stack"), (CONTEXT_DEPTH,))[CONTEXT_DEPTH]
+    actx = allocation_contexts(t, rows)
+    # WHEN distilled with the contexts
+    table = distilled_table([inp], answers, majority_of([t]), [actx])
+    c = table.context_counts
+    # THEN each (allocation context, class) key holds the sum of the answers at its frees
+    free_cls = np.full(t.num_rows, -1)
+    free_cls[inp.order] = inp.free_class
+    label = np.full(t.num_rows, NO_LABEL)
+    label[inp.order] = inp.labels["reuse"]
+    at = (free_cls >= 0) & (label != NO_LABEL) & (actx >= 0)
+    keys = sorted(set(zip(actx[at].tolist(), free_cls[at].tolist(), strict=True)))
+    assert list(zip(c.context.tolist(), c.cls.tolist(), strict=True)) == keys
+    assert len(keys) > 4  # several contexts, several classes
+    for j, (k, cl) in enumerate(keys):
+        np.testing.assert_allclose(
+            c.counts[j], answers[0]["reuse"][at & (actx == k) & (free_cls == cl)].sum(axis=0)
+        )
+    # AND without the contexts there are none (format 3), the rest alike
+    plain = distilled_table([inp], answers, majority_of([t]))
+    assert plain.context_counts is None
+    np.testing.assert_array_equal(plain.site_counts, table.site_counts)

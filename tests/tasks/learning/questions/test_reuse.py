@@ -324,21 +324,23 @@ def test_the_layer_table_answers_by_call_site_where_training_saw_it(tmp_path):
     (s0, c0) = next(iter(expected))
     unseen = next(s for s in range(4096) if not known[s, c0])
     counter = np.array([[0.1, 0.1, 0.1, 0.1, 0.6], [0.6, 0.1, 0.1, 0.1, 0.1], [0.2] * 5])
-    probs, at_site = table.answer(np.array([s0, unseen, -1]), np.array([c0, c0, c0]), 0.1, counter)
+    probs, at_site, _ = table.answer(
+        np.array([s0, unseen, -1]), np.array([c0, c0, c0]), 0.1, counter
+    )
     assert at_site.tolist() == [True, False, False]
     want = (expected[(s0, c0)] + 0.1) / (expected[(s0, c0)].sum() + 0.1 * REUSE_CLASSES)
     np.testing.assert_allclose(probs[0], want)
     np.testing.assert_allclose(probs[1:], counter[1:])
     # AND without a counter's answers, or in a table without site keys, by the class
-    probs, _ = table.answer(np.array([unseen]), np.array([c0]))
+    probs, _, _ = table.answer(np.array([unseen]), np.array([c0]))
     np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
     no_sites = ClassTable(table.reuse_counts, table.majority)
-    probs, at_site = no_sites.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
+    probs, at_site, _ = no_sites.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
     assert not at_site.any()
     np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
     # AND, as the layer, a table whose file has no site entry (traces without callers) too
     empty = ClassTable(table.reuse_counts, table.majority, np.zeros_like(table.site_counts))
-    probs, at_site = empty.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
+    probs, at_site, _ = empty.answer(np.array([s0]), np.array([c0]), 0.1, counter[:1])
     assert not at_site.any()
     np.testing.assert_allclose(probs[0], table.reuse_probs()[c0])
     # AND the layer's file (format 3) carries the known keys' scores, keys rising
