@@ -41,6 +41,7 @@ from tasks.dataset.frame_tokens import RunStacks  # noqa: E402
 from tasks.dataset.token_runs import head_rows, list_runs  # noqa: E402
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS  # noqa: E402
 from tasks.learning.labels import process_order  # noqa: E402
+from tasks.learning.questions.lifetime import QUESTIONS as LIFETIME_QUESTIONS  # noqa: E402
 from tasks.learning.questions.lifetime import lifetime_answers, lifetime_majority  # noqa: E402
 from tasks.learning.questions.reuse import (  # noqa: E402
     QUESTION,
@@ -103,13 +104,20 @@ def run_answers(t: pa.Table, frames, nets: dict, majority, life_maj, depth: int)
     return out
 
 
-def hedge_run(kept: dict) -> None:
+# --share: the questions whose hedge shares back to the process's past (hedge.hedged): the
+# product's (reuse only), none (every share even, the hedge before 2026-12-02) or every one
+SHARES = {"reuse": (QUESTION,), "even": (), "past": (QUESTION, *LIFETIME_QUESTIONS)}
+
+
+def hedge_run(kept: dict, share: str = "reuse") -> None:
     """network_hedged beside each arm's answers of one kept run, as question_evaluation
-    hedges them."""
+    hedges them (with `share`: SHARES)."""
     from tasks.learning.questions.evaluation import hedge_answers
 
     for answers in kept["arms"].values():
-        hedge_answers(kept["order"], kept["starts"], kept["sites"], *kept["classes"], answers)
+        hedge_answers(
+            kept["order"], kept["starts"], kept["sites"], *kept["classes"], answers, SHARES[share]
+        )
 
 
 def train(root, runs, rows: int, cfg: QuestionsConfig, depth: int, seed: int):
@@ -178,14 +186,14 @@ def answer_runs(
     }
 
 
-def study(answered: dict) -> dict:
+def study(answered: dict, share: str = "reuse") -> dict:
     """The kept runs (answer_runs) hedged and scored: every table's scores per arm, and the
     cold start's verdicts per (program, question)."""
     scores: dict[str, list] = {arm: [] for arm in ARMS}
     for table, runs in answered["runs"].items():
         by: dict[str, dict[str, dict[str, list]]] = {arm: {} for arm in ARMS}
         for kept in runs:
-            hedge_run(kept)
+            hedge_run(kept, share)
             for arm, answers in kept["arms"].items():
                 for q, a in answers.items():
                     by[arm].setdefault(q, {}).setdefault(kept["workload"], []).append(a)
@@ -270,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--answers", type=Path, help="hedge and score the answers --keep pickled (no training)"
     )
+    p.add_argument(
+        "--share",
+        choices=sorted(SHARES),
+        default="reuse",
+        help="whose hedge shares back to the process's past (reuse: the product's)",
+    )
     a = p.parse_args(argv)
     cfg = QuestionsConfig(units=a.units, epochs=a.epochs)
     t0 = time.perf_counter()
@@ -281,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if a.keep is not None:
             a.keep.write_bytes(pickle.dumps(answered, protocol=pickle.HIGHEST_PROTOCOL))
-    result = study(answered)
+    result = study(answered, a.share)
     result["seconds"] = round(time.perf_counter() - t0)
     result["config"] = cfg.model_dump()
     command = "python studies/network_stacks/network_stacks.py " + " ".join(argv or sys.argv[1:])

@@ -7,7 +7,7 @@ call sites."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,10 +218,12 @@ def hedge_answers(
     req_cls: np.ndarray,
     free_cls: np.ndarray,
     answers: dict[str, ReuseAnswers],
+    past: Collection[str] = (QUESTION,),
 ) -> None:
     """HEDGED beside each question's experts on one run (`order`, `starts`: process_order;
     `sites`: call_sites; the classes: request_and_free_classes), a step of its own so that a
-    study can hedge answers it kept."""
+    study can hedge answers it kept. `past`: the questions whose share goes back to what served
+    the process (hedge.hedged); the others' goes back evenly."""
     for q, a in answers.items():
         # the network corrected inside the run by what each predictor got right, as each
         # answer's class becomes known, in part before the whole (a block still live past an
@@ -237,7 +239,7 @@ def hedge_answers(
         a.probs[HEDGED] = hedged(
             order, starts, a.learnt, a.rows, a.labels,
             [a.probs[e] for e in EXPERTS if e in a.probs], keys=keys[a.rows],
-            past=q == QUESTION,
+            past=q in past,
         )  # fmt: skip
 
 
