@@ -3,7 +3,9 @@ online counters, weighted by how well each has answered this process so far.
 
 Once a call's answer becomes known (labels.py), each predictor's probability of the true class is
 its likelihood; the weights are the predictors' posterior (Bayes' rule over experts, with a small
-fixed share, SHARE, so that a weight can recover). The majority and process_prior are among the
+fixed share, SHARE, so that a weight can recover). The share goes back evenly to every predictor,
+or (`past`, reuse's) to what has served the process so far: a key's to the process's weights, the
+process's to the mean of its past posteriors. The majority and process_prior are among the
 experts, so a network out of its depth costs little: the bound and the figures measured are in
 docs/learning-questions.md#the-hedge.
 
