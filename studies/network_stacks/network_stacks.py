@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ from tasks.dataset.frame_tokens import RunStacks  # noqa: E402
 from tasks.dataset.token_runs import head_rows, list_runs  # noqa: E402
 from tasks.learning.evaluate import HELDOUT_WORKLOADS, UNSEEN_PROGRAMS, UNSEEN_RUNS  # noqa: E402
 from tasks.learning.labels import process_order  # noqa: E402
+from tasks.learning.questions.lifetime import QUESTIONS as LIFETIME_QUESTIONS  # noqa: E402
 from tasks.learning.questions.lifetime import lifetime_answers, lifetime_majority  # noqa: E402
 from tasks.learning.questions.reuse import (  # noqa: E402
     QUESTION,
@@ -86,19 +88,36 @@ def first_calls_of_each_process(table: pa.Table, calls: int) -> pa.Table:
 
 
 def run_answers(t: pa.Table, frames, nets: dict, majority, life_maj, depth: int) -> dict:
-    """{arm: {question: answers}} on one run: the counters' (the same in both arms) and each
-    arm's network, hedged as question_evaluation hedges it."""
-    from tasks.learning.questions.evaluation import _add_network_answers  # the evaluation's own
+    """{arm: {question: answers}} on one run: the counters' (computed once, the same in both
+    arms) and each arm's network, with the process prior, before the hedge (hedge_run)."""
+    from tasks.learning.questions.evaluation import _network_answers  # the evaluation's own
     from tasks.learning.questions.network import question_inputs
 
+    counters = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, life_maj)}
     out = {}
     for arm, net in nets.items():
-        answers = {QUESTION: reuse_answers(t, majority), **lifetime_answers(t, life_maj)}
+        answers = {q: dataclasses.replace(a, probs=dict(a.probs)) for q, a in counters.items()}
         stacks = RunStacks.of(frames, depth) if arm == "stacks" else None
         inputs = question_inputs(t, answers, stacks)
-        _add_network_answers(t, answers, net.answer(inputs), majority, life_maj)
+        _network_answers(t, answers, net.answer(inputs), majority, life_maj)
         out[arm] = answers
     return out
+
+
+# --share: the questions whose hedge shares back to the process's past (hedge.hedged): the
+# product's (reuse only), none (every share even, the hedge before 2026-12-02) or every one
+SHARES = {"reuse": (QUESTION,), "even": (), "past": (QUESTION, *LIFETIME_QUESTIONS)}
+
+
+def hedge_run(kept: dict, share: str = "reuse") -> None:
+    """network_hedged beside each arm's answers of one kept run, as question_evaluation
+    hedges them (with `share`: SHARES)."""
+    from tasks.learning.questions.evaluation import hedge_answers
+
+    for answers in kept["arms"].values():
+        hedge_answers(
+            kept["order"], kept["starts"], kept["sites"], *kept["classes"], answers, SHARES[share]
+        )
 
 
 def train(root, runs, rows: int, cfg: QuestionsConfig, depth: int, seed: int):
@@ -121,7 +140,7 @@ def train(root, runs, rows: int, cfg: QuestionsConfig, depth: int, seed: int):
     return nets, majority, life_maj, seconds, sum(len(i.order) for i in inputs)
 
 
-def study(
+def answer_runs(
     root: Root,
     heldout: list[str],
     rows: int,
@@ -129,14 +148,19 @@ def study(
     cfg: QuestionsConfig,
     depth: int,
     seed: int,
-):
+) -> dict:
+    """Both arms trained, and every evaluation run's answers before the hedge: {"split",
+    "train_calls", "train_seconds", "positions", "runs": {table: [kept run]}}, a kept run being
+    {"workload", "order", "starts", "sites", "classes", "arms": {arm: {question: answers}}}."""
+    from tasks.learning.labels import request_and_free_classes
+    from tasks.learning.questions.reuse import call_sites
+
     roles = plan(root, heldout)
     nets, majority, life_maj, seconds, calls = train(root, roles["train"], rows, cfg, depth, seed)
-    scores: dict[str, list] = {arm: [] for arm in ARMS}
     positions: dict[str, int] = {}
+    kept: dict[str, list] = {}
     for table in (UNSEEN_RUNS, UNSEEN_PROGRAMS, HELDOUT_WORKLOADS, COLD):
         runs = roles[UNSEEN_PROGRAMS] + roles[HELDOUT_WORKLOADS] if table == COLD else roles[table]
-        by: dict[str, dict[str, dict[str, list]]] = {arm: {} for arm in ARMS}
         for w, r in runs:
             whole = read_events(root, w, r)
             t = (
@@ -145,20 +169,40 @@ def study(
                 else head_rows(whole, rows)
             )
             positions[f"{table}/{w}/{r}"] = t.num_rows
-            got = run_answers(t, read_stack_frames(root, w, r), nets, majority, life_maj, depth)
-            for arm, answers in got.items():
-                for q, a in answers.items():
-                    by[arm].setdefault(q, {}).setdefault(w, []).append(a)
+            order, starts = process_order(t)
+            kept.setdefault(table, []).append({
+                "workload": w, "order": order, "starts": starts, "sites": call_sites(t),
+                "classes": request_and_free_classes(t),
+                "arms": run_answers(t, read_stack_frames(root, w, r), nets, majority, life_maj,
+                                    depth),
+            })  # fmt: skip
             print(f"{table} {w}/{r}: {t.num_rows} calls", file=sys.stderr)
-        for arm in ARMS:
-            for q, per_w in by[arm].items():
-                for w, answers in per_w.items():
-                    scores[arm] += score_answers(answers, table, w, q)
     return {
         "split": roles,
         "train_calls": calls,
         "train_seconds": seconds,
         "positions": positions,
+        "runs": kept,
+    }
+
+
+def study(answered: dict, share: str = "reuse") -> dict:
+    """The kept runs (answer_runs) hedged and scored: every table's scores per arm, and the
+    cold start's verdicts per (program, question)."""
+    scores: dict[str, list] = {arm: [] for arm in ARMS}
+    for table, runs in answered["runs"].items():
+        by: dict[str, dict[str, dict[str, list]]] = {arm: {} for arm in ARMS}
+        for kept in runs:
+            hedge_run(kept, share)
+            for arm, answers in kept["arms"].items():
+                for q, a in answers.items():
+                    by[arm].setdefault(q, {}).setdefault(kept["workload"], []).append(a)
+        for arm in ARMS:
+            for q, per_w in by[arm].items():
+                for w, answers in per_w.items():
+                    scores[arm] += score_answers(answers, table, w, q)
+    return {
+        **{k: answered[k] for k in ("split", "train_calls", "train_seconds", "positions")},
         "scores": {arm: [dataclasses.asdict(s) for s in got] for arm, got in scores.items()},
         "cold_cells": {
             arm: [dataclasses.asdict(c) for c in hedged_cells(got, COLD)]
@@ -228,12 +272,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=8, help="frames a call (data.frame_depth)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="network_stacks")
+    p.add_argument(
+        "--keep", type=Path, help="pickle the answers before the hedge here (for --answers)"
+    )
+    p.add_argument(
+        "--answers", type=Path, help="hedge and score the answers --keep pickled (no training)"
+    )
+    p.add_argument(
+        "--share",
+        choices=sorted(SHARES),
+        default="reuse",
+        help="whose hedge shares back to the process's past (reuse: the product's)",
+    )
     a = p.parse_args(argv)
     cfg = QuestionsConfig(units=a.units, epochs=a.epochs)
     t0 = time.perf_counter()
-    result = study(
-        Root.from_url(a.root), a.heldout.split(","), a.rows, a.cold, cfg, a.depth, a.seed
-    )
+    if a.answers is not None:
+        answered = pickle.loads(a.answers.read_bytes())
+    else:
+        answered = answer_runs(
+            Root.from_url(a.root), a.heldout.split(","), a.rows, a.cold, cfg, a.depth, a.seed
+        )
+        if a.keep is not None:
+            a.keep.write_bytes(pickle.dumps(answered, protocol=pickle.HIGHEST_PROTOCOL))
+    result = study(answered, a.share)
     result["seconds"] = round(time.perf_counter() - t0)
     result["config"] = cfg.model_dump()
     command = "python studies/network_stacks/network_stacks.py " + " ".join(argv or sys.argv[1:])

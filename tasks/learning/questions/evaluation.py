@@ -7,7 +7,7 @@ call sites."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -201,8 +201,22 @@ def _add_network_answers(
 ) -> None:
     """Beside each question's counters on the run `t`: the network's answers (`said`), its
     survival form for the lifetimes, the process's prior and the hedge of them all."""
-    order, starts = process_order(t)
+    _network_answers(t, answers, said, majority, lifetime_maj)
     req_cls, free_cls = request_and_free_classes(t)
+    hedge_answers(*process_order(t), call_sites(t), req_cls, free_cls, answers)
+
+
+def _network_answers(
+    t: pa.Table,
+    answers: dict[str, ReuseAnswers],
+    said: dict[str, np.ndarray],
+    majority: np.ndarray,
+    lifetime_maj: dict[str, np.ndarray],
+) -> None:
+    """_add_network_answers before the hedge: the network's answers, their survival form for
+    the lifetimes and the process's prior."""
+    order, starts = process_order(t)
+    req_cls, _ = request_and_free_classes(t)
     sites = call_sites(t)
     for q, a in answers.items():
         a.probs[PREDICTOR] = said[q][a.rows]
@@ -218,15 +232,37 @@ def _add_network_answers(
             else (lifetime_maj[q], len(LIFETIME_CALL_EDGES))
         )
         a.probs[PRIOR] = process_prior(order, starts, a.learnt, a.rows, q_maj, a.labels, edges)
+
+
+def hedge_answers(
+    order: np.ndarray,
+    starts: np.ndarray,
+    sites: np.ndarray,
+    req_cls: np.ndarray,
+    free_cls: np.ndarray,
+    answers: dict[str, ReuseAnswers],
+    past: Collection[str] = (QUESTION,),
+) -> None:
+    """HEDGED beside each question's experts on one run (`order`, `starts`: process_order;
+    `sites`: call_sites; the classes: request_and_free_classes), a step of its own so that a
+    study can hedge answers it kept. `past`: the questions whose share goes back to what served
+    the process (hedge.hedged); the others' goes back evenly."""
+    for q, a in answers.items():
         # the network corrected inside the run by what each predictor got right, as each
         # answer's class becomes known, in part before the whole (a block still live past an
         # edge; a freed class not requested by an edge), keyed by the class the question is
         # about: the freed block's for reuse, the requested one's for a lifetime (they differ
         # at a realloc)
         keys = hedge_keys(sites, free_cls if q == QUESTION else req_cls)
+        # reuse's share goes back to what served the process so far: its labels are known
+        # whole within the last edge, so its past posteriors are a fair record. A lifetime's
+        # goes back evenly: early in a process only short lives are known, and the even share
+        # keeps the majority and process_prior, which answer for the long ones
+        # (docs/learning-questions.md#the-hedge)
         a.probs[HEDGED] = hedged(
             order, starts, a.learnt, a.rows, a.labels,
             [a.probs[e] for e in EXPERTS if e in a.probs], keys=keys[a.rows],
+            past=q in past,
         )  # fmt: skip
 
 

@@ -3,7 +3,9 @@ online counters, weighted by how well each has answered this process so far.
 
 Once a call's answer becomes known (labels.py), each predictor's probability of the true class is
 its likelihood; the weights are the predictors' posterior (Bayes' rule over experts, with a small
-fixed share, SHARE, so that a weight can recover). The majority and process_prior are among the
+fixed share, SHARE, so that a weight can recover). The share goes back evenly to every predictor,
+or (`past`, reuse's) to what has served the process so far: a key's to the process's weights, the
+process's to the mean of its past posteriors. The majority and process_prior are among the
 experts, so a network out of its depth costs little: the bound and the figures measured are in
 docs/learning-questions.md#the-hedge.
 
@@ -67,11 +69,26 @@ def _share(logw, fac, share, w):
 
 
 @njit(cache=True)
-def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, share, floor, out):
+def _share_to(logw, fac, share, target, w):
+    """logw += fac, normalised (w), then the share moved back to `target` (normalised weights)."""
+    for e in range(logw.shape[0]):
+        logw[e] += fac[e]
+    _weights(logw, w)
+    for e in range(logw.shape[0]):
+        logw[e] = np.log((1.0 - share) * w[e] + share * target[e])
+
+
+@njit(cache=True)
+def _hedge(
+    proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, share, past, floor, out
+):
     """out[i] at every row asking (ask[i]): the experts' answers at i mixed by their posterior
     weights given what is known by row i of the process's earlier asking rows of the same key
     (key[i]: its call site and class); a key's weights start from the whole process's (which
-    every event updates) the first time it is met. An event (ev_row, ev_f, ev_j), sorted by row,
+    every event updates) the first time it is met. The share goes back evenly to every expert;
+    with `past`, a key's goes back to the process's weights and the process's to the mean of
+    its past posteriors (mixing past posteriors, from even weights at its first call). An event
+    (ev_row, ev_f, ev_j), sorted by row,
     says at row ev_row what became known of row ev_f's class: ev_j >= 0, that it is above class
     ev_j (a block still live past an edge; each expert's factor P(> j) / P(> known before)); ev_j
     < 0, that it is label[ev_f] (P(label) / P(> known before)). The factors of one row telescope
@@ -88,11 +105,17 @@ def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, sha
     seen = np.zeros(n_keys, np.bool_)
     fac = np.empty(n_exp)
     w = np.empty(n_exp)
+    even = np.full(n_exp, 1.0 / n_exp)
+    mean = even.copy()  # the mean of the process's posteriors so far, its even start included
+    updates = 0.0
+    wp = np.empty(n_exp)
     p = 0
     for i in range(n):
         if proc_start[i]:
             logp[:] = 0.0
             seen[:] = False
+            mean[:] = even
+            updates = 0.0
         while p < ev_row.shape[0] and ev_row[p] <= i:
             f, j = ev_f[p], ev_j[p]
             for e in range(n_exp):
@@ -111,8 +134,16 @@ def _hedge(proc_start, ask, key, n_keys, ev_row, ev_f, ev_j, label, experts, sha
             if not seen[kf]:
                 seen[kf] = True
                 logws[kf, :] = logp
-            _share(logws[kf], fac, share, w)
-            _share(logp, fac, share, w)
+            if past:
+                _weights(logp, wp)  # the process's weights before this event
+                _share_to(logws[kf], fac, share, wp, w)
+                _share_to(logp, fac, share, mean, w)
+                updates += 1.0
+                for e in range(n_exp):  # w: the process's posterior before the share
+                    mean[e] += (w[e] - mean[e]) / (updates + 1.0)
+            else:
+                _share(logws[kf], fac, share, w)
+                _share(logp, fac, share, w)
             p += 1
         if ask[i]:
             ki = key[i]
@@ -256,11 +287,14 @@ def hedged(
     experts: list[np.ndarray],
     share: float = SHARE,
     keys: np.ndarray | None = None,
+    past: bool = False,
 ) -> np.ndarray:
     """float64 [m, k] at `rows` (table order, with their `labels`): the mixture of `experts`
     (each float64 [m, k] at `rows`), weights per process from what is known so far. `order`,
     `starts`: labels.process_order; `events`: due_events or censored_events (rows in process
-    order)."""
+    order). `past`: the fixed share goes back to what served the process so far (a key's to the
+    process's weights, the process's to the mean of its past posteriors) instead of evenly to
+    every expert (docs/learning-questions.md#the-hedge: reuse's, not a lifetime's)."""
     n, k = len(order), experts[0].shape[1]
     where = np.empty(n, np.int64)
     where[order] = np.arange(n)  # each table row's place in process order
@@ -279,6 +313,6 @@ def hedged(
         key[at] = keys
     _hedge(
         np.ascontiguousarray(starts), ask, key, int(key.max(initial=0)) + 1, ev_row, ev_f, ev_j,
-        lab, stack, share, FLOOR, out,
+        lab, stack, share, past, FLOOR, out,
     )  # fmt: skip
     return out[at]

@@ -4,6 +4,7 @@ best of its predictors on each process."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tasks.learning.questions.hedge import (
     SHARE,
@@ -159,11 +160,13 @@ def _fooled(rng, n=3000, k=5, right=False):
     return order, starts, events, rows, labels, majority, [network, slow, slow, prior]
 
 
-def test_a_network_confidently_wrong_loses_its_weight_and_the_mixture_stays_near_majority():
-    # GIVEN a program that fools the network: ~1 on a wrong class at every call
+@pytest.mark.parametrize("past", [False, True])
+def test_a_network_confidently_wrong_loses_its_weight_and_the_mixture_stays_near_majority(past):
+    # GIVEN a program that fools the network: ~1 on a wrong class at every call (with either
+    # share: reuse's goes back to the process's past, a lifetime's evenly)
     rng = np.random.default_rng(4)
     order, starts, events, rows, labels, majority, experts = _fooled(rng)
-    mixed = hedged(order, starts, events, rows, labels, experts)
+    mixed = hedged(order, starts, events, rows, labels, experts, past=past)
     # THEN once K labels are known, the mixture's log-loss is at most the majority's (here the
     # best fixed distribution: the process follows it) plus a margin of 0.05: the fixed share's
     # -log(1 - SHARE) a label, log(4)/n, and process_prior's price for learning what the
@@ -185,18 +188,21 @@ def test_a_network_confidently_wrong_loses_its_weight_and_the_mixture_stays_near
     assert _loss(mixed[:10], labels[:10]) > _loss(mixed[later], labels[later]) + 0.2
     # AND the stream does fool a mixture without the fallback (the test can fail): the slow
     # counters alone leave it above the majority
-    without = hedged(order, starts, events, rows, labels, experts[:3])
+    without = hedged(order, starts, events, rows, labels, experts[:3], past=past)
     assert _loss(without[later], labels[later]) > maj + 0.15
     # AND with the majority itself an expert too (as the product's mixture has it), the same
-    both = hedged(order, starts, events, rows, labels, [*experts, _fixed(majority, len(rows))])
+    both = hedged(
+        order, starts, events, rows, labels, [*experts, _fixed(majority, len(rows))], past=past
+    )
     assert _loss(both[later], labels[later]) <= maj + 0.05
 
 
-def test_a_network_that_is_right_keeps_its_advantage_in_the_mixture():
+@pytest.mark.parametrize("past", [False, True])
+def test_a_network_that_is_right_keeps_its_advantage_in_the_mixture(past):
     # GIVEN the same process answered well by the network (0.9 on the true class)
     rng = np.random.default_rng(5)
     order, starts, events, rows, labels, majority, experts = _fooled(rng, right=True)
-    mixed = hedged(order, starts, events, rows, labels, experts)
+    mixed = hedged(order, starts, events, rows, labels, experts, past=past)
     known = int(np.sort(events[0])[99])
     later = slice(known + 1, None)
     net = _loss(experts[0][later], labels[later])
@@ -206,8 +212,60 @@ def test_a_network_that_is_right_keeps_its_advantage_in_the_mixture():
     assert _loss(mixed[later], labels[later]) <= net + np.log(4) / n - np.log(1 - SHARE)
     assert _loss(mixed[later], labels[later]) < _loss(experts[3][later], labels[later]) - 0.5
     # AND with the majority an expert too (5 of them, as the product's reuse mixture)
-    both = hedged(order, starts, events, rows, labels, [*experts, _fixed(majority, len(rows))])
+    both = hedged(
+        order, starts, events, rows, labels, [*experts, _fixed(majority, len(rows))], past=past
+    )
     assert _loss(both[later], labels[later]) <= net + np.log(5) / n - np.log(1 - SHARE)
+
+
+def _served(rng, n=4000, sites=40):
+    """One process, `sites` call sites interleaved (a key each, about n / sites labels a key);
+    expert 0 right everywhere (0.9 on the true class), the other three flat or wrong."""
+    order, starts, due, rows, labels = _process(rng, n=n, procs=1)
+    keys = hedge_keys(rng.integers(0, sites, n), np.full(n, 3))
+    right = _experts(rng, labels, 5, 0.9)
+    wrong = _experts(rng, (labels + 1) % 5, 5, 0.9)
+    flat = _experts(rng, labels, 5, 0)
+    return order, starts, due_events(due), rows, labels, keys, [right, flat, flat, wrong]
+
+
+def test_with_past_the_share_goes_back_to_what_served_the_process():
+    # GIVEN a process of many call sites, each with a few labels, that one expert answers best
+    rng = np.random.default_rng(7)
+    order, starts, events, rows, labels, keys, experts = _served(rng)
+    best = _loss(experts[0], labels)
+    even = hedged(order, starts, events, rows, labels, experts, keys=keys)
+    past = hedged(order, starts, events, rows, labels, experts, keys=keys, past=True)
+    later = slice(len(rows) // 4, None)
+    # THEN the even share keeps about SHARE * 3 / 4 of every key's weight on the three others
+    # at every update: a price of ~0.03 nats a call above the best expert
+    assert _loss(even[later], labels[later]) > _loss(experts[0][later], labels[later]) + 0.02
+    # AND with past, each key's share goes back to the process's weights, which go back to the
+    # mean of the process's posteriors, by now the best expert's: the price is gone
+    assert _loss(past[later], labels[later]) < _loss(experts[0][later], labels[later]) + 0.01
+    assert _loss(past, labels) < best + 0.01
+    # AND it is causal as the even share is: the first call is answered with even weights
+    np.testing.assert_allclose(past[0], np.mean([e[0] for e in experts], axis=0))
+    np.testing.assert_allclose(past.sum(axis=1), 1.0)
+
+
+def test_with_past_a_weight_still_recovers_when_the_best_expert_changes():
+    # GIVEN the same process where the best expert turns wrong half-way and a flat one (the
+    # second) is then the best
+    rng = np.random.default_rng(8)
+    order, starts, events, rows, labels, keys, experts = _served(rng)
+    half = len(rows) // 2
+    turned = experts[0].copy()
+    turned[half:] = np.roll(turned[half:], 1, axis=1)
+    second = experts[1].copy()
+    second[half:] = _experts(rng, labels[half:], 5, 0.6)
+    mixed = hedged(
+        order, starts, events, rows, labels, [turned, second, *experts[2:]], keys=keys, past=True
+    )
+    # THEN within a few hundred calls of the change the mixture follows the new best (the mean
+    # of the past posteriors still holds its even start and keeps every weight recoverable)
+    after = slice(half + 300, None)
+    assert _loss(mixed[after], labels[after]) < _loss(second[after], labels[after]) + 0.05
 
 
 def test_the_fallback_starts_at_the_majority_and_learns_the_process_causally():
