@@ -96,23 +96,34 @@ class ContextCounts:
 
     def lookup(self, context: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """int64 [n]: the key index of each (context, class) (NO_CONTEXT, or a key not held:
-        -1). Keys sorted by (context, class): each context's rank among the held contexts, then
-        (rank, class) searched as one sorted integer."""
-        context = np.asarray(context, np.int64)
-        cls = np.asarray(cls, np.int64)
-        out = np.full(len(context), -1, np.int64)
-        if len(self.context) == 0 or len(context) == 0:
-            return out
-        held = np.unique(self.context)  # sorted
-        rank = np.searchsorted(held, context)
-        ok = (context >= 0) & (cls >= 0) & (cls < N_SIZE_CLASSES)
-        ok &= held[np.minimum(rank, len(held) - 1)] == context
-        keys = np.searchsorted(held, self.context) * N_SIZE_CLASSES + self.cls  # rising
-        want = rank * N_SIZE_CLASSES + np.clip(cls, 0, N_SIZE_CLASSES - 1)
-        at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
-        ok &= keys[at] == want
-        out[ok] = at[ok]
+        -1): `context_key_index`."""
+        return context_key_index(self.context, self.cls, context, cls)
+
+
+def context_key_index(
+    held_context: np.ndarray, held_cls: np.ndarray, context: np.ndarray, cls: np.ndarray
+) -> np.ndarray:
+    """int64 [n]: the index among the held keys (`held_context`, `held_cls`, sorted by
+    (context, class), unique) of each asked (context, class); -1 where it is not held (or
+    NO_CONTEXT, a class outside 0..31). What the table's answer and whatif's replay ask of a
+    format 4 table's context entries. Each context's rank among the held contexts, then
+    (rank, class) searched as one sorted integer."""
+    context = np.asarray(context, np.int64)
+    cls = np.asarray(cls, np.int64)
+    held_context = np.asarray(held_context, np.int64)
+    out = np.full(len(context), -1, np.int64)
+    if len(held_context) == 0 or len(context) == 0:
         return out
+    held = np.unique(held_context)  # sorted
+    rank = np.searchsorted(held, context)
+    ok = (context >= 0) & (cls >= 0) & (cls < N_SIZE_CLASSES)
+    ok &= held[np.minimum(rank, len(held) - 1)] == context
+    keys = np.searchsorted(held, held_context) * N_SIZE_CLASSES + np.asarray(held_cls, np.int64)
+    want = rank * N_SIZE_CLASSES + np.clip(cls, 0, N_SIZE_CLASSES - 1)
+    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+    ok &= keys[at] == want
+    out[ok] = at[ok]
+    return out
 
 
 @dataclass(frozen=True)
