@@ -66,7 +66,13 @@ from tasks.whatif.policies import (
     PolicyConfig,
     _Policy,
 )
-from tasks.whatif.policy_core import class_scores_of, with_call_sites
+from tasks.whatif.policy_core import (
+    class_scores_of,
+    context_scores_of,
+    keyed,
+    with_allocation_contexts,
+    with_call_sites,
+)
 from tasks.whatif.sweep import GUIDED_HORIZON, OPTIMISTIC, default_grid, pareto_plot, sweep_run
 
 ARTIFACT_KEY = "whatif"
@@ -424,20 +430,25 @@ def _load_networks(ref: ModelRef, predictor: Predictor) -> None:
 
 def table_file_scores(path: Path) -> np.ndarray:
     """A layer table file's scores as the replay asks them (policy_core.class_scores_of): its
-    class scores, then its site entries, whatever its format (a format 4 file's context
-    entries are not replayed); a file the layer would refuse raises ValueError."""
+    class scores, its site entries, and a format 4 file's allocation-context entries at its
+    depth (TableScores.contexts, asked before the sites); a file the layer would refuse raises
+    ValueError."""
     read_table_file(path)
     raw = path.read_bytes()
     got = layer_entries(HEADER.unpack_from(raw)[1], raw[HEADER.size :])
-    return class_scores_of(got.keep_scores.tobytes() + got.sites.tobytes())
+    return class_scores_of(
+        got.keep_scores.tobytes() + got.sites.tobytes(),
+        context_scores_of(got.contexts, got.depth),
+    )
 
 
 def _fetch_class_scores(run_id: str) -> tuple[np.ndarray | None, str | None]:
     """The scores of the layer table a version's run logged (`table/heapcast.hcltab`,
     tasks/registry/question_artifacts.py), checked as the layer checks it: its class scores,
     with its call-site entries where it has some (formats 3 and 4; policy_core.TableScores,
-    which the replay asks as the layer asks them); or None and why. A format 4 file's context
-    entries are not replayed: the replay keys a free on its call site, as a format 3 layer."""
+    which the replay asks as the layer asks them), and a format 4 file's context entries,
+    which a free asks first by its block's allocation context (from the run's stacks); or None
+    and why."""
     try:
         # deferred: imported on first use (MLflow), for start-up time
         import mlflow
@@ -542,11 +553,22 @@ def replay_events(
         scores, why = predictor.class_scores() if predictor is not None else (None, None)
         if why:
             notes.append(why)
-        if getattr(scores, "sites", None) is not None:  # the layer asks the frees' call sites
+        if keyed(scores):  # the layer asks the frees' call sites
             with_call_sites(x, table)  # -1 without callers: the counter (NO_CALL_SITES noted)
+        contexts = getattr(scores, "contexts", None)
+        if contexts is not None:
+            # a format 4 table asks each free's block's allocation context first; a run
+            # without stacks has none, and its frees ask the sites, then the counter
+            with_allocation_contexts(x, table, scored.frames, contexts.depth)
+            if scored.frames is None or len(scored.frames) == 0:
+                notes.append(
+                    f"{workload}/{run}: no stacks read: the table's context entries answered "
+                    "no free (sites, then the counter)"
+                )
     frames = [sweep_run(x, plain, workload=workload, run=run, class_scores=scores)]
     if guided:
-        preds, notes = predictions_for(scored, predictor, horizon, answers)
+        preds, more = predictions_for(scored, predictor, horizon, answers)
+        notes += more  # after the table's
         for name, keep in preds.items():
             frames.append(
                 sweep_run(x, guided, workload=workload, run=run, predictions=keep, predictor=name)

@@ -25,9 +25,12 @@ from pydantic import Field, field_validator
 
 from tasks.core.config import StrictModel
 from tasks.core.policy_names import current_policy
+from tasks.dataset.contexts import NO_CONTEXT, event_contexts
+from tasks.dataset.events_reader import StackFrames
 from tasks.dataset.sites import SITE_VOCABULARY, call_sites
 from tasks.dataset.tokens import size_class
 from tasks.format.native_sources import POLICY_SOURCES, NativeBuildError, build_native
+from tasks.learning.table.distill import allocation_contexts, context_key_index
 from tasks.whatif.events import SimInput, prepare
 from tasks.whatif.policies import (
     MMAP_THRESHOLD,
@@ -46,6 +49,9 @@ CLASS_TABLE_SHAPE = (64, 64)  # the layer table's class scores (format 2 payload
 SITE_CLASSES = 32  # a format 3 entry's key: site * SITE_CLASSES + size class (native/TABLE.md)
 SITE_TABLE_SHAPE = (SITE_VOCABULARY, SITE_CLASSES)  # int16 keep scores, -1: no entry
 CALL_SITES = "call_sites"  # SimInput.cache: int64 per row, its call site (`with_call_sites`)
+# SimInput.cache: (depth, int64 per row: the context of the allocation of the block the row
+# frees, at that depth; `with_allocation_contexts`)
+ALLOC_CONTEXTS = "allocation_contexts"
 _POLICIES = ("off", "largest", "pools", "guided")
 # struct hpc_stats' fields, in order (native/policy/core.h), then what replay.c adds
 STATS = (
@@ -70,8 +76,10 @@ STATS = (
     "bytes_in_fronts",
 )
 # what the Python side adds (not the core's struct): the layer's `table_sites`, frees of blocks
-# it tracked that a call-site entry answered (guided with a table of sites)
+# it tracked that a call-site entry answered (guided with a table of sites), and its
+# `table_contexts`, those an allocation-context entry answered (a format 4 table)
 SITED = "sited"
+CONTEXTED = "contexted"
 # per-row decision: request | fate << 2
 REQUEST_NAMES = ("none", "hit", "miss")
 FATE_NAMES = ("none", "kept", "unproven", "outgrown", "declined", "untracked", "heap")
@@ -138,9 +146,9 @@ class _Settings(ctypes.Structure):  # struct hpc_settings
 
 
 def _settings(p: LayerPolicy, decay_ns: int | None, class_scores: np.ndarray | None) -> _Settings:
-    # a table with call-site entries never asks its class scores (the layer's init.c: a key
-    # the table lacks asks the thread's counter)
-    if getattr(class_scores, "sites", None) is not None:
+    # a table with site or context entries never asks its class scores (the layer's init.c: a
+    # key the table lacks asks the thread's counter)
+    if keyed(class_scores):
         class_scores = None
     return _Settings(
         policy=_POLICIES.index(p.policy),
@@ -181,17 +189,60 @@ def layer_policy(config: LayerConfig) -> tuple[LayerPolicy, int]:
     )
 
 
+@dataclass(frozen=True)
+class ContextScores:
+    """A format 4 table's (allocation context, size class) entries (native/TABLE.md): keys
+    sorted by (context, class), unique; the contexts' depth in frames."""
+
+    depth: int
+    context: np.ndarray  # int64 [m], >= 0
+    cls: np.ndarray  # int64 [m], 0..31
+    score: np.ndarray  # uint8 [m]: the keep score
+
+    def at(self, context: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """int16 [n]: the entry's score at each (context, class); -1 where none (NO_CONTEXT,
+        or a key the table lacks): distill.context_key_index, as ClassTable.answer asks."""
+        i = context_key_index(self.context, self.cls, context, cls)
+        return np.where(i >= 0, self.score[np.maximum(i, 0)].astype(np.int16), -1).astype(np.int16)
+
+
+def context_scores_of(entries: np.ndarray, depth: int) -> ContextScores | None:
+    """A format 4 file's context entries (layer_file.CONTEXT_ENTRY, as layer_entries reads
+    them: keys rising) at `depth`; None where there are none."""
+    if len(entries) == 0:
+        return None
+    word = np.asarray(entries["word"], np.int64)
+    return ContextScores(
+        int(depth),
+        np.asarray(entries["context"], np.uint64).astype(np.int64),
+        word >> 8,
+        (word & 0xFF).astype(np.uint8),
+    )
+
+
 class TableScores(np.ndarray):
-    """A layer table's class scores (the array itself: uint8 [64, 64]) and its call-site
+    """A layer table's class scores (the array itself: uint8 [64, 64]), its call-site
     entries, `sites`: int16 SITE_TABLE_SHAPE, the keep score of (site, size class), -1 where
-    the table has no entry; None for a table without entries (format 2, or 3 with none), which
-    answers by its class scores. With entries the layer never asks the class scores: a free
-    whose key the table lacks asks the thread's counter (native/TABLE.md)."""
+    the table has no entry, and its allocation-context entries, `contexts` (format 4); each
+    None where the table has none. A table with neither (format 2, or 3 with none) answers by
+    its class scores. With entries the layer never asks the class scores: at a free it asks the
+    block's allocation context first, then the free's call site, and where the table lacks both
+    keys the thread's counter (native/TABLE.md)."""
 
     sites: np.ndarray | None
+    contexts: ContextScores | None
 
     def __array_finalize__(self, obj) -> None:
         self.sites = getattr(obj, "sites", None)
+        self.contexts = getattr(obj, "contexts", None)
+
+
+def keyed(scores: np.ndarray | None) -> bool:
+    """Whether a table's scores have site or context entries (the layer's hl_use_sites): its
+    frees ask those, then the counter, never the class scores."""
+    return (
+        getattr(scores, "sites", None) is not None or getattr(scores, "contexts", None) is not None
+    )
 
 
 def site_scores_of(entries: bytes | np.ndarray) -> np.ndarray | None:
@@ -212,25 +263,29 @@ def site_scores_of(entries: bytes | np.ndarray) -> np.ndarray | None:
     return out.reshape(SITE_TABLE_SHAPE)
 
 
-def class_scores_of(payload: bytes | np.ndarray) -> np.ndarray:
+def class_scores_of(
+    payload: bytes | np.ndarray, contexts: ContextScores | None = None
+) -> np.ndarray:
     """The scores a layer table file holds, as the core reads them: its payload's (after the
     header: tasks.learning.table.distill) first 64 * 64 bytes, uint8 [64, 64], C order; given the whole
     payload of a format 3 file (bytes, or a flat uint8 array), its site entries after them too,
     parsed once (`site_scores_of`): a TableScores whose `sites` the replay asks first, as the
-    layer does. A [64, 64] array keeps the sites it carries."""
+    layer does. A [64, 64] array keeps the sites and contexts it carries (`contexts`: a format 4
+    file's, context_scores_of, given with the payload)."""
     a = np.frombuffer(payload, np.uint8) if isinstance(payload, bytes) else np.asarray(payload)
     n = CLASS_TABLE_SHAPE[0] * CLASS_TABLE_SHAPE[1]
     if a.size < n:
         raise ValueError(f"a layer table's class scores are {n} bytes, got {a.size}")
     flat = a.reshape(-1)
     sites = getattr(payload, "sites", None)
+    contexts = contexts if contexts is not None else getattr(payload, "contexts", None)
     if a.ndim == 1 and a.size > n:
         sites = site_scores_of(flat[n:])
     scores = np.ascontiguousarray(flat[:n].astype(np.uint8).reshape(CLASS_TABLE_SHAPE))
-    if sites is None:
+    if sites is None and contexts is None:
         return scores
     out = scores.view(TableScores)
-    out.sites = sites
+    out.sites, out.contexts = sites, contexts
     return out
 
 
@@ -242,23 +297,67 @@ def with_call_sites(x: SimInput, table: pa.Table) -> SimInput:
     return x
 
 
-def row_site_scores(x: SimInput, sites: np.ndarray) -> np.ndarray:
+def with_allocation_contexts(
+    x: SimInput, table: pa.Table, frames: StackFrames | None, depth: int
+) -> SimInput:
+    """`x` (prepared from `table`) with, at each row that frees a block, the context of the
+    block's allocation at `depth` frames (what the layer keeps in the block's slot and a format
+    4 table's entries key on), as the evaluation finds it: the rows' contexts from the run's
+    stacks (tasks.dataset.contexts.event_contexts, `frames`, the `stack` column), then
+    distill.allocation_contexts; NO_CONTEXT everywhere for a run without stacks (frames None,
+    or none recorded), whose frees then ask the site entries and the counter. Returns `x`."""
+    if frames is None or "stack" not in table.column_names:
+        rows = np.full(table.num_rows, NO_CONTEXT, np.int64)
+    else:
+        rows = event_contexts(frames, table.column("stack"), (depth,))[depth]
+    x.cache[ALLOC_CONTEXTS] = (int(depth), x.align(allocation_contexts(table, rows)))
+    return x
+
+
+def row_site_scores(
+    x: SimInput, sites: np.ndarray | None, contexts: ContextScores | None = None
+) -> np.ndarray:
     """int16 per row (simulation order): the table's entry at the free in the row (a realloc's
-    old block included), at (the row's call site, the size class of the block's request: the
-    layer's hcp_class of its req, 0 read as 1); -1 where the row frees nothing known or the
-    table has no entry (the layer then asks the thread's counter)."""
-    if CALL_SITES not in x.cache:
-        raise ValueError(
-            "a layer table with call-site entries needs the run's call sites: "
-            "policy_core.with_call_sites(prepare(table), table)"
-        )
-    site = np.asarray(x.cache[CALL_SITES], np.int64)
+    old block included), as the layer asks it (policy.c hl_keep_at_free) at the size class of
+    the block's request (the layer's hcp_class of its req, 0 read as 1): the entry of (the
+    block's allocation context, class) where `contexts` holds it (`with_allocation_contexts`),
+    else of (the row's call site, class) where `sites` holds it; -1 where the row frees
+    nothing known or the table has neither (the layer then asks the thread's counter)."""
+    return _row_scores(x, sites, contexts)[0]
+
+
+def _row_scores(
+    x: SimInput, sites: np.ndarray | None, contexts: ContextScores | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """row_site_scores, and bool per row: a context entry answered."""
     a = x.partner
-    frees = (x.freed >= 0) & (a >= 0) & (site >= 0) & (site < SITE_VOCABULARY)
+    frees = (x.freed >= 0) & (a >= 0)
     req = x.req[np.maximum(a, 0)]
     cls = size_class(np.where(req > 0, req, 1)).astype(np.int64)
-    score = sites[np.where(frees, site, 0), cls]
-    return np.ascontiguousarray(np.where(frees, score, -1), np.int16)
+    score = np.full(x.n, -1, np.int16)
+    if sites is not None:
+        if CALL_SITES not in x.cache:
+            raise ValueError(
+                "a layer table with call-site entries needs the run's call sites: "
+                "policy_core.with_call_sites(prepare(table), table)"
+            )
+        site = np.asarray(x.cache[CALL_SITES], np.int64)
+        at = frees & (site >= 0) & (site < SITE_VOCABULARY)
+        score = np.where(at, sites[np.where(at, site, 0), cls], -1).astype(np.int16)
+    by_context = np.zeros(x.n, bool)
+    if contexts is not None:
+        depth, alloc = x.cache.get(ALLOC_CONTEXTS, (None, None))
+        if depth != contexts.depth:
+            raise ValueError(
+                f"a layer table with allocation-context entries at depth {contexts.depth} needs "
+                "the run's allocation contexts at that depth: policy_core."
+                "with_allocation_contexts(x, table, frames, depth) (frames None: a run without "
+                "stacks)"
+            )
+        ctx = contexts.at(np.where(frees, alloc, NO_CONTEXT), cls)
+        by_context = ctx >= 0
+        score = np.where(by_context, ctx, score).astype(np.int16)
+    return np.ascontiguousarray(score, np.int16), by_context
 
 
 class PolicyCoreBuildError(NativeBuildError):
@@ -351,7 +450,9 @@ class CoreBatch:
     class_scores: np.ndarray | None = None  # kept alive: settings.class_table points into it
     thread_proc: np.ndarray | None = None  # int32 per thread: its process (steals)
     exits: np.ndarray | None = None  # uint8 per row: a thread exits after it
-    site_score: np.ndarray | None = None  # int16 per row: the table's call-site entry, -1: none
+    # int16 per row: the table's context or call-site entry (row_site_scores), -1: none
+    site_score: np.ndarray | None = None
+    by_context: np.ndarray | None = None  # bool per row: a context entry gave site_score
 
     @property
     def n(self) -> int:
@@ -396,15 +497,20 @@ def core_batch(
 ) -> CoreBatch:
     """The replay's input arrays of a prepared run (the usable sizes modelled here, in numpy).
     `decay_ns` overrides the policy's decay_ms; `class_scores` (guided): a table's class scores
-    (`class_scores_of`), which the layer asks instead of its counter; with call-site entries
-    (TableScores.sites) those first and the counter where the table has none, the class scores
-    never (the run's call sites: `with_call_sites`)."""
-    site_score = None
+    (`class_scores_of`), which the layer asks instead of its counter; with entries, the
+    allocation-context entries (TableScores.contexts) first, then the call-site entries
+    (TableScores.sites), and the counter where the table has neither, the class scores never
+    (the run's call sites: `with_call_sites`; its allocation contexts:
+    `with_allocation_contexts`)."""
+    site_score = by_context = None
     if class_scores is not None:
         class_scores = class_scores_of(class_scores)
-        sites = getattr(class_scores, "sites", None)
-        if sites is not None and policy.policy == "guided":
-            site_score = row_site_scores(x, sites)
+        if keyed(class_scores) and policy.policy == "guided":
+            site_score, by_context = _row_scores(
+                x,
+                class_scores.sites,
+                class_scores.contexts,  # type: ignore[attr-defined]
+            )
     n = x.n
     align = x.align_req if x.align_req is not None else np.zeros(n, np.int64)
     addr = x.addr_align if x.addr_align is not None else np.full(n, 16, np.int64)
@@ -439,13 +545,14 @@ def core_batch(
         thread_proc,
         exits,
         site_score,
+        by_context,
     )
 
 
 def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
     """One C call over the whole batch: (the counters, per-row decision, usable bytes got, bytes
     its process keeps after the row), the rows in simulation order. The counters are STATS and
-    SITED (0 without site scores)."""
+    SITED and CONTEXTED (0 without a table's entries)."""
     cache_size, thread_size, counter_size, _ = _sizes()
     caches = np.zeros(max(b.n_proc, 1) * cache_size, np.uint8)
     threads = np.zeros(max(b.n_threads, 1) * thread_size, np.uint8)
@@ -481,20 +588,22 @@ def run_batch(b: CoreBatch) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.
     out = np.zeros(len(STATS), np.uint64)
     lib.hpc_replay_stats(caches.ctypes.data, b.n_proc, out.ctypes.data)
     stats = dict(zip(STATS, (int(v) for v in out)))
-    stats[SITED] = _sited(b, decision, row_tracked)
+    stats[SITED], stats[CONTEXTED] = _sited(b, decision, row_tracked)
     return stats, decision, got_usable, kept_bytes
 
 
-def _sited(b: CoreBatch, decision: np.ndarray, row_tracked: np.ndarray) -> int:
-    """The layer's `table_sites`: frees of blocks it tracked (hpc_free's fates: kept, unproven,
-    outgrown, declined; the block tracked) whose call-site entry answered."""
+def _sited(b: CoreBatch, decision: np.ndarray, row_tracked: np.ndarray) -> tuple[int, int]:
+    """The layer's `table_sites` and `table_contexts`: frees of blocks it tracked (hpc_free's
+    fates: kept, unproven, outgrown, declined; the block tracked) whose call-site entry, whose
+    allocation-context entry answered."""
     if b.site_score is None:
-        return 0
+        return 0, 0
     partner = b.arrays[2]
     fate = decision >> 2
     tracked = (partner >= 0) & (row_tracked[np.maximum(partner, 0)] == 1)
     asked = (fate >= 1) & (fate <= 4) & tracked & (b.site_score >= 0)
-    return int(np.count_nonzero(asked))
+    by_context = b.by_context if b.by_context is not None else np.zeros(len(asked), bool)
+    return int(np.count_nonzero(asked & ~by_context)), int(np.count_nonzero(asked & by_context))
 
 
 def replay(
@@ -504,10 +613,19 @@ def replay(
     mmap_threshold: int = MMAP_THRESHOLD,
     decay_ns: int | None = None,
     class_scores: np.ndarray | None = None,
+    frames: StackFrames | None = None,
 ) -> CoreReplay:
     """The layer's decisions (the policy core) over one run's events, in one C call. Given a
-    table (not a prepared run), its rows' call sites too (`with_call_sites`)."""
-    x = events if isinstance(events, SimInput) else with_call_sites(prepare(events), events)
+    table (not a prepared run), its rows' call sites too (`with_call_sites`), and where the
+    table's scores have context entries, its blocks' allocation contexts from the run's stacks
+    `frames` (`with_allocation_contexts`; None: a run without stacks)."""
+    if isinstance(events, SimInput):
+        x = events
+    else:
+        x = with_call_sites(prepare(events), events)
+        contexts = getattr(class_scores, "contexts", None)
+        if contexts is not None:
+            with_allocation_contexts(x, events, frames, contexts.depth)
     batch = core_batch(x, policy, mmap_threshold, decay_ns=decay_ns, class_scores=class_scores)
     stats, decision, got_usable, kept = run_batch(batch)
     n = x.n
