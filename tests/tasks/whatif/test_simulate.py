@@ -583,7 +583,8 @@ def test_the_nights_table_row_asks_the_call_site_entries():
 def test_a_format_4_table_file_replays_its_class_scores_and_call_site_entries(tmp_path):
     """GIVEN a table written as the night now writes it (format 4: context entries after the
     site entries) THEN the replay reads its class scores and its site entries, the same as the
-    format 3 file of the same table; the context entries are not read as sites."""
+    format 3 file of the same table; the context entries are not read as sites, but as
+    contexts (asked first: test_table_contexts)."""
     from tasks.learning.labels import REUSE_CLASSES
     from tasks.learning.table.distill import ClassTable, ContextCounts
     from tasks.learning.table.layer_file import HEADER, write_layer_table
@@ -601,6 +602,8 @@ def test_a_format_4_table_file_replays_its_class_scores_and_call_site_entries(tm
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got.sites, want.sites)
     assert (got.sites >= 0).sum() == 1 and got.sites[7, 19] < 50
+    assert want.contexts is None and got.contexts.depth == 4
+    assert got.contexts.context.tolist() == [5, 9] and got.contexts.score[0] > got.contexts.score[1]
 
 
 def _cache_of(sizes):
