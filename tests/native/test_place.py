@@ -595,3 +595,24 @@ def test_the_cli_passes_a_table_through(burstkv, burstkv_keys, tmp_path):
     assert r.returncode == 2 and "needs mode predict" in r.stderr and r.stdout == ""
     r = heapcast("--predictor", "bogus")
     assert r.returncode == 2 and "online, model[:VERSION] or table:FILE" in r.stderr
+
+
+def test_a_short_site_sharing_a_long_sites_gate_key_stays_short(program, tmp_path):
+    """GIVEN two call sites whose return addresses share their low 16 bits (the short path's
+    gate key: twin functions 64 KiB apart), the first keeping every block, WHEN the counter has
+    called the first long and the second makes short-lived blocks, THEN the second's blocks are
+    not placed long (the site table tells the twins apart) and are sampled as any others (1 in
+    8); the output is jemalloc's."""
+    exe = program("place_twins")
+    argv = [exe, "3000", "20000"]
+    alone = _run(argv, place=None)
+    assert alone.returncode == 0 and alone.stdout.startswith("twins=1 "), alone.stdout
+    stats = tmp_path / "stats"
+    under = _run(argv, place=f"{EAGER.replace('sample=1', 'sample=8')},stats={stats}")
+    assert under.returncode == 0 and under.stdout == alone.stdout
+    (row,) = _stats(stats.read_text())
+    assert int(row["sites_long"]) >= 1, row
+    # the kept site's blocks go long once it is learnt; none of the 20000 short ones do
+    assert 1000 < int(row["long"]) <= 3000, row
+    # every 8th allocation of the thread sampled, the gated ones too (and start-up's few)
+    assert 23000 // 8 <= int(row["sampled"]) <= 23000 // 8 + 100, row

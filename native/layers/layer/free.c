@@ -114,7 +114,7 @@ static inline int hl_free_unlive(struct hl_shard *s, struct hl_live_slot *e, voi
 /* Step: p enters the shared cache, if largest's rule and the cap make room for it (else it goes
  * to the next allocator); idle blocks decay first. Called with hl_lock held, which it gives
  * back; the real free and madvise run outside it. */
-static inline void hl_free_to_shared(void *p, size_t usable, int advised, uint64_t now) {
+static inline int hl_free_to_shared(void *p, size_t usable, int advised, uint64_t now) {
     if (advised) { /* madv=0: advise before other threads can take it, outside the lock */
         hl_lock_give();
         hl_madvise(p, usable);
@@ -131,15 +131,17 @@ static inline void hl_free_to_shared(void *p, size_t usable, int advised, uint64
     if (!keep) hl_pass_free(p);
     hl_release(&out);
     hl_advise_idle(now);
+    return keep;
 }
 
-/* The program frees p (usable >= min), returning to `caller`. */
-static void hl_free_large(void *p, size_t usable, const void *caller) {
+/* The program frees p (usable >= min), returning to `caller`. 1: the layer keeps p (a front or
+ * the shared cache), 0: p went to the real free. */
+static int hl_free_large(void *p, size_t usable, const void *caller) {
     int advised = hl_set.madv_ns == 0;
     int outgrown = hpc_outgrown(&hl_hist, (uintptr_t)p, usable);
     if (!hl_in_scope(p)) {
         hl_free_out_of_scope(p, outgrown);
-        return;
+        return 0;
     }
     uint64_t now = hl_set.policy == HL_LARGEST && hl_set.madv_ns <= 0 ? 0 : hl_now();
     /* before any lock (see Call sites, predict.c); only where the table has an entry to ask */
@@ -156,22 +158,21 @@ static void hl_free_large(void *p, size_t usable, const void *caller) {
         struct hl_live_slot *e = hl_live_find(s, p);
         if (HL_UNLIKELY(e == NULL || e->ticket != 0)) {
             if (hl_free_not_live(s, e, p)) continue;
-            return;
+            return 0;
         }
         size_t req = e->req ? e->req : 1;
         int passed_by_prediction = 0; /* regret=1: remembered (hl_ghost_add) */
         int keep = hl_keep_at_free(req, site, e->ctx, wanted, unproven, s, &passed_by_prediction);
         if (keep && front) {
             hl_free_to_front(s, e, p, usable, now);
-            return;
+            return 1;
         }
         if (!keep) {
             hl_free_pass_on(s, e, p, usable, req, unproven, outgrown, passed_by_prediction);
-            return;
+            return 0;
         }
         if (!hl_free_unlive(s, e, p, now)) continue;
-        hl_free_to_shared(p, usable, advised, now);
-        return;
+        return hl_free_to_shared(p, usable, advised, now);
     }
 }
 
@@ -191,11 +192,13 @@ static inline __attribute__((always_inline)) void hl_free_from(void *p, const vo
             return;
         }
         size_t usable = hc_real.malloc_usable_size(p);
-        if (usable >= HL_FOLLOW_MIN) hl_follow(usable);
         if (usable >= min) {
-            hl_free_large(p, usable, caller);
+            /* followed once the layer knows whether glibc saw the free (hl_follow) */
+            int kept = hl_free_large(p, usable, caller);
+            if (usable >= HL_FOLLOW_MIN) hl_follow(usable, kept);
             return;
         }
+        if (usable >= HL_FOLLOW_MIN) hl_follow(usable, 0);
     }
     real_free(p);
 }

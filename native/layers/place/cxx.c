@@ -72,10 +72,17 @@
         hp_tls_countdown++;                                                                       \
         return name##_whole args;                                                                 \
     }                                                                                             \
+    static __attribute__((noinline)) HP_SHORT_FN void *name##_gated params {                      \
+        int how = hp_gated((uintptr_t)__builtin_return_address(0));                               \
+        if (HP_LIKELY(how == HP_SHORT)) return HP_JUMP(name##_next) args;                        \
+        if (how == HP_UNDO) return name##_undo args;                                              \
+        return name##_slow args;                                                                  \
+    }                                                                                             \
     HP_EXPORT void *name params;                                                                  \
     HP_SHORT_FN void *name params {                                                               \
-        int how = hp_short((uintptr_t)__builtin_return_address(0));                               \
+        int how = hp_short();                                                                     \
         if (HP_LIKELY(how == HP_SHORT)) return HP_JUMP(name##_next) args;                        \
+        if (how == HP_GATED) return name##_gated args;                                            \
         if (how == HP_UNDO) return name##_undo args;                                              \
         return name##_slow args;                                                                  \
     }                                                                                             \

@@ -149,24 +149,31 @@ static inline int hp_unsampled(void) {
     return 1;
 }
 
-/* The hooks' short path (hooks.c, cxx.c), asked before anything else with the caller's return
- * address: HP_SHORT when the layer is on with neither a table, nor mode=size, nor a context
- * deeper than the call site, the site not marked long (asked only where a site of its low
- * bits has been: hp_gate), and no sample due (hp_unsampled's question, one decrement: the
- * countdown is kept less 2); the hook then jumps to the next function. Otherwise the hook jumps
- * to its whole path, after putting the countdown back first where it was taken below 0
- * (HP_UNDO), so that the whole path finds it as it was: the same decisions, the same samples.
- * The whole path is a function of its own, reached by a jump (a sibling call: the hook has no
- * frame), so that its return address and frame are the hook's (HP_SITE, a context's key). */
-enum { HP_WHOLE, HP_SHORT, HP_UNDO };
-static inline __attribute__((always_inline)) int hp_short(uintptr_t site) {
-    uint64_t gate = __atomic_load_n(&hp_gate, __ATOMIC_ACQUIRE);
-    if (HP_UNLIKELY((gate >> (site & 63)) & 1)) {
-        if (!__atomic_load_n(&hp_fast, __ATOMIC_ACQUIRE)) return HP_WHOLE;
-        /* a plain load (one aligned word, as the atomics' relaxed load is on x86-64), so that
-         * the compare reads it from memory itself */
-        if (HP_UNLIKELY(hp_site_word[hp_site_index(site)] == ((site << 1) | 1))) return HP_WHOLE;
-    }
+/* The hooks' short path (hooks.c, cxx.c), asked before anything else: HP_SHORT when the
+ * caller's byte in the gate is 0 (the layer on with neither a table, nor mode=size, nor a
+ * context deeper than the call site, and no site of the caller's low 16 bits ever marked long:
+ * hp_gate) and no sample is due (hp_unsampled's question, one decrement: the countdown is kept
+ * less 2); the hook then jumps to the next function. Where the byte is set, HP_GATED: the hook
+ * jumps to its gated path (hp_gated), which asks the site table. Otherwise the hook jumps to its
+ * whole path, after putting the countdown back first where it was taken below 0 (HP_UNDO), so
+ * that the whole path finds it as it was: the same decisions, the same samples. The gated and
+ * whole paths are functions of their own, reached by a jump (a sibling call: the hook has no
+ * frame), so that their return address and frame are the hook's (HP_SITE, a context's key).
+ * The short path reads only the return address's low two bytes (one movzwl off the stack). */
+enum { HP_WHOLE, HP_SHORT, HP_UNDO, HP_GATED };
+static inline __attribute__((always_inline)) int hp_short(void) {
+    const uint8_t *gate = __atomic_load_n(&hp_gate, __ATOMIC_ACQUIRE);
+    if (HP_UNLIKELY(gate[(uint16_t)(uintptr_t)__builtin_return_address(0)])) return HP_GATED;
+    if (HP_LIKELY(--hp_tls_countdown >= HP_LEFT(2))) return HP_SHORT;
+    return HP_UNDO;
+}
+/* The gated path's question (the caller's gate byte set): HP_WHOLE where the short path may not
+ * answer at all (hp_fast 0) or the site is marked long, else as hp_short past its gate. */
+static inline __attribute__((always_inline)) int hp_gated(uintptr_t site) {
+    if (!__atomic_load_n(&hp_fast, __ATOMIC_ACQUIRE)) return HP_WHOLE;
+    /* a plain load (one aligned word, as the atomics' relaxed load is on x86-64), so that the
+     * compare reads it from memory itself */
+    if (HP_UNLIKELY(hp_site_word[hp_site_index(site)] == ((site << 1) | 1))) return HP_WHOLE;
     if (HP_LIKELY(--hp_tls_countdown >= HP_LEFT(2))) return HP_SHORT;
     return HP_UNDO;
 }

@@ -24,9 +24,17 @@ static __attribute__((noinline)) void *hp_malloc_undo(size_t n) {
     return hp_malloc_whole(n);
 }
 
-HP_EXPORT HP_SHORT_FN void *malloc(size_t n) {
-    int how = hp_short((uintptr_t)__builtin_return_address(0));
+static __attribute__((noinline)) HP_SHORT_FN void *hp_malloc_gated(size_t n) {
+    int how = hp_gated((uintptr_t)__builtin_return_address(0));
     if (HP_LIKELY(how == HP_SHORT)) return hc_real.malloc(n);
+    if (how == HP_UNDO) return hp_malloc_undo(n);
+    return hp_malloc_slow(n);
+}
+
+HP_EXPORT HP_SHORT_FN void *malloc(size_t n) {
+    int how = hp_short();
+    if (HP_LIKELY(how == HP_SHORT)) return hc_real.malloc(n);
+    if (how == HP_GATED) return hp_malloc_gated(n);
     if (how == HP_UNDO) return hp_malloc_undo(n);
     return hp_malloc_slow(n);
 }
@@ -76,14 +84,23 @@ static __attribute__((noinline)) void *hp_calloc_undo(size_t total, size_t m, si
     return hp_calloc_whole(total, m, n);
 }
 
+static __attribute__((noinline)) HP_SHORT_FN void *hp_calloc_gated(size_t total, size_t m,
+                                                                    size_t n) {
+    int how = hp_gated((uintptr_t)__builtin_return_address(0));
+    if (HP_LIKELY(how == HP_SHORT)) return hc_real.calloc(m, n);
+    if (how == HP_UNDO) return hp_calloc_undo(total, m, n);
+    return hp_calloc_slow(total, m, n);
+}
+
 HP_EXPORT HP_SHORT_FN void *calloc(size_t m, size_t n) {
     size_t total;
     if (__builtin_mul_overflow(m, n, &total)) {
         errno = ENOMEM;
         return NULL;
     }
-    int how = hp_short((uintptr_t)__builtin_return_address(0));
+    int how = hp_short();
     if (HP_LIKELY(how == HP_SHORT)) return hc_real.calloc(m, n);
+    if (how == HP_GATED) return hp_calloc_gated(total, m, n);
     if (how == HP_UNDO) return hp_calloc_undo(total, m, n);
     return hp_calloc_slow(total, m, n);
 }
