@@ -2,10 +2,12 @@
 the answer, for few threads) and the hedge's (its counter and the mixture).
 
 What it computes is what the separate calls compute (OnlineStreams.push_answer, step_calls,
-OnlineStreams.push_distribution, top_of, HedgeStreams.step), in the same order: it calls the
-same compiled functions. What it saves is the Python between them: at one thread, a dozen
-dispatches of compiled functions, the small arrays made for them and an argsort, about half the
-CPU time of a hedged prediction (docs/learning-nextcall.md#streaming-the-champion has the figures).
+OnlineStreams.push_distribution, top_of, HedgeStreams.step), in the same order, through the same
+compiled functions, but for one: where the hedge's counter is the network's, counter_step looks
+each thread's contexts up once for the network's row and the hedge's top-5 and distribution
+(three lookups apart). What it saves is the Python between them (at one thread, a dozen
+dispatches, the small arrays made for them and an argsort) and, over many threads, those two
+lookups (docs/learning-nextcall.md#streaming-the-champion has the figures).
 tests/tasks/learning/serving/test_streaming.py checks the answers equal the separate calls'.
 """
 
