@@ -32,8 +32,8 @@ from tasks.learning.counters.online import (
     _fill_top,
     _find,
     _keys,
-    _stream_scratch,
-    _streams_push,
+    _learn_all,
+    _reserve,
     _streams_step_dist,
 )
 from tasks.learning.nextcall.hedge import _stream_mix
@@ -82,7 +82,6 @@ def counter_step(
     distribution at smoothing eps. The thread's contexts are looked up once for all three
     (_stream_answer's and _stream_distribution's lookups, done apart, found the same rows)."""
     m = ext.shape[0]
-    scratch = _stream_scratch(m)
     keys = np.zeros(m, np.uint64)
     slots = np.zeros(m, np.int64)
     top5 = np.zeros(TOP_K, np.uint8)
@@ -90,13 +89,28 @@ def counter_step(
     u32max = np.int64(0xFFFFFFFF)
     for b in range(idx.shape[0]):
         t = idx[b]
-        ctab, ptab = _streams_push(
-            ctabs, ptabs, metas, hists, n_seen, t, ext, fallback, tokens[b], scratch
-        )
-        meta = metas[t]
-        hist = hists[t]
-        avail = min(n_seen[t], hist.shape[0] - 1)
-        _keys(hist, hist.shape[0] - 1, avail, ext, keys)
+        ctab, ptab, meta, hist = ctabs[t], ptabs[t], metas[t], hists[t]
+        h = hist.shape[0] - 1
+        # the push (_streams_push's, without _span_loop's general machinery): tokens[b] is
+        # counted after the contexts of the calls before it, then joins them
+        y = tokens[b]
+        hist[h] = y
+        grown_c, grown_p = _reserve(ctab, ptab, meta, m)
+        if grown_c.shape[0] != ctab.shape[0]:
+            ctabs[t] = grown_c
+        if grown_p.shape[0] != ptab.shape[0]:
+            ptabs[t] = grown_p
+        ctab, ptab = grown_c, grown_p
+        avail = min(n_seen[t], h)
+        _keys(hist, h, avail, ext, keys)
+        _find(ctab, meta[_CLOG], keys, ext, avail, slots)
+        _learn_all(ctab, ptab, meta, keys, slots, y)
+        for j in range(h):
+            hist[j] = hist[j + 1]
+        n_seen[t] += 1
+        # the answer: the contexts of the calls up to tokens[b]
+        avail = min(n_seen[t], h)
+        _keys(hist, h, avail, ext, keys)
         _find(ctab, meta[_CLOG], keys, ext, avail, slots)
         a = _answering(slots)
         # _span_loop's answer row (want_top, want_f)
