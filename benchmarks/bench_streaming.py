@@ -169,8 +169,8 @@ def threads_row(b: int, model, context: int, stream: np.ndarray, hedged, a) -> d
     stateful_us, stateful_cpu_us = float(np.median(walls)), float(np.median(cpus))
     stateful_per_s = 1e6 / stateful_us
     # the hedged stream on the same calls (the network's stream plus the counter and the mix)
-    hedged_walls, _ = stepped_rounds(hedged, context, stream, starts, a)
-    hedged_us = float(np.median(hedged_walls))
+    hedged_walls, hedged_cpus = stepped_rounds(hedged, context, stream, starts, a)
+    hedged_us, hedged_cpu_us = float(np.median(hedged_walls)), float(np.median(hedged_cpus))
     per_s = window_stream_rate(model, context, stream, starts, a)
     batch_per_s = batch_rate(model, context, stream, starts, a)
     print(
@@ -179,7 +179,7 @@ def threads_row(b: int, model, context: int, stream: np.ndarray, hedged, a) -> d
         f"{batch_per_s / per_s:.1f}x a batch-scored position; stateful "
         f"{stateful_us:.2f} us each ({stateful_cpu_us:.2f} us of CPU; median of {len(walls)} "
         f"rounds, {min(walls):.2f}-{max(walls):.2f}); hedged {hedged_us:.2f} us each "
-        f"({hedged_us / stateful_us:.2f}x the stateful stream)"
+        f"({hedged_cpu_us:.2f} us of CPU; {hedged_us / stateful_us:.2f}x the stateful stream)"
     )
     return {
         "threads": b,
@@ -193,6 +193,7 @@ def threads_row(b: int, model, context: int, stream: np.ndarray, hedged, a) -> d
         "stateful_cost_vs_batch": round(batch_per_s / stateful_per_s, 2),
         "hedged_us_per_prediction": round(hedged_us, 2),
         "hedged_us_per_prediction_rounds": [round(x, 2) for x in hedged_walls],
+        "hedged_cpu_us_per_prediction": round(hedged_cpu_us, 2),
         "hedged_cost_vs_stateful": round(hedged_us / stateful_us, 2),
     }
 

@@ -241,9 +241,31 @@ def _fill_distribution(ctab, ptab, plog, slots, a, eps, out):
             out[y] = 1.0 / N_TOKENS
         return
     s = slots[a]
-    den = np.float64(ctab[s, _TOTAL]) + eps * N_TOKENS
+    total = np.int64(ctab[s, _TOTAL])
+    den = np.float64(total) + eps * N_TOKENS
+    # _count_of for every y, cheaper: a context's counts sum to its total, so the top-5's are
+    # set first and the pair table is probed, token by token, only while some count is unplaced
+    # (most contexts have <= 5 next tokens: no probe); the same sums, so the same floats
+    zero = (np.int64(0) + eps) / den
     for y in range(N_TOKENS):
-        out[y] = (_count_of(ctab, ptab, plog, s, y) + eps) / den
+        out[y] = zero
+    n_top = min(np.int64(ctab[s, _NDIST]), TOP_K)
+    listed = _U0
+    left = total
+    for j in range(n_top):
+        w = ctab[s, _TOP + j]
+        c = np.int64(w >> _U8)
+        out[np.int64(w & _U255)] = (c + eps) / den
+        listed |= _U1 << (w & _U255)
+        left -= c
+    y = 0
+    while left > 0 and y < N_TOKENS:
+        if (listed >> np.uint64(y)) & _U1 == _U0:
+            c = np.int64(ptab[_slot(ptab, plog, _pair_key(ctab[s, _KEY], y)), 1])
+            if c > 0:
+                out[y] = (c + eps) / den
+                left -= c
+        y += 1
 
 
 @njit(cache=True, inline="always")

@@ -68,6 +68,12 @@ def hedge_settings(token_counts: np.ndarray, smoothing: float) -> dict:
     }
 
 
+@njit(cache=True, inline="always")
+def _ahead(rank, mixed, j, q):
+    """Token j ranks before token q: a candidate (rank 1) before others, then the mixture."""
+    return rank[j] > rank[q] or (rank[j] == rank[q] and mixed[j] > mixed[q])
+
+
 @njit(cache=True)
 def _answer(logw, w, hits, rows, fixed, lists, lead_by, mixed, rank, top):
     """mixed = the mixture of one call's experts (rows float32 [E, 64], fixed float64 [F, 64])
@@ -84,7 +90,7 @@ def _answer(logw, w, hits, rows, fixed, lists, lead_by, mixed, rank, top):
         for f in range(fixed.shape[0]):
             s += w[n_rows + f] * fixed[f, j]
         mixed[j] = s
-        rank[j] = 0  # 1 for a candidate, 0 otherwise; -1 once placed
+        rank[j] = 0  # 1 for a candidate, 0 otherwise
     n_lists = lists.shape[0]
     if n_lists > 0:
         lead = 0
@@ -94,19 +100,19 @@ def _answer(logw, w, hits, rows, fixed, lists, lead_by, mixed, rank, top):
         for c in range(lists.shape[1]):
             if lists[lead, c] < k:
                 rank[lists[lead, c]] = 1
-    for slot in range(top.shape[0]):
-        best = -1
-        for j in range(k):
-            if rank[j] < 0:
-                continue
-            if (
-                best < 0
-                or rank[j] > rank[best]
-                or (rank[j] == rank[best] and mixed[j] > mixed[best])
-            ):
-                best = j
-        top[slot] = best
-        rank[best] = -1
+    # the five best by (candidate first, then the mixture), ties the lower token first: one
+    # pass, each token inserted below every kept one at least as good, the list cut at five
+    n_top = top.shape[0]
+    n = 0
+    for j in range(k):
+        if n == n_top and not _ahead(rank, mixed, j, top[n_top - 1]):
+            continue
+        q = min(n, n_top - 1)
+        while q > 0 and _ahead(rank, mixed, j, top[q - 1]):
+            top[q] = top[q - 1]
+            q -= 1
+        top[q] = j
+        n = min(n + 1, n_top)
     # the chosen five in the mixture's order (ties: the lower token first)
     for a in range(1, top.shape[0]):
         t = top[a]

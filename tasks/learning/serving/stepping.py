@@ -690,12 +690,22 @@ def _network_batched(w: StepWeights, idx, feats, reset, answering, h, c):
 
 def _network_batched_products(w: StepWeights, idx, feats, reset, answering, h, c):
     n = len(idx)
-    keep = (~reset).reshape(2 * n, 1).astype(np.float32)
     rows = feats.reshape(2 * n, _N_COLS)
+    # slots 0..n-1 in order (every thread of a stream that steps them all, the usual batch): the
+    # states are stepped in place, without gathering and scattering them (2 x 3 copies a layer)
+    in_place = n <= len(h[0]) and np.array_equal(idx, np.arange(n))
+    keep = None if in_place else (~reset).reshape(2 * n, 1).astype(np.float32)
+    starts = np.flatnonzero(reset.reshape(2 * n)) if in_place else None
     below = None
     for layer, u in enumerate(w.units):
-        hl = h[layer][idx].reshape(2 * n, u) * keep
-        cl = c[layer][idx].reshape(2 * n, u) * keep if w.lstm else hl
+        if in_place:
+            hl = h[layer][:n].reshape(2 * n, u)
+            hl[starts] = 0.0
+            cl = c[layer][:n].reshape(2 * n, u) if w.lstm else hl
+            cl[starts] = 0.0
+        else:
+            hl = h[layer][idx].reshape(2 * n, u) * keep
+            cl = c[layer][idx].reshape(2 * n, u) * keep if w.lstm else hl
         if layer == 0:
             x = np.empty((2 * n, w.kernels[0].shape[1]), np.float32)
             _gather_rows(rows, w.group_col, w.group_off, w.kernels[0], w.bias_in[0], x)
@@ -705,9 +715,10 @@ def _network_batched_products(w: StepWeights, idx, feats, reset, answering, h, c
         r = hl @ w.recurrent[layer]
         r += w.bias_rec[layer]
         _cells(w.lstm, x, r, hl, cl)
-        h[layer][idx] = hl.reshape(n, 2, u)
-        if w.lstm:
-            c[layer][idx] = cl.reshape(n, 2, u)
+        if not in_place:
+            h[layer][idx] = hl.reshape(n, 2, u)
+            if w.lstm:
+                c[layer][idx] = cl.reshape(n, 2, u)
         below = hl
     answer = 2 * np.arange(n) + answering
     top = below[answer]

@@ -41,9 +41,16 @@ from tasks.learning.counters.online import (
     OnlineStreams,
 )
 from tasks.learning.nextcall.hedge import HEDGE_ARTIFACT, LEAD, HedgeStreams, hedge_settings
+from tasks.learning.predictions import TOP_K
 from tasks.learning.questions.hedge import FLOOR
 from tasks.learning.serving import stepping
-from tasks.learning.serving.hedged_step import first_bad, hedge_part, network_few, network_fixed
+from tasks.learning.serving.hedged_step import (
+    counter_step,
+    first_bad,
+    hedge_part,
+    network_few,
+    network_fixed,
+)
 from tasks.learning.serving.stepping import step_calls, step_weights
 
 
@@ -212,6 +219,8 @@ def predict_window(model, tokens: np.ndarray, context: int = 100) -> np.ndarray:
 
 # stands in for the network's online counter where the model takes none (never pushed)
 _NO_COUNTER = OnlineStreams(DEFAULT_ORDERS, capacity=1)
+# no hedge to answer from the network's counter (counter_step's hedge_top, hedge_dist)
+_NO_HEDGE = (np.zeros((0, TOP_K), np.uint8), np.zeros((0, N_TOKENS), np.float64))
 
 
 class StatefulStream:
@@ -302,8 +311,10 @@ class StatefulStream:
         names, _, _, out = self._step(calls)
         return dict(zip(names, out, strict=True))
 
-    def _step(self, calls: dict[Hashable, int]):
-        """(thread names, their slots, their tokens, float32 [B, 64] the network's answers)."""
+    def _step(self, calls: dict[Hashable, int], hedge: tuple = _NO_HEDGE):
+        """(thread names, their slots, their tokens, float32 [B, 64] the network's answers).
+        `hedge`: (uint8 [B, 5], float64 [B, 64]) that the network's online counter fills with
+        its answers to the hedge (counter_step), or _NO_HEDGE."""
         names = list(calls)
         n = len(names)
         tokens = np.fromiter(map(int, calls.values()), np.int64, n)
@@ -322,11 +333,18 @@ class StatefulStream:
             on = self._online if self._online is not None else _NO_COUNTER
             out = network_few(
                 idx, tokens, on._ctabs, on._ptabs, on._metas, on._hists, on._n_seen,
-                self._n_seen, self._hist, tuple(self._hs), tuple(self._cs), self._fixed,
+                self._n_seen, self._hist, tuple(self._hs), tuple(self._cs), hedge[0], hedge[1],
+                self._fixed,
             )  # fmt: skip
             return names, idx, tokens, out
         if self._online is not None:
-            online = self._online.push_answer(idx, tokens)
+            on = self._online
+            online = np.empty((n, ANSWER_WIDTH), np.int64)
+            counter_step(
+                on._ctabs, on._ptabs, on._metas, on._hists, on._n_seen, idx,
+                tokens.astype(np.uint8), on._ext, on._fallback, self._fixed[3], self._fixed[4],
+                online, hedge[0], hedge[1],
+            )  # fmt: skip
         else:
             online = np.zeros((len(names), ANSWER_WIDTH), np.int64)
         out = step_calls(
@@ -375,6 +393,10 @@ class HedgedStream(StatefulStream):
         learn = self._online is None or self._online.orders != counter.orders
         if not learn:
             self._counter = self._online
+            # ... and answers the hedge in the network's step: its ranking and smoothing there
+            self._fixed = network_fixed(
+                self.weights, self.context, self._online, counter._fallback, counter.smoothing
+            )
         m = self._mix
         self._hedge_fixed = (
             learn, counter._ext, counter._fallback, counter.smoothing, m.fixed, LEAD, m.share,
@@ -430,11 +452,16 @@ class HedgedStream(StatefulStream):
 
         Two compiled calls (tasks/learning/serving/hedged_step.py): the network's (_step), then
         the counter's and the mixture's."""
-        names, idx, tokens, net = self._step(calls)
+        n = len(calls)
+        counter_top, counter = np.empty((n, TOP_K), np.uint8), np.empty((n, N_TOKENS))
+        # a shared counter answers the hedge in the network's step (no second lookup)
+        shared = not self._hedge_fixed[0]
+        names, idx, tokens, net = self._step(calls, (counter_top, counter) if shared else _NO_HEDGE)
         c, m = self._counter, self._mix
         mixed = hedge_part(
-            idx, tokens, net, c._ctabs, c._ptabs, c._metas, c._hists, c._n_seen, m._answered,
-            m._logw, m._hits, m._prev_rows, m._prev_lists, m._top, self._hedge_fixed,
+            idx, tokens, net, counter_top, counter, c._ctabs, c._ptabs, c._metas, c._hists,
+            c._n_seen, m._answered, m._logw, m._hits, m._prev_rows, m._prev_lists, m._top,
+            self._hedge_fixed,
         )  # fmt: skip
         return dict(zip(names, mixed, strict=True))
 

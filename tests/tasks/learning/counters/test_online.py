@@ -26,14 +26,15 @@ N = 64
 
 
 def reference(tokens, offsets, orders, eps=0.1, fallback=None):
-    """{"top", "p", "top1", "order", "count", "total"} per position, by the rule in words.
+    """{"top", "p", "top1", "order", "count", "total", "dist"} per position, by the rule in
+    words ("dist": every token's p).
 
     counts[(k, context)][y] = [count, last position y followed that context]; tokens ranked by
     count, then most recent first.
     """
     fallback = list(range(N)) if fallback is None else [int(t) for t in fallback]
     ext = list(orders) + [0]
-    out = {"top": [], "p": [], "top1": [], "order": [], "count": [], "total": []}
+    out = {"top": [], "p": [], "top1": [], "order": [], "count": [], "total": [], "dist": []}
     for a, b in zip(offsets[:-1], offsets[1:]):
         seq = [int(t) for t in tokens[a:b]]
         counts: dict = {}
@@ -56,14 +57,17 @@ def reference(tokens, offsets, orders, eps=0.1, fallback=None):
             top = (top + [int(NONE)] * TOP_K)[:TOP_K]
             if answered is None:
                 p, t1, o, c1, tot = 1 / N, NO_TOKEN, 0, 0, 0
+                dist = [1 / N] * N
             else:
                 e, d, ranked = answered
                 tot = sum(v[0] for v in d.values())
                 p = (d.get(y, [0])[0] + eps) / (tot + eps * N)
+                dist = [(d.get(t, [0])[0] + eps) / (tot + eps * N) for t in range(N)]
                 t1, c1 = ranked[0], d[ranked[0]][0]
                 o = e + 1 if e < len(ext) - 1 else 0
             for key, v in zip(
-                ("top", "p", "top1", "order", "count", "total"), (top, p, t1, o, c1, tot)
+                ("top", "p", "top1", "order", "count", "total", "dist"),
+                (top, p, t1, o, c1, tot, dist),
             ):
                 out[key].append(v)
             for k in ext:
@@ -100,9 +104,11 @@ def assert_equal_to_reference(run, orders, eps=0.1, fallback=None):
     ref = reference(run.tokens, run.offsets, orders, eps, fallback)
     positions = np.arange(run.n_tokens)
     counter = OnlineCounter(orders, eps, fallback if fallback is not None else np.arange(N))
-    pred = counter.predict(run, positions)
+    pred, dist = counter.predict_distribution(run, positions)
     np.testing.assert_array_equal(pred.top, ref["top"].astype(np.uint8))
     np.testing.assert_allclose(pred.p_true, ref["p"], rtol=1e-12, atol=0)
+    # every token's probability, those of contexts with > 5 next tokens from the pair table
+    np.testing.assert_allclose(dist, ref["dist"].reshape(-1, N), rtol=1e-12, atol=0)
     f = online_features(run.tokens, run.offsets, orders)
     for key in ("top1", "order", "count", "total"):
         np.testing.assert_array_equal(f[key].astype(np.int64), ref[key], err_msg=key)

@@ -239,3 +239,26 @@ def test_streams_refuse_answers_of_the_wrong_shape():
         hs.step(np.array([0]), np.array([3]), np.zeros((2, 1, N)), lists)
     with pytest.raises(ValueError, match=r"lists uint8\(2, 1, 4\): uint8 \[2, 1, 5\]"):
         hs.step(np.array([0]), np.array([3]), np.zeros((2, 1, N), np.float32), lists[..., :4])
+
+
+def test_the_top5_is_the_counters_list_then_the_mixtures_best_in_the_mixtures_order():
+    # GIVEN calls each a thread's first (equal weights: the mixture is the experts' mean), experts
+    # on a coarse grid (many ties), the first candidate list with gaps (255: none)
+    rng = np.random.default_rng(3)
+    n = 3000
+    rows = [(rng.integers(0, 4, (n, N)) / 4).astype(np.float32) for _ in range(2)]
+    fixed = rng.integers(0, 4, N) / 4
+    lists = rng.integers(0, N, (2, n, 5)).astype(np.uint8)
+    lists[0][rng.random((n, 5)) < 0.3] = 255
+    got = hedged_next([rows[0], rows[1], fixed], np.arange(n), np.zeros(n, np.int64),
+                      candidates=list(lists))  # fmt: skip
+    # THEN each top-5 is the first list's tokens and the mixture's most probable others (ties:
+    # the lower token), all five in the mixture's order (ties: the lower token first)
+    w = 1.0 / 3.0
+    r0, r1 = (r.astype(np.float64) for r in rows)
+    mixed = 0.0 + w * r0 + w * r1 + w * fixed
+    for i in range(n):
+        listed = sorted({int(t) for t in lists[0, i] if t < N})
+        others = sorted((t for t in range(N) if t not in listed), key=lambda t: (-mixed[i, t], t))
+        want = sorted(listed + others[: 5 - len(listed)], key=lambda t: (-mixed[i, t], t))
+        assert got.top[i].tolist() == want, i

@@ -189,3 +189,26 @@ def test_a_saved_and_reloaded_model_streams_as_the_original(tmp_path):
     # THEN the stream built from the loaded weights answers as the original's
     for tok in _patterned(20, 7):
         np.testing.assert_array_equal(a.step({"t": int(tok)})["t"], b.step({"t": int(tok)})["t"])
+
+
+@pytest.mark.parametrize("variant", ["gru-ngram-online-copy", "lstm-ngram-online-copy-3ranks"])
+def test_a_threads_answers_do_not_depend_on_which_threads_step_beside_it(variant, network_path):
+    # GIVEN three threads, each also streamed alone
+    model = _model(*VARIANTS[variant])
+    threads = {"a": _patterned(30, 2), "b": _patterned(30, 3), "c": _patterned(30, 4)}
+    alone = {t: StatefulStream(model, context=C) for t in threads}
+    want = {t: [alone[t].step({t: int(x)})[t] for x in toks] for t, toks in threads.items()}
+    # WHEN they are streamed together: all three in slot order (the states stepped in place),
+    # in another order, and some steps only two or one of them (the states gathered)
+    ss = StatefulStream(model, context=C)
+    orders = [("a", "b", "c"), ("c", "a", "b"), ("b", "c"), ("c",), ("a", "b", "c")]
+    done = dict.fromkeys(threads, 0)
+    for step in range(60):
+        names = [t for t in orders[step % len(orders)] if done[t] < len(threads[t])]
+        got = ss.step({t: int(threads[t][done[t]]) for t in names})
+        # THEN each answer is the one it gets alone, up to float rounding
+        for t in names:
+            np.testing.assert_allclose(got[t], want[t][done[t]], rtol=2e-5, atol=2e-6,
+                                       err_msg=f"{t}@{done[t]}")  # fmt: skip
+            done[t] += 1
+    assert min(done.values()) >= 2 * C + 1  # past two chunk starts of each state
