@@ -201,9 +201,11 @@ def _add_network_answers(
 ) -> None:
     """Beside each question's counters on the run `t`: the network's answers (`said`), its
     survival form for the lifetimes, the process's prior and the hedge of them all."""
-    _network_answers(t, answers, said, majority, lifetime_maj)
+    order, starts = process_order(t)  # the run's order, classes and sites, read once for both
     req_cls, free_cls = request_and_free_classes(t)
-    hedge_answers(*process_order(t), call_sites(t), req_cls, free_cls, answers)
+    sites = call_sites(t)
+    _network_answers(t, answers, said, majority, lifetime_maj, (order, starts, req_cls, sites))
+    hedge_answers(order, starts, sites, req_cls, free_cls, answers)
 
 
 def _network_answers(
@@ -212,12 +214,14 @@ def _network_answers(
     said: dict[str, np.ndarray],
     majority: np.ndarray,
     lifetime_maj: dict[str, np.ndarray],
+    keys: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """_add_network_answers before the hedge: the network's answers, their survival form for
-    the lifetimes and the process's prior."""
-    order, starts = process_order(t)
-    req_cls, _ = request_and_free_classes(t)
-    sites = call_sites(t)
+    the lifetimes and the process's prior. `keys`: the run's (process order, process starts,
+    request classes, call sites) where the caller has them; else read from `t`."""
+    if keys is None:
+        keys = (*process_order(t), request_and_free_classes(t)[0], call_sites(t))
+    order, starts, req_cls, sites = keys
     for q, a in answers.items():
         a.probs[PREDICTOR] = said[q][a.rows]
         if q != QUESTION:
