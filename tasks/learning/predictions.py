@@ -54,24 +54,29 @@ def top_of(probs: np.ndarray) -> np.ndarray:
 
 @njit(cache=True)
 def _top_rows(p, out):
-    """out[r]: row r's best columns, best first; a value displaces another only when strictly
-    larger, so equal values keep the lower column first."""
-    k = out.shape[1]
     for r in range(p.shape[0]):
-        filled = 0
-        for j in range(p.shape[1]):
-            v = p[r, j]
-            if filled < k:
-                pos = filled
-                filled += 1
-            elif v > p[r, out[r, k - 1]]:
-                pos = k - 1
-            else:
-                continue
-            while pos > 0 and v > p[r, out[r, pos - 1]]:
-                out[r, pos] = out[r, pos - 1]
-                pos -= 1
-            out[r, pos] = j
+        top_row(p[r], out[r])
+
+
+@njit(cache=True)
+def top_row(p, out):
+    """out: p's most probable columns, best first, ties the lower column first (top_of's row;
+    the serving stream's too).
+
+    One pass: each column, in order, is inserted below every kept one of at least its value (so
+    a tie keeps the lower column first) and the list is cut at its length."""
+    k = out.shape[0]
+    n = 0
+    for j in range(p.shape[0]):
+        v = p[j]
+        if n == k and not v > p[out[k - 1]]:
+            continue
+        q = min(n, k - 1)
+        while q > 0 and v > p[out[q - 1]]:
+            out[q] = out[q - 1]
+            q -= 1
+        out[q] = j
+        n = min(n + 1, k)
 
 
 def fill_top(candidates: np.ndarray, fallback: np.ndarray, k: int = TOP_K) -> np.ndarray:

@@ -37,7 +37,7 @@ from tasks.learning.counters.online import (
     _streams_step_dist,
 )
 from tasks.learning.nextcall.hedge import _stream_mix
-from tasks.learning.predictions import TOP_K
+from tasks.learning.predictions import TOP_K, top_row
 from tasks.learning.serving.stepping import _N_COLS, _answer, _network_few, _prepare
 
 
@@ -48,26 +48,6 @@ def first_bad(tokens):
         if tokens[b] < 0 or tokens[b] >= N_TOKENS:
             return b
     return -1
-
-
-@njit(cache=True)
-def _top5(p, out):
-    """out: p's most probable tokens, best first, ties the lower token first (top_of's row).
-
-    One pass: each token, in order, is inserted below every kept one of at least its
-    probability (so a tie keeps the lower token first) and the list is cut at its length."""
-    k = out.shape[0]
-    n = 0
-    for j in range(p.shape[0]):
-        v = p[j]
-        if n == k and not v > p[out[k - 1]]:
-            continue
-        q = min(n, k - 1)
-        while q > 0 and v > p[out[q - 1]]:
-            out[q] = out[q - 1]
-            q -= 1
-        out[q] = j
-        n = min(n + 1, k)
 
 
 @njit(cache=True)
@@ -161,7 +141,7 @@ def hedge_part(
             rows[1, b, j] = counter[b, j]
         for j in range(TOP_K):
             lists[0, b, j] = counter_top[b, j]
-        _top5(net[b], lists[1, b])
+        top_row(net[b], lists[1, b])
     mixed = np.empty((n, N_TOKENS))
     top = np.empty((n, TOP_K), np.uint8)
     _stream_mix(
