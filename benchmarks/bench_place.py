@@ -9,7 +9,8 @@ arm runs again with prompt purging. Part 1b: the same arms on a program the tabl
 (CPython). Part 1c: burstkv with every block through one wrapper (`wrap`), prompt purging:
 jemalloc, a first run's sites keyed on one frame, and on the calling context (`depth`), beside
 burstkv as is (distinct call sites). Part 2 (benchmarks/programs/pairloop.c): the cost per
-malloc(64)/free pair, 1 and 2 threads, the context (the default depth) beside one frame. Rounds
+malloc(64)/free pair, 1 and 2 threads, the context (depths 2, 4, 8) beside one frame, the
+counter learning (learn_mb=0) beside it waiting (the defaults: pairloop stays under learn_mb). Rounds
 alternate the arms. Arms, options and why: docs/speeds-layer.md#the-placement-benchmark.
 
     .venv/bin/python benchmarks/bench_place.py [--reps 5] [--bursts 8] [--shorts 200000]
@@ -70,7 +71,7 @@ print(f"entries={len(keep)} sum={sum(map(len, keep))}")
 """
 PROMPT = "dirty_decay_ms:0,muzzy_decay_ms:0"
 PARTS = ("workload", "unseen", "wrapper", "cost")
-CONTEXT_DEPTHS = (1, 2, 8)  # part 2's arms beside the layer's default depth (4)
+CONTEXT_DEPTHS = (2, 4, 8)  # part 2's arms beside the layer's default depth (1: the call site)
 CFLAGS = ("-O2", "-pthread")
 
 
@@ -308,13 +309,20 @@ def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
         for n, e in layer_arms(table_file=table_file).items()
         if n in ("jemalloc+place-off", "jemalloc+place", "jemalloc+place-table")
     }
-    # the counter keyed on one frame and on other depths beside the default (the context at the
-    # layer's default depth): what the context's walk costs
+    # the counter keyed on the calling context's frames beside the default (the call site alone):
+    # what the context's walk costs
     for depth in CONTEXT_DEPTHS:
         table[f"jemalloc+place-depth{depth}"] = {
             **table["jemalloc+place"],
             "HEAPCAST_PLACE": f"depth={depth}",
         }
+    # pairloop stays at a few MB, under learn_mb (16): the counter's arms learn from the start, as
+    # in a process past it (what its learning costs a pair); the defaults beside them (waiting:
+    # no samples, free straight to jemalloc's)
+    table["jemalloc+place-waiting"] = dict(table["jemalloc+place"])
+    for name, e in table.items():
+        if name not in ("jemalloc", "jemalloc+place-off", "jemalloc+place-waiting"):
+            table[name] = {**e, "HEAPCAST_PLACE": e["HEAPCAST_PLACE"] + ",learn_mb=0"}
 
     def pair_ns(threads: int, name: str) -> float:
         argv = [str(exe), str(threads), str(args.pairs), "64"]
@@ -333,7 +341,8 @@ def bench_pairs(exe: Path, args: argparse.Namespace, table_file: Path) -> dict:
             "added_ns_min": mins["jemalloc+place"] - mins["jemalloc"],
             "ratio_min": mins["jemalloc+place"] / mins["jemalloc"],
             "table_added_ns_min": mins["jemalloc+place-table"] - mins["jemalloc"],
-            "context_added_ns_min": mins["jemalloc+place"] - mins["jemalloc+place-depth1"],
+            "context_added_ns_min": mins["jemalloc+place-depth4"] - mins["jemalloc+place"],
+            "waiting_added_ns_min": mins["jemalloc+place-waiting"] - mins["jemalloc"],
         }
     return out
 

@@ -26,9 +26,13 @@
  *   - The short path (decide.c hp_short): malloc, calloc and each operator new test their call
  *     site's byte in the gate (hp_gate, keyed on the site's low 16 bits), take one off the
  *     thread's countdown and jump to the next function, asking the site table too where a site
- *     of those bits has been long; free and each delete compare the block with its sample slot
- *     and jump. No frame, no call: anything else jumps to the hook's whole path,
- *     which decides as before.
+ *     of those bits has been long; free and each delete jump through a pointer of their own:
+ *     the next function itself until the counter learns (learn_mb resident), then a function
+ *     that compares the block with its sample slot first. No frame, no call: anything else
+ *     jumps to the hook's whole path, which decides as before.
+ *   - Learning waits: in mode=predict the counter samples nothing and checks no free until the
+ *     process has learn_mb resident (below min_mb's floor its verdicts could place nothing); the
+ *     countdown then ticks the clock every HP_WAIT_TICK allocations (sample.c).
  *   - fork: no lock to hold across it; the child keeps its copy of the counters, and jemalloc
  *     handles its own locks.
  *   - Output (refusals, the stats line, the learn file): stack buffers and write(2), never
@@ -48,6 +52,7 @@
  *   place/decide.c      the decision on the allocation path: the long arena, the floor, hp_long
  *   place/hooks.c       the exported entry points of the malloc family
  *   place/cxx.c         C++'s operator new and delete, every form
+ *   place/watch.c       the counter begins to learn: free and every delete ask their sample slot
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -81,6 +86,7 @@
     X(falls, "1", "a site whose verdict fell from long to short this many times stays short")    \
     X(big, "1024", "mode=size: requests of at least this many bytes go to the second arena")     \
     X(min_mb, "16", "the counter places long only past this many MB resident (0: no floor)")     \
+    X(learn_mb, "16", "the counter learns once this many MB are resident (0 or learn=: at once)") \
     X(depth, "1", "frames of the calling context a site is (1: the return address alone; 1..16)") \
     X(sites, "", "mode=sites: the file of long sites a run with learn=FILE wrote (its depth)")  \
     X(learn, "", "write the long sites at exit to FILE (native/TABLE.md, The sites file)")      \
@@ -106,7 +112,8 @@ struct hp_settings {
     enum hp_mode mode;
     int sample, pct, falls;
     unsigned depth; /* the context's frames (context_key.h); 1: the return address alone */
-    uint64_t horizon, min_rss; /* min_rss: min_mb in bytes */
+    /* min_rss: min_mb in bytes; learn_rss: learn_mb in bytes, at most min_rss, 0 with learn= */
+    uint64_t horizon, min_rss, learn_rss;
     size_t big;
     uint32_t model;
     char sites[512], learn[512], stats[512], table[512];
@@ -128,7 +135,11 @@ static struct hp_settings hp_set;
 HP_EXPORT const char *malloc_conf = "lg_extent_max_active_fit:10";
 
 static int hp_state;    /* enum hp_state; HP_ON: the hot path routes */
-static int hp_learning; /* HP_ON in mode=predict: samples taken, frees checked */
+static int hp_learning; /* HP_ON in mode=predict: the online counter answers */
+/* 1 once the counter learns: samples taken, frees checked (sample.c hp_wait_tick: the process
+ * reached learn_mb; at start where learn_mb is 0 or a learn file is asked). Set once, never
+ * cleared (watch.c hp_watch_begin). */
+static int hp_watching;
 static int hp_by_size;  /* HP_ON in mode=size */
 /* 1 once on (HP_ON) with neither mode=size nor a lifetime table: the hot path's first questions
  * answered at once (decide.c hp_long_plain). Set once, at the end of start, never cleared. */
@@ -167,11 +178,14 @@ static inline void hp_long_site(uintptr_t site) {
     uint8_t *g = &hp_gate_long[(uint16_t)site];
     if (!__atomic_load_n(g, __ATOMIC_SEQ_CST)) __atomic_store_n(g, 1, __ATOMIC_SEQ_CST);
 }
-/* free's next step for a block not sampled (hooks.c): hp_free_whole (the real free not yet
- * known, or the start-up pool's blocks to tell apart) until start finds the real free and the
- * pool unused (init.c hp_free_direct); then the real free itself. */
+/* What free jumps to (hooks.c), its whole body: hp_free_whole (the real free not yet known,
+ * or the start-up pool's blocks to tell apart) until start finds the real free and the pool
+ * unused (init.c hp_free_direct); then the real free itself while the counter waits to learn,
+ * and hp_free_watch (the sample slot asked first) once it learns (watch.c). */
 static void hp_free_whole(void *p);
-static void (*hp_free_next)(void *) = hp_free_whole;
+static void hp_free_watch(void *p);
+static void (*hp_free_now)(void *) = hp_free_whole;
+static void hp_watch_begin(void);
 
 /* The long arena (decide.c). hp_flags: the mallocx flags that reach it (MALLOCX_ARENA |
  * TCACHE_NONE); 0 until it exists. It is made at the first request predicted long, not at start,
@@ -208,4 +222,5 @@ static int (*hp_mallctl)(const char *, void *, size_t *, void *, size_t);
 #include "place/decide.c"
 #include "place/hooks.c"
 #include "place/cxx.c"
+#include "place/watch.c"
 /* clang-format on */

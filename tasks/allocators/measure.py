@@ -173,6 +173,7 @@ class Sample(BaseModel):
     place_long_young: int | None = None
     place_long_old: int | None = None
     place_held_small: int | None = None  # long by the counter, short: the process under min_mb
+    place_waiting: int | None = None  # processes whose counter never learned (under learn_mb)
 
 
 # The layer's counters kept per run (native/layers/layer.c, hl_fini): summed over processes,

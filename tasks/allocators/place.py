@@ -31,6 +31,7 @@ PLACE_OPTIONS = {
     "falls",
     "big",
     "min_mb",
+    "learn_mb",
     "depth",
     "sites",
     "learn",
@@ -56,6 +57,7 @@ PLACE_COUNTERS = (
     "long_young",  # sampled blocks placed long that died young (wrong placements)
     "long_old",  # sampled blocks placed long that outlived the horizon (right ones)
     "held_small",  # called long by the counter, placed short: the process under min_mb
+    "waiting",  # processes whose counter never learned: under learn_mb resident to the end
 )
 
 
@@ -189,6 +191,12 @@ def describe(stats: dict[str, int | str], mode: str = "predict") -> str:
             f"; {stats['place_held_small']:,} allocations the counter called long stayed short: "
             "the process was under min_mb resident (16 MB by default), where the long arena "
             "would cost more than it can save"
+        )
+    if stats.get("place_mode") == "predict" and stats.get("place_waiting"):
+        text += (
+            f"; in {stats['place_waiting']} process(es) the counter never learned: they stayed "
+            "under learn_mb resident (16 MB by default), where it could place nothing (it "
+            "samples nothing and checks no free until then)"
         )
     if stats.get("place_sites_aside"):
         text += (

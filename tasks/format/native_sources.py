@@ -76,6 +76,7 @@ PLACE_SOURCES = (
     "layers/place/decide.c",
     "layers/place/hooks.c",
     "layers/place/cxx.c",
+    "layers/place/watch.c",
     "bootstrap_pool.h",
     "site_key.h",
     "module_range.h",

@@ -67,8 +67,9 @@ def test_every_arm_gives_the_same_output_and_the_table_knows_burstkv(tmp_path):
             "jemalloc+place-off",
             "jemalloc+place",
             "jemalloc+place-table",
-            "jemalloc+place-depth1",
+            "jemalloc+place-waiting",
             "jemalloc+place-depth2",
+            "jemalloc+place-depth4",
             "jemalloc+place-depth8",
         }
     assert r["wrapper"]["output_identical_across_arms"]

@@ -262,21 +262,68 @@ def test_the_long_arena_is_made_only_when_something_goes_long(program, place, si
 def test_a_small_process_places_nothing_long_by_the_counter_and_says_so(program, tmp_path):
     """GIVEN one call site keeping every block, which the counter calls long, WHEN the process
     stays under min_mb resident (16 MB by default), THEN nothing goes long (the long arena would
-    cost more than it can save there) and the stats line counts what was held short; with a
-    floor it passes (1 MB), or none (min_mb=0), the site's blocks go long."""
+    cost more than it can save there): by default the counter does not even learn (it waits for
+    learn_mb, 16 MB: nothing sampled, `waiting=1`); made to learn at once (learn_mb=0) it finds
+    the site long and the stats line counts what was held short; with a floor it passes (1 MB),
+    or none (min_mb=0), the site's blocks go long."""
     argv = [program("place_large"), "3000", "1000"]
     alone = _run(argv, place=None)
     rows = {}
-    for i, floor in enumerate(("", ",min_mb=1", ",min_mb=0")):
+    eager = EAGER.replace(",min_mb=0", "")
+    for i, floor in enumerate(("", ",learn_mb=0", ",min_mb=1", ",min_mb=0")):
         stats = tmp_path / f"stats{i}"
-        eager = EAGER.replace(",min_mb=0", "")
         under = _run(argv, place=f"{eager}{floor},stats={stats}")
         assert under.returncode == 0 and under.stdout == alone.stdout, under.stderr
         (rows[floor],) = _stats(stats.read_text())
-    held = rows[""]
-    assert (held["sites_long"], held["long"]) == ("1", "0") and int(held["held_small"]) > 2500
+    waited = rows[""]
+    assert (waited["waiting"], waited["sampled"], waited["sites_seen"], waited["long"]) == (
+        "1",
+        "0",
+        "0",
+        "0",
+    ), waited
+    held = rows[",learn_mb=0"]
+    assert (held["sites_long"], held["long"], held["waiting"]) == ("1", "0", "0"), held
+    assert int(held["held_small"]) > 2500, held
     for floor in (",min_mb=1", ",min_mb=0"):
-        assert int(rows[floor]["long"]) > 2500 and rows[floor]["held_small"] == "0", rows[floor]
+        row = rows[floor]
+        assert int(row["long"]) > 2500 and row["held_small"] == "0", row
+        assert row["waiting"] == "0", row
+
+
+@pytest.fixture(scope="module")
+def place_wait(tmp_path_factory) -> Path:
+    gxx = need_tool("g++", "g++")
+    exe = tmp_path_factory.mktemp("wait") / "place_wait"
+    src = NATIVE.parent / "tests" / "native" / "programs" / "place_wait.cpp"
+    subprocess.run([gxx, "-O1", "-g", "-Wall", "-pthread", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def test_the_counter_learns_from_learn_mb_while_threads_free_and_delete(place_wait, tmp_path):
+    """GIVEN four threads allocating and freeing by malloc/free and every kind of delete, WHEN the
+    process passes learn_mb (16 MB by default) halfway (the main thread touches 24 MB), THEN the
+    counter samples from then on only: fewer samples than learning from the start (learn_mb=0),
+    none at all under a learn_mb it never reaches; free and every delete change their path under
+    the running threads, the output is jemalloc's, and the sampled blocks' frees are seen (nearly
+    all of them die young: freed_short)."""
+    argv = [place_wait, "4", "200000", "24"]
+    alone = _run(argv, place=None)
+    assert alone.returncode == 0 and alone.stdout.startswith("entries=12500 "), alone.stdout
+    rows = {}
+    for i, learn in enumerate(("learn_mb=0", "", "learn_mb=64,min_mb=64")):
+        stats = tmp_path / f"stats{i}"
+        under = _run(argv, place=f"{learn},stats={stats}".lstrip(","))
+        assert under.returncode == 0 and under.stdout == alone.stdout, under.stderr[-2000:]
+        (rows[learn],) = _stats(stats.read_text())
+    at_once, waited, never = rows["learn_mb=0"], rows[""], rows["learn_mb=64,min_mb=64"]
+    for row in (at_once, waited):
+        assert row["waiting"] == "0", row
+        recorded = int(row["sampled"]) - int(row["dropped"])  # dropped: its slot was busy
+        assert int(row["freed_short"]) > 0.9 * recorded > 0, row
+    # learnt over the second halves only
+    assert int(waited["sampled"]) < 0.6 * int(at_once["sampled"]), (waited, at_once)
+    assert (never["waiting"], never["sampled"], never["freed_short"]) == ("1", "0", "0"), never
 
 
 def test_a_site_whose_verdict_falls_back_to_short_stays_short(program, tmp_path):
@@ -469,7 +516,7 @@ def test_the_table_places_where_it_knows_the_site_the_counter_elsewhere(
     alone = _run(argv, place=None)
     stats = tmp_path / "stats"
     long_table = _table(tmp_path / "long.hclife", burstkv_keys, 255)
-    under = _run(argv, place=f"table={long_table},stats={stats}")
+    under = _run(argv, place=f"table={long_table},learn_mb=0,stats={stats}")
     assert under.returncode == alone.returncode == 0 and under.stdout == alone.stdout
     assert "heapcast" not in under.stderr  # its stderr: the resident sets it prints
     (row,) = _stats(stats.read_text())
@@ -478,7 +525,7 @@ def test_the_table_places_where_it_knows_the_site_the_counter_elsewhere(
     assert 0 < int(row["counter_answers"]) < 100, row
     stats.unlink()
     short_table = _table(tmp_path / "short.hclife", burstkv_keys, 0)
-    under = _run(argv, place=f"table={short_table},stats={stats}")
+    under = _run(argv, place=f"table={short_table},learn_mb=0,stats={stats}")
     assert under.returncode == 0 and under.stdout == alone.stdout
     (row,) = _stats(stats.read_text())
     assert (row["long"], row["table_answers"], row["sites_long"]) == ("0", "606000", "1"), row
@@ -499,7 +546,8 @@ def test_a_bad_table_is_one_line_naming_it_and_the_counter_places(
 ):
     """A missing, cut, changed or foreign table file: one line on stderr naming the file and
     why, the program's output and exit code as without the layer, and placement by the online
-    counter (it finds the entry site: sites_long 1), table_refused=1."""
+    counter (it finds the entry site: sites_long 1), table_refused=1. The counter learns from the
+    start (learn_mb=0): by default it waits for 16 MB, which burstkv passes in its first burst."""
     path = tmp_path / "t.hclife"
     if damage is not None:
         raw = _table(path, burstkv_keys, 255).read_bytes()
@@ -507,7 +555,7 @@ def test_a_bad_table_is_one_line_naming_it_and_the_counter_places(
     argv = [burstkv, "6", "100000", "100"]
     alone = _run(argv, place=None)
     stats = tmp_path / "stats"
-    under = _run(argv, place=f"table={path},stats={stats}")
+    under = _run(argv, place=f"table={path},learn_mb=0,stats={stats}")
     assert under.returncode == alone.returncode == 0 and under.stdout == alone.stdout
     (line,) = [x for x in under.stderr.splitlines() if "heapcast" in x]
     assert re.fullmatch(

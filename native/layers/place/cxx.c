@@ -94,23 +94,26 @@
     }
 HP_NEWS(HP_NEW_)
 
-/* Each delete: a sampled block's verdict (out of line), else a jump to the next delete of its
- * signature (name##_next: name##_lazy until looked up, as the news'). */
+/* Each delete: one jump through name##_now: the next delete of its signature (name##_next:
+ * name##_lazy until looked up, as the news') while the counter waits to learn, name##_watch
+ * (a sampled block's verdict first, out of line) once it learns (watch.c). */
 #define HP_DELETE_(name, params, args)                                                            \
     static void name##_lazy params;                                                               \
     static void (*name##_next) params = name##_lazy;                                              \
+    static void (*name##_now) params = name##_lazy;                                               \
     static __attribute__((noinline)) void name##_rest params {                                    \
-        if (hp_learning) hp_free_sampled(p);                                                      \
+        if (__atomic_load_n(&hp_watching, __ATOMIC_ACQUIRE)) hp_free_sampled(p);                  \
         __atomic_load_n(&name##_next, __ATOMIC_ACQUIRE) args;                                     \
     }                                                                                             \
-    HP_EXPORT void name params;                                                                   \
-    void name params {                                                                            \
+    static void name##_watch params {                                                             \
         if (HP_UNLIKELY(hp_is_sampled(p))) {                                                      \
             name##_rest args;                                                                     \
             return;                                                                               \
         }                                                                                         \
         HP_JUMP(name##_next) args;                                                                \
     }                                                                                             \
+    HP_EXPORT void name params;                                                                   \
+    void name params { HP_JUMP(name##_now) args; }                                                \
     static void name##_lazy params {                                                              \
         void (*f) params = (void (*)params)dlsym(RTLD_NEXT, #name);                               \
         if (f == NULL) { /* no next delete: free (a later call asks again) */                     \
@@ -118,6 +121,10 @@ HP_NEWS(HP_NEW_)
             return;                                                                               \
         }                                                                                         \
         __atomic_store_n(&name##_next, f, __ATOMIC_RELEASE);                                      \
+        /* the delete jumps to it from now on, unless the counter learns meanwhile (watch) */    \
+        void (*lazy) params = name##_lazy;                                                        \
+        __atomic_compare_exchange_n(&name##_now, &lazy, f, 0, __ATOMIC_ACQ_REL,                   \
+                                    __ATOMIC_ACQUIRE);                                            \
         f args;                                                                                   \
     }
 HP_DELETES(HP_DELETE_)

@@ -50,20 +50,7 @@ static __attribute__((noinline)) int hp_reached_floor(void) {
     if (!__atomic_compare_exchange_n(&hp_rss_read_at, &then, now, 0, __ATOMIC_RELAXED,
                                      __ATOMIC_RELAXED))
         return 0; /* another thread reads it */
-    int saved = errno, big = 0;
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        char buf[128];
-        ssize_t got = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (got > 0) {
-            buf[got] = 0;
-            char *p = strchr(buf, ' '); /* size, then resident, in pages */
-            uint64_t pages = p ? strtoull(p + 1, NULL, 10) : 0;
-            big = pages * (uint64_t)sysconf(_SC_PAGESIZE) >= hp_set.min_rss;
-        }
-    }
-    errno = saved;
+    int big = hp_resident_bytes() >= hp_set.min_rss;
     if (big) __atomic_store_n(&hp_big, 1, __ATOMIC_RELAXED);
     return big;
 }

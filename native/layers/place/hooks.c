@@ -1,7 +1,8 @@
 /* Part of layers/place.c (one translation unit; never compiled alone).
  * The exported entry points of the malloc family. malloc and calloc first ask the short path
  * (decide.c hp_short: a load, a decrement, a jump to the real function), and otherwise jump to
- * their whole path; free asks the sample slot alone, then jumps to hp_free_next. The whole path:
+ * their whole path; free jumps through hp_free_now (the real free, or once the counter learns a
+ * function that asks the block's sample slot first). The whole path:
  * the real function not yet known (start-up: the bootstrap pool, ../real.h), the layer not on
  * (passed through), else the decision (decide.c).
  * realloc: a long site's realloc asks rallocx for the long arena (jemalloc grows in place where it
@@ -40,34 +41,39 @@ HP_EXPORT HP_SHORT_FN void *malloc(size_t n) {
 }
 
 /* free past a sampled block's verdict, or at start-up (out of line: free itself then only
- * jumps to the real free) */
+ * jumps) */
 static __attribute__((noinline)) void hp_free_rest(void *p) {
     if (HP_UNLIKELY(hc_in_pool(p))) return; /* the start-up pool's blocks are never reused */
     void (*f)(void *) = HC_REAL(free);
     if (HP_UNLIKELY(!f)) return; /* start-up: no real free yet, and p is not the pool's: leak */
-    if (hp_learning) hp_free_sampled(p);
+    if (__atomic_load_n(&hp_watching, __ATOMIC_ACQUIRE)) hp_free_sampled(p);
     f(p);
 }
 
-/* free's next step while the real free is not known or the pool gave blocks (hp_free_next) */
+/* free's body while the real free is not known or the pool gave blocks (hp_free_now) */
 static __attribute__((noinline)) void hp_free_whole(void *p) {
     void (*f)(void *) = __atomic_load_n(&hc_real.free, __ATOMIC_ACQUIRE);
-    if (HP_LIKELY(f != NULL) && HP_LIKELY(!hc_in_pool(p))) {
+    if (HP_LIKELY(f != NULL) && HP_LIKELY(!hc_in_pool(p)) &&
+        !(__atomic_load_n(&hp_watching, __ATOMIC_ACQUIRE) && hp_is_sampled(p))) {
         f(p);
         return;
     }
     hp_free_rest(p);
 }
 
-/* A block not sampled (its sample slot does not hold it) goes to hp_free_next by a jump: the
- * real free, once start found it and the pool unused. */
-HP_EXPORT void free(void *p) {
+/* free's body once the counter learns (watch.c): a block not sampled (its sample slot does not
+ * hold it) goes to the real free by a jump */
+static void hp_free_watch(void *p) {
     if (HP_UNLIKELY(hp_is_sampled(p))) {
         hp_free_rest(p);
         return;
     }
-    HP_JUMP(hp_free_next)(p);
+    HP_JUMP(hc_real.free)(p);
 }
+
+/* One jump: to the real free while the counter waits, else to hp_free_watch (or at start-up
+ * hp_free_whole): init.c hp_free_direct, watch.c. */
+HP_EXPORT void free(void *p) { HP_JUMP(hp_free_now)(p); }
 
 static inline __attribute__((always_inline)) void *hp_calloc_whole(size_t total, size_t m,
                                                                     size_t n) {
@@ -127,11 +133,11 @@ HP_EXPORT void *realloc(void *old, size_t n) {
         return NULL;
     }
     if (HP_UNLIKELY(!hp_on()) || n == 0) {
-        if (n == 0 && hp_learning) hp_free_sampled(old);
+        if (n == 0 && hp_watching) hp_free_sampled(old);
         return real_realloc(old, n);
     }
     /* the old block's sample (if any) ends here: its life as this block is over */
-    if (hp_learning) hp_free_sampled(old);
+    if (hp_watching) hp_free_sampled(old);
     void *q;
     int lng = hp_long(n, site);
     if (lng) {

@@ -3,26 +3,31 @@
  * the options, the arenas API, the table), the constructor (the sites file), exit (the samples
  * still live judged, the learn file, the stats line). */
 
-/* free's next step the real free itself, if the start-up pool never gave a block (called at
- * start, the real functions known). A block the pool gives meanwhile (a thread that found no
- * real function before they were published) puts hp_free_whole back (hp_pool_alloc) before it
- * returns the block: each side writes, then a fence, then the other side's word is read or
- * written, so that either this one sees the pool used or the pool's write comes last. */
+/* free's body the real free itself (or hp_free_watch once the counter learns), if the
+ * start-up pool never gave a block (called at start, the real functions known). A block the
+ * pool gives meanwhile (a thread that found no real function before they were published) puts
+ * hp_free_whole back (hp_pool_alloc) before it returns the block: each side writes, then a
+ * fence, then the other side's word is read or written, so that either this one sees the pool
+ * used or the pool's write comes last. So too with the counter's start (watch.c), which finds
+ * the real free here and replaces it, or is seen here. */
 static void hp_free_direct(void) {
     void (*f)(void *) = __atomic_load_n(&hc_real.free, __ATOMIC_ACQUIRE);
     if (f == NULL || __atomic_load_n(&hc_pool_used, __ATOMIC_RELAXED) != 0) return;
-    __atomic_store_n(&hp_free_next, f, __ATOMIC_RELAXED);
+    __atomic_store_n(&hp_free_now, f, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&hc_pool_used, __ATOMIC_RELAXED) != 0)
-        __atomic_store_n(&hp_free_next, hp_free_whole, __ATOMIC_RELAXED);
+        __atomic_store_n(&hp_free_now, hp_free_whole, __ATOMIC_RELAXED);
+    else if (__atomic_load_n(&hp_watching, __ATOMIC_SEQ_CST))
+        __atomic_compare_exchange_n(&hp_free_now, &f, hp_free_watch, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_RELAXED);
 }
 
-/* The start-up pool's block (bootstrap_pool.h), free's next step then the whole one
+/* The start-up pool's block (bootstrap_pool.h), free's body then the whole one
  * (hp_free_direct says why) */
 static void *hp_pool_alloc(size_t n, size_t align) {
     void *p = hc_pool_alloc(n, align);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    __atomic_store_n(&hp_free_next, hp_free_whole, __ATOMIC_RELAXED);
+    __atomic_store_n(&hp_free_now, hp_free_whole, __ATOMIC_RELAXED);
     return p;
 }
 
@@ -48,6 +53,7 @@ static __attribute__((noinline)) void hp_start(void) {
         } else {
             hp_large_min = (size_t)sysconf(_SC_PAGESIZE) << 2;
             hp_learning = hp_set.mode == HP_PREDICT;
+            if (hp_learning && hp_set.learn_rss == 0) hp_watch_begin(); /* learns at once */
             hp_big = hp_set.min_rss == 0; /* no floor */
             if (hp_set.table[0]) {
                 hc_site_init(); /* the program's name, as the tracer records it */
@@ -114,6 +120,8 @@ static void hp_write_stats(void) {
     F("long_old", hp_long_old);
     F("held_small", t.held_small);
     F("depth", hp_depth > 1 ? hp_depth : 1);
+    /* 1: mode=predict, and the counter never learned (the process stayed under learn_mb) */
+    F("waiting", hp_learning && !__atomic_load_n(&hp_watching, __ATOMIC_ACQUIRE));
 #undef F
     *p++ = '\n';
     if (!strcmp(hp_set.stats, "1")) {
@@ -140,7 +148,7 @@ __attribute__((destructor)) static void hp_destructor(void) {
     }
     /* blocks still live past the horizon count long (a block never freed is long-lived) */
     uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
-    if (hp_set.mode == HP_PREDICT) {
+    if (hp_set.mode == HP_PREDICT && __atomic_load_n(&hp_watching, __ATOMIC_ACQUIRE)) {
         for (unsigned i = 0; i < HP_NSAMPLES; i++) {
             uintptr_t k = __atomic_load_n(&hp_sample_ptr[i], __ATOMIC_ACQUIRE);
             if (k == HP_EMPTY) continue;

@@ -26,6 +26,8 @@ static int hp_apply(void *settings, const char *k, const char *v) {
     if (!strcmp(k, "big")) return hc_option_uint(v, 0, SIZE_MAX, &x) ? (st->big = (size_t)x, 1) : 0;
     if (!strcmp(k, "min_mb"))
         return hc_option_uint(v, 0, 1u << 20, &x) ? (st->min_rss = x << 20, 1) : 0;
+    if (!strcmp(k, "learn_mb"))
+        return hc_option_uint(v, 0, 1u << 20, &x) ? (st->learn_rss = x << 20, 1) : 0;
     if (!strcmp(k, "model"))
         return hc_option_uint(v, 0, UINT32_MAX, &x) ? (st->model = (uint32_t)x, 1) : 0;
     if (!strcmp(k, "depth"))
@@ -53,6 +55,9 @@ static int hp_parse_options(void) {
                "passing every call through");
         return 0;
     }
+    /* the counter learns at once where it must (a learn file) or where it may place from the
+     * start (no floor); else once the process has learn_mb resident, at most min_mb */
+    if (st.learn[0] || st.learn_rss > st.min_rss) st.learn_rss = st.learn[0] ? 0 : st.min_rss;
     hp_set = st;
     return 1;
 }

@@ -37,11 +37,55 @@ static void hp_verdict(uint64_t v, int outlived) {
 
 static void hp_sweep(uint64_t now);
 
+/* The process's resident bytes (/proc/self/statm's second field, in pages); 0 where it cannot
+ * be read. A stack buffer and read(2): no allocation. errno kept. */
+static __attribute__((noinline)) uint64_t hp_resident_bytes(void) {
+    int saved = errno;
+    uint64_t bytes = 0;
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[128];
+        ssize_t got = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (got > 0) {
+            buf[got] = 0;
+            char *p = strchr(buf, ' '); /* size, then resident, in pages */
+            bytes = (p ? strtoull(p + 1, NULL, 10) : 0) * (uint64_t)sysconf(_SC_PAGESIZE);
+        }
+    }
+    errno = saved;
+    return bytes;
+}
+
+/* While the counter waits to learn (hp_watching 0), a thread's countdown ticks every
+ * HP_WAIT_TICK of its allocations instead of taking a sample: the clock advances by as many,
+ * and, at most once per 65536 allocations of the clock (one thread at a time), the resident set
+ * is read; at learn_mb the counter begins (watch.c). What waiting saves a program that never
+ * gets there (hunspell, studies/layer_zero_hit): every sample's work, and the sample slot's
+ * compare on every free and delete, which then jump to the next function at once. */
+#define HP_WAIT_TICK 4096
+static uint64_t hp_wait_read_at = (uint64_t)-1; /* the clock at the last read; -1: never */
+
+static __attribute__((noinline)) void hp_wait_tick(void) {
+    hp_tls_countdown = HP_LEFT(HP_WAIT_TICK);
+    uint64_t now = __atomic_add_fetch(&hp_clock, HP_WAIT_TICK, __ATOMIC_RELAXED);
+    uint64_t then = __atomic_load_n(&hp_wait_read_at, __ATOMIC_RELAXED);
+    if (then != (uint64_t)-1 && now - then < 65536) return;
+    if (!__atomic_compare_exchange_n(&hp_wait_read_at, &then, now, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return; /* another thread reads it */
+    if (hp_resident_bytes() >= hp_set.learn_rss) hp_watch_begin();
+}
+
 /* A sampled allocation: claim the site's entry if another site holds it, record p (and whether
  * it went to the long arena: placed_long). */
 static __attribute__((noinline)) void hp_sample(void *p, uintptr_t site, int placed_long) {
     if (!hp_learning) {
         hp_tls_countdown = INT32_MAX; /* mode=sites, size: nothing to learn */
+        return;
+    }
+    if (HP_UNLIKELY(!__atomic_load_n(&hp_watching, __ATOMIC_ACQUIRE))) {
+        hp_wait_tick();
         return;
     }
     hp_tls_countdown = HP_LEFT(hp_set.sample);

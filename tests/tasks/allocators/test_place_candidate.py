@@ -153,6 +153,17 @@ def test_the_stats_lines_are_summed_over_processes_and_said_in_a_sentence(tmp_pa
         "; 345 allocations the counter called long stayed short: the process was under min_mb"
         in describe(got_small)
     )
+    assert "never learned" not in describe(got_small)
+    # processes whose counter never learned (under learn_mb to the end): counted and said so
+    stats.write_text(
+        LINE.format(pid=7, long=0, seen=0).replace("\n", " waiting=1\n")
+        + LINE.format(pid=9, long=0, seen=5).replace("\n", " waiting=0\n")
+    )
+    got_waiting = read_place_stats(stats)
+    assert got_waiting["place_waiting"] == 1
+    assert "; in 1 process(es) the counter never learned: they stayed under learn_mb" in describe(
+        got_waiting
+    )
     a = CFG.get("jemalloc-place")
     assert place_error(a, got) is None
     # no line: the layer passed every call through (no jemalloc behind it, an option refused)
