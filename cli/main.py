@@ -687,6 +687,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 html_out=Path(args.output) if args.output else None,
                 progress=progress,
                 objective=args.objective,
+                memory=args.memory,
                 trace=not args.no_trace,
             )
         except TuneError as err:
@@ -1026,6 +1027,12 @@ def _tune_parser(sub: argparse._SubParsersAction, raw: type[argparse.HelpFormatt
         "--objective",
         choices=["time", "memory"],
         help="what the winner must beat glibc on (default: the config's rule, time)",
+    )
+    tu.add_argument(
+        "--memory",
+        choices=["peak_rss_mb", "max_process_rss_mb", "mean_rss_mb"],
+        help="the memory it compares (default: the config's rule, peak_rss_mb); mean_rss_mb: "
+        "averaged over the run, which placement lowers where the peak stays",
     )
     tu.add_argument(
         "--no-trace",

@@ -19,16 +19,26 @@
  * here rather than by the runner's own wait4, because a child forked from a large process (the
  * Python runner) starts with that process's RSS as its ru_maxrss, and a PID-namespace sandbox
  * (bubblewrap) does not pass its children's usage up to its parent.
- * No polling and no sleeping: one blocking waitpid, then a few small file reads.
+ * While the program runs it samples its memory every HC_SAMPLE_MS and reports the time-weighted
+ * mean: with --cgroup the cgroup's (v2 memory.current, else v1 memory.usage_in_bytes:
+ * `cgroup_mean_bytes`), else the program's own process's resident set (/proc/PID/statm, its
+ * children not counted: `process_mean_bytes`). That is the memory a program holds over its run,
+ * which falls when a burst's freed pages go back to the system though its peak does not (what
+ * placement buys, docs/allocators.md). It waits on the child's pidfd with poll(2) between
+ * samples, so the program's end is seen at once and its wall time is not rounded up to a sample.
+ * Where pidfd_open is refused (a kernel before 5.3, a seccomp filter), one blocking waitpid and
+ * no mean.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,6 +74,82 @@ static int read_keyed(const char *path, const char *key, uint64_t *out) {
 
 static double seconds(struct timeval tv) { return (double)tv.tv_sec + tv.tv_usec / 1e6; }
 
+#define HC_SAMPLE_MS 10
+
+static int64_t ns_between(struct timespec a, struct timespec b) {
+    return (int64_t)(b.tv_sec - a.tv_sec) * 1000000000 + (b.tv_nsec - a.tv_nsec);
+}
+
+/* The cgroup's memory now, in bytes; 0 where neither file reads. */
+static uint64_t cgroup_current(void) {
+    uint64_t v = 0;
+    if (!read_u64("/sys/fs/cgroup/memory.current", &v))
+        read_u64("/sys/fs/cgroup/memory/memory.usage_in_bytes", &v);
+    return v;
+}
+
+/* The resident set of process `pid` now (/proc/PID/statm's second field), in bytes; 0 where it
+ * cannot be read (the process gone). */
+static uint64_t process_resident(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/statm", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    unsigned long long size = 0, resident = 0;
+    int ok = fscanf(f, "%llu %llu", &size, &resident) == 2;
+    fclose(f);
+    return ok ? (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
+/* What a sample reads: the cgroup's memory (--cgroup: the container's, every process of it), or
+ * the program's own process's resident set (its children not counted). */
+static int use_cgroup;
+static uint64_t memory_now(pid_t pid) { return use_cgroup ? cgroup_current() : process_resident(pid); }
+
+/* The memory samples of one run: each held until the next (or the program's end). */
+struct sampled {
+    long double byte_ns; /* sum of bytes x the nanoseconds each sample stood for */
+    int64_t ns;          /* the time the samples cover */
+    long n;
+};
+
+/* Wait for pid, sampling the cgroup's memory every HC_SAMPLE_MS; 1 with *status set and the
+ * samples in *m, 0 where its pidfd cannot be had (the caller then waits as before). */
+static int wait_sampling(pid_t pid, int *status, struct sampled *m) {
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (fd < 0) return 0;
+    struct timespec last, now;
+    clock_gettime(CLOCK_MONOTONIC, &last);
+    uint64_t held = memory_now(pid);
+    m->n = 1;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int ready = poll(&p, 1, HC_SAMPLE_MS);
+        if (ready < 0 && errno != EINTR) break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t dt = ns_between(last, now);
+        m->byte_ns += (long double)held * dt;
+        m->ns += dt;
+        last = now;
+        if (ready > 0) break; /* the child has ended */
+        held = memory_now(pid);
+        m->n++;
+    }
+    close(fd);
+    while (waitpid(pid, status, 0) < 0) {
+        if (errno != EINTR) {
+            fprintf(stderr, "hc-measure: waitpid: %s\n", strerror(errno));
+            exit(125);
+        }
+    }
+    return 1;
+#else
+    (void)pid, (void)status, (void)m;
+    return 0;
+#endif
+}
+
 int main(int argc, char **argv) {
     int cgroup = argc > 1 && strcmp(argv[1], "--cgroup") == 0;
     if (cgroup) {
@@ -95,7 +181,10 @@ int main(int argc, char **argv) {
     }
     close(out);
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
+    struct sampled mem = {0};
+    use_cgroup = cgroup;
+    int sampled = wait_sampling(pid, &status, &mem);
+    while (!sampled && waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) {
             fprintf(stderr, "hc-measure: waitpid: %s\n", strerror(errno));
             return 125;
@@ -122,6 +211,9 @@ int main(int argc, char **argv) {
     fprintf(r, "maxrss_kb=%ld\n", ru.ru_maxrss);
     fprintf(r, "minflt=%ld\n", ru.ru_minflt);
     fprintf(r, "majflt=%ld\n", ru.ru_majflt);
+    if (sampled && !cgroup && mem.ns > 0)
+        fprintf(r, "process_mean_bytes=%" PRIu64 "\nprocess_mean_samples=%ld\n",
+                (uint64_t)(mem.byte_ns / mem.ns), mem.n);
     uint64_t v;
     if (!cgroup) {
         fclose(r);
@@ -135,6 +227,9 @@ int main(int argc, char **argv) {
                 "\ncgroup_peak_source=cgroup-v1 memory.max_usage_in_bytes\n",
                 v);
     }
+    if (sampled && mem.ns > 0)
+        fprintf(r, "cgroup_mean_bytes=%" PRIu64 "\ncgroup_mean_samples=%ld\n",
+                (uint64_t)(mem.byte_ns / mem.ns), mem.n);
     if (read_keyed("/sys/fs/cgroup/memory.stat", "pgfault", &v) ||
         read_keyed("/sys/fs/cgroup/memory/memory.stat", "total_pgfault", &v))
         fprintf(r, "cgroup_pgfault=%" PRIu64 "\n", v);

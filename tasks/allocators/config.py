@@ -440,7 +440,10 @@ class RecommendationRule(StrictModel):
     median `memory`; the margin over the baseline is beyond noise by `noise` at `alpha`."""
 
     time: Literal["wall_s", "cpu_s"] = "wall_s"
-    memory: Literal["peak_rss_mb", "max_process_rss_mb"] = "peak_rss_mb"
+    # peak_rss_mb: the container's peak (host: ru_maxrss); max_process_rss_mb: the largest
+    # process's; mean_rss_mb: the memory averaged over the run, the container's (host: the
+    # program process's), which placement lowers where its peak stays (docs/allocators.md)
+    memory: Literal["peak_rss_mb", "max_process_rss_mb", "mean_rss_mb"] = "peak_rss_mb"
     memory_tolerance: float = Field(default=0.10, ge=0.0)
     objective: Literal["time", "memory"] = Field(
         default="time",

@@ -111,6 +111,10 @@ class Sample(BaseModel):
     sys_s: float | None = None
     peak_rss_mb: float | None = None  # the container's cgroup peak (local: ru_maxrss)
     max_process_rss_mb: float | None = None  # ru_maxrss: the largest single process
+    # memory averaged over the run (hc-measure samples it every 10 ms): the container's cgroup,
+    # else the program's own process's resident set; what a burst's returned pages lower though
+    # the peak stays
+    mean_rss_mb: float | None = None
     minor_faults: int | None = None
     major_faults: int | None = None
     peak_source: str | None = None
@@ -427,6 +431,7 @@ def usage_fields(u: ResourceUsage | None) -> dict[str, Any]:
         sys_s=u.sys_s if u else None,
         peak_rss_mb=u.peak_memory_bytes / MB if u else None,
         max_process_rss_mb=u.max_process_rss_bytes / MB if u else None,
+        mean_rss_mb=u.mean_memory_bytes / MB if u and u.mean_memory_bytes is not None else None,
         minor_faults=u.minor_faults if u else None,
         major_faults=u.major_faults if u else None,
         peak_source=u.peak_source if u else None,

@@ -21,7 +21,15 @@ from tasks.allocators.decide import margin_interval
 from tasks.allocators.measure import NOT_APPLIED, CaseInfo, CaseRounds, Measurements, Sample
 from tasks.allocators.rounds import Judged, judge, plan_rounds
 
-METRICS = ("wall_s", "cpu_s", "peak_rss_mb", "max_process_rss_mb", "minor_faults", "major_faults")
+METRICS = (
+    "wall_s",
+    "cpu_s",
+    "peak_rss_mb",
+    "max_process_rss_mb",
+    "mean_rss_mb",
+    "minor_faults",
+    "major_faults",
+)
 
 
 class Spread(BaseModel):

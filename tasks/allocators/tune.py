@@ -304,14 +304,26 @@ class CheckRun:
         )
 
 
-def _with_objective(config: AllocatorsConfig, objective: str | None) -> AllocatorsConfig:
-    """The config with its rule judged on `objective` (time or memory; None: as it is)."""
-    if objective is None:
+MEMORY_METRICS = ("peak_rss_mb", "max_process_rss_mb", "mean_rss_mb")
+
+
+def _with_objective(
+    config: AllocatorsConfig, objective: str | None, memory: str | None = None
+) -> AllocatorsConfig:
+    """The config with its rule judged on `objective` (time or memory) and its memory read as
+    `memory` (one of MEMORY_METRICS); None: as it is."""
+    update = {}
+    if objective is not None:
+        if objective not in ("time", "memory"):
+            raise TuneError(f"objective must be time or memory, not {objective!r}")
+        update["objective"] = objective
+    if memory is not None:
+        if memory not in MEMORY_METRICS:
+            raise TuneError(f"memory must be one of {', '.join(MEMORY_METRICS)}, not {memory!r}")
+        update["memory"] = memory
+    if not update:
         return config
-    if objective not in ("time", "memory"):
-        raise TuneError(f"objective must be time or memory, not {objective!r}")
-    rule = config.rule.model_copy(update={"objective": objective})
-    return config.model_copy(update={"rule": rule})
+    return config.model_copy(update={"rule": config.rule.model_copy(update=update)})
 
 
 def _resolved_argv(argv: list[str]) -> list[str]:
@@ -391,14 +403,16 @@ def tune(
     trace: bool = True,
     cpus: int | None = None,
     check: bool = True,
+    memory: str | None = None,
 ) -> TuneOutcome:
     """Trace `argv` once, derive candidates from what it does, measure them beside the fixed
-    list and recommend one (see the module); `objective` (time or memory) overrides the rule's.
+    list and recommend one (see the module); `objective` (time or memory) overrides the rule's,
+    `memory` (MEMORY_METRICS) the memory it reads.
     `candidates` given: exactly those are measured (the trace still shown, nothing derived or
     ruled out). `cpus`: the cores the derivation assumes (default: this host's)."""
     if not argv:
         raise TuneError("give a program: heapcast tune -- PROGRAM ARGS...")
-    config = _with_objective(config, objective)
+    config = _with_objective(config, objective, memory)
     argv = _resolved_argv(argv)
     tcfg = config.tune
     names = _candidate_names(config, candidates)
@@ -619,7 +633,11 @@ def _ratio_cell(p: PairSummary, base: PairSummary | None, metric: str, fmt: str)
     return f"×{s.median / b.median:.3f} [{s.min / b.median:.3f}–{s.max / b.median:.3f}]"
 
 
-ROWS = (("wall_s", "wall s", "{:.3f}"), ("peak_rss_mb", "peak RSS MB", "{:.1f}"))
+ROWS = (
+    ("wall_s", "wall s", "{:.3f}"),
+    ("peak_rss_mb", "peak RSS MB", "{:.1f}"),
+    ("mean_rss_mb", "mean RSS MB", "{:.1f}"),  # averaged over the run: placement's saving
+)
 
 
 def _rows(m: Measurements, pairs: list[PairSummary]) -> list[list[str]]:
@@ -635,7 +653,7 @@ def _rows(m: Measurements, pairs: list[PairSummary]) -> list[list[str]]:
     return rows
 
 
-HEAD = ["candidate", "runs", "wall s", "peak RSS MB", "minor faults", "status"]
+HEAD = ["candidate", "runs", *(name for _, name, _ in ROWS), "minor faults", "status"]
 
 
 def _verdict(rec: Recommendation, config: AllocatorsConfig) -> str:

@@ -5,7 +5,8 @@ A runner measures a run when its request has a `measure_dir`: the program runs u
 it), which sends the program's standard output to `<measure_dir>/stdout` (hashed into the
 result), waits for it with wait4 and writes its usage to `<measure_dir>/usage`, read back here as
 a `ResourceUsage`. The peak memory is the container's cgroup peak under docker, the largest
-process's `ru_maxrss` under the local runner (why not the runner's own wait4:
+process's `ru_maxrss` under the local runner; the memory averaged over the run is the cgroup's
+under docker, the program's own process's resident set elsewhere (why not the runner's own wait4:
 docs/tracing.md#measured-runs). Wall time is the program's own (fork to exit), without the
 container's or sandbox's start.
 """
@@ -45,6 +46,10 @@ class ResourceUsage:
     major_faults: int
     peak_memory_bytes: int  # the tree's peak: the cgroup's where there is one, else ru_maxrss
     peak_source: str  # where peak_memory_bytes comes from: a cgroup file, or "ru_maxrss"
+    # memory averaged over the run (sampled every 10 ms, time-weighted): the cgroup's where there
+    # is one, else the program's own process's resident set; what it held, bursts' freed pages
+    # returned or not. None where hc-measure could not sample (no pidfd)
+    mean_memory_bytes: int | None = None
 
     @property
     def cpu_s(self) -> float:
@@ -135,6 +140,14 @@ def parse_report(text: str) -> dict[str, str]:
     return out
 
 
+def _mean_bytes(r: dict[str, str]) -> int | None:
+    """The report's memory averaged over the run: the cgroup's, else the program process's."""
+    for key in ("cgroup_mean_bytes", "process_mean_bytes"):
+        if key in r:
+            return int(r[key])
+    return None
+
+
 def usage_from_report(text: str) -> ResourceUsage:
     """A ResourceUsage from hc-measure's report (the cgroup's peak where it has one)."""
     r = parse_report(text)
@@ -152,6 +165,7 @@ def usage_from_report(text: str) -> ResourceUsage:
         major_faults=int(r["majflt"]),
         peak_memory_bytes=peak,
         peak_source=source,
+        mean_memory_bytes=_mean_bytes(r),
     )
 
 

@@ -65,6 +65,8 @@ def test_the_output_is_the_same_under_every_allocator_and_usage_is_measured(meas
         # the container's cgroup peak (v2 memory.peak or v1 max_usage_in_bytes)
         assert s.peak_source.startswith("cgroup") and s.peak_rss_mb > 0
         assert s.max_process_rss_mb > 0
+        # and its memory averaged over the run, sampled: never above its peak
+        assert 0 < s.mean_rss_mb <= s.peak_rss_mb
         assert s.run_s >= s.wall_s  # the container's start and removal come on top
 
 
@@ -191,3 +193,43 @@ def test_a_catalog_workload_quick_input_under_every_allocator(sqlite3_image, con
     assert {p.allocator: (p.status, p.output) for p in pairs} == {
         n: ("ok", "same") for n in cfg.names()
     }
+
+
+def test_the_containers_memory_averaged_over_the_run_falls_with_what_the_program_frees(
+    sqlite3_image, engine, tmp_path
+):
+    """GIVEN a program that holds 160 MB for 300 ms, then next to nothing for 900 ms, WHEN
+    hc-measure runs it in a container (--cgroup), THEN the report has the cgroup's peak (at least
+    the 160 MB) and its memory averaged over the run, sampled every 10 ms: about a quarter of
+    the peak (160 * 0.3 / 1.2 = 40 MB, plus the container's own), not the peak."""
+    import os
+    import subprocess
+
+    from tasks.replay.runners.measure_tool import build_measure_tool, usage_from_report
+
+    tool = build_measure_tool()
+    shape = tmp_path / "mem_shape"
+    src = os.path.join(os.path.dirname(__file__), "programs", "mem_shape.c")
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(shape), src], check=True)
+    out = tmp_path / "m"
+    out.mkdir(mode=0o777)
+    argv = ["docker", "run", "--rm", "-v", f"{tool}:/hc-measure:ro", "-v", f"{shape}:/shape:ro"]
+    argv += ["-v", f"{out}:/m", sqlite3_image.tag, "/hc-measure", "--cgroup", "/m/usage"]
+    argv += ["/m/stdout"]
+    argv += ["--", "/shape", "160", "300", "900"]
+    run = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": engine}
+    )
+    assert run.returncode == 0, run.stderr
+    assert (out / "stdout").read_text() == "held 160 MB\n"
+    report = (out / "usage").read_text()
+    usage = usage_from_report(report)
+    mb = 1 << 20
+    assert usage.peak_memory_bytes >= 160 * mb, report
+    assert usage.mean_memory_bytes is not None, report
+    assert 30 * mb < usage.mean_memory_bytes < 0.45 * usage.peak_memory_bytes, report
+    samples = int(
+        next(x for x in report.splitlines() if x.startswith("cgroup_mean_samples=")).split("=")[1]
+    )
+    assert samples >= 20, report  # 1.2 s at one every 10 ms, less the waits for a core
+    assert usage.wall_s >= 1.2, report

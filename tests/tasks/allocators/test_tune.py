@@ -191,12 +191,14 @@ def test_tune_for_memory_proposes_placement_on_a_real_bursty_program(config, bur
     """GIVEN a real program whose small requests come and go in bursts while entries from a call
     site of their own stay (benchmarks/programs/burstkv.c, 6 bursts of 100 k: the last bursts'
     entries are freed young at exit, the others outlive the layer's horizon), WHEN it is tuned
-    for memory, THEN its trace shows the long blocks' own site, jemalloc-place is derived with
-    the reason, and it is measured for real: in force, with the program's output."""
+    for memory averaged over the run (what placement lowers where the peak stays), THEN its
+    trace shows the long blocks' own site, jemalloc-place is derived with the reason, and it is
+    measured for real: in force, with the program's output, every run's mean memory sampled."""
     out = tune(
         [str(burstkv), "6", "100000", "100"],
         config,
         objective="memory",
+        memory="mean_rss_mb",
         repetitions=2,
         max_repetitions=2,
         warmup=0,
@@ -212,9 +214,22 @@ def test_tune_for_memory_proposes_placement_on_a_real_bursty_program(config, bur
     for name in ("jemalloc-place", "jemalloc-place-prompt", "jemalloc-prompt"):
         placed = [s for s in out.measurements.samples if s.allocator == name]
         assert placed and all(s.ok and s.applied for s in placed), (name, placed)
+    # the memory it judges: averaged over each run (the program process's, sampled), under the
+    # peak, shown beside it
+    assert all(0 < s.mean_rss_mb <= s.peak_rss_mb for s in out.measurements.samples if s.ok)
+    assert out.recommendation.memory_metric == "mean_rss_mb" and "mean RSS MB" in out.table
     # a memory recommendation says what it costs in time
     rec = out.recommendation
     if rec.allocator not in (None, rec.baseline):
         assert "its time" in out.table, out.table
     assert {p.output for p in out.pairs} == {"same"}
     assert "jemalloc-place" in out.table
+
+
+def test_tune_names_the_memory_it_can_judge(config):
+    """A memory metric heapcast does not measure is refused by name, before anything runs."""
+    with pytest.raises(
+        TuneError,
+        match="memory must be one of peak_rss_mb, max_process_rss_mb, mean_rss_mb, not 'rss'",
+    ):
+        tune(["/bin/true"], config, objective="memory", memory="rss")

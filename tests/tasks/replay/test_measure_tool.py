@@ -47,3 +47,25 @@ def test_a_missing_source_is_named(tmp_path, monkeypatch):
     # WHEN hc-measure is built THEN the error names the missing file
     with pytest.raises(MeasureToolError, match=r"native/measure/hc_measure\.c is missing"):
         build_measure_tool(tmp_path / "cache")
+
+
+def test_hc_measure_averages_the_programs_memory_over_its_run(tmp_path):
+    """GIVEN a program that holds 96 MB for 200 ms, then next to nothing for 600 ms, WHEN
+    hc-measure runs it on the host (no cgroup of its own), THEN the report has the program
+    process's resident set averaged over the run, sampled every 10 ms: about a quarter of its
+    peak (96 * 0.2 / 0.8 = 24 MB), where ru_maxrss says 96."""
+    need_tool("gcc", "gcc")
+    tool = build_measure_tool(tmp_path / "cache")
+    shape = tmp_path / "mem_shape"
+    src = measure_tool.PROJECT_DIR / "tests" / "tasks" / "allocators" / "programs" / "mem_shape.c"
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(shape), str(src)], check=True)
+    out = tmp_path / "m"
+    out.mkdir()
+    argv = measured_command(str(tool), str(out), [str(shape), "96", "200", "600"], cgroup=False)
+    assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
+    report = (out / "usage").read_text()
+    usage = usage_from_report(report)
+    mb = 1 << 20
+    assert usage.max_process_rss_bytes >= 96 * mb, report
+    assert "process_mean_samples=" in report and usage.mean_memory_bytes is not None, report
+    assert 12 * mb < usage.mean_memory_bytes < 0.5 * usage.max_process_rss_bytes, report
