@@ -114,7 +114,11 @@ static inline int hp_on(void) {
     int st = __atomic_load_n(&hp_state, __ATOMIC_ACQUIRE);
     if (HP_LIKELY(st == HP_ON)) return 1;
     if (st == HP_START) hp_start();
-    return __atomic_load_n(&hp_state, __ATOMIC_ACQUIRE) == HP_ON;
+    st = __atomic_load_n(&hp_state, __ATOMIC_ACQUIRE);
+    /* aside (mode=off, no arenas API): nothing is ever sampled, so the thread's countdown is
+     * parked, and the short path answers its calls from then on (init.c hp_start) */
+    if (st == HP_ASIDE) hp_tls_countdown = INT32_MAX;
+    return st == HP_ON;
 }
 
 static __attribute__((noinline)) void *hp_long_alloc(size_t n, int flags) {

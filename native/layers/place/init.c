@@ -77,6 +77,12 @@ static __attribute__((noinline)) void hp_start(void) {
     if (next == HP_ON && !hp_by_size && !hp_life_on) {
         __atomic_store_n(&hp_plain, 1, __ATOMIC_RELEASE);
         hp_fast_update();
+    } else if (next == HP_ASIDE) {
+        /* every call passes: the short path's gate all 0 (no site is ever marked long aside),
+         * each thread's countdown parked at its first pass (decide.c hp_on), so that malloc
+         * and new are the gate's test, a decrement and a jump, as in predict at a short site */
+        __atomic_store_n(&hp_fast, 1, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&hp_gate, hp_gate_long, __ATOMIC_SEQ_CST);
     }
     hp_free_direct();
 }
