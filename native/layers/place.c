@@ -140,6 +140,7 @@ static int hp_learning; /* HP_ON in mode=predict: the online counter answers */
  * reached learn_mb; at start where learn_mb is 0 or a learn file is asked). Set once, never
  * cleared (watch.c hp_watch_begin). */
 static int hp_watching;
+static int hp_watch_started; /* hp_watch_begin's once: set first, before the pointers change */
 static int hp_by_size;  /* HP_ON in mode=size */
 /* 1 once on (HP_ON) with neither mode=size nor a lifetime table: the hot path's first questions
  * answered at once (decide.c hp_long_plain). Set once, at the end of start, never cleared. */

@@ -17,7 +17,7 @@ static void hp_free_direct(void) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&hc_pool_used, __ATOMIC_RELAXED) != 0)
         __atomic_store_n(&hp_free_now, hp_free_whole, __ATOMIC_RELAXED);
-    else if (__atomic_load_n(&hp_watching, __ATOMIC_SEQ_CST))
+    else if (__atomic_load_n(&hp_watch_started, __ATOMIC_SEQ_CST))
         __atomic_compare_exchange_n(&hp_free_now, &f, hp_free_watch, 0, __ATOMIC_SEQ_CST,
                                     __ATOMIC_RELAXED);
 }
