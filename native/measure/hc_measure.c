@@ -103,8 +103,9 @@ static uint64_t process_resident(pid_t pid) {
 
 /* What a sample reads: the cgroup's memory (--cgroup: the container's, every process of it), or
  * the program's own process's resident set (its children not counted). */
-static int use_cgroup;
-static uint64_t memory_now(pid_t pid) { return use_cgroup ? cgroup_current() : process_resident(pid); }
+static uint64_t memory_now(int cgroup, pid_t pid) {
+    return cgroup ? cgroup_current() : process_resident(pid);
+}
 
 /* The memory samples of one run: each held until the next (or the program's end). */
 struct sampled {
@@ -113,15 +114,15 @@ struct sampled {
     long n;
 };
 
-/* Wait for pid, sampling the cgroup's memory every HC_SAMPLE_MS; 1 with *status set and the
- * samples in *m, 0 where its pidfd cannot be had (the caller then waits as before). */
-static int wait_sampling(pid_t pid, int *status, struct sampled *m) {
+/* Wait for pid, sampling its memory (memory_now) every HC_SAMPLE_MS; 1 with *status set and
+ * the samples in *m, 0 where its pidfd cannot be had (the caller then waits as before). */
+static int wait_sampling(int cgroup, pid_t pid, int *status, struct sampled *m) {
 #ifdef SYS_pidfd_open
     int fd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (fd < 0) return 0;
     struct timespec last, now;
     clock_gettime(CLOCK_MONOTONIC, &last);
-    uint64_t held = memory_now(pid);
+    uint64_t held = memory_now(cgroup, pid);
     m->n = 1;
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -133,7 +134,7 @@ static int wait_sampling(pid_t pid, int *status, struct sampled *m) {
         m->ns += dt;
         last = now;
         if (ready > 0) break; /* the child has ended */
-        held = memory_now(pid);
+        held = memory_now(cgroup, pid);
         m->n++;
     }
     close(fd);
@@ -145,7 +146,7 @@ static int wait_sampling(pid_t pid, int *status, struct sampled *m) {
     }
     return 1;
 #else
-    (void)pid, (void)status, (void)m;
+    (void)cgroup, (void)pid, (void)status, (void)m;
     return 0;
 #endif
 }
@@ -182,8 +183,7 @@ int main(int argc, char **argv) {
     close(out);
     int status = 0;
     struct sampled mem = {0};
-    use_cgroup = cgroup;
-    int sampled = wait_sampling(pid, &status, &mem);
+    int sampled = wait_sampling(cgroup, pid, &status, &mem);
     while (!sampled && waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) {
             fprintf(stderr, "hc-measure: waitpid: %s\n", strerror(errno));
@@ -211,9 +211,11 @@ int main(int argc, char **argv) {
     fprintf(r, "maxrss_kb=%ld\n", ru.ru_maxrss);
     fprintf(r, "minflt=%ld\n", ru.ru_minflt);
     fprintf(r, "majflt=%ld\n", ru.ru_majflt);
-    if (sampled && !cgroup && mem.ns > 0)
-        fprintf(r, "process_mean_bytes=%" PRIu64 "\nprocess_mean_samples=%ld\n",
-                (uint64_t)(mem.byte_ns / mem.ns), mem.n);
+    if (sampled && mem.ns > 0) { /* what memory_now read: cgroup_mean_*, process_mean_* */
+        const char *of = cgroup ? "cgroup" : "process";
+        fprintf(r, "%s_mean_bytes=%" PRIu64 "\n%s_mean_samples=%ld\n", of,
+                (uint64_t)(mem.byte_ns / mem.ns), of, mem.n);
+    }
     uint64_t v;
     if (!cgroup) {
         fclose(r);
@@ -227,9 +229,6 @@ int main(int argc, char **argv) {
                 "\ncgroup_peak_source=cgroup-v1 memory.max_usage_in_bytes\n",
                 v);
     }
-    if (sampled && mem.ns > 0)
-        fprintf(r, "cgroup_mean_bytes=%" PRIu64 "\ncgroup_mean_samples=%ld\n",
-                (uint64_t)(mem.byte_ns / mem.ns), mem.n);
     if (read_keyed("/sys/fs/cgroup/memory.stat", "pgfault", &v) ||
         read_keyed("/sys/fs/cgroup/memory/memory.stat", "total_pgfault", &v))
         fprintf(r, "cgroup_pgfault=%" PRIu64 "\n", v);

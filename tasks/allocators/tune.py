@@ -25,12 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import plotly.graph_objects as go
 
 from tasks.allocators.advise import Advice, advise
-from tasks.allocators.config import LAYER_STATS, Allocator, AllocatorsConfig
+from tasks.allocators.config import LAYER_STATS, Allocator, AllocatorsConfig, RecommendationRule
 from tasks.allocators.measure import (
     NOT_APPLIED,
     CaseInfo,
@@ -304,7 +305,8 @@ class CheckRun:
         )
 
 
-MEMORY_METRICS = ("peak_rss_mb", "max_process_rss_mb", "mean_rss_mb")
+# the memories the rule may compare (RecommendationRule.memory's values)
+MEMORY_METRICS = get_args(RecommendationRule.model_fields["memory"].annotation)
 
 
 def _with_objective(

@@ -44,12 +44,8 @@ static inline int hp_arena_ready(void) {
 static uint64_t hp_rss_read_at = (uint64_t)-1; /* the clock at the last read; -1: never */
 
 static __attribute__((noinline)) int hp_reached_floor(void) {
-    uint64_t now = __atomic_load_n(&hp_clock, __ATOMIC_RELAXED);
-    uint64_t then = __atomic_load_n(&hp_rss_read_at, __ATOMIC_RELAXED);
-    if (then != (uint64_t)-1 && now - then < 65536) return 0;
-    if (!__atomic_compare_exchange_n(&hp_rss_read_at, &then, now, 0, __ATOMIC_RELAXED,
-                                     __ATOMIC_RELAXED))
-        return 0; /* another thread reads it */
+    if (!hp_rss_read_due(&hp_rss_read_at, __atomic_load_n(&hp_clock, __ATOMIC_RELAXED)))
+        return 0; /* read less than 65536 allocations ago, or another thread reads it */
     int big = hp_resident_bytes() >= hp_set.min_rss;
     if (big) __atomic_store_n(&hp_big, 1, __ATOMIC_RELAXED);
     return big;

@@ -55,9 +55,10 @@ static int hp_parse_options(void) {
                "passing every call through");
         return 0;
     }
-    /* the counter learns at once where it must (a learn file) or where it may place from the
-     * start (no floor); else once the process has learn_mb resident, at most min_mb */
-    if (st.learn[0] || st.learn_rss > st.min_rss) st.learn_rss = st.learn[0] ? 0 : st.min_rss;
+    /* the counter learns once the process has learn_mb resident, at most min_mb (with no floor,
+     * at once), and at once where a learn file asks for its sites */
+    if (st.learn_rss > st.min_rss) st.learn_rss = st.min_rss;
+    if (st.learn[0]) st.learn_rss = 0;
     hp_set = st;
     return 1;
 }

@@ -57,6 +57,15 @@ static __attribute__((noinline)) uint64_t hp_resident_bytes(void) {
     return bytes;
 }
 
+/* 1 if this thread reads the resident set now: at most once per 65536 allocations of the clock
+ * (`now`) since the last read recorded in *at (-1: never), one thread at a time. The floor
+ * (decide.c hp_reached_floor) and learn_mb (hp_wait_tick) each keep their own *at. */
+static inline int hp_rss_read_due(uint64_t *at, uint64_t now) {
+    uint64_t then = __atomic_load_n(at, __ATOMIC_RELAXED);
+    if (then != (uint64_t)-1 && now - then < 65536) return 0;
+    return __atomic_compare_exchange_n(at, &then, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
 /* While the counter waits to learn (hp_watching 0), a thread's countdown ticks every
  * HP_WAIT_TICK of its allocations instead of taking a sample: the clock advances by as many,
  * and, at most once per 65536 allocations of the clock (one thread at a time), the resident set
@@ -69,12 +78,8 @@ static uint64_t hp_wait_read_at = (uint64_t)-1; /* the clock at the last read; -
 static __attribute__((noinline)) void hp_wait_tick(void) {
     hp_tls_countdown = HP_LEFT(HP_WAIT_TICK);
     uint64_t now = __atomic_add_fetch(&hp_clock, HP_WAIT_TICK, __ATOMIC_RELAXED);
-    uint64_t then = __atomic_load_n(&hp_wait_read_at, __ATOMIC_RELAXED);
-    if (then != (uint64_t)-1 && now - then < 65536) return;
-    if (!__atomic_compare_exchange_n(&hp_wait_read_at, &then, now, 0, __ATOMIC_RELAXED,
-                                     __ATOMIC_RELAXED))
-        return; /* another thread reads it */
-    if (hp_resident_bytes() >= hp_set.learn_rss) hp_watch_begin();
+    if (hp_rss_read_due(&hp_wait_read_at, now) && hp_resident_bytes() >= hp_set.learn_rss)
+        hp_watch_begin();
 }
 
 /* A sampled allocation: claim the site's entry if another site holds it, record p (and whether
