@@ -31,6 +31,7 @@
  * may be far from the handler's (a handler on a sigaltstack), must be 8-byte aligned and
  * becomes the base of the checks above. */
 
+#include <pthread.h>
 #include <ucontext.h>
 
 #ifndef HC_UW_BITS
@@ -59,10 +60,27 @@ static inline uint32_t hc_uw_slot(uint64_t key) {
     return (uint32_t)((key ^ ((tag * 0x9E3779B97F4A7C15ull) >> 24)) & HC_UW_MASK);
 }
 
+/* fork: a thread inside dl_iterate_phdr holds the loader's lock, and a child forked meanwhile
+ * inherits that lock held by a thread it does not have: its first rule computed would wait on
+ * it forever (seen: forkbig's children under the placement layer at depth 16, a thread walking
+ * while another forks). So hc_uw_compute counts the walks inside the loader (hc_uw_in_loader),
+ * and a child forked while any was (hc_uw_fork_child, from pthread_atfork) computes no rule
+ * again: its walks stop where the inherited cache has none (a shorter stack or context, never
+ * a wait). A child forked while none was computes rules as its parent did. */
+static int hc_uw_in_loader;
+static int hc_uw_no_loader;
+static void hc_uw_fork_child(void) {
+    if (hc_uw_in_loader) hc_uw_no_loader = 1;
+    hc_uw_in_loader = 0;
+}
+
 static void hc_uw_start(void) {
     void *m = mmap(NULL, sizeof(uint64_t) << HC_UW_BITS, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     hc_uw_cache = m == MAP_FAILED ? NULL : m;
+    static int forks_watched;
+    if (hc_uw_cache && !__atomic_exchange_n(&forks_watched, 1, __ATOMIC_ACQ_REL))
+        pthread_atfork(NULL, NULL, hc_uw_fork_child);
 }
 
 /* An unloaded module's addresses may now hold other code: forget every rule. */
@@ -392,7 +410,10 @@ static int hc_uw_find_cb(struct dl_phdr_info *info, size_t size, void *data) {
 /* The rule for code address `addr`: stop where no module holds it (JIT code) or it has no CFI. */
 static uint32_t hc_uw_compute(uint64_t addr) {
     struct hc_uw_find f = {addr, HC_RULE(HC_RULE_STOP, 0, 0)};
+    if (__atomic_load_n(&hc_uw_no_loader, __ATOMIC_RELAXED)) return f.rule; /* see hc_uw_start */
+    __atomic_fetch_add(&hc_uw_in_loader, 1, __ATOMIC_SEQ_CST);
     dl_iterate_phdr(hc_uw_find_cb, &f);
+    __atomic_fetch_sub(&hc_uw_in_loader, 1, __ATOMIC_RELEASE);
     return f.rule;
 }
 
